@@ -1,0 +1,200 @@
+//! The capability vocabulary of Capstan, shared by the host and the plugin SDK.
+//!
+//! A capability is a named right. A tool declares the capabilities it needs; a caller (a
+//! process, or `capstan tool call --grant`) holds grants. A call runs with the declared
+//! capabilities that are granted, and is refused if any declared one is not.
+//!
+//! The text form is the contract: it is what a plugin's `describe()` returns, what a config
+//! file lists and what a denial names.
+//!
+//! | text | right |
+//! |---|---|
+//! | `fs.read` | read the workspace (a read-only preopen) |
+//! | `fs.write` | write the workspace (a read-write preopen) |
+//! | `tasks.read` | list and read tasks |
+//! | `tasks.write` | create and update any task |
+//! | `tasks.write-own` | create tasks, update the caller's own and created tasks |
+//! | `memory.read` | recall memories, read working memory |
+//! | `memory.write` | save and delete memories, write working memory |
+//! | `net:<host pattern>` | outbound HTTP to matching hosts |
+//! | `secret:<name>` | read one named secret |
+//!
+//! ```
+//! use capstan_caps::Capability;
+//!
+//! let cap: Capability = "fs.read".parse().unwrap();
+//! assert_eq!(cap, Capability::FsRead);
+//! assert_eq!(Capability::Net("api.example.com".into()).to_string(), "net:api.example.com");
+//! assert!("fs.execute".parse::<Capability>().is_err());
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+
+/// One named right a tool can declare and a caller can grant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Capability {
+    /// Read files in the workspace.
+    FsRead,
+    /// Create, change and delete files in the workspace.
+    FsWrite,
+    /// List and read tasks.
+    TasksRead,
+    /// Create and update any task.
+    TasksWrite,
+    /// Create tasks, and update the tasks the caller created or is assigned.
+    TasksWriteOwn,
+    /// Recall memories and read working memory.
+    MemoryRead,
+    /// Save and delete memories, write working memory.
+    MemoryWrite,
+    /// Outbound HTTP to hosts matching the pattern (`api.example.com`, `*.example.com`).
+    Net(String),
+    /// Read the named secret.
+    Secret(String),
+}
+
+impl Capability {
+    /// Every capability without a parameter, in a stable order.
+    pub const FIXED: [Capability; 7] = [
+        Capability::FsRead,
+        Capability::FsWrite,
+        Capability::TasksRead,
+        Capability::TasksWrite,
+        Capability::TasksWriteOwn,
+        Capability::MemoryRead,
+        Capability::MemoryWrite,
+    ];
+
+    /// Whether a grant of `self` allows a tool that declared `needed`.
+    ///
+    /// Equal capabilities match; `net:*.example.com` allows `net:api.example.com`; a grant of
+    /// `tasks.write` allows a tool that only needs `tasks.write-own`.
+    pub fn allows(&self, needed: &Capability) -> bool {
+        match (self, needed) {
+            (Capability::Net(grant), Capability::Net(need)) => host_pattern_allows(grant, need),
+            (Capability::TasksWrite, Capability::TasksWriteOwn) => true,
+            (grant, need) => grant == need,
+        }
+    }
+}
+
+/// `*` matches any host; `*.example.com` matches `example.com`'s subdomains (not itself).
+fn host_pattern_allows(grant: &str, need: &str) -> bool {
+    if grant == "*" || grant == need {
+        return true;
+    }
+    match grant.strip_prefix("*.") {
+        Some(suffix) => need
+            .strip_suffix(suffix)
+            .is_some_and(|head| head.ends_with('.') && head.len() > 1),
+        None => false,
+    }
+}
+
+impl fmt::Display for Capability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Capability::FsRead => f.write_str("fs.read"),
+            Capability::FsWrite => f.write_str("fs.write"),
+            Capability::TasksRead => f.write_str("tasks.read"),
+            Capability::TasksWrite => f.write_str("tasks.write"),
+            Capability::TasksWriteOwn => f.write_str("tasks.write-own"),
+            Capability::MemoryRead => f.write_str("memory.read"),
+            Capability::MemoryWrite => f.write_str("memory.write"),
+            Capability::Net(host) => write!(f, "net:{host}"),
+            Capability::Secret(name) => write!(f, "secret:{name}"),
+        }
+    }
+}
+
+/// A capability string that is not in the vocabulary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseCapabilityError {
+    text: String,
+    reason: &'static str,
+}
+
+impl fmt::Display for ParseCapabilityError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown capability `{}`: {}; known capabilities are fs.read, fs.write, tasks.read, \
+             tasks.write, tasks.write-own, memory.read, memory.write, net:<host>, secret:<name>",
+            self.text, self.reason
+        )
+    }
+}
+
+impl std::error::Error for ParseCapabilityError {}
+
+impl FromStr for Capability {
+    type Err = ParseCapabilityError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let err = |reason| ParseCapabilityError {
+            text: text.to_owned(),
+            reason,
+        };
+        if let Some(fixed) = Capability::FIXED.iter().find(|c| c.to_string() == text) {
+            return Ok(fixed.clone());
+        }
+        let (kind, param) = text.split_once(':').ok_or_else(|| err("not a known name"))?;
+        let valid_param = !param.is_empty()
+            && param
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '*'));
+        if !valid_param {
+            return Err(err(
+                "the parameter must be non-empty ASCII letters, digits, '.', '-', '_' or '*'",
+            ));
+        }
+        match kind {
+            "net" => Ok(Capability::Net(param.to_ascii_lowercase())),
+            "secret" => Ok(Capability::Secret(param.to_owned())),
+            _ => Err(err("not a known name")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fixed_capability_round_trips_through_text() {
+        for cap in Capability::FIXED {
+            assert_eq!(cap.to_string().parse::<Capability>().unwrap(), cap);
+        }
+    }
+
+    #[test]
+    fn parameterized_capabilities_parse_and_reject_bad_parameters() {
+        assert_eq!(
+            "secret:GITHUB_TOKEN".parse::<Capability>().unwrap(),
+            Capability::Secret("GITHUB_TOKEN".into())
+        );
+        assert!("net:".parse::<Capability>().is_err());
+        assert!("net:a b".parse::<Capability>().is_err());
+        assert!("disk:x".parse::<Capability>().is_err());
+        let msg = "fs.exec".parse::<Capability>().unwrap_err().to_string();
+        assert!(msg.contains("fs.exec") && msg.contains("fs.read"), "{msg}");
+    }
+
+    #[test]
+    fn net_patterns_match_subdomains_only() {
+        let grant = Capability::Net("*.example.com".into());
+        assert!(grant.allows(&Capability::Net("api.example.com".into())));
+        assert!(!grant.allows(&Capability::Net("example.com".into())));
+        assert!(!grant.allows(&Capability::Net("evilexample.com".into())));
+        assert!(!grant.allows(&Capability::Net("example.com.evil.net".into())));
+        assert!(Capability::Net("*".into()).allows(&Capability::Net("x.org".into())));
+    }
+
+    #[test]
+    fn tasks_write_covers_write_own_but_not_the_reverse() {
+        assert!(Capability::TasksWrite.allows(&Capability::TasksWriteOwn));
+        assert!(!Capability::TasksWriteOwn.allows(&Capability::TasksWrite));
+        assert!(!Capability::FsRead.allows(&Capability::FsWrite));
+    }
+}

@@ -1,0 +1,43 @@
+//! Default locations of the plugins directory and the artifact cache.
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+
+/// `$CAPSTAN_PLUGINS_DIR`; else `<build dir>/plugins` for a binary in `target/<profile>/`
+/// (where `scripts/setup` installs the first-party plugins), so the binary finds them from
+/// any working directory; else `./target/plugins`.
+pub(crate) fn default_plugins_dir() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("CAPSTAN_PLUGINS_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    let beside_binary = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("plugins")));
+    let candidates = beside_binary
+        .into_iter()
+        .chain([PathBuf::from("target/plugins")]);
+    let mut tried = Vec::new();
+    for dir in candidates {
+        if dir.is_dir() {
+            return Ok(dir);
+        }
+        tried.push(dir.display().to_string());
+    }
+    bail!(
+        "no plugins directory found (tried {}); build the plugins with `bash scripts/setup`, \
+         or pass --plugins-dir DIR",
+        tried.join(", ")
+    )
+}
+
+/// `$CAPSTAN_CACHE_DIR`, else `$XDG_CACHE_HOME/capstan`, else `~/.cache/capstan`.
+pub(crate) fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("CAPSTAN_CACHE_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(dir).join("capstan"));
+    }
+    std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/capstan"))
+}

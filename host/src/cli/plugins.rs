@@ -1,0 +1,110 @@
+//! `capstan plugins list|inspect`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Subcommand;
+
+use super::HostArgs;
+use crate::plugin::{LoadedPlugin, ToolInfo};
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum PluginsCommand {
+    /// Every loaded tool with its plugin file, WIT version and declared capabilities.
+    List {
+        #[command(flatten)]
+        host: HostArgs,
+    },
+    /// One component: its tools, capabilities and imports, or why it is refused.
+    Inspect {
+        /// The component file.
+        file: PathBuf,
+        #[command(flatten)]
+        host: HostArgs,
+    },
+}
+
+impl PluginsCommand {
+    pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
+        match self {
+            PluginsCommand::List { host } => {
+                let registry = host.registry().await?;
+                let rows: Vec<[String; 4]> = registry
+                    .plugins()
+                    .iter()
+                    .flat_map(|plugin| plugin.tools().iter().map(move |tool| row(plugin, tool)))
+                    .collect();
+                print_table(["TOOL", "PLUGIN", "WIT", "CAPABILITIES"], &rows);
+                if rows.is_empty() {
+                    println!("(no tools loaded)");
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            PluginsCommand::Inspect { file, host } => match host.host()?.load(&file).await {
+                Ok(plugin) => {
+                    print_plugin(&plugin);
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(err) => {
+                    eprintln!("refused: {err}");
+                    Ok(ExitCode::FAILURE)
+                }
+            },
+        }
+    }
+}
+
+fn row(plugin: &LoadedPlugin, tool: &ToolInfo) -> [String; 4] {
+    [
+        tool.name.clone(),
+        plugin.path().display().to_string(),
+        plugin.wit_version().to_owned(),
+        capabilities(tool),
+    ]
+}
+
+fn capabilities(tool: &ToolInfo) -> String {
+    if tool.capabilities.is_empty() {
+        return "(none)".into();
+    }
+    let names: Vec<String> = tool.capabilities.iter().map(ToString::to_string).collect();
+    names.join(",")
+}
+
+fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) {
+    let mut widths = header.map(str::len);
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.len());
+        }
+    }
+    let line = |cells: [&str; N]| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(header);
+    for row in rows {
+        line(row.each_ref().map(String::as_str));
+    }
+}
+
+fn print_plugin(plugin: &LoadedPlugin) {
+    println!("plugin:  {}", plugin.name());
+    println!("file:    {}", plugin.path().display());
+    println!("wit:     capstan:plugin@{}", plugin.wit_version());
+    println!("compile: {}", plugin.cache_outcome().as_str());
+    println!("imports:");
+    for import in plugin.imports() {
+        println!("  {import}");
+    }
+    println!("tools:");
+    for tool in plugin.tools() {
+        println!("  {}  [{}]", tool.name, capabilities(tool));
+        println!("    {}", tool.description);
+        println!("    args: {}", tool.args_schema);
+    }
+}

@@ -1,0 +1,99 @@
+//! What this host accepts of a component: the WIT package version it speaks, and the
+//! interfaces a plugin may import.
+
+use semver::Version;
+
+/// The WIT package this host implements.
+pub const WIT_PACKAGE: &str = "capstan:plugin";
+
+/// The version of [`WIT_PACKAGE`] this host implements.
+pub const WIT_VERSION: &str = "0.1.0";
+
+/// The interface a plugin must export.
+pub const TOOL_INTERFACE: &str = "tool";
+
+/// Interfaces a plugin may import, as `namespace:package/interface` prefixes.
+///
+/// Everything else is refused at load, even where wasmtime-wasi could provide it: no
+/// sockets, no HTTP, nothing that reaches a model or a conversation.
+pub const ALLOWED_IMPORTS: &[&str] = &[
+    "capstan:plugin/types",
+    "capstan:plugin/log",
+    "capstan:plugin/tasks",
+    "capstan:plugin/memory",
+    "wasi:io/",
+    "wasi:clocks/",
+    "wasi:random/",
+    "wasi:filesystem/",
+    "wasi:cli/environment",
+    "wasi:cli/exit",
+    "wasi:cli/stdin",
+    "wasi:cli/stdout",
+    "wasi:cli/stderr",
+    "wasi:cli/terminal-",
+];
+
+/// Whether an import name such as `wasi:filesystem/types@0.2.6` is on [`ALLOWED_IMPORTS`].
+pub fn import_allowed(name: &str) -> bool {
+    let (interface, version) = split_version(name);
+    let ours = interface.starts_with("capstan:plugin/");
+    // Our own interfaces must also come from a version we implement.
+    if ours && !version.is_some_and(version_supported) {
+        return false;
+    }
+    ALLOWED_IMPORTS.iter().any(|allowed| {
+        if allowed.ends_with('/') || allowed.ends_with('-') {
+            interface.starts_with(allowed)
+        } else {
+            interface == *allowed
+        }
+    })
+}
+
+/// Splits `ns:pkg/iface@1.2.3` into the interface and its version.
+pub fn split_version(name: &str) -> (&str, Option<&str>) {
+    match name.split_once('@') {
+        Some((interface, version)) => (interface, Some(version)),
+        None => (name, None),
+    }
+}
+
+/// Whether a component built against `capstan:plugin@{version}` can run here: same major
+/// version (for 0.x, same minor, as Cargo reads semver), and not newer than ours.
+pub fn version_supported(version: &str) -> bool {
+    let (Ok(theirs), Ok(ours)) = (Version::parse(version), Version::parse(WIT_VERSION)) else {
+        return false;
+    };
+    let same_line = if ours.major == 0 {
+        theirs.major == 0 && theirs.minor == ours.minor
+    } else {
+        theirs.major == ours.major
+    };
+    same_line && theirs <= ours
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_of_the_same_line_and_not_newer_are_supported() {
+        assert!(version_supported("0.1.0"));
+        assert!(!version_supported("0.2.0"));
+        assert!(!version_supported("1.0.0"));
+        assert!(!version_supported("0.1.1"), "newer than this host");
+        assert!(!version_supported("not-a-version"));
+    }
+
+    #[test]
+    fn only_listed_interfaces_may_be_imported() {
+        assert!(import_allowed("wasi:filesystem/preopens@0.2.6"));
+        assert!(import_allowed("wasi:cli/terminal-stdout@0.2.6"));
+        assert!(import_allowed("capstan:plugin/log@0.1.0"));
+        assert!(!import_allowed("capstan:plugin/log@1.0.0"));
+        assert!(!import_allowed("wasi:sockets/tcp@0.2.6"));
+        assert!(!import_allowed("wasi:http/outgoing-handler@0.2.6"));
+        assert!(!import_allowed("capstan:evil/model@0.1.0"));
+        assert!(!import_allowed("wasi:cli/environmental@0.2.6"));
+    }
+}

@@ -1,0 +1,70 @@
+//! The wasmtime engine every plugin runs on, its linker, and the epoch ticker.
+
+use std::thread;
+
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime::{Config, Engine, EngineWeak, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use super::bindings::Plugin;
+use super::error::HostError;
+use super::limits::{EPOCH_TICK, Limits};
+use super::sandbox::Sandbox;
+
+/// Core instances one component may create. A wasip2 component built through the preview1
+/// adapter has four or five; the margin admits other toolchains.
+const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 32;
+
+/// Linear memories and tables one component may define.
+const MAX_MEMORIES_PER_COMPONENT: u32 = 4;
+const MAX_TABLES_PER_COMPONENT: u32 = 16;
+
+/// An engine configured for plugins: component model, epoch interruption, and a pooling
+/// allocator with `limits.max_concurrent_calls` slots whose memories cannot exceed
+/// `limits.memory_bytes`.
+pub(crate) fn build_engine(limits: &Limits) -> Result<Engine, HostError> {
+    let slots = limits.max_concurrent_calls.max(1);
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_component_instances(slots)
+        .total_core_instances(slots * MAX_CORE_INSTANCES_PER_COMPONENT)
+        .total_memories(slots * MAX_MEMORIES_PER_COMPONENT)
+        .total_tables(slots * MAX_TABLES_PER_COMPONENT)
+        .total_stacks(slots)
+        .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
+        .max_memories_per_component(MAX_MEMORIES_PER_COMPONENT)
+        .max_tables_per_component(MAX_TABLES_PER_COMPONENT)
+        .max_memory_size(limits.memory_bytes);
+
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .epoch_interruption(true)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    Engine::new(&config).map_err(|err| HostError::Engine(format!("{err:#}")))
+}
+
+/// A linker with WASI preview 2 and the Capstan imports.
+///
+/// wasmtime-wasi links sockets too; plugins that import them are refused before linking
+/// (see `contract::ALLOWED_IMPORTS`), and the WASI context denies all addresses besides.
+pub(crate) fn build_linker(engine: &Engine) -> Result<Linker<Sandbox>, HostError> {
+    let mut linker = Linker::new(engine);
+    let fail = |err: wasmtime::Error| HostError::Engine(format!("linking host imports: {err:#}"));
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(fail)?;
+    Plugin::add_to_linker::<Sandbox, HasSelf<Sandbox>>(&mut linker, |s| s).map_err(fail)?;
+    Ok(linker)
+}
+
+/// Advances the engine's epoch every [`EPOCH_TICK`] until the engine is dropped.
+pub(crate) fn start_epoch_ticker(engine: &Engine) {
+    let weak: EngineWeak = engine.weak();
+    thread::Builder::new()
+        .name("capstan-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                thread::sleep(EPOCH_TICK);
+            }
+        })
+        .expect("spawning the epoch ticker thread");
+}

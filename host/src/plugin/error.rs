@@ -1,0 +1,178 @@
+//! The errors of loading a plugin and of calling a tool.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+/// Why a tool call produced no result. The four kinds are the WIT `tool-error` cases; the
+/// message is written for the model (and the person reading the log).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize)]
+#[serde(tag = "kind", content = "message", rename_all = "kebab-case")]
+pub enum ToolError {
+    /// The arguments are not valid JSON, not an object, or do not match the schema.
+    #[error("invalid-args: {0}")]
+    InvalidArgs(String),
+    /// A capability or scope check refused the call.
+    #[error("denied: {0}")]
+    Denied(String),
+    /// No such tool, or the thing the tool was asked about does not exist.
+    #[error("not-found: {0}")]
+    NotFound(String),
+    /// The tool failed, trapped, ran past its deadline or out of memory.
+    #[error("failed: {0}")]
+    Failed(String),
+}
+
+impl ToolError {
+    /// The kind as the WIT spells it: `invalid-args`, `denied`, `not-found` or `failed`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ToolError::InvalidArgs(_) => "invalid-args",
+            ToolError::Denied(_) => "denied",
+            ToolError::NotFound(_) => "not-found",
+            ToolError::Failed(_) => "failed",
+        }
+    }
+
+    /// The message without the kind.
+    pub fn message(&self) -> &str {
+        match self {
+            ToolError::InvalidArgs(m)
+            | ToolError::Denied(m)
+            | ToolError::NotFound(m)
+            | ToolError::Failed(m) => m,
+        }
+    }
+}
+
+/// Why a component was refused at load. Each names the file and says what would fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("{}: cannot read: {source}", path.display())]
+    Read {
+        /// The plugin file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file does not start with the WebAssembly magic bytes.
+    #[error("{}: not a WebAssembly file (no `\\0asm` header); plugins are components built for wasm32-wasip2", path.display())]
+    NotWasm {
+        /// The plugin file.
+        path: PathBuf,
+    },
+    /// A core module where a component was expected.
+    #[error("{}: a core WebAssembly module, not a component; build it with `--target wasm32-wasip2` (or wrap it with `wasm-tools component new`)", path.display())]
+    CoreModule {
+        /// The plugin file.
+        path: PathBuf,
+    },
+    /// The component is malformed (truncated, corrupt) or uses features this host lacks.
+    #[error("{}: not a valid component: {reason}; rebuild the plugin", path.display())]
+    Invalid {
+        /// The plugin file.
+        path: PathBuf,
+        /// What wasmtime reported.
+        reason: String,
+    },
+    /// The component exports no `capstan:plugin/tool`.
+    #[error("{}: does not export `capstan:plugin/tool` (it exports: {exports}); export the tools with capstan-sdk's `export_plugin!`", path.display())]
+    MissingToolExport {
+        /// The plugin file.
+        path: PathBuf,
+        /// What it exports instead.
+        exports: String,
+    },
+    /// The component targets another version of the WIT package.
+    #[error("{}: built against capstan:plugin@{found}, but this host supports capstan:plugin@{supported}; rebuild it with a capstan-sdk for {supported}", path.display())]
+    WitVersion {
+        /// The plugin file.
+        path: PathBuf,
+        /// The version the component was built against.
+        found: String,
+        /// The version this host implements.
+        supported: &'static str,
+    },
+    /// The component imports an interface this host does not offer plugins.
+    #[error("{}: imports `{import}`, which this host does not provide to plugins (allowed: {allowed}); remove the dependency that pulls it in", path.display())]
+    ImportNotProvided {
+        /// The plugin file.
+        path: PathBuf,
+        /// The import refused.
+        import: String,
+        /// The allow-list, for the reader.
+        allowed: String,
+    },
+    /// Linking or pre-instantiating the component failed.
+    #[error("{}: cannot be linked: {reason}", path.display())]
+    Link {
+        /// The plugin file.
+        path: PathBuf,
+        /// What wasmtime reported.
+        reason: String,
+    },
+    /// `describe()` trapped, timed out or returned something unusable.
+    #[error("{}: describe() failed: {reason}", path.display())]
+    Describe {
+        /// The plugin file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// One tool's spec is invalid.
+    #[error("{}: tool `{tool}`: {reason}", path.display())]
+    BadToolSpec {
+        /// The plugin file.
+        path: PathBuf,
+        /// The tool's name as given.
+        tool: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A tool name another loaded plugin already provides.
+    #[error("{}: tool `{tool}` is already provided by {}; rename one of them", path.display(), other.display())]
+    DuplicateTool {
+        /// The plugin file refused.
+        path: PathBuf,
+        /// The tool name.
+        tool: String,
+        /// The plugin that provides it.
+        other: PathBuf,
+    },
+}
+
+impl LoadError {
+    /// The plugin file this error is about.
+    pub fn path(&self) -> &std::path::Path {
+        match self {
+            LoadError::Read { path, .. }
+            | LoadError::NotWasm { path }
+            | LoadError::CoreModule { path }
+            | LoadError::Invalid { path, .. }
+            | LoadError::MissingToolExport { path, .. }
+            | LoadError::WitVersion { path, .. }
+            | LoadError::ImportNotProvided { path, .. }
+            | LoadError::Link { path, .. }
+            | LoadError::Describe { path, .. }
+            | LoadError::BadToolSpec { path, .. }
+            | LoadError::DuplicateTool { path, .. } => path,
+        }
+    }
+}
+
+/// Why a host could not be set up at all (as opposed to one plugin being refused).
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The wasmtime engine rejected the configuration.
+    #[error("cannot configure the WebAssembly engine: {0}")]
+    Engine(String),
+    /// The plugins directory could not be listed.
+    #[error("{}: cannot list the plugins directory: {source}", path.display())]
+    PluginsDir {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,292 @@
+//! [`PluginHost`]: loads components and runs each call in a fresh, bounded instance.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use capstan_caps::Capability;
+use tokio::sync::Semaphore;
+use wasmtime::component::Linker;
+use wasmtime::{Engine, Store, UpdateDeadline};
+
+use super::bindings::capstan::plugin::types::CallContext;
+use super::bindings::exports::capstan::plugin::tool::ToolError as WitToolError;
+use super::bindings::{Plugin, PluginPre};
+use super::cache::ArtifactCache;
+use super::engine::{build_engine, build_linker, start_epoch_ticker};
+use super::error::{HostError, LoadError, ToolError};
+use super::imports::truncate;
+use super::inspect::{check_exports, check_header, check_imports};
+use super::limits::Limits;
+use super::loaded::{LoadedPlugin, ToolInfo};
+use super::sandbox::Sandbox;
+
+/// Loads plugin components and runs tool calls, each in a fresh sandboxed instance.
+///
+/// One `PluginHost` owns the wasmtime engine (with its pooling allocator and epoch ticker),
+/// the linker and the artifact cache. Most users want a
+/// [`Registry`](super::Registry), which loads a directory of plugins into a host and routes
+/// calls by tool name.
+pub struct PluginHost {
+    engine: Engine,
+    linker: Linker<Sandbox>,
+    limits: Limits,
+    cache: ArtifactCache,
+    /// One permit per pooling-allocator slot: callers beyond it wait instead of failing.
+    slots: Semaphore,
+}
+
+/// One call as the host runs it.
+pub(crate) struct Invocation<'a> {
+    pub(crate) tool: &'a str,
+    pub(crate) args_json: &'a str,
+    pub(crate) caller: &'a str,
+    pub(crate) call_id: String,
+    pub(crate) capabilities: Vec<Capability>,
+    pub(crate) workspace: Option<&'a Path>,
+}
+
+/// The deadline callback's error, found again in the trap's error chain.
+#[derive(Debug)]
+struct DeadlineExceeded;
+
+impl std::fmt::Display for DeadlineExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("deadline exceeded")
+    }
+}
+
+impl std::error::Error for DeadlineExceeded {}
+
+impl PluginHost {
+    /// A host with `limits`, caching compiled components in `cache`.
+    pub fn new(limits: Limits, cache: ArtifactCache) -> Result<Self, HostError> {
+        let engine = build_engine(&limits)?;
+        let linker = build_linker(&engine)?;
+        start_epoch_ticker(&engine);
+        let slots = Semaphore::new(limits.max_concurrent_calls.max(1) as usize);
+        Ok(PluginHost {
+            engine,
+            linker,
+            limits,
+            cache,
+            slots,
+        })
+    }
+
+    /// The wasmtime engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The limits every call runs under.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Loads and checks one component file: it must be a component exporting
+    /// `capstan:plugin/tool` at a supported version, import only what plugins may import,
+    /// link, and describe valid tools.
+    pub async fn load(&self, path: &Path) -> Result<LoadedPlugin, LoadError> {
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        check_header(path, &bytes)?;
+        let started = Instant::now();
+        let (component, cache) =
+            self.cache
+                .load(&self.engine, &bytes)
+                .map_err(|err| LoadError::Invalid {
+                    path: path.to_owned(),
+                    reason: format!("{err:#}"),
+                })?;
+        let wit_version = check_exports(path, &self.engine, &component)?;
+        let imports = check_imports(path, &self.engine, &component)?;
+        let link_error = |err: wasmtime::Error| LoadError::Link {
+            path: path.to_owned(),
+            reason: format!("{err:#}"),
+        };
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(link_error)?;
+        let pre = PluginPre::new(pre).map_err(link_error)?;
+        let name: Arc<str> = plugin_name(path).into();
+
+        let specs = self.describe(&pre, &name).await.map_err(|reason| LoadError::Describe {
+            path: path.to_owned(),
+            reason,
+        })?;
+        let tools = ToolInfo::from_specs(path, specs)?;
+        tracing::debug!(
+            plugin = %path.display(),
+            ?cache,
+            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+            "plugin loaded"
+        );
+        Ok(LoadedPlugin {
+            path: path.to_owned(),
+            name,
+            wit_version,
+            imports,
+            tools,
+            cache,
+            pre,
+        })
+    }
+
+    /// Runs `describe()` in a sandbox without capabilities.
+    async fn describe(
+        &self,
+        pre: &PluginPre<Sandbox>,
+        plugin: &Arc<str>,
+    ) -> Result<Vec<super::bindings::exports::capstan::plugin::tool::ToolSpec>, String> {
+        let sandbox = Sandbox::new(&self.limits, plugin.clone(), "describe", Vec::new(), None)
+            .map_err(|e| e.to_string())?;
+        self.run(pre, sandbox, async |instance, store| {
+            instance.capstan_plugin_tool().call_describe(store).await
+        })
+        .await
+        .map_err(|err| err.message().to_owned())
+    }
+
+    /// Runs one tool call in a fresh instance of `plugin`.
+    pub(crate) async fn invoke(
+        &self,
+        plugin: &LoadedPlugin,
+        call: Invocation<'_>,
+    ) -> Result<String, ToolError> {
+        let sandbox = Sandbox::new(
+            &self.limits,
+            plugin.name.clone(),
+            call.tool,
+            call.capabilities.clone(),
+            call.workspace,
+        )?;
+        let context = CallContext {
+            caller: call.caller.to_owned(),
+            call_id: call.call_id,
+            capabilities: call.capabilities.iter().map(ToString::to_string).collect(),
+        };
+        let result = self
+            .run(&plugin.pre, sandbox, async |instance, store| {
+                instance
+                    .capstan_plugin_tool()
+                    .call_call(store, call.tool, call.args_json, &context)
+                    .await
+            })
+            .await?;
+        match result {
+            Ok(output) => Ok(self.cap_output(output)),
+            Err(err) => Err(from_wit(err)),
+        }
+    }
+
+    /// Instantiates `pre` in a new store holding `sandbox`, bounded by the deadline and the
+    /// memory limit, and runs `f` on the instance. A trap, deadline or refused memory growth
+    /// becomes [`ToolError::Failed`] naming the cause.
+    async fn run<R>(
+        &self,
+        pre: &PluginPre<Sandbox>,
+        sandbox: Sandbox,
+        f: impl AsyncFnOnce(&Plugin, &mut Store<Sandbox>) -> wasmtime::Result<R>,
+    ) -> Result<R, ToolError> {
+        let _slot = self
+            .slots
+            .acquire()
+            .await
+            .expect("the slot semaphore is never closed");
+        let mut store = Store::new(&self.engine, sandbox);
+        store.limiter(|s| &mut s.limiter);
+        let started = Instant::now();
+        let deadline = self.limits.deadline;
+        store.set_epoch_deadline(1);
+        // Yield at every tick so a busy plugin never holds an executor thread for long, and
+        // stop it once the wall-clock deadline has passed.
+        store.epoch_deadline_callback(move |_| {
+            if started.elapsed() >= deadline {
+                Err(wasmtime::Error::new(DeadlineExceeded))
+            } else {
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+        let outcome = match pre.instantiate_async(&mut store).await {
+            Ok(instance) => f(&instance, &mut store).await,
+            Err(err) => Err(err),
+        };
+        outcome.map_err(|err| self.explain_failure(&store, &err))
+    }
+
+    /// Turns a trap or host error from a call into a message naming its cause.
+    fn explain_failure(&self, store: &Store<Sandbox>, err: &wasmtime::Error) -> ToolError {
+        let scope = &store.data().scope;
+        let who = format!("tool `{}` (plugin {})", scope.tool, scope.plugin);
+        if err.downcast_ref::<DeadlineExceeded>().is_some() {
+            return ToolError::Failed(format!(
+                "{who} ran past its {:.1} s deadline and was stopped",
+                self.limits.deadline.as_secs_f64()
+            ));
+        }
+        if let Some(asked) = store.data().limiter.refused_growth {
+            return ToolError::Failed(format!(
+                "{who} ran out of memory: it asked for {} MiB, over its {} MiB limit",
+                asked.div_ceil(1 << 20),
+                self.limits.memory_bytes >> 20
+            ));
+        }
+        let said = store.data().captured_output();
+        let said = said.trim();
+        if let Some(panic) = said.find("panicked at") {
+            return ToolError::Failed(format!("{who} panicked: {}", &said[panic..]));
+        }
+        let trap = match err.downcast_ref::<wasmtime::Trap>() {
+            Some(trap) => format!("trapped: {trap}"),
+            None => format!("failed in the host: {err:#}"),
+        };
+        if said.is_empty() {
+            ToolError::Failed(format!("{who} {trap}"))
+        } else {
+            ToolError::Failed(format!("{who} {trap}; it wrote: {said}"))
+        }
+    }
+
+    /// Cuts `output` to [`Limits::max_output_bytes`], saying so at the end.
+    fn cap_output(&self, output: String) -> String {
+        let max = self.limits.max_output_bytes;
+        if output.len() <= max {
+            return output;
+        }
+        let total = output.len();
+        let mut kept = truncate(&output, max).to_owned();
+        kept.push_str(&format!(
+            "\n[output truncated by the host: {total} bytes, limit {max}]"
+        ));
+        kept
+    }
+}
+
+fn from_wit(err: WitToolError) -> ToolError {
+    match err {
+        WitToolError::InvalidArgs(m) => ToolError::InvalidArgs(m),
+        WitToolError::Denied(m) => ToolError::Denied(m),
+        WitToolError::NotFound(m) => ToolError::NotFound(m),
+        WitToolError::Failed(m) => ToolError::Failed(m),
+    }
+}
+
+/// A plugin's name: its file name without `.wasm`.
+fn plugin_name(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| PathBuf::from(path).display().to_string())
+}
+
+impl std::fmt::Debug for PluginHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginHost")
+            .field("limits", &self.limits)
+            .field("cache", &self.cache)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,94 @@
+//! The bounds on every tool call, and the resource limiter that enforces the memory bound.
+
+use std::time::Duration;
+
+/// How often the epoch ticker advances; the deadline's precision.
+pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Stderr kept per call, to quote a panic message in the error. Bounds what a plugin that
+/// floods stderr can make the host hold.
+pub(crate) const STDERR_CAPTURE_BYTES: usize = 16 * 1024;
+
+/// Log lines one call may write; more are dropped (with one warning) so a plugin cannot
+/// flood the host log.
+pub(crate) const LOG_LINES_PER_CALL: u32 = 100;
+
+/// The longest log line kept; longer lines are cut.
+pub(crate) const LOG_LINE_BYTES: usize = 4 * 1024;
+
+/// Table elements one instance may grow to; bounds host memory behind `table.grow`.
+const MAX_TABLE_ELEMENTS: usize = 100_000;
+
+/// Bounds on tool calls. Each applies to every call, `describe()` included.
+///
+/// ```
+/// use std::time::Duration;
+/// use capstan_host::plugin::Limits;
+///
+/// let limits = Limits { deadline: Duration::from_secs(2), ..Limits::default() };
+/// assert_eq!(limits.memory_bytes, 64 << 20);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Wall-clock time one call may run before it is stopped. Default 10 s.
+    pub deadline: Duration,
+    /// Linear memory one call's instance may grow to. Default 64 MiB.
+    pub memory_bytes: usize,
+    /// The longest result text passed on; longer results are cut with a marker. Default 1 MiB.
+    pub max_output_bytes: usize,
+    /// Calls running at once; more wait for a slot. Sizes the pooling allocator. Default 64.
+    pub max_concurrent_calls: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            deadline: Duration::from_secs(10),
+            memory_bytes: 64 << 20,
+            max_output_bytes: 1 << 20,
+            max_concurrent_calls: 64,
+        }
+    }
+}
+
+/// Enforces [`Limits::memory_bytes`] and remembers that it did, so a trap that follows a
+/// refused growth is reported as running out of memory rather than as a bare trap.
+pub(crate) struct CallLimiter {
+    memory_bytes: usize,
+    /// The size a refused growth asked for.
+    pub(crate) refused_growth: Option<usize>,
+}
+
+impl CallLimiter {
+    pub(crate) fn new(memory_bytes: usize) -> Self {
+        CallLimiter {
+            memory_bytes,
+            refused_growth: None,
+        }
+    }
+}
+
+impl wasmtime::ResourceLimiter for CallLimiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_bytes {
+            // Refuse rather than trap: a guest that checks allocation failures may recover.
+            self.refused_growth = Some(desired);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}

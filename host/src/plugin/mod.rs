@@ -1,0 +1,29 @@
+//! Plugins: loading WebAssembly components and running their tools in sandboxes.
+//!
+//! - [`PluginHost`] owns the engine: compile (through the [`ArtifactCache`]), check and
+//!   link a component, and run each call in a fresh pooled instance under [`Limits`].
+//! - [`Registry`] loads a directory of plugins and routes a [`CallRequest`] by tool name,
+//!   after the grant check of [`crate::policy`].
+//!
+//! Nothing here knows about conversations or prompts: a plugin can reach only what its
+//! call's sandbox holds.
+
+mod bindings;
+mod cache;
+pub mod contract;
+mod engine;
+mod error;
+mod host;
+mod imports;
+mod inspect;
+mod limits;
+mod loaded;
+mod registry;
+mod sandbox;
+
+pub use cache::{ArtifactCache, CacheOutcome};
+pub use error::{HostError, LoadError, ToolError};
+pub use host::PluginHost;
+pub use limits::Limits;
+pub use loaded::{LoadedPlugin, ToolInfo};
+pub use registry::{CallRequest, Registry};

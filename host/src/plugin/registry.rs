@@ -1,0 +1,252 @@
+//! [`Registry`]: the loaded plugins of a directory, and calls routed by tool name.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use serde::de::IgnoredAny;
+
+use super::error::{HostError, LoadError, ToolError};
+use super::host::{Invocation, PluginHost};
+use super::loaded::{LoadedPlugin, ToolInfo};
+use crate::policy::Grants;
+
+/// One tool call: which tool, its arguments, and the caller's grants.
+#[derive(Debug, Clone, Copy)]
+pub struct CallRequest<'a> {
+    /// The tool's name.
+    pub tool: &'a str,
+    /// The arguments, a JSON object.
+    pub args_json: &'a str,
+    /// What the caller holds; the call runs with the tool's declared capabilities that
+    /// these allow, or is refused.
+    pub grants: &'a Grants,
+    /// The directory file capabilities apply to.
+    pub workspace: Option<&'a Path>,
+    /// Who is calling, e.g. `cli` or `worker:7`; passed to the tool and logged.
+    pub caller: &'a str,
+}
+
+/// The plugins loaded from a directory, and the ones refused with why.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::path::Path;
+/// use capstan_host::plugin::{ArtifactCache, CallRequest, Limits, PluginHost, Registry};
+/// use capstan_host::policy::Grants;
+///
+/// let host = PluginHost::new(Limits::default(), ArtifactCache::disabled())?;
+/// let registry = Registry::load_dir(host.into(), Path::new("target/plugins")).await?;
+/// let grants: Grants = "fs.read".parse()?;
+/// let text = registry
+///     .call(CallRequest {
+///         tool: "file_read",
+///         args_json: r#"{"path": "README.md"}"#,
+///         grants: &grants,
+///         workspace: Some(Path::new(".")),
+///         caller: "example",
+///     })
+///     .await?;
+/// println!("{text}");
+/// # Ok(())
+/// # }
+/// ```
+pub struct Registry {
+    host: Arc<PluginHost>,
+    plugins: Vec<Arc<LoadedPlugin>>,
+    /// Tool name -> (plugin, index into its tools).
+    tools: HashMap<String, (Arc<LoadedPlugin>, usize)>,
+    refused: Vec<LoadError>,
+    next_call: AtomicU64,
+}
+
+impl Registry {
+    /// An empty registry on `host`.
+    pub fn new(host: Arc<PluginHost>) -> Self {
+        Registry {
+            host,
+            plugins: Vec::new(),
+            tools: HashMap::new(),
+            refused: Vec::new(),
+            next_call: AtomicU64::new(1),
+        }
+    }
+
+    /// Loads every `*.wasm` file in `dir`, in name order. A file that fails a check is
+    /// refused (see [`Registry::refused`]) and the others still load; only an unreadable
+    /// directory is an error.
+    pub async fn load_dir(host: Arc<PluginHost>, dir: &Path) -> Result<Self, HostError> {
+        let mut registry = Registry::new(host);
+        let list_error = |source| HostError::PluginsDir {
+            path: dir.to_owned(),
+            source,
+        };
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(list_error)?
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .filter(|path| path.extension().is_some_and(|ext| ext == "wasm") && path.is_file())
+            .collect();
+        files.sort();
+        for path in files {
+            // A refusal is kept in `refused`; loading goes on with the next file.
+            let _ = registry.add_file(&path).await;
+        }
+        Ok(registry)
+    }
+
+    /// Loads one component file; on failure records the refusal and returns it.
+    pub async fn add_file(&mut self, path: &Path) -> Result<(), &LoadError> {
+        let result = match self.host.load(path).await {
+            Ok(plugin) => self.add(plugin),
+            Err(err) => Err(err),
+        };
+        match result {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                tracing::warn!("plugin refused: {err}");
+                self.refused.push(err);
+                Err(self.refused.last().expect("just pushed"))
+            }
+        }
+    }
+
+    /// Adds a loaded plugin unless one of its tool names is taken.
+    fn add(&mut self, plugin: LoadedPlugin) -> Result<(), LoadError> {
+        for tool in plugin.tools() {
+            if let Some((other, _)) = self.tools.get(&tool.name) {
+                return Err(LoadError::DuplicateTool {
+                    path: plugin.path.clone(),
+                    tool: tool.name.clone(),
+                    other: other.path.clone(),
+                });
+            }
+        }
+        let plugin = Arc::new(plugin);
+        for (index, tool) in plugin.tools().iter().enumerate() {
+            self.tools
+                .insert(tool.name.clone(), (plugin.clone(), index));
+        }
+        self.plugins.push(plugin);
+        Ok(())
+    }
+
+    /// The host the plugins run on.
+    pub fn host(&self) -> &Arc<PluginHost> {
+        &self.host
+    }
+
+    /// The loaded plugins, in load order.
+    pub fn plugins(&self) -> &[Arc<LoadedPlugin>] {
+        &self.plugins
+    }
+
+    /// The files refused at load, each with why.
+    pub fn refused(&self) -> &[LoadError] {
+        &self.refused
+    }
+
+    /// A tool and the plugin that provides it.
+    pub fn tool(&self, name: &str) -> Option<(&LoadedPlugin, &ToolInfo)> {
+        self.tools
+            .get(name)
+            .map(|(plugin, index)| (&**plugin, &plugin.tools[*index]))
+    }
+
+    /// Runs one call: finds the tool, checks the grants, checks that the arguments are a
+    /// JSON object, then runs it in a fresh sandbox holding exactly the effective
+    /// capabilities. Every outcome is logged with the caller, grants and duration.
+    pub async fn call(&self, request: CallRequest<'_>) -> Result<String, ToolError> {
+        let started = Instant::now();
+        let call_id = format!("call-{}", self.next_call.fetch_add(1, Ordering::Relaxed));
+        let result = self.run_call(&request, call_id.clone()).await;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(err) => err.kind(),
+        };
+        tracing::info!(
+            target: "capstan::audit",
+            call_id,
+            tool = request.tool,
+            caller = request.caller,
+            grants = %request.grants,
+            outcome,
+            duration_us = started.elapsed().as_micros() as u64,
+            "tool call"
+        );
+        result
+    }
+
+    async fn run_call(&self, request: &CallRequest<'_>, call_id: String) -> Result<String, ToolError> {
+        let Some((plugin, index)) = self.tools.get(request.tool) else {
+            return Err(self.unknown_tool(request.tool));
+        };
+        let tool = &plugin.tools[*index];
+        let capabilities = request
+            .grants
+            .effective(&tool.name, &tool.capabilities)
+            .map_err(|denial| ToolError::Denied(denial.to_string()))?;
+        check_args_object(request.tool, request.args_json)?;
+        let call = Invocation {
+            tool: &tool.name,
+            args_json: request.args_json,
+            caller: request.caller,
+            call_id,
+            capabilities,
+            workspace: request.workspace,
+        };
+        self.host.invoke(plugin, call).await
+    }
+
+    fn unknown_tool(&self, name: &str) -> ToolError {
+        let mut known: Vec<&str> = self.tools.keys().map(String::as_str).collect();
+        known.sort_unstable();
+        ToolError::NotFound(format!(
+            "no tool `{name}` is loaded; loaded tools: {}",
+            if known.is_empty() {
+                "none".to_owned()
+            } else {
+                known.join(", ")
+            }
+        ))
+    }
+}
+
+/// Refuses arguments that are not one JSON object, before any instance is created.
+fn check_args_object(tool: &str, args_json: &str) -> Result<(), ToolError> {
+    if let Err(err) = serde_json::from_str::<IgnoredAny>(args_json) {
+        return Err(ToolError::InvalidArgs(format!(
+            "{tool}: arguments are not valid JSON: {err}"
+        )));
+    }
+    if !args_json.trim_start().starts_with('{') {
+        return Err(ToolError::InvalidArgs(format!(
+            "{tool}: arguments must be a JSON object, like {{\"path\": \"notes.md\"}}"
+        )));
+    }
+    Ok(())
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("plugins", &self.plugins)
+            .field("refused", &self.refused)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_must_be_one_json_object() {
+        assert!(check_args_object("t", r#" {"a": 1} "#).is_ok());
+        for bad in ["", "{", "[1]", "3", r#"{"a":1} x"#, "null"] {
+            let err = check_args_object("t", bad).unwrap_err();
+            assert_eq!(err.kind(), "invalid-args", "{bad}: {err}");
+        }
+    }
+}

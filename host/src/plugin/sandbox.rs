@@ -1,0 +1,118 @@
+//! The per-call sandbox: what one fresh instance can see and hold.
+//!
+//! A sandbox is built for exactly one call from the call's effective capabilities:
+//!
+//! - no `fs.*` capability: no preopen at all, so the guest sees no files;
+//! - `fs.read`: the workspace preopened read-only as `.`;
+//! - `fs.write`: the workspace preopened read-write as `.`;
+//! - no environment variables, no arguments, stdin closed;
+//! - stdout and stderr captured (at most [`STDERR_CAPTURE_BYTES`]) to explain traps;
+//! - no network: sockets are never linked for plugins (see `contract::ALLOWED_IMPORTS`) and
+//!   the WASI context denies every address and name lookup besides;
+//! - the memory bound of [`Limits`], enforced by [`CallLimiter`].
+
+use std::path::Path;
+use std::sync::Arc;
+
+use capstan_caps::Capability;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
+
+use super::error::ToolError;
+use super::limits::{CallLimiter, Limits, STDERR_CAPTURE_BYTES};
+
+/// The store data of one call.
+pub struct Sandbox {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    pub(crate) limiter: CallLimiter,
+    pub(crate) output: MemoryOutputPipe,
+    pub(crate) scope: CallScope,
+}
+
+/// Who is running and with what, for the host imports' checks and log lines.
+pub(crate) struct CallScope {
+    pub(crate) plugin: Arc<str>,
+    pub(crate) tool: String,
+    pub(crate) capabilities: Vec<Capability>,
+    pub(crate) log_lines: u32,
+}
+
+impl CallScope {
+    /// Whether the call runs with any of `caps`.
+    pub(crate) fn has_any(&self, caps: &[Capability]) -> bool {
+        caps.iter().any(|c| self.capabilities.contains(c))
+    }
+}
+
+impl Sandbox {
+    /// A sandbox for one call of `tool` with `capabilities`, rooted at `workspace` when the
+    /// capabilities include file access.
+    pub(crate) fn new(
+        limits: &Limits,
+        plugin: Arc<str>,
+        tool: &str,
+        capabilities: Vec<Capability>,
+        workspace: Option<&Path>,
+    ) -> Result<Self, ToolError> {
+        let output = MemoryOutputPipe::new(STDERR_CAPTURE_BYTES);
+        let mut wasi = WasiCtx::builder();
+        wasi.stdout(output.clone())
+            .stderr(output.clone())
+            .allow_ip_name_lookup(false)
+            .allow_tcp(false)
+            .allow_udp(false);
+        if let Some(perms) = fs_perms(&capabilities) {
+            let dir = workspace.ok_or_else(|| {
+                ToolError::Failed(format!(
+                    "tool `{tool}` needs the workspace, but this call has none; pass a workspace \
+                     directory (--workspace DIR)"
+                ))
+            })?;
+            wasi.preopened_dir(dir, ".", perms).map_err(|err| {
+                ToolError::Failed(format!(
+                    "cannot open the workspace {} for tool `{tool}`: {err}",
+                    dir.display()
+                ))
+            })?;
+        }
+        Ok(Sandbox {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limiter: CallLimiter::new(limits.memory_bytes),
+            output,
+            scope: CallScope {
+                plugin,
+                tool: tool.to_owned(),
+                capabilities,
+                log_lines: 0,
+            },
+        })
+    }
+
+    /// What the guest wrote to stdout and stderr, lossily decoded.
+    pub(crate) fn captured_output(&self) -> String {
+        String::from_utf8_lossy(&self.output.contents()).into_owned()
+    }
+}
+
+/// The preopen a set of capabilities asks for, if any.
+fn fs_perms(capabilities: &[Capability]) -> Option<FsPerms> {
+    if capabilities.contains(&Capability::FsWrite) {
+        Some(FsPerms::ReadWrite)
+    } else if capabilities.contains(&Capability::FsRead) {
+        Some(FsPerms::ReadOnly)
+    } else {
+        None
+    }
+}
+
+impl WasiView for Sandbox {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}

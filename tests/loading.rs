@@ -1,0 +1,131 @@
+//! Components the host must refuse, each with the file and the reason, while the other
+//! plugins in the same directory still load.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use capstan_host::plugin::{CacheOutcome, Limits, LoadError, PluginHost, Registry};
+use capstan_tests::{component, plugins_dir, test_cache};
+
+fn host() -> Arc<PluginHost> {
+    Arc::new(PluginHost::new(Limits::default(), test_cache()).unwrap())
+}
+
+/// A plugins directory with the first-party plugins and `extra` files (name, bytes).
+fn plugins_with(extra: &[(&str, Vec<u8>)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(plugins_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    for (name, bytes) in extra {
+        std::fs::write(dir.path().join(name), bytes).unwrap();
+    }
+    dir
+}
+
+fn refusal<'a>(registry: &'a Registry, file: &str) -> &'a LoadError {
+    registry
+        .refused()
+        .iter()
+        .find(|err| err.path().file_name().unwrap() == file)
+        .unwrap_or_else(|| panic!("{file} was not refused: {:?}", registry.refused()))
+}
+
+#[tokio::test]
+async fn bad_components_are_refused_by_name_and_the_rest_still_load() {
+    let files = std::fs::read(component("plugins", "files")).unwrap();
+    let truncated = files[..files.len() / 2].to_vec();
+    // The smallest valid core module: magic and version, no sections.
+    let core_module = b"\0asm\x01\0\0\0".to_vec();
+    let dir = plugins_with(&[
+        ("core-module.wasm", core_module),
+        ("truncated.wasm", truncated),
+        ("script.wasm", b"#!/bin/sh\necho hi\n".to_vec()),
+        ("unknown-import.wasm", std::fs::read(component("fixtures", "unknown_import")).unwrap()),
+        ("wit-v1.wasm", std::fs::read(component("fixtures", "wit_v1")).unwrap()),
+    ]);
+    let registry = Registry::load_dir(host(), dir.path()).await.unwrap();
+
+    let core = refusal(&registry, "core-module.wasm").to_string();
+    assert!(core.contains("core-module.wasm") && core.contains("not a component"), "{core}");
+    assert!(core.contains("wasm32-wasip2"), "says how to fix it: {core}");
+
+    let cut = refusal(&registry, "truncated.wasm").to_string();
+    assert!(cut.contains("truncated.wasm") && cut.contains("not a valid component"), "{cut}");
+
+    let junk = refusal(&registry, "script.wasm").to_string();
+    assert!(junk.contains("not a WebAssembly file"), "{junk}");
+
+    let import = refusal(&registry, "unknown-import.wasm").to_string();
+    assert!(import.contains("unknown-import.wasm"), "{import}");
+    assert!(import.contains("`capstan:evil/model@0.1.0`"), "{import}");
+    assert!(import.contains("does not provide"), "{import}");
+
+    let version = refusal(&registry, "wit-v1.wasm").to_string();
+    assert!(version.contains("wit-v1.wasm"), "{version}");
+    assert!(version.contains("capstan:plugin@1.0.0"), "names theirs: {version}");
+    assert!(version.contains("capstan:plugin@0.1.0"), "names ours: {version}");
+
+    assert_eq!(registry.refused().len(), 5, "{:?}", registry.refused());
+    for tool in ["file_read", "file_list", "file_write", "file_edit"] {
+        assert!(registry.tool(tool).is_some(), "{tool} still loads");
+    }
+}
+
+#[tokio::test]
+async fn a_second_plugin_with_a_taken_tool_name_is_refused() {
+    let files = std::fs::read(component("plugins", "files")).unwrap();
+    // Loaded in name order: files.wasm first, then the copy.
+    let dir = plugins_with(&[("files2.wasm", files)]);
+    let registry = Registry::load_dir(host(), dir.path()).await.unwrap();
+    let err = refusal(&registry, "files2.wasm").to_string();
+    assert!(err.contains("already provided by") && err.contains("files.wasm"), "{err}");
+}
+
+#[tokio::test]
+async fn a_missing_plugins_directory_is_an_error_naming_it() {
+    let err = Registry::load_dir(host(), Path::new("/nonexistent/capstan-plugins"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("/nonexistent/capstan-plugins"), "{err}");
+}
+
+#[tokio::test]
+async fn loaded_plugins_report_version_imports_and_tools() {
+    let registry = Registry::load_dir(host(), &plugins_dir()).await.unwrap();
+    let (plugin, tool) = registry.tool("file_write").unwrap();
+    assert_eq!(plugin.wit_version(), "0.1.0");
+    assert_eq!(plugin.name(), "files");
+    assert_eq!(tool.capabilities, vec![capstan_caps::Capability::FsWrite]);
+    assert_eq!(tool.args_schema["required"], serde_json::json!(["path", "content"]));
+    assert!(plugin.imports().iter().any(|i| i.starts_with("wasi:filesystem/")));
+    assert!(!plugin.imports().iter().any(|i| i.starts_with("wasi:sockets/")));
+}
+
+#[tokio::test]
+async fn the_artifact_cache_skips_compilation_and_survives_corruption() {
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cache = || capstan_host::plugin::ArtifactCache::new(cache_dir.path());
+    let file = component("plugins", "files");
+
+    let cold = PluginHost::new(Limits::default(), cache()).unwrap();
+    assert_eq!(cold.load(&file).await.unwrap().cache_outcome(), CacheOutcome::Compiled);
+
+    let warm = PluginHost::new(Limits::default(), cache()).unwrap();
+    assert_eq!(warm.load(&file).await.unwrap().cache_outcome(), CacheOutcome::Hit);
+
+    // Another component is another key.
+    let example = component("examples", "word_count");
+    let outcome = warm.load(&example).await.unwrap().cache_outcome();
+    assert_eq!(outcome, CacheOutcome::Compiled, "a different component is a different key");
+
+    for entry in std::fs::read_dir(cache_dir.path()).unwrap() {
+        std::fs::write(entry.unwrap().path(), b"garbage").unwrap();
+    }
+    let again = PluginHost::new(Limits::default(), cache()).unwrap();
+    let plugin = again.load(&file).await.unwrap();
+    assert_eq!(plugin.cache_outcome(), CacheOutcome::Compiled, "a corrupt artifact is rebuilt");
+    assert_eq!(plugin.tools().len(), 4);
+}

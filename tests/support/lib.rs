@@ -1,0 +1,150 @@
+//! Shared set-up for the integration tests: where the built plugins are, a host with the
+//! first-party plugins and the probe fixture loaded, and throwaway workspaces.
+//!
+//! The components come from `bash scripts/setup`; a missing one fails the test with that
+//! instruction rather than skipping it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use capstan_host::plugin::{ArtifactCache, CallRequest, Limits, PluginHost, Registry, ToolError};
+use capstan_host::policy::Grants;
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ sits in the repository")
+        .to_owned()
+}
+
+/// A built component under `target/<group>/<name>.wasm`, checked to exist.
+pub fn component(group: &str, name: &str) -> PathBuf {
+    let path = repo_root().join("target").join(group).join(format!("{name}.wasm"));
+    assert!(
+        path.is_file(),
+        "{} is missing: build the plugins with `bash scripts/setup`",
+        path.display()
+    );
+    path
+}
+
+/// The first-party plugins directory.
+pub fn plugins_dir() -> PathBuf {
+    component("plugins", "files").parent().unwrap().to_owned()
+}
+
+/// The artifact cache shared by the tests, so each component compiles once per run.
+pub fn test_cache() -> ArtifactCache {
+    ArtifactCache::new(repo_root().join("target/test-component-cache"))
+}
+
+/// A host with `limits`, the first-party plugins and the probe fixture.
+pub async fn registry(limits: Limits) -> Registry {
+    let host = Arc::new(PluginHost::new(limits, test_cache()).expect("host"));
+    let mut registry = Registry::load_dir(host, &plugins_dir()).await.expect("plugins dir");
+    registry
+        .add_file(&component("fixtures", "probe"))
+        .await
+        .expect("the probe fixture loads");
+    assert!(registry.refused().is_empty(), "{:?}", registry.refused());
+    registry
+}
+
+/// A host with the default limits.
+pub async fn default_registry() -> Registry {
+    registry(Limits::default()).await
+}
+
+/// A temporary directory holding `workspace/` (the workspace) and `outside/` with
+/// `secret.txt`, which no call may read or change.
+pub struct Workspace {
+    root: tempfile::TempDir,
+}
+
+/// The text of `outside/secret.txt`.
+pub const SECRET: &str = "the secret outside the workspace\n";
+
+impl Workspace {
+    pub fn new() -> Self {
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(root.path().join("workspace")).unwrap();
+        std::fs::create_dir(root.path().join("outside")).unwrap();
+        std::fs::write(root.path().join("outside/secret.txt"), SECRET).unwrap();
+        Workspace { root }
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.root.path().join("workspace")
+    }
+
+    pub fn outside(&self) -> PathBuf {
+        self.root.path().join("outside")
+    }
+
+    /// Writes `content` to `rel` in the workspace.
+    pub fn put(&self, rel: &str, content: &str) {
+        let path = self.path().join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+
+    /// The bytes of `rel` in the workspace.
+    pub fn read(&self, rel: &str) -> Vec<u8> {
+        std::fs::read(self.path().join(rel)).unwrap()
+    }
+
+    /// Fails unless `outside/` still holds exactly `secret.txt` with its original text,
+    /// and nothing new appeared beside the workspace.
+    pub fn assert_outside_untouched(&self) {
+        let names: Vec<_> = std::fs::read_dir(self.outside())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["secret.txt"], "files appeared outside the workspace");
+        assert_eq!(
+            std::fs::read_to_string(self.outside().join("secret.txt")).unwrap(),
+            SECRET
+        );
+        let mut top: Vec<_> = std::fs::read_dir(self.root.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        top.sort();
+        assert_eq!(top, ["outside", "workspace"], "files appeared beside the workspace");
+    }
+}
+
+impl Default for Workspace {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Calls `tool` with `args` (JSON) and `grants` (comma-separated), in `workspace`.
+pub async fn call(
+    registry: &Registry,
+    tool: &str,
+    args: serde_json::Value,
+    grants: &str,
+    workspace: &Path,
+) -> Result<String, ToolError> {
+    let grants: Grants = grants.parse().expect("grants");
+    registry
+        .call(CallRequest {
+            tool,
+            args_json: &args.to_string(),
+            grants: &grants,
+            workspace: Some(workspace),
+            caller: "test",
+        })
+        .await
+}
+
+/// Unwraps an error of `kind`, failing with the actual outcome otherwise.
+pub fn expect_error(result: Result<String, ToolError>, kind: &str) -> String {
+    match result {
+        Err(err) if err.kind() == kind => err.message().to_owned(),
+        other => panic!("expected a {kind} error, got {other:?}"),
+    }
+}
