@@ -1,9 +1,9 @@
 //! Arguments that are not JSON, not an object, or do not match the schema: `invalid-args`
 //! naming the field, and no file touched.
 
-use capstan_tests::{Workspace, call, default_registry, expect_error};
 use capstan_host::plugin::CallRequest;
 use capstan_host::policy::Grants;
+use capstan_tests::{Workspace, call, default_registry, expect_error};
 use serde_json::json;
 
 async fn raw_call(args_json: &str) -> Result<String, capstan_host::plugin::ToolError> {
@@ -23,7 +23,12 @@ async fn raw_call(args_json: &str) -> Result<String, capstan_host::plugin::ToolE
 
 #[tokio::test]
 async fn invalid_json_is_invalid_args() {
-    for bad in [r#"{"path": "a.txt""#, "", "{path: 1}", r#"{"path": "a"} trailing"#] {
+    for bad in [
+        r#"{"path": "a.txt""#,
+        "",
+        "{path: 1}",
+        r#"{"path": "a"} trailing"#,
+    ] {
         let msg = expect_error(raw_call(bad).await, "invalid-args");
         assert!(msg.contains("not valid JSON"), "{bad:?}: {msg}");
     }
@@ -46,7 +51,10 @@ async fn schema_violations_name_the_field() {
         (json!({"path": "a.txt", "offset": "ten"}), "`offset`"),
         (json!({"path": 7}), "`path`"),
         (json!({}), "missing field `path`"),
-        (json!({"path": "a.txt", "lines": 3}), "unknown field `lines`"),
+        (
+            json!({"path": "a.txt", "lines": 3}),
+            "unknown field `lines`",
+        ),
         (json!({"path": "a.txt", "limit": -1}), "`limit`"),
     ];
     for (args, field) in cases {
@@ -58,7 +66,14 @@ async fn schema_violations_name_the_field() {
         assert!(msg.contains("file_read"), "names the tool: {msg}");
     }
     let msg = expect_error(
-        call(&registry, "file_write", json!({"path": "b.txt", "content": ["x"]}), "fs.write", &ws.path()).await,
+        call(
+            &registry,
+            "file_write",
+            json!({"path": "b.txt", "content": ["x"]}),
+            "fs.write",
+            &ws.path(),
+        )
+        .await,
         "invalid-args",
     );
     assert!(msg.contains("`content`"), "{msg}");
@@ -73,5 +88,8 @@ async fn an_unknown_tool_is_not_found_and_lists_the_loaded_ones() {
         call(&registry, "file_delete", json!({}), "fs.write", &ws.path()).await,
         "not-found",
     );
-    assert!(msg.contains("file_delete") && msg.contains("file_read"), "{msg}");
+    assert!(
+        msg.contains("file_delete") && msg.contains("file_read"),
+        "{msg}"
+    );
 }

@@ -40,10 +40,23 @@ async fn reads_that_leave_the_workspace_fail() {
     let root = ws.outside().parent().unwrap().display().to_string();
     for tool in ["file_read", "raw_read"] {
         for path in escapes(&root) {
-            let result = call(&registry, tool, json!({ "path": path }), "fs.read", &ws.path()).await;
+            let result = call(
+                &registry,
+                tool,
+                json!({ "path": path }),
+                "fs.read",
+                &ws.path(),
+            )
+            .await;
             match result {
-                Err(err) => assert!(!err.message().contains(SECRET.trim()), "{tool} {path:?}: {err}"),
-                Ok(text) => panic!("{tool} read {:?} outside the workspace: {text:?}", &path[..path.len().min(60)]),
+                Err(err) => assert!(
+                    !err.message().contains(SECRET.trim()),
+                    "{tool} {path:?}: {err}"
+                ),
+                Ok(text) => panic!(
+                    "{tool} read {:?} outside the workspace: {text:?}",
+                    &path[..path.len().min(60)]
+                ),
             }
         }
     }
@@ -57,17 +70,29 @@ async fn writes_that_leave_the_workspace_fail_and_touch_nothing() {
     let root = ws.outside().parent().unwrap().display().to_string();
     let targets: Vec<String> = escapes(&root)
         .into_iter()
-        .chain(["link-dir/new.txt".into(), "../new.txt".into(), "../outside/new.txt".into()])
+        .chain([
+            "link-dir/new.txt".into(),
+            "../new.txt".into(),
+            "../outside/new.txt".into(),
+        ])
         .collect();
     for tool in ["file_write", "raw_put"] {
         for path in &targets {
             let args = json!({ "path": path, "content": "pwned" });
             let result = call(&registry, tool, args, "fs.read,fs.write", &ws.path()).await;
-            assert!(result.is_err(), "{tool} wrote {:?}: {result:?}", &path[..path.len().min(60)]);
+            assert!(
+                result.is_err(),
+                "{tool} wrote {:?}: {result:?}",
+                &path[..path.len().min(60)]
+            );
         }
     }
     let args = json!({"path": "link-file", "old": "secret", "new": "pwned"});
-    assert!(call(&registry, "file_edit", args, "fs.read,fs.write", &ws.path()).await.is_err());
+    assert!(
+        call(&registry, "file_edit", args, "fs.read,fs.write", &ws.path())
+            .await
+            .is_err()
+    );
     ws.assert_outside_untouched();
     assert_eq!(ws.read("a/keep.txt"), b"inside");
 }
@@ -82,9 +107,15 @@ async fn file_tools_explain_why_a_path_is_refused() {
         ("a\u{0}b", "NUL byte"),
     ];
     for (path, why) in cases {
-        let err = call(&registry, "file_read", json!({ "path": path }), "fs.read", &ws.path())
-            .await
-            .unwrap_err();
+        let err = call(
+            &registry,
+            "file_read",
+            json!({ "path": path }),
+            "fs.read",
+            &ws.path(),
+        )
+        .await
+        .unwrap_err();
         assert!(err.message().contains(why), "{path:?}: {err}");
     }
 }
@@ -95,8 +126,14 @@ async fn links_that_stay_inside_the_workspace_still_work() {
     let ws = Workspace::new();
     ws.put("real/data.txt", "inside data");
     symlink("real", ws.path().join("alias")).unwrap();
-    let out = call(&registry, "file_read", json!({"path": "alias/data.txt"}), "fs.read", &ws.path())
-        .await
-        .unwrap();
+    let out = call(
+        &registry,
+        "file_read",
+        json!({"path": "alias/data.txt"}),
+        "fs.read",
+        &ws.path(),
+    )
+    .await
+    .unwrap();
     assert_eq!(out, "inside data");
 }

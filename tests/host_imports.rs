@@ -8,16 +8,28 @@ use serde_json::json;
 async fn host_imports_check_the_call_capabilities_and_answer_without_trapping() {
     let registry = default_registry().await;
     let ws = Workspace::new();
-    let out = call(&registry, "host_imports", json!({}), "tasks.read", &ws.path())
-        .await
-        .unwrap();
+    let out = call(
+        &registry,
+        "host_imports",
+        json!({}),
+        "tasks.read",
+        &ws.path(),
+    )
+    .await
+    .unwrap();
     let report: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["capabilities"], json!(["tasks.read"]));
     let tasks = report["tasks.list"].as_str().unwrap();
-    assert!(tasks.starts_with("denied") && tasks.contains("not available in this host"), "{tasks}");
+    assert!(
+        tasks.starts_with("denied") && tasks.contains("not available in this host"),
+        "{tasks}"
+    );
     // The tool did not declare memory.read, so the host refuses before anything else.
     let memory = report["memory.recall"].as_str().unwrap();
-    assert!(memory.starts_with("denied") && memory.contains("memory.read"), "{memory}");
+    assert!(
+        memory.starts_with("denied") && memory.contains("memory.read"),
+        "{memory}"
+    );
 }
 
 #[tokio::test]
@@ -25,8 +37,18 @@ async fn a_tool_needing_an_ungranted_capability_never_starts() {
     let registry = default_registry().await;
     let ws = Workspace::new();
     let msg = expect_error(
-        call(&registry, "host_imports", json!({}), "memory.read", &ws.path()).await,
+        call(
+            &registry,
+            "host_imports",
+            json!({}),
+            "memory.read",
+            &ws.path(),
+        )
+        .await,
         "denied",
     );
-    assert!(msg.contains("`tasks.read`") && msg.contains("granted: memory.read"), "{msg}");
+    assert!(
+        msg.contains("`tasks.read`") && msg.contains("granted: memory.read"),
+        "{msg}"
+    );
 }

@@ -9,7 +9,14 @@ use serde_json::json;
 
 async fn echo_works(registry: &Registry) {
     let ws = Workspace::new();
-    let out = call(registry, "echo", json!({"text": "still here"}), "", &ws.path()).await;
+    let out = call(
+        registry,
+        "echo",
+        json!({"text": "still here"}),
+        "",
+        &ws.path(),
+    )
+    .await;
     assert_eq!(out.unwrap(), "still here");
 }
 
@@ -20,7 +27,10 @@ async fn run(registry: &Registry, tool: &str, args: serde_json::Value) -> String
 
 #[tokio::test]
 async fn an_infinite_loop_is_stopped_at_the_deadline() {
-    let limits = Limits { deadline: Duration::from_millis(300), ..Limits::default() };
+    let limits = Limits {
+        deadline: Duration::from_millis(300),
+        ..Limits::default()
+    };
     let registry = registry(limits).await;
     let started = Instant::now();
     let msg = run(&registry, "spin", json!({})).await;
@@ -39,7 +49,10 @@ async fn the_default_deadline_is_ten_seconds() {
 #[tokio::test]
 async fn looping_plugins_do_not_starve_other_calls() {
     // One executor thread: a spinning plugin must yield, or the echo could not finish first.
-    let limits = Limits { deadline: Duration::from_secs(3), ..Limits::default() };
+    let limits = Limits {
+        deadline: Duration::from_secs(3),
+        ..Limits::default()
+    };
     let registry = std::sync::Arc::new(registry(limits).await);
     let spinner = {
         let registry = registry.clone();
@@ -48,16 +61,25 @@ async fn looping_plugins_do_not_starve_other_calls() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let started = Instant::now();
     echo_works(&registry).await;
-    assert!(started.elapsed() < Duration::from_secs(2), "echo waited for the spinner");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "echo waited for the spinner"
+    );
     assert!(spinner.await.unwrap().contains("deadline"));
 }
 
 #[tokio::test]
 async fn unbounded_allocation_is_stopped_at_the_memory_limit() {
-    let limits = Limits { memory_bytes: 32 << 20, ..Limits::default() };
+    let limits = Limits {
+        memory_bytes: 32 << 20,
+        ..Limits::default()
+    };
     let registry = registry(limits).await;
     let msg = run(&registry, "hog", json!({})).await;
-    assert!(msg.contains("out of memory") && msg.contains("32 MiB limit"), "{msg}");
+    assert!(
+        msg.contains("out of memory") && msg.contains("32 MiB limit"),
+        "{msg}"
+    );
     echo_works(&registry).await;
 }
 
@@ -65,13 +87,22 @@ async fn unbounded_allocation_is_stopped_at_the_memory_limit() {
 async fn a_100_mb_output_is_refused_and_a_large_one_is_capped() {
     let registry = registry(Limits::default()).await;
     let msg = run(&registry, "flood", json!({"bytes": 100_000_000})).await;
-    assert!(msg.contains("out of memory") && msg.contains("64 MiB limit"), "{msg}");
+    assert!(
+        msg.contains("out of memory") && msg.contains("64 MiB limit"),
+        "{msg}"
+    );
     echo_works(&registry).await;
 
     let ws = Workspace::new();
-    let out = call(&registry, "flood", json!({"bytes": 3_000_000}), "", &ws.path())
-        .await
-        .unwrap();
+    let out = call(
+        &registry,
+        "flood",
+        json!({"bytes": 3_000_000}),
+        "",
+        &ws.path(),
+    )
+    .await
+    .unwrap();
     let marker = "\n[output truncated by the host: 3000000 bytes, limit 1048576]";
     assert!(out.ends_with(marker), "{}", &out[out.len() - 100..]);
     assert_eq!(out.len(), (1 << 20) + marker.len());
@@ -81,20 +112,33 @@ async fn a_100_mb_output_is_refused_and_a_large_one_is_capped() {
 async fn a_panic_is_a_failure_quoting_the_panic_message() {
     let registry = registry(Limits::default()).await;
     let msg = run(&registry, "panic", json!({})).await;
-    assert!(msg.contains("panicked") && msg.contains("the probe panicked on purpose"), "{msg}");
+    assert!(
+        msg.contains("panicked") && msg.contains("the probe panicked on purpose"),
+        "{msg}"
+    );
     echo_works(&registry).await;
 }
 
 #[tokio::test]
 async fn calls_beyond_the_pool_wait_for_a_slot_instead_of_failing() {
-    let limits = Limits { max_concurrent_calls: 2, ..Limits::default() };
+    let limits = Limits {
+        max_concurrent_calls: 2,
+        ..Limits::default()
+    };
     let registry = std::sync::Arc::new(registry(limits).await);
     let calls: Vec<_> = (0..24)
         .map(|n| {
             let registry = registry.clone();
             tokio::spawn(async move {
                 let ws = Workspace::new();
-                call(&registry, "echo", json!({"text": n.to_string()}), "", &ws.path()).await
+                call(
+                    &registry,
+                    "echo",
+                    json!({"text": n.to_string()}),
+                    "",
+                    &ws.path(),
+                )
+                .await
             })
         })
         .collect();

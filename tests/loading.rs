@@ -42,17 +42,29 @@ async fn bad_components_are_refused_by_name_and_the_rest_still_load() {
         ("core-module.wasm", core_module),
         ("truncated.wasm", truncated),
         ("script.wasm", b"#!/bin/sh\necho hi\n".to_vec()),
-        ("unknown-import.wasm", std::fs::read(component("fixtures", "unknown_import")).unwrap()),
-        ("wit-v1.wasm", std::fs::read(component("fixtures", "wit_v1")).unwrap()),
+        (
+            "unknown-import.wasm",
+            std::fs::read(component("fixtures", "unknown_import")).unwrap(),
+        ),
+        (
+            "wit-v1.wasm",
+            std::fs::read(component("fixtures", "wit_v1")).unwrap(),
+        ),
     ]);
     let registry = Registry::load_dir(host(), dir.path()).await.unwrap();
 
     let core = refusal(&registry, "core-module.wasm").to_string();
-    assert!(core.contains("core-module.wasm") && core.contains("not a component"), "{core}");
+    assert!(
+        core.contains("core-module.wasm") && core.contains("not a component"),
+        "{core}"
+    );
     assert!(core.contains("wasm32-wasip2"), "says how to fix it: {core}");
 
     let cut = refusal(&registry, "truncated.wasm").to_string();
-    assert!(cut.contains("truncated.wasm") && cut.contains("not a valid component"), "{cut}");
+    assert!(
+        cut.contains("truncated.wasm") && cut.contains("not a valid component"),
+        "{cut}"
+    );
 
     let junk = refusal(&registry, "script.wasm").to_string();
     assert!(junk.contains("not a WebAssembly file"), "{junk}");
@@ -64,8 +76,14 @@ async fn bad_components_are_refused_by_name_and_the_rest_still_load() {
 
     let version = refusal(&registry, "wit-v1.wasm").to_string();
     assert!(version.contains("wit-v1.wasm"), "{version}");
-    assert!(version.contains("capstan:plugin@1.0.0"), "names theirs: {version}");
-    assert!(version.contains("capstan:plugin@0.1.0"), "names ours: {version}");
+    assert!(
+        version.contains("capstan:plugin@1.0.0"),
+        "names theirs: {version}"
+    );
+    assert!(
+        version.contains("capstan:plugin@0.1.0"),
+        "names ours: {version}"
+    );
 
     assert_eq!(registry.refused().len(), 5, "{:?}", registry.refused());
     for tool in ["file_read", "file_list", "file_write", "file_edit"] {
@@ -80,7 +98,10 @@ async fn a_second_plugin_with_a_taken_tool_name_is_refused() {
     let dir = plugins_with(&[("files2.wasm", files)]);
     let registry = Registry::load_dir(host(), dir.path()).await.unwrap();
     let err = refusal(&registry, "files2.wasm").to_string();
-    assert!(err.contains("already provided by") && err.contains("files.wasm"), "{err}");
+    assert!(
+        err.contains("already provided by") && err.contains("files.wasm"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -99,9 +120,22 @@ async fn loaded_plugins_report_version_imports_and_tools() {
     assert_eq!(plugin.wit_version(), "0.1.0");
     assert_eq!(plugin.name(), "files");
     assert_eq!(tool.capabilities, vec![capstan_caps::Capability::FsWrite]);
-    assert_eq!(tool.args_schema["required"], serde_json::json!(["path", "content"]));
-    assert!(plugin.imports().iter().any(|i| i.starts_with("wasi:filesystem/")));
-    assert!(!plugin.imports().iter().any(|i| i.starts_with("wasi:sockets/")));
+    assert_eq!(
+        tool.args_schema["required"],
+        serde_json::json!(["path", "content"])
+    );
+    assert!(
+        plugin
+            .imports()
+            .iter()
+            .any(|i| i.starts_with("wasi:filesystem/"))
+    );
+    assert!(
+        !plugin
+            .imports()
+            .iter()
+            .any(|i| i.starts_with("wasi:sockets/"))
+    );
 }
 
 #[tokio::test]
@@ -111,21 +145,35 @@ async fn the_artifact_cache_skips_compilation_and_survives_corruption() {
     let file = component("plugins", "files");
 
     let cold = PluginHost::new(Limits::default(), cache()).unwrap();
-    assert_eq!(cold.load(&file).await.unwrap().cache_outcome(), CacheOutcome::Compiled);
+    assert_eq!(
+        cold.load(&file).await.unwrap().cache_outcome(),
+        CacheOutcome::Compiled
+    );
 
     let warm = PluginHost::new(Limits::default(), cache()).unwrap();
-    assert_eq!(warm.load(&file).await.unwrap().cache_outcome(), CacheOutcome::Hit);
+    assert_eq!(
+        warm.load(&file).await.unwrap().cache_outcome(),
+        CacheOutcome::Hit
+    );
 
     // Another component is another key.
     let example = component("examples", "word_count");
     let outcome = warm.load(&example).await.unwrap().cache_outcome();
-    assert_eq!(outcome, CacheOutcome::Compiled, "a different component is a different key");
+    assert_eq!(
+        outcome,
+        CacheOutcome::Compiled,
+        "a different component is a different key"
+    );
 
     for entry in std::fs::read_dir(cache_dir.path()).unwrap() {
         std::fs::write(entry.unwrap().path(), b"garbage").unwrap();
     }
     let again = PluginHost::new(Limits::default(), cache()).unwrap();
     let plugin = again.load(&file).await.unwrap();
-    assert_eq!(plugin.cache_outcome(), CacheOutcome::Compiled, "a corrupt artifact is rebuilt");
+    assert_eq!(
+        plugin.cache_outcome(),
+        CacheOutcome::Compiled,
+        "a corrupt artifact is rebuilt"
+    );
     assert_eq!(plugin.tools().len(), 4);
 }

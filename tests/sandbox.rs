@@ -8,9 +8,15 @@ async fn fs_read_grant_reads_a_file() {
     let registry = default_registry().await;
     let ws = Workspace::new();
     ws.put("notes/todo.md", "- ship it\n- test it\n");
-    let out = call(&registry, "file_read", json!({"path": "notes/todo.md"}), "fs.read", &ws.path())
-        .await
-        .unwrap();
+    let out = call(
+        &registry,
+        "file_read",
+        json!({"path": "notes/todo.md"}),
+        "fs.read",
+        &ws.path(),
+    )
+    .await
+    .unwrap();
     assert_eq!(out, "- ship it\n- test it\n");
 }
 
@@ -25,7 +31,10 @@ async fn file_write_under_fs_read_is_denied_and_leaves_the_file_byte_identical()
         call(&registry, "file_write", args, "fs.read", &ws.path()).await,
         "denied",
     );
-    assert!(msg.contains("file_write") && msg.contains("`fs.write`"), "{msg}");
+    assert!(
+        msg.contains("file_write") && msg.contains("`fs.write`"),
+        "{msg}"
+    );
     assert!(msg.contains("granted: fs.read"), "{msg}");
     assert_eq!(ws.read("keep.txt"), before);
 }
@@ -36,10 +45,20 @@ async fn without_any_grant_file_tools_are_denied_naming_the_capability() {
     let ws = Workspace::new();
     ws.put("a.txt", "a");
     let msg = expect_error(
-        call(&registry, "file_read", json!({"path": "a.txt"}), "", &ws.path()).await,
+        call(
+            &registry,
+            "file_read",
+            json!({"path": "a.txt"}),
+            "",
+            &ws.path(),
+        )
+        .await,
         "denied",
     );
-    assert!(msg.contains("`fs.read`") && msg.contains("granted: (none)"), "{msg}");
+    assert!(
+        msg.contains("`fs.read`") && msg.contains("granted: (none)"),
+        "{msg}"
+    );
 }
 
 #[tokio::test]
@@ -79,20 +98,44 @@ async fn file_edit_fails_clearly_when_the_string_is_absent_or_ambiguous() {
     ws.put("a.txt", "one two one\n");
     let grants = "fs.read,fs.write";
     let msg = expect_error(
-        call(&registry, "file_edit", json!({"path": "a.txt", "old": "three", "new": "x"}), grants, &ws.path()).await,
+        call(
+            &registry,
+            "file_edit",
+            json!({"path": "a.txt", "old": "three", "new": "x"}),
+            grants,
+            &ws.path(),
+        )
+        .await,
         "not-found",
     );
     assert!(msg.contains("does not occur in `a.txt`"), "{msg}");
     let msg = expect_error(
-        call(&registry, "file_edit", json!({"path": "a.txt", "old": "one", "new": "x"}), grants, &ws.path()).await,
+        call(
+            &registry,
+            "file_edit",
+            json!({"path": "a.txt", "old": "one", "new": "x"}),
+            grants,
+            &ws.path(),
+        )
+        .await,
         "invalid-args",
     );
     assert!(msg.contains("occurs 2 times"), "{msg}");
-    assert_eq!(ws.read("a.txt"), b"one two one\n", "a failed edit changes nothing");
+    assert_eq!(
+        ws.read("a.txt"),
+        b"one two one\n",
+        "a failed edit changes nothing"
+    );
 
-    call(&registry, "file_edit", json!({"path": "a.txt", "old": "one", "new": "1", "replace_all": true}), grants, &ws.path())
-        .await
-        .unwrap();
+    call(
+        &registry,
+        "file_edit",
+        json!({"path": "a.txt", "old": "one", "new": "1", "replace_all": true}),
+        grants,
+        &ws.path(),
+    )
+    .await
+    .unwrap();
     assert_eq!(ws.read("a.txt"), b"1 two 1\n");
 }
 
@@ -103,9 +146,15 @@ async fn file_read_pages_big_files_with_a_truncation_marker() {
     let text: String = (1..=5000).map(|n| format!("line {n}\n")).collect();
     ws.put("big.txt", &text);
 
-    let first = call(&registry, "file_read", json!({"path": "big.txt"}), "fs.read", &ws.path())
-        .await
-        .unwrap();
+    let first = call(
+        &registry,
+        "file_read",
+        json!({"path": "big.txt"}),
+        "fs.read",
+        &ws.path(),
+    )
+    .await
+    .unwrap();
     assert!(first.starts_with("line 1\n"));
     assert!(
         first.ends_with("[truncated by the line limit: showing lines 1-2000 of 5000; call file_read with offset=2001 to continue]"),
@@ -113,21 +162,40 @@ async fn file_read_pages_big_files_with_a_truncation_marker() {
         &first[first.len() - 200..]
     );
 
-    let page = call(&registry, "file_read", json!({"path": "big.txt", "offset": 4999, "limit": 10}), "fs.read", &ws.path())
-        .await
-        .unwrap();
+    let page = call(
+        &registry,
+        "file_read",
+        json!({"path": "big.txt", "offset": 4999, "limit": 10}),
+        "fs.read",
+        &ws.path(),
+    )
+    .await
+    .unwrap();
     assert_eq!(page, "line 4999\nline 5000\n");
 
     // One huge line is cut by the byte cap, not passed on whole.
     ws.put("wide.txt", &format!("{}\nsecond\n", "w".repeat(200_000)));
-    let wide = call(&registry, "file_read", json!({"path": "wide.txt"}), "fs.read", &ws.path())
-        .await
-        .unwrap();
+    let wide = call(
+        &registry,
+        "file_read",
+        json!({"path": "wide.txt"}),
+        "fs.read",
+        &ws.path(),
+    )
+    .await
+    .unwrap();
     assert!(wide.len() < 70 * 1024, "{} bytes", wide.len());
     assert!(wide.contains("64 KiB output cap"), "{wide}");
 
     let msg = expect_error(
-        call(&registry, "file_read", json!({"path": "big.txt", "offset": 9000}), "fs.read", &ws.path()).await,
+        call(
+            &registry,
+            "file_read",
+            json!({"path": "big.txt", "offset": 9000}),
+            "fs.read",
+            &ws.path(),
+        )
+        .await,
         "invalid-args",
     );
     assert!(msg.contains("has 5000 lines"), "{msg}");
@@ -139,10 +207,19 @@ async fn file_list_shows_directories_then_files_with_sizes() {
     let ws = Workspace::new();
     ws.put("b.txt", "12345");
     ws.put("a/inner.txt", "x");
-    let out = call(&registry, "file_list", json!({}), "fs.read", &ws.path()).await.unwrap();
+    let out = call(&registry, "file_list", json!({}), "fs.read", &ws.path())
+        .await
+        .unwrap();
     assert_eq!(out, "a/\nb.txt (5 bytes)");
     let msg = expect_error(
-        call(&registry, "file_list", json!({"path": "missing"}), "fs.read", &ws.path()).await,
+        call(
+            &registry,
+            "file_list",
+            json!({"path": "missing"}),
+            "fs.read",
+            &ws.path(),
+        )
+        .await,
         "not-found",
     );
     assert!(msg.contains("`missing`"), "{msg}");
@@ -154,7 +231,14 @@ async fn a_tool_without_fs_capabilities_sees_no_files() {
     let ws = Workspace::new();
     ws.put("visible-to-no-one.txt", "x");
     // raw_list declares nothing; even with every fs grant, its sandbox has no preopen.
-    let result = call(&registry, "raw_list", json!({}), "fs.read,fs.write", &ws.path()).await;
+    let result = call(
+        &registry,
+        "raw_list",
+        json!({}),
+        "fs.read,fs.write",
+        &ws.path(),
+    )
+    .await;
     let err = result.expect_err("listing `.` without a preopen must fail");
     assert!(!err.message().contains("visible-to-no-one"), "{err}");
 }

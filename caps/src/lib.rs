@@ -139,7 +139,9 @@ impl FromStr for Capability {
         if let Some(fixed) = Capability::FIXED.iter().find(|c| c.to_string() == text) {
             return Ok(fixed.clone());
         }
-        let (kind, param) = text.split_once(':').ok_or_else(|| err("not a known name"))?;
+        let (kind, param) = text
+            .split_once(':')
+            .ok_or_else(|| err("not a known name"))?;
         let valid_param = !param.is_empty()
             && param
                 .chars()

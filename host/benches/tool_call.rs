@@ -100,7 +100,11 @@ fn component_path(group: &str, name: &str) -> PathBuf {
         .join("../target")
         .join(group)
         .join(format!("{name}.wasm"));
-    assert!(path.is_file(), "{} missing: run `bash scripts/setup`", path.display());
+    assert!(
+        path.is_file(),
+        "{} missing: run `bash scripts/setup`",
+        path.display()
+    );
     path
 }
 
@@ -202,9 +206,15 @@ fn bench_load(c: &mut Criterion, rt: &Runtime) {
     let mut group = c.benchmark_group("plugin_load");
     group.sample_size(20);
     group.bench_function("cold_compile", |b| {
-        b.iter_batched(|| (), |()| rt.block_on(cold.load(&file)).unwrap(), BatchSize::PerIteration)
+        b.iter_batched(
+            || (),
+            |()| rt.block_on(cold.load(&file)).unwrap(),
+            BatchSize::PerIteration,
+        )
     });
-    group.bench_function("warm_cache", |b| b.iter(|| rt.block_on(warm.load(&file)).unwrap()));
+    group.bench_function("warm_cache", |b| {
+        b.iter(|| rt.block_on(warm.load(&file)).unwrap())
+    });
     group.finish();
 }
 

@@ -2,8 +2,8 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use capstan_host::cli::Cli;
+use clap::Parser;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -16,9 +16,19 @@ async fn main() -> ExitCode {
         .init();
     match Cli::parse().run().await {
         Ok(code) => code,
+        // A closed pipe (`capstan plugins list | head`) is the reader's choice, not an error.
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }

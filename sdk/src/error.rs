@@ -65,7 +65,8 @@ impl From<std::io::Error> for ToolError {
         match err.kind() {
             ErrorKind::NotFound => ToolError::NotFound(err.to_string()),
             ErrorKind::PermissionDenied => ToolError::Denied(format!(
-                "{err} (the sandbox refused it: this call lacks the capability)"
+                "{err}: the sandbox refused it (the path leads outside the workspace, or this \
+                 call's capabilities do not allow the operation)"
             )),
             _ => ToolError::Failed(err.to_string()),
         }

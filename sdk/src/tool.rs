@@ -156,10 +156,17 @@ mod tests {
         let err = parse_args::<Args>("file_read", r#"{"path": "a", "limit": "ten"}"#)
             .err()
             .unwrap();
-        let ToolError::InvalidArgs(msg) = err else { panic!("{err:?}") };
-        assert!(msg.contains("`limit`") && msg.contains("file_read"), "{msg}");
+        let ToolError::InvalidArgs(msg) = err else {
+            panic!("{err:?}")
+        };
+        assert!(
+            msg.contains("`limit`") && msg.contains("file_read"),
+            "{msg}"
+        );
 
-        let err = parse_args::<Args>("file_read", r#"{"limit": 1}"#).err().unwrap();
+        let err = parse_args::<Args>("file_read", r#"{"limit": 1}"#)
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("missing field `path`"), "{err}");
 
         let err = parse_args::<Args>("file_read", r#"{"path": "a", "mode": 1}"#)
@@ -167,7 +174,9 @@ mod tests {
             .unwrap();
         assert!(err.to_string().contains("unknown field `mode`"), "{err}");
 
-        let err = parse_args::<Args>("file_read", r#"{"path": "#).err().unwrap();
+        let err = parse_args::<Args>("file_read", r#"{"path": "#)
+            .err()
+            .unwrap();
         assert!(matches!(err, ToolError::InvalidArgs(_)), "{err:?}");
     }
 

@@ -20,7 +20,10 @@ pub fn repo_root() -> PathBuf {
 
 /// A built component under `target/<group>/<name>.wasm`, checked to exist.
 pub fn component(group: &str, name: &str) -> PathBuf {
-    let path = repo_root().join("target").join(group).join(format!("{name}.wasm"));
+    let path = repo_root()
+        .join("target")
+        .join(group)
+        .join(format!("{name}.wasm"));
     assert!(
         path.is_file(),
         "{} is missing: build the plugins with `bash scripts/setup`",
@@ -42,7 +45,9 @@ pub fn test_cache() -> ArtifactCache {
 /// A host with `limits`, the first-party plugins and the probe fixture.
 pub async fn registry(limits: Limits) -> Registry {
     let host = Arc::new(PluginHost::new(limits, test_cache()).expect("host"));
-    let mut registry = Registry::load_dir(host, &plugins_dir()).await.expect("plugins dir");
+    let mut registry = Registry::load_dir(host, &plugins_dir())
+        .await
+        .expect("plugins dir");
     registry
         .add_file(&component("fixtures", "probe"))
         .await
@@ -101,7 +106,11 @@ impl Workspace {
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(names, ["secret.txt"], "files appeared outside the workspace");
+        assert_eq!(
+            names,
+            ["secret.txt"],
+            "files appeared outside the workspace"
+        );
         assert_eq!(
             std::fs::read_to_string(self.outside().join("secret.txt")).unwrap(),
             SECRET
@@ -111,7 +120,11 @@ impl Workspace {
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         top.sort();
-        assert_eq!(top, ["outside", "workspace"], "files appeared beside the workspace");
+        assert_eq!(
+            top,
+            ["outside", "workspace"],
+            "files appeared beside the workspace"
+        );
     }
 }
 

@@ -30,8 +30,12 @@ fn word_count(args: Args, _ctx: &Context) -> Result<Json<Counts>, ToolError> {
 
 fn tools() -> Toolbox {
     Toolbox::new().tool(
-        Tool::new("word_count", "Counts the lines, words and bytes of a workspace file.", word_count)
-            .needs(Capability::FsRead),
+        Tool::new(
+            "word_count",
+            "Counts the lines, words and bytes of a workspace file.",
+            word_count,
+        )
+        .needs(Capability::FsRead),
     )
 }
 

@@ -1,5 +1,6 @@
 //! `capstan plugins list|inspect`.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -34,15 +35,16 @@ impl PluginsCommand {
                     .iter()
                     .flat_map(|plugin| plugin.tools().iter().map(move |tool| row(plugin, tool)))
                     .collect();
-                print_table(["TOOL", "PLUGIN", "WIT", "CAPABILITIES"], &rows);
+                let mut out = std::io::stdout().lock();
+                print_table(&mut out, ["TOOL", "PLUGIN", "WIT", "CAPABILITIES"], &rows)?;
                 if rows.is_empty() {
-                    println!("(no tools loaded)");
+                    writeln!(out, "(no tools loaded)")?;
                 }
                 Ok(ExitCode::SUCCESS)
             }
             PluginsCommand::Inspect { file, host } => match host.host()?.load(&file).await {
                 Ok(plugin) => {
-                    print_plugin(&plugin);
+                    print_plugin(&mut std::io::stdout().lock(), &plugin)?;
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(err) => {
@@ -71,40 +73,46 @@ fn capabilities(tool: &ToolInfo) -> String {
     names.join(",")
 }
 
-fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) {
+fn print_table<const N: usize>(
+    out: &mut impl Write,
+    header: [&str; N],
+    rows: &[[String; N]],
+) -> std::io::Result<()> {
     let mut widths = header.map(str::len);
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.len());
         }
     }
-    let line = |cells: [&str; N]| {
+    let mut line = |cells: [&str; N]| {
         let padded: Vec<String> = cells
             .iter()
             .zip(widths)
             .map(|(cell, width)| format!("{cell:<width$}"))
             .collect();
-        println!("{}", padded.join("  ").trim_end());
+        writeln!(out, "{}", padded.join("  ").trim_end())
     };
-    line(header);
+    line(header)?;
     for row in rows {
-        line(row.each_ref().map(String::as_str));
+        line(row.each_ref().map(String::as_str))?;
     }
+    Ok(())
 }
 
-fn print_plugin(plugin: &LoadedPlugin) {
-    println!("plugin:  {}", plugin.name());
-    println!("file:    {}", plugin.path().display());
-    println!("wit:     capstan:plugin@{}", plugin.wit_version());
-    println!("compile: {}", plugin.cache_outcome().as_str());
-    println!("imports:");
+fn print_plugin(out: &mut impl Write, plugin: &LoadedPlugin) -> std::io::Result<()> {
+    writeln!(out, "plugin:  {}", plugin.name())?;
+    writeln!(out, "file:    {}", plugin.path().display())?;
+    writeln!(out, "wit:     capstan:plugin@{}", plugin.wit_version())?;
+    writeln!(out, "compile: {}", plugin.cache_outcome().as_str())?;
+    writeln!(out, "imports:")?;
     for import in plugin.imports() {
-        println!("  {import}");
+        writeln!(out, "  {import}")?;
     }
-    println!("tools:");
+    writeln!(out, "tools:")?;
     for tool in plugin.tools() {
-        println!("  {}  [{}]", tool.name, capabilities(tool));
-        println!("    {}", tool.description);
-        println!("    args: {}", tool.args_schema);
+        writeln!(out, "  {}  [{}]", tool.name, capabilities(tool))?;
+        writeln!(out, "    {}", tool.description)?;
+        writeln!(out, "    args: {}", tool.args_schema)?;
     }
+    Ok(())
 }

@@ -1,5 +1,6 @@
 //! `capstan tool call`.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -59,15 +60,17 @@ impl ToolCommand {
                 caller: "cli",
             })
             .await;
+        let mut out = std::io::stdout().lock();
         if json {
             let value = match &result {
                 Ok(text) => serde_json::json!({ "ok": text }),
                 Err(err) => serde_json::json!({ "error": err }),
             };
-            println!("{value}");
+            writeln!(out, "{value}")?;
         } else {
             match &result {
-                Ok(text) => println!("{text}"),
+                Ok(text) if text.ends_with('\n') => write!(out, "{text}")?,
+                Ok(text) => writeln!(out, "{text}")?,
                 Err(err) => eprintln!("error[{}]: {}", err.kind(), err.message()),
             }
         }

@@ -132,7 +132,11 @@ fn store_artifact(dir: &Path, path: &Path, component: &Component) -> std::io::Re
 }
 
 fn tempfile_in(dir: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
-    let name = format!(".tmp-{}-{:?}", std::process::id(), std::thread::current().id());
+    let name = format!(
+        ".tmp-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    );
     let path = dir.join(name.replace(['(', ')'], ""));
     let file = std::fs::File::create(&path)?;
     Ok((path, file))

@@ -114,10 +114,13 @@ impl PluginHost {
         let pre = PluginPre::new(pre).map_err(link_error)?;
         let name: Arc<str> = plugin_name(path).into();
 
-        let specs = self.describe(&pre, &name).await.map_err(|reason| LoadError::Describe {
-            path: path.to_owned(),
-            reason,
-        })?;
+        let specs = self
+            .describe(&pre, &name)
+            .await
+            .map_err(|reason| LoadError::Describe {
+                path: path.to_owned(),
+                reason,
+            })?;
         let tools = ToolInfo::from_specs(path, specs)?;
         tracing::debug!(
             plugin = %path.display(),

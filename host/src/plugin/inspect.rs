@@ -43,10 +43,7 @@ pub(crate) fn check_exports(
     let ty = component.component_type();
     let exports: Vec<&str> = ty.exports(engine).map(|(name, _)| name).collect();
     let wanted = format!("{WIT_PACKAGE}/{TOOL_INTERFACE}");
-    let Some(export) = exports
-        .iter()
-        .find(|name| split_version(name).0 == wanted)
-    else {
+    let Some(export) = exports.iter().find(|name| split_version(name).0 == wanted) else {
         return Err(LoadError::MissingToolExport {
             path: path.to_owned(),
             exports: if exports.is_empty() {
@@ -74,7 +71,10 @@ pub(crate) fn check_imports(
     component: &Component,
 ) -> Result<Vec<String>, LoadError> {
     let ty = component.component_type();
-    let imports: Vec<String> = ty.imports(engine).map(|(name, _)| name.to_owned()).collect();
+    let imports: Vec<String> = ty
+        .imports(engine)
+        .map(|(name, _)| name.to_owned())
+        .collect();
     if let Some(bad) = imports.iter().find(|name| !import_allowed(name)) {
         return Err(LoadError::ImportNotProvided {
             path: path.to_owned(),

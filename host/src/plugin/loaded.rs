@@ -82,7 +82,10 @@ pub struct ToolInfo {
 
 impl ToolInfo {
     /// Checks the specs `describe()` returned: names, schemas and capabilities.
-    pub(crate) fn from_specs(path: &Path, specs: Vec<ToolSpec>) -> Result<Vec<ToolInfo>, LoadError> {
+    pub(crate) fn from_specs(
+        path: &Path,
+        specs: Vec<ToolSpec>,
+    ) -> Result<Vec<ToolInfo>, LoadError> {
         let mut tools: Vec<ToolInfo> = Vec::with_capacity(specs.len());
         for spec in specs {
             let bad = |reason: String| LoadError::BadToolSpec {
@@ -154,7 +157,9 @@ mod tests {
             (spec("a", "[]", &[]), "JSON Schema object"),
             (spec("a", "{}", &["fs.root"]), "fs.root"),
         ] {
-            let err = ToolInfo::from_specs(path, vec![bad]).unwrap_err().to_string();
+            let err = ToolInfo::from_specs(path, vec![bad])
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(why) && err.contains("x.wasm"), "{err}");
         }
         let twice = vec![spec("a", "{}", &[]), spec("a", "{}", &[])];

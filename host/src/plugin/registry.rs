@@ -178,7 +178,11 @@ impl Registry {
         result
     }
 
-    async fn run_call(&self, request: &CallRequest<'_>, call_id: String) -> Result<String, ToolError> {
+    async fn run_call(
+        &self,
+        request: &CallRequest<'_>,
+        call_id: String,
+    ) -> Result<String, ToolError> {
         let Some((plugin, index)) = self.tools.get(request.tool) else {
             return Err(self.unknown_tool(request.tool));
         };

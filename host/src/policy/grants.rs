@@ -49,7 +49,11 @@ impl Grants {
 
     /// The capabilities a call of `tool`, which declares `declared`, runs with: all of
     /// `declared`, if every one is granted. Otherwise the first one missing.
-    pub fn effective(&self, tool: &str, declared: &[Capability]) -> Result<Vec<Capability>, Denial> {
+    pub fn effective(
+        &self,
+        tool: &str,
+        declared: &[Capability],
+    ) -> Result<Vec<Capability>, Denial> {
         match declared.iter().find(|cap| !self.allows(cap)) {
             Some(missing) => Err(Denial {
                 tool: tool.to_owned(),

@@ -39,7 +39,11 @@ pub fn file_list(args: ListArgs, _: &Context) -> Result<String, ToolError> {
     dirs.sort();
     files.sort();
     let total = dirs.len() + files.len();
-    let mut lines: Vec<String> = dirs.into_iter().chain(files).take(MAX_LIST_ENTRIES).collect();
+    let mut lines: Vec<String> = dirs
+        .into_iter()
+        .chain(files)
+        .take(MAX_LIST_ENTRIES)
+        .collect();
     if total == 0 {
         return Ok(format!("`{raw}` is empty"));
     }

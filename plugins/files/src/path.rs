@@ -11,13 +11,15 @@ use capstan_sdk::ToolError;
 pub fn workspace_path(raw: &str) -> Result<PathBuf, ToolError> {
     if raw.contains('\0') {
         return Err(ToolError::invalid_args(format!(
-            "path {raw:?} contains a NUL byte"
+            "path {:?} contains a NUL byte",
+            shown(raw)
         )));
     }
     let path = Path::new(raw);
     if path.is_absolute() {
         return Err(ToolError::Denied(format!(
-            "path `{raw}` is absolute; paths are relative to the workspace root"
+            "path `{}` is absolute; paths are relative to the workspace root",
+            shown(raw)
         )));
     }
     let mut depth: usize = 0;
@@ -25,7 +27,8 @@ pub fn workspace_path(raw: &str) -> Result<PathBuf, ToolError> {
         match part {
             Component::ParentDir if depth == 0 => {
                 return Err(ToolError::Denied(format!(
-                    "path `{raw}` leaves the workspace; paths are relative to the workspace root"
+                    "path `{}` leaves the workspace; paths are relative to the workspace root",
+                    shown(raw)
                 )));
             }
             Component::ParentDir => depth -= 1,
@@ -41,5 +44,20 @@ pub fn workspace_path(raw: &str) -> Result<PathBuf, ToolError> {
 
 /// Maps an I/O error on `path` to a tool error that names the path.
 pub fn io_error(path: &str, err: std::io::Error) -> ToolError {
-    ToolError::from(err).context(format!("`{path}`"))
+    ToolError::from(err).context(format!("`{}`", shown(path)))
+}
+
+/// The longest path quoted in a message; a model gains nothing from 4,000 characters of it.
+const MAX_SHOWN_PATH: usize = 160;
+
+/// `path`, cut to [`MAX_SHOWN_PATH`] bytes with an ellipsis.
+pub fn shown(path: &str) -> String {
+    if path.len() <= MAX_SHOWN_PATH {
+        return path.to_owned();
+    }
+    let mut end = MAX_SHOWN_PATH;
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &path[..end], path.len())
 }

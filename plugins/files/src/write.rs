@@ -24,5 +24,9 @@ pub fn file_write(args: WriteArgs, _: &Context) -> Result<String, ToolError> {
         fs::create_dir_all(parent).map_err(|e| io_error(&args.path, e))?;
     }
     fs::write(&path, args.content.as_bytes()).map_err(|e| io_error(&args.path, e))?;
-    Ok(format!("wrote {} bytes to `{}`", args.content.len(), args.path))
+    Ok(format!(
+        "wrote {} bytes to `{}`",
+        args.content.len(),
+        args.path
+    ))
 }

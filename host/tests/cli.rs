@@ -1,0 +1,182 @@
+//! The `capstan` binary as a user runs it, against the plugins `scripts/setup` built.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+/// `capstan ARGS` in `dir`, with a private artifact cache and no plugins-dir override.
+fn capstan(dir: &Path, args: &[&str]) -> Output {
+    assert!(
+        repo_root().join("target/plugins/files.wasm").is_file(),
+        "build the plugins first: bash scripts/setup"
+    );
+    Command::new(env!("CARGO_BIN_EXE_capstan"))
+        .args(args)
+        .current_dir(dir)
+        .env(
+            "CAPSTAN_CACHE_DIR",
+            repo_root().join("target/test-component-cache"),
+        )
+        .env_remove("CAPSTAN_PLUGINS_DIR")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("running capstan")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn plugins_list_finds_the_first_party_plugins_without_flags() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    for dir in [repo_root(), elsewhere.path().to_owned()] {
+        let out = capstan(&dir, &["plugins", "list"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        assert!(text.starts_with("TOOL"), "{text}");
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("file_edit"))
+            .expect("file_edit listed");
+        assert!(row.contains("files.wasm") && row.contains("0.1.0"), "{row}");
+        assert!(row.contains("fs.read,fs.write"), "{row}");
+    }
+}
+
+#[test]
+fn tool_call_prints_the_result_and_exits_zero() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "alpha\n").unwrap();
+    let out = capstan(
+        ws.path(),
+        &[
+            "tool",
+            "call",
+            "file_read",
+            r#"{"path":"a.txt"}"#,
+            "--grant",
+            "fs.read",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "alpha\n");
+}
+
+#[test]
+fn a_denied_call_exits_4_names_the_capability_and_changes_nothing() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "alpha\n").unwrap();
+    let ws_arg = ws.path().to_str().unwrap();
+    let out = capstan(
+        &repo_root(),
+        &[
+            "tool",
+            "call",
+            "file_write",
+            r#"{"path":"a.txt","content":"x"}"#,
+            "--grant",
+            "fs.read",
+            "--workspace",
+            ws_arg,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("error[denied]:") && err.contains("`fs.write`"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("a.txt")).unwrap(),
+        "alpha\n"
+    );
+}
+
+#[test]
+fn json_output_carries_the_error_kind_and_exit_codes_follow_it() {
+    let ws = tempfile::tempdir().unwrap();
+    let cases = [
+        (r#"{"path": 1}"#, "invalid-args", 3),
+        (r#"{"path": "missing.txt"}"#, "not-found", 5),
+    ];
+    for (args, kind, code) in cases {
+        let out = capstan(
+            ws.path(),
+            &[
+                "tool",
+                "call",
+                "file_read",
+                args,
+                "--grant",
+                "fs.read",
+                "--json",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(code), "{}", stderr(&out));
+        let value: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+        assert_eq!(value["error"]["kind"], kind, "{value}");
+    }
+    let out = capstan(ws.path(), &["tool", "call", "no_such_tool", "{}"]);
+    assert_eq!(out.status.code(), Some(5));
+}
+
+#[test]
+fn inspect_shows_a_component_or_why_it_is_refused() {
+    let root = repo_root();
+    let out = capstan(&root, &["plugins", "inspect", "target/plugins/files.wasm"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("wit:     capstan:plugin@0.1.0"), "{text}");
+    assert!(text.contains("file_write  [fs.write]"), "{text}");
+    assert!(text.contains("wasi:filesystem/preopens@"), "{text}");
+
+    let out = capstan(
+        &root,
+        &["plugins", "inspect", "target/fixtures/unknown_import.wasm"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("unknown_import.wasm") && err.contains("capstan:evil/model"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_flags_get_a_specific_error() {
+    let out = capstan(
+        &repo_root(),
+        &["tool", "call", "file_read", "{}", "--grant", "fs.root"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("unknown capability `fs.root`"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = capstan(
+        &repo_root(),
+        &["plugins", "list", "--plugins-dir", "/nonexistent/dir"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("/nonexistent/dir"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = capstan(&repo_root(), &["plugins", "list", "--deadline", "0"]);
+    assert!(stderr(&out).contains("--deadline"), "{}", stderr(&out));
+}
