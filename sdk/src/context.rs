@@ -13,6 +13,22 @@ pub struct Context {
 }
 
 impl Context {
+    /// A context for calling handlers directly, e.g. in a plugin's native unit tests.
+    ///
+    /// ```
+    /// use capstan_sdk::{Capability, Context};
+    ///
+    /// let ctx = Context::new("test", "call-1", vec![Capability::FsRead]);
+    /// assert!(ctx.has(&Capability::FsRead));
+    /// ```
+    pub fn new(caller: &str, call_id: &str, capabilities: Vec<Capability>) -> Self {
+        Context {
+            caller: caller.to_owned(),
+            call_id: call_id.to_owned(),
+            capabilities,
+        }
+    }
+
     pub(crate) fn from_wit(ctx: CallContext) -> Self {
         Context {
             caller: ctx.caller,
