@@ -2,9 +2,14 @@
 //!
 //! - [`plugin`] loads components and runs each tool call in a fresh instance whose sandbox
 //!   holds only the capabilities the tool declares and the caller grants.
-//! - [`policy`] decides which capabilities a call runs with.
+//! - [`policy`] decides which tools each process kind is offered and which capabilities a
+//!   call runs with.
+//! - [`store`] persists tasks, memories, history, worker records and the audit log in SQLite.
+//! - [`config`] reads `capstan.toml`: directories, limits, the provider and the profiles.
 //! - [`cli`] is the `capstan` binary's command line.
 
 pub mod cli;
+pub mod config;
 pub mod plugin;
 pub mod policy;
+pub mod store;

@@ -180,3 +180,154 @@ fn bad_flags_get_a_specific_error() {
     let out = capstan(&repo_root(), &["plugins", "list", "--deadline", "0"]);
     assert!(stderr(&out).contains("--deadline"), "{}", stderr(&out));
 }
+
+#[test]
+fn policy_prints_the_matrix_with_a_reason_for_every_cell_that_is_off() {
+    let out = capstan(&repo_root(), &["policy"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let header = text.lines().nth(1).unwrap();
+    assert!(
+        header.starts_with("TOOL") && header.contains("channel") && header.contains("cortex"),
+        "{header}"
+    );
+    let row = |tool: &str| {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{tool} ")))
+            .unwrap_or_else(|| panic!("{tool}: {text}"));
+        line.split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .skip(1)
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    // channel, branch, worker, compactor, cortex
+    assert_eq!(
+        row("file_read"),
+        ["- not in profile", "on", "on", "- not in profile", "on"]
+    );
+    assert_eq!(
+        row("file_write"),
+        [
+            "- not in profile",
+            "- not in profile",
+            "on",
+            "- not in profile",
+            "on"
+        ]
+    );
+    assert_eq!(
+        row("task_create"),
+        ["- not in profile", "on", "on", "- not in profile", "on"]
+    );
+    assert_eq!(
+        row("memory_recall"),
+        [
+            "- not in profile",
+            "on",
+            "- not in profile",
+            "- not in profile",
+            "on"
+        ]
+    );
+}
+
+#[test]
+fn policy_shows_a_capability_the_profile_does_not_grant() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("capstan.toml"),
+        "[profiles.branch]\ncapabilities = [\"memory.read\"]\n",
+    )
+    .unwrap();
+    let out = capstan(dir.path(), &["policy"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("capstan.toml"), "{text}");
+    let line = text.lines().find(|l| l.starts_with("file_read ")).unwrap();
+    assert!(line.contains("- fs.read not granted"), "{line}");
+}
+
+#[test]
+fn tool_call_as_a_profile_uses_its_grants_and_its_tool_list() {
+    let ws = tempfile::tempdir().unwrap();
+    let write = r#"{"path":"b.txt","content":"from worker"}"#;
+    let out = capstan(
+        ws.path(),
+        &["tool", "call", "file_write", write, "--as", "branch"],
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not offered to a branch process"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!ws.path().join("b.txt").exists());
+
+    let out = capstan(
+        ws.path(),
+        &["tool", "call", "file_write", write, "--as", "worker"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("b.txt")).unwrap(),
+        "from worker"
+    );
+
+    let out = capstan(
+        ws.path(),
+        &[
+            "tool",
+            "call",
+            "file_read",
+            r#"{"path":"b.txt"}"#,
+            "--as",
+            "channel",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(4));
+
+    let out = capstan(
+        ws.path(),
+        &["tool", "call", "file_read", "{}", "--as", "janitor"],
+    );
+    assert_eq!(out.status.code(), Some(2), "clap rejects an unknown kind");
+    assert!(
+        stderr(&out).contains("unknown process kind `janitor`"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn init_writes_a_config_that_loads_and_will_not_overwrite_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = capstan(dir.path(), &["init"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let written = std::fs::read_to_string(dir.path().join("capstan.toml")).unwrap();
+    assert!(written.contains("[profiles.worker]"));
+    assert!(capstan(dir.path(), &["policy"]).status.success());
+
+    let again = capstan(dir.path(), &["init"]);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(stderr(&again).contains("--force"), "{}", stderr(&again));
+}
+
+#[test]
+fn a_bad_config_fails_at_start_naming_the_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("capstan.toml"),
+        "[limits]\ntool_memory_mib = 0\n",
+    )
+    .unwrap();
+    let out = capstan(dir.path(), &["plugins", "list"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("capstan.toml: `limits.tool_memory_mib`: must be 1 to 4096 MiB"),
+        "{err}"
+    );
+}

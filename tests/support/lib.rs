@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use capstan_host::plugin::{ArtifactCache, CallRequest, Limits, PluginHost, Registry, ToolError};
 use capstan_host::policy::Grants;
+use capstan_host::store::Store;
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -44,7 +45,17 @@ pub fn test_cache() -> ArtifactCache {
 
 /// A host with `limits`, the first-party plugins and the probe fixture.
 pub async fn registry(limits: Limits) -> Registry {
-    let host = Arc::new(PluginHost::new(limits, test_cache()).expect("host"));
+    registry_on(PluginHost::new(limits, test_cache()).expect("host")).await
+}
+
+/// A host whose `tasks` and `memory` imports are backed by `store`.
+pub async fn registry_with_store(store: Arc<Store>) -> Registry {
+    let host = PluginHost::new(Limits::default(), test_cache()).expect("host");
+    registry_on(host.with_store(store)).await
+}
+
+async fn registry_on(host: PluginHost) -> Registry {
+    let host = Arc::new(host);
     let mut registry = Registry::load_dir(host, &plugins_dir())
         .await
         .expect("plugins dir");
@@ -142,6 +153,18 @@ pub async fn call(
     grants: &str,
     workspace: &Path,
 ) -> Result<String, ToolError> {
+    call_by(registry, "test", tool, args, grants, workspace).await
+}
+
+/// [`call`] made by process `caller` (e.g. `worker:1`).
+pub async fn call_by(
+    registry: &Registry,
+    caller: &str,
+    tool: &str,
+    args: serde_json::Value,
+    grants: &str,
+    workspace: &Path,
+) -> Result<String, ToolError> {
     let grants: Grants = grants.parse().expect("grants");
     registry
         .call(CallRequest {
@@ -149,7 +172,7 @@ pub async fn call(
             args_json: &args.to_string(),
             grants: &grants,
             workspace: Some(workspace),
-            caller: "test",
+            caller,
         })
         .await
 }

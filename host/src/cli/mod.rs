@@ -1,7 +1,10 @@
 //! The `capstan` command line.
 
+mod init;
 mod paths;
 mod plugins;
+mod policy;
+mod table;
 mod tool;
 
 use std::path::PathBuf;
@@ -12,6 +15,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
+use crate::config::Config;
 use crate::plugin::{ArtifactCache, Limits, PluginHost, Registry};
 
 /// Capstan: a host runtime for LLM agents whose tools run as sandboxed WebAssembly components.
@@ -24,19 +28,28 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Write a commented default capstan.toml.
+    Init(init::InitCommand),
     /// List and inspect tool plugins.
     #[command(subcommand)]
     Plugins(plugins::PluginsCommand),
+    /// Print the tool x process matrix, with the reason for every tool a process is not offered.
+    Policy(policy::PolicyCommand),
     /// Call tools.
     #[command(subcommand)]
     Tool(tool::ToolCommand),
 }
 
-/// Where plugins come from and how calls are bounded; shared by the subcommands.
+/// The config file, where plugins come from and how calls are bounded; shared by the
+/// subcommands. Flags override the config file.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct HostArgs {
-    /// The plugins directory [default: $CAPSTAN_PLUGINS_DIR, else the `plugins` directory
-    /// beside the binary's build directory, else ./target/plugins].
+    /// The config file [default: ./capstan.toml if present, else the built-in defaults].
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The plugins directory [default: agent.plugins_dir from the config, else
+    /// $CAPSTAN_PLUGINS_DIR, else the `plugins` directory beside the binary's build
+    /// directory, else ./target/plugins].
     #[arg(long, value_name = "DIR")]
     plugins_dir: Option<PathBuf>,
     /// Where compiled components are cached [default: $CAPSTAN_CACHE_DIR, else
@@ -46,31 +59,40 @@ pub(crate) struct HostArgs {
     /// Compile every time; use no artifact cache.
     #[arg(long)]
     no_cache: bool,
-    /// Seconds one call may run.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    deadline: f64,
-    /// MiB of linear memory one call may use.
-    #[arg(long, value_name = "MIB", default_value_t = 64)]
-    memory: usize,
+    /// Seconds one call may run [default: limits.tool_deadline_secs, 10].
+    #[arg(long, value_name = "SECS")]
+    deadline: Option<f64>,
+    /// MiB of linear memory one call may use [default: limits.tool_memory_mib, 64].
+    #[arg(long, value_name = "MIB")]
+    memory: Option<usize>,
 }
 
 impl HostArgs {
-    fn limits(&self) -> anyhow::Result<Limits> {
-        anyhow::ensure!(
-            self.deadline.is_finite() && self.deadline > 0.0,
-            "--deadline must be a positive number of seconds, got {}",
-            self.deadline
-        );
-        anyhow::ensure!(
-            (1..=4096).contains(&self.memory),
-            "--memory must be between 1 and 4096 MiB, got {}",
-            self.memory
-        );
-        Ok(Limits {
-            deadline: Duration::from_secs_f64(self.deadline),
-            memory_bytes: self.memory << 20,
-            ..Limits::default()
+    /// The config named by `--config`, else `./capstan.toml`, else the defaults.
+    pub(crate) fn config(&self) -> anyhow::Result<Config> {
+        Ok(match &self.config {
+            Some(path) => Config::load(path)?,
+            None => Config::load_or_default()?,
         })
+    }
+
+    fn limits(&self, config: &Config) -> anyhow::Result<Limits> {
+        let mut limits = config.limits.tool.clone();
+        if let Some(secs) = self.deadline {
+            anyhow::ensure!(
+                secs.is_finite() && secs > 0.0,
+                "--deadline must be a positive number of seconds, got {secs}"
+            );
+            limits.deadline = Duration::from_secs_f64(secs);
+        }
+        if let Some(mib) = self.memory {
+            anyhow::ensure!(
+                (1..=4096).contains(&mib),
+                "--memory must be between 1 and 4096 MiB, got {mib}"
+            );
+            limits.memory_bytes = mib << 20;
+        }
+        Ok(limits)
     }
 
     fn cache(&self) -> ArtifactCache {
@@ -83,16 +105,19 @@ impl HostArgs {
         }
     }
 
-    pub(crate) fn host(&self) -> anyhow::Result<Arc<PluginHost>> {
-        Ok(Arc::new(PluginHost::new(self.limits()?, self.cache())?))
+    pub(crate) fn host(&self, config: &Config) -> anyhow::Result<Arc<PluginHost>> {
+        Ok(Arc::new(PluginHost::new(
+            self.limits(config)?,
+            self.cache(),
+        )?))
     }
 
-    pub(crate) async fn registry(&self) -> anyhow::Result<Registry> {
-        let dir = match &self.plugins_dir {
-            Some(dir) => dir.clone(),
-            None => paths::default_plugins_dir()?,
+    pub(crate) async fn registry(&self, config: &Config) -> anyhow::Result<Registry> {
+        let dir = match (&self.plugins_dir, &config.agent.plugins_dir) {
+            (Some(dir), _) | (None, Some(dir)) => dir.clone(),
+            (None, None) => paths::default_plugins_dir()?,
         };
-        let registry = Registry::load_dir(self.host()?, &dir)
+        let registry = Registry::load_dir(self.host(config)?, &dir)
             .await
             .with_context(|| format!("loading plugins from {}", dir.display()))?;
         for refused in registry.refused() {
@@ -106,7 +131,9 @@ impl Cli {
     /// Runs the parsed command; the exit code says how it ended.
     pub async fn run(self) -> anyhow::Result<ExitCode> {
         match self.command {
+            Command::Init(cmd) => cmd.run(),
             Command::Plugins(cmd) => cmd.run().await,
+            Command::Policy(cmd) => cmd.run().await,
             Command::Tool(cmd) => cmd.run().await,
         }
     }

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::Subcommand;
 
 use super::HostArgs;
+use super::table::print_table;
 use crate::plugin::{LoadedPlugin, ToolInfo};
 
 #[derive(Debug, Subcommand)]
@@ -29,35 +30,38 @@ impl PluginsCommand {
     pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
         match self {
             PluginsCommand::List { host } => {
-                let registry = host.registry().await?;
-                let rows: Vec<[String; 4]> = registry
+                let config = host.config()?;
+                let registry = host.registry(&config).await?;
+                let rows: Vec<Vec<String>> = registry
                     .plugins()
                     .iter()
                     .flat_map(|plugin| plugin.tools().iter().map(move |tool| row(plugin, tool)))
                     .collect();
                 let mut out = std::io::stdout().lock();
-                print_table(&mut out, ["TOOL", "PLUGIN", "WIT", "CAPABILITIES"], &rows)?;
+                print_table(&mut out, &["TOOL", "PLUGIN", "WIT", "CAPABILITIES"], &rows)?;
                 if rows.is_empty() {
                     writeln!(out, "(no tools loaded)")?;
                 }
                 Ok(ExitCode::SUCCESS)
             }
-            PluginsCommand::Inspect { file, host } => match host.host()?.load(&file).await {
-                Ok(plugin) => {
-                    print_plugin(&mut std::io::stdout().lock(), &plugin)?;
-                    Ok(ExitCode::SUCCESS)
+            PluginsCommand::Inspect { file, host } => {
+                match host.host(&host.config()?)?.load(&file).await {
+                    Ok(plugin) => {
+                        print_plugin(&mut std::io::stdout().lock(), &plugin)?;
+                        Ok(ExitCode::SUCCESS)
+                    }
+                    Err(err) => {
+                        eprintln!("refused: {err}");
+                        Ok(ExitCode::FAILURE)
+                    }
                 }
-                Err(err) => {
-                    eprintln!("refused: {err}");
-                    Ok(ExitCode::FAILURE)
-                }
-            },
+            }
         }
     }
 }
 
-fn row(plugin: &LoadedPlugin, tool: &ToolInfo) -> [String; 4] {
-    [
+fn row(plugin: &LoadedPlugin, tool: &ToolInfo) -> Vec<String> {
+    vec![
         tool.name.clone(),
         plugin.path().display().to_string(),
         plugin.wit_version().to_owned(),
@@ -71,32 +75,6 @@ fn capabilities(tool: &ToolInfo) -> String {
     }
     let names: Vec<String> = tool.capabilities.iter().map(ToString::to_string).collect();
     names.join(",")
-}
-
-fn print_table<const N: usize>(
-    out: &mut impl Write,
-    header: [&str; N],
-    rows: &[[String; N]],
-) -> std::io::Result<()> {
-    let mut widths = header.map(str::len);
-    for row in rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.len());
-        }
-    }
-    let mut line = |cells: [&str; N]| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(widths)
-            .map(|(cell, width)| format!("{cell:<width$}"))
-            .collect();
-        writeln!(out, "{}", padded.join("  ").trim_end())
-    };
-    line(header)?;
-    for row in rows {
-        line(row.each_ref().map(String::as_str))?;
-    }
-    Ok(())
 }
 
 fn print_plugin(out: &mut impl Write, plugin: &LoadedPlugin) -> std::io::Result<()> {

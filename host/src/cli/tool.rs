@@ -9,7 +9,7 @@ use clap::Subcommand;
 
 use super::HostArgs;
 use crate::plugin::{CallRequest, ToolError};
-use crate::policy::Grants;
+use crate::policy::{Grants, ProcessKind};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ToolCommand {
@@ -22,8 +22,12 @@ pub(crate) enum ToolCommand {
         /// The arguments, a JSON object.
         args_json: String,
         /// Capabilities to grant, comma-separated (e.g. fs.read,fs.write). None by default.
-        #[arg(long, value_name = "CAP[,CAP...]", default_value = "")]
-        grant: String,
+        #[arg(long, value_name = "CAP[,CAP...]", conflicts_with = "as_profile")]
+        grant: Option<String>,
+        /// Call as a process of this kind: with its profile's grants, and only if its
+        /// profile offers the tool (channel, branch, worker, compactor, cortex).
+        #[arg(long = "as", value_name = "PROFILE")]
+        as_profile: Option<ProcessKind>,
         /// The workspace the fs capabilities apply to [default: the current directory].
         #[arg(long, value_name = "DIR")]
         workspace: Option<PathBuf>,
@@ -41,25 +45,34 @@ impl ToolCommand {
             name,
             args_json,
             grant,
+            as_profile,
             workspace,
             json,
             host,
         } = self;
-        let grants: Grants = grant.parse().context("--grant")?;
+        let config = host.config()?;
+        let grants: Grants = match (&grant, as_profile) {
+            (_, Some(kind)) => config.policy.profile(kind).grants().clone(),
+            (Some(list), None) => list.parse().context("--grant")?,
+            (None, None) => Grants::none(),
+        };
         let workspace = match workspace {
             Some(dir) => dir,
             None => std::env::current_dir().context("reading the current directory")?,
         };
-        let registry = host.registry().await?;
-        let result = registry
-            .call(CallRequest {
-                tool: &name,
-                args_json: &args_json,
-                grants: &grants,
-                workspace: Some(&workspace),
-                caller: "cli",
-            })
-            .await;
+        let registry = host.registry(&config).await?;
+        let caller = as_profile.map_or("cli", ProcessKind::as_str);
+        let request = CallRequest {
+            tool: &name,
+            args_json: &args_json,
+            grants: &grants,
+            workspace: Some(&workspace),
+            caller,
+        };
+        let result = match as_profile {
+            Some(kind) => registry.call_as(&config.policy, kind, request).await,
+            None => registry.call(request).await,
+        };
         let mut out = std::io::stdout().lock();
         if json {
             let value = match &result {

@@ -19,7 +19,8 @@ use super::imports::truncate;
 use super::inspect::{check_exports, check_header, check_imports};
 use super::limits::Limits;
 use super::loaded::{LoadedPlugin, ToolInfo};
-use super::sandbox::Sandbox;
+use super::sandbox::{CallScope, Sandbox};
+use crate::store;
 
 /// Loads plugin components and runs tool calls, each in a fresh sandboxed instance.
 ///
@@ -34,6 +35,8 @@ pub struct PluginHost {
     cache: ArtifactCache,
     /// One permit per pooling-allocator slot: callers beyond it wait instead of failing.
     slots: Semaphore,
+    /// Backs the `tasks` and `memory` imports; without it they answer "not available".
+    store: Option<Arc<store::Store>>,
 }
 
 /// One call as the host runs it.
@@ -71,12 +74,24 @@ impl PluginHost {
             limits,
             cache,
             slots,
+            store: None,
         })
+    }
+
+    /// Backs the `tasks` and `memory` imports with `store`.
+    pub fn with_store(mut self, store: Arc<store::Store>) -> Self {
+        self.store = Some(store);
+        self
     }
 
     /// The wasmtime engine.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// The store behind the `tasks` and `memory` imports, if any.
+    pub fn store(&self) -> Option<&Arc<store::Store>> {
+        self.store.as_ref()
     }
 
     /// The limits every call runs under.
@@ -145,8 +160,15 @@ impl PluginHost {
         pre: &PluginPre<Sandbox>,
         plugin: &Arc<str>,
     ) -> Result<Vec<super::bindings::exports::capstan::plugin::tool::ToolSpec>, String> {
-        let sandbox = Sandbox::new(&self.limits, plugin.clone(), "describe", Vec::new(), None)
-            .map_err(|e| e.to_string())?;
+        let scope = CallScope {
+            plugin: plugin.clone(),
+            tool: "describe".into(),
+            caller: "host".into(),
+            capabilities: Vec::new(),
+            store: None,
+            log_lines: 0,
+        };
+        let sandbox = Sandbox::new(&self.limits, scope, None).map_err(|e| e.to_string())?;
         self.run(pre, sandbox, async |instance, store| {
             instance.capstan_plugin_tool().call_describe(store).await
         })
@@ -160,13 +182,15 @@ impl PluginHost {
         plugin: &LoadedPlugin,
         call: Invocation<'_>,
     ) -> Result<String, ToolError> {
-        let sandbox = Sandbox::new(
-            &self.limits,
-            plugin.name.clone(),
-            call.tool,
-            call.capabilities.clone(),
-            call.workspace,
-        )?;
+        let scope = CallScope {
+            plugin: plugin.name.clone(),
+            tool: call.tool.to_owned(),
+            caller: call.caller.to_owned(),
+            capabilities: call.capabilities.clone(),
+            store: self.store.clone(),
+            log_lines: 0,
+        };
+        let sandbox = Sandbox::new(&self.limits, scope, call.workspace)?;
         let context = CallContext {
             caller: call.caller.to_owned(),
             call_id: call.call_id,

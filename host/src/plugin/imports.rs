@@ -1,9 +1,14 @@
 //! The host side of the plugin's imports: `log`, `tasks` and `memory`.
 //!
 //! Every function checks the call's capabilities first, so a tool that did not declare
-//! (or was not granted) `tasks.*` or `memory.*` is refused with the capability named. Until
-//! the store exists, `tasks` and `memory` then answer `denied` with "not available in this
-//! host": never a trap, never a panic.
+//! (or was not granted) `tasks.*` or `memory.*` is refused with the capability named. Then
+//! the host's [`Store`](crate::store::Store) answers; a host without one answers `denied`
+//! with "not available in this host". Never a trap, never a panic.
+//!
+//! Scope: `tasks.write` updates any task; `tasks.write-own` creates tasks and updates only
+//! those the caller created or is assigned, and refuses others naming the task.
+
+use std::sync::Arc;
 
 use capstan_caps::Capability;
 
@@ -14,6 +19,7 @@ use super::bindings::capstan::plugin::types::HostError;
 use super::bindings::capstan::plugin::{log, memory, tasks, types};
 use super::limits::{LOG_LINE_BYTES, LOG_LINES_PER_CALL};
 use super::sandbox::Sandbox;
+use crate::store::{self, Store, StoreError};
 
 impl types::Host for Sandbox {}
 
@@ -69,12 +75,77 @@ impl Sandbox {
             self.scope.tool
         )))
     }
+
+    /// The store, after checking the call may use `what`.
+    fn store_for(&self, what: &str, caps: &[Capability]) -> Result<Arc<Store>, HostError> {
+        self.require(what, caps)?;
+        let interface = what.split('.').next().unwrap_or(what);
+        self.scope.store.clone().ok_or_else(|| {
+            HostError::Denied(format!(
+                "the {interface} store is not available in this host"
+            ))
+        })
+    }
+
+    /// Under `tasks.write-own` only, refuses a task the caller neither created nor is
+    /// assigned.
+    fn check_task_scope(&self, task: &store::Task) -> Result<(), HostError> {
+        if self.scope.capabilities.contains(&Capability::TasksWrite) {
+            return Ok(());
+        }
+        let caller = self.scope.caller.as_str();
+        if task.creator == caller || task.assigned_worker.as_deref() == Some(caller) {
+            return Ok(());
+        }
+        Err(HostError::Denied(format!(
+            "task #{} was created by {} and is {}; {caller} holds tasks.write-own, which updates \
+             only the tasks it created or is assigned",
+            task.number,
+            task.creator,
+            match &task.assigned_worker {
+                Some(worker) => format!("assigned to {worker}"),
+                None => "assigned to no one".into(),
+            }
+        )))
+    }
 }
 
-fn not_available(interface: &str) -> HostError {
-    HostError::Denied(format!(
-        "the {interface} store is not available in this host"
-    ))
+fn host_error(err: StoreError) -> HostError {
+    match err {
+        StoreError::NotFound(m) => HostError::NotFound(m),
+        StoreError::Invalid(m) => HostError::Invalid(m),
+        other => HostError::Failed(other.to_string()),
+    }
+}
+
+fn parse<T: std::str::FromStr<Err = StoreError>>(
+    text: Option<String>,
+) -> Result<Option<T>, HostError> {
+    text.map(|t| t.parse().map_err(host_error)).transpose()
+}
+
+fn to_wit_task(task: store::Task) -> Task {
+    Task {
+        number: task.number,
+        title: task.title,
+        description: task.description,
+        status: task.status.as_str().to_owned(),
+        priority: task.priority.as_str().to_owned(),
+        creator: task.creator,
+        assigned_worker: task.assigned_worker,
+        parent: task.parent,
+        metadata: task.metadata,
+    }
+}
+
+fn to_wit_memory(memory: store::Memory) -> MemoryItem {
+    MemoryItem {
+        id: memory.id.to_string(),
+        kind: memory.kind,
+        content: memory.content,
+        importance: memory.importance,
+        created_at: memory.created_at.max(0) as u64,
+    }
 }
 
 const TASKS_READ: &[Capability] = &[
@@ -87,55 +158,99 @@ const MEMORY_READ: &[Capability] = &[Capability::MemoryRead];
 const MEMORY_WRITE: &[Capability] = &[Capability::MemoryWrite];
 
 impl tasks::Host for Sandbox {
-    fn create(&mut self, _task: NewTask) -> Result<Task, HostError> {
-        self.require("tasks.create", TASKS_WRITE)?;
-        Err(not_available("tasks"))
+    fn create(&mut self, task: NewTask) -> Result<Task, HostError> {
+        let store = self.store_for("tasks.create", TASKS_WRITE)?;
+        let new = store::NewTask {
+            title: task.title,
+            description: task.description,
+            priority: parse(task.priority)?,
+            parent: task.parent,
+            metadata: task.metadata,
+            assigned_worker: None,
+        };
+        store
+            .create_task(&self.scope.caller, &new)
+            .map(to_wit_task)
+            .map_err(host_error)
     }
 
-    fn get(&mut self, _number: u64) -> Result<Task, HostError> {
-        self.require("tasks.get", TASKS_READ)?;
-        Err(not_available("tasks"))
+    fn get(&mut self, number: u64) -> Result<Task, HostError> {
+        let store = self.store_for("tasks.get", TASKS_READ)?;
+        store.get_task(number).map(to_wit_task).map_err(host_error)
     }
 
-    fn list(&mut self, _filter: TaskFilter) -> Result<Vec<Task>, HostError> {
-        self.require("tasks.list", TASKS_READ)?;
-        Err(not_available("tasks"))
+    fn list(&mut self, filter: TaskFilter) -> Result<Vec<Task>, HostError> {
+        let store = self.store_for("tasks.list", TASKS_READ)?;
+        let filter = store::TaskFilter {
+            status: parse(filter.status)?,
+            parent: None,
+            limit: filter.limit,
+        };
+        let tasks = store.list_tasks(&filter).map_err(host_error)?;
+        Ok(tasks.into_iter().map(to_wit_task).collect())
     }
 
-    fn update(&mut self, _number: u64, _patch: TaskPatch) -> Result<Task, HostError> {
-        self.require("tasks.update", TASKS_WRITE)?;
-        Err(not_available("tasks"))
+    fn update(&mut self, number: u64, patch: TaskPatch) -> Result<Task, HostError> {
+        let store = self.store_for("tasks.update", TASKS_WRITE)?;
+        let task = store.get_task(number).map_err(host_error)?;
+        self.check_task_scope(&task)?;
+        let patch = store::TaskPatch {
+            title: patch.title,
+            description: patch.description,
+            status: parse(patch.status)?,
+            priority: parse(patch.priority)?,
+            metadata: patch.metadata,
+            assigned_worker: None,
+        };
+        store
+            .update_task(number, &patch)
+            .map(to_wit_task)
+            .map_err(host_error)
     }
 }
 
 impl memory::Host for Sandbox {
-    fn save(&mut self, _item: NewMemory) -> Result<MemoryItem, HostError> {
-        self.require("memory.save", MEMORY_WRITE)?;
-        Err(not_available("memory"))
+    fn save(&mut self, item: NewMemory) -> Result<MemoryItem, HostError> {
+        let store = self.store_for("memory.save", MEMORY_WRITE)?;
+        let new = store::NewMemory {
+            kind: item.kind,
+            content: item.content,
+            importance: item.importance,
+        };
+        store
+            .save_memory(&self.scope.caller, &new)
+            .map(to_wit_memory)
+            .map_err(host_error)
     }
 
-    fn recall(&mut self, _query: String, _limit: u32) -> Result<Vec<MemoryItem>, HostError> {
-        self.require("memory.recall", MEMORY_READ)?;
-        Err(not_available("memory"))
+    fn recall(&mut self, query: String, limit: u32) -> Result<Vec<MemoryItem>, HostError> {
+        let store = self.store_for("memory.recall", MEMORY_READ)?;
+        let found = store.recall(&query, limit).map_err(host_error)?;
+        Ok(found.into_iter().map(to_wit_memory).collect())
     }
 
-    fn delete(&mut self, _id: String) -> Result<(), HostError> {
-        self.require("memory.delete", MEMORY_WRITE)?;
-        Err(not_available("memory"))
+    fn delete(&mut self, id: String) -> Result<(), HostError> {
+        let store = self.store_for("memory.delete", MEMORY_WRITE)?;
+        let id: u64 = id
+            .parse()
+            .map_err(|_| HostError::Invalid(format!("memory id `{id}` is not a number")))?;
+        store.delete_memory(id).map_err(host_error)
     }
 
-    fn working_get(&mut self, _key: String) -> Result<Option<String>, HostError> {
-        self.require("memory.working-get", MEMORY_READ)?;
-        Err(not_available("memory"))
+    fn working_get(&mut self, key: String) -> Result<Option<String>, HostError> {
+        let store = self.store_for("memory.working-get", MEMORY_READ)?;
+        store.working_get(&key).map_err(host_error)
     }
 
     fn working_set(
         &mut self,
-        _key: String,
-        _value: String,
-        _ttl_seconds: Option<u64>,
+        key: String,
+        value: String,
+        ttl_seconds: Option<u64>,
     ) -> Result<(), HostError> {
-        self.require("memory.working-set", MEMORY_WRITE)?;
-        Err(not_available("memory"))
+        let store = self.store_for("memory.working-set", MEMORY_WRITE)?;
+        store
+            .working_set(&key, &value, ttl_seconds)
+            .map_err(host_error)
     }
 }

@@ -11,7 +11,8 @@ use serde::de::IgnoredAny;
 use super::error::{HostError, LoadError, ToolError};
 use super::host::{Invocation, PluginHost};
 use super::loaded::{LoadedPlugin, ToolInfo};
-use crate::policy::Grants;
+use crate::policy::{Decision, Grants, Policy, ProcessKind, ToolNeeds};
+use crate::store::AuditRecord;
 
 /// One tool call: which tool, its arguments, and the caller's grants.
 #[derive(Debug, Clone, Copy)]
@@ -158,31 +159,93 @@ impl Registry {
     /// JSON object, then runs it in a fresh sandbox holding exactly the effective
     /// capabilities. Every outcome is logged with the caller, grants and duration.
     pub async fn call(&self, request: CallRequest<'_>) -> Result<String, ToolError> {
-        let started = Instant::now();
-        let call_id = format!("call-{}", self.next_call.fetch_add(1, Ordering::Relaxed));
-        let result = self.run_call(&request, call_id.clone()).await;
-        let outcome = match &result {
-            Ok(_) => "ok",
-            Err(err) => err.kind(),
+        self.audited(&request, self.run_call(&request)).await
+    }
+
+    /// Runs one call for a process of `kind`: refused with `denied` unless `policy` offers
+    /// the tool to that kind (the same decision that builds the process's tool list), so a
+    /// call the model was never offered cannot slip through. `request.grants` should be
+    /// the kind's profile grants.
+    pub async fn call_as(
+        &self,
+        policy: &Policy,
+        kind: ProcessKind,
+        request: CallRequest<'_>,
+    ) -> Result<String, ToolError> {
+        let needs = self.tool(request.tool).map(|(_, tool)| ToolNeeds {
+            name: &tool.name,
+            capabilities: &tool.capabilities,
+        });
+        let decision = policy.decide(kind, request.tool, needs);
+        let run = async {
+            match decision {
+                Decision::Offered => self.run_call(&request).await,
+                Decision::NotLoaded => Err(self.unknown_tool(request.tool)),
+                refused => Err(ToolError::Denied(format!(
+                    "tool `{}` is not offered to a {kind} process: {refused}",
+                    request.tool
+                ))),
+            }
         };
+        self.audited(&request, run).await
+    }
+
+    /// Awaits `run` and records the outcome: a tracing event, and a row in the store's
+    /// audit log when the host has a store. Denials are recorded like any other outcome.
+    async fn audited(
+        &self,
+        request: &CallRequest<'_>,
+        run: impl Future<Output = Result<String, ToolError>>,
+    ) -> Result<String, ToolError> {
+        let started = Instant::now();
+        let result = run.await;
+        let duration_us = started.elapsed().as_micros() as u64;
+        let (outcome, detail) = match &result {
+            Ok(_) => ("ok", ""),
+            Err(err) => (err.kind(), err.message()),
+        };
+        let effective = self
+            .tool(request.tool)
+            .and_then(|(_, tool)| {
+                request
+                    .grants
+                    .effective(&tool.name, &tool.capabilities)
+                    .ok()
+            })
+            .map(|caps| {
+                let names: Vec<String> = caps.iter().map(ToString::to_string).collect();
+                names.join(",")
+            })
+            .unwrap_or_else(|| "(none)".into());
         tracing::info!(
             target: "capstan::audit",
-            call_id,
             tool = request.tool,
             caller = request.caller,
             grants = %request.grants,
+            effective,
             outcome,
-            duration_us = started.elapsed().as_micros() as u64,
+            duration_us,
             "tool call"
         );
+        if let Some(store) = self.host.store() {
+            let record = AuditRecord {
+                process: request.caller,
+                tool: request.tool,
+                grants: &effective,
+                arguments: request.args_json,
+                outcome,
+                detail,
+                duration_us,
+            };
+            if let Err(err) = store.record_call(&record) {
+                tracing::error!("cannot write the audit log: {err}");
+            }
+        }
         result
     }
 
-    async fn run_call(
-        &self,
-        request: &CallRequest<'_>,
-        call_id: String,
-    ) -> Result<String, ToolError> {
+    async fn run_call(&self, request: &CallRequest<'_>) -> Result<String, ToolError> {
+        let call_id = format!("call-{}", self.next_call.fetch_add(1, Ordering::Relaxed));
         let Some((plugin, index)) = self.tools.get(request.tool) else {
             return Err(self.unknown_tool(request.tool));
         };

@@ -21,6 +21,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
 use super::error::ToolError;
 use super::limits::{CallLimiter, Limits, STDERR_CAPTURE_BYTES};
+use crate::store::Store;
 
 /// The store data of one call.
 pub struct Sandbox {
@@ -35,7 +36,11 @@ pub struct Sandbox {
 pub(crate) struct CallScope {
     pub(crate) plugin: Arc<str>,
     pub(crate) tool: String,
+    /// The calling process, e.g. `worker:3`: the creator of tasks it makes, and the owner
+    /// `tasks.write-own` checks against.
+    pub(crate) caller: String,
     pub(crate) capabilities: Vec<Capability>,
+    pub(crate) store: Option<Arc<Store>>,
     pub(crate) log_lines: u32,
 }
 
@@ -51,11 +56,10 @@ impl Sandbox {
     /// capabilities include file access.
     pub(crate) fn new(
         limits: &Limits,
-        plugin: Arc<str>,
-        tool: &str,
-        capabilities: Vec<Capability>,
+        scope: CallScope,
         workspace: Option<&Path>,
     ) -> Result<Self, ToolError> {
+        let tool = scope.tool.as_str();
         let output = MemoryOutputPipe::new(STDERR_CAPTURE_BYTES);
         let mut wasi = WasiCtx::builder();
         wasi.stdout(output.clone())
@@ -63,7 +67,7 @@ impl Sandbox {
             .allow_ip_name_lookup(false)
             .allow_tcp(false)
             .allow_udp(false);
-        if let Some(perms) = fs_perms(&capabilities) {
+        if let Some(perms) = fs_perms(&scope.capabilities) {
             let dir = workspace.ok_or_else(|| {
                 ToolError::Failed(format!(
                     "tool `{tool}` needs the workspace, but this call has none; pass a workspace \
@@ -82,12 +86,7 @@ impl Sandbox {
             table: ResourceTable::new(),
             limiter: CallLimiter::new(limits.memory_bytes),
             output,
-            scope: CallScope {
-                plugin,
-                tool: tool.to_owned(),
-                capabilities,
-                log_lines: 0,
-            },
+            scope,
         })
     }
 

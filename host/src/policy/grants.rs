@@ -49,19 +49,32 @@ impl Grants {
 
     /// The capabilities a call of `tool`, which declares `declared`, runs with: all of
     /// `declared`, if every one is granted. Otherwise the first one missing.
+    ///
+    /// One capability is scoped by the caller rather than the tool: a tool declaring
+    /// `tasks.write-own` writes tasks on the caller's behalf, so a caller granted
+    /// `tasks.write` runs it with `tasks.write` (any task), and a caller granted only
+    /// `tasks.write-own` runs it scoped to its own and created tasks.
     pub fn effective(
         &self,
         tool: &str,
         declared: &[Capability],
     ) -> Result<Vec<Capability>, Denial> {
-        match declared.iter().find(|cap| !self.allows(cap)) {
-            Some(missing) => Err(Denial {
+        if let Some(missing) = declared.iter().find(|cap| !self.allows(cap)) {
+            return Err(Denial {
                 tool: tool.to_owned(),
                 missing: missing.clone(),
                 granted: self.clone(),
-            }),
-            None => Ok(declared.to_vec()),
+            });
         }
+        Ok(declared
+            .iter()
+            .map(|cap| match cap {
+                Capability::TasksWriteOwn if self.caps.contains(&Capability::TasksWrite) => {
+                    Capability::TasksWrite
+                }
+                other => other.clone(),
+            })
+            .collect())
     }
 }
 
@@ -126,11 +139,25 @@ mod tests {
     #[test]
     fn effective_is_the_declared_set_when_all_are_granted() {
         let grants: Grants = "fs.read, fs.write ,tasks.write".parse().unwrap();
-        let caps = grants
-            .effective("t", &[Capability::FsRead, Capability::TasksWriteOwn])
-            .unwrap();
-        assert_eq!(caps, vec![Capability::FsRead, Capability::TasksWriteOwn]);
+        let caps = grants.effective("t", &[Capability::FsRead]).unwrap();
+        assert_eq!(caps, vec![Capability::FsRead]);
         assert_eq!(grants.effective("t", &[]).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn task_writes_are_scoped_by_the_callers_grant() {
+        let full: Grants = "tasks.write".parse().unwrap();
+        let own: Grants = "tasks.write-own".parse().unwrap();
+        let declared = [Capability::TasksWriteOwn];
+        assert_eq!(
+            full.effective("t", &declared).unwrap(),
+            vec![Capability::TasksWrite]
+        );
+        assert_eq!(
+            own.effective("t", &declared).unwrap(),
+            vec![Capability::TasksWriteOwn]
+        );
+        assert!(own.effective("t", &[Capability::TasksWrite]).is_err());
     }
 
     #[test]

@@ -1,0 +1,488 @@
+//! The configuration file, `capstan.toml`.
+//!
+//! Every key is optional: a file is laid over the embedded defaults ([`DEFAULT_CONFIG`],
+//! which `capstan init` writes out with comments), table by table. A bad file fails at start
+//! with the file, the key and what is wrong.
+//!
+//! ```
+//! use capstan_host::config::Config;
+//! use capstan_host::policy::ProcessKind;
+//!
+//! let config = Config::parse("[limits]\nmax_turns = 4\n", "capstan.toml".as_ref()).unwrap();
+//! assert_eq!(config.limits.max_turns, 4);
+//! assert!(config.policy.profile(ProcessKind::Worker).names_tool("file_write"));
+//!
+//! let err = Config::parse("[limits]\nmax_turns = \"four\"\n", "capstan.toml".as_ref()).unwrap_err();
+//! assert!(err.to_string().starts_with("capstan.toml: `limits.max_turns`:"));
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::plugin::Limits;
+use crate::policy::{Grants, Policy, ProcessKind, Profile};
+
+/// The default configuration, with a comment on every key.
+pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
+
+/// The file name `capstan` looks for in the current directory.
+pub const CONFIG_FILE: &str = "capstan.toml";
+
+/// A loaded, checked configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from; `None` for the embedded defaults.
+    pub source: Option<PathBuf>,
+    /// Name and directories.
+    pub agent: AgentSettings,
+    /// Bounds on tool calls and processes.
+    pub limits: AgentLimits,
+    /// The model provider.
+    pub provider: ProviderSettings,
+    /// One profile per process kind.
+    pub policy: Policy,
+}
+
+/// `[agent]`: name and directories, resolved against the config file's directory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentSettings {
+    /// The agent's name.
+    pub name: String,
+    /// The directory file tools work in.
+    pub workspace: PathBuf,
+    /// Where the database and caches live.
+    pub data_dir: PathBuf,
+    /// The plugins directory, if set.
+    pub plugins_dir: Option<PathBuf>,
+}
+
+/// `[limits]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentLimits {
+    /// Bounds on each tool call.
+    pub tool: Limits,
+    /// Workers one channel may run at once.
+    pub max_workers_per_channel: u32,
+    /// Branches one channel may run at once.
+    pub max_branches_per_channel: u32,
+    /// Model turns one process may take for one input.
+    pub max_turns: u32,
+    /// The context window in tokens.
+    pub context_window_tokens: u32,
+    /// The share of the window that triggers compaction, in (0, 1].
+    pub compaction_threshold: f64,
+}
+
+/// `[provider]`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProviderSettings {
+    /// Plays a script file; `None`: the built-in demo script.
+    Scripted {
+        /// The script file.
+        script: Option<PathBuf>,
+    },
+    /// An OpenAI-compatible Chat Completions endpoint.
+    OpenAi {
+        /// e.g. `https://api.openai.com/v1`.
+        base_url: String,
+        /// The environment variable holding the API key.
+        api_key_env: String,
+        /// The model name.
+        model: String,
+    },
+}
+
+/// A configuration that cannot be used: the file, the key and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file (or `<defaults>`).
+    pub file: String,
+    /// The dotted key, when the problem is one key.
+    pub key: Option<String>,
+    /// What is wrong and, where it helps, what would be right.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.key {
+            Some(key) => write!(f, "{}: `{key}`: {}", self.file, self.message),
+            None => write!(f, "{}: {}", self.file, self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// The embedded defaults, with relative paths resolved against `base`.
+    pub fn defaults(base: &Path) -> Self {
+        let mut config = Config::parse_in(DEFAULT_CONFIG, "<defaults>", base)
+            .expect("the embedded default configuration is valid");
+        config.source = None;
+        config
+    }
+
+    /// Reads and checks `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|err| ConfigError {
+            file: path.display().to_string(),
+            key: None,
+            message: format!("cannot read: {err}"),
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// `./capstan.toml` if it exists, else the defaults resolved against the current
+    /// directory.
+    pub fn load_or_default() -> Result<Self, ConfigError> {
+        let path = Path::new(CONFIG_FILE);
+        if path.is_file() {
+            return Config::load(path);
+        }
+        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+        Ok(Config::defaults(&cwd))
+    }
+
+    /// Checks `text` as the contents of `path` (used for messages and to resolve paths).
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let base = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
+            _ => PathBuf::from("."),
+        };
+        let mut config = Config::parse_in(text, &path.display().to_string(), &base)?;
+        config.source = Some(path.to_owned());
+        Ok(config)
+    }
+
+    fn parse_in(text: &str, file: &str, base: &Path) -> Result<Self, ConfigError> {
+        let error = |key: Option<String>, message: String| ConfigError {
+            file: file.to_owned(),
+            key,
+            message,
+        };
+        let mut merged: toml::Table =
+            toml::from_str(DEFAULT_CONFIG).expect("the embedded default configuration parses");
+        let theirs: toml::Table = toml::from_str(text)
+            .map_err(|err| error(None, format!("not valid TOML: {}", err.message())))?;
+        merge(&mut merged, theirs);
+        let raw: RawConfig =
+            serde_path_to_error::deserialize(toml::Value::Table(merged)).map_err(|err| {
+                let key = err.path().to_string();
+                error(Some(key), err.into_inner().message().to_owned())
+            })?;
+        raw.check(base)
+            .map_err(|(key, message)| error(Some(key), message))
+    }
+}
+
+/// Lays `theirs` over `ours`: tables merge key by key, anything else replaces.
+fn merge(ours: &mut toml::Table, theirs: toml::Table) {
+    for (key, value) in theirs {
+        match (ours.get_mut(&key), value) {
+            (Some(toml::Value::Table(mine)), toml::Value::Table(new)) => merge(mine, new),
+            (_, value) => {
+                ours.insert(key, value);
+            }
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    agent: RawAgent,
+    limits: RawLimits,
+    provider: RawProvider,
+    profiles: BTreeMap<String, RawProfile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAgent {
+    name: String,
+    workspace: PathBuf,
+    data_dir: PathBuf,
+    plugins_dir: Option<PathBuf>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    tool_deadline_secs: f64,
+    tool_memory_mib: u32,
+    max_workers_per_channel: u32,
+    max_branches_per_channel: u32,
+    max_turns: u32,
+    context_window_tokens: u32,
+    compaction_threshold: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProvider {
+    kind: String,
+    script: Option<PathBuf>,
+    base_url: Option<String>,
+    api_key_env: Option<String>,
+    model: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProfile {
+    tools: Vec<String>,
+    capabilities: Vec<String>,
+}
+
+type KeyError = (String, String);
+
+fn key_error(key: &str, message: impl Into<String>) -> KeyError {
+    (key.to_owned(), message.into())
+}
+
+impl RawConfig {
+    fn check(self, base: &Path) -> Result<Config, KeyError> {
+        let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
+        if self.agent.name.trim().is_empty() {
+            return Err(key_error("agent.name", "must not be empty"));
+        }
+        let agent = AgentSettings {
+            name: self.agent.name,
+            workspace: resolve(self.agent.workspace),
+            data_dir: resolve(self.agent.data_dir),
+            plugins_dir: self.agent.plugins_dir.map(resolve),
+        };
+        let limits = self.limits.check()?;
+        let provider = self.provider.check(&resolve)?;
+        let policy = check_profiles(self.profiles)?;
+        Ok(Config {
+            source: None,
+            agent,
+            limits,
+            provider,
+            policy,
+        })
+    }
+}
+
+impl RawLimits {
+    fn check(self) -> Result<AgentLimits, KeyError> {
+        let secs = self.tool_deadline_secs;
+        if !(secs.is_finite() && secs > 0.0 && secs <= 3600.0) {
+            return Err(key_error(
+                "limits.tool_deadline_secs",
+                format!("must be more than 0 and at most 3600 seconds, got {secs}"),
+            ));
+        }
+        if !(1..=4096).contains(&self.tool_memory_mib) {
+            return Err(key_error(
+                "limits.tool_memory_mib",
+                format!("must be 1 to 4096 MiB, got {}", self.tool_memory_mib),
+            ));
+        }
+        for (key, value) in [
+            (
+                "limits.max_workers_per_channel",
+                self.max_workers_per_channel,
+            ),
+            (
+                "limits.max_branches_per_channel",
+                self.max_branches_per_channel,
+            ),
+            ("limits.max_turns", self.max_turns),
+        ] {
+            if value == 0 {
+                return Err(key_error(key, "must be at least 1"));
+            }
+        }
+        if self.context_window_tokens < 512 {
+            return Err(key_error(
+                "limits.context_window_tokens",
+                format!("must be at least 512, got {}", self.context_window_tokens),
+            ));
+        }
+        let share = self.compaction_threshold;
+        if !(share > 0.0 && share <= 1.0) {
+            return Err(key_error(
+                "limits.compaction_threshold",
+                format!("must be a share of the window in (0, 1], got {share}"),
+            ));
+        }
+        Ok(AgentLimits {
+            tool: Limits {
+                deadline: Duration::from_secs_f64(secs),
+                memory_bytes: (self.tool_memory_mib as usize) << 20,
+                ..Limits::default()
+            },
+            max_workers_per_channel: self.max_workers_per_channel,
+            max_branches_per_channel: self.max_branches_per_channel,
+            max_turns: self.max_turns,
+            context_window_tokens: self.context_window_tokens,
+            compaction_threshold: share,
+        })
+    }
+}
+
+impl RawProvider {
+    fn check(self, resolve: &impl Fn(PathBuf) -> PathBuf) -> Result<ProviderSettings, KeyError> {
+        match self.kind.as_str() {
+            "scripted" => Ok(ProviderSettings::Scripted {
+                script: self.script.map(resolve),
+            }),
+            "openai" => {
+                let need = |value: Option<String>, key: &str, example: &str| {
+                    value.filter(|v| !v.trim().is_empty()).ok_or_else(|| {
+                        key_error(
+                            &format!("provider.{key}"),
+                            format!("required when provider.kind = \"openai\" (e.g. {example})"),
+                        )
+                    })
+                };
+                Ok(ProviderSettings::OpenAi {
+                    base_url: need(self.base_url, "base_url", "\"https://api.openai.com/v1\"")?,
+                    api_key_env: need(self.api_key_env, "api_key_env", "\"OPENAI_API_KEY\"")?,
+                    model: need(self.model, "model", "\"gpt-4o-mini\"")?,
+                })
+            }
+            other => Err(key_error(
+                "provider.kind",
+                format!("unknown provider `{other}`; expected \"scripted\" or \"openai\""),
+            )),
+        }
+    }
+}
+
+fn check_profiles(raw: BTreeMap<String, RawProfile>) -> Result<Policy, KeyError> {
+    let mut profiles = BTreeMap::new();
+    for (name, profile) in raw {
+        let kind: ProcessKind = name
+            .parse()
+            .map_err(|msg: String| key_error(&format!("profiles.{name}"), msg))?;
+        let mut caps = Vec::with_capacity(profile.capabilities.len());
+        for (i, text) in profile.capabilities.iter().enumerate() {
+            let cap = text
+                .parse()
+                .map_err(|err: capstan_caps::ParseCapabilityError| {
+                    key_error(
+                        &format!("profiles.{name}.capabilities[{i}]"),
+                        err.to_string(),
+                    )
+                })?;
+            caps.push(cap);
+        }
+        let profile = Profile::new(&profile.tools, Grants::new(caps))
+            .map_err(|msg| key_error(&format!("profiles.{name}.tools"), msg))?;
+        profiles.insert(kind, profile);
+    }
+    Ok(Policy::new(profiles))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("/etc/capstan/capstan.toml"))
+    }
+
+    #[test]
+    fn the_defaults_are_the_design_matrix() {
+        let config = Config::defaults(Path::new("/srv/agent"));
+        assert_eq!(config.agent.workspace, Path::new("/srv/agent/workspace"));
+        assert_eq!(config.limits.tool, Limits::default());
+        let policy = &config.policy;
+        let channel = policy.profile(ProcessKind::Channel);
+        assert!(channel.names_tool("spawn_worker") && !channel.names_tool("file_read"));
+        assert!(channel.grants().iter().next().is_none());
+        let branch = policy.profile(ProcessKind::Branch);
+        assert!(branch.names_tool("memory_recall") && !branch.names_tool("file_write"));
+        let worker = policy.profile(ProcessKind::Worker);
+        assert!(worker.names_tool("task_update") && !worker.names_tool("memory_recall"));
+        assert!(
+            policy
+                .profile(ProcessKind::Cortex)
+                .names_tool("anything_at_all")
+        );
+    }
+
+    #[test]
+    fn a_file_overrides_only_the_keys_it_sets_and_resolves_paths_beside_itself() {
+        let config =
+            parse("[agent]\nworkspace = \"ws\"\n[profiles.worker]\ntools = [\"file_read\"]\n")
+                .unwrap();
+        assert_eq!(config.agent.workspace, Path::new("/etc/capstan/ws"));
+        assert_eq!(config.agent.data_dir, Path::new("/etc/capstan/.capstan"));
+        let worker = config.policy.profile(ProcessKind::Worker);
+        assert!(worker.names_tool("file_read") && !worker.names_tool("file_write"));
+        assert!(
+            worker.grants().allows(&capstan_caps::Capability::FsWrite),
+            "capabilities kept"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_file_the_key_and_the_problem() {
+        let cases = [
+            (
+                "[limits]\nmax_turns = 0\n",
+                "`limits.max_turns`: must be at least 1",
+            ),
+            (
+                "[limits]\ntool_memory_mib = \"lots\"\n",
+                "`limits.tool_memory_mib`: invalid type",
+            ),
+            (
+                "[limits]\ncompaction_threshold = 1.5\n",
+                "`limits.compaction_threshold`",
+            ),
+            ("[agent]\nwrokspace = \"x\"\n", "unknown field `wrokspace`"),
+            (
+                "[profiles.workr]\ntools = []\ncapabilities = []\n",
+                "`profiles.workr`: unknown process kind",
+            ),
+            (
+                "[profiles.worker]\ncapabilities = [\"fs.read\", \"fs.root\"]\n",
+                "`profiles.worker.capabilities[1]`: unknown capability `fs.root`",
+            ),
+            (
+                "[profiles.branch]\ntools = [\"file_[\"]\n",
+                "`profiles.branch.tools`: bad tool pattern",
+            ),
+            (
+                "[provider]\nkind = \"openai\"\n",
+                "`provider.base_url`: required",
+            ),
+            (
+                "[provider]\nkind = \"claude\"\n",
+                "`provider.kind`: unknown provider",
+            ),
+            ("[agent\n", "not valid TOML"),
+        ];
+        for (text, expected) in cases {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.starts_with("/etc/capstan/capstan.toml: "), "{err}");
+            assert!(err.contains(expected), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_openai_provider_takes_its_settings() {
+        let config = parse(
+            "[provider]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:8080/v1\"\napi_key_env = \"KEY\"\nmodel = \"m\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            config.provider,
+            ProviderSettings::OpenAi {
+                base_url: "http://127.0.0.1:8080/v1".into(),
+                api_key_env: "KEY".into(),
+                model: "m".into()
+            }
+        );
+    }
+}

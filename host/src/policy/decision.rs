@@ -1,0 +1,126 @@
+//! The decision for one (process kind, tool) pair, and the whole matrix.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use capstan_caps::Capability;
+
+use super::{ProcessKind, Profile};
+
+/// A tool as policy sees it: a name and what it needs.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolNeeds<'a> {
+    /// The tool's name.
+    pub name: &'a str,
+    /// The capabilities it declares.
+    pub capabilities: &'a [Capability],
+}
+
+/// Whether a process kind is offered a tool, and if not, why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Offered, and a call runs with the tool's declared capabilities.
+    Offered,
+    /// The profile does not name the tool.
+    NotInProfile,
+    /// The profile names the tool but does not grant this capability it declares.
+    NotGranted(Capability),
+    /// The profile names the tool, but no plugin or host tool provides it.
+    NotLoaded,
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Decision::Offered => f.write_str("on"),
+            Decision::NotInProfile => f.write_str("not in the profile"),
+            Decision::NotGranted(cap) => write!(f, "capability {cap} not granted"),
+            Decision::NotLoaded => f.write_str("tool not loaded"),
+        }
+    }
+}
+
+/// The profiles of every process kind: the one source of each process's tool list.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    profiles: BTreeMap<ProcessKind, Profile>,
+}
+
+impl Policy {
+    /// A policy from one profile per kind.
+    ///
+    /// # Panics
+    ///
+    /// If a kind has no profile; config loading guarantees one each.
+    pub fn new(profiles: BTreeMap<ProcessKind, Profile>) -> Self {
+        for kind in ProcessKind::ALL {
+            assert!(profiles.contains_key(&kind), "no profile for {kind}");
+        }
+        Policy { profiles }
+    }
+
+    /// The profile of `kind`.
+    pub fn profile(&self, kind: ProcessKind) -> &Profile {
+        &self.profiles[&kind]
+    }
+
+    /// Whether `kind` is offered `tool` (`None`: no such tool is loaded).
+    pub fn decide(&self, kind: ProcessKind, name: &str, tool: Option<ToolNeeds<'_>>) -> Decision {
+        let profile = self.profile(kind);
+        if !profile.names_tool(name) {
+            return Decision::NotInProfile;
+        }
+        let Some(tool) = tool else {
+            return Decision::NotLoaded;
+        };
+        match profile.missing(tool.capabilities) {
+            Some(cap) => Decision::NotGranted(cap),
+            None => Decision::Offered,
+        }
+    }
+
+    /// The names of the tools offered to `kind`, in the order given.
+    pub fn offered<'a>(
+        &self,
+        kind: ProcessKind,
+        tools: impl IntoIterator<Item = ToolNeeds<'a>>,
+    ) -> Vec<&'a str> {
+        tools
+            .into_iter()
+            .filter(|tool| self.decide(kind, tool.name, Some(*tool)) == Decision::Offered)
+            .map(|tool| tool.name)
+            .collect()
+    }
+
+    /// The tool x process matrix over `tools`, plus a row for each tool a profile names
+    /// exactly (not by glob) that is not among them.
+    pub fn matrix<'a>(&self, tools: &[ToolNeeds<'a>]) -> Vec<(String, Vec<Decision>)> {
+        let mut rows: Vec<(String, Vec<Decision>)> = tools
+            .iter()
+            .map(|tool| {
+                let cells = ProcessKind::ALL
+                    .iter()
+                    .map(|kind| self.decide(*kind, tool.name, Some(*tool)))
+                    .collect();
+                (tool.name.to_owned(), cells)
+            })
+            .collect();
+        let mut missing: Vec<&str> = self
+            .profiles
+            .values()
+            .flat_map(|profile| profile.tool_patterns())
+            .filter(|name| !name.contains(['*', '?', '[']))
+            .filter(|name| !tools.iter().any(|tool| tool.name == *name))
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        for name in missing {
+            let cells = ProcessKind::ALL
+                .iter()
+                .map(|kind| self.decide(*kind, name, None))
+                .collect();
+            rows.push((name.to_owned(), cells));
+        }
+        rows
+    }
+}

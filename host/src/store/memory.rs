@@ -1,0 +1,269 @@
+//! Long-term memories with full-text recall, and working memory with expiry.
+
+use rusqlite::{OptionalExtension, params};
+use serde::Serialize;
+
+use super::{Store, StoreError, now};
+
+/// A stored memory.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Memory {
+    /// Its id.
+    pub id: u64,
+    /// e.g. `fact`, `decision`, `preference`, `observation`.
+    pub kind: String,
+    /// The text.
+    pub content: String,
+    /// 0.0 to 1.0.
+    pub importance: f32,
+    /// The process that saved it.
+    pub source: String,
+    /// Unix seconds.
+    pub created_at: i64,
+}
+
+/// A memory to save.
+#[derive(Debug, Clone)]
+pub struct NewMemory {
+    /// e.g. `fact`.
+    pub kind: String,
+    /// The text.
+    pub content: String,
+    /// 0.0 to 1.0; default 0.5.
+    pub importance: Option<f32>,
+}
+
+impl Store {
+    /// Saves a memory from `source`.
+    pub fn save_memory(&self, source: &str, memory: &NewMemory) -> Result<Memory, StoreError> {
+        if memory.content.trim().is_empty() {
+            return Err(StoreError::Invalid("a memory needs content".into()));
+        }
+        let importance = memory.importance.unwrap_or(0.5);
+        if !(0.0..=1.0).contains(&importance) {
+            return Err(StoreError::Invalid(format!(
+                "importance must be between 0.0 and 1.0, got {importance}"
+            )));
+        }
+        let kind = if memory.kind.trim().is_empty() {
+            "fact"
+        } else {
+            memory.kind.trim()
+        };
+        let conn = self.conn();
+        let at = now();
+        conn.execute(
+            "INSERT INTO memories (kind, content, importance, source, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![kind, memory.content, importance, source, at],
+        )?;
+        Ok(Memory {
+            id: conn.last_insert_rowid() as u64,
+            kind: kind.to_owned(),
+            content: memory.content.clone(),
+            importance,
+            source: source.to_owned(),
+            created_at: at,
+        })
+    }
+
+    /// The memories matching `query` (full-text, any of its words), best first: text
+    /// relevance weighted by importance.
+    pub fn recall(&self, query: &str, limit: u32) -> Result<Vec<Memory>, StoreError> {
+        let Some(fts_query) = fts_any_word(query) else {
+            return Ok(Vec::new());
+        };
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT m.id, m.kind, m.content, m.importance, m.source, m.created_at
+             FROM memories_fts f JOIN memories m ON m.id = f.rowid
+             WHERE memories_fts MATCH ?1
+             ORDER BY bm25(memories_fts) * (0.5 + m.importance) LIMIT ?2",
+        )?;
+        let rows = stmt.query_map(params![fts_query, limit.clamp(1, 100)], |row| {
+            Ok(Memory {
+                id: row.get::<_, i64>(0)? as u64,
+                kind: row.get(1)?,
+                content: row.get(2)?,
+                importance: row.get(3)?,
+                source: row.get(4)?,
+                created_at: row.get(5)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Deletes memory `id`.
+    pub fn delete_memory(&self, id: u64) -> Result<(), StoreError> {
+        let n = self
+            .conn()
+            .execute("DELETE FROM memories WHERE id = ?1", [id as i64])?;
+        if n == 0 {
+            return Err(StoreError::NotFound(format!("memory {id} does not exist")));
+        }
+        Ok(())
+    }
+
+    /// Reads working-memory entry `key`, if present and not expired.
+    pub fn working_get(&self, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT value FROM working_memory
+                 WHERE key = ?1 AND (expires_at IS NULL OR expires_at > ?2)",
+                params![key, now()],
+                |row| row.get(0),
+            )
+            .optional()?)
+    }
+
+    /// Writes working-memory entry `key`, expiring after `ttl_seconds` if given.
+    pub fn working_set(
+        &self,
+        key: &str,
+        value: &str,
+        ttl_seconds: Option<u64>,
+    ) -> Result<(), StoreError> {
+        if key.is_empty() {
+            return Err(StoreError::Invalid(
+                "a working-memory key must not be empty".into(),
+            ));
+        }
+        let at = now();
+        let expires = ttl_seconds.map(|ttl| at.saturating_add(ttl as i64));
+        self.conn().execute(
+            "INSERT INTO working_memory (key, value, expires_at, updated_at) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT(key) DO UPDATE SET value = ?2, expires_at = ?3, updated_at = ?4",
+            params![key, value, expires, at],
+        )?;
+        Ok(())
+    }
+
+    /// The live working-memory keys starting with `prefix`, sorted.
+    pub fn working_keys(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT key FROM working_memory
+             WHERE substr(key, 1, length(?1)) = ?1 AND (expires_at IS NULL OR expires_at > ?2)
+             ORDER BY key",
+        )?;
+        let rows = stmt.query_map(params![prefix, now()], |row| row.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+}
+
+/// Words too common to say what a query is about.
+const STOP_WORDS: &[&str] = &[
+    "a", "an", "and", "are", "at", "be", "did", "do", "does", "for", "how", "i", "in", "is", "it",
+    "me", "of", "on", "or", "that", "the", "this", "to", "was", "we", "what", "when", "where",
+    "which", "who", "why", "with", "you",
+];
+
+/// An FTS5 query matching any word of `text` but stop words (all of them if that is all
+/// there is), each quoted so that no input is FTS syntax.
+fn fts_any_word(text: &str) -> Option<String> {
+    let words: Vec<&str> = text
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let meaningful: Vec<&str> = words
+        .iter()
+        .copied()
+        .filter(|w| !STOP_WORDS.contains(&w.to_lowercase().as_str()))
+        .collect();
+    let chosen = if meaningful.is_empty() {
+        words
+    } else {
+        meaningful
+    };
+    let quoted: Vec<String> = chosen.iter().map(|w| format!("\"{w}\"")).collect();
+    (!quoted.is_empty()).then(|| quoted.join(" OR "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        (dir, store)
+    }
+
+    fn note(kind: &str, content: &str, importance: f32) -> NewMemory {
+        NewMemory {
+            kind: kind.into(),
+            content: content.into(),
+            importance: Some(importance),
+        }
+    }
+
+    #[test]
+    fn recall_finds_by_words_ranks_by_relevance_and_importance_and_forgets_deleted() {
+        let (_dir, store) = store();
+        store
+            .save_memory(
+                "branch:1",
+                &note("fact", "The release ships on Friday", 0.2),
+            )
+            .unwrap();
+        let key = store
+            .save_memory(
+                "branch:1",
+                &note("decision", "Release notes go in CHANGES.md", 0.9),
+            )
+            .unwrap();
+        store
+            .save_memory("branch:1", &note("fact", "Lunch is at noon", 0.5))
+            .unwrap();
+        let found = store.recall("when is the release?", 10).unwrap();
+        assert_eq!(found.len(), 2);
+        assert_eq!(found[0].id, key.id, "the important one first: {found:?}");
+        assert!(
+            store
+                .recall("\"; DROP TABLE memories; --", 5)
+                .unwrap()
+                .is_empty()
+        );
+        assert!(store.recall("   ", 5).unwrap().is_empty());
+        store.delete_memory(key.id).unwrap();
+        assert_eq!(store.recall("release", 10).unwrap().len(), 1);
+        assert!(matches!(
+            store.delete_memory(key.id),
+            Err(StoreError::NotFound(_))
+        ));
+    }
+
+    #[test]
+    fn working_memory_expires_and_lists_by_prefix() {
+        let (_dir, store) = store();
+        store
+            .working_set("notifications/result/w1", "done", None)
+            .unwrap();
+        store
+            .working_set("notifications/status/w2", "waiting", Some(3600))
+            .unwrap();
+        store
+            .working_set("notifications/error/w3", "gone", Some(0))
+            .unwrap();
+        store.working_set("scratch", "x", None).unwrap();
+        assert_eq!(
+            store
+                .working_get("notifications/result/w1")
+                .unwrap()
+                .as_deref(),
+            Some("done")
+        );
+        assert_eq!(
+            store.working_get("notifications/error/w3").unwrap(),
+            None,
+            "expired"
+        );
+        assert_eq!(
+            store.working_keys("notifications/").unwrap(),
+            ["notifications/result/w1", "notifications/status/w2"]
+        );
+        store.working_set("scratch", "y", None).unwrap();
+        assert_eq!(store.working_get("scratch").unwrap().as_deref(), Some("y"));
+    }
+}

@@ -1,0 +1,202 @@
+//! The store: SQLite in WAL mode, behind this one module.
+//!
+//! One database file (`capstan.db` in the data dir) holds the taskboard, memories (with
+//! FTS5 recall), working memory, conversation history, worker records and the audit log of
+//! tool calls. Schema changes are numbered migrations ([`migrations`]) applied at open.
+//! Nothing outside this module writes SQL, so a Postgres backend can replace it later.
+//!
+//! ```
+//! use capstan_host::store::{NewTask, Store};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = Store::open(dir.path()).unwrap();
+//! let task = store.create_task("worker:1", &NewTask::titled("Write the report")).unwrap();
+//! assert_eq!(store.get_task(task.number).unwrap().title, "Write the report");
+//! ```
+
+mod audit;
+mod error;
+mod history;
+mod memory;
+mod migrations;
+mod tasks;
+mod workers;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rusqlite::Connection;
+
+pub use audit::{AuditEntry, AuditRecord};
+pub use error::StoreError;
+pub use history::HistoryEntry;
+pub use memory::{Memory, NewMemory};
+pub use tasks::{NewTask, Priority, Task, TaskFilter, TaskPatch, TaskStatus};
+pub use workers::{WorkerRecord, WorkerState};
+
+/// The database file name inside the data dir.
+pub const DATABASE_FILE: &str = "capstan.db";
+
+/// A handle on the database. Cheap operations take a short lock on one connection; SQLite
+/// in WAL mode keeps readers of other processes unblocked.
+pub struct Store {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Opens (creating if needed) `capstan.db` in `data_dir` and applies migrations.
+    pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
+            path: data_dir.to_owned(),
+            source,
+        })?;
+        let path = data_dir.join(DATABASE_FILE);
+        let mut conn = Connection::open(&path).map_err(|source| StoreError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        let setup = |conn: &mut Connection| -> rusqlite::Result<()> {
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "NORMAL")?;
+            conn.pragma_update(None, "foreign_keys", "ON")?;
+            conn.busy_timeout(std::time::Duration::from_secs(5))?;
+            Ok(())
+        };
+        setup(&mut conn).map_err(|source| StoreError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        migrations::apply(&mut conn, &path)?;
+        Ok(Store {
+            conn: Mutex::new(conn),
+            path,
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The schema version in force.
+    pub fn schema_version(&self) -> Result<u32, StoreError> {
+        let conn = self.conn();
+        Ok(conn.pragma_query_value(None, "user_version", |row| row.get(0))?)
+    }
+
+    /// The SQLite journal mode (`wal` once open).
+    pub fn journal_mode(&self) -> Result<String, StoreError> {
+        let conn = self.conn();
+        Ok(conn.pragma_query_value(None, "journal_mode", |row| row.get(0))?)
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock leaves no half-done transaction behind (SQLite
+        // rolls it back), so the connection is still good.
+        self.conn
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub(crate) fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reopened_store_keeps_tasks_memories_history_and_workers() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            assert_eq!(store.journal_mode().unwrap(), "wal");
+            assert_eq!(store.schema_version().unwrap(), migrations::SCHEMA_VERSION);
+            store
+                .create_task("worker:1", &NewTask::titled("persist me"))
+                .unwrap();
+            let memory = NewMemory {
+                kind: "fact".into(),
+                content: "sqlite keeps this".into(),
+                importance: None,
+            };
+            store.save_memory("branch:1", &memory).unwrap();
+            store
+                .append_history(
+                    "channel:main",
+                    &[r#"{"role":"user","content":"hi"}"#.into()],
+                )
+                .unwrap();
+            store
+                .insert_worker("worker:1", "channel:main", "gather items")
+                .unwrap();
+            store
+                .set_worker_state("worker:1", WorkerState::Done, Some("3 items"))
+                .unwrap();
+        }
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.get_task(1).unwrap().title, "persist me");
+        assert_eq!(store.recall("sqlite", 5).unwrap().len(), 1);
+        assert_eq!(store.load_history("channel:main").unwrap().len(), 1);
+        let worker = store.get_worker("worker:1").unwrap().unwrap();
+        assert_eq!(
+            (worker.state, worker.outcome.as_deref()),
+            (WorkerState::Done, Some("3 items"))
+        );
+    }
+
+    #[test]
+    fn a_database_from_a_newer_capstan_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::open(dir.path()).unwrap());
+        let conn = Connection::open(dir.path().join(DATABASE_FILE)).unwrap();
+        conn.pragma_update(None, "user_version", 99).unwrap();
+        drop(conn);
+        let err = Store::open(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("capstan.db") && err.contains("schema version 99"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn history_appends_in_order_and_replaces_atomically() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .append_history("c", &["1".into(), "2".into()])
+            .unwrap();
+        store.append_history("c", &["3".into()]).unwrap();
+        store.append_history("other", &["x".into()]).unwrap();
+        let seqs: Vec<_> = store
+            .load_history("c")
+            .unwrap()
+            .iter()
+            .map(|e| e.message.clone())
+            .collect();
+        assert_eq!(seqs, ["1", "2", "3"]);
+        store
+            .replace_history("c", &["summary".into(), "3".into()])
+            .unwrap();
+        let entries = store.load_history("c").unwrap();
+        assert_eq!(
+            (entries[0].seq, entries[0].message.as_str()),
+            (0, "summary")
+        );
+        assert_eq!(store.load_history("other").unwrap().len(), 1);
+    }
+}

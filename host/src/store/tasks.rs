@@ -1,0 +1,449 @@
+//! The taskboard: numbered tasks with a status that moves along allowed transitions.
+
+use std::fmt;
+use std::str::FromStr;
+
+use rusqlite::{OptionalExtension, Row, params};
+use serde::Serialize;
+
+use super::{Store, StoreError, now};
+
+/// Where a task stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TaskStatus {
+    /// Noted, not yet ready to start.
+    Backlog,
+    /// Ready to start.
+    Ready,
+    /// Someone is on it.
+    InProgress,
+    /// Finished.
+    Done,
+    /// Dropped.
+    Cancelled,
+}
+
+impl TaskStatus {
+    const ALL: [TaskStatus; 5] = [
+        TaskStatus::Backlog,
+        TaskStatus::Ready,
+        TaskStatus::InProgress,
+        TaskStatus::Done,
+        TaskStatus::Cancelled,
+    ];
+
+    /// The name stored and shown: `backlog`, `ready`, `in-progress`, `done`, `cancelled`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Backlog => "backlog",
+            TaskStatus::Ready => "ready",
+            TaskStatus::InProgress => "in-progress",
+            TaskStatus::Done => "done",
+            TaskStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// The statuses a task in this status may move to. Done tasks can be reopened and
+    /// cancelled ones restored, but never straight to done.
+    pub fn next(self) -> &'static [TaskStatus] {
+        use TaskStatus::*;
+        match self {
+            Backlog => &[Ready, InProgress, Cancelled],
+            Ready => &[Backlog, InProgress, Cancelled],
+            InProgress => &[Ready, Done, Cancelled],
+            Done => &[InProgress],
+            Cancelled => &[Backlog],
+        }
+    }
+}
+
+impl fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for TaskStatus {
+    type Err = StoreError;
+
+    fn from_str(text: &str) -> Result<Self, StoreError> {
+        TaskStatus::ALL
+            .into_iter()
+            .find(|s| s.as_str() == text)
+            .ok_or_else(|| {
+                StoreError::Invalid(format!(
+                    "unknown task status `{text}`; expected backlog, ready, in-progress, done or cancelled"
+                ))
+            })
+    }
+}
+
+/// How urgent a task is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Priority {
+    /// Whenever.
+    Low,
+    /// The default.
+    Normal,
+    /// Soon.
+    High,
+    /// Now.
+    Urgent,
+}
+
+impl Priority {
+    /// The name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Low => "low",
+            Priority::Normal => "normal",
+            Priority::High => "high",
+            Priority::Urgent => "urgent",
+        }
+    }
+}
+
+impl FromStr for Priority {
+    type Err = StoreError;
+
+    fn from_str(text: &str) -> Result<Self, StoreError> {
+        [
+            Priority::Low,
+            Priority::Normal,
+            Priority::High,
+            Priority::Urgent,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == text)
+        .ok_or_else(|| {
+            StoreError::Invalid(format!(
+                "unknown priority `{text}`; expected low, normal, high or urgent"
+            ))
+        })
+    }
+}
+
+/// A stored task.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Task {
+    /// Its number, from 1.
+    pub number: u64,
+    /// A short title.
+    pub title: String,
+    /// What is to be done.
+    pub description: String,
+    /// Where it stands.
+    pub status: TaskStatus,
+    /// How urgent.
+    pub priority: Priority,
+    /// The process that created it, e.g. `worker:3`.
+    pub creator: String,
+    /// The worker it is assigned to, if any.
+    pub assigned_worker: Option<String>,
+    /// The task it is a subtask of.
+    pub parent: Option<u64>,
+    /// A JSON object.
+    pub metadata: String,
+}
+
+/// A task to create.
+#[derive(Debug, Clone, Default)]
+pub struct NewTask {
+    /// A short title; required.
+    pub title: String,
+    /// What is to be done.
+    pub description: String,
+    /// Default normal.
+    pub priority: Option<Priority>,
+    /// Make it a subtask of this task.
+    pub parent: Option<u64>,
+    /// A JSON object; default `{}`.
+    pub metadata: Option<String>,
+    /// Assign it to this worker.
+    pub assigned_worker: Option<String>,
+}
+
+impl NewTask {
+    /// A task with just a title.
+    pub fn titled(title: &str) -> Self {
+        NewTask {
+            title: title.to_owned(),
+            ..NewTask::default()
+        }
+    }
+}
+
+/// Changes to a task; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default)]
+pub struct TaskPatch {
+    /// New title.
+    pub title: Option<String>,
+    /// New description.
+    pub description: Option<String>,
+    /// New status; must be an allowed transition.
+    pub status: Option<TaskStatus>,
+    /// New priority.
+    pub priority: Option<Priority>,
+    /// New metadata (a JSON object).
+    pub metadata: Option<String>,
+    /// New assignee.
+    pub assigned_worker: Option<String>,
+}
+
+/// Which tasks to list.
+#[derive(Debug, Clone, Default)]
+pub struct TaskFilter {
+    /// Only this status.
+    pub status: Option<TaskStatus>,
+    /// Only subtasks of this task.
+    pub parent: Option<u64>,
+    /// At most this many (default 100).
+    pub limit: Option<u32>,
+}
+
+const COLUMNS: &str =
+    "number, title, description, status, priority, creator, assigned_worker, parent, metadata";
+
+fn task_from_row(row: &Row<'_>) -> rusqlite::Result<Task> {
+    let status: String = row.get(3)?;
+    let priority: String = row.get(4)?;
+    let parse_err = |i, e: StoreError| {
+        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
+    };
+    Ok(Task {
+        number: row.get::<_, i64>(0)? as u64,
+        title: row.get(1)?,
+        description: row.get(2)?,
+        status: status.parse().map_err(|e| parse_err(3, e))?,
+        priority: priority.parse().map_err(|e| parse_err(4, e))?,
+        creator: row.get(5)?,
+        assigned_worker: row.get(6)?,
+        parent: row.get::<_, Option<i64>>(7)?.map(|n| n as u64),
+        metadata: row.get(8)?,
+    })
+}
+
+fn check_metadata(metadata: &str) -> Result<(), StoreError> {
+    match serde_json::from_str::<serde_json::Value>(metadata) {
+        Ok(serde_json::Value::Object(_)) => Ok(()),
+        _ => Err(StoreError::Invalid(format!(
+            "task metadata must be a JSON object, got `{metadata}`"
+        ))),
+    }
+}
+
+impl Store {
+    /// Creates a task in the backlog, recording `creator`.
+    pub fn create_task(&self, creator: &str, task: &NewTask) -> Result<Task, StoreError> {
+        if task.title.trim().is_empty() {
+            return Err(StoreError::Invalid("a task needs a title".into()));
+        }
+        let metadata = task.metadata.as_deref().unwrap_or("{}");
+        check_metadata(metadata)?;
+        let conn = self.conn();
+        if let Some(parent) = task.parent {
+            let exists: bool = conn.query_row(
+                "SELECT EXISTS(SELECT 1 FROM tasks WHERE number = ?1)",
+                [parent as i64],
+                |row| row.get(0),
+            )?;
+            if !exists {
+                return Err(StoreError::NotFound(format!(
+                    "parent task #{parent} does not exist"
+                )));
+            }
+        }
+        let at = now();
+        conn.execute(
+            "INSERT INTO tasks (title, description, status, priority, creator, assigned_worker,
+                                parent, metadata, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
+            params![
+                task.title.trim(),
+                task.description,
+                TaskStatus::Backlog.as_str(),
+                task.priority.unwrap_or(Priority::Normal).as_str(),
+                creator,
+                task.assigned_worker,
+                task.parent.map(|n| n as i64),
+                metadata,
+                at
+            ],
+        )?;
+        let number = conn.last_insert_rowid() as u64;
+        drop(conn);
+        self.get_task(number)
+    }
+
+    /// Reads task `number`.
+    pub fn get_task(&self, number: u64) -> Result<Task, StoreError> {
+        self.conn()
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM tasks WHERE number = ?1"),
+                [number as i64],
+                task_from_row,
+            )
+            .optional()?
+            .ok_or_else(|| StoreError::NotFound(format!("task #{number} does not exist")))
+    }
+
+    /// Tasks matching `filter`, by number.
+    pub fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<Task>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM tasks
+             WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR parent = ?2)
+             ORDER BY number LIMIT ?3"
+        ))?;
+        let rows = stmt.query_map(
+            params![
+                filter.status.map(TaskStatus::as_str),
+                filter.parent.map(|n| n as i64),
+                filter.limit.unwrap_or(100)
+            ],
+            task_from_row,
+        )?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Applies `patch` to task `number`; a status change must be an allowed transition.
+    pub fn update_task(&self, number: u64, patch: &TaskPatch) -> Result<Task, StoreError> {
+        let task = self.get_task(number)?;
+        if let Some(to) = patch.status
+            && to != task.status
+            && !task.status.next().contains(&to)
+        {
+            let allowed: Vec<&str> = task.status.next().iter().map(|s| s.as_str()).collect();
+            return Err(StoreError::Invalid(format!(
+                "task #{number} cannot move from {} to {to}; from {} it can move to {}",
+                task.status,
+                task.status,
+                allowed.join(", ")
+            )));
+        }
+        if let Some(metadata) = &patch.metadata {
+            check_metadata(metadata)?;
+        }
+        if patch.title.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            return Err(StoreError::Invalid("a task needs a title".into()));
+        }
+        self.conn().execute(
+            "UPDATE tasks SET
+                title = COALESCE(?2, title),
+                description = COALESCE(?3, description),
+                status = COALESCE(?4, status),
+                priority = COALESCE(?5, priority),
+                metadata = COALESCE(?6, metadata),
+                assigned_worker = COALESCE(?7, assigned_worker),
+                updated_at = ?8
+             WHERE number = ?1",
+            params![
+                number as i64,
+                patch.title.as_deref().map(str::trim),
+                patch.description,
+                patch.status.map(TaskStatus::as_str),
+                patch.priority.map(Priority::as_str),
+                patch.metadata,
+                patch.assigned_worker,
+                now()
+            ],
+        )?;
+        self.get_task(number)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        (dir, store)
+    }
+
+    #[test]
+    fn tasks_are_numbered_listed_and_filtered() {
+        let (_dir, store) = store();
+        let a = store
+            .create_task("worker:1", &NewTask::titled("a"))
+            .unwrap();
+        let b = store
+            .create_task(
+                "branch:2",
+                &NewTask {
+                    title: "b".into(),
+                    parent: Some(a.number),
+                    priority: Some(Priority::High),
+                    metadata: Some(r#"{"source":"notes.md"}"#.into()),
+                    ..NewTask::default()
+                },
+            )
+            .unwrap();
+        assert_eq!((a.number, b.number), (1, 2));
+        assert_eq!(b.status, TaskStatus::Backlog);
+        assert_eq!(b.creator, "branch:2");
+        let subtasks = store
+            .list_tasks(&TaskFilter {
+                parent: Some(1),
+                ..TaskFilter::default()
+            })
+            .unwrap();
+        assert_eq!(subtasks, vec![b]);
+        assert_eq!(store.list_tasks(&TaskFilter::default()).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn status_changes_follow_the_allowed_transitions() {
+        let (_dir, store) = store();
+        let t = store.create_task("w", &NewTask::titled("t")).unwrap();
+        let to = |s| TaskPatch {
+            status: Some(s),
+            ..TaskPatch::default()
+        };
+        let err = store
+            .update_task(t.number, &to(TaskStatus::Done))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cannot move from backlog to done"), "{err}");
+        store
+            .update_task(t.number, &to(TaskStatus::InProgress))
+            .unwrap();
+        let done = store.update_task(t.number, &to(TaskStatus::Done)).unwrap();
+        assert_eq!(done.status, TaskStatus::Done);
+        assert!(
+            store
+                .update_task(t.number, &to(TaskStatus::Cancelled))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn bad_input_is_refused_with_a_reason() {
+        let (_dir, store) = store();
+        assert!(store.create_task("w", &NewTask::titled(" ")).is_err());
+        let bad_meta = NewTask {
+            metadata: Some("[1]".into()),
+            ..NewTask::titled("t")
+        };
+        assert!(
+            store
+                .create_task("w", &bad_meta)
+                .unwrap_err()
+                .to_string()
+                .contains("JSON object")
+        );
+        let orphan = NewTask {
+            parent: Some(99),
+            ..NewTask::titled("t")
+        };
+        assert!(matches!(
+            store.create_task("w", &orphan),
+            Err(StoreError::NotFound(_))
+        ));
+        assert!(matches!(store.get_task(7), Err(StoreError::NotFound(_))));
+        assert!("finished".parse::<TaskStatus>().is_err());
+    }
+}

@@ -1,0 +1,145 @@
+//! Worker records: which worker ran which task, and how it ended.
+
+use std::fmt;
+use std::str::FromStr;
+
+use rusqlite::{OptionalExtension, params};
+use serde::Serialize;
+
+use super::{Store, StoreError, now};
+
+/// A worker's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum WorkerState {
+    /// Working.
+    Running,
+    /// Asked for input and waits for it.
+    WaitingForInput,
+    /// Finished with a result.
+    Done,
+    /// Stopped by an error.
+    Failed,
+    /// Stopped on request.
+    Cancelled,
+}
+
+impl WorkerState {
+    const ALL: [WorkerState; 5] = [
+        WorkerState::Running,
+        WorkerState::WaitingForInput,
+        WorkerState::Done,
+        WorkerState::Failed,
+        WorkerState::Cancelled,
+    ];
+
+    /// The name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Running => "running",
+            WorkerState::WaitingForInput => "waiting-for-input",
+            WorkerState::Done => "done",
+            WorkerState::Failed => "failed",
+            WorkerState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether the worker has ended.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            WorkerState::Done | WorkerState::Failed | WorkerState::Cancelled
+        )
+    }
+}
+
+impl fmt::Display for WorkerState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for WorkerState {
+    type Err = StoreError;
+
+    fn from_str(text: &str) -> Result<Self, StoreError> {
+        WorkerState::ALL
+            .into_iter()
+            .find(|s| s.as_str() == text)
+            .ok_or_else(|| StoreError::Invalid(format!("unknown worker state `{text}`")))
+    }
+}
+
+/// A stored worker record.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkerRecord {
+    /// e.g. `worker:3`.
+    pub id: String,
+    /// The channel that spawned it.
+    pub channel: String,
+    /// The task description it was given.
+    pub task: String,
+    /// Where it stands.
+    pub state: WorkerState,
+    /// Its result or error, once ended.
+    pub outcome: Option<String>,
+}
+
+impl Store {
+    /// Records a new running worker.
+    pub fn insert_worker(&self, id: &str, channel: &str, task: &str) -> Result<(), StoreError> {
+        let at = now();
+        self.conn().execute(
+            "INSERT INTO workers (id, channel, task, state, started_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
+            params![id, channel, task, WorkerState::Running.as_str(), at],
+        )?;
+        Ok(())
+    }
+
+    /// Sets a worker's state and, if given, its outcome.
+    pub fn set_worker_state(
+        &self,
+        id: &str,
+        state: WorkerState,
+        outcome: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let n = self.conn().execute(
+            "UPDATE workers SET state = ?2, outcome = COALESCE(?3, outcome), updated_at = ?4 WHERE id = ?1",
+            params![id, state.as_str(), outcome, now()],
+        )?;
+        if n == 0 {
+            return Err(StoreError::NotFound(format!("worker {id} does not exist")));
+        }
+        Ok(())
+    }
+
+    /// Reads worker `id`.
+    pub fn get_worker(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
+        let conn = self.conn();
+        let row = conn
+            .query_row(
+                "SELECT id, channel, task, state, outcome FROM workers WHERE id = ?1",
+                [id],
+                |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, String>(2)?,
+                        row.get::<_, String>(3)?,
+                        row.get::<_, Option<String>>(4)?,
+                    ))
+                },
+            )
+            .optional()?;
+        row.map(|(id, channel, task, state, outcome)| {
+            Ok(WorkerRecord {
+                id,
+                channel,
+                task,
+                state: state.parse()?,
+                outcome,
+            })
+        })
+        .transpose()
+    }
+}

@@ -1,0 +1,307 @@
+//! The `tasks` and `memory` plugins against a real SQLite store, scoped by grant.
+
+use std::sync::Arc;
+
+use capstan_host::store::{Store, TaskStatus};
+use capstan_tests::{Workspace, call_by, expect_error, registry_with_store};
+use serde_json::{Value, json};
+
+/// The worker and branch profiles' grants from the default config.
+const WORKER: &str = "fs.read,fs.write,tasks.read,tasks.write-own,memory.write";
+const BRANCH: &str = "memory.read,memory.write,tasks.read,tasks.write,fs.read";
+
+fn parse(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+#[tokio::test]
+async fn a_worker_creates_and_updates_its_own_tasks_but_not_another_workers() {
+    let data = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(data.path()).unwrap());
+    let registry = registry_with_store(store.clone()).await;
+    let ws = Workspace::new();
+
+    let mine = parse(
+        &call_by(&registry, "worker:1", "task_create", json!({"title": "Fix the login bug", "priority": "high", "metadata": {"source": "notes.md"}}), WORKER, &ws.path())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(mine["creator"], "worker:1");
+    assert_eq!(mine["priority"], "high");
+    assert_eq!(mine["metadata"]["source"], "notes.md");
+    let theirs = parse(
+        &call_by(
+            &registry,
+            "worker:2",
+            "task_create",
+            json!({"title": "Someone else's"}),
+            WORKER,
+            &ws.path(),
+        )
+        .await
+        .unwrap(),
+    );
+
+    let updated = call_by(
+        &registry,
+        "worker:1",
+        "task_update",
+        json!({"number": mine["number"], "status": "in-progress"}),
+        WORKER,
+        &ws.path(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(parse(&updated)["status"], "in-progress");
+
+    let msg = expect_error(
+        call_by(
+            &registry,
+            "worker:1",
+            "task_update",
+            json!({"number": theirs["number"], "status": "cancelled"}),
+            WORKER,
+            &ws.path(),
+        )
+        .await,
+        "denied",
+    );
+    assert!(
+        msg.contains(&format!("task #{}", theirs["number"])) && msg.contains("worker:2"),
+        "{msg}"
+    );
+    assert_eq!(
+        store
+            .get_task(theirs["number"].as_u64().unwrap())
+            .unwrap()
+            .status,
+        TaskStatus::Backlog
+    );
+
+    // A branch holds tasks.write: it may update any task.
+    call_by(
+        &registry,
+        "branch:1",
+        "task_update",
+        json!({"number": theirs["number"], "status": "cancelled"}),
+        BRANCH,
+        &ws.path(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        store
+            .get_task(theirs["number"].as_u64().unwrap())
+            .unwrap()
+            .status,
+        TaskStatus::Cancelled
+    );
+
+    let listed = parse(
+        &call_by(
+            &registry,
+            "worker:1",
+            "task_list",
+            json!({"status": "in-progress"}),
+            WORKER,
+            &ws.path(),
+        )
+        .await
+        .unwrap(),
+    );
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+    assert_eq!(listed[0]["title"], "Fix the login bug");
+}
+
+#[tokio::test]
+async fn task_errors_come_back_as_tool_errors() {
+    let data = tempfile::tempdir().unwrap();
+    let registry = registry_with_store(Arc::new(Store::open(data.path()).unwrap())).await;
+    let ws = Workspace::new();
+    let created = parse(
+        &call_by(
+            &registry,
+            "worker:1",
+            "task_create",
+            json!({"title": "t"}),
+            WORKER,
+            &ws.path(),
+        )
+        .await
+        .unwrap(),
+    );
+    let msg = expect_error(
+        call_by(
+            &registry,
+            "worker:1",
+            "task_update",
+            json!({"number": created["number"], "status": "done"}),
+            WORKER,
+            &ws.path(),
+        )
+        .await,
+        "invalid-args",
+    );
+    assert!(msg.contains("cannot move from backlog to done"), "{msg}");
+    let msg = expect_error(
+        call_by(
+            &registry,
+            "worker:1",
+            "task_update",
+            json!({"number": 999, "title": "x"}),
+            WORKER,
+            &ws.path(),
+        )
+        .await,
+        "not-found",
+    );
+    assert!(msg.contains("#999"), "{msg}");
+    let msg = expect_error(
+        call_by(
+            &registry,
+            "worker:1",
+            "task_create",
+            json!({"title": "t", "priority": "asap"}),
+            WORKER,
+            &ws.path(),
+        )
+        .await,
+        "invalid-args",
+    );
+    assert!(msg.contains("unknown priority `asap`"), "{msg}");
+    // The channel's grants hold no task capability: refused before the plugin runs.
+    let msg = expect_error(
+        call_by(
+            &registry,
+            "channel:1",
+            "task_list",
+            json!({}),
+            "",
+            &ws.path(),
+        )
+        .await,
+        "denied",
+    );
+    assert!(msg.contains("`tasks.read`"), "{msg}");
+}
+
+#[tokio::test]
+async fn memories_are_saved_recalled_and_deleted_through_the_plugin() {
+    let data = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(data.path()).unwrap());
+    let registry = registry_with_store(store.clone()).await;
+    let ws = Workspace::new();
+    let saved = parse(
+        &call_by(&registry, "worker:1", "memory_save", json!({"content": "The customer prefers weekly reports", "kind": "preference", "importance": 0.8}), WORKER, &ws.path())
+            .await
+            .unwrap(),
+    );
+    // Workers get no memory_recall: their grants lack memory.read.
+    let msg = expect_error(
+        call_by(
+            &registry,
+            "worker:1",
+            "memory_recall",
+            json!({"query": "reports"}),
+            WORKER,
+            &ws.path(),
+        )
+        .await,
+        "denied",
+    );
+    assert!(msg.contains("`memory.read`"), "{msg}");
+    let found = parse(
+        &call_by(
+            &registry,
+            "branch:1",
+            "memory_recall",
+            json!({"query": "weekly reports"}),
+            BRANCH,
+            &ws.path(),
+        )
+        .await
+        .unwrap(),
+    );
+    assert_eq!(found[0]["id"], saved["id"]);
+    assert_eq!(found[0]["kind"], "preference");
+
+    call_by(
+        &registry,
+        "branch:1",
+        "memory_delete",
+        json!({"id": saved["id"]}),
+        BRANCH,
+        &ws.path(),
+    )
+    .await
+    .unwrap();
+    assert!(store.recall("weekly", 5).unwrap().is_empty());
+    let msg = expect_error(
+        call_by(
+            &registry,
+            "branch:1",
+            "memory_delete",
+            json!({"id": "abc"}),
+            BRANCH,
+            &ws.path(),
+        )
+        .await,
+        "invalid-args",
+    );
+    assert!(msg.contains("not a number"), "{msg}");
+
+    // The rows are in the SQLite file, for the next process to find.
+    drop(registry);
+    let reopened = Store::open(data.path()).unwrap();
+    assert_eq!(reopened.recall("customer", 5).unwrap().len(), 0);
+}
+
+#[tokio::test]
+async fn every_call_is_audited_with_effective_grants_and_redacted_arguments() {
+    let data = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(data.path()).unwrap());
+    let registry = registry_with_store(store.clone()).await;
+    let ws = Workspace::new();
+    let secret = "sk-live-0123456789abcdef0123";
+    call_by(
+        &registry,
+        "worker:7",
+        "file_write",
+        json!({"path": "k.txt", "content": secret}),
+        WORKER,
+        &ws.path(),
+    )
+    .await
+    .unwrap();
+    let denied = call_by(
+        &registry,
+        "branch:2",
+        "file_write",
+        json!({"path": "k.txt", "content": "x", "api_key": "abc"}),
+        BRANCH,
+        &ws.path(),
+    )
+    .await;
+    assert!(denied.is_err());
+
+    let log = store.audit_log(10).unwrap();
+    assert_eq!(log.len(), 2, "{log:?}");
+    let (newest, oldest) = (&log[0], &log[1]);
+    assert_eq!(
+        (
+            oldest.process.as_str(),
+            oldest.tool.as_str(),
+            oldest.outcome.as_str()
+        ),
+        ("worker:7", "file_write", "ok")
+    );
+    assert_eq!(oldest.grants, "fs.write");
+    assert!(!oldest.arguments.contains(secret), "{}", oldest.arguments);
+    assert!(oldest.arguments.contains("k.txt"), "{}", oldest.arguments);
+    assert_eq!(
+        (newest.process.as_str(), newest.outcome.as_str()),
+        ("branch:2", "denied")
+    );
+    assert!(newest.detail.contains("`fs.write`"), "{}", newest.detail);
+    assert!(!newest.arguments.contains("abc"), "{}", newest.arguments);
+}
