@@ -5,11 +5,15 @@
 //! - [`policy`] decides which tools each process kind is offered and which capabilities a
 //!   call runs with.
 //! - [`store`] persists tasks, memories, history, worker records and the audit log in SQLite.
+//! - [`llm`] talks to models: the provider trait, an OpenAI-compatible client, and a
+//!   scripted provider for runs without a network.
 //! - [`config`] reads `capstan.toml`: directories, limits, the provider and the profiles.
 //! - [`cli`] is the `capstan` binary's command line.
 
 pub mod cli;
 pub mod config;
+pub mod llm;
 pub mod plugin;
 pub mod policy;
 pub mod store;
+pub mod text;

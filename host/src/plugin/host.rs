@@ -15,12 +15,12 @@ use super::bindings::{Plugin, PluginPre};
 use super::cache::ArtifactCache;
 use super::engine::{build_engine, build_linker, start_epoch_ticker};
 use super::error::{HostError, LoadError, ToolError};
-use super::imports::truncate;
 use super::inspect::{check_exports, check_header, check_imports};
 use super::limits::Limits;
 use super::loaded::{LoadedPlugin, ToolInfo};
 use super::sandbox::{CallScope, Sandbox};
 use crate::store;
+use crate::text::truncate;
 
 /// Loads plugin components and runs tool calls, each in a fresh sandboxed instance.
 ///

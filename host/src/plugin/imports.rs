@@ -20,6 +20,7 @@ use super::bindings::capstan::plugin::{log, memory, tasks, types};
 use super::limits::{LOG_LINE_BYTES, LOG_LINES_PER_CALL};
 use super::sandbox::Sandbox;
 use crate::store::{self, Store, StoreError};
+use crate::text::truncate;
 
 impl types::Host for Sandbox {}
 
@@ -47,18 +48,6 @@ impl log::Host for Sandbox {
             Level::Error => tracing::error!(target: "plugin", plugin, tool, "{message}"),
         }
     }
-}
-
-/// The longest prefix of `text` within `max` bytes, on a character boundary.
-pub(crate) fn truncate(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 impl Sandbox {
