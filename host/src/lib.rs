@@ -1,5 +1,8 @@
 //! The Capstan host: runs LLM agents' tools as sandboxed WebAssembly components.
 //!
+//! - [`agent`] runs the processes (channels, branches, workers, the compactor) over the
+//!   plugins, each with the tools its profile grants; [`dispatch`] is the one gate every
+//!   prompt passes through.
 //! - [`plugin`] loads components and runs each tool call in a fresh instance whose sandbox
 //!   holds only the capabilities the tool declares and the caller grants.
 //! - [`policy`] decides which tools each process kind is offered and which capabilities a
@@ -10,8 +13,10 @@
 //! - [`config`] reads `capstan.toml`: directories, limits, the provider and the profiles.
 //! - [`cli`] is the `capstan` binary's command line.
 
+pub mod agent;
 pub mod cli;
 pub mod config;
+pub mod dispatch;
 pub mod llm;
 pub mod plugin;
 pub mod policy;

@@ -232,6 +232,9 @@ fn policy_prints_the_matrix_with_a_reason_for_every_cell_that_is_off() {
             "on"
         ]
     );
+    assert_eq!(row("spawn_worker")[..3], ["on", "on", "- not in profile"]);
+    assert_eq!(row("set_status")[2], "on");
+    assert_eq!(row("reply")[1], "- not in profile");
 }
 
 #[test]
@@ -329,5 +332,61 @@ fn a_bad_config_fails_at_start_naming_the_file_and_key() {
     assert!(
         err.contains("capstan.toml: `limits.tool_memory_mib`: must be 1 to 4096 MiB"),
         "{err}"
+    );
+}
+
+#[test]
+fn the_demo_runs_from_any_directory_and_ends_with_the_tasks_from_sqlite() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let dir = elsewhere.path().join("demo");
+    let out = capstan(elsewhere.path(), &["demo", "--dir", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("hops: 2 workers and 2 branches"), "{text}");
+    assert!(
+        text.contains("#2    backlog  high      Fix the failing nightly backup job"),
+        "{text}"
+    );
+    assert!(text.contains("A branch cannot write files"), "{text}");
+    let status = stderr(&out);
+    assert!(
+        status.contains(
+            "[branch:4] file_write denied: tool `file_write` is not offered to a branch process"
+        ),
+        "{status}"
+    );
+    assert!(dir.join("workspace/analysis.md").is_file());
+
+    // The taskboard persists for later commands.
+    std::fs::write(dir.join("capstan.toml"), "").unwrap();
+    let tasks = capstan(&dir, &["tasks"]);
+    assert!(tasks.status.success(), "{}", stderr(&tasks));
+    assert_eq!(stdout(&tasks).lines().count(), 4, "{}", stdout(&tasks));
+}
+
+#[test]
+fn run_sends_one_message_and_prints_the_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("script.toml"),
+        "[[step]]\nprocess = \"channel\"\nwhen = \"ping\"\nreply = \"pong\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("capstan.toml"),
+        "[provider]\nkind = \"scripted\"\nscript = \"script.toml\"\n",
+    )
+    .unwrap();
+    let out = capstan(dir.path(), &["run", "ping?"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "agent> pong\n");
+
+    // A script with no answer: the failure is reported, not a hang or a panic.
+    let out = capstan(dir.path(), &["run", "something else"]);
+    assert!(out.status.success());
+    assert!(
+        stderr(&out).contains("no step left for a channel request"),
+        "{}",
+        stderr(&out)
     );
 }

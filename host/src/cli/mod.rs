@@ -1,5 +1,6 @@
 //! The `capstan` command line.
 
+mod agent;
 mod init;
 mod paths;
 mod plugins;
@@ -28,6 +29,14 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Chat with the agent in the terminal; worker and branch status lines show as they run.
+    Chat(agent::ChatCommand),
+    /// Run the demo: gather open items from notes, create tasks, answer follow-ups.
+    Demo(agent::DemoCommand),
+    /// Send one message, print the replies, and exit when all delegated work is done.
+    Run(agent::RunCommand),
+    /// List the taskboard.
+    Tasks(agent::TasksCommand),
     /// Write a commented default capstan.toml.
     Init(init::InitCommand),
     /// List and inspect tool plugins.
@@ -105,19 +114,25 @@ impl HostArgs {
         }
     }
 
-    pub(crate) fn host(&self, config: &Config) -> anyhow::Result<Arc<PluginHost>> {
-        Ok(Arc::new(PluginHost::new(
-            self.limits(config)?,
-            self.cache(),
-        )?))
+    pub(crate) fn host(&self, config: &Config) -> anyhow::Result<PluginHost> {
+        Ok(PluginHost::new(self.limits(config)?, self.cache())?)
     }
 
     pub(crate) async fn registry(&self, config: &Config) -> anyhow::Result<Registry> {
+        self.registry_on(config, self.host(config)?).await
+    }
+
+    /// The registry of the configured plugins directory on `host`.
+    pub(crate) async fn registry_on(
+        &self,
+        config: &Config,
+        host: PluginHost,
+    ) -> anyhow::Result<Registry> {
         let dir = match (&self.plugins_dir, &config.agent.plugins_dir) {
             (Some(dir), _) | (None, Some(dir)) => dir.clone(),
             (None, None) => paths::default_plugins_dir()?,
         };
-        let registry = Registry::load_dir(self.host(config)?, &dir)
+        let registry = Registry::load_dir(Arc::new(host), &dir)
             .await
             .with_context(|| format!("loading plugins from {}", dir.display()))?;
         for refused in registry.refused() {
@@ -131,6 +146,10 @@ impl Cli {
     /// Runs the parsed command; the exit code says how it ended.
     pub async fn run(self) -> anyhow::Result<ExitCode> {
         match self.command {
+            Command::Chat(cmd) => cmd.run().await,
+            Command::Demo(cmd) => cmd.run().await,
+            Command::Run(cmd) => cmd.run().await,
+            Command::Tasks(cmd) => cmd.run(),
             Command::Init(cmd) => cmd.run(),
             Command::Plugins(cmd) => cmd.run().await,
             Command::Policy(cmd) => cmd.run().await,

@@ -7,6 +7,7 @@ use clap::Args;
 
 use super::HostArgs;
 use super::table::print_table;
+use crate::agent::HOST_TOOLS;
 use crate::policy::{Decision, ProcessKind, ToolNeeds};
 
 #[derive(Debug, Args)]
@@ -19,15 +20,19 @@ impl PolicyCommand {
     pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
         let config = self.host.config()?;
         let registry = self.host.registry(&config).await?;
-        let tools: Vec<ToolNeeds<'_>> = registry
+        let host_tools = HOST_TOOLS.iter().map(|tool| ToolNeeds {
+            name: tool.name,
+            capabilities: &[],
+        });
+        let plugin_tools = registry
             .plugins()
             .iter()
             .flat_map(|plugin| plugin.tools())
             .map(|tool| ToolNeeds {
                 name: &tool.name,
                 capabilities: &tool.capabilities,
-            })
-            .collect();
+            });
+        let tools: Vec<ToolNeeds<'_>> = host_tools.chain(plugin_tools).collect();
         let header: Vec<&str> = std::iter::once("TOOL")
             .chain(ProcessKind::ALL.iter().map(|kind| kind.as_str()))
             .collect();

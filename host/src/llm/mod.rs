@@ -40,3 +40,16 @@ pub trait Provider: Send + Sync {
     /// A short name for logs, e.g. `openai:gpt-4o-mini` or `scripted:demo`.
     fn name(&self) -> String;
 }
+
+impl<P: Provider + ?Sized> Provider for Box<P> {
+    fn complete<'a>(
+        &'a self,
+        request: &'a CompletionRequest,
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+        (**self).complete(request)
+    }
+
+    fn name(&self) -> String {
+        (**self).name()
+    }
+}

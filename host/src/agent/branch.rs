@@ -1,0 +1,109 @@
+//! A branch: a fork of the channel's history that thinks about one question and returns a
+//! conclusion.
+
+use std::sync::Arc;
+
+use super::channel::{ChannelInput, spawn_worker};
+use super::prompts::system_prompt;
+use super::runtime::{ChannelHandle, Runtime};
+use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd};
+use crate::llm::{BoxFuture, Message};
+use crate::policy::ProcessKind;
+
+/// Runs a branch and sends its conclusion to the channel it came from.
+pub(crate) async fn run_branch(
+    rt: Arc<Runtime>,
+    id: String,
+    channel_name: String,
+    channel: ChannelHandle,
+    question: String,
+    mut history: Vec<Message>,
+) {
+    let _slot = channel
+        .branch_slots
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("never closed");
+    rt.status(&id, format!("thinking: {question}"));
+    history.push(Message::user(format!("Branch question: {question}")));
+    let tools = rt.tool_defs(ProcessKind::Branch);
+    let system = system_prompt(ProcessKind::Branch, &rt.config.agent.name);
+    let handler = BranchTools {
+        rt: rt.clone(),
+        id: id.clone(),
+        channel_name,
+        channel: channel.clone(),
+    };
+    let turn = Turn {
+        dispatcher: &rt.dispatcher,
+        process: ProcessKind::Branch.as_str(),
+        session: &id,
+        system: &system,
+        tools: &tools,
+        max_turns: rt.config.limits.max_turns,
+    };
+    let conclusion = match turn.run(&mut history, &handler).await {
+        Ok(TurnEnd::Text(text)) => text,
+        Ok(TurnEnd::Ended) => "(ended without a conclusion)".into(),
+        Ok(TurnEnd::MaxTurns) => format!(
+            "(no conclusion within {} turns)",
+            rt.config.limits.max_turns
+        ),
+        Err(err) => format!("(the model failed: {err})"),
+    };
+    rt.status(&id, format!("concluded: {conclusion}"));
+    channel.send(ChannelInput::Result {
+        source: id,
+        text: format!("concluded: {conclusion}"),
+    });
+    channel.done_pending();
+}
+
+/// A branch's tools: plugins with the branch profile, and `spawn_worker` on its channel.
+struct BranchTools {
+    rt: Arc<Runtime>,
+    id: String,
+    channel_name: String,
+    channel: ChannelHandle,
+}
+
+impl ToolHandler for BranchTools {
+    fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
+        Box::pin(
+            self.rt
+                .refuse(ProcessKind::Branch, &self.id, name, arguments),
+        )
+    }
+
+    fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
+        Box::pin(async move {
+            if name == "spawn_worker" {
+                #[derive(serde::Deserialize)]
+                struct Args {
+                    task: String,
+                }
+                return ToolOutcome::Continue(
+                    match super::channel::parse_args::<Args>(name, arguments) {
+                        Ok(args) => {
+                            let worker = spawn_worker(
+                                &self.rt,
+                                &self.channel_name,
+                                &self.channel,
+                                args.task,
+                                false,
+                            );
+                            serde_json::json!({ "spawned": true, "worker": worker }).to_string()
+                        }
+                        Err(err) => err,
+                    },
+                );
+            }
+            ToolOutcome::Continue(
+                self.rt
+                    .call_plugin(ProcessKind::Branch, &self.id, name, arguments)
+                    .await,
+            )
+        })
+    }
+}

@@ -1,0 +1,279 @@
+//! A channel: one conversation with the user. It delegates and never touches the world.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use super::branch::run_branch;
+use super::compactor::compact_if_needed;
+use super::events::Event;
+use super::prompts::system_prompt;
+use super::runtime::{ChannelHandle, Runtime};
+use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd};
+use super::worker::{WorkerSpec, run_worker};
+use crate::llm::{BoxFuture, Message};
+use crate::policy::ProcessKind;
+
+/// How long a channel waits for more results before a retrigger turn, so results that
+/// arrive together are told together.
+const DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// Retrigger turns (after results) one user message may cause; later results are kept in
+/// the history for the next turn instead.
+const MAX_RETRIGGERS_PER_MESSAGE: u32 = 8;
+
+/// What a channel reacts to.
+#[derive(Debug, Clone)]
+pub(crate) enum ChannelInput {
+    /// A message from the user.
+    User(String),
+    /// A worker's or branch's report.
+    Result {
+        /// e.g. `worker:3`.
+        source: String,
+        /// What it reports.
+        text: String,
+    },
+    /// Stop after the inputs before this one.
+    Close,
+}
+
+/// The channel's loop: each batch of inputs becomes one turn.
+pub(crate) async fn run_channel(
+    rt: Arc<Runtime>,
+    name: String,
+    handle: ChannelHandle,
+    mut inbox: mpsc::UnboundedReceiver<ChannelInput>,
+    mut history: Vec<Message>,
+) {
+    let tools = rt.tool_defs(ProcessKind::Channel);
+    let system = system_prompt(ProcessKind::Channel, &rt.config.agent.name);
+    let mut retriggers = 0;
+    let mut closing = false;
+    while let Some(first) = inbox.recv().await {
+        if matches!(first, ChannelInput::Close) {
+            break;
+        }
+        let mut inputs = vec![first];
+        if matches!(inputs[0], ChannelInput::Result { .. }) {
+            tokio::time::sleep(DEBOUNCE).await;
+        }
+        while let Ok(more) = inbox.try_recv() {
+            if matches!(more, ChannelInput::Close) {
+                closing = true;
+                break;
+            }
+            inputs.push(more);
+        }
+        let from_user = inputs.iter().any(|i| matches!(i, ChannelInput::User(_)));
+        for input in &inputs {
+            history.push(match input {
+                ChannelInput::User(text) => Message::user(text.clone()),
+                ChannelInput::Result { source, text } => {
+                    Message::user(format!("[{source}] {text}"))
+                }
+                ChannelInput::Close => unreachable!("Close ends the loop before it is batched"),
+            });
+        }
+        if from_user {
+            retriggers = 0;
+        } else {
+            retriggers += 1;
+        }
+        if from_user || retriggers <= MAX_RETRIGGERS_PER_MESSAGE {
+            compact_if_needed(&rt, &name, &mut history).await;
+            let tools_handler = ChannelTools {
+                rt: rt.clone(),
+                channel: name.clone(),
+                handle: handle.clone(),
+                fork: history.clone(),
+            };
+            let turn = Turn {
+                dispatcher: &rt.dispatcher,
+                process: ProcessKind::Channel.as_str(),
+                session: &name,
+                system: &system,
+                tools: &tools,
+                max_turns: rt.config.limits.max_turns,
+            };
+            match turn.run(&mut history, &tools_handler).await {
+                Ok(TurnEnd::Text(text)) if !text.trim().is_empty() => rt.emit(Event::Reply {
+                    channel: name.clone(),
+                    text,
+                }),
+                Ok(_) => {}
+                Err(err) => rt.status(&name, format!("the model failed: {err}")),
+            }
+        }
+        rt.save_history(&name, &history);
+        for _ in &inputs {
+            handle.done_pending();
+        }
+        if closing {
+            break;
+        }
+    }
+}
+
+/// The channel's host tools.
+struct ChannelTools {
+    rt: Arc<Runtime>,
+    channel: String,
+    handle: ChannelHandle,
+    /// The history a branch forks from.
+    fork: Vec<Message>,
+}
+
+#[derive(Deserialize)]
+struct ReplyArgs {
+    text: String,
+}
+
+#[derive(Deserialize)]
+struct SpawnArgs {
+    task: String,
+    #[serde(default)]
+    interactive: bool,
+}
+
+#[derive(Deserialize)]
+struct BranchArgs {
+    question: String,
+}
+
+#[derive(Deserialize)]
+struct RouteArgs {
+    worker: String,
+    message: String,
+}
+
+#[derive(Deserialize)]
+struct CancelArgs {
+    worker: String,
+}
+
+/// Parses host-tool arguments, or says what is wrong for the model.
+pub(crate) fn parse_args<'a, T: Deserialize<'a>>(
+    tool: &str,
+    arguments: &'a str,
+) -> Result<T, String> {
+    serde_json::from_str(arguments).map_err(|err| format!("error[invalid-args]: {tool}: {err}"))
+}
+
+impl ChannelTools {
+    fn reply(&self, arguments: &str) -> ToolOutcome {
+        match parse_args::<ReplyArgs>("reply", arguments) {
+            Ok(args) => {
+                self.rt.emit(Event::Reply {
+                    channel: self.channel.clone(),
+                    text: args.text,
+                });
+                ToolOutcome::EndTurn("delivered".into())
+            }
+            Err(err) => ToolOutcome::Continue(err),
+        }
+    }
+}
+
+/// Starts a worker for `channel`, counted in its pending work until it reports back.
+pub(crate) fn spawn_worker(
+    rt: &Arc<Runtime>,
+    channel: &str,
+    handle: &ChannelHandle,
+    task: String,
+    interactive: bool,
+) -> String {
+    let id = rt.new_id(ProcessKind::Worker);
+    handle.add_pending();
+    let spec = WorkerSpec {
+        id: id.clone(),
+        channel: channel.to_owned(),
+        task,
+        interactive,
+    };
+    tokio::spawn(run_worker(rt.clone(), spec, handle.clone()));
+    id
+}
+
+impl ToolHandler for ChannelTools {
+    fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
+        Box::pin(
+            self.rt
+                .refuse(ProcessKind::Channel, &self.channel, name, arguments),
+        )
+    }
+
+    fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
+        Box::pin(async move {
+            let rt = &self.rt;
+            let outcome = match name {
+                "reply" => return self.reply(arguments),
+                "skip" => return ToolOutcome::EndTurn("skipped".into()),
+                "spawn_worker" => match parse_args::<SpawnArgs>(name, arguments) {
+                    Ok(args) => {
+                        let id = spawn_worker(
+                            rt,
+                            &self.channel,
+                            &self.handle,
+                            args.task,
+                            args.interactive,
+                        );
+                        json!({ "spawned": true, "worker": id }).to_string()
+                    }
+                    Err(err) => err,
+                },
+                "branch" => match parse_args::<BranchArgs>(name, arguments) {
+                    Ok(args) => {
+                        let id = rt.new_id(ProcessKind::Branch);
+                        self.handle.add_pending();
+                        let fork = self.fork.clone();
+                        tokio::spawn(run_branch(
+                            rt.clone(),
+                            id.clone(),
+                            self.channel.clone(),
+                            self.handle.clone(),
+                            args.question,
+                            fork,
+                        ));
+                        json!({ "branched": true, "branch": id }).to_string()
+                    }
+                    Err(err) => err,
+                },
+                "route" => match parse_args::<RouteArgs>(name, arguments) {
+                    Ok(args) => {
+                        let workers = rt.workers.lock().unwrap();
+                        match workers.get(&args.worker) {
+                            Some(worker) if worker.inbox.send(args.message).is_ok() => {
+                                json!({ "routed": true, "worker": args.worker }).to_string()
+                            }
+                            _ => json!({ "routed": false, "worker": args.worker, "reason": "no such running worker" }).to_string(),
+                        }
+                    }
+                    Err(err) => err,
+                },
+                "cancel" => match parse_args::<CancelArgs>(name, arguments) {
+                    Ok(args) => {
+                        let workers = rt.workers.lock().unwrap();
+                        match workers.get(&args.worker) {
+                            Some(worker) => {
+                                worker.cancel.notify_one();
+                                json!({ "cancelled": true, "worker": args.worker }).to_string()
+                            }
+                            None => json!({ "cancelled": false, "worker": args.worker, "reason": "no such running worker" }).to_string(),
+                        }
+                    }
+                    Err(err) => err,
+                },
+                // The profile offered a plugin tool to the channel (a custom config).
+                other => {
+                    rt.call_plugin(ProcessKind::Channel, &self.channel, other, arguments)
+                        .await
+                }
+            };
+            ToolOutcome::Continue(outcome)
+        })
+    }
+}

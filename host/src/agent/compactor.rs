@@ -1,0 +1,126 @@
+//! Compaction: when a channel's history passes its share of the context window, the oldest
+//! part is summarized (by a compactor process, which may save memories) and replaced by
+//! the summary.
+
+use std::sync::Arc;
+
+use super::prompts::system_prompt;
+use super::runtime::Runtime;
+use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd};
+use crate::llm::{BoxFuture, Message, Role};
+use crate::policy::ProcessKind;
+
+/// The prefix of the message that replaces compacted history.
+pub(crate) const SUMMARY_PREFIX: &str = "[summary of the earlier conversation]";
+
+/// A rough token count: four bytes a token, the usual rule of thumb for English text.
+pub(crate) fn estimate_tokens(history: &[Message]) -> usize {
+    history
+        .iter()
+        .map(|m| {
+            m.content.len()
+                + m.tool_calls
+                    .iter()
+                    .map(|c| c.arguments.len() + c.name.len())
+                    .sum::<usize>()
+                + 16
+        })
+        .sum::<usize>()
+        / 4
+}
+
+/// Where to cut `history` so the older half can be summarized without splitting a tool
+/// call from its results: the last user message at or before the middle.
+fn cut_point(history: &[Message]) -> Option<usize> {
+    let middle = history.len() / 2;
+    (1..=middle).rev().find(|&i| history[i].role == Role::User)
+}
+
+/// Compacts `history` in place if it is over the threshold.
+pub(crate) async fn compact_if_needed(
+    rt: &Arc<Runtime>,
+    channel: &str,
+    history: &mut Vec<Message>,
+) {
+    let limits = &rt.config.limits;
+    let threshold = (limits.context_window_tokens as f64 * limits.compaction_threshold) as usize;
+    let tokens = estimate_tokens(history);
+    if tokens <= threshold {
+        return;
+    }
+    let Some(cut) = cut_point(history) else {
+        return;
+    };
+    let id = rt.new_id(ProcessKind::Compactor);
+    rt.status(
+        &id,
+        format!(
+            "compacting {cut} of {} messages ({tokens} tokens, threshold {threshold})",
+            history.len()
+        ),
+    );
+    let excerpt: String = history[..cut]
+        .iter()
+        .map(|m| format!("{:?}: {}\n", m.role, m.content))
+        .collect();
+    let mut work = vec![Message::user(format!(
+        "Summarize this conversation excerpt:\n\n{excerpt}"
+    ))];
+    let tools = rt.tool_defs(ProcessKind::Compactor);
+    let system = system_prompt(ProcessKind::Compactor, &rt.config.agent.name);
+    let handler = CompactorTools {
+        rt: rt.clone(),
+        id: id.clone(),
+    };
+    let turn = Turn {
+        dispatcher: &rt.dispatcher,
+        process: ProcessKind::Compactor.as_str(),
+        session: &id,
+        system: &system,
+        tools: &tools,
+        max_turns: limits.max_turns,
+    };
+    match turn.run(&mut work, &handler).await {
+        Ok(TurnEnd::Text(summary)) if !summary.trim().is_empty() => {
+            history.splice(
+                ..cut,
+                [Message::user(format!("{SUMMARY_PREFIX} {summary}"))],
+            );
+            rt.status(
+                &id,
+                format!(
+                    "compacted into one summary; history is now {} messages",
+                    history.len()
+                ),
+            );
+            rt.save_history(channel, history);
+        }
+        Ok(_) => rt.status(&id, "no summary produced; history kept"),
+        Err(err) => rt.status(&id, format!("the model failed, history kept: {err}")),
+    }
+}
+
+/// The compactor's tools: plugins with the compactor profile (memory_save by default).
+struct CompactorTools {
+    rt: Arc<Runtime>,
+    id: String,
+}
+
+impl ToolHandler for CompactorTools {
+    fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
+        Box::pin(
+            self.rt
+                .refuse(ProcessKind::Compactor, &self.id, name, arguments),
+        )
+    }
+
+    fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
+        Box::pin(async move {
+            ToolOutcome::Continue(
+                self.rt
+                    .call_plugin(ProcessKind::Compactor, &self.id, name, arguments)
+                    .await,
+            )
+        })
+    }
+}

@@ -1,0 +1,27 @@
+//! The agent: channels, branches, workers and the compactor, each an LLM turn loop with its
+//! own prompt and the tool set its profile grants.
+//!
+//! - A channel ([`Runtime::send_user_message`]) talks to the user and only delegates:
+//!   `reply`, `branch`, `spawn_worker`, `route`, `cancel`, `skip`.
+//! - A branch forks the channel's history, thinks with memory, tasks and read-only files,
+//!   and returns a conclusion.
+//! - A worker gets a fresh prompt and a task, file and task tools, and `set_status`.
+//! - The compactor summarizes a channel's oldest history when it passes its share of the
+//!   context window.
+//!
+//! Branch and worker results re-trigger their channel (debounced, capped per user message)
+//! so the user hears the outcome. Every prompt goes through [`crate::dispatch`].
+
+mod branch;
+mod channel;
+mod compactor;
+mod events;
+mod host_tools;
+mod prompts;
+mod runtime;
+mod turn;
+mod worker;
+
+pub use events::Event;
+pub use host_tools::{HOST_TOOLS, HostTool, host_tool};
+pub use runtime::Runtime;

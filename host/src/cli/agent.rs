@@ -1,0 +1,297 @@
+//! `capstan run`, `chat`, `demo` and `tasks`: the agent from the terminal.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Args;
+use tokio::sync::mpsc;
+
+use super::HostArgs;
+use super::table::print_table;
+use crate::agent::{Event, Runtime};
+use crate::config::{Config, ProviderSettings};
+use crate::dispatch::Dispatcher;
+use crate::llm::{OpenAiProvider, Provider, Recorder, Script, ScriptedProvider};
+use crate::store::{Store, TaskFilter};
+
+/// The built-in demo script, played when the scripted provider has no script file.
+const DEMO_SCRIPT: &str = include_str!("../../../examples/demo/script.toml");
+/// The demo's input files, written into the workspace's `notes/`.
+const DEMO_NOTES: &[(&str, &str)] = &[
+    (
+        "meeting.md",
+        include_str!("../../../examples/demo/notes/meeting.md"),
+    ),
+    (
+        "todo.txt",
+        include_str!("../../../examples/demo/notes/todo.txt"),
+    ),
+];
+/// What the demo's user says, in order.
+const DEMO_CONVERSATION: &[&str] = &[
+    "Gather the open items from the notes in notes/ and summarize them.",
+    "yes, create the tasks",
+    "Which item is the most urgent?",
+    "Save that conclusion to a file, please.",
+];
+
+/// Options shared by the agent commands.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct AgentArgs {
+    /// The channel (conversation) to talk in.
+    #[arg(long, default_value = "main")]
+    channel: String,
+    /// Save every model exchange as a script the scripted provider can replay.
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
+    #[command(flatten)]
+    host: HostArgs,
+}
+
+impl AgentArgs {
+    /// Opens the store, loads the plugins on a host backed by it, and starts a runtime.
+    async fn start(
+        &self,
+        config: Config,
+    ) -> anyhow::Result<(Arc<Runtime>, mpsc::UnboundedReceiver<Event>)> {
+        std::fs::create_dir_all(&config.agent.workspace).with_context(|| {
+            format!(
+                "creating the workspace {}",
+                config.agent.workspace.display()
+            )
+        })?;
+        let store = Arc::new(Store::open(&config.agent.data_dir)?);
+        let host = self.host.host(&config)?.with_store(store.clone());
+        let registry = Arc::new(self.host.registry_on(&config, host).await?);
+        let provider = provider(&config)?;
+        let provider: Box<dyn Provider> = match &self.record {
+            Some(path) => Box::new(Recorder::new(provider, path)),
+            None => provider,
+        };
+        let dispatcher = Dispatcher::new(Arc::from(provider));
+        Ok(Runtime::new(config, registry, store, dispatcher))
+    }
+}
+
+/// The configured provider.
+fn provider(config: &Config) -> anyhow::Result<Box<dyn Provider>> {
+    Ok(match &config.provider {
+        ProviderSettings::Scripted { script: Some(path) } => {
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            Box::new(ScriptedProvider::new(Script::load(path)?, &name))
+        }
+        ProviderSettings::Scripted { script: None } => Box::new(ScriptedProvider::new(
+            Script::parse(DEMO_SCRIPT, "the built-in demo script")?,
+            "demo",
+        )),
+        ProviderSettings::OpenAi {
+            base_url,
+            api_key_env,
+            model,
+        } => Box::new(OpenAiProvider::from_env(base_url, api_key_env, model)?),
+    })
+}
+
+/// Prints events as they come: replies on stdout, status lines on stderr. Returns how
+/// many workers and branches started.
+async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> (usize, usize) {
+    let (mut workers, mut branches) = (0, 0);
+    while let Some(event) = events.recv().await {
+        match &event {
+            Event::Reply { text, .. } => {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "agent> {}", text.replace('\n', "\n       "));
+            }
+            Event::Status { source, text } => {
+                if text.starts_with("started:") {
+                    workers += 1;
+                } else if text.starts_with("thinking:") {
+                    branches += 1;
+                }
+                eprintln!("  [{source}] {text}");
+            }
+        }
+    }
+    (workers, branches)
+}
+
+/// Sends `message` and waits until the channel and everything it delegated are done.
+async fn converse(runtime: &Arc<Runtime>, channel: &str, message: &str) {
+    runtime.send_user_message(channel, message);
+    runtime.wait_idle(channel).await;
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunCommand {
+    /// The message.
+    message: String,
+    #[command(flatten)]
+    agent: AgentArgs,
+}
+
+impl RunCommand {
+    pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
+        let config = self.agent.host.config()?;
+        let (runtime, events) = self.agent.start(config).await?;
+        let printer = tokio::spawn(print_events(events));
+        converse(&runtime, &self.agent.channel, &self.message).await;
+        runtime.shutdown();
+        drop(runtime);
+        let _ = printer.await;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ChatCommand {
+    #[command(flatten)]
+    agent: AgentArgs,
+}
+
+impl ChatCommand {
+    pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
+        let config = self.agent.host.config()?;
+        let (runtime, events) = self.agent.start(config).await?;
+        let printer = tokio::spawn(print_events(events));
+        eprintln!(
+            "capstan chat on channel `{}`: type a message, or /quit",
+            self.agent.channel
+        );
+        let (lines_tx, mut lines) = mpsc::unbounded_channel();
+        // Stdin is blocking: read it on its own thread.
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lock().lines() {
+                let Ok(line) = line else { break };
+                if lines_tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        loop {
+            eprint!("you> ");
+            let Some(line) = lines.recv().await else {
+                break;
+            };
+            let line = line.trim();
+            if line == "/quit" || line == "/exit" {
+                break;
+            }
+            if !line.is_empty() {
+                converse(&runtime, &self.agent.channel, line).await;
+            }
+        }
+        runtime.shutdown();
+        drop(runtime);
+        let _ = printer.await;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DemoCommand {
+    /// Where to put the demo's workspace and database [default: a new temporary directory].
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    #[command(flatten)]
+    agent: AgentArgs,
+}
+
+impl DemoCommand {
+    pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
+        let dir = match &self.dir {
+            Some(dir) => dir.clone(),
+            None => tempdir_path()?,
+        };
+        let config = Config::defaults(&dir);
+        let notes = config.agent.workspace.join("notes");
+        std::fs::create_dir_all(&notes).with_context(|| format!("creating {}", notes.display()))?;
+        for (name, text) in DEMO_NOTES {
+            std::fs::write(notes.join(name), text)?;
+        }
+        let workspace = config.agent.workspace.clone();
+        let database = config.agent.data_dir.join(crate::store::DATABASE_FILE);
+        println!("Capstan demo");
+        println!("  workspace: {}", workspace.display());
+        println!("  database:  {}", database.display());
+        let (runtime, events) = self.agent.start(config).await?;
+        println!("  model:     {}\n", runtime.provider_name());
+        let printer = tokio::spawn(print_events(events));
+        for message in DEMO_CONVERSATION {
+            println!("you> {message}");
+            converse(&runtime, &self.agent.channel, message).await;
+            // Let the last status lines reach the terminal before the next prompt.
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            println!();
+        }
+        runtime.shutdown();
+        drop(runtime);
+        let (workers, branches) = printer.await.unwrap_or_default();
+        println!("hops: {workers} workers and {branches} branches were delegated to");
+        println!("analysis file: {}", workspace.join("analysis.md").display());
+        println!("\ntasks, read back from {}:", database.display());
+        print_tasks(&Store::open(database.parent().unwrap_or(Path::new(".")))?)?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// A fresh directory under the system temp dir, kept after the demo for inspection.
+fn tempdir_path() -> anyhow::Result<PathBuf> {
+    let base = std::env::temp_dir();
+    for n in 0..1000u32 {
+        let dir = base.join(format!("capstan-demo-{}-{n}", std::process::id()));
+        if std::fs::create_dir(&dir).is_ok() {
+            return Ok(dir);
+        }
+    }
+    anyhow::bail!("cannot create a demo directory in {}", base.display())
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct TasksCommand {
+    #[command(flatten)]
+    host: HostArgs,
+}
+
+impl TasksCommand {
+    pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
+        let config = self.host.config()?;
+        print_tasks(&Store::open(&config.agent.data_dir)?)?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+fn print_tasks(store: &Store) -> anyhow::Result<()> {
+    let tasks = store.list_tasks(&TaskFilter {
+        limit: Some(1000),
+        ..TaskFilter::default()
+    })?;
+    let mut out = std::io::stdout().lock();
+    if tasks.is_empty() {
+        writeln!(out, "(no tasks)")?;
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = tasks
+        .iter()
+        .map(|t| {
+            vec![
+                format!("#{}", t.number),
+                t.status.to_string(),
+                t.priority.as_str().to_owned(),
+                t.title.clone(),
+                t.creator.clone(),
+            ]
+        })
+        .collect();
+    print_table(
+        &mut out,
+        &["TASK", "STATUS", "PRIORITY", "TITLE", "CREATED BY"],
+        &rows,
+    )?;
+    Ok(())
+}

@@ -1,0 +1,365 @@
+//! The agent runtime through real plugins, a real SQLite file and the scripted provider:
+//! each process's tool list, the demo scenario, compaction and restarts.
+
+use std::sync::Arc;
+
+use capstan_host::agent::{Event, Runtime};
+use capstan_host::config::{Config, ProviderSettings};
+use capstan_host::dispatch::Dispatcher;
+use capstan_host::llm::{Script, ScriptedProvider};
+use capstan_host::plugin::{Limits, PluginHost, Registry};
+use capstan_host::policy::ProcessKind;
+use capstan_host::store::{Store, TaskFilter, WorkerState};
+use capstan_tests::{plugins_dir, repo_root, test_cache};
+use tokio::sync::mpsc;
+
+/// A runtime in `dir` (workspace and data dir inside it) playing `script`.
+async fn runtime(
+    dir: &std::path::Path,
+    script: &str,
+    edit: impl FnOnce(&mut Config),
+) -> (Arc<Runtime>, mpsc::UnboundedReceiver<Event>) {
+    let mut config = Config::defaults(dir);
+    config.provider = ProviderSettings::Scripted { script: None };
+    edit(&mut config);
+    std::fs::create_dir_all(&config.agent.workspace).unwrap();
+    let store = Arc::new(Store::open(&config.agent.data_dir).unwrap());
+    let host = PluginHost::new(Limits::default(), test_cache())
+        .unwrap()
+        .with_store(store.clone());
+    let registry = Registry::load_dir(Arc::new(host), &plugins_dir())
+        .await
+        .unwrap();
+    assert!(registry.refused().is_empty(), "{:?}", registry.refused());
+    let provider = ScriptedProvider::new(Script::parse(script, "test").unwrap(), "test");
+    Runtime::new(
+        config,
+        Arc::new(registry),
+        store,
+        Dispatcher::new(Arc::new(provider)),
+    )
+}
+
+fn names(runtime: &Runtime, kind: ProcessKind) -> Vec<String> {
+    let mut names: Vec<String> = runtime
+        .tool_defs(kind)
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    names.sort();
+    names
+}
+
+fn drain(events: &mut mpsc::UnboundedReceiver<Event>) -> Vec<Event> {
+    let mut all = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        all.push(event);
+    }
+    all
+}
+
+#[tokio::test]
+async fn each_process_is_offered_exactly_its_profiles_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _) = runtime(dir.path(), "", |_| {}).await;
+    assert_eq!(
+        names(&rt, ProcessKind::Channel),
+        ["branch", "cancel", "reply", "route", "skip", "spawn_worker"]
+    );
+    assert_eq!(
+        names(&rt, ProcessKind::Branch),
+        [
+            "file_list",
+            "file_read",
+            "memory_delete",
+            "memory_recall",
+            "memory_save",
+            "spawn_worker",
+            "task_create",
+            "task_list",
+            "task_update"
+        ]
+    );
+    assert_eq!(
+        names(&rt, ProcessKind::Worker),
+        [
+            "file_edit",
+            "file_list",
+            "file_read",
+            "file_write",
+            "memory_save",
+            "set_status",
+            "task_create",
+            "task_list",
+            "task_update"
+        ]
+    );
+    assert_eq!(names(&rt, ProcessKind::Compactor), ["memory_save"]);
+    let cortex = names(&rt, ProcessKind::Cortex);
+    assert!(
+        cortex.contains(&"file_write".to_owned()) && cortex.contains(&"memory_recall".to_owned()),
+        "{cortex:?}"
+    );
+}
+
+/// A channel that forces calls it was never offered: each is denied, nothing runs.
+const FORCED: &str = r#"
+[[step]]
+process = "channel"
+when = "try"
+tool_calls = [
+  { name = "file_write", arguments = { path = "x.txt", content = "no" } },
+  { name = "task_create", arguments = { title = "no" } },
+  { name = "set_status", arguments = { state = "done", message = "no" } },
+]
+
+[[step]]
+process = "channel"
+when = "error[denied]"
+tool_calls = [{ name = "reply", arguments = { text = "refused as expected" } }]
+"#;
+
+#[tokio::test]
+async fn a_forced_call_outside_the_profile_is_denied_and_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, mut events) = runtime(dir.path(), FORCED, |_| {}).await;
+    rt.send_user_message("main", "try to write");
+    rt.wait_idle("main").await;
+    let events = drain(&mut events);
+    assert!(
+        events.contains(&Event::Reply {
+            channel: "main".into(),
+            text: "refused as expected".into()
+        }),
+        "{events:?}"
+    );
+    assert!(!dir.path().join("workspace/x.txt").exists());
+    assert!(
+        rt.store()
+            .list_tasks(&TaskFilter::default())
+            .unwrap()
+            .is_empty()
+    );
+    let audit = rt.store().audit_log(10).unwrap();
+    let denied: Vec<_> = audit
+        .iter()
+        .filter(|a| a.outcome == "denied")
+        .map(|a| a.tool.as_str())
+        .collect();
+    assert!(
+        denied.contains(&"file_write") && denied.contains(&"task_create"),
+        "{audit:?}"
+    );
+    let history = rt.store().load_history("main").unwrap();
+    let text: String = history.iter().map(|h| h.message.clone()).collect();
+    assert!(text.contains("not offered to a channel process"), "{text}");
+}
+
+#[tokio::test]
+async fn the_demo_scenario_runs_through_real_plugins_and_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = std::fs::read_to_string(repo_root().join("examples/demo/script.toml")).unwrap();
+    let (rt, mut events) = runtime(dir.path(), &script, |_| {}).await;
+    let notes = dir.path().join("workspace/notes");
+    std::fs::create_dir_all(&notes).unwrap();
+    for name in ["meeting.md", "todo.txt"] {
+        std::fs::copy(
+            repo_root().join("examples/demo/notes").join(name),
+            notes.join(name),
+        )
+        .unwrap();
+    }
+    for message in [
+        "Gather the open items from the notes in notes/ and summarize them.",
+        "yes, create the tasks",
+        "Which item is the most urgent?",
+        "Save that conclusion to a file, please.",
+    ] {
+        rt.send_user_message("main", message);
+        rt.wait_idle("main").await;
+    }
+    let events = drain(&mut events);
+    let started = |prefix: &str| {
+        events
+            .iter()
+            .filter(|e| matches!(e, Event::Status { text, .. } if text.starts_with(prefix)))
+            .count()
+    };
+    assert_eq!(started("started:"), 2, "two workers: {events:#?}");
+    assert_eq!(started("thinking:"), 2, "two branches");
+    let replies: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Reply { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(replies.len(), 5, "{replies:#?}");
+    assert!(replies[4].contains("cannot write files"), "{replies:?}");
+
+    let analysis = std::fs::read_to_string(dir.path().join("workspace/analysis.md")).unwrap();
+    assert!(analysis.contains("Nightly backup job failed"), "{analysis}");
+    assert!(
+        !dir.path().join("workspace/urgent.md").exists(),
+        "the branch could not write"
+    );
+
+    // Read back from the SQLite file by a fresh handle: tasks by the worker, worker records.
+    rt.shutdown();
+    let store = Store::open(&dir.path().join(".capstan")).unwrap();
+    let tasks = store.list_tasks(&TaskFilter::default()).unwrap();
+    let titles: Vec<_> = tasks
+        .iter()
+        .map(|t| (t.title.as_str(), t.priority.as_str(), t.creator.as_str()))
+        .collect();
+    assert_eq!(
+        titles,
+        [
+            (
+                "Accept passwords longer than 64 characters on the login page",
+                "high",
+                "worker:2"
+            ),
+            ("Fix the failing nightly backup job", "high", "worker:2"),
+            ("Write the 0.3 upgrade guide", "normal", "worker:2"),
+        ]
+    );
+    for worker in ["worker:1", "worker:2"] {
+        let record = store.get_worker(worker).unwrap().unwrap();
+        assert_eq!(record.state, WorkerState::Done, "{record:?}");
+    }
+    let denied = store
+        .audit_log(100)
+        .unwrap()
+        .into_iter()
+        .find(|a| a.outcome == "denied")
+        .unwrap();
+    assert_eq!(
+        (denied.process.as_str(), denied.tool.as_str()),
+        ("branch:4", "file_write")
+    );
+    assert!(
+        !store.load_history("main").unwrap().is_empty(),
+        "the conversation persists"
+    );
+}
+
+/// Every channel message is answered with text; the compactor summarizes and saves a memory.
+const CHATTY: &str = r#"
+[[step]]
+process = "compactor"
+tool_calls = [{ name = "memory_save", arguments = { content = "The user talked about the weather a lot.", kind = "observation" } }]
+
+[[step]]
+process = "compactor"
+reply = "The user described the weather several times."
+
+[[step]]
+process = "channel"
+reply = "Noted."
+repeat = true
+"#;
+
+#[tokio::test]
+async fn compaction_triggers_at_the_threshold_and_keeps_the_history_well_formed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, mut events) = runtime(dir.path(), CHATTY, |c| {
+        c.limits.context_window_tokens = 1000;
+        c.limits.compaction_threshold = 0.5;
+    })
+    .await;
+    let long = "The weather today is grey and mild with a light wind from the west. ".repeat(5);
+    let mut compacted_at = None;
+    for n in 0..12 {
+        rt.send_user_message("main", &format!("{n}: {long}"));
+        rt.wait_idle("main").await;
+        let events = drain(&mut events);
+        if compacted_at.is_none()
+            && events
+                .iter()
+                .any(|e| matches!(e, Event::Status { text, .. } if text.starts_with("compacted")))
+        {
+            compacted_at = Some(n);
+        }
+    }
+    // ~95 tokens a message pair: the 500-token threshold is passed at the sixth message.
+    assert!(
+        matches!(compacted_at, Some(4..=6)),
+        "compacted at {compacted_at:?}"
+    );
+    let history: Vec<serde_json::Value> = rt
+        .store()
+        .load_history("main")
+        .unwrap()
+        .iter()
+        .map(|h| serde_json::from_str(&h.message).unwrap())
+        .collect();
+    assert!(
+        history[0]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("[summary of the earlier conversation]"),
+        "{:?}",
+        history[0]
+    );
+    assert_eq!(history[0]["role"], "user");
+    // After the summary, user and assistant messages still alternate: no pair was split.
+    for pair in history[1..].windows(2) {
+        assert_ne!(pair[0]["role"], pair[1]["role"], "{history:#?}");
+    }
+    assert!(
+        history.len() < 24,
+        "the history shrank: {} messages",
+        history.len()
+    );
+    assert_eq!(
+        rt.store().recall("weather", 5).unwrap().len(),
+        1,
+        "the compactor saved a memory"
+    );
+}
+
+const GREETER: &str = r#"
+[[step]]
+process = "channel"
+when = "remember"
+reply = "I will remember the code word: heron."
+
+[[step]]
+process = "channel"
+when = "code word"
+reply = "You told me earlier."
+"#;
+
+#[tokio::test]
+async fn a_restart_keeps_the_channel_history() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (rt, _) = runtime(dir.path(), GREETER, |_| {}).await;
+        rt.send_user_message("main", "Please remember: heron.");
+        rt.wait_idle("main").await;
+        rt.shutdown();
+    }
+    let (rt, _) = runtime(dir.path(), GREETER, |_| {}).await;
+    rt.send_user_message("main", "What was the code word?");
+    rt.wait_idle("main").await;
+    let history = rt.store().load_history("main").unwrap();
+    let contents: Vec<String> = history
+        .iter()
+        .map(|h| {
+            serde_json::from_str::<serde_json::Value>(&h.message).unwrap()["content"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        contents,
+        [
+            "Please remember: heron.",
+            "I will remember the code word: heron.",
+            "What was the code word?",
+            "You told me earlier."
+        ]
+    );
+}
