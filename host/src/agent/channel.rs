@@ -12,7 +12,7 @@ use super::compactor::compact_if_needed;
 use super::events::Event;
 use super::prompts::system_prompt;
 use super::runtime::{ChannelHandle, Runtime};
-use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd};
+use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd, repair};
 use super::worker::{WorkerSpec, run_worker};
 use crate::llm::{BoxFuture, Message};
 use crate::policy::ProcessKind;
@@ -53,6 +53,9 @@ pub(crate) async fn run_channel(
     let system = system_prompt(ProcessKind::Channel, &rt.config.agent.name);
     let mut retriggers = 0;
     let mut closing = false;
+    // How much of `history` the store holds, and whether that stored prefix changed.
+    let mut saved = history.len();
+    let mut rewrite = false;
     while let Some(first) = inbox.recv().await {
         if matches!(first, ChannelInput::Close) {
             break;
@@ -84,7 +87,9 @@ pub(crate) async fn run_channel(
             retriggers += 1;
         }
         if from_user || retriggers <= MAX_RETRIGGERS_PER_MESSAGE {
-            compact_if_needed(&rt, &name, &mut history).await;
+            // Anything but appending since the last save means a rewrite of the stored copy.
+            rewrite |= repair(&mut history);
+            rewrite |= compact_if_needed(&rt, &mut history).await;
             let tools_handler = ChannelTools {
                 rt: rt.clone(),
                 channel: name.clone(),
@@ -108,7 +113,10 @@ pub(crate) async fn run_channel(
                 Err(err) => rt.status(&name, format!("the model failed: {err}")),
             }
         }
-        rt.save_history(&name, &history);
+        rewrite |= history.len() < saved;
+        rt.save_history(&name, &history, if rewrite { 0 } else { saved });
+        saved = history.len();
+        rewrite = false;
         for _ in &inputs {
             handle.done_pending();
         }

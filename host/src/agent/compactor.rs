@@ -36,20 +36,16 @@ fn cut_point(history: &[Message]) -> Option<usize> {
     (1..=middle).rev().find(|&i| history[i].role == Role::User)
 }
 
-/// Compacts `history` in place if it is over the threshold.
-pub(crate) async fn compact_if_needed(
-    rt: &Arc<Runtime>,
-    channel: &str,
-    history: &mut Vec<Message>,
-) {
+/// Compacts `history` in place if it is over the threshold; returns whether it did.
+pub(crate) async fn compact_if_needed(rt: &Arc<Runtime>, history: &mut Vec<Message>) -> bool {
     let limits = &rt.config.limits;
     let threshold = (limits.context_window_tokens as f64 * limits.compaction_threshold) as usize;
     let tokens = estimate_tokens(history);
     if tokens <= threshold {
-        return;
+        return false;
     }
     let Some(cut) = cut_point(history) else {
-        return;
+        return false;
     };
     let id = rt.new_id(ProcessKind::Compactor);
     rt.status(
@@ -93,10 +89,16 @@ pub(crate) async fn compact_if_needed(
                     history.len()
                 ),
             );
-            rt.save_history(channel, history);
+            true
         }
-        Ok(_) => rt.status(&id, "no summary produced; history kept"),
-        Err(err) => rt.status(&id, format!("the model failed, history kept: {err}")),
+        Ok(_) => {
+            rt.status(&id, "no summary produced; history kept");
+            false
+        }
+        Err(err) => {
+            rt.status(&id, format!("the model failed, history kept: {err}"));
+            false
+        }
     }
 }
 

@@ -300,12 +300,19 @@ impl Runtime {
         }
     }
 
-    pub(crate) fn save_history(&self, channel: &str, history: &[Message]) {
-        let rows: Vec<String> = history
+    /// Stores `history`: only the messages from `from` on are appended when the store
+    /// already holds the rest unchanged; `from == 0` rewrites it all.
+    pub(crate) fn save_history(&self, channel: &str, history: &[Message], from: usize) {
+        let rows: Vec<String> = history[from.min(history.len())..]
             .iter()
             .map(|m| serde_json::to_string(m).expect("messages serialize"))
             .collect();
-        if let Err(err) = self.store.replace_history(channel, &rows) {
+        let saved = if from == 0 {
+            self.store.replace_history(channel, &rows)
+        } else {
+            self.store.append_history(channel, &rows)
+        };
+        if let Err(err) = saved {
             tracing::error!(channel, "cannot save history: {err}");
         }
     }

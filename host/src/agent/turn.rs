@@ -113,20 +113,25 @@ impl Turn<'_> {
 }
 
 /// Drops tool calls without results and results without calls, so every request the model
-/// sees is well-formed whatever happened to the history before.
-pub(crate) fn repair(history: &mut Vec<Message>) {
+/// sees is well-formed whatever happened to the history before. Returns whether anything
+/// was dropped.
+pub(crate) fn repair(history: &mut Vec<Message>) -> bool {
     use std::collections::HashSet;
     let answered: HashSet<String> = history
         .iter()
         .filter(|m| m.role == Role::Tool)
         .filter_map(|m| m.tool_call_id.clone())
         .collect();
+    let original_len = history.len();
     let mut called = HashSet::new();
-    let mut kept = Vec::with_capacity(history.len());
+    let mut kept = Vec::with_capacity(original_len);
+    let mut dropped_calls = false;
     for mut message in history.drain(..) {
         match message.role {
             Role::Assistant if !message.tool_calls.is_empty() => {
+                let before = message.tool_calls.len();
                 message.tool_calls.retain(|c| answered.contains(&c.id));
+                dropped_calls |= message.tool_calls.len() != before;
                 called.extend(message.tool_calls.iter().map(|c| c.id.clone()));
                 if message.tool_calls.is_empty() && message.content.is_empty() {
                     continue;
@@ -145,7 +150,9 @@ pub(crate) fn repair(history: &mut Vec<Message>) {
             _ => kept.push(message),
         }
     }
+    let changed = dropped_calls || kept.len() != original_len;
     *history = kept;
+    changed
 }
 
 #[cfg(test)]
@@ -174,7 +181,7 @@ mod tests {
             Message::tool_result("zzz", "stray"),
             Message::assistant("done"),
         ];
-        repair(&mut history);
+        assert!(repair(&mut history));
         let roles: Vec<_> = history
             .iter()
             .map(|m| (m.role, m.tool_call_id.clone()))

@@ -1,0 +1,194 @@
+//! The host's overhead per agent turn, and many concurrent workers making tool calls.
+//!
+//! Needs the built plugins (`bash scripts/setup`). Run with
+//! `env -u RUST_BACKTRACE cargo bench -p capstan-host --bench agent`.
+//!
+//! - `agent_turn/no_tool`: one user message on a channel whose scripted model answers in
+//!   text: the channel loop, the request built from history, the dispatch, the history
+//!   appended to SQLite, and the idle wait. The scripted model itself costs about a
+//!   microsecond, so this is the host's overhead per turn.
+//! - `agent_turn/one_wasm_tool`: the same channel, offered `file_read` by its profile,
+//!   whose model calls it once before answering: one more model round and one sandboxed
+//!   tool call (fresh instance, audit row).
+//! - Then N = 100 and 1000 workers are spawned by one channel at once, each making 10
+//!   `file_read` calls and reporting done; the benchmark prints the wall time, tool calls
+//!   per second and the process's peak RSS after each.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use capstan_host::agent::{Event, Runtime};
+use capstan_host::config::Config;
+use capstan_host::dispatch::Dispatcher;
+use capstan_host::llm::{Script, ScriptedProvider};
+use capstan_host::plugin::{ArtifactCache, PluginHost, Registry};
+use capstan_host::store::Store;
+use criterion::Criterion;
+use tokio::runtime::Runtime as Tokio;
+use tokio::sync::mpsc;
+
+const TEXT_ONLY: &str = r#"
+[[step]]
+process = "channel"
+reply = "ok"
+repeat = true
+"#;
+
+const ONE_TOOL: &str = r#"
+[[step]]
+process = "channel"
+when = "read"
+tool_calls = [{ name = "file_read", arguments = { path = "data.txt" } }]
+repeat = true
+
+[[step]]
+process = "channel"
+when = "bench data"
+reply = "ok"
+repeat = true
+"#;
+
+/// A runtime in `dir` playing `script`, with the channel also offered `file_read`.
+fn start(
+    tokio: &Tokio,
+    dir: &Path,
+    script: &str,
+    workers: u32,
+) -> (Arc<Runtime>, mpsc::UnboundedReceiver<Event>) {
+    let toml = format!(
+        "[limits]\nmax_workers_per_channel = {workers}\nmax_turns = 4\ncontext_window_tokens = 100000000\n\
+         [profiles.channel]\ntools = [\"reply\", \"spawn_worker\", \"file_read\"]\ncapabilities = [\"fs.read\"]\n"
+    );
+    let config = Config::parse(&toml, &dir.join("capstan.toml")).unwrap();
+    std::fs::create_dir_all(&config.agent.workspace).unwrap();
+    std::fs::write(config.agent.workspace.join("data.txt"), "bench data\n").unwrap();
+    let store = Arc::new(Store::open(&config.agent.data_dir).unwrap());
+    let plugins = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/plugins");
+    assert!(
+        plugins.join("files.wasm").is_file(),
+        "run `bash scripts/setup` first"
+    );
+    let host = PluginHost::new(
+        config.limits.tool.clone(),
+        ArtifactCache::new(dir.join("cache")),
+    )
+    .unwrap()
+    .with_store(store.clone());
+    let registry = tokio
+        .block_on(Registry::load_dir(Arc::new(host), &plugins))
+        .unwrap();
+    let provider = ScriptedProvider::new(Script::parse(script, "bench").unwrap(), "bench");
+    Runtime::new(
+        config,
+        Arc::new(registry),
+        store,
+        Dispatcher::new(Arc::new(provider)),
+    )
+}
+
+fn bench_turns(c: &mut Criterion, tokio: &Tokio) {
+    let mut group = c.benchmark_group("agent_turn");
+    for (name, script, message) in [
+        ("no_tool", TEXT_ONLY, "hello"),
+        ("one_wasm_tool", ONE_TOOL, "read it"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (rt, mut events) = start(tokio, dir.path(), script, 4);
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                tokio.block_on(async {
+                    rt.send_user_message("main", message);
+                    rt.wait_idle("main").await;
+                });
+                while events.try_recv().is_ok() {}
+            })
+        });
+        let replies = rt.store().load_history("main").unwrap().len();
+        assert!(replies > 0);
+        rt.shutdown();
+    }
+    group.finish();
+}
+
+/// Peak resident set size of this process so far, from /proc.
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn concurrent_workers(tokio: &Tokio, n: u32) {
+    const CALLS: usize = 10;
+    let reads: Vec<String> = (0..CALLS)
+        .map(|_| r#"{ name = "file_read", arguments = { path = "data.txt" } }"#.to_owned())
+        .collect();
+    let spawns: Vec<String> = (0..n)
+        .map(|i| {
+            format!(r#"{{ name = "spawn_worker", arguments = {{ task = "bench task {i}" }} }}"#)
+        })
+        .collect();
+    let script = format!(
+        "[[step]]\nprocess = \"channel\"\nwhen = \"go\"\ntool_calls = [{spawns}, {{ name = \"reply\", arguments = {{ text = \"started\" }} }}]\n\n\
+         [[step]]\nprocess = \"worker\"\nwhen = \"bench task\"\nrepeat = true\ntool_calls = [{reads}]\n\n\
+         [[step]]\nprocess = \"worker\"\nwhen = \"bench data\"\nrepeat = true\ntool_calls = [{{ name = \"set_status\", arguments = {{ state = \"done\", message = \"ok\" }} }}]\n\n\
+         [[step]]\nprocess = \"channel\"\nreply = \"noted\"\nrepeat = true\n",
+        spawns = spawns.join(", "),
+        reads = reads.join(", "),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, mut events) = start(tokio, dir.path(), &script, n);
+    let drain = tokio.spawn(async move {
+        let mut done = 0;
+        while let Some(event) = events.recv().await {
+            if matches!(&event, Event::Status { text, .. } if text.starts_with("done:")) {
+                done += 1;
+            }
+        }
+        done
+    });
+    let started = Instant::now();
+    tokio.block_on(async {
+        rt.send_user_message("main", "go");
+        rt.wait_idle("main").await;
+    });
+    let elapsed = started.elapsed();
+    let calls = rt
+        .store()
+        .audit_log(u32::MAX)
+        .unwrap()
+        .iter()
+        .filter(|a| a.tool == "file_read" && a.outcome == "ok")
+        .count();
+    rt.shutdown();
+    drop(rt);
+    let done = tokio.block_on(drain).unwrap();
+    assert_eq!(done, n as usize, "every worker finished");
+    assert_eq!(calls, n as usize * CALLS, "every call succeeded");
+    println!(
+        "{n:>5} workers x {CALLS} calls: {:>7.2} s, {:>7.0} tool calls/s, peak RSS {:.0} MiB",
+        elapsed.as_secs_f64(),
+        calls as f64 / elapsed.as_secs_f64(),
+        peak_rss_mib()
+    );
+}
+
+fn main() {
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut c = Criterion::default().configure_from_args();
+    bench_turns(&mut c, &tokio);
+    c.final_summary();
+    println!(
+        "\nconcurrent workers (multi-thread runtime, {} threads)",
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    for n in [100, 1000] {
+        concurrent_workers(&tokio, n);
+    }
+}
