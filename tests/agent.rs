@@ -363,3 +363,76 @@ async fn a_restart_keeps_the_channel_history() {
         ]
     );
 }
+
+/// An interactive worker asks for input; the user's answer is routed to it; it finishes.
+const INTERACTIVE: &str = r#"
+[[step]]
+process = "channel"
+when = "start the job"
+tool_calls = [
+  { name = "spawn_worker", arguments = { task = "An interactive job: ask which file to use.", interactive = true } },
+  { name = "skip" },
+]
+
+[[step]]
+process = "worker"
+when = "interactive job"
+tool_calls = [{ name = "set_status", arguments = { state = "waiting", message = "Which file should I use?" } }]
+
+[[step]]
+process = "channel"
+when = "needs input"
+tool_calls = [{ name = "reply", arguments = { text = "The worker asks: which file should it use?" } }]
+
+[[step]]
+process = "channel"
+when = "use data.txt"
+tool_calls = [
+  { name = "route", arguments = { worker = "worker:1", message = "Use data.txt" } },
+  { name = "skip" },
+]
+
+[[step]]
+process = "worker"
+when = "continue with the messages"
+tool_calls = [{ name = "set_status", arguments = { state = "done", message = "Used data.txt as told." } }]
+
+[[step]]
+process = "channel"
+when = "used data.txt"
+tool_calls = [{ name = "reply", arguments = { text = "Done: it used data.txt." } }]
+"#;
+
+#[tokio::test]
+async fn an_interactive_worker_waits_for_routed_input_then_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, mut events) = runtime(dir.path(), INTERACTIVE, |_| {}).await;
+    rt.send_user_message("main", "Please start the job.");
+    rt.wait_idle("main").await;
+    let first = drain(&mut events);
+    assert!(
+        first.contains(&Event::Reply {
+            channel: "main".into(),
+            text: "The worker asks: which file should it use?".into()
+        }),
+        "{first:#?}"
+    );
+    let record = rt.store().get_worker("worker:1").unwrap().unwrap();
+    assert_eq!(record.state, WorkerState::WaitingForInput);
+
+    rt.send_user_message("main", "Tell it to use data.txt");
+    rt.wait_idle("main").await;
+    let second = drain(&mut events);
+    assert!(
+        second.contains(&Event::Reply {
+            channel: "main".into(),
+            text: "Done: it used data.txt.".into()
+        }),
+        "{second:#?}"
+    );
+    let record = rt.store().get_worker("worker:1").unwrap().unwrap();
+    assert_eq!(
+        (record.state, record.outcome.as_deref()),
+        (WorkerState::Done, Some("Used data.txt as told."))
+    );
+}

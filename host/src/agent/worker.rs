@@ -1,5 +1,6 @@
 //! A worker: a fresh prompt and one task, file and task tools, and `set_status`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
@@ -44,8 +45,11 @@ pub(crate) async fn run_worker(rt: Arc<Runtime>, spec: WorkerSpec, channel: Chan
     }
     rt.status(&spec.id, format!("started: {}", spec.task));
 
+    // Whether this worker counts in its channel's pending work right now (not while it
+    // waits for input); read after a cancel cut the work short.
+    let counted = AtomicBool::new(true);
     let (state, outcome) = tokio::select! {
-        ended = work(&rt, &spec, &mut inbox) => ended,
+        ended = work(&rt, &spec, &channel, &counted, &mut inbox) => ended,
         () = cancel.notified() => (WorkerState::Cancelled, "cancelled on request".to_owned()),
     };
 
@@ -58,13 +62,17 @@ pub(crate) async fn run_worker(rt: Arc<Runtime>, spec: WorkerSpec, channel: Chan
         source: spec.id.clone(),
         text: format!("finished ({state}): {outcome}"),
     });
-    channel.done_pending();
+    if counted.load(Ordering::SeqCst) {
+        channel.done_pending();
+    }
 }
 
 /// The worker's turns: the task, then any routed follow-ups, until it reports an end.
 async fn work(
     rt: &Arc<Runtime>,
     spec: &WorkerSpec,
+    channel: &ChannelHandle,
+    counted: &AtomicBool,
     inbox: &mut mpsc::UnboundedReceiver<String>,
 ) -> (WorkerState, String) {
     let tools = rt.tool_defs(ProcessKind::Worker);
@@ -112,9 +120,32 @@ async fn work(
             }
             rt.status(&spec.id, format!("waiting for input: {message}"));
             if routed.is_empty() {
-                match inbox.recv().await {
+                if let Err(err) =
+                    rt.store
+                        .set_worker_state(&spec.id, WorkerState::WaitingForInput, None)
+                {
+                    tracing::error!(worker = %spec.id, "cannot record the worker's state: {err}");
+                }
+                // The user hears the question; while it waits, the worker does not keep its
+                // channel busy.
+                channel.send(ChannelInput::Result {
+                    source: spec.id.clone(),
+                    text: format!("needs input (route your answer to {}): {message}", spec.id),
+                });
+                counted.store(false, Ordering::SeqCst);
+                channel.done_pending();
+                let input = inbox.recv().await;
+                channel.add_pending();
+                counted.store(true, Ordering::SeqCst);
+                match input {
                     Some(input) => routed.push(input),
                     None => return (WorkerState::Cancelled, "its channel closed".into()),
+                }
+                if let Err(err) = rt
+                    .store
+                    .set_worker_state(&spec.id, WorkerState::Running, None)
+                {
+                    tracing::error!(worker = %spec.id, "cannot record the worker's state: {err}");
                 }
             }
         } else if routed.is_empty() {
