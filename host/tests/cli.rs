@@ -390,3 +390,94 @@ fn run_sends_one_message_and_prints_the_reply() {
         stderr(&out)
     );
 }
+
+#[test]
+fn the_cortex_admin_chat_has_every_tool() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("script.toml"),
+        r#"
+[[step]]
+process = "cortex"
+when = "tidy"
+tool_calls = [
+  { name = "file_write", arguments = { path = "admin.txt", content = "written by the cortex" } },
+  { name = "task_create", arguments = { title = "Review the cortex's note" } },
+]
+
+[[step]]
+process = "cortex"
+when = "Review the cortex"
+reply = "Wrote admin.txt and created task #1."
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("capstan.toml"),
+        "[provider]\nkind = \"scripted\"\nscript = \"script.toml\"\n",
+    )
+    .unwrap();
+    let out = capstan(dir.path(), &["run", "--cortex", "tidy up"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "agent> Wrote admin.txt and created task #1.\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("workspace/admin.txt")).unwrap(),
+        "written by the cortex"
+    );
+    let tasks = stdout(&capstan(dir.path(), &["tasks"]));
+    assert!(
+        tasks.contains("Review the cortex's note") && tasks.contains("main"),
+        "{tasks}"
+    );
+}
+
+#[test]
+fn chat_reads_messages_from_stdin_and_shows_status_lines() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().to_str().unwrap().to_owned();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_capstan"))
+        .args(["demo", "--dir", &out_dir])
+        .current_dir(dir.path())
+        .env(
+            "CAPSTAN_CACHE_DIR",
+            repo_root().join("target/test-component-cache"),
+        )
+        .output()
+        .unwrap();
+    assert!(child.status.success(), "{}", stderr(&child));
+    // Chat in the demo's directory, on its built-in script: the first message again.
+    std::fs::write(dir.path().join("capstan.toml"), "").unwrap();
+    let mut chat = Command::new(env!("CARGO_BIN_EXE_capstan"))
+        .args(["chat", "--channel", "second"])
+        .current_dir(dir.path())
+        .env(
+            "CAPSTAN_CACHE_DIR",
+            repo_root().join("target/test-component-cache"),
+        )
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    chat.stdin
+        .take()
+        .unwrap()
+        .write_all(b"Gather the open items from the notes in notes/ and summarize them.\n/quit\n")
+        .unwrap();
+    child = chat.wait_with_output().unwrap();
+    assert!(child.status.success(), "{}", stderr(&child));
+    let status = stderr(&child);
+    assert!(
+        status.contains("[worker:1] started:") && status.contains("[worker:1] file_list ok"),
+        "{status}"
+    );
+    assert!(
+        stdout(&child).contains("agent> There are 3 open items"),
+        "{}",
+        stdout(&child)
+    );
+}

@@ -404,3 +404,78 @@ async fn a_recording_replays_the_same_answers() {
     }
     assert_eq!(replay.remaining(), 0);
 }
+
+/// The whole path: a channel on the OpenAI-compatible provider, against the loopback
+/// server; the model's malformed tool arguments go back to it as invalid-args.
+#[tokio::test]
+async fn malformed_arguments_from_the_model_go_back_to_it_as_invalid_args() {
+    use capstan_host::agent::{Event, Runtime};
+    use capstan_host::config::Config;
+    use capstan_host::dispatch::Dispatcher;
+    use capstan_host::plugin::{ArtifactCache, PluginHost, Registry};
+    use capstan_host::store::Store;
+
+    let plugins = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/plugins");
+    assert!(
+        plugins.join("files.wasm").is_file(),
+        "build the plugins first: bash scripts/setup"
+    );
+    let (url, seen) = serve(vec![
+        ok(completion(json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "m1", "type": "function", "function": {"name": "file_read", "arguments": "{\"path\": notes.md"}}
+        ]}))),
+        ok(completion(json!({"role": "assistant", "content": "Sorry, my arguments were broken."}))),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::parse(
+        "[profiles.channel]\ntools = [\"reply\", \"file_read\"]\ncapabilities = [\"fs.read\"]\n",
+        &dir.path().join("capstan.toml"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(&config.agent.workspace).unwrap();
+    let store = Arc::new(Store::open(&config.agent.data_dir).unwrap());
+    let host = PluginHost::new(config.limits.tool.clone(), ArtifactCache::disabled())
+        .unwrap()
+        .with_store(store.clone());
+    let registry = Registry::load_dir(Arc::new(host), &plugins).await.unwrap();
+    let provider = OpenAiProvider::new(&url, "k", "m").unwrap();
+    let (rt, mut events) = Runtime::new(
+        config,
+        Arc::new(registry),
+        store,
+        Dispatcher::new(Arc::new(provider)),
+    );
+    rt.send_user_message("main", "read my notes");
+    rt.wait_idle("main").await;
+
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    let tools: Vec<&str> = seen[0].body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tools,
+        ["reply", "file_read"],
+        "the channel's profile, nothing more"
+    );
+    let messages = seen[1].body["messages"].as_array().unwrap();
+    let last = messages.last().unwrap();
+    assert_eq!(last["role"], "tool");
+    assert_eq!(last["tool_call_id"], "m1");
+    let content = last["content"].as_str().unwrap();
+    assert!(
+        content.starts_with("error[invalid-args]: file_read: arguments are not valid JSON"),
+        "{content}"
+    );
+    let mut replies = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        if let Event::Reply { text, .. } = event {
+            replies.push(text);
+        }
+    }
+    assert_eq!(replies, ["Sorry, my arguments were broken."]);
+}

@@ -41,16 +41,19 @@ pub(crate) enum ChannelInput {
     Close,
 }
 
-/// The channel's loop: each batch of inputs becomes one turn.
+/// The channel's loop: each batch of inputs becomes one turn. `kind` is
+/// [`ProcessKind::Channel`] for a conversation with the user, [`ProcessKind::Cortex`] for
+/// the admin chat (same loop, the cortex profile's tools).
 pub(crate) async fn run_channel(
     rt: Arc<Runtime>,
+    kind: ProcessKind,
     name: String,
     handle: ChannelHandle,
     mut inbox: mpsc::UnboundedReceiver<ChannelInput>,
     mut history: Vec<Message>,
 ) {
-    let tools = rt.tool_defs(ProcessKind::Channel);
-    let system = system_prompt(ProcessKind::Channel, &rt.config.agent.name);
+    let tools = rt.tool_defs(kind);
+    let system = system_prompt(kind, &rt.config.agent.name);
     let mut retriggers = 0;
     let mut closing = false;
     // How much of `history` the store holds, and whether that stored prefix changed.
@@ -92,13 +95,14 @@ pub(crate) async fn run_channel(
             rewrite |= compact_if_needed(&rt, &mut history).await;
             let tools_handler = ChannelTools {
                 rt: rt.clone(),
+                kind,
                 channel: name.clone(),
                 handle: handle.clone(),
                 fork: history.clone(),
             };
             let turn = Turn {
                 dispatcher: &rt.dispatcher,
-                process: ProcessKind::Channel.as_str(),
+                process: kind.as_str(),
                 session: &name,
                 system: &system,
                 tools: &tools,
@@ -129,6 +133,7 @@ pub(crate) async fn run_channel(
 /// The channel's host tools.
 struct ChannelTools {
     rt: Arc<Runtime>,
+    kind: ProcessKind,
     channel: String,
     handle: ChannelHandle,
     /// The history a branch forks from.
@@ -208,10 +213,7 @@ pub(crate) fn spawn_worker(
 
 impl ToolHandler for ChannelTools {
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
-        Box::pin(
-            self.rt
-                .refuse(ProcessKind::Channel, &self.channel, name, arguments),
-        )
+        Box::pin(self.rt.refuse(self.kind, &self.channel, name, arguments))
     }
 
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
@@ -277,7 +279,7 @@ impl ToolHandler for ChannelTools {
                 },
                 // The profile offered a plugin tool to the channel (a custom config).
                 other => {
-                    rt.call_plugin(ProcessKind::Channel, &self.channel, other, arguments)
+                    rt.call_plugin(self.kind, &self.channel, other, arguments)
                         .await
                 }
             };

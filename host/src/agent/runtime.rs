@@ -117,7 +117,14 @@ impl Runtime {
     /// Sends a user message to channel `name` (opened on first use, with its stored
     /// history).
     pub fn send_user_message(self: &Arc<Self>, channel: &str, text: &str) {
-        let handle = self.channel(channel);
+        let handle = self.channel(ProcessKind::Channel, channel);
+        handle.send(ChannelInput::User(text.to_owned()));
+    }
+
+    /// Sends a message to the admin chat `session`, a cortex process with the cortex
+    /// profile's tools (by default every tool). Wait for it with [`Runtime::wait_idle`].
+    pub fn send_admin_message(self: &Arc<Self>, session: &str, text: &str) {
+        let handle = self.channel(ProcessKind::Cortex, session);
         handle.send(ChannelInput::User(text.to_owned()));
     }
 
@@ -258,7 +265,8 @@ impl Runtime {
     }
 
     /// The handle of channel `name`, starting it (with its stored history) if needed.
-    pub(crate) fn channel(self: &Arc<Self>, name: &str) -> ChannelHandle {
+    /// A session opened first as one kind keeps that kind.
+    pub(crate) fn channel(self: &Arc<Self>, kind: ProcessKind, name: &str) -> ChannelHandle {
         let mut channels = self.channels.lock().unwrap();
         if let Some(handle) = channels.get(name) {
             return handle.clone();
@@ -279,6 +287,7 @@ impl Runtime {
         let history = self.load_history(name);
         tokio::spawn(run_channel(
             self.clone(),
+            kind,
             name.to_owned(),
             handle.clone(),
             receiver,

@@ -47,6 +47,10 @@ pub(crate) struct AgentArgs {
     /// Save every model exchange as a script the scripted provider can replay.
     #[arg(long, value_name = "FILE")]
     record: Option<PathBuf>,
+    /// Talk to the cortex (the admin chat, with the cortex profile's tools) instead of a
+    /// channel.
+    #[arg(long)]
+    cortex: bool,
     #[command(flatten)]
     host: HostArgs,
 }
@@ -122,9 +126,13 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> (usize, usi
 }
 
 /// Sends `message` and waits until the channel and everything it delegated are done.
-async fn converse(runtime: &Arc<Runtime>, channel: &str, message: &str) {
-    runtime.send_user_message(channel, message);
-    runtime.wait_idle(channel).await;
+async fn converse(runtime: &Arc<Runtime>, agent: &AgentArgs, message: &str) {
+    if agent.cortex {
+        runtime.send_admin_message(&agent.channel, message);
+    } else {
+        runtime.send_user_message(&agent.channel, message);
+    }
+    runtime.wait_idle(&agent.channel).await;
 }
 
 #[derive(Debug, Args)]
@@ -140,7 +148,7 @@ impl RunCommand {
         let config = self.agent.host.config()?;
         let (runtime, events) = self.agent.start(config).await?;
         let printer = tokio::spawn(print_events(events));
-        converse(&runtime, &self.agent.channel, &self.message).await;
+        converse(&runtime, &self.agent, &self.message).await;
         runtime.shutdown();
         drop(runtime);
         let _ = printer.await;
@@ -183,7 +191,7 @@ impl ChatCommand {
                 break;
             }
             if !line.is_empty() {
-                converse(&runtime, &self.agent.channel, line).await;
+                converse(&runtime, &self.agent, line).await;
             }
         }
         runtime.shutdown();
@@ -224,7 +232,7 @@ impl DemoCommand {
         let printer = tokio::spawn(print_events(events));
         for message in DEMO_CONVERSATION {
             println!("you> {message}");
-            converse(&runtime, &self.agent.channel, message).await;
+            converse(&runtime, &self.agent, message).await;
             // Let the last status lines reach the terminal before the next prompt.
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             println!();
