@@ -436,3 +436,78 @@ async fn an_interactive_worker_waits_for_routed_input_then_finishes() {
         (WorkerState::Done, Some("Used data.txt as told."))
     );
 }
+
+/// A branch creates two tasks and assigns a worker to the first: the worker may update its
+/// assigned task, not the other.
+const ASSIGNED: &str = r#"
+[[step]]
+process = "channel"
+when = "plan it"
+tool_calls = [{ name = "branch", arguments = { question = "plan the work" } }, { name = "skip" }]
+
+[[step]]
+process = "branch"
+when = "plan the work"
+tool_calls = [
+  { name = "task_create", arguments = { title = "Assigned work" } },
+  { name = "task_create", arguments = { title = "Someone else's work" } },
+]
+
+[[step]]
+process = "branch"
+when = "Someone else"
+tool_calls = [{ name = "spawn_worker", arguments = { task = "Start on task 1.", task_number = 1 } }]
+
+[[step]]
+process = "branch"
+when = "spawned"
+reply = "Planned two tasks; a worker is on #1."
+
+[[step]]
+process = "worker"
+when = "start on task 1"
+tool_calls = [
+  { name = "task_update", arguments = { number = 1, status = "in-progress" } },
+  { name = "task_update", arguments = { number = 2, status = "in-progress" } },
+]
+
+[[step]]
+process = "worker"
+when = "error[denied]"
+tool_calls = [{ name = "set_status", arguments = { state = "done", message = "started #1; #2 is not mine" } }]
+
+[[step]]
+process = "channel"
+repeat = true
+tool_calls = [{ name = "skip" }]
+"#;
+
+#[tokio::test]
+async fn a_worker_updates_its_assigned_task_but_not_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _events) = runtime(dir.path(), ASSIGNED, |_| {}).await;
+    rt.send_user_message("main", "plan it please");
+    rt.wait_idle("main").await;
+    let store = rt.store();
+    let first = store.get_task(1).unwrap();
+    assert_eq!(first.status, capstan_host::store::TaskStatus::InProgress);
+    assert_eq!(first.assigned_worker.as_deref(), Some("worker:2"));
+    assert_eq!(first.creator, "branch:1");
+    assert_eq!(
+        store.get_task(2).unwrap().status,
+        capstan_host::store::TaskStatus::Backlog
+    );
+    let refusal = store
+        .audit_log(50)
+        .unwrap()
+        .into_iter()
+        .find(|a| a.outcome == "denied")
+        .expect("a denial");
+    assert_eq!(refusal.process, "worker:2");
+    assert!(refusal.detail.contains("task #2"), "{}", refusal.detail);
+    let worker = store.get_worker("worker:2").unwrap().unwrap();
+    assert_eq!(
+        worker.outcome.as_deref(),
+        Some("started #1; #2 is not mine")
+    );
+}

@@ -79,25 +79,12 @@ impl ToolHandler for BranchTools {
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
         Box::pin(async move {
             if name == "spawn_worker" {
-                #[derive(serde::Deserialize)]
-                struct Args {
-                    task: String,
-                }
-                return ToolOutcome::Continue(
-                    match super::channel::parse_args::<Args>(name, arguments) {
-                        Ok(args) => {
-                            let worker = spawn_worker(
-                                &self.rt,
-                                &self.channel_name,
-                                &self.channel,
-                                args.task,
-                                false,
-                            );
-                            serde_json::json!({ "spawned": true, "worker": worker }).to_string()
-                        }
-                        Err(err) => err,
-                    },
-                );
+                return ToolOutcome::Continue(spawn_worker(
+                    &self.rt,
+                    &self.channel_name,
+                    &self.channel,
+                    arguments,
+                ));
             }
             ToolOutcome::Continue(
                 self.rt

@@ -16,6 +16,7 @@ use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd, repair};
 use super::worker::{WorkerSpec, run_worker};
 use crate::llm::{BoxFuture, Message};
 use crate::policy::ProcessKind;
+use crate::store::TaskPatch;
 
 /// How long a channel waits for more results before a retrigger turn, so results that
 /// arrive together are told together.
@@ -146,10 +147,13 @@ struct ReplyArgs {
 }
 
 #[derive(Deserialize)]
-struct SpawnArgs {
+pub(crate) struct SpawnArgs {
     task: String,
     #[serde(default)]
     interactive: bool,
+    /// Assign the worker to this task on the board, so it may update it.
+    #[serde(default)]
+    task_number: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -192,23 +196,38 @@ impl ChannelTools {
 }
 
 /// Starts a worker for `channel`, counted in its pending work until it reports back.
+/// Answers the model with the spawn's outcome as JSON, or an error text.
 pub(crate) fn spawn_worker(
     rt: &Arc<Runtime>,
     channel: &str,
     handle: &ChannelHandle,
-    task: String,
-    interactive: bool,
+    arguments: &str,
 ) -> String {
+    let args = match parse_args::<SpawnArgs>("spawn_worker", arguments) {
+        Ok(args) => args,
+        Err(err) => return err,
+    };
     let id = rt.new_id(ProcessKind::Worker);
+    if let Some(number) = args.task_number {
+        let patch = TaskPatch {
+            assigned_worker: Some(id.clone()),
+            ..TaskPatch::default()
+        };
+        if let Err(err) = rt.store.update_task(number, &patch) {
+            return format!(
+                "error[invalid-args]: spawn_worker: cannot assign task #{number}: {err}"
+            );
+        }
+    }
     handle.add_pending();
     let spec = WorkerSpec {
         id: id.clone(),
         channel: channel.to_owned(),
-        task,
-        interactive,
+        task: args.task,
+        interactive: args.interactive,
     };
     tokio::spawn(run_worker(rt.clone(), spec, handle.clone()));
-    id
+    json!({ "spawned": true, "worker": id, "task_number": args.task_number }).to_string()
 }
 
 impl ToolHandler for ChannelTools {
@@ -222,19 +241,7 @@ impl ToolHandler for ChannelTools {
             let outcome = match name {
                 "reply" => return self.reply(arguments),
                 "skip" => return ToolOutcome::EndTurn("skipped".into()),
-                "spawn_worker" => match parse_args::<SpawnArgs>(name, arguments) {
-                    Ok(args) => {
-                        let id = spawn_worker(
-                            rt,
-                            &self.channel,
-                            &self.handle,
-                            args.task,
-                            args.interactive,
-                        );
-                        json!({ "spawned": true, "worker": id }).to_string()
-                    }
-                    Err(err) => err,
-                },
+                "spawn_worker" => spawn_worker(rt, &self.channel, &self.handle, arguments),
                 "branch" => match parse_args::<BranchArgs>(name, arguments) {
                     Ok(args) => {
                         let id = rt.new_id(ProcessKind::Branch);

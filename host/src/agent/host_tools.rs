@@ -51,7 +51,8 @@ pub const HOST_TOOLS: &[HostTool] = &[
             object(
                 json!({
                     "task": { "type": "string", "description": "What to do, self-contained." },
-                    "interactive": { "type": "boolean", "description": "Keep it open for follow-up input." }
+                    "interactive": { "type": "boolean", "description": "Keep it open for follow-up input." },
+                    "task_number": { "type": "integer", "description": "Assign it to this task on the board, so it may update it." }
                 }),
                 &["task"],
             )
