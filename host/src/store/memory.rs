@@ -184,11 +184,7 @@ fn fts_any_word(text: &str) -> Option<String> {
 mod tests {
     use super::*;
 
-    fn store() -> (tempfile::TempDir, Store) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        (dir, store)
-    }
+    use crate::store::tests::temp_store as store;
 
     fn note(kind: &str, content: &str, importance: f32) -> NewMemory {
         NewMemory {

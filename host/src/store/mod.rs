@@ -116,8 +116,15 @@ pub(crate) fn now() -> i64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A store in a fresh temporary directory (kept alive by the returned guard).
+    pub(crate) fn temp_store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        (dir, store)
+    }
 
     #[test]
     fn a_reopened_store_keeps_tasks_memories_history_and_workers() {

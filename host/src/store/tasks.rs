@@ -358,11 +358,7 @@ impl Store {
 mod tests {
     use super::*;
 
-    fn store() -> (tempfile::TempDir, Store) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        (dir, store)
-    }
+    use crate::store::tests::temp_store as store;
 
     #[test]
     fn tasks_are_numbered_listed_and_filtered() {
