@@ -511,3 +511,101 @@ async fn a_worker_updates_its_assigned_task_but_not_another() {
         Some("started #1; #2 is not mine")
     );
 }
+
+const QUICK_WORKER: &str = r#"
+[[step]]
+process = "worker"
+when = "count the files"
+delay_ms = 50
+repeat = true
+tool_calls = [{ name = "set_status", arguments = { state = "done", message = "counted" } }]
+
+[[step]]
+process = "worker"
+when = "wait for me"
+repeat = true
+tool_calls = [{ name = "set_status", arguments = { state = "waiting", message = "which one?" } }]
+
+[[step]]
+process = "channel"
+repeat = true
+tool_calls = [{ name = "skip" }]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_identical_spawns_start_one_worker_and_report_duplicates() {
+    use capstan_host::agent::SpawnOutcome;
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _events) = runtime(dir.path(), QUICK_WORKER, |c| {
+        c.limits.max_workers_per_channel = 100
+    })
+    .await;
+    let spawns: Vec<_> = (0..100)
+        .map(|i| {
+            let rt = rt.clone();
+            // Spacing and case differ; the task is the same.
+            let task = if i % 2 == 0 {
+                "Count the files."
+            } else {
+                "count  the files"
+            };
+            tokio::spawn(async move { rt.spawn_worker("main", task, false, None).unwrap() })
+        })
+        .collect();
+    let mut spawned = Vec::new();
+    let mut duplicates = Vec::new();
+    for spawn in spawns {
+        match spawn.await.unwrap() {
+            SpawnOutcome::Spawned { worker } => spawned.push(worker),
+            SpawnOutcome::Duplicate { existing } => duplicates.push(existing),
+        }
+    }
+    assert_eq!(spawned.len(), 1, "{spawned:?}");
+    assert_eq!(duplicates.len(), 99);
+    assert!(
+        duplicates.iter().all(|d| *d == spawned[0]),
+        "duplicates name the live worker"
+    );
+    rt.wait_idle("main").await;
+    assert_eq!(rt.reserved_tasks(), 0, "released when the worker finished");
+    assert!(matches!(
+        rt.spawn_worker("main", "count the files", false, None),
+        Ok(SpawnOutcome::Spawned { .. })
+    ));
+    rt.wait_idle("main").await;
+}
+
+#[tokio::test]
+async fn a_cancelled_worker_releases_its_task() {
+    use capstan_host::agent::SpawnOutcome;
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _events) = runtime(dir.path(), QUICK_WORKER, |_| {}).await;
+    let SpawnOutcome::Spawned { worker } =
+        rt.spawn_worker("main", "wait for me", true, None).unwrap()
+    else {
+        panic!("first spawn")
+    };
+    rt.wait_idle("main").await; // the worker now waits for input
+    assert_eq!(
+        rt.spawn_worker("main", "Wait for me.", true, None).unwrap(),
+        SpawnOutcome::Duplicate {
+            existing: worker.clone()
+        }
+    );
+    assert!(rt.cancel_worker(&worker));
+    // A waiting worker does not hold its channel busy, so wait for the cancel itself.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while rt.reserved_tasks() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cancel never released the task"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    rt.wait_idle("main").await;
+    assert_eq!(
+        rt.store().get_worker(&worker).unwrap().unwrap().state,
+        WorkerState::Cancelled
+    );
+    assert!(!rt.cancel_worker(&worker), "gone");
+}

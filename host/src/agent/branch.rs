@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::channel::{ChannelInput, spawn_worker};
+use super::channel::{ChannelInput, spawn_worker_tool};
 use super::prompts::system_prompt;
 use super::runtime::{ChannelHandle, Runtime};
 use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd};
@@ -33,7 +33,6 @@ pub(crate) async fn run_branch(
         rt: rt.clone(),
         id: id.clone(),
         channel_name,
-        channel: channel.clone(),
     };
     let turn = Turn {
         dispatcher: &rt.dispatcher,
@@ -65,7 +64,6 @@ struct BranchTools {
     rt: Arc<Runtime>,
     id: String,
     channel_name: String,
-    channel: ChannelHandle,
 }
 
 impl ToolHandler for BranchTools {
@@ -79,10 +77,9 @@ impl ToolHandler for BranchTools {
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
         Box::pin(async move {
             if name == "spawn_worker" {
-                return ToolOutcome::Continue(spawn_worker(
+                return ToolOutcome::Continue(spawn_worker_tool(
                     &self.rt,
                     &self.channel_name,
-                    &self.channel,
                     arguments,
                 ));
             }

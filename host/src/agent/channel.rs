@@ -11,12 +11,10 @@ use super::branch::run_branch;
 use super::compactor::compact_if_needed;
 use super::events::Event;
 use super::prompts::system_prompt;
-use super::runtime::{ChannelHandle, Runtime};
+use super::runtime::{ChannelHandle, Runtime, SpawnOutcome};
 use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd, repair};
-use super::worker::{WorkerSpec, run_worker};
 use crate::llm::{BoxFuture, Message};
 use crate::policy::ProcessKind;
-use crate::store::TaskPatch;
 
 /// How long a channel waits for more results before a retrigger turn, so results that
 /// arrive together are told together.
@@ -195,39 +193,25 @@ impl ChannelTools {
     }
 }
 
-/// Starts a worker for `channel`, counted in its pending work until it reports back.
-/// Answers the model with the spawn's outcome as JSON, or an error text.
-pub(crate) fn spawn_worker(
-    rt: &Arc<Runtime>,
-    channel: &str,
-    handle: &ChannelHandle,
-    arguments: &str,
-) -> String {
+/// Runs the `spawn_worker` host tool for `channel`: the outcome as JSON for the model.
+pub(crate) fn spawn_worker_tool(rt: &Arc<Runtime>, channel: &str, arguments: &str) -> String {
     let args = match parse_args::<SpawnArgs>("spawn_worker", arguments) {
         Ok(args) => args,
         Err(err) => return err,
     };
-    let id = rt.new_id(ProcessKind::Worker);
-    if let Some(number) = args.task_number {
-        let patch = TaskPatch {
-            assigned_worker: Some(id.clone()),
-            ..TaskPatch::default()
-        };
-        if let Err(err) = rt.store.update_task(number, &patch) {
-            return format!(
-                "error[invalid-args]: spawn_worker: cannot assign task #{number}: {err}"
-            );
+    match rt.spawn_worker(channel, &args.task, args.interactive, args.task_number) {
+        Ok(SpawnOutcome::Spawned { worker }) => {
+            json!({ "spawned": true, "worker": worker, "task_number": args.task_number })
+                .to_string()
         }
+        Ok(SpawnOutcome::Duplicate { existing }) => json!({
+            "spawned": false,
+            "existing_worker": existing,
+            "hint": format!("{existing} is already on this task; use route to send it more input"),
+        })
+        .to_string(),
+        Err(err) => format!("error[invalid-args]: spawn_worker: {err}"),
     }
-    handle.add_pending();
-    let spec = WorkerSpec {
-        id: id.clone(),
-        channel: channel.to_owned(),
-        task: args.task,
-        interactive: args.interactive,
-    };
-    tokio::spawn(run_worker(rt.clone(), spec, handle.clone()));
-    json!({ "spawned": true, "worker": id, "task_number": args.task_number }).to_string()
 }
 
 impl ToolHandler for ChannelTools {
@@ -241,7 +225,7 @@ impl ToolHandler for ChannelTools {
             let outcome = match name {
                 "reply" => return self.reply(arguments),
                 "skip" => return ToolOutcome::EndTurn("skipped".into()),
-                "spawn_worker" => spawn_worker(rt, &self.channel, &self.handle, arguments),
+                "spawn_worker" => spawn_worker_tool(rt, &self.channel, arguments),
                 "branch" => match parse_args::<BranchArgs>(name, arguments) {
                     Ok(args) => {
                         let id = rt.new_id(ProcessKind::Branch);
@@ -272,16 +256,10 @@ impl ToolHandler for ChannelTools {
                     Err(err) => err,
                 },
                 "cancel" => match parse_args::<CancelArgs>(name, arguments) {
-                    Ok(args) => {
-                        let workers = rt.workers.lock().unwrap();
-                        match workers.get(&args.worker) {
-                            Some(worker) => {
-                                worker.cancel.notify_one();
-                                json!({ "cancelled": true, "worker": args.worker }).to_string()
-                            }
-                            None => json!({ "cancelled": false, "worker": args.worker, "reason": "no such running worker" }).to_string(),
-                        }
+                    Ok(args) if rt.cancel_worker(&args.worker) => {
+                        json!({ "cancelled": true, "worker": args.worker }).to_string()
                     }
+                    Ok(args) => json!({ "cancelled": false, "worker": args.worker, "reason": "no such running worker" }).to_string(),
                     Err(err) => err,
                 },
                 // The profile offered a plugin tool to the channel (a custom config).

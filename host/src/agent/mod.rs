@@ -18,10 +18,11 @@ mod compactor;
 mod events;
 mod host_tools;
 mod prompts;
+mod reservations;
 mod runtime;
 mod turn;
 mod worker;
 
 pub use events::Event;
 pub use host_tools::{HOST_TOOLS, HostTool, host_tool};
-pub use runtime::Runtime;
+pub use runtime::{Runtime, SpawnOutcome};

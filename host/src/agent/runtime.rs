@@ -10,12 +10,14 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use super::channel::{ChannelInput, run_channel};
 use super::events::Event;
 use super::host_tools::HOST_TOOLS;
+use super::reservations::TaskReservations;
+use super::worker::{WorkerSpec, run_worker};
 use crate::config::Config;
 use crate::dispatch::Dispatcher;
 use crate::llm::{Message, ToolDef};
 use crate::plugin::{CallRequest, Registry};
 use crate::policy::{Decision, ProcessKind, ToolNeeds};
-use crate::store::Store;
+use crate::store::{Store, TaskPatch};
 
 /// One agent: its config, plugins, store and model, and the channels, workers and branches
 /// running on them.
@@ -33,6 +35,22 @@ pub struct Runtime {
     next_id: AtomicU64,
     channels: Mutex<HashMap<String, ChannelHandle>>,
     pub(crate) workers: Mutex<HashMap<String, WorkerHandle>>,
+    reservations: Arc<TaskReservations>,
+}
+
+/// What [`Runtime::spawn_worker`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpawnOutcome {
+    /// A new worker started.
+    Spawned {
+        /// Its id.
+        worker: String,
+    },
+    /// A live worker already has this task; nothing started.
+    Duplicate {
+        /// The worker on it.
+        existing: String,
+    },
 }
 
 /// The way into a running channel.
@@ -95,6 +113,7 @@ impl Runtime {
             next_id: AtomicU64::new(1),
             channels: Mutex::new(HashMap::new()),
             workers: Mutex::new(HashMap::new()),
+            reservations: Arc::new(TaskReservations::default()),
         });
         (runtime, receiver)
     }
@@ -140,6 +159,58 @@ impl Runtime {
                 return;
             }
             settled.await;
+        }
+    }
+
+    /// Starts a worker on `task` for `channel`, unless a live worker already has the same
+    /// task (compared normalized), in which case nothing starts and the existing worker is
+    /// named. With `task_number`, the worker is assigned that task on the board.
+    pub fn spawn_worker(
+        self: &Arc<Self>,
+        channel: &str,
+        task: &str,
+        interactive: bool,
+        task_number: Option<u64>,
+    ) -> Result<SpawnOutcome, String> {
+        let handle = self.channel(ProcessKind::Channel, channel);
+        let id = self.new_id(ProcessKind::Worker);
+        let reservation = match self.reservations.reserve(task, &id) {
+            Ok(reservation) => reservation,
+            Err(existing) => return Ok(SpawnOutcome::Duplicate { existing }),
+        };
+        if let Some(number) = task_number {
+            let patch = TaskPatch {
+                assigned_worker: Some(id.clone()),
+                ..TaskPatch::default()
+            };
+            self.store
+                .update_task(number, &patch)
+                .map_err(|err| format!("cannot assign task #{number}: {err}"))?;
+        }
+        handle.add_pending();
+        let spec = WorkerSpec {
+            id: id.clone(),
+            channel: channel.to_owned(),
+            task: task.to_owned(),
+            interactive,
+        };
+        tokio::spawn(run_worker(self.clone(), spec, handle, reservation));
+        Ok(SpawnOutcome::Spawned { worker: id })
+    }
+
+    /// Task descriptions reserved by live workers.
+    pub fn reserved_tasks(&self) -> usize {
+        self.reservations.len()
+    }
+
+    /// Cancels worker `id`; false if no such worker is running.
+    pub fn cancel_worker(&self, id: &str) -> bool {
+        match self.workers.lock().unwrap().get(id) {
+            Some(worker) => {
+                worker.cancel.notify_one();
+                true
+            }
+            None => false,
         }
     }
 

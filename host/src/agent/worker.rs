@@ -8,6 +8,7 @@ use tokio::sync::{Notify, mpsc};
 
 use super::channel::{ChannelInput, parse_args};
 use super::prompts::system_prompt;
+use super::reservations::Reservation;
 use super::runtime::{ChannelHandle, Runtime, WorkerHandle};
 use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd};
 use crate::llm::{BoxFuture, Message};
@@ -23,7 +24,14 @@ pub(crate) struct WorkerSpec {
 }
 
 /// Runs a worker to its end, records it, and reports to its channel.
-pub(crate) async fn run_worker(rt: Arc<Runtime>, spec: WorkerSpec, channel: ChannelHandle) {
+/// `_reservation` holds the task description for the worker's whole life and is released
+/// when this future ends or is dropped, however that happens.
+pub(crate) async fn run_worker(
+    rt: Arc<Runtime>,
+    spec: WorkerSpec,
+    channel: ChannelHandle,
+    _reservation: Reservation,
+) {
     // Held until the worker ends: at most max_workers_per_channel run at once.
     let _slot = channel
         .worker_slots
