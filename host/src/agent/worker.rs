@@ -62,13 +62,26 @@ pub(crate) async fn run_worker(
     };
 
     rt.workers.lock().unwrap().remove(&spec.id);
+    // Messages routed after its last turn: reported, not silently dropped.
+    let mut undelivered = Vec::new();
+    while let Ok(message) = inbox.try_recv() {
+        undelivered.push(message);
+    }
     if let Err(err) = rt.store.set_worker_state(&spec.id, state, Some(&outcome)) {
         tracing::error!(worker = %spec.id, "cannot record the worker's end: {err}");
     }
     rt.status(&spec.id, format!("{state}: {outcome}"));
+    let mut report = format!("finished ({state}): {outcome}");
+    if !undelivered.is_empty() {
+        report.push_str(&format!(
+            "\n{} message(s) routed to it arrived after it finished and were not delivered: {}",
+            undelivered.len(),
+            undelivered.join(" | ")
+        ));
+    }
     channel.send(ChannelInput::Result {
         source: spec.id.clone(),
-        text: format!("finished ({state}): {outcome}"),
+        text: report,
     });
     if counted.load(Ordering::SeqCst) {
         channel.done_pending();
