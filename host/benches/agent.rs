@@ -21,7 +21,6 @@ use std::time::Instant;
 
 use capstan_host::agent::{Event, Runtime};
 use capstan_host::config::Config;
-use capstan_host::dispatch::Dispatcher;
 use capstan_host::llm::{Script, ScriptedProvider};
 use capstan_host::plugin::{ArtifactCache, PluginHost, Registry};
 use capstan_host::store::Store;
@@ -80,12 +79,7 @@ fn start(
         .block_on(Registry::load_dir(Arc::new(host), &plugins))
         .unwrap();
     let provider = ScriptedProvider::new(Script::parse(script, "bench").unwrap(), "bench");
-    Runtime::new(
-        config,
-        Arc::new(registry),
-        store,
-        Dispatcher::new(Arc::new(provider)),
-    )
+    Runtime::new(config, Arc::new(registry), store, Arc::new(provider))
 }
 
 fn bench_turns(c: &mut Criterion, tokio: &Tokio) {

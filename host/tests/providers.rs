@@ -411,7 +411,6 @@ async fn a_recording_replays_the_same_answers() {
 async fn malformed_arguments_from_the_model_go_back_to_it_as_invalid_args() {
     use capstan_host::agent::{Event, Runtime};
     use capstan_host::config::Config;
-    use capstan_host::dispatch::Dispatcher;
     use capstan_host::plugin::{ArtifactCache, PluginHost, Registry};
     use capstan_host::store::Store;
 
@@ -440,12 +439,7 @@ async fn malformed_arguments_from_the_model_go_back_to_it_as_invalid_args() {
         .with_store(store.clone());
     let registry = Registry::load_dir(Arc::new(host), &plugins).await.unwrap();
     let provider = OpenAiProvider::new(&url, "k", "m").unwrap();
-    let (rt, mut events) = Runtime::new(
-        config,
-        Arc::new(registry),
-        store,
-        Dispatcher::new(Arc::new(provider)),
-    );
+    let (rt, mut events) = Runtime::new(config, Arc::new(registry), store, Arc::new(provider));
     rt.send_user_message("main", "read my notes");
     rt.wait_idle("main").await;
 

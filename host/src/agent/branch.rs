@@ -4,9 +4,11 @@
 use std::sync::Arc;
 
 use super::channel::{ChannelInput, spawn_worker_tool};
+use super::notifications::{NotificationKind, fold_back};
 use super::prompts::system_prompt;
 use super::runtime::{ChannelHandle, Runtime};
-use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd};
+use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd, TurnError};
+use crate::dispatch::Route;
 use crate::llm::{BoxFuture, Message};
 use crate::policy::ProcessKind;
 
@@ -25,6 +27,7 @@ pub(crate) async fn run_branch(
         .acquire_owned()
         .await
         .expect("never closed");
+    let alive = rt.branch_started(&id);
     rt.status(&id, format!("thinking: {question}"));
     history.push(Message::user(format!("Branch question: {question}")));
     let tools = rt.tool_defs(ProcessKind::Branch);
@@ -32,31 +35,53 @@ pub(crate) async fn run_branch(
     let handler = BranchTools {
         rt: rt.clone(),
         id: id.clone(),
-        channel_name,
+        channel_name: channel_name.clone(),
     };
-    let turn = Turn {
-        dispatcher: &rt.dispatcher,
-        process: ProcessKind::Branch.as_str(),
-        session: &id,
-        system: &system,
-        tools: &tools,
-        max_turns: rt.config.limits.max_turns,
+    let conclusion = match rt.dispatcher.lease(&id, &format!("{id}:loop")) {
+        Err(held) => format!("(could not think: {held})"),
+        Ok(lease) => {
+            let turn = Turn {
+                dispatcher: &rt.dispatcher,
+                ticket: lease.ticket(),
+                route: Route::Branch,
+                process: ProcessKind::Branch.as_str(),
+                system: &system,
+                tools: &tools,
+                max_turns: rt.config.limits.max_turns,
+            };
+            conclude(&rt, turn.run(&mut history, &handler).await)
+        }
     };
-    let conclusion = match turn.run(&mut history, &handler).await {
-        Ok(TurnEnd::Text(text)) => text,
-        Ok(TurnEnd::Ended) => "(ended without a conclusion)".into(),
+    drop(alive);
+    rt.status(&id, format!("concluded: {conclusion}"));
+    let text = format!("concluded: {conclusion}");
+    if !channel.send(ChannelInput::Result {
+        source: id.clone(),
+        text: text.clone(),
+    }) {
+        fold_back(
+            &rt,
+            &channel_name,
+            &id,
+            &channel_name,
+            NotificationKind::Result,
+            &text,
+        );
+    }
+    channel.done_pending();
+}
+
+/// A branch's conclusion from how its turn ended.
+fn conclude(rt: &Runtime, end: Result<TurnEnd, TurnError>) -> String {
+    match end {
+        Ok(TurnEnd::Text(text) | TurnEnd::Delivered(text)) => text,
+        Ok(TurnEnd::Ended | TurnEnd::Injected(_)) => "(ended without a conclusion)".into(),
         Ok(TurnEnd::MaxTurns) => format!(
             "(no conclusion within {} turns)",
             rt.config.limits.max_turns
         ),
         Err(err) => format!("(the model failed: {err})"),
-    };
-    rt.status(&id, format!("concluded: {conclusion}"));
-    channel.send(ChannelInput::Result {
-        source: id,
-        text: format!("concluded: {conclusion}"),
-    });
-    channel.done_pending();
+    }
 }
 
 /// A branch's tools: plugins with the branch profile, and `spawn_worker` on its channel.
@@ -80,6 +105,7 @@ impl ToolHandler for BranchTools {
                 return ToolOutcome::Continue(spawn_worker_tool(
                     &self.rt,
                     &self.channel_name,
+                    Some(&self.id),
                     arguments,
                 ));
             }

@@ -1,7 +1,6 @@
 //! A channel: one conversation with the user. It delegates and never touches the world.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::json;
@@ -10,15 +9,13 @@ use tokio::sync::mpsc;
 use super::branch::run_branch;
 use super::compactor::compact_if_needed;
 use super::events::Event;
+use super::notifications::Notification;
 use super::prompts::system_prompt;
 use super::runtime::{ChannelHandle, Runtime, SpawnOutcome};
 use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd, repair};
+use crate::dispatch::Route;
 use crate::llm::{BoxFuture, Message};
 use crate::policy::ProcessKind;
-
-/// How long a channel waits for more results before a retrigger turn, so results that
-/// arrive together are told together.
-const DEBOUNCE: Duration = Duration::from_millis(50);
 
 /// Retrigger turns (after results) one user message may cause; later results are kept in
 /// the history for the next turn instead.
@@ -36,86 +33,155 @@ pub(crate) enum ChannelInput {
         /// What it reports.
         text: String,
     },
+    /// A report that arrived after its requester ended, saved in working memory; told in
+    /// a turn of its own.
+    Notification(Notification),
     /// Stop after the inputs before this one.
     Close,
+}
+
+impl ChannelInput {
+    /// The history message for this input.
+    fn message(&self) -> Message {
+        match self {
+            ChannelInput::User(text) => Message::user(text.clone()),
+            ChannelInput::Result { source, text } => Message::user(format!("[{source}] {text}")),
+            ChannelInput::Notification(note) => Message::user(note.message()),
+            ChannelInput::Close => unreachable!("Close ends the loop before it is batched"),
+        }
+    }
+}
+
+/// The channel's inbox, read in batches: whatever arrived together becomes one turn,
+/// except that a notification is always a turn of its own.
+struct Batches {
+    inbox: mpsc::UnboundedReceiver<ChannelInput>,
+    carried: Option<ChannelInput>,
+    closing: bool,
+}
+
+impl Batches {
+    async fn first(&mut self) -> Option<ChannelInput> {
+        if self.closing {
+            return None;
+        }
+        let first = match self.carried.take() {
+            Some(input) => input,
+            None => self.inbox.recv().await?,
+        };
+        (!matches!(first, ChannelInput::Close)).then_some(first)
+    }
+
+    /// The inputs queued behind `first` that join its turn.
+    fn rest(&mut self, first: ChannelInput) -> Vec<ChannelInput> {
+        let alone = matches!(first, ChannelInput::Notification(_));
+        let mut batch = vec![first];
+        while !alone {
+            match self.inbox.try_recv() {
+                Ok(ChannelInput::Close) => {
+                    self.closing = true;
+                    break;
+                }
+                Ok(note @ ChannelInput::Notification(_)) => {
+                    self.carried = Some(note);
+                    break;
+                }
+                Ok(more) => batch.push(more),
+                Err(_) => break,
+            }
+        }
+        batch
+    }
 }
 
 /// The channel's loop: each batch of inputs becomes one turn. `kind` is
 /// [`ProcessKind::Channel`] for a conversation with the user, [`ProcessKind::Cortex`] for
 /// the admin chat (same loop, the cortex profile's tools).
+///
+/// Every turn goes through the prompt gate: the loop reserves its session (as
+/// `<kind>:<name>:loop`) before the settle wait, so nothing else can prompt the session
+/// while it answers, and releases it (the hold still runs) once the turn is over.
 pub(crate) async fn run_channel(
     rt: Arc<Runtime>,
     kind: ProcessKind,
     name: String,
     handle: ChannelHandle,
-    mut inbox: mpsc::UnboundedReceiver<ChannelInput>,
+    inbox: mpsc::UnboundedReceiver<ChannelInput>,
     mut history: Vec<Message>,
 ) {
     let tools = rt.tool_defs(kind);
     let system = system_prompt(kind, &rt.config.agent.name);
+    let owner = format!("{kind}:{name}:loop");
+    let mut batches = Batches {
+        inbox,
+        carried: None,
+        closing: false,
+    };
     let mut retriggers = 0;
-    let mut closing = false;
     // How much of `history` the store holds, and whether that stored prefix changed.
     let mut saved = history.len();
     let mut rewrite = false;
-    while let Some(first) = inbox.recv().await {
-        if matches!(first, ChannelInput::Close) {
-            break;
+    while let Some(first) = batches.first().await {
+        let route = match first {
+            ChannelInput::User(_) => Route::User,
+            ChannelInput::Notification(_) => Route::Notification,
+            _ => Route::Retrigger,
+        };
+        // Reserved before the settle wait, so no other route can take this idle edge.
+        let lease = rt.dispatcher.lease(&name, &owner);
+        if route != Route::User {
+            tokio::time::sleep(rt.dispatcher.settings().settle).await;
         }
-        let mut inputs = vec![first];
-        if matches!(inputs[0], ChannelInput::Result { .. }) {
-            tokio::time::sleep(DEBOUNCE).await;
-        }
-        while let Ok(more) = inbox.try_recv() {
-            if matches!(more, ChannelInput::Close) {
-                closing = true;
-                break;
-            }
-            inputs.push(more);
-        }
+        let inputs = batches.rest(first);
         let from_user = inputs.iter().any(|i| matches!(i, ChannelInput::User(_)));
-        for input in &inputs {
-            history.push(match input {
-                ChannelInput::User(text) => Message::user(text.clone()),
-                ChannelInput::Result { source, text } => {
-                    Message::user(format!("[{source}] {text}"))
-                }
-                ChannelInput::Close => unreachable!("Close ends the loop before it is batched"),
-            });
-        }
+        history.extend(inputs.iter().map(ChannelInput::message));
         if from_user {
             retriggers = 0;
-        } else {
+        } else if route == Route::Retrigger {
             retriggers += 1;
         }
-        if from_user || retriggers <= MAX_RETRIGGERS_PER_MESSAGE {
-            // Anything but appending since the last save means a rewrite of the stored copy.
-            rewrite |= repair(&mut history);
-            rewrite |= compact_if_needed(&rt, &mut history).await;
-            let tools_handler = ChannelTools {
-                rt: rt.clone(),
-                kind,
-                channel: name.clone(),
-                handle: handle.clone(),
-                fork: history.clone(),
-            };
-            let turn = Turn {
-                dispatcher: &rt.dispatcher,
-                process: kind.as_str(),
-                session: &name,
-                system: &system,
-                tools: &tools,
-                max_turns: rt.config.limits.max_turns,
-            };
-            match turn.run(&mut history, &tools_handler).await {
-                Ok(TurnEnd::Text(text)) if !text.trim().is_empty() => rt.emit(Event::Reply {
-                    channel: name.clone(),
-                    text,
-                }),
-                Ok(_) => {}
-                Err(err) => rt.status(&name, format!("the model failed: {err}")),
+        let route = if from_user { Route::User } else { route };
+        let allowed = route != Route::Retrigger || retriggers <= MAX_RETRIGGERS_PER_MESSAGE;
+        match &lease {
+            Err(held) if allowed => {
+                // Whoever holds the session answers; the inputs wait in the history.
+                rt.status(
+                    &name,
+                    format!("not prompted now, {held}; the inputs stay in the history"),
+                );
             }
+            Ok(lease) if allowed => {
+                // Anything but appending since the last save means a rewrite of the stored copy.
+                rewrite |= repair(&mut history);
+                rewrite |= compact_if_needed(&rt, &mut history).await;
+                let tools_handler = ChannelTools {
+                    rt: rt.clone(),
+                    kind,
+                    channel: name.clone(),
+                    handle: handle.clone(),
+                    fork: history.clone(),
+                };
+                let turn = Turn {
+                    dispatcher: &rt.dispatcher,
+                    ticket: lease.ticket(),
+                    route,
+                    process: kind.as_str(),
+                    system: &system,
+                    tools: &tools,
+                    max_turns: rt.config.limits.max_turns,
+                };
+                match turn.run(&mut history, &tools_handler).await {
+                    Ok(TurnEnd::Text(text)) if !text.trim().is_empty() => rt.emit(Event::Reply {
+                        channel: name.clone(),
+                        text,
+                    }),
+                    Ok(_) => {}
+                    Err(err) => rt.status(&name, format!("the model failed: {err}")),
+                }
+            }
+            _ => {}
         }
+        drop(lease);
         rewrite |= history.len() < saved;
         rt.save_history(&name, &history, if rewrite { 0 } else { saved });
         saved = history.len();
@@ -123,10 +189,12 @@ pub(crate) async fn run_channel(
         for _ in &inputs {
             handle.done_pending();
         }
-        if closing {
-            break;
-        }
     }
+    // Nothing this loop reserved outlives it.
+    let _ = rt
+        .dispatcher
+        .gate()
+        .release_prefix(&format!("{kind}:{name}:"));
 }
 
 /// The channel's host tools.
@@ -184,22 +252,34 @@ impl ChannelTools {
             Ok(args) => {
                 self.rt.emit(Event::Reply {
                     channel: self.channel.clone(),
-                    text: args.text,
+                    text: args.text.clone(),
                 });
-                ToolOutcome::EndTurn("delivered".into())
+                ToolOutcome::Delivered(args.text)
             }
             Err(err) => ToolOutcome::Continue(err),
         }
     }
 }
 
-/// Runs the `spawn_worker` host tool for `channel`: the outcome as JSON for the model.
-pub(crate) fn spawn_worker_tool(rt: &Arc<Runtime>, channel: &str, arguments: &str) -> String {
+/// Runs the `spawn_worker` host tool for `channel`, on behalf of `requester` (a branch;
+/// `None`: the channel): the outcome as JSON for the model.
+pub(crate) fn spawn_worker_tool(
+    rt: &Arc<Runtime>,
+    channel: &str,
+    requester: Option<&str>,
+    arguments: &str,
+) -> String {
     let args = match parse_args::<SpawnArgs>("spawn_worker", arguments) {
         Ok(args) => args,
         Err(err) => return err,
     };
-    match rt.spawn_worker(channel, &args.task, args.interactive, args.task_number) {
+    match rt.spawn_worker_for(
+        channel,
+        requester,
+        &args.task,
+        args.interactive,
+        args.task_number,
+    ) {
         Ok(SpawnOutcome::Spawned { worker }) => {
             json!({ "spawned": true, "worker": worker, "task_number": args.task_number })
                 .to_string()
@@ -225,7 +305,7 @@ impl ToolHandler for ChannelTools {
             let outcome = match name {
                 "reply" => return self.reply(arguments),
                 "skip" => return ToolOutcome::EndTurn("skipped".into()),
-                "spawn_worker" => spawn_worker_tool(rt, &self.channel, arguments),
+                "spawn_worker" => spawn_worker_tool(rt, &self.channel, None, arguments),
                 "branch" => match parse_args::<BranchArgs>(name, arguments) {
                     Ok(args) => {
                         let id = rt.new_id(ProcessKind::Branch);
@@ -244,15 +324,15 @@ impl ToolHandler for ChannelTools {
                     Err(err) => err,
                 },
                 "route" => match parse_args::<RouteArgs>(name, arguments) {
-                    Ok(args) => {
-                        let workers = rt.workers.lock().unwrap();
-                        match workers.get(&args.worker) {
-                            Some(worker) if worker.inbox.send(args.message).is_ok() => {
-                                json!({ "routed": true, "worker": args.worker }).to_string()
-                            }
-                            _ => json!({ "routed": false, "worker": args.worker, "reason": "no such running worker" }).to_string(),
-                        }
+                    Ok(args) if rt.route_to_worker(&args.worker, &args.message) => {
+                        json!({ "routed": true, "worker": args.worker }).to_string()
                     }
+                    Ok(args) => json!({
+                        "routed": false,
+                        "worker": args.worker,
+                        "reason": "no such running worker; the message was not delivered",
+                    })
+                    .to_string(),
                     Err(err) => err,
                 },
                 "cancel" => match parse_args::<CancelArgs>(name, arguments) {

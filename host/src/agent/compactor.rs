@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use super::prompts::system_prompt;
 use super::runtime::Runtime;
-use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd};
+use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd, TurnError};
+use crate::dispatch::Route;
 use crate::llm::{BoxFuture, Message, Role};
 use crate::policy::ProcessKind;
 
@@ -68,15 +69,22 @@ pub(crate) async fn compact_if_needed(rt: &Arc<Runtime>, history: &mut Vec<Messa
         rt: rt.clone(),
         id: id.clone(),
     };
-    let turn = Turn {
-        dispatcher: &rt.dispatcher,
-        process: ProcessKind::Compactor.as_str(),
-        session: &id,
-        system: &system,
-        tools: &tools,
-        max_turns: limits.max_turns,
+    let end = match rt.dispatcher.lease(&id, &format!("{id}:loop")) {
+        Ok(lease) => {
+            let turn = Turn {
+                dispatcher: &rt.dispatcher,
+                ticket: lease.ticket(),
+                route: Route::Compaction,
+                process: ProcessKind::Compactor.as_str(),
+                system: &system,
+                tools: &tools,
+                max_turns: limits.max_turns,
+            };
+            turn.run(&mut work, &handler).await
+        }
+        Err(held) => Err(TurnError::Suppressed(held.to_string())),
     };
-    match turn.run(&mut work, &handler).await {
+    match end {
         Ok(TurnEnd::Text(summary)) if !summary.trim().is_empty() => {
             history.splice(
                 ..cut,

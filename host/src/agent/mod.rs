@@ -17,6 +17,7 @@ mod channel;
 mod compactor;
 mod events;
 mod host_tools;
+mod notifications;
 mod prompts;
 mod reservations;
 mod runtime;

@@ -1,6 +1,6 @@
 //! [`Runtime`]: the processes of one agent, their tools, and the plumbing between them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -10,11 +10,12 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use super::channel::{ChannelInput, run_channel};
 use super::events::Event;
 use super::host_tools::HOST_TOOLS;
+use super::notifications::NotificationIndex;
 use super::reservations::TaskReservations;
-use super::worker::{WorkerSpec, run_worker};
+use super::worker::{WorkerSpec, supervise_worker};
 use crate::config::Config;
 use crate::dispatch::Dispatcher;
-use crate::llm::{Message, ToolDef};
+use crate::llm::{Message, Provider, ToolDef};
 use crate::plugin::{CallRequest, Registry};
 use crate::policy::{Decision, ProcessKind, ToolNeeds};
 use crate::store::{Store, TaskPatch};
@@ -35,7 +36,10 @@ pub struct Runtime {
     next_id: AtomicU64,
     channels: Mutex<HashMap<String, ChannelHandle>>,
     pub(crate) workers: Mutex<HashMap<String, WorkerHandle>>,
+    /// Branches still thinking; a worker a branch spawned reports late once it is gone.
+    branches: Mutex<HashSet<String>>,
     reservations: Arc<TaskReservations>,
+    pub(crate) notification_index: NotificationIndex,
 }
 
 /// What [`Runtime::spawn_worker`] did.
@@ -95,15 +99,17 @@ pub(crate) struct WorkerHandle {
 }
 
 impl Runtime {
-    /// A runtime over `registry` (whose host should be backed by `store`), talking to the
-    /// model through `dispatcher`. Returns the receiver of its [`Event`]s.
+    /// A runtime over `registry` (whose host should be backed by `store`), talking to
+    /// `provider` through its own [`Dispatcher`] (with the config's gate timings). Returns
+    /// the receiver of its [`Event`]s.
     pub fn new(
         config: Config,
         registry: Arc<Registry>,
         store: Arc<Store>,
-        dispatcher: Dispatcher,
+        provider: Arc<dyn Provider>,
     ) -> (Arc<Self>, mpsc::UnboundedReceiver<Event>) {
         let (events, receiver) = mpsc::unbounded_channel();
+        let dispatcher = Dispatcher::new(provider, config.limits.dispatch.clone());
         let runtime = Arc::new(Runtime {
             config,
             registry,
@@ -113,7 +119,9 @@ impl Runtime {
             next_id: AtomicU64::new(1),
             channels: Mutex::new(HashMap::new()),
             workers: Mutex::new(HashMap::new()),
+            branches: Mutex::new(HashSet::new()),
             reservations: Arc::new(TaskReservations::default()),
+            notification_index: NotificationIndex::default(),
         });
         (runtime, receiver)
     }
@@ -172,6 +180,19 @@ impl Runtime {
         interactive: bool,
         task_number: Option<u64>,
     ) -> Result<SpawnOutcome, String> {
+        self.spawn_worker_for(channel, None, task, interactive, task_number)
+    }
+
+    /// [`Runtime::spawn_worker`] on behalf of `requester`, the branch that asked (`None`:
+    /// the channel did). Its report is late, and folded back, if the branch has ended.
+    pub(crate) fn spawn_worker_for(
+        self: &Arc<Self>,
+        channel: &str,
+        requester: Option<&str>,
+        task: &str,
+        interactive: bool,
+        task_number: Option<u64>,
+    ) -> Result<SpawnOutcome, String> {
         let handle = self.channel(ProcessKind::Channel, channel);
         let id = self.new_id(ProcessKind::Worker);
         let reservation = match self.reservations.reserve(task, &id) {
@@ -193,14 +214,38 @@ impl Runtime {
             channel: channel.to_owned(),
             task: task.to_owned(),
             interactive,
+            requester: requester.map(str::to_owned),
         };
-        tokio::spawn(run_worker(self.clone(), spec, handle, reservation));
+        tokio::spawn(supervise_worker(self.clone(), spec, handle, reservation));
         Ok(SpawnOutcome::Spawned { worker: id })
     }
 
     /// Task descriptions reserved by live workers.
     pub fn reserved_tasks(&self) -> usize {
         self.reservations.len()
+    }
+
+    /// Workers running now (admitted, not yet ended).
+    pub fn live_workers(&self) -> usize {
+        self.workers.lock().unwrap().len()
+    }
+
+    /// Reservations held at the prompt gate now.
+    pub fn gate_reservations(&self) -> usize {
+        self.dispatcher.gate().reservations()
+    }
+
+    /// Sends `message` to worker `id`: a waiting worker takes it as its answer, a running
+    /// one at its next turn boundary. False if no such worker is running; a message
+    /// accepted here is delivered, or reported to the channel as not delivered if the
+    /// worker ends first.
+    pub fn route_to_worker(&self, id: &str, message: &str) -> bool {
+        // Under the registry lock: a worker leaves the registry before it drains its
+        // inbox, so every accepted message is either taken or drained.
+        let workers = self.workers.lock().unwrap();
+        workers
+            .get(id)
+            .is_some_and(|worker| worker.inbox.send(message.to_owned()).is_ok())
     }
 
     /// Cancels worker `id`; false if no such worker is running.
@@ -335,6 +380,25 @@ impl Runtime {
         });
     }
 
+    /// Marks branch `id` as thinking until the guard drops.
+    pub(crate) fn branch_started(self: &Arc<Self>, id: &str) -> BranchAlive {
+        self.branches.lock().unwrap().insert(id.to_owned());
+        BranchAlive {
+            rt: self.clone(),
+            id: id.to_owned(),
+        }
+    }
+
+    /// Whether branch `id` is still thinking.
+    pub(crate) fn branch_alive(&self, id: &str) -> bool {
+        self.branches.lock().unwrap().contains(id)
+    }
+
+    /// The handle of channel `name` if it is open (not shut down).
+    pub(crate) fn open_channel(&self, name: &str) -> Option<ChannelHandle> {
+        self.channels.lock().unwrap().get(name).cloned()
+    }
+
     /// The handle of channel `name`, starting it (with its stored history) if needed.
     /// A session opened first as one kind keeps that kind.
     pub(crate) fn channel(self: &Arc<Self>, kind: ProcessKind, name: &str) -> ChannelHandle {
@@ -395,5 +459,17 @@ impl Runtime {
         if let Err(err) = saved {
             tracing::error!(channel, "cannot save history: {err}");
         }
+    }
+}
+
+/// A branch still thinking; see [`Runtime::branch_started`].
+pub(crate) struct BranchAlive {
+    rt: Arc<Runtime>,
+    id: String,
+}
+
+impl Drop for BranchAlive {
+    fn drop(&mut self) {
+        self.rt.branches.lock().unwrap().remove(&self.id);
     }
 }

@@ -1,8 +1,10 @@
 //! The turn loop every process runs: ask the model, run the tools it calls, feed the
 //! results back, until it answers in text, a tool ends the turn, or the turn budget is spent.
 
-use crate::dispatch::Dispatcher;
-use crate::llm::{BoxFuture, CompletionRequest, Message, ProviderError, Role, ToolChoice, ToolDef};
+use std::fmt;
+
+use crate::dispatch::{DispatchError, DispatchOutcome, Dispatcher, Route, Ticket};
+use crate::llm::{BoxFuture, CompletionRequest, Message, Role, ToolChoice, ToolDef};
 
 /// What a tool call did, for the loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -11,6 +13,9 @@ pub(crate) enum ToolOutcome {
     Continue(String),
     /// A result for the model; the turn ends after this round of calls.
     EndTurn(String),
+    /// The reply was delivered to the user: the turn ends after this round, and its
+    /// messages collapse into one assistant message with this text.
+    Delivered(String),
 }
 
 /// Runs the tools a process calls.
@@ -21,6 +26,13 @@ pub(crate) trait ToolHandler: Send + Sync {
     /// Answers a call of a tool this process was not offered (the model made it up, or
     /// forced it): a denial naming why, never a run.
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String>;
+
+    /// Messages that arrived for the process while it worked, taken at a turn boundary
+    /// (after a round of tool results, before the next request). Any: the turn ends so
+    /// they can be added as context.
+    fn injected(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// How a turn ended.
@@ -28,34 +40,70 @@ pub(crate) trait ToolHandler: Send + Sync {
 pub(crate) enum TurnEnd {
     /// The model answered in text with no tool call.
     Text(String),
-    /// A tool (reply, skip, set_status done) ended the turn.
+    /// A tool (skip, set_status) ended the turn.
     Ended,
+    /// `reply` delivered this text; the turn's messages collapsed into it.
+    Delivered(String),
+    /// Messages arrived at a turn boundary; the turn stopped there with every tool call
+    /// answered.
+    Injected(Vec<String>),
     /// The turn budget ran out.
     MaxTurns,
+}
+
+/// Why a turn produced nothing; its history is back to where it started.
+#[derive(Debug)]
+pub(crate) enum TurnError {
+    /// The session was busy or held by someone else, who answers instead.
+    Suppressed(String),
+    /// The model did not answer in time.
+    TimedOut,
+    /// The dispatch failed.
+    Failed(DispatchError),
+}
+
+impl fmt::Display for TurnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TurnError::Suppressed(why) => write!(f, "not sent: {why}"),
+            TurnError::TimedOut => f.write_str("the model did not answer in time"),
+            TurnError::Failed(err) => write!(f, "{err}"),
+        }
+    }
 }
 
 /// One process's turn: its identity, prompt and tools.
 pub(crate) struct Turn<'a> {
     pub(crate) dispatcher: &'a Dispatcher,
+    /// The reservation of the session (`main`, `worker:3`, ...) the turn prompts.
+    pub(crate) ticket: &'a Ticket,
+    /// Why the turn's first request is sent; later rounds are continuations.
+    pub(crate) route: Route,
     /// `channel`, `worker`, ...
     pub(crate) process: &'a str,
-    /// `channel:main`, `worker:3`, ...
-    pub(crate) session: &'a str,
     pub(crate) system: &'a str,
     pub(crate) tools: &'a [ToolDef],
     pub(crate) max_turns: u32,
 }
 
 impl Turn<'_> {
-    /// Runs the loop over `history`, appending every message it produces. On a provider
-    /// error `history` is truncated back to its length before the turn.
+    /// Runs the loop over `history`, appending every message it produces, so that every
+    /// tool call it leaves has its result:
+    /// - a delivered reply: the turn's messages become one assistant message, the reply;
+    /// - an error: `history` is truncated back to its length before the turn;
+    /// - max turns or an injection: what the turn produced stays, results included.
     pub(crate) async fn run(
         &self,
         history: &mut Vec<Message>,
         handler: &dyn ToolHandler,
-    ) -> Result<TurnEnd, ProviderError> {
+    ) -> Result<TurnEnd, TurnError> {
         let before = history.len();
         match self.run_inner(history, handler).await {
+            Ok(TurnEnd::Delivered(text)) => {
+                history.truncate(before);
+                history.push(Message::assistant(text.clone()));
+                Ok(TurnEnd::Delivered(text))
+            }
             Ok(end) => Ok(end),
             Err(err) => {
                 history.truncate(before);
@@ -68,7 +116,8 @@ impl Turn<'_> {
         &self,
         history: &mut Vec<Message>,
         handler: &dyn ToolHandler,
-    ) -> Result<TurnEnd, ProviderError> {
+    ) -> Result<TurnEnd, TurnError> {
+        let mut route = self.route;
         for _ in 0..self.max_turns {
             repair(history);
             let mut messages = Vec::with_capacity(history.len() + 1);
@@ -80,7 +129,20 @@ impl Turn<'_> {
                 tools: self.tools.to_vec(),
                 tool_choice: ToolChoice::Auto,
             };
-            let completion = self.dispatcher.dispatch(self.session, &request).await?;
+            let completion = match self.dispatcher.send(self.ticket, route, &request).await {
+                DispatchOutcome::Dispatched(completion) => completion,
+                DispatchOutcome::Active => {
+                    return Err(TurnError::Suppressed("the session is busy".into()));
+                }
+                DispatchOutcome::Reserved { by } => {
+                    return Err(TurnError::Suppressed(format!(
+                        "the session is held by {by}"
+                    )));
+                }
+                DispatchOutcome::TimedOut => return Err(TurnError::TimedOut),
+                DispatchOutcome::Failed { error, .. } => return Err(TurnError::Failed(error)),
+            };
+            route = Route::Continuation;
             let message = completion.message;
             let calls = message.tool_calls.clone();
             let text = message.content.clone();
@@ -88,24 +150,35 @@ impl Turn<'_> {
             if calls.is_empty() {
                 return Ok(TurnEnd::Text(text));
             }
-            let mut ended = false;
+            let mut ended = None;
             for call in &calls {
-                let outcome = if self.tools.iter().any(|t| t.name == call.name) {
-                    handler.handle(&call.name, &call.arguments).await
-                } else {
-                    ToolOutcome::Continue(handler.refuse(&call.name, &call.arguments).await)
+                let outcome = {
+                    let _running = self.dispatcher.gate().tool_running(self.ticket.session());
+                    if self.tools.iter().any(|t| t.name == call.name) {
+                        handler.handle(&call.name, &call.arguments).await
+                    } else {
+                        ToolOutcome::Continue(handler.refuse(&call.name, &call.arguments).await)
+                    }
                 };
                 let result = match outcome {
                     ToolOutcome::Continue(text) => text,
                     ToolOutcome::EndTurn(text) => {
-                        ended = true;
+                        ended.get_or_insert(TurnEnd::Ended);
                         text
+                    }
+                    ToolOutcome::Delivered(reply) => {
+                        ended = Some(TurnEnd::Delivered(reply));
+                        "delivered".to_owned()
                     }
                 };
                 history.push(Message::tool_result(&call.id, result));
             }
-            if ended {
-                return Ok(TurnEnd::Ended);
+            if let Some(end) = ended {
+                return Ok(end);
+            }
+            let injected = handler.injected();
+            if !injected.is_empty() {
+                return Ok(TurnEnd::Injected(injected));
             }
         }
         Ok(TurnEnd::MaxTurns)

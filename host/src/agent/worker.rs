@@ -1,19 +1,30 @@
 //! A worker: a fresh prompt and one task, file and task tools, and `set_status`.
+//!
+//! Messages routed to a worker are never lost: a worker waiting for input takes the next
+//! one as its answer; a running worker gets them at its next turn boundary (the turn
+//! stops there, they are added as context, and it is re-prompted to continue); what
+//! arrives after its last turn is reported to the channel as not delivered.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Mutex as AsyncMutex, Notify, mpsc};
 
 use super::channel::{ChannelInput, parse_args};
+use super::notifications::{NotificationKind, fold_back};
 use super::prompts::system_prompt;
 use super::reservations::Reservation;
 use super::runtime::{ChannelHandle, Runtime, WorkerHandle};
 use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd};
+use crate::dispatch::Route;
 use crate::llm::{BoxFuture, Message};
 use crate::policy::ProcessKind;
 use crate::store::WorkerState;
+
+/// The re-prompt after routed messages were added to a worker's history.
+const CONTINUE_HINT: &str = "Continue with the messages above in mind.";
 
 /// What a worker is started with.
 pub(crate) struct WorkerSpec {
@@ -21,16 +32,77 @@ pub(crate) struct WorkerSpec {
     pub(crate) channel: String,
     pub(crate) task: String,
     pub(crate) interactive: bool,
+    /// The branch that spawned it, if a branch did (else its channel did).
+    pub(crate) requester: Option<String>,
 }
 
-/// Runs a worker to its end, records it, and reports to its channel.
-/// `_reservation` holds the task description for the worker's whole life and is released
-/// when this future ends or is dropped, however that happens.
-pub(crate) async fn run_worker(
+type Inbox = Arc<AsyncMutex<mpsc::UnboundedReceiver<String>>>;
+
+/// Runs a worker to its end, whatever the end: it finishes, fails, is cancelled, times
+/// out, or panics. The worker is recorded and reported on every path, its registry entry
+/// goes, and its reservation (the task description) and admission permit are released.
+pub(crate) async fn supervise_worker(
     rt: Arc<Runtime>,
     spec: WorkerSpec,
     channel: ChannelHandle,
+    reservation: Reservation,
+) {
+    // Whether this worker counts in its channel's pending work (not while it waits).
+    let counted = Arc::new(AtomicBool::new(true));
+    let (inbox_tx, inbox) = mpsc::unbounded_channel();
+    let inbox: Inbox = Arc::new(AsyncMutex::new(inbox));
+    let spec = Arc::new(spec);
+    let task = tokio::spawn(run_worker(
+        rt.clone(),
+        spec.clone(),
+        channel.clone(),
+        reservation,
+        counted.clone(),
+        inbox_tx,
+        inbox.clone(),
+    ));
+    if let Err(err) = task.await {
+        let why = if err.is_panic() {
+            format!("panicked: {}", panic_message(err.into_panic().as_ref()))
+        } else {
+            "stopped: the runtime shut down".to_owned()
+        };
+        rt.workers.lock().unwrap().remove(&spec.id);
+        let undelivered = drain(&mut *inbox.lock().await);
+        finish(&rt, &spec, &channel, WorkerState::Failed, why, undelivered);
+    }
+    if counted.load(Ordering::SeqCst) {
+        channel.done_pending();
+    }
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
+}
+
+fn drain(inbox: &mut mpsc::UnboundedReceiver<String>) -> Vec<String> {
+    let mut messages = Vec::new();
+    while let Ok(message) = inbox.try_recv() {
+        messages.push(message);
+    }
+    messages
+}
+
+/// The worker's life, in its own task so that a panic is caught by
+/// [`supervise_worker`]. `_reservation` and the admission permit drop with this future,
+/// however it ends.
+async fn run_worker(
+    rt: Arc<Runtime>,
+    spec: Arc<WorkerSpec>,
+    channel: ChannelHandle,
     _reservation: Reservation,
+    counted: Arc<AtomicBool>,
+    inbox_tx: mpsc::UnboundedSender<String>,
+    inbox: Inbox,
 ) {
     // Held until the worker ends: at most max_workers_per_channel run at once.
     let _slot = channel
@@ -39,7 +111,6 @@ pub(crate) async fn run_worker(
         .acquire_owned()
         .await
         .expect("never closed");
-    let (inbox_tx, mut inbox) = mpsc::unbounded_channel();
     let cancel = Arc::new(Notify::new());
     rt.workers.lock().unwrap().insert(
         spec.id.clone(),
@@ -53,20 +124,35 @@ pub(crate) async fn run_worker(
     }
     rt.status(&spec.id, format!("started: {}", spec.task));
 
-    // Whether this worker counts in its channel's pending work right now (not while it
-    // waits for input); read after a cancel cut the work short.
-    let counted = AtomicBool::new(true);
+    let limit = rt.config.limits.worker_timeout;
     let (state, outcome) = tokio::select! {
-        ended = work(&rt, &spec, &channel, &counted, &mut inbox) => ended,
+        ended = tokio::time::timeout(limit, work(&rt, &spec, &channel, &counted, &inbox)) => {
+            ended.unwrap_or_else(|_| {
+                (WorkerState::Failed, format!("timed out after {} s", limit.as_secs()))
+            })
+        }
         () = cancel.notified() => (WorkerState::Cancelled, "cancelled on request".to_owned()),
     };
-
+    // Out of the registry first: from here on a route is refused, not queued.
     rt.workers.lock().unwrap().remove(&spec.id);
-    // Messages routed after its last turn: reported, not silently dropped.
-    let mut undelivered = Vec::new();
-    while let Ok(message) = inbox.try_recv() {
-        undelivered.push(message);
-    }
+    let undelivered = drain(&mut *inbox.lock().await);
+    finish(&rt, &spec, &channel, state, outcome, undelivered);
+}
+
+/// Records the worker's end and reports it: to its channel, or, when the branch that
+/// asked for it has ended, as a late notification.
+fn finish(
+    rt: &Arc<Runtime>,
+    spec: &WorkerSpec,
+    channel: &ChannelHandle,
+    state: WorkerState,
+    outcome: String,
+    undelivered: Vec<String>,
+) {
+    let _ = rt
+        .dispatcher
+        .gate()
+        .release_prefix(&format!("{}:", spec.id));
     if let Err(err) = rt.store.set_worker_state(&spec.id, state, Some(&outcome)) {
         tracing::error!(worker = %spec.id, "cannot record the worker's end: {err}");
     }
@@ -79,12 +165,40 @@ pub(crate) async fn run_worker(
             undelivered.join(" | ")
         ));
     }
-    channel.send(ChannelInput::Result {
-        source: spec.id.clone(),
-        text: report,
-    });
-    if counted.load(Ordering::SeqCst) {
-        channel.done_pending();
+    let kind = match state {
+        WorkerState::Done => NotificationKind::Result,
+        WorkerState::Cancelled => NotificationKind::Status,
+        WorkerState::WaitingForInput => NotificationKind::InputRequired,
+        WorkerState::Failed | WorkerState::Running => NotificationKind::Error,
+    };
+    tell(rt, spec, channel, kind, report);
+}
+
+/// Sends `text` to the worker's channel, or folds it back if its requester has ended.
+fn tell(
+    rt: &Arc<Runtime>,
+    spec: &WorkerSpec,
+    channel: &ChannelHandle,
+    kind: NotificationKind,
+    text: String,
+) {
+    let late_for = spec
+        .requester
+        .as_deref()
+        .filter(|branch| !rt.branch_alive(branch));
+    match late_for {
+        Some(requester) => {
+            fold_back(rt, &spec.channel, &spec.id, requester, kind, &text);
+        }
+        None => {
+            let sent = channel.send(ChannelInput::Result {
+                source: spec.id.clone(),
+                text: text.clone(),
+            });
+            if !sent {
+                fold_back(rt, &spec.channel, &spec.id, &spec.channel, kind, &text);
+            }
+        }
     }
 }
 
@@ -94,21 +208,29 @@ async fn work(
     spec: &WorkerSpec,
     channel: &ChannelHandle,
     counted: &AtomicBool,
-    inbox: &mut mpsc::UnboundedReceiver<String>,
+    inbox: &Inbox,
 ) -> (WorkerState, String) {
     let tools = rt.tool_defs(ProcessKind::Worker);
     let system = system_prompt(ProcessKind::Worker, &rt.config.agent.name);
+    let owner = format!("{}:loop", spec.id);
+    let lease = match rt.dispatcher.lease(&spec.id, &owner) {
+        Ok(lease) => lease,
+        Err(held) => return (WorkerState::Failed, format!("cannot prompt: {held}")),
+    };
     let mut history = vec![Message::user(spec.task.clone())];
+    let mut route = Route::Task;
     loop {
         let handler = WorkerTools {
             rt: rt.clone(),
             id: spec.id.clone(),
             reported: Mutex::new(None),
+            inbox,
         };
         let turn = Turn {
             dispatcher: &rt.dispatcher,
+            ticket: lease.ticket(),
+            route,
             process: ProcessKind::Worker.as_str(),
-            session: &spec.id,
             system: &system,
             tools: &tools,
             max_turns: rt.config.limits.max_turns,
@@ -117,8 +239,19 @@ async fn work(
         let reported = handler.reported.lock().unwrap().take();
         let (state, message) = match (end, reported) {
             (Err(err), _) => return (WorkerState::Failed, format!("the model failed: {err}")),
+            (Ok(TurnEnd::Injected(messages)), _) => {
+                // Stopped at a boundary with every call answered: add the messages and go
+                // on. Not a retry, so it uses no budget of any kind.
+                rt.status(
+                    &spec.id,
+                    format!("{} routed message(s) injected", messages.len()),
+                );
+                continue_with(&mut history, messages);
+                route = Route::Injection;
+                continue;
+            }
             (Ok(_), Some((state, message))) => (state, message),
-            (Ok(TurnEnd::Text(text)), None) => (WorkerState::Done, text),
+            (Ok(TurnEnd::Text(text) | TurnEnd::Delivered(text)), None) => (WorkerState::Done, text),
             (Ok(TurnEnd::MaxTurns), None) => {
                 return (
                     WorkerState::Failed,
@@ -128,10 +261,7 @@ async fn work(
             (Ok(TurnEnd::Ended), None) => (WorkerState::Done, String::new()),
         };
         // Messages routed while it worked are delivered before it may end.
-        let mut routed = Vec::new();
-        while let Ok(message) = inbox.try_recv() {
-            routed.push(message);
-        }
+        let mut routed = drain(&mut *inbox.lock().await);
         if state == WorkerState::WaitingForInput {
             if !spec.interactive {
                 return (
@@ -149,13 +279,16 @@ async fn work(
                 }
                 // The user hears the question; while it waits, the worker does not keep its
                 // channel busy.
-                channel.send(ChannelInput::Result {
-                    source: spec.id.clone(),
-                    text: format!("needs input (route your answer to {}): {message}", spec.id),
-                });
+                tell(
+                    rt,
+                    spec,
+                    channel,
+                    NotificationKind::InputRequired,
+                    format!("needs input (route your answer to {}): {message}", spec.id),
+                );
                 counted.store(false, Ordering::SeqCst);
                 channel.done_pending();
-                let input = inbox.recv().await;
+                let input = inbox.lock().await.recv().await;
                 channel.add_pending();
                 counted.store(true, Ordering::SeqCst);
                 match input {
@@ -172,18 +305,23 @@ async fn work(
         } else if routed.is_empty() {
             return (state, message);
         }
-        for input in routed {
-            history.push(Message::user(input));
-        }
-        history.push(Message::user("Continue with the messages above in mind."));
+        continue_with(&mut history, routed);
+        route = Route::FollowUp;
     }
 }
 
+/// Adds routed `messages` to a worker's history, then the hint to continue.
+fn continue_with(history: &mut Vec<Message>, messages: Vec<String>) {
+    history.extend(messages.into_iter().map(Message::user));
+    history.push(Message::user(CONTINUE_HINT));
+}
+
 /// The worker's host tool `set_status`; everything else goes to the plugins.
-struct WorkerTools {
+struct WorkerTools<'w> {
     rt: Arc<Runtime>,
     id: String,
     reported: Mutex<Option<(WorkerState, String)>>,
+    inbox: &'w Inbox,
 }
 
 #[derive(Deserialize)]
@@ -192,12 +330,20 @@ struct StatusArgs {
     message: String,
 }
 
-impl ToolHandler for WorkerTools {
+impl ToolHandler for WorkerTools<'_> {
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
         Box::pin(
             self.rt
                 .refuse(ProcessKind::Worker, &self.id, name, arguments),
         )
+    }
+
+    fn injected(&self) -> Vec<String> {
+        // Only the worker's own loop takes this lock, and never during a turn.
+        match self.inbox.try_lock() {
+            Ok(mut inbox) => drain(&mut inbox),
+            Err(_) => Vec::new(),
+        }
     }
 
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {

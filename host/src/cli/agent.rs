@@ -13,7 +13,6 @@ use super::HostArgs;
 use super::table::print_table;
 use crate::agent::{Event, Runtime};
 use crate::config::{Config, ProviderSettings};
-use crate::dispatch::Dispatcher;
 use crate::llm::{OpenAiProvider, Provider, Recorder, Script, ScriptedProvider};
 use crate::store::{Store, TaskFilter};
 
@@ -75,8 +74,7 @@ impl AgentArgs {
             Some(path) => Box::new(Recorder::new(provider, path)),
             None => provider,
         };
-        let dispatcher = Dispatcher::new(Arc::from(provider));
-        Ok(Runtime::new(config, registry, store, dispatcher))
+        Ok(Runtime::new(config, registry, store, Arc::from(provider)))
     }
 }
 

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::dispatch::GateSettings;
 use crate::plugin::Limits;
 use crate::policy::{Grants, Policy, ProcessKind, Profile};
 
@@ -75,6 +76,10 @@ pub struct AgentLimits {
     pub context_window_tokens: u32,
     /// The share of the window that triggers compaction, in (0, 1].
     pub compaction_threshold: f64,
+    /// How long a worker may run before it is stopped.
+    pub worker_timeout: Duration,
+    /// The prompt gate's timings.
+    pub dispatch: GateSettings,
 }
 
 /// `[provider]`.
@@ -220,6 +225,10 @@ struct RawLimits {
     max_turns: u32,
     context_window_tokens: u32,
     compaction_threshold: f64,
+    worker_timeout_secs: u64,
+    settle_ms: u64,
+    dispatch_timeout_secs: f64,
+    dispatch_hold_ms: u64,
 }
 
 #[derive(Deserialize)]
@@ -313,6 +322,33 @@ impl RawLimits {
                 format!("must be a share of the window in (0, 1], got {share}"),
             ));
         }
+        if !(1..=86_400).contains(&self.worker_timeout_secs) {
+            return Err(key_error(
+                "limits.worker_timeout_secs",
+                format!(
+                    "must be 1 to 86400 seconds, got {}",
+                    self.worker_timeout_secs
+                ),
+            ));
+        }
+        let timeout = self.dispatch_timeout_secs;
+        if !(timeout.is_finite() && timeout > 0.0 && timeout <= 3600.0) {
+            return Err(key_error(
+                "limits.dispatch_timeout_secs",
+                format!("must be more than 0 and at most 3600 seconds, got {timeout}"),
+            ));
+        }
+        for (key, value) in [
+            ("limits.settle_ms", self.settle_ms),
+            ("limits.dispatch_hold_ms", self.dispatch_hold_ms),
+        ] {
+            if value > 60_000 {
+                return Err(key_error(
+                    key,
+                    format!("must be at most 60000 ms, got {value}"),
+                ));
+            }
+        }
         Ok(AgentLimits {
             tool: Limits {
                 deadline: Duration::from_secs_f64(secs),
@@ -324,6 +360,12 @@ impl RawLimits {
             max_turns: self.max_turns,
             context_window_tokens: self.context_window_tokens,
             compaction_threshold: share,
+            worker_timeout: Duration::from_secs(self.worker_timeout_secs),
+            dispatch: GateSettings {
+                settle: Duration::from_millis(self.settle_ms),
+                timeout: Duration::from_secs_f64(timeout),
+                hold: Duration::from_millis(self.dispatch_hold_ms),
+            },
         })
     }
 }

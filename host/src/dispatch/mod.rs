@@ -1,23 +1,157 @@
 //! The prompt gate: the only code that sends a prompt to a model.
 //!
-//! Every route that asks a model for its next message (a user message, a retrigger after
-//! a worker or branch finished, a worker's or branch's own turns, compaction) goes through
-//! [`Dispatcher::dispatch`]. Nothing under `plugin/` can reach it, and no other module
-//! holds the provider.
+//! Every route that asks a model for its next message goes through [`Dispatcher`]: a user
+//! message, the retrigger after a worker or branch result, a late notification, a worker's
+//! task, its follow-ups and the re-prompt after injected context, a branch's thinking and
+//! compaction ([`Route`] names them all). Nothing under `plugin/` can reach it, no other
+//! module holds the provider, and a test scans the host's source to keep it so.
+//!
+//! A route first reserves its session ([`Dispatcher::reserve`]), then waits for inputs to
+//! settle, then dispatches with its ticket ([`Dispatcher::send`]). The answer is one
+//! [`DispatchOutcome`]; callers treat [`DispatchOutcome::Active`] and
+//! [`DispatchOutcome::Reserved`] as "someone else answers", never as a reason to retry.
 
+mod gate;
+
+use std::fmt;
 use std::sync::Arc;
 
-use crate::llm::{Completion, CompletionRequest, Provider, ProviderError};
+pub use gate::{Gate, GateSettings, Lease, ReleaseError, Reserved, Ticket, ToolRunning};
 
-/// Owns the provider and sends every prompt.
+use crate::llm::{Completion, CompletionRequest, Provider, ProviderError};
+use gate::Busy;
+
+/// Why a prompt is sent: every route into a model, named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// A message from the user.
+    User,
+    /// A channel's turn after worker or branch results.
+    Retrigger,
+    /// A channel's turn telling a result that arrived after its requester ended.
+    Notification,
+    /// A worker's task.
+    Task,
+    /// A worker's follow-up turn after routed input.
+    FollowUp,
+    /// A worker re-prompted after context was injected at a turn boundary.
+    Injection,
+    /// The next round of a turn, after tool results.
+    Continuation,
+    /// A branch's question.
+    Branch,
+    /// A summary of old history.
+    Compaction,
+}
+
+impl Route {
+    /// The route's name in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Route::User => "user",
+            Route::Retrigger => "retrigger",
+            Route::Notification => "notification",
+            Route::Task => "task",
+            Route::FollowUp => "follow-up",
+            Route::Injection => "injection",
+            Route::Continuation => "continuation",
+            Route::Branch => "branch",
+            Route::Compaction => "compaction",
+        }
+    }
+}
+
+impl fmt::Display for Route {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What one dispatch did. Closed: every caller handles every case.
+#[derive(Debug)]
+pub enum DispatchOutcome {
+    /// The model answered.
+    Dispatched(Completion),
+    /// The session is busy: a dispatch is in flight or a tool is still running. Nothing
+    /// was sent; whoever is busy answers.
+    Active,
+    /// Someone else holds the session. Nothing was sent.
+    Reserved {
+        /// The owner holding it.
+        by: String,
+    },
+    /// The model did not answer within the dispatch timeout; the reservation is released
+    /// (the hold still runs).
+    TimedOut,
+    /// The dispatch failed.
+    Failed {
+        /// Whether the prompt reached the provider (false: the ticket no longer held the
+        /// session, so nothing was sent).
+        attempted: bool,
+        /// What went wrong.
+        error: DispatchError,
+    },
+}
+
+/// Why a dispatch failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    /// The provider failed.
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    /// The ticket was released, timed out or replaced before the dispatch.
+    #[error("the reservation of session {session} by {owner} is no longer held; reserve it again")]
+    StaleTicket {
+        /// The session.
+        session: String,
+        /// The ticket's owner.
+        owner: String,
+    },
+}
+
+/// Owns the provider and the [`Gate`], and sends every prompt.
+///
+/// ```
+/// use std::sync::Arc;
+/// use capstan_host::dispatch::{DispatchOutcome, Dispatcher, GateSettings, Route};
+/// use capstan_host::llm::{CompletionRequest, Message, Script, ScriptedProvider, ToolChoice};
+///
+/// let script = Script::parse("[[step]]\nprocess = \"channel\"\nreply = \"Hi.\"", "inline").unwrap();
+/// let provider = ScriptedProvider::new(script, "inline");
+/// let dispatcher = Dispatcher::new(Arc::new(provider), GateSettings::default());
+/// let request = CompletionRequest {
+///     process: "channel".into(),
+///     messages: vec![Message::user("hello")],
+///     tools: vec![],
+///     tool_choice: ToolChoice::Auto,
+/// };
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let ticket = dispatcher.reserve("main", "channel:main:loop").unwrap();
+/// match dispatcher.send(&ticket, Route::User, &request).await {
+///     DispatchOutcome::Dispatched(answer) => assert_eq!(answer.message.content, "Hi."),
+///     other => panic!("{other:?}"),
+/// }
+/// // Within the hold, anyone else is told who has the session.
+/// assert!(matches!(
+///     dispatcher.prompt("main", "hook:idle:", Route::User, &request).await,
+///     DispatchOutcome::Reserved { by } if by == "channel:main:loop"
+/// ));
+/// # });
+/// ```
 pub struct Dispatcher {
     provider: Arc<dyn Provider>,
+    gate: Gate,
+    settings: GateSettings,
 }
 
 impl Dispatcher {
-    /// A gate in front of `provider`.
-    pub fn new(provider: Arc<dyn Provider>) -> Self {
-        Dispatcher { provider }
+    /// A gate in front of `provider`, with `settings`' timings.
+    pub fn new(provider: Arc<dyn Provider>, settings: GateSettings) -> Self {
+        Dispatcher {
+            provider,
+            gate: Gate::default(),
+            settings,
+        }
     }
 
     /// The provider's name, for logs.
@@ -25,22 +159,99 @@ impl Dispatcher {
         self.provider.name()
     }
 
-    /// Sends `request` for `session` (e.g. `channel:main`, `worker:3`) and returns the
-    /// model's answer.
-    pub async fn dispatch(
+    /// The timings in force.
+    pub fn settings(&self) -> &GateSettings {
+        &self.settings
+    }
+
+    /// The reservations.
+    pub fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
+    /// Reserves `session` for `owner`; see [`Gate::reserve`].
+    pub fn reserve(&self, session: &str, owner: &str) -> Result<Ticket, Reserved> {
+        self.gate.reserve(session, owner)
+    }
+
+    /// Reserves `session` for `owner` until the returned lease drops.
+    pub fn lease(&self, session: &str, owner: &str) -> Result<Lease<'_>, Reserved> {
+        Ok(Lease::new(&self.gate, self.gate.reserve(session, owner)?))
+    }
+
+    /// One whole route: reserve `session` for `owner`, wait the settle time, dispatch.
+    pub async fn prompt(
         &self,
         session: &str,
+        owner: &str,
+        route: Route,
         request: &CompletionRequest,
-    ) -> Result<Completion, ProviderError> {
-        tracing::debug!(session, process = %request.process, messages = request.messages.len(), "dispatch");
-        self.provider.complete(request).await
+    ) -> DispatchOutcome {
+        let ticket = match self.gate.reserve(session, owner) {
+            Ok(ticket) => ticket,
+            Err(Reserved { by }) => return DispatchOutcome::Reserved { by },
+        };
+        if !self.settings.settle.is_zero() {
+            tokio::time::sleep(self.settings.settle).await;
+        }
+        self.send(&ticket, route, request).await
+    }
+
+    /// Sends `request` under `ticket`, if the session is not busy, within the dispatch
+    /// timeout. The hold starts when this returns (or is dropped), however it ended.
+    pub async fn send(
+        &self,
+        ticket: &Ticket,
+        route: Route,
+        request: &CompletionRequest,
+    ) -> DispatchOutcome {
+        let mut flight = match self.gate.begin(ticket) {
+            Ok(flight) => flight,
+            Err(Busy::Active) => return DispatchOutcome::Active,
+            Err(Busy::Stale) => {
+                return match self.gate.holder(ticket.session()) {
+                    Some(by) if by != ticket.owner() => DispatchOutcome::Reserved { by },
+                    _ => DispatchOutcome::Failed {
+                        attempted: false,
+                        error: DispatchError::StaleTicket {
+                            session: ticket.session().to_owned(),
+                            owner: ticket.owner().to_owned(),
+                        },
+                    },
+                };
+            }
+        };
+        flight.hold = self.settings.hold;
+        tracing::debug!(
+            session = ticket.session(),
+            owner = ticket.owner(),
+            %route,
+            process = %request.process,
+            messages = request.messages.len(),
+            "dispatch"
+        );
+        match tokio::time::timeout(self.settings.timeout, self.provider.complete(request)).await {
+            Ok(Ok(completion)) => DispatchOutcome::Dispatched(completion),
+            Ok(Err(error)) => DispatchOutcome::Failed {
+                attempted: true,
+                error: error.into(),
+            },
+            Err(_) => {
+                flight.release = true;
+                DispatchOutcome::TimedOut
+            }
+        }
     }
 }
 
-impl std::fmt::Debug for Dispatcher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Dispatcher")
             .field("provider", &self.provider.name())
+            .field("settings", &self.settings)
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests;
