@@ -6,10 +6,9 @@ use std::sync::Arc;
 use capstan_host::agent::{Event, Runtime};
 use capstan_host::config::{Config, ProviderSettings};
 use capstan_host::llm::{Script, ScriptedProvider};
-use capstan_host::plugin::{Limits, PluginHost, Registry};
 use capstan_host::policy::ProcessKind;
 use capstan_host::store::{Store, TaskFilter, WorkerState};
-use capstan_tests::{plugins_dir, repo_root, test_cache};
+use capstan_tests::{agent_runtime, repo_root};
 use tokio::sync::mpsc;
 
 /// A runtime in `dir` (workspace and data dir inside it) playing `script`.
@@ -21,17 +20,8 @@ async fn runtime(
     let mut config = Config::defaults(dir);
     config.provider = ProviderSettings::Scripted { script: None };
     edit(&mut config);
-    std::fs::create_dir_all(&config.agent.workspace).unwrap();
-    let store = Arc::new(Store::open(&config.agent.data_dir).unwrap());
-    let host = PluginHost::new(Limits::default(), test_cache())
-        .unwrap()
-        .with_store(store.clone());
-    let registry = Registry::load_dir(Arc::new(host), &plugins_dir())
-        .await
-        .unwrap();
-    assert!(registry.refused().is_empty(), "{:?}", registry.refused());
     let provider = ScriptedProvider::new(Script::parse(script, "test").unwrap(), "test");
-    Runtime::new(config, Arc::new(registry), store, Arc::new(provider))
+    agent_runtime(config, Arc::new(provider), false).await
 }
 
 fn names(runtime: &Runtime, kind: ProcessKind) -> Vec<String> {

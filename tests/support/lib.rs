@@ -5,11 +5,17 @@
 //! instruction rather than skipping it.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use capstan_host::agent::{Event, Runtime};
+use capstan_host::config::Config;
+use capstan_host::llm::{
+    BoxFuture, Completion, CompletionRequest, Provider, ProviderError, Script, ScriptedProvider,
+};
 use capstan_host::plugin::{ArtifactCache, CallRequest, Limits, PluginHost, Registry, ToolError};
 use capstan_host::policy::Grants;
 use capstan_host::store::Store;
+use tokio::sync::mpsc;
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -182,5 +188,96 @@ pub fn expect_error(result: Result<String, ToolError>, kind: &str) -> String {
     match result {
         Err(err) if err.kind() == kind => err.message().to_owned(),
         other => panic!("expected a {kind} error, got {other:?}"),
+    }
+}
+
+/// An agent runtime on `config` (its workspace created, its store opened), with the
+/// first-party plugins (and the probe fixture if `probe`), talking to `provider`.
+pub async fn agent_runtime(
+    config: Config,
+    provider: Arc<dyn Provider>,
+    probe: bool,
+) -> (Arc<Runtime>, mpsc::UnboundedReceiver<Event>) {
+    std::fs::create_dir_all(&config.agent.workspace).unwrap();
+    let store = Arc::new(Store::open(&config.agent.data_dir).unwrap());
+    let host = PluginHost::new(config.limits.tool.clone(), test_cache())
+        .unwrap()
+        .with_store(store.clone());
+    let mut registry = Registry::load_dir(Arc::new(host), &plugins_dir())
+        .await
+        .unwrap();
+    if probe {
+        registry
+            .add_file(&component("fixtures", "probe"))
+            .await
+            .expect("the probe fixture loads");
+    }
+    assert!(registry.refused().is_empty(), "{:?}", registry.refused());
+    Runtime::new(config, Arc::new(registry), store, provider)
+}
+
+/// The incoming message that makes [`Recording`] panic, as a buggy provider might.
+pub const PANIC_TRIGGER: &str = "PANIC NOW";
+
+/// Plays a script and keeps a copy of every request it answered; panics on a request
+/// whose incoming message contains [`PANIC_TRIGGER`].
+pub struct Recording {
+    script: ScriptedProvider,
+    requests: Mutex<Vec<CompletionRequest>>,
+}
+
+impl Recording {
+    /// A recording provider playing `script` (TOML).
+    pub fn new(script: &str) -> Arc<Self> {
+        Arc::new(Recording {
+            script: ScriptedProvider::new(Script::parse(script, "test").unwrap(), "test"),
+            requests: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The requests answered so far, in order.
+    pub fn requests(&self) -> Vec<CompletionRequest> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    /// The requests of process kind `process` answered so far.
+    pub fn requests_of(&self, process: &str) -> Vec<CompletionRequest> {
+        let mut all = self.requests();
+        all.retain(|r| r.process == process);
+        all
+    }
+}
+
+impl Provider for Recording {
+    fn complete<'a>(
+        &'a self,
+        request: &'a CompletionRequest,
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+        let incoming = request.messages.last().map(|m| m.content.as_str());
+        if incoming.is_some_and(|m| m.contains(PANIC_TRIGGER)) {
+            panic!("the provider panicked on purpose");
+        }
+        Box::pin(async move {
+            let answer = self.script.complete(request).await?;
+            self.requests.lock().unwrap().push(request.clone());
+            Ok(answer)
+        })
+    }
+
+    fn name(&self) -> String {
+        self.script.name()
+    }
+}
+
+/// Polls `done` every few milliseconds until it holds, failing after ten seconds with
+/// `what`.
+pub async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting: {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }

@@ -82,7 +82,7 @@ pub(crate) async fn compact_if_needed(rt: &Arc<Runtime>, history: &mut Vec<Messa
             };
             turn.run(&mut work, &handler).await
         }
-        Err(held) => Err(TurnError::Suppressed(held.to_string())),
+        Err(held) => Err(TurnError::suppressed(held.to_string())),
     };
     match end {
         Ok(TurnEnd::Text(summary)) if !summary.trim().is_empty() => {

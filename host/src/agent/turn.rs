@@ -51,9 +51,18 @@ pub(crate) enum TurnEnd {
     MaxTurns,
 }
 
-/// Why a turn produced nothing; its history is back to where it started.
+/// A turn that failed; its history is back to where it started.
 #[derive(Debug)]
-pub(crate) enum TurnError {
+pub(crate) struct TurnError {
+    pub(crate) reason: Unanswered,
+    /// Requests of the turn the model answered before the failure (0: the messages added
+    /// before the turn never got an answer).
+    pub(crate) answered: u32,
+}
+
+/// Why a request got no answer.
+#[derive(Debug)]
+pub(crate) enum Unanswered {
     /// The session was busy or held by someone else, who answers instead.
     Suppressed(String),
     /// The model did not answer in time.
@@ -62,12 +71,22 @@ pub(crate) enum TurnError {
     Failed(DispatchError),
 }
 
+impl TurnError {
+    /// A turn that could not start because `why`.
+    pub(crate) fn suppressed(why: impl Into<String>) -> Self {
+        TurnError {
+            reason: Unanswered::Suppressed(why.into()),
+            answered: 0,
+        }
+    }
+}
+
 impl fmt::Display for TurnError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TurnError::Suppressed(why) => write!(f, "not sent: {why}"),
-            TurnError::TimedOut => f.write_str("the model did not answer in time"),
-            TurnError::Failed(err) => write!(f, "{err}"),
+        match &self.reason {
+            Unanswered::Suppressed(why) => write!(f, "not sent: {why}"),
+            Unanswered::TimedOut => f.write_str("the model did not answer in time"),
+            Unanswered::Failed(err) => write!(f, "{err}"),
         }
     }
 }
@@ -118,7 +137,8 @@ impl Turn<'_> {
         handler: &dyn ToolHandler,
     ) -> Result<TurnEnd, TurnError> {
         let mut route = self.route;
-        for _ in 0..self.max_turns {
+        for answered in 0..self.max_turns {
+            let unanswered = |reason| TurnError { reason, answered };
             repair(history);
             let mut messages = Vec::with_capacity(history.len() + 1);
             messages.push(Message::system(self.system));
@@ -132,15 +152,19 @@ impl Turn<'_> {
             let completion = match self.dispatcher.send(self.ticket, route, &request).await {
                 DispatchOutcome::Dispatched(completion) => completion,
                 DispatchOutcome::Active => {
-                    return Err(TurnError::Suppressed("the session is busy".into()));
-                }
-                DispatchOutcome::Reserved { by } => {
-                    return Err(TurnError::Suppressed(format!(
-                        "the session is held by {by}"
+                    return Err(unanswered(Unanswered::Suppressed(
+                        "the session is busy".into(),
                     )));
                 }
-                DispatchOutcome::TimedOut => return Err(TurnError::TimedOut),
-                DispatchOutcome::Failed { error, .. } => return Err(TurnError::Failed(error)),
+                DispatchOutcome::Reserved { by } => {
+                    return Err(unanswered(Unanswered::Suppressed(format!(
+                        "the session is held by {by}"
+                    ))));
+                }
+                DispatchOutcome::TimedOut => return Err(unanswered(Unanswered::TimedOut)),
+                DispatchOutcome::Failed { error, .. } => {
+                    return Err(unanswered(Unanswered::Failed(error)));
+                }
             };
             route = Route::Continuation;
             let message = completion.message;

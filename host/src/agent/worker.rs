@@ -125,8 +125,13 @@ async fn run_worker(
     rt.status(&spec.id, format!("started: {}", spec.task));
 
     let limit = rt.config.limits.worker_timeout;
+    // Routed messages added to the history that no model answer has covered yet: if the
+    // worker ends now (its request failed, it was cancelled or timed out mid-request),
+    // they are reported as not delivered with the rest.
+    let mut unanswered = Vec::new();
+    let working = work(&rt, &spec, &channel, &counted, &inbox, &mut unanswered);
     let (state, outcome) = tokio::select! {
-        ended = tokio::time::timeout(limit, work(&rt, &spec, &channel, &counted, &inbox)) => {
+        ended = tokio::time::timeout(limit, working) => {
             ended.unwrap_or_else(|_| {
                 (WorkerState::Failed, format!("timed out after {} s", limit.as_secs()))
             })
@@ -135,7 +140,8 @@ async fn run_worker(
     };
     // Out of the registry first: from here on a route is refused, not queued.
     rt.workers.lock().unwrap().remove(&spec.id);
-    let undelivered = drain(&mut *inbox.lock().await);
+    let mut undelivered = unanswered;
+    undelivered.extend(drain(&mut *inbox.lock().await));
     finish(&rt, &spec, &channel, state, outcome, undelivered);
 }
 
@@ -209,6 +215,7 @@ async fn work(
     channel: &ChannelHandle,
     counted: &AtomicBool,
     inbox: &Inbox,
+    unanswered: &mut Vec<String>,
 ) -> (WorkerState, String) {
     let tools = rt.tool_defs(ProcessKind::Worker);
     let system = system_prompt(ProcessKind::Worker, &rt.config.agent.name);
@@ -236,6 +243,9 @@ async fn work(
             max_turns: rt.config.limits.max_turns,
         };
         let end = turn.run(&mut history, &handler).await;
+        if !matches!(&end, Err(err) if err.answered == 0) {
+            unanswered.clear();
+        }
         let reported = handler.reported.lock().unwrap().take();
         let (state, message) = match (end, reported) {
             (Err(err), _) => return (WorkerState::Failed, format!("the model failed: {err}")),
@@ -246,7 +256,7 @@ async fn work(
                     &spec.id,
                     format!("{} routed message(s) injected", messages.len()),
                 );
-                continue_with(&mut history, messages);
+                *unanswered = continue_with(&mut history, messages);
                 route = Route::Injection;
                 continue;
             }
@@ -305,15 +315,17 @@ async fn work(
         } else if routed.is_empty() {
             return (state, message);
         }
-        continue_with(&mut history, routed);
+        *unanswered = continue_with(&mut history, routed);
         route = Route::FollowUp;
     }
 }
 
-/// Adds routed `messages` to a worker's history, then the hint to continue.
-fn continue_with(history: &mut Vec<Message>, messages: Vec<String>) {
-    history.extend(messages.into_iter().map(Message::user));
+/// Adds routed `messages` to a worker's history, then the hint to continue; returns the
+/// messages, which count as delivered once the model answers a request holding them.
+fn continue_with(history: &mut Vec<Message>, messages: Vec<String>) -> Vec<String> {
+    history.extend(messages.iter().cloned().map(Message::user));
     history.push(Message::user(CONTINUE_HINT));
+    messages
 }
 
 /// The worker's host tool `set_status`; everything else goes to the plugins.

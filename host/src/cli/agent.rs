@@ -124,12 +124,18 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> (usize, usi
 }
 
 /// Sends `message` and waits until the channel and everything it delegated are done.
-async fn converse(runtime: &Arc<Runtime>, agent: &AgentArgs, message: &str) {
+/// Sends `message` to the channel (or the admin chat) `agent` names.
+fn send(runtime: &Arc<Runtime>, agent: &AgentArgs, message: &str) {
     if agent.cortex {
         runtime.send_admin_message(&agent.channel, message);
     } else {
         runtime.send_user_message(&agent.channel, message);
     }
+}
+
+/// Sends `message` and waits until the channel is idle: answered, its workers done.
+async fn converse(runtime: &Arc<Runtime>, agent: &AgentArgs, message: &str) {
+    send(runtime, agent, message);
     runtime.wait_idle(&agent.channel).await;
 }
 
@@ -166,7 +172,8 @@ impl ChatCommand {
         let (runtime, events) = self.agent.start(config).await?;
         let printer = tokio::spawn(print_events(events));
         eprintln!(
-            "capstan chat on channel `{}`: type a message, or /quit",
+            "capstan chat on channel `{}`: type messages (they go in as you type, even while \
+             workers run), or /quit",
             self.agent.channel
         );
         let (lines_tx, mut lines) = mpsc::unbounded_channel();
@@ -179,19 +186,19 @@ impl ChatCommand {
                 }
             }
         });
-        loop {
-            eprint!("you> ");
-            let Some(line) = lines.recv().await else {
-                break;
-            };
+        // Each line goes in as it is typed, even while workers run: a follow-up for a busy
+        // worker can be routed to it. Replies print as they come.
+        while let Some(line) = lines.recv().await {
             let line = line.trim();
             if line == "/quit" || line == "/exit" {
                 break;
             }
             if !line.is_empty() {
-                converse(&runtime, &self.agent, line).await;
+                send(&runtime, &self.agent, line);
             }
         }
+        eprintln!("(finishing the work in progress)");
+        runtime.wait_idle(&self.agent.channel).await;
         runtime.shutdown();
         drop(runtime);
         let _ = printer.await;
