@@ -294,3 +294,239 @@ mod tests {
         );
     }
 }
+
+/// Property: whatever a turn meets (tool calls that go on, end the turn or deliver a
+/// reply, calls of tools never offered, provider errors, injections, the turn budget), the
+/// history never holds a tool call without its result, and the next turn succeeds.
+#[cfg(test)]
+mod properties {
+    use std::collections::{HashSet, VecDeque};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::dispatch::GateSettings;
+    use crate::llm::{Completion, Provider, ProviderError, ToolCall};
+
+    #[derive(Debug, Clone, Copy)]
+    enum Tool {
+        /// Offered; the turn goes on.
+        Go,
+        /// Offered; ends the turn (skip, set_status).
+        Stop,
+        /// Offered; delivers a reply.
+        Reply,
+        /// Not offered: refused.
+        Ghost,
+    }
+
+    #[derive(Debug, Clone)]
+    enum Answer {
+        Text,
+        Calls(Vec<Tool>),
+        Error,
+    }
+
+    fn answer() -> impl Strategy<Value = Answer> {
+        let tool = prop_oneof![
+            Just(Tool::Go),
+            Just(Tool::Stop),
+            Just(Tool::Reply),
+            Just(Tool::Ghost)
+        ];
+        prop_oneof![
+            1 => Just(Answer::Text),
+            1 => Just(Answer::Error),
+            4 => prop::collection::vec(tool, 1..4).prop_map(Answer::Calls),
+        ]
+    }
+
+    /// Plays planned answers (then text), and notes any malformed request it receives.
+    #[derive(Default)]
+    struct Planned {
+        answers: Mutex<VecDeque<Answer>>,
+        next_id: AtomicUsize,
+        malformed: AtomicBool,
+    }
+
+    impl Provider for Planned {
+        fn complete<'a>(
+            &'a self,
+            request: &'a CompletionRequest,
+        ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+            if let Err(why) = well_formed(&request.messages) {
+                eprintln!("malformed request: {why}");
+                self.malformed.store(true, Ordering::SeqCst);
+            }
+            let answer = self
+                .answers
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or(Answer::Text);
+            let message = match answer {
+                Answer::Text => Ok(Message::assistant("text")),
+                Answer::Error => Err(ProviderError::Config("planned failure".into())),
+                Answer::Calls(tools) => Ok(Message {
+                    tool_calls: tools
+                        .iter()
+                        .map(|tool| ToolCall {
+                            id: format!("c{}", self.next_id.fetch_add(1, Ordering::SeqCst)),
+                            name: format!("{tool:?}").to_lowercase(),
+                            arguments: "{}".into(),
+                        })
+                        .collect(),
+                    ..Message::assistant("")
+                }),
+            };
+            Box::pin(async move {
+                message.map(|message| Completion {
+                    message,
+                    tokens: None,
+                })
+            })
+        }
+
+        fn name(&self) -> String {
+            "planned".into()
+        }
+    }
+
+    struct Tools {
+        injections: Mutex<VecDeque<bool>>,
+    }
+
+    impl ToolHandler for Tools {
+        fn handle<'a>(&'a self, name: &'a str, _: &'a str) -> BoxFuture<'a, ToolOutcome> {
+            let outcome = match name {
+                "go" => ToolOutcome::Continue("went".into()),
+                "stop" => ToolOutcome::EndTurn("stopped".into()),
+                "reply" => ToolOutcome::Delivered("the reply".into()),
+                other => unreachable!("{other} is not offered"),
+            };
+            Box::pin(async move { outcome })
+        }
+
+        fn refuse<'a>(&'a self, name: &'a str, _: &'a str) -> BoxFuture<'a, String> {
+            Box::pin(async move { format!("error[denied]: {name}") })
+        }
+
+        fn injected(&self) -> Vec<String> {
+            match self.injections.lock().unwrap().pop_front() {
+                Some(true) => vec!["routed".into()],
+                _ => Vec::new(),
+            }
+        }
+    }
+
+    /// Every tool call answered exactly once, after it; every result after its call.
+    fn well_formed(history: &[Message]) -> Result<(), String> {
+        let mut open = HashSet::new();
+        let mut answered = HashSet::new();
+        for (i, message) in history.iter().enumerate() {
+            match message.role {
+                Role::Assistant => {
+                    if let Some(id) = open.iter().next() {
+                        return Err(format!("call {id} unanswered before message {i}"));
+                    }
+                    open.extend(message.tool_calls.iter().map(|c| c.id.clone()));
+                }
+                Role::Tool => {
+                    let id = message.tool_call_id.clone().unwrap_or_default();
+                    if !open.remove(&id) || !answered.insert(id.clone()) {
+                        return Err(format!("result {id} at {i} has no open call"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        match open.iter().next() {
+            Some(id) => Err(format!("call {id} unanswered at the end")),
+            None => Ok(()),
+        }
+    }
+
+    fn defs() -> Vec<ToolDef> {
+        ["go", "stop", "reply"]
+            .iter()
+            .map(|name| ToolDef {
+                name: (*name).into(),
+                description: String::new(),
+                parameters: serde_json::json!({ "type": "object" }),
+            })
+            .collect()
+    }
+
+    type TurnPlan = (Vec<Answer>, u32, Vec<bool>);
+
+    fn run_plan(turns: Vec<TurnPlan>) -> Result<(), TestCaseError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let provider = Arc::new(Planned::default());
+            let settings = GateSettings {
+                settle: Duration::ZERO,
+                timeout: Duration::from_secs(5),
+                hold: Duration::ZERO,
+            };
+            let dispatcher = Dispatcher::new(provider.clone(), settings);
+            let ticket = dispatcher.reserve("s", "s:loop").unwrap();
+            let tools = defs();
+            let mut history = Vec::new();
+            for (answers, max_turns, injections) in turns.into_iter().chain([(vec![], 1, vec![])]) {
+                let last = answers.is_empty();
+                *provider.answers.lock().unwrap() = answers.into();
+                let handler = Tools {
+                    injections: Mutex::new(injections.into()),
+                };
+                history.push(Message::user("go on"));
+                let before = history.len();
+                let turn = Turn {
+                    dispatcher: &dispatcher,
+                    ticket: &ticket,
+                    route: Route::User,
+                    process: "channel",
+                    system: "test",
+                    tools: &tools,
+                    max_turns,
+                };
+                let end = turn.run(&mut history, &handler).await;
+                prop_assert!(well_formed(&history).is_ok(), "{:?}", well_formed(&history));
+                match &end {
+                    Err(_) => prop_assert_eq!(history.len(), before, "an error truncates"),
+                    Ok(TurnEnd::Delivered(text)) => {
+                        prop_assert_eq!(history.len(), before + 1);
+                        prop_assert_eq!(&history[before].content, text);
+                        prop_assert!(history[before].tool_calls.is_empty());
+                    }
+                    Ok(_) => prop_assert!(history.len() > before),
+                }
+                if last {
+                    // The turn after whatever happened before succeeds.
+                    prop_assert!(matches!(end, Ok(TurnEnd::Text(_))), "{:?}", end);
+                }
+            }
+            prop_assert!(!provider.malformed.load(Ordering::SeqCst));
+            Ok(())
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn the_history_stays_well_formed_and_the_next_turn_succeeds(
+            turns in prop::collection::vec(
+                (prop::collection::vec(answer(), 0..6), 1u32..5, prop::collection::vec(any::<bool>(), 0..4)),
+                1..8,
+            )
+        ) {
+            run_plan(turns)?;
+        }
+    }
+}
