@@ -481,3 +481,110 @@ fn chat_reads_messages_from_stdin_and_shows_status_lines() {
         stdout(&child)
     );
 }
+
+/// Tried as a new user would: start a job in `capstan chat`, then, while its worker runs,
+/// type a follow-up. The channel routes it, and the running worker gets it at its next
+/// turn boundary.
+#[test]
+fn chat_routes_a_follow_up_to_a_running_worker() {
+    use std::io::{BufRead as _, Write as _};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("script.toml"),
+        r#"
+[[step]]
+process = "channel"
+when = "start the report"
+tool_calls = [
+  { name = "spawn_worker", arguments = { task = "Write the report." } },
+  { name = "reply", arguments = { text = "A worker is writing the report." } },
+]
+
+[[step]]
+process = "channel"
+when = "also add the totals"
+tool_calls = [
+  { name = "route", arguments = { worker = "worker:1", message = "Add the totals too." } },
+  { name = "reply", arguments = { text = "Passed that on to worker:1." } },
+]
+
+[[step]]
+process = "channel"
+when = "[worker:1] finished"
+reply = "The report is written, with the totals."
+
+[[step]]
+process = "worker"
+when = "write the report"
+delay_ms = 800
+tool_calls = [{ name = "set_status", arguments = { state = "progress", message = "drafting" } }]
+
+[[step]]
+process = "worker"
+when = "continue with the messages"
+tool_calls = [{ name = "set_status", arguments = { state = "done", message = "report written, with the totals" } }]
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("capstan.toml"),
+        "[provider]\nkind = \"scripted\"\nscript = \"script.toml\"\n",
+    )
+    .unwrap();
+    let mut chat = Command::new(env!("CARGO_BIN_EXE_capstan"))
+        .arg("chat")
+        .current_dir(dir.path())
+        .env(
+            "CAPSTAN_CACHE_DIR",
+            repo_root().join("target/test-component-cache"),
+        )
+        .env_remove("CAPSTAN_PLUGINS_DIR")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = chat.stdin.take().unwrap();
+    let stderr_pipe = chat.stderr.take().unwrap();
+    let (lines_tx, lines) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr_pipe).lines() {
+            let Ok(line) = line else { break };
+            let _ = lines_tx.send(line.clone());
+        }
+    });
+    let mut status = Vec::new();
+    let mut wait_for = |needle: &str| loop {
+        let line = lines
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("no `{needle}` in: {status:#?}"));
+        let found = line.contains(needle);
+        status.push(line);
+        if found {
+            break;
+        }
+    };
+    stdin.write_all(b"Please start the report.\n").unwrap();
+    wait_for("[worker:1] started: Write the report.");
+    // The worker is still waiting for its model's first answer.
+    stdin.write_all(b"Also add the totals.\n").unwrap();
+    wait_for("[worker:1] 1 routed message(s) injected");
+    stdin.write_all(b"/quit\n").unwrap();
+    let out = chat.wait_with_output().unwrap();
+    reader.join().unwrap();
+    status.extend(lines.try_iter());
+    assert!(out.status.success(), "{status:#?}");
+    let said = stdout(&out);
+    assert!(
+        said.contains("agent> A worker is writing the report.")
+            && said.contains("agent> Passed that on to worker:1.")
+            && said.contains("agent> The report is written, with the totals."),
+        "{said}"
+    );
+    assert!(
+        status
+            .iter()
+            .any(|l| l.contains("[worker:1] done: report written, with the totals")),
+        "{status:#?}"
+    );
+}

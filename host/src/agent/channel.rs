@@ -12,7 +12,7 @@ use super::events::Event;
 use super::notifications::Notification;
 use super::prompts::system_prompt;
 use super::runtime::{ChannelHandle, Runtime, SpawnOutcome};
-use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd, repair};
+use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd, Unanswered, repair};
 use crate::dispatch::Route;
 use crate::llm::{BoxFuture, Message};
 use crate::policy::ProcessKind;
@@ -74,9 +74,11 @@ impl Batches {
 
     /// The inputs queued behind `first` that join its turn.
     fn rest(&mut self, first: ChannelInput) -> Vec<ChannelInput> {
-        let alone = matches!(first, ChannelInput::Notification(_));
+        if matches!(first, ChannelInput::Notification(_)) {
+            return vec![first];
+        }
         let mut batch = vec![first];
-        while !alone {
+        loop {
             match self.inbox.try_recv() {
                 Ok(ChannelInput::Close) => {
                     self.closing = true;
@@ -147,7 +149,7 @@ pub(crate) async fn run_channel(
                 // Whoever holds the session answers; the inputs wait in the history.
                 rt.status(
                     &name,
-                    format!("not prompted now, {held}; the inputs stay in the history"),
+                    format!("not sent: {held}; the inputs stay in the history"),
                 );
             }
             Ok(lease) if allowed => {
@@ -176,6 +178,10 @@ pub(crate) async fn run_channel(
                         text,
                     }),
                     Ok(_) => {}
+                    // Suppressed: whoever holds the session answers; not a reason to retry.
+                    Err(err) if matches!(err.reason, Unanswered::Suppressed(_)) => {
+                        rt.status(&name, format!("{err}; the inputs stay in the history"))
+                    }
                     Err(err) => rt.status(&name, format!("the model failed: {err}")),
                 }
             }
