@@ -422,6 +422,12 @@ delay_ms = 320
 tool_calls = [{ name = "set_status", arguments = { state = "done", message = "job two finished" } }]
 
 [[step]]
+process = "worker"
+when = "slow job three"
+delay_ms = 500
+tool_calls = [{ name = "set_status", arguments = { state = "done", message = "job three finished" } }]
+
+[[step]]
 process = "channel"
 when = "[notification"
 delay_ms = 100
@@ -586,7 +592,12 @@ async fn a_late_result_for_a_channel_that_is_gone_is_kept_with_a_warning() {
             .any(|m| m.starts_with("[branch:1] concluded"))
     })
     .await;
-    assert_eq!(rt.live_workers(), 2);
+    // One more, asked for by the channel itself, which closes before it reports.
+    spawned(
+        rt.spawn_worker("main", "Slow job three.", false, None)
+            .unwrap(),
+    );
+    eventually("three workers run", || rt.live_workers() == 3).await;
     rt.shutdown();
     eventually("the workers end", || rt.live_workers() == 0).await;
     eventually("the reports are kept", || {
@@ -594,9 +605,17 @@ async fn a_late_result_for_a_channel_that_is_gone_is_kept_with_a_warning() {
             .working_keys("notifications/status/")
             .unwrap()
             .len()
-            == 2
+            == 3
     })
     .await;
+    assert!(
+        rt.store()
+            .working_get("notifications/index")
+            .unwrap()
+            .unwrap()
+            .contains("status worker:4 (for main)"),
+        "the channel's own worker, reported as the channel closed"
+    );
     assert_eq!(
         rt.store()
             .working_get("notifications/status/worker:2")

@@ -57,6 +57,7 @@ pub(crate) async fn run_branch(
     let text = format!("concluded: {conclusion}");
     if !channel.send(ChannelInput::Result {
         source: id.clone(),
+        kind: NotificationKind::Result,
         text: text.clone(),
     }) {
         fold_back(

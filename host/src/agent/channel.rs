@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use super::branch::run_branch;
 use super::compactor::compact_if_needed;
 use super::events::Event;
-use super::notifications::Notification;
+use super::notifications::{Notification, NotificationKind, fold_back};
 use super::prompts::system_prompt;
 use super::runtime::{ChannelHandle, Runtime, SpawnOutcome};
 use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd, Unanswered, repair};
@@ -30,6 +30,8 @@ pub(crate) enum ChannelInput {
     Result {
         /// e.g. `worker:3`.
         source: String,
+        /// What kind of report it is (kept as such if the channel closes first).
+        kind: NotificationKind,
         /// What it reports.
         text: String,
     },
@@ -45,7 +47,9 @@ impl ChannelInput {
     fn message(&self) -> Message {
         match self {
             ChannelInput::User(text) => Message::user(text.clone()),
-            ChannelInput::Result { source, text } => Message::user(format!("[{source}] {text}")),
+            ChannelInput::Result { source, text, .. } => {
+                Message::user(format!("[{source}] {text}"))
+            }
             ChannelInput::Notification(note) => Message::user(note.message()),
             ChannelInput::Close => unreachable!("Close ends the loop before it is batched"),
         }
@@ -201,6 +205,27 @@ pub(crate) async fn run_channel(
         .dispatcher
         .gate()
         .release_prefix(&format!("{kind}:{name}:"));
+    // Reports that arrived as the channel closed are kept, not dropped.
+    let carried = batches.carried.take();
+    let left: Vec<ChannelInput> = carried
+        .into_iter()
+        .chain(std::iter::from_fn(|| batches.inbox.try_recv().ok()))
+        .collect();
+    for input in left {
+        match input {
+            ChannelInput::Result { source, kind, text } => {
+                fold_back(&rt, &name, &source, &name, kind, &text);
+            }
+            ChannelInput::Notification(note) => tracing::warn!(
+                channel = %name,
+                key = %note.key,
+                "the channel closed before telling a late report; it stays in working memory"
+            ),
+            ChannelInput::User(_) => {}
+            ChannelInput::Close => continue,
+        }
+        handle.done_pending();
+    }
 }
 
 /// The channel's host tools.

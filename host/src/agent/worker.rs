@@ -199,6 +199,7 @@ fn tell(
         None => {
             let sent = channel.send(ChannelInput::Result {
                 source: spec.id.clone(),
+                kind,
                 text: text.clone(),
             });
             if !sent {
