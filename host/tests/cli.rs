@@ -10,13 +10,15 @@ fn repo_root() -> PathBuf {
         .to_owned()
 }
 
-/// `capstan ARGS` in `dir`, with a private artifact cache and no plugins-dir override.
-fn capstan(dir: &Path, args: &[&str]) -> Output {
+/// The command `capstan ARGS` in `dir`, with the tests' artifact cache and no
+/// plugins-dir override.
+fn capstan_command(dir: &Path, args: &[&str]) -> Command {
     assert!(
         repo_root().join("target/plugins/files.wasm").is_file(),
         "build the plugins first: bash scripts/setup"
     );
-    Command::new(env!("CARGO_BIN_EXE_capstan"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_capstan"));
+    command
         .args(args)
         .current_dir(dir)
         .env(
@@ -24,9 +26,25 @@ fn capstan(dir: &Path, args: &[&str]) -> Output {
             repo_root().join("target/test-component-cache"),
         )
         .env_remove("CAPSTAN_PLUGINS_DIR")
-        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_BACKTRACE");
+    command
+}
+
+/// Runs `capstan ARGS` in `dir` to its end.
+fn capstan(dir: &Path, args: &[&str]) -> Output {
+    capstan_command(dir, args)
         .output()
         .expect("running capstan")
+}
+
+/// Starts `capstan ARGS` in `dir` with its standard streams piped.
+fn spawn_capstan(dir: &Path, args: &[&str]) -> std::process::Child {
+    capstan_command(dir, args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting capstan")
 }
 
 fn stdout(out: &Output) -> String {
@@ -439,30 +457,11 @@ fn chat_reads_messages_from_stdin_and_shows_status_lines() {
     use std::io::Write as _;
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().to_str().unwrap().to_owned();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_capstan"))
-        .args(["demo", "--dir", &out_dir])
-        .current_dir(dir.path())
-        .env(
-            "CAPSTAN_CACHE_DIR",
-            repo_root().join("target/test-component-cache"),
-        )
-        .output()
-        .unwrap();
+    let mut child = capstan(dir.path(), &["demo", "--dir", &out_dir]);
     assert!(child.status.success(), "{}", stderr(&child));
     // Chat in the demo's directory, on its built-in script: the first message again.
     std::fs::write(dir.path().join("capstan.toml"), "").unwrap();
-    let mut chat = Command::new(env!("CARGO_BIN_EXE_capstan"))
-        .args(["chat", "--channel", "second"])
-        .current_dir(dir.path())
-        .env(
-            "CAPSTAN_CACHE_DIR",
-            repo_root().join("target/test-component-cache"),
-        )
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut chat = spawn_capstan(dir.path(), &["chat", "--channel", "second"]);
     chat.stdin
         .take()
         .unwrap()
@@ -531,19 +530,7 @@ tool_calls = [{ name = "set_status", arguments = { state = "done", message = "re
         "[provider]\nkind = \"scripted\"\nscript = \"script.toml\"\n",
     )
     .unwrap();
-    let mut chat = Command::new(env!("CARGO_BIN_EXE_capstan"))
-        .arg("chat")
-        .current_dir(dir.path())
-        .env(
-            "CAPSTAN_CACHE_DIR",
-            repo_root().join("target/test-component-cache"),
-        )
-        .env_remove("CAPSTAN_PLUGINS_DIR")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut chat = spawn_capstan(dir.path(), &["chat"]);
     let mut stdin = chat.stdin.take().unwrap();
     let stderr_pipe = chat.stderr.take().unwrap();
     let (lines_tx, lines) = std::sync::mpsc::channel();

@@ -10,7 +10,9 @@
 //!   context window.
 //!
 //! Branch and worker results re-trigger their channel (debounced, capped per user message)
-//! so the user hears the outcome. Every prompt goes through [`crate::dispatch`].
+//! so the user hears the outcome; a result that arrives after the branch that asked for it
+//! ended is kept in working memory and told in a notification turn of its own. Every
+//! prompt goes through [`crate::dispatch`].
 
 mod branch;
 mod channel;
