@@ -2,7 +2,7 @@
 //!
 //! One database file (`capstan.db` in the data dir) holds the taskboard, memories (with
 //! FTS5 recall), working memory, conversation history, worker records and the audit log of
-//! tool calls. Schema changes are numbered migrations ([`migrations`]) applied at open.
+//! tool calls. Schema changes are numbered migrations (`store/migrations.rs`) applied at open.
 //! Nothing outside this module writes SQL, so a Postgres backend can replace it later.
 //!
 //! ```
