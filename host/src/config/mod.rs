@@ -504,6 +504,18 @@ mod tests {
                 "`provider.kind`: unknown provider",
             ),
             ("[agent\n", "not valid TOML"),
+            (
+                "[limits]\ndispatch_hold_ms = 600000\n",
+                "`limits.dispatch_hold_ms`: must be at most 60000 ms",
+            ),
+            (
+                "[limits]\ndispatch_timeout_secs = 0\n",
+                "`limits.dispatch_timeout_secs`: must be more than 0",
+            ),
+            (
+                "[limits]\nworker_timeout_secs = 0\n",
+                "`limits.worker_timeout_secs`: must be 1 to 86400 seconds",
+            ),
         ];
         for (text, expected) in cases {
             let err = parse(text).unwrap_err().to_string();

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GateSettings {
     /// How long a route waits after reserving, so inputs that arrive together are
-    /// answered together.
+    /// answered together. A channel waits for results and notifications, not for the
+    /// user's own messages, which are answered at once.
     pub settle: Duration,
     /// How long one dispatch may take before it counts as timed out.
     pub timeout: Duration,
