@@ -13,7 +13,17 @@ use capstan_host::store::WorkerState;
 use capstan_tests::{PANIC_TRIGGER, Recording, agent_runtime, eventually};
 use tokio::sync::mpsc;
 
-/// A runtime in `dir` on the default config plus `toml`, playing `script` and recording.
+/// The last step of every script here: the channel skips whatever the script does not
+/// answer otherwise (results, mostly).
+const CHANNEL_SKIPS: &str = r#"
+[[step]]
+process = "channel"
+repeat = true
+tool_calls = [{ name = "skip" }]
+"#;
+
+/// A runtime in `dir` on the default config plus `toml`, playing `script` (then
+/// [`CHANNEL_SKIPS`]) and recording.
 async fn runtime(
     dir: &std::path::Path,
     toml: &str,
@@ -22,7 +32,7 @@ async fn runtime(
 ) -> (Arc<Runtime>, mpsc::UnboundedReceiver<Event>, Arc<Recording>) {
     let config_text = format!("[provider]\nkind = \"scripted\"\n{toml}");
     let config = Config::parse(&config_text, &dir.join("capstan.toml")).unwrap();
-    let provider = Recording::new(script);
+    let provider = Recording::new(&format!("{script}{CHANNEL_SKIPS}"));
     let (rt, events) = agent_runtime(config, provider.clone(), probe).await;
     (rt, events, provider)
 }
@@ -58,10 +68,6 @@ process = "worker"
 when = "continue with the messages"
 tool_calls = [{ name = "set_status", arguments = { state = "done", message = "done, with the routed note" } }]
 
-[[step]]
-process = "channel"
-repeat = true
-tool_calls = [{ name = "skip" }]
 "#;
 
 /// The worker profile plus the probe's `spin`, and a one-second tool deadline.
@@ -156,10 +162,6 @@ when = "continue with the messages"
 delay_ms = 1
 tool_calls = [{ name = "set_status", arguments = { state = "done", message = "chores done" } }]
 
-[[step]]
-process = "channel"
-repeat = true
-tool_calls = [{ name = "skip" }]
 "#;
 
 /// The worker takes three rounds of routed follow-ups, then its model fails (the script
@@ -250,10 +252,6 @@ delay_ms = 20
 repeat = true
 tool_calls = [{ name = "set_status", arguments = { state = "done", message = "job done" } }]
 
-[[step]]
-process = "channel"
-repeat = true
-tool_calls = [{ name = "skip" }]
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -324,10 +322,6 @@ when = "take too long"
 delay_ms = 10000
 reply = "far too late"
 
-[[step]]
-process = "channel"
-repeat = true
-tool_calls = [{ name = "skip" }]
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -434,10 +428,6 @@ delay_ms = 100
 repeat = true
 tool_calls = [{ name = "reply", arguments = { text = "Late news arrived." } }]
 
-[[step]]
-process = "channel"
-repeat = true
-tool_calls = [{ name = "skip" }]
 "#;
 
 /// The last message of each channel request that opened a notification turn.
@@ -527,10 +517,6 @@ process = "worker"
 when = "quick job"
 tool_calls = [{ name = "set_status", arguments = { state = "done", message = "quick job finished" } }]
 
-[[step]]
-process = "channel"
-repeat = true
-tool_calls = [{ name = "skip" }]
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
