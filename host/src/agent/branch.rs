@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use super::channel::{ChannelInput, spawn_worker_tool};
-use super::notifications::{NotificationKind, fold_back};
+use super::channel::spawn_worker_tool;
+use super::notifications::{NotificationKind, report};
 use super::prompts::system_prompt;
 use super::runtime::{ChannelHandle, Runtime};
 use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd, TurnError};
@@ -37,7 +37,7 @@ pub(crate) async fn run_branch(
         id: id.clone(),
         channel_name: channel_name.clone(),
     };
-    let conclusion = match rt.dispatcher.lease(&id, &format!("{id}:loop")) {
+    let conclusion = match rt.dispatcher.lease_loop(&id, &id) {
         Err(held) => format!("(could not think: {held})"),
         Ok(lease) => {
             let turn = Turn {
@@ -54,21 +54,14 @@ pub(crate) async fn run_branch(
     };
     drop(alive);
     rt.status(&id, format!("concluded: {conclusion}"));
-    let text = format!("concluded: {conclusion}");
-    if !channel.send(ChannelInput::Result {
-        source: id.clone(),
-        kind: NotificationKind::Result,
-        text: text.clone(),
-    }) {
-        fold_back(
-            &rt,
-            &channel_name,
-            &id,
-            &channel_name,
-            NotificationKind::Result,
-            &text,
-        );
-    }
+    report(
+        &rt,
+        &channel_name,
+        &channel,
+        &id,
+        NotificationKind::Result,
+        format!("concluded: {conclusion}"),
+    );
     channel.done_pending();
 }
 

@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 
 use super::branch::run_branch;
 use super::compactor::compact_if_needed;
+use super::drain;
 use super::events::Event;
 use super::notifications::{Notification, NotificationKind, fold_back};
 use super::prompts::system_prompt;
@@ -117,7 +118,7 @@ pub(crate) async fn run_channel(
 ) {
     let tools = rt.tool_defs(kind);
     let system = system_prompt(kind, &rt.config.agent.name);
-    let owner = format!("{kind}:{name}:loop");
+    let process = format!("{kind}:{name}");
     let mut batches = Batches {
         inbox,
         carried: None,
@@ -134,7 +135,7 @@ pub(crate) async fn run_channel(
             _ => Route::Retrigger,
         };
         // Reserved before the settle wait, so no other route can take this idle edge.
-        let lease = rt.dispatcher.lease(&name, &owner);
+        let lease = rt.dispatcher.lease_loop(&name, &process);
         if route != Route::User {
             tokio::time::sleep(rt.dispatcher.settings().settle).await;
         }
@@ -201,15 +202,12 @@ pub(crate) async fn run_channel(
         }
     }
     // Nothing this loop reserved outlives it.
-    let _ = rt
-        .dispatcher
-        .gate()
-        .release_prefix(&format!("{kind}:{name}:"));
+    rt.dispatcher.release_process(&process);
     // Reports that arrived as the channel closed are kept, not dropped.
     let carried = batches.carried.take();
     let left: Vec<ChannelInput> = carried
         .into_iter()
-        .chain(std::iter::from_fn(|| batches.inbox.try_recv().ok()))
+        .chain(drain(&mut batches.inbox))
         .collect();
     for input in left {
         match input {

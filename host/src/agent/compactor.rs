@@ -69,7 +69,7 @@ pub(crate) async fn compact_if_needed(rt: &Arc<Runtime>, history: &mut Vec<Messa
         rt: rt.clone(),
         id: id.clone(),
     };
-    let end = match rt.dispatcher.lease(&id, &format!("{id}:loop")) {
+    let end = match rt.dispatcher.lease_loop(&id, &id) {
         Ok(lease) => {
             let turn = Turn {
                 dispatcher: &rt.dispatcher,

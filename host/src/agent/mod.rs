@@ -27,5 +27,10 @@ mod turn;
 mod worker;
 
 pub use events::Event;
+
+/// Everything queued in `inbox` now, without waiting.
+pub(crate) fn drain<T>(inbox: &mut tokio::sync::mpsc::UnboundedReceiver<T>) -> Vec<T> {
+    std::iter::from_fn(|| inbox.try_recv().ok()).collect()
+}
 pub use host_tools::{HOST_TOOLS, HostTool, host_tool};
 pub use runtime::{Runtime, SpawnOutcome};

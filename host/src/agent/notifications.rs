@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::Mutex;
 
 use super::channel::ChannelInput;
-use super::runtime::Runtime;
+use super::runtime::{ChannelHandle, Runtime};
 use crate::text::truncate;
 
 /// What a late report is.
@@ -72,6 +72,26 @@ impl Notification {
 /// Serializes updates of `notifications/index` (a read, then a write).
 #[derive(Debug, Default)]
 pub(crate) struct NotificationIndex(Mutex<()>);
+
+/// Sends `source`'s report `text` to channel `name` (through `handle`) as a result; if the
+/// channel is gone, keeps it as a notification instead (see [`fold_back`]).
+pub(crate) fn report(
+    rt: &Runtime,
+    name: &str,
+    handle: &ChannelHandle,
+    source: &str,
+    kind: NotificationKind,
+    text: String,
+) {
+    let input = ChannelInput::Result {
+        source: source.to_owned(),
+        kind,
+        text,
+    };
+    if let Err(ChannelInput::Result { text, .. }) = handle.try_send(input) {
+        fold_back(rt, name, source, name, kind, &text);
+    }
+}
 
 /// Keeps `text` from `source` (which `requester` asked for) in working memory and runs a
 /// notification turn on `channel`; if the channel is gone, logs a warning and drops the

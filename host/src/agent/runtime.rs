@@ -83,12 +83,16 @@ impl ChannelHandle {
 
     /// Queues `input`, counted until the turn that handles it ends.
     pub(crate) fn send(&self, input: ChannelInput) -> bool {
+        self.try_send(input).is_ok()
+    }
+
+    /// [`ChannelHandle::send`], giving `input` back if the channel is gone.
+    pub(crate) fn try_send(&self, input: ChannelInput) -> Result<(), ChannelInput> {
         self.add_pending();
-        if self.inbox.send(input).is_err() {
+        self.inbox.send(input).map_err(|returned| {
             self.done_pending();
-            return false;
-        }
-        true
+            returned.0
+        })
     }
 }
 

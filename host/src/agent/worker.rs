@@ -12,8 +12,9 @@ use std::sync::{Arc, Mutex};
 use serde::Deserialize;
 use tokio::sync::{Mutex as AsyncMutex, Notify, mpsc};
 
-use super::channel::{ChannelInput, parse_args};
-use super::notifications::{NotificationKind, fold_back};
+use super::channel::parse_args;
+use super::drain;
+use super::notifications::{NotificationKind, fold_back, report};
 use super::prompts::system_prompt;
 use super::reservations::Reservation;
 use super::runtime::{ChannelHandle, Runtime, WorkerHandle};
@@ -84,14 +85,6 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
         .unwrap_or_else(|| "(no message)".to_owned())
 }
 
-fn drain(inbox: &mut mpsc::UnboundedReceiver<String>) -> Vec<String> {
-    let mut messages = Vec::new();
-    while let Ok(message) = inbox.try_recv() {
-        messages.push(message);
-    }
-    messages
-}
-
 /// The worker's life, in its own task so that a panic is caught by
 /// [`supervise_worker`]. `_reservation` and the admission permit drop with this future,
 /// however it ends.
@@ -155,10 +148,7 @@ fn finish(
     outcome: String,
     undelivered: Vec<String>,
 ) {
-    let _ = rt
-        .dispatcher
-        .gate()
-        .release_prefix(&format!("{}:", spec.id));
+    rt.dispatcher.release_process(&spec.id);
     if let Err(err) = rt.store.set_worker_state(&spec.id, state, Some(&outcome)) {
         tracing::error!(worker = %spec.id, "cannot record the worker's end: {err}");
     }
@@ -196,16 +186,7 @@ fn tell(
         Some(requester) => {
             fold_back(rt, &spec.channel, &spec.id, requester, kind, &text);
         }
-        None => {
-            let sent = channel.send(ChannelInput::Result {
-                source: spec.id.clone(),
-                kind,
-                text: text.clone(),
-            });
-            if !sent {
-                fold_back(rt, &spec.channel, &spec.id, &spec.channel, kind, &text);
-            }
-        }
+        None => report(rt, &spec.channel, channel, &spec.id, kind, text),
     }
 }
 
@@ -220,8 +201,7 @@ async fn work(
 ) -> (WorkerState, String) {
     let tools = rt.tool_defs(ProcessKind::Worker);
     let system = system_prompt(ProcessKind::Worker, &rt.config.agent.name);
-    let owner = format!("{}:loop", spec.id);
-    let lease = match rt.dispatcher.lease(&spec.id, &owner) {
+    let lease = match rt.dispatcher.lease_loop(&spec.id, &spec.id) {
         Ok(lease) => lease,
         Err(held) => return (WorkerState::Failed, format!("cannot prompt: {held}")),
     };

@@ -123,6 +123,13 @@ impl Session {
             .map(|(by, _)| by.as_str())
     }
 
+    /// Whether `ticket`'s reservation is the one held now.
+    fn held_by(&self, ticket: &Ticket) -> bool {
+        self.holder
+            .as_ref()
+            .is_some_and(|(owner, token)| *owner == ticket.owner && *token == ticket.token)
+    }
+
     fn idle(&self, now: Instant) -> bool {
         self.holder.is_none()
             && !self.in_flight
@@ -176,13 +183,11 @@ impl Gate {
         let Some(entry) = sessions.map.get_mut(&ticket.session) else {
             return false;
         };
-        match &entry.holder {
-            Some((owner, token)) if *owner == ticket.owner && *token == ticket.token => {
-                entry.holder = None;
-                true
-            }
-            _ => false,
+        let held = entry.held_by(ticket);
+        if held {
+            entry.holder = None;
         }
+        held
     }
 
     /// Ends every reservation held by exactly `owner`; returns how many.
@@ -267,7 +272,7 @@ impl Gate {
         let Some(entry) = sessions.map.get_mut(&ticket.session) else {
             return Err(Busy::Stale);
         };
-        if entry.holder != Some((ticket.owner.clone(), ticket.token)) {
+        if !entry.held_by(ticket) {
             return Err(Busy::Stale);
         }
         if entry.in_flight || entry.tools > 0 {
@@ -313,7 +318,7 @@ impl Drop for Flight<'_> {
         if !self.hold.is_zero() {
             entry.hold = Some((self.ticket.owner.clone(), Instant::now() + self.hold));
         }
-        if self.release && entry.holder == Some((self.ticket.owner.clone(), self.ticket.token)) {
+        if self.release && entry.held_by(&self.ticket) {
             entry.holder = None;
         }
     }

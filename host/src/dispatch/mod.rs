@@ -179,6 +179,21 @@ impl Dispatcher {
         Ok(Lease::new(&self.gate, self.gate.reserve(session, owner)?))
     }
 
+    /// Reserves `session` for the loop of `process` (owner `<process>:loop`, e.g.
+    /// `worker:3:loop`) until the returned lease drops. The loop re-enters it for each
+    /// round of its turns.
+    pub fn lease_loop(&self, session: &str, process: &str) -> Result<Lease<'_>, Reserved> {
+        self.lease(session, &format!("{process}:loop"))
+    }
+
+    /// Releases everything `process` reserved (every owner under `<process>:`), when the
+    /// process ends; returns how many.
+    pub fn release_process(&self, process: &str) -> usize {
+        self.gate
+            .release_prefix(&format!("{process}:"))
+            .expect("the prefix ends in ':'")
+    }
+
     /// One whole route: reserve `session` for `owner`, wait the settle time, dispatch.
     pub async fn prompt(
         &self,
