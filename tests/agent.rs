@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use capstan_host::agent::{Event, Runtime};
 use capstan_host::config::{Config, ProviderSettings};
+use capstan_host::ids::ProcessId;
 use capstan_host::llm::{Script, ScriptedProvider};
 use capstan_host::policy::ProcessKind;
 use capstan_host::store::{Store, TaskFilter, WorkerState};
@@ -107,12 +108,12 @@ tool_calls = [{ name = "reply", arguments = { text = "refused as expected" } }]
 async fn a_forced_call_outside_the_profile_is_denied_and_audited() {
     let dir = tempfile::tempdir().unwrap();
     let (rt, mut events) = runtime(dir.path(), FORCED, |_| {}).await;
-    rt.send_user_message("main", "try to write");
+    rt.send_user_message("main", "try to write").unwrap();
     rt.wait_idle("main").await;
     let events = drain(&mut events);
     assert!(
         events.contains(&Event::Reply {
-            channel: "main".into(),
+            channel: ProcessId::channel("main"),
             text: "refused as expected".into()
         }),
         "{events:?}"
@@ -137,7 +138,7 @@ async fn a_forced_call_outside_the_profile_is_denied_and_audited() {
     // The turn ended by a delivered reply: its calls and denials collapse into the reply.
     let history: Vec<String> = rt
         .store()
-        .load_history("main")
+        .load_history("channel:main")
         .unwrap()
         .into_iter()
         .map(|h| h.message)
@@ -171,7 +172,7 @@ async fn the_demo_scenario_runs_through_real_plugins_and_sqlite() {
         "Which item is the most urgent?",
         "Save that conclusion to a file, please.",
     ] {
-        rt.send_user_message("main", message);
+        rt.send_user_message("main", message).unwrap();
         rt.wait_idle("main").await;
     }
     let events = drain(&mut events);
@@ -235,7 +236,7 @@ async fn the_demo_scenario_runs_through_real_plugins_and_sqlite() {
         ("branch:4", "file_write")
     );
     assert!(
-        !store.load_history("main").unwrap().is_empty(),
+        !store.load_history("channel:main").unwrap().is_empty(),
         "the conversation persists"
     );
 }
@@ -267,7 +268,8 @@ async fn compaction_triggers_at_the_threshold_and_keeps_the_history_well_formed(
     let long = "The weather today is grey and mild with a light wind from the west. ".repeat(5);
     let mut compacted_at = None;
     for n in 0..12 {
-        rt.send_user_message("main", &format!("{n}: {long}"));
+        rt.send_user_message("main", &format!("{n}: {long}"))
+            .unwrap();
         rt.wait_idle("main").await;
         let events = drain(&mut events);
         if compacted_at.is_none()
@@ -285,7 +287,7 @@ async fn compaction_triggers_at_the_threshold_and_keeps_the_history_well_formed(
     );
     let history: Vec<serde_json::Value> = rt
         .store()
-        .load_history("main")
+        .load_history("channel:main")
         .unwrap()
         .iter()
         .map(|h| serde_json::from_str(&h.message).unwrap())
@@ -332,14 +334,16 @@ async fn a_restart_keeps_the_channel_history() {
     let dir = tempfile::tempdir().unwrap();
     {
         let (rt, _) = runtime(dir.path(), GREETER, |_| {}).await;
-        rt.send_user_message("main", "Please remember: heron.");
+        rt.send_user_message("main", "Please remember: heron.")
+            .unwrap();
         rt.wait_idle("main").await;
         rt.shutdown();
     }
     let (rt, _) = runtime(dir.path(), GREETER, |_| {}).await;
-    rt.send_user_message("main", "What was the code word?");
+    rt.send_user_message("main", "What was the code word?")
+        .unwrap();
     rt.wait_idle("main").await;
-    let history = rt.store().load_history("main").unwrap();
+    let history = rt.store().load_history("channel:main").unwrap();
     let contents: Vec<String> = history
         .iter()
         .map(|h| {
@@ -403,12 +407,13 @@ tool_calls = [{ name = "reply", arguments = { text = "Done: it used data.txt." }
 async fn an_interactive_worker_waits_for_routed_input_then_finishes() {
     let dir = tempfile::tempdir().unwrap();
     let (rt, mut events) = runtime(dir.path(), INTERACTIVE, |_| {}).await;
-    rt.send_user_message("main", "Please start the job.");
+    rt.send_user_message("main", "Please start the job.")
+        .unwrap();
     rt.wait_idle("main").await;
     let first = drain(&mut events);
     assert!(
         first.contains(&Event::Reply {
-            channel: "main".into(),
+            channel: ProcessId::channel("main"),
             text: "The worker asks: which file should it use?".into()
         }),
         "{first:#?}"
@@ -416,12 +421,13 @@ async fn an_interactive_worker_waits_for_routed_input_then_finishes() {
     let record = rt.store().get_worker("worker:1").unwrap().unwrap();
     assert_eq!(record.state, WorkerState::WaitingForInput);
 
-    rt.send_user_message("main", "Tell it to use data.txt");
+    rt.send_user_message("main", "Tell it to use data.txt")
+        .unwrap();
     rt.wait_idle("main").await;
     let second = drain(&mut events);
     assert!(
         second.contains(&Event::Reply {
-            channel: "main".into(),
+            channel: ProcessId::channel("main"),
             text: "Done: it used data.txt.".into()
         }),
         "{second:#?}"
@@ -482,7 +488,7 @@ tool_calls = [{ name = "skip" }]
 async fn a_worker_updates_its_assigned_task_but_not_another() {
     let dir = tempfile::tempdir().unwrap();
     let (rt, _events) = runtime(dir.path(), ASSIGNED, |_| {}).await;
-    rt.send_user_message("main", "plan it please");
+    rt.send_user_message("main", "plan it please").unwrap();
     rt.wait_idle("main").await;
     let store = rt.store();
     let first = store.get_task(1).unwrap();
@@ -600,7 +606,11 @@ async fn a_cancelled_worker_releases_its_task() {
     }
     rt.wait_idle("main").await;
     assert_eq!(
-        rt.store().get_worker(&worker).unwrap().unwrap().state,
+        rt.store()
+            .get_worker(&worker.to_string())
+            .unwrap()
+            .unwrap()
+            .state,
         WorkerState::Cancelled
     );
     assert!(!rt.cancel_worker(&worker), "gone");

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use capstan_host::agent::{Event, Runtime, SpawnOutcome};
 use capstan_host::config::Config;
+use capstan_host::ids::ProcessId;
 use capstan_host::llm::Role;
 use capstan_host::store::WorkerState;
-use capstan_tests::{PANIC_TRIGGER, Recording, agent_runtime, eventually};
+use capstan_tests::{Gated, PANIC_TRIGGER, Pending, Recording, agent_runtime, eventually};
 use tokio::sync::mpsc;
 
 /// The last step of every script here: the channel skips whatever the script does not
@@ -37,7 +38,7 @@ async fn runtime(
     (rt, events, provider)
 }
 
-fn spawned(outcome: SpawnOutcome) -> String {
+fn spawned(outcome: SpawnOutcome) -> ProcessId {
     match outcome {
         SpawnOutcome::Spawned { worker } => worker,
         other => panic!("not spawned: {other:?}"),
@@ -47,7 +48,7 @@ fn spawned(outcome: SpawnOutcome) -> String {
 /// The stored history of channel `main`, as text.
 fn channel_history(rt: &Runtime) -> Vec<String> {
     rt.store()
-        .load_history("main")
+        .load_history("channel:main")
         .unwrap()
         .into_iter()
         .map(|entry| {
@@ -57,11 +58,11 @@ fn channel_history(rt: &Runtime) -> Vec<String> {
         .collect()
 }
 
-const SPIN_THEN_CONTINUE: &str = r#"
+const WAIT_THEN_CONTINUE: &str = r#"
 [[step]]
 process = "worker"
-when = "spin once"
-tool_calls = [{ name = "spin" }]
+when = "wait at the gate"
+tool_calls = [{ name = "raw_read", arguments = { path = "gate" } }]
 
 [[step]]
 process = "worker"
@@ -70,33 +71,53 @@ tool_calls = [{ name = "set_status", arguments = { state = "done", message = "do
 
 "#;
 
-/// The worker profile plus the probe's `spin`, and a one-second tool deadline.
-const SPIN_PROFILE: &str = r#"
+/// The worker profile plus the probe's `raw_read`, which blocks reading the FIFO `gate`
+/// until the test writes to it: a tool call that lasts exactly as long as the test wants.
+const GATE_PROFILE: &str = r#"
 [limits]
-tool_deadline_secs = 1.0
+tool_deadline_secs = 600
 
 [profiles.worker]
-tools = ["spin", "set_status"]
-capabilities = []
+tools = ["raw_read", "set_status"]
+capabilities = ["fs.read"]
 "#;
+
+/// Makes the FIFO `name` in `dir`.
+fn make_fifo(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    let status = std::process::Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .expect("running mkfifo");
+    assert!(status.success(), "mkfifo {}", path.display());
+    path
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_routed_during_a_long_tool_call_reaches_the_next_request() {
     let dir = tempfile::tempdir().unwrap();
-    let (rt, _events, provider) = runtime(dir.path(), SPIN_PROFILE, SPIN_THEN_CONTINUE, true).await;
-    let worker = spawned(rt.spawn_worker("main", "Spin once.", false, None).unwrap());
-    eventually("the worker's first request", || {
-        provider.requests_of("worker").len() == 1
-    })
-    .await;
-    // `spin` runs until its one-second deadline; route in the middle of it.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (rt, _events, provider) = runtime(dir.path(), GATE_PROFILE, WAIT_THEN_CONTINUE, true).await;
+    let gate = make_fifo(&rt.config().agent.workspace, "gate");
+    let worker = spawned(
+        rt.spawn_worker("main", "Wait at the gate.", false, None)
+            .unwrap(),
+    );
+    // Opening the FIFO for writing returns once the tool has opened it for reading: the
+    // tool call is under way, and stays so until the test writes.
+    let writer = tokio::task::spawn_blocking(move || std::fs::File::create(gate).unwrap())
+        .await
+        .unwrap();
     assert!(rt.route_to_worker(&worker, "Also count the totals."));
     assert_eq!(
         provider.requests_of("worker").len(),
         1,
         "routed during the tool call"
     );
+    {
+        use std::io::Write;
+        let mut writer = writer;
+        writer.write_all(b"opened").unwrap();
+    }
     rt.wait_idle("main").await;
 
     let requests = provider.requests_of("worker");
@@ -112,9 +133,12 @@ async fn a_message_routed_during_a_long_tool_call_reaches_the_next_request() {
         next[n - 1],
         (Role::User, "Continue with the messages above in mind.")
     );
-    assert_eq!(next[n - 3].0, Role::Tool, "the spin's result came first");
-    assert!(next[n - 3].1.contains("deadline"), "{:?}", next[n - 3]);
-    let record = rt.store().get_worker(&worker).unwrap().unwrap();
+    assert_eq!(
+        next[n - 3],
+        (Role::Tool, "opened"),
+        "the tool's result came first"
+    );
+    let record = rt.store().get_worker(&worker.to_string()).unwrap().unwrap();
     assert_eq!(
         (record.state, record.outcome.as_deref()),
         (WorkerState::Done, Some("done, with the routed note"))
@@ -233,15 +257,9 @@ async fn a_thousand_routes_racing_completion_are_each_delivered_or_reported() {
         refused.is_disjoint(&accounted),
         "a refused message went nowhere"
     );
-    assert!(
-        !delivered.is_empty(),
-        "some routes raced the running worker"
-    );
-    assert!(
-        !reported.is_empty(),
-        "some were taken or queued when it failed"
-    );
-    assert!(!refused.is_empty(), "some came after it ended");
+    // Which outcome each message got depends on the interleaving; only the accounting
+    // above must hold. Each outcome is forced on its own in
+    // `each_route_outcome_is_forced_by_gates`.
 }
 
 const JOBS: &str = r#"
@@ -276,7 +294,7 @@ async fn distinct_spawns_never_exceed_the_worker_limit_and_all_finish() {
             most
         })
     };
-    let workers: Vec<String> = (0..100)
+    let workers: Vec<ProcessId> = (0..100)
         .map(|i| {
             spawned(
                 rt.spawn_worker("main", &format!("job {i}"), false, None)
@@ -288,12 +306,8 @@ async fn distinct_spawns_never_exceed_the_worker_limit_and_all_finish() {
     sampling.store(false, std::sync::atomic::Ordering::SeqCst);
     let most = sampler.await.unwrap();
     assert!(most <= 5, "{most} workers alive at once, limit 5");
-    assert!(
-        most >= 2,
-        "the sampler saw workers run side by side ({most})"
-    );
     for worker in &workers {
-        let record = rt.store().get_worker(worker).unwrap().unwrap();
+        let record = rt.store().get_worker(&worker.to_string()).unwrap().unwrap();
         assert_eq!(record.state, WorkerState::Done, "{worker}");
     }
     assert_eq!(rt.live_workers(), 0);
@@ -355,7 +369,7 @@ async fn no_reservation_outlives_any_terminal_path() {
         if state == WorkerState::Cancelled {
             eventually("the worker waits", || {
                 rt.store()
-                    .get_worker(&worker)
+                    .get_worker(&worker.to_string())
                     .unwrap()
                     .is_some_and(|r| r.state == WorkerState::WaitingForInput)
             })
@@ -366,13 +380,13 @@ async fn no_reservation_outlives_any_terminal_path() {
             rt.live_workers() == 0
                 && rt
                     .store()
-                    .get_worker(&worker)
+                    .get_worker(&worker.to_string())
                     .unwrap()
                     .is_some_and(|r| r.state == state)
         })
         .await;
         rt.wait_idle("main").await;
-        let record = rt.store().get_worker(&worker).unwrap().unwrap();
+        let record = rt.store().get_worker(&worker.to_string()).unwrap().unwrap();
         assert!(
             record.outcome.as_deref().unwrap_or("").contains(outcome),
             "{task}: {record:?}"
@@ -445,7 +459,7 @@ fn notification_turns(provider: &Recording) -> Vec<String> {
 async fn late_results_are_folded_back_into_one_notification_turn_each() {
     let dir = tempfile::tempdir().unwrap();
     let (rt, mut events, provider) = runtime(dir.path(), "", LATE, false).await;
-    rt.send_user_message("main", "Plan it, please.");
+    rt.send_user_message("main", "Plan it, please.").unwrap();
     rt.wait_idle("main").await;
 
     let turns = notification_turns(&provider);
@@ -523,7 +537,7 @@ tool_calls = [{ name = "set_status", arguments = { state = "done", message = "qu
 async fn a_result_for_a_requester_still_running_is_no_notification() {
     let dir = tempfile::tempdir().unwrap();
     let (rt, _events, provider) = runtime(dir.path(), "", LIVE_REQUESTER, false).await;
-    rt.send_user_message("main", "Plan it, please.");
+    rt.send_user_message("main", "Plan it, please.").unwrap();
     rt.wait_idle("main").await;
     assert!(notification_turns(&provider).is_empty());
     assert!(
@@ -571,7 +585,7 @@ async fn a_late_result_for_a_channel_that_is_gone_is_kept_with_a_warning() {
 
     let dir = tempfile::tempdir().unwrap();
     let (rt, _events, provider) = runtime(dir.path(), "", LATE, false).await;
-    rt.send_user_message("main", "Plan it, please.");
+    rt.send_user_message("main", "Plan it, please.").unwrap();
     eventually("the branch concludes", || {
         channel_history(&rt)
             .iter()
@@ -618,4 +632,112 @@ async fn a_late_result_for_a_channel_that_is_gone_is_kept_with_a_warning() {
         log.contains("WARN") && log.contains("channel that is gone") && log.contains("worker:2"),
         "{log}"
     );
+}
+
+const BRANCH_PANICS: &str = r#"
+[[step]]
+process = "channel"
+when = "think hard"
+tool_calls = [{ name = "branch", arguments = { question = "PANIC NOW" } }]
+
+"#;
+
+/// A branch is supervised like a worker: its panic is reported to its channel, and the
+/// channel's pending count is released, so `wait_idle` returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_branch_that_panics_is_reported_and_never_leaves_wait_idle_hanging() {
+    assert!(BRANCH_PANICS.contains(PANIC_TRIGGER));
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _events, _provider) = runtime(dir.path(), "", BRANCH_PANICS, false).await;
+    rt.send_user_message("main", "Think hard.").unwrap();
+    tokio::time::timeout(Duration::from_secs(120), rt.wait_idle("main"))
+        .await
+        .expect("wait_idle returns after the branch panicked");
+    let history = channel_history(&rt);
+    assert!(
+        history.iter().any(|m| m.starts_with("[branch:")
+            && m.contains("failed: panicked: the provider panicked on purpose")),
+        "the channel heard of the panic: {history:#?}"
+    );
+}
+
+/// The next request of a worker; channel requests met on the way are answered with `skip`.
+async fn next_worker_request(held: &mut mpsc::UnboundedReceiver<Pending>) -> Pending {
+    loop {
+        let pending = tokio::time::timeout(Duration::from_secs(120), held.recv())
+            .await
+            .expect("a request within the hang guard")
+            .expect("the provider is alive");
+        if pending.request.process == "worker" {
+            return pending;
+        }
+        pending.call("skip", serde_json::json!({}));
+    }
+}
+
+/// Every outcome of a route, each forced by holding the worker's requests at the
+/// provider: a message routed while a request is held is injected at the next boundary
+/// and delivered once answered; one injected into a request that then fails is reported
+/// as not delivered; one routed after the worker ended is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_route_outcome_is_forced_by_gates() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::parse("", &dir.path().join("capstan.toml")).unwrap();
+    let (provider, mut held) = Gated::new();
+    let (rt, _events) = agent_runtime(config, provider, false).await;
+    let worker = spawned(
+        rt.spawn_worker("main", "Do the chores.", false, None)
+            .unwrap(),
+    );
+    let progress = serde_json::json!({ "state": "progress", "message": "working" });
+
+    let first = next_worker_request(&mut held).await;
+    assert!(
+        rt.route_to_worker(&worker, "m-delivered"),
+        "the worker runs"
+    );
+    first.call("set_status", progress.clone());
+
+    let second = next_worker_request(&mut held).await;
+    assert!(second.holds("m-delivered"), "injected at the boundary");
+    assert!(rt.route_to_worker(&worker, "m-reported"));
+    second.call("set_status", progress);
+
+    let third = next_worker_request(&mut held).await;
+    assert!(third.holds("m-reported"));
+    third.fail("the model is gone");
+
+    // The channel hears the report; answer its turns until the worker is gone.
+    let serve = tokio::spawn(async move {
+        while let Some(pending) = held.recv().await {
+            pending.call("skip", serde_json::json!({}));
+        }
+    });
+    eventually("the worker ends", || rt.live_workers() == 0).await;
+    assert!(
+        !rt.route_to_worker(&worker, "m-refused"),
+        "a route after the end is refused"
+    );
+    rt.wait_idle("main").await;
+    let history = channel_history(&rt);
+    let reports: Vec<&String> = history
+        .iter()
+        .filter(|m| m.contains("were not delivered"))
+        .collect();
+    assert_eq!(reports.len(), 1, "{history:#?}");
+    assert!(
+        reports[0].ends_with("were not delivered: m-reported"),
+        "{}",
+        reports[0]
+    );
+    assert!(
+        history
+            .iter()
+            .all(|m| !m.contains("m-delivered") && !m.contains("m-refused"))
+    );
+    let record = rt.store().get_worker(&worker.to_string()).unwrap().unwrap();
+    assert_eq!(record.state, WorkerState::Failed);
+    rt.shutdown();
+    drop(rt);
+    serve.abort();
 }

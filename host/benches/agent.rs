@@ -79,7 +79,7 @@ fn start(
         .block_on(Registry::load_dir(Arc::new(host), &plugins))
         .unwrap();
     let provider = ScriptedProvider::new(Script::parse(script, "bench").unwrap(), "bench");
-    Runtime::new(config, Arc::new(registry), store, Arc::new(provider))
+    Runtime::new(config, Arc::new(registry), store, Arc::new(provider)).expect("the runtime starts")
 }
 
 fn bench_turns(c: &mut Criterion, tokio: &Tokio) {
@@ -98,13 +98,13 @@ fn bench_turns(c: &mut Criterion, tokio: &Tokio) {
                 n += 1;
                 let channel = format!("c{}", n / 10);
                 tokio.block_on(async {
-                    rt.send_user_message(&channel, message);
+                    rt.send_user_message(&channel, message).unwrap();
                     rt.wait_idle(&channel).await;
                 });
                 while events.try_recv().is_ok() {}
             })
         });
-        let stored = rt.store().load_history("c1").unwrap().len();
+        let stored = rt.store().load_history("channel:c1").unwrap().len();
         assert!(stored >= 20, "every turn was stored: {stored}");
         rt.shutdown();
     }
@@ -152,7 +152,7 @@ fn concurrent_workers(tokio: &Tokio, n: u32) {
     });
     let started = Instant::now();
     tokio.block_on(async {
-        rt.send_user_message("main", "go");
+        rt.send_user_message("main", "go").unwrap();
         rt.wait_idle("main").await;
     });
     let elapsed = started.elapsed();

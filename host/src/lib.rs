@@ -17,6 +17,7 @@ pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod dispatch;
+pub mod ids;
 pub mod llm;
 pub mod plugin;
 pub mod policy;

@@ -439,8 +439,9 @@ async fn malformed_arguments_from_the_model_go_back_to_it_as_invalid_args() {
         .with_store(store.clone());
     let registry = Registry::load_dir(Arc::new(host), &plugins).await.unwrap();
     let provider = OpenAiProvider::new(&url, "k", "m").unwrap();
-    let (rt, mut events) = Runtime::new(config, Arc::new(registry), store, Arc::new(provider));
-    rt.send_user_message("main", "read my notes");
+    let (rt, mut events) =
+        Runtime::new(config, Arc::new(registry), store, Arc::new(provider)).unwrap();
+    rt.send_user_message("main", "read my notes").unwrap();
     rt.wait_idle("main").await;
 
     let seen = seen.lock().unwrap();

@@ -213,7 +213,7 @@ pub async fn agent_runtime(
             .expect("the probe fixture loads");
     }
     assert!(registry.refused().is_empty(), "{:?}", registry.refused());
-    Runtime::new(config, Arc::new(registry), store, provider)
+    Runtime::new(config, Arc::new(registry), store, provider).expect("the runtime starts")
 }
 
 /// The incoming message that makes [`Recording`] panic, as a buggy provider might.
@@ -269,15 +269,93 @@ impl Provider for Recording {
     }
 }
 
-/// Polls `done` every few milliseconds until it holds, failing after ten seconds with
-/// `what`.
+/// Polls `done` every few milliseconds until it holds. The two-minute cap only guards
+/// against a hang (it fails with `what`); no test relies on how long anything takes.
 pub async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while !done() {
         assert!(
             std::time::Instant::now() < deadline,
             "timed out waiting: {what}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// A provider that hands every request to the test and answers only when the test says
+/// so, with what it says: the explicit gate that forces one interleaving of a race.
+pub struct Gated {
+    requests: mpsc::UnboundedSender<Pending>,
+}
+
+/// A request held at the [`Gated`] provider until the test answers it.
+pub struct Pending {
+    /// The request as the host sent it.
+    pub request: CompletionRequest,
+    answer: tokio::sync::oneshot::Sender<Result<Completion, ProviderError>>,
+}
+
+impl Gated {
+    /// The provider, and the stream of requests it holds.
+    pub fn new() -> (Arc<Self>, mpsc::UnboundedReceiver<Pending>) {
+        let (requests, held) = mpsc::unbounded_channel();
+        (Arc::new(Gated { requests }), held)
+    }
+}
+
+impl Pending {
+    /// Whether the request's messages hold one with exactly `text`.
+    pub fn holds(&self, text: &str) -> bool {
+        self.request.messages.iter().any(|m| m.content == text)
+    }
+
+    /// Answers with one call of `tool` with `arguments` (JSON).
+    pub fn call(self, tool: &str, arguments: serde_json::Value) {
+        let mut message = capstan_host::llm::Message::assistant("");
+        message.tool_calls.push(capstan_host::llm::ToolCall {
+            id: format!("call-{tool}"),
+            name: tool.to_owned(),
+            arguments: arguments.to_string(),
+        });
+        let _ = self.answer.send(Ok(Completion {
+            message,
+            tokens: None,
+        }));
+    }
+
+    /// Fails the request, as an unreachable model would.
+    pub fn fail(self, why: &str) {
+        let _ = self
+            .answer
+            .send(Err(ProviderError::ScriptExhausted(why.to_owned())));
+    }
+}
+
+impl Provider for Gated {
+    fn complete<'a>(
+        &'a self,
+        request: &'a CompletionRequest,
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+        Box::pin(async move {
+            let (answer, answered) = tokio::sync::oneshot::channel();
+            let pending = Pending {
+                request: request.clone(),
+                answer,
+            };
+            if self.requests.send(pending).is_err() {
+                return Err(ProviderError::ScriptExhausted(
+                    "the test stopped answering".into(),
+                ));
+            }
+            answered.await.unwrap_or_else(|_| {
+                Err(ProviderError::ScriptExhausted(
+                    "the test dropped the request".into(),
+                ))
+            })
+        })
+    }
+
+    fn name(&self) -> String {
+        "gated".into()
     }
 }

@@ -7,16 +7,52 @@ use super::channel::spawn_worker_tool;
 use super::notifications::{NotificationKind, report};
 use super::prompts::system_prompt;
 use super::runtime::{ChannelHandle, Runtime};
+use super::supervisor::run_supervised;
 use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd, TurnError};
 use crate::dispatch::Route;
+use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, Message};
 use crate::policy::ProcessKind;
 
-/// Runs a branch and sends its conclusion to the channel it came from.
-pub(crate) async fn run_branch(
+/// Runs a branch to its end, whatever the end: it concludes, its model fails, or it
+/// panics. Like a worker, it is reported to its channel on every path, and its channel's
+/// pending count is released, so `wait_idle` never hangs on a branch that died.
+pub(crate) async fn supervise_branch(
     rt: Arc<Runtime>,
-    id: String,
-    channel_name: String,
+    id: ProcessId,
+    channel_name: ProcessId,
+    channel: ChannelHandle,
+    question: String,
+    history: Vec<Message>,
+) {
+    let branch = run_branch(
+        rt.clone(),
+        id.clone(),
+        channel_name.clone(),
+        channel.clone(),
+        question,
+        history,
+    );
+    if let Err(why) = run_supervised(branch).await {
+        rt.release_process(&id);
+        rt.status(&id, format!("failed: {why}"));
+        report(
+            &rt,
+            &channel_name,
+            &channel,
+            &id,
+            NotificationKind::Error,
+            format!("failed: {why}"),
+        );
+    }
+    channel.done_pending();
+}
+
+/// The branch's life: think, then send the conclusion to the channel it came from.
+async fn run_branch(
+    rt: Arc<Runtime>,
+    id: ProcessId,
+    channel_name: ProcessId,
     channel: ChannelHandle,
     question: String,
     mut history: Vec<Message>,
@@ -37,7 +73,7 @@ pub(crate) async fn run_branch(
         id: id.clone(),
         channel_name: channel_name.clone(),
     };
-    let conclusion = match rt.dispatcher.lease_loop(&id, &id) {
+    let conclusion = match rt.lease_loop(&id) {
         Err(held) => format!("(could not think: {held})"),
         Ok(lease) => {
             let turn = Turn {
@@ -49,10 +85,15 @@ pub(crate) async fn run_branch(
                 tools: &tools,
                 max_turns: rt.config.limits.max_turns,
             };
-            conclude(&rt, turn.run(&mut history, &handler).await)
+            let end = turn.run(&mut history, &handler).await;
+            if let Err(err) = &end {
+                rt.model_failed(&id, err);
+            }
+            conclude(&rt, end)
         }
     };
     drop(alive);
+    rt.release_process(&id);
     rt.status(&id, format!("concluded: {conclusion}"));
     report(
         &rt,
@@ -62,7 +103,6 @@ pub(crate) async fn run_branch(
         NotificationKind::Result,
         format!("concluded: {conclusion}"),
     );
-    channel.done_pending();
 }
 
 /// A branch's conclusion from how its turn ended.
@@ -81,8 +121,8 @@ fn conclude(rt: &Runtime, end: Result<TurnEnd, TurnError>) -> String {
 /// A branch's tools: plugins with the branch profile, and `spawn_worker` on its channel.
 struct BranchTools {
     rt: Arc<Runtime>,
-    id: String,
-    channel_name: String,
+    id: ProcessId,
+    channel_name: ProcessId,
 }
 
 impl ToolHandler for BranchTools {

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::branch::run_branch;
+use super::branch::supervise_branch;
 use super::compactor::compact_if_needed;
 use super::drain;
 use super::events::Event;
@@ -15,6 +15,7 @@ use super::prompts::system_prompt;
 use super::runtime::{ChannelHandle, Runtime, SpawnOutcome};
 use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd, Unanswered, repair};
 use crate::dispatch::Route;
+use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, Message};
 use crate::policy::ProcessKind;
 
@@ -30,7 +31,7 @@ pub(crate) enum ChannelInput {
     /// A worker's or branch's report.
     Result {
         /// e.g. `worker:3`.
-        source: String,
+        source: ProcessId,
         /// What kind of report it is (kept as such if the channel closes first).
         kind: NotificationKind,
         /// What it reports.
@@ -101,24 +102,23 @@ impl Batches {
     }
 }
 
-/// The channel's loop: each batch of inputs becomes one turn. `kind` is
+/// The channel's loop: each batch of inputs becomes one turn. `name`'s kind is
 /// [`ProcessKind::Channel`] for a conversation with the user, [`ProcessKind::Cortex`] for
-/// the admin chat (same loop, the cortex profile's tools).
+/// the admin chat (same loop, the cortex profile's tools, its own session and history).
 ///
 /// Every turn goes through the prompt gate: the loop reserves its session (as
 /// `<kind>:<name>:loop`) before the settle wait, so nothing else can prompt the session
 /// while it answers, and releases it (the hold still runs) once the turn is over.
 pub(crate) async fn run_channel(
     rt: Arc<Runtime>,
-    kind: ProcessKind,
-    name: String,
+    name: ProcessId,
     handle: ChannelHandle,
     inbox: mpsc::UnboundedReceiver<ChannelInput>,
     mut history: Vec<Message>,
 ) {
+    let kind = name.kind();
     let tools = rt.tool_defs(kind);
     let system = system_prompt(kind, &rt.config.agent.name);
-    let process = format!("{kind}:{name}");
     let mut batches = Batches {
         inbox,
         carried: None,
@@ -135,7 +135,7 @@ pub(crate) async fn run_channel(
             _ => Route::Retrigger,
         };
         // Reserved before the settle wait, so no other route can take this idle edge.
-        let lease = rt.dispatcher.lease_loop(&name, &process);
+        let lease = rt.lease_loop(&name);
         if route != Route::User {
             tokio::time::sleep(rt.dispatcher.settings().settle).await;
         }
@@ -187,22 +187,26 @@ pub(crate) async fn run_channel(
                     Err(err) if matches!(err.reason, Unanswered::Suppressed(_)) => {
                         rt.status(&name, format!("{err}; the inputs stay in the history"))
                     }
-                    Err(err) => rt.status(&name, format!("the model failed: {err}")),
+                    Err(err) => {
+                        rt.model_failed(&name, &err);
+                        rt.status(&name, format!("the model failed: {err}"));
+                    }
                 }
             }
             _ => {}
         }
         drop(lease);
         rewrite |= history.len() < saved;
-        rt.save_history(&name, &history, if rewrite { 0 } else { saved });
+        let from = if rewrite { 0 } else { saved };
+        // A failed save is reported; the next one rewrites the whole history.
+        rewrite = rt.save_history(&name, &history, from).is_err();
         saved = history.len();
-        rewrite = false;
         for _ in &inputs {
             handle.done_pending();
         }
     }
     // Nothing this loop reserved outlives it.
-    rt.dispatcher.release_process(&process);
+    rt.release_process(&name);
     // Reports that arrived as the channel closed are kept, not dropped.
     let carried = batches.carried.take();
     let left: Vec<ChannelInput> = carried
@@ -230,7 +234,7 @@ pub(crate) async fn run_channel(
 struct ChannelTools {
     rt: Arc<Runtime>,
     kind: ProcessKind,
-    channel: String,
+    channel: ProcessId,
     handle: ChannelHandle,
     /// The history a branch forks from.
     fork: Vec<Message>,
@@ -294,8 +298,8 @@ impl ChannelTools {
 /// `None`: the channel): the outcome as JSON for the model.
 pub(crate) fn spawn_worker_tool(
     rt: &Arc<Runtime>,
-    channel: &str,
-    requester: Option<&str>,
+    channel: &ProcessId,
+    requester: Option<&ProcessId>,
     arguments: &str,
 ) -> String {
     let args = match parse_args::<SpawnArgs>("spawn_worker", arguments) {
@@ -323,6 +327,14 @@ pub(crate) fn spawn_worker_tool(
     }
 }
 
+/// The worker a model named, if the text is a worker's id.
+fn worker_id(text: &str) -> Option<ProcessId> {
+    text.trim()
+        .parse::<ProcessId>()
+        .ok()
+        .filter(|id| id.kind() == ProcessKind::Worker)
+}
+
 impl ToolHandler for ChannelTools {
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
         Box::pin(self.rt.refuse(self.kind, &self.channel, name, arguments))
@@ -336,24 +348,26 @@ impl ToolHandler for ChannelTools {
                 "skip" => return ToolOutcome::EndTurn("skipped".into()),
                 "spawn_worker" => spawn_worker_tool(rt, &self.channel, None, arguments),
                 "branch" => match parse_args::<BranchArgs>(name, arguments) {
-                    Ok(args) => {
-                        let id = rt.new_id(ProcessKind::Branch);
-                        self.handle.add_pending();
-                        let fork = self.fork.clone();
-                        tokio::spawn(run_branch(
-                            rt.clone(),
-                            id.clone(),
-                            self.channel.clone(),
-                            self.handle.clone(),
-                            args.question,
-                            fork,
-                        ));
-                        json!({ "branched": true, "branch": id }).to_string()
-                    }
+                    Ok(args) => match rt.new_id(ProcessKind::Branch) {
+                        Ok(id) => {
+                            self.handle.add_pending();
+                            let fork = self.fork.clone();
+                            tokio::spawn(supervise_branch(
+                                rt.clone(),
+                                id.clone(),
+                                self.channel.clone(),
+                                self.handle.clone(),
+                                args.question,
+                                fork,
+                            ));
+                            json!({ "branched": true, "branch": id }).to_string()
+                        }
+                        Err(err) => format!("error[failed]: branch: cannot number a new branch: {err}"),
+                    },
                     Err(err) => err,
                 },
                 "route" => match parse_args::<RouteArgs>(name, arguments) {
-                    Ok(args) if rt.route_to_worker(&args.worker, &args.message) => {
+                    Ok(args) if worker_id(&args.worker).is_some_and(|id| rt.route_to_worker(&id, &args.message)) => {
                         json!({ "routed": true, "worker": args.worker }).to_string()
                     }
                     Ok(args) => json!({
@@ -365,7 +379,7 @@ impl ToolHandler for ChannelTools {
                     Err(err) => err,
                 },
                 "cancel" => match parse_args::<CancelArgs>(name, arguments) {
-                    Ok(args) if rt.cancel_worker(&args.worker) => {
+                    Ok(args) if worker_id(&args.worker).is_some_and(|id| rt.cancel_worker(&id)) => {
                         json!({ "cancelled": true, "worker": args.worker }).to_string()
                     }
                     Ok(args) => json!({ "cancelled": false, "worker": args.worker, "reason": "no such running worker" }).to_string(),

@@ -8,6 +8,7 @@ use super::prompts::system_prompt;
 use super::runtime::Runtime;
 use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd, TurnError};
 use crate::dispatch::Route;
+use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, Message, Role};
 use crate::policy::ProcessKind;
 
@@ -48,7 +49,13 @@ pub(crate) async fn compact_if_needed(rt: &Arc<Runtime>, history: &mut Vec<Messa
     let Some(cut) = cut_point(history) else {
         return false;
     };
-    let id = rt.new_id(ProcessKind::Compactor);
+    let id = match rt.new_id(ProcessKind::Compactor) {
+        Ok(id) => id,
+        Err(err) => {
+            tracing::error!("cannot number a compactor run, history kept: {err}");
+            return false;
+        }
+    };
     rt.status(
         &id,
         format!(
@@ -69,7 +76,7 @@ pub(crate) async fn compact_if_needed(rt: &Arc<Runtime>, history: &mut Vec<Messa
         rt: rt.clone(),
         id: id.clone(),
     };
-    let end = match rt.dispatcher.lease_loop(&id, &id) {
+    let end = match rt.lease_loop(&id) {
         Ok(lease) => {
             let turn = Turn {
                 dispatcher: &rt.dispatcher,
@@ -84,7 +91,7 @@ pub(crate) async fn compact_if_needed(rt: &Arc<Runtime>, history: &mut Vec<Messa
         }
         Err(held) => Err(TurnError::suppressed(held.to_string())),
     };
-    match end {
+    let compacted = match end {
         Ok(TurnEnd::Text(summary)) if !summary.trim().is_empty() => {
             history.splice(
                 ..cut,
@@ -104,16 +111,19 @@ pub(crate) async fn compact_if_needed(rt: &Arc<Runtime>, history: &mut Vec<Messa
             false
         }
         Err(err) => {
+            rt.model_failed(&id, &err);
             rt.status(&id, format!("the model failed, history kept: {err}"));
             false
         }
-    }
+    };
+    rt.release_process(&id);
+    compacted
 }
 
 /// The compactor's tools: plugins with the compactor profile (memory_save by default).
 struct CompactorTools {
     rt: Arc<Runtime>,
-    id: String,
+    id: ProcessId,
 }
 
 impl ToolHandler for CompactorTools {

@@ -2,22 +2,41 @@
 
 use std::fmt;
 
+use crate::ids::ProcessId;
+
 /// One thing that happened, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// The channel replied to the user.
     Reply {
-        /// The channel.
-        channel: String,
+        /// The conversation.
+        channel: ProcessId,
         /// The reply.
         text: String,
     },
     /// A process reports progress: started, a tool call, done, failed.
     Status {
         /// e.g. `worker:1`.
-        source: String,
+        source: ProcessId,
         /// What happened.
         text: String,
+    },
+    /// A model request of a process got no answer: it failed or timed out. The process
+    /// goes on as its kind does (a channel waits for the next input, a worker fails);
+    /// `capstan run` exits non-zero when any request failed.
+    ModelFailed {
+        /// The process whose request failed.
+        process: ProcessId,
+        /// Why, as the process reports it.
+        error: String,
+    },
+    /// A conversation's history could not be stored after a turn. The messages stay in
+    /// memory and the next save rewrites the whole history.
+    HistoryNotSaved {
+        /// The conversation.
+        channel: ProcessId,
+        /// What the store said.
+        error: String,
     },
 }
 
@@ -26,6 +45,12 @@ impl fmt::Display for Event {
         match self {
             Event::Reply { text, .. } => write!(f, "{text}"),
             Event::Status { source, text } => write!(f, "[{source}] {text}"),
+            Event::ModelFailed { process, error } => {
+                write!(f, "[{process}] the model failed: {error}")
+            }
+            Event::HistoryNotSaved { channel, error } => {
+                write!(f, "[{channel}] the history was not saved: {error}")
+            }
         }
     }
 }

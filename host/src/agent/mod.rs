@@ -23,6 +23,7 @@ mod notifications;
 mod prompts;
 mod reservations;
 mod runtime;
+mod supervisor;
 mod turn;
 mod worker;
 

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 
 use super::channel::ChannelInput;
 use super::runtime::{ChannelHandle, Runtime};
+use crate::ids::ProcessId;
 use crate::text::truncate;
 
 /// What a late report is.
@@ -45,9 +46,9 @@ impl fmt::Display for NotificationKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Notification {
     /// e.g. `worker:3`.
-    pub(crate) source: String,
+    pub(crate) source: ProcessId,
     /// Who asked for it and had ended, e.g. `branch:2`.
-    pub(crate) requester: String,
+    pub(crate) requester: ProcessId,
     pub(crate) kind: NotificationKind,
     /// Its working-memory key.
     pub(crate) key: String,
@@ -73,23 +74,23 @@ impl Notification {
 #[derive(Debug, Default)]
 pub(crate) struct NotificationIndex(Mutex<()>);
 
-/// Sends `source`'s report `text` to channel `name` (through `handle`) as a result; if the
-/// channel is gone, keeps it as a notification instead (see [`fold_back`]).
+/// Sends `source`'s report `text` to conversation `channel` (through `handle`) as a
+/// result; if the channel is gone, keeps it as a notification instead (see [`fold_back`]).
 pub(crate) fn report(
     rt: &Runtime,
-    name: &str,
+    channel: &ProcessId,
     handle: &ChannelHandle,
-    source: &str,
+    source: &ProcessId,
     kind: NotificationKind,
     text: String,
 ) {
     let input = ChannelInput::Result {
-        source: source.to_owned(),
+        source: source.clone(),
         kind,
         text,
     };
     if let Err(ChannelInput::Result { text, .. }) = handle.try_send(input) {
-        fold_back(rt, name, source, name, kind, &text);
+        fold_back(rt, channel, source, channel, kind, &text);
     }
 }
 
@@ -98,9 +99,9 @@ pub(crate) fn report(
 /// turn (the entry stays). Returns the notification.
 pub(crate) fn fold_back(
     rt: &Runtime,
-    channel: &str,
-    source: &str,
-    requester: &str,
+    channel: &ProcessId,
+    source: &ProcessId,
+    requester: &ProcessId,
     kind: NotificationKind,
     text: &str,
 ) -> Notification {
@@ -118,12 +119,12 @@ pub(crate) fn fold_back(
             rt.store.working_set("notifications/index", &index, None)
         });
         if let Err(err) = saved {
-            tracing::error!(source, "cannot save a late report in working memory: {err}");
+            tracing::error!(%source, "cannot save a late report in working memory: {err}");
         }
     }
     let note = Notification {
-        source: source.to_owned(),
-        requester: requester.to_owned(),
+        source: source.clone(),
+        requester: requester.clone(),
         kind,
         key,
         text: text.to_owned(),
@@ -133,8 +134,8 @@ pub(crate) fn fold_back(
         .is_some_and(|handle| handle.send(ChannelInput::Notification(note.clone())));
     if !told {
         tracing::warn!(
-            channel,
-            source,
+            %channel,
+            %source,
             key = %note.key,
             "a late report arrived for a channel that is gone; kept in working memory, no turn runs"
         );

@@ -8,17 +8,19 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::ids::ProcessId;
+
 /// The live reservations: normalized task description -> worker id.
 #[derive(Debug, Default)]
 pub(crate) struct TaskReservations {
-    active: Mutex<HashMap<String, String>>,
+    active: Mutex<HashMap<String, ProcessId>>,
 }
 
 /// One held reservation; dropping it releases the description.
 #[derive(Debug)]
 pub(crate) struct Reservation {
     key: String,
-    worker: String,
+    worker: ProcessId,
     owner: Arc<TaskReservations>,
 }
 
@@ -27,17 +29,17 @@ impl TaskReservations {
     pub(crate) fn reserve(
         self: &Arc<Self>,
         task: &str,
-        worker: &str,
-    ) -> Result<Reservation, String> {
+        worker: &ProcessId,
+    ) -> Result<Reservation, ProcessId> {
         let key = normalize(task);
         let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(existing) = active.get(&key) {
             return Err(existing.clone());
         }
-        active.insert(key.clone(), worker.to_owned());
+        active.insert(key.clone(), worker.clone());
         Ok(Reservation {
             key,
-            worker: worker.to_owned(),
+            worker: worker.clone(),
             owner: self.clone(),
         })
     }
@@ -71,29 +73,29 @@ fn normalize(task: &str) -> String {
 mod tests {
     use super::*;
 
+    fn w(n: u64) -> ProcessId {
+        ProcessId::numbered(crate::policy::ProcessKind::Worker, n)
+    }
+
     #[test]
     fn the_same_task_is_reserved_once_until_released() {
         let reservations = Arc::new(TaskReservations::default());
         let first = reservations
-            .reserve("Gather the  open items.", "worker:1")
+            .reserve("Gather the  open items.", &w(1))
             .unwrap();
         assert_eq!(
             reservations
-                .reserve("gather the open items", "worker:2")
+                .reserve("gather the open items", &w(2))
                 .unwrap_err(),
-            "worker:1"
+            w(1)
         );
         assert!(
             reservations
-                .reserve("gather the closed items", "worker:3")
+                .reserve("gather the closed items", &w(3))
                 .is_ok()
         );
         drop(first);
         assert_eq!(reservations.len(), 0, "both released");
-        assert!(
-            reservations
-                .reserve("Gather the open items", "worker:4")
-                .is_ok()
-        );
+        assert!(reservations.reserve("Gather the open items", &w(4)).is_ok());
     }
 }

@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, Semaphore, mpsc};
@@ -12,13 +12,15 @@ use super::events::Event;
 use super::host_tools::HOST_TOOLS;
 use super::notifications::NotificationIndex;
 use super::reservations::TaskReservations;
+use super::turn::{TurnError, Unanswered};
 use super::worker::{WorkerSpec, supervise_worker};
 use crate::config::Config;
-use crate::dispatch::Dispatcher;
+use crate::dispatch::{Dispatcher, Lease, Reserved};
+use crate::ids::ProcessId;
 use crate::llm::{Message, Provider, ToolDef};
 use crate::plugin::{CallRequest, Registry};
 use crate::policy::{Decision, ProcessKind, ToolNeeds};
-use crate::store::{Store, TaskPatch};
+use crate::store::{RunGuard, Store, StoreError, TaskPatch};
 
 /// One agent: its config, plugins, store and model, and the channels, workers and branches
 /// running on them.
@@ -33,13 +35,16 @@ pub struct Runtime {
     pub(crate) store: Arc<Store>,
     pub(crate) dispatcher: Dispatcher,
     events: mpsc::UnboundedSender<Event>,
-    next_id: AtomicU64,
-    channels: Mutex<HashMap<String, ChannelHandle>>,
-    pub(crate) workers: Mutex<HashMap<String, WorkerHandle>>,
+    /// Conversations (user channels and admin sessions), by process id.
+    channels: Mutex<HashMap<ProcessId, ChannelHandle>>,
+    pub(crate) workers: Mutex<HashMap<ProcessId, WorkerHandle>>,
     /// Branches still thinking; a worker a branch spawned reports late once it is gone.
-    branches: Mutex<HashSet<String>>,
+    branches: Mutex<HashSet<ProcessId>>,
     reservations: Arc<TaskReservations>,
     pub(crate) notification_index: NotificationIndex,
+    /// This host's run in the store: owns the worker rows it writes, and holds the lock
+    /// that tells a later start whether this run is still alive.
+    run: RunGuard,
 }
 
 /// What [`Runtime::spawn_worker`] did.
@@ -48,12 +53,12 @@ pub enum SpawnOutcome {
     /// A new worker started.
     Spawned {
         /// Its id.
-        worker: String,
+        worker: ProcessId,
     },
     /// A live worker already has this task; nothing started.
     Duplicate {
         /// The worker on it.
-        existing: String,
+        existing: ProcessId,
     },
 }
 
@@ -100,19 +105,36 @@ impl ChannelHandle {
 pub(crate) struct WorkerHandle {
     pub(crate) inbox: mpsc::UnboundedSender<String>,
     pub(crate) cancel: Arc<Notify>,
+    /// Set before `cancel` is notified when the host is stopping rather than the
+    /// channel cancelling: the worker ends interrupted, not cancelled.
+    pub(crate) interrupted: Arc<AtomicBool>,
 }
 
 impl Runtime {
     /// A runtime over `registry` (whose host should be backed by `store`), talking to
     /// `provider` through its own [`Dispatcher`] (with the config's gate timings). Returns
     /// the receiver of its [`Event`]s.
+    ///
+    /// It begins a run in the store, and marks the workers that a host which has since
+    /// stopped (killed, crashed) left running as interrupted, reporting each as a status
+    /// event.
     pub fn new(
         config: Config,
         registry: Arc<Registry>,
         store: Arc<Store>,
         provider: Arc<dyn Provider>,
-    ) -> (Arc<Self>, mpsc::UnboundedReceiver<Event>) {
+    ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<Event>), StoreError> {
+        let run = store.begin_run()?;
+        let stale = store.mark_interrupted_workers()?;
         let (events, receiver) = mpsc::unbounded_channel();
+        for worker in stale {
+            if let Ok(id) = worker.id.parse::<ProcessId>() {
+                let _ = events.send(Event::Status {
+                    source: id,
+                    text: "interrupted: the host running it stopped before it ended".into(),
+                });
+            }
+        }
         let dispatcher = Dispatcher::new(provider, config.limits.dispatch.clone());
         let runtime = Arc::new(Runtime {
             config,
@@ -120,14 +142,19 @@ impl Runtime {
             store,
             dispatcher,
             events,
-            next_id: AtomicU64::new(1),
             channels: Mutex::new(HashMap::new()),
             workers: Mutex::new(HashMap::new()),
             branches: Mutex::new(HashSet::new()),
             reservations: Arc::new(TaskReservations::default()),
             notification_index: NotificationIndex::default(),
+            run,
         });
-        (runtime, receiver)
+        Ok((runtime, receiver))
+    }
+
+    /// This host's run id in the store.
+    pub(crate) fn run_id(&self) -> &str {
+        self.run.id()
     }
 
     /// The configuration.
@@ -147,22 +174,51 @@ impl Runtime {
 
     /// Sends a user message to channel `name` (opened on first use, with its stored
     /// history).
-    pub fn send_user_message(self: &Arc<Self>, channel: &str, text: &str) {
-        let handle = self.channel(ProcessKind::Channel, channel);
-        handle.send(ChannelInput::User(text.to_owned()));
+    pub fn send_user_message(
+        self: &Arc<Self>,
+        channel: &str,
+        text: &str,
+    ) -> Result<(), StoreError> {
+        self.send_to(&ProcessId::channel(channel), text)
     }
 
     /// Sends a message to the admin chat `session`, a cortex process with the cortex
-    /// profile's tools (by default every tool). Wait for it with [`Runtime::wait_idle`].
-    pub fn send_admin_message(self: &Arc<Self>, session: &str, text: &str) {
-        let handle = self.channel(ProcessKind::Cortex, session);
+    /// profile's tools (by default every tool). It is its own process, with its own
+    /// history and its own session at the gate: the cortex `main` never shares anything
+    /// with the user channel `main`. Wait for it with [`Runtime::wait_admin_idle`].
+    pub fn send_admin_message(
+        self: &Arc<Self>,
+        session: &str,
+        text: &str,
+    ) -> Result<(), StoreError> {
+        self.send_to(&ProcessId::named(ProcessKind::Cortex, session), text)
+    }
+
+    /// Sends a user message to conversation `id`, opening it on first use. Fails if its
+    /// stored history cannot be read.
+    pub fn send_to(self: &Arc<Self>, id: &ProcessId, text: &str) -> Result<(), StoreError> {
+        let handle = self.conversation(id)?;
         handle.send(ChannelInput::User(text.to_owned()));
+        Ok(())
     }
 
     /// Waits until channel `name` has handled every input and its workers and branches have
     /// all reported back.
     pub async fn wait_idle(&self, channel: &str) {
-        let Some(handle) = self.channels.lock().unwrap().get(channel).cloned() else {
+        self.wait_conversation_idle(&ProcessId::channel(channel))
+            .await
+    }
+
+    /// [`Runtime::wait_idle`] for the admin chat `session`.
+    pub async fn wait_admin_idle(&self, session: &str) {
+        self.wait_conversation_idle(&ProcessId::named(ProcessKind::Cortex, session))
+            .await
+    }
+
+    /// Waits until conversation `id` is idle: every input handled, every worker and
+    /// branch it started reported back.
+    pub async fn wait_conversation_idle(&self, id: &ProcessId) {
+        let Some(handle) = self.channels.lock().unwrap().get(id).cloned() else {
             return;
         };
         loop {
@@ -174,9 +230,9 @@ impl Runtime {
         }
     }
 
-    /// Starts a worker on `task` for `channel`, unless a live worker already has the same
-    /// task (compared normalized), in which case nothing starts and the existing worker is
-    /// named. With `task_number`, the worker is assigned that task on the board.
+    /// Starts a worker on `task` for channel `channel`, unless a live worker already has
+    /// the same task (compared normalized), in which case nothing starts and the existing
+    /// worker is named. With `task_number`, the worker is assigned that task on the board.
     pub fn spawn_worker(
         self: &Arc<Self>,
         channel: &str,
@@ -184,28 +240,39 @@ impl Runtime {
         interactive: bool,
         task_number: Option<u64>,
     ) -> Result<SpawnOutcome, String> {
-        self.spawn_worker_for(channel, None, task, interactive, task_number)
+        self.spawn_worker_for(
+            &ProcessId::channel(channel),
+            None,
+            task,
+            interactive,
+            task_number,
+        )
     }
 
-    /// [`Runtime::spawn_worker`] on behalf of `requester`, the branch that asked (`None`:
-    /// the channel did). Its report is late, and folded back, if the branch has ended.
+    /// [`Runtime::spawn_worker`] for conversation `conversation` on behalf of `requester`,
+    /// the branch that asked (`None`: the conversation did). Its report is late, and
+    /// folded back, if the branch has ended.
     pub(crate) fn spawn_worker_for(
         self: &Arc<Self>,
-        channel: &str,
-        requester: Option<&str>,
+        conversation: &ProcessId,
+        requester: Option<&ProcessId>,
         task: &str,
         interactive: bool,
         task_number: Option<u64>,
     ) -> Result<SpawnOutcome, String> {
-        let handle = self.channel(ProcessKind::Channel, channel);
-        let id = self.new_id(ProcessKind::Worker);
+        let handle = self
+            .conversation(conversation)
+            .map_err(|err| format!("cannot open {conversation}: {err}"))?;
+        let id = self
+            .new_id(ProcessKind::Worker)
+            .map_err(|err| format!("cannot number a new worker: {err}"))?;
         let reservation = match self.reservations.reserve(task, &id) {
             Ok(reservation) => reservation,
             Err(existing) => return Ok(SpawnOutcome::Duplicate { existing }),
         };
         if let Some(number) = task_number {
             let patch = TaskPatch {
-                assigned_worker: Some(id.clone()),
+                assigned_worker: Some(id.to_string()),
                 ..TaskPatch::default()
             };
             self.store
@@ -215,10 +282,10 @@ impl Runtime {
         handle.add_pending();
         let spec = WorkerSpec {
             id: id.clone(),
-            channel: channel.to_owned(),
+            channel: conversation.clone(),
             task: task.to_owned(),
             interactive,
-            requester: requester.map(str::to_owned),
+            requester: requester.cloned(),
         };
         tokio::spawn(supervise_worker(self.clone(), spec, handle, reservation));
         Ok(SpawnOutcome::Spawned { worker: id })
@@ -243,7 +310,7 @@ impl Runtime {
     /// one at its next turn boundary. False if no such worker is running; a message
     /// accepted here is delivered, or reported to the channel as not delivered if the
     /// worker ends first.
-    pub fn route_to_worker(&self, id: &str, message: &str) -> bool {
+    pub fn route_to_worker(&self, id: &ProcessId, message: &str) -> bool {
         // Under the registry lock: a worker leaves the registry before it drains its
         // inbox, so every accepted message is either taken or drained.
         let workers = self.workers.lock().unwrap();
@@ -253,7 +320,7 @@ impl Runtime {
     }
 
     /// Cancels worker `id`; false if no such worker is running.
-    pub fn cancel_worker(&self, id: &str) -> bool {
+    pub fn cancel_worker(&self, id: &ProcessId) -> bool {
         match self.workers.lock().unwrap().get(id) {
             Some(worker) => {
                 worker.cancel.notify_one();
@@ -261,6 +328,18 @@ impl Runtime {
             }
             None => false,
         }
+    }
+
+    /// Stops the host gracefully after a signal: every running worker ends interrupted
+    /// (recorded so, its reservations released, its report kept), the channels finish
+    /// the turn in progress and store their history, and the event stream ends once the
+    /// last process has finished.
+    pub fn interrupt(&self) {
+        for worker in self.workers.lock().unwrap().values() {
+            worker.interrupted.store(true, Ordering::SeqCst);
+            worker.cancel.notify_one();
+        }
+        self.shutdown();
     }
 
     /// Stops the channels (their loops end once their inboxes close) and cancels running
@@ -312,10 +391,11 @@ impl Runtime {
     pub(crate) async fn call_plugin(
         &self,
         kind: ProcessKind,
-        caller: &str,
+        caller: &ProcessId,
         name: &str,
         arguments: &str,
     ) -> String {
+        let caller_name = caller.to_string();
         let workspace: PathBuf = self.config.agent.workspace.clone();
         let grants = self.config.policy.profile(kind).grants().clone();
         let request = CallRequest {
@@ -323,7 +403,7 @@ impl Runtime {
             args_json: arguments,
             grants: &grants,
             workspace: Some(&workspace),
-            caller,
+            caller: &caller_name,
         };
         let result = self
             .registry
@@ -346,7 +426,7 @@ impl Runtime {
     pub(crate) async fn refuse(
         &self,
         kind: ProcessKind,
-        caller: &str,
+        caller: &ProcessId,
         name: &str,
         arguments: &str,
     ) -> String {
@@ -367,9 +447,35 @@ impl Runtime {
         self.call_plugin(kind, caller, name, arguments).await
     }
 
-    /// A fresh id such as `worker:3`.
-    pub(crate) fn new_id(&self, kind: ProcessKind) -> String {
-        format!("{kind}:{}", self.next_id.fetch_add(1, Ordering::Relaxed))
+    /// A fresh id such as `worker:3`, numbered by the store's persisted counter, so no
+    /// id repeats across runs or across hosts sharing the database.
+    pub(crate) fn new_id(&self, kind: ProcessKind) -> Result<ProcessId, StoreError> {
+        let number = self.store.next_process_number(kind.as_str())?;
+        Ok(ProcessId::numbered(kind, number))
+    }
+
+    /// Reserves the session of process `id` for its loop (owner `<id>:loop`) at the gate;
+    /// see [`Dispatcher::lease_loop`].
+    pub(crate) fn lease_loop(&self, id: &ProcessId) -> Result<Lease<'_>, Reserved> {
+        self.dispatcher
+            .lease_loop(id.session().as_str(), &id.to_string())
+    }
+
+    /// Releases everything process `id` holds at the gate, when it ends.
+    pub(crate) fn release_process(&self, id: &ProcessId) {
+        self.dispatcher.release_process(&id.to_string());
+    }
+
+    /// Reports that a request of `process` got no answer (a suppressed turn is not a
+    /// failure: someone else answers).
+    pub(crate) fn model_failed(&self, process: &ProcessId, err: &TurnError) {
+        if matches!(err.reason, Unanswered::Suppressed(_)) {
+            return;
+        }
+        self.emit(Event::ModelFailed {
+            process: process.clone(),
+            error: err.to_string(),
+        });
     }
 
     pub(crate) fn emit(&self, event: Event) {
@@ -377,39 +483,46 @@ impl Runtime {
         let _ = self.events.send(event);
     }
 
-    pub(crate) fn status(&self, source: &str, text: impl Into<String>) {
+    pub(crate) fn status(&self, source: &ProcessId, text: impl Into<String>) {
         self.emit(Event::Status {
-            source: source.to_owned(),
+            source: source.clone(),
             text: text.into(),
         });
     }
 
     /// Marks branch `id` as thinking until the guard drops.
-    pub(crate) fn branch_started(self: &Arc<Self>, id: &str) -> BranchAlive {
-        self.branches.lock().unwrap().insert(id.to_owned());
+    pub(crate) fn branch_started(self: &Arc<Self>, id: &ProcessId) -> BranchAlive {
+        self.branches.lock().unwrap().insert(id.clone());
         BranchAlive {
             rt: self.clone(),
-            id: id.to_owned(),
+            id: id.clone(),
         }
     }
 
     /// Whether branch `id` is still thinking.
-    pub(crate) fn branch_alive(&self, id: &str) -> bool {
+    pub(crate) fn branch_alive(&self, id: &ProcessId) -> bool {
         self.branches.lock().unwrap().contains(id)
     }
 
-    /// The handle of channel `name` if it is open (not shut down).
-    pub(crate) fn open_channel(&self, name: &str) -> Option<ChannelHandle> {
-        self.channels.lock().unwrap().get(name).cloned()
+    /// The handle of conversation `id` if it is open (not shut down).
+    pub(crate) fn open_channel(&self, id: &ProcessId) -> Option<ChannelHandle> {
+        self.channels.lock().unwrap().get(id).cloned()
     }
 
-    /// The handle of channel `name`, starting it (with its stored history) if needed.
-    /// A session opened first as one kind keeps that kind.
-    pub(crate) fn channel(self: &Arc<Self>, kind: ProcessKind, name: &str) -> ChannelHandle {
+    /// The handle of conversation `id` (a channel or an admin session), starting it (with
+    /// its stored history) if needed.
+    ///
+    /// A stored history that cannot be read is an error: the conversation does not start
+    /// rather than start from an empty or partial history.
+    pub(crate) fn conversation(
+        self: &Arc<Self>,
+        id: &ProcessId,
+    ) -> Result<ChannelHandle, StoreError> {
         let mut channels = self.channels.lock().unwrap();
-        if let Some(handle) = channels.get(name) {
-            return handle.clone();
+        if let Some(handle) = channels.get(id) {
+            return Ok(handle.clone());
         }
+        let history = self.load_history(id)?;
         let (inbox, receiver) = mpsc::unbounded_channel();
         let handle = ChannelHandle {
             inbox,
@@ -422,35 +535,49 @@ impl Runtime {
                 self.config.limits.max_branches_per_channel as usize,
             )),
         };
-        channels.insert(name.to_owned(), handle.clone());
-        let history = self.load_history(name);
+        channels.insert(id.clone(), handle.clone());
         tokio::spawn(run_channel(
             self.clone(),
-            kind,
-            name.to_owned(),
+            id.clone(),
             handle.clone(),
             receiver,
             history,
         ));
-        handle
+        Ok(handle)
     }
 
-    fn load_history(&self, channel: &str) -> Vec<Message> {
-        match self.store.load_history(channel) {
-            Ok(entries) => entries
-                .iter()
-                .filter_map(|e| serde_json::from_str(&e.message).ok())
-                .collect(),
-            Err(err) => {
-                tracing::error!(channel, "cannot load history, starting empty: {err}");
-                Vec::new()
-            }
-        }
+    /// The stored history of conversation `id`; every message must read back.
+    fn load_history(&self, id: &ProcessId) -> Result<Vec<Message>, StoreError> {
+        let session = id.session();
+        let entries = self.store.load_history(session.as_str())?;
+        entries
+            .iter()
+            .map(|entry| {
+                serde_json::from_str(&entry.message).map_err(|err| {
+                    StoreError::Invalid(format!(
+                        "{}: the history of {id} cannot be read: message {} is not a valid \
+                         message ({err}); restore the database from a backup, or delete that \
+                         conversation's history to start it afresh",
+                        self.store.path().display(),
+                        entry.seq
+                    ))
+                })
+            })
+            .collect()
     }
 
     /// Stores `history`: only the messages from `from` on are appended when the store
-    /// already holds the rest unchanged; `from == 0` rewrites it all.
-    pub(crate) fn save_history(&self, channel: &str, history: &[Message], from: usize) {
+    /// already holds the rest unchanged; `from == 0` rewrites it all. A failure is
+    /// reported as [`Event::HistoryNotSaved`] and returned, so the caller rewrites the
+    /// whole history at its next save.
+    pub(crate) fn save_history(
+        &self,
+        id: &ProcessId,
+        history: &[Message],
+        from: usize,
+    ) -> Result<(), StoreError> {
+        let channel = id.session();
+        let channel = channel.as_str();
         let rows: Vec<String> = history[from.min(history.len())..]
             .iter()
             .map(|m| serde_json::to_string(m).expect("messages serialize"))
@@ -460,16 +587,20 @@ impl Runtime {
         } else {
             self.store.append_history(channel, &rows)
         };
-        if let Err(err) = saved {
-            tracing::error!(channel, "cannot save history: {err}");
+        if let Err(err) = &saved {
+            self.emit(Event::HistoryNotSaved {
+                channel: id.clone(),
+                error: err.to_string(),
+            });
         }
+        saved
     }
 }
 
 /// A branch still thinking; see [`Runtime::branch_started`].
 pub(crate) struct BranchAlive {
     rt: Arc<Runtime>,
-    id: String,
+    id: ProcessId,
 }
 
 impl Drop for BranchAlive {

@@ -5,7 +5,6 @@
 //! stops there, they are added as context, and it is re-prompted to continue); what
 //! arrives after its last turn is reported to the channel as not delivered.
 
-use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -18,8 +17,10 @@ use super::notifications::{NotificationKind, fold_back, report};
 use super::prompts::system_prompt;
 use super::reservations::Reservation;
 use super::runtime::{ChannelHandle, Runtime, WorkerHandle};
+use super::supervisor::run_supervised;
 use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd};
 use crate::dispatch::Route;
+use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, Message};
 use crate::policy::ProcessKind;
 use crate::store::WorkerState;
@@ -29,12 +30,13 @@ const CONTINUE_HINT: &str = "Continue with the messages above in mind.";
 
 /// What a worker is started with.
 pub(crate) struct WorkerSpec {
-    pub(crate) id: String,
-    pub(crate) channel: String,
+    pub(crate) id: ProcessId,
+    /// The conversation it reports to.
+    pub(crate) channel: ProcessId,
     pub(crate) task: String,
     pub(crate) interactive: bool,
     /// The branch that spawned it, if a branch did (else its channel did).
-    pub(crate) requester: Option<String>,
+    pub(crate) requester: Option<ProcessId>,
 }
 
 type Inbox = Arc<AsyncMutex<mpsc::UnboundedReceiver<String>>>;
@@ -53,7 +55,7 @@ pub(crate) async fn supervise_worker(
     let (inbox_tx, inbox) = mpsc::unbounded_channel();
     let inbox: Inbox = Arc::new(AsyncMutex::new(inbox));
     let spec = Arc::new(spec);
-    let task = tokio::spawn(run_worker(
+    let worker = run_worker(
         rt.clone(),
         spec.clone(),
         channel.clone(),
@@ -61,13 +63,8 @@ pub(crate) async fn supervise_worker(
         counted.clone(),
         inbox_tx,
         inbox.clone(),
-    ));
-    if let Err(err) = task.await {
-        let why = if err.is_panic() {
-            format!("panicked: {}", panic_message(err.into_panic().as_ref()))
-        } else {
-            "stopped: the runtime shut down".to_owned()
-        };
+    );
+    if let Err(why) = run_supervised(worker).await {
         rt.workers.lock().unwrap().remove(&spec.id);
         let undelivered = drain(&mut *inbox.lock().await);
         finish(&rt, &spec, &channel, WorkerState::Failed, why, undelivered);
@@ -75,14 +72,6 @@ pub(crate) async fn supervise_worker(
     if counted.load(Ordering::SeqCst) {
         channel.done_pending();
     }
-}
-
-fn panic_message(payload: &(dyn Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "(no message)".to_owned())
 }
 
 /// The worker's life, in its own task so that a panic is caught by
@@ -105,14 +94,22 @@ async fn run_worker(
         .await
         .expect("never closed");
     let cancel = Arc::new(Notify::new());
+    let interrupted = Arc::new(AtomicBool::new(false));
     rt.workers.lock().unwrap().insert(
         spec.id.clone(),
         WorkerHandle {
             inbox: inbox_tx,
             cancel: cancel.clone(),
+            interrupted: interrupted.clone(),
         },
     );
-    if let Err(err) = rt.store.insert_worker(&spec.id, &spec.channel, &spec.task) {
+    let recorded = rt.store.insert_worker_in_run(
+        rt.run_id(),
+        &spec.id.to_string(),
+        &spec.channel.to_string(),
+        &spec.task,
+    );
+    if let Err(err) = recorded {
         tracing::error!(worker = %spec.id, "cannot record the worker: {err}");
     }
     rt.status(&spec.id, format!("started: {}", spec.task));
@@ -129,7 +126,11 @@ async fn run_worker(
                 (WorkerState::Failed, format!("timed out after {} s", limit.as_secs()))
             })
         }
-        () = cancel.notified() => (WorkerState::Cancelled, "cancelled on request".to_owned()),
+        () = cancel.notified() => if interrupted.load(Ordering::SeqCst) {
+            (WorkerState::Interrupted, "interrupted: the host was stopped".to_owned())
+        } else {
+            (WorkerState::Cancelled, "cancelled on request".to_owned())
+        },
     };
     // Out of the registry first: from here on a route is refused, not queued.
     rt.workers.lock().unwrap().remove(&spec.id);
@@ -148,8 +149,11 @@ fn finish(
     outcome: String,
     undelivered: Vec<String>,
 ) {
-    rt.dispatcher.release_process(&spec.id);
-    if let Err(err) = rt.store.set_worker_state(&spec.id, state, Some(&outcome)) {
+    rt.release_process(&spec.id);
+    let recorded = rt
+        .store
+        .set_worker_state(&spec.id.to_string(), state, Some(&outcome));
+    if let Err(err) = recorded {
         tracing::error!(worker = %spec.id, "cannot record the worker's end: {err}");
     }
     rt.status(&spec.id, format!("{state}: {outcome}"));
@@ -163,7 +167,7 @@ fn finish(
     }
     let kind = match state {
         WorkerState::Done => NotificationKind::Result,
-        WorkerState::Cancelled => NotificationKind::Status,
+        WorkerState::Cancelled | WorkerState::Interrupted => NotificationKind::Status,
         WorkerState::WaitingForInput => NotificationKind::InputRequired,
         WorkerState::Failed | WorkerState::Running => NotificationKind::Error,
     };
@@ -180,7 +184,7 @@ fn tell(
 ) {
     let late_for = spec
         .requester
-        .as_deref()
+        .as_ref()
         .filter(|branch| !rt.branch_alive(branch));
     match late_for {
         Some(requester) => {
@@ -201,7 +205,7 @@ async fn work(
 ) -> (WorkerState, String) {
     let tools = rt.tool_defs(ProcessKind::Worker);
     let system = system_prompt(ProcessKind::Worker, &rt.config.agent.name);
-    let lease = match rt.dispatcher.lease_loop(&spec.id, &spec.id) {
+    let lease = match rt.lease_loop(&spec.id) {
         Ok(lease) => lease,
         Err(held) => return (WorkerState::Failed, format!("cannot prompt: {held}")),
     };
@@ -229,7 +233,10 @@ async fn work(
         }
         let reported = handler.reported.lock().unwrap().take();
         let (state, message) = match (end, reported) {
-            (Err(err), _) => return (WorkerState::Failed, format!("the model failed: {err}")),
+            (Err(err), _) => {
+                rt.model_failed(&spec.id, &err);
+                return (WorkerState::Failed, format!("the model failed: {err}"));
+            }
             (Ok(TurnEnd::Injected(messages)), _) => {
                 // Stopped at a boundary with every call answered: add the messages and go
                 // on. Not a retry, so it uses no budget of any kind.
@@ -262,10 +269,11 @@ async fn work(
             }
             rt.status(&spec.id, format!("waiting for input: {message}"));
             if routed.is_empty() {
-                if let Err(err) =
-                    rt.store
-                        .set_worker_state(&spec.id, WorkerState::WaitingForInput, None)
-                {
+                if let Err(err) = rt.store.set_worker_state(
+                    &spec.id.to_string(),
+                    WorkerState::WaitingForInput,
+                    None,
+                ) {
                     tracing::error!(worker = %spec.id, "cannot record the worker's state: {err}");
                 }
                 // The user hears the question; while it waits, the worker does not keep its
@@ -286,9 +294,9 @@ async fn work(
                     Some(input) => routed.push(input),
                     None => return (WorkerState::Cancelled, "its channel closed".into()),
                 }
-                if let Err(err) = rt
-                    .store
-                    .set_worker_state(&spec.id, WorkerState::Running, None)
+                if let Err(err) =
+                    rt.store
+                        .set_worker_state(&spec.id.to_string(), WorkerState::Running, None)
                 {
                     tracing::error!(worker = %spec.id, "cannot record the worker's state: {err}");
                 }
@@ -312,7 +320,7 @@ fn continue_with(history: &mut Vec<Message>, messages: Vec<String>) -> Vec<Strin
 /// The worker's host tool `set_status`; everything else goes to the plugins.
 struct WorkerTools<'w> {
     rt: Arc<Runtime>,
-    id: String,
+    id: ProcessId,
     reported: Mutex<Option<(WorkerState, String)>>,
     inbox: &'w Inbox,
 }

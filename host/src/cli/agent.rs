@@ -13,7 +13,9 @@ use super::HostArgs;
 use super::table::print_table;
 use crate::agent::{Event, Runtime};
 use crate::config::{Config, ProviderSettings};
+use crate::ids::ProcessId;
 use crate::llm::{OpenAiProvider, Provider, Recorder, Script, ScriptedProvider};
+use crate::policy::ProcessKind;
 use crate::store::{Store, TaskFilter};
 
 /// The built-in demo script, played when the scripted provider has no script file.
@@ -74,8 +76,38 @@ impl AgentArgs {
             Some(path) => Box::new(Recorder::new(provider, path)),
             None => provider,
         };
-        Ok(Runtime::new(config, registry, store, Arc::from(provider)))
+        Ok(Runtime::new(config, registry, store, Arc::from(provider))?)
     }
+
+    /// The conversation the messages go to: the channel, or the admin chat with
+    /// `--cortex`, which is a process of its own.
+    fn conversation(&self) -> ProcessId {
+        let kind = if self.cortex {
+            ProcessKind::Cortex
+        } else {
+            ProcessKind::Channel
+        };
+        ProcessId::named(kind, &self.channel)
+    }
+}
+
+/// How a session of the agent went, from its events.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    workers: usize,
+    branches: usize,
+    /// Model requests that got no answer, and histories not saved.
+    failures: usize,
+}
+
+/// Exit codes of run, chat and demo beyond 0 (done) and 1 (an error of the host).
+mod exit {
+    /// A model request failed or timed out, or a history could not be saved.
+    pub(super) const FAILED: u8 = 2;
+    /// Stopped by SIGINT.
+    pub(super) const INTERRUPTED: u8 = 130;
+    /// Stopped by SIGTERM.
+    pub(super) const TERMINATED: u8 = 143;
 }
 
 /// The configured provider.
@@ -100,10 +132,10 @@ fn provider(config: &Config) -> anyhow::Result<Box<dyn Provider>> {
     })
 }
 
-/// Prints events as they come: replies on stdout, status lines on stderr. Returns how
-/// many workers and branches started.
-async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> (usize, usize) {
-    let (mut workers, mut branches) = (0, 0);
+/// Prints events as they come: replies on stdout, status lines and failures on stderr.
+/// Returns the tally once the stream ends.
+async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> Tally {
+    let mut tally = Tally::default();
     while let Some(event) = events.recv().await {
         match &event {
             Event::Reply { text, .. } => {
@@ -112,31 +144,95 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> (usize, usi
             }
             Event::Status { source, text } => {
                 if text.starts_with("started:") {
-                    workers += 1;
+                    tally.workers += 1;
                 } else if text.starts_with("thinking:") {
-                    branches += 1;
+                    tally.branches += 1;
                 }
                 eprintln!("  [{source}] {text}");
             }
+            Event::ModelFailed { .. } | Event::HistoryNotSaved { .. } => {
+                tally.failures += 1;
+                eprintln!("error: {event}");
+            }
         }
     }
-    (workers, branches)
+    tally
 }
 
-/// Sends `message` and waits until the channel and everything it delegated are done.
-/// Sends `message` to the channel (or the admin chat) `agent` names.
-fn send(runtime: &Arc<Runtime>, agent: &AgentArgs, message: &str) {
-    if agent.cortex {
-        runtime.send_admin_message(&agent.channel, message);
-    } else {
-        runtime.send_user_message(&agent.channel, message);
+/// Which signal stopped a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Interrupt,
+    Terminate,
+}
+
+/// Waits for SIGINT or SIGTERM.
+async fn stop_signal() -> Stop {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => Stop::Interrupt,
+            _ = term.recv() => Stop::Terminate,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        Stop::Interrupt
     }
 }
 
-/// Sends `message` and waits until the channel is idle: answered, its workers done.
-async fn converse(runtime: &Arc<Runtime>, agent: &AgentArgs, message: &str) {
-    send(runtime, agent, message);
-    runtime.wait_idle(&agent.channel).await;
+/// Runs `work` until it ends or a signal arrives. On a signal the runtime stops
+/// gracefully (workers end interrupted, histories are stored); a second signal exits at
+/// once.
+async fn until_stopped(runtime: &Arc<Runtime>, work: impl Future<Output = ()>) -> Option<Stop> {
+    tokio::select! {
+        () = work => None,
+        stop = stop_signal() => {
+            eprintln!(
+                "(stopping: running workers are interrupted and the histories saved; \
+                 a second signal quits at once)"
+            );
+            runtime.interrupt();
+            tokio::spawn(async {
+                let again = stop_signal().await;
+                std::process::exit(i32::from(exit_code_of(Some(again), Tally::default())));
+            });
+            Some(stop)
+        }
+    }
+}
+
+/// The exit code of a session that ended by `stop` with `tally`.
+fn exit_code_of(stop: Option<Stop>, tally: Tally) -> u8 {
+    match stop {
+        Some(Stop::Interrupt) => exit::INTERRUPTED,
+        Some(Stop::Terminate) => exit::TERMINATED,
+        None if tally.failures > 0 => exit::FAILED,
+        None => 0,
+    }
+}
+
+/// Shuts `runtime` down, waits for the event stream to end, and gives the exit code.
+async fn finish(
+    runtime: Arc<Runtime>,
+    printer: tokio::task::JoinHandle<Tally>,
+    stop: Option<Stop>,
+) -> (ExitCode, Tally) {
+    runtime.shutdown();
+    drop(runtime);
+    let tally = printer.await.unwrap_or_default();
+    (ExitCode::from(exit_code_of(stop, tally)), tally)
+}
+
+/// Sends `message` and waits until the conversation is idle: answered, its workers done.
+async fn converse(runtime: &Arc<Runtime>, agent: &AgentArgs, message: &str) -> anyhow::Result<()> {
+    let conversation = agent.conversation();
+    runtime.send_to(&conversation, message)?;
+    runtime.wait_conversation_idle(&conversation).await;
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -152,11 +248,14 @@ impl RunCommand {
         let config = self.agent.host.config()?;
         let (runtime, events) = self.agent.start(config).await?;
         let printer = tokio::spawn(print_events(events));
-        converse(&runtime, &self.agent, &self.message).await;
-        runtime.shutdown();
-        drop(runtime);
-        let _ = printer.await;
-        Ok(ExitCode::SUCCESS)
+        let mut sent = Ok(());
+        let stop = until_stopped(&runtime, async {
+            sent = converse(&runtime, &self.agent, &self.message).await;
+        })
+        .await;
+        let (code, _) = finish(runtime, printer, stop).await;
+        sent?;
+        Ok(code)
     }
 }
 
@@ -188,21 +287,29 @@ impl ChatCommand {
         });
         // Each line goes in as it is typed, even while workers run: a follow-up for a busy
         // worker can be routed to it. Replies print as they come.
-        while let Some(line) = lines.recv().await {
-            let line = line.trim();
-            if line == "/quit" || line == "/exit" {
-                break;
+        let conversation = self.agent.conversation();
+        let mut sent = Ok(());
+        let stop = until_stopped(&runtime, async {
+            while let Some(line) = lines.recv().await {
+                let line = line.trim();
+                if line == "/quit" || line == "/exit" {
+                    break;
+                }
+                if line.is_empty() {
+                    continue;
+                }
+                if let Err(err) = runtime.send_to(&conversation, line) {
+                    sent = Err(err);
+                    return;
+                }
             }
-            if !line.is_empty() {
-                send(&runtime, &self.agent, line);
-            }
-        }
-        eprintln!("(finishing the work in progress)");
-        runtime.wait_idle(&self.agent.channel).await;
-        runtime.shutdown();
-        drop(runtime);
-        let _ = printer.await;
-        Ok(ExitCode::SUCCESS)
+            eprintln!("(finishing the work in progress)");
+            runtime.wait_conversation_idle(&conversation).await;
+        })
+        .await;
+        let (code, _) = finish(runtime, printer, stop).await;
+        sent?;
+        Ok(code)
     }
 }
 
@@ -235,21 +342,33 @@ impl DemoCommand {
         let (runtime, events) = self.agent.start(config).await?;
         println!("  model:     {}\n", runtime.provider_name());
         let printer = tokio::spawn(print_events(events));
-        for message in DEMO_CONVERSATION {
-            println!("you> {message}");
-            converse(&runtime, &self.agent, message).await;
-            // Let the last status lines reach the terminal before the next prompt.
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            println!();
+        let mut sent = Ok(());
+        let stop = until_stopped(&runtime, async {
+            for message in DEMO_CONVERSATION {
+                println!("you> {message}");
+                sent = converse(&runtime, &self.agent, message).await;
+                if sent.is_err() {
+                    return;
+                }
+                // Let the last status lines reach the terminal before the next prompt.
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                println!();
+            }
+        })
+        .await;
+        let (code, tally) = finish(runtime, printer, stop).await;
+        sent?;
+        if stop.is_some() {
+            return Ok(code);
         }
-        runtime.shutdown();
-        drop(runtime);
-        let (workers, branches) = printer.await.unwrap_or_default();
+        let Tally {
+            workers, branches, ..
+        } = tally;
         println!("hops: {workers} workers and {branches} branches were delegated to");
         println!("analysis file: {}", workspace.join("analysis.md").display());
         println!("\ntasks, read back from {}:", database.display());
         print_tasks(&Store::open(database.parent().unwrap_or(Path::new(".")))?)?;
-        Ok(ExitCode::SUCCESS)
+        Ok(code)
     }
 }
 

@@ -1,0 +1,156 @@
+//! Typed identities: which process, and which session a prompt goes to.
+//!
+//! A process is named by its kind and, for a conversation, the name the user gave it
+//! (`channel:main`, `cortex:main`) or, for a branch, worker or compactor run, a number
+//! drawn from the store's persisted counter (`worker:17`), so ids never repeat across runs
+//! or across hosts sharing a database. Two kinds never share an id: the admin chat
+//! `cortex:main` and the user's `channel:main` are different processes with different
+//! histories and different sessions at the prompt gate.
+//!
+//! ```
+//! use capstan_host::ids::ProcessId;
+//! use capstan_host::policy::ProcessKind;
+//!
+//! let worker = ProcessId::numbered(ProcessKind::Worker, 17);
+//! assert_eq!(worker.to_string(), "worker:17");
+//! assert_eq!("worker:17".parse::<ProcessId>().unwrap(), worker);
+//!
+//! let chat = ProcessId::named(ProcessKind::Channel, "main");
+//! let admin = ProcessId::named(ProcessKind::Cortex, "main");
+//! assert_ne!(chat.session(), admin.session());
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::policy::ProcessKind;
+
+/// One process of the agent: its kind and its name within the kind.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcessId {
+    kind: ProcessKind,
+    name: String,
+}
+
+impl ProcessId {
+    /// A conversation process (a channel or the cortex) called `name`.
+    pub fn named(kind: ProcessKind, name: &str) -> Self {
+        ProcessId {
+            kind,
+            name: name.to_owned(),
+        }
+    }
+
+    /// A process known by its number, e.g. `worker:17`.
+    pub fn numbered(kind: ProcessKind, number: u64) -> Self {
+        ProcessId {
+            kind,
+            name: number.to_string(),
+        }
+    }
+
+    /// The user channel `name`.
+    pub fn channel(name: &str) -> Self {
+        ProcessId::named(ProcessKind::Channel, name)
+    }
+
+    /// Its kind.
+    pub fn kind(&self) -> ProcessKind {
+        self.kind
+    }
+
+    /// Its name within the kind: `main` of `channel:main`, `17` of `worker:17`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The session a prompt to this process goes to, at the gate and in the history.
+    pub fn session(&self) -> SessionKey {
+        SessionKey(self.to_string())
+    }
+}
+
+impl fmt::Display for ProcessId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.kind, self.name)
+    }
+}
+
+/// Why a text is not a process id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{text}` is not a process id; ids look like `worker:3` or `channel:main`")]
+pub struct ParseProcessIdError {
+    text: String,
+}
+
+impl FromStr for ProcessId {
+    type Err = ParseProcessIdError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || ParseProcessIdError {
+            text: crate::text::truncate(text, 64).to_owned(),
+        };
+        let (kind, name) = text.split_once(':').ok_or_else(bad)?;
+        let kind: ProcessKind = kind.parse().map_err(|_| bad())?;
+        if name.is_empty() {
+            return Err(bad());
+        }
+        Ok(ProcessId::named(kind, name))
+    }
+}
+
+impl Serialize for ProcessId {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ProcessId {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// The key of one conversation session: what the prompt gate reserves and what the
+/// history is stored under. One per process; see [`ProcessId::session`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionKey(String);
+
+impl SessionKey {
+    /// The key as text, e.g. `channel:main`.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SessionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_and_kinds_never_collide() {
+        for kind in ProcessKind::ALL {
+            let id = ProcessId::named(kind, "main");
+            assert_eq!(id.to_string().parse::<ProcessId>().unwrap(), id);
+        }
+        let sessions: std::collections::HashSet<_> = ProcessKind::ALL
+            .iter()
+            .map(|kind| ProcessId::named(*kind, "main").session())
+            .collect();
+        assert_eq!(sessions.len(), ProcessKind::ALL.len());
+        for bad in ["", "worker", "worker:", "robot:1", ":1"] {
+            assert!(bad.parse::<ProcessId>().is_err(), "{bad}");
+        }
+        let json = serde_json::to_string(&ProcessId::numbered(ProcessKind::Branch, 4)).unwrap();
+        assert_eq!(json, "\"branch:4\"");
+    }
+}
