@@ -163,7 +163,7 @@ fn finish(
     }
     let kind = match state {
         WorkerState::Done => NotificationKind::Result,
-        WorkerState::Cancelled => NotificationKind::Status,
+        WorkerState::Cancelled | WorkerState::Interrupted => NotificationKind::Status,
         WorkerState::WaitingForInput => NotificationKind::InputRequired,
         WorkerState::Failed | WorkerState::Running => NotificationKind::Error,
     };
