@@ -5,7 +5,7 @@ use rusqlite::params;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{Store, StoreError, now};
+use super::{Store, StoreError, now, retry};
 
 /// One tool call to record.
 #[derive(Debug, Clone)]
@@ -53,21 +53,25 @@ pub const REDACTED: &str = "[redacted]";
 impl Store {
     /// Records one call.
     pub fn record_call(&self, record: &AuditRecord<'_>) -> Result<(), StoreError> {
-        self.conn().execute(
-            "INSERT INTO audit (at, process, tool, grants, arguments, outcome, detail, duration_us)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            params![
-                now(),
-                record.process,
-                record.tool,
-                record.grants,
-                redact(record.arguments),
-                record.outcome,
-                record.detail,
-                record.duration_us as i64
-            ],
-        )?;
-        Ok(())
+        let arguments = redact(record.arguments);
+        let at = now();
+        retry::write(&mut self.conn(), |tx| {
+            tx.execute(
+                "INSERT INTO audit (at, process, tool, grants, arguments, outcome, detail, duration_us)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    at,
+                    record.process,
+                    record.tool,
+                    record.grants,
+                    arguments,
+                    record.outcome,
+                    record.detail,
+                    record.duration_us as i64
+                ],
+            )?;
+            Ok(())
+        })
     }
 
     /// The newest `limit` audit rows, newest first.

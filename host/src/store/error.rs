@@ -2,13 +2,67 @@
 
 use std::path::PathBuf;
 
+use super::datadir::DataDirProblem;
+
+/// What every data-dir error ends with: how to point capstan elsewhere.
+const ELSEWHERE: &str = "or set `data_dir` under `[agent]` in capstan.toml to another directory";
+
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The data dir could not be created.
-    #[error("{}: cannot create the data directory: {source}", path.display())]
+    /// The data dir could not be created or inspected.
+    #[error("{}: cannot use this data directory: {source}; fix its permissions, {elsewhere}", path.display(), elsewhere = ELSEWHERE)]
     DataDir {
         /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The data dir is there but unusable.
+    #[error("{}: the data directory {problem}; fix it, {elsewhere}", path.display(), elsewhere = ELSEWHERE)]
+    DataDirUnusable {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong.
+        problem: DataDirProblem,
+    },
+    /// The database file or its `-wal`/`-shm` file is a symbolic link, which could point
+    /// the host's writes anywhere; it is never followed.
+    #[error("{}: is a symbolic link; the database and its -wal and -shm files must be regular files: move the link aside and put the database itself there, {elsewhere}", path.display(), elsewhere = ELSEWHERE)]
+    Symlink {
+        /// The link.
+        path: PathBuf,
+    },
+    /// The file is not an SQLite database at all.
+    #[error("{}: is not a capstan database (SQLite: file is not a database); it was left untouched: move it aside to start with a fresh database, or restore the right file from a backup", path.display())]
+    NotADatabase {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The integrity check found damage.
+    #[error("{}: the database is damaged ({detail}); it was left untouched: restore it from a backup, or move it and its -wal and -shm files aside to start with a fresh database", path.display())]
+    Damaged {
+        /// The database file.
+        path: PathBuf,
+        /// What SQLite found.
+        detail: String,
+    },
+    /// A stored history message cannot be read; the history is not returned short.
+    #[error("{}: message {seq} of channel `{channel}`'s history cannot be read ({reason}); restore the database from a backup, or delete that channel's history to start it fresh", path.display())]
+    UnreadableHistory {
+        /// The database file.
+        path: PathBuf,
+        /// The channel.
+        channel: String,
+        /// The message's position in the history.
+        seq: u64,
+        /// Why it cannot be read.
+        reason: String,
+    },
+    /// A run's lock file could not be created, locked or checked.
+    #[error("{}: cannot use the run lock file: {source}; fix the data directory's permissions, {elsewhere}", path.display(), elsewhere = ELSEWHERE)]
+    RunLock {
+        /// The lock file.
         path: PathBuf,
         /// The I/O error.
         source: std::io::Error,
@@ -32,7 +86,7 @@ pub enum StoreError {
         source: rusqlite::Error,
     },
     /// The database is newer than this binary.
-    #[error("{}: schema version {found} is newer than this capstan supports ({supported}); upgrade capstan", path.display())]
+    #[error("{}: schema version {found} is newer than this capstan supports ({supported}): run a newer capstan, {elsewhere}", path.display(), elsewhere = ELSEWHERE)]
     TooNew {
         /// The database file.
         path: PathBuf,

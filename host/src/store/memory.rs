@@ -3,7 +3,7 @@
 use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
 
-use super::{Store, StoreError, now};
+use super::{Store, StoreError, now, retry};
 
 /// A stored memory.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -50,15 +50,18 @@ impl Store {
         } else {
             memory.kind.trim()
         };
-        let conn = self.conn();
         let at = now();
-        conn.execute(
-            "INSERT INTO memories (kind, content, importance, source, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![kind, memory.content, importance, source, at],
-        )?;
+        // The insert and its FTS trigger, and the row id read back, in one transaction.
+        let id = retry::write(&mut self.conn(), |tx| {
+            tx.execute(
+                "INSERT INTO memories (kind, content, importance, source, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![kind, memory.content, importance, source, at],
+            )?;
+            Ok(tx.last_insert_rowid() as u64)
+        })?;
         Ok(Memory {
-            id: conn.last_insert_rowid() as u64,
+            id,
             kind: kind.to_owned(),
             content: memory.content.clone(),
             importance,
@@ -95,9 +98,9 @@ impl Store {
 
     /// Deletes memory `id`.
     pub fn delete_memory(&self, id: u64) -> Result<(), StoreError> {
-        let n = self
-            .conn()
-            .execute("DELETE FROM memories WHERE id = ?1", [id as i64])?;
+        let n = retry::write(&mut self.conn(), |tx| {
+            Ok(tx.execute("DELETE FROM memories WHERE id = ?1", [id as i64])?)
+        })?;
         if n == 0 {
             return Err(StoreError::NotFound(format!("memory {id} does not exist")));
         }
@@ -131,12 +134,14 @@ impl Store {
         }
         let at = now();
         let expires = ttl_seconds.map(|ttl| at.saturating_add(ttl as i64));
-        self.conn().execute(
-            "INSERT INTO working_memory (key, value, expires_at, updated_at) VALUES (?1, ?2, ?3, ?4)
-             ON CONFLICT(key) DO UPDATE SET value = ?2, expires_at = ?3, updated_at = ?4",
-            params![key, value, expires, at],
-        )?;
-        Ok(())
+        retry::write(&mut self.conn(), |tx| {
+            tx.execute(
+                "INSERT INTO working_memory (key, value, expires_at, updated_at) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT(key) DO UPDATE SET value = ?2, expires_at = ?3, updated_at = ?4",
+                params![key, value, expires, at],
+            )?;
+            Ok(())
+        })
     }
 
     /// The live working-memory keys starting with `prefix`, sorted.

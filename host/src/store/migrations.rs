@@ -1,10 +1,12 @@
-//! Numbered schema migrations. Each runs once, in a transaction, and sets `user_version`.
+//! Numbered schema migrations. Each runs once, in an immediate transaction that re-reads
+//! `user_version` first, so processes opening a new database at once apply each migration
+//! exactly once between them. Released migrations are never edited: a change is a new one.
 
 use std::path::Path;
 
-use rusqlite::Connection;
+use rusqlite::{Connection, TransactionBehavior};
 
-use super::StoreError;
+use super::{StoreError, retry};
 
 /// The migrations, in order; the schema version is the number applied.
 const MIGRATIONS: &[&str] = &[
@@ -81,33 +83,59 @@ const MIGRATIONS: &[&str] = &[
         duration_us INTEGER NOT NULL
     );
     "#,
+    // 2: persisted counters, for process numbers unique across runs and processes.
+    r#"
+    CREATE TABLE counters (
+        kind        TEXT PRIMARY KEY,
+        last        INTEGER NOT NULL
+    );
+    "#,
+    // 3: runs, and which run owns each worker, so a killed run's workers can be found.
+    r#"
+    CREATE TABLE runs (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        pid         INTEGER NOT NULL,
+        started_at  INTEGER NOT NULL
+    );
+    ALTER TABLE workers ADD COLUMN run INTEGER REFERENCES runs(id);
+    CREATE INDEX workers_state ON workers(state);
+    "#,
 ];
 
 /// The schema version this binary writes.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 
-/// Brings the database at `path` up to [`SCHEMA_VERSION`].
+/// Brings the database at `path` up to [`SCHEMA_VERSION`], one immediate transaction per
+/// migration; a migration another process applied meanwhile is skipped.
 pub(crate) fn apply(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
-    let current: u32 = conn.pragma_query_value(None, "user_version", |row| row.get(0))?;
-    if current > SCHEMA_VERSION {
-        return Err(StoreError::TooNew {
-            path: path.to_owned(),
-            found: current,
-            supported: SCHEMA_VERSION,
-        });
+    loop {
+        let applied = retry::retry_busy(|| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let current: u32 = tx.pragma_query_value(None, "user_version", |row| row.get(0))?;
+            if current > SCHEMA_VERSION {
+                return Err(StoreError::TooNew {
+                    path: path.to_owned(),
+                    found: current,
+                    supported: SCHEMA_VERSION,
+                });
+            }
+            let Some(sql) = MIGRATIONS.get(current as usize) else {
+                return Ok(false);
+            };
+            let version = current + 1;
+            let failed = |source| StoreError::Migration {
+                path: path.to_owned(),
+                version,
+                source,
+            };
+            tx.execute_batch(sql).map_err(failed)?;
+            tx.pragma_update(None, "user_version", version)
+                .map_err(failed)?;
+            tx.commit().map_err(failed)?;
+            Ok(true)
+        })?;
+        if !applied {
+            return Ok(());
+        }
     }
-    for (index, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
-        let version = index as u32 + 1;
-        let failed = |source| StoreError::Migration {
-            path: path.to_owned(),
-            version,
-            source,
-        };
-        let tx = conn.transaction().map_err(failed)?;
-        tx.execute_batch(sql).map_err(failed)?;
-        tx.pragma_update(None, "user_version", version)
-            .map_err(failed)?;
-        tx.commit().map_err(failed)?;
-    }
-    Ok(())
 }

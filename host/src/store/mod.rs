@@ -5,6 +5,14 @@
 //! tool calls. Schema changes are numbered migrations (`store/migrations.rs`) applied at open.
 //! Nothing outside this module writes SQL, so a Postgres backend can replace it later.
 //!
+//! Several processes may share one database: opening is safe to race (`store/migrations.rs`),
+//! every write is an immediate transaction retried while busy (`store/retry.rs`), process
+//! numbers come from persisted counters (`store/counters.rs`), and each run holds a lock
+//! that tells its workers from those of a run that died (`store/runs.rs`). A database that
+//! is damaged, not a database, a symbolic link, or in an unusable data dir is refused at
+//! open with its path and the fix (`store/integrity.rs`, `store/datadir.rs`), and left as
+//! it was.
+//!
 //! ```
 //! use capstan_host::store::{NewTask, Store};
 //!
@@ -15,10 +23,15 @@
 //! ```
 
 mod audit;
+mod counters;
+mod datadir;
 mod error;
 mod history;
+mod integrity;
 mod memory;
 mod migrations;
+mod retry;
+mod runs;
 mod tasks;
 mod workers;
 
@@ -26,12 +39,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rusqlite::Connection;
+use rusqlite::{Connection, OpenFlags};
 
 pub use audit::{AuditEntry, AuditRecord};
+pub use datadir::DataDirProblem;
 pub use error::StoreError;
 pub use history::HistoryEntry;
 pub use memory::{Memory, NewMemory};
+pub use migrations::SCHEMA_VERSION;
+pub use runs::{RunGuard, RunId};
 pub use tasks::{NewTask, Priority, Task, TaskFilter, TaskPatch, TaskStatus};
 pub use workers::{WorkerRecord, WorkerState};
 
@@ -43,35 +59,49 @@ pub const DATABASE_FILE: &str = "capstan.db";
 pub struct Store {
     conn: Mutex<Connection>,
     path: PathBuf,
+    data_dir: PathBuf,
 }
 
 impl Store {
     /// Opens (creating if needed) `capstan.db` in `data_dir` and applies migrations.
+    ///
+    /// A missing data dir is created owner-only. Any number of processes may open the same
+    /// database at once. The open is refused, with the path and what to do, when the data
+    /// dir is not a directory, cannot be read or written, when the database or its `-wal`
+    /// or `-shm` file is a symbolic link, when the file is not a database or fails SQLite's
+    /// integrity check (the damaged file is left as it was), or when it comes from a newer
+    /// capstan.
     pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
-            path: data_dir.to_owned(),
-            source,
-        })?;
+        datadir::prepare(data_dir)?;
         let path = data_dir.join(DATABASE_FILE);
-        let mut conn = Connection::open(&path).map_err(|source| StoreError::Open {
+        let open_err = |source| StoreError::Open {
             path: path.clone(),
             source,
+        };
+        // NOFOLLOW refuses a link planted between the check above and this open; SQLite
+        // opens the -wal and -shm files with O_NOFOLLOW itself.
+        let flags = OpenFlags::default() | OpenFlags::SQLITE_OPEN_NOFOLLOW;
+        let mut conn = Connection::open_with_flags(&path, flags).map_err(open_err)?;
+        // First, so every statement after it, even the journal-mode switch, waits for
+        // another process opening the same new database instead of failing.
+        conn.busy_timeout(retry::BUSY_TIMEOUT).map_err(open_err)?;
+        // Before anything writes: switching to WAL rewrites the header of a damaged file.
+        retry::retry_busy(|| integrity::check(&conn, &path))?;
+        retry::retry_busy(|| {
+            conn.pragma_update(None, "journal_mode", "WAL")
+                .map_err(open_err)
         })?;
         let setup = |conn: &mut Connection| -> rusqlite::Result<()> {
-            conn.pragma_update(None, "journal_mode", "WAL")?;
             conn.pragma_update(None, "synchronous", "NORMAL")?;
             conn.pragma_update(None, "foreign_keys", "ON")?;
-            conn.busy_timeout(std::time::Duration::from_secs(5))?;
             Ok(())
         };
-        setup(&mut conn).map_err(|source| StoreError::Open {
-            path: path.clone(),
-            source,
-        })?;
+        setup(&mut conn).map_err(open_err)?;
         migrations::apply(&mut conn, &path)?;
         Ok(Store {
             conn: Mutex::new(conn),
             path,
+            data_dir: data_dir.to_owned(),
         })
     }
 
@@ -188,7 +218,7 @@ pub(crate) mod tests {
             .append_history("c", &["1".into(), "2".into()])
             .unwrap();
         store.append_history("c", &["3".into()]).unwrap();
-        store.append_history("other", &["x".into()]).unwrap();
+        store.append_history("other", &[r#""x""#.into()]).unwrap();
         let seqs: Vec<_> = store
             .load_history("c")
             .unwrap()
@@ -197,12 +227,12 @@ pub(crate) mod tests {
             .collect();
         assert_eq!(seqs, ["1", "2", "3"]);
         store
-            .replace_history("c", &["summary".into(), "3".into()])
+            .replace_history("c", &[r#""summary""#.into(), "3".into()])
             .unwrap();
         let entries = store.load_history("c").unwrap();
         assert_eq!(
             (entries[0].seq, entries[0].message.as_str()),
-            (0, "summary")
+            (0, r#""summary""#)
         );
         assert_eq!(store.load_history("other").unwrap().len(), 1);
     }

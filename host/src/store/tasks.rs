@@ -3,10 +3,10 @@
 use std::fmt;
 use std::str::FromStr;
 
-use rusqlite::{OptionalExtension, Row, params};
+use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::Serialize;
 
-use super::{Store, StoreError, now};
+use super::{Store, StoreError, now, retry};
 
 /// Where a task stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -242,51 +242,45 @@ impl Store {
         }
         let metadata = task.metadata.as_deref().unwrap_or("{}");
         check_metadata(metadata)?;
-        let conn = self.conn();
-        if let Some(parent) = task.parent {
-            let exists: bool = conn.query_row(
-                "SELECT EXISTS(SELECT 1 FROM tasks WHERE number = ?1)",
-                [parent as i64],
-                |row| row.get(0),
-            )?;
-            if !exists {
-                return Err(StoreError::NotFound(format!(
-                    "parent task #{parent} does not exist"
-                )));
-            }
-        }
         let at = now();
-        conn.execute(
-            "INSERT INTO tasks (title, description, status, priority, creator, assigned_worker,
-                                parent, metadata, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
-            params![
-                task.title.trim(),
-                task.description,
-                TaskStatus::Backlog.as_str(),
-                task.priority.unwrap_or(Priority::Normal).as_str(),
-                creator,
-                task.assigned_worker,
-                task.parent.map(|n| n as i64),
-                metadata,
-                at
-            ],
-        )?;
-        let number = conn.last_insert_rowid() as u64;
-        drop(conn);
-        self.get_task(number)
+        // The parent check, the insert and the read-back hold the write lock together, so
+        // no other process deletes the parent or renumbers in between.
+        retry::write(&mut self.conn(), |tx| {
+            if let Some(parent) = task.parent {
+                let exists: bool = tx.query_row(
+                    "SELECT EXISTS(SELECT 1 FROM tasks WHERE number = ?1)",
+                    [parent as i64],
+                    |row| row.get(0),
+                )?;
+                if !exists {
+                    return Err(StoreError::NotFound(format!(
+                        "parent task #{parent} does not exist"
+                    )));
+                }
+            }
+            tx.execute(
+                "INSERT INTO tasks (title, description, status, priority, creator, assigned_worker,
+                                    parent, metadata, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
+                params![
+                    task.title.trim(),
+                    task.description,
+                    TaskStatus::Backlog.as_str(),
+                    task.priority.unwrap_or(Priority::Normal).as_str(),
+                    creator,
+                    task.assigned_worker,
+                    task.parent.map(|n| n as i64),
+                    metadata,
+                    at
+                ],
+            )?;
+            read_task(tx, tx.last_insert_rowid() as u64)
+        })
     }
 
     /// Reads task `number`.
     pub fn get_task(&self, number: u64) -> Result<Task, StoreError> {
-        self.conn()
-            .query_row(
-                &format!("SELECT {COLUMNS} FROM tasks WHERE number = ?1"),
-                [number as i64],
-                task_from_row,
-            )
-            .optional()?
-            .ok_or_else(|| StoreError::NotFound(format!("task #{number} does not exist")))
+        read_task(&self.conn(), number)
     }
 
     /// Tasks matching `filter`, by number.
@@ -310,7 +304,22 @@ impl Store {
 
     /// Applies `patch` to task `number`; a status change must be an allowed transition.
     pub fn update_task(&self, number: u64, patch: &TaskPatch) -> Result<Task, StoreError> {
-        let task = self.get_task(number)?;
+        if let Some(metadata) = &patch.metadata {
+            check_metadata(metadata)?;
+        }
+        if patch.title.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            return Err(StoreError::Invalid("a task needs a title".into()));
+        }
+        // The transition is checked against the status read under the write lock, so two
+        // processes moving one task cannot both pass the check on the same old status.
+        retry::write(&mut self.conn(), |tx| update_in(tx, number, patch))
+    }
+
+}
+
+/// Applies `patch` to task `number` through `tx`, checking the transition.
+fn update_in(tx: &Connection, number: u64, patch: &TaskPatch) -> Result<Task, StoreError> {
+        let task = read_task(tx, number)?;
         if let Some(to) = patch.status
             && to != task.status
             && !task.status.next().contains(&to)
@@ -323,13 +332,7 @@ impl Store {
                 allowed.join(", ")
             )));
         }
-        if let Some(metadata) = &patch.metadata {
-            check_metadata(metadata)?;
-        }
-        if patch.title.as_deref().is_some_and(|t| t.trim().is_empty()) {
-            return Err(StoreError::Invalid("a task needs a title".into()));
-        }
-        self.conn().execute(
+        tx.execute(
             "UPDATE tasks SET
                 title = COALESCE(?2, title),
                 description = COALESCE(?3, description),
@@ -350,8 +353,18 @@ impl Store {
                 now()
             ],
         )?;
-        self.get_task(number)
-    }
+        read_task(tx, number)
+}
+
+/// Reads task `number` through `conn` (the store's connection or a transaction on it).
+fn read_task(conn: &Connection, number: u64) -> Result<Task, StoreError> {
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM tasks WHERE number = ?1"),
+        [number as i64],
+        task_from_row,
+    )
+    .optional()?
+    .ok_or_else(|| StoreError::NotFound(format!("task #{number} does not exist")))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
 
-use super::{Store, StoreError, now};
+use super::{RunId, Store, StoreError, now, retry};
 
 /// A worker's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -21,15 +21,18 @@ pub enum WorkerState {
     Failed,
     /// Stopped on request.
     Cancelled,
+    /// Its run ended (the host was stopped or killed) while it was running or waiting.
+    Interrupted,
 }
 
 impl WorkerState {
-    const ALL: [WorkerState; 5] = [
+    const ALL: [WorkerState; 6] = [
         WorkerState::Running,
         WorkerState::WaitingForInput,
         WorkerState::Done,
         WorkerState::Failed,
         WorkerState::Cancelled,
+        WorkerState::Interrupted,
     ];
 
     /// The name stored and shown.
@@ -40,6 +43,7 @@ impl WorkerState {
             WorkerState::Done => "done",
             WorkerState::Failed => "failed",
             WorkerState::Cancelled => "cancelled",
+            WorkerState::Interrupted => "interrupted",
         }
     }
 
@@ -47,7 +51,10 @@ impl WorkerState {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            WorkerState::Done | WorkerState::Failed | WorkerState::Cancelled
+            WorkerState::Done
+                | WorkerState::Failed
+                | WorkerState::Cancelled
+                | WorkerState::Interrupted
         )
     }
 }
@@ -85,15 +92,48 @@ pub struct WorkerRecord {
 }
 
 impl Store {
-    /// Records a new running worker.
+    /// Records a new running worker that belongs to no run, so
+    /// [`Store::mark_interrupted_workers`] never touches it; prefer
+    /// [`Store::insert_worker_in_run`].
     pub fn insert_worker(&self, id: &str, channel: &str, task: &str) -> Result<(), StoreError> {
+        self.insert_worker_row(None, id, channel, task)
+    }
+
+    /// Records a new running worker of `run` (from [`Store::begin_run`]), so it is marked
+    /// interrupted if the run ends while it is still running.
+    pub fn insert_worker_in_run(
+        &self,
+        run: RunId,
+        id: &str,
+        channel: &str,
+        task: &str,
+    ) -> Result<(), StoreError> {
+        self.insert_worker_row(Some(run), id, channel, task)
+    }
+
+    fn insert_worker_row(
+        &self,
+        run: Option<RunId>,
+        id: &str,
+        channel: &str,
+        task: &str,
+    ) -> Result<(), StoreError> {
         let at = now();
-        self.conn().execute(
-            "INSERT INTO workers (id, channel, task, state, started_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
-            params![id, channel, task, WorkerState::Running.as_str(), at],
-        )?;
-        Ok(())
+        retry::write(&mut self.conn(), |tx| {
+            tx.execute(
+                "INSERT INTO workers (id, channel, task, state, started_at, updated_at, run)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)",
+                params![
+                    id,
+                    channel,
+                    task,
+                    WorkerState::Running.as_str(),
+                    at,
+                    run.map(|r| r.get() as i64)
+                ],
+            )?;
+            Ok(())
+        })
     }
 
     /// Sets a worker's state and, if given, its outcome.
@@ -103,10 +143,12 @@ impl Store {
         state: WorkerState,
         outcome: Option<&str>,
     ) -> Result<(), StoreError> {
-        let n = self.conn().execute(
-            "UPDATE workers SET state = ?2, outcome = COALESCE(?3, outcome), updated_at = ?4 WHERE id = ?1",
-            params![id, state.as_str(), outcome, now()],
-        )?;
+        let n = retry::write(&mut self.conn(), |tx| {
+            Ok(tx.execute(
+                "UPDATE workers SET state = ?2, outcome = COALESCE(?3, outcome), updated_at = ?4 WHERE id = ?1",
+                params![id, state.as_str(), outcome, now()],
+            )?)
+        })?;
         if n == 0 {
             return Err(StoreError::NotFound(format!("worker {id} does not exist")));
         }

@@ -1,0 +1,56 @@
+//! Persisted counters: numbers that stay unique across runs and processes sharing a
+//! database, for process ids such as `worker:N`.
+
+use super::{Store, StoreError, retry};
+
+impl Store {
+    /// The next number of `kind` (e.g. `"worker"`, `"branch"`): 1 the first time, then one
+    /// more than the last number any run or process drew, so no two draws ever share a
+    /// number.
+    ///
+    /// ```
+    /// use capstan_host::store::Store;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let store = Store::open(dir.path()).unwrap();
+    /// assert_eq!(store.next_process_number("worker").unwrap(), 1);
+    /// assert_eq!(store.next_process_number("worker").unwrap(), 2);
+    /// assert_eq!(store.next_process_number("branch").unwrap(), 1);
+    /// drop(store);
+    /// let reopened = Store::open(dir.path()).unwrap();
+    /// assert_eq!(reopened.next_process_number("worker").unwrap(), 3);
+    /// ```
+    pub fn next_process_number(&self, kind: &str) -> Result<u64, StoreError> {
+        if kind.is_empty() {
+            return Err(StoreError::Invalid(
+                "a process-number kind must not be empty".into(),
+            ));
+        }
+        let number: i64 = retry::write(&mut self.conn(), |tx| {
+            Ok(tx.query_row(
+                "INSERT INTO counters (kind, last) VALUES (?1, 1)
+                 ON CONFLICT(kind) DO UPDATE SET last = last + 1
+                 RETURNING last",
+                [kind],
+                |row| row.get(0),
+            )?)
+        })?;
+        Ok(number as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::store::tests::temp_store as store;
+
+    #[test]
+    fn numbers_start_at_one_and_count_per_kind() {
+        let (_dir, store) = store();
+        let draws: Vec<u64> = ["worker", "worker", "branch", "worker"]
+            .into_iter()
+            .map(|kind| store.next_process_number(kind).unwrap())
+            .collect();
+        assert_eq!(draws, [1, 2, 1, 3]);
+        assert!(store.next_process_number("").is_err());
+    }
+}

@@ -1,0 +1,220 @@
+//! Runs: one per host process using the store, so workers left "running" by a process that
+//! is gone (killed, crashed) can be told from the workers of a run still alive.
+//!
+//! A run holds an exclusive advisory lock (`flock`) on `runs/<id>.lock` under the data dir
+//! for its whole life. The kernel drops the lock when the process dies, however it dies,
+//! so a free lock proves the run is over; no pid check can be fooled by pid reuse.
+
+use std::fs::{DirBuilder, File, OpenOptions, TryLockError};
+use std::io::ErrorKind;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use rusqlite::params;
+
+use super::{Store, StoreError, WorkerRecord, WorkerState, now, retry};
+
+/// The directory under the data dir that holds the runs' lock files.
+const RUNS_DIR: &str = "runs";
+
+/// A run's number, unique in its database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunId(u64);
+
+impl RunId {
+    /// The number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl std::fmt::Display for RunId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "run:{}", self.0)
+    }
+}
+
+/// A live run: holds the run's lock until dropped. Keep it for as long as the run's
+/// workers may be running; dropping it says they are not.
+#[derive(Debug)]
+pub struct RunGuard {
+    id: RunId,
+    lock_path: PathBuf,
+    // Held only for its lock; closing it releases the lock.
+    _lock: File,
+}
+
+impl RunGuard {
+    /// The run's id, for [`Store::insert_worker_in_run`].
+    pub fn id(&self) -> RunId {
+        self.id
+    }
+
+    /// The lock file held.
+    pub fn lock_path(&self) -> &Path {
+        &self.lock_path
+    }
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        // Best effort: a lock file left behind is only checked and found free later.
+        let _ = std::fs::remove_file(&self.lock_path);
+    }
+}
+
+impl Store {
+    /// Starts a run of this process: records it and takes its lock.
+    ///
+    /// ```
+    /// use capstan_host::store::{Store, WorkerState};
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let store = Store::open(dir.path()).unwrap();
+    /// let run = store.begin_run().unwrap();
+    /// store.insert_worker_in_run(run.id(), "worker:1", "channel:main", "sort").unwrap();
+    /// // This run is alive: its worker is left alone.
+    /// assert!(store.mark_interrupted_workers().unwrap().is_empty());
+    /// drop(run);
+    /// // Its guard is gone, so its still-running worker was interrupted.
+    /// let marked = store.mark_interrupted_workers().unwrap();
+    /// assert_eq!(marked[0].state, WorkerState::Interrupted);
+    /// ```
+    pub fn begin_run(&self) -> Result<RunGuard, StoreError> {
+        let dir = self.data_dir.join(RUNS_DIR);
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|source| StoreError::RunLock {
+                path: dir.clone(),
+                source,
+            })?;
+        // The row and the lock are made in one immediate transaction, so no one checking
+        // runs in between sees the row without its lock held.
+        retry::write(&mut self.conn(), |tx| {
+            tx.execute(
+                "INSERT INTO runs (pid, started_at) VALUES (?1, ?2)",
+                params![std::process::id(), now()],
+            )?;
+            let id = RunId(tx.last_insert_rowid() as u64);
+            let lock_path = lock_file(&self.data_dir, id);
+            let lock_err = |source| StoreError::RunLock {
+                path: lock_path.clone(),
+                source,
+            };
+            let lock = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(O_NOFOLLOW)
+                .open(&lock_path)
+                .map_err(lock_err)?;
+            lock.try_lock().map_err(|err| match err {
+                TryLockError::WouldBlock => lock_err(std::io::Error::new(
+                    ErrorKind::WouldBlock,
+                    "another process holds this new run's lock",
+                )),
+                TryLockError::Error(err) => lock_err(err),
+            })?;
+            Ok(RunGuard {
+                id,
+                lock_path,
+                _lock: lock,
+            })
+        })
+    }
+
+    /// Marks every running or waiting worker whose run is over (its lock is free: its
+    /// process ended or was killed) as [`WorkerState::Interrupted`], and returns them as
+    /// they are now. Workers of live runs, in this process or any other, are left alone,
+    /// and so are workers recorded without a run.
+    pub fn mark_interrupted_workers(&self) -> Result<Vec<WorkerRecord>, StoreError> {
+        let data_dir = self.data_dir.clone();
+        let ids = retry::write(&mut self.conn(), |tx| {
+            let mut stmt = tx.prepare(
+                "SELECT DISTINCT run FROM workers WHERE run IS NOT NULL AND state IN (?1, ?2)",
+            )?;
+            let runs: Vec<i64> = stmt
+                .query_map(
+                    params![
+                        WorkerState::Running.as_str(),
+                        WorkerState::WaitingForInput.as_str()
+                    ],
+                    |row| row.get(0),
+                )?
+                .collect::<Result<_, _>>()?;
+            drop(stmt);
+            let mut marked = Vec::new();
+            for run in runs {
+                let run = RunId(run as u64);
+                if !run_is_over(&data_dir, run)? {
+                    continue;
+                }
+                let mut stmt = tx.prepare(
+                    "UPDATE workers SET state = ?2, outcome = ?3, updated_at = ?4
+                     WHERE run = ?1 AND state IN (?5, ?6) RETURNING id",
+                )?;
+                let ids = stmt.query_map(
+                    params![
+                        run.0 as i64,
+                        WorkerState::Interrupted.as_str(),
+                        format!("interrupted: its {run} ended while it was working"),
+                        now(),
+                        WorkerState::Running.as_str(),
+                        WorkerState::WaitingForInput.as_str()
+                    ],
+                    |row| row.get::<_, String>(0),
+                )?;
+                for id in ids {
+                    marked.push(id?);
+                }
+            }
+            Ok(marked)
+        })?;
+        let mut records = Vec::with_capacity(ids.len());
+        for id in ids {
+            records.extend(self.get_worker(&id)?);
+        }
+        records.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(records)
+    }
+}
+
+// std has no constant for it; the values are the platforms' own (asm-generic/fcntl.h and
+// arm64's fcntl.h on Linux, sys/fcntl.h on macOS).
+#[cfg(all(target_os = "linux", any(target_arch = "aarch64", target_arch = "arm")))]
+const O_NOFOLLOW: i32 = 0o100000;
+#[cfg(all(
+    target_os = "linux",
+    not(any(target_arch = "aarch64", target_arch = "arm"))
+))]
+const O_NOFOLLOW: i32 = 0o400000;
+#[cfg(target_os = "macos")]
+const O_NOFOLLOW: i32 = 0x100;
+
+fn lock_file(data_dir: &Path, run: RunId) -> PathBuf {
+    data_dir.join(RUNS_DIR).join(format!("{}.lock", run.0))
+}
+
+/// Whether `run`'s lock is free: no live process holds it.
+fn run_is_over(data_dir: &Path, run: RunId) -> Result<bool, StoreError> {
+    let path = lock_file(data_dir, run);
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(O_NOFOLLOW)
+        .open(&path)
+    {
+        Ok(file) => file,
+        // A run that ended normally removed its lock file.
+        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(true),
+        Err(source) => return Err(StoreError::RunLock { path, source }),
+    };
+    match file.try_lock() {
+        // Closing `file` releases the lock again at once.
+        Ok(()) => Ok(true),
+        Err(TryLockError::WouldBlock) => Ok(false),
+        Err(TryLockError::Error(source)) => Err(StoreError::RunLock { path, source }),
+    }
+}
