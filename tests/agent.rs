@@ -233,7 +233,7 @@ async fn the_demo_scenario_runs_through_real_plugins_and_sqlite() {
         .unwrap();
     assert_eq!(
         (denied.process.as_str(), denied.tool.as_str()),
-        ("branch:4", "file_write")
+        ("branch:2", "file_write")
     );
     assert!(
         !store.load_history("channel:main").unwrap().is_empty(),
@@ -493,7 +493,7 @@ async fn a_worker_updates_its_assigned_task_but_not_another() {
     let store = rt.store();
     let first = store.get_task(1).unwrap();
     assert_eq!(first.status, capstan_host::store::TaskStatus::InProgress);
-    assert_eq!(first.assigned_worker.as_deref(), Some("worker:2"));
+    assert_eq!(first.assigned_worker.as_deref(), Some("worker:1"));
     assert_eq!(first.creator, "branch:1");
     assert_eq!(
         store.get_task(2).unwrap().status,
@@ -505,9 +505,9 @@ async fn a_worker_updates_its_assigned_task_but_not_another() {
         .into_iter()
         .find(|a| a.outcome == "denied")
         .expect("a denial");
-    assert_eq!(refusal.process, "worker:2");
+    assert_eq!(refusal.process, "worker:1");
     assert!(refusal.detail.contains("task #2"), "{}", refusal.detail);
-    let worker = store.get_worker("worker:2").unwrap().unwrap();
+    let worker = store.get_worker("worker:1").unwrap().unwrap();
     assert_eq!(
         worker.outcome.as_deref(),
         Some("started #1; #2 is not mine")

@@ -102,22 +102,26 @@ async fn a_message_routed_during_a_long_tool_call_reaches_the_next_request() {
         rt.spawn_worker("main", "Wait at the gate.", false, None)
             .unwrap(),
     );
-    // Opening the FIFO for writing returns once the tool has opened it for reading: the
-    // tool call is under way, and stays so until the test writes.
-    let writer = tokio::task::spawn_blocking(move || std::fs::File::create(gate).unwrap())
-        .await
-        .unwrap();
+    eventually("the worker's first request is answered", || {
+        provider.requests_of("worker").len() == 1
+    })
+    .await;
+    // The tool cannot end before the test opens the FIFO for writing: opening it for
+    // reading waits for a writer. Route now, while the turn is in its tool round.
     assert!(rt.route_to_worker(&worker, "Also count the totals."));
     assert_eq!(
         provider.requests_of("worker").len(),
         1,
-        "routed during the tool call"
+        "routed before the tool ended"
     );
-    {
+    tokio::task::spawn_blocking(move || {
         use std::io::Write;
-        let mut writer = writer;
-        writer.write_all(b"opened").unwrap();
-    }
+        std::fs::File::create(gate)
+            .and_then(|mut writer| writer.write_all(b"opened"))
+            .unwrap()
+    })
+    .await
+    .unwrap();
     rt.wait_idle("main").await;
 
     let requests = provider.requests_of("worker");
@@ -133,11 +137,7 @@ async fn a_message_routed_during_a_long_tool_call_reaches_the_next_request() {
         next[n - 1],
         (Role::User, "Continue with the messages above in mind.")
     );
-    assert_eq!(
-        next[n - 3],
-        (Role::Tool, "opened"),
-        "the tool's result came first"
-    );
+    assert_eq!(next[n - 3].0, Role::Tool, "the tool's result came first");
     let record = rt.store().get_worker(&worker.to_string()).unwrap().unwrap();
     assert_eq!(
         (record.state, record.outcome.as_deref()),
@@ -465,11 +465,11 @@ async fn late_results_are_folded_back_into_one_notification_turn_each() {
     let turns = notification_turns(&provider);
     assert_eq!(turns.len(), 2, "{turns:#?}");
     assert!(
-        turns[0].starts_with("[notification: result from worker:2, which branch:1 asked for"),
+        turns[0].starts_with("[notification: result from worker:1, which branch:1 asked for"),
         "{}",
         turns[0]
     );
-    assert!(turns[1].contains("from worker:3"), "{}", turns[1]);
+    assert!(turns[1].contains("from worker:2"), "{}", turns[1]);
     // Each turn is its own: the second arrived while the first was being answered, and
     // its turn holds only itself after the first turn's reply.
     let second = provider
@@ -478,7 +478,7 @@ async fn late_results_are_folded_back_into_one_notification_turn_each() {
         .find(|r| {
             r.messages
                 .last()
-                .is_some_and(|m| m.content.contains("from worker:3"))
+                .is_some_and(|m| m.content.contains("from worker:2"))
         })
         .unwrap();
     let n = second.messages.len();
@@ -487,7 +487,7 @@ async fn late_results_are_folded_back_into_one_notification_turn_each() {
     let store = rt.store();
     assert_eq!(
         store
-            .working_get("notifications/result/worker:2")
+            .working_get("notifications/result/worker:1")
             .unwrap()
             .as_deref(),
         Some("finished (done): job one finished")
@@ -495,7 +495,7 @@ async fn late_results_are_folded_back_into_one_notification_turn_each() {
     let index = store.working_get("notifications/index").unwrap().unwrap();
     assert_eq!(index.lines().count(), 2, "{index}");
     assert!(
-        index.contains("result worker:2 (for branch:1): finished (done): job one finished"),
+        index.contains("result worker:1 (for branch:1): finished (done): job one finished"),
         "{index}"
     );
     let mut replies = 0;
@@ -550,7 +550,7 @@ async fn a_result_for_a_requester_still_running_is_no_notification() {
     assert!(
         channel_history(&rt)
             .iter()
-            .any(|m| m == "[worker:2] finished (done): quick job finished"),
+            .any(|m| m == "[worker:1] finished (done): quick job finished"),
         "{:#?}",
         channel_history(&rt)
     );
@@ -613,12 +613,12 @@ async fn a_late_result_for_a_channel_that_is_gone_is_kept_with_a_warning() {
             .working_get("notifications/index")
             .unwrap()
             .unwrap()
-            .contains("status worker:4 (for main)"),
+            .contains("status worker:3 (for channel:main)"),
         "the channel's own worker, reported as the channel closed"
     );
     assert_eq!(
         rt.store()
-            .working_get("notifications/status/worker:2")
+            .working_get("notifications/status/worker:1")
             .unwrap()
             .as_deref(),
         Some("finished (cancelled): cancelled on request")
@@ -629,7 +629,7 @@ async fn a_late_result_for_a_channel_that_is_gone_is_kept_with_a_warning() {
     );
     let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     assert!(
-        log.contains("WARN") && log.contains("channel that is gone") && log.contains("worker:2"),
+        log.contains("WARN") && log.contains("channel that is gone") && log.contains("worker:1"),
         "{log}"
     );
 }

@@ -20,7 +20,7 @@ use crate::ids::ProcessId;
 use crate::llm::{Message, Provider, ToolDef};
 use crate::plugin::{CallRequest, Registry};
 use crate::policy::{Decision, ProcessKind, ToolNeeds};
-use crate::store::{RunGuard, Store, StoreError, TaskPatch};
+use crate::store::{RunGuard, RunId, Store, StoreError, TaskPatch};
 
 /// One agent: its config, plugins, store and model, and the channels, workers and branches
 /// running on them.
@@ -153,7 +153,7 @@ impl Runtime {
     }
 
     /// This host's run id in the store.
-    pub(crate) fn run_id(&self) -> &str {
+    pub(crate) fn run_id(&self) -> RunId {
         self.run.id()
     }
 
@@ -548,22 +548,7 @@ impl Runtime {
 
     /// The stored history of conversation `id`; every message must read back.
     fn load_history(&self, id: &ProcessId) -> Result<Vec<Message>, StoreError> {
-        let session = id.session();
-        let entries = self.store.load_history(session.as_str())?;
-        entries
-            .iter()
-            .map(|entry| {
-                serde_json::from_str(&entry.message).map_err(|err| {
-                    StoreError::Invalid(format!(
-                        "{}: the history of {id} cannot be read: message {} is not a valid \
-                         message ({err}); restore the database from a backup, or delete that \
-                         conversation's history to start it afresh",
-                        self.store.path().display(),
-                        entry.seq
-                    ))
-                })
-            })
-            .collect()
+        self.store.load_history_as(id.session().as_str())
     }
 
     /// Stores `history`: only the messages from `from` on are appended when the store
