@@ -78,7 +78,10 @@ fn probe_writable(dir: &Path) -> std::io::Result<()> {
         std::process::id(),
         PROBES.fetch_add(1, Ordering::Relaxed)
     ));
-    OpenOptions::new().write(true).create_new(true).open(&probe)?;
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)?;
     std::fs::remove_file(&probe)
 }
 

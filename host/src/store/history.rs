@@ -93,13 +93,11 @@ impl Store {
         self.load_history(channel)?
             .into_iter()
             .map(|entry| {
-                serde_json::from_str(&entry.message).map_err(|err| {
-                    StoreError::UnreadableHistory {
-                        path: self.path.clone(),
-                        channel: channel.to_owned(),
-                        seq: entry.seq,
-                        reason: format!("not a valid message: {err}"),
-                    }
+                serde_json::from_str(&entry.message).map_err(|err| StoreError::UnreadableHistory {
+                    path: self.path.clone(),
+                    channel: channel.to_owned(),
+                    seq: entry.seq,
+                    reason: format!("not a valid message: {err}"),
                 })
             })
             .collect()

@@ -43,7 +43,8 @@ pub(crate) fn retry_busy<T>(
         match op() {
             Err(err) if is_busy(&err) && started.elapsed() < RETRY_FOR => {
                 // Jitter from the clock keeps processes that collided from colliding again.
-                let jitter = Duration::from_micros(u64::from(started.elapsed().subsec_micros()) % 1000);
+                let jitter =
+                    Duration::from_micros(u64::from(started.elapsed().subsec_micros()) % 1000);
                 std::thread::sleep(pause + jitter);
                 pause = (pause * 2).min(MAX_PAUSE);
             }

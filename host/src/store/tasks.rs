@@ -314,26 +314,25 @@ impl Store {
         // processes moving one task cannot both pass the check on the same old status.
         retry::write(&mut self.conn(), |tx| update_in(tx, number, patch))
     }
-
 }
 
 /// Applies `patch` to task `number` through `tx`, checking the transition.
 fn update_in(tx: &Connection, number: u64, patch: &TaskPatch) -> Result<Task, StoreError> {
-        let task = read_task(tx, number)?;
-        if let Some(to) = patch.status
-            && to != task.status
-            && !task.status.next().contains(&to)
-        {
-            let allowed: Vec<&str> = task.status.next().iter().map(|s| s.as_str()).collect();
-            return Err(StoreError::Invalid(format!(
-                "task #{number} cannot move from {} to {to}; from {} it can move to {}",
-                task.status,
-                task.status,
-                allowed.join(", ")
-            )));
-        }
-        tx.execute(
-            "UPDATE tasks SET
+    let task = read_task(tx, number)?;
+    if let Some(to) = patch.status
+        && to != task.status
+        && !task.status.next().contains(&to)
+    {
+        let allowed: Vec<&str> = task.status.next().iter().map(|s| s.as_str()).collect();
+        return Err(StoreError::Invalid(format!(
+            "task #{number} cannot move from {} to {to}; from {} it can move to {}",
+            task.status,
+            task.status,
+            allowed.join(", ")
+        )));
+    }
+    tx.execute(
+        "UPDATE tasks SET
                 title = COALESCE(?2, title),
                 description = COALESCE(?3, description),
                 status = COALESCE(?4, status),
@@ -342,18 +341,18 @@ fn update_in(tx: &Connection, number: u64, patch: &TaskPatch) -> Result<Task, St
                 assigned_worker = COALESCE(?7, assigned_worker),
                 updated_at = ?8
              WHERE number = ?1",
-            params![
-                number as i64,
-                patch.title.as_deref().map(str::trim),
-                patch.description,
-                patch.status.map(TaskStatus::as_str),
-                patch.priority.map(Priority::as_str),
-                patch.metadata,
-                patch.assigned_worker,
-                now()
-            ],
-        )?;
-        read_task(tx, number)
+        params![
+            number as i64,
+            patch.title.as_deref().map(str::trim),
+            patch.description,
+            patch.status.map(TaskStatus::as_str),
+            patch.priority.map(Priority::as_str),
+            patch.metadata,
+            patch.assigned_worker,
+            now()
+        ],
+    )?;
+    read_task(tx, number)
 }
 
 /// Reads task `number` through `conn` (the store's connection or a transaction on it).

@@ -226,7 +226,10 @@ fn process_numbers_are_unique_across_threads_and_processes() {
     }
     for drawn in &draws {
         assert_eq!(drawn.len(), DRAWS);
-        assert!(drawn.windows(2).all(|w| w[0] < w[1]), "not increasing: {drawn:?}");
+        assert!(
+            drawn.windows(2).all(|w| w[0] < w[1]),
+            "not increasing: {drawn:?}"
+        );
     }
     let all: BTreeSet<u64> = draws.iter().flatten().copied().collect();
     assert_eq!(all.len(), 4 * DRAWS, "some numbers were drawn twice");
@@ -377,7 +380,10 @@ fn symlinked_database_files_are_refused_and_not_followed() {
     std::os::unix::fs::symlink(&target, &link).unwrap();
     let err = Store::open(linked.path()).unwrap_err();
     assert!(matches!(err, StoreError::Symlink { .. }), "{err}");
-    assert!(err.to_string().contains(&link.display().to_string()), "{err}");
+    assert!(
+        err.to_string().contains(&link.display().to_string()),
+        "{err}"
+    );
 
     // Its -wal and -shm files links to where the host must not write.
     for suffix in ["-wal", "-shm"] {
@@ -388,7 +394,10 @@ fn symlinked_database_files_are_refused_and_not_followed() {
         std::os::unix::fs::symlink(&victim, &link).unwrap();
         let err = Store::open(dir.path()).unwrap_err();
         assert!(matches!(err, StoreError::Symlink { .. }), "{err}");
-        assert!(err.to_string().contains(&link.display().to_string()), "{err}");
+        assert!(
+            err.to_string().contains(&link.display().to_string()),
+            "{err}"
+        );
         assert!(!victim.exists(), "the {suffix} link was followed");
     }
     assert_eq!(std::fs::read(&target).unwrap(), good);
@@ -496,7 +505,7 @@ fn unreadable_history_is_an_error_naming_the_channel_and_the_message() {
     }
 
     // Valid JSON, but not what the caller stores there.
-    #[derive(serde::Deserialize)]
+    #[derive(Debug, serde::Deserialize)]
     #[allow(dead_code)]
     struct Message {
         role: String,
@@ -531,7 +540,9 @@ fn a_killed_runs_workers_are_interrupted_and_a_live_runs_are_not() {
     here.insert_worker_in_run(run.id(), "worker:here", "main", "work")
         .unwrap();
     // And a worker recorded without a run, which nothing can prove dead.
-    store.insert_worker("worker:unowned", "main", "work").unwrap();
+    store
+        .insert_worker("worker:unowned", "main", "work")
+        .unwrap();
 
     killed.kill().unwrap(); // SIGKILL: no destructor runs, the lock file stays.
     killed.wait().unwrap();
@@ -540,7 +551,13 @@ fn a_killed_runs_workers_are_interrupted_and_a_live_runs_are_not() {
     let ids: Vec<&str> = marked.iter().map(|w| w.id.as_str()).collect();
     assert_eq!(ids, ["worker:0"]);
     assert_eq!(marked[0].state, WorkerState::Interrupted);
-    assert!(marked[0].outcome.as_deref().unwrap().contains("interrupted"));
+    assert!(
+        marked[0]
+            .outcome
+            .as_deref()
+            .unwrap()
+            .contains("interrupted")
+    );
     for id in ["worker:1", "worker:here", "worker:unowned"] {
         let worker = store.get_worker(id).unwrap().unwrap();
         assert_eq!(worker.state, WorkerState::Running, "{id}");
