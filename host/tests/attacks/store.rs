@@ -505,7 +505,7 @@ fn unreadable_history_is_an_error_naming_the_channel_and_the_message() {
     }
 
     // Valid JSON, but not what the caller stores there.
-    #[derive(serde::Deserialize)]
+    #[derive(Debug, serde::Deserialize)]
     #[allow(dead_code)]
     struct Message {
         role: String,
