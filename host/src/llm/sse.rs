@@ -243,7 +243,7 @@ mod tests {
     fn an_event_over_the_limit_is_refused_before_it_is_buffered() {
         let mut parser = SseParser::new(16);
         assert_eq!(parser.feed(b"data: short\n\n").unwrap(), [event("short")]);
-        let err = parser.feed(b"data: 0123456789").unwrap_err();
+        let err = parser.feed(b"data: 0123456789a").unwrap_err();
         assert_eq!(err, EventTooLarge { limit: 16 });
         // The event's data lines add up.
         let mut parser = SseParser::new(16);
