@@ -6,7 +6,8 @@
 //! The provider answers at once (no model, no I/O), so everything measured is the gate:
 //! - `gate/bare_provider`: `Provider::complete` called directly (the baseline);
 //! - `gate/dispatch`: reserve the session (re-entrant for its owner), the activity check,
-//!   the timeout wrapper, the answer, the hold recorded (settle time 0);
+//!   the timers (first piece and whole answer), the answer, the hold recorded (settle
+//!   time 0);
 //! - `gate/dispatch_10k_over_1k_sessions`: 1,000 sessions on a two-thread runtime, each
 //!   reserving its session and sending 10 prompts, all at once: 10,000 dispatches.
 
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use capstan_host::dispatch::{DispatchOutcome, Dispatcher, GateSettings, Route};
 use capstan_host::llm::{
-    BoxFuture, Completion, CompletionRequest, Message, Provider, ProviderError, ToolChoice,
+    AnswerSink, BoxFuture, Completion, CompletionRequest, Message, Provider, ProviderError, ToolChoice,
 };
 use criterion::Criterion;
 
@@ -26,6 +27,7 @@ impl Provider for Instant0 {
     fn complete<'a>(
         &'a self,
         _request: &'a CompletionRequest,
+        _sink: &'a dyn AnswerSink,
     ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         Box::pin(async {
             Ok(Completion {
@@ -72,7 +74,7 @@ fn bench(c: &mut Criterion) {
             tokio.block_on(async {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    std::hint::black_box(provider.complete(&one).await.unwrap());
+                    std::hint::black_box(provider.complete(&one, &()).await.unwrap());
                 }
                 start.elapsed()
             })

@@ -1,11 +1,12 @@
 //! The providers through their real paths: the OpenAI-compatible client against an HTTP
-//! server on loopback, the scripted provider, and recording then replaying.
+//! server on loopback (answering with a JSON body, or streaming Server-Sent Events), the
+//! scripted provider, and recording then replaying.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use capstan_host::llm::{
-    CompletionRequest, Message, OpenAiProvider, Provider, ProviderError, Recorder, RetryPolicy,
+    CompletionRequest, Delta, Message, OpenAiProvider, Provider, ProviderError, Recorder, RetryPolicy,
     Script, ScriptedProvider, ToolCall, ToolChoice, ToolDef,
 };
 use serde_json::{Value, json};
@@ -15,6 +16,7 @@ use tokio::net::TcpListener;
 /// One canned HTTP answer.
 struct Answer {
     status: u16,
+    content_type: &'static str,
     headers: Vec<(&'static str, &'static str)>,
     body: String,
 }
@@ -22,14 +24,28 @@ struct Answer {
 fn ok(body: Value) -> Answer {
     Answer {
         status: 200,
+        content_type: "application/json",
         headers: vec![],
         body: body.to_string(),
+    }
+}
+
+/// A streamed answer: each of `events` as one Server-Sent Event, then `[DONE]`.
+fn streamed(events: &[Value]) -> Answer {
+    let mut body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+    body.push_str("data: [DONE]\n\n");
+    Answer {
+        status: 200,
+        content_type: "text/event-stream",
+        headers: vec![],
+        body,
     }
 }
 
 fn status(code: u16, body: &str) -> Answer {
     Answer {
         status: code,
+        content_type: "application/json",
         headers: vec![],
         body: body.to_owned(),
     }
@@ -84,8 +100,9 @@ async fn serve(answers: Vec<Answer>) -> (String, Arc<Mutex<Vec<Seen>>>) {
                 body: serde_json::from_str(&body).unwrap_or(Value::Null),
             });
             let mut response = format!(
-                "HTTP/1.1 {} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
+                "HTTP/1.1 {} X\r\ncontent-type: {}\r\ncontent-length: {}\r\nconnection: close\r\n",
                 answer.status,
+                answer.content_type,
                 answer.body.len()
             );
             for (k, v) in answer.headers {
@@ -133,6 +150,11 @@ fn request() -> CompletionRequest {
     }
 }
 
+/// One streamed chunk carrying `delta`.
+fn chunk(delta: Value) -> Value {
+    json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": null}]})
+}
+
 fn completion(message: Value) -> Value {
     json!({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}], "usage": {"total_tokens": 17}})
 }
@@ -144,7 +166,7 @@ async fn the_request_body_carries_messages_tools_and_tool_choice() {
     ))])
     .await;
     let provider = OpenAiProvider::new(&url, "secret-key", "test-model").unwrap();
-    let answer = provider.complete(&request()).await.unwrap();
+    let answer = provider.complete(&request(), &()).await.unwrap();
     assert_eq!(answer.message.content, "Done.");
     assert_eq!(answer.tokens, Some(17));
 
@@ -157,6 +179,7 @@ async fn the_request_body_carries_messages_tools_and_tool_choice() {
         "{head}"
     );
     assert_eq!(body["model"], "test-model");
+    assert_eq!(body["stream"], true, "answers are asked for as a stream");
     assert_eq!(body["tool_choice"], "auto");
     assert_eq!(
         body["tools"][0],
@@ -193,7 +216,7 @@ async fn several_tool_calls_in_one_turn_parse_and_malformed_arguments_stay_verba
     let (url, _) = serve(vec![ok(completion(message))]).await;
     let provider = OpenAiProvider::new(&url, "k", "m").unwrap();
     let calls = provider
-        .complete(&request())
+        .complete(&request(), &())
         .await
         .unwrap()
         .message
@@ -214,20 +237,17 @@ async fn several_tool_calls_in_one_turn_parse_and_malformed_arguments_stay_verba
 async fn busy_answers_are_retried_with_backoff_then_succeed() {
     let (url, seen) = serve(vec![
         Answer {
-            status: 429,
             headers: vec![("retry-after", "0")],
-            body: "{}".into(),
+            ..status(429, "{}")
         },
         status(503, "overloaded"),
-        ok(completion(
-            json!({"role": "assistant", "content": "third time"}),
-        )),
+        streamed(&[chunk(json!({"content": "third "})), chunk(json!({"content": "time"}))]),
     ])
     .await;
     let provider = OpenAiProvider::new(&url, "k", "m")
         .unwrap()
         .with_retry(fast_retry(4));
-    let answer = provider.complete(&request()).await.unwrap();
+    let answer = provider.complete(&request(), &()).await.unwrap();
     assert_eq!(answer.message.content, "third time");
     assert_eq!(seen.lock().unwrap().len(), 3);
 }
@@ -242,7 +262,7 @@ async fn client_errors_fail_at_once_and_persistent_5xx_after_the_last_attempt() 
     let provider = OpenAiProvider::new(&url, "k", "m")
         .unwrap()
         .with_retry(fast_retry(4));
-    let err = provider.complete(&request()).await.unwrap_err();
+    let err = provider.complete(&request(), &()).await.unwrap_err();
     assert!(
         matches!(
             err,
@@ -261,7 +281,7 @@ async fn client_errors_fail_at_once_and_persistent_5xx_after_the_last_attempt() 
     let provider = OpenAiProvider::new(&url, "k", "m")
         .unwrap()
         .with_retry(fast_retry(3));
-    let err = provider.complete(&request()).await.unwrap_err().to_string();
+    let err = provider.complete(&request(), &()).await.unwrap_err().to_string();
     assert!(err.contains("500 after 3 attempt(s)"), "{err}");
     assert_eq!(seen.lock().unwrap().len(), 3);
 }
@@ -274,7 +294,7 @@ async fn an_unreachable_endpoint_and_a_bad_response_get_specific_errors() {
     let provider = OpenAiProvider::new(&url, "k", "m")
         .unwrap()
         .with_retry(fast_retry(2));
-    let err = provider.complete(&request()).await.unwrap_err();
+    let err = provider.complete(&request(), &()).await.unwrap_err();
     assert!(
         matches!(err, ProviderError::Unreachable { attempts: 2, .. }),
         "{err:?}"
@@ -282,7 +302,7 @@ async fn an_unreachable_endpoint_and_a_bad_response_get_specific_errors() {
 
     let (url, _) = serve(vec![ok(json!({"object": "list"}))]).await;
     let provider = OpenAiProvider::new(&url, "k", "m").unwrap();
-    let err = provider.complete(&request()).await.unwrap_err().to_string();
+    let err = provider.complete(&request(), &()).await.unwrap_err().to_string();
     assert!(
         err.contains("not a chat completion") && err.contains("choices"),
         "{err}"
@@ -327,7 +347,7 @@ fn ask(process: &str, text: &str) -> CompletionRequest {
 async fn the_scripted_provider_picks_steps_by_process_and_message() {
     let provider = ScriptedProvider::new(Script::parse(SCRIPT, "test").unwrap(), "test");
     let first = provider
-        .complete(&ask("channel", "Please gather the OPEN ITEMS"))
+        .complete(&ask("channel", "Please gather the OPEN ITEMS"), &())
         .await
         .unwrap();
     assert_eq!(first.message.content, "I'll put a worker on it.");
@@ -335,18 +355,18 @@ async fn the_scripted_provider_picks_steps_by_process_and_message() {
         first.message.tool_calls[0].arguments,
         r#"{"task":"Gather the open items"}"#
     );
-    let worker = provider.complete(&ask("worker", "go")).await.unwrap();
+    let worker = provider.complete(&ask("worker", "go"), &()).await.unwrap();
     assert_eq!(worker.message.tool_calls[0].arguments, "{oops");
     // The first step is used up; the repeating one answers from now on.
     for _ in 0..3 {
         let next = provider
-            .complete(&ask("channel", "open items again"))
+            .complete(&ask("channel", "open items again"), &())
             .await
             .unwrap();
         assert_eq!(next.message.content, "Anything else?");
     }
     let err = provider
-        .complete(&ask("worker", "more"))
+        .complete(&ask("worker", "more"), &())
         .await
         .unwrap_err()
         .to_string();
@@ -379,20 +399,35 @@ async fn a_recording_replays_the_same_answers() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("recorded.toml");
     let (url, _) = serve(vec![
-        ok(completion(json!({"role": "assistant", "content": null, "tool_calls": [{"id": "x", "type": "function", "function": {"name": "file_read", "arguments": "{\"path\":\"a\"}"}}]}))),
+        streamed(&[
+            chunk(json!({"tool_calls": [{"index": 0, "id": "x", "type": "function", "function": {"name": "file_read", "arguments": "{\"pa"}}]})),
+            chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": "th\":\"a\"}"}}]})),
+        ]),
         ok(completion(json!({"role": "assistant", "content": "All read."}))),
     ])
     .await;
     let live = Recorder::new(OpenAiProvider::new(&url, "k", "m").unwrap(), &path);
     let requests = [ask("worker", "Read a"), ask("worker", "file a says hi")];
     let mut originals = Vec::new();
+    let (deltas, mut received) = tokio::sync::mpsc::unbounded_channel();
     for r in &requests {
-        originals.push(live.complete(r).await.unwrap().message);
+        originals.push(live.complete(r, &deltas).await.unwrap().message);
     }
+    assert_eq!(
+        originals[0].tool_calls[0].arguments, r#"{"path":"a"}"#,
+        "the streamed fragments, assembled"
+    );
+    // The recorder passes the stream's deltas through; the JSON answer has no pieces.
+    let mut seen = Vec::new();
+    while let Ok(delta) = received.try_recv() {
+        seen.push(delta);
+    }
+    assert_eq!(seen[..2], [Delta::ToolCall { index: 0 }, Delta::ToolCall { index: 0 }]);
+    assert!(seen[2..].iter().all(|d| *d == Delta::Progress), "{seen:?}");
 
     let replay = ScriptedProvider::new(Script::load(&path).unwrap(), "recorded");
     for (r, original) in requests.iter().zip(originals) {
-        let again = replay.complete(r).await.unwrap().message;
+        let again = replay.complete(r, &()).await.unwrap().message;
         assert_eq!(again.content, original.content);
         let calls = |m: &Message| {
             m.tool_calls

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use capstan_host::agent::{Event, Runtime};
 use capstan_host::config::Config;
 use capstan_host::llm::{
-    BoxFuture, Completion, CompletionRequest, Provider, ProviderError, Script, ScriptedProvider,
+    AnswerSink, BoxFuture, Completion, CompletionRequest, Provider, ProviderError, Script,
+    ScriptedProvider,
 };
 use capstan_host::plugin::{ArtifactCache, CallRequest, Limits, PluginHost, Registry, ToolError};
 use capstan_host::policy::Grants;
@@ -252,13 +253,14 @@ impl Provider for Recording {
     fn complete<'a>(
         &'a self,
         request: &'a CompletionRequest,
+        sink: &'a dyn AnswerSink,
     ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         let incoming = request.messages.last().map(|m| m.content.as_str());
         if incoming.is_some_and(|m| m.contains(PANIC_TRIGGER)) {
             panic!("the provider panicked on purpose");
         }
         Box::pin(async move {
-            let answer = self.script.complete(request).await?;
+            let answer = self.script.complete(request, sink).await?;
             self.requests.lock().unwrap().push(request.clone());
             Ok(answer)
         })

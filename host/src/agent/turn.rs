@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::dispatch::{DispatchError, DispatchOutcome, Dispatcher, Route, Ticket};
+use crate::dispatch::{DispatchError, DispatchOutcome, Dispatcher, Route, Ticket, TooSlow};
 use crate::llm::{BoxFuture, CompletionRequest, Message, Role, ToolChoice, ToolDef};
 
 /// What a tool call did, for the loop.
@@ -65,8 +65,8 @@ pub(crate) struct TurnError {
 pub(crate) enum Unanswered {
     /// The session was busy or held by someone else, who answers instead.
     Suppressed(String),
-    /// The model did not answer in time.
-    TimedOut,
+    /// The model did not answer in time: which bound, and the key that raises it.
+    TimedOut(TooSlow),
     /// The dispatch failed.
     Failed(DispatchError),
 }
@@ -85,7 +85,7 @@ impl fmt::Display for TurnError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.reason {
             Unanswered::Suppressed(why) => write!(f, "not sent: {why}"),
-            Unanswered::TimedOut => f.write_str("the model did not answer in time"),
+            Unanswered::TimedOut(late) => write!(f, "the model did not answer in time: {late}"),
             Unanswered::Failed(err) => write!(f, "{err}"),
         }
     }
@@ -161,7 +161,9 @@ impl Turn<'_> {
                         "the session is held by {by}"
                     ))));
                 }
-                DispatchOutcome::TimedOut => return Err(unanswered(Unanswered::TimedOut)),
+                DispatchOutcome::TimedOut(late) => {
+                    return Err(unanswered(Unanswered::TimedOut(late)));
+                }
                 DispatchOutcome::Failed { error, .. } => {
                     return Err(unanswered(Unanswered::Failed(error)));
                 }
@@ -309,7 +311,7 @@ mod properties {
 
     use super::*;
     use crate::dispatch::GateSettings;
-    use crate::llm::{Completion, Provider, ProviderError, ToolCall};
+    use crate::llm::{AnswerSink, Completion, Provider, ProviderError, ToolCall};
 
     #[derive(Debug, Clone, Copy)]
     enum Tool {
@@ -356,6 +358,7 @@ mod properties {
         fn complete<'a>(
             &'a self,
             request: &'a CompletionRequest,
+            _sink: &'a dyn AnswerSink,
         ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
             if let Err(why) = well_formed(&request.messages) {
                 eprintln!("malformed request: {why}");
@@ -473,6 +476,7 @@ mod properties {
                 settle: Duration::ZERO,
                 timeout: Duration::from_secs(5),
                 hold: Duration::ZERO,
+                ..GateSettings::default()
             };
             let dispatcher = Dispatcher::new(provider.clone(), settings);
             let ticket = dispatcher.reserve("s", "s:loop").unwrap();

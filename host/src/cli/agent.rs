@@ -128,7 +128,10 @@ fn provider(config: &Config) -> anyhow::Result<Box<dyn Provider>> {
             base_url,
             api_key_env,
             model,
-        } => Box::new(OpenAiProvider::from_env(base_url, api_key_env, model)?),
+        } => Box::new(
+            OpenAiProvider::from_env(base_url, api_key_env, model)?
+                .with_max_answer_bytes(config.limits.max_answer_bytes),
+        ),
     })
 }
 

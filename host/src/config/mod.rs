@@ -80,6 +80,8 @@ pub struct AgentLimits {
     pub worker_timeout: Duration,
     /// The prompt gate's timings.
     pub dispatch: GateSettings,
+    /// The most one model answer may hold (its text, tool names and arguments), in bytes.
+    pub max_answer_bytes: usize,
 }
 
 /// `[provider]`.
@@ -228,7 +230,9 @@ struct RawLimits {
     worker_timeout_secs: u64,
     settle_ms: u64,
     dispatch_timeout_secs: f64,
+    dispatch_total_secs: f64,
     dispatch_hold_ms: u64,
+    max_answer_kib: u32,
 }
 
 #[derive(Deserialize)]
@@ -338,6 +342,25 @@ impl RawLimits {
                 format!("must be more than 0 and at most 3600 seconds, got {timeout}"),
             ));
         }
+        let total = self.dispatch_total_secs;
+        if !(total.is_finite() && total >= timeout && total <= 86_400.0) {
+            return Err(key_error(
+                "limits.dispatch_total_secs",
+                format!(
+                    "must be at least limits.dispatch_timeout_secs ({timeout}) and at most \
+                     86400 seconds, got {total}"
+                ),
+            ));
+        }
+        if !(1..=262_144).contains(&self.max_answer_kib) {
+            return Err(key_error(
+                "limits.max_answer_kib",
+                format!(
+                    "must be 1 to 262144 KiB (256 MiB), got {}",
+                    self.max_answer_kib
+                ),
+            ));
+        }
         for (key, value) in [
             ("limits.settle_ms", self.settle_ms),
             ("limits.dispatch_hold_ms", self.dispatch_hold_ms),
@@ -364,8 +387,10 @@ impl RawLimits {
             dispatch: GateSettings {
                 settle: Duration::from_millis(self.settle_ms),
                 timeout: Duration::from_secs_f64(timeout),
+                total: Duration::from_secs_f64(total),
                 hold: Duration::from_millis(self.dispatch_hold_ms),
             },
+            max_answer_bytes: (self.max_answer_kib as usize) << 10,
         })
     }
 }
@@ -511,6 +536,22 @@ mod tests {
             (
                 "[limits]\ndispatch_timeout_secs = 0\n",
                 "`limits.dispatch_timeout_secs`: must be more than 0",
+            ),
+            (
+                "[limits]\ndispatch_timeout_secs = 60\ndispatch_total_secs = 30\n",
+                "`limits.dispatch_total_secs`: must be at least limits.dispatch_timeout_secs (60)",
+            ),
+            (
+                "[limits]\ndispatch_total_secs = 1e9\n",
+                "`limits.dispatch_total_secs`: must be at least",
+            ),
+            (
+                "[limits]\nmax_answer_kib = 0\n",
+                "`limits.max_answer_kib`: must be 1 to 262144 KiB",
+            ),
+            (
+                "[limits]\nmax_answer_kib = 99999999\n",
+                "`limits.max_answer_kib`: must be 1 to 262144 KiB",
             ),
             (
                 "[limits]\nworker_timeout_secs = 0\n",

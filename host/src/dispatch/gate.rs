@@ -11,15 +11,20 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// The gate's timings (`[limits]` `settle_ms`, `dispatch_timeout_secs`, `dispatch_hold_ms`).
+/// The gate's timings (`[limits]` `settle_ms`, `dispatch_timeout_secs`,
+/// `dispatch_total_secs`, `dispatch_hold_ms`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GateSettings {
     /// How long a route waits after reserving, so inputs that arrive together are
     /// answered together. A channel waits for results and notifications, not for the
     /// user's own messages, which are answered at once.
     pub settle: Duration,
-    /// How long one dispatch may take before it counts as timed out.
+    /// How long a dispatch waits for the first piece of the answer, and then between
+    /// pieces, before it counts as timed out. A provider that does not stream sends its
+    /// answer as one piece, so for it this bounds the whole request.
     pub timeout: Duration,
+    /// How long a whole answer may take, however steadily it arrives.
+    pub total: Duration,
     /// How long a session stays held for its owner after a dispatch ends, however it ended.
     pub hold: Duration,
 }
@@ -29,6 +34,7 @@ impl Default for GateSettings {
         GateSettings {
             settle: Duration::from_millis(50),
             timeout: Duration::from_secs(30),
+            total: Duration::from_secs(600),
             hold: Duration::from_secs(2),
         }
     }

@@ -10,16 +10,24 @@
 //! settle, then dispatches with its ticket ([`Dispatcher::send`]). The answer is one
 //! [`DispatchOutcome`]; callers treat [`DispatchOutcome::Active`] and
 //! [`DispatchOutcome::Reserved`] as "someone else answers", never as a reason to retry.
+//!
+//! A model may answer slowly as long as it keeps answering: `timing` bounds the wait for
+//! the first piece of an answer and each gap between pieces (`dispatch_timeout_secs`),
+//! and the whole answer (`dispatch_total_secs`). [`Dispatcher::send_streaming`] passes
+//! the pieces on to the caller as they arrive.
 
 mod gate;
+mod timing;
 
 use std::fmt;
 use std::sync::Arc;
 
 pub use gate::{Gate, GateSettings, Lease, ReleaseError, Reserved, Ticket, ToolRunning};
+pub use timing::TooSlow;
 
-use crate::llm::{Completion, CompletionRequest, Provider, ProviderError};
+use crate::llm::{AnswerSink, Completion, CompletionRequest, Provider, ProviderError};
 use gate::Busy;
+use timing::Progress;
 
 /// Why a prompt is sent: every route into a model, named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,9 +88,10 @@ pub enum DispatchOutcome {
         /// The owner holding it.
         by: String,
     },
-    /// The model did not answer within the dispatch timeout; the reservation is released
-    /// (the hold still runs).
-    TimedOut,
+    /// The model's answer did not start, went on, or end in time ([`TooSlow`] says which
+    /// bound and the key that raises it); the reservation is released (the hold still
+    /// runs).
+    TimedOut(TooSlow),
     /// The dispatch failed.
     Failed {
         /// Whether the prompt reached the provider (false: the ticket no longer held the
@@ -213,12 +222,56 @@ impl Dispatcher {
     }
 
     /// Sends `request` under `ticket`, if the session is not busy, within the dispatch
-    /// timeout. The hold starts when this returns (or is dropped), however it ended.
+    /// timers. The hold starts when this returns (or is dropped), however it ended.
     pub async fn send(
         &self,
         ticket: &Ticket,
         route: Route,
         request: &CompletionRequest,
+    ) -> DispatchOutcome {
+        self.send_streaming(ticket, route, request, &()).await
+    }
+
+    /// [`Dispatcher::send`], passing each piece of the answer to `deltas` as it arrives,
+    /// before the whole [`Completion`] is returned: text as [`Delta::Text`] (concatenated,
+    /// the completion's content), tool-call fragments as [`Delta::ToolCall`] (the
+    /// completion carries the calls whole), anything else as [`Delta::Progress`]. A
+    /// provider that does not stream sends no deltas. When the dispatch fails or times out
+    /// after some text was passed on, that text is not an answer: the outcome says so.
+    ///
+    /// [`Delta::Text`]: crate::llm::Delta::Text
+    /// [`Delta::ToolCall`]: crate::llm::Delta::ToolCall
+    /// [`Delta::Progress`]: crate::llm::Delta::Progress
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use capstan_host::dispatch::{DispatchOutcome, Dispatcher, GateSettings, Route};
+    /// use capstan_host::llm::{CompletionRequest, Delta, Message, Script, ScriptedProvider, ToolChoice};
+    ///
+    /// let script = Script::parse("[[step]]\nprocess = \"channel\"\nreply = \"Hi.\"", "inline").unwrap();
+    /// let dispatcher = Dispatcher::new(Arc::new(ScriptedProvider::new(script, "inline")), GateSettings::default());
+    /// let request = CompletionRequest {
+    ///     process: "channel".into(),
+    ///     messages: vec![Message::user("hello")],
+    ///     tools: vec![],
+    ///     tool_choice: ToolChoice::Auto,
+    /// };
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let (deltas, mut received) = tokio::sync::mpsc::unbounded_channel::<Delta>();
+    /// let ticket = dispatcher.reserve("main", "channel:main:loop").unwrap();
+    /// // Print text as it arrives, e.g. from another task reading `received`.
+    /// let outcome = dispatcher.send_streaming(&ticket, Route::User, &request, &deltas).await;
+    /// assert!(matches!(outcome, DispatchOutcome::Dispatched(answer) if answer.message.content == "Hi."));
+    /// // The scripted provider does not stream: its answer comes whole, with no deltas.
+    /// assert!(received.try_recv().is_err());
+    /// # });
+    /// ```
+    pub async fn send_streaming(
+        &self,
+        ticket: &Ticket,
+        route: Route,
+        request: &CompletionRequest,
+        deltas: &dyn AnswerSink,
     ) -> DispatchOutcome {
         let mut flight = match self.gate.begin(ticket) {
             Ok(flight) => flight,
@@ -245,15 +298,23 @@ impl Dispatcher {
             messages = request.messages.len(),
             "dispatch"
         );
-        match tokio::time::timeout(self.settings.timeout, self.provider.complete(request)).await {
+        let progress = Progress::new(deltas);
+        let answer = self.provider.complete(request, &progress);
+        match timing::bounded(&self.settings, &progress, answer).await {
             Ok(Ok(completion)) => DispatchOutcome::Dispatched(completion),
             Ok(Err(error)) => DispatchOutcome::Failed {
                 attempted: true,
                 error: error.into(),
             },
-            Err(_) => {
+            Err(late) => {
+                tracing::warn!(
+                    session = ticket.session(),
+                    owner = ticket.owner(),
+                    %route,
+                    "dispatch timed out: {late}"
+                );
                 flight.release = true;
-                DispatchOutcome::TimedOut
+                DispatchOutcome::TimedOut(late)
             }
         }
     }

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::*;
-use crate::llm::{BoxFuture, Message, ToolChoice};
+use crate::llm::{BoxFuture, Delta, Message, ToolChoice};
 
 /// Answers "ok" after `delay`, or fails, and counts the prompts that reached it.
 struct Counting {
@@ -18,6 +18,7 @@ impl Provider for Counting {
     fn complete<'a>(
         &'a self,
         _request: &'a CompletionRequest,
+        _sink: &'a dyn AnswerSink,
     ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         Box::pin(async move {
             self.calls.fetch_add(1, Ordering::SeqCst);
@@ -59,6 +60,7 @@ fn settings(settle_ms: u64, timeout_ms: u64, hold_ms: u64) -> GateSettings {
     GateSettings {
         settle: Duration::from_millis(settle_ms),
         timeout: Duration::from_millis(timeout_ms),
+        total: Duration::from_secs(600),
         hold: Duration::from_millis(hold_ms),
     }
 }
@@ -197,7 +199,7 @@ async fn a_timed_out_dispatch_releases_its_reservation() {
     let ticket = dispatcher.reserve("main", "channel:main:loop").unwrap();
     assert!(matches!(
         dispatcher.send(&ticket, Route::User, &request()).await,
-        DispatchOutcome::TimedOut
+        DispatchOutcome::TimedOut(TooSlow::FirstChunk { .. })
     ));
     assert_eq!(dispatcher.gate().reservations(), 0);
     tokio::time::sleep(Duration::from_millis(150)).await;
@@ -280,4 +282,145 @@ fn idle_sessions_are_swept() {
         assert!(gate.release(&ticket));
     }
     assert!(gate.tracked_sessions() <= 128);
+}
+
+/// Streams `pieces` text deltas `every` apart (the first at once), then answers with
+/// their text; or stalls for ever after `stall_after` pieces.
+struct Paced {
+    pieces: usize,
+    every: Duration,
+    stall_after: Option<usize>,
+}
+
+impl Provider for Paced {
+    fn complete<'a>(
+        &'a self,
+        _request: &'a CompletionRequest,
+        sink: &'a dyn AnswerSink,
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+        Box::pin(async move {
+            let mut text = String::new();
+            for i in 0..self.pieces {
+                if self.stall_after == Some(i) {
+                    std::future::pending::<()>().await;
+                }
+                if i > 0 {
+                    tokio::time::sleep(self.every).await;
+                }
+                let piece = format!("{i} ");
+                text.push_str(&piece);
+                sink.delta(Delta::Text(piece));
+            }
+            Ok(Completion {
+                message: Message::assistant(text),
+                tokens: None,
+            })
+        })
+    }
+
+    fn name(&self) -> String {
+        "paced".into()
+    }
+}
+
+fn paced(provider: Paced, timeout_ms: u64, total_ms: u64) -> Dispatcher {
+    let settings = GateSettings {
+        settle: Duration::ZERO,
+        timeout: Duration::from_millis(timeout_ms),
+        total: Duration::from_millis(total_ms),
+        hold: Duration::ZERO,
+    };
+    Dispatcher::new(Arc::new(provider), settings)
+}
+
+#[tokio::test]
+async fn a_steady_answer_longer_than_the_timeout_is_received_whole_with_its_deltas() {
+    // 31 pieces 50 ms apart: 1.5 s in all, past the 1 s timeout; each gap is a twentieth
+    // of it.
+    let provider = Paced {
+        pieces: 31,
+        every: Duration::from_millis(50),
+        stall_after: None,
+    };
+    let dispatcher = paced(provider, 1_000, 600_000);
+    let ticket = dispatcher.reserve("main", "channel:main:loop").unwrap();
+    let (deltas, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let started = std::time::Instant::now();
+    let outcome = dispatcher
+        .send_streaming(&ticket, Route::User, &request(), &deltas)
+        .await;
+    assert!(started.elapsed() >= Duration::from_millis(1_500));
+    let DispatchOutcome::Dispatched(answer) = outcome else {
+        panic!("{outcome:?}");
+    };
+    let mut text = String::new();
+    while let Ok(delta) = received.try_recv() {
+        let Delta::Text(piece) = delta else {
+            panic!("{delta:?}")
+        };
+        text.push_str(&piece);
+    }
+    assert_eq!(text, answer.message.content, "every piece, in order");
+    assert!(text.starts_with("0 1 2 ") && text.ends_with(" 30 "), "{text}");
+}
+
+#[tokio::test]
+async fn each_bound_is_told_apart_and_names_its_key() {
+    // Nothing at all: the first-chunk bound.
+    let stalled = Paced {
+        pieces: 5,
+        every: Duration::ZERO,
+        stall_after: Some(0),
+    };
+    let dispatcher = paced(stalled, 100, 600_000);
+    let ticket = dispatcher.reserve("main", "channel:main:loop").unwrap();
+    let outcome = dispatcher.send(&ticket, Route::User, &request()).await;
+    let DispatchOutcome::TimedOut(late) = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(
+        late,
+        TooSlow::FirstChunk {
+            limit: Duration::from_millis(100)
+        }
+    );
+    assert_eq!(late.key(), "limits.dispatch_timeout_secs");
+    assert!(late.to_string().contains("first piece"), "{late}");
+    assert_eq!(dispatcher.gate().reservations(), 0, "released");
+
+    // Three pieces at once, then a stall: the gap bound.
+    let stalls = Paced {
+        pieces: 5,
+        every: Duration::ZERO,
+        stall_after: Some(3),
+    };
+    let dispatcher = paced(stalls, 100, 600_000);
+    let ticket = dispatcher.reserve("main", "channel:main:loop").unwrap();
+    let outcome = dispatcher.send(&ticket, Route::User, &request()).await;
+    let DispatchOutcome::TimedOut(late) = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(matches!(late, TooSlow::Gap { .. }), "{late:?}");
+    assert!(late.to_string().contains("limits.dispatch_timeout_secs"));
+
+    // Steady but endless: the total bound.
+    let endless = Paced {
+        pieces: usize::MAX,
+        every: Duration::from_millis(10),
+        stall_after: None,
+    };
+    let dispatcher = paced(endless, 5_000, 300);
+    let ticket = dispatcher.reserve("main", "channel:main:loop").unwrap();
+    let outcome = dispatcher.send(&ticket, Route::User, &request()).await;
+    let DispatchOutcome::TimedOut(late) = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(
+        late,
+        TooSlow::Total {
+            limit: Duration::from_millis(300)
+        }
+    );
+    assert_eq!(late.key(), "limits.dispatch_total_secs");
+    assert!(late.to_string().contains("limits.dispatch_total_secs"));
 }

@@ -36,6 +36,27 @@ pub enum ProviderError {
         /// What was wrong.
         reason: String,
     },
+    /// The answer passed the answer cap; reading stopped there and nothing of it is used.
+    #[error(
+        "{url} sent an answer over the cap of {limit} bytes ({kib} KiB); reading stopped there. \
+         Raise `limits.max_answer_kib` in capstan.toml if answers this long are expected",
+        kib = .limit.div_ceil(1024)
+    )]
+    TooLarge {
+        /// The URL called.
+        url: String,
+        /// The cap, in bytes.
+        limit: usize,
+    },
+    /// The answer stopped before it was complete (the stream closed before its end, or the
+    /// connection broke); nothing of it is used.
+    #[error("{url} ended its answer before it was complete: {reason}; nothing of it is used")]
+    Incomplete {
+        /// The URL called.
+        url: String,
+        /// How it ended.
+        reason: String,
+    },
     /// The script has no step for this request.
     #[error("{0}")]
     ScriptExhausted(String),

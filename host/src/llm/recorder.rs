@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::{
-    BoxFuture, Completion, CompletionRequest, Provider, ProviderError, Script, ScriptStep,
+    AnswerSink, BoxFuture, Completion, CompletionRequest, Provider, ProviderError, Script, ScriptStep,
     ScriptToolCall,
 };
 use crate::text::truncate;
@@ -75,9 +75,10 @@ impl<P: Provider> Provider for Recorder<P> {
     fn complete<'a>(
         &'a self,
         request: &'a CompletionRequest,
+        sink: &'a dyn AnswerSink,
     ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         Box::pin(async move {
-            let completion = self.inner.complete(request).await?;
+            let completion = self.inner.complete(request, sink).await?;
             self.record(request, &completion)?;
             Ok(completion)
         })

@@ -4,7 +4,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::{
-    BoxFuture, Completion, CompletionRequest, Message, Provider, ProviderError, Role, Script,
+    AnswerSink, BoxFuture, Completion, CompletionRequest, Message, Provider, ProviderError, Role, Script,
     ToolCall,
 };
 use crate::text::truncate;
@@ -30,7 +30,7 @@ use crate::text::truncate;
 ///     tool_choice: ToolChoice::Auto,
 /// };
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// let answer = provider.complete(&request).await.unwrap();
+/// let answer = provider.complete(&request, &()).await.unwrap();
 /// assert_eq!(answer.message.content, "Hi there.");
 /// # });
 /// ```
@@ -103,7 +103,9 @@ impl Provider for ScriptedProvider {
     fn complete<'a>(
         &'a self,
         request: &'a CompletionRequest,
+        _sink: &'a dyn AnswerSink,
     ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+        // Not a stream: the whole answer at once, so the gate's first-chunk wait bounds it.
         Box::pin(async move {
             let (index, delay) = self.pick(request)?;
             if !delay.is_zero() {

@@ -1,14 +1,20 @@
-//! An OpenAI-compatible Chat Completions provider.
+//! An OpenAI-compatible Chat Completions provider, streaming its answers.
+//!
+//! - `wire`: messages as the API's JSON, and a whole completion read back;
+//! - `chunks`: a streamed answer's chunks assembled into one completion;
+//! - `read`: the response body read within the answer cap, as an event stream or JSON.
+
+mod chunks;
+mod wire;
+mod read;
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use super::{
-    BoxFuture, Completion, CompletionRequest, Message, Provider, ProviderError, Role, ToolCall,
-    ToolChoice,
+    AnswerSink, BoxFuture, Completion, CompletionRequest, Provider, ProviderError, ToolChoice,
 };
-
 /// How a failed request is retried: 429 and 5xx answers and transport errors, with
 /// exponential backoff (doubling from `base_delay`, capped at `max_delay`); a `Retry-After`
 /// header, when shorter than `max_delay`, wins.
@@ -32,16 +38,26 @@ impl Default for RetryPolicy {
     }
 }
 
-/// The longest piece of an error body quoted in an error.
-const MAX_QUOTED_BODY: usize = 500;
+/// The default cap on one answer: its text, tool names, ids and arguments.
+pub const DEFAULT_MAX_ANSWER_BYTES: usize = 4 << 20;
 
-/// Talks to `{base_url}/chat/completions`.
+/// Talks to `{base_url}/chat/completions`, asking for a streamed answer.
+///
+/// The answer arrives as Server-Sent Events; each text piece and tool-call fragment is
+/// reported to the request's [`AnswerSink`] as it arrives, and the tool calls are assembled
+/// whole before the completion is returned. A server that ignores `stream` and answers
+/// with one JSON body works too. 429 and 5xx answers (and transport failures) before the
+/// answer starts are retried per the [`RetryPolicy`]. The provider sets no time limit on
+/// an answer (the prompt gate's timers bound the waits) but it does cap the answer's size:
+/// reading stops, with [`ProviderError::TooLarge`], once the answer passes
+/// [`OpenAiProvider::with_max_answer_bytes`] (default [`DEFAULT_MAX_ANSWER_BYTES`]).
 ///
 /// ```no_run
 /// use capstan_host::llm::{OpenAiProvider, RetryPolicy};
 ///
 /// // Reads the key from $OPENAI_API_KEY.
-/// let provider = OpenAiProvider::from_env("https://api.openai.com/v1", "OPENAI_API_KEY", "gpt-4o-mini")?;
+/// let provider = OpenAiProvider::from_env("https://api.openai.com/v1", "OPENAI_API_KEY", "gpt-4o-mini")?
+///     .with_max_answer_bytes(1 << 20);
 /// # Ok::<(), capstan_host::llm::ProviderError>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -51,6 +67,7 @@ pub struct OpenAiProvider {
     api_key: String,
     model: String,
     retry: RetryPolicy,
+    max_answer: usize,
 }
 
 impl OpenAiProvider {
@@ -62,9 +79,10 @@ impl OpenAiProvider {
                 "provider base_url `{base_url}` must start with http:// or https://"
             )));
         }
+        // No overall timeout: a long answer from a slow model is fine as long as it keeps
+        // coming, and the prompt gate bounds the first chunk, the gaps and the total.
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(300))
             .build()
             .map_err(|err| ProviderError::Config(format!("cannot build the HTTP client: {err}")))?;
         Ok(OpenAiProvider {
@@ -73,6 +91,7 @@ impl OpenAiProvider {
             api_key: api_key.to_owned(),
             model: model.to_owned(),
             retry: RetryPolicy::default(),
+            max_answer: DEFAULT_MAX_ANSWER_BYTES,
         })
     }
 
@@ -93,10 +112,17 @@ impl OpenAiProvider {
         self
     }
 
+    /// Caps one answer (`limits.max_answer_kib`): its text, tool names, ids and arguments
+    /// together. Reading stops as soon as an answer passes it.
+    pub fn with_max_answer_bytes(mut self, bytes: usize) -> Self {
+        self.max_answer = bytes;
+        self
+    }
+
     /// The request body for `request`.
     pub fn body(&self, request: &CompletionRequest) -> Value {
-        let messages: Vec<Value> = request.messages.iter().map(message_json).collect();
-        let mut body = json!({ "model": self.model, "messages": messages });
+        let messages: Vec<Value> = request.messages.iter().map(wire::message_json).collect();
+        let mut body = json!({ "model": self.model, "messages": messages, "stream": true });
         if !request.tools.is_empty() {
             body["tools"] = request
                 .tools
@@ -121,7 +147,27 @@ impl OpenAiProvider {
         body
     }
 
-    async fn send(&self, body: &Value) -> Result<Completion, ProviderError> {
+    async fn send(&self, body: &Value, sink: &dyn AnswerSink) -> Result<Completion, ProviderError> {
+        let response = self.start(body).await?;
+        let reader = read::Reader {
+            url: &self.url,
+            max_answer: self.max_answer,
+        };
+        let streamed = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        if streamed {
+            reader.stream(response, sink).await
+        } else {
+            reader.json(response, sink).await
+        }
+    }
+
+    /// Sends the request until it is answered with a success status, retrying as the
+    /// policy says; the body is left to read.
+    async fn start(&self, body: &Value) -> Result<reqwest::Response, ProviderError> {
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -150,17 +196,7 @@ impl OpenAiProvider {
             };
             let status = response.status();
             if status.is_success() {
-                let text = response
-                    .text()
-                    .await
-                    .map_err(|err| ProviderError::BadResponse {
-                        url: self.url.clone(),
-                        reason: err.to_string(),
-                    })?;
-                return parse_completion(&text).map_err(|reason| ProviderError::BadResponse {
-                    url: self.url.clone(),
-                    reason,
-                });
+                return Ok(response);
             }
             let retryable = status.as_u16() == 429 || status.is_server_error();
             let retry_after = response
@@ -174,13 +210,11 @@ impl OpenAiProvider {
                 tokio::time::sleep(self.backoff(attempt, retry_after)).await;
                 continue;
             }
-            let body = response.text().await.unwrap_or_default();
-            let body = crate::text::truncate(body.trim(), MAX_QUOTED_BODY).to_owned();
             return Err(ProviderError::Status {
                 url: self.url.clone(),
                 status: status.as_u16(),
                 attempts: attempt,
-                body,
+                body: read::quoted_error(response).await,
             });
         }
     }
@@ -203,8 +237,9 @@ impl Provider for OpenAiProvider {
     fn complete<'a>(
         &'a self,
         request: &'a CompletionRequest,
+        sink: &'a dyn AnswerSink,
     ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
-        Box::pin(async move { self.send(&self.body(request)).await })
+        Box::pin(async move { self.send(&self.body(request), sink).await })
     }
 
     fn name(&self) -> String {
@@ -212,115 +247,9 @@ impl Provider for OpenAiProvider {
     }
 }
 
-fn message_json(message: &Message) -> Value {
-    let role = match message.role {
-        Role::System => "system",
-        Role::User => "user",
-        Role::Assistant => "assistant",
-        Role::Tool => "tool",
-    };
-    let mut value = json!({ "role": role, "content": message.content });
-    if !message.tool_calls.is_empty() {
-        if message.content.is_empty() {
-            value["content"] = Value::Null;
-        }
-        value["tool_calls"] = message
-            .tool_calls
-            .iter()
-            .map(|call| {
-                json!({
-                    "id": call.id,
-                    "type": "function",
-                    "function": { "name": call.name, "arguments": call.arguments },
-                })
-            })
-            .collect();
-    }
-    if let Some(id) = &message.tool_call_id {
-        value["tool_call_id"] = json!(id);
-    }
-    value
-}
-
-/// Reads `choices[0].message` and `usage.total_tokens`. Tool-call arguments are kept as
-/// the model wrote them, valid JSON or not.
-fn parse_completion(text: &str) -> Result<Completion, String> {
-    let value: Value = serde_json::from_str(text).map_err(|err| format!("not JSON: {err}"))?;
-    let message = value
-        .pointer("/choices/0/message")
-        .ok_or("no choices[0].message")?;
-    let content = message
-        .get("content")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
-    let mut tool_calls = Vec::new();
-    for (i, call) in message
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-        .iter()
-        .enumerate()
-    {
-        let name = call
-            .pointer("/function/name")
-            .and_then(Value::as_str)
-            .ok_or(format!("tool_calls[{i}] has no function.name"))?;
-        let arguments = match call.pointer("/function/arguments") {
-            Some(Value::String(text)) => text.clone(),
-            Some(Value::Null) | None => "{}".to_owned(),
-            // Some servers send the object itself rather than its JSON text.
-            Some(other) => other.to_string(),
-        };
-        let id = call
-            .get("id")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .unwrap_or_else(|| format!("call_{i}"));
-        tool_calls.push(ToolCall {
-            id,
-            name: name.to_owned(),
-            arguments,
-        });
-    }
-    let tokens = value
-        .pointer("/usage/total_tokens")
-        .and_then(Value::as_u64)
-        .map(|n| n as u32);
-    Ok(Completion {
-        message: Message {
-            role: Role::Assistant,
-            content,
-            tool_calls,
-            tool_call_id: None,
-        },
-        tokens,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn several_tool_calls_parse_and_malformed_arguments_are_kept_verbatim() {
-        let text = r#"{"choices":[{"message":{"role":"assistant","content":null,"tool_calls":[
-            {"id":"a","type":"function","function":{"name":"file_read","arguments":"{\"path\":\"x\"}"}},
-            {"id":"b","type":"function","function":{"name":"file_list","arguments":"{not json"}}]}}],
-            "usage":{"total_tokens":42}}"#;
-        let completion = parse_completion(text).unwrap();
-        let calls = &completion.message.tool_calls;
-        assert_eq!(calls.len(), 2);
-        assert_eq!(calls[0].arguments, r#"{"path":"x"}"#);
-        assert_eq!(calls[1].arguments, "{not json");
-        assert_eq!(completion.tokens, Some(42));
-        assert!(
-            parse_completion(r#"{"error":"x"}"#)
-                .unwrap_err()
-                .contains("choices")
-        );
-    }
 
     #[test]
     fn backoff_doubles_up_to_the_cap_and_honors_a_short_retry_after() {

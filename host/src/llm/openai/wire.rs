@@ -1,0 +1,119 @@
+//! The non-streamed wire format: messages as Chat Completions JSON, and a whole
+//! `chat.completion` body read back.
+
+use serde_json::{Value, json};
+
+use crate::llm::{Completion, Message, Role, ToolCall};
+
+/// One message as the API's JSON; an assistant message that only calls tools has null
+/// content, as the API expects.
+pub(super) fn message_json(message: &Message) -> Value {
+    let role = match message.role {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    };
+    let mut value = json!({ "role": role, "content": message.content });
+    if !message.tool_calls.is_empty() {
+        if message.content.is_empty() {
+            value["content"] = Value::Null;
+        }
+        value["tool_calls"] = message
+            .tool_calls
+            .iter()
+            .map(|call| {
+                json!({
+                    "id": call.id,
+                    "type": "function",
+                    "function": { "name": call.name, "arguments": call.arguments },
+                })
+            })
+            .collect();
+    }
+    if let Some(id) = &message.tool_call_id {
+        value["tool_call_id"] = json!(id);
+    }
+    value
+}
+
+/// Reads `choices[0].message` and `usage.total_tokens`. Tool-call arguments are kept as
+/// the model wrote them, valid JSON or not.
+pub(super) fn parse_completion(text: &str) -> Result<Completion, String> {
+    let value: Value = serde_json::from_str(text).map_err(|err| format!("not JSON: {err}"))?;
+    let message = value
+        .pointer("/choices/0/message")
+        .ok_or("no choices[0].message")?;
+    let content = message
+        .get("content")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let mut tool_calls = Vec::new();
+    for (i, call) in message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let name = call
+            .pointer("/function/name")
+            .and_then(Value::as_str)
+            .ok_or(format!("tool_calls[{i}] has no function.name"))?;
+        let arguments = match call.pointer("/function/arguments") {
+            Some(Value::String(text)) => text.clone(),
+            Some(Value::Null) | None => "{}".to_owned(),
+            // Some servers send the object itself rather than its JSON text.
+            Some(other) => other.to_string(),
+        };
+        let id = call
+            .get("id")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .unwrap_or_else(|| format!("call_{i}"));
+        tool_calls.push(ToolCall {
+            id,
+            name: name.to_owned(),
+            arguments,
+        });
+    }
+    let tokens = value
+        .pointer("/usage/total_tokens")
+        .and_then(Value::as_u64)
+        .map(|n| n as u32);
+    Ok(Completion {
+        message: Message {
+            role: Role::Assistant,
+            content,
+            tool_calls,
+            tool_call_id: None,
+        },
+        tokens,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn several_tool_calls_parse_and_malformed_arguments_are_kept_verbatim() {
+        let text = r#"{"choices":[{"message":{"role":"assistant","content":null,"tool_calls":[
+            {"id":"a","type":"function","function":{"name":"file_read","arguments":"{\"path\":\"x\"}"}},
+            {"id":"b","type":"function","function":{"name":"file_list","arguments":"{not json"}}]}}],
+            "usage":{"total_tokens":42}}"#;
+        let completion = parse_completion(text).unwrap();
+        let calls = &completion.message.tool_calls;
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].arguments, r#"{"path":"x"}"#);
+        assert_eq!(calls[1].arguments, "{not json");
+        assert_eq!(completion.tokens, Some(42));
+        assert!(
+            parse_completion(r#"{"error":"x"}"#)
+                .unwrap_err()
+                .contains("choices")
+        );
+    }
+}
