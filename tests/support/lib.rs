@@ -337,6 +337,7 @@ impl Provider for Gated {
     fn complete<'a>(
         &'a self,
         request: &'a CompletionRequest,
+        _sink: &'a dyn capstan_host::llm::AnswerSink,
     ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         Box::pin(async move {
             let (answer, answered) = tokio::sync::oneshot::channel();

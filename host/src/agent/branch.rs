@@ -84,6 +84,7 @@ async fn run_branch(
                 system: &system,
                 tools: &tools,
                 max_turns: rt.config.limits.max_turns,
+                deltas: &(),
             };
             let end = turn.run(&mut history, &handler).await;
             if let Err(err) = &end {

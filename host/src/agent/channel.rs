@@ -16,7 +16,7 @@ use super::runtime::{ChannelHandle, Runtime, SpawnOutcome};
 use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd, Unanswered, repair};
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
-use crate::llm::{BoxFuture, Message};
+use crate::llm::{AnswerSink, BoxFuture, Delta, Message};
 use crate::policy::ProcessKind;
 
 /// Retrigger turns (after results) one user message may cause; later results are kept in
@@ -168,6 +168,10 @@ pub(crate) async fn run_channel(
                     handle: handle.clone(),
                     fork: history.clone(),
                 };
+                let text_out = StreamedText {
+                    rt: &rt,
+                    channel: &name,
+                };
                 let turn = Turn {
                     dispatcher: &rt.dispatcher,
                     ticket: lease.ticket(),
@@ -176,6 +180,7 @@ pub(crate) async fn run_channel(
                     system: &system,
                     tools: &tools,
                     max_turns: rt.config.limits.max_turns,
+                    deltas: &text_out,
                 };
                 match turn.run(&mut history, &tools_handler).await {
                     Ok(TurnEnd::Text(text)) if !text.trim().is_empty() => rt.emit(Event::Reply {
@@ -227,6 +232,24 @@ pub(crate) async fn run_channel(
             ChannelInput::Close => continue,
         }
         handle.done_pending();
+    }
+}
+
+/// Passes the text of a channel's answer on as [`Event::Text`] while the model streams
+/// it, so a person sees the reply as it is written.
+struct StreamedText<'a> {
+    rt: &'a Runtime,
+    channel: &'a ProcessId,
+}
+
+impl AnswerSink for StreamedText<'_> {
+    fn delta(&self, delta: Delta) {
+        if let Delta::Text(text) = delta {
+            self.rt.emit(Event::Text {
+                channel: self.channel.clone(),
+                text,
+            });
+        }
     }
 }
 

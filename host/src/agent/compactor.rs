@@ -86,6 +86,7 @@ pub(crate) async fn compact_if_needed(rt: &Arc<Runtime>, history: &mut Vec<Messa
                 system: &system,
                 tools: &tools,
                 max_turns: limits.max_turns,
+                deltas: &(),
             };
             turn.run(&mut work, &handler).await
         }

@@ -14,6 +14,14 @@ pub enum Event {
         /// The reply.
         text: String,
     },
+    /// A piece of a channel's answer, as the model streams it. The whole answer follows
+    /// as a [`Event::Reply`] once it is complete; a model that does not stream sends none.
+    Text {
+        /// The conversation.
+        channel: ProcessId,
+        /// The text that just arrived.
+        text: String,
+    },
     /// A process reports progress: started, a tool call, done, failed.
     Status {
         /// e.g. `worker:1`.
@@ -43,7 +51,7 @@ pub enum Event {
 impl fmt::Display for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Event::Reply { text, .. } => write!(f, "{text}"),
+            Event::Reply { text, .. } | Event::Text { text, .. } => write!(f, "{text}"),
             Event::Status { source, text } => write!(f, "[{source}] {text}"),
             Event::ModelFailed { process, error } => {
                 write!(f, "[{process}] the model failed: {error}")

@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::dispatch::{DispatchError, DispatchOutcome, Dispatcher, Route, Ticket, TooSlow};
-use crate::llm::{BoxFuture, CompletionRequest, Message, Role, ToolChoice, ToolDef};
+use crate::llm::{AnswerSink, BoxFuture, CompletionRequest, Message, Role, ToolChoice, ToolDef};
 
 /// What a tool call did, for the loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,6 +103,8 @@ pub(crate) struct Turn<'a> {
     pub(crate) system: &'a str,
     pub(crate) tools: &'a [ToolDef],
     pub(crate) max_turns: u32,
+    /// Where the pieces of each answer go as the model streams them (`&()`: nowhere).
+    pub(crate) deltas: &'a dyn AnswerSink,
 }
 
 impl Turn<'_> {
@@ -149,7 +151,10 @@ impl Turn<'_> {
                 tools: self.tools.to_vec(),
                 tool_choice: ToolChoice::Auto,
             };
-            let completion = match self.dispatcher.send(self.ticket, route, &request).await {
+            let sent = self
+                .dispatcher
+                .send_streaming(self.ticket, route, &request, self.deltas);
+            let completion = match sent.await {
                 DispatchOutcome::Dispatched(completion) => completion,
                 DispatchOutcome::Active => {
                     return Err(unanswered(Unanswered::Suppressed(
@@ -498,6 +503,7 @@ mod properties {
                     system: "test",
                     tools: &tools,
                     max_turns,
+                    deltas: &(),
                 };
                 let end = turn.run(&mut history, &handler).await;
                 prop_assert!(well_formed(&history).is_ok(), "{:?}", well_formed(&history));

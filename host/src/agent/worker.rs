@@ -226,6 +226,7 @@ async fn work(
             system: &system,
             tools: &tools,
             max_turns: rt.config.limits.max_turns,
+            deltas: &(),
         };
         let end = turn.run(&mut history, &handler).await;
         if !matches!(&end, Err(err) if err.answered == 0) {

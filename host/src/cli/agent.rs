@@ -139,10 +139,35 @@ fn provider(config: &Config) -> anyhow::Result<Box<dyn Provider>> {
 /// Returns the tally once the stream ends.
 async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> Tally {
     let mut tally = Tally::default();
+    // The text of the answer streamed so far, already on the screen.
+    let mut streamed = String::new();
     while let Some(event) = events.recv().await {
+        if !streamed.is_empty() && !matches!(event, Event::Text { .. } | Event::Reply { .. }) {
+            // Whatever comes next starts on a line of its own.
+            println!();
+            streamed.clear();
+        }
         match &event {
+            Event::Text { text, .. } => {
+                let mut out = std::io::stdout().lock();
+                if streamed.is_empty() {
+                    let _ = write!(out, "agent> ");
+                }
+                let _ = write!(out, "{}", text.replace('\n', "\n       "));
+                let _ = out.flush();
+                streamed.push_str(text);
+            }
+            Event::Reply { text, .. } if !streamed.is_empty() && *text == streamed => {
+                // Already shown as it streamed: end its line.
+                println!();
+                streamed.clear();
+            }
             Event::Reply { text, .. } => {
                 let mut out = std::io::stdout().lock();
+                if !streamed.is_empty() {
+                    let _ = writeln!(out);
+                    streamed.clear();
+                }
                 let _ = writeln!(out, "agent> {}", text.replace('\n', "\n       "));
             }
             Event::Status { source, text } => {

@@ -100,6 +100,25 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE workers ADD COLUMN run INTEGER REFERENCES runs(id);
     CREATE INDEX workers_state ON workers(state);
     "#,
+    // 4: typed ids. Conversations are stored under their session key (`channel:main`,
+    // `cortex:main`), and the counters start past every number an earlier capstan
+    // handed out (from one counter shared by all kinds), so no id is used twice.
+    r#"
+    UPDATE history SET channel = 'channel:' || channel WHERE instr(channel, ':') = 0;
+    UPDATE workers SET channel = 'channel:' || channel WHERE instr(channel, ':') = 0;
+    INSERT INTO counters (kind, last)
+    SELECT kinds.kind, used.n
+    FROM (SELECT 'worker' AS kind UNION ALL SELECT 'branch' UNION ALL SELECT 'compactor') AS kinds,
+         (SELECT COALESCE(MAX(CAST(substr(id, instr(id, ':') + 1) AS INTEGER)), 0) AS n
+          FROM (SELECT id FROM workers
+                UNION ALL SELECT creator FROM tasks
+                UNION ALL SELECT assigned_worker FROM tasks WHERE assigned_worker IS NOT NULL
+                UNION ALL SELECT process FROM audit)
+          WHERE id GLOB 'worker:[0-9]*' OR id GLOB 'branch:[0-9]*'
+             OR id GLOB 'compactor:[0-9]*') AS used
+    WHERE used.n > 0
+    ON CONFLICT(kind) DO UPDATE SET last = max(counters.last, excluded.last);
+    "#,
 ];
 
 /// The schema version this binary writes.
@@ -136,6 +155,45 @@ pub(crate) fn apply(conn: &mut Connection, path: &Path) -> Result<(), StoreError
         })?;
         if !applied {
             return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{DATABASE_FILE, Store};
+
+    /// A database written by a capstan with only the first schema: bare channel names,
+    /// ids from one counter shared by all kinds.
+    fn version_one(dir: &Path) {
+        let conn = Connection::open(dir.join(DATABASE_FILE)).unwrap();
+        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.execute_batch(
+            "INSERT INTO history VALUES ('main', 0, '{\"role\":\"user\",\"content\":\"hi\"}');
+             INSERT INTO workers VALUES ('worker:7', 'main', 'old job', 'done', NULL, 0, 0);
+             INSERT INTO audit (at, process, tool, grants, arguments, outcome, detail, duration_us)
+                 VALUES (0, 'branch:9', 'file_read', '', '{}', 'ok', '', 1);",
+        )
+        .unwrap();
+        conn.pragma_update(None, "user_version", 1).unwrap();
+    }
+
+    #[test]
+    fn old_conversations_move_to_their_session_keys_and_numbers_never_repeat() {
+        let dir = tempfile::tempdir().unwrap();
+        version_one(dir.path());
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+        assert_eq!(store.load_history("channel:main").unwrap().len(), 1);
+        assert!(store.load_history("main").unwrap().is_empty());
+        assert_eq!(
+            store.get_worker("worker:7").unwrap().unwrap().channel,
+            "channel:main"
+        );
+        // The old counter reached 9 (branch:9): every kind goes on past it.
+        for kind in ["worker", "branch", "compactor"] {
+            assert_eq!(store.next_process_number(kind).unwrap(), 10, "{kind}");
         }
     }
 }
