@@ -294,7 +294,7 @@ fn current_uid() -> u32 {
 fn a_new_cache_dir_is_created_owner_only_with_an_owner_only_key() {
     let parent = tempfile::tempdir().unwrap();
     let cache = parent.path().join("new/cache");
-    assert_eq!(compiled_artifact_at(&cache), 1);
+    assert_eq!(compiled_artifact_at(parent.path(), &cache), 1);
     let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&cache), 0o700);
     for entry in std::fs::read_dir(&cache).unwrap() {
@@ -303,10 +303,10 @@ fn a_new_cache_dir_is_created_owner_only_with_an_owner_only_key() {
     }
 }
 
-fn compiled_artifact_at(cache: &Path) -> usize {
+fn compiled_artifact_at(cwd: &Path, cache: &Path) -> usize {
     let file = component("plugins", "files");
     let out = capstan(
-        cache.parent().unwrap(),
+        cwd,
         &[
             "plugins",
             "inspect",

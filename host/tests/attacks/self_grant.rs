@@ -202,7 +202,7 @@ fn an_agent_whose_worker_could_rewrite_the_config_does_not_start() {
         data.path(),
         script
     );
-    std::fs::write(ws.path().join("capstan.toml"), config).unwrap();
+    std::fs::write(ws.path().join("capstan.toml"), &config).unwrap();
     let out = capstan(ws.path(), &["run", "go"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
