@@ -19,8 +19,7 @@ use clap::{Args, Parser, Subcommand};
 use capstan_caps::Capability;
 
 use crate::config::{
-    Config, LocationKind, Locations, MAX_TOOL_DEADLINE_SECS, MAX_TOOL_MEMORY_MIB,
-    ProviderSettings,
+    Config, LocationKind, Locations, MAX_TOOL_DEADLINE_SECS, MAX_TOOL_MEMORY_MIB, ProviderSettings,
 };
 use crate::plugin::{ArtifactCache, Limits, PluginHost, Registry};
 use crate::policy::{Grants, ProcessKind};
@@ -195,8 +194,7 @@ impl HostArgs {
         workspace: &std::path::Path,
         grants: &Grants,
     ) -> anyhow::Result<()> {
-        let mut locations =
-            self.locations(config, workspace, grants.allows(&Capability::FsWrite));
+        let mut locations = self.locations(config, workspace, grants.allows(&Capability::FsWrite));
         locations.alternative = Some("call without granting fs.write".to_owned());
         Ok(locations.check()?)
     }

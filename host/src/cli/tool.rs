@@ -108,7 +108,10 @@ const MAX_ARGS_BYTES: u64 = 16 << 20;
 /// The arguments as given, or read from standard input (`-`) or a file (`@FILE`).
 fn read_args(given: &str) -> anyhow::Result<String> {
     let (origin, reader): (String, Box<dyn Read>) = if given == "-" {
-        ("standard input".to_owned(), Box::new(std::io::stdin().lock()))
+        (
+            "standard input".to_owned(),
+            Box::new(std::io::stdin().lock()),
+        )
     } else if let Some(path) = given.strip_prefix('@') {
         let file = std::fs::File::open(Path::new(path))
             .with_context(|| format!("reading the arguments from {path}"))?;

@@ -92,7 +92,9 @@ pub struct InsideWorkspace {
 }
 
 fn alternative(why: &Option<String>) -> String {
-    why.as_ref().map(|why| format!(", or {why}")).unwrap_or_default()
+    why.as_ref()
+        .map(|why| format!(", or {why}"))
+        .unwrap_or_default()
 }
 
 fn via(resolved: &Path, path: &Path) -> String {
@@ -243,7 +245,10 @@ mod tests {
         std::os::unix::fs::symlink(&ws, root.join("ws-link")).unwrap();
         let inside = |path: PathBuf| reachable_from(&path, &resolve(&ws));
         assert!(inside(root.join("in-link/cache")));
-        assert!(inside(ws.join("out-link/capstan.toml")), "the link can be replaced");
+        assert!(
+            inside(ws.join("out-link/capstan.toml")),
+            "the link can be replaced"
+        );
         assert!(inside(ws.join("not/yet/created")));
         assert!(inside(ws.clone()));
         assert!(reachable_from(
@@ -252,6 +257,9 @@ mod tests {
         ));
         assert!(!inside(root.join("outside/capstan.toml")));
         assert!(!inside(root.join("ws/../outside/x")));
-        assert!(!inside(root.join("wsx/capstan.toml")), "a sibling with a longer name");
+        assert!(
+            !inside(root.join("wsx/capstan.toml")),
+            "a sibling with a longer name"
+        );
     }
 }

@@ -191,8 +191,8 @@ impl Config {
         };
         let mut merged: toml::Table =
             toml::from_str(DEFAULT_CONFIG).expect("the embedded default configuration parses");
-        let theirs: toml::Table = toml::from_str(text)
-            .map_err(|err| error(None, toml_error_message(text, &err)))?;
+        let theirs: toml::Table =
+            toml::from_str(text).map_err(|err| error(None, toml_error_message(text, &err)))?;
         merge(&mut merged, theirs);
         let raw: RawConfig =
             serde_path_to_error::deserialize(toml::Value::Table(merged)).map_err(|err| {

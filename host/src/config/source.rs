@@ -82,7 +82,10 @@ fn line_and_column(bytes: &[u8], offset: usize) -> (usize, usize) {
         .rposition(|&b| b == b'\n')
         .map_or(0, |i| i + 1);
     let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
-    let column = String::from_utf8_lossy(&before[line_start..]).chars().count() + 1;
+    let column = String::from_utf8_lossy(&before[line_start..])
+        .chars()
+        .count()
+        + 1;
     (line, column)
 }
 
@@ -94,6 +97,6 @@ mod tests {
     fn positions_count_lines_and_characters_from_one() {
         assert_eq!(line_and_column(b"abc", 0), (1, 1));
         assert_eq!(line_and_column(b"abc\nde", 5), (2, 2));
-        assert_eq!(line_and_column("é\nxé!".as_bytes(), 7), (2, 3));
+        assert_eq!(line_and_column("é\nxé!".as_bytes(), 6), (2, 3));
     }
 }

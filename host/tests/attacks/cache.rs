@@ -90,7 +90,11 @@ fn assert_discarded_once_then_clean(cache: &Path, plugin: &str, artifact: &Path)
     assert_eq!(outcome(&out), "discarded", "{}", stderr(&out));
     let err = stderr(&out);
     let name = artifact.display().to_string();
-    assert_eq!(err.matches(&name).count(), 1, "one warning naming it: {err}");
+    assert_eq!(
+        err.matches(&name).count(),
+        1,
+        "one warning naming it: {err}"
+    );
     assert!(err.contains("not loaded"), "{err}");
     assert!(!err.contains('\x1b'), "no ANSI codes into a pipe: {err:?}");
     assert!(
@@ -262,7 +266,10 @@ fn a_group_or_world_writable_cache_dir_is_refused() {
         let path = cache.path().to_owned();
         assert_refused_then_fixed(
             cache.path(),
-            &[&format!("mode {mode:03o}"), &format!("chmod 700 {}", path.display())],
+            &[
+                &format!("mode {mode:03o}"),
+                &format!("chmod 700 {}", path.display()),
+            ],
             || std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).unwrap(),
         );
     }

@@ -20,7 +20,14 @@ fn assert_refused(out: &std::process::Output, expected: &[&str]) {
 }
 
 fn read_call(dir: &Path, extra: &[&str]) -> std::process::Output {
-    let mut args = vec!["tool", "call", "file_read", r#"{"path":"a.txt"}"#, "--grant", "fs.read"];
+    let mut args = vec![
+        "tool",
+        "call",
+        "file_read",
+        r#"{"path":"a.txt"}"#,
+        "--grant",
+        "fs.read",
+    ];
     args.extend_from_slice(extra);
     capstan(dir, &args)
 }
@@ -34,7 +41,14 @@ fn numeric_flags_out_of_range_are_refused_naming_the_limit() {
         let out = read_call(ws.path(), &[&flag]);
         assert_refused(&out, &["--deadline", "at most 3600 seconds"]);
     }
-    for value in ["0", "4097", "18446744073709551615", "99999999999999999999999", "-5", "1.5"] {
+    for value in [
+        "0",
+        "4097",
+        "18446744073709551615",
+        "99999999999999999999999",
+        "-5",
+        "1.5",
+    ] {
         let flag = format!("--memory={value}");
         let out = read_call(ws.path(), &[&flag]);
         assert_refused(&out, &["--memory"]);
@@ -54,7 +68,10 @@ fn numeric_config_keys_out_of_range_are_refused_naming_the_key() {
         ("tool_deadline_secs = -1", "at most 3600 seconds"),
         ("tool_memory_mib = 99999999999", "tool_memory_mib"),
         ("tool_memory_mib = -1", "tool_memory_mib"),
-        ("max_workers_per_channel = 4294967296", "max_workers_per_channel"),
+        (
+            "max_workers_per_channel = 4294967296",
+            "max_workers_per_channel",
+        ),
         ("max_workers_per_channel = 100000", "must be at most 1024"),
         ("max_branches_per_channel = 100000", "must be at most 1024"),
         ("max_turns = 4294967295", "must be at most 10000"),
@@ -63,14 +80,21 @@ fn numeric_config_keys_out_of_range_are_refused_naming_the_key() {
         ("compaction_threshold = nan", "compaction_threshold"),
         ("compaction_threshold = -inf", "compaction_threshold"),
         // Beyond TOML's 64-bit integers: a syntax error, at its line.
-        ("worker_timeout_secs = 18446744073709551615", "at line 2, column"),
+        (
+            "worker_timeout_secs = 18446744073709551615",
+            "at line 2, column",
+        ),
         ("worker_timeout_secs = -1", "worker_timeout_secs"),
         ("settle_ms = 1e30", "settle_ms"),
         ("dispatch_timeout_secs = 1e300", "dispatch_timeout_secs"),
         ("dispatch_hold_ms = 99999999999999", "dispatch_hold_ms"),
     ];
     for (line, expected) in cases {
-        std::fs::write(dir.path().join("capstan.toml"), format!("[limits]\n{line}\n")).unwrap();
+        std::fs::write(
+            dir.path().join("capstan.toml"),
+            format!("[limits]\n{line}\n"),
+        )
+        .unwrap();
         let out = capstan(dir.path(), &["plugins", "list"]);
         assert_refused(&out, &["capstan.toml", expected]);
     }
@@ -81,12 +105,15 @@ fn tool_arguments_come_from_stdin_or_a_file() {
     let ws = tempfile::tempdir().unwrap();
     std::fs::write(ws.path().join("a.txt"), "alpha\n").unwrap();
 
-    let mut child = capstan_command(ws.path(), &["tool", "call", "file_read", "-", "--grant", "fs.read"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = capstan_command(
+        ws.path(),
+        &["tool", "call", "file_read", "-", "--grant", "fs.read"],
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
     child
         .stdin
         .take()
@@ -108,9 +135,15 @@ fn tool_arguments_come_from_stdin_or_a_file() {
         &["tool", "call", "file_write", &at, "--grant", "fs.write"],
     );
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(std::fs::read_to_string(ws.path().join("big.txt")).unwrap(), content);
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("big.txt")).unwrap(),
+        content
+    );
 
-    let out = capstan(ws.path(), &["tool", "call", "file_read", "@/nonexistent/args.json"]);
+    let out = capstan(
+        ws.path(),
+        &["tool", "call", "file_read", "@/nonexistent/args.json"],
+    );
     assert_refused(&out, &["/nonexistent/args.json"]);
 
     let huge = tempfile::NamedTempFile::new().unwrap();
@@ -120,7 +153,10 @@ fn tool_arguments_come_from_stdin_or_a_file() {
     assert_refused(&out, &["16 MiB", &huge.path().display().to_string()]);
 
     let help = stdout(&capstan(ws.path(), &["tool", "call", "--help"]));
-    assert!(help.contains("@FILE") && help.contains("standard input"), "{help}");
+    assert!(
+        help.contains("@FILE") && help.contains("standard input"),
+        "{help}"
+    );
 }
 
 #[test]
@@ -133,7 +169,10 @@ fn a_config_that_is_not_toml_or_not_utf8_is_reported_at_its_line_and_column() {
 
     std::fs::write(&config, b"[agent]\nname = \"caf\xe9\"\n").unwrap();
     let out = capstan(dir.path(), &["plugins", "list"]);
-    assert_refused(&out, &["capstan.toml", "not valid UTF-8 at line 2, column 12"]);
+    assert_refused(
+        &out,
+        &["capstan.toml", "not valid UTF-8 at line 2, column 12"],
+    );
 }
 
 #[test]
@@ -149,9 +188,16 @@ fn a_script_that_is_not_toml_or_not_utf8_is_reported_at_its_line_and_column() {
     let out = capstan(dir.path(), &["run", "hi"]);
     assert_refused(&out, &["script.toml", "not valid TOML at line 3, column"]);
 
-    std::fs::write(&script, b"[[step]]\nprocess = \"channel\"\nreply = \"\xff\"\n").unwrap();
+    std::fs::write(
+        &script,
+        b"[[step]]\nprocess = \"channel\"\nreply = \"\xff\"\n",
+    )
+    .unwrap();
     let out = capstan(dir.path(), &["run", "hi"]);
-    assert_refused(&out, &["script.toml", "not valid UTF-8 at line 3, column 10"]);
+    assert_refused(
+        &out,
+        &["script.toml", "not valid UTF-8 at line 3, column 10"],
+    );
 }
 
 #[test]
@@ -165,7 +211,12 @@ fn a_bad_tool_glob_shows_the_valid_syntax() {
     let out = capstan(dir.path(), &["policy"]);
     assert_refused(
         &out,
-        &["profiles.branch.tools", "`file_[`", "`*` matches any characters", "\"file_*\""],
+        &[
+            "profiles.branch.tools",
+            "`file_[`",
+            "`*` matches any characters",
+            "\"file_*\"",
+        ],
     );
 }
 
@@ -176,17 +227,31 @@ fn a_denial_is_printed_once_and_without_ansi_codes() {
     for log in ["warn", "info"] {
         let out = capstan_command(
             ws.path(),
-            &["tool", "call", "file_write", r#"{"path":"a.txt","content":"x"}"#, "--grant", "fs.read"],
+            &[
+                "tool",
+                "call",
+                "file_write",
+                r#"{"path":"a.txt","content":"x"}"#,
+                "--grant",
+                "fs.read",
+            ],
         )
         .env("CAPSTAN_LOG", log)
         .output()
         .unwrap();
         assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
         let err = stderr(&out);
-        assert_eq!(err.matches("needs capability `fs.write`").count(), 1, "{err}");
+        assert_eq!(
+            err.matches("needs capability `fs.write`").count(),
+            1,
+            "{err}"
+        );
         assert!(!err.contains('\x1b'), "no ANSI codes into a pipe: {err:?}");
     }
-    assert_eq!(std::fs::read_to_string(ws.path().join("a.txt")).unwrap(), "alpha\n");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("a.txt")).unwrap(),
+        "alpha\n"
+    );
 }
 
 #[test]
@@ -194,10 +259,17 @@ fn the_documented_exit_codes_are_the_ones_returned() {
     let ws = tempfile::tempdir().unwrap();
     std::fs::write(ws.path().join("a.txt"), "alpha\n").unwrap();
     let probe_dir = tempfile::tempdir().unwrap();
-    std::fs::copy(component("fixtures", "probe"), probe_dir.path().join("probe.wasm")).unwrap();
+    std::fs::copy(
+        component("fixtures", "probe"),
+        probe_dir.path().join("probe.wasm"),
+    )
+    .unwrap();
     let probe = probe_dir.path().to_str().unwrap();
     let cases: [(&[&str], i32); 9] = [
-        (&["file_read", r#"{"path":"a.txt"}"#, "--grant", "fs.read"], 0),
+        (
+            &["file_read", r#"{"path":"a.txt"}"#, "--grant", "fs.read"],
+            0,
+        ),
         (&["file_read", r#"{"path": 1}"#, "--grant", "fs.read"], 3),
         (&["file_read", "[1]", "--grant", "fs.read"], 3),
         (&["file_write", r#"{"path":"a.txt","content":"x"}"#], 4),
@@ -212,13 +284,25 @@ fn the_documented_exit_codes_are_the_ones_returned() {
         full.extend_from_slice(args);
         let out = capstan(ws.path(), &full);
         assert_eq!(out.status.code(), Some(code), "{args:?}: {}", stderr(&out));
-        assert!(!stderr(&out).contains("thread '"), "no host panic: {}", stderr(&out));
+        assert!(
+            !stderr(&out).contains("thread '"),
+            "no host panic: {}",
+            stderr(&out)
+        );
     }
     let help = capstan(ws.path(), &["--help"]);
     assert_eq!(help.status.code(), Some(0));
     let bad_config = tempfile::tempdir().unwrap();
     std::fs::write(bad_config.path().join("capstan.toml"), "[agent\n").unwrap();
-    assert_eq!(capstan(bad_config.path(), &["tool", "call", "file_read", "{}"]).status.code(), Some(1));
-    let out = capstan(ws.path(), &["plugins", "list", "--plugins-dir", "/nonexistent/plugins"]);
+    assert_eq!(
+        capstan(bad_config.path(), &["tool", "call", "file_read", "{}"])
+            .status
+            .code(),
+        Some(1)
+    );
+    let out = capstan(
+        ws.path(),
+        &["plugins", "list", "--plugins-dir", "/nonexistent/plugins"],
+    );
     assert_refused(&out, &["/nonexistent/plugins"]);
 }

@@ -36,8 +36,14 @@ fn a_tool_call_cannot_rewrite_the_config_of_the_workspace_it_runs_in() {
     let out = write_config_call(ws.path(), &[]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
-    assert!(err.contains("capstan.toml") && err.contains(&real(ws.path())), "{err}");
-    assert!(err.contains("--config") && err.contains("fs.write"), "{err}");
+    assert!(
+        err.contains("capstan.toml") && err.contains(&real(ws.path())),
+        "{err}"
+    );
+    assert!(
+        err.contains("--config") && err.contains("fs.write"),
+        "{err}"
+    );
     assert_eq!(std::fs::read_to_string(&config).unwrap(), CONFIG);
 
     // The same through `--as worker`, whose fs.write comes from that very config's
@@ -96,8 +102,18 @@ fn a_config_reached_through_a_symlinked_workspace_is_still_inside() {
     std::os::unix::fs::symlink(&config, &config_link).unwrap();
 
     for extra in [
-        ["--workspace", ws_link.to_str().unwrap(), "--config", config.to_str().unwrap()],
-        ["--workspace", ws.to_str().unwrap(), "--config", config_link.to_str().unwrap()],
+        [
+            "--workspace",
+            ws_link.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        [
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--config",
+            config_link.to_str().unwrap(),
+        ],
     ] {
         let out = write_config_call(root.path(), &extra);
         assert_eq!(out.status.code(), Some(1), "{extra:?}: {}", stderr(&out));
@@ -128,14 +144,26 @@ fn a_cache_dir_inside_the_workspace_through_a_symlink_is_refused() {
     assert!(err.contains("component cache dir"), "{err}");
     assert!(err.contains(link.to_str().unwrap()), "{err}");
     assert!(err.contains(&real(&ws.join("cache"))), "{err}");
-    assert!(err.contains("--cache-dir") && err.contains("--no-cache"), "{err}");
+    assert!(
+        err.contains("--cache-dir") && err.contains("--no-cache"),
+        "{err}"
+    );
     assert!(!ws.join("capstan.toml").exists(), "no call ran");
     assert_eq!(std::fs::read_dir(ws.join("cache")).unwrap().count(), 0);
 
     // The same cache dir through the environment, and for the agent's configured workspace.
     let out = capstan_command(
         root.path(),
-        &["tool", "call", "file_write", r#"{"path":"x","content":"x"}"#, "--grant", "fs.write", "--workspace", ws.to_str().unwrap()],
+        &[
+            "tool",
+            "call",
+            "file_write",
+            r#"{"path":"x","content":"x"}"#,
+            "--grant",
+            "fs.write",
+            "--workspace",
+            ws.to_str().unwrap(),
+        ],
     )
     .env("CAPSTAN_CACHE_DIR", &link)
     .output()
@@ -153,13 +181,23 @@ fn a_plugins_dir_inside_the_workspace_is_refused() {
     let out = write_config_call(ws.path(), &["--plugins-dir", plugins.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
-    assert!(err.contains("plugins dir") && err.contains("--plugins-dir"), "{err}");
+    assert!(
+        err.contains("plugins dir") && err.contains("--plugins-dir"),
+        "{err}"
+    );
     assert!(!ws.path().join("capstan.toml").exists());
 
     // Through CAPSTAN_PLUGINS_DIR too.
     let out = capstan_command(
         ws.path(),
-        &["tool", "call", "file_write", r#"{"path":"x","content":"x"}"#, "--grant", "fs.write"],
+        &[
+            "tool",
+            "call",
+            "file_write",
+            r#"{"path":"x","content":"x"}"#,
+            "--grant",
+            "fs.write",
+        ],
     )
     .env("CAPSTAN_PLUGINS_DIR", &plugins)
     .output()
@@ -206,11 +244,21 @@ fn an_agent_whose_worker_could_rewrite_the_config_does_not_start() {
     let out = capstan(ws.path(), &["run", "go"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
-    assert!(err.contains("the config file") && err.contains(&real(ws.path())), "{err}");
+    assert!(
+        err.contains("the config file") && err.contains(&real(ws.path())),
+        "{err}"
+    );
     assert!(err.contains("remove fs.write"), "{err}");
-    assert_eq!(std::fs::read_to_string(ws.path().join("capstan.toml")).unwrap(), config);
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("capstan.toml")).unwrap(),
+        config
+    );
     assert!(!stdout(&out).contains("agent>"), "no turn ran");
-    assert_eq!(std::fs::read_dir(data.path()).unwrap().count(), 0, "no database opened");
+    assert_eq!(
+        std::fs::read_dir(data.path()).unwrap().count(),
+        0,
+        "no database opened"
+    );
 }
 
 #[test]
@@ -233,8 +281,14 @@ fn an_agent_with_its_data_dir_or_script_in_the_workspace_does_not_start() {
         let out = capstan(dir.path(), &["run", "go"]);
         assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
         let err = stderr(&out);
-        assert!(err.contains(named) && err.contains(&real(&dir.path().join("ws"))), "{err}");
-        assert!(!dir.path().join("ws/.capstan").exists(), "no database created");
+        assert!(
+            err.contains(named) && err.contains(&real(&dir.path().join("ws"))),
+            "{err}"
+        );
+        assert!(
+            !dir.path().join("ws/.capstan").exists(),
+            "no database created"
+        );
     }
     // With no profile granting fs.write, the same layout is allowed: no plugin can write.
     let read_only = "[agent]\nworkspace = \"ws\"\ndata_dir = \"ws/.capstan\"\n\
@@ -243,13 +297,21 @@ fn an_agent_with_its_data_dir_or_script_in_the_workspace_does_not_start() {
     std::fs::write(dir.path().join("capstan.toml"), read_only).unwrap();
     let out = capstan(dir.path(), &["policy"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(!stdout(&out).contains("refused at start"), "{}", stdout(&out));
+    assert!(
+        !stdout(&out).contains("refused at start"),
+        "{}",
+        stdout(&out)
+    );
 }
 
 #[test]
 fn policy_shows_where_everything_is_and_whether_plugins_may_write_the_workspace() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("capstan.toml"), "[agent]\nworkspace = \"ws\"\n").unwrap();
+    std::fs::write(
+        dir.path().join("capstan.toml"),
+        "[agent]\nworkspace = \"ws\"\n",
+    )
+    .unwrap();
     let out = capstan(dir.path(), &["policy"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
@@ -260,16 +322,29 @@ fn policy_shows_where_everything_is_and_whether_plugins_may_write_the_workspace(
             .unwrap_or_else(|| panic!("{name}: {text}"))
             .to_owned()
     };
-    assert!(line("config").contains(&format!("{root}/capstan.toml")), "{text}");
-    assert!(line("data dir").contains(&format!("{root}/.capstan")), "{text}");
+    assert!(
+        line("config").contains(&format!("{root}/capstan.toml")),
+        "{text}"
+    );
+    assert!(
+        line("data dir").contains(&format!("{root}/.capstan")),
+        "{text}"
+    );
     assert!(line("cache dir").contains("test-component-cache"), "{text}");
-    assert!(line("plugins dir").contains(&real(&plugins_dir())), "{text}");
+    assert!(
+        line("plugins dir").contains(&real(&plugins_dir())),
+        "{text}"
+    );
     let workspace = line("workspace");
     assert!(workspace.contains(&format!("{root}/ws")), "{text}");
     assert!(workspace.contains("writable by plugins"), "{text}");
 
     // A workspace that holds the config is reported as refused.
-    std::fs::write(dir.path().join("capstan.toml"), "[agent]\nworkspace = \".\"\n").unwrap();
+    std::fs::write(
+        dir.path().join("capstan.toml"),
+        "[agent]\nworkspace = \".\"\n",
+    )
+    .unwrap();
     let text = stdout(&capstan(dir.path(), &["policy"]));
     assert!(text.contains("refused at start: the config file"), "{text}");
 }

@@ -273,7 +273,10 @@ mod tests {
         let key = SealKey([1; KEY_BYTES]);
         let sealed = key.seal(&id(1), b"artifact".to_vec());
         assert_eq!(key.open(&id(1), &sealed), Ok(&b"artifact"[..]));
-        assert!(key.open(&id(2), &sealed).is_err(), "another component's name");
+        assert!(
+            key.open(&id(2), &sealed).is_err(),
+            "another component's name"
+        );
         assert!(SealKey([2; KEY_BYTES]).open(&id(1), &sealed).is_err());
         let mut flipped = sealed.clone();
         flipped[3] ^= 1;
