@@ -172,8 +172,8 @@ async fn the_artifact_cache_skips_compilation_and_survives_corruption() {
     let plugin = again.load(&file).await.unwrap();
     assert_eq!(
         plugin.cache_outcome(),
-        CacheOutcome::Compiled,
-        "a corrupt artifact is rebuilt"
+        CacheOutcome::Discarded,
+        "a corrupt artifact is discarded unread and rebuilt"
     );
     assert_eq!(plugin.tools().len(), 4);
 }

@@ -1,5 +1,6 @@
 //! The `capstan` binary.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use capstan_host::cli::Cli;
@@ -13,8 +14,23 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, never into a file or a pipe.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
-    match Cli::parse().run().await {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            // Help and version are answers; a bad flag is an error of the invocation, which
+            // the README documents as exit code 1 (clap's own default is 2).
+            return if err.use_stderr() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    match cli.run().await {
         Ok(code) => code,
         // A closed pipe (`capstan plugins list | head`) is the reader's choice, not an error.
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,

@@ -314,7 +314,11 @@ fn tool_call_as_a_profile_uses_its_grants_and_its_tool_list() {
         ws.path(),
         &["tool", "call", "file_read", "{}", "--as", "janitor"],
     );
-    assert_eq!(out.status.code(), Some(2), "clap rejects an unknown kind");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a bad flag is a host error (exit 1, as documented)"
+    );
     assert!(
         stderr(&out).contains("unknown process kind `janitor`"),
         "{}",

@@ -62,6 +62,7 @@ impl AgentArgs {
         &self,
         config: Config,
     ) -> anyhow::Result<(Arc<Runtime>, mpsc::UnboundedReceiver<Event>)> {
+        self.host.check_agent_locations(&config)?;
         std::fs::create_dir_all(&config.agent.workspace).with_context(|| {
             format!(
                 "creating the workspace {}",

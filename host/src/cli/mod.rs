@@ -16,8 +16,13 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::Config;
+use capstan_caps::Capability;
+
+use crate::config::{
+    Config, LocationKind, Locations, MAX_TOOL_DEADLINE_SECS, MAX_TOOL_MEMORY_MIB, ProviderSettings,
+};
 use crate::plugin::{ArtifactCache, Limits, PluginHost, Registry};
+use crate::policy::{Grants, ProcessKind};
 
 /// Capstan: a host runtime for LLM agents whose tools run as sandboxed WebAssembly components.
 #[derive(Debug, Parser)]
@@ -68,12 +73,13 @@ pub(crate) struct HostArgs {
     /// Compile every time; use no artifact cache.
     #[arg(long)]
     no_cache: bool,
-    /// Seconds one call may run [default: limits.tool_deadline_secs, 10].
+    /// Seconds one call may run, at most 3600 [default: limits.tool_deadline_secs, 10].
     #[arg(long, value_name = "SECS")]
     deadline: Option<f64>,
-    /// MiB of linear memory one call may use [default: limits.tool_memory_mib, 64].
+    /// MiB of linear memory one call may use, 1 to 4096 [default: limits.tool_memory_mib,
+    /// 64].
     #[arg(long, value_name = "MIB")]
-    memory: Option<usize>,
+    memory: Option<u64>,
 }
 
 impl HostArgs {
@@ -89,33 +95,112 @@ impl HostArgs {
         let mut limits = config.limits.tool.clone();
         if let Some(secs) = self.deadline {
             anyhow::ensure!(
-                secs.is_finite() && secs > 0.0,
-                "--deadline must be a positive number of seconds, got {secs}"
+                secs.is_finite() && secs > 0.0 && secs <= MAX_TOOL_DEADLINE_SECS,
+                "--deadline must be more than 0 and at most {MAX_TOOL_DEADLINE_SECS} seconds, \
+                 got {secs}"
             );
             limits.deadline = Duration::from_secs_f64(secs);
         }
         if let Some(mib) = self.memory {
             anyhow::ensure!(
-                (1..=4096).contains(&mib),
-                "--memory must be between 1 and 4096 MiB, got {mib}"
+                (1..=u64::from(MAX_TOOL_MEMORY_MIB)).contains(&mib),
+                "--memory must be between 1 and {MAX_TOOL_MEMORY_MIB} MiB, got {mib}"
             );
-            limits.memory_bytes = mib << 20;
+            limits.memory_bytes = (mib as usize) << 20;
         }
         Ok(limits)
     }
 
-    fn cache(&self) -> ArtifactCache {
+    /// The artifact cache directory, unless `--no-cache`.
+    fn cache_dir(&self) -> Option<PathBuf> {
         if self.no_cache {
-            return ArtifactCache::disabled();
+            return None;
         }
-        match self.cache_dir.clone().or_else(paths::default_cache_dir) {
-            Some(dir) => ArtifactCache::new(dir),
+        self.cache_dir.clone().or_else(paths::default_cache_dir)
+    }
+
+    /// The artifact cache, opened and checked now.
+    fn cache(&self) -> anyhow::Result<ArtifactCache> {
+        Ok(match self.cache_dir() {
+            Some(dir) => ArtifactCache::open(dir)?,
             None => ArtifactCache::disabled(),
+        })
+    }
+
+    /// `--plugins-dir`, else `agent.plugins_dir`, else the default.
+    fn plugins_dir(&self, config: &Config) -> anyhow::Result<PathBuf> {
+        match (&self.plugins_dir, &config.agent.plugins_dir) {
+            (Some(dir), _) | (None, Some(dir)) => Ok(dir.clone()),
+            (None, None) => paths::default_plugins_dir(),
         }
     }
 
+    /// The config file, the cache and the plugins directory, for a workspace that plugins
+    /// may write if `writable`.
+    pub(crate) fn locations(
+        &self,
+        config: &Config,
+        workspace: &std::path::Path,
+        writable: bool,
+    ) -> Locations {
+        let mut locations = Locations::new(workspace, writable);
+        if let Some(path) = &config.source {
+            locations.add(LocationKind::Config, path);
+        }
+        if let Some(dir) = self.cache_dir() {
+            locations.add(LocationKind::CacheDir, dir);
+        }
+        if let Ok(dir) = self.plugins_dir(config) {
+            locations.add(LocationKind::PluginsDir, dir);
+        }
+        locations
+    }
+
+    /// What the agent commands (run, chat, demo) use: the locations above, the data dir and
+    /// the script, with the configured workspace, writable when some profile grants
+    /// `fs.write`.
+    pub(crate) fn agent_locations(&self, config: &Config) -> Locations {
+        let writable = ProcessKind::ALL.iter().any(|kind| {
+            config
+                .policy
+                .profile(*kind)
+                .grants()
+                .allows(&Capability::FsWrite)
+        });
+        let mut locations = self.locations(config, &config.agent.workspace, writable);
+        locations.add(LocationKind::DataDir, &config.agent.data_dir);
+        if let ProviderSettings::Scripted {
+            script: Some(script),
+        } = &config.provider
+        {
+            locations.add(LocationKind::Script, script);
+        }
+        locations.alternative =
+            Some("remove fs.write from every profile's capabilities".to_owned());
+        locations
+    }
+
+    /// Refuses to start an agent whose config, data, cache, plugins or script a plugin could
+    /// write (see [`crate::config::Locations`]).
+    pub(crate) fn check_agent_locations(&self, config: &Config) -> anyhow::Result<()> {
+        Ok(self.agent_locations(config).check()?)
+    }
+
+    /// Refuses a tool call granted `fs.write` on `workspace` when the config, the cache or
+    /// the plugins lie inside it.
+    pub(crate) fn check_call_locations(
+        &self,
+        config: &Config,
+        workspace: &std::path::Path,
+        grants: &Grants,
+    ) -> anyhow::Result<()> {
+        let mut locations = self.locations(config, workspace, grants.allows(&Capability::FsWrite));
+        locations.alternative = Some("call without granting fs.write".to_owned());
+        Ok(locations.check()?)
+    }
+
     pub(crate) fn host(&self, config: &Config) -> anyhow::Result<PluginHost> {
-        Ok(PluginHost::new(self.limits(config)?, self.cache())?)
+        Ok(PluginHost::new(self.limits(config)?, self.cache()?)?)
     }
 
     pub(crate) async fn registry(&self, config: &Config) -> anyhow::Result<Registry> {
@@ -128,10 +213,7 @@ impl HostArgs {
         config: &Config,
         host: PluginHost,
     ) -> anyhow::Result<Registry> {
-        let dir = match (&self.plugins_dir, &config.agent.plugins_dir) {
-            (Some(dir), _) | (None, Some(dir)) => dir.clone(),
-            (None, None) => paths::default_plugins_dir()?,
-        };
+        let dir = self.plugins_dir(config)?;
         let registry = Registry::load_dir(Arc::new(host), &dir)
             .await
             .with_context(|| format!("loading plugins from {}", dir.display()))?;

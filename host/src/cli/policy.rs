@@ -8,6 +8,7 @@ use clap::Args;
 use super::HostArgs;
 use super::table::print_table;
 use crate::agent::HOST_TOOLS;
+use crate::config::{LocationKind, Locations, resolve};
 use crate::policy::{Decision, ProcessKind, ToolNeeds};
 
 #[derive(Debug, Args)]
@@ -52,8 +53,49 @@ impl PolicyCommand {
             None => writeln!(out, "policy from the built-in defaults")?,
         }
         print_table(&mut out, &header, &rows)?;
+        print_locations(&mut out, &self.host.agent_locations(&config))?;
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// Where the host's own files and the workspace are, whether plugins may write the
+/// workspace, and any location they could write.
+fn print_locations(out: &mut impl Write, locations: &Locations) -> std::io::Result<()> {
+    writeln!(out, "\nlocations:")?;
+    let mut rows: Vec<(&str, String)> = Vec::new();
+    let has = |kind| locations.entries.iter().any(|(k, _)| *k == kind);
+    if !has(LocationKind::Config) {
+        rows.push(("config", "(built-in defaults)".into()));
+    }
+    if !has(LocationKind::CacheDir) {
+        rows.push(("cache dir", "(none: --no-cache)".into()));
+    }
+    for (kind, path) in &locations.entries {
+        let name = match kind {
+            LocationKind::Config => "config",
+            LocationKind::DataDir => "data dir",
+            LocationKind::CacheDir => "cache dir",
+            LocationKind::PluginsDir => "plugins dir",
+            LocationKind::Script => "script",
+        };
+        rows.push((name, resolve(path).display().to_string()));
+    }
+    let writable = if locations.workspace_writable {
+        "writable by plugins: a profile grants fs.write"
+    } else {
+        "not writable by plugins: no profile grants fs.write"
+    };
+    rows.push((
+        "workspace",
+        format!("{} ({writable})", resolve(&locations.workspace).display()),
+    ));
+    for (name, value) in rows {
+        writeln!(out, "  {:<13}{value}", format!("{name}:"))?;
+    }
+    for problem in locations.violations() {
+        writeln!(out, "refused at start: {problem}")?;
+    }
+    Ok(())
 }
 
 fn cell(decision: &Decision) -> String {

@@ -1,7 +1,7 @@
 //! `capstan tool call`.
 
-use std::io::Write;
-use std::path::PathBuf;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
@@ -15,11 +15,20 @@ use crate::policy::{Grants, ProcessKind};
 pub(crate) enum ToolCommand {
     /// Run one tool call and print its result, or its error on stderr.
     ///
+    /// The arguments are a JSON object given inline, or read from standard input (`-`) or
+    /// a file (`@FILE`): `capstan tool call file_write @args.json --grant fs.write`.
+    ///
+    /// A call granted fs.write is refused before it runs if the config file, the component
+    /// cache or the plugins directory lies inside its workspace: a plugin could rewrite
+    /// them.
+    ///
     /// Exit codes: 0 ok, 3 invalid-args, 4 denied, 5 not-found, 6 failed, 1 a host error.
     Call {
         /// The tool's name, e.g. file_read.
         name: String,
-        /// The arguments, a JSON object.
+        /// The arguments: a JSON object, `-` to read it from standard input, or `@FILE` to
+        /// read it from FILE (for large inputs; at most 16 MiB).
+        #[arg(value_name = "ARGS_JSON | - | @FILE")]
         args_json: String,
         /// Capabilities to grant, comma-separated (e.g. fs.read,fs.write). None by default.
         #[arg(long, value_name = "CAP[,CAP...]", conflicts_with = "as_profile")]
@@ -60,6 +69,8 @@ impl ToolCommand {
             Some(dir) => dir,
             None => std::env::current_dir().context("reading the current directory")?,
         };
+        host.check_call_locations(&config, &workspace, &grants)?;
+        let args_json = read_args(&args_json)?;
         let registry = host.registry(&config).await?;
         let caller = as_profile.map_or("cli", ProcessKind::as_str);
         let request = CallRequest {
@@ -89,6 +100,41 @@ impl ToolCommand {
         }
         Ok(exit_code(&result))
     }
+}
+
+/// The most argument text read from standard input or a file.
+const MAX_ARGS_BYTES: u64 = 16 << 20;
+
+/// The arguments as given, or read from standard input (`-`) or a file (`@FILE`).
+fn read_args(given: &str) -> anyhow::Result<String> {
+    let (origin, reader): (String, Box<dyn Read>) = if given == "-" {
+        (
+            "standard input".to_owned(),
+            Box::new(std::io::stdin().lock()),
+        )
+    } else if let Some(path) = given.strip_prefix('@') {
+        let file = std::fs::File::open(Path::new(path))
+            .with_context(|| format!("reading the arguments from {path}"))?;
+        (path.to_owned(), Box::new(file))
+    } else {
+        return Ok(given.to_owned());
+    };
+    let mut bytes = Vec::new();
+    reader
+        .take(MAX_ARGS_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("reading the arguments from {origin}"))?;
+    anyhow::ensure!(
+        bytes.len() as u64 <= MAX_ARGS_BYTES,
+        "the arguments from {origin} are over the {} MiB limit; pass a smaller input",
+        MAX_ARGS_BYTES >> 20
+    );
+    String::from_utf8(bytes).map_err(|err| {
+        anyhow::anyhow!(
+            "the arguments from {origin} are not UTF-8 (invalid byte at offset {})",
+            err.utf8_error().valid_up_to()
+        )
+    })
 }
 
 fn exit_code(result: &Result<String, ToolError>) -> ExitCode {

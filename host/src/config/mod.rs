@@ -16,6 +16,12 @@
 //! assert!(err.to_string().starts_with("capstan.toml: `limits.max_turns`:"));
 //! ```
 
+mod locations;
+mod source;
+
+pub use locations::{InsideWorkspace, LocationKind, Locations, resolve};
+pub use source::{SourceError, read_text, toml_error_message};
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -29,6 +35,14 @@ use crate::policy::{Grants, Policy, ProcessKind, Profile};
 
 /// The default configuration, with a comment on every key.
 pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
+
+/// The longest deadline one tool call may be given, in seconds (`limits.tool_deadline_secs`,
+/// `--deadline`).
+pub const MAX_TOOL_DEADLINE_SECS: f64 = 3600.0;
+
+/// The most linear memory one tool call may be given, in MiB (`limits.tool_memory_mib`,
+/// `--memory`).
+pub const MAX_TOOL_MEMORY_MIB: u32 = 4096;
 
 /// The file name `capstan` looks for in the current directory.
 pub const CONFIG_FILE: &str = "capstan.toml";
@@ -134,12 +148,17 @@ impl Config {
         config
     }
 
-    /// Reads and checks `path`.
+    /// Reads and checks `path`, which must be UTF-8 TOML.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|err| ConfigError {
+        let text = read_text(path).map_err(|err| ConfigError {
             file: path.display().to_string(),
             key: None,
-            message: format!("cannot read: {err}"),
+            message: match err {
+                SourceError::Read { source, .. } => format!("cannot read: {source}"),
+                SourceError::NotUtf8 { line, column, .. } => {
+                    format!("not valid UTF-8 at line {line}, column {column}; save it as UTF-8")
+                }
+            },
         })?;
         Config::parse(&text, path)
     }
@@ -174,8 +193,8 @@ impl Config {
         };
         let mut merged: toml::Table =
             toml::from_str(DEFAULT_CONFIG).expect("the embedded default configuration parses");
-        let theirs: toml::Table = toml::from_str(text)
-            .map_err(|err| error(None, format!("not valid TOML: {}", err.message())))?;
+        let theirs: toml::Table =
+            toml::from_str(text).map_err(|err| error(None, toml_error_message(text, &err)))?;
         merge(&mut merged, theirs);
         let raw: RawConfig =
             serde_path_to_error::deserialize(toml::Value::Table(merged)).map_err(|err| {
@@ -254,6 +273,13 @@ struct RawProfile {
 
 type KeyError = (String, String);
 
+/// The most workers (or branches) one channel may run at once.
+const MAX_PROCESSES_PER_CHANNEL: u32 = 1024;
+/// The most model turns one process may take for one input.
+const MAX_TURNS: u32 = 10_000;
+/// The largest context window, in tokens.
+const MAX_CONTEXT_WINDOW_TOKENS: u32 = 100_000_000;
+
 fn key_error(key: &str, message: impl Into<String>) -> KeyError {
     (key.to_owned(), message.into())
 }
@@ -286,37 +312,53 @@ impl RawConfig {
 impl RawLimits {
     fn check(self) -> Result<AgentLimits, KeyError> {
         let secs = self.tool_deadline_secs;
-        if !(secs.is_finite() && secs > 0.0 && secs <= 3600.0) {
+        if !(secs.is_finite() && secs > 0.0 && secs <= MAX_TOOL_DEADLINE_SECS) {
             return Err(key_error(
                 "limits.tool_deadline_secs",
-                format!("must be more than 0 and at most 3600 seconds, got {secs}"),
+                format!(
+                    "must be more than 0 and at most {MAX_TOOL_DEADLINE_SECS} seconds, got {secs}"
+                ),
             ));
         }
-        if !(1..=4096).contains(&self.tool_memory_mib) {
+        if !(1..=MAX_TOOL_MEMORY_MIB).contains(&self.tool_memory_mib) {
             return Err(key_error(
                 "limits.tool_memory_mib",
-                format!("must be 1 to 4096 MiB, got {}", self.tool_memory_mib),
+                format!(
+                    "must be 1 to {MAX_TOOL_MEMORY_MIB} MiB, got {}",
+                    self.tool_memory_mib
+                ),
             ));
         }
-        for (key, value) in [
+        for (key, value, max) in [
             (
                 "limits.max_workers_per_channel",
                 self.max_workers_per_channel,
+                MAX_PROCESSES_PER_CHANNEL,
             ),
             (
                 "limits.max_branches_per_channel",
                 self.max_branches_per_channel,
+                MAX_PROCESSES_PER_CHANNEL,
             ),
-            ("limits.max_turns", self.max_turns),
+            ("limits.max_turns", self.max_turns, MAX_TURNS),
         ] {
             if value == 0 {
                 return Err(key_error(key, "must be at least 1"));
             }
+            if value > max {
+                return Err(key_error(
+                    key,
+                    format!("must be at most {max}, got {value}"),
+                ));
+            }
         }
-        if self.context_window_tokens < 512 {
+        if !(512..=MAX_CONTEXT_WINDOW_TOKENS).contains(&self.context_window_tokens) {
             return Err(key_error(
                 "limits.context_window_tokens",
-                format!("must be at least 512, got {}", self.context_window_tokens),
+                format!(
+                    "must be 512 to {MAX_CONTEXT_WINDOW_TOKENS}, got {}",
+                    self.context_window_tokens
+                ),
             ));
         }
         let share = self.compaction_threshold;
@@ -528,7 +570,7 @@ mod tests {
                 "[provider]\nkind = \"claude\"\n",
                 "`provider.kind`: unknown provider",
             ),
-            ("[agent\n", "not valid TOML"),
+            ("[agent\n", "not valid TOML at line 1, column "),
             (
                 "[limits]\ndispatch_hold_ms = 600000\n",
                 "`limits.dispatch_hold_ms`: must be at most 60000 ms",

@@ -86,7 +86,10 @@ impl Script {
     /// Parses script text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Self, ProviderError> {
         let de = toml::Deserializer::parse(text).map_err(|err| {
-            ProviderError::Script(format!("{origin}: not valid TOML: {}", err.message()))
+            ProviderError::Script(format!(
+                "{origin}: {}",
+                crate::config::toml_error_message(text, &err)
+            ))
         })?;
         let script: Script = serde_path_to_error::deserialize(de).map_err(|err| {
             let key = err.path().to_string();
@@ -107,9 +110,8 @@ impl Script {
 
     /// Reads and parses a script file.
     pub fn load(path: &std::path::Path) -> Result<Self, ProviderError> {
-        let text = std::fs::read_to_string(path).map_err(|err| {
-            ProviderError::Script(format!("{}: cannot read the script: {err}", path.display()))
-        })?;
+        let text = crate::config::read_text(path)
+            .map_err(|err| ProviderError::Script(format!("the script {err}")))?;
         Script::parse(&text, &path.display().to_string())
     }
 

@@ -5,109 +5,291 @@
 //! engine's compilation settings, so a changed plugin, a changed engine configuration or a
 //! new wasmtime never loads a stale artifact.
 //!
-//! Loading an artifact runs native code produced from it, so the cache directory must be
-//! writable only by the user running the host: it is created with mode 0700.
+//! Loading an artifact runs native code produced from it, so the host loads only artifacts
+//! it wrote itself:
+//!
+//! - every artifact is sealed with an HMAC-SHA256 tag under a random key that the cache
+//!   directory keeps owner-only ([`seal`]); the tag covers the artifact, the component's
+//!   digest, the engine fingerprint and the file name. A bit-flipped, truncated, planted or
+//!   swapped artifact fails the check and is discarded, never deserialized: the component
+//!   is compiled again and the artifact replaced, with one warning naming the file;
+//! - the directory must belong to the user and be writable by no one else
+//!   ([`private_dir`]); it is created with mode 0700;
+//! - the host touches the directory only through a [`cap_std::fs::Dir`] handle, so a
+//!   symlink planted in it cannot lead a read or a write outside it, and writes go to a
+//!   temporary file with a random name, created exclusively, renamed into place.
+
+mod private_dir;
+mod seal;
 
 use std::hash::{Hash, Hasher};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
+use cap_std::fs::{Dir, OpenOptions};
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+pub use private_dir::CacheError;
+use private_dir::PrivateDir;
+use seal::{ArtifactId, SealKey};
+
+/// The largest artifact file read back; anything bigger is discarded unread. Artifacts of
+/// real plugins are a few MiB.
+const MAX_ARTIFACT_BYTES: u64 = 512 << 20;
+
 /// How a component was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheOutcome {
-    /// Loaded from a precompiled artifact.
+    /// Loaded from a precompiled artifact that passed its check.
     Hit,
     /// Compiled, and the artifact written for next time.
     Compiled,
-    /// Compiled; no cache is configured or writing it failed (logged).
+    /// A stored artifact failed its check (damaged, planted or swapped): it was discarded
+    /// without being loaded, the component compiled and a fresh artifact written.
+    Discarded,
+    /// Compiled; no cache is configured, or it is unusable or writing it failed (logged).
     Uncached,
 }
 
 impl CacheOutcome {
-    /// A word for listings: `hit`, `compiled` or `uncached`.
+    /// A word for listings: `hit`, `compiled`, `discarded` or `uncached`.
     pub fn as_str(self) -> &'static str {
         match self {
             CacheOutcome::Hit => "hit",
             CacheOutcome::Compiled => "compiled",
+            CacheOutcome::Discarded => "discarded",
             CacheOutcome::Uncached => "uncached",
         }
     }
 }
 
 /// A directory of precompiled artifacts, or none.
+///
+/// ```no_run
+/// use capstan_host::plugin::{ArtifactCache, Limits, PluginHost};
+///
+/// // Checked now: a directory someone else owns or may write is refused.
+/// let cache = ArtifactCache::open("/home/me/.cache/capstan")?;
+/// let host = PluginHost::new(Limits::default(), cache)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct ArtifactCache {
-    dir: Option<PathBuf>,
+    path: Option<PathBuf>,
+    /// The opened directory and its key; `None` inside once opening failed (warned).
+    opened: Arc<OnceLock<Option<Opened>>>,
+}
+
+/// An opened, checked cache directory and the key its artifacts are sealed with.
+#[derive(Debug)]
+struct Opened {
+    dir: PrivateDir,
+    key: SealKey,
+}
+
+impl Opened {
+    fn open(path: &Path) -> Result<Self, CacheError> {
+        let dir = PrivateDir::open(path)?;
+        let key = SealKey::load_or_create(&dir)?;
+        Ok(Opened { dir, key })
+    }
 }
 
 impl ArtifactCache {
-    /// A cache in `dir`, created on first write.
+    /// A cache in `dir`, created (mode 0700) and checked now: a directory that is not a
+    /// directory, not owned by the current user, or writable by group or others is refused.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, CacheError> {
+        let path = dir.into();
+        let opened = Opened::open(&path)?;
+        Ok(ArtifactCache {
+            path: Some(path),
+            opened: Arc::new(OnceLock::from(Some(opened))),
+        })
+    }
+
+    /// A cache in `dir`, created and checked on first use. If the check fails, a warning
+    /// says why and every load compiles without the cache; use [`ArtifactCache::open`] to
+    /// get the error instead.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         ArtifactCache {
-            dir: Some(dir.into()),
+            path: Some(dir.into()),
+            opened: Arc::new(OnceLock::new()),
         }
     }
 
     /// No cache: every load compiles.
     pub fn disabled() -> Self {
-        ArtifactCache { dir: None }
+        ArtifactCache {
+            path: None,
+            opened: Arc::new(OnceLock::new()),
+        }
     }
 
     /// The directory, if any.
     pub fn dir(&self) -> Option<&Path> {
-        self.dir.as_deref()
+        self.path.as_deref()
     }
 
-    /// The component for `bytes`: from the cache when a matching artifact exists, else
-    /// compiled (and stored). A corrupt or foreign artifact is recompiled and replaced.
+    /// The component for `bytes`: from the cache when a sealed artifact for it passes its
+    /// check, else compiled (and stored). An artifact that fails the check is discarded,
+    /// never deserialized, and replaced.
     pub fn load(
         &self,
         engine: &Engine,
         bytes: &[u8],
     ) -> wasmtime::Result<(Component, CacheOutcome)> {
-        let Some(dir) = &self.dir else {
+        let Some(opened) = self.opened() else {
             return Ok((Component::new(engine, bytes)?, CacheOutcome::Uncached));
         };
-        let path = dir.join(format!("{}.cwasm", cache_key(engine, bytes)));
-        if path.is_file() {
-            // SAFETY: the artifact was written by `Component::serialize` of an engine with
-            // the same compilation settings (they are part of the key), into a directory
-            // only this user can write; wasmtime checks its header and version again.
-            match unsafe { Component::deserialize_file(engine, &path) } {
-                Ok(component) => return Ok((component, CacheOutcome::Hit)),
-                Err(err) => tracing::warn!(
-                    artifact = %path.display(),
-                    "cached artifact unusable, recompiling: {err}"
-                ),
-            }
+        let id = ArtifactId::new(engine, bytes);
+        let name = id.file_name();
+        let mut outcome = CacheOutcome::Compiled;
+        match read_artifact(opened.dir.handle(), &name) {
+            Ok(None) => {}
+            Ok(Some(file)) => match opened.key.open(&id, &file) {
+                Ok(artifact) => {
+                    // SAFETY: the artifact passed an HMAC check under a key only this user
+                    // can read, over the component's digest, the engine fingerprint and this
+                    // file name: this host wrote it with `Component::serialize` for these
+                    // very bytes and engine settings. It is deserialized from the buffer
+                    // that was checked, never re-read from disk; wasmtime checks its header
+                    // and version again.
+                    match unsafe { Component::deserialize(engine, artifact) } {
+                        Ok(component) => return Ok((component, CacheOutcome::Hit)),
+                        Err(err) => {
+                            outcome = opened.discard(&name, &format!("wasmtime refused it: {err}"))
+                        }
+                    }
+                }
+                Err(reason) => outcome = opened.discard(&name, reason),
+            },
+            Err(reason) => outcome = opened.discard(&name, &reason),
         }
         let component = Component::new(engine, bytes)?;
-        let outcome = match store_artifact(dir, &path, &component) {
-            Ok(()) => CacheOutcome::Compiled,
-            Err(err) => {
-                tracing::warn!(cache = %dir.display(), "cannot write the component cache: {err}");
-                CacheOutcome::Uncached
-            }
-        };
+        if let Err(err) = opened.store(&id, &name, &component) {
+            tracing::warn!(
+                cache = %opened.dir.path().display(),
+                "cannot write the component cache: {err}"
+            );
+            outcome = CacheOutcome::Uncached;
+        }
         Ok((component, outcome))
+    }
+
+    /// The opened directory, opening it on first use.
+    fn opened(&self) -> Option<&Opened> {
+        let path = self.path.as_ref()?;
+        self.opened
+            .get_or_init(|| match Opened::open(path) {
+                Ok(opened) => Some(opened),
+                Err(err) => {
+                    tracing::warn!("{err}; compiling every component without the cache");
+                    None
+                }
+            })
+            .as_ref()
     }
 }
 
-/// Hex SHA-256 over the component bytes and the engine's compatibility hash.
-fn cache_key(engine: &Engine, bytes: &[u8]) -> String {
-    let mut hasher = ShaHasher(Sha256::new());
-    hasher.0.update(bytes);
-    engine.precompile_compatibility_hash().hash(&mut hasher);
-    let digest = hasher.0.finalize();
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+impl Opened {
+    /// Removes the artifact `name` (the entry itself, never what a symlink points to) and
+    /// says why once.
+    fn discard(&self, name: &str, reason: &str) -> CacheOutcome {
+        let path = self.dir.path().join(name);
+        tracing::warn!(
+            artifact = %path.display(),
+            "discarded a cached component that failed its check ({reason}); it was not \
+             loaded, and is being recompiled and replaced"
+        );
+        if let Err(err) = self.dir.handle().remove_file(name) {
+            tracing::warn!(artifact = %path.display(), "cannot remove it: {err}");
+        }
+        CacheOutcome::Discarded
+    }
+
+    /// Seals the serialized component and moves it into place under `name`, through a
+    /// temporary file with a random name created exclusively, so a reader never sees a
+    /// half-written file and a planted name is never followed.
+    fn store(&self, id: &ArtifactId, name: &str, component: &Component) -> std::io::Result<()> {
+        let artifact = component.serialize().map_err(std::io::Error::other)?;
+        let sealed = self.key.seal(id, artifact);
+        let dir = self.dir.handle();
+        let tmp = format!(".tmp-{}", seal::random_hex(16)?);
+        let written = (|| {
+            let mut file = dir.open_with(&tmp, &private_new_file())?;
+            file.write_all(&sealed)?;
+            file.sync_all()?;
+            dir.rename(&tmp, dir, name)
+        })();
+        if written.is_err() {
+            let _ = dir.remove_file(&tmp);
+        }
+        written
+    }
 }
 
-/// Feeds [`Hash`] input into SHA-256, so the key is stable across processes and builds
-/// (unlike `DefaultHasher`).
+/// Options for a new file only the owner may read: created exclusively (an existing entry,
+/// a symlink included, is an error rather than followed), mode 0600.
+pub(crate) fn private_new_file() -> OpenOptions {
+    let mut options = OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    cap_std::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options
+}
+
+/// The sealed artifact `name`, if there is one. Anything but a regular file (a symlink, a
+/// FIFO, a directory) or an oversized file is an error, so it is discarded unread.
+fn read_artifact(dir: &Dir, name: &str) -> Result<Option<Vec<u8>>, String> {
+    let metadata = match dir.symlink_metadata(name) {
+        Ok(metadata) => metadata,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(err) => return Err(format!("cannot read its metadata: {err}")),
+    };
+    if !metadata.is_file() {
+        return Err(format!(
+            "not a regular file but a {}",
+            describe_type(&metadata.file_type())
+        ));
+    }
+    if metadata.len() > MAX_ARTIFACT_BYTES {
+        return Err(format!(
+            "{} bytes, over the {MAX_ARTIFACT_BYTES}-byte limit",
+            metadata.len()
+        ));
+    }
+    let file = dir
+        .open(name)
+        .map_err(|err| format!("cannot open it: {err}"))?;
+    let mut bytes = Vec::with_capacity(metadata.len() as usize);
+    file.take(MAX_ARTIFACT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|err| format!("cannot read it: {err}"))?;
+    Ok(Some(bytes))
+}
+
+fn describe_type(file_type: &cap_std::fs::FileType) -> &'static str {
+    if file_type.is_symlink() {
+        "symlink"
+    } else if file_type.is_dir() {
+        "directory"
+    } else {
+        "special file"
+    }
+}
+
+/// SHA-256 of a [`Hash`] value, stable across processes and builds (unlike
+/// `DefaultHasher`).
+fn sha256_of_hash(value: impl Hash) -> [u8; 32] {
+    let mut hasher = ShaHasher(Sha256::new());
+    value.hash(&mut hasher);
+    hasher.0.finalize().into()
+}
+
+/// Feeds [`Hash`] input into SHA-256.
 struct ShaHasher(Sha256);
 
 impl Hasher for ShaHasher {
@@ -118,34 +300,4 @@ impl Hasher for ShaHasher {
     fn write(&mut self, bytes: &[u8]) {
         self.0.update(bytes);
     }
-}
-
-/// Writes the artifact next to its final name and renames it, so a reader never sees a
-/// half-written file.
-fn store_artifact(dir: &Path, path: &Path, component: &Component) -> std::io::Result<()> {
-    create_private_dir(dir)?;
-    let bytes = component.serialize().map_err(std::io::Error::other)?;
-    let mut tmp = tempfile_in(dir)?;
-    tmp.1.write_all(&bytes)?;
-    tmp.1.sync_all()?;
-    std::fs::rename(&tmp.0, path)
-}
-
-fn tempfile_in(dir: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
-    let name = format!(
-        ".tmp-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    );
-    let path = dir.join(name.replace(['(', ')'], ""));
-    let file = std::fs::File::create(&path)?;
-    Ok((path, file))
-}
-
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    let mut builder = std::fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-    builder.create(dir)
 }

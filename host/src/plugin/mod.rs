@@ -21,7 +21,7 @@ mod loaded;
 mod registry;
 mod sandbox;
 
-pub use cache::{ArtifactCache, CacheOutcome};
+pub use cache::{ArtifactCache, CacheError, CacheOutcome};
 pub use error::{HostError, LoadError, ToolError};
 pub use host::PluginHost;
 pub use limits::Limits;

@@ -28,7 +28,7 @@ struct ToolPattern {
 
 impl Profile {
     /// A profile offering the tools matching `tools` with `grants`. Fails on a bad glob,
-    /// naming it.
+    /// naming it and showing the valid syntax.
     pub fn new<S: AsRef<str>>(
         tools: impl IntoIterator<Item = S>,
         grants: Grants,
@@ -42,7 +42,14 @@ impl Profile {
                         text: text.to_owned(),
                         pattern,
                     })
-                    .map_err(|err| format!("bad tool pattern `{text}`: {err}"))
+                    .map_err(|err| {
+                        format!(
+                            "bad tool pattern `{text}`: {err}; a pattern is a tool name or a \
+                             glob: `*` matches any characters, `?` one character, `[abc]` \
+                             one of a set and `[!abc]` any other (e.g. \"file_*\", \
+                             \"task_[cl]*\")"
+                        )
+                    })
             })
             .collect::<Result<_, _>>()?;
         Ok(Profile { tools, grants })

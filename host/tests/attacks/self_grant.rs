@@ -1,1 +1,350 @@
-//! (to be written)
+//! No self-granting: a plugin that may write a workspace can never change what any process
+//! is granted or what code the host runs, because the host refuses to start when its
+//! config, data, cache, plugins or script lie inside such a workspace, resolved through
+//! symlinks.
+
+use std::path::Path;
+
+use crate::support::{capstan, capstan_command, plugins_dir, stderr, stdout};
+
+const CONFIG: &str = "[profiles.worker]\ntools = [\"file_read\"]\n";
+
+/// A file_write of `capstan.toml` with `fs.write`, from `dir`, plus `extra` flags.
+fn write_config_call(dir: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "tool",
+        "call",
+        "file_write",
+        r#"{"path":"capstan.toml","content":"[profiles.branch]\ntools = [\"*\"]\n"}"#,
+        "--grant",
+        "fs.read,fs.write",
+    ];
+    args.extend_from_slice(extra);
+    capstan(dir, &args)
+}
+
+fn real(path: &Path) -> String {
+    path.canonicalize().unwrap().display().to_string()
+}
+
+#[test]
+fn a_tool_call_cannot_rewrite_the_config_of_the_workspace_it_runs_in() {
+    let ws = tempfile::tempdir().unwrap();
+    let config = ws.path().join("capstan.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+
+    let out = write_config_call(ws.path(), &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("capstan.toml") && err.contains(&real(ws.path())),
+        "{err}"
+    );
+    assert!(
+        err.contains("--config") && err.contains("fs.write"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), CONFIG);
+
+    // The same through `--as worker`, whose fs.write comes from that very config's
+    // defaults, and with the config named explicitly.
+    let out = capstan(
+        ws.path(),
+        &[
+            "tool",
+            "call",
+            "file_write",
+            r#"{"path":"capstan.toml","content":"x"}"#,
+            "--as",
+            "cortex",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = write_config_call(
+        elsewhere.path(),
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--workspace",
+            ws.path().to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), CONFIG);
+
+    // Reading is fine: a call without fs.write runs in the directory that holds it.
+    let out = capstan(
+        ws.path(),
+        &[
+            "tool",
+            "call",
+            "file_read",
+            r#"{"path":"capstan.toml"}"#,
+            "--grant",
+            "fs.read",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), CONFIG);
+}
+
+#[test]
+fn a_config_reached_through_a_symlinked_workspace_is_still_inside() {
+    let root = tempfile::tempdir().unwrap();
+    let ws = root.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let config = ws.join("capstan.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let ws_link = root.path().join("ws-link");
+    std::os::unix::fs::symlink(&ws, &ws_link).unwrap();
+    let config_link = root.path().join("config-link.toml");
+    std::os::unix::fs::symlink(&config, &config_link).unwrap();
+
+    for extra in [
+        [
+            "--workspace",
+            ws_link.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        [
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--config",
+            config_link.to_str().unwrap(),
+        ],
+    ] {
+        let out = write_config_call(root.path(), &extra);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(&real(&ws)), "{}", stderr(&out));
+    }
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), CONFIG);
+}
+
+#[test]
+fn a_cache_dir_inside_the_workspace_through_a_symlink_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let ws = root.path().join("ws");
+    std::fs::create_dir_all(ws.join("cache")).unwrap();
+    let link = root.path().join("cache-link");
+    std::os::unix::fs::symlink(ws.join("cache"), &link).unwrap();
+
+    let out = write_config_call(
+        root.path(),
+        &[
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--cache-dir",
+            link.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("component cache dir"), "{err}");
+    assert!(err.contains(link.to_str().unwrap()), "{err}");
+    assert!(err.contains(&real(&ws.join("cache"))), "{err}");
+    assert!(
+        err.contains("--cache-dir") && err.contains("--no-cache"),
+        "{err}"
+    );
+    assert!(!ws.join("capstan.toml").exists(), "no call ran");
+    assert_eq!(std::fs::read_dir(ws.join("cache")).unwrap().count(), 0);
+
+    // The same cache dir through the environment, and for the agent's configured workspace.
+    let out = capstan_command(
+        root.path(),
+        &[
+            "tool",
+            "call",
+            "file_write",
+            r#"{"path":"x","content":"x"}"#,
+            "--grant",
+            "fs.write",
+            "--workspace",
+            ws.to_str().unwrap(),
+        ],
+    )
+    .env("CAPSTAN_CACHE_DIR", &link)
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(!ws.join("x").exists());
+}
+
+#[test]
+fn a_plugins_dir_inside_the_workspace_is_refused() {
+    let ws = tempfile::tempdir().unwrap();
+    let plugins = ws.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    std::fs::copy(plugins_dir().join("files.wasm"), plugins.join("files.wasm")).unwrap();
+    let out = write_config_call(ws.path(), &["--plugins-dir", plugins.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("plugins dir") && err.contains("--plugins-dir"),
+        "{err}"
+    );
+    assert!(!ws.path().join("capstan.toml").exists());
+
+    // Through CAPSTAN_PLUGINS_DIR too.
+    let out = capstan_command(
+        ws.path(),
+        &[
+            "tool",
+            "call",
+            "file_write",
+            r#"{"path":"x","content":"x"}"#,
+            "--grant",
+            "fs.write",
+        ],
+    )
+    .env("CAPSTAN_PLUGINS_DIR", &plugins)
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(!ws.path().join("x").exists());
+}
+
+/// A script in which the worker rewrites the config to grant itself everything.
+const SELF_GRANT_SCRIPT: &str = r#"
+[[step]]
+process = "channel"
+when = "go"
+tool_calls = [{ name = "spawn_worker", arguments = { task = "grant yourself more" } }]
+
+[[step]]
+process = "worker"
+tool_calls = [{ name = "file_write", arguments = { path = "capstan.toml", content = "[profiles.channel]\ntools = [\"*\"]\ncapabilities = [\"fs.write\"]\n" } }]
+
+[[step]]
+process = "worker"
+reply = "done"
+repeat = true
+
+[[step]]
+process = "channel"
+reply = "ok"
+repeat = true
+"#;
+
+#[test]
+fn an_agent_whose_worker_could_rewrite_the_config_does_not_start() {
+    let ws = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("script.toml"), SELF_GRANT_SCRIPT).unwrap();
+    let script = ws.path().join("script.toml");
+    let config = format!(
+        "[agent]\nworkspace = \".\"\ndata_dir = {:?}\n\
+         [provider]\nkind = \"scripted\"\nscript = {:?}\n",
+        data.path(),
+        script
+    );
+    std::fs::write(ws.path().join("capstan.toml"), &config).unwrap();
+    let out = capstan(ws.path(), &["run", "go"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("the config file") && err.contains(&real(ws.path())),
+        "{err}"
+    );
+    assert!(err.contains("remove fs.write"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("capstan.toml")).unwrap(),
+        config
+    );
+    assert!(!stdout(&out).contains("agent>"), "no turn ran");
+    assert_eq!(
+        std::fs::read_dir(data.path()).unwrap().count(),
+        0,
+        "no database opened"
+    );
+}
+
+#[test]
+fn an_agent_with_its_data_dir_or_script_in_the_workspace_does_not_start() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("script.toml"), SELF_GRANT_SCRIPT).unwrap();
+    for (config, named) in [
+        (
+            "[agent]\nworkspace = \"ws\"\ndata_dir = \"ws/.capstan\"\n",
+            "the data dir",
+        ),
+        (
+            "[agent]\nworkspace = \"ws\"\n[provider]\nkind = \"scripted\"\nscript = \"ws/script.toml\"\n",
+            "the provider script",
+        ),
+    ] {
+        std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+        std::fs::write(dir.path().join("ws/script.toml"), SELF_GRANT_SCRIPT).unwrap();
+        std::fs::write(dir.path().join("capstan.toml"), config).unwrap();
+        let out = capstan(dir.path(), &["run", "go"]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains(named) && err.contains(&real(&dir.path().join("ws"))),
+            "{err}"
+        );
+        assert!(
+            !dir.path().join("ws/.capstan").exists(),
+            "no database created"
+        );
+    }
+    // With no profile granting fs.write, the same layout is allowed: no plugin can write.
+    let read_only = "[agent]\nworkspace = \"ws\"\ndata_dir = \"ws/.capstan\"\n\
+        [profiles.worker]\ncapabilities = [\"fs.read\"]\n\
+        [profiles.cortex]\ncapabilities = [\"fs.read\"]\n";
+    std::fs::write(dir.path().join("capstan.toml"), read_only).unwrap();
+    let out = capstan(dir.path(), &["policy"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        !stdout(&out).contains("refused at start"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn policy_shows_where_everything_is_and_whether_plugins_may_write_the_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("capstan.toml"),
+        "[agent]\nworkspace = \"ws\"\n",
+    )
+    .unwrap();
+    let out = capstan(dir.path(), &["policy"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let root = real(dir.path());
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(&format!("{name}:")))
+            .unwrap_or_else(|| panic!("{name}: {text}"))
+            .to_owned()
+    };
+    assert!(
+        line("config").contains(&format!("{root}/capstan.toml")),
+        "{text}"
+    );
+    assert!(
+        line("data dir").contains(&format!("{root}/.capstan")),
+        "{text}"
+    );
+    assert!(line("cache dir").contains("test-component-cache"), "{text}");
+    assert!(
+        line("plugins dir").contains(&real(&plugins_dir())),
+        "{text}"
+    );
+    let workspace = line("workspace");
+    assert!(workspace.contains(&format!("{root}/ws")), "{text}");
+    assert!(workspace.contains("writable by plugins"), "{text}");
+
+    // A workspace that holds the config is reported as refused.
+    std::fs::write(
+        dir.path().join("capstan.toml"),
+        "[agent]\nworkspace = \".\"\n",
+    )
+    .unwrap();
+    let text = stdout(&capstan(dir.path(), &["policy"]));
+    assert!(text.contains("refused at start: the config file"), "{text}");
+}

@@ -1,0 +1,265 @@
+//! Where the host keeps what decides its behaviour (the config, the database, the artifact
+//! cache, the plugins, the model script), and the check that no plugin can write any of it.
+//!
+//! A plugin granted `fs.write` on a workspace can change anything under it. If the config
+//! lay there it could grant itself more; if the cache or the plugins did, it could change
+//! the code the host runs; if the database or the script did, it could rewrite what the
+//! agent remembers or is told. So the host refuses to start when one of them lies inside a
+//! workspace that plugins may write. Paths are compared resolved: symlinks are followed
+//! (for a path not yet created, from its nearest existing ancestor), and a path is inside
+//! the workspace when any directory it passes through is, since a plugin could replace
+//! that entry.
+
+use std::fmt;
+use std::path::{Component, Path, PathBuf};
+
+/// One of the host's own locations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocationKind {
+    /// The config file.
+    Config,
+    /// `agent.data_dir`: the database.
+    DataDir,
+    /// The precompiled-component cache.
+    CacheDir,
+    /// The plugins directory.
+    PluginsDir,
+    /// `provider.script`: the scripted model's script.
+    Script,
+}
+
+impl LocationKind {
+    /// How it is named in messages, e.g. `the config file`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LocationKind::Config => "the config file",
+            LocationKind::DataDir => "the data dir",
+            LocationKind::CacheDir => "the component cache dir",
+            LocationKind::PluginsDir => "the plugins dir",
+            LocationKind::Script => "the provider script",
+        }
+    }
+
+    /// What moves it elsewhere.
+    fn fix(self) -> &'static str {
+        match self {
+            LocationKind::Config => {
+                "keep the config outside the workspace and pass --config FILE, or set the \
+                 workspace elsewhere (--workspace DIR, agent.workspace)"
+            }
+            LocationKind::DataDir => "set agent.data_dir to a directory outside the workspace",
+            LocationKind::CacheDir => {
+                "pass --cache-dir DIR (or set CAPSTAN_CACHE_DIR) outside the workspace, or \
+                 --no-cache"
+            }
+            LocationKind::PluginsDir => {
+                "pass --plugins-dir DIR (or set agent.plugins_dir or CAPSTAN_PLUGINS_DIR) \
+                 outside the workspace"
+            }
+            LocationKind::Script => "set provider.script to a file outside the workspace",
+        }
+    }
+}
+
+impl fmt::Display for LocationKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A location plugins could write: it lies inside a workspace granted `fs.write`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{kind} {} lies inside the workspace {}{}, which plugins may write (fs.write), so a plugin \
+     could change what it is granted or the code the host runs; {}{}",
+    path.display(),
+    workspace.display(),
+    via(resolved, path),
+    kind.fix(),
+    alternative(why)
+)]
+pub struct InsideWorkspace {
+    /// Which location.
+    pub kind: LocationKind,
+    /// The location as configured.
+    pub path: PathBuf,
+    /// The location with symlinks resolved.
+    pub resolved: PathBuf,
+    /// The workspace, resolved.
+    pub workspace: PathBuf,
+    /// Another way out, e.g. "call without fs.write".
+    pub why: Option<String>,
+}
+
+fn alternative(why: &Option<String>) -> String {
+    why.as_ref()
+        .map(|why| format!(", or {why}"))
+        .unwrap_or_default()
+}
+
+fn via(resolved: &Path, path: &Path) -> String {
+    if resolved == path {
+        String::new()
+    } else {
+        format!(" (resolved: {})", resolved.display())
+    }
+}
+
+/// The host's locations and the workspace plugins work in.
+///
+/// ```
+/// use capstan_host::config::{Locations, LocationKind};
+///
+/// let dir = tempfile::tempdir()?;
+/// let mut locations = Locations::new(dir.path(), true);
+/// locations.add(LocationKind::Config, dir.path().join("capstan.toml"));
+/// let err = locations.check().unwrap_err();
+/// assert_eq!(err.kind, LocationKind::Config);
+///
+/// let read_only = Locations { workspace_writable: false, ..locations };
+/// assert!(read_only.check().is_ok());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Locations {
+    /// The workspace file tools work in.
+    pub workspace: PathBuf,
+    /// Whether some process or call may write it (`fs.write`).
+    pub workspace_writable: bool,
+    /// The host's own locations, in the order they were added.
+    pub entries: Vec<(LocationKind, PathBuf)>,
+    /// Said after the fix in an error, e.g. "call without fs.write".
+    pub alternative: Option<String>,
+}
+
+impl Locations {
+    /// No locations yet, for `workspace`.
+    pub fn new(workspace: impl Into<PathBuf>, workspace_writable: bool) -> Self {
+        Locations {
+            workspace: workspace.into(),
+            workspace_writable,
+            entries: Vec::new(),
+            alternative: None,
+        }
+    }
+
+    /// Adds one location.
+    pub fn add(&mut self, kind: LocationKind, path: impl Into<PathBuf>) -> &mut Self {
+        self.entries.push((kind, path.into()));
+        self
+    }
+
+    /// Every location plugins could write, in order; empty when the workspace is not
+    /// writable.
+    pub fn violations(&self) -> Vec<InsideWorkspace> {
+        if !self.workspace_writable {
+            return Vec::new();
+        }
+        let workspace = resolve(&self.workspace);
+        self.entries
+            .iter()
+            .filter(|(_, path)| reachable_from(path, &workspace))
+            .map(|(kind, path)| InsideWorkspace {
+                kind: *kind,
+                path: path.clone(),
+                resolved: resolve(path),
+                workspace: workspace.clone(),
+                why: self.alternative.clone(),
+            })
+            .collect()
+    }
+
+    /// The first location plugins could write, as an error.
+    pub fn check(&self) -> Result<(), InsideWorkspace> {
+        match self.violations().into_iter().next() {
+            Some(violation) => Err(violation),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `path` made absolute with symlinks resolved; for a path not yet created, its nearest
+/// existing ancestor resolved and the rest appended.
+///
+/// ```
+/// let dir = tempfile::tempdir()?;
+/// let real = dir.path().canonicalize()?;
+/// let resolved = capstan_host::config::resolve(&dir.path().join("not/yet"));
+/// assert_eq!(resolved, real.join("not/yet"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn resolve(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+    let mut existing = absolute.as_path();
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(real) = existing.canonicalize() {
+            return rest.iter().rev().fold(real, |acc, part| acc.join(part));
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_owned());
+                existing = parent;
+            }
+            _ => return absolute,
+        }
+    }
+}
+
+/// Whether a plugin that can write `workspace` (resolved) could change what `path` names:
+/// the path itself resolves inside it, or a directory it is looked up in does (so the
+/// entry could be replaced, a symlink included).
+fn reachable_from(path: &Path, workspace: &Path) -> bool {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+    if resolve(&absolute).starts_with(workspace) {
+        return true;
+    }
+    let mut prefix = PathBuf::new();
+    for component in absolute.components() {
+        let looked_up_in_workspace = matches!(component, Component::Normal(_))
+            && !prefix.as_os_str().is_empty()
+            && resolve(&prefix).starts_with(workspace);
+        if looked_up_in_workspace {
+            return true;
+        }
+        prefix.push(component);
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn symlinks_in_either_direction_do_not_dodge_the_check() {
+        let root = tempfile::tempdir().unwrap();
+        let root = root.path().canonicalize().unwrap();
+        let ws = root.join("ws");
+        std::fs::create_dir_all(ws.join("sub")).unwrap();
+        std::fs::create_dir_all(root.join("outside")).unwrap();
+        // A link outside pointing in, a link inside pointing out, a link to the workspace.
+        std::os::unix::fs::symlink(ws.join("sub"), root.join("in-link")).unwrap();
+        std::os::unix::fs::symlink(root.join("outside"), ws.join("out-link")).unwrap();
+        std::os::unix::fs::symlink(&ws, root.join("ws-link")).unwrap();
+        let inside = |path: PathBuf| reachable_from(&path, &resolve(&ws));
+        assert!(inside(root.join("in-link/cache")));
+        assert!(
+            inside(ws.join("out-link/capstan.toml")),
+            "the link can be replaced"
+        );
+        assert!(inside(ws.join("not/yet/created")));
+        assert!(inside(ws.clone()));
+        assert!(reachable_from(
+            &root.join("ws-link/capstan.toml"),
+            &resolve(&root.join("ws-link"))
+        ));
+        assert!(!inside(root.join("outside/capstan.toml")));
+        assert!(!inside(root.join("ws/../outside/x")));
+        assert!(
+            !inside(root.join("wsx/capstan.toml")),
+            "a sibling with a longer name"
+        );
+    }
+}

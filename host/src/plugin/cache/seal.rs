@@ -1,0 +1,287 @@
+//! Sealing artifacts: an HMAC-SHA256 tag under a random key the cache directory keeps
+//! owner-only, so the host deserializes only artifacts it wrote itself.
+//!
+//! A sealed file is the artifact followed by its 32-byte tag. The tag covers the
+//! component's digest, the engine fingerprint, the file name and the artifact, so an
+//! artifact moved to another component's name, or one written by anyone without the key,
+//! fails the check.
+
+use std::io::{Read, Write};
+
+use sha2::{Digest, Sha256};
+use wasmtime::Engine;
+
+use super::private_dir::{CacheError, PrivateDir, check_owner_only};
+use super::{private_new_file, sha256_of_hash};
+
+/// The key file in the cache directory.
+pub(super) const KEY_FILE: &str = "artifact-seal.key";
+
+const KEY_BYTES: usize = 32;
+const TAG_BYTES: usize = 32;
+
+/// Changes whenever the sealed format or the key derivation does, so old files are never
+/// read as new ones.
+const DOMAIN: &[u8] = b"capstan artifact v2\0";
+
+/// What an artifact is the compilation of: a component's bytes on an engine.
+pub(super) struct ArtifactId {
+    component: [u8; 32],
+    engine: [u8; 32],
+}
+
+impl ArtifactId {
+    pub(super) fn new(engine: &Engine, bytes: &[u8]) -> Self {
+        ArtifactId {
+            component: Sha256::digest(bytes).into(),
+            engine: sha256_of_hash(engine.precompile_compatibility_hash()),
+        }
+    }
+
+    /// `<hex SHA-256 of the domain, component digest and engine fingerprint>.cwasm`.
+    pub(super) fn file_name(&self) -> String {
+        let mut key = Sha256::new();
+        key.update(DOMAIN);
+        key.update(self.component);
+        key.update(self.engine);
+        format!("{}.cwasm", hex(&key.finalize()))
+    }
+}
+
+/// The key artifacts are sealed with.
+pub(super) struct SealKey([u8; KEY_BYTES]);
+
+impl std::fmt::Debug for SealKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SealKey(..)")
+    }
+}
+
+impl SealKey {
+    /// The directory's key, created at random (exclusively, mode 0600) the first time. A
+    /// key file that is not owner-only is refused; one of the wrong length is replaced
+    /// (the artifacts sealed with it are then discarded one by one as they fail).
+    pub(super) fn load_or_create(dir: &PrivateDir) -> Result<Self, CacheError> {
+        let key_error = |reason: String| CacheError::Key {
+            path: dir.path().join(KEY_FILE),
+            reason,
+        };
+        // Two processes may race to create the key: the loser reads the winner's.
+        for _ in 0..8 {
+            match read_key(dir)? {
+                KeyFile::Found(key) => return Ok(SealKey(key)),
+                KeyFile::Damaged(reason) => {
+                    tracing::warn!(
+                        key = %dir.path().join(KEY_FILE).display(),
+                        "the artifact key is damaged ({reason}); replacing it"
+                    );
+                    dir.handle()
+                        .remove_file(KEY_FILE)
+                        .map_err(|err| key_error(format!("cannot remove it: {err}")))?;
+                }
+                KeyFile::Missing => {}
+            }
+            if let Some(key) = create_key(dir).map_err(|err| key_error(err.to_string()))? {
+                return Ok(SealKey(key));
+            }
+        }
+        Err(key_error(
+            "it keeps changing while being read; is another process replacing it?".into(),
+        ))
+    }
+
+    /// The artifact followed by its tag.
+    pub(super) fn seal(&self, id: &ArtifactId, mut artifact: Vec<u8>) -> Vec<u8> {
+        let tag = self.tag(id, &artifact);
+        artifact.extend_from_slice(&tag);
+        artifact
+    }
+
+    /// The artifact inside `sealed` if its tag checks out for `id` (compared in constant
+    /// time).
+    pub(super) fn open<'a>(
+        &self,
+        id: &ArtifactId,
+        sealed: &'a [u8],
+    ) -> Result<&'a [u8], &'static str> {
+        let Some(split) = sealed.len().checked_sub(TAG_BYTES) else {
+            return Err("shorter than its seal");
+        };
+        let (artifact, tag) = sealed.split_at(split);
+        let expected = self.tag(id, artifact);
+        let difference = expected
+            .iter()
+            .zip(tag)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        if difference != 0 {
+            return Err(
+                "its seal does not match: damaged, or not written by this host for this component",
+            );
+        }
+        Ok(artifact)
+    }
+
+    fn tag(&self, id: &ArtifactId, artifact: &[u8]) -> [u8; TAG_BYTES] {
+        let name = id.file_name();
+        hmac_sha256(
+            &self.0,
+            &[
+                DOMAIN,
+                &id.component,
+                &id.engine,
+                &(name.len() as u64).to_le_bytes(),
+                name.as_bytes(),
+                &(artifact.len() as u64).to_le_bytes(),
+                artifact,
+            ],
+        )
+    }
+}
+
+/// HMAC-SHA256 (RFC 2104) of the concatenated `parts` under `key`, on the `sha2` crate the
+/// host already links (the `hmac` crate would turn on a `digest` feature that rebuilds
+/// wasmtime's whole dependency tree). Checked against RFC 4231's test vectors below.
+fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    const BLOCK: usize = 64;
+    let mut block = [0u8; BLOCK];
+    if key.len() > BLOCK {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let pad = |byte: u8| block.map(|b| b ^ byte);
+    let mut inner = Sha256::new();
+    inner.update(pad(0x36));
+    for part in parts {
+        inner.update(part);
+    }
+    let mut outer = Sha256::new();
+    outer.update(pad(0x5c));
+    outer.update(inner.finalize());
+    outer.finalize().into()
+}
+
+enum KeyFile {
+    Found([u8; KEY_BYTES]),
+    Missing,
+    Damaged(String),
+}
+
+fn read_key(dir: &PrivateDir) -> Result<KeyFile, CacheError> {
+    let path = dir.path().join(KEY_FILE);
+    let metadata = match dir.handle().symlink_metadata(KEY_FILE) {
+        Ok(metadata) => metadata,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(KeyFile::Missing),
+        Err(err) => {
+            return Err(CacheError::Key {
+                path,
+                reason: format!("cannot read its metadata: {err}"),
+            });
+        }
+    };
+    if !metadata.is_file() {
+        return Ok(KeyFile::Damaged("not a regular file".into()));
+    }
+    check_owner_only(&path, &metadata, 0o077, "600")?;
+    let file = dir.handle().open(KEY_FILE).map_err(|err| CacheError::Key {
+        path: path.clone(),
+        reason: format!("cannot open it: {err}"),
+    })?;
+    let mut key = Vec::with_capacity(KEY_BYTES);
+    file.take(KEY_BYTES as u64 + 1)
+        .read_to_end(&mut key)
+        .map_err(|err| CacheError::Key {
+            path,
+            reason: format!("cannot read it: {err}"),
+        })?;
+    Ok(match <[u8; KEY_BYTES]>::try_from(key.as_slice()) {
+        Ok(key) => KeyFile::Found(key),
+        Err(_) => KeyFile::Damaged(format!("{} bytes instead of {KEY_BYTES}", key.len())),
+    })
+}
+
+/// Writes a fresh random key to a temporary file and links it into place; `None` when
+/// another process linked its key first.
+fn create_key(dir: &PrivateDir) -> std::io::Result<Option<[u8; KEY_BYTES]>> {
+    let mut key = [0u8; KEY_BYTES];
+    getrandom::fill(&mut key).map_err(std::io::Error::other)?;
+    let handle = dir.handle();
+    let tmp = format!(".tmp-key-{}", random_hex(16)?);
+    let mut file = handle.open_with(&tmp, &private_new_file())?;
+    let linked = file
+        .write_all(&key)
+        .and_then(|()| file.sync_all())
+        .and_then(|()| handle.hard_link(&tmp, handle, KEY_FILE));
+    let _ = handle.remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(Some(key)),
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// `bytes` random bytes in hex, for names no one can guess.
+pub(super) fn random_hex(bytes: usize) -> std::io::Result<String> {
+    let mut buf = vec![0u8; bytes];
+    getrandom::fill(&mut buf).map_err(std::io::Error::other)?;
+    Ok(hex(&buf))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(component: u8) -> ArtifactId {
+        ArtifactId {
+            component: [component; 32],
+            engine: [7; 32],
+        }
+    }
+
+    /// RFC 4231, test cases 1, 2 and 6 (a key longer than the block).
+    #[test]
+    fn hmac_sha256_matches_rfc_4231() {
+        let cases: [(&[u8], &[u8], &str); 3] = [
+            (
+                &[0x0b; 20],
+                b"Hi There",
+                "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7",
+            ),
+            (
+                b"Jefe",
+                b"what do ya want for nothing?",
+                "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843",
+            ),
+            (
+                &[0xaa; 131],
+                b"Test Using Larger Than Block-Size Key - Hash Key First",
+                "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54",
+            ),
+        ];
+        for (key, data, expected) in cases {
+            let (a, b) = data.split_at(3);
+            assert_eq!(hex(&hmac_sha256(key, &[a, b])), expected);
+        }
+    }
+
+    #[test]
+    fn a_sealed_artifact_opens_only_for_its_own_id_and_key() {
+        let key = SealKey([1; KEY_BYTES]);
+        let sealed = key.seal(&id(1), b"artifact".to_vec());
+        assert_eq!(key.open(&id(1), &sealed), Ok(&b"artifact"[..]));
+        assert!(
+            key.open(&id(2), &sealed).is_err(),
+            "another component's name"
+        );
+        assert!(SealKey([2; KEY_BYTES]).open(&id(1), &sealed).is_err());
+        let mut flipped = sealed.clone();
+        flipped[3] ^= 1;
+        assert!(key.open(&id(1), &flipped).is_err());
+        assert!(key.open(&id(1), &sealed[..sealed.len() - 1]).is_err());
+        assert!(key.open(&id(1), b"short").is_err());
+    }
+}
