@@ -132,7 +132,7 @@ impl HostArgs {
             (Some(dir), _) | (None, Some(dir)) => dir.clone(),
             (None, None) => paths::default_plugins_dir()?,
         };
-        let registry = Registry::load_dir(Arc::new(host), &dir)
+        let registry = Registry::load_dir_preferring(Arc::new(host), &dir, &config.prefer)
             .await
             .with_context(|| format!("loading plugins from {}", dir.display()))?;
         for refused in registry.refused() {

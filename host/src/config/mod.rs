@@ -24,7 +24,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::dispatch::GateSettings;
-use crate::plugin::Limits;
+use crate::plugin::{Limits, Preferences};
 use crate::policy::{Grants, Policy, ProcessKind, Profile};
 
 /// The default configuration, with a comment on every key.
@@ -42,6 +42,8 @@ pub struct Config {
     pub agent: AgentSettings,
     /// Bounds on tool calls and processes.
     pub limits: AgentLimits,
+    /// `[plugins]`: which plugin provides a tool name several declare.
+    pub prefer: Preferences,
     /// The model provider.
     pub provider: ProviderSettings,
     /// One profile per process kind.
@@ -202,6 +204,7 @@ fn merge(ours: &mut toml::Table, theirs: toml::Table) {
 struct RawConfig {
     agent: RawAgent,
     limits: RawLimits,
+    plugins: RawPlugins,
     provider: RawProvider,
     profiles: BTreeMap<String, RawProfile>,
 }
@@ -229,6 +232,12 @@ struct RawLimits {
     settle_ms: u64,
     dispatch_timeout_secs: f64,
     dispatch_hold_ms: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlugins {
+    prefer: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -267,12 +276,20 @@ impl RawConfig {
             plugins_dir: self.agent.plugins_dir.map(resolve),
         };
         let limits = self.limits.check()?;
+        if let Some((tool, _)) = self.plugins.prefer.iter().find(|(_, p)| p.trim().is_empty()) {
+            return Err(key_error(
+                &format!("plugins.prefer.{tool}"),
+                "must name a plugin (its file name without `.wasm`)",
+            ));
+        }
+        let prefer = self.plugins.prefer.into_iter().collect();
         let provider = self.provider.check(&resolve)?;
         let policy = check_profiles(self.profiles)?;
         Ok(Config {
             source: None,
             agent,
             limits,
+            prefer,
             provider,
             policy,
         })
