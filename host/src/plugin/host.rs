@@ -260,7 +260,7 @@ impl PluginHost {
     /// quoted in it is put on one line with its control characters escaped.
     fn explain_failure(&self, store: &Store<Sandbox>, err: &wasmtime::Error) -> ToolError {
         let scope = &store.data().scope;
-        let who = format!("tool `{}` (plugin {})", scope.tool, scope.plugin);
+        let who = format!("tool `{}` (plugin {})", scope.tool, one_line(&scope.plugin));
         if err.downcast_ref::<DeadlineExceeded>().is_some() {
             return ToolError::Failed(format!(
                 "{who} ran past its {:.1} s deadline and was stopped",

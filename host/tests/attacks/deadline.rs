@@ -4,7 +4,7 @@
 //! the next call runs; a plugin path that is not a regular file is refused at once.
 
 use std::ffi::CString;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Output};
 use std::sync::Arc;
@@ -80,13 +80,24 @@ fn mkfifo(path: &Path) {
     assert_eq!(rc, 0, "mkfifo {}: {}", path.display(), std::io::Error::last_os_error());
 }
 
-/// A FIFO in `dir`, held open for reading and writing (which never blocks on Linux), so a
-/// reader's `open` succeeds and its `read` waits for data that never comes. Dropping the
-/// handle ends that read (end of file), letting its thread finish.
-fn held_fifo(dir: &Path, name: &str) -> File {
-    let path = dir.join(name);
-    mkfifo(&path);
-    OpenOptions::new().read(true).write(true).open(&path).unwrap()
+/// A FIFO in `dir` that no one writes: a guest opening it for reading waits in `open()`
+/// for a writer that never comes. Dropping the guard opens it for reading and writing
+/// (which never blocks on Linux) and closes it, which wakes such a waiter, so the thread
+/// it left behind can finish.
+struct Fifo(PathBuf);
+
+impl Fifo {
+    fn new(dir: &Path, name: &str) -> Self {
+        let path = dir.join(name);
+        mkfifo(&path);
+        Fifo(path)
+    }
+}
+
+impl Drop for Fifo {
+    fn drop(&mut self) {
+        let _ = OpenOptions::new().read(true).write(true).open(&self.0);
+    }
 }
 
 /// Waits for `child` to exit (the guard only catches a hang), killing it if it hangs.
@@ -140,11 +151,11 @@ async fn a_guest_sleeping_in_the_clock_is_stopped_at_the_deadline() {
 async fn a_guest_blocked_reading_a_fifo_is_stopped_at_the_deadline() {
     let registry = registry(Duration::from_millis(500), None).await;
     let ws = tempfile::tempdir().unwrap();
-    let fifo = held_fifo(ws.path(), "pipe");
+    let fifo = Fifo::new(ws.path(), "pipe");
     let read = call(&registry, "raw_read", r#"{"path": "pipe"}"#, "fs.read", ws.path()).await;
     expect_deadline(read, "raw_read", "0.5");
     next_call_works(&registry, ws.path()).await;
-    // The abandoned read ends here, so the runtime's blocking thread can finish.
+    // The abandoned open ends here, so the runtime's blocking thread can finish.
     drop(fifo);
 }
 
@@ -164,7 +175,7 @@ async fn every_pool_slot_freed_by_a_deadline_serves_the_next_calls() {
         .await
         .unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let fifo = held_fifo(ws.path(), "pipe");
+    let fifo = Fifo::new(ws.path(), "pipe");
     let blocked = (0..4).map(|_| call(&registry, "raw_read", r#"{"path": "pipe"}"#, "fs.read", ws.path()));
     for result in futures_join(blocked).await {
         expect_deadline(result, "raw_read", "0.5");
@@ -312,7 +323,7 @@ fn tool_call_reading_a_fifo_reports_the_deadline_and_exits() {
     let dir = tempfile::tempdir().unwrap();
     let plugins = tempfile::tempdir().unwrap();
     std::fs::copy(component("fixtures", "probe"), plugins.path().join("probe.wasm")).unwrap();
-    let fifo = held_fifo(dir.path(), "pipe");
+    let fifo = Fifo::new(dir.path(), "pipe");
     let out = run_capstan(
         dir.path(),
         &[
