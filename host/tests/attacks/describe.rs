@@ -247,7 +247,7 @@ async fn unknown_tool_names_are_echoed_on_one_line_and_cut() {
         .unwrap_err();
     let msg = err.message();
     assert_eq!(err.kind(), "not-found");
-    assert!(msg.contains(r"evil\n\u{1b}[2J") && msg.contains("(10010 bytes)"), "{msg}");
+    assert!(msg.contains(r"evil\n\u{1b}[2J") && msg.contains("(10009 bytes)"), "{msg}");
     assert!(!msg.contains('\n') && !msg.contains('\u{1b}'), "{msg:?}");
     assert!(msg.len() < 1000, "cut: {} bytes", msg.len());
 }
