@@ -276,7 +276,12 @@ impl RawConfig {
             plugins_dir: self.agent.plugins_dir.map(resolve),
         };
         let limits = self.limits.check()?;
-        if let Some((tool, _)) = self.plugins.prefer.iter().find(|(_, p)| p.trim().is_empty()) {
+        if let Some((tool, _)) = self
+            .plugins
+            .prefer
+            .iter()
+            .find(|(_, p)| p.trim().is_empty())
+        {
             return Err(key_error(
                 &format!("plugins.prefer.{tool}"),
                 "must name a plugin (its file name without `.wasm`)",

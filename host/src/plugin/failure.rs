@@ -6,14 +6,14 @@ use super::engine::{
 };
 use super::limits::Limits;
 
-/// Guest addresses this close below 4 GiB are a stack pointer that wrapped below zero:
-/// Rust and C guests keep their stack at the start of linear memory, growing down.
-const WRAPPED_STACK_WINDOW: u64 = 64 << 20;
-
 /// When `err` is a pooling-allocator limit, what was exceeded and how to raise it (or that
 /// the cap is fixed).
 pub(crate) fn pool_limit(err: &wasmtime::Error, limits: &Limits) -> Option<String> {
-    let text = err.chain().map(ToString::to_string).collect::<Vec<_>>().join(": ");
+    let text = err
+        .chain()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ");
     if let Some(min) = number_after(&text, "minimum byte size of ") {
         return Some(format!(
             "its linear memory starts at {} MiB, over the {} MiB limit; raise \
@@ -31,10 +31,13 @@ pub(crate) fn pool_limit(err: &wasmtime::Error, limits: &Limits) -> Option<Strin
     };
     if text.contains("core module instances, which exceeds") {
         let count = number_after(&text, "transitively contains ");
-        return Some(fixed("core instances", count, MAX_CORE_INSTANCES_PER_COMPONENT));
+        return Some(fixed(
+            "core instances",
+            count,
+            MAX_CORE_INSTANCES_PER_COMPONENT,
+        ));
     }
-    if text.contains("linear memories, which exceeds") || text.contains("defined memories count")
-    {
+    if text.contains("linear memories, which exceeds") || text.contains("defined memories count") {
         let count = number_after(&text, "transitively contains ");
         return Some(fixed("linear memories", count, MAX_MEMORIES_PER_COMPONENT));
     }
@@ -52,23 +55,40 @@ pub(crate) fn pool_limit(err: &wasmtime::Error, limits: &Limits) -> Option<Strin
     None
 }
 
-/// Whether `err` is a guest stack overflow: the engine's call-stack limit, or an access
-/// just below 4 GiB, where a guest's downward-growing stack lands when it runs past zero.
-pub(crate) fn is_stack_overflow(err: &wasmtime::Error) -> bool {
-    match err.downcast_ref::<wasmtime::Trap>() {
-        Some(wasmtime::Trap::StackOverflow) => true,
-        Some(wasmtime::Trap::MemoryOutOfBounds) => err.chain().any(|cause| {
-            let text = cause.to_string();
-            let Some(hex) = text.strip_prefix("memory fault at wasm address 0x") else {
-                return false;
-            };
-            let digits: String = hex.chars().take_while(char::is_ascii_hexdigit).collect();
-            u64::from_str_radix(&digits, 16).is_ok_and(|address| {
-                address >= (1 << 32) - WRAPPED_STACK_WINDOW && address < (1 << 32) + (1 << 16)
+/// Calls of one function deep enough on the stack at an out-of-bounds access to call it a
+/// stack overflow: a recursion ran the guest's own stack (kept in linear memory, growing
+/// down from its start) past zero.
+const RECURSION_DEPTH: usize = 16;
+
+/// When `err` is a guest stack overflow, how it shows: the engine's call-stack limit, or an
+/// out-of-bounds access at least [`RECURSION_DEPTH`] calls deep in one function.
+pub(crate) fn stack_overflow(err: &wasmtime::Error) -> Option<String> {
+    match err.downcast_ref::<wasmtime::Trap>()? {
+        wasmtime::Trap::StackOverflow => Some("its call stack ran out".into()),
+        wasmtime::Trap::MemoryOutOfBounds => {
+            let depth = recursion_depth(err.downcast_ref::<wasmtime::WasmBacktrace>()?);
+            (depth >= RECURSION_DEPTH).then(|| {
+                format!(
+                    "an out-of-bounds memory access at least {depth} calls deep in a recursion, where \
+                     its stack in linear memory ran past its start"
+                )
             })
-        }),
-        _ => false,
+        }
+        _ => None,
     }
+}
+
+/// The longest run of consecutive frames of one function in `backtrace`: a recursion.
+fn recursion_depth(backtrace: &wasmtime::WasmBacktrace) -> usize {
+    let frames = backtrace.frames();
+    let mut longest = 0;
+    let mut run = 0;
+    for (i, frame) in frames.iter().enumerate() {
+        let same = i > 0 && frames[i - 1].func_index() == frame.func_index();
+        run = if same { run + 1 } else { 1 };
+        longest = longest.max(run);
+    }
+    longest
 }
 
 /// The decimal number right after `prefix` in `text`.
@@ -90,14 +110,20 @@ mod tests {
         )
         .context("memory index 0 is unsupported in this pooling allocator configuration");
         let text = pool_limit(&memory, &limits).unwrap();
-        assert!(text.contains("100 MiB") && text.contains("limits.tool_memory_mib"), "{text}");
+        assert!(
+            text.contains("100 MiB") && text.contains("limits.tool_memory_mib"),
+            "{text}"
+        );
 
         let instances = wasmtime::Error::msg(
             "The component transitively contains 40 core module instances, which exceeds the \
              configured maximum of 32 in the pooling allocator",
         );
         let text = pool_limit(&instances, &limits).unwrap();
-        assert!(text.contains("40 core instances") && text.contains("cap of 32"), "{text}");
+        assert!(
+            text.contains("40 core instances") && text.contains("cap of 32"),
+            "{text}"
+        );
 
         assert!(pool_limit(&wasmtime::Error::msg("something else"), &limits).is_none());
     }

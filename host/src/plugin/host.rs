@@ -107,19 +107,18 @@ impl PluginHost {
         let bytes = read_plugin_file(path)?;
         check_header(path, &bytes)?;
         let started = Instant::now();
-        let (component, cache) =
-            self.cache
-                .load(&self.engine, &bytes)
-                .map_err(|err| match failure::pool_limit(&err, &self.limits) {
-                    Some(reason) => LoadError::OverLimit {
-                        path: path.to_owned(),
-                        reason,
-                    },
-                    None => LoadError::Invalid {
-                        path: path.to_owned(),
-                        reason: format!("{err:#}"),
-                    },
-                })?;
+        let (component, cache) = self.cache.load(&self.engine, &bytes).map_err(|err| {
+            match failure::pool_limit(&err, &self.limits) {
+                Some(reason) => LoadError::OverLimit {
+                    path: path.to_owned(),
+                    reason,
+                },
+                None => LoadError::Invalid {
+                    path: path.to_owned(),
+                    reason: format!("{err:#}"),
+                },
+            }
+        })?;
         let wit_version = check_exports(path, &self.engine, &component)?;
         let imports = check_imports(path, &self.engine, &component)?;
         let link_error = |err: wasmtime::Error| LoadError::Link {
@@ -283,10 +282,10 @@ impl PluginHost {
         if let Some(cause) = failure::pool_limit(err, &self.limits) {
             return ToolError::Failed(format!("{who} cannot be instantiated: {cause}"));
         }
-        if failure::is_stack_overflow(err) {
+        if let Some(how) = failure::stack_overflow(err) {
             return ToolError::Failed(format!(
-                "{who} overflowed its stack (stack overflow: recursion too deep or frames too \
-                 large) and was stopped"
+                "{who} was stopped by a stack overflow ({how}); recursion too deep or frames \
+                 too large"
             ));
         }
         let said = store.data().captured_output();

@@ -82,7 +82,6 @@ impl Sandbox {
             ))
         })
     }
-
 }
 
 /// Under `tasks.write-own` only (`write_any` false), refuses a task `caller` neither created
@@ -258,14 +257,23 @@ impl memory::Host for Sandbox {
     async fn delete(&mut self, id: String) -> Result<(), HostError> {
         let store = self.store_for("memory.delete", MEMORY_WRITE)?;
         let id: u64 = id.parse().map_err(|_| {
-            HostError::Invalid(format!("memory id `{}` is not a number", echo_name(&id, 64)))
+            HostError::Invalid(format!(
+                "memory id `{}` is not a number",
+                echo_name(&id, 64)
+            ))
         })?;
-        on_store(store, move |store| store.delete_memory(id).map_err(host_error)).await
+        on_store(store, move |store| {
+            store.delete_memory(id).map_err(host_error)
+        })
+        .await
     }
 
     async fn working_get(&mut self, key: String) -> Result<Option<String>, HostError> {
         let store = self.store_for("memory.working-get", MEMORY_READ)?;
-        on_store(store, move |store| store.working_get(&key).map_err(host_error)).await
+        on_store(store, move |store| {
+            store.working_get(&key).map_err(host_error)
+        })
+        .await
     }
 
     async fn working_set(

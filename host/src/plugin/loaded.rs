@@ -234,7 +234,10 @@ mod tests {
             (spec("File", "{}", &[]), "invalid name"),
             (spec("a", "not json", &[]), "not valid JSON"),
             (spec("a", "[]", &[]), "JSON Schema object"),
-            (spec("a", r#"{"type": "objekt"}"#, &[]), "not a valid JSON Schema"),
+            (
+                spec("a", r#"{"type": "objekt"}"#, &[]),
+                "not a valid JSON Schema",
+            ),
             (spec("a", "{}", &["fs.root"]), "fs.root"),
         ] {
             let err = ToolInfo::from_specs(path, vec![bad])

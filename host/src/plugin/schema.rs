@@ -56,8 +56,17 @@ const COUNT_KEYWORDS: &[&str] = &[
 
 /// Keywords whose value is a string.
 const STRING_KEYWORDS: &[&str] = &[
-    "$schema", "$id", "$ref", "$anchor", "$comment", "title", "description", "format",
-    "pattern", "contentEncoding", "contentMediaType",
+    "$schema",
+    "$id",
+    "$ref",
+    "$anchor",
+    "$comment",
+    "title",
+    "description",
+    "format",
+    "pattern",
+    "contentEncoding",
+    "contentMediaType",
 ];
 
 /// Checks that `schema` is a JSON Schema for an arguments object; the error names the
@@ -107,12 +116,7 @@ fn check_object(map: &Map<String, Value>, at: &str, depth: usize) -> Result<(), 
         } else {
             format!("{at}.{key}")
         };
-        let bad = |expected: &str| {
-            Err(format!(
-                "{here}: must be {expected}, not {}",
-                kind(value)
-            ))
-        };
+        let bad = |expected: &str| Err(format!("{here}: must be {expected}, not {}", kind(value)));
         match key.as_str() {
             "type" => check_type(value, &here)?,
             k if SCHEMA_KEYWORDS.contains(&k) => check_schema(value, &here, depth + 1)?,
@@ -268,12 +272,24 @@ mod tests {
         for (bad, expected) in [
             (json!([]), "must be a JSON Schema object"),
             (json!({"type": "string"}), "must be \"object\""),
-            (json!({"properties": {"p": {"type": "strin"}}}), "properties.p.type"),
-            (json!({"properties": 3}), "properties: must be an object of schemas"),
+            (
+                json!({"properties": {"p": {"type": "strin"}}}),
+                "properties.p.type",
+            ),
+            (
+                json!({"properties": 3}),
+                "properties: must be an object of schemas",
+            ),
             (json!({"required": "path"}), "required: must be an array"),
-            (json!({"properties": {"p": {"minLength": -1}}}), "properties.p.minLength"),
+            (
+                json!({"properties": {"p": {"minLength": -1}}}),
+                "properties.p.minLength",
+            ),
             (json!({"anyOf": []}), "anyOf: must be a non-empty array"),
-            (json!({"items": 5}), "items: a schema must be an object or a boolean"),
+            (
+                json!({"items": 5}),
+                "items: a schema must be an object or a boolean",
+            ),
         ] {
             let err = check_args_schema(&bad).unwrap_err();
             assert!(err.contains(expected), "{bad}: {err}");

@@ -99,12 +99,8 @@ pub(crate) fn settle(plugins: Vec<LoadedPlugin>, prefer: &Preferences) -> Settle
     let mut hidden: Vec<(usize, String, usize)> = Vec::new();
     for (tool, indexes) in declarers.iter().filter(|(_, i)| i.len() > 1) {
         let preferred = prefer.plugin_for(tool);
-        let winner = preferred.and_then(|name| {
-            indexes
-                .iter()
-                .copied()
-                .find(|&i| &*plugins[i].name == name)
-        });
+        let winner =
+            preferred.and_then(|name| indexes.iter().copied().find(|&i| &*plugins[i].name == name));
         match winner {
             Some(winner) => {
                 for &loser in indexes.iter().filter(|&&i| i != winner) {
@@ -113,20 +109,22 @@ pub(crate) fn settle(plugins: Vec<LoadedPlugin>, prefer: &Preferences) -> Settle
             }
             None => {
                 for &index in indexes {
-                    refused.entry(index).or_insert_with(|| LoadError::DuplicateTool {
-                        path: plugins[index].path.clone(),
-                        tool: (*tool).to_owned(),
-                        others: indexes
-                            .iter()
-                            .filter(|&&i| i != index)
-                            .map(|&i| plugins[i].path.clone())
-                            .collect(),
-                        choices: indexes
-                            .iter()
-                            .map(|&i| plugins[i].name.to_string())
-                            .collect(),
-                        preferred: preferred.map(str::to_owned),
-                    });
+                    refused
+                        .entry(index)
+                        .or_insert_with(|| LoadError::DuplicateTool {
+                            path: plugins[index].path.clone(),
+                            tool: (*tool).to_owned(),
+                            others: indexes
+                                .iter()
+                                .filter(|&&i| i != index)
+                                .map(|&i| plugins[i].path.clone())
+                                .collect(),
+                            choices: indexes
+                                .iter()
+                                .map(|&i| plugins[i].name.to_string())
+                                .collect(),
+                            preferred: preferred.map(str::to_owned),
+                        });
                 }
             }
         }

@@ -10,9 +10,7 @@ use std::process::{Child, Output};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use capstan_host::plugin::{
-    ArtifactCache, CallRequest, Limits, PluginHost, Registry, ToolError,
-};
+use capstan_host::plugin::{ArtifactCache, CallRequest, Limits, PluginHost, Registry, ToolError};
 use capstan_host::policy::Grants;
 use capstan_host::store::Store;
 
@@ -41,7 +39,13 @@ async fn registry(deadline: Duration, store: Option<Arc<Store>>) -> Arc<Registry
     Arc::new(registry)
 }
 
-async fn call(registry: &Registry, tool: &str, args: &str, grants: &str, ws: &Path) -> Result<String, ToolError> {
+async fn call(
+    registry: &Registry,
+    tool: &str,
+    args: &str,
+    grants: &str,
+    ws: &Path,
+) -> Result<String, ToolError> {
     let grants: Grants = grants.parse().unwrap();
     let request = CallRequest {
         tool,
@@ -77,7 +81,13 @@ fn mkfifo(path: &Path) {
     let c_path = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: a valid NUL-terminated path; mkfifo touches nothing else.
     let rc = unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) };
-    assert_eq!(rc, 0, "mkfifo {}: {}", path.display(), std::io::Error::last_os_error());
+    assert_eq!(
+        rc,
+        0,
+        "mkfifo {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
 }
 
 /// A FIFO in `dir` that no one writes: a guest opening it for reading waits in `open()`
@@ -152,7 +162,14 @@ async fn a_guest_blocked_reading_a_fifo_is_stopped_at_the_deadline() {
     let registry = registry(Duration::from_millis(500), None).await;
     let ws = tempfile::tempdir().unwrap();
     let fifo = Fifo::new(ws.path(), "pipe");
-    let read = call(&registry, "raw_read", r#"{"path": "pipe"}"#, "fs.read", ws.path()).await;
+    let read = call(
+        &registry,
+        "raw_read",
+        r#"{"path": "pipe"}"#,
+        "fs.read",
+        ws.path(),
+    )
+    .await;
     expect_deadline(read, "raw_read", "0.5");
     next_call_works(&registry, ws.path()).await;
     // The abandoned open ends here, so the runtime's blocking thread can finish.
@@ -176,7 +193,15 @@ async fn every_pool_slot_freed_by_a_deadline_serves_the_next_calls() {
         .unwrap();
     let ws = tempfile::tempdir().unwrap();
     let fifo = Fifo::new(ws.path(), "pipe");
-    let blocked = (0..4).map(|_| call(&registry, "raw_read", r#"{"path": "pipe"}"#, "fs.read", ws.path()));
+    let blocked = (0..4).map(|_| {
+        call(
+            &registry,
+            "raw_read",
+            r#"{"path": "pipe"}"#,
+            "fs.read",
+            ws.path(),
+        )
+    });
     for result in futures_join(blocked).await {
         expect_deadline(result, "raw_read", "0.5");
     }
@@ -297,7 +322,14 @@ async fn a_guest_waiting_in_a_slow_store_import_frees_the_executor_and_stops_at_
         let registry = registry.clone();
         let ws = ws.path().to_owned();
         async move {
-            call(&registry, "task_write", r#"{"text": "held up"}"#, "tasks.write", &ws).await
+            call(
+                &registry,
+                "task_write",
+                r#"{"text": "held up"}"#,
+                "tasks.write",
+                &ws,
+            )
+            .await
         }
     });
     tokio::time::timeout(HANG_GUARD, entered.notified())
@@ -322,7 +354,11 @@ async fn a_guest_waiting_in_a_slow_store_import_frees_the_executor_and_stops_at_
 fn tool_call_reading_a_fifo_reports_the_deadline_and_exits() {
     let dir = tempfile::tempdir().unwrap();
     let plugins = tempfile::tempdir().unwrap();
-    std::fs::copy(component("fixtures", "probe"), plugins.path().join("probe.wasm")).unwrap();
+    std::fs::copy(
+        component("fixtures", "probe"),
+        plugins.path().join("probe.wasm"),
+    )
+    .unwrap();
     let fifo = Fifo::new(dir.path(), "pipe");
     let out = run_capstan(
         dir.path(),
@@ -360,7 +396,14 @@ fn a_describe_that_sleeps_is_refused_and_the_other_plugins_serve() {
 
     let out = run_capstan(
         dir.path(),
-        &["plugins", "list", "--deadline", "1", "--plugins-dir", plugins_arg],
+        &[
+            "plugins",
+            "list",
+            "--deadline",
+            "1",
+            "--plugins-dir",
+            plugins_arg,
+        ],
         "`capstan plugins list` with a plugin whose describe() sleeps",
     );
     let (listed, err) = (stdout(&out), stderr(&out));
@@ -428,7 +471,12 @@ fn a_fifo_in_the_plugins_directory_is_refused_by_name_and_the_rest_load() {
     mkfifo(&plugins.path().join("pipe.wasm"));
     let out = run_capstan(
         dir.path(),
-        &["plugins", "list", "--plugins-dir", plugins.path().to_str().unwrap()],
+        &[
+            "plugins",
+            "list",
+            "--plugins-dir",
+            plugins.path().to_str().unwrap(),
+        ],
         "`capstan plugins list` with a FIFO in the plugins directory",
     );
     let err = stderr(&out);

@@ -5,9 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use capstan_host::plugin::{
-    ArtifactCache, Limits, LoadError, PluginHost, Preferences, Registry,
-};
+use capstan_host::plugin::{ArtifactCache, Limits, LoadError, PluginHost, Preferences, Registry};
 
 use crate::support::{capstan, component, plugins_dir, stderr, stdout, test_cache_dir};
 
@@ -64,7 +62,10 @@ async fn a_copy_of_files_under_any_name_never_shadows_it_and_both_are_named() {
             );
             assert!(err.contains("plugins.prefer."), "names the key: {err}");
         }
-        assert!(provider(&registry, "task_list").is_some(), "the others load");
+        assert!(
+            provider(&registry, "task_list").is_some(),
+            "the others load"
+        );
     }
 }
 
@@ -84,7 +85,11 @@ async fn the_configured_plugin_provides_a_shared_tool_name_in_either_order() {
             for tool in FILE_TOOLS {
                 assert_eq!(provider(&registry, tool), Some(winner), "{copy}: {tool}");
             }
-            let loser = if winner == "files" { file.as_str() } else { "files.wasm" };
+            let loser = if winner == "files" {
+                file.as_str()
+            } else {
+                "files.wasm"
+            };
             assert_eq!(registry.shadowed().len(), 4);
             for shadowed in registry.shadowed() {
                 let text = shadowed.to_string();
@@ -105,10 +110,16 @@ fn the_prefer_key_settles_a_shadowing_attempt_through_the_binary() {
     let plugins = plugins_with(&[("aaa.wasm", component("plugins", "files"))]);
     let plugins_arg = plugins.path().to_str().unwrap();
 
-    let out = capstan(dir.path(), &["plugins", "list", "--plugins-dir", plugins_arg]);
+    let out = capstan(
+        dir.path(),
+        &["plugins", "list", "--plugins-dir", plugins_arg],
+    );
     let (listed, err) = (stdout(&out), stderr(&out));
     assert!(out.status.success(), "{err}");
-    assert!(!listed.contains("file_read"), "an unsettled name is offered by no one: {listed}");
+    assert!(
+        !listed.contains("file_read"),
+        "an unsettled name is offered by no one: {listed}"
+    );
     assert!(
         err.contains("aaa.wasm") && err.contains("files.wasm") && err.contains("plugins.prefer"),
         "{err}"
@@ -120,15 +131,24 @@ fn the_prefer_key_settles_a_shadowing_attempt_through_the_binary() {
          file_write = \"files\", file_edit = \"files\" }\n",
     )
     .unwrap();
-    let out = capstan(dir.path(), &["plugins", "list", "--plugins-dir", plugins_arg]);
+    let out = capstan(
+        dir.path(),
+        &["plugins", "list", "--plugins-dir", plugins_arg],
+    );
     let (listed, err) = (stdout(&out), stderr(&out));
     assert!(out.status.success(), "{err}");
     let row = listed
         .lines()
         .find(|line| line.starts_with("file_read "))
         .unwrap_or_else(|| panic!("file_read is listed: {listed}"));
-    assert!(row.contains("files.wasm") && !row.contains("aaa.wasm"), "{row}");
-    assert!(err.contains("aaa.wasm") && err.contains("is not offered"), "{err}");
+    assert!(
+        row.contains("files.wasm") && !row.contains("aaa.wasm"),
+        "{row}"
+    );
+    assert!(
+        err.contains("aaa.wasm") && err.contains("is not offered"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -151,16 +171,21 @@ async fn oversized_and_invalid_describe_output_is_refused_and_the_rest_load() {
         .unwrap();
 
     let many = refusal(&registry, "describe_many.wasm");
-    assert!(many.contains("65 tools") && many.contains("limit of 64"), "{many}");
+    assert!(
+        many.contains("65 tools") && many.contains("limit of 64"),
+        "{many}"
+    );
     let wordy = refusal(&registry, "describe_huge_description.wasm");
     assert!(
-        wordy.contains("tool `wordy`") && wordy.contains("description is 102400 bytes")
+        wordy.contains("tool `wordy`")
+            && wordy.contains("description is 102400 bytes")
             && wordy.contains("limit of 4096"),
         "{wordy}"
     );
     let sprawling = refusal(&registry, "describe_huge_schema.wasm");
     assert!(
-        sprawling.contains("tool `sprawling`") && sprawling.contains("args-schema is")
+        sprawling.contains("tool `sprawling`")
+            && sprawling.contains("args-schema is")
             && sprawling.contains("limit of 32768"),
         "{sprawling}"
     );
@@ -172,12 +197,27 @@ async fn oversized_and_invalid_describe_output_is_refused_and_the_rest_load() {
         "{typo}"
     );
     let name = refusal(&registry, "describe_bad_name.wasm");
-    assert!(name.contains("invalid name") && name.contains(r"file_read\n\u{1b}[31mFORGED"), "{name}");
-    assert!(!name.contains('\n') && !name.contains('\u{1b}'), "escaped: {name:?}");
+    assert!(
+        name.contains("invalid name") && name.contains(r"file_read\n\u{1b}[31mFORGED"),
+        "{name}"
+    );
+    assert!(
+        !name.contains('\n') && !name.contains('\u{1b}'),
+        "escaped: {name:?}"
+    );
 
-    assert_eq!(registry.refused().len(), fixtures.len(), "{:?}", registry.refused());
+    assert_eq!(
+        registry.refused().len(),
+        fixtures.len(),
+        "{:?}",
+        registry.refused()
+    );
     for tool in FILE_TOOLS {
-        assert_eq!(provider(&registry, tool), Some("files"), "{tool} still loads");
+        assert_eq!(
+            provider(&registry, tool),
+            Some("files"),
+            "{tool} still loads"
+        );
     }
     assert!(provider(&registry, "file_read\n\u{1b}[31mFORGED").is_none());
 }
@@ -187,7 +227,13 @@ async fn a_memory_that_starts_over_the_limit_names_the_key_that_raises_it() {
     let big = component("fixtures", "big_memory");
     let err = host(Limits::default()).load(&big).await.unwrap_err();
     let text = err.to_string();
-    assert!(matches!(err, LoadError::OverLimit { .. } | LoadError::Describe { .. }), "{text}");
+    assert!(
+        matches!(
+            err,
+            LoadError::OverLimit { .. } | LoadError::Describe { .. }
+        ),
+        "{text}"
+    );
     assert!(
         text.contains("big_memory.wasm")
             && text.contains("64 MiB limit")
@@ -199,7 +245,10 @@ async fn a_memory_that_starts_over_the_limit_names_the_key_that_raises_it() {
         memory_bytes: 128 << 20,
         ..Limits::default()
     };
-    let plugin = host(roomy).load(&big).await.expect("loads under a raised limit");
+    let plugin = host(roomy)
+        .load(&big)
+        .await
+        .expect("loads under a raised limit");
     assert_eq!(plugin.tools()[0].name, "peek");
 }
 
@@ -207,20 +256,37 @@ async fn a_memory_that_starts_over_the_limit_names_the_key_that_raises_it() {
 fn guest_text_cannot_forge_log_lines_or_terminal_output() {
     let dir = tempfile::tempdir().unwrap();
     let plugins = tempfile::tempdir().unwrap();
-    std::fs::copy(component("fixtures", "probe"), plugins.path().join("probe.wasm")).unwrap();
+    std::fs::copy(
+        component("fixtures", "probe"),
+        plugins.path().join("probe.wasm"),
+    )
+    .unwrap();
     let out = crate::support::capstan_command(
         dir.path(),
-        &["tool", "call", "forge", "{}", "--plugins-dir", plugins.path().to_str().unwrap()],
+        &[
+            "tool",
+            "call",
+            "forge",
+            "{}",
+            "--plugins-dir",
+            plugins.path().to_str().unwrap(),
+        ],
     )
     .env("CAPSTAN_LOG", "info")
     .output()
     .unwrap();
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(6), "{err}");
-    assert!(!err.contains('\u{1b}'), "no escape byte reaches the terminal: {err:?}");
+    assert!(
+        !err.contains('\u{1b}'),
+        "no escape byte reaches the terminal: {err:?}"
+    );
     assert!(!err.contains('\r'), "no carriage return: {err:?}");
     for line in err.lines() {
-        assert!(!line.starts_with("2026-01-01T00:00:00Z"), "forged line: {err}");
+        assert!(
+            !line.starts_with("2026-01-01T00:00:00Z"),
+            "forged line: {err}"
+        );
     }
     // The text is still there, visibly escaped: in the log lines and in the panic quote.
     let escaped = r"ok\n2026-01-01T00:00:00Z ERROR forged\r\u{1b}[31mred";
@@ -247,7 +313,10 @@ async fn unknown_tool_names_are_echoed_on_one_line_and_cut() {
         .unwrap_err();
     let msg = err.message();
     assert_eq!(err.kind(), "not-found");
-    assert!(msg.contains(r"evil\n\u{1b}[2J") && msg.contains("(10009 bytes)"), "{msg}");
+    assert!(
+        msg.contains(r"evil\n\u{1b}[2J") && msg.contains("(10009 bytes)"),
+        "{msg}"
+    );
     assert!(!msg.contains('\n') && !msg.contains('\u{1b}'), "{msg:?}");
     assert!(msg.len() < 1000, "cut: {} bytes", msg.len());
 }

@@ -19,8 +19,20 @@ use crate::support::{component, plugins_dir, test_cache_dir};
 /// Tools worth calling: quick ones that parse their arguments, fail, exit, touch the
 /// workspace or need what the call lacks; and names that are not tools.
 const TOOLS: &[&str] = &[
-    "echo", "panic", "exit", "raw_list", "raw_read", "file_read", "file_list", "file_write",
-    "task_list", "task_create", "memory_recall", "memory_save", "nope", "",
+    "echo",
+    "panic",
+    "exit",
+    "raw_list",
+    "raw_read",
+    "file_read",
+    "file_list",
+    "file_write",
+    "task_list",
+    "task_create",
+    "memory_recall",
+    "memory_save",
+    "nope",
+    "",
 ];
 
 const KEYS: &[&str] = &[
@@ -103,8 +115,11 @@ fn ten_thousand_generated_tool_inputs_never_panic_the_host() {
         .build()
         .unwrap();
     let registry = runtime.block_on(async {
-        let host = PluginHost::new(Limits::default(), ArtifactCache::new(test_cache_dir())).unwrap();
-        let mut registry = Registry::load_dir(Arc::new(host), &plugins_dir()).await.unwrap();
+        let host =
+            PluginHost::new(Limits::default(), ArtifactCache::new(test_cache_dir())).unwrap();
+        let mut registry = Registry::load_dir(Arc::new(host), &plugins_dir())
+            .await
+            .unwrap();
         registry
             .add_file(&component("fixtures", "probe"))
             .await
@@ -172,14 +187,14 @@ fn raw_spec() -> impl Strategy<Value = RawToolSpec> {
         ],
         0..3,
     );
-    (name, description, schema, capabilities).prop_map(|(name, description, args_schema, capabilities)| {
-        RawToolSpec {
+    (name, description, schema, capabilities).prop_map(
+        |(name, description, args_schema, capabilities)| RawToolSpec {
             name,
             description,
             args_schema,
             capabilities,
-        }
-    })
+        },
+    )
 }
 
 #[test]
