@@ -147,63 +147,55 @@ fn check_object(map: &Map<String, Value>, at: &str, depth: usize) -> Result<(), 
                 }
                 sub => check_schema(sub, &here, depth + 1)?,
             },
-            "required" => {
-                let Value::Array(names) = value else {
-                    return bad("an array of property names");
-                };
-                if !names.iter().all(Value::is_string) {
-                    return bad("an array of property names (strings)");
+            _ => {
+                if let Some((fits, expected)) = simple_keyword(key)
+                    && !fits(value)
+                {
+                    return bad(expected);
                 }
             }
-            "enum" | "examples" => {
-                if !value.is_array() {
-                    return bad("an array");
-                }
-            }
-            "multipleOf" => {
-                if !value.as_f64().is_some_and(|n| n > 0.0) {
-                    return bad("a number greater than 0");
-                }
-            }
-            "minimum" | "maximum" => {
-                if !value.is_number() {
-                    return bad("a number");
-                }
-            }
-            // A number from draft 6 on, a boolean in draft 4.
-            "exclusiveMinimum" | "exclusiveMaximum" => {
-                if !(value.is_number() || value.is_boolean()) {
-                    return bad("a number");
-                }
-            }
-            k if COUNT_KEYWORDS.contains(&k) => {
-                if value.as_u64().is_none() {
-                    return bad("a non-negative integer");
-                }
-            }
-            "uniqueItems" | "readOnly" | "writeOnly" | "deprecated" => {
-                if !value.is_boolean() {
-                    return bad("true or false");
-                }
-            }
-            k if STRING_KEYWORDS.contains(&k) => {
-                if !value.is_string() {
-                    return bad("a string");
-                }
-            }
-            "dependentRequired" => {
-                let ok = value.as_object().is_some_and(|m| {
-                    m.values()
-                        .all(|v| v.as_array().is_some_and(|a| a.iter().all(Value::is_string)))
-                });
-                if !ok {
-                    return bad("an object of arrays of property names");
-                }
-            }
-            _ => {}
         }
     }
     Ok(())
+}
+
+/// A check of a keyword's value, and what the value must be.
+type ValueKind = (fn(&Value) -> bool, &'static str);
+
+/// For a keyword whose value holds no subschema: a check of its value, and what it must be.
+fn simple_keyword(key: &str) -> Option<ValueKind> {
+    let kind: ValueKind = match key {
+        "required" => (
+            |v| v.as_array().is_some_and(|a| a.iter().all(Value::is_string)),
+            "an array of property names",
+        ),
+        "enum" | "examples" => (Value::is_array, "an array"),
+        "multipleOf" => (
+            |v| v.as_f64().is_some_and(|n| n > 0.0),
+            "a number greater than 0",
+        ),
+        "minimum" | "maximum" => (Value::is_number, "a number"),
+        // A number from draft 6 on, a boolean in draft 4.
+        "exclusiveMinimum" | "exclusiveMaximum" => {
+            (|v| v.is_number() || v.is_boolean(), "a number")
+        }
+        "uniqueItems" | "readOnly" | "writeOnly" | "deprecated" => {
+            (Value::is_boolean, "true or false")
+        }
+        "dependentRequired" => (
+            |v| {
+                v.as_object().is_some_and(|m| {
+                    m.values()
+                        .all(|v| v.as_array().is_some_and(|a| a.iter().all(Value::is_string)))
+                })
+            },
+            "an object of arrays of property names",
+        ),
+        k if COUNT_KEYWORDS.contains(&k) => (|v| v.as_u64().is_some(), "a non-negative integer"),
+        k if STRING_KEYWORDS.contains(&k) => (Value::is_string, "a string"),
+        _ => return None,
+    };
+    Some(kind)
 }
 
 fn check_type(value: &Value, at: &str) -> Result<(), String> {
