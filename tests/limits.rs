@@ -146,3 +146,33 @@ async fn calls_beyond_the_pool_wait_for_a_slot_instead_of_failing() {
         assert_eq!(handle.await.unwrap().unwrap(), n.to_string());
     }
 }
+
+#[tokio::test]
+async fn a_guest_exit_is_reported_with_its_status() {
+    let registry = registry(Limits::default()).await;
+    // WASI 0.2's `exit` carries success or failure: any non-zero status arrives as 1.
+    for (code, status) in [(0, 0), (1, 1), (3, 1)] {
+        let msg = run(&registry, "exit", json!({ "code": code })).await;
+        assert!(
+            msg.contains("tool `exit`") && msg.contains(&format!("exited with status {status}")),
+            "{msg}"
+        );
+    }
+    echo_works(&registry).await;
+}
+
+#[tokio::test]
+async fn a_stack_overflow_is_reported_as_one_not_as_a_raw_trap() {
+    let registry = registry(Limits::default()).await;
+    // Small frames exhaust the engine's call stack; large ones run the guest's own stack
+    // (in linear memory) past its start.
+    for frame in [0, 16 * 1024] {
+        let msg = run(&registry, "recurse", json!({ "frame": frame })).await;
+        assert!(msg.contains("stack overflow"), "frame {frame}: {msg}");
+        assert!(
+            !msg.contains("out of bounds") && !msg.contains("backtrace"),
+            "frame {frame}: {msg}"
+        );
+    }
+    echo_works(&registry).await;
+}

@@ -94,14 +94,18 @@ async fn bad_components_are_refused_by_name_and_the_rest_still_load() {
 #[tokio::test]
 async fn a_second_plugin_with_a_taken_tool_name_is_refused() {
     let files = std::fs::read(component("plugins", "files")).unwrap();
-    // Loaded in name order: files.wasm first, then the copy.
+    // Name order no longer decides: neither plugin shadows the other, both are refused
+    // naming each other, until `plugins.prefer` settles it.
     let dir = plugins_with(&[("files2.wasm", files)]);
     let registry = Registry::load_dir(host(), dir.path()).await.unwrap();
     let err = refusal(&registry, "files2.wasm").to_string();
     assert!(
-        err.contains("already provided by") && err.contains("files.wasm"),
+        err.contains("also declared by") && err.contains("files.wasm"),
         "{err}"
     );
+    let err = refusal(&registry, "files.wasm").to_string();
+    assert!(err.contains("files2.wasm"), "{err}");
+    assert!(registry.tool("file_read").is_none());
 }
 
 #[tokio::test]

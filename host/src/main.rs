@@ -6,8 +6,7 @@ use std::process::ExitCode;
 use capstan_host::cli::Cli;
 use clap::Parser;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("CAPSTAN_LOG")
@@ -30,7 +29,14 @@ async fn main() -> ExitCode {
             };
         }
     };
-    match cli.run().await {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = match runtime.block_on(cli.run()) {
         Ok(code) => code,
         // A closed pipe (`capstan plugins list | head`) is the reader's choice, not an error.
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
@@ -38,7 +44,11 @@ async fn main() -> ExitCode {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // A tool stopped at its deadline can leave a blocking thread in a read that never
+    // returns (a FIFO in the workspace): give blocking work a moment to end, never more.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    code
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {

@@ -16,3 +16,60 @@ pub fn truncate(text: &str, max: usize) -> &str {
     }
     &text[..end]
 }
+
+/// `text` on one line with every control character visible: `\n`, `\r` and `\t` as those
+/// escapes, any other control character (ANSI escape sequences start with one), line and
+/// paragraph separators and bidirectional overrides as `\u{..}`.
+///
+/// Guest text (log lines, captured stdout and stderr, error messages) goes through this
+/// before it reaches a log or a terminal, so a plugin cannot forge a log line, move the
+/// cursor or recolour the screen.
+///
+/// ```
+/// use capstan_host::text::one_line;
+///
+/// assert_eq!(one_line("ok\nERROR forged"), r"ok\nERROR forged");
+/// assert_eq!(one_line("\u{1b}[31mred"), r"\u{1b}[31mred");
+/// assert_eq!(one_line("plain"), "plain");
+/// ```
+pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(needs_escape) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if needs_escape(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Whether `c` must not reach a log line or a terminal as it is.
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// A name from a guest or a user, fit to echo in a message: on one line (see [`one_line`])
+/// and cut to `max` bytes with a marker saying how long it was.
+///
+/// ```
+/// use capstan_host::text::echo_name;
+///
+/// assert_eq!(echo_name("file_read", 64), "file_read");
+/// assert_eq!(echo_name(&"x".repeat(100), 8), "xxxxxxxx…(100 bytes)");
+/// assert_eq!(echo_name("a\nb", 64), r"a\nb");
+/// ```
+pub fn echo_name(name: &str, max: usize) -> String {
+    let shown = one_line(truncate(name, max));
+    if name.len() <= max {
+        shown.into_owned()
+    } else {
+        format!("{shown}…({} bytes)", name.len())
+    }
+}

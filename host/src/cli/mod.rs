@@ -214,7 +214,7 @@ impl HostArgs {
         host: PluginHost,
     ) -> anyhow::Result<Registry> {
         let dir = self.plugins_dir(config)?;
-        let registry = Registry::load_dir(Arc::new(host), &dir)
+        let registry = Registry::load_dir_preferring(Arc::new(host), &dir, &config.prefer)
             .await
             .with_context(|| format!("loading plugins from {}", dir.display()))?;
         for refused in registry.refused() {

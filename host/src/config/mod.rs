@@ -30,7 +30,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::dispatch::GateSettings;
-use crate::plugin::Limits;
+use crate::plugin::{Limits, Preferences};
 use crate::policy::{Grants, Policy, ProcessKind, Profile};
 
 /// The default configuration, with a comment on every key.
@@ -56,6 +56,8 @@ pub struct Config {
     pub agent: AgentSettings,
     /// Bounds on tool calls and processes.
     pub limits: AgentLimits,
+    /// `[plugins]`: which plugin provides a tool name several declare.
+    pub prefer: Preferences,
     /// The model provider.
     pub provider: ProviderSettings,
     /// One profile per process kind.
@@ -223,6 +225,7 @@ fn merge(ours: &mut toml::Table, theirs: toml::Table) {
 struct RawConfig {
     agent: RawAgent,
     limits: RawLimits,
+    plugins: RawPlugins,
     provider: RawProvider,
     profiles: BTreeMap<String, RawProfile>,
 }
@@ -252,6 +255,12 @@ struct RawLimits {
     dispatch_total_secs: f64,
     dispatch_hold_ms: u64,
     max_answer_kib: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlugins {
+    prefer: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -297,12 +306,25 @@ impl RawConfig {
             plugins_dir: self.agent.plugins_dir.map(resolve),
         };
         let limits = self.limits.check()?;
+        if let Some((tool, _)) = self
+            .plugins
+            .prefer
+            .iter()
+            .find(|(_, p)| p.trim().is_empty())
+        {
+            return Err(key_error(
+                &format!("plugins.prefer.{tool}"),
+                "must name a plugin (its file name without `.wasm`)",
+            ));
+        }
+        let prefer = self.plugins.prefer.into_iter().collect();
         let provider = self.provider.check(&resolve)?;
         let policy = check_profiles(self.profiles)?;
         Ok(Config {
             source: None,
             agent,
             limits,
+            prefer,
             provider,
             policy,
         })

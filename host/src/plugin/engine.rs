@@ -12,11 +12,11 @@ use super::sandbox::Sandbox;
 
 /// Core instances one component may create. A wasip2 component built through the preview1
 /// adapter has four or five; the margin admits other toolchains.
-const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 32;
+pub(crate) const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 32;
 
 /// Linear memories and tables one component may define.
-const MAX_MEMORIES_PER_COMPONENT: u32 = 4;
-const MAX_TABLES_PER_COMPONENT: u32 = 16;
+pub(crate) const MAX_MEMORIES_PER_COMPONENT: u32 = 4;
+pub(crate) const MAX_TABLES_PER_COMPONENT: u32 = 16;
 
 /// An engine configured for plugins: component model, epoch interruption, and a pooling
 /// allocator with `limits.max_concurrent_calls` slots whose memories cannot exceed

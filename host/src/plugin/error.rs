@@ -56,6 +56,23 @@ pub enum LoadError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The path is not a regular file (a FIFO, a device, a directory): refused before any
+    /// read, which could block or never end.
+    #[error("{}: is {kind}, not a regular file; a plugin is a `.wasm` component file", path.display())]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is instead, e.g. `a FIFO (named pipe)`.
+        kind: &'static str,
+    },
+    /// The component is valid but exceeds a limit of this host's engine.
+    #[error("{}: cannot run in this host: {reason}", path.display())]
+    OverLimit {
+        /// The plugin file.
+        path: PathBuf,
+        /// The limit, and the setting that raises it if any.
+        reason: String,
+    },
     /// The file does not start with the WebAssembly magic bytes.
     #[error("{}: not a WebAssembly file (no `\\0asm` header); plugins are components built for wasm32-wasip2", path.display())]
     NotWasm {
@@ -120,6 +137,16 @@ pub enum LoadError {
         /// Why.
         reason: String,
     },
+    /// `describe()` returned more tools than a plugin may offer.
+    #[error("{}: describes {count} tools, over the limit of {max} per plugin; split it into several plugins", path.display())]
+    TooManyTools {
+        /// The plugin file.
+        path: PathBuf,
+        /// How many it described.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
     /// One tool's spec is invalid.
     #[error("{}: tool `{tool}`: {reason}", path.display())]
     BadToolSpec {
@@ -130,16 +157,45 @@ pub enum LoadError {
         /// What is wrong with it.
         reason: String,
     },
-    /// A tool name another loaded plugin already provides.
-    #[error("{}: tool `{tool}` is already provided by {}; rename one of them", path.display(), other.display())]
+    /// A tool name another plugin also declares, with no preference settling it.
+    #[error("{}", duplicate_message(path, tool, others, choices, preferred.as_deref()))]
     DuplicateTool {
         /// The plugin file refused.
         path: PathBuf,
         /// The tool name.
         tool: String,
-        /// The plugin that provides it.
-        other: PathBuf,
+        /// The other plugins that declare it.
+        others: Vec<PathBuf>,
+        /// The plugin names a preference may choose from.
+        choices: Vec<String>,
+        /// The plugin `plugins.prefer` names for this tool, when it declares no such tool.
+        preferred: Option<String>,
     },
+}
+
+fn duplicate_message(
+    path: &std::path::Path,
+    tool: &str,
+    others: &[PathBuf],
+    choices: &[String],
+    preferred: Option<&str>,
+) -> String {
+    let others: Vec<String> = others.iter().map(|p| p.display().to_string()).collect();
+    let key = super::settle::PREFER_KEY;
+    let mut text = format!(
+        "{}: tool `{tool}` is also declared by {}; a plugin never shadows another's tool, so \
+         this one is refused. To choose the plugin that provides `{tool}`, set \
+         `{key}.{tool} = \"<plugin>\"` in capstan.toml (one of: {})",
+        path.display(),
+        others.join(", "),
+        choices.join(", ")
+    );
+    if let Some(name) = preferred {
+        text.push_str(&format!(
+            "; `{key}.{tool}` names `{name}`, which does not declare it"
+        ));
+    }
+    text
 }
 
 impl LoadError {
@@ -147,6 +203,8 @@ impl LoadError {
     pub fn path(&self) -> &std::path::Path {
         match self {
             LoadError::Read { path, .. }
+            | LoadError::NotAFile { path, .. }
+            | LoadError::OverLimit { path, .. }
             | LoadError::NotWasm { path }
             | LoadError::CoreModule { path }
             | LoadError::Invalid { path, .. }
@@ -155,6 +213,7 @@ impl LoadError {
             | LoadError::ImportNotProvided { path, .. }
             | LoadError::Link { path, .. }
             | LoadError::Describe { path, .. }
+            | LoadError::TooManyTools { path, .. }
             | LoadError::BadToolSpec { path, .. }
             | LoadError::DuplicateTool { path, .. } => path,
         }

@@ -15,12 +15,13 @@ use super::bindings::{Plugin, PluginPre};
 use super::cache::ArtifactCache;
 use super::engine::{build_engine, build_linker, start_epoch_ticker};
 use super::error::{HostError, LoadError, ToolError};
+use super::failure;
 use super::inspect::{check_exports, check_header, check_imports};
 use super::limits::Limits;
 use super::loaded::{LoadedPlugin, ToolInfo};
 use super::sandbox::{CallScope, Sandbox};
 use crate::store;
-use crate::text::truncate;
+use crate::text::{one_line, truncate};
 
 /// Loads plugin components and runs tool calls, each in a fresh sandboxed instance.
 ///
@@ -103,19 +104,21 @@ impl PluginHost {
     /// `capstan:plugin/tool` at a supported version, import only what plugins may import,
     /// link, and describe valid tools.
     pub async fn load(&self, path: &Path) -> Result<LoadedPlugin, LoadError> {
-        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let bytes = read_plugin_file(path)?;
         check_header(path, &bytes)?;
         let started = Instant::now();
-        let (component, cache) =
-            self.cache
-                .load(&self.engine, &bytes)
-                .map_err(|err| LoadError::Invalid {
+        let (component, cache) = self.cache.load(&self.engine, &bytes).map_err(|err| {
+            match failure::pool_limit(&err, &self.limits) {
+                Some(reason) => LoadError::OverLimit {
+                    path: path.to_owned(),
+                    reason,
+                },
+                None => LoadError::Invalid {
                     path: path.to_owned(),
                     reason: format!("{err:#}"),
-                })?;
+                },
+            }
+        })?;
         let wit_version = check_exports(path, &self.engine, &component)?;
         let imports = check_imports(path, &self.engine, &component)?;
         let link_error = |err: wasmtime::Error| LoadError::Link {
@@ -238,21 +241,35 @@ impl PluginHost {
                 Ok(UpdateDeadline::Yield(1))
             }
         });
-        let outcome = match pre.instantiate_async(&mut store).await {
-            Ok(instance) => f(&instance, &mut store).await,
-            Err(err) => Err(err),
+        let call = async {
+            let instance = pre.instantiate_async(&mut store).await?;
+            f(&instance, &mut store).await
+        };
+        // The epoch callback stops a guest that runs; this stops one that waits in a host
+        // call (a sleep, a read that never returns, a slow import). Dropping the call's
+        // future unwinds its fiber; the store, and with it the pool slot, go right after.
+        let outcome = match tokio::time::timeout(deadline, call).await {
+            Ok(outcome) => outcome,
+            Err(_elapsed) => Err(wasmtime::Error::new(DeadlineExceeded)),
         };
         outcome.map_err(|err| self.explain_failure(&store, &err))
     }
 
-    /// Turns a trap or host error from a call into a message naming its cause.
+    /// Turns a trap or host error from a call into a message naming its cause. Guest text
+    /// quoted in it is put on one line with its control characters escaped.
     fn explain_failure(&self, store: &Store<Sandbox>, err: &wasmtime::Error) -> ToolError {
         let scope = &store.data().scope;
-        let who = format!("tool `{}` (plugin {})", scope.tool, scope.plugin);
+        let who = format!("tool `{}` (plugin {})", scope.tool, one_line(&scope.plugin));
         if err.downcast_ref::<DeadlineExceeded>().is_some() {
             return ToolError::Failed(format!(
                 "{who} ran past its {:.1} s deadline and was stopped",
                 self.limits.deadline.as_secs_f64()
+            ));
+        }
+        if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
+            return ToolError::Failed(format!(
+                "{who} exited with status {} instead of returning a result",
+                exit.0
             ));
         }
         if let Some(asked) = store.data().limiter.refused_growth {
@@ -262,14 +279,23 @@ impl PluginHost {
                 self.limits.memory_bytes >> 20
             ));
         }
+        if let Some(cause) = failure::pool_limit(err, &self.limits) {
+            return ToolError::Failed(format!("{who} cannot be instantiated: {cause}"));
+        }
+        if let Some(how) = failure::stack_overflow(err) {
+            return ToolError::Failed(format!(
+                "{who} was stopped by a stack overflow ({how}); recursion too deep or frames \
+                 too large"
+            ));
+        }
         let said = store.data().captured_output();
-        let said = said.trim();
+        let said = one_line(said.trim());
         if let Some(panic) = said.find("panicked at") {
             return ToolError::Failed(format!("{who} panicked: {}", &said[panic..]));
         }
         let trap = match err.downcast_ref::<wasmtime::Trap>() {
             Some(trap) => format!("trapped: {trap}"),
-            None => format!("failed in the host: {err:#}"),
+            None => format!("failed in the host: {}", one_line(&format!("{err:#}"))),
         };
         if said.is_empty() {
             ToolError::Failed(format!("{who} {trap}"))
@@ -293,12 +319,65 @@ impl PluginHost {
     }
 }
 
+/// The guest's error, its message on one line (it reaches logs and terminals).
 fn from_wit(err: WitToolError) -> ToolError {
+    let line = |m: String| one_line(&m).into_owned();
     match err {
-        WitToolError::InvalidArgs(m) => ToolError::InvalidArgs(m),
-        WitToolError::Denied(m) => ToolError::Denied(m),
-        WitToolError::NotFound(m) => ToolError::NotFound(m),
-        WitToolError::Failed(m) => ToolError::Failed(m),
+        WitToolError::InvalidArgs(m) => ToolError::InvalidArgs(line(m)),
+        WitToolError::Denied(m) => ToolError::Denied(line(m)),
+        WitToolError::NotFound(m) => ToolError::NotFound(line(m)),
+        WitToolError::Failed(m) => ToolError::Failed(line(m)),
+    }
+}
+
+/// Reads a plugin file without ever blocking in `open()`: the file is opened non-blocking
+/// (a FIFO would otherwise wait for a writer) and refused unless it is a regular file (a
+/// device such as `/dev/zero` would never end).
+fn read_plugin_file(path: &Path) -> Result<Vec<u8>, LoadError> {
+    use std::io::Read;
+    let read_error = |source| LoadError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+    let mut file = options.open(path).map_err(read_error)?;
+    let file_type = file.metadata().map_err(read_error)?.file_type();
+    if !file_type.is_file() {
+        return Err(LoadError::NotAFile {
+            path: path.to_owned(),
+            kind: describe_file_type(file_type),
+        });
+    }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(read_error)?;
+    Ok(bytes)
+}
+
+/// What a file that is not a regular file is, for the refusal.
+fn describe_file_type(file_type: std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if file_type.is_fifo() {
+            return "a FIFO (named pipe)";
+        }
+        if file_type.is_char_device() {
+            return "a character device";
+        }
+        if file_type.is_block_device() {
+            return "a block device";
+        }
+        if file_type.is_socket() {
+            return "a socket";
+        }
+    }
+    if file_type.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
     }
 }
 

@@ -7,6 +7,13 @@
 //!
 //! Scope: `tasks.write` updates any task; `tasks.write-own` creates tasks and updates only
 //! those the caller created or is assigned, and refuses others naming the task.
+//!
+//! The store work runs on a blocking thread ([`on_store`]): SQLite may wait for a lock, and
+//! a guest waiting in an import must stay abandonable at its deadline. An abandoned call's
+//! store work still finishes on its thread; the guest never sees the answer.
+//!
+//! Log lines are put on one line with their control characters escaped before they reach
+//! tracing, so a plugin cannot forge a log line or send terminal escapes.
 
 use std::sync::Arc;
 
@@ -20,7 +27,7 @@ use super::bindings::capstan::plugin::{log, memory, tasks, types};
 use super::limits::{LOG_LINE_BYTES, LOG_LINES_PER_CALL};
 use super::sandbox::Sandbox;
 use crate::store::{self, Store, StoreError};
-use crate::text::truncate;
+use crate::text::{echo_name, one_line, truncate};
 
 impl types::Host for Sandbox {}
 
@@ -38,7 +45,7 @@ impl log::Host for Sandbox {
             }
             return;
         }
-        let message = truncate(&message, LOG_LINE_BYTES);
+        let message = one_line(truncate(&message, LOG_LINE_BYTES));
         let (plugin, tool) = (&*scope.plugin, scope.tool.as_str());
         match level {
             Level::Trace => tracing::trace!(target: "plugin", plugin, tool, "{message}"),
@@ -75,28 +82,35 @@ impl Sandbox {
             ))
         })
     }
+}
 
-    /// Under `tasks.write-own` only, refuses a task the caller neither created nor is
-    /// assigned.
-    fn check_task_scope(&self, task: &store::Task) -> Result<(), HostError> {
-        if self.scope.capabilities.contains(&Capability::TasksWrite) {
-            return Ok(());
-        }
-        let caller = self.scope.caller.as_str();
-        if task.creator == caller || task.assigned_worker.as_deref() == Some(caller) {
-            return Ok(());
-        }
-        Err(HostError::Denied(format!(
-            "task #{} was created by {} and is {}; {caller} holds tasks.write-own, which updates \
-             only the tasks it created or is assigned",
-            task.number,
-            task.creator,
-            match &task.assigned_worker {
-                Some(worker) => format!("assigned to {worker}"),
-                None => "assigned to no one".into(),
-            }
-        )))
+/// Under `tasks.write-own` only (`write_any` false), refuses a task `caller` neither created
+/// nor is assigned.
+fn check_task_scope(write_any: bool, caller: &str, task: &store::Task) -> Result<(), HostError> {
+    if write_any || task.creator == caller || task.assigned_worker.as_deref() == Some(caller) {
+        return Ok(());
     }
+    Err(HostError::Denied(format!(
+        "task #{} was created by {} and is {}; {caller} holds tasks.write-own, which updates \
+         only the tasks it created or is assigned",
+        task.number,
+        task.creator,
+        match &task.assigned_worker {
+            Some(worker) => format!("assigned to {worker}"),
+            None => "assigned to no one".into(),
+        }
+    )))
+}
+
+/// Runs `work` against `store` on a blocking thread and waits for it without holding the
+/// executor. Dropping the returned future (the call hit its deadline) abandons the wait.
+async fn on_store<T: Send + 'static>(
+    store: Arc<Store>,
+    work: impl FnOnce(&Store) -> Result<T, HostError> + Send + 'static,
+) -> Result<T, HostError> {
+    tokio::task::spawn_blocking(move || work(&store))
+        .await
+        .map_err(|err| HostError::Failed(format!("the store operation did not finish: {err}")))?
 }
 
 fn host_error(err: StoreError) -> HostError {
@@ -147,7 +161,7 @@ const MEMORY_READ: &[Capability] = &[Capability::MemoryRead];
 const MEMORY_WRITE: &[Capability] = &[Capability::MemoryWrite];
 
 impl tasks::Host for Sandbox {
-    fn create(&mut self, task: NewTask) -> Result<Task, HostError> {
+    async fn create(&mut self, task: NewTask) -> Result<Task, HostError> {
         let store = self.store_for("tasks.create", TASKS_WRITE)?;
         let new = store::NewTask {
             title: task.title,
@@ -157,32 +171,40 @@ impl tasks::Host for Sandbox {
             metadata: task.metadata,
             assigned_worker: None,
         };
-        store
-            .create_task(&self.scope.caller, &new)
-            .map(to_wit_task)
-            .map_err(host_error)
+        let caller = self.scope.caller.clone();
+        on_store(store, move |store| {
+            store
+                .create_task(&caller, &new)
+                .map(to_wit_task)
+                .map_err(host_error)
+        })
+        .await
     }
 
-    fn get(&mut self, number: u64) -> Result<Task, HostError> {
+    async fn get(&mut self, number: u64) -> Result<Task, HostError> {
         let store = self.store_for("tasks.get", TASKS_READ)?;
-        store.get_task(number).map(to_wit_task).map_err(host_error)
+        on_store(store, move |store| {
+            store.get_task(number).map(to_wit_task).map_err(host_error)
+        })
+        .await
     }
 
-    fn list(&mut self, filter: TaskFilter) -> Result<Vec<Task>, HostError> {
+    async fn list(&mut self, filter: TaskFilter) -> Result<Vec<Task>, HostError> {
         let store = self.store_for("tasks.list", TASKS_READ)?;
         let filter = store::TaskFilter {
             status: parse(filter.status)?,
             parent: None,
             limit: filter.limit,
         };
-        let tasks = store.list_tasks(&filter).map_err(host_error)?;
-        Ok(tasks.into_iter().map(to_wit_task).collect())
+        on_store(store, move |store| {
+            let tasks = store.list_tasks(&filter).map_err(host_error)?;
+            Ok(tasks.into_iter().map(to_wit_task).collect())
+        })
+        .await
     }
 
-    fn update(&mut self, number: u64, patch: TaskPatch) -> Result<Task, HostError> {
+    async fn update(&mut self, number: u64, patch: TaskPatch) -> Result<Task, HostError> {
         let store = self.store_for("tasks.update", TASKS_WRITE)?;
-        let task = store.get_task(number).map_err(host_error)?;
-        self.check_task_scope(&task)?;
         let patch = store::TaskPatch {
             title: patch.title,
             description: patch.description,
@@ -191,55 +213,81 @@ impl tasks::Host for Sandbox {
             metadata: patch.metadata,
             assigned_worker: None,
         };
-        store
-            .update_task(number, &patch)
-            .map(to_wit_task)
-            .map_err(host_error)
+        let write_any = self.scope.capabilities.contains(&Capability::TasksWrite);
+        let caller = self.scope.caller.clone();
+        on_store(store, move |store| {
+            let task = store.get_task(number).map_err(host_error)?;
+            check_task_scope(write_any, &caller, &task)?;
+            store
+                .update_task(number, &patch)
+                .map(to_wit_task)
+                .map_err(host_error)
+        })
+        .await
     }
 }
 
 impl memory::Host for Sandbox {
-    fn save(&mut self, item: NewMemory) -> Result<MemoryItem, HostError> {
+    async fn save(&mut self, item: NewMemory) -> Result<MemoryItem, HostError> {
         let store = self.store_for("memory.save", MEMORY_WRITE)?;
         let new = store::NewMemory {
             kind: item.kind,
             content: item.content,
             importance: item.importance,
         };
-        store
-            .save_memory(&self.scope.caller, &new)
-            .map(to_wit_memory)
-            .map_err(host_error)
+        let caller = self.scope.caller.clone();
+        on_store(store, move |store| {
+            store
+                .save_memory(&caller, &new)
+                .map(to_wit_memory)
+                .map_err(host_error)
+        })
+        .await
     }
 
-    fn recall(&mut self, query: String, limit: u32) -> Result<Vec<MemoryItem>, HostError> {
+    async fn recall(&mut self, query: String, limit: u32) -> Result<Vec<MemoryItem>, HostError> {
         let store = self.store_for("memory.recall", MEMORY_READ)?;
-        let found = store.recall(&query, limit).map_err(host_error)?;
-        Ok(found.into_iter().map(to_wit_memory).collect())
+        on_store(store, move |store| {
+            let found = store.recall(&query, limit).map_err(host_error)?;
+            Ok(found.into_iter().map(to_wit_memory).collect())
+        })
+        .await
     }
 
-    fn delete(&mut self, id: String) -> Result<(), HostError> {
+    async fn delete(&mut self, id: String) -> Result<(), HostError> {
         let store = self.store_for("memory.delete", MEMORY_WRITE)?;
-        let id: u64 = id
-            .parse()
-            .map_err(|_| HostError::Invalid(format!("memory id `{id}` is not a number")))?;
-        store.delete_memory(id).map_err(host_error)
+        let id: u64 = id.parse().map_err(|_| {
+            HostError::Invalid(format!(
+                "memory id `{}` is not a number",
+                echo_name(&id, 64)
+            ))
+        })?;
+        on_store(store, move |store| {
+            store.delete_memory(id).map_err(host_error)
+        })
+        .await
     }
 
-    fn working_get(&mut self, key: String) -> Result<Option<String>, HostError> {
+    async fn working_get(&mut self, key: String) -> Result<Option<String>, HostError> {
         let store = self.store_for("memory.working-get", MEMORY_READ)?;
-        store.working_get(&key).map_err(host_error)
+        on_store(store, move |store| {
+            store.working_get(&key).map_err(host_error)
+        })
+        .await
     }
 
-    fn working_set(
+    async fn working_set(
         &mut self,
         key: String,
         value: String,
         ttl_seconds: Option<u64>,
     ) -> Result<(), HostError> {
         let store = self.store_for("memory.working-set", MEMORY_WRITE)?;
-        store
-            .working_set(&key, &value, ttl_seconds)
-            .map_err(host_error)
+        on_store(store, move |store| {
+            store
+                .working_set(&key, &value, ttl_seconds)
+                .map_err(host_error)
+        })
+        .await
     }
 }

@@ -10,9 +10,20 @@ use super::bindings::exports::capstan::plugin::tool::ToolSpec;
 use super::cache::CacheOutcome;
 use super::error::LoadError;
 use super::sandbox::Sandbox;
+use super::schema::check_args_schema;
+use crate::text::{echo_name, one_line};
 
 /// The longest tool name accepted; names go into model tool lists, which limit them.
-const MAX_TOOL_NAME: usize = 64;
+pub(crate) const MAX_TOOL_NAME: usize = 64;
+
+/// Tools one plugin may describe; every tool lands in model tool lists.
+pub(crate) const MAX_TOOLS_PER_PLUGIN: usize = 64;
+
+/// The longest tool description accepted, in bytes; it is sent with every prompt.
+pub(crate) const MAX_DESCRIPTION_BYTES: usize = 4 * 1024;
+
+/// The longest `args-schema` accepted, in bytes of JSON.
+pub(crate) const MAX_SCHEMA_BYTES: usize = 32 * 1024;
 
 /// A component that passed every load check, ready to instantiate.
 pub struct LoadedPlugin {
@@ -81,16 +92,24 @@ pub struct ToolInfo {
 }
 
 impl ToolInfo {
-    /// Checks the specs `describe()` returned: names, schemas and capabilities.
+    /// Checks the specs `describe()` returned: how many, names, descriptions, schemas and
+    /// capabilities. Each refusal names the file, the tool (escaped and cut) and the limit.
     pub(crate) fn from_specs(
         path: &Path,
         specs: Vec<ToolSpec>,
     ) -> Result<Vec<ToolInfo>, LoadError> {
+        if specs.len() > MAX_TOOLS_PER_PLUGIN {
+            return Err(LoadError::TooManyTools {
+                path: path.to_owned(),
+                count: specs.len(),
+                max: MAX_TOOLS_PER_PLUGIN,
+            });
+        }
         let mut tools: Vec<ToolInfo> = Vec::with_capacity(specs.len());
         for spec in specs {
             let bad = |reason: String| LoadError::BadToolSpec {
                 path: path.to_owned(),
-                tool: spec.name.clone(),
+                tool: echo_name(&spec.name, MAX_TOOL_NAME),
                 reason,
             };
             if !valid_tool_name(&spec.name) {
@@ -102,17 +121,41 @@ impl ToolInfo {
             if tools.iter().any(|t| t.name == spec.name) {
                 return Err(bad("declared twice by this plugin".into()));
             }
+            if spec.description.len() > MAX_DESCRIPTION_BYTES {
+                return Err(bad(format!(
+                    "description is {} bytes, over the limit of {MAX_DESCRIPTION_BYTES}; \
+                     shorten it",
+                    spec.description.len()
+                )));
+            }
+            if let Some(c) = spec
+                .description
+                .chars()
+                .find(|&c| c.is_control() && c != '\n' && c != '\t')
+            {
+                return Err(bad(format!(
+                    "description contains the control character U+{:04X}; only text, \
+                     newlines and tabs are allowed",
+                    c as u32
+                )));
+            }
+            if spec.args_schema.len() > MAX_SCHEMA_BYTES {
+                return Err(bad(format!(
+                    "args-schema is {} bytes, over the limit of {MAX_SCHEMA_BYTES}; simplify \
+                     the arguments",
+                    spec.args_schema.len()
+                )));
+            }
             let args_schema: serde_json::Value = serde_json::from_str(&spec.args_schema)
                 .map_err(|err| bad(format!("args-schema is not valid JSON: {err}")))?;
-            if !args_schema.is_object() {
-                return Err(bad("args-schema must be a JSON Schema object".into()));
-            }
+            check_args_schema(&args_schema)
+                .map_err(|err| bad(format!("args-schema is not a valid JSON Schema: {err}")))?;
             let capabilities = spec
                 .capabilities
                 .iter()
                 .map(|c| c.parse::<Capability>())
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|err| bad(err.to_string()))?;
+                .map_err(|err| bad(one_line(&err.to_string()).into_owned()))?;
             tools.push(ToolInfo {
                 name: spec.name,
                 description: spec.description,
@@ -124,8 +167,44 @@ impl ToolInfo {
     }
 }
 
+/// One tool as a `describe()` returns it, before any check: the input of
+/// [`check_describe_output`].
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct RawToolSpec {
+    /// The tool's name.
+    pub name: String,
+    /// Its description.
+    pub description: String,
+    /// Its arguments' JSON Schema, as text.
+    pub args_schema: String,
+    /// Its capabilities, as text.
+    pub capabilities: Vec<String>,
+}
+
+/// Runs the load path's checks of `describe()` output on `specs`, as if `path` had
+/// returned them. A hook for property tests; plugins are checked by
+/// [`PluginHost::load`](super::PluginHost::load).
+#[doc(hidden)]
+pub fn check_describe_output(
+    path: &Path,
+    specs: Vec<RawToolSpec>,
+) -> Result<Vec<ToolInfo>, LoadError> {
+    let specs = specs
+        .into_iter()
+        .map(|s| ToolSpec {
+            name: s.name,
+            description: s.description,
+            args_schema: s.args_schema,
+            capabilities: s.capabilities,
+        })
+        .collect();
+    ToolInfo::from_specs(path, specs)
+}
+
 fn valid_tool_name(name: &str) -> bool {
-    name.len() <= MAX_TOOL_NAME
+    !name.is_empty()
+        && name.len() <= MAX_TOOL_NAME
         && name.starts_with(|c: char| c.is_ascii_lowercase())
         && name
             .chars()
@@ -155,6 +234,10 @@ mod tests {
             (spec("File", "{}", &[]), "invalid name"),
             (spec("a", "not json", &[]), "not valid JSON"),
             (spec("a", "[]", &[]), "JSON Schema object"),
+            (
+                spec("a", r#"{"type": "objekt"}"#, &[]),
+                "not a valid JSON Schema",
+            ),
             (spec("a", "{}", &["fs.root"]), "fs.root"),
         ] {
             let err = ToolInfo::from_specs(path, vec![bad])

@@ -13,6 +13,7 @@ mod cache;
 pub mod contract;
 mod engine;
 mod error;
+mod failure;
 mod host;
 mod imports;
 mod inspect;
@@ -20,10 +21,15 @@ mod limits;
 mod loaded;
 mod registry;
 mod sandbox;
+mod schema;
+mod settle;
 
 pub use cache::{ArtifactCache, CacheError, CacheOutcome};
 pub use error::{HostError, LoadError, ToolError};
 pub use host::PluginHost;
 pub use limits::Limits;
 pub use loaded::{LoadedPlugin, ToolInfo};
+#[doc(hidden)]
+pub use loaded::{RawToolSpec, check_describe_output};
 pub use registry::{CallRequest, Registry};
+pub use settle::{PREFER_KEY, Preferences, Shadowed};

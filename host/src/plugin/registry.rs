@@ -11,8 +11,13 @@ use serde::de::IgnoredAny;
 use super::error::{HostError, LoadError, ToolError};
 use super::host::{Invocation, PluginHost};
 use super::loaded::{LoadedPlugin, ToolInfo};
+use super::settle::{Preferences, Shadowed, settle};
 use crate::policy::{Decision, Grants, Policy, ProcessKind, ToolNeeds};
 use crate::store::AuditRecord;
+use crate::text::{echo_name, one_line};
+
+/// The longest tool name echoed back in an error; longer ones are cut with a marker.
+const MAX_ECHOED_NAME: usize = 64;
 
 /// One tool call: which tool, its arguments, and the caller's grants.
 #[derive(Debug, Clone, Copy)]
@@ -60,6 +65,7 @@ pub struct Registry {
     /// Tool name -> (plugin, index into its tools).
     tools: HashMap<String, (Arc<LoadedPlugin>, usize)>,
     refused: Vec<LoadError>,
+    shadowed: Vec<Shadowed>,
     next_call: AtomicU64,
 }
 
@@ -71,33 +77,67 @@ impl Registry {
             plugins: Vec::new(),
             tools: HashMap::new(),
             refused: Vec::new(),
+            shadowed: Vec::new(),
             next_call: AtomicU64::new(1),
         }
     }
 
-    /// Loads every `*.wasm` file in `dir`, in name order. A file that fails a check is
-    /// refused (see [`Registry::refused`]) and the others still load; only an unreadable
-    /// directory is an error.
+    /// Loads every `*.wasm` file in `dir`. A file that fails a check is refused (see
+    /// [`Registry::refused`]) and the others still load; only an unreadable directory is an
+    /// error. A tool name several plugins declare refuses each of them (see
+    /// [`Registry::load_dir_preferring`] to settle it).
     pub async fn load_dir(host: Arc<PluginHost>, dir: &Path) -> Result<Self, HostError> {
+        Registry::load_dir_preferring(host, dir, &Preferences::new()).await
+    }
+
+    /// Loads every `*.wasm` file in `dir`, then settles the tool names several plugins
+    /// declare by `prefer`, never by file-name order: the preferred plugin provides the
+    /// tool and the others' tool of that name is not offered (see [`Registry::shadowed`]);
+    /// an unsettled name refuses every plugin that declares it, naming the others and the
+    /// config key. Entries that are not regular files are refused with what they are.
+    pub async fn load_dir_preferring(
+        host: Arc<PluginHost>,
+        dir: &Path,
+        prefer: &Preferences,
+    ) -> Result<Self, HostError> {
         let mut registry = Registry::new(host);
         let list_error = |source| HostError::PluginsDir {
             path: dir.to_owned(),
             source,
         };
+        // Not only regular files: a FIFO or directory named `*.wasm` is refused by name
+        // rather than skipped in silence.
         let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(list_error)?
             .filter_map(|entry| entry.ok().map(|e| e.path()))
-            .filter(|path| path.extension().is_some_and(|ext| ext == "wasm") && path.is_file())
+            .filter(|path| path.extension().is_some_and(|ext| ext == "wasm"))
             .collect();
         files.sort();
+        let mut loaded = Vec::with_capacity(files.len());
         for path in files {
-            // A refusal is kept in `refused`; loading goes on with the next file.
-            let _ = registry.add_file(&path).await;
+            match registry.host.load(&path).await {
+                Ok(plugin) => loaded.push(plugin),
+                Err(err) => registry.refuse(err),
+            }
+        }
+        let settled = settle(loaded, prefer);
+        for err in settled.refused {
+            registry.refuse(err);
+        }
+        for shadowed in settled.shadowed {
+            tracing::warn!("{shadowed}");
+            registry.shadowed.push(shadowed);
+        }
+        for plugin in settled.accepted {
+            registry
+                .add(plugin)
+                .expect("settled plugins declare each tool name once");
         }
         Ok(registry)
     }
 
-    /// Loads one component file; on failure records the refusal and returns it.
+    /// Loads one component file; on failure records the refusal and returns it. A tool name
+    /// already offered refuses the file: a plugin added later never shadows one before it.
     pub async fn add_file(&mut self, path: &Path) -> Result<(), &LoadError> {
         let result = match self.host.load(path).await {
             Ok(plugin) => self.add(plugin),
@@ -106,11 +146,15 @@ impl Registry {
         match result {
             Ok(()) => Ok(()),
             Err(err) => {
-                tracing::warn!("plugin refused: {err}");
-                self.refused.push(err);
+                self.refuse(err);
                 Err(self.refused.last().expect("just pushed"))
             }
         }
+    }
+
+    fn refuse(&mut self, err: LoadError) {
+        tracing::warn!("plugin refused: {err}");
+        self.refused.push(err);
     }
 
     /// Adds a loaded plugin unless one of its tool names is taken.
@@ -120,7 +164,9 @@ impl Registry {
                 return Err(LoadError::DuplicateTool {
                     path: plugin.path.clone(),
                     tool: tool.name.clone(),
-                    other: other.path.clone(),
+                    others: vec![other.path.clone()],
+                    choices: vec![other.name.to_string(), plugin.name.to_string()],
+                    preferred: None,
                 });
             }
         }
@@ -131,6 +177,12 @@ impl Registry {
         }
         self.plugins.push(plugin);
         Ok(())
+    }
+
+    /// The tools a plugin declares but does not provide, because the config prefers
+    /// another plugin for the name.
+    pub fn shadowed(&self) -> &[Shadowed] {
+        &self.shadowed
     }
 
     /// The host the plugins run on.
@@ -182,8 +234,9 @@ impl Registry {
                 Decision::Offered => self.run_call(&request).await,
                 Decision::NotLoaded => Err(self.unknown_tool(request.tool)),
                 refused => Err(ToolError::Denied(format!(
-                    "tool `{}` is not offered to a {kind} process: {refused}",
-                    request.tool
+                    "tool `{}` is not offered to a {kind} process: {}",
+                    echo_name(request.tool, MAX_ECHOED_NAME),
+                    one_line(&refused.to_string())
                 ))),
             }
         };
@@ -270,7 +323,8 @@ impl Registry {
         let mut known: Vec<&str> = self.tools.keys().map(String::as_str).collect();
         known.sort_unstable();
         ToolError::NotFound(format!(
-            "no tool `{name}` is loaded; loaded tools: {}",
+            "no tool `{}` is loaded; loaded tools: {}",
+            echo_name(name, MAX_ECHOED_NAME),
             if known.is_empty() {
                 "none".to_owned()
             } else {

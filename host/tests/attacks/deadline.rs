@@ -1,1 +1,486 @@
-//! (to be written)
+//! The wall-clock deadline holds everywhere: a guest that waits inside a host call (a
+//! sleep, a read of a FIFO that never returns, a store import held up by a lock) or in
+//! `describe()` is stopped at the deadline like one that loops, its pool slot is freed and
+//! the next call runs; a plugin path that is not a regular file is refused at once.
+
+use std::ffi::CString;
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Output};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use capstan_host::plugin::{ArtifactCache, CallRequest, Limits, PluginHost, Registry, ToolError};
+use capstan_host::policy::Grants;
+use capstan_host::store::Store;
+
+use crate::support::{capstan_command, component, plugins_dir, stderr, stdout, test_cache_dir};
+
+/// Guards against hangs only: no test expects anything to take this long.
+const HANG_GUARD: Duration = Duration::from_secs(120);
+
+/// A registry of the first-party plugins and the probe, on a host with `deadline`.
+async fn registry(deadline: Duration, store: Option<Arc<Store>>) -> Arc<Registry> {
+    let limits = Limits {
+        deadline,
+        ..Limits::default()
+    };
+    let mut host = PluginHost::new(limits, ArtifactCache::new(test_cache_dir())).unwrap();
+    if let Some(store) = store {
+        host = host.with_store(store);
+    }
+    let mut registry = Registry::load_dir(Arc::new(host), &plugins_dir())
+        .await
+        .unwrap();
+    registry
+        .add_file(&component("fixtures", "probe"))
+        .await
+        .expect("the probe loads");
+    Arc::new(registry)
+}
+
+async fn call(
+    registry: &Registry,
+    tool: &str,
+    args: &str,
+    grants: &str,
+    ws: &Path,
+) -> Result<String, ToolError> {
+    let grants: Grants = grants.parse().unwrap();
+    let request = CallRequest {
+        tool,
+        args_json: args,
+        grants: &grants,
+        workspace: Some(ws),
+        caller: "test",
+    };
+    tokio::time::timeout(HANG_GUARD, registry.call(request))
+        .await
+        .unwrap_or_else(|_| panic!("`{tool}` was not stopped: the deadline did not hold"))
+}
+
+fn expect_deadline(result: Result<String, ToolError>, tool: &str, secs: &str) {
+    match result {
+        Err(ToolError::Failed(msg)) => assert!(
+            msg.contains(&format!("tool `{tool}`"))
+                && msg.contains(&format!("ran past its {secs} s deadline")),
+            "{msg}"
+        ),
+        other => panic!("expected the deadline error, got {other:?}"),
+    }
+}
+
+/// The next call on the same host is served.
+async fn next_call_works(registry: &Registry, ws: &Path) {
+    let out = call(registry, "echo", r#"{"text": "next"}"#, "", ws).await;
+    assert_eq!(out.unwrap(), "next");
+}
+
+/// Makes a FIFO at `path`.
+fn mkfifo(path: &Path) {
+    let c_path = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo touches nothing else.
+    let rc = unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) };
+    assert_eq!(
+        rc,
+        0,
+        "mkfifo {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+/// A FIFO in `dir` that no one writes: a guest opening it for reading waits in `open()`
+/// for a writer that never comes. Dropping the guard opens it for reading and writing
+/// (which never blocks on Linux) and closes it, which wakes such a waiter, so the thread
+/// it left behind can finish.
+struct Fifo(PathBuf);
+
+impl Fifo {
+    fn new(dir: &Path, name: &str) -> Self {
+        let path = dir.join(name);
+        mkfifo(&path);
+        Fifo(path)
+    }
+}
+
+impl Drop for Fifo {
+    fn drop(&mut self) {
+        let _ = OpenOptions::new().read(true).write(true).open(&self.0);
+    }
+}
+
+/// Waits for `child` to exit (the guard only catches a hang), killing it if it hangs.
+fn wait_for_exit(mut child: Child, what: &str) -> Output {
+    let started = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if started.elapsed() > HANG_GUARD {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("{what} hung; stderr: {}", stderr(&out));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn run_capstan(dir: &Path, args: &[&str], what: &str) -> Output {
+    let child = capstan_command(dir, args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_exit(child, what)
+}
+
+/// A plugins directory with the first-party plugins and copies of `extra` components.
+fn plugins_with(extra: &[(&str, PathBuf)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(plugins_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    for (name, source) in extra {
+        std::fs::copy(source, dir.path().join(name)).unwrap();
+    }
+    dir
+}
+
+#[tokio::test]
+async fn a_guest_sleeping_in_the_clock_is_stopped_at_the_deadline() {
+    let registry = registry(Duration::from_millis(500), None).await;
+    let ws = tempfile::tempdir().unwrap();
+    let slept = call(&registry, "sleep", r#"{"secs": 3600}"#, "", ws.path()).await;
+    expect_deadline(slept, "sleep", "0.5");
+    next_call_works(&registry, ws.path()).await;
+}
+
+#[tokio::test]
+async fn a_guest_blocked_reading_a_fifo_is_stopped_at_the_deadline() {
+    let registry = registry(Duration::from_millis(500), None).await;
+    let ws = tempfile::tempdir().unwrap();
+    let fifo = Fifo::new(ws.path(), "pipe");
+    let read = call(
+        &registry,
+        "raw_read",
+        r#"{"path": "pipe"}"#,
+        "fs.read",
+        ws.path(),
+    )
+    .await;
+    expect_deadline(read, "raw_read", "0.5");
+    next_call_works(&registry, ws.path()).await;
+    // The abandoned open ends here, so the runtime's blocking thread can finish.
+    drop(fifo);
+}
+
+#[tokio::test]
+async fn every_pool_slot_freed_by_a_deadline_serves_the_next_calls() {
+    // Two slots, each taken by a guest blocked on a FIFO until its deadline: had a stopped
+    // call kept its slot, the echoes after them could never start.
+    let limits = Limits {
+        deadline: Duration::from_millis(500),
+        max_concurrent_calls: 2,
+        ..Limits::default()
+    };
+    let host = PluginHost::new(limits, ArtifactCache::new(test_cache_dir())).unwrap();
+    let mut registry = Registry::new(Arc::new(host));
+    registry
+        .add_file(&component("fixtures", "probe"))
+        .await
+        .unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let fifo = Fifo::new(ws.path(), "pipe");
+    let blocked = (0..4).map(|_| {
+        call(
+            &registry,
+            "raw_read",
+            r#"{"path": "pipe"}"#,
+            "fs.read",
+            ws.path(),
+        )
+    });
+    for result in futures_join(blocked).await {
+        expect_deadline(result, "raw_read", "0.5");
+    }
+    for _ in 0..3 {
+        next_call_works(&registry, ws.path()).await;
+    }
+    drop(fifo);
+}
+
+/// Runs the futures concurrently on this task and returns their outputs in order.
+async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut pinned: Vec<_> = futures.map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = pinned.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (future, output) in pinned.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    std::task::Poll::Ready(value) => *output = Some(value),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().map(Option::unwrap).collect()
+}
+
+/// Holds SQLite's write lock on `db` from another connection until dropped.
+struct WriteLock {
+    release: std::sync::mpsc::Sender<()>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl WriteLock {
+    fn hold(db: &Path) -> Self {
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        let db = db.to_owned();
+        let thread = std::thread::spawn(move || {
+            let conn = rusqlite::Connection::open(db).unwrap();
+            conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+            locked_tx.send(()).unwrap();
+            // Until released, or the guard: never longer than a hang.
+            let _ = release_rx.recv_timeout(HANG_GUARD);
+            conn.execute_batch("ROLLBACK").unwrap();
+        });
+        locked_rx.recv().unwrap();
+        WriteLock {
+            release,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for WriteLock {
+    fn drop(&mut self) {
+        let _ = self.release.send(());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Wakes a [`tokio::sync::Notify`] when a plugin logs `line`.
+struct LogGate {
+    line: &'static str,
+    seen: Arc<tokio::sync::Notify>,
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LogGate {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(bool, &'static str);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" && format!("{value:?}").contains(self.1) {
+                    self.0 = true;
+                }
+            }
+        }
+        let mut message = Message(false, self.line);
+        event.record(&mut message);
+        if message.0 {
+            self.seen.notify_one();
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_guest_waiting_in_a_slow_store_import_frees_the_executor_and_stops_at_the_deadline() {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let data = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(data.path()).unwrap());
+    let registry = registry(Duration::from_secs(1), Some(store.clone())).await;
+    let ws = tempfile::tempdir().unwrap();
+
+    // The probe logs this line, then calls `tasks.create` with nothing in between that
+    // could yield: the executor runs anything else only if the import yields.
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let gate = LogGate {
+        line: "probe: writing a task",
+        seen: entered.clone(),
+    };
+    let _subscriber = tracing::subscriber::set_default(
+        tracing_subscriber::registry()
+            .with(tracing_subscriber::filter::LevelFilter::INFO)
+            .with(gate),
+    );
+
+    let lock = WriteLock::hold(store.path());
+    let slow = tokio::spawn({
+        let registry = registry.clone();
+        let ws = ws.path().to_owned();
+        async move {
+            call(
+                &registry,
+                "task_write",
+                r#"{"text": "held up"}"#,
+                "tasks.write",
+                &ws,
+            )
+            .await
+        }
+    });
+    tokio::time::timeout(HANG_GUARD, entered.notified())
+        .await
+        .expect("the probe reached the tasks import");
+    // One thread runs this runtime: had the import held it (a synchronous SQLite wait),
+    // this line would run only after the call had ended.
+    assert!(
+        !slow.is_finished(),
+        "the store import held the executor until the call ended"
+    );
+    let result = slow.await.unwrap();
+    expect_deadline(result, "task_write", "1.0");
+    // The lock is still held: the deadline, not the store, ended the call.
+    next_call_works(&registry, ws.path()).await;
+    drop(lock);
+    let listed = call(&registry, "task_list", "{}", "tasks.read", ws.path()).await;
+    assert!(listed.is_ok(), "the store serves calls again: {listed:?}");
+}
+
+#[test]
+fn tool_call_reading_a_fifo_reports_the_deadline_and_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        component("fixtures", "probe"),
+        plugins.path().join("probe.wasm"),
+    )
+    .unwrap();
+    let fifo = Fifo::new(dir.path(), "pipe");
+    let out = run_capstan(
+        dir.path(),
+        &[
+            "tool",
+            "call",
+            "raw_read",
+            r#"{"path": "pipe"}"#,
+            "--grant",
+            "fs.read",
+            "--deadline",
+            "1",
+            "--plugins-dir",
+            plugins.path().to_str().unwrap(),
+        ],
+        "`capstan tool call` with a guest blocked on a FIFO",
+    );
+    drop(fifo);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(6), "{err}");
+    assert!(
+        err.contains("error[failed]") && err.contains("ran past its 1.0 s deadline"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_describe_that_sleeps_is_refused_and_the_other_plugins_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugins_with(&[(
+        "describe_sleep.wasm",
+        component("fixtures", "describe_sleep"),
+    )]);
+    let plugins_arg = plugins.path().to_str().unwrap();
+
+    let out = run_capstan(
+        dir.path(),
+        &[
+            "plugins",
+            "list",
+            "--deadline",
+            "1",
+            "--plugins-dir",
+            plugins_arg,
+        ],
+        "`capstan plugins list` with a plugin whose describe() sleeps",
+    );
+    let (listed, err) = (stdout(&out), stderr(&out));
+    assert!(out.status.success(), "{err}");
+    assert!(listed.contains("file_read"), "the others load: {listed}");
+    assert!(!listed.contains("slept"), "{listed}");
+    assert!(
+        err.contains("describe_sleep.wasm") && err.contains("ran past its 1.0 s deadline"),
+        "names the file and the deadline: {err}"
+    );
+
+    std::fs::write(dir.path().join("notes.md"), "kept\n").unwrap();
+    let out = run_capstan(
+        dir.path(),
+        &[
+            "tool",
+            "call",
+            "file_read",
+            r#"{"path": "notes.md"}"#,
+            "--grant",
+            "fs.read",
+            "--deadline",
+            "1",
+            "--plugins-dir",
+            plugins_arg,
+        ],
+        "`capstan tool call` with a plugin whose describe() sleeps",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "kept\n");
+}
+
+#[test]
+fn plugins_inspect_refuses_a_fifo_a_directory_and_a_device_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("pipe.wasm");
+    mkfifo(&fifo);
+    let subdir = dir.path().join("dir.wasm");
+    std::fs::create_dir(&subdir).unwrap();
+    for (path, kind) in [
+        (fifo.as_path(), "a FIFO"),
+        (subdir.as_path(), "a directory"),
+        (Path::new("/dev/zero"), "a character device"),
+    ] {
+        let out = run_capstan(
+            dir.path(),
+            &["plugins", "inspect", path.to_str().unwrap()],
+            &format!("`capstan plugins inspect {}`", path.display()),
+        );
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains(&path.display().to_string())
+                && err.contains(kind)
+                && err.contains("not a regular file"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_fifo_in_the_plugins_directory_is_refused_by_name_and_the_rest_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = plugins_with(&[]);
+    mkfifo(&plugins.path().join("pipe.wasm"));
+    let out = run_capstan(
+        dir.path(),
+        &[
+            "plugins",
+            "list",
+            "--plugins-dir",
+            plugins.path().to_str().unwrap(),
+        ],
+        "`capstan plugins list` with a FIFO in the plugins directory",
+    );
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(stdout(&out).contains("file_read"), "{}", stdout(&out));
+    assert!(err.contains("pipe.wasm") && err.contains("a FIFO"), "{err}");
+}

@@ -1,0 +1,130 @@
+//! Reading a wasmtime error for what a person can act on: a pooling-allocator limit (and
+//! the setting that raises it) or a guest stack overflow.
+
+use super::engine::{
+    MAX_CORE_INSTANCES_PER_COMPONENT, MAX_MEMORIES_PER_COMPONENT, MAX_TABLES_PER_COMPONENT,
+};
+use super::limits::Limits;
+
+/// When `err` is a pooling-allocator limit, what was exceeded and how to raise it (or that
+/// the cap is fixed).
+pub(crate) fn pool_limit(err: &wasmtime::Error, limits: &Limits) -> Option<String> {
+    let text = err
+        .chain()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ");
+    if let Some(min) = number_after(&text, "minimum byte size of ") {
+        return Some(format!(
+            "its linear memory starts at {} MiB, over the {} MiB limit; raise \
+             `limits.tool_memory_mib` in capstan.toml (or pass --memory MIB)",
+            min.div_ceil(1 << 20),
+            limits.memory_bytes >> 20
+        ));
+    }
+    let fixed = |what: &str, count: Option<u64>, cap: u32| {
+        let count = count.map_or_else(|| "more".to_owned(), |n| n.to_string());
+        format!(
+            "it has {count} {what}, over this host's fixed cap of {cap} per component (no \
+             setting raises it); build the plugin with fewer"
+        )
+    };
+    if text.contains("core module instances, which exceeds") {
+        let count = number_after(&text, "transitively contains ");
+        return Some(fixed(
+            "core instances",
+            count,
+            MAX_CORE_INSTANCES_PER_COMPONENT,
+        ));
+    }
+    if text.contains("linear memories, which exceeds") || text.contains("defined memories count") {
+        let count = number_after(&text, "transitively contains ");
+        return Some(fixed("linear memories", count, MAX_MEMORIES_PER_COMPONENT));
+    }
+    if text.contains("tables, which exceeds") || text.contains("defined tables count") {
+        let count = number_after(&text, "transitively contains ");
+        return Some(fixed("tables", count, MAX_TABLES_PER_COMPONENT));
+    }
+    if text.contains("maximum concurrent limit") {
+        return Some(format!(
+            "every one of the host's {} call slots is taken; this is a host bug (calls wait \
+             for a slot), please report it",
+            limits.max_concurrent_calls
+        ));
+    }
+    None
+}
+
+/// Calls of one function deep enough on the stack at an out-of-bounds access to call it a
+/// stack overflow: a recursion ran the guest's own stack (kept in linear memory, growing
+/// down from its start) past zero.
+const RECURSION_DEPTH: usize = 16;
+
+/// When `err` is a guest stack overflow, how it shows: the engine's call-stack limit, or an
+/// out-of-bounds access at least [`RECURSION_DEPTH`] calls deep in one function.
+pub(crate) fn stack_overflow(err: &wasmtime::Error) -> Option<String> {
+    match err.downcast_ref::<wasmtime::Trap>()? {
+        wasmtime::Trap::StackOverflow => Some("its call stack ran out".into()),
+        wasmtime::Trap::MemoryOutOfBounds => {
+            let depth = recursion_depth(err.downcast_ref::<wasmtime::WasmBacktrace>()?);
+            (depth >= RECURSION_DEPTH).then(|| {
+                format!(
+                    "an out-of-bounds memory access at least {depth} calls deep in a recursion, where \
+                     its stack in linear memory ran past its start"
+                )
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The longest run of consecutive frames of one function in `backtrace`: a recursion.
+fn recursion_depth(backtrace: &wasmtime::WasmBacktrace) -> usize {
+    let frames = backtrace.frames();
+    let mut longest = 0;
+    let mut run = 0;
+    for (i, frame) in frames.iter().enumerate() {
+        let same = i > 0 && frames[i - 1].func_index() == frame.func_index();
+        run = if same { run + 1 } else { 1 };
+        longest = longest.max(run);
+    }
+    longest
+}
+
+/// The decimal number right after `prefix` in `text`.
+fn number_after(text: &str, prefix: &str) -> Option<u64> {
+    let rest = &text[text.find(prefix)? + prefix.len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_limits_name_the_setting_or_the_fixed_cap() {
+        let limits = Limits::default();
+        let memory = wasmtime::Error::msg(
+            "memory has a minimum byte size of 104857600 which exceeds the limit of 67108864 bytes",
+        )
+        .context("memory index 0 is unsupported in this pooling allocator configuration");
+        let text = pool_limit(&memory, &limits).unwrap();
+        assert!(
+            text.contains("100 MiB") && text.contains("limits.tool_memory_mib"),
+            "{text}"
+        );
+
+        let instances = wasmtime::Error::msg(
+            "The component transitively contains 40 core module instances, which exceeds the \
+             configured maximum of 32 in the pooling allocator",
+        );
+        let text = pool_limit(&instances, &limits).unwrap();
+        assert!(
+            text.contains("40 core instances") && text.contains("cap of 32"),
+            "{text}"
+        );
+
+        assert!(pool_limit(&wasmtime::Error::msg("something else"), &limits).is_none());
+    }
+}
