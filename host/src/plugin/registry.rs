@@ -281,17 +281,31 @@ impl Registry {
             "tool call"
         );
         if let Some(store) = self.host.store() {
-            let record = AuditRecord {
-                process: request.caller,
-                tool: request.tool,
-                grants: &effective,
-                arguments: request.args_json,
-                outcome,
-                detail,
-                duration_us,
-            };
-            if let Err(err) = store.record_call(&record) {
-                tracing::error!("cannot write the audit log: {err}");
+            // Written on a blocking thread: a database another process holds locked makes
+            // this call wait for its audit row, never the executor and the other calls.
+            let store = store.clone();
+            let (process, tool, arguments) = (
+                request.caller.to_owned(),
+                request.tool.to_owned(),
+                request.args_json.to_owned(),
+            );
+            let (outcome, detail) = (outcome.to_owned(), detail.to_owned());
+            let written = tokio::task::spawn_blocking(move || {
+                store.record_call(&AuditRecord {
+                    process: &process,
+                    tool: &tool,
+                    grants: &effective,
+                    arguments: &arguments,
+                    outcome: &outcome,
+                    detail: &detail,
+                    duration_us,
+                })
+            })
+            .await;
+            match written {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => tracing::error!("cannot write the audit log: {err}"),
+                Err(err) => tracing::error!("the audit log write did not finish: {err}"),
             }
         }
         result

@@ -311,10 +311,18 @@ async fn a_guest_waiting_in_a_slow_store_import_frees_the_executor_and_stops_at_
         line: "probe: writing a task",
         seen: entered.clone(),
     };
+    // The host logs the call's outcome before it writes the audit row (which the lock
+    // holds up): the call itself has ended by then.
+    let ended = Arc::new(tokio::sync::Notify::new());
+    let ended_gate = LogGate {
+        line: "tool call",
+        seen: ended.clone(),
+    };
     let _subscriber = tracing::subscriber::set_default(
         tracing_subscriber::registry()
             .with(tracing_subscriber::filter::LevelFilter::INFO)
-            .with(gate),
+            .with(gate)
+            .with(ended_gate),
     );
 
     let lock = WriteLock::hold(store.path());
@@ -341,11 +349,15 @@ async fn a_guest_waiting_in_a_slow_store_import_frees_the_executor_and_stops_at_
         !slow.is_finished(),
         "the store import held the executor until the call ended"
     );
+    // The call ends while the lock is still held: only the deadline can have ended it.
+    // (It then waits for its audit row, which the lock holds up.)
+    tokio::time::timeout(HANG_GUARD, ended.notified())
+        .await
+        .expect("the call ended");
+    drop(lock);
     let result = slow.await.unwrap();
     expect_deadline(result, "task_write", "1.0");
-    // The lock is still held: the deadline, not the store, ended the call.
     next_call_works(&registry, ws.path()).await;
-    drop(lock);
     let listed = call(&registry, "task_list", "{}", "tasks.read", ws.path()).await;
     assert!(listed.is_ok(), "the store serves calls again: {listed:?}");
 }

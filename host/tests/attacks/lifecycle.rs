@@ -38,8 +38,7 @@ tool_calls = [{ name = "skip" }]
 "#;
 
 /// No timeout of the host's may end the long job before the signal does.
-const PATIENT: &str =
-    "[limits]\ndispatch_timeout_secs = 3600\ndispatch_total_secs = 3600\nworker_timeout_secs = 86400\n";
+const PATIENT: &str = "[limits]\ndispatch_timeout_secs = 3600\ndispatch_total_secs = 3600\nworker_timeout_secs = 86400\n";
 
 /// Starts `capstan run "start the long job"` in `dir` and returns it once its worker runs.
 fn start_long_job(dir: &std::path::Path) -> std::process::Child {
