@@ -358,12 +358,8 @@ impl DemoCommand {
             None => tempdir_path()?,
         };
         let config = Config::defaults(&dir);
-        let notes = config.agent.workspace.join("notes");
-        std::fs::create_dir_all(&notes).with_context(|| format!("creating {}", notes.display()))?;
-        for (name, text) in DEMO_NOTES {
-            std::fs::write(notes.join(name), text)?;
-        }
         let workspace = config.agent.workspace.clone();
+        write_demo_notes(&workspace)?;
         let database = config.agent.data_dir.join(crate::store::DATABASE_FILE);
         println!("Capstan demo");
         println!("  workspace: {}", workspace.display());
@@ -399,6 +395,23 @@ impl DemoCommand {
         print_tasks(&Store::open(database.parent().unwrap_or(Path::new(".")))?)?;
         Ok(code)
     }
+}
+
+/// Writes the demo's notes into `workspace/notes/` through a handle on the workspace, so
+/// a symlink planted in an existing workspace (`--dir`) cannot lead a write outside it.
+fn write_demo_notes(workspace: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(workspace)
+        .with_context(|| format!("creating the workspace {}", workspace.display()))?;
+    let dir = cap_std::fs::Dir::open_ambient_dir(workspace, cap_std::ambient_authority())
+        .with_context(|| format!("opening the workspace {}", workspace.display()))?;
+    let notes = workspace.join("notes");
+    dir.create_dir_all("notes")
+        .with_context(|| format!("creating {}", notes.display()))?;
+    for (name, text) in DEMO_NOTES {
+        dir.write(format!("notes/{name}"), text)
+            .with_context(|| format!("writing {}", notes.join(name).display()))?;
+    }
+    Ok(())
 }
 
 /// A fresh directory under the system temp dir, kept after the demo for inspection.

@@ -605,3 +605,66 @@ async fn capstan_run_names_the_answer_cap_and_its_key() {
         "{report:?}"
     );
 }
+
+/// The whole path: `capstan run` prints a streamed reply as it arrives. The server sends
+/// the rest of the answer only after the test has read the first piece on the CLI's
+/// standard output.
+#[tokio::test]
+async fn capstan_run_prints_a_streamed_reply_as_it_arrives() {
+    use std::io::Read;
+
+    let server = Server::start(SSE).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("capstan.toml"),
+        format!(
+            "[provider]\nkind = \"openai\"\nbase_url = \"{}\"\n\
+             api_key_env = \"CAPSTAN_ATTACK_KEY\"\nmodel = \"m\"\n",
+            server.url
+        ),
+    )
+    .unwrap();
+    let mut command = crate::support::capstan_command(dir.path(), &["run", "hello"]);
+    command
+        .env("CAPSTAN_ATTACK_KEY", "k")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    server.event(&text("Hel"));
+    let shown = tokio::time::timeout(
+        HANG,
+        tokio::task::spawn_blocking(move || {
+            let mut seen = Vec::new();
+            let mut byte = [0u8; 1];
+            while !seen.ends_with(b"agent> Hel") {
+                let n = stdout.read(&mut byte).unwrap();
+                assert!(
+                    n == 1,
+                    "stdout ended first: {:?}",
+                    String::from_utf8_lossy(&seen)
+                );
+                seen.push(byte[0]);
+            }
+            (seen, stdout)
+        }),
+    )
+    .await
+    .expect("the first piece is shown before the answer ends")
+    .unwrap();
+    let (mut seen, mut stdout) = shown;
+    server.event(&text("lo there"));
+    server.event(&finish("stop"));
+    server.event("[DONE]");
+    server.step(Step::End);
+    let status = tokio::task::spawn_blocking(move || {
+        stdout.read_to_end(&mut seen).unwrap();
+        (child.wait().unwrap(), seen)
+    });
+    let (status, seen) = tokio::time::timeout(HANG, status)
+        .await
+        .expect("capstan run ends")
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(String::from_utf8_lossy(&seen), "agent> Hello there\n");
+}

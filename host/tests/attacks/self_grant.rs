@@ -348,3 +348,23 @@ fn policy_shows_where_everything_is_and_whether_plugins_may_write_the_workspace(
     let text = stdout(&capstan(dir.path(), &["policy"]));
     assert!(text.contains("refused at start: the config file"), "{text}");
 }
+
+/// The demo writes its notes into an existing workspace through a handle on it: a symlink
+/// planted there that points outside leads the write nowhere.
+#[test]
+fn the_demo_never_writes_through_a_symlink_out_of_its_workspace() {
+    let root = tempfile::tempdir().unwrap();
+    let outside = root.path().join("outside.md");
+    std::fs::write(&outside, "keep me\n").unwrap();
+    let dir = root.path().join("demo");
+    std::fs::create_dir_all(dir.join("workspace/notes")).unwrap();
+    std::os::unix::fs::symlink(&outside, dir.join("workspace/notes/meeting.md")).unwrap();
+    let out = crate::support::capstan(root.path(), &["demo", "--dir", dir.to_str().unwrap()]);
+    assert!(!out.status.success(), "{}", crate::support::stdout(&out));
+    assert!(
+        crate::support::stderr(&out).contains("meeting.md"),
+        "{}",
+        crate::support::stderr(&out)
+    );
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep me\n");
+}
