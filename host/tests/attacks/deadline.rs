@@ -14,7 +14,9 @@ use capstan_host::plugin::{ArtifactCache, CallRequest, Limits, PluginHost, Regis
 use capstan_host::policy::Grants;
 use capstan_host::store::Store;
 
-use crate::support::{capstan_command, component, plugins_dir, stderr, stdout, test_cache_dir};
+use crate::support::{
+    capstan_command, component, plugins_dir, plugins_with, stderr, stdout, test_cache_dir,
+};
 
 /// Guards against hangs only: no test expects anything to take this long.
 const HANG_GUARD: Duration = Duration::from_secs(120);
@@ -133,19 +135,6 @@ fn run_capstan(dir: &Path, args: &[&str], what: &str) -> Output {
         .spawn()
         .unwrap();
     wait_for_exit(child, what)
-}
-
-/// A plugins directory with the first-party plugins and copies of `extra` components.
-fn plugins_with(extra: &[(&str, PathBuf)]) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(plugins_dir()).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
-    }
-    for (name, source) in extra {
-        std::fs::copy(source, dir.path().join(name)).unwrap();
-    }
-    dir
 }
 
 #[tokio::test]

@@ -7,25 +7,14 @@ use std::sync::Arc;
 
 use capstan_host::plugin::{ArtifactCache, Limits, LoadError, PluginHost, Preferences, Registry};
 
-use crate::support::{capstan, component, plugins_dir, stderr, stdout, test_cache_dir};
+use crate::support::{
+    capstan, component, plugins_dir, plugins_with, stderr, stdout, test_cache_dir,
+};
 
 const FILE_TOOLS: [&str; 4] = ["file_read", "file_list", "file_write", "file_edit"];
 
 fn host(limits: Limits) -> Arc<PluginHost> {
     Arc::new(PluginHost::new(limits, ArtifactCache::new(test_cache_dir())).unwrap())
-}
-
-/// A plugins directory with the first-party plugins and copies of `extra` components.
-fn plugins_with(extra: &[(&str, PathBuf)]) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(plugins_dir()).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
-    }
-    for (name, source) in extra {
-        std::fs::copy(source, dir.path().join(name)).unwrap();
-    }
-    dir
 }
 
 fn refusal(registry: &Registry, file: &str) -> String {

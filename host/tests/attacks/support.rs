@@ -35,6 +35,24 @@ pub fn plugins_dir() -> PathBuf {
         .to_owned()
 }
 
+/// A plugins directory with the first-party plugins and copies of `extra` components
+/// (file name, source).
+pub fn plugins_with(extra: &[(&str, PathBuf)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for entry in std::fs::read_dir(plugins_dir()).expect("the plugins directory") {
+        let path = entry.expect("an entry").path();
+        std::fs::copy(
+            &path,
+            dir.path().join(path.file_name().expect("a file name")),
+        )
+        .expect("copying a plugin");
+    }
+    for (name, source) in extra {
+        std::fs::copy(source, dir.path().join(name)).expect("copying a component");
+    }
+    dir
+}
+
 /// The artifact cache the tests share, so each component compiles once per run.
 pub fn test_cache_dir() -> PathBuf {
     repo_root().join("target/test-component-cache")
