@@ -287,9 +287,22 @@ fn tool_call_as_a_profile_uses_its_grants_and_its_tool_list() {
     );
     assert!(!ws.path().join("b.txt").exists());
 
+    // A worker holds fs.write: it runs from elsewhere, so no config lookup lies in its
+    // workspace.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let ws_arg = ws.path().to_str().unwrap();
     let out = capstan(
-        ws.path(),
-        &["tool", "call", "file_write", write, "--as", "worker"],
+        elsewhere.path(),
+        &[
+            "tool",
+            "call",
+            "file_write",
+            write,
+            "--as",
+            "worker",
+            "--workspace",
+            ws_arg,
+        ],
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(

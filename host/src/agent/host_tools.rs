@@ -99,3 +99,17 @@ pub const HOST_TOOLS: &[HostTool] = &[
 pub fn host_tool(name: &str) -> Option<&'static HostTool> {
     HOST_TOOLS.iter().find(|t| t.name == name)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::contract::RESERVED_TOOL_NAMES;
+
+    #[test]
+    fn every_host_tool_name_is_reserved_from_plugins() {
+        for tool in HOST_TOOLS {
+            assert!(RESERVED_TOOL_NAMES.contains(&tool.name), "{}", tool.name);
+        }
+        assert_eq!(RESERVED_TOOL_NAMES.len(), HOST_TOOLS.len());
+    }
+}

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use super::HostArgs;
 use super::table::print_table;
 use crate::agent::{Event, Runtime};
-use crate::config::{Config, ProviderSettings};
+use crate::config::{Config, LocationKind, ProviderSettings};
 use crate::ids::ProcessId;
 use crate::llm::{OpenAiProvider, Provider, Recorder, Script, ScriptedProvider};
 use crate::policy::ProcessKind;
@@ -62,7 +62,13 @@ impl AgentArgs {
         &self,
         config: Config,
     ) -> anyhow::Result<(Arc<Runtime>, mpsc::UnboundedReceiver<Event>)> {
-        self.host.check_agent_locations(&config)?;
+        let mut locations = self.host.agent_locations(&config);
+        if let Some(path) = &self.record {
+            // The recording is rewritten on every exchange: a planted symlink must not
+            // lead it anywhere.
+            locations.add(LocationKind::Recording, path);
+        }
+        locations.check()?;
         std::fs::create_dir_all(&config.agent.workspace).with_context(|| {
             format!(
                 "creating the workspace {}",

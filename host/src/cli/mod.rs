@@ -147,6 +147,12 @@ impl HostArgs {
         if let Some(path) = &config.source {
             locations.add(LocationKind::Config, path);
         }
+        if config.source.is_none() && self.config.is_none() {
+            // Where the next command looks for its config, whether or not a file is
+            // there yet: a plugin must not be able to plant one.
+            let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+            locations.add(LocationKind::Config, cwd.join(crate::config::CONFIG_FILE));
+        }
         if let Some(dir) = self.cache_dir() {
             locations.add(LocationKind::CacheDir, dir);
         }
@@ -180,12 +186,6 @@ impl HostArgs {
         locations
     }
 
-    /// Refuses to start an agent whose config, data, cache, plugins or script a plugin could
-    /// write (see [`crate::config::Locations`]).
-    pub(crate) fn check_agent_locations(&self, config: &Config) -> anyhow::Result<()> {
-        Ok(self.agent_locations(config).check()?)
-    }
-
     /// Refuses a tool call granted `fs.write` on `workspace` when the config, the cache or
     /// the plugins lie inside it.
     pub(crate) fn check_call_locations(
@@ -195,6 +195,8 @@ impl HostArgs {
         grants: &Grants,
     ) -> anyhow::Result<()> {
         let mut locations = self.locations(config, workspace, grants.allows(&Capability::FsWrite));
+        // The call does not open the database, but a later run does.
+        locations.add(LocationKind::DataDir, &config.agent.data_dir);
         locations.alternative = Some("call without granting fs.write".to_owned());
         Ok(locations.check()?)
     }

@@ -64,9 +64,7 @@ fn print_locations(out: &mut impl Write, locations: &Locations) -> std::io::Resu
     writeln!(out, "\nlocations:")?;
     let mut rows: Vec<(&str, String)> = Vec::new();
     let has = |kind| locations.entries.iter().any(|(k, _)| *k == kind);
-    if !has(LocationKind::Config) {
-        rows.push(("config", "(built-in defaults)".into()));
-    }
+
     if !has(LocationKind::CacheDir) {
         rows.push(("cache dir", "(none: --no-cache)".into()));
     }
@@ -77,8 +75,13 @@ fn print_locations(out: &mut impl Write, locations: &Locations) -> std::io::Resu
             LocationKind::CacheDir => "cache dir",
             LocationKind::PluginsDir => "plugins dir",
             LocationKind::Script => "script",
+            LocationKind::Recording => "recording",
         };
-        rows.push((name, resolve(path).display().to_string()));
+        let mut shown = resolve(path).display().to_string();
+        if *kind == LocationKind::Config && !path.exists() {
+            shown.push_str(" (absent: the built-in defaults apply)");
+        }
+        rows.push((name, shown));
     }
     let writable = if locations.workspace_writable {
         "writable by plugins: a profile grants fs.write"

@@ -26,6 +26,8 @@ pub enum LocationKind {
     PluginsDir,
     /// `provider.script`: the scripted model's script.
     Script,
+    /// `--record FILE`: where the model exchanges are saved.
+    Recording,
 }
 
 impl LocationKind {
@@ -37,6 +39,7 @@ impl LocationKind {
             LocationKind::CacheDir => "the component cache dir",
             LocationKind::PluginsDir => "the plugins dir",
             LocationKind::Script => "the provider script",
+            LocationKind::Recording => "the recording (--record)",
         }
     }
 
@@ -57,6 +60,7 @@ impl LocationKind {
                  outside the workspace"
             }
             LocationKind::Script => "set provider.script to a file outside the workspace",
+            LocationKind::Recording => "record to a file outside the workspace",
         }
     }
 }

@@ -40,10 +40,23 @@ pub enum SourceError {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn read_text(path: &Path) -> Result<String, SourceError> {
-    let bytes = std::fs::read(path).map_err(|source| SourceError::Read {
+    use std::io::Read;
+    let read_error = |source| SourceError::Read {
         path: path.to_owned(),
         source,
-    })?;
+    };
+    // A config or script is small text; a device or endless file is cut off, not read
+    // into memory without end.
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_TEXT_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(read_error)?;
+    if bytes.len() as u64 > MAX_TEXT_BYTES {
+        return Err(read_error(std::io::Error::other(format!(
+            "larger than {} MiB, the most a config or script may be",
+            MAX_TEXT_BYTES >> 20
+        ))));
+    }
     String::from_utf8(bytes).map_err(|err| {
         let valid = err.utf8_error().valid_up_to();
         let (line, column) = line_and_column(err.as_bytes(), valid);
@@ -54,6 +67,9 @@ pub fn read_text(path: &Path) -> Result<String, SourceError> {
         }
     })
 }
+
+/// The largest config or script file read.
+const MAX_TEXT_BYTES: u64 = 16 << 20;
 
 /// "not valid TOML at line L, column C: what is wrong", for an error parsing `text`.
 ///

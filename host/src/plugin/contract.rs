@@ -12,6 +12,19 @@ pub const WIT_VERSION: &str = "0.1.0";
 /// The interface a plugin must export.
 pub const TOOL_INTERFACE: &str = "tool";
 
+/// Tool names the host keeps for its own tools (a channel's delegation, a worker's
+/// status): a plugin declaring one is refused, so it can neither shadow a host tool nor
+/// put its own description of one in front of the model.
+pub const RESERVED_TOOL_NAMES: &[&str] = &[
+    "reply",
+    "skip",
+    "spawn_worker",
+    "branch",
+    "route",
+    "cancel",
+    "set_status",
+];
+
 /// Interfaces a plugin may import, as `namespace:package/interface` prefixes.
 ///
 /// Everything else is refused at load, even where wasmtime-wasi could provide it: no

@@ -343,7 +343,7 @@ fn read_plugin_file(path: &Path) -> Result<Vec<u8>, LoadError> {
     options.read(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
-    let mut file = options.open(path).map_err(read_error)?;
+    let file = options.open(path).map_err(read_error)?;
     let file_type = file.metadata().map_err(read_error)?.file_type();
     if !file_type.is_file() {
         return Err(LoadError::NotAFile {
@@ -351,10 +351,26 @@ fn read_plugin_file(path: &Path) -> Result<Vec<u8>, LoadError> {
             kind: describe_file_type(file_type),
         });
     }
+    // Read one byte past the cap, so a file that grows while it is read is caught too.
     let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes).map_err(read_error)?;
+    file.take(MAX_PLUGIN_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_error)?;
+    if bytes.len() as u64 > MAX_PLUGIN_BYTES {
+        return Err(LoadError::OverLimit {
+            path: path.to_owned(),
+            reason: format!(
+                "the file is larger than {} MiB, the most a plugin may be",
+                MAX_PLUGIN_BYTES >> 20
+            ),
+        });
+    }
     Ok(bytes)
 }
+
+/// The largest plugin file read: components are a few MiB; a bigger file is refused
+/// before it fills memory or ties up the compiler.
+const MAX_PLUGIN_BYTES: u64 = 64 << 20;
 
 /// What a file that is not a regular file is, for the refusal.
 fn describe_file_type(file_type: std::fs::FileType) -> &'static str {

@@ -130,9 +130,21 @@ fn tool_arguments_come_from_stdin_or_a_file() {
     let args_file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(args_file.path(), &args).unwrap();
     let at = format!("@{}", args_file.path().display());
+    // From elsewhere: a call granted fs.write may not run where its config is looked up.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let ws_arg = ws.path().to_str().unwrap();
     let out = capstan(
-        ws.path(),
-        &["tool", "call", "file_write", &at, "--grant", "fs.write"],
+        elsewhere.path(),
+        &[
+            "tool",
+            "call",
+            "file_write",
+            &at,
+            "--grant",
+            "fs.write",
+            "--workspace",
+            ws_arg,
+        ],
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
@@ -305,4 +317,15 @@ fn the_documented_exit_codes_are_the_ones_returned() {
         &["plugins", "list", "--plugins-dir", "/nonexistent/plugins"],
     );
     assert_refused(&out, &["/nonexistent/plugins"]);
+}
+
+/// A config that never ends (a device) is cut off at the size cap, not read into memory
+/// without end.
+#[test]
+fn an_endless_config_is_refused_at_the_size_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = capstan(dir.path(), &["policy", "--config", "/dev/zero"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.contains("/dev/zero") && err.contains("16 MiB"), "{err}");
 }

@@ -485,3 +485,21 @@ fn a_fifo_in_the_plugins_directory_is_refused_by_name_and_the_rest_load() {
     assert!(stdout(&out).contains("file_read"), "{}", stdout(&out));
     assert!(err.contains("pipe.wasm") && err.contains("a FIFO"), "{err}");
 }
+
+/// A plugin file over the size cap is refused before it is read whole (a sparse file
+/// costs no disk here, but would cost its size in memory).
+#[test]
+fn plugins_inspect_refuses_a_file_over_the_size_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = dir.path().join("huge.wasm");
+    let file = std::fs::File::create(&huge).unwrap();
+    file.set_len(1 << 30).unwrap();
+    let out = run_capstan(
+        dir.path(),
+        &["plugins", "inspect", huge.to_str().unwrap()],
+        "inspect",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.contains("huge.wasm") && err.contains("64 MiB"), "{err}");
+}

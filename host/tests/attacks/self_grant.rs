@@ -178,7 +178,18 @@ fn a_plugins_dir_inside_the_workspace_is_refused() {
     let plugins = ws.path().join("plugins");
     std::fs::create_dir(&plugins).unwrap();
     std::fs::copy(plugins_dir().join("files.wasm"), plugins.join("files.wasm")).unwrap();
-    let out = write_config_call(ws.path(), &["--plugins-dir", plugins.to_str().unwrap()]);
+    // Run from elsewhere, so the config lookup is not what is refused.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let ws_arg = ws.path().to_str().unwrap();
+    let out = write_config_call(
+        elsewhere.path(),
+        &[
+            "--workspace",
+            ws_arg,
+            "--plugins-dir",
+            plugins.to_str().unwrap(),
+        ],
+    );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(
@@ -189,7 +200,7 @@ fn a_plugins_dir_inside_the_workspace_is_refused() {
 
     // Through CAPSTAN_PLUGINS_DIR too.
     let out = capstan_command(
-        ws.path(),
+        elsewhere.path(),
         &[
             "tool",
             "call",
@@ -197,6 +208,8 @@ fn a_plugins_dir_inside_the_workspace_is_refused() {
             r#"{"path":"x","content":"x"}"#,
             "--grant",
             "fs.write",
+            "--workspace",
+            ws_arg,
         ],
     )
     .env("CAPSTAN_PLUGINS_DIR", &plugins)
@@ -367,4 +380,75 @@ fn the_demo_never_writes_through_a_symlink_out_of_its_workspace() {
         crate::support::stderr(&out)
     );
     assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep me\n");
+}
+
+/// With no config file, the place the next command would look for one is still guarded:
+/// a call granted `fs.write` on the directory it runs in could plant `capstan.toml` there.
+#[test]
+fn a_tool_call_cannot_plant_a_config_where_the_next_command_looks_for_one() {
+    let ws = tempfile::tempdir().unwrap();
+    let out = write_config_call(ws.path(), &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("capstan.toml") && err.contains("config"),
+        "{err}"
+    );
+    assert!(
+        !ws.path().join("capstan.toml").exists(),
+        "nothing was planted"
+    );
+}
+
+/// A call's workspace may not hold the data dir a later run opens, even though the call
+/// itself never opens it.
+#[test]
+fn a_tool_call_cannot_write_the_data_dir_of_a_later_run() {
+    let ws = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let config = elsewhere.path().join("capstan.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[agent]
+data_dir = \"{}\"\n",
+            ws.path().join(".capstan").display()
+        ),
+    )
+    .unwrap();
+    let out = capstan(
+        ws.path(),
+        &[
+            "tool",
+            "call",
+            "file_write",
+            r#"{"path":".capstan/capstan.db","content":"garbage"}"#,
+            "--grant",
+            "fs.write",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stderr(&out).contains("the data dir"), "{}", stderr(&out));
+    assert!(!ws.path().join(".capstan/capstan.db").exists());
+}
+
+/// `--record FILE` is rewritten on every exchange: it may not lie in a workspace plugins
+/// may write, where a planted symlink could lead it anywhere.
+#[test]
+fn a_recording_inside_the_writable_workspace_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("capstan.toml"), "").unwrap();
+    let outside = dir.path().join("outside.txt");
+    std::fs::write(&outside, "precious\n").unwrap();
+    std::fs::create_dir(dir.path().join("workspace")).unwrap();
+    std::os::unix::fs::symlink("../outside.txt", dir.path().join("workspace/rec.toml")).unwrap();
+    let out = capstan(
+        dir.path(),
+        &["run", "--record", "workspace/rec.toml", "hello"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stderr(&out).contains("the recording"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "precious\n");
 }
