@@ -49,6 +49,33 @@ pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// `text` fit for a terminal as several lines: like [`one_line`], but line breaks and tabs
+/// stay, so a reply keeps its shape while escape sequences and carriage returns cannot
+/// move the cursor, recolour the screen or overwrite what was printed.
+///
+/// ```
+/// use capstan_host::text::printable;
+///
+/// assert_eq!(printable("two\nlines"), "two\nlines");
+/// assert_eq!(printable("\u{1b}]0;PWNED\u{7}"), r"\u{1b}]0;PWNED\u{7}");
+/// ```
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let keep = |c: char| c == '\n' || c == '\t';
+    if !text.chars().any(|c| needs_escape(c) && !keep(c)) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            c if keep(c) => out.push(c),
+            '\r' => out.push_str("\\r"),
+            c if needs_escape(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Whether `c` must not reach a log line or a terminal as it is.
 fn needs_escape(c: char) -> bool {
     c.is_control()

@@ -17,6 +17,7 @@ use crate::ids::ProcessId;
 use crate::llm::{OpenAiProvider, Provider, Recorder, Script, ScriptedProvider};
 use crate::policy::ProcessKind;
 use crate::store::{Store, TaskFilter};
+use crate::text::{one_line, printable};
 
 /// The built-in demo script, played when the scripted provider has no script file.
 const DEMO_SCRIPT: &str = include_str!("../../../examples/demo/script.toml");
@@ -160,7 +161,7 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> Tally {
                 if streamed.is_empty() {
                     let _ = write!(out, "agent> ");
                 }
-                let _ = write!(out, "{}", text.replace('\n', "\n       "));
+                let _ = write!(out, "{}", printable(text).replace('\n', "\n       "));
                 let _ = out.flush();
                 streamed.push_str(text);
             }
@@ -175,7 +176,7 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> Tally {
                     let _ = writeln!(out);
                     streamed.clear();
                 }
-                let _ = writeln!(out, "agent> {}", text.replace('\n', "\n       "));
+                let _ = writeln!(out, "agent> {}", printable(text).replace('\n', "\n       "));
             }
             Event::Status { source, text } => {
                 if text.starts_with("started:") {
@@ -183,11 +184,11 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> Tally {
                 } else if text.starts_with("thinking:") {
                     tally.branches += 1;
                 }
-                eprintln!("  [{source}] {text}");
+                eprintln!("  [{source}] {}", one_line(text));
             }
             Event::ModelFailed { .. } | Event::HistoryNotSaved { .. } => {
                 tally.failures += 1;
-                eprintln!("error: {event}");
+                eprintln!("error: {}", one_line(&event.to_string()));
             }
         }
     }
@@ -463,8 +464,8 @@ fn print_tasks(store: &Store) -> anyhow::Result<()> {
                 format!("#{}", t.number),
                 t.status.to_string(),
                 t.priority.as_str().to_owned(),
-                t.title.clone(),
-                t.creator.clone(),
+                one_line(&t.title).into_owned(),
+                one_line(&t.creator).into_owned(),
             ]
         })
         .collect();

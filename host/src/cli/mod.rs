@@ -220,7 +220,10 @@ impl HostArgs {
             .await
             .with_context(|| format!("loading plugins from {}", dir.display()))?;
         for refused in registry.refused() {
-            eprintln!("warning: plugin refused: {refused}");
+            eprintln!(
+                "warning: plugin refused: {}",
+                crate::text::one_line(&refused.to_string())
+            );
         }
         Ok(registry)
     }

@@ -92,9 +92,18 @@ impl ToolCommand {
             };
             writeln!(out, "{value}")?;
         } else {
+            // A result is data: piped, it passes byte for byte; on a terminal, escape
+            // sequences in it are shown, not obeyed.
+            let shown = |text: &str| {
+                if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                    crate::text::printable(text).into_owned()
+                } else {
+                    text.to_owned()
+                }
+            };
             match &result {
-                Ok(text) if text.ends_with('\n') => write!(out, "{text}")?,
-                Ok(text) => writeln!(out, "{text}")?,
+                Ok(text) if text.ends_with('\n') => write!(out, "{}", shown(text))?,
+                Ok(text) => writeln!(out, "{}", shown(text))?,
                 Err(err) => eprintln!("error[{}]: {}", err.kind(), err.message()),
             }
         }

@@ -309,3 +309,34 @@ async fn unknown_tool_names_are_echoed_on_one_line_and_cut() {
     assert!(!msg.contains('\n') && !msg.contains('\u{1b}'), "{msg:?}");
     assert!(msg.len() < 1000, "cut: {} bytes", msg.len());
 }
+
+/// Text a guest or a model wrote reaches the terminal with its escape sequences shown,
+/// not obeyed: a task title from a plugin in `capstan tasks`, a reply in `capstan run`.
+#[test]
+fn guest_and_model_text_cannot_forge_the_cli_output() {
+    let dir = crate::support::agent_dir(
+        "[[step]]\nprocess = \"channel\"\nreply = \"hi\\u001b]0;PWNED\\u0007\\u001b[2J\"\n",
+        "",
+    );
+    let store = crate::support::agent_store(dir.path());
+    let forged = "real\n#99    done     high      forged row\u{1b}[31m";
+    store
+        .create_task("worker:1", &capstan_host::store::NewTask::titled(forged))
+        .unwrap();
+    drop(store);
+
+    let out = capstan(dir.path(), &["tasks"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(!text.contains('\u{1b}'), "{text:?}");
+    assert!(!text.lines().any(|l| l.starts_with("#99")), "{text}");
+
+    let out = capstan(dir.path(), &["run", "hello"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{7}'),
+        "{text:?}"
+    );
+    assert!(text.starts_with("agent> hi"), "{text}");
+}
