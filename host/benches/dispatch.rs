@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use capstan_host::dispatch::{DispatchOutcome, Dispatcher, GateSettings, Route};
 use capstan_host::llm::{
-    AnswerSink, BoxFuture, Completion, CompletionRequest, Message, Provider, ProviderError, ToolChoice,
+    AnswerSink, BoxFuture, Completion, CompletionRequest, Message, Provider, ProviderError,
+    ToolChoice,
 };
 use criterion::Criterion;
 

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use capstan_host::llm::{
-    CompletionRequest, Delta, Message, OpenAiProvider, Provider, ProviderError, Recorder, RetryPolicy,
-    Script, ScriptedProvider, ToolCall, ToolChoice, ToolDef,
+    CompletionRequest, Delta, Message, OpenAiProvider, Provider, ProviderError, Recorder,
+    RetryPolicy, Script, ScriptedProvider, ToolCall, ToolChoice, ToolDef,
 };
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -241,7 +241,10 @@ async fn busy_answers_are_retried_with_backoff_then_succeed() {
             ..status(429, "{}")
         },
         status(503, "overloaded"),
-        streamed(&[chunk(json!({"content": "third "})), chunk(json!({"content": "time"}))]),
+        streamed(&[
+            chunk(json!({"content": "third "})),
+            chunk(json!({"content": "time"})),
+        ]),
     ])
     .await;
     let provider = OpenAiProvider::new(&url, "k", "m")
@@ -281,7 +284,11 @@ async fn client_errors_fail_at_once_and_persistent_5xx_after_the_last_attempt() 
     let provider = OpenAiProvider::new(&url, "k", "m")
         .unwrap()
         .with_retry(fast_retry(3));
-    let err = provider.complete(&request(), &()).await.unwrap_err().to_string();
+    let err = provider
+        .complete(&request(), &())
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("500 after 3 attempt(s)"), "{err}");
     assert_eq!(seen.lock().unwrap().len(), 3);
 }
@@ -302,7 +309,11 @@ async fn an_unreachable_endpoint_and_a_bad_response_get_specific_errors() {
 
     let (url, _) = serve(vec![ok(json!({"object": "list"}))]).await;
     let provider = OpenAiProvider::new(&url, "k", "m").unwrap();
-    let err = provider.complete(&request(), &()).await.unwrap_err().to_string();
+    let err = provider
+        .complete(&request(), &())
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("not a chat completion") && err.contains("choices"),
         "{err}"
@@ -422,7 +433,10 @@ async fn a_recording_replays_the_same_answers() {
     while let Ok(delta) = received.try_recv() {
         seen.push(delta);
     }
-    assert_eq!(seen[..2], [Delta::ToolCall { index: 0 }, Delta::ToolCall { index: 0 }]);
+    assert_eq!(
+        seen[..2],
+        [Delta::ToolCall { index: 0 }, Delta::ToolCall { index: 0 }]
+    );
     assert!(seen[2..].iter().all(|d| *d == Delta::Progress), "{seen:?}");
 
     let replay = ScriptedProvider::new(Script::load(&path).unwrap(), "recorded");

@@ -361,7 +361,10 @@ async fn a_steady_answer_longer_than_the_timeout_is_received_whole_with_its_delt
         text.push_str(&piece);
     }
     assert_eq!(text, answer.message.content, "every piece, in order");
-    assert!(text.starts_with("0 1 2 ") && text.ends_with(" 30 "), "{text}");
+    assert!(
+        text.starts_with("0 1 2 ") && text.ends_with(" 30 "),
+        "{text}"
+    );
 }
 
 #[tokio::test]

@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::{
-    AnswerSink, BoxFuture, Completion, CompletionRequest, Provider, ProviderError, Script, ScriptStep,
-    ScriptToolCall,
+    AnswerSink, BoxFuture, Completion, CompletionRequest, Provider, ProviderError, Script,
+    ScriptStep, ScriptToolCall,
 };
 use crate::text::truncate;
 

@@ -4,8 +4,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::{
-    AnswerSink, BoxFuture, Completion, CompletionRequest, Message, Provider, ProviderError, Role, Script,
-    ToolCall,
+    AnswerSink, BoxFuture, Completion, CompletionRequest, Message, Provider, ProviderError, Role,
+    Script, ToolCall,
 };
 use crate::text::truncate;
 

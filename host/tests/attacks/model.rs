@@ -8,7 +8,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use capstan_host::dispatch::{DispatchError, DispatchOutcome, Dispatcher, GateSettings, Route, TooSlow};
+use capstan_host::dispatch::{
+    DispatchError, DispatchOutcome, Dispatcher, GateSettings, Route, TooSlow,
+};
 use capstan_host::llm::{
     CompletionRequest, Delta, Message, OpenAiProvider, ProviderError, ToolCall, ToolChoice,
 };
@@ -364,7 +366,10 @@ async fn text_reaches_the_caller_before_the_answer_ends() {
     let server = Server::start(SSE).await;
     let gate = openai_gate(&server.url, HANG, HANG, 1 << 20);
     let (task, mut received) = dispatch(&gate);
-    server.event(&json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}).to_string());
+    server.event(
+        &json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+            .to_string(),
+    );
     server.event(&text("Hel"));
     assert_eq!(next_text(&mut received).await, "Hel");
     assert!(
@@ -521,7 +526,10 @@ async fn an_oversized_streamed_answer_fails_at_the_cap_without_reading_the_rest(
     });
     assert_too_large(&provider_error(outcome(task).await));
     let report = server.report().await;
-    assert!(report.failed.is_some() && report.written < FLOOD, "{report:?}");
+    assert!(
+        report.failed.is_some() && report.written < FLOOD,
+        "{report:?}"
+    );
 }
 
 #[tokio::test]
@@ -539,7 +547,10 @@ async fn an_oversized_json_answer_fails_at_the_cap_without_reading_the_rest() {
     });
     assert_too_large(&provider_error(outcome(task).await));
     let report = server.report().await;
-    assert!(report.failed.is_some() && report.written < FLOOD, "{report:?}");
+    assert!(
+        report.failed.is_some() && report.written < FLOOD,
+        "{report:?}"
+    );
 
     // Under the cap, the same kind of body is an answer.
     let server = Server::start("application/json").await;
@@ -589,5 +600,8 @@ async fn capstan_run_names_the_answer_cap_and_its_key() {
         "{stderr}"
     );
     let report = server.report().await;
-    assert!(report.failed.is_some() && report.written < FLOOD, "{report:?}");
+    assert!(
+        report.failed.is_some() && report.written < FLOOD,
+        "{report:?}"
+    );
 }

@@ -304,7 +304,10 @@ mod tests {
             .unwrap_err();
         assert!(err.contains("model overloaded"), "{err}");
         let err = answer.push("{not json", &()).unwrap_err();
-        assert!(err.contains("not JSON") && err.contains("{not json"), "{err}");
+        assert!(
+            err.contains("not JSON") && err.contains("{not json"),
+            "{err}"
+        );
         answer
             .push(
                 &chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]})),
@@ -318,7 +321,9 @@ mod tests {
     #[test]
     fn the_size_counts_text_names_arguments_and_each_call() {
         let mut answer = Assembler::default();
-        answer.push(&chunk(json!({"content": "abcd"})), &()).unwrap();
+        answer
+            .push(&chunk(json!({"content": "abcd"})), &())
+            .unwrap();
         assert_eq!(answer.size(), 4);
         for index in 0..10 {
             answer

@@ -5,8 +5,8 @@
 //! - `read`: the response body read within the answer cap, as an event stream or JSON.
 
 mod chunks;
-mod wire;
 mod read;
+mod wire;
 
 use std::time::Duration;
 

@@ -74,7 +74,9 @@ impl Reader<'_> {
                 crate::text::truncate(&data, MAX_QUOTED_BODY)
             ))),
             SseItem::Event { data, .. } => {
-                let step = answer.push(&data, sink).map_err(|reason| self.bad(reason))?;
+                let step = answer
+                    .push(&data, sink)
+                    .map_err(|reason| self.bad(reason))?;
                 if answer.size() > self.max_answer {
                     return Err(self.too_large());
                 }
