@@ -307,7 +307,8 @@ impl Dispatcher {
                 error: error.into(),
             },
             Err(late) => {
-                tracing::warn!(
+                // The caller reports it (with the bound and its key); this is for tracing.
+                tracing::debug!(
                     session = ticket.session(),
                     owner = ticket.owner(),
                     %route,
