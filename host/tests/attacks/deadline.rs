@@ -284,8 +284,47 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LogGate {
     }
 }
 
-#[tokio::test(flavor = "current_thread")]
-async fn a_guest_waiting_in_a_slow_store_import_frees_the_executor_and_stops_at_the_deadline() {
+/// Set in the child process that runs [`slow_store_import`] alone.
+const SLOW_STORE_CHILD: &str = "CAPSTAN_ATTACK_SLOW_STORE_CHILD";
+
+/// Runs in a process of its own: its gates are log events seen by a thread-local
+/// subscriber, and tracing's per-callsite interest is shared by every thread of a
+/// process, so tests logging on other threads must not be able to hide them.
+#[test]
+fn a_guest_waiting_in_a_slow_store_import_frees_the_executor_and_stops_at_the_deadline() {
+    if std::env::var_os(SLOW_STORE_CHILD).is_some() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(slow_store_import());
+        return;
+    }
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "deadline::a_guest_waiting_in_a_slow_store_import_frees_the_executor_and_stops_at_the_deadline",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(SLOW_STORE_CHILD, "1")
+        .env_remove("RUST_BACKTRACE")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_for_exit(child, "the slow store import test");
+    assert!(
+        out.status.success() && stdout(&out).contains("1 passed"),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+}
+
+/// The body of the test above, on one thread.
+async fn slow_store_import() {
     use tracing_subscriber::layer::SubscriberExt;
 
     let data = tempfile::tempdir().unwrap();
