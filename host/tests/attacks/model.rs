@@ -257,14 +257,17 @@ async fn a_slow_answer_that_keeps_coming_outlives_the_timeout_and_arrives_whole(
     let (task, mut received) = dispatch(&gate);
     let started = Instant::now();
     let mut sent = String::new();
+    let mut streamed = String::new();
     let mut i = 0;
     while started.elapsed() < timeout * 3 / 2 {
         let piece = format!("word{i} ");
         server.event(&text(&piece));
         sent.push_str(&piece);
         i += 1;
-        // Pacing the server, not waiting for anything.
-        tokio::time::sleep(timeout / 12).await;
+        // The next piece goes only once the caller has this one, so the server never
+        // runs ahead of the client; the short pause only keeps the piece count small.
+        streamed.push_str(&next_text(&mut received).await);
+        tokio::time::sleep(timeout / 30).await;
     }
     server.event(&finish("stop"));
     server.event("[DONE]");
@@ -273,7 +276,6 @@ async fn a_slow_answer_that_keeps_coming_outlives_the_timeout_and_arrives_whole(
     };
     assert!(started.elapsed() > timeout);
     assert_eq!(answer.message.content, sent);
-    let mut streamed = String::new();
     while let Ok(delta) = received.try_recv() {
         if let Delta::Text(piece) = delta {
             streamed.push_str(&piece);
@@ -347,7 +349,8 @@ async fn an_endless_steady_answer_times_out_on_the_total_bound() {
     let (task, _received) = dispatch(&gate);
     while !task.is_finished() {
         server.event(&text("more "));
-        // Pacing the server.
+        // Pacing the server: any pause under the 30 s gap bound keeps the answer alive,
+        // so only the one-second total bound can end it.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let outcome = outcome(task).await;
