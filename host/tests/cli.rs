@@ -10,8 +10,8 @@ fn repo_root() -> PathBuf {
         .to_owned()
 }
 
-/// The command `capstan ARGS` in `dir`, with the tests' artifact cache and no
-/// plugins-dir override.
+/// The command `capstan ARGS` in `dir`, with the tests' artifact cache and state dir and
+/// no plugins-dir override.
 fn capstan_command(dir: &Path, args: &[&str]) -> Command {
     assert!(
         repo_root().join("target/plugins/files.wasm").is_file(),
@@ -25,6 +25,7 @@ fn capstan_command(dir: &Path, args: &[&str]) -> Command {
             "CAPSTAN_CACHE_DIR",
             repo_root().join("target/test-component-cache"),
         )
+        .env("CAPSTAN_STATE_DIR", repo_root().join("target/test-state"))
         .env_remove("CAPSTAN_PLUGINS_DIR")
         .env_remove("RUST_BACKTRACE");
     command

@@ -70,6 +70,7 @@ impl AgentArgs {
             locations.add(LocationKind::Recording, path);
         }
         locations.check()?;
+        super::record_if_writable(locations)?;
         std::fs::create_dir_all(&config.agent.workspace).with_context(|| {
             format!(
                 "creating the workspace {}",

@@ -20,6 +20,7 @@ use capstan_caps::Capability;
 
 use crate::config::{
     Config, LocationKind, Locations, MAX_TOOL_DEADLINE_SECS, MAX_TOOL_MEMORY_MIB, ProviderSettings,
+    WritableWorkspaces,
 };
 use crate::plugin::{ArtifactCache, Limits, PluginHost, Registry};
 use crate::policy::{Grants, ProcessKind};
@@ -83,12 +84,29 @@ pub(crate) struct HostArgs {
 }
 
 impl HostArgs {
-    /// The config named by `--config`, else `./capstan.toml`, else the defaults.
+    /// The config named by `--config`, else `./capstan.toml`, else the defaults. A config
+    /// inside a workspace an earlier command let plugins write is refused unread: a plugin
+    /// may have planted it.
     pub(crate) fn config(&self) -> anyhow::Result<Config> {
+        let path = self
+            .config
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(crate::config::CONFIG_FILE));
+        let mut locations = Locations::new(".", false);
+        locations.recorded = self.writable_workspaces()?;
+        locations.add(LocationKind::Config, path);
+        locations.alternative = Some("run from another directory".to_owned());
+        locations.check()?;
         Ok(match &self.config {
             Some(path) => Config::load(path)?,
             None => Config::load_or_default()?,
         })
+    }
+
+    /// The workspaces earlier commands let plugins write.
+    pub(crate) fn writable_workspaces(&self) -> anyhow::Result<WritableWorkspaces> {
+        let state_dir = paths::default_state_dir();
+        Ok(WritableWorkspaces::in_state_dir(state_dir.as_deref())?)
     }
 
     fn limits(&self, config: &Config) -> anyhow::Result<Limits> {
@@ -144,6 +162,11 @@ impl HostArgs {
         writable: bool,
     ) -> Locations {
         let mut locations = Locations::new(workspace, writable);
+        // Read by `config()` already; a missing or unreadable record refuses nothing more.
+        locations.recorded = self.writable_workspaces().unwrap_or_default();
+        if let Some(file) = locations.recorded.file() {
+            locations.add(LocationKind::WorkspaceRecord, file.to_owned());
+        }
         if let Some(path) = &config.source {
             locations.add(LocationKind::Config, path);
         }
@@ -187,7 +210,7 @@ impl HostArgs {
     }
 
     /// Refuses a tool call granted `fs.write` on `workspace` when the config, the cache or
-    /// the plugins lie inside it.
+    /// the plugins lie inside it, then records the workspace as writable.
     pub(crate) fn check_call_locations(
         &self,
         config: &Config,
@@ -198,7 +221,8 @@ impl HostArgs {
         // The call does not open the database, but a later run does.
         locations.add(LocationKind::DataDir, &config.agent.data_dir);
         locations.alternative = Some("call without granting fs.write".to_owned());
-        Ok(locations.check()?)
+        locations.check()?;
+        record_if_writable(locations)
     }
 
     pub(crate) fn host(&self, config: &Config) -> anyhow::Result<PluginHost> {
@@ -227,6 +251,14 @@ impl HostArgs {
         }
         Ok(registry)
     }
+}
+
+/// Records the workspace of `locations`, already checked, before plugins are let write it.
+pub(crate) fn record_if_writable(mut locations: Locations) -> anyhow::Result<()> {
+    if locations.workspace_writable {
+        locations.recorded.add(&locations.workspace)?;
+    }
+    Ok(())
 }
 
 impl Cli {

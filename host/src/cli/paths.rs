@@ -1,4 +1,4 @@
-//! Default locations of the plugins directory and the artifact cache.
+//! Default locations of the plugins directory, the artifact cache and the host's state.
 
 use std::path::PathBuf;
 
@@ -40,4 +40,17 @@ pub(crate) fn default_cache_dir() -> Option<PathBuf> {
         return Some(PathBuf::from(dir).join("capstan"));
     }
     std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/capstan"))
+}
+
+/// Where the host keeps what must outlive one command and stay out of plugins' reach (the
+/// record of writable workspaces): `$CAPSTAN_STATE_DIR`, else `$XDG_STATE_HOME/capstan`,
+/// else `~/.local/state/capstan`.
+pub(crate) fn default_state_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("CAPSTAN_STATE_DIR").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(dir).join("capstan"));
+    }
+    std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/state/capstan"))
 }

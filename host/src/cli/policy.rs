@@ -76,10 +76,15 @@ fn print_locations(out: &mut impl Write, locations: &Locations) -> std::io::Resu
             LocationKind::PluginsDir => "plugins dir",
             LocationKind::Script => "script",
             LocationKind::Recording => "recording",
+            LocationKind::WorkspaceRecord => "write record",
         };
         let mut shown = resolve(path).display().to_string();
         if *kind == LocationKind::Config && !path.exists() {
             shown.push_str(" (absent: the built-in defaults apply)");
+        }
+        if *kind == LocationKind::WorkspaceRecord {
+            let count = locations.recorded.workspaces().len();
+            shown.push_str(&format!(" (workspaces plugins were let write: {count})"));
         }
         rows.push((name, shown));
     }
@@ -93,7 +98,7 @@ fn print_locations(out: &mut impl Write, locations: &Locations) -> std::io::Resu
         format!("{} ({writable})", resolve(&locations.workspace).display()),
     ));
     for (name, value) in rows {
-        writeln!(out, "  {:<13}{value}", format!("{name}:"))?;
+        writeln!(out, "  {:<14}{value}", format!("{name}:"))?;
     }
     for problem in locations.violations() {
         writeln!(out, "refused at start: {problem}")?;

@@ -13,6 +13,8 @@
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
 
+use super::WritableWorkspaces;
+
 /// One of the host's own locations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LocationKind {
@@ -28,6 +30,8 @@ pub enum LocationKind {
     Script,
     /// `--record FILE`: where the model exchanges are saved.
     Recording,
+    /// The record of workspaces plugins were let write ([`WritableWorkspaces`]).
+    WorkspaceRecord,
 }
 
 impl LocationKind {
@@ -40,6 +44,7 @@ impl LocationKind {
             LocationKind::PluginsDir => "the plugins dir",
             LocationKind::Script => "the provider script",
             LocationKind::Recording => "the recording (--record)",
+            LocationKind::WorkspaceRecord => "the record of writable workspaces",
         }
     }
 
@@ -61,6 +66,9 @@ impl LocationKind {
             }
             LocationKind::Script => "set provider.script to a file outside the workspace",
             LocationKind::Recording => "record to a file outside the workspace",
+            LocationKind::WorkspaceRecord => {
+                "set CAPSTAN_STATE_DIR (or XDG_STATE_HOME) to a directory outside the workspace"
+            }
         }
     }
 }
@@ -71,16 +79,18 @@ impl fmt::Display for LocationKind {
     }
 }
 
-/// A location plugins could write: it lies inside a workspace granted `fs.write`.
+/// A location plugins could write: it lies inside a workspace granted `fs.write`, now or
+/// by an earlier command.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{kind} {} lies inside the workspace {}{}, which plugins may write (fs.write), so a plugin \
-     could change what it is granted or the code the host runs; {}{}",
+    "{kind} {} lies inside the workspace {}{}, {}, so a plugin could change what it is \
+     granted or the code the host runs; {}{}",
     path.display(),
     workspace.display(),
     via(resolved, path),
+    granted.who(),
     kind.fix(),
-    alternative(why)
+    granted.alternative()
 )]
 pub struct InsideWorkspace {
     /// Which location.
@@ -91,14 +101,49 @@ pub struct InsideWorkspace {
     pub resolved: PathBuf,
     /// The workspace, resolved.
     pub workspace: PathBuf,
-    /// Another way out, e.g. "call without fs.write".
-    pub why: Option<String>,
+    /// Which command lets plugins write the workspace.
+    pub granted: GrantedBy,
 }
 
-fn alternative(why: &Option<String>) -> String {
-    why.as_ref()
-        .map(|why| format!(", or {why}"))
-        .unwrap_or_default()
+/// Which command lets plugins write a workspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrantedBy {
+    /// This one is about to.
+    ThisCommand {
+        /// Another way out than moving the location, e.g. "call without fs.write".
+        alternative: Option<String>,
+    },
+    /// An earlier one did, and recorded the workspace in `record`.
+    EarlierCommand {
+        /// The record that lists the workspace ([`WritableWorkspaces`]).
+        record: PathBuf,
+    },
+}
+
+impl GrantedBy {
+    fn who(&self) -> String {
+        match self {
+            GrantedBy::ThisCommand { .. } => "which plugins may write (fs.write)".to_owned(),
+            GrantedBy::EarlierCommand { record } => format!(
+                "which an earlier command let plugins write (fs.write; recorded in {})",
+                record.display()
+            ),
+        }
+    }
+
+    fn alternative(&self) -> String {
+        match self {
+            GrantedBy::ThisCommand {
+                alternative: Some(alternative),
+            } => format!(", or {alternative}"),
+            GrantedBy::ThisCommand { alternative: None } => String::new(),
+            GrantedBy::EarlierCommand { record } => format!(
+                ", or, once no plugin may write that workspace any more and you have checked \
+                 what it holds, delete its line from {}",
+                record.display()
+            ),
+        }
+    }
 }
 
 fn via(resolved: &Path, path: &Path) -> String {
@@ -112,7 +157,7 @@ fn via(resolved: &Path, path: &Path) -> String {
 /// The host's locations and the workspace plugins work in.
 ///
 /// ```
-/// use capstan_host::config::{Locations, LocationKind};
+/// use capstan_host::config::{GrantedBy, Locations, LocationKind, WritableWorkspaces};
 ///
 /// let dir = tempfile::tempdir()?;
 /// let mut locations = Locations::new(dir.path(), true);
@@ -120,8 +165,15 @@ fn via(resolved: &Path, path: &Path) -> String {
 /// let err = locations.check().unwrap_err();
 /// assert_eq!(err.kind, LocationKind::Config);
 ///
-/// let read_only = Locations { workspace_writable: false, ..locations };
+/// let read_only = Locations { workspace_writable: false, ..locations.clone() };
 /// assert!(read_only.check().is_ok());
+///
+/// // Once recorded as written by plugins, the workspace stays refused.
+/// let mut recorded = WritableWorkspaces::load(&dir.path().join("state/writable-workspaces"))?;
+/// recorded.add(dir.path())?;
+/// let later = Locations { workspace_writable: false, recorded, ..locations };
+/// let err = later.check().unwrap_err();
+/// assert!(matches!(err.granted, GrantedBy::EarlierCommand { .. }));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -134,6 +186,9 @@ pub struct Locations {
     pub entries: Vec<(LocationKind, PathBuf)>,
     /// Said after the fix in an error, e.g. "call without fs.write".
     pub alternative: Option<String>,
+    /// The workspaces earlier commands let plugins write; refused whether or not this
+    /// one is writable.
+    pub recorded: WritableWorkspaces,
 }
 
 impl Locations {
@@ -144,6 +199,7 @@ impl Locations {
             workspace_writable,
             entries: Vec::new(),
             alternative: None,
+            recorded: WritableWorkspaces::default(),
         }
     }
 
@@ -153,22 +209,34 @@ impl Locations {
         self
     }
 
-    /// Every location plugins could write, in order; empty when the workspace is not
-    /// writable.
+    /// Every location plugins could write, in order: inside this workspace when it is
+    /// writable, or inside a recorded one.
     pub fn violations(&self) -> Vec<InsideWorkspace> {
-        if !self.workspace_writable {
-            return Vec::new();
-        }
-        let workspace = resolve(&self.workspace);
+        let workspace = self.workspace_writable.then(|| resolve(&self.workspace));
         self.entries
             .iter()
-            .filter(|(_, path)| reachable_from(path, &workspace))
-            .map(|(kind, path)| InsideWorkspace {
-                kind: *kind,
-                path: path.clone(),
-                resolved: resolve(path),
-                workspace: workspace.clone(),
-                why: self.alternative.clone(),
+            .filter_map(|(kind, path)| {
+                let (workspace, granted) = match &workspace {
+                    Some(workspace) if inside_any(path, [workspace.as_path()]).is_some() => (
+                        workspace.clone(),
+                        GrantedBy::ThisCommand {
+                            alternative: self.alternative.clone(),
+                        },
+                    ),
+                    _ => (
+                        self.recorded.containing(path)?.to_owned(),
+                        GrantedBy::EarlierCommand {
+                            record: self.recorded.file()?.to_owned(),
+                        },
+                    ),
+                };
+                Some(InsideWorkspace {
+                    kind: *kind,
+                    path: path.clone(),
+                    resolved: resolve(path),
+                    workspace,
+                    granted,
+                })
             })
             .collect()
     }
@@ -210,25 +278,31 @@ pub fn resolve(path: &Path) -> PathBuf {
     }
 }
 
-/// Whether a plugin that can write `workspace` (resolved) could change what `path` names:
-/// the path itself resolves inside it, or a directory it is looked up in does (so the
-/// entry could be replaced, a symlink included).
-fn reachable_from(path: &Path, workspace: &Path) -> bool {
+/// The first of `workspaces` (resolved) from which a plugin that can write it could change
+/// what `path` names: the path itself resolves inside it, or a directory it is looked up in
+/// does (so the entry could be replaced, a symlink included).
+pub(super) fn inside_any<'a>(
+    path: &Path,
+    workspaces: impl IntoIterator<Item = &'a Path>,
+) -> Option<&'a Path> {
+    let lookups = lookups(path);
+    workspaces
+        .into_iter()
+        .find(|workspace| lookups.iter().any(|seen| seen.starts_with(workspace)))
+}
+
+/// `path` resolved, and each directory it is looked up in, resolved.
+fn lookups(path: &Path) -> Vec<PathBuf> {
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
-    if resolve(&absolute).starts_with(workspace) {
-        return true;
-    }
+    let mut seen = vec![resolve(&absolute)];
     let mut prefix = PathBuf::new();
     for component in absolute.components() {
-        let looked_up_in_workspace = matches!(component, Component::Normal(_))
-            && !prefix.as_os_str().is_empty()
-            && resolve(&prefix).starts_with(workspace);
-        if looked_up_in_workspace {
-            return true;
+        if matches!(component, Component::Normal(_)) && !prefix.as_os_str().is_empty() {
+            seen.push(resolve(&prefix));
         }
         prefix.push(component);
     }
-    false
+    seen
 }
 
 #[cfg(test)]
@@ -247,6 +321,8 @@ mod tests {
         std::os::unix::fs::symlink(ws.join("sub"), root.join("in-link")).unwrap();
         std::os::unix::fs::symlink(root.join("outside"), ws.join("out-link")).unwrap();
         std::os::unix::fs::symlink(&ws, root.join("ws-link")).unwrap();
+        let reachable_from =
+            |path: &Path, workspace: &Path| inside_any(path, [workspace]).is_some();
         let inside = |path: PathBuf| reachable_from(&path, &resolve(&ws));
         assert!(inside(root.join("in-link/cache")));
         assert!(

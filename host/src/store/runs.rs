@@ -182,17 +182,8 @@ impl Store {
     }
 }
 
-// std has no constant for it; the values are the platforms' own (asm-generic/fcntl.h and
-// arm64's fcntl.h on Linux, sys/fcntl.h on macOS).
-#[cfg(all(target_os = "linux", any(target_arch = "aarch64", target_arch = "arm")))]
-const O_NOFOLLOW: i32 = 0o100000;
-#[cfg(all(
-    target_os = "linux",
-    not(any(target_arch = "aarch64", target_arch = "arm"))
-))]
-const O_NOFOLLOW: i32 = 0o400000;
-#[cfg(target_os = "macos")]
-const O_NOFOLLOW: i32 = 0x100;
+/// A symlink planted where a lock file lies is refused, not followed.
+const O_NOFOLLOW: i32 = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
 
 fn lock_file(data_dir: &Path, run: RunId) -> PathBuf {
     data_dir.join(RUNS_DIR).join(format!("{}.lock", run.0))

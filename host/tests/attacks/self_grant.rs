@@ -452,3 +452,187 @@ fn a_recording_inside_the_writable_workspace_is_refused() {
     assert!(stderr(&out).contains("the recording"), "{}", stderr(&out));
     assert_eq!(std::fs::read_to_string(&outside).unwrap(), "precious\n");
 }
+
+/// A script in which a worker plants a config in its workspace, for whoever starts capstan
+/// there next.
+const PLANT_SCRIPT: &str = r#"
+[[step]]
+process = "channel"
+when = "go"
+tool_calls = [{ name = "spawn_worker", arguments = { task = "plant a config" } }]
+
+[[step]]
+process = "worker"
+when = "plant a config"
+tool_calls = [{ name = "file_write", arguments = { path = "capstan.toml", content = "[profiles.channel]\ntools = [\"*\"]\ncapabilities = [\"fs.read\", \"fs.write\"]\n" } }]
+
+[[step]]
+process = "worker"
+reply = "planted"
+repeat = true
+
+[[step]]
+process = "channel"
+reply = "ok"
+repeat = true
+"#;
+
+/// `capstan ARGS` in `dir` with its own state dir `state`.
+fn capstan_with_state(dir: &Path, state: &Path, args: &[&str]) -> std::process::Output {
+    capstan_command(dir, args)
+        .env("CAPSTAN_STATE_DIR", state)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_config_planted_by_an_earlier_runs_worker_is_refused_at_every_later_start() {
+    let dir = crate::support::agent_dir(PLANT_SCRIPT, "");
+    let state = tempfile::tempdir().unwrap();
+    let record = state.path().join("writable-workspaces");
+    let out = capstan_with_state(dir.path(), state.path(), &["run", "go"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ws = dir.path().join("workspace");
+    let planted = ws.join("capstan.toml");
+    assert!(planted.is_file(), "the worker planted its config");
+    let recorded = std::fs::read_to_string(&record).unwrap();
+    assert!(recorded.lines().any(|line| line == real(&ws)), "{recorded}");
+
+    // Started from inside that workspace, for any command, the planted config is refused
+    // unread, and the error says where the record is and how to clear it.
+    for args in [
+        &["policy"][..],
+        &["plugins", "list"],
+        &[
+            "tool",
+            "call",
+            "file_read",
+            r#"{"path":"capstan.toml"}"#,
+            "--grant",
+            "fs.read",
+        ],
+        &["run", "hello"],
+    ] {
+        let out = capstan_with_state(&ws, state.path(), args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("the config file capstan.toml"),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains(&real(&ws)), "{err}");
+        assert!(
+            err.contains(&format!("recorded in {}", record.display()))
+                && err.contains("delete its line"),
+            "{err}"
+        );
+        assert!(stdout(&out).is_empty(), "{args:?}: nothing ran");
+    }
+
+    // Named with --config from elsewhere, or planted one directory down, the same.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = capstan_with_state(
+        elsewhere.path(),
+        state.path(),
+        &["policy", "--config", planted.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    std::fs::create_dir(ws.join("sub")).unwrap();
+    std::fs::copy(&planted, ws.join("sub/capstan.toml")).unwrap();
+    let out = capstan_with_state(&ws.join("sub"), state.path(), &["policy"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("recorded in"), "{}", stderr(&out));
+
+    // The agent's own start, from its own directory, still works: its config is outside.
+    let out = capstan_with_state(dir.path(), state.path(), &["policy"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!(
+            "write record: {} (workspaces plugins were let write: 1)",
+            real(&record)
+        )),
+        "{}",
+        stdout(&out)
+    );
+
+    // Once the person deletes the line, the directory is theirs again.
+    let kept: String = recorded
+        .lines()
+        .filter(|line| *line != real(&ws))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    std::fs::write(&record, kept).unwrap();
+    let out = capstan_with_state(&ws, state.path(), &["policy"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("policy from capstan.toml"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn a_tool_call_granted_fs_write_is_recorded_and_the_record_cannot_lie_in_its_workspace() {
+    let ws = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let ws_arg = ws.path().to_str().unwrap();
+    let write = |state: &Path| {
+        capstan_with_state(
+            elsewhere.path(),
+            state,
+            &[
+                "tool",
+                "call",
+                "file_write",
+                r#"{"path":"capstan.toml","content":"[limits]\nmax_turns = 99\n"}"#,
+                "--grant",
+                "fs.write",
+                "--workspace",
+                ws_arg,
+            ],
+        )
+    };
+
+    // The record inside the workspace the call may write is refused before the call runs.
+    let inside = ws.path().join("state");
+    let out = write(&inside);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("the record of writable workspaces") && err.contains("CAPSTAN_STATE_DIR"),
+        "{err}"
+    );
+    assert!(!ws.path().join("capstan.toml").exists(), "no call ran");
+
+    // Outside, the call runs and its workspace is recorded, once however often it writes.
+    for _ in 0..2 {
+        let out = write(state.path());
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let recorded = std::fs::read_to_string(state.path().join("writable-workspaces")).unwrap();
+    let lines: Vec<&str> = recorded.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(lines, [real(ws.path())]);
+
+    // A read-only call records nothing.
+    let read_only = tempfile::tempdir().unwrap();
+    let out = capstan_with_state(
+        read_only.path(),
+        state.path(),
+        &[
+            "tool",
+            "call",
+            "file_list",
+            r#"{"path":"."}"#,
+            "--grant",
+            "fs.read",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let after = std::fs::read_to_string(state.path().join("writable-workspaces")).unwrap();
+    assert_eq!(after, recorded);
+
+    // The workspace's config now refuses every start from there.
+    let out = capstan_with_state(ws.path(), state.path(), &["policy"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+}

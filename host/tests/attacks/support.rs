@@ -58,8 +58,13 @@ pub fn test_cache_dir() -> PathBuf {
     repo_root().join("target/test-component-cache")
 }
 
-/// `capstan ARGS` in `dir`, with the tests' artifact cache, the first-party plugins and no
-/// backtraces.
+/// Where the tests' runs record the workspaces they let plugins write.
+pub fn test_state_dir() -> PathBuf {
+    repo_root().join("target/test-state")
+}
+
+/// `capstan ARGS` in `dir`, with the tests' artifact cache and state dir, the first-party
+/// plugins and no backtraces.
 pub fn capstan_command(dir: &Path, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_capstan"));
     command
@@ -67,6 +72,7 @@ pub fn capstan_command(dir: &Path, args: &[&str]) -> Command {
         .current_dir(dir)
         .env("CAPSTAN_CACHE_DIR", test_cache_dir())
         .env("CAPSTAN_PLUGINS_DIR", plugins_dir())
+        .env("CAPSTAN_STATE_DIR", test_state_dir())
         .env_remove("RUST_BACKTRACE")
         .env_remove("CAPSTAN_LOG")
         .stdin(Stdio::null());
