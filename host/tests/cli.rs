@@ -311,8 +311,9 @@ fn tool_call_as_a_profile_uses_its_grants_and_its_tool_list() {
         "from worker"
     );
 
+    // Plugins were let write the workspace, so later commands start elsewhere too.
     let out = capstan(
-        ws.path(),
+        elsewhere.path(),
         &[
             "tool",
             "call",
@@ -320,12 +321,14 @@ fn tool_call_as_a_profile_uses_its_grants_and_its_tool_list() {
             r#"{"path":"b.txt"}"#,
             "--as",
             "channel",
+            "--workspace",
+            ws_arg,
         ],
     );
-    assert_eq!(out.status.code(), Some(4));
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
 
     let out = capstan(
-        ws.path(),
+        elsewhere.path(),
         &["tool", "call", "file_read", "{}", "--as", "janitor"],
     );
     assert_eq!(

@@ -152,8 +152,9 @@ fn tool_arguments_come_from_stdin_or_a_file() {
         content
     );
 
+    // The workspace is now one plugins were let write: later commands run from elsewhere.
     let out = capstan(
-        ws.path(),
+        elsewhere.path(),
         &["tool", "call", "file_read", "@/nonexistent/args.json"],
     );
     assert_refused(&out, &["/nonexistent/args.json"]);
@@ -161,10 +162,10 @@ fn tool_arguments_come_from_stdin_or_a_file() {
     let huge = tempfile::NamedTempFile::new().unwrap();
     huge.as_file().set_len(17 << 20).unwrap();
     let at = format!("@{}", huge.path().display());
-    let out = capstan(ws.path(), &["tool", "call", "file_read", &at]);
+    let out = capstan(elsewhere.path(), &["tool", "call", "file_read", &at]);
     assert_refused(&out, &["16 MiB", &huge.path().display().to_string()]);
 
-    let help = stdout(&capstan(ws.path(), &["tool", "call", "--help"]));
+    let help = stdout(&capstan(elsewhere.path(), &["tool", "call", "--help"]));
     assert!(
         help.contains("@FILE") && help.contains("standard input"),
         "{help}"
