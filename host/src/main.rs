@@ -41,7 +41,7 @@ fn main() -> ExitCode {
         // A closed pipe (`capstan plugins list | head`) is the reader's choice, not an error.
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", report(&err));
             ExitCode::FAILURE
         }
     };
@@ -49,6 +49,23 @@ fn main() -> ExitCode {
     // returns (a FIFO in the workspace): give blocking work a moment to end, never more.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     code
+}
+
+/// `err` and its causes, each said once: an error whose message already quotes its cause
+/// (`cannot read X: permission denied`) does not repeat it.
+fn report(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {

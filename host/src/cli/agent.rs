@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use super::HostArgs;
 use super::table::print_table;
 use crate::agent::{Event, Runtime};
-use crate::config::{Config, LocationKind, ProviderSettings};
+use crate::config::{Config, LocationKind, Locations, ProviderSettings};
 use crate::ids::ProcessId;
 use crate::llm::{OpenAiProvider, Provider, Recorder, Script, ScriptedProvider};
 use crate::policy::ProcessKind;
@@ -63,20 +63,15 @@ impl AgentArgs {
         &self,
         config: Config,
     ) -> anyhow::Result<(Arc<Runtime>, mpsc::UnboundedReceiver<Event>)> {
-        let mut locations = self.host.agent_locations(&config);
-        if let Some(path) = &self.record {
-            // The recording is rewritten on every exchange: a planted symlink must not
-            // lead it anywhere.
-            locations.add(LocationKind::Recording, path);
-        }
-        locations.check()?;
-        super::record_if_writable(locations)?;
+        self.check_locations(&config)?;
         std::fs::create_dir_all(&config.agent.workspace).with_context(|| {
             format!(
                 "creating the workspace {}",
                 config.agent.workspace.display()
             )
         })?;
+        // Recorded once it exists, as the path it resolves to.
+        super::record_if_writable(self.locations(&config)?)?;
         let store = Arc::new(Store::open(&config.agent.data_dir)?);
         let host = self.host.host(&config)?.with_store(store.clone());
         let registry = Arc::new(self.host.registry_on(&config, host).await?);
@@ -86,6 +81,22 @@ impl AgentArgs {
             None => provider,
         };
         Ok(Runtime::new(config, registry, store, Arc::from(provider))?)
+    }
+
+    /// Every location of the host, with the recording (`--record`).
+    fn locations(&self, config: &Config) -> anyhow::Result<Locations> {
+        let mut locations = self.host.agent_locations(config)?;
+        if let Some(path) = &self.record {
+            // The recording is rewritten on every exchange: a planted symlink must not
+            // lead it anywhere.
+            locations.add(LocationKind::Recording, path);
+        }
+        Ok(locations)
+    }
+
+    /// Refuses to start when plugins could write any of the host's files.
+    fn check_locations(&self, config: &Config) -> anyhow::Result<()> {
+        Ok(self.locations(config)?.check()?)
     }
 
     /// The conversation the messages go to: the channel, or the admin chat with
@@ -365,8 +376,15 @@ impl DemoCommand {
             Some(dir) => dir.clone(),
             None => tempdir_path()?,
         };
+        anyhow::ensure!(
+            self.agent.host.config.is_none(),
+            "capstan demo runs on the built-in defaults and reads no config; drop --config, \
+             or use `capstan run` or `capstan chat` with it"
+        );
         let config = Config::defaults(&dir);
         let workspace = config.agent.workspace.clone();
+        // Before the notes are written into a workspace the host may not use.
+        self.agent.check_locations(&config)?;
         write_demo_notes(&workspace)?;
         let database = config.agent.data_dir.join(crate::store::DATABASE_FILE);
         println!("Capstan demo");

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context as _, bail};
 use clap::Args;
 
-use crate::config::{CONFIG_FILE, DEFAULT_CONFIG};
+use crate::config::{CONFIG_FILE, DEFAULT_CONFIG, LocationKind, Locations};
 
 #[derive(Debug, Args)]
 pub(crate) struct InitCommand {
@@ -21,6 +21,11 @@ pub(crate) struct InitCommand {
 impl InitCommand {
     pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
         let path = self.dir.join(CONFIG_FILE);
+        // A config there would be refused by every later command.
+        let mut locations = Locations::new(".", false);
+        locations.recorded = super::read_writable_workspaces()?;
+        locations.add(LocationKind::Config, &path);
+        locations.check()?;
         if path.exists() && !self.force {
             bail!("{} exists; pass --force to replace it", path.display());
         }

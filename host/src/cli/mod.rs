@@ -8,9 +8,9 @@ mod policy;
 mod table;
 mod tool;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -81,32 +81,45 @@ pub(crate) struct HostArgs {
     /// 64].
     #[arg(long, value_name = "MIB")]
     memory: Option<u64>,
+    /// The record of writable workspaces, once read.
+    #[arg(skip)]
+    recorded: OnceLock<WritableWorkspaces>,
 }
 
 impl HostArgs {
     /// The config named by `--config`, else `./capstan.toml`, else the defaults. A config
     /// inside a workspace an earlier command let plugins write is refused unread: a plugin
-    /// may have planted it.
+    /// may have planted it. So is a config whose cache, plugins, data dir or script lies
+    /// in one, before any command uses them.
     pub(crate) fn config(&self) -> anyhow::Result<Config> {
         let path = self
             .config
             .clone()
             .unwrap_or_else(|| PathBuf::from(crate::config::CONFIG_FILE));
-        let mut locations = Locations::new(".", false);
-        locations.recorded = self.writable_workspaces()?;
-        locations.add(LocationKind::Config, path);
-        locations.alternative = Some("run from another directory".to_owned());
-        locations.check()?;
-        Ok(match &self.config {
+        let kind = if path.exists() {
+            LocationKind::Config
+        } else {
+            LocationKind::ConfigLookup
+        };
+        let mut unread = Locations::new(".", false);
+        unread.recorded = self.writable_workspaces()?.clone();
+        unread.add(kind, path);
+        unread.check()?;
+        let config = match &self.config {
             Some(path) => Config::load(path)?,
             None => Config::load_or_default()?,
-        })
+        };
+        self.locations(&config, Path::new("."), false)?.check()?;
+        Ok(config)
     }
 
-    /// The workspaces earlier commands let plugins write.
-    pub(crate) fn writable_workspaces(&self) -> anyhow::Result<WritableWorkspaces> {
-        let state_dir = paths::default_state_dir();
-        Ok(WritableWorkspaces::in_state_dir(state_dir.as_deref())?)
+    /// The workspaces earlier commands let plugins write, read once per command.
+    pub(crate) fn writable_workspaces(&self) -> anyhow::Result<&WritableWorkspaces> {
+        if let Some(recorded) = self.recorded.get() {
+            return Ok(recorded);
+        }
+        let recorded = read_writable_workspaces()?;
+        Ok(self.recorded.get_or_init(|| recorded))
     }
 
     fn limits(&self, config: &Config) -> anyhow::Result<Limits> {
@@ -153,17 +166,17 @@ impl HostArgs {
         }
     }
 
-    /// The config file, the cache and the plugins directory, for a workspace that plugins
-    /// may write if `writable`.
+    /// Every one of the host's own files this command or a later one uses (the config or
+    /// where it is looked up, the record of writable workspaces, the cache, the plugins,
+    /// the data dir, the script), for `workspace`, which plugins may write if `writable`.
     pub(crate) fn locations(
         &self,
         config: &Config,
-        workspace: &std::path::Path,
+        workspace: &Path,
         writable: bool,
-    ) -> Locations {
+    ) -> anyhow::Result<Locations> {
         let mut locations = Locations::new(workspace, writable);
-        // Read by `config()` already; a missing or unreadable record refuses nothing more.
-        locations.recorded = self.writable_workspaces().unwrap_or_default();
+        locations.recorded = self.writable_workspaces()?.clone();
         if let Some(file) = locations.recorded.file() {
             locations.add(LocationKind::WorkspaceRecord, file.to_owned());
         }
@@ -174,7 +187,10 @@ impl HostArgs {
             // Where the next command looks for its config, whether or not a file is
             // there yet: a plugin must not be able to plant one.
             let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-            locations.add(LocationKind::Config, cwd.join(crate::config::CONFIG_FILE));
+            locations.add(
+                LocationKind::ConfigLookup,
+                cwd.join(crate::config::CONFIG_FILE),
+            );
         }
         if let Some(dir) = self.cache_dir() {
             locations.add(LocationKind::CacheDir, dir);
@@ -182,21 +198,6 @@ impl HostArgs {
         if let Ok(dir) = self.plugins_dir(config) {
             locations.add(LocationKind::PluginsDir, dir);
         }
-        locations
-    }
-
-    /// What the agent commands (run, chat, demo) use: the locations above, the data dir and
-    /// the script, with the configured workspace, writable when some profile grants
-    /// `fs.write`.
-    pub(crate) fn agent_locations(&self, config: &Config) -> Locations {
-        let writable = ProcessKind::ALL.iter().any(|kind| {
-            config
-                .policy
-                .profile(*kind)
-                .grants()
-                .allows(&Capability::FsWrite)
-        });
-        let mut locations = self.locations(config, &config.agent.workspace, writable);
         locations.add(LocationKind::DataDir, &config.agent.data_dir);
         if let ProviderSettings::Scripted {
             script: Some(script),
@@ -204,25 +205,38 @@ impl HostArgs {
         {
             locations.add(LocationKind::Script, script);
         }
-        locations.alternative =
-            Some("remove fs.write from every profile's capabilities".to_owned());
-        locations
+        Ok(locations)
     }
 
-    /// Refuses a tool call granted `fs.write` on `workspace` when the config, the cache or
-    /// the plugins lie inside it, then records the workspace as writable.
+    /// What the agent commands (run, chat, demo) use: every location, with the configured
+    /// workspace, writable when some profile grants `fs.write`.
+    pub(crate) fn agent_locations(&self, config: &Config) -> anyhow::Result<Locations> {
+        let writable = ProcessKind::ALL.iter().any(|kind| {
+            config
+                .policy
+                .profile(*kind)
+                .grants()
+                .allows(&Capability::FsWrite)
+        });
+        let mut locations = self.locations(config, &config.agent.workspace, writable)?;
+        locations.alternative =
+            Some("remove fs.write from every profile's capabilities".to_owned());
+        Ok(locations)
+    }
+
+    /// Refuses a tool call granted `fs.write` on `workspace` when any of the host's files
+    /// lies inside it; the locations, checked, to record just before the call.
     pub(crate) fn check_call_locations(
         &self,
         config: &Config,
-        workspace: &std::path::Path,
+        workspace: &Path,
         grants: &Grants,
-    ) -> anyhow::Result<()> {
-        let mut locations = self.locations(config, workspace, grants.allows(&Capability::FsWrite));
-        // The call does not open the database, but a later run does.
-        locations.add(LocationKind::DataDir, &config.agent.data_dir);
+    ) -> anyhow::Result<Locations> {
+        let writable = grants.allows(&Capability::FsWrite);
+        let mut locations = self.locations(config, workspace, writable)?;
         locations.alternative = Some("call without granting fs.write".to_owned());
         locations.check()?;
-        record_if_writable(locations)
+        Ok(locations)
     }
 
     pub(crate) fn host(&self, config: &Config) -> anyhow::Result<PluginHost> {
@@ -253,7 +267,20 @@ impl HostArgs {
     }
 }
 
-/// Records the workspace of `locations`, already checked, before plugins are let write it.
+/// The record of the workspaces earlier commands let plugins write, from the state dir.
+pub(crate) fn read_writable_workspaces() -> anyhow::Result<WritableWorkspaces> {
+    let state_dir = paths::default_state_dir()?;
+    if state_dir.is_none() {
+        eprintln!(
+            "warning: no state dir (set CAPSTAN_STATE_DIR, XDG_STATE_HOME or HOME): a config \
+             plugins planted in an earlier workspace cannot be told apart"
+        );
+    }
+    Ok(WritableWorkspaces::in_state_dir(state_dir.as_deref())?)
+}
+
+/// Records the workspace of `locations`, already checked, just before plugins are let
+/// write it.
 pub(crate) fn record_if_writable(mut locations: Locations) -> anyhow::Result<()> {
     if locations.workspace_writable {
         locations.recorded.add(&locations.workspace)?;

@@ -44,13 +44,25 @@ pub(crate) fn default_cache_dir() -> Option<PathBuf> {
 
 /// Where the host keeps what must outlive one command and stay out of plugins' reach (the
 /// record of writable workspaces): `$CAPSTAN_STATE_DIR`, else `$XDG_STATE_HOME/capstan`,
-/// else `~/.local/state/capstan`.
-pub(crate) fn default_state_dir() -> Option<PathBuf> {
+/// else `~/.local/state/capstan`. A relative path would name another directory from each
+/// working directory: `CAPSTAN_STATE_DIR` must be absolute, and a relative
+/// `XDG_STATE_HOME` is ignored, as the XDG spec says.
+pub(crate) fn default_state_dir() -> anyhow::Result<Option<PathBuf>> {
     if let Some(dir) = std::env::var_os("CAPSTAN_STATE_DIR").filter(|d| !d.is_empty()) {
-        return Some(PathBuf::from(dir));
+        let dir = PathBuf::from(dir);
+        anyhow::ensure!(
+            dir.is_absolute(),
+            "CAPSTAN_STATE_DIR must be an absolute path, got {}",
+            dir.display()
+        );
+        return Ok(Some(dir));
     }
-    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
-        return Some(PathBuf::from(dir).join("capstan"));
+    let xdg = std::env::var_os("XDG_STATE_HOME").map(PathBuf::from);
+    if let Some(dir) = xdg.filter(|dir| dir.is_absolute()) {
+        return Ok(Some(dir.join("capstan")));
     }
-    std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/state/capstan"))
+    Ok(std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .filter(|home| home.is_absolute())
+        .map(|home| home.join(".local/state/capstan")))
 }

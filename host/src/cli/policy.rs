@@ -53,7 +53,7 @@ impl PolicyCommand {
             None => writeln!(out, "policy from the built-in defaults")?,
         }
         print_table(&mut out, &header, &rows)?;
-        print_locations(&mut out, &self.host.agent_locations(&config))?;
+        print_locations(&mut out, &self.host.agent_locations(&config)?)?;
         Ok(ExitCode::SUCCESS)
     }
 }
@@ -70,7 +70,7 @@ fn print_locations(out: &mut impl Write, locations: &Locations) -> std::io::Resu
     }
     for (kind, path) in &locations.entries {
         let name = match kind {
-            LocationKind::Config => "config",
+            LocationKind::Config | LocationKind::ConfigLookup => "config",
             LocationKind::DataDir => "data dir",
             LocationKind::CacheDir => "cache dir",
             LocationKind::PluginsDir => "plugins dir",
@@ -79,7 +79,7 @@ fn print_locations(out: &mut impl Write, locations: &Locations) -> std::io::Resu
             LocationKind::WorkspaceRecord => "write record",
         };
         let mut shown = resolve(path).display().to_string();
-        if *kind == LocationKind::Config && !path.exists() {
+        if *kind == LocationKind::ConfigLookup {
             shown.push_str(" (absent: the built-in defaults apply)");
         }
         if *kind == LocationKind::WorkspaceRecord {

@@ -69,9 +69,13 @@ impl ToolCommand {
             Some(dir) => dir,
             None => std::env::current_dir().context("reading the current directory")?,
         };
-        host.check_call_locations(&config, &workspace, &grants)?;
+        let locations = host.check_call_locations(&config, &workspace, &grants)?;
         let args_json = read_args(&args_json)?;
         let registry = host.registry(&config).await?;
+        // Recorded only for a tool that exists: an unknown name writes nothing.
+        if registry.tool(&name).is_some() {
+            super::record_if_writable(locations)?;
+        }
         let caller = as_profile.map_or("cli", ProcessKind::as_str);
         let request = CallRequest {
             tool: &name,

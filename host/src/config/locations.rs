@@ -20,6 +20,9 @@ use super::WritableWorkspaces;
 pub enum LocationKind {
     /// The config file.
     Config,
+    /// Where the config is looked up (`./capstan.toml`) when there is none yet: a plugin
+    /// must not be able to plant one there.
+    ConfigLookup,
     /// `agent.data_dir`: the database.
     DataDir,
     /// The precompiled-component cache.
@@ -39,6 +42,7 @@ impl LocationKind {
     pub fn as_str(self) -> &'static str {
         match self {
             LocationKind::Config => "the config file",
+            LocationKind::ConfigLookup => "the config lookup path (no file there yet)",
             LocationKind::DataDir => "the data dir",
             LocationKind::CacheDir => "the component cache dir",
             LocationKind::PluginsDir => "the plugins dir",
@@ -48,10 +52,20 @@ impl LocationKind {
         }
     }
 
+    /// What moves it out of a workspace an earlier command let plugins write.
+    fn fix_when_recorded(self) -> &'static str {
+        match self {
+            LocationKind::Config | LocationKind::ConfigLookup => {
+                "run capstan from outside that workspace, or pass --config FILE outside it"
+            }
+            other => other.fix(),
+        }
+    }
+
     /// What moves it elsewhere.
     fn fix(self) -> &'static str {
         match self {
-            LocationKind::Config => {
+            LocationKind::Config | LocationKind::ConfigLookup => {
                 "keep the config outside the workspace and pass --config FILE, or set the \
                  workspace elsewhere (--workspace DIR, agent.workspace)"
             }
@@ -89,7 +103,7 @@ impl fmt::Display for LocationKind {
     workspace.display(),
     via(resolved, path),
     granted.who(),
-    kind.fix(),
+    granted.fix(*kind),
     granted.alternative()
 )]
 pub struct InsideWorkspace {
@@ -121,6 +135,13 @@ pub enum GrantedBy {
 }
 
 impl GrantedBy {
+    fn fix(&self, kind: LocationKind) -> &'static str {
+        match self {
+            GrantedBy::ThisCommand { .. } => kind.fix(),
+            GrantedBy::EarlierCommand { .. } => kind.fix_when_recorded(),
+        }
+    }
+
     fn who(&self) -> String {
         match self {
             GrantedBy::ThisCommand { .. } => "which plugins may write (fs.write)".to_owned(),
@@ -251,31 +272,48 @@ impl Locations {
 }
 
 /// `path` made absolute with symlinks resolved; for a path not yet created, its nearest
-/// existing ancestor resolved and the rest appended.
+/// existing ancestor resolved and the rest appended, `..` taken lexically there (nothing
+/// beyond a missing directory can be a symlink).
 ///
 /// ```
 /// let dir = tempfile::tempdir()?;
 /// let real = dir.path().canonicalize()?;
 /// let resolved = capstan_host::config::resolve(&dir.path().join("not/yet"));
 /// assert_eq!(resolved, real.join("not/yet"));
+/// let back = capstan_host::config::resolve(&dir.path().join("missing/../ws"));
+/// assert_eq!(back, real.join("ws"));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn resolve(path: &Path) -> PathBuf {
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
-    let mut existing = absolute.as_path();
-    let mut rest = Vec::new();
-    loop {
-        if let Ok(real) = existing.canonicalize() {
-            return rest.iter().rev().fold(real, |acc, part| acc.join(part));
-        }
-        match (existing.parent(), existing.file_name()) {
-            (Some(parent), Some(name)) => {
-                rest.push(name.to_owned());
-                existing = parent;
+    if let Ok(real) = absolute.canonicalize() {
+        return real;
+    }
+    let mut resolved = PathBuf::new();
+    // Once a component is missing, what follows is taken as written.
+    let mut exists = true;
+    for component in absolute.components() {
+        match component {
+            Component::ParentDir => {
+                resolved.pop();
+                if !exists {
+                    exists = resolved.exists();
+                }
             }
-            _ => return absolute,
+            Component::CurDir => {}
+            Component::Normal(name) => {
+                resolved.push(name);
+                if exists {
+                    match resolved.canonicalize() {
+                        Ok(real) => resolved = real,
+                        Err(_) => exists = false,
+                    }
+                }
+            }
+            other => resolved.push(other),
         }
     }
+    resolved
 }
 
 /// The first of `workspaces` (resolved) from which a plugin that can write it could change

@@ -31,6 +31,9 @@ const MAX_RECORD_BYTES: u64 = 4 << 20;
 /// A symlink planted where the record lies is refused, not followed.
 const O_NOFOLLOW: i32 = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
 
+/// A FIFO planted there does not block the open.
+const O_NONBLOCK: i32 = rustix::fs::OFlags::NONBLOCK.bits() as i32;
+
 /// The first lines of a new record.
 const HEADER: &str = "# Workspaces capstan let plugins write (fs.write). A config, cache, data \
 dir, plugins dir or script inside one is refused.\n# Delete a line only when no plugin may \
@@ -41,19 +44,20 @@ write that directory any more.\n";
 pub enum RecordError {
     /// The file exists but cannot be read.
     #[error(
-        "{}: cannot read the record of writable workspaces: {source}; fix or remove the file, \
-         or set CAPSTAN_STATE_DIR to another directory",
+        "{}: cannot read the record of workspaces plugins were let write: {error}; fix the \
+         file (removing it forgets every workspace recorded there), or set \
+         CAPSTAN_STATE_DIR to another directory",
         path.display()
     )]
     Read {
         /// The record.
         path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
+        /// What is wrong.
+        error: std::io::Error,
     },
     /// The file cannot be created or appended to.
     #[error(
-        "{}: cannot record the workspace {} that plugins may write: {source}; set \
+        "{}: cannot record the workspace {} that plugins may write: {error}; set \
          CAPSTAN_STATE_DIR to a directory of your own, or call without fs.write",
         path.display(),
         workspace.display()
@@ -64,7 +68,7 @@ pub enum RecordError {
         /// The workspace being recorded.
         workspace: PathBuf,
         /// The I/O error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A workspace whose path holds a line break cannot be written as one line.
     #[error(
@@ -112,53 +116,35 @@ pub struct WritableWorkspaces {
     file: Option<PathBuf>,
     /// The recorded workspaces, resolved when they were recorded.
     workspaces: Vec<PathBuf>,
-    /// Where those that resolve elsewhere now lead.
-    moved: Vec<PathBuf>,
 }
 
 impl WritableWorkspaces {
-    /// Reads the record in `file`; a missing file is an empty record.
+    /// Reads the record in `file`; a missing file is an empty record. The file must be a
+    /// regular file (not a symlink, FIFO or directory) that only this user may write, and
+    /// every line an absolute path.
     pub fn load(file: &Path) -> Result<Self, RecordError> {
-        let read_error = |source| RecordError::Read {
-            path: file.to_owned(),
-            source,
-        };
-        let mut bytes = Vec::new();
-        let opened = OpenOptions::new()
-            .read(true)
-            .custom_flags(O_NOFOLLOW)
-            .open(file);
-        match opened {
-            Ok(opened) => {
-                opened
-                    .take(MAX_RECORD_BYTES + 1)
-                    .read_to_end(&mut bytes)
-                    .map_err(read_error)?;
+        let bytes = read_record(file)?.unwrap_or_default();
+        let mut workspaces = Vec::new();
+        for (number, line) in bytes.split(|&b| b == b'\n').enumerate() {
+            if line.is_empty() || line.starts_with(b"#") {
+                continue;
             }
-            Err(err) if err.kind() == ErrorKind::NotFound => {}
-            Err(err) => return Err(read_error(err)),
+            let path = PathBuf::from(OsStr::from_bytes(line));
+            if !path.is_absolute() {
+                return Err(RecordError::Read {
+                    path: file.to_owned(),
+                    error: std::io::Error::other(format!(
+                        "line {} is not an absolute path: {}",
+                        number + 1,
+                        path.display()
+                    )),
+                });
+            }
+            workspaces.push(path);
         }
-        if bytes.len() as u64 > MAX_RECORD_BYTES {
-            return Err(read_error(std::io::Error::other(format!(
-                "larger than {} MiB",
-                MAX_RECORD_BYTES >> 20
-            ))));
-        }
-        let workspaces: Vec<PathBuf> = bytes
-            .split(|&b| b == b'\n')
-            .filter(|line| !line.is_empty() && !line.starts_with(b"#"))
-            .map(|line| PathBuf::from(OsStr::from_bytes(line)))
-            .collect();
-        // Where they lead now, too, should a directory on the way have been replaced.
-        let moved = workspaces
-            .iter()
-            .map(|recorded| resolve(recorded))
-            .filter(|now| !workspaces.contains(now))
-            .collect();
         Ok(WritableWorkspaces {
             file: Some(file.to_owned()),
             workspaces,
-            moved,
         })
     }
 
@@ -184,8 +170,7 @@ impl WritableWorkspaces {
     /// The recorded workspace a plugin could have changed `path` from, if any: `path` or a
     /// directory it is looked up in lies inside it (see [`Locations`](super::Locations)).
     pub fn containing(&self, path: &Path) -> Option<&Path> {
-        let all = self.workspaces.iter().chain(&self.moved);
-        inside_any(path, all.map(PathBuf::as_path))
+        inside_any(path, self.workspaces.iter().map(PathBuf::as_path))
     }
 
     /// Records `workspace` (resolved) before plugins are let write it, unless a recorded
@@ -211,10 +196,10 @@ impl WritableWorkspaces {
             });
         }
         line.push(b'\n');
-        let write_error = |source| RecordError::Write {
+        let write_error = |error| RecordError::Write {
             path: file.clone(),
             workspace: workspace.clone(),
-            source,
+            error,
         };
         if let Some(dir) = file.parent().filter(|dir| !dir.as_os_str().is_empty()) {
             DirBuilder::new()
@@ -227,10 +212,12 @@ impl WritableWorkspaces {
             .append(true)
             .create(true)
             .mode(0o600)
-            .custom_flags(O_NOFOLLOW)
+            .custom_flags(O_NOFOLLOW | O_NONBLOCK)
             .open(&file)
             .map_err(write_error)?;
-        let empty = opened.metadata().map_err(write_error)?.len() == 0;
+        let metadata = opened.metadata().map_err(write_error)?;
+        check_private(&metadata).map_err(write_error)?;
+        let empty = metadata.len() == 0;
         if empty {
             line.splice(0..0, HEADER.bytes());
         }
@@ -238,6 +225,65 @@ impl WritableWorkspaces {
         self.workspaces.push(workspace);
         Ok(())
     }
+}
+
+/// The record's bytes, `None` when there is none yet.
+fn read_record(file: &Path) -> Result<Option<Vec<u8>>, RecordError> {
+    let read_error = |error| RecordError::Read {
+        path: file.to_owned(),
+        error,
+    };
+    let opened = OpenOptions::new()
+        .read(true)
+        .custom_flags(O_NOFOLLOW | O_NONBLOCK)
+        .open(file);
+    let opened = match opened {
+        Ok(opened) => opened,
+        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(err) if err.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
+            return Err(read_error(std::io::Error::other(
+                "it is a symbolic link, which the host never follows there",
+            )));
+        }
+        Err(err) => return Err(read_error(err)),
+    };
+    let metadata = opened.metadata().map_err(read_error)?;
+    check_private(&metadata).map_err(read_error)?;
+    let mut bytes = Vec::new();
+    opened
+        .take(MAX_RECORD_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_error)?;
+    if bytes.len() as u64 > MAX_RECORD_BYTES {
+        return Err(read_error(std::io::Error::other(format!(
+            "larger than {} MiB",
+            MAX_RECORD_BYTES >> 20
+        ))));
+    }
+    Ok(Some(bytes))
+}
+
+/// Refuses a record that is not a regular file, or that another user owns or may write:
+/// whoever can write it can strike a workspace off.
+fn check_private(metadata: &std::fs::Metadata) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    if !metadata.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let user = rustix::process::geteuid().as_raw();
+    if metadata.uid() != user {
+        return Err(std::io::Error::other(format!(
+            "owned by uid {}, not by this user (uid {user}); `chown {user}` it",
+            metadata.uid()
+        )));
+    }
+    let mode = metadata.mode() & 0o777;
+    if mode & 0o022 != 0 {
+        return Err(std::io::Error::other(format!(
+            "mode {mode:03o} lets others write it; `chmod 600` it"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -636,3 +636,231 @@ fn a_tool_call_granted_fs_write_is_recorded_and_the_record_cannot_lie_in_its_wor
     let out = capstan_with_state(ws.path(), state.path(), &["policy"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
 }
+
+/// Records `ws` as written by plugins, through a real call granted fs.write.
+fn record_workspace(ws: &Path, state: &Path) {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = capstan_with_state(
+        elsewhere.path(),
+        state,
+        &[
+            "tool",
+            "call",
+            "file_write",
+            r#"{"path":"planted.txt","content":"x"}"#,
+            "--grant",
+            "fs.write",
+            "--workspace",
+            ws.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn no_command_uses_a_cache_plugins_or_data_dir_inside_a_recorded_workspace() {
+    let ws = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    record_workspace(ws.path(), state.path());
+    let elsewhere = tempfile::tempdir().unwrap();
+    let files = plugins_dir().join("files.wasm");
+    let cache = ws.path().join("cache");
+    let plugins = ws.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    std::fs::copy(&files, plugins.join("files.wasm")).unwrap();
+    let data = ws.path().join("data");
+    std::fs::write(
+        elsewhere.path().join("capstan.toml"),
+        format!("[agent]\ndata_dir = {data:?}\n"),
+    )
+    .unwrap();
+    let elsewhere_config = elsewhere.path().join("capstan.toml");
+    let other = tempfile::tempdir().unwrap();
+    let cases: [(Vec<&str>, &str); 4] = [
+        (
+            vec![
+                "plugins",
+                "inspect",
+                files.to_str().unwrap(),
+                "--cache-dir",
+                cache.to_str().unwrap(),
+            ],
+            "the component cache dir",
+        ),
+        (
+            vec!["policy", "--plugins-dir", plugins.to_str().unwrap()],
+            "the plugins dir",
+        ),
+        (
+            vec![
+                "plugins",
+                "list",
+                "--plugins-dir",
+                plugins.to_str().unwrap(),
+            ],
+            "the plugins dir",
+        ),
+        (
+            vec!["tasks", "--config", elsewhere_config.to_str().unwrap()],
+            "the data dir",
+        ),
+    ];
+    for (args, kind) in cases {
+        let out = capstan_with_state(other.path(), state.path(), &args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains(kind) && err.contains("recorded in"),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(
+        !cache.exists(),
+        "no cache, no key, was written into the workspace"
+    );
+    assert!(!data.exists(), "no database was created there");
+}
+
+#[test]
+fn a_damaged_misplaced_or_shared_record_is_refused_with_the_fix() {
+    let state = tempfile::tempdir().unwrap();
+    let record = state.path().join("writable-workspaces");
+    let dir = tempfile::tempdir().unwrap();
+    let policy = |state: &Path| capstan_with_state(dir.path(), state, &["policy"]);
+
+    // A FIFO where the record lies is refused at once, not waited on.
+    let status = std::process::Command::new("mkfifo")
+        .arg(&record)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = policy(state.path());
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not a regular file"),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::remove_file(&record).unwrap();
+
+    // A record others may write could strike a workspace off.
+    std::fs::write(&record, "/nowhere\n").unwrap();
+    std::fs::set_permissions(&record, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let out = policy(state.path());
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("mode 666") && err.contains("chmod 600"),
+        "{err}"
+    );
+    assert_eq!(err.matches("mode 666").count(), 1, "said once: {err}");
+
+    // A line that is not an absolute path, named by its number.
+    std::fs::write(&record, "# comment\nrelative/ws\n").unwrap();
+    std::fs::set_permissions(&record, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let out = policy(state.path());
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("line 2 is not an absolute path"),
+        "{}",
+        stderr(&out)
+    );
+
+    // A relative state dir would name another record from every directory.
+    let out = capstan_with_state(dir.path(), Path::new("state"), &["policy"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("CAPSTAN_STATE_DIR must be an absolute path"),
+        "{}",
+        stderr(&out)
+    );
+
+    // With nowhere to keep a record, reading warns and granting fs.write is refused.
+    let out = capstan_command(
+        dir.path(),
+        &[
+            "tool",
+            "call",
+            "file_write",
+            r#"{"path":"x","content":"x"}"#,
+            "--grant",
+            "fs.write",
+            "--workspace",
+            state.path().to_str().unwrap(),
+        ],
+    )
+    .env_remove("CAPSTAN_STATE_DIR")
+    .env_remove("XDG_STATE_HOME")
+    .env_remove("HOME")
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("warning: no state dir"), "{err}");
+    assert!(
+        err.contains("no directory to record the workspaces"),
+        "{err}"
+    );
+    assert!(!state.path().join("x").exists());
+}
+
+#[test]
+fn inside_a_recorded_workspace_init_demo_and_unknown_tools_change_nothing() {
+    let ws = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    record_workspace(ws.path(), state.path());
+    let record = state.path().join("writable-workspaces");
+    let before = std::fs::read_to_string(&record).unwrap();
+
+    // `init` would write a config every later command refuses.
+    let out = capstan_with_state(ws.path(), state.path(), &["init"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(!ws.path().join("capstan.toml").exists());
+
+    // With no config there, the error names the lookup path, and how to get out.
+    let out = capstan_with_state(ws.path(), state.path(), &["policy"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("the config lookup path (no file there yet)")
+            && err.contains("run capstan from outside that workspace"),
+        "{err}"
+    );
+
+    // The demo writes no notes into a workspace it may not use, and takes no config.
+    let demo_dir = ws.path().join("demo");
+    let out = capstan_with_state(
+        ws.path(),
+        state.path(),
+        &["demo", "--dir", demo_dir.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(!demo_dir.join("workspace/notes").exists());
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = capstan_with_state(
+        elsewhere.path(),
+        state.path(),
+        &["demo", "--config", "capstan.toml"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("drop --config"), "{}", stderr(&out));
+
+    // A call of a tool that does not exist never runs, so records nothing.
+    let fresh = tempfile::tempdir().unwrap();
+    let out = capstan_with_state(
+        elsewhere.path(),
+        state.path(),
+        &[
+            "tool",
+            "call",
+            "no_such_tool",
+            "{}",
+            "--grant",
+            "fs.write",
+            "--workspace",
+            fresh.path().to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&record).unwrap(), before);
+}
