@@ -14,6 +14,10 @@
 //!
 //! After criterion's report, both paths run interleaved once more to print p50 and p99
 //! and their ratios.
+//!
+//! `plugin_load`: a cold compile, a warm load from Capstan's sealed cache (read, check the
+//! seal, deserialize, link, `describe()`), and bare wasmtime deserializing the same
+//! precompiled component from a file.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -203,8 +207,18 @@ fn bench_load(c: &mut Criterion, rt: &Runtime) {
     let cold = PluginHost::new(Limits::default(), ArtifactCache::disabled()).unwrap();
     let warm = PluginHost::new(Limits::default(), ArtifactCache::new(cache_dir.path())).unwrap();
     rt.block_on(warm.load(&file)).unwrap();
+    // Bare wasmtime's share of a warm load: deserializing the precompiled component from
+    // a file, with the engine settings the host uses.
+    let bare = Bare::new();
+    let artifact = cache_dir.path().join("bare.cwasm");
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&artifact, bare.engine.precompile_component(&bytes).unwrap()).unwrap();
     let mut group = c.benchmark_group("plugin_load");
     group.sample_size(20);
+    group.bench_function("bare_deserialize", |b| {
+        // SAFETY: the artifact was precompiled just above by this engine.
+        b.iter(|| unsafe { Component::deserialize_file(&bare.engine, &artifact) }.unwrap())
+    });
     group.bench_function("cold_compile", |b| {
         b.iter_batched(
             || (),
