@@ -1,7 +1,7 @@
 //! The `tasks` and `memory` imports: refused by capability first, then "not available in
 //! this host" until the store exists. Never a trap.
 
-use capstan_tests::{Workspace, call, default_registry, expect_error};
+use crate::support::{Workspace, call, default_registry, expect_error};
 use serde_json::json;
 
 #[tokio::test]

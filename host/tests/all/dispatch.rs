@@ -11,7 +11,7 @@ use capstan_host::config::Config;
 use capstan_host::ids::ProcessId;
 use capstan_host::llm::Role;
 use capstan_host::store::WorkerState;
-use capstan_tests::{Gated, PANIC_TRIGGER, Pending, Recording, agent_runtime, eventually};
+use crate::support::{Gated, PANIC_TRIGGER, Pending, Recording, agent_runtime, eventually};
 use tokio::sync::mpsc;
 
 /// The last step of every script here: the channel skips whatever the script does not

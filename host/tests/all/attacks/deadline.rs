@@ -303,7 +303,7 @@ fn a_guest_waiting_in_a_slow_store_import_frees_the_executor_and_stops_at_the_de
     let child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "deadline::a_guest_waiting_in_a_slow_store_import_frees_the_executor_and_stops_at_the_deadline",
+            "attacks::deadline::a_guest_waiting_in_a_slow_store_import_frees_the_executor_and_stops_at_the_deadline",
             "--nocapture",
             "--test-threads",
             "1",

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use capstan_host::plugin::{CacheOutcome, Limits, LoadError, PluginHost, Registry};
-use capstan_tests::{component, plugins_dir, test_cache};
+use crate::support::{component, plugins_dir, test_cache};
 
 fn host() -> Arc<PluginHost> {
     Arc::new(PluginHost::new(Limits::default(), test_cache()).unwrap())

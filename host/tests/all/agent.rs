@@ -9,7 +9,7 @@ use capstan_host::ids::ProcessId;
 use capstan_host::llm::{Script, ScriptedProvider};
 use capstan_host::policy::ProcessKind;
 use capstan_host::store::{Store, TaskFilter, WorkerState};
-use capstan_tests::{agent_runtime, repo_root};
+use crate::support::{agent_runtime, repo_root};
 use tokio::sync::mpsc;
 
 /// A runtime in `dir` (workspace and data dir inside it) playing `script`.
@@ -596,7 +596,7 @@ async fn a_cancelled_worker_releases_its_task() {
     );
     assert!(rt.cancel_worker(&worker));
     // A waiting worker does not hold its channel busy, so wait for the cancel itself.
-    capstan_tests::eventually("the cancel releases the task", || rt.reserved_tasks() == 0).await;
+    crate::support::eventually("the cancel releases the task", || rt.reserved_tasks() == 0).await;
     rt.wait_idle("main").await;
     assert_eq!(
         rt.store()

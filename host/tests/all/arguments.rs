@@ -3,7 +3,7 @@
 
 use capstan_host::plugin::CallRequest;
 use capstan_host::policy::Grants;
-use capstan_tests::{Workspace, call, default_registry, expect_error};
+use crate::support::{Workspace, call, default_registry, expect_error};
 use serde_json::json;
 
 async fn raw_call(args_json: &str) -> Result<String, capstan_host::plugin::ToolError> {

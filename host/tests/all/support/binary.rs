@@ -1,39 +1,10 @@
-//! What the attack tests share: the built binary and components, and commands to run it.
-
-#![allow(dead_code)]
+//! The built `capstan` binary as a user runs it: commands with the tests' cache, state and
+//! plugins, agent directories, and reading what a run left behind.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-/// The repository root.
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("host/ sits in the repository")
-        .to_owned()
-}
-
-/// A built component under `target/<group>/<name>.wasm`, checked to exist.
-pub fn component(group: &str, name: &str) -> PathBuf {
-    let path = repo_root()
-        .join("target")
-        .join(group)
-        .join(format!("{name}.wasm"));
-    assert!(
-        path.is_file(),
-        "{} is missing: build the plugins with `bash scripts/setup`",
-        path.display()
-    );
-    path
-}
-
-/// The first-party plugins directory.
-pub fn plugins_dir() -> PathBuf {
-    component("plugins", "files")
-        .parent()
-        .expect("in a directory")
-        .to_owned()
-}
+use super::{plugins_dir, repo_root};
 
 /// A plugins directory with the first-party plugins and copies of `extra` components
 /// (file name, source).

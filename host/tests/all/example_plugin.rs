@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use capstan_host::plugin::{Limits, PluginHost, Registry};
-use capstan_tests::{Workspace, call, component, expect_error, test_cache};
+use crate::support::{Workspace, call, component, expect_error, test_cache};
 use serde_json::json;
 
 #[tokio::test]

@@ -1,33 +1,19 @@
 //! The `capstan` binary as a user runs it, against the plugins `scripts/setup` built.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_owned()
-}
+use crate::support::{repo_root, stderr, stdout};
 
-/// The command `capstan ARGS` in `dir`, with the tests' artifact cache and state dir and
-/// no plugins-dir override.
+/// `capstan ARGS` in `dir` with the tests' cache and state, and no plugins-dir override:
+/// these tests find the plugins as a user would.
 fn capstan_command(dir: &Path, args: &[&str]) -> Command {
     assert!(
         repo_root().join("target/plugins/files.wasm").is_file(),
         "build the plugins first: bash scripts/setup"
     );
-    let mut command = Command::new(env!("CARGO_BIN_EXE_capstan"));
-    command
-        .args(args)
-        .current_dir(dir)
-        .env(
-            "CAPSTAN_CACHE_DIR",
-            repo_root().join("target/test-component-cache"),
-        )
-        .env("CAPSTAN_STATE_DIR", repo_root().join("target/test-state"))
-        .env_remove("CAPSTAN_PLUGINS_DIR")
-        .env_remove("RUST_BACKTRACE");
+    let mut command = crate::support::capstan_command(dir, args);
+    command.env_remove("CAPSTAN_PLUGINS_DIR");
     command
 }
 
@@ -46,14 +32,6 @@ fn spawn_capstan(dir: &Path, args: &[&str]) -> std::process::Child {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("starting capstan")
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 use std::os::unix::fs::symlink;
 
-use capstan_tests::{SECRET, Workspace, call, default_registry};
+use crate::support::{SECRET, Workspace, call, default_registry};
 use serde_json::json;
 
 /// Paths to try, given the sandbox root's absolute path.

@@ -2,9 +2,7 @@
 //! built `capstan` binary or the host library with real built plugins, a real SQLite
 //! file, real processes and signals.
 //!
-//! Run with `cargo test -p capstan-host --test attacks` after `bash scripts/setup`.
-
-mod support;
+//! Run with `cargo test -p capstan-host --test all attacks::` after `bash scripts/setup`.
 
 mod cache;
 mod cli_input;

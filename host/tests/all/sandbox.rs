@@ -1,6 +1,6 @@
 //! File tools under each grant: what fs.read and fs.write allow, through the real plugins.
 
-use capstan_tests::{Workspace, call, default_registry, expect_error};
+use crate::support::{Workspace, call, default_registry, expect_error};
 use serde_json::json;
 
 #[tokio::test]

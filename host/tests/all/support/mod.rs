@@ -1,5 +1,6 @@
 //! Shared set-up for the integration tests: where the built plugins are, a host with the
-//! first-party plugins and the probe fixture loaded, and throwaway workspaces.
+//! first-party plugins and the probe fixture loaded, throwaway workspaces, and the built
+//! binary ([`binary`]).
 //!
 //! The components come from `bash scripts/setup`; a missing one fails the test with that
 //! instruction rather than skipping it.
@@ -18,11 +19,15 @@ use capstan_host::policy::Grants;
 use capstan_host::store::Store;
 use tokio::sync::mpsc;
 
+mod binary;
+
+pub use binary::*;
+
 /// The repository root.
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .expect("tests/ sits in the repository")
+        .expect("host/ sits in the repository")
         .to_owned()
 }
 

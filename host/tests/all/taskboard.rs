@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use capstan_host::store::{Store, TaskStatus};
-use capstan_tests::{Workspace, call_by, expect_error, registry_with_store};
+use crate::support::{Workspace, call_by, expect_error, registry_with_store};
 use serde_json::{Value, json};
 
 /// The worker and branch profiles' grants from the default config.

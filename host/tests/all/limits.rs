@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use capstan_host::plugin::{Limits, Registry};
-use capstan_tests::{Workspace, call, expect_error, registry};
+use crate::support::{Workspace, call, expect_error, registry};
 use serde_json::json;
 
 async fn echo_works(registry: &Registry) {

@@ -1,0 +1,24 @@
+//! The host's integration tests, in one binary so the suite links once (as wasmtime's
+//! `tests/all/` does). Each module drives the real path: built plugins from
+//! `bash scripts/setup`, a real SQLite file, real sockets on loopback, the built `capstan`
+//! binary.
+//!
+//! Run one module with `cargo test -p capstan-host --test all MODULE::`, e.g.
+//! `cargo test -p capstan-host --test all attacks::self_grant::`.
+
+mod support;
+
+mod agent;
+mod arguments;
+mod attacks;
+mod cli;
+mod dispatch;
+mod dispatch_owner;
+mod escapes;
+mod example_plugin;
+mod host_imports;
+mod limits;
+mod loading;
+mod providers;
+mod sandbox;
+mod taskboard;
