@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
+use crate::support::{agent_runtime, repo_root};
 use capstan_host::agent::{Event, Runtime};
 use capstan_host::config::{Config, ProviderSettings};
 use capstan_host::ids::ProcessId;
 use capstan_host::llm::{Script, ScriptedProvider};
 use capstan_host::policy::ProcessKind;
 use capstan_host::store::{Store, TaskFilter, WorkerState};
-use crate::support::{agent_runtime, repo_root};
 use tokio::sync::mpsc;
 
 /// A runtime in `dir` (workspace and data dir inside it) playing `script`.

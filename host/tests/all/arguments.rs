@@ -1,9 +1,9 @@
 //! Arguments that are not JSON, not an object, or do not match the schema: `invalid-args`
 //! naming the field, and no file touched.
 
+use crate::support::{Workspace, call, default_registry, expect_error};
 use capstan_host::plugin::CallRequest;
 use capstan_host::policy::Grants;
-use crate::support::{Workspace, call, default_registry, expect_error};
 use serde_json::json;
 
 async fn raw_call(args_json: &str) -> Result<String, capstan_host::plugin::ToolError> {

@@ -6,12 +6,12 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::{Gated, PANIC_TRIGGER, Pending, Recording, agent_runtime, eventually};
 use capstan_host::agent::{Event, Runtime, SpawnOutcome};
 use capstan_host::config::Config;
 use capstan_host::ids::ProcessId;
 use capstan_host::llm::Role;
 use capstan_host::store::WorkerState;
-use crate::support::{Gated, PANIC_TRIGGER, Pending, Recording, agent_runtime, eventually};
 use tokio::sync::mpsc;
 
 /// The last step of every script here: the channel skips whatever the script does not

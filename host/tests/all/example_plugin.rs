@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use capstan_host::plugin::{Limits, PluginHost, Registry};
 use crate::support::{Workspace, call, component, expect_error, test_cache};
+use capstan_host::plugin::{Limits, PluginHost, Registry};
 use serde_json::json;
 
 #[tokio::test]

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use capstan_host::plugin::{Limits, Registry};
 use crate::support::{Workspace, call, expect_error, registry};
+use capstan_host::plugin::{Limits, Registry};
 use serde_json::json;
 
 async fn echo_works(registry: &Registry) {

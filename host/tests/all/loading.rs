@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use capstan_host::plugin::{CacheOutcome, Limits, LoadError, PluginHost, Registry};
 use crate::support::{component, plugins_dir, test_cache};
+use capstan_host::plugin::{CacheOutcome, Limits, LoadError, PluginHost, Registry};
 
 fn host() -> Arc<PluginHost> {
     Arc::new(PluginHost::new(Limits::default(), test_cache()).unwrap())

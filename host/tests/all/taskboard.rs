@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use capstan_host::store::{Store, TaskStatus};
 use crate::support::{Workspace, call_by, expect_error, registry_with_store};
+use capstan_host::store::{Store, TaskStatus};
 use serde_json::{Value, json};
 
 /// The worker and branch profiles' grants from the default config.

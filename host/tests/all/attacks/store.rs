@@ -109,7 +109,12 @@ fn wait_for(path: &Path) {
 fn child(role: &str, dir: &Path, gate: &Path, index: usize, count: usize) -> Command {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
-        .args(["--exact", "attacks::store::store_child", "--nocapture", "--quiet"])
+        .args([
+            "--exact",
+            "attacks::store::store_child",
+            "--nocapture",
+            "--quiet",
+        ])
         .env(ROLE, role)
         .env(DATA_DIR, dir)
         .env(GATE, gate)
