@@ -1,4 +1,5 @@
-//! Typed identities: which process, and which session a prompt goes to.
+//! Typed identities: which process, which session a prompt goes to, and which tool call a
+//! result answers.
 //!
 //! A process is named by its kind and, for a conversation, the name the user gave it
 //! (`channel:main`, `cortex:main`) or, for a branch, worker or compactor run, a number
@@ -127,6 +128,46 @@ impl SessionKey {
 }
 
 impl fmt::Display for SessionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The id a model gave one tool call; the result message carries it back. Serialized as
+/// the bare string, as the Chat Completions shape has it.
+///
+/// ```
+/// use capstan_host::ids::ToolCallId;
+///
+/// let id = ToolCallId::from("call_7");
+/// assert_eq!(id.as_str(), "call_7");
+/// assert_eq!(serde_json::to_string(&id)?, "\"call_7\"");
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ToolCallId(String);
+
+impl ToolCallId {
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for ToolCallId {
+    fn from(id: String) -> Self {
+        ToolCallId(id)
+    }
+}
+
+impl From<&str> for ToolCallId {
+    fn from(id: &str) -> Self {
+        ToolCallId(id.to_owned())
+    }
+}
+
+impl fmt::Display for ToolCallId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }

@@ -4,6 +4,7 @@
 use std::fmt;
 
 use crate::dispatch::{DispatchError, DispatchOutcome, Dispatcher, Route, Ticket, TooSlow};
+use crate::ids::ToolCallId;
 use crate::llm::{AnswerSink, BoxFuture, CompletionRequest, Message, Role, ToolChoice, ToolDef};
 
 /// What a tool call did, for the loop.
@@ -202,7 +203,7 @@ impl Turn<'_> {
                         "delivered".to_owned()
                     }
                 };
-                history.push(Message::tool_result(&call.id, result));
+                history.push(Message::tool_result(call.id.clone(), result));
             }
             if let Some(end) = ended {
                 return Ok(end);
@@ -221,7 +222,7 @@ impl Turn<'_> {
 /// was dropped.
 pub(crate) fn repair(history: &mut Vec<Message>) -> bool {
     use std::collections::HashSet;
-    let answered: HashSet<String> = history
+    let answered: HashSet<ToolCallId> = history
         .iter()
         .filter(|m| m.role == Role::Tool)
         .filter_map(|m| m.tool_call_id.clone())
@@ -382,7 +383,7 @@ mod properties {
                     tool_calls: tools
                         .iter()
                         .map(|tool| ToolCall {
-                            id: format!("c{}", self.next_id.fetch_add(1, Ordering::SeqCst)),
+                            id: format!("c{}", self.next_id.fetch_add(1, Ordering::SeqCst)).into(),
                             name: format!("{tool:?}").to_lowercase(),
                             arguments: "{}".into(),
                         })

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::ToolCallId;
+
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -29,7 +31,7 @@ pub struct Message {
     pub tool_calls: Vec<ToolCall>,
     /// For a tool message: the call it answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
+    pub tool_call_id: Option<ToolCallId>,
 }
 
 impl Message {
@@ -49,7 +51,7 @@ impl Message {
     }
 
     /// A tool result answering call `call_id`.
-    pub fn tool_result(call_id: impl Into<String>, content: impl Into<String>) -> Self {
+    pub fn tool_result(call_id: impl Into<ToolCallId>, content: impl Into<String>) -> Self {
         Message {
             role: Role::Tool,
             content: content.into(),
@@ -72,7 +74,7 @@ impl Message {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolCall {
     /// The provider's id for the call; the result message carries it back.
-    pub id: String,
+    pub id: ToolCallId,
     /// The tool's name.
     pub name: String,
     /// The arguments exactly as the model wrote them: usually a JSON object, but a model

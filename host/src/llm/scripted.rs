@@ -117,7 +117,7 @@ impl Provider for ScriptedProvider {
                 .iter()
                 .enumerate()
                 .map(|(i, call)| ToolCall {
-                    id: format!("call_{index}_{i}"),
+                    id: format!("call_{index}_{i}").into(),
                     name: call.name.clone(),
                     arguments: call.arguments_text(),
                 })

@@ -156,9 +156,9 @@ impl Assembler {
             }
             tool_calls.push(ToolCall {
                 id: if call.id.is_empty() {
-                    format!("call_{i}")
+                    format!("call_{i}").into()
                 } else {
-                    call.id
+                    call.id.into()
                 },
                 name: call.name,
                 // A call without arguments streams none; the host expects an object.

@@ -115,7 +115,7 @@ impl Reader<'_> {
             + message
                 .tool_calls
                 .iter()
-                .map(|call| call.id.len() + call.name.len() + call.arguments.len())
+                .map(|call| call.id.as_str().len() + call.name.len() + call.arguments.len())
                 .sum::<usize>();
         if size > self.max_answer {
             return Err(self.too_large());

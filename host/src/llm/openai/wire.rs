@@ -74,7 +74,7 @@ pub(super) fn parse_completion(text: &str) -> Result<Completion, String> {
             .map(str::to_owned)
             .unwrap_or_else(|| format!("call_{i}"));
         tool_calls.push(ToolCall {
-            id,
+            id: id.into(),
             name: name.to_owned(),
             arguments,
         });

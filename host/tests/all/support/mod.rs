@@ -320,7 +320,7 @@ impl Pending {
     pub fn call(self, tool: &str, arguments: serde_json::Value) {
         let mut message = capstan_host::llm::Message::assistant("");
         message.tool_calls.push(capstan_host::llm::ToolCall {
-            id: format!("call-{tool}"),
+            id: format!("call-{tool}").into(),
             name: tool.to_owned(),
             arguments: arguments.to_string(),
         });
