@@ -164,7 +164,7 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> Tally {
     while let Some(event) = events.recv().await {
         if !streamed.is_empty() && !matches!(event, Event::Text { .. } | Event::Reply { .. }) {
             // Whatever comes next starts on a line of its own.
-            println!();
+            let _ = writeln!(std::io::stdout());
             streamed.clear();
         }
         match &event {
@@ -179,7 +179,7 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> Tally {
             }
             Event::Reply { text, .. } if !streamed.is_empty() && *text == streamed => {
                 // Already shown as it streamed: end its line.
-                println!();
+                let _ = writeln!(std::io::stdout());
                 streamed.clear();
             }
             Event::Reply { text, .. } => {
@@ -387,23 +387,29 @@ impl DemoCommand {
         self.agent.check_locations(&config)?;
         write_demo_notes(&workspace)?;
         let database = config.agent.data_dir.join(crate::store::DATABASE_FILE);
-        println!("Capstan demo");
-        println!("  workspace: {}", workspace.display());
-        println!("  database:  {}", database.display());
+        // Written with errors returned, not println!: a reader that stops early
+        // (`capstan demo | head`) ends the demo quietly instead of a panic.
+        let mut out = std::io::stdout();
+        writeln!(out, "Capstan demo")?;
+        writeln!(out, "  workspace: {}", workspace.display())?;
+        writeln!(out, "  database:  {}", database.display())?;
         let (runtime, events) = self.agent.start(config).await?;
-        println!("  model:     {}\n", runtime.provider_name());
+        writeln!(out, "  model:     {}\n", runtime.provider_name())?;
         let printer = tokio::spawn(print_events(events));
         let mut sent = Ok(());
         let stop = until_stopped(&runtime, async {
             for message in DEMO_CONVERSATION {
-                println!("you> {message}");
+                if let Err(err) = writeln!(std::io::stdout(), "you> {message}") {
+                    sent = Err(err.into());
+                    return;
+                }
                 sent = converse(&runtime, &self.agent, message).await;
                 if sent.is_err() {
                     return;
                 }
                 // Let the last status lines reach the terminal before the next prompt.
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                println!();
+                let _ = writeln!(std::io::stdout());
             }
         })
         .await;
@@ -415,9 +421,16 @@ impl DemoCommand {
         let Tally {
             workers, branches, ..
         } = tally;
-        println!("hops: {workers} workers and {branches} branches were delegated to");
-        println!("analysis file: {}", workspace.join("analysis.md").display());
-        println!("\ntasks, read back from {}:", database.display());
+        writeln!(
+            out,
+            "hops: {workers} workers and {branches} branches were delegated to"
+        )?;
+        writeln!(
+            out,
+            "analysis file: {}",
+            workspace.join("analysis.md").display()
+        )?;
+        writeln!(out, "\ntasks, read back from {}:", database.display())?;
         print_tasks(&Store::open(database.parent().unwrap_or(Path::new(".")))?)?;
         Ok(code)
     }

@@ -575,3 +575,22 @@ tool_calls = [{ name = "set_status", arguments = { state = "done", message = "re
         "{status:#?}"
     );
 }
+
+#[test]
+fn a_reader_that_stops_early_ends_the_demo_quietly() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let demo_dir = dir.path().join("demo");
+    let mut child = spawn_capstan(dir.path(), &["demo", "--dir", demo_dir.to_str().unwrap()]);
+    drop(child.stdin.take());
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert_eq!(first, "Capstan demo\n");
+    // The reader is gone (as `| head -1` would be): every later line finds the pipe closed.
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
+}
