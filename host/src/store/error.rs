@@ -67,6 +67,14 @@ pub enum StoreError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The lock that lets one process at a time open the database could not be taken.
+    #[error("{}: cannot take the lock that lets one process at a time open the database: {source}; fix the data directory's permissions, {elsewhere}", path.display(), elsewhere = ELSEWHERE)]
+    OpenLock {
+        /// The lock file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// The database could not be opened or configured.
     #[error("{}: cannot open the database: {source}", path.display())]
     Open {

@@ -30,6 +30,7 @@ mod history;
 mod integrity;
 mod memory;
 mod migrations;
+mod open_lock;
 mod retry;
 mod runs;
 mod tasks;
@@ -73,6 +74,7 @@ impl Store {
     /// capstan.
     pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
         datadir::prepare(data_dir)?;
+        let _opening = open_lock::acquire(data_dir)?;
         let path = data_dir.join(DATABASE_FILE);
         let open_err = |source| StoreError::Open {
             path: path.clone(),

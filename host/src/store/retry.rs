@@ -16,7 +16,7 @@ use super::StoreError;
 pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a write keeps retrying while the database stays busy, in all.
-const RETRY_FOR: Duration = Duration::from_secs(120);
+pub(crate) const RETRY_FOR: Duration = Duration::from_secs(120);
 
 /// The longest pause between two attempts.
 const MAX_PAUSE: Duration = Duration::from_millis(200);
