@@ -63,7 +63,8 @@ impl AgentArgs {
         &self,
         config: Config,
     ) -> anyhow::Result<(Arc<Runtime>, mpsc::UnboundedReceiver<Event>)> {
-        self.check_locations(&config)?;
+        let locations = self.locations(&config)?;
+        locations.check()?;
         std::fs::create_dir_all(&config.agent.workspace).with_context(|| {
             format!(
                 "creating the workspace {}",
@@ -71,7 +72,7 @@ impl AgentArgs {
             )
         })?;
         // Recorded once it exists, as the path it resolves to.
-        super::record_if_writable(self.locations(&config)?)?;
+        super::record_if_writable(locations)?;
         let store = Arc::new(Store::open(&config.agent.data_dir)?);
         let host = self.host.host(&config)?.with_store(store.clone());
         let registry = Arc::new(self.host.registry_on(&config, host).await?);

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context as _, bail};
 use clap::Args;
 
-use crate::config::{CONFIG_FILE, DEFAULT_CONFIG, LocationKind, Locations};
+use crate::config::{CONFIG_FILE, DEFAULT_CONFIG};
 
 #[derive(Debug, Args)]
 pub(crate) struct InitCommand {
@@ -22,10 +22,7 @@ impl InitCommand {
     pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
         let path = self.dir.join(CONFIG_FILE);
         // A config there would be refused by every later command.
-        let mut locations = Locations::new(".", false);
-        locations.recorded = super::read_writable_workspaces()?;
-        locations.add(LocationKind::Config, &path);
-        locations.check()?;
+        super::check_config_path(super::read_writable_workspaces()?, &path)?;
         if path.exists() && !self.force {
             bail!("{} exists; pass --force to replace it", path.display());
         }

@@ -96,15 +96,7 @@ impl HostArgs {
             .config
             .clone()
             .unwrap_or_else(|| PathBuf::from(crate::config::CONFIG_FILE));
-        let kind = if path.exists() {
-            LocationKind::Config
-        } else {
-            LocationKind::ConfigLookup
-        };
-        let mut unread = Locations::new(".", false);
-        unread.recorded = self.writable_workspaces()?.clone();
-        unread.add(kind, path);
-        unread.check()?;
+        check_config_path(self.writable_workspaces()?.clone(), &path)?;
         let config = match &self.config {
             Some(path) => Config::load(path)?,
             None => Config::load_or_default()?,
@@ -277,6 +269,19 @@ pub(crate) fn read_writable_workspaces() -> anyhow::Result<WritableWorkspaces> {
         );
     }
     Ok(WritableWorkspaces::in_state_dir(state_dir.as_deref())?)
+}
+
+/// Refuses a config file (to read or to write) at `path` inside a workspace in `recorded`.
+pub(crate) fn check_config_path(recorded: WritableWorkspaces, path: &Path) -> anyhow::Result<()> {
+    let kind = if path.exists() {
+        LocationKind::Config
+    } else {
+        LocationKind::ConfigLookup
+    };
+    let mut locations = Locations::new(".", false);
+    locations.recorded = recorded;
+    locations.add(kind, path);
+    Ok(locations.check()?)
 }
 
 /// Records the workspace of `locations`, already checked, just before plugins are let

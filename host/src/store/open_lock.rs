@@ -15,8 +15,19 @@ use super::{StoreError, retry};
 /// The lock file's name in the data dir.
 pub(crate) const OPEN_LOCK_FILE: &str = "capstan.db.open-lock";
 
-/// A symlink planted at the lock's name is refused, not followed.
-const O_NOFOLLOW: i32 = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
+/// A symlink planted where a lock file lies is refused, not followed.
+pub(super) const O_NOFOLLOW: i32 = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
+
+/// Opens (creating it owner-only) the lock file at `path`, never through a symlink.
+pub(super) fn open_lock_file(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(O_NOFOLLOW)
+        .open(path)
+}
 
 /// Held while this process opens the database; released when dropped.
 pub(crate) struct OpenLock {
@@ -31,14 +42,7 @@ pub(crate) fn acquire(data_dir: &Path) -> Result<OpenLock, StoreError> {
         path: path.clone(),
         source,
     };
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(O_NOFOLLOW)
-        .open(&path)
-        .map_err(lock_err)?;
+    let file = open_lock_file(&path).map_err(lock_err)?;
     let started = Instant::now();
     loop {
         match file.try_lock() {

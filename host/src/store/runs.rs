@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::params;
 
+use super::open_lock::{O_NOFOLLOW, open_lock_file};
 use super::{Store, StoreError, WorkerRecord, WorkerState, now, retry};
 
 /// The directory under the data dir that holds the runs' lock files.
@@ -103,14 +104,7 @@ impl Store {
                 path: lock_path.clone(),
                 source,
             };
-            let lock = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .custom_flags(O_NOFOLLOW)
-                .open(&lock_path)
-                .map_err(lock_err)?;
+            let lock = open_lock_file(&lock_path).map_err(lock_err)?;
             lock.try_lock().map_err(|err| match err {
                 TryLockError::WouldBlock => lock_err(std::io::Error::new(
                     ErrorKind::WouldBlock,
@@ -181,9 +175,6 @@ impl Store {
         Ok(records)
     }
 }
-
-/// A symlink planted where a lock file lies is refused, not followed.
-const O_NOFOLLOW: i32 = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
 
 fn lock_file(data_dir: &Path, run: RunId) -> PathBuf {
     data_dir.join(RUNS_DIR).join(format!("{}.lock", run.0))

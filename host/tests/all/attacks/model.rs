@@ -249,8 +249,8 @@ fn provider_error(outcome: DispatchOutcome) -> ProviderError {
 
 #[tokio::test]
 async fn a_slow_answer_that_keeps_coming_outlives_the_timeout_and_arrives_whole() {
-    // Each piece comes a twelfth of the timeout after the last; the whole answer takes
-    // one and a half times the timeout.
+    // Each piece comes about a thirtieth of the timeout after the caller has the last; the
+    // whole answer takes one and a half times the timeout.
     let timeout = Duration::from_secs(3);
     let server = Server::start(SSE).await;
     let gate = openai_gate(&server.url, timeout, Duration::from_secs(600), 1 << 20);
