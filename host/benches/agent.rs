@@ -23,7 +23,7 @@ use capstan_host::agent::{Event, Runtime};
 use capstan_host::config::Config;
 use capstan_host::llm::{Script, ScriptedProvider};
 use capstan_host::plugin::{ArtifactCache, PluginHost, Registry};
-use capstan_host::store::Store;
+use capstan_host::store::{Store, WorkerState};
 use criterion::Criterion;
 use tokio::runtime::Runtime as Tokio;
 use tokio::sync::mpsc;
@@ -144,7 +144,13 @@ fn concurrent_workers(tokio: &Tokio, n: u32) {
     let drain = tokio.spawn(async move {
         let mut done = 0;
         while let Some(event) = events.recv().await {
-            if matches!(&event, Event::Status { text, .. } if text.starts_with("done:")) {
+            if matches!(
+                &event,
+                Event::WorkerEnded {
+                    state: WorkerState::Done,
+                    ..
+                }
+            ) {
                 done += 1;
             }
         }

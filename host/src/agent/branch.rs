@@ -3,101 +3,91 @@
 
 use std::sync::Arc;
 
-use super::channel::spawn_worker_tool;
-use super::notifications::{NotificationKind, report};
+use super::context::{BranchSpec, Context};
+use super::events::Event;
+use super::host_tools::HostCall;
+use super::inbox::ChannelHandle;
+use super::notifications::NotificationKind;
 use super::prompts::system_prompt;
-use super::runtime::{ChannelHandle, Runtime};
-use super::supervisor::run_supervised;
-use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd, TurnError};
+use super::supervisor::supervise;
+use super::turn::{ToolHandler, ToolOutcome, TurnEnd, TurnError};
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, Message};
+use crate::plugin::ToolError;
 use crate::policy::ProcessKind;
 
-/// Runs a branch to its end, whatever the end: it concludes, its model fails, or it
-/// panics. Like a worker, it is reported to its channel on every path, and its channel's
-/// pending count is released, so `wait_idle` never hangs on a branch that died.
-pub(crate) async fn supervise_branch(
-    rt: Arc<Runtime>,
-    id: ProcessId,
-    channel_name: ProcessId,
-    channel: ChannelHandle,
-    question: String,
-    history: Vec<Message>,
-) {
-    let branch = run_branch(
-        rt.clone(),
-        id.clone(),
-        channel_name.clone(),
-        channel.clone(),
-        question,
-        history,
-    );
-    if let Err(why) = run_supervised(branch).await {
-        rt.release_process(&id);
-        rt.status(&id, format!("failed: {why}"));
-        report(
-            &rt,
-            &channel_name,
-            &channel,
-            &id,
-            NotificationKind::Error,
-            format!("failed: {why}"),
-        );
-    }
-    channel.done_pending();
+/// Starts a branch for `channel`, supervised: it is reported to its channel on every
+/// path (it concludes, its model fails, or it panics), and its channel's pending count is
+/// released, so `wait_idle` never hangs on a branch that died.
+pub(crate) fn start(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
+    let failed = {
+        let ctx = ctx.clone();
+        let channel = channel.clone();
+        let (id, channel_name) = (spec.id.clone(), spec.channel.clone());
+        move |why: String| async move {
+            ctx.release_process(&id);
+            ctx.emit(Event::BranchFailed {
+                branch: id.clone(),
+                error: why.clone(),
+            });
+            ctx.report(
+                &channel_name,
+                &channel,
+                &id,
+                NotificationKind::Error,
+                format!("failed: {why}"),
+            );
+        }
+    };
+    supervise(&channel, |_| run(ctx, spec, channel.clone()), failed);
 }
 
 /// The branch's life: think, then send the conclusion to the channel it came from.
-async fn run_branch(
-    rt: Arc<Runtime>,
-    id: ProcessId,
-    channel_name: ProcessId,
-    channel: ChannelHandle,
-    question: String,
-    mut history: Vec<Message>,
-) {
+async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
+    let BranchSpec {
+        id,
+        channel: channel_name,
+        question,
+        mut history,
+    } = spec;
     let _slot = channel
         .branch_slots
         .clone()
         .acquire_owned()
         .await
         .expect("never closed");
-    let alive = rt.branch_started(&id);
-    rt.status(&id, format!("thinking: {question}"));
+    let alive = ctx.supervisor.branch_started(&id);
+    ctx.emit(Event::BranchStarted {
+        branch: id.clone(),
+        question: question.clone(),
+    });
     history.push(Message::user(format!("Branch question: {question}")));
-    let tools = rt.tool_defs(ProcessKind::Branch);
-    let system = system_prompt(ProcessKind::Branch, &rt.config.agent.name);
+    let tools = ctx.tool_defs(ProcessKind::Branch);
+    let system = system_prompt(ProcessKind::Branch, &ctx.config.agent.name);
     let handler = BranchTools {
-        rt: rt.clone(),
+        ctx: ctx.clone(),
         id: id.clone(),
         channel_name: channel_name.clone(),
     };
-    let conclusion = match rt.lease_loop(&id) {
+    let conclusion = match ctx.lease_loop(&id) {
         Err(held) => format!("(could not think: {held})"),
         Ok(lease) => {
-            let turn = Turn {
-                dispatcher: &rt.dispatcher,
-                ticket: lease.ticket(),
-                route: Route::Branch,
-                process: ProcessKind::Branch.as_str(),
-                system: &system,
-                tools: &tools,
-                max_turns: rt.config.limits.max_turns,
-                deltas: &(),
-            };
+            let turn = ctx.turn(&id, lease.ticket(), Route::Branch, &system, &tools);
             let end = turn.run(&mut history, &handler).await;
             if let Err(err) = &end {
-                rt.model_failed(&id, err);
+                ctx.model_failed(&id, err);
             }
-            conclude(&rt, end)
+            conclude(&ctx, end)
         }
     };
     drop(alive);
-    rt.release_process(&id);
-    rt.status(&id, format!("concluded: {conclusion}"));
-    report(
-        &rt,
+    ctx.release_process(&id);
+    ctx.emit(Event::BranchConcluded {
+        branch: id.clone(),
+        conclusion: conclusion.clone(),
+    });
+    ctx.report(
         &channel_name,
         &channel,
         &id,
@@ -107,13 +97,13 @@ async fn run_branch(
 }
 
 /// A branch's conclusion from how its turn ended.
-fn conclude(rt: &Runtime, end: Result<TurnEnd, TurnError>) -> String {
+fn conclude(ctx: &Context, end: Result<TurnEnd, TurnError>) -> String {
     match end {
         Ok(TurnEnd::Text(text) | TurnEnd::Delivered(text)) => text,
         Ok(TurnEnd::Ended | TurnEnd::Injected(_)) => "(ended without a conclusion)".into(),
         Ok(TurnEnd::MaxTurns) => format!(
             "(no conclusion within {} turns)",
-            rt.config.limits.max_turns
+            ctx.config.limits.max_turns
         ),
         Err(err) => format!("(the model failed: {err})"),
     }
@@ -121,34 +111,34 @@ fn conclude(rt: &Runtime, end: Result<TurnEnd, TurnError>) -> String {
 
 /// A branch's tools: plugins with the branch profile, and `spawn_worker` on its channel.
 struct BranchTools {
-    rt: Arc<Runtime>,
+    ctx: Arc<Context>,
     id: ProcessId,
     channel_name: ProcessId,
 }
 
+impl BranchTools {
+    /// Runs host tool `call`: `None` if it is not one of a branch's.
+    fn run(&self, call: HostCall) -> Option<Result<ToolOutcome, ToolError>> {
+        match call {
+            HostCall::SpawnWorker(args) => Some(
+                self.ctx
+                    .spawn_worker_tool(&self.channel_name, Some(&self.id), args)
+                    .map(ToolOutcome::Continue),
+            ),
+            _ => None,
+        }
+    }
+}
+
 impl ToolHandler for BranchTools {
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
-        Box::pin(
-            self.rt
-                .refuse(ProcessKind::Branch, &self.id, name, arguments),
-        )
+        Box::pin(self.ctx.refuse(&self.id, name, arguments))
     }
 
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
-        Box::pin(async move {
-            if name == "spawn_worker" {
-                return ToolOutcome::Continue(spawn_worker_tool(
-                    &self.rt,
-                    &self.channel_name,
-                    Some(&self.id),
-                    arguments,
-                ));
-            }
-            ToolOutcome::Continue(
-                self.rt
-                    .call_plugin(ProcessKind::Branch, &self.id, name, arguments)
-                    .await,
-            )
-        })
+        Box::pin(
+            self.ctx
+                .answer(&self.id, name, arguments, |call| self.run(call)),
+        )
     }
 }

@@ -4,9 +4,10 @@
 
 use std::sync::Arc;
 
+use super::context::Context;
+use super::events::Event;
 use super::prompts::system_prompt;
-use super::runtime::Runtime;
-use super::turn::{ToolHandler, ToolOutcome, Turn, TurnEnd, TurnError};
+use super::turn::{ToolHandler, ToolOutcome, TurnEnd, TurnError};
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, Message, Role};
@@ -39,8 +40,8 @@ fn cut_point(history: &[Message]) -> Option<usize> {
 }
 
 /// Compacts `history` in place if it is over the threshold; returns whether it did.
-pub(crate) async fn compact_if_needed(rt: &Arc<Runtime>, history: &mut Vec<Message>) -> bool {
-    let limits = &rt.config.limits;
+pub(crate) async fn compact_if_needed(ctx: &Arc<Context>, history: &mut Vec<Message>) -> bool {
+    let limits = &ctx.config.limits;
     let threshold = (limits.context_window_tokens as f64 * limits.compaction_threshold) as usize;
     let tokens = estimate_tokens(history);
     if tokens <= threshold {
@@ -49,20 +50,20 @@ pub(crate) async fn compact_if_needed(rt: &Arc<Runtime>, history: &mut Vec<Messa
     let Some(cut) = cut_point(history) else {
         return false;
     };
-    let id = match rt.new_id(ProcessKind::Compactor) {
+    let id = match ctx.new_id(ProcessKind::Compactor) {
         Ok(id) => id,
         Err(err) => {
             tracing::error!("cannot number a compactor run, history kept: {err}");
             return false;
         }
     };
-    rt.status(
-        &id,
-        format!(
-            "compacting {cut} of {} messages ({tokens} tokens, threshold {threshold})",
-            history.len()
-        ),
-    );
+    ctx.emit(Event::CompactionStarted {
+        compactor: id.clone(),
+        messages: cut,
+        of: history.len(),
+        tokens,
+        threshold,
+    });
     let excerpt: String = history[..cut]
         .iter()
         .map(|m| format!("{:?}: {}\n", m.role, m.content))
@@ -70,24 +71,15 @@ pub(crate) async fn compact_if_needed(rt: &Arc<Runtime>, history: &mut Vec<Messa
     let mut work = vec![Message::user(format!(
         "Summarize this conversation excerpt:\n\n{excerpt}"
     ))];
-    let tools = rt.tool_defs(ProcessKind::Compactor);
-    let system = system_prompt(ProcessKind::Compactor, &rt.config.agent.name);
+    let tools = ctx.tool_defs(ProcessKind::Compactor);
+    let system = system_prompt(ProcessKind::Compactor, &ctx.config.agent.name);
     let handler = CompactorTools {
-        rt: rt.clone(),
+        ctx: ctx.clone(),
         id: id.clone(),
     };
-    let end = match rt.lease_loop(&id) {
+    let end = match ctx.lease_loop(&id) {
         Ok(lease) => {
-            let turn = Turn {
-                dispatcher: &rt.dispatcher,
-                ticket: lease.ticket(),
-                route: Route::Compaction,
-                process: ProcessKind::Compactor.as_str(),
-                system: &system,
-                tools: &tools,
-                max_turns: limits.max_turns,
-                deltas: &(),
-            };
+            let turn = ctx.turn(&id, lease.ticket(), Route::Compaction, &system, &tools);
             turn.run(&mut work, &handler).await
         }
         Err(held) => Err(TurnError::suppressed(held.to_string())),
@@ -98,50 +90,45 @@ pub(crate) async fn compact_if_needed(rt: &Arc<Runtime>, history: &mut Vec<Messa
                 ..cut,
                 [Message::user(format!("{SUMMARY_PREFIX} {summary}"))],
             );
-            rt.status(
-                &id,
-                format!(
-                    "compacted into one summary; history is now {} messages",
-                    history.len()
-                ),
-            );
+            ctx.emit(Event::Compacted {
+                compactor: id.clone(),
+                messages: history.len(),
+            });
             true
         }
         Ok(_) => {
-            rt.status(&id, "no summary produced; history kept");
+            ctx.emit(Event::CompactionSkipped {
+                compactor: id.clone(),
+                reason: "no summary produced".into(),
+            });
             false
         }
         Err(err) => {
-            rt.model_failed(&id, &err);
-            rt.status(&id, format!("the model failed, history kept: {err}"));
+            ctx.model_failed(&id, &err);
+            ctx.emit(Event::CompactionSkipped {
+                compactor: id.clone(),
+                reason: format!("the model failed: {err}"),
+            });
             false
         }
     };
-    rt.release_process(&id);
+    ctx.release_process(&id);
     compacted
 }
 
 /// The compactor's tools: plugins with the compactor profile (memory_save by default).
 struct CompactorTools {
-    rt: Arc<Runtime>,
+    ctx: Arc<Context>,
     id: ProcessId,
 }
 
 impl ToolHandler for CompactorTools {
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
-        Box::pin(
-            self.rt
-                .refuse(ProcessKind::Compactor, &self.id, name, arguments),
-        )
+        Box::pin(self.ctx.refuse(&self.id, name, arguments))
     }
 
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
-        Box::pin(async move {
-            ToolOutcome::Continue(
-                self.rt
-                    .call_plugin(ProcessKind::Compactor, &self.id, name, arguments)
-                    .await,
-            )
-        })
+        // No host tool is the compactor's.
+        Box::pin(self.ctx.answer(&self.id, name, arguments, |_| None))
     }
 }

@@ -1,15 +1,24 @@
-//! What the runtime reports as it works: replies for the user and status lines.
+//! What the runtime reports as it works: replies for the user, and every step of every
+//! process (turns, tool calls, workers, branches, compaction, late reports), as typed
+//! events.
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
 
+use super::notifications::NotificationKind;
+use crate::dispatch::Route;
 use crate::ids::ProcessId;
+use crate::plugin::ToolError;
+use crate::store::WorkerState;
 
 /// One thing that happened, in order.
 ///
 /// Its JSON form is stable, for services that stream events: an object whose `type` is the
 /// variant's name in snake case, with the fields beside it and process ids as text.
+/// Callers match on variants; none parses the [`Display`](fmt::Display) text, which is for
+/// people (`[worker:1] started: ...`).
 ///
 /// ```
 /// use capstan_host::agent::Event;
@@ -39,12 +48,154 @@ pub enum Event {
         /// The text that just arrived.
         text: String,
     },
-    /// A process reports progress: started, a tool call, done, failed.
-    Status {
-        /// e.g. `worker:1`.
+    /// A process began a turn: its first request to the model is about to be sent.
+    TurnStarted {
+        /// The process.
+        process: ProcessId,
+        /// Why it prompts.
+        route: Route,
+    },
+    /// A process's turn ended.
+    TurnFinished {
+        /// The process.
+        process: ProcessId,
+        /// How it ended.
+        end: TurnEnding,
+    },
+    /// A conversation's inputs were not sent to the model, because someone else holds its
+    /// session (and answers instead); the inputs stay in the history.
+    TurnSuppressed {
+        /// The conversation.
+        process: ProcessId,
+        /// Who holds the session, or why it is busy.
+        reason: String,
+    },
+    /// A plugin tool ran and returned a result.
+    ToolCalled {
+        /// The process that called it.
+        process: ProcessId,
+        /// The tool.
+        tool: String,
+    },
+    /// A tool call was refused by policy: the tool is not offered to the process, or a
+    /// capability it needs is not granted. Nothing ran.
+    ToolDenied {
+        /// The process that called it.
+        process: ProcessId,
+        /// The tool.
+        tool: String,
+        /// Why, naming the profile or capability.
+        reason: String,
+    },
+    /// A plugin tool call produced no result: bad arguments, not found, or it failed.
+    ToolFailed {
+        /// The process that called it.
+        process: ProcessId,
+        /// The tool.
+        tool: String,
+        /// The error the model was shown.
+        error: ToolError,
+    },
+    /// A worker was admitted and began its task.
+    WorkerStarted {
+        /// The worker.
+        worker: ProcessId,
+        /// Its task.
+        task: String,
+    },
+    /// A worker reported progress with `set_status`.
+    WorkerProgress {
+        /// The worker.
+        worker: ProcessId,
+        /// What it said.
+        message: String,
+    },
+    /// An interactive worker asked for input and waits for a routed answer.
+    WorkerWaiting {
+        /// The worker.
+        worker: ProcessId,
+        /// Its question.
+        question: String,
+    },
+    /// Messages routed to a running worker were added to its history at a turn boundary.
+    InjectionDelivered {
+        /// The worker.
+        worker: ProcessId,
+        /// How many messages.
+        messages: usize,
+    },
+    /// A worker ended: done, failed, cancelled, or interrupted (also reported at start-up
+    /// for the workers an earlier host left running).
+    WorkerEnded {
+        /// The worker.
+        worker: ProcessId,
+        /// How it ended.
+        state: WorkerState,
+        /// Its result, or why it ended.
+        outcome: String,
+    },
+    /// A branch began thinking about a question.
+    BranchStarted {
+        /// The branch.
+        branch: ProcessId,
+        /// Its question.
+        question: String,
+    },
+    /// A branch concluded (its conclusion says so when its model failed).
+    BranchConcluded {
+        /// The branch.
+        branch: ProcessId,
+        /// What it concluded.
+        conclusion: String,
+    },
+    /// A branch did not end normally: it panicked or the runtime shut down under it.
+    BranchFailed {
+        /// The branch.
+        branch: ProcessId,
+        /// Why.
+        error: String,
+    },
+    /// A compactor began summarizing the oldest part of a conversation's history.
+    CompactionStarted {
+        /// The compactor run.
+        compactor: ProcessId,
+        /// Messages to summarize.
+        messages: usize,
+        /// Messages in the history.
+        of: usize,
+        /// The history's estimated size in tokens.
+        tokens: usize,
+        /// The size in tokens past which a history is compacted.
+        threshold: usize,
+    },
+    /// The summarized messages were replaced by the summary.
+    Compacted {
+        /// The compactor run.
+        compactor: ProcessId,
+        /// Messages in the history now.
+        messages: usize,
+    },
+    /// Compaction changed nothing: the history was kept as it was.
+    CompactionSkipped {
+        /// The compactor run.
+        compactor: ProcessId,
+        /// Why.
+        reason: String,
+    },
+    /// A report arrived after the process that asked for it ended (or its channel
+    /// closed): it was kept in working memory and, if its channel is open, told in a turn
+    /// of its own.
+    NotificationFolded {
+        /// The conversation it belongs to.
+        channel: ProcessId,
+        /// Who reported, e.g. `worker:3`.
         source: ProcessId,
-        /// What happened.
-        text: String,
+        /// Who had asked for it, e.g. `branch:2`.
+        requester: ProcessId,
+        /// What kind of report it is.
+        kind: NotificationKind,
+        /// Its working-memory key.
+        key: String,
     },
     /// A model request of a process got no answer: it failed or timed out. The process
     /// goes on as its kind does (a channel waits for the next input, a worker fails);
@@ -65,18 +216,128 @@ pub enum Event {
     },
 }
 
+/// How a turn ended, in an [`Event::TurnFinished`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnEnding {
+    /// The model answered in text.
+    Answered,
+    /// `reply` delivered an answer to the user.
+    Replied,
+    /// A tool ended the turn (`skip`, `set_status`).
+    Ended,
+    /// Routed messages arrived; the turn stopped at a boundary to take them in.
+    Injected,
+    /// The turn budget ran out.
+    OutOfTurns,
+    /// The model gave no answer (see [`Event::ModelFailed`]) or the turn was suppressed.
+    Unanswered,
+}
+
+impl Event {
+    /// The process the event is about.
+    pub fn process(&self) -> &ProcessId {
+        match self {
+            Event::Reply { channel, .. }
+            | Event::Text { channel, .. }
+            | Event::NotificationFolded { channel, .. }
+            | Event::HistoryNotSaved { channel, .. } => channel,
+            Event::TurnStarted { process, .. }
+            | Event::TurnFinished { process, .. }
+            | Event::TurnSuppressed { process, .. }
+            | Event::ToolCalled { process, .. }
+            | Event::ToolDenied { process, .. }
+            | Event::ToolFailed { process, .. }
+            | Event::ModelFailed { process, .. } => process,
+            Event::WorkerStarted { worker, .. }
+            | Event::WorkerProgress { worker, .. }
+            | Event::WorkerWaiting { worker, .. }
+            | Event::InjectionDelivered { worker, .. }
+            | Event::WorkerEnded { worker, .. } => worker,
+            Event::BranchStarted { branch, .. }
+            | Event::BranchConcluded { branch, .. }
+            | Event::BranchFailed { branch, .. } => branch,
+            Event::CompactionStarted { compactor, .. }
+            | Event::Compacted { compactor, .. }
+            | Event::CompactionSkipped { compactor, .. } => compactor,
+        }
+    }
+}
+
+/// For people: a reply is its text; anything else is `[process] what happened`.
 impl fmt::Display for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Event::Reply { text, .. } | Event::Text { text, .. } = self {
+            return f.write_str(text);
+        }
+        write!(f, "[{}] ", self.process())?;
         match self {
-            Event::Reply { text, .. } | Event::Text { text, .. } => write!(f, "{text}"),
-            Event::Status { source, text } => write!(f, "[{source}] {text}"),
-            Event::ModelFailed { process, error } => {
-                write!(f, "[{process}] the model failed: {error}")
+            Event::Reply { .. } | Event::Text { .. } => Ok(()),
+            Event::TurnStarted { route, .. } => write!(f, "turn started ({route})"),
+            Event::TurnFinished { end, .. } => write!(f, "turn finished ({end:?})"),
+            Event::TurnSuppressed { reason, .. } => {
+                write!(f, "not sent: {reason}; the inputs stay in the history")
             }
-            Event::HistoryNotSaved { channel, error } => {
-                write!(f, "[{channel}] the history was not saved: {error}")
+            Event::ToolCalled { tool, .. } => write!(f, "{tool} ok"),
+            Event::ToolDenied { tool, reason, .. } => write!(f, "{tool} denied: {reason}"),
+            Event::ToolFailed { tool, error, .. } => write!(f, "{tool} {error}"),
+            Event::WorkerStarted { task, .. } => write!(f, "started: {task}"),
+            Event::WorkerProgress { message, .. } => f.write_str(message),
+            Event::WorkerWaiting { question, .. } => write!(f, "waiting for input: {question}"),
+            Event::InjectionDelivered { messages, .. } => {
+                write!(f, "{messages} routed message(s) injected")
+            }
+            Event::WorkerEnded { state, outcome, .. } => write!(f, "{state}: {outcome}"),
+            Event::BranchStarted { question, .. } => write!(f, "thinking: {question}"),
+            Event::BranchConcluded { conclusion, .. } => write!(f, "concluded: {conclusion}"),
+            Event::BranchFailed { error, .. } => write!(f, "failed: {error}"),
+            Event::CompactionStarted {
+                messages,
+                of,
+                tokens,
+                threshold,
+                ..
+            } => write!(
+                f,
+                "compacting {messages} of {of} messages ({tokens} tokens, threshold {threshold})"
+            ),
+            Event::Compacted { messages, .. } => write!(
+                f,
+                "compacted into one summary; history is now {messages} messages"
+            ),
+            Event::CompactionSkipped { reason, .. } => write!(f, "history kept: {reason}"),
+            Event::NotificationFolded {
+                source,
+                requester,
+                kind,
+                key,
+                ..
+            } => write!(
+                f,
+                "late {kind} from {source} (for {requester}, which has ended) kept as {key}"
+            ),
+            Event::ModelFailed { error, .. } => write!(f, "the model failed: {error}"),
+            Event::HistoryNotSaved { error, .. } => {
+                write!(f, "the history was not saved: {error}")
             }
         }
+    }
+}
+
+/// Where processes send their [`Event`]s: the runtime's one stream, in order.
+#[derive(Debug, Clone)]
+pub(crate) struct EventSink(mpsc::UnboundedSender<Event>);
+
+impl EventSink {
+    /// A sink and the receiver of what is sent into it.
+    pub(crate) fn new() -> (Self, mpsc::UnboundedReceiver<Event>) {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        (EventSink(sender), receiver)
+    }
+
+    /// Sends `event`. A closed receiver means nobody is watching; the work goes on.
+    pub(crate) fn emit(&self, event: Event) {
+        let _ = self.0.send(event);
     }
 }
 
@@ -84,12 +345,14 @@ impl fmt::Display for Event {
 mod tests {
     use super::*;
     use crate::policy::ProcessKind;
+    use serde_json::json;
 
     /// Every variant, with the JSON a client reads; changing one breaks clients.
     fn every_variant() -> Vec<(Event, serde_json::Value)> {
-        use serde_json::json;
         let main = ProcessId::channel("main");
         let worker = ProcessId::numbered(ProcessKind::Worker, 3);
+        let branch = ProcessId::numbered(ProcessKind::Branch, 2);
+        let compactor = ProcessId::numbered(ProcessKind::Compactor, 1);
         vec![
             (
                 Event::Reply {
@@ -106,11 +369,146 @@ mod tests {
                 json!({"type": "text", "channel": "channel:main", "text": "do"}),
             ),
             (
-                Event::Status {
-                    source: worker.clone(),
-                    text: "started".into(),
+                Event::TurnStarted {
+                    process: main.clone(),
+                    route: Route::FollowUp,
                 },
-                json!({"type": "status", "source": "worker:3", "text": "started"}),
+                json!({"type": "turn_started", "process": "channel:main", "route": "follow-up"}),
+            ),
+            (
+                Event::TurnFinished {
+                    process: main.clone(),
+                    end: TurnEnding::OutOfTurns,
+                },
+                json!({"type": "turn_finished", "process": "channel:main", "end": "out_of_turns"}),
+            ),
+            (
+                Event::TurnSuppressed {
+                    process: main.clone(),
+                    reason: "held".into(),
+                },
+                json!({"type": "turn_suppressed", "process": "channel:main", "reason": "held"}),
+            ),
+            (
+                Event::ToolCalled {
+                    process: worker.clone(),
+                    tool: "file_read".into(),
+                },
+                json!({"type": "tool_called", "process": "worker:3", "tool": "file_read"}),
+            ),
+            (
+                Event::ToolDenied {
+                    process: branch.clone(),
+                    tool: "file_write".into(),
+                    reason: "not granted".into(),
+                },
+                json!({"type": "tool_denied", "process": "branch:2", "tool": "file_write",
+                       "reason": "not granted"}),
+            ),
+            (
+                Event::ToolFailed {
+                    process: worker.clone(),
+                    tool: "file_read".into(),
+                    error: ToolError::NotFound("no such file".into()),
+                },
+                json!({"type": "tool_failed", "process": "worker:3", "tool": "file_read",
+                       "error": {"kind": "not-found", "message": "no such file"}}),
+            ),
+            (
+                Event::WorkerStarted {
+                    worker: worker.clone(),
+                    task: "sum".into(),
+                },
+                json!({"type": "worker_started", "worker": "worker:3", "task": "sum"}),
+            ),
+            (
+                Event::WorkerProgress {
+                    worker: worker.clone(),
+                    message: "half".into(),
+                },
+                json!({"type": "worker_progress", "worker": "worker:3", "message": "half"}),
+            ),
+            (
+                Event::WorkerWaiting {
+                    worker: worker.clone(),
+                    question: "which?".into(),
+                },
+                json!({"type": "worker_waiting", "worker": "worker:3", "question": "which?"}),
+            ),
+            (
+                Event::InjectionDelivered {
+                    worker: worker.clone(),
+                    messages: 2,
+                },
+                json!({"type": "injection_delivered", "worker": "worker:3", "messages": 2}),
+            ),
+            (
+                Event::WorkerEnded {
+                    worker: worker.clone(),
+                    state: WorkerState::WaitingForInput,
+                    outcome: "asked".into(),
+                },
+                json!({"type": "worker_ended", "worker": "worker:3",
+                       "state": "waiting-for-input", "outcome": "asked"}),
+            ),
+            (
+                Event::BranchStarted {
+                    branch: branch.clone(),
+                    question: "why?".into(),
+                },
+                json!({"type": "branch_started", "branch": "branch:2", "question": "why?"}),
+            ),
+            (
+                Event::BranchConcluded {
+                    branch: branch.clone(),
+                    conclusion: "because".into(),
+                },
+                json!({"type": "branch_concluded", "branch": "branch:2", "conclusion": "because"}),
+            ),
+            (
+                Event::BranchFailed {
+                    branch: branch.clone(),
+                    error: "panicked: x".into(),
+                },
+                json!({"type": "branch_failed", "branch": "branch:2", "error": "panicked: x"}),
+            ),
+            (
+                Event::CompactionStarted {
+                    compactor: compactor.clone(),
+                    messages: 4,
+                    of: 9,
+                    tokens: 900,
+                    threshold: 800,
+                },
+                json!({"type": "compaction_started", "compactor": "compactor:1", "messages": 4,
+                       "of": 9, "tokens": 900, "threshold": 800}),
+            ),
+            (
+                Event::Compacted {
+                    compactor: compactor.clone(),
+                    messages: 6,
+                },
+                json!({"type": "compacted", "compactor": "compactor:1", "messages": 6}),
+            ),
+            (
+                Event::CompactionSkipped {
+                    compactor,
+                    reason: "no summary produced".into(),
+                },
+                json!({"type": "compaction_skipped", "compactor": "compactor:1",
+                       "reason": "no summary produced"}),
+            ),
+            (
+                Event::NotificationFolded {
+                    channel: main.clone(),
+                    source: worker.clone(),
+                    requester: branch,
+                    kind: NotificationKind::InputRequired,
+                    key: "notifications/input-required/worker:3".into(),
+                },
+                json!({"type": "notification_folded", "channel": "channel:main",
+                       "source": "worker:3", "requester": "branch:2", "kind": "input-required",
+                       "key": "notifications/input-required/worker:3"}),
             ),
             (
                 Event::ModelFailed {
@@ -139,12 +537,27 @@ mod tests {
     }
 
     #[test]
+    fn people_read_the_process_then_what_happened() {
+        let shown: Vec<String> = every_variant()
+            .into_iter()
+            .map(|(event, _)| event.to_string())
+            .collect();
+        assert_eq!(shown[0], "done", "a reply is its text");
+        assert!(shown.contains(&"[worker:3] started: sum".to_owned()));
+        assert!(shown.contains(&"[worker:3] waiting-for-input: asked".to_owned()));
+        assert!(shown.contains(&"[branch:2] file_write denied: not granted".to_owned()));
+        assert!(shown.contains(&"[worker:3] file_read not-found: no such file".to_owned()));
+        assert!(shown.contains(&"[worker:3] 2 routed message(s) injected".to_owned()));
+    }
+
+    #[test]
     fn unknown_types_fields_and_bad_ids_are_refused() {
         for bad in [
             r#"{"type":"shout","channel":"channel:main","text":"x"}"#,
             r#"{"type":"reply","channel":"channel:main","text":"x","extra":1}"#,
             r#"{"type":"reply","channel":"main","text":"x"}"#,
             r#"{"channel":"channel:main","text":"x"}"#,
+            r#"{"type":"worker_ended","worker":"worker:1","state":"asleep","outcome":""}"#,
         ] {
             assert!(serde_json::from_str::<Event>(bad).is_err(), "{bad}");
         }

@@ -17,21 +17,27 @@
 mod branch;
 mod channel;
 mod compactor;
+mod context;
 mod events;
 mod host_tools;
+mod inbox;
 mod notifications;
 mod prompts;
+mod reports;
 mod reservations;
 mod runtime;
 mod supervisor;
+mod tool_calls;
 mod turn;
 mod worker;
 
-pub use events::Event;
+pub use context::SpawnOutcome;
+pub use events::{Event, TurnEnding};
+pub use notifications::NotificationKind;
 
 /// Everything queued in `inbox` now, without waiting.
 pub(crate) fn drain<T>(inbox: &mut tokio::sync::mpsc::UnboundedReceiver<T>) -> Vec<T> {
     std::iter::from_fn(|| inbox.try_recv().ok()).collect()
 }
 pub use host_tools::{HOST_TOOLS, HostTool, host_tool};
-pub use runtime::{Runtime, SpawnOutcome};
+pub use runtime::Runtime;

@@ -1,14 +1,198 @@
-//! Running a process in a task of its own, so that a panic in it is caught and reported
-//! instead of leaving its channel waiting for a report that never comes.
+//! The lifetimes of the processes a runtime started, and the one way a branch or worker
+//! runs.
+//!
+//! [`Supervisor`] knows the open conversations, the running workers and the thinking
+//! branches. [`supervise`] runs a branch or a worker in a task of its own: counted in its
+//! channel's pending work until its end has been reported, with a panic caught and
+//! reported like any other end, so a channel never waits for a report that never comes.
 
 use std::any::Any;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{Notify, mpsc};
+
+use super::inbox::{ChannelHandle, ChannelInput};
+use crate::ids::ProcessId;
+
+/// The processes alive now, by id.
+#[derive(Default)]
+pub(crate) struct Supervisor {
+    /// Conversations (user channels and admin sessions).
+    channels: Mutex<HashMap<ProcessId, ChannelHandle>>,
+    workers: Mutex<HashMap<ProcessId, WorkerHandle>>,
+    /// Branches still thinking; a worker a branch spawned reports late once it is gone.
+    branches: Mutex<HashSet<ProcessId>>,
+}
+
+/// The way into a running worker.
+pub(crate) struct WorkerHandle {
+    pub(crate) inbox: mpsc::UnboundedSender<String>,
+    pub(crate) cancel: Arc<Notify>,
+    /// Set before `cancel` is notified when the host is stopping rather than the
+    /// channel cancelling: the worker ends interrupted, not cancelled.
+    pub(crate) interrupted: Arc<AtomicBool>,
+}
+
+impl Supervisor {
+    /// The handle of conversation `id` if it is open (not shut down).
+    pub(crate) fn channel(&self, id: &ProcessId) -> Option<ChannelHandle> {
+        self.channels.lock().unwrap().get(id).cloned()
+    }
+
+    /// The handle of conversation `id`, or the one `open` makes (then registered), under
+    /// one lock so that two callers never open the same conversation twice.
+    pub(crate) fn channel_or_open<E>(
+        &self,
+        id: &ProcessId,
+        open: impl FnOnce() -> Result<ChannelHandle, E>,
+    ) -> Result<ChannelHandle, E> {
+        let mut channels = self.channels.lock().unwrap();
+        if let Some(handle) = channels.get(id) {
+            return Ok(handle.clone());
+        }
+        let handle = open()?;
+        channels.insert(id.clone(), handle.clone());
+        Ok(handle)
+    }
+
+    /// Tells every open conversation to close (their loops end once their inboxes are
+    /// drained), and forgets them.
+    pub(crate) fn close_channels(&self) {
+        for (_, channel) in self.channels.lock().unwrap().drain() {
+            // The loop holds a sender of its own inbox, so it must be told to stop.
+            let _ = channel.inbox.send(ChannelInput::Close);
+        }
+    }
+
+    /// Registers running worker `id`.
+    pub(crate) fn worker_started(&self, id: &ProcessId, handle: WorkerHandle) {
+        self.workers.lock().unwrap().insert(id.clone(), handle);
+    }
+
+    /// Unregisters worker `id`: from here on a route to it is refused, not queued.
+    pub(crate) fn worker_ended(&self, id: &ProcessId) {
+        self.workers.lock().unwrap().remove(id);
+    }
+
+    /// Workers running now.
+    pub(crate) fn live_workers(&self) -> usize {
+        self.workers.lock().unwrap().len()
+    }
+
+    /// Sends `message` to worker `id`; false if no such worker is running.
+    pub(crate) fn route_to_worker(&self, id: &ProcessId, message: &str) -> bool {
+        // Under the registry lock: a worker leaves the registry before it drains its
+        // inbox, so every accepted message is either taken or drained.
+        let workers = self.workers.lock().unwrap();
+        workers
+            .get(id)
+            .is_some_and(|worker| worker.inbox.send(message.to_owned()).is_ok())
+    }
+
+    /// Cancels worker `id`; false if no such worker is running.
+    pub(crate) fn cancel_worker(&self, id: &ProcessId) -> bool {
+        match self.workers.lock().unwrap().get(id) {
+            Some(worker) => {
+                worker.cancel.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stops every running worker: `interrupted` (the host is stopping) or cancelled.
+    pub(crate) fn stop_workers(&self, interrupted: bool) {
+        for worker in self.workers.lock().unwrap().values() {
+            if interrupted {
+                worker.interrupted.store(true, Ordering::SeqCst);
+            }
+            worker.cancel.notify_one();
+        }
+    }
+
+    /// Marks branch `id` as thinking until the guard drops.
+    pub(crate) fn branch_started(self: &Arc<Self>, id: &ProcessId) -> BranchAlive {
+        self.branches.lock().unwrap().insert(id.clone());
+        BranchAlive {
+            supervisor: self.clone(),
+            id: id.clone(),
+        }
+    }
+
+    /// Whether branch `id` is still thinking.
+    pub(crate) fn branch_alive(&self, id: &ProcessId) -> bool {
+        self.branches.lock().unwrap().contains(id)
+    }
+}
+
+/// A branch still thinking; see [`Supervisor::branch_started`].
+pub(crate) struct BranchAlive {
+    supervisor: Arc<Supervisor>,
+    id: ProcessId,
+}
+
+impl Drop for BranchAlive {
+    fn drop(&mut self) {
+        self.supervisor.branches.lock().unwrap().remove(&self.id);
+    }
+}
+
+/// A supervised process's share of its channel's pending work: counted from the start
+/// until the supervisor has seen the process end.
+pub(crate) struct Pending {
+    channel: ChannelHandle,
+    counted: AtomicBool,
+}
+
+impl Pending {
+    /// Stops counting: a worker waiting for input does not keep its channel busy.
+    pub(crate) fn pause(&self) {
+        if self.counted.swap(false, Ordering::SeqCst) {
+            self.channel.done_pending();
+        }
+    }
+
+    /// Counts again.
+    pub(crate) fn resume(&self) {
+        if !self.counted.swap(true, Ordering::SeqCst) {
+            self.channel.add_pending();
+        }
+    }
+}
+
+/// Runs the process `start` makes, for `channel`, in a task of its own. It counts in the
+/// channel's pending work (the process may [`Pending::pause`] that) until it ends; if it
+/// does not end normally (it panicked, or the runtime shut down under it), `failed` is
+/// told why, before the count is released, so that its report is queued before the
+/// channel can look idle.
+pub(crate) fn supervise<P, F>(
+    channel: &ChannelHandle,
+    start: impl FnOnce(Arc<Pending>) -> P,
+    failed: impl FnOnce(String) -> F + Send + 'static,
+) where
+    P: Future<Output = ()> + Send + 'static,
+    F: Future<Output = ()> + Send,
+{
+    channel.add_pending();
+    let pending = Arc::new(Pending {
+        channel: channel.clone(),
+        counted: AtomicBool::new(true),
+    });
+    let process = start(pending.clone());
+    tokio::spawn(async move {
+        if let Err(why) = run_caught(process).await {
+            failed(why).await;
+        }
+        pending.pause();
+    });
+}
 
 /// Runs `process` in its own task and waits for it. `Err` says why it did not end
 /// normally: it panicked (with the panic's message) or the runtime shut down under it.
-pub(crate) async fn run_supervised(
-    process: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
+async fn run_caught(process: impl Future<Output = ()> + Send + 'static) -> Result<(), String> {
     match tokio::spawn(process).await {
         Ok(()) => Ok(()),
         Err(err) if err.is_panic() => Err(format!(

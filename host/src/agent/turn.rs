@@ -3,8 +3,9 @@
 
 use std::fmt;
 
+use super::events::{Event, EventSink, TurnEnding};
 use crate::dispatch::{DispatchError, DispatchOutcome, Dispatcher, Route, Ticket, TooSlow};
-use crate::ids::ToolCallId;
+use crate::ids::{ProcessId, ToolCallId};
 use crate::llm::{AnswerSink, BoxFuture, CompletionRequest, Message, Role, ToolChoice, ToolDef};
 
 /// What a tool call did, for the loop.
@@ -99,8 +100,10 @@ pub(crate) struct Turn<'a> {
     pub(crate) ticket: &'a Ticket,
     /// Why the turn's first request is sent; later rounds are continuations.
     pub(crate) route: Route,
-    /// `channel`, `worker`, ...
-    pub(crate) process: &'a str,
+    /// The process whose turn it is.
+    pub(crate) process: &'a ProcessId,
+    /// Where [`Event::TurnStarted`] and [`Event::TurnFinished`] go.
+    pub(crate) events: &'a EventSink,
     pub(crate) system: &'a str,
     pub(crate) tools: &'a [ToolDef],
     pub(crate) max_turns: u32,
@@ -120,7 +123,23 @@ impl Turn<'_> {
         handler: &dyn ToolHandler,
     ) -> Result<TurnEnd, TurnError> {
         let before = history.len();
-        match self.run_inner(history, handler).await {
+        self.events.emit(Event::TurnStarted {
+            process: self.process.clone(),
+            route: self.route,
+        });
+        let ended = self.run_inner(history, handler).await;
+        self.events.emit(Event::TurnFinished {
+            process: self.process.clone(),
+            end: match &ended {
+                Ok(TurnEnd::Text(_)) => TurnEnding::Answered,
+                Ok(TurnEnd::Delivered(_)) => TurnEnding::Replied,
+                Ok(TurnEnd::Ended) => TurnEnding::Ended,
+                Ok(TurnEnd::Injected(_)) => TurnEnding::Injected,
+                Ok(TurnEnd::MaxTurns) => TurnEnding::OutOfTurns,
+                Err(_) => TurnEnding::Unanswered,
+            },
+        });
+        match ended {
             Ok(TurnEnd::Delivered(text)) => {
                 history.truncate(before);
                 history.push(Message::assistant(text.clone()));
@@ -147,7 +166,7 @@ impl Turn<'_> {
             messages.push(Message::system(self.system));
             messages.extend(history.iter().cloned());
             let request = CompletionRequest {
-                process: self.process.to_owned(),
+                process: self.process.kind().as_str().to_owned(),
                 messages,
                 tools: self.tools.to_vec(),
                 tool_choice: ToolChoice::Auto,
@@ -496,11 +515,14 @@ mod properties {
                 };
                 history.push(Message::user("go on"));
                 let before = history.len();
+                let (events, _watched) = EventSink::new();
+                let process = ProcessId::channel("main");
                 let turn = Turn {
                     dispatcher: &dispatcher,
                     ticket: &ticket,
                     route: Route::User,
-                    process: "channel",
+                    process: &process,
+                    events: &events,
                     system: "test",
                     tools: &tools,
                     max_turns,

@@ -163,6 +163,13 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> Tally {
     // The text of the answer streamed so far, already on the screen.
     let mut streamed = String::new();
     while let Some(event) = events.recv().await {
+        if matches!(
+            event,
+            Event::TurnStarted { .. } | Event::TurnFinished { .. }
+        ) {
+            // Every turn has these; the lines a person reads are the steps within.
+            continue;
+        }
         if !streamed.is_empty() && !matches!(event, Event::Text { .. } | Event::Reply { .. }) {
             // Whatever comes next starts on a line of its own.
             let _ = writeln!(std::io::stdout());
@@ -191,17 +198,17 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> Tally {
                 }
                 let _ = writeln!(out, "agent> {}", printable(text).replace('\n', "\n       "));
             }
-            Event::Status { source, text } => {
-                if text.starts_with("started:") {
-                    tally.workers += 1;
-                } else if text.starts_with("thinking:") {
-                    tally.branches += 1;
-                }
-                eprintln!("  [{source}] {}", one_line(text));
-            }
             Event::ModelFailed { .. } | Event::HistoryNotSaved { .. } => {
                 tally.failures += 1;
                 eprintln!("error: {}", one_line(&event.to_string()));
+            }
+            _ => {
+                match event {
+                    Event::WorkerStarted { .. } => tally.workers += 1,
+                    Event::BranchStarted { .. } => tally.branches += 1,
+                    _ => {}
+                }
+                eprintln!("  {}", one_line(&event.to_string()));
             }
         }
     }

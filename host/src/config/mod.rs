@@ -17,11 +17,10 @@
 //! ```
 
 mod locations;
-mod source;
 mod writable_workspaces;
 
+pub use crate::text::{SourceError, read_text, toml_error_message};
 pub use locations::{GrantedBy, InsideWorkspace, LocationKind, Locations, resolve};
-pub use source::{SourceError, read_text, toml_error_message};
 pub use writable_workspaces::{RecordError, WRITABLE_WORKSPACES_FILE, WritableWorkspaces};
 
 use std::collections::BTreeMap;

@@ -29,8 +29,10 @@ use crate::llm::{AnswerSink, Completion, CompletionRequest, Provider, ProviderEr
 use gate::Busy;
 use timing::Progress;
 
-/// Why a prompt is sent: every route into a model, named.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a prompt is sent: every route into a model, named. Its JSON form is
+/// [`Route::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Route {
     /// A message from the user.
     User,

@@ -88,7 +88,7 @@ impl Script {
         let de = toml::Deserializer::parse(text).map_err(|err| {
             ProviderError::Script(format!(
                 "{origin}: {}",
-                crate::config::toml_error_message(text, &err)
+                crate::text::toml_error_message(text, &err)
             ))
         })?;
         let script: Script = serde_path_to_error::deserialize(de).map_err(|err| {
@@ -110,7 +110,7 @@ impl Script {
 
     /// Reads and parses a script file.
     pub fn load(path: &std::path::Path) -> Result<Self, ProviderError> {
-        let text = crate::config::read_text(path)
+        let text = crate::text::read_text(path)
             .map_err(|err| ProviderError::Script(format!("the script {err}")))?;
         Script::parse(&text, &path.display().to_string())
     }

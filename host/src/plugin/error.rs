@@ -2,11 +2,11 @@
 
 use std::path::PathBuf;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Why a tool call produced no result. The four kinds are the WIT `tool-error` cases; the
 /// message is written for the model (and the person reading the log).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[serde(tag = "kind", content = "message", rename_all = "kebab-case")]
 pub enum ToolError {
     /// The arguments are not valid JSON, not an object, or do not match the schema.
@@ -32,6 +32,19 @@ impl ToolError {
             ToolError::NotFound(_) => "not-found",
             ToolError::Failed(_) => "failed",
         }
+    }
+
+    /// The text a model is shown for this error, `error[kind]: message`: the one place it
+    /// is spelled, for plugin and host tools alike.
+    ///
+    /// ```
+    /// use capstan_host::plugin::ToolError;
+    ///
+    /// let err = ToolError::Denied("`fs.write` is not granted".into());
+    /// assert_eq!(err.for_model(), "error[denied]: `fs.write` is not granted");
+    /// ```
+    pub fn for_model(&self) -> String {
+        format!("error[{}]: {}", self.kind(), self.message())
     }
 
     /// The message without the kind.
@@ -173,6 +186,9 @@ pub enum LoadError {
     },
 }
 
+/// The config key that settles duplicate tool names, for messages.
+pub const PREFER_KEY: &str = "plugins.prefer";
+
 fn duplicate_message(
     path: &std::path::Path,
     tool: &str,
@@ -181,18 +197,17 @@ fn duplicate_message(
     preferred: Option<&str>,
 ) -> String {
     let others: Vec<String> = others.iter().map(|p| p.display().to_string()).collect();
-    let key = super::settle::PREFER_KEY;
     let mut text = format!(
         "{}: tool `{tool}` is also declared by {}; a plugin never shadows another's tool, so \
          this one is refused. To choose the plugin that provides `{tool}`, set \
-         `{key}.{tool} = \"<plugin>\"` in capstan.toml (one of: {})",
+         `{PREFER_KEY}.{tool} = \"<plugin>\"` in capstan.toml (one of: {})",
         path.display(),
         others.join(", "),
         choices.join(", ")
     );
     if let Some(name) = preferred {
         text.push_str(&format!(
-            "; `{key}.{tool}` names `{name}`, which does not declare it"
+            "; `{PREFER_KEY}.{tool}` names `{name}`, which does not declare it"
         ));
     }
     text

@@ -25,11 +25,11 @@ mod schema;
 mod settle;
 
 pub use cache::{ArtifactCache, CacheError, CacheOutcome};
-pub use error::{HostError, LoadError, ToolError};
+pub use error::{HostError, LoadError, PREFER_KEY, ToolError};
 pub use host::PluginHost;
 pub use limits::Limits;
 pub use loaded::{LoadedPlugin, ToolInfo};
 #[doc(hidden)]
 pub use loaded::{RawToolSpec, check_describe_output};
 pub use registry::{CallRequest, Registry};
-pub use settle::{PREFER_KEY, Preferences, Shadowed};
+pub use settle::{Preferences, Shadowed};

@@ -10,11 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use super::error::LoadError;
+use super::error::{LoadError, PREFER_KEY};
 use super::loaded::LoadedPlugin;
-
-/// The config key that settles duplicate tool names, for messages.
-pub const PREFER_KEY: &str = "plugins.prefer";
 
 /// Which plugin provides a tool name that more than one plugin declares: tool name to
 /// plugin name (the file name without `.wasm`).

@@ -4,12 +4,13 @@ use std::fmt;
 use std::str::FromStr;
 
 use rusqlite::{OptionalExtension, params};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{RunId, Store, StoreError, now, retry};
 
-/// A worker's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// A worker's state. Its JSON form is [`WorkerState::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum WorkerState {
     /// Working.
     Running,

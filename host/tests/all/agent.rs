@@ -176,14 +176,17 @@ async fn the_demo_scenario_runs_through_real_plugins_and_sqlite() {
         rt.wait_idle("main").await;
     }
     let events = drain(&mut events);
-    let started = |prefix: &str| {
-        events
-            .iter()
-            .filter(|e| matches!(e, Event::Status { text, .. } if text.starts_with(prefix)))
-            .count()
-    };
-    assert_eq!(started("started:"), 2, "two workers: {events:#?}");
-    assert_eq!(started("thinking:"), 2, "two branches");
+    let count = |wanted: fn(&Event) -> bool| events.iter().filter(|e| wanted(e)).count();
+    assert_eq!(
+        count(|e| matches!(e, Event::WorkerStarted { .. })),
+        2,
+        "two workers: {events:#?}"
+    );
+    assert_eq!(
+        count(|e| matches!(e, Event::BranchStarted { .. })),
+        2,
+        "two branches"
+    );
     let replies: Vec<_> = events
         .iter()
         .filter_map(|e| match e {
@@ -272,11 +275,7 @@ async fn compaction_triggers_at_the_threshold_and_keeps_the_history_well_formed(
             .unwrap();
         rt.wait_idle("main").await;
         let events = drain(&mut events);
-        if compacted_at.is_none()
-            && events
-                .iter()
-                .any(|e| matches!(e, Event::Status { text, .. } if text.starts_with("compacted")))
-        {
+        if compacted_at.is_none() && events.iter().any(|e| matches!(e, Event::Compacted { .. })) {
             compacted_at = Some(n);
         }
     }

@@ -35,7 +35,7 @@ pub enum SourceError {
 /// let dir = tempfile::tempdir()?;
 /// let path = dir.path().join("capstan.toml");
 /// std::fs::write(&path, b"name = \"ok\"\nbad = \"\xff\"\n")?;
-/// let err = capstan_host::config::read_text(&path).unwrap_err();
+/// let err = capstan_host::text::read_text(&path).unwrap_err();
 /// assert!(err.to_string().ends_with("not valid UTF-8 at line 2, column 8; save it as UTF-8"));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -76,7 +76,7 @@ const MAX_TEXT_BYTES: u64 = 16 << 20;
 /// ```
 /// let text = "[agent]\nname = \n";
 /// let err = toml::from_str::<toml::Table>(text).unwrap_err();
-/// let message = capstan_host::config::toml_error_message(text, &err);
+/// let message = capstan_host::text::toml_error_message(text, &err);
 /// assert!(message.starts_with("not valid TOML at line 2, column "), "{message}");
 /// ```
 pub fn toml_error_message(text: &str, err: &toml::de::Error) -> String {

@@ -1,4 +1,9 @@
-//! Small text helpers shared across the host.
+//! Small text helpers shared across the host, and reading the text files a person writes
+//! ([`read_text`]).
+
+mod source;
+
+pub use source::{SourceError, read_text, toml_error_message};
 
 /// The longest prefix of `text` within `max` bytes, ending on a character boundary.
 ///

@@ -1,0 +1,330 @@
+//! [`Context`]: what the processes of one agent share, and everything a process may ask of
+//! the runtime: its config, the model gate, the store and the event stream; starting,
+//! reaching and reporting to other processes.
+//!
+//! Processes (channel, branch, worker, compactor) depend on this module and on the modules
+//! below it, never on each other's modules or on [`Runtime`](super::Runtime). Starting a
+//! process is the one thing that needs the process modules; the runtime hands the context
+//! a [`Starter`] that does it.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::events::{Event, EventSink};
+use super::inbox::{ChannelHandle, ChannelInput};
+use super::notifications::NotificationIndex;
+use super::reservations::{Reservation, TaskReservations};
+use super::supervisor::Supervisor;
+use super::turn::{Turn, TurnError, Unanswered};
+use crate::config::Config;
+use crate::dispatch::{Dispatcher, Lease, Reserved, Route, Ticket};
+use crate::ids::ProcessId;
+use crate::llm::{Message, Provider, ToolDef};
+use crate::plugin::Registry;
+use crate::policy::ProcessKind;
+use crate::store::{RunGuard, RunId, Store, StoreError, TaskPatch, WorkerState};
+
+/// What the processes of one agent share.
+pub(crate) struct Context {
+    pub(crate) config: Config,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) store: Arc<Store>,
+    pub(crate) dispatcher: Dispatcher,
+    /// Which processes are alive.
+    pub(crate) supervisor: Arc<Supervisor>,
+    events: EventSink,
+    /// Task descriptions held by live workers.
+    pub(crate) reservations: Arc<TaskReservations>,
+    pub(crate) notification_index: NotificationIndex,
+    /// This host's run in the store: owns the worker rows it writes, and holds the lock
+    /// that tells a later start whether this run is still alive.
+    run: RunGuard,
+    starter: Box<dyn Starter>,
+}
+
+/// Starts processes: implemented above the process modules (by the runtime), so that
+/// they reach each other only through the [`Context`].
+pub(crate) trait Starter: Send + Sync {
+    /// Runs conversation `id`'s loop over `inbox`, from its stored `history`.
+    fn channel(
+        &self,
+        ctx: &Arc<Context>,
+        id: ProcessId,
+        handle: ChannelHandle,
+        inbox: mpsc::UnboundedReceiver<ChannelInput>,
+        history: Vec<Message>,
+    );
+
+    /// Runs a worker, supervised, for `channel`.
+    fn worker(
+        &self,
+        ctx: &Arc<Context>,
+        spec: WorkerSpec,
+        channel: ChannelHandle,
+        reservation: Reservation,
+    );
+
+    /// Runs a branch, supervised, for `channel`.
+    fn branch(&self, ctx: &Arc<Context>, spec: BranchSpec, channel: ChannelHandle);
+}
+
+/// What a worker is started with.
+pub(crate) struct WorkerSpec {
+    pub(crate) id: ProcessId,
+    /// The conversation it reports to.
+    pub(crate) channel: ProcessId,
+    pub(crate) task: String,
+    pub(crate) interactive: bool,
+    /// The branch that spawned it, if a branch did (else its channel did).
+    pub(crate) requester: Option<ProcessId>,
+}
+
+/// What a branch is started with.
+pub(crate) struct BranchSpec {
+    pub(crate) id: ProcessId,
+    /// The conversation it forks and reports to.
+    pub(crate) channel: ProcessId,
+    pub(crate) question: String,
+    /// The conversation's history at the fork.
+    pub(crate) history: Vec<Message>,
+}
+
+/// What a request for a worker did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpawnOutcome {
+    /// A new worker started.
+    Spawned {
+        /// Its id.
+        worker: ProcessId,
+    },
+    /// A live worker already has this task; nothing started.
+    Duplicate {
+        /// The worker on it.
+        existing: ProcessId,
+    },
+}
+
+impl Context {
+    /// A context over `registry` (whose host should be backed by `store`), talking to
+    /// `provider` through its own [`Dispatcher`] (with the config's gate timings), starting
+    /// processes with `starter`. Returns the receiver of its [`Event`]s.
+    ///
+    /// It begins a run in the store, and marks the workers that a host which has since
+    /// stopped (killed, crashed) left running as interrupted, reporting each as an event.
+    pub(crate) fn new(
+        config: Config,
+        registry: Arc<Registry>,
+        store: Arc<Store>,
+        provider: Arc<dyn Provider>,
+        starter: Box<dyn Starter>,
+    ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<Event>), StoreError> {
+        let run = store.begin_run()?;
+        let stale = store.mark_interrupted_workers()?;
+        let (events, receiver) = EventSink::new();
+        for worker in stale {
+            if let Ok(id) = worker.id.parse::<ProcessId>() {
+                events.emit(Event::WorkerEnded {
+                    worker: id,
+                    state: WorkerState::Interrupted,
+                    outcome: "the host running it stopped before it ended".into(),
+                });
+            }
+        }
+        let dispatcher = Dispatcher::new(provider, config.limits.dispatch.clone());
+        let ctx = Arc::new(Context {
+            config,
+            registry,
+            store,
+            dispatcher,
+            supervisor: Arc::default(),
+            events,
+            reservations: Arc::default(),
+            notification_index: NotificationIndex::default(),
+            run,
+            starter,
+        });
+        Ok((ctx, receiver))
+    }
+
+    /// This host's run id in the store.
+    pub(crate) fn run_id(&self) -> RunId {
+        self.run.id()
+    }
+
+    /// Reports `event`.
+    pub(crate) fn emit(&self, event: Event) {
+        self.events.emit(event);
+    }
+
+    /// Reports that a request of `process` got no answer (a suppressed turn is not a
+    /// failure: someone else answers).
+    pub(crate) fn model_failed(&self, process: &ProcessId, err: &TurnError) {
+        if matches!(err.reason, Unanswered::Suppressed(_)) {
+            return;
+        }
+        self.emit(Event::ModelFailed {
+            process: process.clone(),
+            error: err.to_string(),
+        });
+    }
+
+    /// A fresh id such as `worker:3`, numbered by the store's persisted counter, so no
+    /// id repeats across runs or across hosts sharing the database.
+    pub(crate) fn new_id(&self, kind: ProcessKind) -> Result<ProcessId, StoreError> {
+        let number = self.store.next_process_number(kind.as_str())?;
+        Ok(ProcessId::numbered(kind, number))
+    }
+
+    /// Reserves the session of process `id` for its loop (owner `<id>:loop`) at the gate;
+    /// see [`Dispatcher::lease_loop`].
+    pub(crate) fn lease_loop(&self, id: &ProcessId) -> Result<Lease<'_>, Reserved> {
+        self.dispatcher
+            .lease_loop(id.session().as_str(), &id.to_string())
+    }
+
+    /// A turn of process `id`, through the gate with `ticket`, sent for `route`, with the
+    /// config's turn budget; its answer is not streamed anywhere until `deltas` is set.
+    pub(crate) fn turn<'a>(
+        &'a self,
+        id: &'a ProcessId,
+        ticket: &'a Ticket,
+        route: Route,
+        system: &'a str,
+        tools: &'a [ToolDef],
+    ) -> Turn<'a> {
+        Turn {
+            dispatcher: &self.dispatcher,
+            ticket,
+            route,
+            process: id,
+            events: &self.events,
+            system,
+            tools,
+            max_turns: self.config.limits.max_turns,
+            deltas: &(),
+        }
+    }
+
+    /// Releases everything process `id` holds at the gate, when it ends.
+    pub(crate) fn release_process(&self, id: &ProcessId) {
+        self.dispatcher.release_process(&id.to_string());
+    }
+
+    /// The handle of conversation `id` (a channel or an admin session), starting it (with
+    /// its stored history) if needed.
+    ///
+    /// A stored history that cannot be read is an error: the conversation does not start
+    /// rather than start from an empty or partial history.
+    pub(crate) fn conversation(
+        self: &Arc<Self>,
+        id: &ProcessId,
+    ) -> Result<ChannelHandle, StoreError> {
+        self.supervisor.channel_or_open(id, || {
+            let history = self.store.load_history_as(id.session().as_str())?;
+            let (inbox, receiver) = mpsc::unbounded_channel();
+            let limits = &self.config.limits;
+            let handle = ChannelHandle::new(
+                inbox,
+                limits.max_workers_per_channel as usize,
+                limits.max_branches_per_channel as usize,
+            );
+            self.starter
+                .channel(self, id.clone(), handle.clone(), receiver, history);
+            Ok(handle)
+        })
+    }
+
+    /// Stores `history`: only the messages from `from` on are appended when the store
+    /// already holds the rest unchanged; `from == 0` rewrites it all. A failure is
+    /// reported as [`Event::HistoryNotSaved`] and returned, so the caller rewrites the
+    /// whole history at its next save.
+    pub(crate) fn save_history(
+        &self,
+        id: &ProcessId,
+        history: &[Message],
+        from: usize,
+    ) -> Result<(), StoreError> {
+        let channel = id.session();
+        let channel = channel.as_str();
+        let rows: Vec<String> = history[from.min(history.len())..]
+            .iter()
+            .map(|m| serde_json::to_string(m).expect("messages serialize"))
+            .collect();
+        let saved = if from == 0 {
+            self.store.replace_history(channel, &rows)
+        } else {
+            self.store.append_history(channel, &rows)
+        };
+        if let Err(err) = &saved {
+            self.emit(Event::HistoryNotSaved {
+                channel: id.clone(),
+                error: err.to_string(),
+            });
+        }
+        saved
+    }
+
+    /// Starts a worker on `task` for conversation `conversation` on behalf of `requester`
+    /// (the branch that asked; `None`: the conversation did), unless a live worker already
+    /// has the same task (compared normalized), in which case nothing starts and the
+    /// existing worker is named. With `task_number`, the worker is assigned that task on
+    /// the board. Its report is late, and folded back, if the branch has ended.
+    pub(crate) fn spawn_worker(
+        self: &Arc<Self>,
+        conversation: &ProcessId,
+        requester: Option<&ProcessId>,
+        task: &str,
+        interactive: bool,
+        task_number: Option<u64>,
+    ) -> Result<SpawnOutcome, String> {
+        let handle = self
+            .conversation(conversation)
+            .map_err(|err| format!("cannot open {conversation}: {err}"))?;
+        let id = self
+            .new_id(ProcessKind::Worker)
+            .map_err(|err| format!("cannot number a new worker: {err}"))?;
+        let reservation = match self.reservations.reserve(task, &id) {
+            Ok(reservation) => reservation,
+            Err(existing) => return Ok(SpawnOutcome::Duplicate { existing }),
+        };
+        if let Some(number) = task_number {
+            let patch = TaskPatch {
+                assigned_worker: Some(id.to_string()),
+                ..TaskPatch::default()
+            };
+            self.store
+                .update_task(number, &patch)
+                .map_err(|err| format!("cannot assign task #{number}: {err}"))?;
+        }
+        let spec = WorkerSpec {
+            id: id.clone(),
+            channel: conversation.clone(),
+            task: task.to_owned(),
+            interactive,
+            requester: requester.cloned(),
+        };
+        self.starter.worker(self, spec, handle, reservation);
+        Ok(SpawnOutcome::Spawned { worker: id })
+    }
+
+    /// Starts a branch of conversation `channel` (through `handle`) on `question`, forked
+    /// from `history`.
+    pub(crate) fn spawn_branch(
+        self: &Arc<Self>,
+        channel: &ProcessId,
+        handle: &ChannelHandle,
+        question: String,
+        history: Vec<Message>,
+    ) -> Result<ProcessId, StoreError> {
+        let id = self.new_id(ProcessKind::Branch)?;
+        let spec = BranchSpec {
+            id: id.clone(),
+            channel: channel.clone(),
+            question,
+            history,
+        };
+        self.starter.branch(self, spec, handle.clone());
+        Ok(id)
+    }
+}

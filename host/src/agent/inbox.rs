@@ -1,0 +1,113 @@
+//! The way into a running conversation: what it reacts to ([`ChannelInput`]) and its handle
+//! ([`ChannelHandle`]), with the count of work still pending for it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::{Notify, Semaphore, mpsc};
+
+use super::notifications::{Notification, NotificationKind};
+use crate::ids::ProcessId;
+use crate::llm::Message;
+
+/// What a channel reacts to.
+#[derive(Debug, Clone)]
+pub(crate) enum ChannelInput {
+    /// A message from the user.
+    User(String),
+    /// A worker's or branch's report.
+    Result {
+        /// e.g. `worker:3`.
+        source: ProcessId,
+        /// What kind of report it is (kept as such if the channel closes first).
+        kind: NotificationKind,
+        /// What it reports.
+        text: String,
+    },
+    /// A report that arrived after its requester ended, saved in working memory; told in
+    /// a turn of its own.
+    Notification(Notification),
+    /// Stop after the inputs before this one.
+    Close,
+}
+
+impl ChannelInput {
+    /// The history message for this input.
+    pub(crate) fn message(&self) -> Message {
+        match self {
+            ChannelInput::User(text) => Message::user(text.clone()),
+            ChannelInput::Result { source, text, .. } => {
+                Message::user(format!("[{source}] {text}"))
+            }
+            ChannelInput::Notification(note) => Message::user(note.message()),
+            ChannelInput::Close => unreachable!("Close ends the loop before it is batched"),
+        }
+    }
+}
+
+/// The way into a running channel.
+#[derive(Clone)]
+pub(crate) struct ChannelHandle {
+    pub(crate) inbox: mpsc::UnboundedSender<ChannelInput>,
+    /// Inputs not yet handled plus workers and branches still running for this channel.
+    pending: Arc<AtomicUsize>,
+    settled: Arc<Notify>,
+    /// Admission of workers: a permit is held for a worker's whole life.
+    pub(crate) worker_slots: Arc<Semaphore>,
+    /// Admission of branches, likewise.
+    pub(crate) branch_slots: Arc<Semaphore>,
+}
+
+impl ChannelHandle {
+    /// A handle on `inbox`, admitting at most `workers` workers and `branches` branches at
+    /// once.
+    pub(crate) fn new(
+        inbox: mpsc::UnboundedSender<ChannelInput>,
+        workers: usize,
+        branches: usize,
+    ) -> Self {
+        ChannelHandle {
+            inbox,
+            pending: Arc::new(AtomicUsize::new(0)),
+            settled: Arc::new(Notify::new()),
+            worker_slots: Arc::new(Semaphore::new(workers)),
+            branch_slots: Arc::new(Semaphore::new(branches)),
+        }
+    }
+
+    pub(crate) fn add_pending(&self) {
+        self.pending.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn done_pending(&self) {
+        if self.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.settled.notify_waiters();
+        }
+    }
+
+    /// Waits until nothing is pending: every input handled, every worker and branch
+    /// reported back.
+    pub(crate) async fn settled(&self) {
+        loop {
+            let settled = self.settled.notified();
+            if self.pending.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            settled.await;
+        }
+    }
+
+    /// Queues `input`, counted until the turn that handles it ends.
+    pub(crate) fn send(&self, input: ChannelInput) -> bool {
+        self.try_send(input).is_ok()
+    }
+
+    /// [`ChannelHandle::send`], giving `input` back if the channel is gone.
+    pub(crate) fn try_send(&self, input: ChannelInput) -> Result<(), ChannelInput> {
+        self.add_pending();
+        self.inbox.send(input).map_err(|returned| {
+            self.done_pending();
+            returned.0
+        })
+    }
+}

@@ -1,0 +1,111 @@
+//! How a branch's or worker's report reaches its conversation: as an input of the channel
+//! when the one who asked is still there, folded back into working memory (and told in a
+//! turn of its own) when not.
+
+use super::context::Context;
+use super::events::Event;
+use super::inbox::{ChannelHandle, ChannelInput};
+use super::notifications::{Notification, NotificationKind};
+use crate::ids::ProcessId;
+use crate::text::truncate;
+
+impl Context {
+    /// Sends `source`'s report `text` to conversation `channel`, or folds it back (see
+    /// [`Context::fold_back`]) when `requester` (the branch that asked; `None`: the
+    /// channel did) has ended.
+    pub(crate) fn tell(
+        &self,
+        channel: &ProcessId,
+        handle: &ChannelHandle,
+        source: &ProcessId,
+        requester: Option<&ProcessId>,
+        kind: NotificationKind,
+        text: String,
+    ) {
+        match requester.filter(|branch| !self.supervisor.branch_alive(branch)) {
+            Some(requester) => {
+                self.fold_back(channel, source, requester, kind, &text);
+            }
+            None => self.report(channel, handle, source, kind, text),
+        }
+    }
+
+    /// Sends `source`'s report `text` to conversation `channel` (through `handle`) as a
+    /// result; if the channel is gone, keeps it as a notification instead (see
+    /// [`Context::fold_back`]).
+    pub(crate) fn report(
+        &self,
+        channel: &ProcessId,
+        handle: &ChannelHandle,
+        source: &ProcessId,
+        kind: NotificationKind,
+        text: String,
+    ) {
+        let input = ChannelInput::Result {
+            source: source.clone(),
+            kind,
+            text,
+        };
+        if let Err(ChannelInput::Result { text, .. }) = handle.try_send(input) {
+            self.fold_back(channel, source, channel, kind, &text);
+        }
+    }
+
+    /// Keeps `text` from `source` (which `requester` asked for) in working memory and runs a
+    /// notification turn on `channel`; if the channel is gone, logs a warning and drops the
+    /// turn (the entry stays). Reports [`Event::NotificationFolded`] and returns the
+    /// notification.
+    pub(crate) fn fold_back(
+        &self,
+        channel: &ProcessId,
+        source: &ProcessId,
+        requester: &ProcessId,
+        kind: NotificationKind,
+        text: &str,
+    ) -> Notification {
+        let key = format!("notifications/{kind}/{source}");
+        let line = format!("{kind} {source} (for {requester}): {}", truncate(text, 120));
+        {
+            let _index = self.notification_index.0.lock().unwrap();
+            let saved = self.store.working_set(&key, text, None).and_then(|()| {
+                let mut index = self
+                    .store
+                    .working_get("notifications/index")?
+                    .unwrap_or_default();
+                index.push_str(&line);
+                index.push('\n');
+                self.store.working_set("notifications/index", &index, None)
+            });
+            if let Err(err) = saved {
+                tracing::error!(%source, "cannot save a late report in working memory: {err}");
+            }
+        }
+        self.emit(Event::NotificationFolded {
+            channel: channel.clone(),
+            source: source.clone(),
+            requester: requester.clone(),
+            kind,
+            key: key.clone(),
+        });
+        let note = Notification {
+            source: source.clone(),
+            requester: requester.clone(),
+            kind,
+            key,
+            text: text.to_owned(),
+        };
+        let told = self
+            .supervisor
+            .channel(channel)
+            .is_some_and(|handle| handle.send(ChannelInput::Notification(note.clone())));
+        if !told {
+            tracing::warn!(
+                %channel,
+                %source,
+                key = %note.key,
+                "a late report arrived for a channel that is gone; kept in working memory, no turn runs"
+            );
+        }
+        note
+    }
+}

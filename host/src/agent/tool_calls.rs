@@ -1,0 +1,184 @@
+//! The tools a process is offered and how its calls reach them: host tools are answered by
+//! the process itself; plugin tools go through the registry with the process kind's
+//! grants; a tool that was not offered is refused. Each outcome is reported as an event.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::context::{Context, SpawnOutcome};
+use super::events::Event;
+use super::host_tools::{HOST_TOOLS, HostCall, SpawnArgs, host_tool};
+use super::turn::ToolOutcome;
+use crate::ids::ProcessId;
+use crate::llm::ToolDef;
+use crate::plugin::{CallRequest, ToolError};
+use crate::policy::{Decision, ProcessKind, ToolNeeds};
+
+impl Context {
+    /// The tools a `kind` process is offered, host tools and plugin tools alike: exactly
+    /// those its profile names and grants the capabilities of.
+    pub(crate) fn tool_defs(&self, kind: ProcessKind) -> Vec<ToolDef> {
+        let policy = &self.config.policy;
+        let offered = |name: &str, caps| {
+            policy.decide(
+                kind,
+                name,
+                Some(ToolNeeds {
+                    name,
+                    capabilities: caps,
+                }),
+            ) == Decision::Offered
+        };
+        let host = HOST_TOOLS
+            .iter()
+            .filter(|tool| offered(tool.name, &[]))
+            .map(|tool| tool.def());
+        let plugins = self
+            .registry
+            .plugins()
+            .iter()
+            .flat_map(|plugin| plugin.tools())
+            .filter(|tool| offered(&tool.name, &tool.capabilities))
+            .map(|tool| ToolDef {
+                name: tool.name.clone(),
+                description: tool.description.clone(),
+                parameters: tool.args_schema.clone(),
+            });
+        host.chain(plugins).collect()
+    }
+
+    /// Answers a call of tool `name` that `caller` was offered: a host tool, parsed, is
+    /// run by `run` (which returns `None` for a host tool that is not its process's); any
+    /// other goes to the plugins.
+    pub(crate) async fn answer(
+        &self,
+        caller: &ProcessId,
+        name: &str,
+        arguments: &str,
+        run: impl FnOnce(HostCall) -> Option<Result<ToolOutcome, ToolError>>,
+    ) -> ToolOutcome {
+        let ran = match HostCall::parse(name, arguments) {
+            Some(Ok(call)) => run(call),
+            Some(Err(err)) => Some(Err(err)),
+            None => None,
+        };
+        match ran {
+            Some(Ok(outcome)) => outcome,
+            Some(Err(err)) => ToolOutcome::Continue(self.tool_error(caller, name, err)),
+            // Not a host tool of this process: a plugin tool its profile offers.
+            None => ToolOutcome::Continue(self.call_plugin(caller, name, arguments).await),
+        }
+    }
+
+    /// Runs plugin tool `name` for process `caller`, with its kind's grants. Errors come
+    /// back as text for the model ([`ToolError::for_model`]).
+    pub(crate) async fn call_plugin(
+        &self,
+        caller: &ProcessId,
+        name: &str,
+        arguments: &str,
+    ) -> String {
+        let kind = caller.kind();
+        let caller_name = caller.to_string();
+        let workspace: PathBuf = self.config.agent.workspace.clone();
+        let grants = self.config.policy.profile(kind).grants().clone();
+        let request = CallRequest {
+            tool: name,
+            args_json: arguments,
+            grants: &grants,
+            workspace: Some(&workspace),
+            caller: &caller_name,
+        };
+        let result = self
+            .registry
+            .call_as(&self.config.policy, kind, request)
+            .await;
+        match result {
+            Ok(text) => {
+                self.emit(Event::ToolCalled {
+                    process: caller.clone(),
+                    tool: name.to_owned(),
+                });
+                text
+            }
+            Err(err) => self.tool_error(caller, name, err),
+        }
+    }
+
+    /// The answer to a call of a tool `caller` was not offered: for a host tool, a denial
+    /// with the policy's reason; for anything else, the registry's own (audited) refusal.
+    pub(crate) async fn refuse(&self, caller: &ProcessId, name: &str, arguments: &str) -> String {
+        if host_tool(name).is_none() {
+            return self.call_plugin(caller, name, arguments).await;
+        }
+        let kind = caller.kind();
+        let decision = self.config.policy.decide(
+            kind,
+            name,
+            Some(ToolNeeds {
+                name,
+                capabilities: &[],
+            }),
+        );
+        self.tool_error(
+            caller,
+            name,
+            ToolError::Denied(format!(
+                "tool `{name}` is not offered to a {kind} process: {decision}"
+            )),
+        )
+    }
+
+    /// Reports `err` from tool `name` called by `caller`, and returns the text the model
+    /// is shown.
+    pub(crate) fn tool_error(&self, caller: &ProcessId, name: &str, err: ToolError) -> String {
+        let shown = err.for_model();
+        let process = caller.clone();
+        let tool = name.to_owned();
+        self.emit(match err {
+            ToolError::Denied(reason) => Event::ToolDenied {
+                process,
+                tool,
+                reason,
+            },
+            error => Event::ToolFailed {
+                process,
+                tool,
+                error,
+            },
+        });
+        shown
+    }
+
+    /// Runs the `spawn_worker` host tool for `channel`, on behalf of `requester` (a branch;
+    /// `None`: the channel): the outcome as JSON for the model.
+    pub(crate) fn spawn_worker_tool(
+        self: &Arc<Self>,
+        channel: &ProcessId,
+        requester: Option<&ProcessId>,
+        args: SpawnArgs,
+    ) -> Result<String, ToolError> {
+        let outcome = self
+            .spawn_worker(
+                channel,
+                requester,
+                &args.task,
+                args.interactive,
+                args.task_number,
+            )
+            .map_err(|err| ToolError::InvalidArgs(format!("spawn_worker: {err}")))?;
+        Ok(match outcome {
+            SpawnOutcome::Spawned { worker } => {
+                json!({ "spawned": true, "worker": worker, "task_number": args.task_number })
+            }
+            SpawnOutcome::Duplicate { existing } => json!({
+                "spawned": false,
+                "existing_worker": existing,
+                "hint": format!("{existing} is already on this task; use route to send it more input"),
+            }),
+        }
+        .to_string())
+    }
+}

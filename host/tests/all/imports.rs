@@ -1,0 +1,385 @@
+//! Invariant: imports go one way. For every module of the host that has submodules, its
+//! submodules' references to each other (by `use` or by path, outside `#[cfg(test)]`
+//! code) form no cycle; nor do the crate's top-level modules. A cycle is reported with the
+//! file and line of each reference that closes it.
+//!
+//! Paths written inside macro calls are not seen (they are token streams to `syn`); the
+//! module tree itself (`mod` items) is not a reference.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use syn::visit::Visit;
+
+/// A module, as the path from the crate root: `["agent", "channel"]`.
+type ModPath = Vec<String>;
+
+/// One reference from a module to another: where it is written and what it names.
+#[derive(Debug, Clone)]
+struct Reference {
+    target: ModPath,
+    file: PathBuf,
+    line: usize,
+}
+
+/// The modules of the library crate, each with the references its file makes.
+struct Crate {
+    files: BTreeMap<ModPath, PathBuf>,
+    references: BTreeMap<ModPath, Vec<Reference>>,
+}
+
+fn src_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// The module a file under `src/` is: `agent/mod.rs` is `agent`, `agent/turn.rs` is
+/// `agent::turn`. `None` for the binary's root, `main.rs`, a crate of its own.
+fn module_of(src: &Path, file: &Path) -> Option<ModPath> {
+    let relative = file.strip_prefix(src).ok()?;
+    let mut parts: Vec<String> = relative
+        .iter()
+        .map(|part| part.to_string_lossy().into_owned())
+        .collect();
+    let last = parts.pop()?;
+    match last.as_str() {
+        "main.rs" if parts.is_empty() => None,
+        "lib.rs" if parts.is_empty() => Some(parts),
+        "mod.rs" => Some(parts),
+        _ => {
+            parts.push(last.strip_suffix(".rs")?.to_owned());
+            Some(parts)
+        }
+    }
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+impl Crate {
+    fn read() -> Self {
+        let src = src_dir();
+        let mut paths = Vec::new();
+        rust_files(&src, &mut paths);
+        let files: BTreeMap<ModPath, PathBuf> = paths
+            .into_iter()
+            .filter_map(|file| Some((module_of(&src, &file)?, file)))
+            .collect();
+        let modules: BTreeSet<ModPath> = files.keys().cloned().collect();
+        let references = files
+            .iter()
+            .map(|(module, file)| {
+                let source = std::fs::read_to_string(file).unwrap();
+                let parsed = syn::parse_file(&source)
+                    .unwrap_or_else(|err| panic!("{}: {err}", file.display()));
+                let mut paths = Paths::default();
+                paths.visit_file(&parsed);
+                let found = paths
+                    .found
+                    .into_iter()
+                    .filter_map(|(segments, line)| {
+                        let target = resolve(module, &segments, &modules)?;
+                        Some(Reference {
+                            target,
+                            file: file.clone(),
+                            line,
+                        })
+                    })
+                    .collect();
+                (module.clone(), found)
+            })
+            .collect();
+        Crate { files, references }
+    }
+
+    /// The submodules of `parent` and the references among them: an edge `a -> b` for
+    /// every reference from `a` (or a module inside it) to `b` (or a module inside it).
+    fn graph(&self, parent: &[String]) -> BTreeMap<String, Vec<(String, Reference)>> {
+        let child_of = |module: &[String]| -> Option<String> {
+            (module.len() > parent.len() && module.starts_with(parent))
+                .then(|| module[parent.len()].clone())
+        };
+        let mut graph: BTreeMap<String, Vec<(String, Reference)>> = BTreeMap::new();
+        for (module, references) in &self.references {
+            let Some(from) = child_of(module) else {
+                continue;
+            };
+            let edges = graph.entry(from.clone()).or_default();
+            for reference in references {
+                if let Some(to) = child_of(&reference.target)
+                    && to != from
+                {
+                    edges.push((to, reference.clone()));
+                }
+            }
+        }
+        graph
+    }
+
+    /// Every module with submodules, the crate root included.
+    fn parents(&self) -> BTreeSet<ModPath> {
+        self.files
+            .keys()
+            .filter(|module| !module.is_empty())
+            .map(|module| module[..module.len() - 1].to_vec())
+            .collect()
+    }
+}
+
+/// Resolves `segments`, written in `module`, to the module it names, if it names one of
+/// this crate's (the longest known prefix).
+fn resolve(module: &[String], segments: &[String], modules: &BTreeSet<ModPath>) -> Option<ModPath> {
+    let (mut base, rest): (ModPath, &[String]) = match segments.first()?.as_str() {
+        "crate" => (Vec::new(), &segments[1..]),
+        "self" => (module.to_vec(), &segments[1..]),
+        "super" => {
+            let mut base = module.to_vec();
+            let mut rest = segments;
+            while rest.first().is_some_and(|s| s == "super") {
+                base.pop()?;
+                rest = &rest[1..];
+            }
+            (base, rest)
+        }
+        first => {
+            // A path starting at a child module of this one (`use events::Event;` in a
+            // `mod.rs`); anything else is a local item or another crate.
+            let mut child = module.to_vec();
+            child.push(first.to_owned());
+            if !modules.contains(&child) {
+                return None;
+            }
+            (module.to_vec(), segments)
+        }
+    };
+    for segment in rest {
+        base.push(segment.clone());
+        if !modules.contains(&base) {
+            base.pop();
+            break;
+        }
+    }
+    Some(base)
+}
+
+/// Every path in a file outside `#[cfg(test)]` items: `use` trees and paths in code.
+#[derive(Default)]
+struct Paths {
+    found: Vec<(Vec<String>, usize)>,
+}
+
+fn is_test_only(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|attr| {
+        attr.path().is_ident("cfg")
+            && attr
+                .parse_args::<syn::Meta>()
+                .is_ok_and(|meta| meta.path().is_ident("test"))
+    })
+}
+
+impl Paths {
+    fn use_tree(&mut self, prefix: &mut Vec<String>, tree: &syn::UseTree) {
+        match tree {
+            syn::UseTree::Path(path) => {
+                prefix.push(path.ident.to_string());
+                self.use_tree(prefix, &path.tree);
+                prefix.pop();
+            }
+            syn::UseTree::Name(name) => {
+                let mut full = prefix.clone();
+                full.push(name.ident.to_string());
+                self.found.push((full, name.ident.span().start().line));
+            }
+            syn::UseTree::Rename(rename) => {
+                let mut full = prefix.clone();
+                full.push(rename.ident.to_string());
+                self.found.push((full, rename.ident.span().start().line));
+            }
+            syn::UseTree::Glob(glob) => {
+                let line = glob.star_token.span.start().line;
+                self.found.push((prefix.clone(), line));
+            }
+            syn::UseTree::Group(group) => {
+                for tree in &group.items {
+                    self.use_tree(prefix, tree);
+                }
+            }
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for Paths {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        let attrs = match item {
+            syn::Item::Mod(item) => &item.attrs,
+            syn::Item::Fn(item) => &item.attrs,
+            syn::Item::Impl(item) => &item.attrs,
+            syn::Item::Use(item) => &item.attrs,
+            syn::Item::Struct(item) => &item.attrs,
+            syn::Item::Enum(item) => &item.attrs,
+            syn::Item::Const(item) => &item.attrs,
+            _ => return syn::visit::visit_item(self, item),
+        };
+        if !is_test_only(attrs) {
+            syn::visit::visit_item(self, item);
+        }
+    }
+
+    fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        self.use_tree(&mut Vec::new(), &item.tree);
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        if let Some(first) = path.segments.first() {
+            let segments = path.segments.iter().map(|s| s.ident.to_string()).collect();
+            self.found.push((segments, first.ident.span().start().line));
+        }
+        syn::visit::visit_path(self, path);
+    }
+}
+
+/// A cycle in `graph`, as the references that make it, if there is one.
+fn find_cycle(graph: &BTreeMap<String, Vec<(String, Reference)>>) -> Option<Vec<Reference>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        Open,
+        Done,
+    }
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, Vec<(String, Reference)>>,
+        marks: &mut BTreeMap<String, Mark>,
+        stack: &mut Vec<(String, Reference)>,
+    ) -> Option<Vec<Reference>> {
+        marks.insert(node.to_owned(), Mark::Open);
+        for (next, reference) in graph.get(node).into_iter().flatten() {
+            match marks.get(next) {
+                Some(Mark::Done) => {}
+                Some(Mark::Open) => {
+                    // The cycle: from where `next` was entered back round to here.
+                    let start = stack.iter().position(|(from, _)| from == next).unwrap_or(0);
+                    let mut cycle: Vec<Reference> =
+                        stack[start..].iter().map(|(_, r)| r.clone()).collect();
+                    cycle.push(reference.clone());
+                    return Some(cycle);
+                }
+                None => {
+                    stack.push((node.to_owned(), reference.clone()));
+                    if let Some(cycle) = visit(next, graph, marks, stack) {
+                        return Some(cycle);
+                    }
+                    stack.pop();
+                }
+            }
+        }
+        marks.insert(node.to_owned(), Mark::Done);
+        None
+    }
+    let mut marks = BTreeMap::new();
+    for node in graph.keys() {
+        if !marks.contains_key(node)
+            && let Some(cycle) = visit(node, graph, &mut marks, &mut Vec::new())
+        {
+            return Some(cycle);
+        }
+    }
+    None
+}
+
+fn describe(parent: &[String], cycle: &[Reference]) -> String {
+    let src = src_dir();
+    let steps: Vec<String> = cycle
+        .iter()
+        .map(|r| {
+            format!(
+                "  {}:{} names {}",
+                r.file.strip_prefix(&src).unwrap_or(&r.file).display(),
+                r.line,
+                r.target.join("::")
+            )
+        })
+        .collect();
+    let within = if parent.is_empty() {
+        "the crate".to_owned()
+    } else {
+        parent.join("::")
+    };
+    format!("an import cycle within {within}:\n{}", steps.join("\n"))
+}
+
+#[test]
+fn the_modules_of_the_host_import_one_way() {
+    let krate = Crate::read();
+    let cycles: Vec<String> = krate
+        .parents()
+        .iter()
+        .filter_map(|parent| Some(describe(parent, &find_cycle(&krate.graph(parent))?)))
+        .collect();
+    assert!(cycles.is_empty(), "{}", cycles.join("\n\n"));
+}
+
+#[test]
+fn the_agent_core_is_layered_processes_below_the_runtime() {
+    let krate = Crate::read();
+    let agent = krate.graph(&["agent".to_owned()]);
+    let names = |from: &str| -> BTreeSet<String> {
+        agent
+            .get(from)
+            .into_iter()
+            .flatten()
+            .map(|(to, _)| to.clone())
+            .collect()
+    };
+    // Processes reach each other only through the context, never by module.
+    let processes = ["channel", "branch", "worker"];
+    for process in processes {
+        let reached = names(process);
+        for other in processes.iter().filter(|p| **p != process) {
+            assert!(
+                !reached.contains(*other),
+                "{process} imports {other}: {reached:?}"
+            );
+        }
+        assert!(
+            !reached.contains("runtime"),
+            "{process} imports the runtime"
+        );
+        assert!(reached.contains("context"), "{process}: {reached:?}");
+    }
+    // Only the runtime knows the processes.
+    for module in agent.keys().filter(|m| *m != "runtime") {
+        let reached = names(module);
+        for process in processes {
+            assert!(!reached.contains(process), "{module} imports {process}");
+        }
+    }
+}
+
+#[test]
+fn a_cycle_is_found_and_named() {
+    let reference = |to: &str, line| Reference {
+        target: vec![to.to_owned()],
+        file: PathBuf::from(format!("{to}.rs")),
+        line,
+    };
+    let mut graph = BTreeMap::new();
+    graph.insert("a".to_owned(), vec![("b".to_owned(), reference("b", 1))]);
+    graph.insert("b".to_owned(), vec![("c".to_owned(), reference("c", 2))]);
+    graph.insert("c".to_owned(), vec![("a".to_owned(), reference("a", 3))]);
+    let cycle = find_cycle(&graph).expect("a -> b -> c -> a");
+    assert_eq!(cycle.len(), 3);
+    let text = describe(&[], &cycle);
+    assert!(
+        text.contains("b.rs:1 names b") && text.contains("a.rs:3 names a"),
+        "{text}"
+    );
+    graph.get_mut("c").unwrap().clear();
+    assert!(find_cycle(&graph).is_none());
+}
