@@ -20,10 +20,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use capstan_host::agent::{Event, Runtime};
+use capstan_host::app::AgentBuilder;
 use capstan_host::config::Config;
 use capstan_host::llm::{Script, ScriptedProvider};
-use capstan_host::plugin::{ArtifactCache, PluginHost, Registry};
-use capstan_host::store::{Store, WorkerState};
+use capstan_host::plugin::ArtifactCache;
+use capstan_host::store::WorkerState;
 use criterion::Criterion;
 use tokio::runtime::Runtime as Tokio;
 use tokio::sync::mpsc;
@@ -63,23 +64,22 @@ fn start(
     let config = Config::parse(&toml, &dir.join("capstan.toml")).unwrap();
     std::fs::create_dir_all(&config.agent.workspace).unwrap();
     std::fs::write(config.agent.workspace.join("data.txt"), "bench data\n").unwrap();
-    let store = Arc::new(Store::open(&config.agent.data_dir).unwrap());
     let plugins = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/plugins");
     assert!(
         plugins.join("files.wasm").is_file(),
         "run `bash scripts/setup` first"
     );
-    let host = PluginHost::new(
-        config.limits.tool.clone(),
-        ArtifactCache::new(dir.join("cache")),
-    )
-    .unwrap()
-    .with_store(store.clone());
-    let registry = tokio
-        .block_on(Registry::load_dir(Arc::new(host), &plugins))
-        .unwrap();
     let provider = ScriptedProvider::new(Script::parse(script, "bench").unwrap(), "bench");
-    Runtime::new(config, Arc::new(registry), store, Arc::new(provider)).expect("the runtime starts")
+    let agent = tokio
+        .block_on(
+            AgentBuilder::new(config)
+                .plugins_dir(plugins)
+                .cache(ArtifactCache::new(dir.join("cache")))
+                .provider(Arc::new(provider))
+                .build(),
+        )
+        .expect("the agent starts");
+    (agent.runtime, agent.events)
 }
 
 fn bench_turns(c: &mut Criterion, tokio: &Tokio) {

@@ -14,6 +14,7 @@
 //! - [`cli`] is the `capstan` binary's command line.
 
 pub mod agent;
+pub mod app;
 pub mod cli;
 pub mod config;
 pub mod dispatch;

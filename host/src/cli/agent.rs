@@ -12,9 +12,9 @@ use tokio::sync::mpsc;
 use super::HostArgs;
 use super::table::print_table;
 use crate::agent::{Event, Runtime};
-use crate::config::{Config, LocationKind, Locations, ProviderSettings};
+use crate::app::AgentBuilder;
+use crate::config::{Config, LocationKind, Locations};
 use crate::ids::ProcessId;
-use crate::llm::{OpenAiProvider, Provider, Recorder, Script, ScriptedProvider};
 use crate::policy::ProcessKind;
 use crate::store::{Store, TaskFilter};
 use crate::text::{one_line, printable};
@@ -73,15 +73,17 @@ impl AgentArgs {
         })?;
         // Recorded once it exists, as the path it resolves to.
         super::record_if_writable(locations)?;
-        let store = Arc::new(Store::open(&config.agent.data_dir)?);
-        let host = self.host.host(&config)?.with_store(store.clone());
-        let registry = Arc::new(self.host.registry_on(&config, host).await?);
-        let provider = provider(&config)?;
-        let provider: Box<dyn Provider> = match &self.record {
-            Some(path) => Box::new(Recorder::new(provider, path)),
-            None => provider,
-        };
-        Ok(Runtime::new(config, registry, store, Arc::from(provider))?)
+        let mut builder = AgentBuilder::new(config.clone())
+            .plugins_dir(self.host.plugins_dir(&config)?)
+            .cache(self.host.cache()?)
+            .tool_limits(self.host.limits(&config)?)
+            .default_script(DEMO_SCRIPT, "demo");
+        if let Some(path) = &self.record {
+            builder = builder.record(path);
+        }
+        let agent = builder.build().await?;
+        super::warn_refused(&agent.registry);
+        Ok((agent.runtime, agent.events))
     }
 
     /// Every location of the host, with the recording (`--record`).
@@ -129,31 +131,6 @@ mod exit {
     pub(super) const INTERRUPTED: u8 = 130;
     /// Stopped by SIGTERM.
     pub(super) const TERMINATED: u8 = 143;
-}
-
-/// The configured provider.
-fn provider(config: &Config) -> anyhow::Result<Box<dyn Provider>> {
-    Ok(match &config.provider {
-        ProviderSettings::Scripted { script: Some(path) } => {
-            let name = path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            Box::new(ScriptedProvider::new(Script::load(path)?, &name))
-        }
-        ProviderSettings::Scripted { script: None } => Box::new(ScriptedProvider::new(
-            Script::parse(DEMO_SCRIPT, "the built-in demo script")?,
-            "demo",
-        )),
-        ProviderSettings::OpenAi {
-            base_url,
-            api_key_env,
-            model,
-        } => Box::new(
-            OpenAiProvider::from_env(base_url, api_key_env, model)?
-                .with_max_answer_bytes(config.limits.max_answer_bytes),
-        ),
-    })
 }
 
 /// Prints events as they come: replies on stdout, status lines and failures on stderr.

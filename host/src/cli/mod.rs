@@ -114,7 +114,7 @@ impl HostArgs {
         Ok(self.recorded.get_or_init(|| recorded))
     }
 
-    fn limits(&self, config: &Config) -> anyhow::Result<Limits> {
+    pub(crate) fn limits(&self, config: &Config) -> anyhow::Result<Limits> {
         let mut limits = config.limits.tool.clone();
         if let Some(secs) = self.deadline {
             anyhow::ensure!(
@@ -143,7 +143,7 @@ impl HostArgs {
     }
 
     /// The artifact cache, opened and checked now.
-    fn cache(&self) -> anyhow::Result<ArtifactCache> {
+    pub(crate) fn cache(&self) -> anyhow::Result<ArtifactCache> {
         Ok(match self.cache_dir() {
             Some(dir) => ArtifactCache::open(dir)?,
             None => ArtifactCache::disabled(),
@@ -151,7 +151,7 @@ impl HostArgs {
     }
 
     /// `--plugins-dir`, else `agent.plugins_dir`, else the default.
-    fn plugins_dir(&self, config: &Config) -> anyhow::Result<PathBuf> {
+    pub(crate) fn plugins_dir(&self, config: &Config) -> anyhow::Result<PathBuf> {
         match (&self.plugins_dir, &config.agent.plugins_dir) {
             (Some(dir), _) | (None, Some(dir)) => Ok(dir.clone()),
             (None, None) => paths::default_plugins_dir(),
@@ -249,13 +249,18 @@ impl HostArgs {
         let registry = Registry::load_dir_preferring(Arc::new(host), &dir, &config.prefer)
             .await
             .with_context(|| format!("loading plugins from {}", dir.display()))?;
-        for refused in registry.refused() {
-            eprintln!(
-                "warning: plugin refused: {}",
-                crate::text::one_line(&refused.to_string())
-            );
-        }
+        warn_refused(&registry);
         Ok(registry)
+    }
+}
+
+/// Warns of every plugin `registry` refused, one line each.
+pub(crate) fn warn_refused(registry: &Registry) {
+    for refused in registry.refused() {
+        eprintln!(
+            "warning: plugin refused: {}",
+            crate::text::one_line(&refused.to_string())
+        );
     }
 }
 

@@ -52,6 +52,20 @@ pub trait Provider: Send + Sync {
     fn name(&self) -> String;
 }
 
+impl<P: Provider + ?Sized> Provider for std::sync::Arc<P> {
+    fn complete<'a>(
+        &'a self,
+        request: &'a CompletionRequest,
+        sink: &'a dyn AnswerSink,
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+        (**self).complete(request, sink)
+    }
+
+    fn name(&self) -> String {
+        (**self).name()
+    }
+}
+
 impl<P: Provider + ?Sized> Provider for Box<P> {
     fn complete<'a>(
         &'a self,

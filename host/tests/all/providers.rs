@@ -458,10 +458,9 @@ async fn a_recording_replays_the_same_answers() {
 /// server; the model's malformed tool arguments go back to it as invalid-args.
 #[tokio::test]
 async fn malformed_arguments_from_the_model_go_back_to_it_as_invalid_args() {
-    use capstan_host::agent::{Event, Runtime};
+    use capstan_host::agent::Event;
+    use capstan_host::app::AgentBuilder;
     use capstan_host::config::Config;
-    use capstan_host::plugin::{ArtifactCache, PluginHost, Registry};
-    use capstan_host::store::Store;
 
     let plugins = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/plugins");
     assert!(
@@ -481,15 +480,14 @@ async fn malformed_arguments_from_the_model_go_back_to_it_as_invalid_args() {
         &dir.path().join("capstan.toml"),
     )
     .unwrap();
-    std::fs::create_dir_all(&config.agent.workspace).unwrap();
-    let store = Arc::new(Store::open(&config.agent.data_dir).unwrap());
-    let host = PluginHost::new(config.limits.tool.clone(), ArtifactCache::disabled())
-        .unwrap()
-        .with_store(store.clone());
-    let registry = Registry::load_dir(Arc::new(host), &plugins).await.unwrap();
     let provider = OpenAiProvider::new(&url, "k", "m").unwrap();
-    let (rt, mut events) =
-        Runtime::new(config, Arc::new(registry), store, Arc::new(provider)).unwrap();
+    let agent = AgentBuilder::new(config)
+        .plugins_dir(&plugins)
+        .provider(Arc::new(provider))
+        .build()
+        .await
+        .unwrap();
+    let (rt, mut events) = (agent.runtime, agent.events);
     rt.send_user_message("main", "read my notes").unwrap();
     rt.wait_idle("main").await;
 

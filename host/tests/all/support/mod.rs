@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use capstan_host::agent::{Event, Runtime};
+use capstan_host::app::AgentBuilder;
 use capstan_host::config::Config;
 use capstan_host::llm::{
     AnswerSink, BoxFuture, Completion, CompletionRequest, Provider, ProviderError, Script,
@@ -204,22 +205,20 @@ pub async fn agent_runtime(
     provider: Arc<dyn Provider>,
     probe: bool,
 ) -> (Arc<Runtime>, mpsc::UnboundedReceiver<Event>) {
-    std::fs::create_dir_all(&config.agent.workspace).unwrap();
-    let store = Arc::new(Store::open(&config.agent.data_dir).unwrap());
-    let host = PluginHost::new(config.limits.tool.clone(), test_cache())
-        .unwrap()
-        .with_store(store.clone());
-    let mut registry = Registry::load_dir(Arc::new(host), &plugins_dir())
-        .await
-        .unwrap();
+    let mut builder = AgentBuilder::new(config)
+        .plugins_dir(plugins_dir())
+        .cache(test_cache())
+        .provider(provider);
     if probe {
-        registry
-            .add_file(&component("fixtures", "probe"))
-            .await
-            .expect("the probe fixture loads");
+        builder = builder.plugin_file(component("fixtures", "probe"));
     }
-    assert!(registry.refused().is_empty(), "{:?}", registry.refused());
-    Runtime::new(config, Arc::new(registry), store, provider).expect("the runtime starts")
+    let agent = builder.build().await.expect("the agent starts");
+    assert!(
+        agent.registry.refused().is_empty(),
+        "{:?}",
+        agent.registry.refused()
+    );
+    (agent.runtime, agent.events)
 }
 
 /// The incoming message that makes [`Recording`] panic, as a buggy provider might.

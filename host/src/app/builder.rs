@@ -1,0 +1,230 @@
+//! [`AgentBuilder`]: config, store, plugins and provider, assembled in one place.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::error::BuildError;
+use crate::agent::{Event, Runtime};
+use crate::config::{Config, ProviderSettings};
+use crate::llm::{OpenAiProvider, Provider, Recorder, Script, ScriptedProvider};
+use crate::plugin::{ArtifactCache, Limits, PluginHost, Registry};
+use crate::store::Store;
+
+/// Assembles an agent from its [`Config`]: creates the workspace, opens the store, loads
+/// the plugins on a host backed by that store, makes the model provider from
+/// `[provider]` (unless one is given), and starts the [`Runtime`].
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use capstan_host::app::AgentBuilder;
+/// use capstan_host::config::Config;
+///
+/// let config = Config::load(std::path::Path::new("capstan.toml"))?;
+/// let agent = AgentBuilder::new(config)
+///     .plugins_dir("target/plugins")
+///     .build()
+///     .await?;
+/// agent.runtime.send_user_message("main", "hello")?;
+/// agent.runtime.wait_idle("main").await;
+/// # Ok(()) }
+/// ```
+#[must_use = "an AgentBuilder does nothing until built"]
+pub struct AgentBuilder {
+    config: Config,
+    plugins_dir: Option<PathBuf>,
+    plugin_files: Vec<PathBuf>,
+    cache: ArtifactCache,
+    tool_limits: Option<Limits>,
+    provider: Option<Arc<dyn Provider>>,
+    default_script: Option<(String, String)>,
+    record: Option<PathBuf>,
+}
+
+/// A started agent.
+pub struct Agent {
+    /// The runtime: send messages, wait, stop.
+    pub runtime: Arc<Runtime>,
+    /// Everything the runtime reports, in order.
+    pub events: mpsc::UnboundedReceiver<Event>,
+    /// The plugins, loaded and refused.
+    pub registry: Arc<Registry>,
+}
+
+impl AgentBuilder {
+    /// A builder on `config`. By default: the plugins of `agent.plugins_dir` (none if it
+    /// is unset), no artifact cache, the config's tool limits, and the provider
+    /// `[provider]` describes.
+    pub fn new(config: Config) -> Self {
+        AgentBuilder {
+            config,
+            plugins_dir: None,
+            plugin_files: Vec::new(),
+            cache: ArtifactCache::disabled(),
+            tool_limits: None,
+            provider: None,
+            default_script: None,
+            record: None,
+        }
+    }
+
+    /// Loads the plugins of `dir` instead of `agent.plugins_dir`.
+    pub fn plugins_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.plugins_dir = Some(dir.into());
+        self
+    }
+
+    /// Loads the plugin file `path` too; building fails if it is refused.
+    pub fn plugin_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.plugin_files.push(path.into());
+        self
+    }
+
+    /// Keeps compiled plugins in `cache`.
+    pub fn cache(mut self, cache: ArtifactCache) -> Self {
+        self.cache = cache;
+        self
+    }
+
+    /// Runs tools with `limits` instead of the config's `[limits]` (e.g. after command-line
+    /// overrides).
+    pub fn tool_limits(mut self, limits: Limits) -> Self {
+        self.tool_limits = Some(limits);
+        self
+    }
+
+    /// Talks to `provider` instead of the one `[provider]` describes.
+    pub fn provider(mut self, provider: Arc<dyn Provider>) -> Self {
+        self.provider = Some(provider);
+        self
+    }
+
+    /// The script `[provider] kind = "scripted"` plays when it names none; `name` is the
+    /// provider's name in logs (`scripted:<name>`).
+    pub fn default_script(mut self, script: &str, name: &str) -> Self {
+        self.default_script = Some((script.to_owned(), name.to_owned()));
+        self
+    }
+
+    /// Saves every model exchange to `path` as a script the scripted provider can replay.
+    pub fn record(mut self, path: impl Into<PathBuf>) -> Self {
+        self.record = Some(path.into());
+        self
+    }
+
+    /// Assembles and starts the agent.
+    pub async fn build(self) -> Result<Agent, BuildError> {
+        let config = self.config;
+        let workspace = &config.agent.workspace;
+        std::fs::create_dir_all(workspace).map_err(|source| BuildError::Workspace {
+            path: workspace.clone(),
+            source,
+        })?;
+        let store = Arc::new(Store::open(&config.agent.data_dir)?);
+        let limits = self
+            .tool_limits
+            .unwrap_or_else(|| config.limits.tool.clone());
+        let host = PluginHost::new(limits, self.cache)
+            .map_err(BuildError::Host)?
+            .with_store(store.clone());
+        let host = Arc::new(host);
+        let mut registry = match self
+            .plugins_dir
+            .or_else(|| config.agent.plugins_dir.clone())
+        {
+            Some(dir) => Registry::load_dir_preferring(host, &dir, &config.prefer)
+                .await
+                .map_err(|source| BuildError::Plugins { dir, source })?,
+            None => Registry::new(host),
+        };
+        for path in self.plugin_files {
+            if let Err(err) = registry.add_file(&path).await {
+                let message = err.to_string();
+                return Err(BuildError::Plugin { path, message });
+            }
+        }
+        let provider = match self.provider {
+            Some(provider) => provider,
+            None => from_settings(&config, self.default_script)?,
+        };
+        let provider: Arc<dyn Provider> = match self.record {
+            Some(path) => Arc::new(Recorder::new(provider, &path)),
+            None => provider,
+        };
+        let registry = Arc::new(registry);
+        let (runtime, events) = Runtime::new(config, registry.clone(), store, provider)?;
+        Ok(Agent {
+            runtime,
+            events,
+            registry,
+        })
+    }
+}
+
+/// The provider `[provider]` describes.
+fn from_settings(
+    config: &Config,
+    default_script: Option<(String, String)>,
+) -> Result<Arc<dyn Provider>, BuildError> {
+    Ok(match &config.provider {
+        ProviderSettings::Scripted { script: Some(path) } => {
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            Arc::new(ScriptedProvider::new(Script::load(path)?, &name))
+        }
+        ProviderSettings::Scripted { script: None } => {
+            let (text, name) = default_script.ok_or(BuildError::NoScript)?;
+            let source = format!("the {name} script");
+            Arc::new(ScriptedProvider::new(Script::parse(&text, &source)?, &name))
+        }
+        ProviderSettings::OpenAi {
+            base_url,
+            api_key_env,
+            model,
+        } => Arc::new(
+            OpenAiProvider::from_env(base_url, api_key_env, model)?
+                .with_max_answer_bytes(config.limits.max_answer_bytes),
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_scripted_provider_without_a_script_is_refused_naming_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config::parse("", &dir.path().join("capstan.toml")).unwrap();
+        let err = AgentBuilder::new(config)
+            .build()
+            .await
+            .err()
+            .expect("no script");
+        assert!(matches!(err, BuildError::NoScript), "{err}");
+        assert!(err.to_string().contains("script = "), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_refused_plugin_file_fails_the_build_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config::parse("", &dir.path().join("capstan.toml")).unwrap();
+        let bad = dir.path().join("bad.wasm");
+        std::fs::write(&bad, b"not a component").unwrap();
+        let err = AgentBuilder::new(config)
+            .plugin_file(&bad)
+            .default_script("", "empty")
+            .build()
+            .await
+            .err()
+            .expect("refused");
+        assert!(
+            matches!(&err, BuildError::Plugin { path, .. } if *path == bad),
+            "{err}"
+        );
+        assert!(err.to_string().contains("bad.wasm"), "{err}");
+    }
+}

@@ -1,0 +1,51 @@
+//! Why an agent could not be assembled.
+
+use std::path::PathBuf;
+
+use crate::llm::ProviderError;
+use crate::plugin::HostError;
+use crate::store::StoreError;
+
+/// Why [`AgentBuilder::build`](super::AgentBuilder::build) failed. Each names the file or
+/// setting at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The workspace directory could not be created.
+    #[error("creating the workspace {}: {source}", path.display())]
+    Workspace {
+        /// The workspace.
+        path: PathBuf,
+        /// What the file system said.
+        source: std::io::Error,
+    },
+    /// The store could not be opened, or the run could not begin in it.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The plugin host could not be built.
+    #[error(transparent)]
+    Host(HostError),
+    /// The plugins directory could not be read.
+    #[error("loading plugins from {}: {source}", dir.display())]
+    Plugins {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: HostError,
+    },
+    /// A plugin named on its own (not from the directory) was refused.
+    #[error("{message}")]
+    Plugin {
+        /// The plugin file.
+        path: PathBuf,
+        /// Why it was refused, naming the file and the fix.
+        message: String,
+    },
+    /// The model provider could not be made from `[provider]`.
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    /// `[provider]` plays a script but names none, and no default script was given.
+    #[error(
+        "[provider] kind = \"scripted\" names no script: set `script = \"path/to/script.toml\"`"
+    )]
+    NoScript,
+}
