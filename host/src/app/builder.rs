@@ -9,7 +9,7 @@ use super::error::BuildError;
 use crate::agent::{Event, Runtime};
 use crate::config::{Config, ProviderSettings};
 use crate::llm::{OpenAiProvider, Provider, Recorder, Script, ScriptedProvider};
-use crate::plugin::{ArtifactCache, Limits, PluginHost, Registry};
+use crate::plugin::{ArtifactCache, PluginHost, Registry};
 use crate::store::Store;
 
 /// Assembles an agent from its [`Config`]: creates the workspace, opens the store, loads
@@ -36,7 +36,6 @@ pub struct AgentBuilder {
     plugins_dir: Option<PathBuf>,
     plugin_files: Vec<PathBuf>,
     cache: ArtifactCache,
-    tool_limits: Option<Limits>,
     provider: Option<Arc<dyn Provider>>,
     default_script: Option<(String, String)>,
     record: Option<PathBuf>,
@@ -54,7 +53,7 @@ pub struct Agent {
 
 impl AgentBuilder {
     /// A builder on `config`. By default: the plugins of `agent.plugins_dir` (none if it
-    /// is unset), no artifact cache, the config's tool limits, and the provider
+    /// is unset), no artifact cache, and the provider
     /// `[provider]` describes.
     pub fn new(config: Config) -> Self {
         AgentBuilder {
@@ -62,7 +61,6 @@ impl AgentBuilder {
             plugins_dir: None,
             plugin_files: Vec::new(),
             cache: ArtifactCache::disabled(),
-            tool_limits: None,
             provider: None,
             default_script: None,
             record: None,
@@ -84,13 +82,6 @@ impl AgentBuilder {
     /// Keeps compiled plugins in `cache`.
     pub fn cache(mut self, cache: ArtifactCache) -> Self {
         self.cache = cache;
-        self
-    }
-
-    /// Runs tools with `limits` instead of the config's `[limits]` (e.g. after command-line
-    /// overrides).
-    pub fn tool_limits(mut self, limits: Limits) -> Self {
-        self.tool_limits = Some(limits);
         self
     }
 
@@ -122,10 +113,7 @@ impl AgentBuilder {
             source,
         })?;
         let store = Arc::new(Store::open(&config.agent.data_dir)?);
-        let limits = self
-            .tool_limits
-            .unwrap_or_else(|| config.limits.tool.clone());
-        let host = PluginHost::new(limits, self.cache)
+        let host = PluginHost::new(config.limits.tool.clone(), self.cache)
             .map_err(BuildError::Host)?
             .with_store(store.clone());
         let host = Arc::new(host);

@@ -76,7 +76,6 @@ impl AgentArgs {
         let mut builder = AgentBuilder::new(config.clone())
             .plugins_dir(self.host.plugins_dir(&config)?)
             .cache(self.host.cache()?)
-            .tool_limits(self.host.limits(&config)?)
             .default_script(DEMO_SCRIPT, "demo");
         if let Some(path) = &self.record {
             builder = builder.record(path);
@@ -366,7 +365,7 @@ impl DemoCommand {
             "capstan demo runs on the built-in defaults and reads no config; drop --config, \
              or use `capstan run` or `capstan chat` with it"
         );
-        let config = Config::defaults(&dir);
+        let config = Config::defaults_with(&dir, &self.agent.host.overrides()?)?;
         let workspace = config.agent.workspace.clone();
         // Before the notes are written into a workspace the host may not use.
         self.agent.check_locations(&config)?;

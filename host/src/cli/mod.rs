@@ -11,7 +11,6 @@ mod tool;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
@@ -19,10 +18,9 @@ use clap::{Args, Parser, Subcommand};
 use capstan_caps::Capability;
 
 use crate::config::{
-    Config, LocationKind, Locations, MAX_TOOL_DEADLINE_SECS, MAX_TOOL_MEMORY_MIB, ProviderSettings,
-    WritableWorkspaces,
+    Config, LocationKind, Locations, Override, ProviderSettings, WritableWorkspaces,
 };
-use crate::plugin::{ArtifactCache, Limits, PluginHost, Registry};
+use crate::plugin::{ArtifactCache, PluginHost, Registry};
 use crate::policy::{Grants, ProcessKind};
 
 /// Capstan: a host runtime for LLM agents whose tools run as sandboxed WebAssembly components.
@@ -74,13 +72,18 @@ pub(crate) struct HostArgs {
     /// Compile every time; use no artifact cache.
     #[arg(long)]
     no_cache: bool,
-    /// Seconds one call may run, at most 3600 [default: limits.tool_deadline_secs, 10].
+    /// Seconds one call may run, at most 3600: `--set limits.tool_deadline_secs=SECS`
+    /// [default: 10].
     #[arg(long, value_name = "SECS")]
     deadline: Option<f64>,
-    /// MiB of linear memory one call may use, 1 to 4096 [default: limits.tool_memory_mib,
-    /// 64].
+    /// MiB of linear memory one call may use, 1 to 4096: `--set limits.tool_memory_mib=MIB`
+    /// [default: 64].
     #[arg(long, value_name = "MIB")]
     memory: Option<u64>,
+    /// Sets a config key for this command, with the names and checks of capstan.toml, e.g.
+    /// `--set limits.max_turns=4` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
     /// The record of writable workspaces, once read.
     #[arg(skip)]
     recorded: OnceLock<WritableWorkspaces>,
@@ -97,9 +100,10 @@ impl HostArgs {
             .clone()
             .unwrap_or_else(|| PathBuf::from(crate::config::CONFIG_FILE));
         check_config_path(self.writable_workspaces()?.clone(), &path)?;
+        let overrides = self.overrides()?;
         let config = match &self.config {
-            Some(path) => Config::load(path)?,
-            None => Config::load_or_default()?,
+            Some(path) => Config::load_with(path, &overrides)?,
+            None => Config::load_or_default_with(&overrides)?,
         };
         self.locations(&config, Path::new("."), false)?.check()?;
         Ok(config)
@@ -114,24 +118,24 @@ impl HostArgs {
         Ok(self.recorded.get_or_init(|| recorded))
     }
 
-    pub(crate) fn limits(&self, config: &Config) -> anyhow::Result<Limits> {
-        let mut limits = config.limits.tool.clone();
+    /// `--set`, `--deadline` and `--memory`, as config overrides.
+    pub(crate) fn overrides(&self) -> anyhow::Result<Vec<Override>> {
+        let mut overrides = Vec::new();
         if let Some(secs) = self.deadline {
-            anyhow::ensure!(
-                secs.is_finite() && secs > 0.0 && secs <= MAX_TOOL_DEADLINE_SECS,
-                "--deadline must be more than 0 and at most {MAX_TOOL_DEADLINE_SECS} seconds, \
-                 got {secs}"
-            );
-            limits.deadline = Duration::from_secs_f64(secs);
+            let flag = format!("--deadline {secs}");
+            let value = toml::Value::Float(secs);
+            overrides.push(Override::new(flag, "limits.tool_deadline_secs", value));
         }
         if let Some(mib) = self.memory {
-            anyhow::ensure!(
-                (1..=u64::from(MAX_TOOL_MEMORY_MIB)).contains(&mib),
-                "--memory must be between 1 and {MAX_TOOL_MEMORY_MIB} MiB, got {mib}"
-            );
-            limits.memory_bytes = (mib as usize) << 20;
+            let flag = format!("--memory {mib}");
+            // Past i64, TOML's integer: refused by the same range check, naming the flag.
+            let value = toml::Value::Integer(i64::try_from(mib).unwrap_or(i64::MAX));
+            overrides.push(Override::new(flag, "limits.tool_memory_mib", value));
         }
-        Ok(limits)
+        for assignment in &self.set {
+            overrides.push(Override::parse("--set", assignment)?);
+        }
+        Ok(overrides)
     }
 
     /// The artifact cache directory, unless `--no-cache`.
@@ -232,7 +236,7 @@ impl HostArgs {
     }
 
     pub(crate) fn host(&self, config: &Config) -> anyhow::Result<PluginHost> {
-        Ok(PluginHost::new(self.limits(config)?, self.cache()?)?)
+        Ok(PluginHost::new(config.limits.tool.clone(), self.cache()?)?)
     }
 
     pub(crate) async fn registry(&self, config: &Config) -> anyhow::Result<Registry> {

@@ -142,17 +142,105 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// One key of the config set for one command (`--set limits.max_turns=4`), laid over the
+/// file with the same names and the same checks; an error it causes names the flag.
+///
+/// ```
+/// use capstan_host::config::{Config, Override};
+///
+/// let four = Override::parse("--set", "limits.max_turns=4").unwrap();
+/// let config = Config::parse_with("", "capstan.toml".as_ref(), &[four]).unwrap();
+/// assert_eq!(config.limits.max_turns, 4);
+///
+/// let zero = Override::parse("--set", "limits.max_turns=0").unwrap();
+/// let err = Config::parse_with("", "capstan.toml".as_ref(), &[zero]).unwrap_err();
+/// assert_eq!(err.to_string(), "--set limits.max_turns=0: `limits.max_turns`: must be at least 1");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Override {
+    /// How it was given, for messages: `--set limits.max_turns=0`, `--deadline 0`.
+    flag: String,
+    /// The dotted key.
+    key: String,
+    value: toml::Value,
+}
+
+impl Override {
+    /// `key` set to `value`, given as `flag`.
+    pub fn new(flag: impl Into<String>, key: impl Into<String>, value: toml::Value) -> Self {
+        Override {
+            flag: flag.into(),
+            key: key.into(),
+            value,
+        }
+    }
+
+    /// `key=value` given with `flag`: the value is read as TOML (`4`, `true`, `"text"`,
+    /// `["a", "b"]`), or taken as a string if it is not TOML (`agent.name=helper`).
+    pub fn parse(flag: &str, assignment: &str) -> Result<Self, ConfigError> {
+        let given = format!("{flag} {assignment}");
+        let Some((key, value)) = assignment.split_once('=') else {
+            return Err(ConfigError {
+                file: given,
+                key: None,
+                message: "expected KEY=VALUE, e.g. limits.max_turns=4".into(),
+            });
+        };
+        let key = key.trim();
+        if key.is_empty() || key.split('.').any(str::is_empty) {
+            return Err(ConfigError {
+                file: given,
+                key: None,
+                message: "the key is empty; name it as in capstan.toml, e.g. limits.max_turns"
+                    .into(),
+            });
+        }
+        let value = value.trim();
+        let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+            .ok()
+            .and_then(|mut table| table.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(value.to_owned()));
+        Ok(Override::new(given, key, value))
+    }
+}
+
+/// Sets dotted `key` in `table`, making the tables on the way.
+fn set_dotted(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<(), String> {
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let last = parts.pop().unwrap_or(key);
+    let mut here = table;
+    for part in parts {
+        let next = here
+            .entry(part)
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        here = next
+            .as_table_mut()
+            .ok_or_else(|| format!("`{part}` is not a table, so `{key}` cannot be set"))?;
+    }
+    here.insert(last.to_owned(), value);
+    Ok(())
+}
+
 impl Config {
     /// The embedded defaults, with relative paths resolved against `base`.
     pub fn defaults(base: &Path) -> Self {
-        let mut config = Config::parse_in(DEFAULT_CONFIG, "<defaults>", base)
-            .expect("the embedded default configuration is valid");
+        Config::defaults_with(base, &[]).expect("the embedded default configuration is valid")
+    }
+
+    /// [`Config::defaults`] with `overrides` laid over them.
+    pub fn defaults_with(base: &Path, overrides: &[Override]) -> Result<Self, ConfigError> {
+        let mut config = Config::parse_in(DEFAULT_CONFIG, "<defaults>", base, overrides)?;
         config.source = None;
-        config
+        Ok(config)
     }
 
     /// Reads and checks `path`, which must be UTF-8 TOML.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Config::load_with(path, &[])
+    }
+
+    /// [`Config::load`] with `overrides` laid over the file.
+    pub fn load_with(path: &Path, overrides: &[Override]) -> Result<Self, ConfigError> {
         let text = read_text(path).map_err(|err| ConfigError {
             file: path.display().to_string(),
             key: None,
@@ -163,44 +251,106 @@ impl Config {
                 }
             },
         })?;
-        Config::parse(&text, path)
+        Config::parse_with(&text, path, overrides)
     }
 
     /// `./capstan.toml` if it exists, else the defaults resolved against the current
     /// directory.
     pub fn load_or_default() -> Result<Self, ConfigError> {
+        Config::load_or_default_with(&[])
+    }
+
+    /// [`Config::load_or_default`] with `overrides` laid over it.
+    pub fn load_or_default_with(overrides: &[Override]) -> Result<Self, ConfigError> {
         let path = Path::new(CONFIG_FILE);
         if path.is_file() {
-            return Config::load(path);
+            return Config::load_with(path, overrides);
         }
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-        Ok(Config::defaults(&cwd))
+        Config::defaults_with(&cwd, overrides)
     }
 
     /// Checks `text` as the contents of `path` (used for messages and to resolve paths).
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        Config::parse_with(text, path, &[])
+    }
+
+    /// [`Config::parse`] with `overrides` laid over `text`.
+    pub fn parse_with(
+        text: &str,
+        path: &Path,
+        overrides: &[Override],
+    ) -> Result<Self, ConfigError> {
         let base = match path.parent() {
             Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
             _ => PathBuf::from("."),
         };
-        let mut config = Config::parse_in(text, &path.display().to_string(), &base)?;
+        let mut config = Config::parse_in(text, &path.display().to_string(), &base, overrides)?;
         config.source = Some(path.to_owned());
         Ok(config)
     }
 
-    fn parse_in(text: &str, file: &str, base: &Path) -> Result<Self, ConfigError> {
+    /// The defaults, `text` over them, then `overrides`: the file is checked on its own
+    /// first, so that an error is blamed on the file or on the override that caused it.
+    fn parse_in(
+        text: &str,
+        file: &str,
+        base: &Path,
+        overrides: &[Override],
+    ) -> Result<Self, ConfigError> {
+        let mut table = Config::layered(text, file)?;
+        let config = Config::check_table(table.clone(), file, base)?;
+        if overrides.is_empty() {
+            return Ok(config);
+        }
+        for o in overrides {
+            set_dotted(&mut table, &o.key, o.value.clone()).map_err(|message| ConfigError {
+                file: o.flag.clone(),
+                key: Some(o.key.clone()),
+                message,
+            })?;
+        }
+        Config::check_table(table, file, base).map_err(|err| {
+            // The file alone was fine: the override of this key (else the last) broke it.
+            let blamed = overrides
+                .iter()
+                .rev()
+                .find(|o| {
+                    err.key
+                        .as_deref()
+                        .is_some_and(|key| key.starts_with(&o.key))
+                })
+                .or(overrides.last())
+                .expect("there are overrides");
+            ConfigError {
+                file: blamed.flag.clone(),
+                ..err
+            }
+        })
+    }
+
+    /// The defaults with `text` laid over them.
+    fn layered(text: &str, file: &str) -> Result<toml::Table, ConfigError> {
+        let mut merged: toml::Table =
+            toml::from_str(DEFAULT_CONFIG).expect("the embedded default configuration parses");
+        let theirs: toml::Table = toml::from_str(text).map_err(|err| ConfigError {
+            file: file.to_owned(),
+            key: None,
+            message: toml_error_message(text, &err),
+        })?;
+        merge(&mut merged, theirs);
+        Ok(merged)
+    }
+
+    /// Reads `table` into a config and checks every key.
+    fn check_table(table: toml::Table, file: &str, base: &Path) -> Result<Self, ConfigError> {
         let error = |key: Option<String>, message: String| ConfigError {
             file: file.to_owned(),
             key,
             message,
         };
-        let mut merged: toml::Table =
-            toml::from_str(DEFAULT_CONFIG).expect("the embedded default configuration parses");
-        let theirs: toml::Table =
-            toml::from_str(text).map_err(|err| error(None, toml_error_message(text, &err)))?;
-        merge(&mut merged, theirs);
         let raw: RawConfig =
-            serde_path_to_error::deserialize(toml::Value::Table(merged)).map_err(|err| {
+            serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|err| {
                 let key = err.path().to_string();
                 error(Some(key), err.into_inner().message().to_owned())
             })?;
@@ -520,6 +670,41 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, Path::new("/etc/capstan/capstan.toml"))
+    }
+
+    #[test]
+    fn an_error_is_blamed_on_the_file_or_on_the_override_that_caused_it() {
+        let path = Path::new("capstan.toml");
+        let set = |assignment: &str| Override::parse("--set", assignment).unwrap();
+        let err = Config::parse_with(
+            "[limits]\nmax_turns = 0\n",
+            path,
+            &[set("limits.max_turns=5")],
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.file, "capstan.toml",
+            "the file is checked on its own first"
+        );
+        let err = Config::parse_with(
+            "[limits]\ndispatch_timeout_secs = 30\n",
+            path,
+            &[
+                set("agent.name=helper"),
+                set("limits.dispatch_total_secs=10"),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(err.file, "--set limits.dispatch_total_secs=10");
+        assert_eq!(err.key.as_deref(), Some("limits.dispatch_total_secs"));
+        let ok = Config::parse_with(
+            "",
+            path,
+            &[set("agent.name=helper"), set("limits.settle_ms=0")],
+        )
+        .unwrap();
+        assert_eq!(ok.agent.name, "helper", "a bare word is a string");
+        assert_eq!(ok.limits.dispatch.settle, std::time::Duration::ZERO);
     }
 
     #[test]

@@ -32,6 +32,48 @@ fn read_call(dir: &Path, extra: &[&str]) -> std::process::Output {
     capstan(dir, &args)
 }
 
+/// `--set` sets any config key with the names and checks of capstan.toml; what it breaks
+/// is refused naming the flag and the key, and a good value takes effect.
+#[test]
+fn set_overrides_a_config_key_with_the_same_names_and_checks() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "alpha\n").unwrap();
+    for (assignment, expected) in [
+        (
+            "limits.tool_memory_mib=0",
+            "--set limits.tool_memory_mib=0: `limits.tool_memory_mib`: must be 1 to 4096 MiB",
+        ),
+        (
+            "limits.max_turns=0",
+            "`limits.max_turns`: must be at least 1",
+        ),
+        ("limits.no_such_limit=3", "unknown field `no_such_limit`"),
+        (
+            "limits.max_turns=\"four\"",
+            "`limits.max_turns`: invalid type",
+        ),
+        ("limits", "expected KEY=VALUE"),
+        ("agent.name.first=x", "`name` is not a table"),
+    ] {
+        let out = read_call(ws.path(), &["--set", assignment]);
+        assert_refused(&out, &[expected]);
+    }
+    // A good value takes effect, over --memory: at 1 MiB no plugin fits.
+    let out = read_call(
+        ws.path(),
+        &["--memory", "4096", "--set", "limits.tool_memory_mib=1"],
+    );
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("over the 1 MiB limit"),
+        "{}",
+        stderr(&out)
+    );
+    let out = read_call(ws.path(), &["--set", "limits.tool_memory_mib=2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "alpha\n");
+}
+
 #[test]
 fn numeric_flags_out_of_range_are_refused_naming_the_limit() {
     let ws = tempfile::tempdir().unwrap();
