@@ -1,0 +1,309 @@
+//! The configuration as serde reads it ([`RawConfig`]), and the checks that turn it into a
+//! [`Config`](super::Config): each failure names the dotted key and what would be right.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{
+    AgentLimits, AgentSettings, Config, MAX_TOOL_DEADLINE_SECS, MAX_TOOL_MEMORY_MIB,
+    ProviderSettings,
+};
+use crate::dispatch::GateSettings;
+use crate::plugin::Limits;
+use crate::policy::{Grants, Policy, ProcessKind, Profile};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    agent: RawAgent,
+    limits: RawLimits,
+    plugins: RawPlugins,
+    provider: RawProvider,
+    profiles: BTreeMap<String, RawProfile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAgent {
+    name: String,
+    workspace: PathBuf,
+    data_dir: PathBuf,
+    plugins_dir: Option<PathBuf>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    tool_deadline_secs: f64,
+    tool_memory_mib: u32,
+    max_workers_per_channel: u32,
+    max_branches_per_channel: u32,
+    max_turns: u32,
+    context_window_tokens: u32,
+    compaction_threshold: f64,
+    worker_timeout_secs: u64,
+    settle_ms: u64,
+    dispatch_timeout_secs: f64,
+    dispatch_total_secs: f64,
+    dispatch_hold_ms: u64,
+    max_answer_kib: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlugins {
+    prefer: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProvider {
+    kind: String,
+    script: Option<PathBuf>,
+    base_url: Option<String>,
+    api_key_env: Option<String>,
+    model: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProfile {
+    tools: Vec<String>,
+    capabilities: Vec<String>,
+}
+
+pub(super) type KeyError = (String, String);
+
+/// The most workers (or branches) one channel may run at once.
+const MAX_PROCESSES_PER_CHANNEL: u32 = 1024;
+/// The most model turns one process may take for one input.
+const MAX_TURNS: u32 = 10_000;
+/// The largest context window, in tokens.
+const MAX_CONTEXT_WINDOW_TOKENS: u32 = 100_000_000;
+
+fn key_error(key: &str, message: impl Into<String>) -> KeyError {
+    (key.to_owned(), message.into())
+}
+
+impl RawConfig {
+    pub(super) fn check(self, base: &Path) -> Result<Config, KeyError> {
+        let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
+        if self.agent.name.trim().is_empty() {
+            return Err(key_error("agent.name", "must not be empty"));
+        }
+        let agent = AgentSettings {
+            name: self.agent.name,
+            workspace: resolve(self.agent.workspace),
+            data_dir: resolve(self.agent.data_dir),
+            plugins_dir: self.agent.plugins_dir.map(resolve),
+        };
+        let limits = self.limits.check()?;
+        if let Some((tool, _)) = self
+            .plugins
+            .prefer
+            .iter()
+            .find(|(_, p)| p.trim().is_empty())
+        {
+            return Err(key_error(
+                &format!("plugins.prefer.{tool}"),
+                "must name a plugin (its file name without `.wasm`)",
+            ));
+        }
+        let prefer = self.plugins.prefer.into_iter().collect();
+        let provider = self.provider.check(&resolve)?;
+        let policy = check_profiles(self.profiles)?;
+        Ok(Config {
+            source: None,
+            agent,
+            limits,
+            prefer,
+            provider,
+            policy,
+        })
+    }
+}
+
+impl RawLimits {
+    fn check(self) -> Result<AgentLimits, KeyError> {
+        let secs = self.tool_deadline_secs;
+        if !(secs.is_finite() && secs > 0.0 && secs <= MAX_TOOL_DEADLINE_SECS) {
+            return Err(key_error(
+                "limits.tool_deadline_secs",
+                format!(
+                    "must be more than 0 and at most {MAX_TOOL_DEADLINE_SECS} seconds, got {secs}"
+                ),
+            ));
+        }
+        if !(1..=MAX_TOOL_MEMORY_MIB).contains(&self.tool_memory_mib) {
+            return Err(key_error(
+                "limits.tool_memory_mib",
+                format!(
+                    "must be 1 to {MAX_TOOL_MEMORY_MIB} MiB, got {}",
+                    self.tool_memory_mib
+                ),
+            ));
+        }
+        for (key, value, max) in [
+            (
+                "limits.max_workers_per_channel",
+                self.max_workers_per_channel,
+                MAX_PROCESSES_PER_CHANNEL,
+            ),
+            (
+                "limits.max_branches_per_channel",
+                self.max_branches_per_channel,
+                MAX_PROCESSES_PER_CHANNEL,
+            ),
+            ("limits.max_turns", self.max_turns, MAX_TURNS),
+        ] {
+            if value == 0 {
+                return Err(key_error(key, "must be at least 1"));
+            }
+            if value > max {
+                return Err(key_error(
+                    key,
+                    format!("must be at most {max}, got {value}"),
+                ));
+            }
+        }
+        if !(512..=MAX_CONTEXT_WINDOW_TOKENS).contains(&self.context_window_tokens) {
+            return Err(key_error(
+                "limits.context_window_tokens",
+                format!(
+                    "must be 512 to {MAX_CONTEXT_WINDOW_TOKENS}, got {}",
+                    self.context_window_tokens
+                ),
+            ));
+        }
+        let share = self.compaction_threshold;
+        if !(share > 0.0 && share <= 1.0) {
+            return Err(key_error(
+                "limits.compaction_threshold",
+                format!("must be a share of the window in (0, 1], got {share}"),
+            ));
+        }
+        if !(1..=86_400).contains(&self.worker_timeout_secs) {
+            return Err(key_error(
+                "limits.worker_timeout_secs",
+                format!(
+                    "must be 1 to 86400 seconds, got {}",
+                    self.worker_timeout_secs
+                ),
+            ));
+        }
+        let timeout = self.dispatch_timeout_secs;
+        if !(timeout.is_finite() && timeout > 0.0 && timeout <= 3600.0) {
+            return Err(key_error(
+                "limits.dispatch_timeout_secs",
+                format!("must be more than 0 and at most 3600 seconds, got {timeout}"),
+            ));
+        }
+        let total = self.dispatch_total_secs;
+        if !(total.is_finite() && total >= timeout && total <= 86_400.0) {
+            return Err(key_error(
+                "limits.dispatch_total_secs",
+                format!(
+                    "must be at least limits.dispatch_timeout_secs ({timeout}) and at most \
+                     86400 seconds, got {total}"
+                ),
+            ));
+        }
+        if !(1..=262_144).contains(&self.max_answer_kib) {
+            return Err(key_error(
+                "limits.max_answer_kib",
+                format!(
+                    "must be 1 to 262144 KiB (256 MiB), got {}",
+                    self.max_answer_kib
+                ),
+            ));
+        }
+        for (key, value) in [
+            ("limits.settle_ms", self.settle_ms),
+            ("limits.dispatch_hold_ms", self.dispatch_hold_ms),
+        ] {
+            if value > 60_000 {
+                return Err(key_error(
+                    key,
+                    format!("must be at most 60000 ms, got {value}"),
+                ));
+            }
+        }
+        Ok(AgentLimits {
+            tool: Limits {
+                deadline: Duration::from_secs_f64(secs),
+                memory_bytes: (self.tool_memory_mib as usize) << 20,
+                ..Limits::default()
+            },
+            max_workers_per_channel: self.max_workers_per_channel,
+            max_branches_per_channel: self.max_branches_per_channel,
+            max_turns: self.max_turns,
+            context_window_tokens: self.context_window_tokens,
+            compaction_threshold: share,
+            worker_timeout: Duration::from_secs(self.worker_timeout_secs),
+            dispatch: GateSettings {
+                settle: Duration::from_millis(self.settle_ms),
+                timeout: Duration::from_secs_f64(timeout),
+                total: Duration::from_secs_f64(total),
+                hold: Duration::from_millis(self.dispatch_hold_ms),
+            },
+            max_answer_bytes: (self.max_answer_kib as usize) << 10,
+        })
+    }
+}
+
+impl RawProvider {
+    fn check(self, resolve: &impl Fn(PathBuf) -> PathBuf) -> Result<ProviderSettings, KeyError> {
+        match self.kind.as_str() {
+            "scripted" => Ok(ProviderSettings::Scripted {
+                script: self.script.map(resolve),
+            }),
+            "openai" => {
+                let need = |value: Option<String>, key: &str, example: &str| {
+                    value.filter(|v| !v.trim().is_empty()).ok_or_else(|| {
+                        key_error(
+                            &format!("provider.{key}"),
+                            format!("required when provider.kind = \"openai\" (e.g. {example})"),
+                        )
+                    })
+                };
+                Ok(ProviderSettings::OpenAi {
+                    base_url: need(self.base_url, "base_url", "\"https://api.openai.com/v1\"")?,
+                    api_key_env: need(self.api_key_env, "api_key_env", "\"OPENAI_API_KEY\"")?,
+                    model: need(self.model, "model", "\"gpt-4o-mini\"")?,
+                })
+            }
+            other => Err(key_error(
+                "provider.kind",
+                format!("unknown provider `{other}`; expected \"scripted\" or \"openai\""),
+            )),
+        }
+    }
+}
+
+fn check_profiles(raw: BTreeMap<String, RawProfile>) -> Result<Policy, KeyError> {
+    let mut profiles = BTreeMap::new();
+    for (name, profile) in raw {
+        let kind: ProcessKind = name
+            .parse()
+            .map_err(|msg: String| key_error(&format!("profiles.{name}"), msg))?;
+        let mut caps = Vec::with_capacity(profile.capabilities.len());
+        for (i, text) in profile.capabilities.iter().enumerate() {
+            let cap = text
+                .parse()
+                .map_err(|err: capstan_caps::ParseCapabilityError| {
+                    key_error(
+                        &format!("profiles.{name}.capabilities[{i}]"),
+                        err.to_string(),
+                    )
+                })?;
+            caps.push(cap);
+        }
+        let profile = Profile::new(&profile.tools, Grants::new(caps))
+            .map_err(|msg| key_error(&format!("profiles.{name}.tools"), msg))?;
+        profiles.insert(kind, profile);
+    }
+    Ok(Policy::new(profiles))
+}
