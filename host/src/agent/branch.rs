@@ -130,6 +130,9 @@ impl BranchTools {
     }
 }
 
+/// The host tools this process runs itself.
+const BRANCH_TOOLS: &[&str] = &["spawn_worker"];
+
 impl ToolHandler for BranchTools {
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
         Box::pin(self.ctx.refuse(&self.id, name, arguments))
@@ -138,7 +141,9 @@ impl ToolHandler for BranchTools {
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
         Box::pin(
             self.ctx
-                .answer(&self.id, name, arguments, |call| self.run(call)),
+                .answer(&self.id, name, arguments, BRANCH_TOOLS, |call| {
+                    self.run(call)
+                }),
         )
     }
 }

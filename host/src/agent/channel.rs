@@ -7,10 +7,9 @@ use tokio::sync::mpsc;
 
 use super::compactor::compact_if_needed;
 use super::context::Context;
-use super::drain;
 use super::events::Event;
 use super::host_tools::HostCall;
-use super::inbox::{ChannelHandle, ChannelInput};
+use super::inbox::{ChannelHandle, ChannelInput, drain};
 use super::prompts::system_prompt;
 use super::turn::{ToolHandler, ToolOutcome, TurnEnd, Unanswered, repair};
 use crate::dispatch::Route;
@@ -286,6 +285,9 @@ impl ChannelTools {
     }
 }
 
+/// The host tools this process runs itself.
+const CHANNEL_TOOLS: &[&str] = &["reply", "skip", "spawn_worker", "branch", "route", "cancel"];
+
 impl ToolHandler for ChannelTools {
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
         Box::pin(self.ctx.refuse(&self.channel, name, arguments))
@@ -294,7 +296,9 @@ impl ToolHandler for ChannelTools {
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
         Box::pin(
             self.ctx
-                .answer(&self.channel, name, arguments, |call| self.run(call)),
+                .answer(&self.channel, name, arguments, CHANNEL_TOOLS, |call| {
+                    self.run(call)
+                }),
         )
     }
 }

@@ -129,6 +129,6 @@ impl ToolHandler for CompactorTools {
 
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
         // No host tool is the compactor's.
-        Box::pin(self.ctx.answer(&self.id, name, arguments, |_| None))
+        Box::pin(self.ctx.answer(&self.id, name, arguments, &[], |_| None))
     }
 }

@@ -3,7 +3,8 @@
 //! reaching and reporting to other processes.
 //!
 //! Processes (channel, branch, worker, compactor) depend on this module and on the modules
-//! below it, never on each other's modules or on [`Runtime`](super::Runtime). Starting a
+//! below it, never on each other's modules (but for the channel running the compactor
+//! inside its own turn) or on [`Runtime`](super::Runtime). Starting a
 //! process is the one thing that needs the process modules; the runtime hands the context
 //! a [`Starter`] that does it.
 

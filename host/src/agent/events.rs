@@ -87,7 +87,8 @@ pub enum Event {
         /// Why, naming the profile or capability.
         reason: String,
     },
-    /// A plugin tool call produced no result: bad arguments, not found, or it failed.
+    /// A tool call produced no result: bad arguments, not found, or it failed (a host
+    /// tool's bad arguments included).
     ToolFailed {
         /// The process that called it.
         process: ProcessId,
@@ -234,6 +235,20 @@ pub enum TurnEnding {
     Unanswered,
 }
 
+impl TurnEnding {
+    /// The name in the JSON form, e.g. `out_of_turns`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnEnding::Answered => "answered",
+            TurnEnding::Replied => "replied",
+            TurnEnding::Ended => "ended",
+            TurnEnding::Injected => "injected",
+            TurnEnding::OutOfTurns => "out_of_turns",
+            TurnEnding::Unanswered => "unanswered",
+        }
+    }
+}
+
 impl Event {
     /// The process the event is about.
     pub fn process(&self) -> &ProcessId {
@@ -274,7 +289,7 @@ impl fmt::Display for Event {
         match self {
             Event::Reply { .. } | Event::Text { .. } => Ok(()),
             Event::TurnStarted { route, .. } => write!(f, "turn started ({route})"),
-            Event::TurnFinished { end, .. } => write!(f, "turn finished ({end:?})"),
+            Event::TurnFinished { end, .. } => write!(f, "turn finished ({})", end.as_str()),
             Event::TurnSuppressed { reason, .. } => {
                 write!(f, "not sent: {reason}; the inputs stay in the history")
             }
@@ -548,6 +563,7 @@ mod tests {
         assert!(shown.contains(&"[branch:2] file_write denied: not granted".to_owned()));
         assert!(shown.contains(&"[worker:3] file_read not-found: no such file".to_owned()));
         assert!(shown.contains(&"[worker:3] 2 routed message(s) injected".to_owned()));
+        assert!(shown.contains(&"[channel:main] turn finished (out_of_turns)".to_owned()));
     }
 
     #[test]

@@ -44,25 +44,33 @@ impl HostTool {
 }
 
 /// The JSON Schema of `A`, as a model is shown it: without the `$schema` and `title`
-/// keys, which only name the Rust type.
+/// keys, which only name the Rust type, and with `properties` even when there are none
+/// (some OpenAI-compatible servers require it).
 fn schema_of<A: JsonSchema>() -> Value {
     let mut schema = schemars::schema_for!(A).to_value();
     if let Some(object) = schema.as_object_mut() {
         object.remove("$schema");
         object.remove("title");
+        object
+            .entry("properties")
+            .or_insert_with(|| Value::Object(Default::default()));
     }
     schema
 }
 
-/// Parses the arguments of a call of host tool `tool`, or says what is wrong. No
-/// arguments at all (as some models send for a tool without parameters) are `{}`.
-fn parse_args<A: DeserializeOwned>(tool: &str, arguments: &str) -> Result<A, ToolError> {
-    let arguments = if arguments.trim().is_empty() {
-        "{}"
-    } else {
-        arguments
-    };
-    serde_json::from_str(arguments).map_err(|err| ToolError::InvalidArgs(format!("{tool}: {err}")))
+/// The arguments of a host tool, parsed from what the model wrote.
+trait HostArgs: DeserializeOwned + JsonSchema {
+    /// Parses the arguments of a call of host tool `tool`, or says what is wrong. No
+    /// arguments at all (as some models send for a tool without parameters) are `{}`.
+    fn parse(tool: &str, arguments: &str) -> Result<Self, ToolError> {
+        let arguments = if arguments.trim().is_empty() {
+            "{}"
+        } else {
+            arguments
+        };
+        serde_json::from_str(arguments)
+            .map_err(|err| ToolError::InvalidArgs(format!("{tool}: {err}")))
+    }
 }
 
 /// Defines every host tool from one list: `Variant(Args) = "name": "description"`.
@@ -84,7 +92,7 @@ macro_rules! host_tools {
             /// naming the tool and the field if the arguments do not fit.
             pub(crate) fn parse(name: &str, arguments: &str) -> Option<Result<HostCall, ToolError>> {
                 match name {
-                    $( $name => Some(parse_args::<$args>(name, arguments).map(HostCall::$variant)), )*
+                    $( $name => Some(<$args as HostArgs>::parse(name, arguments).map(HostCall::$variant)), )*
                     _ => None,
                 }
             }
@@ -123,10 +131,20 @@ pub(crate) struct ReplyArgs {
     pub(crate) text: String,
 }
 
+impl HostArgs for ReplyArgs {}
+
 /// The arguments of `skip`: none.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
 pub(crate) struct SkipArgs {}
+
+impl HostArgs for SkipArgs {
+    /// Whatever came with it: a model that means to skip is not sent back to fix its
+    /// arguments.
+    fn parse(_tool: &str, _arguments: &str) -> Result<Self, ToolError> {
+        Ok(SkipArgs {})
+    }
+}
 
 /// The arguments of `spawn_worker`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
@@ -139,8 +157,11 @@ pub(crate) struct SpawnArgs {
     pub(crate) interactive: bool,
     /// Assign it to this task on the board, so it may update it.
     #[serde(default)]
+    #[schemars(with = "u64")]
     pub(crate) task_number: Option<u64>,
 }
+
+impl HostArgs for SpawnArgs {}
 
 /// The arguments of `branch`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
@@ -149,6 +170,8 @@ pub(crate) struct BranchArgs {
     /// The question to think about.
     pub(crate) question: String,
 }
+
+impl HostArgs for BranchArgs {}
 
 /// The arguments of `route`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
@@ -160,6 +183,8 @@ pub(crate) struct RouteArgs {
     pub(crate) message: String,
 }
 
+impl HostArgs for RouteArgs {}
+
 /// The arguments of `cancel`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
@@ -167,6 +192,8 @@ pub(crate) struct CancelArgs {
     /// The worker's id, e.g. `worker:3`.
     pub(crate) worker: String,
 }
+
+impl HostArgs for CancelArgs {}
 
 /// The arguments of `set_status`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
@@ -178,17 +205,21 @@ pub(crate) struct StatusArgs {
     pub(crate) message: String,
 }
 
-/// A state a worker reports with `set_status`.
+impl HostArgs for StatusArgs {}
+
+/// A state a worker reports with `set_status`. Inlined, with no description per case, so
+/// that the model is shown a plain `enum` of strings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
+#[schemars(inline)]
 pub(crate) enum ReportedState {
-    /// Still working; the message is a progress note.
+    // Still working; the message is a progress note.
     Progress,
-    /// Asks for input; the message is the question.
+    // Asks for input; the message is the question.
     Waiting,
-    /// Finished; the message is the result.
+    // Finished; the message is the result.
     Done,
-    /// Could not finish; the message says why.
+    // Could not finish; the message says why.
     Failed,
 }
 
@@ -230,18 +261,28 @@ mod tests {
                 "description": "The arguments of `route`."
             })
         );
+        // Plain shapes that every OpenAI-compatible server accepts: an inline enum, an
+        // integer (not a nullable one), `properties` even when empty, no `$ref`.
         let status = shown("set_status");
-        let states: Vec<&str> = status["$defs"]["ReportedState"]["oneOf"]
-            .as_array()
-            .map(|cases| cases.iter().filter_map(|c| c["const"].as_str()).collect())
-            .unwrap_or_default();
         assert_eq!(
-            states,
-            ["progress", "waiting", "done", "failed"],
+            status["properties"]["state"]["enum"],
+            json!(["progress", "waiting", "done", "failed"]),
             "{status:#}"
         );
         let spawn = shown("spawn_worker");
         assert_eq!(spawn["required"], json!(["task"]), "{spawn:#}");
+        assert_eq!(
+            spawn["properties"]["task_number"]["type"], "integer",
+            "{spawn:#}"
+        );
+        assert_eq!(shown("skip")["properties"], json!({}));
+        for tool in HOST_TOOLS {
+            let schema = tool.def().parameters.to_string();
+            assert!(
+                !schema.contains("$ref") && !schema.contains("$defs"),
+                "{schema}"
+            );
+        }
     }
 
     #[test]
@@ -265,10 +306,13 @@ mod tests {
             let call = HostCall::parse(tool.name, &Value::Object(minimal).to_string());
             assert!(matches!(call, Some(Ok(_))), "{}: {call:?}", tool.name);
         }
-        assert_eq!(
-            HostCall::parse("skip", ""),
-            Some(Ok(HostCall::Skip(SkipArgs {})))
-        );
+        for anything in ["", "null", "{\"reason\":\"done\"}", "{\"trunc"] {
+            assert_eq!(
+                HostCall::parse("skip", anything),
+                Some(Ok(HostCall::Skip(SkipArgs {}))),
+                "{anything}"
+            );
+        }
         assert_eq!(HostCall::parse("file_read", "{}"), None);
         let bad = HostCall::parse("set_status", r#"{"state":"asleep","message":"zz"}"#);
         let Some(Err(err)) = bad else {

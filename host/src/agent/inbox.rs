@@ -111,3 +111,8 @@ impl ChannelHandle {
         })
     }
 }
+
+/// Everything queued in `inbox` now, without waiting.
+pub(crate) fn drain<T>(inbox: &mut mpsc::UnboundedReceiver<T>) -> Vec<T> {
+    std::iter::from_fn(|| inbox.try_recv().ok()).collect()
+}

@@ -35,9 +35,5 @@ pub use context::SpawnOutcome;
 pub use events::{Event, TurnEnding};
 pub use notifications::NotificationKind;
 
-/// Everything queued in `inbox` now, without waiting.
-pub(crate) fn drain<T>(inbox: &mut tokio::sync::mpsc::UnboundedReceiver<T>) -> Vec<T> {
-    std::iter::from_fn(|| inbox.try_recv().ok()).collect()
-}
 pub use host_tools::{HOST_TOOLS, HostTool, host_tool};
 pub use runtime::Runtime;

@@ -183,11 +183,21 @@ pub(crate) fn supervise<P, F>(
     });
     let process = start(pending.clone());
     tokio::spawn(async move {
+        // Released last, and even if reporting the failure panics.
+        let _release = Release(pending);
         if let Err(why) = run_caught(process).await {
             failed(why).await;
         }
-        pending.pause();
     });
+}
+
+/// Stops counting a process's [`Pending`] share when dropped.
+struct Release(Arc<Pending>);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.pause();
+    }
 }
 
 /// Runs `process` in its own task and waits for it. `Err` says why it did not end

@@ -49,25 +49,27 @@ impl Context {
         host.chain(plugins).collect()
     }
 
-    /// Answers a call of tool `name` that `caller` was offered: a host tool, parsed, is
-    /// run by `run` (which returns `None` for a host tool that is not its process's); any
-    /// other goes to the plugins.
+    /// Answers a call of tool `name` that `caller` was offered: a host tool among
+    /// `handled` (the process's own) is parsed and run by `run` (`None`: not handled after
+    /// all); any other name goes to the plugins, unparsed.
     pub(crate) async fn answer(
         &self,
         caller: &ProcessId,
         name: &str,
         arguments: &str,
+        handled: &[&str],
         run: impl FnOnce(HostCall) -> Option<Result<ToolOutcome, ToolError>>,
     ) -> ToolOutcome {
         let ran = match HostCall::parse(name, arguments) {
-            Some(Ok(call)) => run(call),
-            Some(Err(err)) => Some(Err(err)),
-            None => None,
+            Some(Ok(call)) if handled.contains(&name) => run(call),
+            Some(Err(err)) if handled.contains(&name) => Some(Err(err)),
+            _ => None,
         };
         match ran {
             Some(Ok(outcome)) => outcome,
             Some(Err(err)) => ToolOutcome::Continue(self.tool_error(caller, name, err)),
-            // Not a host tool of this process: a plugin tool its profile offers.
+            // A plugin tool its profile offers, or a host tool that is not this process's
+            // (the registry answers not-found, audited).
             None => ToolOutcome::Continue(self.call_plugin(caller, name, arguments).await),
         }
     }

@@ -11,10 +11,9 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Mutex as AsyncMutex, Notify, mpsc};
 
 use super::context::{Context, WorkerSpec};
-use super::drain;
 use super::events::Event;
 use super::host_tools::{HostCall, ReportedState};
-use super::inbox::ChannelHandle;
+use super::inbox::{ChannelHandle, drain};
 use super::notifications::NotificationKind;
 use super::prompts::system_prompt;
 use super::reservations::Reservation;
@@ -336,6 +335,9 @@ impl WorkerTools<'_> {
     }
 }
 
+/// The host tools this process runs itself.
+const WORKER_TOOLS: &[&str] = &["set_status"];
+
 impl ToolHandler for WorkerTools<'_> {
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
         Box::pin(self.ctx.refuse(&self.id, name, arguments))
@@ -352,7 +354,9 @@ impl ToolHandler for WorkerTools<'_> {
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
         Box::pin(
             self.ctx
-                .answer(&self.id, name, arguments, |call| self.run(call)),
+                .answer(&self.id, name, arguments, WORKER_TOOLS, |call| {
+                    self.run(call)
+                }),
         )
     }
 }

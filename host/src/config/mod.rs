@@ -20,12 +20,14 @@ mod error;
 mod locations;
 mod overrides;
 mod raw;
+mod resolve;
 mod writable_workspaces;
 
 pub use crate::text::{SourceError, read_text, toml_error_message};
 pub use error::ConfigError;
-pub use locations::{GrantedBy, InsideWorkspace, LocationKind, Locations, resolve};
+pub use locations::{GrantedBy, InsideWorkspace, LocationKind, Locations};
 pub use overrides::Override;
+pub use resolve::resolve;
 pub use writable_workspaces::{RecordError, WRITABLE_WORKSPACES_FILE, WritableWorkspaces};
 
 use std::path::{Path, PathBuf};

@@ -20,7 +20,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use super::locations::{inside_any, resolve};
+use super::resolve::{inside_any, resolve};
 
 /// The file name of the record inside the state dir.
 pub const WRITABLE_WORKSPACES_FILE: &str = "writable-workspaces";

@@ -7,6 +7,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::error::DataDirProblem;
 use super::{DATABASE_FILE, StoreError};
 
 /// The files SQLite keeps next to each other for one WAL-mode database.
@@ -83,27 +84,4 @@ fn probe_writable(dir: &Path) -> std::io::Result<()> {
         .create_new(true)
         .open(&probe)?;
     std::fs::remove_file(&probe)
-}
-
-/// What is wrong with a data dir.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DataDirProblem {
-    /// Something other than a directory is in its place.
-    NotADirectory,
-    /// This process may not list it.
-    Unreadable,
-    /// This process may not create files in it.
-    NotWritable,
-}
-
-impl std::fmt::Display for DataDirProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            DataDirProblem::NotADirectory => "is not a directory (a file is in its place)",
-            DataDirProblem::Unreadable => "cannot be read by this user",
-            DataDirProblem::NotWritable => {
-                "is not writable by this user (the database needs to create its -wal and -shm files there)"
-            }
-        })
-    }
 }

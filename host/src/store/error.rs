@@ -2,8 +2,6 @@
 
 use std::path::PathBuf;
 
-use super::datadir::DataDirProblem;
-
 /// What every data-dir error ends with: how to point capstan elsewhere.
 const ELSEWHERE: &str = "or set `data_dir` under `[agent]` in capstan.toml to another directory";
 
@@ -112,4 +110,27 @@ pub enum StoreError {
     /// SQLite failed.
     #[error("database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
+}
+
+/// What is wrong with a data dir.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataDirProblem {
+    /// Something other than a directory is in its place.
+    NotADirectory,
+    /// This process may not list it.
+    Unreadable,
+    /// This process may not create files in it.
+    NotWritable,
+}
+
+impl std::fmt::Display for DataDirProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DataDirProblem::NotADirectory => "is not a directory (a file is in its place)",
+            DataDirProblem::Unreadable => "cannot be read by this user",
+            DataDirProblem::NotWritable => {
+                "is not writable by this user (the database needs to create its -wal and -shm files there)"
+            }
+        })
+    }
 }

@@ -43,8 +43,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rusqlite::{Connection, OpenFlags};
 
 pub use audit::{AuditEntry, AuditRecord};
-pub use datadir::DataDirProblem;
-pub use error::StoreError;
+
+pub use error::{DataDirProblem, StoreError};
 pub use history::HistoryEntry;
 pub use memory::{Memory, NewMemory};
 pub use migrations::SCHEMA_VERSION;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::params;
 
 use super::open_lock::{O_NOFOLLOW, open_lock_file};
-use super::{Store, StoreError, WorkerRecord, WorkerState, now, retry};
+use super::{Store, StoreError, now, retry};
 
 /// The directory under the data dir that holds the runs' lock files.
 const RUNS_DIR: &str = "runs";
@@ -26,6 +26,11 @@ impl RunId {
     /// The number.
     pub fn get(self) -> u64 {
         self.0
+    }
+
+    /// The run numbered `number` in the database.
+    pub(super) fn from_row(number: i64) -> Self {
+        RunId(number as u64)
     }
 }
 
@@ -119,61 +124,6 @@ impl Store {
             })
         })
     }
-
-    /// Marks every running or waiting worker whose run is over (its lock is free: its
-    /// process ended or was killed) as [`WorkerState::Interrupted`], and returns them as
-    /// they are now. Workers of live runs, in this process or any other, are left alone,
-    /// and so are workers recorded without a run.
-    pub fn mark_interrupted_workers(&self) -> Result<Vec<WorkerRecord>, StoreError> {
-        let data_dir = self.data_dir.clone();
-        let ids = retry::write(&mut self.conn(), |tx| {
-            let mut stmt = tx.prepare(
-                "SELECT DISTINCT run FROM workers WHERE run IS NOT NULL AND state IN (?1, ?2)",
-            )?;
-            let runs: Vec<i64> = stmt
-                .query_map(
-                    params![
-                        WorkerState::Running.as_str(),
-                        WorkerState::WaitingForInput.as_str()
-                    ],
-                    |row| row.get(0),
-                )?
-                .collect::<Result<_, _>>()?;
-            drop(stmt);
-            let mut marked = Vec::new();
-            for run in runs {
-                let run = RunId(run as u64);
-                if !run_is_over(&data_dir, run)? {
-                    continue;
-                }
-                let mut stmt = tx.prepare(
-                    "UPDATE workers SET state = ?2, outcome = ?3, updated_at = ?4
-                     WHERE run = ?1 AND state IN (?5, ?6) RETURNING id",
-                )?;
-                let ids = stmt.query_map(
-                    params![
-                        run.0 as i64,
-                        WorkerState::Interrupted.as_str(),
-                        format!("interrupted: its {run} ended while it was working"),
-                        now(),
-                        WorkerState::Running.as_str(),
-                        WorkerState::WaitingForInput.as_str()
-                    ],
-                    |row| row.get::<_, String>(0),
-                )?;
-                for id in ids {
-                    marked.push(id?);
-                }
-            }
-            Ok(marked)
-        })?;
-        let mut records = Vec::with_capacity(ids.len());
-        for id in ids {
-            records.extend(self.get_worker(&id)?);
-        }
-        records.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(records)
-    }
 }
 
 fn lock_file(data_dir: &Path, run: RunId) -> PathBuf {
@@ -181,7 +131,7 @@ fn lock_file(data_dir: &Path, run: RunId) -> PathBuf {
 }
 
 /// Whether `run`'s lock is free: no live process holds it.
-fn run_is_over(data_dir: &Path, run: RunId) -> Result<bool, StoreError> {
+pub(super) fn run_is_over(data_dir: &Path, run: RunId) -> Result<bool, StoreError> {
     let path = lock_file(data_dir, run);
     let file = match OpenOptions::new()
         .read(true)

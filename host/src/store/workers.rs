@@ -6,6 +6,7 @@ use std::str::FromStr;
 use rusqlite::{OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
+use super::runs::run_is_over;
 use super::{RunId, Store, StoreError, now, retry};
 
 /// A worker's state. Its JSON form is [`WorkerState::as_str`].
@@ -184,5 +185,60 @@ impl Store {
             })
         })
         .transpose()
+    }
+
+    /// Marks every running or waiting worker whose run is over (its lock is free: its
+    /// process ended or was killed) as [`WorkerState::Interrupted`], and returns them as
+    /// they are now. Workers of live runs, in this process or any other, are left alone,
+    /// and so are workers recorded without a run.
+    pub fn mark_interrupted_workers(&self) -> Result<Vec<WorkerRecord>, StoreError> {
+        let data_dir = self.data_dir.clone();
+        let ids = retry::write(&mut self.conn(), |tx| {
+            let mut stmt = tx.prepare(
+                "SELECT DISTINCT run FROM workers WHERE run IS NOT NULL AND state IN (?1, ?2)",
+            )?;
+            let runs: Vec<i64> = stmt
+                .query_map(
+                    params![
+                        WorkerState::Running.as_str(),
+                        WorkerState::WaitingForInput.as_str()
+                    ],
+                    |row| row.get(0),
+                )?
+                .collect::<Result<_, _>>()?;
+            drop(stmt);
+            let mut marked = Vec::new();
+            for run in runs {
+                let run = RunId::from_row(run);
+                if !run_is_over(&data_dir, run)? {
+                    continue;
+                }
+                let mut stmt = tx.prepare(
+                    "UPDATE workers SET state = ?2, outcome = ?3, updated_at = ?4
+                     WHERE run = ?1 AND state IN (?5, ?6) RETURNING id",
+                )?;
+                let ids = stmt.query_map(
+                    params![
+                        run.get() as i64,
+                        WorkerState::Interrupted.as_str(),
+                        format!("interrupted: its {run} ended while it was working"),
+                        now(),
+                        WorkerState::Running.as_str(),
+                        WorkerState::WaitingForInput.as_str()
+                    ],
+                    |row| row.get::<_, String>(0),
+                )?;
+                for id in ids {
+                    marked.push(id?);
+                }
+            }
+            Ok(marked)
+        })?;
+        let mut records = Vec::with_capacity(ids.len());
+        for id in ids {
+            records.extend(self.get_worker(&id)?);
+        }
+        records.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(records)
     }
 }

@@ -3,8 +3,11 @@
 //! code) form no cycle; nor do the crate's top-level modules. A cycle is reported with the
 //! file and line of each reference that closes it.
 //!
-//! Paths written inside macro calls are not seen (they are token streams to `syn`); the
-//! module tree itself (`mod` items) is not a reference.
+//! A reference counts wherever it is written: in code, in an inline module, inside a macro
+//! call (`tokio::select!`, `json!`: paths starting at `crate`, `super` or `self` in its
+//! tokens), through a parent's re-export (`super::Runtime` names `agent::runtime`), or by a
+//! glob (`use super::*` names everything its target re-exports). The module tree itself
+//! (`mod` items) is not a reference.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -73,7 +76,7 @@ impl Crate {
             .filter_map(|file| Some((module_of(&src, &file)?, file)))
             .collect();
         let modules: BTreeSet<ModPath> = files.keys().cloned().collect();
-        let references = files
+        let found: BTreeMap<ModPath, Vec<Found>> = files
             .iter()
             .map(|(module, file)| {
                 let source = std::fs::read_to_string(file).unwrap();
@@ -81,19 +84,53 @@ impl Crate {
                     .unwrap_or_else(|err| panic!("{}: {err}", file.display()));
                 let mut paths = Paths::default();
                 paths.visit_file(&parsed);
-                let found = paths
-                    .found
-                    .into_iter()
-                    .filter_map(|(segments, line)| {
-                        let target = resolve(module, &segments, &modules)?;
-                        Some(Reference {
-                            target,
-                            file: file.clone(),
-                            line,
-                        })
-                    })
-                    .collect();
-                (module.clone(), found)
+                (module.clone(), paths.found)
+            })
+            .collect();
+        // What each module re-exports: the name and the module it comes from.
+        let no_exports = BTreeMap::new();
+        let mut exports: BTreeMap<ModPath, BTreeMap<String, ModPath>> = BTreeMap::new();
+        for (module, paths) in &found {
+            for path in paths
+                .iter()
+                .filter(|p| p.reexport && !p.glob && p.inline.is_empty())
+            {
+                if let Some(target) = resolve(module, &path.segments, &modules, &no_exports) {
+                    let name = path.segments.last().unwrap().clone();
+                    exports
+                        .entry(module.clone())
+                        .or_default()
+                        .insert(name, target);
+                }
+            }
+        }
+        let references = found
+            .into_iter()
+            .map(|(module, paths)| {
+                let file = files[&module].clone();
+                let mut references = Vec::new();
+                for path in paths {
+                    let mut within = module.clone();
+                    within.extend(path.inline.iter().cloned());
+                    let Some(target) = resolve(&within, &path.segments, &modules, &exports) else {
+                        continue;
+                    };
+                    let mut targets = vec![target.clone()];
+                    if path.glob {
+                        targets.extend(
+                            exports
+                                .get(&target)
+                                .into_iter()
+                                .flat_map(|e| e.values().cloned()),
+                        );
+                    }
+                    references.extend(targets.into_iter().map(|target| Reference {
+                        target,
+                        file: file.clone(),
+                        line: path.line,
+                    }));
+                }
+                (module, references)
             })
             .collect();
         Crate { files, references }
@@ -134,8 +171,13 @@ impl Crate {
 }
 
 /// Resolves `segments`, written in `module`, to the module it names, if it names one of
-/// this crate's (the longest known prefix).
-fn resolve(module: &[String], segments: &[String], modules: &BTreeSet<ModPath>) -> Option<ModPath> {
+/// this crate's (the longest known prefix, followed through re-exports).
+fn resolve(
+    module: &[String],
+    segments: &[String],
+    modules: &BTreeSet<ModPath>,
+    exports: &BTreeMap<ModPath, BTreeMap<String, ModPath>>,
+) -> Option<ModPath> {
     let (mut base, rest): (ModPath, &[String]) = match segments.first()?.as_str() {
         "crate" => (Vec::new(), &segments[1..]),
         "self" => (module.to_vec(), &segments[1..]),
@@ -161,18 +203,39 @@ fn resolve(module: &[String], segments: &[String], modules: &BTreeSet<ModPath>) 
     };
     for segment in rest {
         base.push(segment.clone());
-        if !modules.contains(&base) {
-            base.pop();
-            break;
+        if modules.contains(&base) {
+            continue;
         }
+        base.pop();
+        // An item the module re-exports lives in the module it came from.
+        if let Some(origin) = exports.get(&base).and_then(|e| e.get(segment)) {
+            base = origin.clone();
+        }
+        break;
     }
     Some(base)
 }
 
-/// Every path in a file outside `#[cfg(test)]` items: `use` trees and paths in code.
+/// One path written in a file.
+struct Found {
+    segments: Vec<String>,
+    line: usize,
+    /// The inline modules (`mod x { .. }`) it is written in, outermost first.
+    inline: Vec<String>,
+    /// A glob import: everything the path's target exports.
+    glob: bool,
+    /// A `pub`/`pub(crate)` import: the file re-exports it.
+    reexport: bool,
+}
+
+/// Every path in a file outside `#[cfg(test)]` items: `use` trees, paths in code, and
+/// paths in macro calls.
 #[derive(Default)]
 struct Paths {
-    found: Vec<(Vec<String>, usize)>,
+    found: Vec<Found>,
+    inline: Vec<String>,
+    /// Whether the `use` item being read is visible outside its module.
+    public_use: bool,
 }
 
 fn is_test_only(attrs: &[syn::Attribute]) -> bool {
@@ -185,6 +248,16 @@ fn is_test_only(attrs: &[syn::Attribute]) -> bool {
 }
 
 impl Paths {
+    fn push(&mut self, segments: Vec<String>, line: usize, glob: bool) {
+        self.found.push(Found {
+            segments,
+            line,
+            inline: self.inline.clone(),
+            glob,
+            reexport: self.public_use,
+        });
+    }
+
     fn use_tree(&mut self, prefix: &mut Vec<String>, tree: &syn::UseTree) {
         match tree {
             syn::UseTree::Path(path) => {
@@ -195,16 +268,16 @@ impl Paths {
             syn::UseTree::Name(name) => {
                 let mut full = prefix.clone();
                 full.push(name.ident.to_string());
-                self.found.push((full, name.ident.span().start().line));
+                self.push(full, name.ident.span().start().line, false);
             }
             syn::UseTree::Rename(rename) => {
                 let mut full = prefix.clone();
                 full.push(rename.ident.to_string());
-                self.found.push((full, rename.ident.span().start().line));
+                self.push(full, rename.ident.span().start().line, false);
             }
             syn::UseTree::Glob(glob) => {
                 let line = glob.star_token.span.start().line;
-                self.found.push((prefix.clone(), line));
+                self.push(prefix.clone(), line, true);
             }
             syn::UseTree::Group(group) => {
                 for tree in &group.items {
@@ -232,17 +305,70 @@ impl<'ast> Visit<'ast> for Paths {
         }
     }
 
+    fn visit_item_mod(&mut self, item: &'ast syn::ItemMod) {
+        self.inline.push(item.ident.to_string());
+        syn::visit::visit_item_mod(self, item);
+        self.inline.pop();
+    }
+
     fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        self.public_use = !matches!(item.vis, syn::Visibility::Inherited);
         self.use_tree(&mut Vec::new(), &item.tree);
+        self.public_use = false;
     }
 
     fn visit_path(&mut self, path: &'ast syn::Path) {
         if let Some(first) = path.segments.first() {
             let segments = path.segments.iter().map(|s| s.ident.to_string()).collect();
-            self.found.push((segments, first.ident.span().start().line));
+            self.push(segments, first.ident.span().start().line, false);
         }
         syn::visit::visit_path(self, path);
     }
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        let mut tokens = Vec::new();
+        flatten(mac.tokens.clone(), &mut tokens);
+        let mut i = 0;
+        while i < tokens.len() {
+            let starts = matches!(&tokens[i], proc_macro2::TokenTree::Ident(id)
+                if id == "crate" || id == "super" || id == "self");
+            let after_colons = i >= 2 && is_colon(&tokens[i - 1]) && is_colon(&tokens[i - 2]);
+            if !starts || after_colons {
+                i += 1;
+                continue;
+            }
+            let line = tokens[i].span().start().line;
+            let mut segments = vec![tokens[i].to_string()];
+            let mut j = i + 1;
+            while j + 2 < tokens.len()
+                && is_colon(&tokens[j])
+                && is_colon(&tokens[j + 1])
+                && matches!(tokens[j + 2], proc_macro2::TokenTree::Ident(_))
+            {
+                segments.push(tokens[j + 2].to_string());
+                j += 3;
+            }
+            if segments.len() > 1 {
+                self.push(segments, line, false);
+            }
+            i = j;
+        }
+        syn::visit::visit_macro(self, mac);
+    }
+}
+
+/// The tokens of `stream`, with groups opened.
+fn flatten(stream: proc_macro2::TokenStream, out: &mut Vec<proc_macro2::TokenTree>) {
+    for token in stream {
+        match token {
+            proc_macro2::TokenTree::Group(group) => flatten(group.stream(), out),
+            other => out.push(other),
+        }
+    }
+}
+
+fn is_colon(token: &proc_macro2::TokenTree) -> bool {
+    matches!(token, proc_macro2::TokenTree::Punct(p) if p.as_char() == ':')
 }
 
 /// A cycle in `graph`, as the references that make it, if there is one.
@@ -352,6 +478,13 @@ fn the_agent_core_is_layered_processes_below_the_runtime() {
             "{process} imports the runtime"
         );
         assert!(reached.contains("context"), "{process}: {reached:?}");
+    }
+    // The compactor is run inside the channel's turn, and imports no process.
+    for process in processes {
+        assert!(
+            !names("compactor").contains(process),
+            "compactor imports {process}"
+        );
     }
     // Only the runtime knows the processes.
     for module in agent.keys().filter(|m| *m != "runtime") {
