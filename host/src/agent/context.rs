@@ -16,7 +16,7 @@ use super::events::{Event, EventSink};
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::notifications::NotificationIndex;
 use super::reservations::{Reservation, TaskReservations};
-use super::supervisor::Supervisor;
+use super::supervisor::{ShuttingDown, Supervisor};
 use super::turn::{Turn, TurnError, Unanswered};
 use crate::config::Config;
 use crate::dispatch::{Dispatcher, Lease, Reserved, Route, Ticket};
@@ -89,6 +89,19 @@ pub(crate) struct BranchSpec {
     pub(crate) question: String,
     /// The conversation's history at the fork.
     pub(crate) history: Vec<Message>,
+}
+
+/// Why a conversation could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ConversationError {
+    /// The host is shutting down ([`Runtime::shutdown`](super::Runtime::shutdown) or
+    /// [`Runtime::interrupt`](super::Runtime::interrupt) was called).
+    #[error(transparent)]
+    ShuttingDown(#[from] ShuttingDown),
+    /// Its stored history could not be read: it does not start rather than start from
+    /// an empty or partial history.
+    #[error(transparent)]
+    History(#[from] StoreError),
 }
 
 /// What a request for a worker did.
@@ -220,7 +233,7 @@ impl Context {
     pub(crate) fn conversation(
         self: &Arc<Self>,
         id: &ProcessId,
-    ) -> Result<ChannelHandle, StoreError> {
+    ) -> Result<ChannelHandle, ConversationError> {
         self.supervisor.channel_or_open(id, || {
             let history = self.store.load_history_as(id.session().as_str())?;
             let (inbox, receiver) = mpsc::unbounded_channel();

@@ -31,9 +31,10 @@ mod tool_calls;
 mod turn;
 mod worker;
 
-pub use context::SpawnOutcome;
+pub use context::{ConversationError, SpawnOutcome};
 pub use events::{Event, TurnEnding};
 pub use notifications::NotificationKind;
+pub use supervisor::ShuttingDown;
 
 pub use host_tools::{HOST_TOOLS, HostTool, host_tool};
 pub use runtime::Runtime;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use super::context::{BranchSpec, Context, SpawnOutcome, Starter, WorkerSpec};
+use super::context::{BranchSpec, Context, ConversationError, SpawnOutcome, Starter, WorkerSpec};
 use super::events::Event;
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::reservations::Reservation;
@@ -93,7 +93,7 @@ impl Runtime {
 
     /// Sends a user message to channel `name` (opened on first use, with its stored
     /// history).
-    pub fn send_user_message(&self, channel: &str, text: &str) -> Result<(), StoreError> {
+    pub fn send_user_message(&self, channel: &str, text: &str) -> Result<(), ConversationError> {
         self.send_to(&ProcessId::channel(channel), text)
     }
 
@@ -101,13 +101,13 @@ impl Runtime {
     /// profile's tools (by default every tool). It is its own process, with its own
     /// history and its own session at the gate: the cortex `main` never shares anything
     /// with the user channel `main`. Wait for it with [`Runtime::wait_admin_idle`].
-    pub fn send_admin_message(&self, session: &str, text: &str) -> Result<(), StoreError> {
+    pub fn send_admin_message(&self, session: &str, text: &str) -> Result<(), ConversationError> {
         self.send_to(&ProcessId::named(ProcessKind::Cortex, session), text)
     }
 
     /// Sends a user message to conversation `id`, opening it on first use. Fails if its
-    /// stored history cannot be read.
-    pub fn send_to(&self, id: &ProcessId, text: &str) -> Result<(), StoreError> {
+    /// stored history cannot be read, or once the host is shutting down.
+    pub fn send_to(&self, id: &ProcessId, text: &str) -> Result<(), ConversationError> {
         let handle = self.ctx.conversation(id)?;
         handle.send(ChannelInput::User(text.to_owned()));
         Ok(())

@@ -25,7 +25,15 @@ pub(crate) struct Supervisor {
     workers: Mutex<HashMap<ProcessId, WorkerHandle>>,
     /// Branches still thinking; a worker a branch spawned reports late once it is gone.
     branches: Mutex<HashSet<ProcessId>>,
+    /// Set by [`Supervisor::close_channels`]: no conversation opens after it, so the event
+    /// stream ends once the last process has.
+    closed: AtomicBool,
 }
+
+/// A conversation could not be opened: the host is shutting down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the host is shutting down; no conversation opens now")]
+pub struct ShuttingDown;
 
 /// The way into a running worker.
 pub(crate) struct WorkerHandle {
@@ -43,13 +51,17 @@ impl Supervisor {
     }
 
     /// The handle of conversation `id`, or the one `open` makes (then registered), under
-    /// one lock so that two callers never open the same conversation twice.
-    pub(crate) fn channel_or_open<E>(
+    /// one lock so that two callers never open the same conversation twice. After
+    /// [`Supervisor::close_channels`], nothing opens.
+    pub(crate) fn channel_or_open<E: From<ShuttingDown>>(
         &self,
         id: &ProcessId,
         open: impl FnOnce() -> Result<ChannelHandle, E>,
     ) -> Result<ChannelHandle, E> {
         let mut channels = self.channels.lock().unwrap();
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(ShuttingDown.into());
+        }
         if let Some(handle) = channels.get(id) {
             return Ok(handle.clone());
         }
@@ -61,7 +73,9 @@ impl Supervisor {
     /// Tells every open conversation to close (their loops end once their inboxes are
     /// drained), and forgets them.
     pub(crate) fn close_channels(&self) {
-        for (_, channel) in self.channels.lock().unwrap().drain() {
+        let mut channels = self.channels.lock().unwrap();
+        self.closed.store(true, Ordering::SeqCst);
+        for (_, channel) in channels.drain() {
             // The loop holds a sender of its own inbox, so it must be told to stop.
             let _ = channel.inbox.send(ChannelInput::Close);
         }

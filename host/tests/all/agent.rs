@@ -607,3 +607,35 @@ async fn a_cancelled_worker_releases_its_task() {
     );
     assert!(!rt.cancel_worker(&worker), "gone");
 }
+
+/// After shutdown nothing opens a conversation again (a late spawn or message would keep
+/// the runtime alive and the CLI waiting): both are refused, and the event stream ends
+/// once the runtime is dropped.
+#[tokio::test]
+async fn after_shutdown_no_conversation_opens_and_the_event_stream_ends() {
+    use capstan_host::agent::ConversationError;
+
+    let dir = tempfile::tempdir().unwrap();
+    let script = "[[step]]\nprocess = \"channel\"\nwhen = \"hi\"\nreply = \"hello\"\n";
+    let (rt, mut events) = runtime(dir.path(), script, |_| {}).await;
+    rt.send_user_message("main", "hi").unwrap();
+    rt.wait_idle("main").await;
+    rt.shutdown();
+    let refused = rt.send_user_message("main", "again").unwrap_err();
+    assert!(
+        matches!(refused, ConversationError::ShuttingDown(_)),
+        "{refused}"
+    );
+    let spawn = rt
+        .spawn_worker("main", "late work", false, None)
+        .unwrap_err();
+    assert!(spawn.contains("shutting down"), "{spawn}");
+    assert_eq!(rt.live_workers(), 0);
+    drop(rt);
+    // Every process ends and lets go of the stream; a hang here is the failure.
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(120), async {
+        while events.recv().await.is_some() {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the event stream did not end after shutdown");
+}
