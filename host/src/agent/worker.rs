@@ -125,7 +125,7 @@ async fn run(
             })
         }
         () = cancel.notified() => if interrupted.load(Ordering::SeqCst) {
-            (WorkerState::Interrupted, "interrupted: the host was stopped".to_owned())
+            (WorkerState::Interrupted, "the host was stopped".to_owned())
         } else {
             (WorkerState::Cancelled, "cancelled on request".to_owned())
         },
