@@ -42,6 +42,8 @@ pub(crate) struct WorkerHandle {
     /// Set before `cancel` is notified when the host is stopping rather than the
     /// channel cancelling: the worker ends interrupted, not cancelled.
     pub(crate) interrupted: Arc<AtomicBool>,
+    /// Its share of its channel's pending work, resumed by a route to it.
+    pub(crate) pending: Arc<Pending>,
 }
 
 impl Supervisor {
@@ -100,10 +102,29 @@ impl Supervisor {
     pub(crate) fn route_to_worker(&self, id: &ProcessId, message: &str) -> bool {
         // Under the registry lock: a worker leaves the registry before it drains its
         // inbox, so every accepted message is either taken or drained.
+        // A waiting worker counts again from the moment its answer is queued.
         let workers = self.workers.lock().unwrap();
-        workers
-            .get(id)
-            .is_some_and(|worker| worker.inbox.send(message.to_owned()).is_ok())
+        workers.get(id).is_some_and(|worker| {
+            let sent = worker.inbox.send(message.to_owned()).is_ok();
+            if sent {
+                worker.pending.resume();
+            }
+            sent
+        })
+    }
+
+    /// Pauses a waiting worker's `pending` count unless a message is already queued in its
+    /// `inbox`; under the registry lock, so a route cannot slip between the check and the
+    /// pause.
+    pub(crate) fn pause_while_waiting(
+        &self,
+        inbox: &mpsc::UnboundedReceiver<String>,
+        pending: &Pending,
+    ) {
+        let _workers = self.workers.lock().unwrap();
+        if inbox.is_empty() {
+            pending.pause();
+        }
     }
 
     /// Cancels worker `id`; false if no such worker is running.

@@ -96,6 +96,7 @@ async fn run(
             inbox: inbox_tx,
             cancel: cancel.clone(),
             interrupted: interrupted.clone(),
+            pending: pending.clone(),
         },
     );
     let recorded = ctx.store.insert_worker_in_run(
@@ -274,8 +275,13 @@ async fn work(
                     NotificationKind::InputRequired,
                     format!("needs input (route your answer to {}): {message}", spec.id),
                 );
-                pending.pause();
-                let input = inbox.lock().await.recv().await;
+                let mut waiting = inbox.lock().await;
+                // Paused only if nothing was routed meanwhile; a route resumes it (both
+                // under the registry lock), so the channel is never idle with an answer
+                // on its way to this worker.
+                ctx.supervisor.pause_while_waiting(&waiting, pending);
+                let input = waiting.recv().await;
+                drop(waiting);
                 pending.resume();
                 match input {
                     Some(input) => routed.push(input),

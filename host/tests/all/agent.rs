@@ -438,6 +438,30 @@ async fn an_interactive_worker_waits_for_routed_input_then_finishes() {
     );
 }
 
+/// An answer routed to a waiting worker from outside a turn makes its channel busy at
+/// once: `wait_idle` right after the route waits for the worker's report and the reply to
+/// it, instead of finding the channel idle before the worker wakes.
+#[tokio::test]
+async fn a_route_to_a_waiting_worker_counts_before_the_worker_wakes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, mut events) = runtime(dir.path(), INTERACTIVE, |_| {}).await;
+    rt.send_user_message("main", "Please start the job.")
+        .unwrap();
+    rt.wait_idle("main").await;
+    drain(&mut events);
+    let worker = ProcessId::numbered(ProcessKind::Worker, 1);
+    assert!(rt.route_to_worker(&worker, "Use data.txt"));
+    rt.wait_idle("main").await;
+    let after = drain(&mut events);
+    assert!(
+        after.contains(&Event::Reply {
+            channel: ProcessId::channel("main"),
+            text: "Done: it used data.txt.".into()
+        }),
+        "{after:#?}"
+    );
+}
+
 /// A branch creates two tasks and assigns a worker to the first: the worker may update its
 /// assigned task, not the other.
 const ASSIGNED: &str = r#"
