@@ -13,7 +13,7 @@
 //! assert!(config.policy.profile(ProcessKind::Worker).names_tool("file_write"));
 //!
 //! let err = Config::parse("[limits]\nmax_turns = \"four\"\n", "capstan.toml".as_ref()).unwrap_err();
-//! assert!(err.to_string().starts_with("capstan.toml: `limits.max_turns`:"));
+//! assert!(err.to_string().starts_with("capstan.toml:2:1: `limits.max_turns`:"));
 //! ```
 
 mod error;
@@ -25,6 +25,7 @@ mod writable_workspaces;
 
 pub use crate::text::{SourceError, read_text, toml_error_message};
 pub use error::ConfigError;
+use error::locate;
 pub use locations::{GrantedBy, InsideWorkspace, LocationKind, Locations};
 pub use overrides::Override;
 pub use resolve::resolve;
@@ -149,6 +150,7 @@ impl Config {
         let text = read_text(path).map_err(|err| ConfigError {
             file: path.display().to_string(),
             key: None,
+            position: None,
             message: match err {
                 SourceError::Read { source, .. } => format!("cannot read: {source}"),
                 SourceError::NotUtf8 { line, column, .. } => {
@@ -204,7 +206,7 @@ impl Config {
         overrides: &[Override],
     ) -> Result<Self, ConfigError> {
         let mut table = Config::layered(text, file)?;
-        let config = Config::check_table(table.clone(), file, base)?;
+        let config = Config::check_table(table.clone(), text, file, base)?;
         if overrides.is_empty() {
             return Ok(config);
         }
@@ -212,10 +214,11 @@ impl Config {
             set_dotted(&mut table, &o.key, o.value.clone()).map_err(|message| ConfigError {
                 file: o.flag.clone(),
                 key: Some(o.key.clone()),
+                position: None,
                 message,
             })?;
         }
-        Config::check_table(table, file, base).map_err(|err| {
+        Config::check_table(table, text, file, base).map_err(|err| {
             // The file alone was fine: the override of this key (else the last) broke it.
             let blamed = overrides
                 .iter()
@@ -229,6 +232,7 @@ impl Config {
                 .expect("there are overrides");
             ConfigError {
                 file: blamed.flag.clone(),
+                position: None,
                 ..err
             }
         })
@@ -241,6 +245,7 @@ impl Config {
         let theirs: toml::Table = toml::from_str(text).map_err(|err| ConfigError {
             file: file.to_owned(),
             key: None,
+            position: None,
             message: toml_error_message(text, &err),
         })?;
         merge(&mut merged, theirs);
@@ -248,9 +253,15 @@ impl Config {
     }
 
     /// Reads `table` into a config and checks every key.
-    fn check_table(table: toml::Table, file: &str, base: &Path) -> Result<Self, ConfigError> {
+    fn check_table(
+        table: toml::Table,
+        text: &str,
+        file: &str,
+        base: &Path,
+    ) -> Result<Self, ConfigError> {
         let error = |key: Option<String>, message: String| ConfigError {
             file: file.to_owned(),
+            position: key.as_deref().and_then(|key| locate(text, key)),
             key,
             message,
         };
@@ -271,6 +282,27 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, Path::new("/etc/capstan/capstan.toml"))
+    }
+
+    #[test]
+    fn a_key_error_points_at_the_line_and_column_the_key_is_written_at() {
+        let text = "# limits\n[agent]\nname = \"x\"\n\n[limits]\n  max_turns = 0\n";
+        let err = Config::parse(text, Path::new("capstan.toml")).unwrap_err();
+        assert_eq!(err.position, Some((6, 3)));
+        assert!(
+            err.to_string()
+                .starts_with("capstan.toml:6:3: `limits.max_turns`: must be at least 1"),
+            "{err}"
+        );
+        let dotted = Config::parse("limits.max_turns = 0\n", Path::new("c.toml")).unwrap_err();
+        assert_eq!(dotted.position, Some((1, 1)), "{dotted}");
+        let nested = "[profiles.worker]\ntools = [\"file_read\", 3]\n";
+        let err = Config::parse(nested, Path::new("c.toml")).unwrap_err();
+        assert_eq!(err.position, Some((2, 1)), "{err}");
+        // Not written in the file (an override broke it): no position.
+        let set = Override::parse("--set", "limits.max_turns=0").unwrap();
+        let err = Config::parse_with("", Path::new("c.toml"), &[set]).unwrap_err();
+        assert_eq!(err.position, None);
     }
 
     #[test]
@@ -411,7 +443,7 @@ mod tests {
         ];
         for (text, expected) in cases {
             let err = parse(text).unwrap_err().to_string();
-            assert!(err.starts_with("/etc/capstan/capstan.toml: "), "{err}");
+            assert!(err.starts_with("/etc/capstan/capstan.toml:"), "{err}");
             assert!(err.contains(expected), "{text:?}: {err}");
         }
     }

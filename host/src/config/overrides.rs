@@ -44,6 +44,7 @@ impl Override {
             return Err(ConfigError {
                 file: given,
                 key: None,
+                position: None,
                 message: "expected KEY=VALUE, e.g. limits.max_turns=4".into(),
             });
         };
@@ -52,6 +53,7 @@ impl Override {
             return Err(ConfigError {
                 file: given,
                 key: None,
+                position: None,
                 message: "the key is empty; name it as in capstan.toml, e.g. limits.max_turns"
                     .into(),
             });

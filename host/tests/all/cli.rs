@@ -347,7 +347,7 @@ fn a_bad_config_fails_at_start_naming_the_file_and_key() {
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert!(
-        err.contains("capstan.toml: `limits.tool_memory_mib`: must be 1 to 4096 MiB"),
+        err.contains("capstan.toml:2:1: `limits.tool_memory_mib`: must be 1 to 4096 MiB"),
         "{err}"
     );
 }
