@@ -73,8 +73,9 @@ impl AgentArgs {
         })?;
         // Recorded once it exists, as the path it resolves to.
         super::record_if_writable(locations)?;
-        let mut builder = AgentBuilder::new(config.clone())
-            .plugins_dir(self.host.plugins_dir(&config)?)
+        let plugins_dir = self.host.plugins_dir(&config)?;
+        let mut builder = AgentBuilder::new(config)
+            .plugins_dir(plugins_dir)
             .cache(self.host.cache()?)
             .default_script(DEMO_SCRIPT, "demo");
         if let Some(path) = &self.record {
