@@ -24,7 +24,7 @@ use capstan_host::app::AgentBuilder;
 use capstan_host::config::Config;
 use capstan_host::llm::{Script, ScriptedProvider};
 use capstan_host::plugin::ArtifactCache;
-use capstan_host::store::WorkerState;
+use capstan_host::services::WorkerState;
 use criterion::Criterion;
 use tokio::runtime::Runtime as Tokio;
 use tokio::sync::mpsc;
@@ -98,13 +98,14 @@ fn bench_turns(c: &mut Criterion, tokio: &Tokio) {
                 n += 1;
                 let channel = format!("c{}", n / 10);
                 tokio.block_on(async {
-                    rt.send_user_message(&channel, message).unwrap();
+                    rt.send_user_message(&channel, message).await.unwrap();
                     rt.wait_idle(&channel).await;
                 });
                 while events.try_recv().is_ok() {}
             })
         });
-        let stored = rt.store().load_history("channel:c1").unwrap().len();
+        let history = tokio.block_on(rt.services().history.load("channel:c1"));
+        let stored = history.unwrap().len();
         assert!(stored >= 20, "every turn was stored: {stored}");
         rt.shutdown();
     }
@@ -158,13 +159,12 @@ fn concurrent_workers(tokio: &Tokio, n: u32) {
     });
     let started = Instant::now();
     tokio.block_on(async {
-        rt.send_user_message("main", "go").unwrap();
+        rt.send_user_message("main", "go").await.unwrap();
         rt.wait_idle("main").await;
     });
     let elapsed = started.elapsed();
-    let calls = rt
-        .store()
-        .audit_log(u32::MAX)
+    let calls = tokio
+        .block_on(rt.services().audit.recent(u32::MAX))
         .unwrap()
         .iter()
         .filter(|a| a.tool == "file_read" && a.outcome == "ok")

@@ -7,7 +7,8 @@
 //!   holds only the capabilities the tool declares and the caller grants.
 //! - [`policy`] decides which tools each process kind is offered and which capabilities a
 //!   call runs with.
-//! - [`store`] persists tasks, memories, history, worker records and the audit log in SQLite.
+//! - [`services`] are the taskboard, memory, history, audit log and ledger, behind traits;
+//!   [`store`] implements them in SQLite.
 //! - [`llm`] talks to models: the provider trait, an OpenAI-compatible client, and a
 //!   scripted provider for runs without a network.
 //! - [`config`] reads `capstan.toml`: directories, limits, the provider and the profiles.
@@ -22,5 +23,6 @@ pub mod ids;
 pub mod llm;
 pub mod plugin;
 pub mod policy;
+pub mod services;
 pub mod store;
 pub mod text;

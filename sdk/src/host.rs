@@ -6,6 +6,7 @@
 pub use crate::bindings::capstan::plugin::memory::{MemoryItem, NewMemory};
 pub use crate::bindings::capstan::plugin::tasks::{NewTask, Task, TaskFilter, TaskPatch};
 pub use crate::bindings::capstan::plugin::types::HostError;
+pub use crate::task_enums::{Priority, TaskStatus, UnknownName};
 
 /// Writing to the host's log. Lines are tagged with the plugin and tool, and rate-limited.
 pub mod log {
@@ -49,7 +50,7 @@ pub mod tasks {
 
     /// Lists tasks matching `filter`.
     pub fn list(filter: &TaskFilter) -> Result<Vec<Task>, HostError> {
-        wit::list(filter)
+        wit::list(*filter)
     }
 
     /// Changes task `number`; with `tasks.write-own`, only the caller's own tasks.

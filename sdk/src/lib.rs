@@ -75,6 +75,7 @@ pub mod host;
 mod output;
 #[doc(hidden)]
 pub mod runtime;
+mod task_enums;
 mod tool;
 
 pub use capstan_caps::Capability;

@@ -37,7 +37,8 @@ pub(crate) fn start(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle)
                 &id,
                 NotificationKind::Error,
                 format!("failed: {why}"),
-            );
+            )
+            .await;
         }
     };
     supervise(&channel, |_| run(ctx, spec, channel.clone()), failed);
@@ -93,7 +94,8 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
         &id,
         NotificationKind::Result,
         format!("concluded: {conclusion}"),
-    );
+    )
+    .await;
 }
 
 /// A branch's conclusion from how its turn ended.
@@ -118,11 +120,12 @@ struct BranchTools {
 
 impl BranchTools {
     /// Runs host tool `call`: `None` if it is not one of a branch's.
-    fn run(&self, call: HostCall) -> Option<Result<ToolOutcome, ToolError>> {
+    async fn run(&self, call: HostCall) -> Option<Result<ToolOutcome, ToolError>> {
         match call {
             HostCall::SpawnWorker(args) => Some(
                 self.ctx
                     .spawn_worker_tool(&self.channel_name, Some(&self.id), args)
+                    .await
                     .map(ToolOutcome::Continue),
             ),
             _ => None,

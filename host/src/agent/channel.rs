@@ -159,7 +159,7 @@ pub(crate) async fn run(
         rewrite |= history.len() < saved;
         let from = if rewrite { 0 } else { saved };
         // A failed save is reported; the next one rewrites the whole history.
-        rewrite = ctx.save_history(&name, &history, from).is_err();
+        rewrite = ctx.save_history(&name, &history, from).await.is_err();
         saved = history.len();
         for _ in &inputs {
             handle.done_pending();
@@ -176,7 +176,7 @@ pub(crate) async fn run(
     for input in left {
         match input {
             ChannelInput::Result { source, kind, text } => {
-                ctx.fold_back(&name, &source, &name, kind, &text);
+                ctx.fold_back(&name, &source, &name, kind, &text).await;
             }
             ChannelInput::Notification(note) => tracing::warn!(
                 channel = %name,
@@ -227,7 +227,7 @@ fn worker_id(text: &str) -> Option<ProcessId> {
 
 impl ChannelTools {
     /// Runs host tool `call`: `None` if it is not one of a channel's.
-    fn run(&self, call: HostCall) -> Option<Result<ToolOutcome, ToolError>> {
+    async fn run(&self, call: HostCall) -> Option<Result<ToolOutcome, ToolError>> {
         let ctx = &self.ctx;
         let supervisor = &ctx.supervisor;
         let answer = |value: serde_json::Value| Ok(ToolOutcome::Continue(value.to_string()));
@@ -242,14 +242,16 @@ impl ChannelTools {
             HostCall::Skip(_) => Ok(ToolOutcome::EndTurn("skipped".into())),
             HostCall::SpawnWorker(args) => ctx
                 .spawn_worker_tool(&self.channel, None, args)
+                .await
                 .map(ToolOutcome::Continue),
             HostCall::Branch(args) => {
-                match ctx.spawn_branch(
+                let branched = ctx.spawn_branch(
                     &self.channel,
                     &self.handle,
                     args.question,
                     self.fork.clone(),
-                ) {
+                );
+                match branched.await {
                     Ok(id) => answer(json!({ "branched": true, "branch": id })),
                     Err(err) => Err(ToolError::Failed(format!(
                         "branch: cannot number a new branch: {err}"

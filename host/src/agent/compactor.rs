@@ -50,7 +50,7 @@ pub(crate) async fn compact_if_needed(ctx: &Arc<Context>, history: &mut Vec<Mess
     let Some(cut) = cut_point(history) else {
         return false;
     };
-    let id = match ctx.new_id(ProcessKind::Compactor) {
+    let id = match ctx.new_id(ProcessKind::Compactor).await {
         Ok(id) => id,
         Err(err) => {
             tracing::error!("cannot number a compactor run, history kept: {err}");
@@ -129,6 +129,9 @@ impl ToolHandler for CompactorTools {
 
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
         // No host tool is the compactor's.
-        Box::pin(self.ctx.answer(&self.id, name, arguments, &[], |_| None))
+        Box::pin(
+            self.ctx
+                .answer(&self.id, name, arguments, &[], |_| async { None }),
+        )
     }
 }

@@ -1,5 +1,5 @@
 //! [`Context`]: what the processes of one agent share, and everything a process may ask of
-//! the runtime: its config, the model gate, the store and the event stream; starting,
+//! the runtime: its config, the model gate, the services and the event stream; starting,
 //! reaching and reporting to other processes.
 //!
 //! Processes (channel, branch, worker, compactor) depend on this module and on the modules
@@ -24,13 +24,13 @@ use crate::ids::ProcessId;
 use crate::llm::{Message, Provider, ToolDef};
 use crate::plugin::Registry;
 use crate::policy::ProcessKind;
-use crate::store::{RunGuard, RunId, Store, StoreError, TaskPatch, WorkerState};
+use crate::services::{Run, RunId, ServiceError, Services, TaskPatch, WorkerState};
 
 /// What the processes of one agent share.
 pub(crate) struct Context {
     pub(crate) config: Config,
     pub(crate) registry: Arc<Registry>,
-    pub(crate) store: Arc<Store>,
+    pub(crate) services: Services,
     pub(crate) dispatcher: Dispatcher,
     /// Which processes are alive.
     pub(crate) supervisor: Arc<Supervisor>,
@@ -38,9 +38,12 @@ pub(crate) struct Context {
     /// Task descriptions held by live workers.
     pub(crate) reservations: Arc<TaskReservations>,
     pub(crate) notification_index: NotificationIndex,
-    /// This host's run in the store: owns the worker rows it writes, and holds the lock
-    /// that tells a later start whether this run is still alive.
-    run: RunGuard,
+    /// Held while a conversation is opened: its history is read before it is registered,
+    /// and no other caller may open it from a read of its own in between.
+    opening: tokio::sync::Mutex<()>,
+    /// This host's run in the ledger: owns the worker records it writes, and tells a later
+    /// start whether this run is still alive.
+    run: Run,
     starter: Box<dyn Starter>,
 }
 
@@ -101,7 +104,7 @@ pub enum ConversationError {
     /// Its stored history could not be read: it does not start rather than start from
     /// an empty or partial history.
     #[error(transparent)]
-    History(#[from] StoreError),
+    History(#[from] ServiceError),
 }
 
 /// What a request for a worker did.
@@ -120,21 +123,21 @@ pub enum SpawnOutcome {
 }
 
 impl Context {
-    /// A context over `registry` (whose host should be backed by `store`), talking to
+    /// A context over `registry` (whose host should be backed by `services`), talking to
     /// `provider` through its own [`Dispatcher`] (with the config's gate timings), starting
     /// processes with `starter`. Returns the receiver of its [`Event`]s.
     ///
-    /// It begins a run in the store, and marks the workers that a host which has since
+    /// It begins a run in the ledger, and marks the workers that a host which has since
     /// stopped (killed, crashed) left running as interrupted, reporting each as an event.
-    pub(crate) fn new(
+    pub(crate) async fn new(
         config: Config,
         registry: Arc<Registry>,
-        store: Arc<Store>,
+        services: Services,
         provider: Arc<dyn Provider>,
         starter: Box<dyn Starter>,
-    ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<Event>), StoreError> {
-        let run = store.begin_run()?;
-        let stale = store.mark_interrupted_workers()?;
+    ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<Event>), ServiceError> {
+        let run = services.ledger.begin_run().await?;
+        let stale = services.ledger.mark_interrupted_workers().await?;
         let (events, receiver) = EventSink::new();
         for worker in stale {
             if let Ok(id) = worker.id.parse::<ProcessId>() {
@@ -149,19 +152,20 @@ impl Context {
         let ctx = Arc::new(Context {
             config,
             registry,
-            store,
+            services,
             dispatcher,
             supervisor: Arc::default(),
             events,
             reservations: Arc::default(),
             notification_index: NotificationIndex::default(),
+            opening: tokio::sync::Mutex::default(),
             run,
             starter,
         });
         Ok((ctx, receiver))
     }
 
-    /// This host's run id in the store.
+    /// This host's run id in the ledger.
     pub(crate) fn run_id(&self) -> RunId {
         self.run.id()
     }
@@ -183,10 +187,14 @@ impl Context {
         });
     }
 
-    /// A fresh id such as `worker:3`, numbered by the store's persisted counter, so no
-    /// id repeats across runs or across hosts sharing the database.
-    pub(crate) fn new_id(&self, kind: ProcessKind) -> Result<ProcessId, StoreError> {
-        let number = self.store.next_process_number(kind.as_str())?;
+    /// A fresh id such as `worker:3`, numbered by the ledger's persisted counter, so no
+    /// id repeats across runs or across hosts sharing the services.
+    pub(crate) async fn new_id(&self, kind: ProcessKind) -> Result<ProcessId, ServiceError> {
+        let number = self
+            .services
+            .ledger
+            .next_process_number(kind.as_str())
+            .await?;
         Ok(ProcessId::numbered(kind, number))
     }
 
@@ -230,12 +238,23 @@ impl Context {
     ///
     /// A stored history that cannot be read is an error: the conversation does not start
     /// rather than start from an empty or partial history.
-    pub(crate) fn conversation(
+    pub(crate) async fn conversation(
         self: &Arc<Self>,
         id: &ProcessId,
     ) -> Result<ChannelHandle, ConversationError> {
+        if let Some(handle) = self.supervisor.channel(id) {
+            return Ok(handle);
+        }
+        let _opening = self.opening.lock().await;
+        if self.supervisor.is_closed() {
+            return Err(ShuttingDown.into());
+        }
+        if let Some(handle) = self.supervisor.channel(id) {
+            return Ok(handle);
+        }
+        let session = id.session();
+        let history = self.services.history.load_as(session.as_str()).await?;
         self.supervisor.channel_or_open(id, || {
-            let history = self.store.load_history_as(id.session().as_str())?;
             let (inbox, receiver) = mpsc::unbounded_channel();
             let limits = &self.config.limits;
             let handle = ChannelHandle::new(
@@ -253,12 +272,12 @@ impl Context {
     /// already holds the rest unchanged; `from == 0` rewrites it all. A failure is
     /// reported as [`Event::HistoryNotSaved`] and returned, so the caller rewrites the
     /// whole history at its next save.
-    pub(crate) fn save_history(
+    pub(crate) async fn save_history(
         &self,
         id: &ProcessId,
         history: &[Message],
         from: usize,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), ServiceError> {
         let channel = id.session();
         let channel = channel.as_str();
         let rows: Vec<String> = history[from.min(history.len())..]
@@ -266,9 +285,9 @@ impl Context {
             .map(|m| serde_json::to_string(m).expect("messages serialize"))
             .collect();
         let saved = if from == 0 {
-            self.store.replace_history(channel, &rows)
+            self.services.history.replace(channel, rows).await
         } else {
-            self.store.append_history(channel, &rows)
+            self.services.history.append(channel, rows).await
         };
         if let Err(err) = &saved {
             self.emit(Event::HistoryNotSaved {
@@ -284,7 +303,7 @@ impl Context {
     /// has the same task (compared normalized), in which case nothing starts and the
     /// existing worker is named. With `task_number`, the worker is assigned that task on
     /// the board. Its report is late, and folded back, if the branch has ended.
-    pub(crate) fn spawn_worker(
+    pub(crate) async fn spawn_worker(
         self: &Arc<Self>,
         conversation: &ProcessId,
         requester: Option<&ProcessId>,
@@ -294,9 +313,11 @@ impl Context {
     ) -> Result<SpawnOutcome, String> {
         let handle = self
             .conversation(conversation)
+            .await
             .map_err(|err| format!("cannot open {conversation}: {err}"))?;
         let id = self
             .new_id(ProcessKind::Worker)
+            .await
             .map_err(|err| format!("cannot number a new worker: {err}"))?;
         let reservation = match self.reservations.reserve(task, &id) {
             Ok(reservation) => reservation,
@@ -307,8 +328,10 @@ impl Context {
                 assigned_worker: Some(id.to_string()),
                 ..TaskPatch::default()
             };
-            self.store
-                .update_task(number, &patch)
+            self.services
+                .tasks
+                .update(number, patch)
+                .await
                 .map_err(|err| format!("cannot assign task #{number}: {err}"))?;
         }
         let spec = WorkerSpec {
@@ -324,14 +347,14 @@ impl Context {
 
     /// Starts a branch of conversation `channel` (through `handle`) on `question`, forked
     /// from `history`.
-    pub(crate) fn spawn_branch(
+    pub(crate) async fn spawn_branch(
         self: &Arc<Self>,
         channel: &ProcessId,
         handle: &ChannelHandle,
         question: String,
         history: Vec<Message>,
-    ) -> Result<ProcessId, StoreError> {
-        let id = self.new_id(ProcessKind::Branch)?;
+    ) -> Result<ProcessId, ServiceError> {
+        let id = self.new_id(ProcessKind::Branch).await?;
         let spec = BranchSpec {
             id: id.clone(),
             channel: channel.clone(),

@@ -11,7 +11,7 @@ use super::notifications::NotificationKind;
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
 use crate::plugin::ToolError;
-use crate::store::WorkerState;
+use crate::services::WorkerState;
 
 /// One thing that happened, in order.
 ///

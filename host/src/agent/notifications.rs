@@ -6,7 +6,6 @@
 //! `notifications/index`, so the report survives even when no channel is left to tell.
 
 use std::fmt;
-use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
@@ -75,4 +74,4 @@ impl Notification {
 
 /// Serializes updates of `notifications/index` (a read, then a write).
 #[derive(Debug, Default)]
-pub(crate) struct NotificationIndex(pub(crate) Mutex<()>);
+pub(crate) struct NotificationIndex(pub(crate) tokio::sync::Mutex<()>);

@@ -13,7 +13,7 @@ impl Context {
     /// Sends `source`'s report `text` to conversation `channel`, or folds it back (see
     /// [`Context::fold_back`]) when `requester` (the branch that asked; `None`: the
     /// channel did) has ended.
-    pub(crate) fn tell(
+    pub(crate) async fn tell(
         &self,
         channel: &ProcessId,
         handle: &ChannelHandle,
@@ -24,16 +24,17 @@ impl Context {
     ) {
         match requester.filter(|branch| !self.supervisor.branch_alive(branch)) {
             Some(requester) => {
-                self.fold_back(channel, source, requester, kind, &text);
+                self.fold_back(channel, source, requester, kind, &text)
+                    .await;
             }
-            None => self.report(channel, handle, source, kind, text),
+            None => self.report(channel, handle, source, kind, text).await,
         }
     }
 
     /// Sends `source`'s report `text` to conversation `channel` (through `handle`) as a
     /// result; if the channel is gone, keeps it as a notification instead (see
     /// [`Context::fold_back`]).
-    pub(crate) fn report(
+    pub(crate) async fn report(
         &self,
         channel: &ProcessId,
         handle: &ChannelHandle,
@@ -47,7 +48,7 @@ impl Context {
             text,
         };
         if let Err(ChannelInput::Result { text, .. }) = handle.try_send(input) {
-            self.fold_back(channel, source, channel, kind, &text);
+            self.fold_back(channel, source, channel, kind, &text).await;
         }
     }
 
@@ -55,7 +56,7 @@ impl Context {
     /// notification turn on `channel`; if the channel is gone, logs a warning and drops the
     /// turn (the entry stays). Reports [`Event::NotificationFolded`] and returns the
     /// notification.
-    pub(crate) fn fold_back(
+    pub(crate) async fn fold_back(
         &self,
         channel: &ProcessId,
         source: &ProcessId,
@@ -66,17 +67,21 @@ impl Context {
         let key = format!("notifications/{kind}/{source}");
         let line = format!("{kind} {source} (for {requester}): {}", truncate(text, 120));
         {
-            let _index = self.notification_index.0.lock().unwrap();
-            let saved = self.store.working_set(&key, text, None).and_then(|()| {
-                let mut index = self
-                    .store
-                    .working_get("notifications/index")?
+            let _index = self.notification_index.0.lock().await;
+            let memory = &self.services.memory;
+            let saved = async {
+                memory.working_set(&key, text, None).await?;
+                let mut index = memory
+                    .working_get("notifications/index")
+                    .await?
                     .unwrap_or_default();
                 index.push_str(&line);
                 index.push('\n');
-                self.store.working_set("notifications/index", &index, None)
-            });
-            if let Err(err) = saved {
+                memory
+                    .working_set("notifications/index", &index, None)
+                    .await
+            };
+            if let Err(err) = saved.await {
                 tracing::error!(%source, "cannot save a late report in working memory: {err}");
             }
         }

@@ -15,9 +15,9 @@ use crate::ids::ProcessId;
 use crate::llm::{Message, Provider, ToolDef};
 use crate::plugin::Registry;
 use crate::policy::ProcessKind;
-use crate::store::{Store, StoreError};
+use crate::services::{ServiceError, Services};
 
-/// One agent: its config, plugins, store and model, and the channels, workers and branches
+/// One agent: its config, plugins, services and model, and the channels, workers and branches
 /// running on them.
 ///
 /// The orchestration lives here, in the trusted host: plugins only ever see the sandbox of
@@ -59,20 +59,22 @@ impl Starter for Processes {
 }
 
 impl Runtime {
-    /// A runtime over `registry` (whose host should be backed by `store`), talking to
-    /// `provider` through its own dispatcher (with the config's gate timings). Returns
-    /// the receiver of its [`Event`]s.
+    /// A runtime over `registry` (whose host should be backed by the same `services`),
+    /// talking to `provider` through its own dispatcher (with the config's gate timings).
+    /// Returns the receiver of its [`Event`]s. [`AgentBuilder`](crate::app::AgentBuilder)
+    /// assembles all of it from a config.
     ///
-    /// It begins a run in the store, and marks the workers that a host which has since
+    /// It begins a run in the ledger, and marks the workers that a host which has since
     /// stopped (killed, crashed) left running as interrupted, reporting each as an
     /// [`Event::WorkerEnded`].
-    pub fn new(
+    pub async fn new(
         config: Config,
         registry: Arc<Registry>,
-        store: Arc<Store>,
+        services: Services,
         provider: Arc<dyn Provider>,
-    ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<Event>), StoreError> {
-        let (ctx, events) = Context::new(config, registry, store, provider, Box::new(Processes))?;
+    ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<Event>), ServiceError> {
+        let starter = Box::new(Processes);
+        let (ctx, events) = Context::new(config, registry, services, provider, starter).await?;
         Ok((Arc::new(Runtime { ctx }), events))
     }
 
@@ -81,9 +83,9 @@ impl Runtime {
         &self.ctx.config
     }
 
-    /// The store.
-    pub fn store(&self) -> &Arc<Store> {
-        &self.ctx.store
+    /// The services: taskboard, memory, history, audit log and ledger.
+    pub fn services(&self) -> &Services {
+        &self.ctx.services
     }
 
     /// The model provider's name, e.g. `scripted:demo`.
@@ -93,22 +95,31 @@ impl Runtime {
 
     /// Sends a user message to channel `name` (opened on first use, with its stored
     /// history).
-    pub fn send_user_message(&self, channel: &str, text: &str) -> Result<(), ConversationError> {
-        self.send_to(&ProcessId::channel(channel), text)
+    pub async fn send_user_message(
+        &self,
+        channel: &str,
+        text: &str,
+    ) -> Result<(), ConversationError> {
+        self.send_to(&ProcessId::channel(channel), text).await
     }
 
     /// Sends a message to the admin chat `session`, a cortex process with the cortex
     /// profile's tools (by default every tool). It is its own process, with its own
     /// history and its own session at the gate: the cortex `main` never shares anything
     /// with the user channel `main`. Wait for it with [`Runtime::wait_admin_idle`].
-    pub fn send_admin_message(&self, session: &str, text: &str) -> Result<(), ConversationError> {
+    pub async fn send_admin_message(
+        &self,
+        session: &str,
+        text: &str,
+    ) -> Result<(), ConversationError> {
         self.send_to(&ProcessId::named(ProcessKind::Cortex, session), text)
+            .await
     }
 
     /// Sends a user message to conversation `id`, opening it on first use. Fails if its
     /// stored history cannot be read, or once the host is shutting down.
-    pub fn send_to(&self, id: &ProcessId, text: &str) -> Result<(), ConversationError> {
-        let handle = self.ctx.conversation(id)?;
+    pub async fn send_to(&self, id: &ProcessId, text: &str) -> Result<(), ConversationError> {
+        let handle = self.ctx.conversation(id).await?;
         handle.send(ChannelInput::User(text.to_owned()));
         Ok(())
     }
@@ -137,20 +148,17 @@ impl Runtime {
     /// Starts a worker on `task` for channel `channel`, unless a live worker already has
     /// the same task (compared normalized), in which case nothing starts and the existing
     /// worker is named. With `task_number`, the worker is assigned that task on the board.
-    pub fn spawn_worker(
+    pub async fn spawn_worker(
         &self,
         channel: &str,
         task: &str,
         interactive: bool,
         task_number: Option<u64>,
     ) -> Result<SpawnOutcome, String> {
-        self.ctx.spawn_worker(
-            &ProcessId::channel(channel),
-            None,
-            task,
-            interactive,
-            task_number,
-        )
+        let channel = ProcessId::channel(channel);
+        self.ctx
+            .spawn_worker(&channel, None, task, interactive, task_number)
+            .await
     }
 
     /// Task descriptions reserved by live workers.

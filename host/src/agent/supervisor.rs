@@ -72,6 +72,11 @@ impl Supervisor {
         Ok(handle)
     }
 
+    /// Whether [`Supervisor::close_channels`] was called: nothing opens any more.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
     /// Tells every open conversation to close (their loops end once their inboxes are
     /// drained), and forgets them.
     pub(crate) fn close_channels(&self) {

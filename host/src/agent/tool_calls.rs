@@ -52,16 +52,19 @@ impl Context {
     /// Answers a call of tool `name` that `caller` was offered: a host tool among
     /// `handled` (the process's own) is parsed and run by `run` (`None`: not handled after
     /// all); any other name goes to the plugins, unparsed.
-    pub(crate) async fn answer(
+    pub(crate) async fn answer<R>(
         &self,
         caller: &ProcessId,
         name: &str,
         arguments: &str,
         handled: &[&str],
-        run: impl FnOnce(HostCall) -> Option<Result<ToolOutcome, ToolError>>,
-    ) -> ToolOutcome {
+        run: impl FnOnce(HostCall) -> R,
+    ) -> ToolOutcome
+    where
+        R: Future<Output = Option<Result<ToolOutcome, ToolError>>>,
+    {
         let ran = match HostCall::parse(name, arguments) {
-            Some(Ok(call)) if handled.contains(&name) => run(call),
+            Some(Ok(call)) if handled.contains(&name) => run(call).await,
             Some(Err(err)) if handled.contains(&name) => Some(Err(err)),
             _ => None,
         };
@@ -156,7 +159,7 @@ impl Context {
 
     /// Runs the `spawn_worker` host tool for `channel`, on behalf of `requester` (a branch;
     /// `None`: the channel): the outcome as JSON for the model.
-    pub(crate) fn spawn_worker_tool(
+    pub(crate) async fn spawn_worker_tool(
         self: &Arc<Self>,
         channel: &ProcessId,
         requester: Option<&ProcessId>,
@@ -170,6 +173,7 @@ impl Context {
                 args.interactive,
                 args.task_number,
             )
+            .await
             .map_err(|err| ToolError::InvalidArgs(format!("spawn_worker: {err}")))?;
         Ok(match outcome {
             SpawnOutcome::Spawned { worker } => {

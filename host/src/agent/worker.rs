@@ -24,7 +24,7 @@ use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, Message};
 use crate::plugin::ToolError;
 use crate::policy::ProcessKind;
-use crate::store::WorkerState;
+use crate::services::WorkerState;
 
 /// The re-prompt after routed messages were added to a worker's history.
 const CONTINUE_HINT: &str = "Continue with the messages above in mind.";
@@ -50,7 +50,7 @@ pub(crate) fn start(
         move |why| async move {
             ctx.supervisor.worker_ended(&spec.id);
             let undelivered = drain(&mut *inbox.lock().await);
-            finish(&ctx, &spec, &channel, WorkerState::Failed, why, undelivered);
+            finish(&ctx, &spec, &channel, WorkerState::Failed, why, undelivered).await;
         }
     };
     supervise(
@@ -99,13 +99,10 @@ async fn run(
             pending: pending.clone(),
         },
     );
-    let recorded = ctx.store.insert_worker_in_run(
-        ctx.run_id(),
-        &spec.id.to_string(),
-        &spec.channel.to_string(),
-        &spec.task,
-    );
-    if let Err(err) = recorded {
+    let (id, channel_id) = (spec.id.to_string(), spec.channel.to_string());
+    let ledger = &ctx.services.ledger;
+    let recorded = ledger.worker_started(ctx.run_id(), &id, &channel_id, &spec.task);
+    if let Err(err) = recorded.await {
         tracing::error!(worker = %spec.id, "cannot record the worker: {err}");
     }
     ctx.emit(Event::WorkerStarted {
@@ -135,12 +132,12 @@ async fn run(
     ctx.supervisor.worker_ended(&spec.id);
     let mut undelivered = unanswered;
     undelivered.extend(drain(&mut *inbox.lock().await));
-    finish(&ctx, &spec, &channel, state, outcome, undelivered);
+    finish(&ctx, &spec, &channel, state, outcome, undelivered).await;
 }
 
 /// Records the worker's end and reports it: to its channel, or, when the branch that
 /// asked for it has ended, as a late notification.
-fn finish(
+async fn finish(
     ctx: &Context,
     spec: &WorkerSpec,
     channel: &ChannelHandle,
@@ -149,10 +146,10 @@ fn finish(
     undelivered: Vec<String>,
 ) {
     ctx.release_process(&spec.id);
-    let recorded = ctx
-        .store
-        .set_worker_state(&spec.id.to_string(), state, Some(&outcome));
-    if let Err(err) = recorded {
+    let id = spec.id.to_string();
+    let ledger = &ctx.services.ledger;
+    let recorded = ledger.set_worker_state(&id, state, Some(&outcome));
+    if let Err(err) = recorded.await {
         tracing::error!(worker = %spec.id, "cannot record the worker's end: {err}");
     }
     ctx.emit(Event::WorkerEnded {
@@ -174,11 +171,11 @@ fn finish(
         WorkerState::WaitingForInput => NotificationKind::InputRequired,
         WorkerState::Failed | WorkerState::Running => NotificationKind::Error,
     };
-    tell(ctx, spec, channel, kind, report);
+    tell(ctx, spec, channel, kind, report).await;
 }
 
 /// Sends `text` to the worker's channel, or folds it back if its requester has ended.
-fn tell(
+async fn tell(
     ctx: &Context,
     spec: &WorkerSpec,
     channel: &ChannelHandle,
@@ -186,7 +183,8 @@ fn tell(
     text: String,
 ) {
     let requester = spec.requester.as_ref();
-    ctx.tell(&spec.channel, channel, &spec.id, requester, kind, text);
+    ctx.tell(&spec.channel, channel, &spec.id, requester, kind, text)
+        .await;
 }
 
 /// The worker's turns: the task, then any routed follow-ups, until it reports an end.
@@ -259,11 +257,10 @@ async fn work(
                 question: message.clone(),
             });
             if routed.is_empty() {
-                if let Err(err) = ctx.store.set_worker_state(
-                    &spec.id.to_string(),
-                    WorkerState::WaitingForInput,
-                    None,
-                ) {
+                let id = spec.id.to_string();
+                let waiting = WorkerState::WaitingForInput;
+                let recorded = ctx.services.ledger.set_worker_state(&id, waiting, None);
+                if let Err(err) = recorded.await {
                     tracing::error!(worker = %spec.id, "cannot record the worker's state: {err}");
                 }
                 // The user hears the question; while it waits, the worker does not keep its
@@ -274,7 +271,8 @@ async fn work(
                     channel,
                     NotificationKind::InputRequired,
                     format!("needs input (route your answer to {}): {message}", spec.id),
-                );
+                )
+                .await;
                 let mut waiting = inbox.lock().await;
                 // Paused only if nothing was routed meanwhile; a route resumes it (both
                 // under the registry lock), so the channel is never idle with an answer
@@ -287,10 +285,10 @@ async fn work(
                     Some(input) => routed.push(input),
                     None => return (WorkerState::Cancelled, "its channel closed".into()),
                 }
-                if let Err(err) =
-                    ctx.store
-                        .set_worker_state(&spec.id.to_string(), WorkerState::Running, None)
-                {
+                let id = spec.id.to_string();
+                let running = WorkerState::Running;
+                let recorded = ctx.services.ledger.set_worker_state(&id, running, None);
+                if let Err(err) = recorded.await {
                     tracing::error!(worker = %spec.id, "cannot record the worker's state: {err}");
                 }
             }
@@ -360,7 +358,7 @@ impl ToolHandler for WorkerTools<'_> {
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
         Box::pin(
             self.ctx
-                .answer(&self.id, name, arguments, WORKER_TOOLS, |call| {
+                .answer(&self.id, name, arguments, WORKER_TOOLS, |call| async {
                     self.run(call)
                 }),
         )

@@ -1,4 +1,4 @@
-//! [`AgentBuilder`]: config, store, plugins and provider, assembled in one place.
+//! [`AgentBuilder`]: config, services, plugins and provider, assembled in one place.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,11 +10,13 @@ use crate::agent::{Event, Runtime};
 use crate::config::{Config, ProviderSettings};
 use crate::llm::{OpenAiProvider, Provider, Recorder, Script, ScriptedProvider};
 use crate::plugin::{ArtifactCache, PluginHost, Registry};
+use crate::services::Services;
 use crate::store::Store;
 
-/// Assembles an agent from its [`Config`]: creates the workspace, opens the store, loads
-/// the plugins on a host backed by that store, makes the model provider from
-/// `[provider]` (unless one is given), and starts the [`Runtime`].
+/// Assembles an agent from its [`Config`]: creates the workspace, opens the SQLite store
+/// in `agent.data_dir` (unless other [`Services`] are given), loads the plugins on a host
+/// backed by those services, makes the model provider from `[provider]` (unless one is
+/// given), and starts the [`Runtime`].
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -26,7 +28,7 @@ use crate::store::Store;
 ///     .plugins_dir("target/plugins")
 ///     .build()
 ///     .await?;
-/// agent.runtime.send_user_message("main", "hello")?;
+/// agent.runtime.send_user_message("main", "hello").await?;
 /// agent.runtime.wait_idle("main").await;
 /// # Ok(()) }
 /// ```
@@ -37,6 +39,7 @@ pub struct AgentBuilder {
     plugin_files: Vec<PathBuf>,
     cache: ArtifactCache,
     provider: Option<Arc<dyn Provider>>,
+    services: Option<Services>,
     default_script: Option<(String, String)>,
     record: Option<PathBuf>,
 }
@@ -62,6 +65,7 @@ impl AgentBuilder {
             plugin_files: Vec::new(),
             cache: ArtifactCache::disabled(),
             provider: None,
+            services: None,
             default_script: None,
             record: None,
         }
@@ -91,6 +95,13 @@ impl AgentBuilder {
         self
     }
 
+    /// Keeps tasks, memories, history, the audit log and worker records in `services`
+    /// instead of the SQLite store in `agent.data_dir`, which is then not opened.
+    pub fn services(mut self, services: Services) -> Self {
+        self.services = Some(services);
+        self
+    }
+
     /// The script `[provider] kind = "scripted"` plays when it names none; `name` is the
     /// provider's name in logs (`scripted:<name>`).
     pub fn default_script(mut self, script: &str, name: &str) -> Self {
@@ -112,10 +123,13 @@ impl AgentBuilder {
             path: workspace.clone(),
             source,
         })?;
-        let store = Arc::new(Store::open(&config.agent.data_dir)?);
+        let services = match self.services {
+            Some(services) => services,
+            None => Arc::new(Store::open(&config.agent.data_dir)?).services(),
+        };
         let host = PluginHost::new(config.limits.tool.clone(), self.cache)
             .map_err(BuildError::Host)?
-            .with_store(store.clone());
+            .with_services(services.clone());
         let host = Arc::new(host);
         let mut registry = match self
             .plugins_dir
@@ -141,7 +155,7 @@ impl AgentBuilder {
             None => provider,
         };
         let registry = Arc::new(registry);
-        let (runtime, events) = Runtime::new(config, registry.clone(), store, provider)?;
+        let (runtime, events) = Runtime::new(config, registry.clone(), services, provider).await?;
         Ok(Agent {
             runtime,
             events,

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use crate::llm::ProviderError;
 use crate::plugin::HostError;
+use crate::services::ServiceError;
 use crate::store::StoreError;
 
 /// Why [`AgentBuilder::build`](super::AgentBuilder::build) failed. Each names the file or
@@ -18,9 +19,12 @@ pub enum BuildError {
         /// What the file system said.
         source: std::io::Error,
     },
-    /// The store could not be opened, or the run could not begin in it.
+    /// The store could not be opened.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The run could not begin in the services' ledger.
+    #[error(transparent)]
+    Services(#[from] ServiceError),
     /// The plugin host could not be built.
     #[error(transparent)]
     Host(HostError),

@@ -263,7 +263,7 @@ async fn finish(
 /// Sends `message` and waits until the conversation is idle: answered, its workers done.
 async fn converse(runtime: &Arc<Runtime>, agent: &AgentArgs, message: &str) -> anyhow::Result<()> {
     let conversation = agent.conversation();
-    runtime.send_to(&conversation, message)?;
+    runtime.send_to(&conversation, message).await?;
     runtime.wait_conversation_idle(&conversation).await;
     Ok(())
 }
@@ -331,7 +331,7 @@ impl ChatCommand {
                 if line.is_empty() {
                     continue;
                 }
-                if let Err(err) = runtime.send_to(&conversation, line) {
+                if let Err(err) = runtime.send_to(&conversation, line).await {
                     sent = Err(err);
                     return;
                 }

@@ -7,7 +7,7 @@ use semver::Version;
 pub const WIT_PACKAGE: &str = "capstan:plugin";
 
 /// The version of [`WIT_PACKAGE`] this host implements.
-pub const WIT_VERSION: &str = "0.1.0";
+pub const WIT_VERSION: &str = "0.2.0";
 
 /// The interface a plugin must export.
 pub const TOOL_INTERFACE: &str = "tool";
@@ -91,10 +91,14 @@ mod tests {
 
     #[test]
     fn versions_of_the_same_line_and_not_newer_are_supported() {
-        assert!(version_supported("0.1.0"));
-        assert!(!version_supported("0.2.0"));
+        assert!(version_supported("0.2.0"));
+        assert!(
+            !version_supported("0.1.0"),
+            "0.1 had task status and priority as strings"
+        );
+        assert!(!version_supported("0.3.0"));
         assert!(!version_supported("1.0.0"));
-        assert!(!version_supported("0.1.1"), "newer than this host");
+        assert!(!version_supported("0.2.1"), "newer than this host");
         assert!(!version_supported("not-a-version"));
     }
 
@@ -102,7 +106,8 @@ mod tests {
     fn only_listed_interfaces_may_be_imported() {
         assert!(import_allowed("wasi:filesystem/preopens@0.2.6"));
         assert!(import_allowed("wasi:cli/terminal-stdout@0.2.6"));
-        assert!(import_allowed("capstan:plugin/log@0.1.0"));
+        assert!(import_allowed("capstan:plugin/log@0.2.0"));
+        assert!(!import_allowed("capstan:plugin/log@0.1.0"));
         assert!(!import_allowed("capstan:plugin/log@1.0.0"));
         assert!(!import_allowed("wasi:sockets/tcp@0.2.6"));
         assert!(!import_allowed("wasi:http/outgoing-handler@0.2.6"));

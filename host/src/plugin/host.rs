@@ -20,7 +20,7 @@ use super::inspect::{check_exports, check_header, check_imports};
 use super::limits::Limits;
 use super::loaded::{LoadedPlugin, ToolInfo};
 use super::sandbox::{CallScope, Sandbox};
-use crate::store;
+use crate::services::Services;
 use crate::text::{one_line, truncate};
 
 /// Loads plugin components and runs tool calls, each in a fresh sandboxed instance.
@@ -37,7 +37,7 @@ pub struct PluginHost {
     /// One permit per pooling-allocator slot: callers beyond it wait instead of failing.
     slots: Semaphore,
     /// Backs the `tasks` and `memory` imports; without it they answer "not available".
-    store: Option<Arc<store::Store>>,
+    services: Option<Services>,
 }
 
 /// One call as the host runs it.
@@ -75,13 +75,14 @@ impl PluginHost {
             limits,
             cache,
             slots,
-            store: None,
+            services: None,
         })
     }
 
-    /// Backs the `tasks` and `memory` imports with `store`.
-    pub fn with_store(mut self, store: Arc<store::Store>) -> Self {
-        self.store = Some(store);
+    /// Backs the `tasks` and `memory` imports, and the audit log of calls, with
+    /// `services`.
+    pub fn with_services(mut self, services: Services) -> Self {
+        self.services = Some(services);
         self
     }
 
@@ -90,9 +91,9 @@ impl PluginHost {
         &self.engine
     }
 
-    /// The store behind the `tasks` and `memory` imports, if any.
-    pub fn store(&self) -> Option<&Arc<store::Store>> {
-        self.store.as_ref()
+    /// The services behind the `tasks` and `memory` imports and the audit log, if any.
+    pub fn services(&self) -> Option<&Services> {
+        self.services.as_ref()
     }
 
     /// The limits every call runs under.
@@ -168,7 +169,7 @@ impl PluginHost {
             tool: "describe".into(),
             caller: "host".into(),
             capabilities: Vec::new(),
-            store: None,
+            services: None,
             log_lines: 0,
         };
         let sandbox = Sandbox::new(&self.limits, scope, None).map_err(|e| e.to_string())?;
@@ -190,7 +191,7 @@ impl PluginHost {
             tool: call.tool.to_owned(),
             caller: call.caller.to_owned(),
             capabilities: call.capabilities.clone(),
-            store: self.store.clone(),
+            services: self.services.clone(),
             log_lines: 0,
         };
         let sandbox = Sandbox::new(&self.limits, scope, call.workspace)?;

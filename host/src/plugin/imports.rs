@@ -2,31 +2,31 @@
 //!
 //! Every function checks the call's capabilities first, so a tool that did not declare
 //! (or was not granted) `tasks.*` or `memory.*` is refused with the capability named. Then
-//! the host's [`Store`](crate::store::Store) answers; a host without one answers `denied`
-//! with "not available in this host". Never a trap, never a panic.
+//! the host's [`Services`] answer; a host without them answers `denied` with "not
+//! available in this host". Never a trap, never a panic.
 //!
 //! Scope: `tasks.write` updates any task; `tasks.write-own` creates tasks and updates only
 //! those the caller created or is assigned, and refuses others naming the task.
 //!
-//! The store work runs on a blocking thread ([`on_store`]): SQLite may wait for a lock, and
-//! a guest waiting in an import must stay abandonable at its deadline. An abandoned call's
-//! store work still finishes on its thread; the guest never sees the answer.
+//! The services never hold the executor (the SQLite store runs on blocking threads), so a
+//! guest waiting in an import stays abandonable at its deadline. An abandoned call's work
+//! still finishes; the guest never sees the answer.
 //!
 //! Log lines are put on one line with their control characters escaped before they reach
 //! tracing, so a plugin cannot forge a log line or send terminal escapes.
-
-use std::sync::Arc;
 
 use capstan_caps::Capability;
 
 use super::bindings::capstan::plugin::log::Level;
 use super::bindings::capstan::plugin::memory::{MemoryItem, NewMemory};
-use super::bindings::capstan::plugin::tasks::{NewTask, Task, TaskFilter, TaskPatch};
+use super::bindings::capstan::plugin::tasks::{
+    NewTask, Priority, Task, TaskFilter, TaskPatch, TaskStatus,
+};
 use super::bindings::capstan::plugin::types::HostError;
 use super::bindings::capstan::plugin::{log, memory, tasks, types};
 use super::limits::{LOG_LINE_BYTES, LOG_LINES_PER_CALL};
 use super::sandbox::Sandbox;
-use crate::store::{self, Store, StoreError};
+use crate::services::{self, ServiceError, Services};
 use crate::text::{echo_name, one_line, truncate};
 
 impl types::Host for Sandbox {}
@@ -72,11 +72,11 @@ impl Sandbox {
         )))
     }
 
-    /// The store, after checking the call may use `what`.
-    fn store_for(&self, what: &str, caps: &[Capability]) -> Result<Arc<Store>, HostError> {
+    /// The services, after checking the call may use `what`.
+    fn services_for(&self, what: &str, caps: &[Capability]) -> Result<&Services, HostError> {
         self.require(what, caps)?;
         let interface = what.split('.').next().unwrap_or(what);
-        self.scope.store.clone().ok_or_else(|| {
+        self.scope.services.as_ref().ok_or_else(|| {
             HostError::Denied(format!(
                 "the {interface} store is not available in this host"
             ))
@@ -86,7 +86,7 @@ impl Sandbox {
 
 /// Under `tasks.write-own` only (`write_any` false), refuses a task `caller` neither created
 /// nor is assigned.
-fn check_task_scope(write_any: bool, caller: &str, task: &store::Task) -> Result<(), HostError> {
+fn check_task_scope(write_any: bool, caller: &str, task: &services::Task) -> Result<(), HostError> {
     if write_any || task.creator == caller || task.assigned_worker.as_deref() == Some(caller) {
         return Ok(());
     }
@@ -102,38 +102,59 @@ fn check_task_scope(write_any: bool, caller: &str, task: &store::Task) -> Result
     )))
 }
 
-/// Runs `work` against `store` on a blocking thread and waits for it without holding the
-/// executor. Dropping the returned future (the call hit its deadline) abandons the wait.
-async fn on_store<T: Send + 'static>(
-    store: Arc<Store>,
-    work: impl FnOnce(&Store) -> Result<T, HostError> + Send + 'static,
-) -> Result<T, HostError> {
-    tokio::task::spawn_blocking(move || work(&store))
-        .await
-        .map_err(|err| HostError::Failed(format!("the store operation did not finish: {err}")))?
-}
-
-fn host_error(err: StoreError) -> HostError {
+fn host_error(err: ServiceError) -> HostError {
     match err {
-        StoreError::NotFound(m) => HostError::NotFound(m),
-        StoreError::Invalid(m) => HostError::Invalid(m),
+        ServiceError::NotFound(m) => HostError::NotFound(m),
+        ServiceError::Invalid(m) => HostError::Invalid(m),
         other => HostError::Failed(other.to_string()),
     }
 }
 
-fn parse<T: std::str::FromStr<Err = StoreError>>(
-    text: Option<String>,
-) -> Result<Option<T>, HostError> {
-    text.map(|t| t.parse().map_err(host_error)).transpose()
+fn from_wit_status(status: TaskStatus) -> services::TaskStatus {
+    match status {
+        TaskStatus::Backlog => services::TaskStatus::Backlog,
+        TaskStatus::Ready => services::TaskStatus::Ready,
+        TaskStatus::InProgress => services::TaskStatus::InProgress,
+        TaskStatus::Done => services::TaskStatus::Done,
+        TaskStatus::Cancelled => services::TaskStatus::Cancelled,
+    }
 }
 
-fn to_wit_task(task: store::Task) -> Task {
+fn to_wit_status(status: services::TaskStatus) -> TaskStatus {
+    match status {
+        services::TaskStatus::Backlog => TaskStatus::Backlog,
+        services::TaskStatus::Ready => TaskStatus::Ready,
+        services::TaskStatus::InProgress => TaskStatus::InProgress,
+        services::TaskStatus::Done => TaskStatus::Done,
+        services::TaskStatus::Cancelled => TaskStatus::Cancelled,
+    }
+}
+
+fn from_wit_priority(priority: Priority) -> services::Priority {
+    match priority {
+        Priority::Low => services::Priority::Low,
+        Priority::Normal => services::Priority::Normal,
+        Priority::High => services::Priority::High,
+        Priority::Urgent => services::Priority::Urgent,
+    }
+}
+
+fn to_wit_priority(priority: services::Priority) -> Priority {
+    match priority {
+        services::Priority::Low => Priority::Low,
+        services::Priority::Normal => Priority::Normal,
+        services::Priority::High => Priority::High,
+        services::Priority::Urgent => Priority::Urgent,
+    }
+}
+
+fn to_wit_task(task: services::Task) -> Task {
     Task {
         number: task.number,
         title: task.title,
         description: task.description,
-        status: task.status.as_str().to_owned(),
-        priority: task.priority.as_str().to_owned(),
+        status: to_wit_status(task.status),
+        priority: to_wit_priority(task.priority),
         creator: task.creator,
         assigned_worker: task.assigned_worker,
         parent: task.parent,
@@ -141,7 +162,7 @@ fn to_wit_task(task: store::Task) -> Task {
     }
 }
 
-fn to_wit_memory(memory: store::Memory) -> MemoryItem {
+fn to_wit_memory(memory: services::MemoryItem) -> MemoryItem {
     MemoryItem {
         id: memory.id.to_string(),
         kind: memory.kind,
@@ -162,118 +183,92 @@ const MEMORY_WRITE: &[Capability] = &[Capability::MemoryWrite];
 
 impl tasks::Host for Sandbox {
     async fn create(&mut self, task: NewTask) -> Result<Task, HostError> {
-        let store = self.store_for("tasks.create", TASKS_WRITE)?;
-        let new = store::NewTask {
+        let services = self.services_for("tasks.create", TASKS_WRITE)?;
+        let new = services::NewTask {
             title: task.title,
             description: task.description,
-            priority: parse(task.priority)?,
+            priority: task.priority.map(from_wit_priority),
             parent: task.parent,
             metadata: task.metadata,
             assigned_worker: None,
         };
-        let caller = self.scope.caller.clone();
-        on_store(store, move |store| {
-            store
-                .create_task(&caller, &new)
-                .map(to_wit_task)
-                .map_err(host_error)
-        })
-        .await
+        let created = services.tasks.create(&self.scope.caller, new).await;
+        created.map(to_wit_task).map_err(host_error)
     }
 
     async fn get(&mut self, number: u64) -> Result<Task, HostError> {
-        let store = self.store_for("tasks.get", TASKS_READ)?;
-        on_store(store, move |store| {
-            store.get_task(number).map(to_wit_task).map_err(host_error)
-        })
-        .await
+        let services = self.services_for("tasks.get", TASKS_READ)?;
+        let task = services.tasks.get(number).await;
+        task.map(to_wit_task).map_err(host_error)
     }
 
     async fn list(&mut self, filter: TaskFilter) -> Result<Vec<Task>, HostError> {
-        let store = self.store_for("tasks.list", TASKS_READ)?;
-        let filter = store::TaskFilter {
-            status: parse(filter.status)?,
+        let services = self.services_for("tasks.list", TASKS_READ)?;
+        let filter = services::TaskFilter {
+            status: filter.status.map(from_wit_status),
             parent: None,
             limit: filter.limit,
         };
-        on_store(store, move |store| {
-            let tasks = store.list_tasks(&filter).map_err(host_error)?;
-            Ok(tasks.into_iter().map(to_wit_task).collect())
-        })
-        .await
+        let tasks = services.tasks.list(filter).await.map_err(host_error)?;
+        Ok(tasks.into_iter().map(to_wit_task).collect())
     }
 
     async fn update(&mut self, number: u64, patch: TaskPatch) -> Result<Task, HostError> {
-        let store = self.store_for("tasks.update", TASKS_WRITE)?;
-        let patch = store::TaskPatch {
+        let services = self.services_for("tasks.update", TASKS_WRITE)?;
+        let patch = services::TaskPatch {
             title: patch.title,
             description: patch.description,
-            status: parse(patch.status)?,
-            priority: parse(patch.priority)?,
+            status: patch.status.map(from_wit_status),
+            priority: patch.priority.map(from_wit_priority),
             metadata: patch.metadata,
             assigned_worker: None,
         };
         let write_any = self.scope.capabilities.contains(&Capability::TasksWrite);
-        let caller = self.scope.caller.clone();
-        on_store(store, move |store| {
-            let task = store.get_task(number).map_err(host_error)?;
-            check_task_scope(write_any, &caller, &task)?;
-            store
-                .update_task(number, &patch)
-                .map(to_wit_task)
-                .map_err(host_error)
-        })
-        .await
+        // Who created a task never changes, and only the host assigns one, so the owner
+        // read here still holds when the update is written.
+        let task = services.tasks.get(number).await.map_err(host_error)?;
+        check_task_scope(write_any, &self.scope.caller, &task)?;
+        let updated = services.tasks.update(number, patch).await;
+        updated.map(to_wit_task).map_err(host_error)
     }
 }
 
 impl memory::Host for Sandbox {
     async fn save(&mut self, item: NewMemory) -> Result<MemoryItem, HostError> {
-        let store = self.store_for("memory.save", MEMORY_WRITE)?;
-        let new = store::NewMemory {
+        let services = self.services_for("memory.save", MEMORY_WRITE)?;
+        let new = services::NewMemory {
             kind: item.kind,
             content: item.content,
             importance: item.importance,
         };
-        let caller = self.scope.caller.clone();
-        on_store(store, move |store| {
-            store
-                .save_memory(&caller, &new)
-                .map(to_wit_memory)
-                .map_err(host_error)
-        })
-        .await
+        let saved = services.memory.save(&self.scope.caller, new).await;
+        saved.map(to_wit_memory).map_err(host_error)
     }
 
     async fn recall(&mut self, query: String, limit: u32) -> Result<Vec<MemoryItem>, HostError> {
-        let store = self.store_for("memory.recall", MEMORY_READ)?;
-        on_store(store, move |store| {
-            let found = store.recall(&query, limit).map_err(host_error)?;
-            Ok(found.into_iter().map(to_wit_memory).collect())
-        })
-        .await
+        let services = self.services_for("memory.recall", MEMORY_READ)?;
+        let found = services.memory.recall(&query, limit).await;
+        Ok(found
+            .map_err(host_error)?
+            .into_iter()
+            .map(to_wit_memory)
+            .collect())
     }
 
     async fn delete(&mut self, id: String) -> Result<(), HostError> {
-        let store = self.store_for("memory.delete", MEMORY_WRITE)?;
+        let services = self.services_for("memory.delete", MEMORY_WRITE)?;
         let id: u64 = id.parse().map_err(|_| {
             HostError::Invalid(format!(
                 "memory id `{}` is not a number",
                 echo_name(&id, 64)
             ))
         })?;
-        on_store(store, move |store| {
-            store.delete_memory(id).map_err(host_error)
-        })
-        .await
+        services.memory.delete(id).await.map_err(host_error)
     }
 
     async fn working_get(&mut self, key: String) -> Result<Option<String>, HostError> {
-        let store = self.store_for("memory.working-get", MEMORY_READ)?;
-        on_store(store, move |store| {
-            store.working_get(&key).map_err(host_error)
-        })
-        .await
+        let services = self.services_for("memory.working-get", MEMORY_READ)?;
+        services.memory.working_get(&key).await.map_err(host_error)
     }
 
     async fn working_set(
@@ -282,12 +277,8 @@ impl memory::Host for Sandbox {
         value: String,
         ttl_seconds: Option<u64>,
     ) -> Result<(), HostError> {
-        let store = self.store_for("memory.working-set", MEMORY_WRITE)?;
-        on_store(store, move |store| {
-            store
-                .working_set(&key, &value, ttl_seconds)
-                .map_err(host_error)
-        })
-        .await
+        let services = self.services_for("memory.working-set", MEMORY_WRITE)?;
+        let set = services.memory.working_set(&key, &value, ttl_seconds);
+        set.await.map_err(host_error)
     }
 }

@@ -13,7 +13,7 @@ use super::host::{Invocation, PluginHost};
 use super::loaded::{LoadedPlugin, ToolInfo};
 use super::settle::{Preferences, Shadowed, settle};
 use crate::policy::{Decision, Grants, Policy, ProcessKind, ToolNeeds};
-use crate::store::AuditRecord;
+use crate::services::AuditRecord;
 use crate::text::{echo_name, one_line};
 
 /// The longest tool name echoed back in an error; longer ones are cut with a marker.
@@ -280,32 +280,20 @@ impl Registry {
             duration_us,
             "tool call"
         );
-        if let Some(store) = self.host.store() {
-            // Written on a blocking thread: a database another process holds locked makes
-            // this call wait for its audit row, never the executor and the other calls.
-            let store = store.clone();
-            let (process, tool, arguments) = (
-                request.caller.to_owned(),
-                request.tool.to_owned(),
-                request.args_json.to_owned(),
-            );
-            let (outcome, detail) = (outcome.to_owned(), detail.to_owned());
-            let written = tokio::task::spawn_blocking(move || {
-                store.record_call(&AuditRecord {
-                    process: &process,
-                    tool: &tool,
-                    grants: &effective,
-                    arguments: &arguments,
-                    outcome: &outcome,
-                    detail: &detail,
-                    duration_us,
-                })
-            })
-            .await;
-            match written {
-                Ok(Ok(())) => {}
-                Ok(Err(err)) => tracing::error!("cannot write the audit log: {err}"),
-                Err(err) => tracing::error!("the audit log write did not finish: {err}"),
+        if let Some(services) = self.host.services() {
+            // The sink keeps the executor free (SQLite writes on a blocking thread), so a
+            // database another process holds locked delays this call's audit entry only.
+            let call = AuditRecord {
+                process: request.caller.to_owned(),
+                tool: request.tool.to_owned(),
+                grants: effective,
+                arguments: request.args_json.to_owned(),
+                outcome: outcome.to_owned(),
+                detail: detail.to_owned(),
+                duration_us,
+            };
+            if let Err(err) = services.audit.record(call).await {
+                tracing::error!("cannot write the audit log: {err}");
             }
         }
         result

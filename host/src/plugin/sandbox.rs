@@ -21,7 +21,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 
 use super::error::ToolError;
 use super::limits::{CallLimiter, Limits, STDERR_CAPTURE_BYTES};
-use crate::store::Store;
+use crate::services::Services;
 
 /// The store data of one call.
 pub struct Sandbox {
@@ -40,7 +40,9 @@ pub(crate) struct CallScope {
     /// `tasks.write-own` checks against.
     pub(crate) caller: String,
     pub(crate) capabilities: Vec<Capability>,
-    pub(crate) store: Option<Arc<Store>>,
+    /// What the `tasks` and `memory` imports answer from; `None`: they answer "not
+    /// available in this host".
+    pub(crate) services: Option<Services>,
     pub(crate) log_lines: u32,
 }
 

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::services::ServiceError;
+
 /// What every data-dir error ends with: how to point capstan elsewhere.
 const ELSEWHERE: &str = "or set `data_dir` under `[agent]` in capstan.toml to another directory";
 
@@ -110,6 +112,37 @@ pub enum StoreError {
     /// SQLite failed.
     #[error("database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
+}
+
+impl From<ServiceError> for StoreError {
+    fn from(err: ServiceError) -> Self {
+        match err {
+            ServiceError::NotFound(message) => StoreError::NotFound(message),
+            // The services' checks that the store runs refuse requests, nothing else.
+            other => StoreError::Invalid(other.to_string()),
+        }
+    }
+}
+
+impl From<StoreError> for ServiceError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::NotFound(message) => ServiceError::NotFound(message),
+            StoreError::Invalid(message) => ServiceError::Invalid(message),
+            StoreError::UnreadableHistory {
+                path,
+                channel,
+                seq,
+                reason,
+            } => ServiceError::UnreadableHistory {
+                location: path.display().to_string(),
+                channel,
+                seq,
+                reason,
+            },
+            other => ServiceError::Backend(Box::new(other)),
+        }
+    }
 }
 
 /// What is wrong with a data dir.

@@ -10,15 +10,7 @@ use rusqlite::types::ValueRef;
 use serde::de::DeserializeOwned;
 
 use super::{Store, StoreError, retry};
-
-/// One stored message of a channel's history.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HistoryEntry {
-    /// Its position, from 0.
-    pub seq: u64,
-    /// The message as JSON.
-    pub message: String,
-}
+use crate::services::HistoryEntry;
 
 impl Store {
     /// Appends messages (JSON) to `channel`'s history, in one transaction.

@@ -1,55 +1,15 @@
-//! Long-term memories with full-text recall, and working memory with expiry.
+//! Long-term memories with FTS5 recall, and working memory with expiry, in SQLite. The
+//! types and the rules are the services' (`services::memory`).
 
 use rusqlite::{OptionalExtension, params};
-use serde::Serialize;
 
 use super::{Store, StoreError, now, retry};
-
-/// A stored memory.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Memory {
-    /// Its id.
-    pub id: u64,
-    /// e.g. `fact`, `decision`, `preference`, `observation`.
-    pub kind: String,
-    /// The text.
-    pub content: String,
-    /// 0.0 to 1.0.
-    pub importance: f32,
-    /// The process that saved it.
-    pub source: String,
-    /// Unix seconds.
-    pub created_at: i64,
-}
-
-/// A memory to save.
-#[derive(Debug, Clone)]
-pub struct NewMemory {
-    /// e.g. `fact`.
-    pub kind: String,
-    /// The text.
-    pub content: String,
-    /// 0.0 to 1.0; default 0.5.
-    pub importance: Option<f32>,
-}
+use crate::services::{MemoryItem, NewMemory, RECALL_MAX, check_working_key, recall_words};
 
 impl Store {
     /// Saves a memory from `source`.
-    pub fn save_memory(&self, source: &str, memory: &NewMemory) -> Result<Memory, StoreError> {
-        if memory.content.trim().is_empty() {
-            return Err(StoreError::Invalid("a memory needs content".into()));
-        }
-        let importance = memory.importance.unwrap_or(0.5);
-        if !(0.0..=1.0).contains(&importance) {
-            return Err(StoreError::Invalid(format!(
-                "importance must be between 0.0 and 1.0, got {importance}"
-            )));
-        }
-        let kind = if memory.kind.trim().is_empty() {
-            "fact"
-        } else {
-            memory.kind.trim()
-        };
+    pub fn save_memory(&self, source: &str, memory: &NewMemory) -> Result<MemoryItem, StoreError> {
+        let (kind, importance) = memory.check()?;
         let at = now();
         // The insert and its FTS trigger, and the row id read back, in one transaction.
         let id = retry::write(&mut self.conn(), |tx| {
@@ -60,7 +20,7 @@ impl Store {
             )?;
             Ok(tx.last_insert_rowid() as u64)
         })?;
-        Ok(Memory {
+        Ok(MemoryItem {
             id,
             kind: kind.to_owned(),
             content: memory.content.clone(),
@@ -72,7 +32,7 @@ impl Store {
 
     /// The memories matching `query` (full-text, any of its words), best first: text
     /// relevance weighted by importance.
-    pub fn recall(&self, query: &str, limit: u32) -> Result<Vec<Memory>, StoreError> {
+    pub fn recall(&self, query: &str, limit: u32) -> Result<Vec<MemoryItem>, StoreError> {
         let Some(fts_query) = fts_any_word(query) else {
             return Ok(Vec::new());
         };
@@ -83,8 +43,8 @@ impl Store {
              WHERE memories_fts MATCH ?1
              ORDER BY bm25(memories_fts) * (0.5 + m.importance) LIMIT ?2",
         )?;
-        let rows = stmt.query_map(params![fts_query, limit.clamp(1, 100)], |row| {
-            Ok(Memory {
+        let rows = stmt.query_map(params![fts_query, limit.clamp(1, RECALL_MAX)], |row| {
+            Ok(MemoryItem {
                 id: row.get::<_, i64>(0)? as u64,
                 kind: row.get(1)?,
                 content: row.get(2)?,
@@ -127,11 +87,7 @@ impl Store {
         value: &str,
         ttl_seconds: Option<u64>,
     ) -> Result<(), StoreError> {
-        if key.is_empty() {
-            return Err(StoreError::Invalid(
-                "a working-memory key must not be empty".into(),
-            ));
-        }
+        check_working_key(key)?;
         let at = now();
         let expires = ttl_seconds.map(|ttl| at.saturating_add(ttl as i64));
         retry::write(&mut self.conn(), |tx| {
@@ -157,31 +113,12 @@ impl Store {
     }
 }
 
-/// Words too common to say what a query is about.
-const STOP_WORDS: &[&str] = &[
-    "a", "an", "and", "are", "at", "be", "did", "do", "does", "for", "how", "i", "in", "is", "it",
-    "me", "of", "on", "or", "that", "the", "this", "to", "was", "we", "what", "when", "where",
-    "which", "who", "why", "with", "you",
-];
-
-/// An FTS5 query matching any word of `text` but stop words (all of them if that is all
-/// there is), each quoted so that no input is FTS syntax.
+/// An FTS5 query matching any of `text`'s [`recall_words`], each quoted.
 fn fts_any_word(text: &str) -> Option<String> {
-    let words: Vec<&str> = text
-        .split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .collect();
-    let meaningful: Vec<&str> = words
+    let quoted: Vec<String> = recall_words(text)
         .iter()
-        .copied()
-        .filter(|w| !STOP_WORDS.contains(&w.to_lowercase().as_str()))
+        .map(|w| format!("\"{w}\""))
         .collect();
-    let chosen = if meaningful.is_empty() {
-        words
-    } else {
-        meaningful
-    };
-    let quoted: Vec<String> = chosen.iter().map(|w| format!("\"{w}\"")).collect();
     (!quoted.is_empty()).then(|| quoted.join(" OR "))
 }
 

@@ -3,7 +3,9 @@
 //! One database file (`capstan.db` in the data dir) holds the taskboard, memories (with
 //! FTS5 recall), working memory, conversation history, worker records and the audit log of
 //! tool calls. Schema changes are numbered migrations (`store/migrations.rs`) applied at open.
-//! Nothing outside this module writes SQL, so a Postgres backend can replace it later.
+//! Nothing outside this module writes SQL. The agent and the plugins reach it only through
+//! the [services](crate::services) it implements ([`Store::services`]), whose calls run
+//! its blocking work on tokio's blocking threads.
 //!
 //! Several processes may share one database: opening is safe to race (`store/migrations.rs`),
 //! every write is an immediate transaction retried while busy (`store/retry.rs`), process
@@ -33,24 +35,25 @@ mod migrations;
 mod open_lock;
 mod retry;
 mod runs;
+mod services;
 mod tasks;
 mod workers;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OpenFlags};
 
-pub use audit::{AuditEntry, AuditRecord};
+pub(crate) use crate::services::now;
 
 pub use error::{DataDirProblem, StoreError};
-pub use history::HistoryEntry;
-pub use memory::{Memory, NewMemory};
 pub use migrations::SCHEMA_VERSION;
-pub use runs::{RunGuard, RunId};
-pub use tasks::{NewTask, Priority, Task, TaskFilter, TaskPatch, TaskStatus};
-pub use workers::{WorkerRecord, WorkerState};
+pub use runs::RunGuard;
+// The types are the services'; named here too, for code that uses the store directly.
+pub use crate::services::{
+    AuditEntry, AuditRecord, HistoryEntry, MemoryItem, NewMemory, NewTask, Priority, RunId, Task,
+    TaskFilter, TaskPatch, TaskStatus, WorkerRecord, WorkerState,
+};
 
 /// The database file name inside the data dir.
 pub const DATABASE_FILE: &str = "capstan.db";
@@ -137,14 +140,6 @@ impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store").field("path", &self.path).finish()
     }
-}
-
-/// Seconds since the Unix epoch.
-pub(crate) fn now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -14,31 +14,10 @@ use rusqlite::params;
 
 use super::open_lock::{O_NOFOLLOW, open_lock_file};
 use super::{Store, StoreError, now, retry};
+use crate::services::RunId;
 
 /// The directory under the data dir that holds the runs' lock files.
 const RUNS_DIR: &str = "runs";
-
-/// A run's number, unique in its database.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RunId(u64);
-
-impl RunId {
-    /// The number.
-    pub fn get(self) -> u64 {
-        self.0
-    }
-
-    /// The run numbered `number` in the database.
-    pub(super) fn from_row(number: i64) -> Self {
-        RunId(number as u64)
-    }
-}
-
-impl std::fmt::Display for RunId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "run:{}", self.0)
-    }
-}
 
 /// A live run: holds the run's lock until dropped. Keep it for as long as the run's
 /// workers may be running; dropping it says they are not.
@@ -103,7 +82,7 @@ impl Store {
                 "INSERT INTO runs (pid, started_at) VALUES (?1, ?2)",
                 params![std::process::id(), now()],
             )?;
-            let id = RunId(tx.last_insert_rowid() as u64);
+            let id = RunId::new(tx.last_insert_rowid() as u64);
             let lock_path = lock_file(&self.data_dir, id);
             let lock_err = |source| StoreError::RunLock {
                 path: lock_path.clone(),
@@ -127,7 +106,7 @@ impl Store {
 }
 
 fn lock_file(data_dir: &Path, run: RunId) -> PathBuf {
-    data_dir.join(RUNS_DIR).join(format!("{}.lock", run.0))
+    data_dir.join(RUNS_DIR).join(format!("{}.lock", run.get()))
 }
 
 /// Whether `run`'s lock is free: no live process holds it.

@@ -1,207 +1,11 @@
-//! The taskboard: numbered tasks with a status that moves along allowed transitions.
-
-use std::fmt;
-use std::str::FromStr;
+//! The taskboard in SQLite. The types and the rules are the services' (`services::tasks`).
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
-use serde::Serialize;
 
 use super::{Store, StoreError, now, retry};
-
-/// Where a task stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TaskStatus {
-    /// Noted, not yet ready to start.
-    Backlog,
-    /// Ready to start.
-    Ready,
-    /// Someone is on it.
-    InProgress,
-    /// Finished.
-    Done,
-    /// Dropped.
-    Cancelled,
-}
-
-impl TaskStatus {
-    const ALL: [TaskStatus; 5] = [
-        TaskStatus::Backlog,
-        TaskStatus::Ready,
-        TaskStatus::InProgress,
-        TaskStatus::Done,
-        TaskStatus::Cancelled,
-    ];
-
-    /// The name stored and shown: `backlog`, `ready`, `in-progress`, `done`, `cancelled`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskStatus::Backlog => "backlog",
-            TaskStatus::Ready => "ready",
-            TaskStatus::InProgress => "in-progress",
-            TaskStatus::Done => "done",
-            TaskStatus::Cancelled => "cancelled",
-        }
-    }
-
-    /// The statuses a task in this status may move to. Done tasks can be reopened and
-    /// cancelled ones restored, but never straight to done.
-    pub fn next(self) -> &'static [TaskStatus] {
-        use TaskStatus::*;
-        match self {
-            Backlog => &[Ready, InProgress, Cancelled],
-            Ready => &[Backlog, InProgress, Cancelled],
-            InProgress => &[Ready, Done, Cancelled],
-            Done => &[InProgress],
-            Cancelled => &[Backlog],
-        }
-    }
-}
-
-impl fmt::Display for TaskStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for TaskStatus {
-    type Err = StoreError;
-
-    fn from_str(text: &str) -> Result<Self, StoreError> {
-        TaskStatus::ALL
-            .into_iter()
-            .find(|s| s.as_str() == text)
-            .ok_or_else(|| {
-                StoreError::Invalid(format!(
-                    "unknown task status `{text}`; expected backlog, ready, in-progress, done or cancelled"
-                ))
-            })
-    }
-}
-
-/// How urgent a task is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Priority {
-    /// Whenever.
-    Low,
-    /// The default.
-    Normal,
-    /// Soon.
-    High,
-    /// Now.
-    Urgent,
-}
-
-impl Priority {
-    /// The name stored and shown.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Priority::Low => "low",
-            Priority::Normal => "normal",
-            Priority::High => "high",
-            Priority::Urgent => "urgent",
-        }
-    }
-}
-
-impl FromStr for Priority {
-    type Err = StoreError;
-
-    fn from_str(text: &str) -> Result<Self, StoreError> {
-        [
-            Priority::Low,
-            Priority::Normal,
-            Priority::High,
-            Priority::Urgent,
-        ]
-        .into_iter()
-        .find(|p| p.as_str() == text)
-        .ok_or_else(|| {
-            StoreError::Invalid(format!(
-                "unknown priority `{text}`; expected low, normal, high or urgent"
-            ))
-        })
-    }
-}
-
-/// A stored task.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Task {
-    /// Its number, from 1.
-    pub number: u64,
-    /// A short title.
-    pub title: String,
-    /// What is to be done.
-    pub description: String,
-    /// Where it stands.
-    pub status: TaskStatus,
-    /// How urgent.
-    pub priority: Priority,
-    /// The process that created it, e.g. `worker:3`.
-    pub creator: String,
-    /// The worker it is assigned to, if any.
-    pub assigned_worker: Option<String>,
-    /// The task it is a subtask of.
-    pub parent: Option<u64>,
-    /// A JSON object.
-    pub metadata: String,
-}
-
-/// A task to create.
-#[derive(Debug, Clone, Default)]
-pub struct NewTask {
-    /// A short title; required.
-    pub title: String,
-    /// What is to be done.
-    pub description: String,
-    /// Default normal.
-    pub priority: Option<Priority>,
-    /// Make it a subtask of this task.
-    pub parent: Option<u64>,
-    /// A JSON object; default `{}`.
-    pub metadata: Option<String>,
-    /// Assign it to this worker.
-    pub assigned_worker: Option<String>,
-}
-
-impl NewTask {
-    /// A task with just a title.
-    pub fn titled(title: &str) -> Self {
-        NewTask {
-            title: title.to_owned(),
-            ..NewTask::default()
-        }
-    }
-}
-
-/// Changes to a task; `None` leaves a field as it is.
-#[derive(Debug, Clone, Default)]
-pub struct TaskPatch {
-    /// New title.
-    pub title: Option<String>,
-    /// New description.
-    pub description: Option<String>,
-    /// New status; must be an allowed transition.
-    pub status: Option<TaskStatus>,
-    /// New priority.
-    pub priority: Option<Priority>,
-    /// New metadata (a JSON object).
-    pub metadata: Option<String>,
-    /// New assignee.
-    pub assigned_worker: Option<String>,
-}
-
-/// Which tasks to list.
-#[derive(Debug, Clone, Default)]
-pub struct TaskFilter {
-    /// Only this status.
-    pub status: Option<TaskStatus>,
-    /// Only subtasks of this task.
-    pub parent: Option<u64>,
-    /// At most this many (default 100).
-    pub limit: Option<u32>,
-}
+use crate::services::{
+    DEFAULT_LIST_LIMIT, NewTask, Priority, ServiceError, Task, TaskFilter, TaskPatch, TaskStatus,
+};
 
 const COLUMNS: &str =
     "number, title, description, status, priority, creator, assigned_worker, parent, metadata";
@@ -209,7 +13,7 @@ const COLUMNS: &str =
 fn task_from_row(row: &Row<'_>) -> rusqlite::Result<Task> {
     let status: String = row.get(3)?;
     let priority: String = row.get(4)?;
-    let parse_err = |i, e: StoreError| {
+    let parse_err = |i, e: ServiceError| {
         rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
     };
     Ok(Task {
@@ -225,23 +29,11 @@ fn task_from_row(row: &Row<'_>) -> rusqlite::Result<Task> {
     })
 }
 
-fn check_metadata(metadata: &str) -> Result<(), StoreError> {
-    match serde_json::from_str::<serde_json::Value>(metadata) {
-        Ok(serde_json::Value::Object(_)) => Ok(()),
-        _ => Err(StoreError::Invalid(format!(
-            "task metadata must be a JSON object, got `{metadata}`"
-        ))),
-    }
-}
-
 impl Store {
     /// Creates a task in the backlog, recording `creator`.
     pub fn create_task(&self, creator: &str, task: &NewTask) -> Result<Task, StoreError> {
-        if task.title.trim().is_empty() {
-            return Err(StoreError::Invalid("a task needs a title".into()));
-        }
+        task.check()?;
         let metadata = task.metadata.as_deref().unwrap_or("{}");
-        check_metadata(metadata)?;
         let at = now();
         // The parent check, the insert and the read-back hold the write lock together, so
         // no other process deletes the parent or renumbers in between.
@@ -295,7 +87,7 @@ impl Store {
             params![
                 filter.status.map(TaskStatus::as_str),
                 filter.parent.map(|n| n as i64),
-                filter.limit.unwrap_or(100)
+                filter.limit.unwrap_or(DEFAULT_LIST_LIMIT)
             ],
             task_from_row,
         )?;
@@ -304,12 +96,7 @@ impl Store {
 
     /// Applies `patch` to task `number`; a status change must be an allowed transition.
     pub fn update_task(&self, number: u64, patch: &TaskPatch) -> Result<Task, StoreError> {
-        if let Some(metadata) = &patch.metadata {
-            check_metadata(metadata)?;
-        }
-        if patch.title.as_deref().is_some_and(|t| t.trim().is_empty()) {
-            return Err(StoreError::Invalid("a task needs a title".into()));
-        }
+        patch.check()?;
         // The transition is checked against the status read under the write lock, so two
         // processes moving one task cannot both pass the check on the same old status.
         retry::write(&mut self.conn(), |tx| update_in(tx, number, patch))
@@ -319,17 +106,8 @@ impl Store {
 /// Applies `patch` to task `number` through `tx`, checking the transition.
 fn update_in(tx: &Connection, number: u64, patch: &TaskPatch) -> Result<Task, StoreError> {
     let task = read_task(tx, number)?;
-    if let Some(to) = patch.status
-        && to != task.status
-        && !task.status.next().contains(&to)
-    {
-        let allowed: Vec<&str> = task.status.next().iter().map(|s| s.as_str()).collect();
-        return Err(StoreError::Invalid(format!(
-            "task #{number} cannot move from {} to {to}; from {} it can move to {}",
-            task.status,
-            task.status,
-            allowed.join(", ")
-        )));
+    if let Some(to) = patch.status {
+        task.status.check_move(number, to)?;
     }
     tx.execute(
         "UPDATE tasks SET

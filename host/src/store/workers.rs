@@ -1,97 +1,11 @@
-//! Worker records: which worker ran which task, and how it ended.
-
-use std::fmt;
-use std::str::FromStr;
+//! Worker records in SQLite: which worker ran which task, and how it ended. The types
+//! are the services' (`services::ledger`).
 
 use rusqlite::{OptionalExtension, params};
-use serde::{Deserialize, Serialize};
 
 use super::runs::run_is_over;
-use super::{RunId, Store, StoreError, now, retry};
-
-/// A worker's state. Its JSON form is [`WorkerState::as_str`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum WorkerState {
-    /// Working.
-    Running,
-    /// Asked for input and waits for it.
-    WaitingForInput,
-    /// Finished with a result.
-    Done,
-    /// Stopped by an error.
-    Failed,
-    /// Stopped on request.
-    Cancelled,
-    /// Its run ended (the host was stopped or killed) while it was running or waiting.
-    Interrupted,
-}
-
-impl WorkerState {
-    const ALL: [WorkerState; 6] = [
-        WorkerState::Running,
-        WorkerState::WaitingForInput,
-        WorkerState::Done,
-        WorkerState::Failed,
-        WorkerState::Cancelled,
-        WorkerState::Interrupted,
-    ];
-
-    /// The name stored and shown.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WorkerState::Running => "running",
-            WorkerState::WaitingForInput => "waiting-for-input",
-            WorkerState::Done => "done",
-            WorkerState::Failed => "failed",
-            WorkerState::Cancelled => "cancelled",
-            WorkerState::Interrupted => "interrupted",
-        }
-    }
-
-    /// Whether the worker has ended.
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            WorkerState::Done
-                | WorkerState::Failed
-                | WorkerState::Cancelled
-                | WorkerState::Interrupted
-        )
-    }
-}
-
-impl fmt::Display for WorkerState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for WorkerState {
-    type Err = StoreError;
-
-    fn from_str(text: &str) -> Result<Self, StoreError> {
-        WorkerState::ALL
-            .into_iter()
-            .find(|s| s.as_str() == text)
-            .ok_or_else(|| StoreError::Invalid(format!("unknown worker state `{text}`")))
-    }
-}
-
-/// A stored worker record.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct WorkerRecord {
-    /// e.g. `worker:3`.
-    pub id: String,
-    /// The channel that spawned it.
-    pub channel: String,
-    /// The task description it was given.
-    pub task: String,
-    /// Where it stands.
-    pub state: WorkerState,
-    /// Its result or error, once ended.
-    pub outcome: Option<String>,
-}
+use super::{Store, StoreError, now, retry};
+use crate::services::{RunId, WorkerRecord, WorkerState, interrupted_outcome};
 
 impl Store {
     /// Records a new running worker that belongs to no run, so
@@ -209,7 +123,7 @@ impl Store {
             drop(stmt);
             let mut marked = Vec::new();
             for run in runs {
-                let run = RunId::from_row(run);
+                let run = RunId::new(run as u64);
                 if !run_is_over(&data_dir, run)? {
                     continue;
                 }
@@ -221,7 +135,7 @@ impl Store {
                     params![
                         run.get() as i64,
                         WorkerState::Interrupted.as_str(),
-                        format!("interrupted: its {run} ended while it was working"),
+                        interrupted_outcome(run),
                         now(),
                         WorkerState::Running.as_str(),
                         WorkerState::WaitingForInput.as_str()

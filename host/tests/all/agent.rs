@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::support::{agent_runtime, repo_root};
+use crate::support::{agent_runtime, repo_root, stored};
 use capstan_host::agent::{Event, Runtime};
 use capstan_host::config::{Config, ProviderSettings};
 use capstan_host::ids::ProcessId;
@@ -108,7 +108,7 @@ tool_calls = [{ name = "reply", arguments = { text = "refused as expected" } }]
 async fn a_forced_call_outside_the_profile_is_denied_and_audited() {
     let dir = tempfile::tempdir().unwrap();
     let (rt, mut events) = runtime(dir.path(), FORCED, |_| {}).await;
-    rt.send_user_message("main", "try to write").unwrap();
+    rt.send_user_message("main", "try to write").await.unwrap();
     rt.wait_idle("main").await;
     let events = drain(&mut events);
     assert!(
@@ -120,12 +120,12 @@ async fn a_forced_call_outside_the_profile_is_denied_and_audited() {
     );
     assert!(!dir.path().join("workspace/x.txt").exists());
     assert!(
-        rt.store()
+        stored(&rt)
             .list_tasks(&TaskFilter::default())
             .unwrap()
             .is_empty()
     );
-    let audit = rt.store().audit_log(10).unwrap();
+    let audit = stored(&rt).audit_log(10).unwrap();
     let denied: Vec<_> = audit
         .iter()
         .filter(|a| a.outcome == "denied")
@@ -136,8 +136,7 @@ async fn a_forced_call_outside_the_profile_is_denied_and_audited() {
         "{audit:?}"
     );
     // The turn ended by a delivered reply: its calls and denials collapse into the reply.
-    let history: Vec<String> = rt
-        .store()
+    let history: Vec<String> = stored(&rt)
         .load_history("channel:main")
         .unwrap()
         .into_iter()
@@ -172,7 +171,7 @@ async fn the_demo_scenario_runs_through_real_plugins_and_sqlite() {
         "Which item is the most urgent?",
         "Save that conclusion to a file, please.",
     ] {
-        rt.send_user_message("main", message).unwrap();
+        rt.send_user_message("main", message).await.unwrap();
         rt.wait_idle("main").await;
     }
     let events = drain(&mut events);
@@ -272,6 +271,7 @@ async fn compaction_triggers_at_the_threshold_and_keeps_the_history_well_formed(
     let mut compacted_at = None;
     for n in 0..12 {
         rt.send_user_message("main", &format!("{n}: {long}"))
+            .await
             .unwrap();
         rt.wait_idle("main").await;
         let events = drain(&mut events);
@@ -284,8 +284,7 @@ async fn compaction_triggers_at_the_threshold_and_keeps_the_history_well_formed(
         matches!(compacted_at, Some(4..=6)),
         "compacted at {compacted_at:?}"
     );
-    let history: Vec<serde_json::Value> = rt
-        .store()
+    let history: Vec<serde_json::Value> = stored(&rt)
         .load_history("channel:main")
         .unwrap()
         .iter()
@@ -310,7 +309,7 @@ async fn compaction_triggers_at_the_threshold_and_keeps_the_history_well_formed(
         history.len()
     );
     assert_eq!(
-        rt.store().recall("weather", 5).unwrap().len(),
+        stored(&rt).recall("weather", 5).unwrap().len(),
         1,
         "the compactor saved a memory"
     );
@@ -334,15 +333,17 @@ async fn a_restart_keeps_the_channel_history() {
     {
         let (rt, _) = runtime(dir.path(), GREETER, |_| {}).await;
         rt.send_user_message("main", "Please remember: heron.")
+            .await
             .unwrap();
         rt.wait_idle("main").await;
         rt.shutdown();
     }
     let (rt, _) = runtime(dir.path(), GREETER, |_| {}).await;
     rt.send_user_message("main", "What was the code word?")
+        .await
         .unwrap();
     rt.wait_idle("main").await;
-    let history = rt.store().load_history("channel:main").unwrap();
+    let history = stored(&rt).load_history("channel:main").unwrap();
     let contents: Vec<String> = history
         .iter()
         .map(|h| {
@@ -407,6 +408,7 @@ async fn an_interactive_worker_waits_for_routed_input_then_finishes() {
     let dir = tempfile::tempdir().unwrap();
     let (rt, mut events) = runtime(dir.path(), INTERACTIVE, |_| {}).await;
     rt.send_user_message("main", "Please start the job.")
+        .await
         .unwrap();
     rt.wait_idle("main").await;
     let first = drain(&mut events);
@@ -417,10 +419,11 @@ async fn an_interactive_worker_waits_for_routed_input_then_finishes() {
         }),
         "{first:#?}"
     );
-    let record = rt.store().get_worker("worker:1").unwrap().unwrap();
+    let record = stored(&rt).get_worker("worker:1").unwrap().unwrap();
     assert_eq!(record.state, WorkerState::WaitingForInput);
 
     rt.send_user_message("main", "Tell it to use data.txt")
+        .await
         .unwrap();
     rt.wait_idle("main").await;
     let second = drain(&mut events);
@@ -431,7 +434,7 @@ async fn an_interactive_worker_waits_for_routed_input_then_finishes() {
         }),
         "{second:#?}"
     );
-    let record = rt.store().get_worker("worker:1").unwrap().unwrap();
+    let record = stored(&rt).get_worker("worker:1").unwrap().unwrap();
     assert_eq!(
         (record.state, record.outcome.as_deref()),
         (WorkerState::Done, Some("Used data.txt as told."))
@@ -446,6 +449,7 @@ async fn a_route_to_a_waiting_worker_counts_before_the_worker_wakes() {
     let dir = tempfile::tempdir().unwrap();
     let (rt, mut events) = runtime(dir.path(), INTERACTIVE, |_| {}).await;
     rt.send_user_message("main", "Please start the job.")
+        .await
         .unwrap();
     rt.wait_idle("main").await;
     drain(&mut events);
@@ -511,9 +515,11 @@ tool_calls = [{ name = "skip" }]
 async fn a_worker_updates_its_assigned_task_but_not_another() {
     let dir = tempfile::tempdir().unwrap();
     let (rt, _events) = runtime(dir.path(), ASSIGNED, |_| {}).await;
-    rt.send_user_message("main", "plan it please").unwrap();
+    rt.send_user_message("main", "plan it please")
+        .await
+        .unwrap();
     rt.wait_idle("main").await;
-    let store = rt.store();
+    let store = stored(&rt);
     let first = store.get_task(1).unwrap();
     assert_eq!(first.status, capstan_host::store::TaskStatus::InProgress);
     assert_eq!(first.assigned_worker.as_deref(), Some("worker:1"));
@@ -574,7 +580,7 @@ async fn concurrent_identical_spawns_start_one_worker_and_report_duplicates() {
             } else {
                 "count  the files"
             };
-            tokio::spawn(async move { rt.spawn_worker("main", task, false, None).unwrap() })
+            tokio::spawn(async move { rt.spawn_worker("main", task, false, None).await.unwrap() })
         })
         .collect();
     let mut spawned = Vec::new();
@@ -594,7 +600,8 @@ async fn concurrent_identical_spawns_start_one_worker_and_report_duplicates() {
     rt.wait_idle("main").await;
     assert_eq!(rt.reserved_tasks(), 0, "released when the worker finished");
     assert!(matches!(
-        rt.spawn_worker("main", "count the files", false, None),
+        rt.spawn_worker("main", "count the files", false, None)
+            .await,
         Ok(SpawnOutcome::Spawned { .. })
     ));
     rt.wait_idle("main").await;
@@ -605,14 +612,18 @@ async fn a_cancelled_worker_releases_its_task() {
     use capstan_host::agent::SpawnOutcome;
     let dir = tempfile::tempdir().unwrap();
     let (rt, _events) = runtime(dir.path(), QUICK_WORKER, |_| {}).await;
-    let SpawnOutcome::Spawned { worker } =
-        rt.spawn_worker("main", "wait for me", true, None).unwrap()
+    let SpawnOutcome::Spawned { worker } = rt
+        .spawn_worker("main", "wait for me", true, None)
+        .await
+        .unwrap()
     else {
         panic!("first spawn")
     };
     rt.wait_idle("main").await; // the worker now waits for input
     assert_eq!(
-        rt.spawn_worker("main", "Wait for me.", true, None).unwrap(),
+        rt.spawn_worker("main", "Wait for me.", true, None)
+            .await
+            .unwrap(),
         SpawnOutcome::Duplicate {
             existing: worker.clone()
         }
@@ -622,7 +633,7 @@ async fn a_cancelled_worker_releases_its_task() {
     crate::support::eventually("the cancel releases the task", || rt.reserved_tasks() == 0).await;
     rt.wait_idle("main").await;
     assert_eq!(
-        rt.store()
+        stored(&rt)
             .get_worker(&worker.to_string())
             .unwrap()
             .unwrap()
@@ -642,16 +653,17 @@ async fn after_shutdown_no_conversation_opens_and_the_event_stream_ends() {
     let dir = tempfile::tempdir().unwrap();
     let script = "[[step]]\nprocess = \"channel\"\nwhen = \"hi\"\nreply = \"hello\"\n";
     let (rt, mut events) = runtime(dir.path(), script, |_| {}).await;
-    rt.send_user_message("main", "hi").unwrap();
+    rt.send_user_message("main", "hi").await.unwrap();
     rt.wait_idle("main").await;
     rt.shutdown();
-    let refused = rt.send_user_message("main", "again").unwrap_err();
+    let refused = rt.send_user_message("main", "again").await.unwrap_err();
     assert!(
         matches!(refused, ConversationError::ShuttingDown(_)),
         "{refused}"
     );
     let spawn = rt
         .spawn_worker("main", "late work", false, None)
+        .await
         .unwrap_err();
     assert!(spawn.contains("shutting down"), "{spawn}");
     assert_eq!(rt.live_workers(), 0);

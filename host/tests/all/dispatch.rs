@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::{Gated, PANIC_TRIGGER, Pending, Recording, agent_runtime, eventually};
+use crate::support::{Gated, PANIC_TRIGGER, Pending, Recording, agent_runtime, eventually, stored};
 use capstan_host::agent::{Event, Runtime, SpawnOutcome};
 use capstan_host::config::Config;
 use capstan_host::ids::ProcessId;
@@ -47,7 +47,7 @@ fn spawned(outcome: SpawnOutcome) -> ProcessId {
 
 /// The stored history of channel `main`, as text.
 fn channel_history(rt: &Runtime) -> Vec<String> {
-    rt.store()
+    stored(rt)
         .load_history("channel:main")
         .unwrap()
         .into_iter()
@@ -100,6 +100,7 @@ async fn a_message_routed_during_a_long_tool_call_reaches_the_next_request() {
     let gate = make_fifo(&rt.config().agent.workspace, "gate");
     let worker = spawned(
         rt.spawn_worker("main", "Wait at the gate.", false, None)
+            .await
             .unwrap(),
     );
     eventually("the worker's first request is answered", || {
@@ -135,7 +136,10 @@ async fn a_message_routed_during_a_long_tool_call_reaches_the_next_request() {
         (Role::User, "Continue with the messages above in mind.")
     );
     assert_eq!(next[n - 3].0, Role::Tool, "the tool's result came first");
-    let record = rt.store().get_worker(&worker.to_string()).unwrap().unwrap();
+    let record = stored(&rt)
+        .get_worker(&worker.to_string())
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (record.state, record.outcome.as_deref()),
         (WorkerState::Done, Some("done, with the routed note"))
@@ -194,6 +198,7 @@ async fn a_thousand_routes_racing_completion_are_each_delivered_or_reported() {
     let (rt, _events, provider) = runtime(dir.path(), "", CHORES, false).await;
     let worker = spawned(
         rt.spawn_worker("main", "Do the chores.", false, None)
+            .await
             .unwrap(),
     );
     eventually("the worker starts", || rt.live_workers() == 1).await;
@@ -291,20 +296,21 @@ async fn distinct_spawns_never_exceed_the_worker_limit_and_all_finish() {
             most
         })
     };
-    let workers: Vec<ProcessId> = (0..100)
-        .map(|i| {
-            spawned(
-                rt.spawn_worker("main", &format!("job {i}"), false, None)
-                    .unwrap(),
-            )
-        })
-        .collect();
+    let mut workers: Vec<ProcessId> = Vec::new();
+    for i in 0..100 {
+        let task = format!("job {i}");
+        let outcome = rt.spawn_worker("main", &task, false, None).await;
+        workers.push(spawned(outcome.unwrap()));
+    }
     rt.wait_idle("main").await;
     sampling.store(false, std::sync::atomic::Ordering::SeqCst);
     let most = sampler.await.unwrap();
     assert!(most <= 5, "{most} workers alive at once, limit 5");
     for worker in &workers {
-        let record = rt.store().get_worker(&worker.to_string()).unwrap().unwrap();
+        let record = stored(&rt)
+            .get_worker(&worker.to_string())
+            .unwrap()
+            .unwrap();
         assert_eq!(record.state, WorkerState::Done, "{worker}");
     }
     assert_eq!(rt.live_workers(), 0);
@@ -345,6 +351,7 @@ async fn no_reservation_outlives_any_terminal_path() {
         false,
     )
     .await;
+    let store = stored(&rt);
     let cases = [
         ("Finish fine.", WorkerState::Done, "fine"),
         ("Report a failure.", WorkerState::Failed, "could not"),
@@ -362,10 +369,10 @@ async fn no_reservation_outlives_any_terminal_path() {
         ),
     ];
     for (task, state, outcome) in cases {
-        let worker = spawned(rt.spawn_worker("main", task, true, None).unwrap());
+        let worker = spawned(rt.spawn_worker("main", task, true, None).await.unwrap());
         if state == WorkerState::Cancelled {
             eventually("the worker waits", || {
-                rt.store()
+                store
                     .get_worker(&worker.to_string())
                     .unwrap()
                     .is_some_and(|r| r.state == WorkerState::WaitingForInput)
@@ -375,15 +382,14 @@ async fn no_reservation_outlives_any_terminal_path() {
         }
         eventually(&format!("{task}: the worker ends"), || {
             rt.live_workers() == 0
-                && rt
-                    .store()
+                && store
                     .get_worker(&worker.to_string())
                     .unwrap()
                     .is_some_and(|r| r.state == state)
         })
         .await;
         rt.wait_idle("main").await;
-        let record = rt.store().get_worker(&worker.to_string()).unwrap().unwrap();
+        let record = store.get_worker(&worker.to_string()).unwrap().unwrap();
         assert!(
             record.outcome.as_deref().unwrap_or("").contains(outcome),
             "{task}: {record:?}"
@@ -456,7 +462,9 @@ fn notification_turns(provider: &Recording) -> Vec<String> {
 async fn late_results_are_folded_back_into_one_notification_turn_each() {
     let dir = tempfile::tempdir().unwrap();
     let (rt, mut events, provider) = runtime(dir.path(), "", LATE, false).await;
-    rt.send_user_message("main", "Plan it, please.").unwrap();
+    rt.send_user_message("main", "Plan it, please.")
+        .await
+        .unwrap();
     rt.wait_idle("main").await;
 
     let turns = notification_turns(&provider);
@@ -481,7 +489,7 @@ async fn late_results_are_folded_back_into_one_notification_turn_each() {
     let n = second.messages.len();
     assert_eq!(second.messages[n - 2].content, "Late news arrived.");
 
-    let store = rt.store();
+    let store = stored(&rt);
     assert_eq!(
         store
             .working_get("notifications/result/worker:1")
@@ -532,11 +540,13 @@ tool_calls = [{ name = "set_status", arguments = { state = "done", message = "qu
 async fn a_result_for_a_requester_still_running_is_no_notification() {
     let dir = tempfile::tempdir().unwrap();
     let (rt, _events, provider) = runtime(dir.path(), "", LIVE_REQUESTER, false).await;
-    rt.send_user_message("main", "Plan it, please.").unwrap();
+    rt.send_user_message("main", "Plan it, please.")
+        .await
+        .unwrap();
     rt.wait_idle("main").await;
     assert!(notification_turns(&provider).is_empty());
     assert!(
-        rt.store()
+        stored(&rt)
             .working_keys("notifications/")
             .unwrap()
             .is_empty(),
@@ -580,7 +590,10 @@ async fn a_late_result_for_a_channel_that_is_gone_is_kept_with_a_warning() {
 
     let dir = tempfile::tempdir().unwrap();
     let (rt, _events, provider) = runtime(dir.path(), "", LATE, false).await;
-    rt.send_user_message("main", "Plan it, please.").unwrap();
+    let store = stored(&rt);
+    rt.send_user_message("main", "Plan it, please.")
+        .await
+        .unwrap();
     eventually("the branch concludes", || {
         channel_history(&rt)
             .iter()
@@ -590,21 +603,18 @@ async fn a_late_result_for_a_channel_that_is_gone_is_kept_with_a_warning() {
     // One more, asked for by the channel itself, which closes before it reports.
     spawned(
         rt.spawn_worker("main", "Slow job three.", false, None)
+            .await
             .unwrap(),
     );
     eventually("three workers run", || rt.live_workers() == 3).await;
     rt.shutdown();
     eventually("the workers end", || rt.live_workers() == 0).await;
     eventually("the reports are kept", || {
-        rt.store()
-            .working_keys("notifications/status/")
-            .unwrap()
-            .len()
-            == 3
+        store.working_keys("notifications/status/").unwrap().len() == 3
     })
     .await;
     assert!(
-        rt.store()
+        store
             .working_get("notifications/index")
             .unwrap()
             .unwrap()
@@ -612,7 +622,7 @@ async fn a_late_result_for_a_channel_that_is_gone_is_kept_with_a_warning() {
         "the channel's own worker, reported as the channel closed"
     );
     assert_eq!(
-        rt.store()
+        store
             .working_get("notifications/status/worker:1")
             .unwrap()
             .as_deref(),
@@ -644,7 +654,7 @@ async fn a_branch_that_panics_is_reported_and_never_leaves_wait_idle_hanging() {
     assert!(BRANCH_PANICS.contains(PANIC_TRIGGER));
     let dir = tempfile::tempdir().unwrap();
     let (rt, _events, _provider) = runtime(dir.path(), "", BRANCH_PANICS, false).await;
-    rt.send_user_message("main", "Think hard.").unwrap();
+    rt.send_user_message("main", "Think hard.").await.unwrap();
     tokio::time::timeout(Duration::from_secs(120), rt.wait_idle("main"))
         .await
         .expect("wait_idle returns after the branch panicked");
@@ -682,6 +692,7 @@ async fn each_route_outcome_is_forced_by_gates() {
     let (rt, _events) = agent_runtime(config, provider, false).await;
     let worker = spawned(
         rt.spawn_worker("main", "Do the chores.", false, None)
+            .await
             .unwrap(),
     );
     let progress = serde_json::json!({ "state": "progress", "message": "working" });
@@ -730,7 +741,10 @@ async fn each_route_outcome_is_forced_by_gates() {
             .iter()
             .all(|m| !m.contains("m-delivered") && !m.contains("m-refused"))
     );
-    let record = rt.store().get_worker(&worker.to_string()).unwrap().unwrap();
+    let record = stored(&rt)
+        .get_worker(&worker.to_string())
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state, WorkerState::Failed);
     rt.shutdown();
     drop(rt);

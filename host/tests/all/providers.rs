@@ -488,7 +488,7 @@ async fn malformed_arguments_from_the_model_go_back_to_it_as_invalid_args() {
         .await
         .unwrap();
     let (rt, mut events) = (agent.runtime, agent.events);
-    rt.send_user_message("main", "read my notes").unwrap();
+    rt.send_user_message("main", "read my notes").await.unwrap();
     rt.wait_idle("main").await;
 
     let seen = seen.lock().unwrap();

@@ -4,7 +4,7 @@
 //! worker (`tasks.write-own`) updates only the tasks it created or is assigned; a branch or
 //! the cortex (`tasks.write`) updates any. The host enforces it and names the task it refuses.
 
-use capstan_sdk::host::{NewTask, Task, TaskFilter, TaskPatch, tasks};
+use capstan_sdk::host::{NewTask, Priority, Task, TaskFilter, TaskPatch, TaskStatus, tasks};
 use capstan_sdk::{Capability, Context, Json, Tool, ToolError, Toolbox};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -15,8 +15,8 @@ struct TaskView {
     number: u64,
     title: String,
     description: String,
-    status: String,
-    priority: String,
+    status: TaskStatus,
+    priority: Priority,
     creator: String,
     assigned_worker: Option<String>,
     parent: Option<u64>,
@@ -48,9 +48,9 @@ struct CreateArgs {
     /// What is to be done, with enough detail to act on it.
     #[serde(default)]
     description: String,
-    /// low, normal (default), high or urgent.
+    /// Default normal.
     #[serde(default)]
-    priority: Option<String>,
+    priority: Option<Priority>,
     /// Make this a subtask of task `parent`.
     #[serde(default)]
     parent: Option<u64>,
@@ -76,9 +76,9 @@ fn task_create(args: CreateArgs, _: &Context) -> Result<Json<TaskView>, ToolErro
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct ListArgs {
-    /// Only tasks in this status: backlog, ready, in-progress, done or cancelled.
+    /// Only tasks in this status.
     #[serde(default)]
-    status: Option<String>,
+    status: Option<TaskStatus>,
     /// At most this many (default 100).
     #[serde(default)]
     limit: Option<u32>,
@@ -102,12 +102,13 @@ struct UpdateArgs {
     title: Option<String>,
     #[serde(default)]
     description: Option<String>,
-    /// backlog, ready, in-progress, done or cancelled (along the allowed transitions).
+    /// The new status, along the allowed transitions: backlog to ready, in-progress or
+    /// cancelled; ready to backlog, in-progress or cancelled; in-progress to ready, done or
+    /// cancelled; done back to in-progress; cancelled back to backlog.
     #[serde(default)]
-    status: Option<String>,
-    /// low, normal, high or urgent.
+    status: Option<TaskStatus>,
     #[serde(default)]
-    priority: Option<String>,
+    priority: Option<Priority>,
     /// Replaces the metadata object.
     #[serde(default)]
     metadata: Option<serde_json::Map<String, serde_json::Value>>,

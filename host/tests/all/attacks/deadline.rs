@@ -29,7 +29,7 @@ async fn registry(deadline: Duration, store: Option<Arc<Store>>) -> Arc<Registry
     };
     let mut host = PluginHost::new(limits, ArtifactCache::new(test_cache_dir())).unwrap();
     if let Some(store) = store {
-        host = host.with_store(store);
+        host = host.with_services(store.services());
     }
     let mut registry = Registry::load_dir(Arc::new(host), &plugins_dir())
         .await

@@ -64,7 +64,13 @@ pub async fn registry(limits: Limits) -> Registry {
 /// A host whose `tasks` and `memory` imports are backed by `store`.
 pub async fn registry_with_store(store: Arc<Store>) -> Registry {
     let host = PluginHost::new(Limits::default(), test_cache()).expect("host");
-    registry_on(host.with_store(store)).await
+    registry_on(host.with_services(store.services())).await
+}
+
+/// Another handle on the SQLite database `rt` keeps its services in (its data dir), to
+/// read back what the runtime wrote to the file.
+pub fn stored(rt: &Runtime) -> Store {
+    Store::open(&rt.config().agent.data_dir).expect("the runtime's database opens")
 }
 
 async fn registry_on(host: PluginHost) -> Registry {

@@ -1,0 +1,165 @@
+//! The audit log: one entry per tool call, denials included, with secret-looking argument
+//! values redacted before they are kept.
+
+use async_trait::async_trait;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::ServiceError;
+
+/// Where every tool call is recorded.
+///
+/// ```
+/// use capstan_host::services::{AuditRecord, Services};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let services = Services::in_memory();
+/// let call = AuditRecord {
+///     process: "branch:1".into(),
+///     tool: "file_read".into(),
+///     grants: "fs.read".into(),
+///     arguments: r#"{"path":"a.txt","token":"hunter2"}"#.into(),
+///     outcome: "ok".into(),
+///     detail: String::new(),
+///     duration_us: 42,
+/// };
+/// services.audit.record(call).await.unwrap();
+/// let log = services.audit.recent(10).await.unwrap();
+/// assert!(!log[0].arguments.contains("hunter2"));
+/// # });
+/// ```
+#[async_trait]
+pub trait AuditSink: Send + Sync {
+    /// Records one call, its arguments [`redact`]ed.
+    async fn record(&self, call: AuditRecord) -> Result<(), ServiceError>;
+
+    /// The newest `limit` entries, newest first.
+    async fn recent(&self, limit: u32) -> Result<Vec<AuditEntry>, ServiceError>;
+}
+
+/// One tool call to record.
+#[derive(Debug, Clone)]
+pub struct AuditRecord {
+    /// The calling process, e.g. `worker:3`.
+    pub process: String,
+    /// The tool.
+    pub tool: String,
+    /// The effective grants, as text.
+    pub grants: String,
+    /// The arguments as given; the sink stores them [`redact`]ed.
+    pub arguments: String,
+    /// `ok` or the error kind.
+    pub outcome: String,
+    /// The error message, or empty.
+    pub detail: String,
+    /// How long the call took.
+    pub duration_us: u64,
+}
+
+/// A stored audit row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AuditEntry {
+    /// Unix seconds.
+    pub at: i64,
+    /// The calling process.
+    pub process: String,
+    /// The tool.
+    pub tool: String,
+    /// The effective grants.
+    pub grants: String,
+    /// The arguments, redacted.
+    pub arguments: String,
+    /// `ok` or the error kind.
+    pub outcome: String,
+    /// The error message, or empty.
+    pub detail: String,
+    /// Microseconds.
+    pub duration_us: u64,
+}
+
+/// The text that replaces a redacted value.
+pub const REDACTED: &str = "[redacted]";
+
+/// `arguments` with secret-looking values replaced by [`REDACTED`]: values under keys that
+/// name secrets (`password`, `api_key`, `token`, ...) and strings shaped like credentials
+/// (`sk-...`, `ghp_...`, `Bearer ...`, AWS key ids). Text that is not JSON is kept only as
+/// its length.
+pub fn redact(arguments: &str) -> String {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(mut value) => {
+            redact_value(&mut value);
+            value.to_string()
+        }
+        Err(_) => format!("(not JSON, {} bytes)", arguments.len()),
+    }
+}
+
+fn redact_value(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for (key, item) in map.iter_mut() {
+                if secret_key(key) && !item.is_null() {
+                    *item = Value::String(REDACTED.into());
+                } else {
+                    redact_value(item);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(redact_value),
+        Value::String(text) if secret_shaped(text) => *text = REDACTED.into(),
+        _ => {}
+    }
+}
+
+fn secret_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase().replace(['-', '_'], "");
+    [
+        "password",
+        "passwd",
+        "secret",
+        "token",
+        "apikey",
+        "authorization",
+        "credential",
+        "privatekey",
+    ]
+    .iter()
+    .any(|word| key.contains(word))
+}
+
+fn secret_shaped(text: &str) -> bool {
+    let t = text.trim();
+    let prefixed = [
+        "sk-",
+        "ghp_",
+        "gho_",
+        "github_pat_",
+        "xoxb-",
+        "xoxp-",
+        "AKIA",
+        "Bearer ",
+    ]
+    .iter()
+    .any(|p| t.starts_with(p) && t.len() >= p.len() + 12);
+    prefixed || t.starts_with("-----BEGIN") && t.contains("PRIVATE KEY")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_looking_values_are_redacted_and_the_rest_kept() {
+        let args = r#"{"path":"a.txt","api_key":"abc","nested":{"Password":"p","n":1},
+                       "headers":["Bearer abcdefghijklmnop"],"token":null,"note":"sk-live-1234567890abcdef"}"#;
+        let out: Value = serde_json::from_str(&redact(args)).unwrap();
+        assert_eq!(out["path"], "a.txt");
+        assert_eq!(out["api_key"], REDACTED);
+        assert_eq!(out["nested"]["Password"], REDACTED);
+        assert_eq!(out["nested"]["n"], 1);
+        assert_eq!(out["headers"][0], REDACTED);
+        assert_eq!(out["token"], Value::Null);
+        assert_eq!(out["note"], REDACTED);
+        assert_eq!(redact("not json sk-123"), "(not JSON, 15 bytes)");
+    }
+}

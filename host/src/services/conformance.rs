@@ -1,0 +1,347 @@
+//! What every backend of the services must do, checked the same way for each: the SQLite
+//! store runs these in `store/services.rs`, [`InMemory`](super::InMemory) in its own
+//! module. A new backend passes them before anything uses it.
+
+use super::{
+    AuditRecord, NewMemory, NewTask, Priority, REDACTED, ServiceError, Services, TaskFilter,
+    TaskPatch, TaskStatus, WorkerState,
+};
+
+/// Runs every check, each on fresh services from `fresh`.
+pub(crate) async fn check_all(fresh: impl Fn() -> Services) {
+    tasks_are_numbered_listed_and_filtered(&fresh()).await;
+    status_changes_follow_the_allowed_transitions(&fresh()).await;
+    bad_tasks_are_refused_with_a_reason(&fresh()).await;
+    recall_finds_by_words_ranks_by_importance_and_forgets_deleted(&fresh()).await;
+    working_memory_expires_and_lists_by_prefix(&fresh()).await;
+    history_appends_in_order_replaces_and_refuses_to_load_short(&fresh()).await;
+    audit_redacts_and_lists_newest_first(&fresh()).await;
+    the_ledger_numbers_processes_and_interrupts_the_workers_of_ended_runs(&fresh()).await;
+}
+
+fn status(to: TaskStatus) -> TaskPatch {
+    TaskPatch {
+        status: Some(to),
+        ..TaskPatch::default()
+    }
+}
+
+async fn tasks_are_numbered_listed_and_filtered(s: &Services) {
+    let a = s
+        .tasks
+        .create("worker:1", NewTask::titled(" a "))
+        .await
+        .unwrap();
+    let b = NewTask {
+        title: "b".into(),
+        parent: Some(a.number),
+        priority: Some(Priority::High),
+        metadata: Some(r#"{"source":"notes.md"}"#.into()),
+        ..NewTask::default()
+    };
+    let b = s.tasks.create("branch:2", b).await.unwrap();
+    assert_eq!(
+        (a.number, a.title.as_str()),
+        (1, "a"),
+        "numbered, title trimmed"
+    );
+    assert_eq!(b.number, 2);
+    assert_eq!(
+        (b.status, b.priority, b.creator.as_str()),
+        (TaskStatus::Backlog, Priority::High, "branch:2")
+    );
+    assert_eq!((a.priority, a.metadata.as_str()), (Priority::Normal, "{}"));
+    let subtasks = TaskFilter {
+        parent: Some(1),
+        ..TaskFilter::default()
+    };
+    assert_eq!(s.tasks.list(subtasks).await.unwrap(), vec![b.clone()]);
+    assert_eq!(s.tasks.list(TaskFilter::default()).await.unwrap().len(), 2);
+    s.tasks.update(1, status(TaskStatus::Ready)).await.unwrap();
+    let ready = TaskFilter {
+        status: Some(TaskStatus::Ready),
+        ..TaskFilter::default()
+    };
+    let listed = s.tasks.list(ready).await.unwrap();
+    assert_eq!(listed.iter().map(|t| t.number).collect::<Vec<_>>(), [1]);
+    let one = TaskFilter {
+        limit: Some(1),
+        ..TaskFilter::default()
+    };
+    assert_eq!(s.tasks.list(one).await.unwrap().len(), 1);
+    let assign = TaskPatch {
+        assigned_worker: Some("worker:7".into()),
+        ..TaskPatch::default()
+    };
+    let assigned = s.tasks.update(2, assign).await.unwrap();
+    assert_eq!(assigned.assigned_worker.as_deref(), Some("worker:7"));
+    assert_eq!(assigned.title, "b", "fields not in the patch stay");
+    assert_eq!(s.tasks.get(2).await.unwrap(), assigned);
+}
+
+async fn status_changes_follow_the_allowed_transitions(s: &Services) {
+    let t = s.tasks.create("w", NewTask::titled("t")).await.unwrap();
+    let err = s.tasks.update(t.number, status(TaskStatus::Done)).await;
+    let err = err.unwrap_err().to_string();
+    assert!(
+        err.contains("cannot move from backlog to done")
+            && err.contains("it can move to ready, in-progress, cancelled"),
+        "{err}"
+    );
+    let unchanged = s.tasks.get(t.number).await.unwrap();
+    assert_eq!(
+        unchanged.status,
+        TaskStatus::Backlog,
+        "a refused move changes nothing"
+    );
+    s.tasks
+        .update(t.number, status(TaskStatus::InProgress))
+        .await
+        .unwrap();
+    let done = s.tasks.update(t.number, status(TaskStatus::Done)).await;
+    assert_eq!(done.unwrap().status, TaskStatus::Done);
+    let cancel = s
+        .tasks
+        .update(t.number, status(TaskStatus::Cancelled))
+        .await;
+    assert!(
+        matches!(cancel, Err(ServiceError::Invalid(_))),
+        "{cancel:?}"
+    );
+    let same = s.tasks.update(t.number, status(TaskStatus::Done)).await;
+    assert!(same.is_ok(), "staying put is allowed: {same:?}");
+}
+
+async fn bad_tasks_are_refused_with_a_reason(s: &Services) {
+    let blank = s.tasks.create("w", NewTask::titled(" ")).await;
+    assert!(matches!(blank, Err(ServiceError::Invalid(_))), "{blank:?}");
+    let bad_meta = NewTask {
+        metadata: Some("[1]".into()),
+        ..NewTask::titled("t")
+    };
+    let err = s.tasks.create("w", bad_meta).await.unwrap_err().to_string();
+    assert!(err.contains("JSON object"), "{err}");
+    let orphan = NewTask {
+        parent: Some(99),
+        ..NewTask::titled("t")
+    };
+    let err = s.tasks.create("w", orphan).await.unwrap_err();
+    assert!(
+        matches!(&err, ServiceError::NotFound(m) if m.contains("#99")),
+        "{err}"
+    );
+    assert!(matches!(
+        s.tasks.get(7).await,
+        Err(ServiceError::NotFound(_))
+    ));
+    let missing = s.tasks.update(7, status(TaskStatus::Ready)).await;
+    assert!(matches!(missing, Err(ServiceError::NotFound(_))));
+    let t = s.tasks.create("w", NewTask::titled("t")).await.unwrap();
+    let blank_title = TaskPatch {
+        title: Some("  ".into()),
+        ..TaskPatch::default()
+    };
+    let refused = s.tasks.update(t.number, blank_title).await;
+    assert!(matches!(refused, Err(ServiceError::Invalid(_))));
+    assert_eq!(s.tasks.list(TaskFilter::default()).await.unwrap().len(), 1);
+}
+
+fn note(kind: &str, content: &str, importance: f32) -> NewMemory {
+    NewMemory {
+        kind: kind.into(),
+        content: content.into(),
+        importance: Some(importance),
+    }
+}
+
+async fn recall_finds_by_words_ranks_by_importance_and_forgets_deleted(s: &Services) {
+    let m = &s.memory;
+    m.save("branch:1", note("fact", "The release ships on Friday", 0.2))
+        .await
+        .unwrap();
+    let key = m
+        .save(
+            "branch:1",
+            note("decision", "Release notes go in CHANGES.md", 0.9),
+        )
+        .await
+        .unwrap();
+    m.save("branch:1", note("", "Lunch is at noon", 0.5))
+        .await
+        .unwrap();
+    assert_eq!(
+        (key.kind.as_str(), key.source.as_str()),
+        ("decision", "branch:1")
+    );
+    let found = m.recall("when is the release?", 10).await.unwrap();
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert_eq!(found[0].id, key.id, "the important one first: {found:?}");
+    let lunch = m.recall("lunch", 10).await.unwrap();
+    assert_eq!(lunch[0].kind, "fact", "a blank kind is a fact");
+    let injection = m.recall("\"; DROP TABLE memories; --", 5).await.unwrap();
+    assert!(injection.is_empty(), "{injection:?}");
+    assert!(m.recall("   ", 5).await.unwrap().is_empty());
+    assert_eq!(
+        m.recall("release", 1).await.unwrap().len(),
+        1,
+        "the limit holds"
+    );
+    m.delete(key.id).await.unwrap();
+    assert_eq!(m.recall("release", 10).await.unwrap().len(), 1);
+    assert!(matches!(
+        m.delete(key.id).await,
+        Err(ServiceError::NotFound(_))
+    ));
+    let empty = m.save("b", note("fact", " ", 0.5)).await;
+    assert!(matches!(empty, Err(ServiceError::Invalid(_))));
+    let heavy = m.save("b", note("fact", "x", 1.5)).await.unwrap_err();
+    assert!(heavy.to_string().contains("between 0.0 and 1.0"), "{heavy}");
+}
+
+async fn working_memory_expires_and_lists_by_prefix(s: &Services) {
+    let m = &s.memory;
+    m.working_set("notifications/result/w1", "done", None)
+        .await
+        .unwrap();
+    m.working_set("notifications/status/w2", "waiting", Some(3600))
+        .await
+        .unwrap();
+    m.working_set("notifications/error/w3", "gone", Some(0))
+        .await
+        .unwrap();
+    m.working_set("scratch", "x", None).await.unwrap();
+    let got = m.working_get("notifications/result/w1").await.unwrap();
+    assert_eq!(got.as_deref(), Some("done"));
+    let expired = m.working_get("notifications/error/w3").await.unwrap();
+    assert_eq!(expired, None, "expired");
+    assert_eq!(
+        m.working_keys("notifications/").await.unwrap(),
+        ["notifications/result/w1", "notifications/status/w2"]
+    );
+    m.working_set("scratch", "y", None).await.unwrap();
+    assert_eq!(
+        m.working_get("scratch").await.unwrap().as_deref(),
+        Some("y")
+    );
+    assert_eq!(m.working_get("nothing").await.unwrap(), None);
+    let empty = m.working_set("", "v", None).await;
+    assert!(matches!(empty, Err(ServiceError::Invalid(_))));
+}
+
+async fn history_appends_in_order_replaces_and_refuses_to_load_short(s: &Services) {
+    let h = &s.history;
+    h.append("c", vec!["1".into(), "2".into()]).await.unwrap();
+    h.append("c", vec!["3".into()]).await.unwrap();
+    h.append("other", vec![r#""x""#.into()]).await.unwrap();
+    let numbers: Vec<u32> = h.load_as("c").await.unwrap();
+    assert_eq!(numbers, [1, 2, 3]);
+    h.replace("c", vec![r#""summary""#.into(), "3".into()])
+        .await
+        .unwrap();
+    let entries = h.load("c").await.unwrap();
+    assert_eq!(
+        (entries[0].seq, entries[0].message.as_str(), entries.len()),
+        (0, r#""summary""#, 2)
+    );
+    assert_eq!(h.load("other").await.unwrap().len(), 1);
+    assert!(h.load("never").await.unwrap().is_empty());
+    let err = h.load_as::<u32>("c").await.unwrap_err();
+    assert!(
+        matches!(&err, ServiceError::UnreadableHistory { channel, seq: 0, .. } if channel == "c"),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&h.location()), "{err}");
+    h.append("broken", vec!["1".into(), "{".into()])
+        .await
+        .unwrap();
+    let err = h.load("broken").await.unwrap_err();
+    assert!(
+        matches!(&err, ServiceError::UnreadableHistory { seq: 1, .. }),
+        "not returned short: {err}"
+    );
+}
+
+async fn audit_redacts_and_lists_newest_first(s: &Services) {
+    for (tool, outcome) in [("file_read", "ok"), ("file_write", "denied")] {
+        let call = AuditRecord {
+            process: "branch:1".into(),
+            tool: tool.into(),
+            grants: "fs.read".into(),
+            arguments: r#"{"path":"x","password":"hunter2"}"#.into(),
+            outcome: outcome.into(),
+            detail: String::new(),
+            duration_us: 42,
+        };
+        s.audit.record(call).await.unwrap();
+    }
+    let log = s.audit.recent(10).await.unwrap();
+    assert_eq!(log.len(), 2);
+    assert_eq!(
+        (
+            log[0].tool.as_str(),
+            log[0].outcome.as_str(),
+            log[0].duration_us
+        ),
+        ("file_write", "denied", 42)
+    );
+    assert!(
+        !log[0].arguments.contains("hunter2"),
+        "{}",
+        log[0].arguments
+    );
+    assert!(log[0].arguments.contains(REDACTED), "{}", log[0].arguments);
+    assert_eq!(s.audit.recent(1).await.unwrap().len(), 1);
+}
+
+async fn the_ledger_numbers_processes_and_interrupts_the_workers_of_ended_runs(s: &Services) {
+    let l = &s.ledger;
+    assert_eq!(l.next_process_number("worker").await.unwrap(), 1);
+    assert_eq!(l.next_process_number("worker").await.unwrap(), 2);
+    assert_eq!(l.next_process_number("branch").await.unwrap(), 1);
+    assert!(matches!(
+        l.next_process_number("").await,
+        Err(ServiceError::Invalid(_))
+    ));
+    let ended = l.begin_run().await.unwrap();
+    let alive = l.begin_run().await.unwrap();
+    assert_ne!(ended.id(), alive.id());
+    for (run, id) in [(ended.id(), "worker:1"), (ended.id(), "worker:2")] {
+        l.worker_started(run, id, "channel:main", "sort")
+            .await
+            .unwrap();
+    }
+    l.worker_started(alive.id(), "worker:3", "channel:main", "file")
+        .await
+        .unwrap();
+    l.set_worker_state("worker:2", WorkerState::Done, Some("3 items"))
+        .await
+        .unwrap();
+    assert!(l.mark_interrupted_workers().await.unwrap().is_empty());
+    let ended_id = ended.id();
+    drop(ended);
+    let marked = l.mark_interrupted_workers().await.unwrap();
+    assert_eq!(marked.len(), 1, "{marked:?}");
+    assert_eq!(
+        (marked[0].id.as_str(), marked[0].state),
+        ("worker:1", WorkerState::Interrupted)
+    );
+    let outcome = marked[0].outcome.clone().unwrap();
+    assert!(outcome.contains(&ended_id.to_string()), "{outcome}");
+    let done = l.worker("worker:2").await.unwrap().unwrap();
+    assert_eq!(
+        (done.state, done.outcome.as_deref(), done.task.as_str()),
+        (WorkerState::Done, Some("3 items"), "sort")
+    );
+    let live = l.worker("worker:3").await.unwrap().unwrap();
+    assert_eq!(
+        live.state,
+        WorkerState::Running,
+        "a live run's worker is left alone"
+    );
+    assert_eq!(l.worker("worker:9").await.unwrap(), None);
+    let missing = l
+        .set_worker_state("worker:9", WorkerState::Done, None)
+        .await;
+    assert!(matches!(missing, Err(ServiceError::NotFound(_))));
+    drop(alive);
+}

@@ -1,0 +1,407 @@
+//! [`InMemory`]: every service kept in this process's memory, behind one lock.
+//!
+//! It applies the same rules as the SQLite store (they live with the types) and passes the
+//! same conformance checks, so tests and embedders that keep nothing can use it in its
+//! place. Recall ranks by how many of the query's words a memory holds, weighted by its
+//! importance, where SQLite ranks by BM25: the same memories are found, in an order that
+//! may differ between memories of equal weight.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use async_trait::async_trait;
+
+use super::{
+    AuditEntry, AuditRecord, AuditSink, DEFAULT_LIST_LIMIT, History, HistoryEntry, Ledger, Memory,
+    MemoryItem, NewMemory, NewTask, Priority, RECALL_MAX, Run, RunId, ServiceError, Task,
+    TaskBoard, TaskFilter, TaskPatch, TaskStatus, WorkerRecord, WorkerState, check_working_key,
+    interrupted_outcome, now, recall_words, redact,
+};
+
+/// Services kept in memory; see the [module docs](self).
+#[derive(Default)]
+pub struct InMemory {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    tasks: BTreeMap<u64, Task>,
+    memories: BTreeMap<u64, MemoryItem>,
+    next_memory: u64,
+    /// Key to value and expiry (Unix seconds).
+    working: HashMap<String, (String, Option<i64>)>,
+    history: HashMap<String, Vec<String>>,
+    audit: Vec<AuditEntry>,
+    /// Each run's liveness token: the run is over once its token is gone.
+    runs: Vec<Weak<()>>,
+    counters: HashMap<String, u64>,
+    workers: BTreeMap<String, (RunId, WorkerRecord)>,
+}
+
+impl InMemory {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every change below is made whole under the lock before anything can panic, so a
+        // poisoned lock still guards consistent data.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+fn no_task(number: u64) -> ServiceError {
+    ServiceError::NotFound(format!("task #{number} does not exist"))
+}
+
+#[async_trait]
+impl TaskBoard for InMemory {
+    async fn create(&self, creator: &str, task: NewTask) -> Result<Task, ServiceError> {
+        task.check()?;
+        let mut state = self.state();
+        if let Some(parent) = task.parent
+            && !state.tasks.contains_key(&parent)
+        {
+            return Err(ServiceError::NotFound(format!(
+                "parent task #{parent} does not exist"
+            )));
+        }
+        let number = state.tasks.keys().next_back().map_or(1, |last| last + 1);
+        let created = Task {
+            number,
+            title: task.title.trim().to_owned(),
+            description: task.description,
+            status: TaskStatus::Backlog,
+            priority: task.priority.unwrap_or(Priority::Normal),
+            creator: creator.to_owned(),
+            assigned_worker: task.assigned_worker,
+            parent: task.parent,
+            metadata: task.metadata.unwrap_or_else(|| "{}".into()),
+        };
+        state.tasks.insert(number, created.clone());
+        Ok(created)
+    }
+
+    async fn get(&self, number: u64) -> Result<Task, ServiceError> {
+        self.state()
+            .tasks
+            .get(&number)
+            .cloned()
+            .ok_or_else(|| no_task(number))
+    }
+
+    async fn list(&self, filter: TaskFilter) -> Result<Vec<Task>, ServiceError> {
+        let limit = filter.limit.unwrap_or(DEFAULT_LIST_LIMIT) as usize;
+        Ok(self
+            .state()
+            .tasks
+            .values()
+            .filter(|t| filter.status.is_none_or(|s| t.status == s))
+            .filter(|t| filter.parent.is_none_or(|p| t.parent == Some(p)))
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn update(&self, number: u64, patch: TaskPatch) -> Result<Task, ServiceError> {
+        patch.check()?;
+        let mut state = self.state();
+        let task = state
+            .tasks
+            .get_mut(&number)
+            .ok_or_else(|| no_task(number))?;
+        if let Some(to) = patch.status {
+            task.status.check_move(number, to)?;
+            task.status = to;
+        }
+        if let Some(title) = patch.title {
+            task.title = title.trim().to_owned();
+        }
+        if let Some(description) = patch.description {
+            task.description = description;
+        }
+        if let Some(priority) = patch.priority {
+            task.priority = priority;
+        }
+        if let Some(metadata) = patch.metadata {
+            task.metadata = metadata;
+        }
+        if let Some(worker) = patch.assigned_worker {
+            task.assigned_worker = Some(worker);
+        }
+        Ok(task.clone())
+    }
+}
+
+/// Whether `value`, stored with `expires`, is still live at `at`.
+fn live(expires: Option<i64>, at: i64) -> bool {
+    expires.is_none_or(|expires| expires > at)
+}
+
+#[async_trait]
+impl Memory for InMemory {
+    async fn save(&self, source: &str, memory: NewMemory) -> Result<MemoryItem, ServiceError> {
+        let (kind, importance) = memory.check()?;
+        let kind = kind.to_owned();
+        let mut state = self.state();
+        state.next_memory += 1;
+        let item = MemoryItem {
+            id: state.next_memory,
+            kind,
+            content: memory.content,
+            importance,
+            source: source.to_owned(),
+            created_at: now(),
+        };
+        state.memories.insert(item.id, item.clone());
+        Ok(item)
+    }
+
+    async fn recall(&self, query: &str, limit: u32) -> Result<Vec<MemoryItem>, ServiceError> {
+        let wanted: Vec<String> = recall_words(query)
+            .iter()
+            .map(|w| w.to_lowercase())
+            .collect();
+        let state = self.state();
+        let mut scored: Vec<(f32, &MemoryItem)> = state
+            .memories
+            .values()
+            .filter_map(|item| {
+                let content = item.content.to_lowercase();
+                let words: Vec<&str> = content.split(|c: char| !c.is_alphanumeric()).collect();
+                let hits = wanted
+                    .iter()
+                    .filter(|w| words.contains(&w.as_str()))
+                    .count();
+                (hits > 0).then_some((hits as f32 * (0.5 + item.importance), item))
+            })
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.id.cmp(&b.1.id)));
+        Ok(scored
+            .into_iter()
+            .take(limit.clamp(1, RECALL_MAX) as usize)
+            .map(|(_, item)| item.clone())
+            .collect())
+    }
+
+    async fn delete(&self, id: u64) -> Result<(), ServiceError> {
+        match self.state().memories.remove(&id) {
+            Some(_) => Ok(()),
+            None => Err(ServiceError::NotFound(format!(
+                "memory {id} does not exist"
+            ))),
+        }
+    }
+
+    async fn working_get(&self, key: &str) -> Result<Option<String>, ServiceError> {
+        let at = now();
+        Ok(self
+            .state()
+            .working
+            .get(key)
+            .filter(|(_, expires)| live(*expires, at))
+            .map(|(value, _)| value.clone()))
+    }
+
+    async fn working_set(
+        &self,
+        key: &str,
+        value: &str,
+        ttl_seconds: Option<u64>,
+    ) -> Result<(), ServiceError> {
+        check_working_key(key)?;
+        let expires = ttl_seconds.map(|ttl| now().saturating_add(ttl as i64));
+        self.state()
+            .working
+            .insert(key.to_owned(), (value.to_owned(), expires));
+        Ok(())
+    }
+
+    async fn working_keys(&self, prefix: &str) -> Result<Vec<String>, ServiceError> {
+        let at = now();
+        let mut keys: Vec<String> = self
+            .state()
+            .working
+            .iter()
+            .filter(|(key, (_, expires))| key.starts_with(prefix) && live(*expires, at))
+            .map(|(key, _)| key.clone())
+            .collect();
+        keys.sort();
+        Ok(keys)
+    }
+}
+
+#[async_trait]
+impl History for InMemory {
+    fn location(&self) -> String {
+        "the in-memory history".into()
+    }
+
+    async fn load(&self, channel: &str) -> Result<Vec<HistoryEntry>, ServiceError> {
+        let state = self.state();
+        let messages = state.history.get(channel).map(Vec::as_slice).unwrap_or(&[]);
+        messages
+            .iter()
+            .enumerate()
+            .map(|(seq, message)| {
+                serde_json::from_str::<serde::de::IgnoredAny>(message).map_err(|err| {
+                    ServiceError::UnreadableHistory {
+                        location: self.location(),
+                        channel: channel.to_owned(),
+                        seq: seq as u64,
+                        reason: format!("not valid JSON: {err}"),
+                    }
+                })?;
+                Ok(HistoryEntry {
+                    seq: seq as u64,
+                    message: message.clone(),
+                })
+            })
+            .collect()
+    }
+
+    async fn append(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
+        self.state()
+            .history
+            .entry(channel.to_owned())
+            .or_default()
+            .extend(messages);
+        Ok(())
+    }
+
+    async fn replace(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
+        self.state().history.insert(channel.to_owned(), messages);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl AuditSink for InMemory {
+    async fn record(&self, call: AuditRecord) -> Result<(), ServiceError> {
+        let entry = AuditEntry {
+            at: now(),
+            arguments: redact(&call.arguments),
+            process: call.process,
+            tool: call.tool,
+            grants: call.grants,
+            outcome: call.outcome,
+            detail: call.detail,
+            duration_us: call.duration_us,
+        };
+        self.state().audit.push(entry);
+        Ok(())
+    }
+
+    async fn recent(&self, limit: u32) -> Result<Vec<AuditEntry>, ServiceError> {
+        Ok(self
+            .state()
+            .audit
+            .iter()
+            .rev()
+            .take(limit as usize)
+            .cloned()
+            .collect())
+    }
+}
+
+#[async_trait]
+impl Ledger for InMemory {
+    async fn begin_run(&self) -> Result<Run, ServiceError> {
+        let alive = Arc::new(());
+        let mut state = self.state();
+        state.runs.push(Arc::downgrade(&alive));
+        Ok(Run::new(RunId::new(state.runs.len() as u64), alive))
+    }
+
+    async fn next_process_number(&self, kind: &str) -> Result<u64, ServiceError> {
+        if kind.is_empty() {
+            return Err(ServiceError::Invalid(
+                "a process-number kind must not be empty".into(),
+            ));
+        }
+        let mut state = self.state();
+        let last = state.counters.entry(kind.to_owned()).or_default();
+        *last += 1;
+        Ok(*last)
+    }
+
+    async fn worker_started(
+        &self,
+        run: RunId,
+        id: &str,
+        channel: &str,
+        task: &str,
+    ) -> Result<(), ServiceError> {
+        let mut state = self.state();
+        if state.workers.contains_key(id) {
+            return Err(ServiceError::Invalid(format!(
+                "worker {id} is already recorded"
+            )));
+        }
+        let record = WorkerRecord {
+            id: id.to_owned(),
+            channel: channel.to_owned(),
+            task: task.to_owned(),
+            state: WorkerState::Running,
+            outcome: None,
+        };
+        state.workers.insert(id.to_owned(), (run, record));
+        Ok(())
+    }
+
+    async fn set_worker_state(
+        &self,
+        id: &str,
+        to: WorkerState,
+        outcome: Option<&str>,
+    ) -> Result<(), ServiceError> {
+        let mut state = self.state();
+        let (_, record) = state
+            .workers
+            .get_mut(id)
+            .ok_or_else(|| ServiceError::NotFound(format!("worker {id} does not exist")))?;
+        record.state = to;
+        if let Some(outcome) = outcome {
+            record.outcome = Some(outcome.to_owned());
+        }
+        Ok(())
+    }
+
+    async fn worker(&self, id: &str) -> Result<Option<WorkerRecord>, ServiceError> {
+        Ok(self.state().workers.get(id).map(|(_, r)| r.clone()))
+    }
+
+    async fn mark_interrupted_workers(&self) -> Result<Vec<WorkerRecord>, ServiceError> {
+        let mut state = self.state();
+        let State { runs, workers, .. } = &mut *state;
+        let over = |run: RunId| {
+            let index = run.get() as usize;
+            index == 0
+                || runs
+                    .get(index - 1)
+                    .is_none_or(|alive| alive.upgrade().is_none())
+        };
+        let mut marked = Vec::new();
+        for (run, record) in workers.values_mut() {
+            let working = matches!(
+                record.state,
+                WorkerState::Running | WorkerState::WaitingForInput
+            );
+            if working && over(*run) {
+                record.state = WorkerState::Interrupted;
+                record.outcome = Some(interrupted_outcome(*run));
+                marked.push(record.clone());
+            }
+        }
+        Ok(marked)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::services::{Services, conformance};
+
+    #[tokio::test]
+    async fn in_memory_services_pass_the_conformance_checks() {
+        conformance::check_all(Services::in_memory).await;
+    }
+}

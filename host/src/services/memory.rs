@@ -1,0 +1,141 @@
+//! Long-term memories with full-text recall, and working memory with expiry.
+//!
+//! What every backend applies (content required, importance in range, which words of a
+//! query count) lives here with the types.
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+use super::ServiceError;
+
+/// Long-term memories and the working memory every process and plugin shares.
+///
+/// ```
+/// use capstan_host::services::{NewMemory, Services};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let services = Services::in_memory();
+/// let note = NewMemory { kind: "fact".into(), content: "The release ships on Friday".into(), importance: None };
+/// services.memory.save("branch:1", note).await.unwrap();
+/// let found = services.memory.recall("when is the release?", 5).await.unwrap();
+/// assert_eq!(found[0].content, "The release ships on Friday");
+/// # });
+/// ```
+#[async_trait]
+pub trait Memory: Send + Sync {
+    /// Saves a memory from `source`; refuses empty content and importance out of 0..=1
+    /// ([`NewMemory::check`]).
+    async fn save(&self, source: &str, memory: NewMemory) -> Result<MemoryItem, ServiceError>;
+
+    /// At most `limit` (clamped to 1..=100) memories matching any of `query`'s
+    /// [`recall_words`], best first: text relevance weighted by importance.
+    async fn recall(&self, query: &str, limit: u32) -> Result<Vec<MemoryItem>, ServiceError>;
+
+    /// Deletes memory `id`, or [`ServiceError::NotFound`].
+    async fn delete(&self, id: u64) -> Result<(), ServiceError>;
+
+    /// Working-memory entry `key`, if present and not expired.
+    async fn working_get(&self, key: &str) -> Result<Option<String>, ServiceError>;
+
+    /// Writes working-memory entry `key` (not empty), expiring after `ttl_seconds` if given.
+    async fn working_set(
+        &self,
+        key: &str,
+        value: &str,
+        ttl_seconds: Option<u64>,
+    ) -> Result<(), ServiceError>;
+
+    /// The live working-memory keys starting with `prefix`, sorted.
+    async fn working_keys(&self, prefix: &str) -> Result<Vec<String>, ServiceError>;
+}
+
+/// A stored memory.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemoryItem {
+    /// Its id.
+    pub id: u64,
+    /// e.g. `fact`, `decision`, `preference`, `observation`.
+    pub kind: String,
+    /// The text.
+    pub content: String,
+    /// 0.0 to 1.0.
+    pub importance: f32,
+    /// The process that saved it.
+    pub source: String,
+    /// Unix seconds.
+    pub created_at: i64,
+}
+
+/// A memory to save.
+#[derive(Debug, Clone)]
+pub struct NewMemory {
+    /// e.g. `fact`.
+    pub kind: String,
+    /// The text.
+    pub content: String,
+    /// 0.0 to 1.0; default 0.5.
+    pub importance: Option<f32>,
+}
+
+/// The importance of a memory saved without one.
+pub const DEFAULT_IMPORTANCE: f32 = 0.5;
+
+/// The most memories one recall returns.
+pub const RECALL_MAX: u32 = 100;
+
+impl NewMemory {
+    /// Checks the memory as [`Memory::save`] must, and returns its kind (`fact` when
+    /// blank, trimmed otherwise) and importance.
+    pub fn check(&self) -> Result<(&str, f32), ServiceError> {
+        if self.content.trim().is_empty() {
+            return Err(ServiceError::Invalid("a memory needs content".into()));
+        }
+        let importance = self.importance.unwrap_or(DEFAULT_IMPORTANCE);
+        if !(0.0..=1.0).contains(&importance) {
+            return Err(ServiceError::Invalid(format!(
+                "importance must be between 0.0 and 1.0, got {importance}"
+            )));
+        }
+        let kind = match self.kind.trim() {
+            "" => "fact",
+            kind => kind,
+        };
+        Ok((kind, importance))
+    }
+}
+
+/// Refuses an empty working-memory key.
+pub fn check_working_key(key: &str) -> Result<(), ServiceError> {
+    if key.is_empty() {
+        return Err(ServiceError::Invalid(
+            "a working-memory key must not be empty".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Words too common to say what a query is about.
+const STOP_WORDS: &[&str] = &[
+    "a", "an", "and", "are", "at", "be", "did", "do", "does", "for", "how", "i", "in", "is", "it",
+    "me", "of", "on", "or", "that", "the", "this", "to", "was", "we", "what", "when", "where",
+    "which", "who", "why", "with", "you",
+];
+
+/// The words of `query` a recall looks for: all but stop words (all of them if that is
+/// all there is). Words are runs of letters and digits, so no input is query syntax.
+pub fn recall_words(query: &str) -> Vec<&str> {
+    let words: Vec<&str> = query
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let meaningful: Vec<&str> = words
+        .iter()
+        .copied()
+        .filter(|w| !STOP_WORDS.contains(&w.to_lowercase().as_str()))
+        .collect();
+    if meaningful.is_empty() {
+        words
+    } else {
+        meaningful
+    }
+}

@@ -1,0 +1,101 @@
+//! The services every process and plugin shares, behind traits: the [`TaskBoard`], the
+//! [`Memory`], the conversation [`History`], the [`AuditSink`] and the [`Ledger`] of runs
+//! and workers.
+//!
+//! The agent and the plugin imports hold a [`Services`] and never a backend: SQLite
+//! ([`Store::services`](crate::store::Store::services)) is one implementation, whose
+//! blocking calls run off the async executor; [`InMemory`] is another, for tests and
+//! embedders that keep nothing. A new backend (a PostgreSQL store) implements the five
+//! traits, applies the rules that live here with the types ([`NewTask::check`],
+//! [`TaskStatus::check_move`], [`NewMemory::check`], [`redact`]), and passes the same
+//! conformance checks the two backends here pass.
+//!
+//! ```
+//! use capstan_host::services::{NewTask, Services};
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let services = Services::in_memory();
+//! let task = services.tasks.create("worker:1", NewTask::titled("Write the report")).await.unwrap();
+//! assert_eq!(services.tasks.get(task.number).await.unwrap().title, "Write the report");
+//! # });
+//! ```
+
+mod audit;
+mod error;
+mod history;
+mod in_memory;
+mod ledger;
+mod memory;
+mod tasks;
+
+#[cfg(test)]
+pub(crate) mod conformance;
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub use audit::{AuditEntry, AuditRecord, AuditSink, REDACTED, redact};
+pub use error::ServiceError;
+pub use history::{History, HistoryEntry};
+pub use in_memory::InMemory;
+pub use ledger::{Ledger, Run, RunId, WorkerRecord, WorkerState, interrupted_outcome};
+pub use memory::{
+    DEFAULT_IMPORTANCE, Memory, MemoryItem, NewMemory, RECALL_MAX, check_working_key, recall_words,
+};
+pub use tasks::{
+    DEFAULT_LIST_LIMIT, NewTask, Priority, Task, TaskBoard, TaskFilter, TaskPatch, TaskStatus,
+    check_metadata, checked_title,
+};
+
+/// One handle on each service. Cloning it is cheap and shares the services.
+#[derive(Clone)]
+pub struct Services {
+    /// The taskboard.
+    pub tasks: Arc<dyn TaskBoard>,
+    /// Long-term and working memory.
+    pub memory: Arc<dyn Memory>,
+    /// Conversation history.
+    pub history: Arc<dyn History>,
+    /// The audit log of tool calls.
+    pub audit: Arc<dyn AuditSink>,
+    /// Runs, process numbers and worker records.
+    pub ledger: Arc<dyn Ledger>,
+}
+
+impl Services {
+    /// Every service answered by `backend`.
+    pub fn all_from<B>(backend: Arc<B>) -> Self
+    where
+        B: TaskBoard + Memory + History + AuditSink + Ledger + 'static,
+    {
+        Services {
+            tasks: backend.clone(),
+            memory: backend.clone(),
+            history: backend.clone(),
+            audit: backend.clone(),
+            ledger: backend,
+        }
+    }
+
+    /// Fresh services that keep everything in this process's memory, and lose it when
+    /// the last clone is dropped.
+    pub fn in_memory() -> Self {
+        Services::all_from(Arc::new(InMemory::default()))
+    }
+}
+
+impl std::fmt::Debug for Services {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Services")
+            .field("history", &self.history.location())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Seconds since the Unix epoch: the clock of every timestamp and expiry the services keep.
+pub(crate) fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,237 @@
+//! The store as [`Services`]: each call runs the store's blocking SQLite work on one of
+//! tokio's blocking threads, so a database that another process holds locked makes that
+//! one call wait, never the executor and the calls beside it. A caller that stops waiting
+//! (a tool call at its deadline) abandons the wait; the work still finishes on its thread.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::{Store, StoreError};
+use crate::services::{
+    AuditEntry, AuditRecord, AuditSink, History, HistoryEntry, Ledger, Memory, MemoryItem,
+    NewMemory, NewTask, Run, RunId, ServiceError, Services, Task, TaskBoard, TaskFilter, TaskPatch,
+    WorkerRecord, WorkerState,
+};
+
+impl Store {
+    /// Every service, answered by this store.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use capstan_host::services::NewTask;
+    /// use capstan_host::store::Store;
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let services = Arc::new(Store::open(dir.path()).unwrap()).services();
+    /// let task = services.tasks.create("worker:1", NewTask::titled("Sort")).await.unwrap();
+    /// assert_eq!(task.number, 1);
+    /// # });
+    /// ```
+    pub fn services(self: Arc<Self>) -> Services {
+        Services::all_from(Arc::new(Sqlite(self)))
+    }
+}
+
+/// The store behind the service traits.
+struct Sqlite(Arc<Store>);
+
+impl Sqlite {
+    /// Runs `work` on a blocking thread and waits for it without holding the executor.
+    async fn run<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        work: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, ServiceError> {
+        let store = self.0.clone();
+        tokio::task::spawn_blocking(move || work(&store))
+            .await
+            .map_err(|_| ServiceError::Lost(what))?
+            .map_err(ServiceError::from)
+    }
+}
+
+#[async_trait]
+impl TaskBoard for Sqlite {
+    async fn create(&self, creator: &str, task: NewTask) -> Result<Task, ServiceError> {
+        let creator = creator.to_owned();
+        self.run("tasks.create", move |s| s.create_task(&creator, &task))
+            .await
+    }
+
+    async fn get(&self, number: u64) -> Result<Task, ServiceError> {
+        self.run("tasks.get", move |s| s.get_task(number)).await
+    }
+
+    async fn list(&self, filter: TaskFilter) -> Result<Vec<Task>, ServiceError> {
+        self.run("tasks.list", move |s| s.list_tasks(&filter)).await
+    }
+
+    async fn update(&self, number: u64, patch: TaskPatch) -> Result<Task, ServiceError> {
+        self.run("tasks.update", move |s| s.update_task(number, &patch))
+            .await
+    }
+}
+
+#[async_trait]
+impl Memory for Sqlite {
+    async fn save(&self, source: &str, memory: NewMemory) -> Result<MemoryItem, ServiceError> {
+        let source = source.to_owned();
+        self.run("memory.save", move |s| s.save_memory(&source, &memory))
+            .await
+    }
+
+    async fn recall(&self, query: &str, limit: u32) -> Result<Vec<MemoryItem>, ServiceError> {
+        let query = query.to_owned();
+        self.run("memory.recall", move |s| s.recall(&query, limit))
+            .await
+    }
+
+    async fn delete(&self, id: u64) -> Result<(), ServiceError> {
+        self.run("memory.delete", move |s| s.delete_memory(id))
+            .await
+    }
+
+    async fn working_get(&self, key: &str) -> Result<Option<String>, ServiceError> {
+        let key = key.to_owned();
+        self.run("memory.working-get", move |s| s.working_get(&key))
+            .await
+    }
+
+    async fn working_set(
+        &self,
+        key: &str,
+        value: &str,
+        ttl_seconds: Option<u64>,
+    ) -> Result<(), ServiceError> {
+        let (key, value) = (key.to_owned(), value.to_owned());
+        self.run("memory.working-set", move |s| {
+            s.working_set(&key, &value, ttl_seconds)
+        })
+        .await
+    }
+
+    async fn working_keys(&self, prefix: &str) -> Result<Vec<String>, ServiceError> {
+        let prefix = prefix.to_owned();
+        self.run("memory.working-keys", move |s| s.working_keys(&prefix))
+            .await
+    }
+}
+
+#[async_trait]
+impl History for Sqlite {
+    fn location(&self) -> String {
+        self.0.path().display().to_string()
+    }
+
+    async fn load(&self, channel: &str) -> Result<Vec<HistoryEntry>, ServiceError> {
+        let channel = channel.to_owned();
+        self.run("history.load", move |s| s.load_history(&channel))
+            .await
+    }
+
+    async fn append(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
+        let channel = channel.to_owned();
+        self.run("history.append", move |s| {
+            s.append_history(&channel, &messages)
+        })
+        .await
+    }
+
+    async fn replace(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
+        let channel = channel.to_owned();
+        self.run("history.replace", move |s| {
+            s.replace_history(&channel, &messages)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl AuditSink for Sqlite {
+    async fn record(&self, call: AuditRecord) -> Result<(), ServiceError> {
+        self.run("audit.record", move |s| s.record_call(&call))
+            .await
+    }
+
+    async fn recent(&self, limit: u32) -> Result<Vec<AuditEntry>, ServiceError> {
+        self.run("audit.recent", move |s| s.audit_log(limit)).await
+    }
+}
+
+#[async_trait]
+impl Ledger for Sqlite {
+    async fn begin_run(&self) -> Result<Run, ServiceError> {
+        let guard = self.run("ledger.begin-run", Store::begin_run).await?;
+        Ok(Run::new(guard.id(), guard))
+    }
+
+    async fn next_process_number(&self, kind: &str) -> Result<u64, ServiceError> {
+        let kind = kind.to_owned();
+        self.run("ledger.next-process-number", move |s| {
+            s.next_process_number(&kind)
+        })
+        .await
+    }
+
+    async fn worker_started(
+        &self,
+        run: RunId,
+        id: &str,
+        channel: &str,
+        task: &str,
+    ) -> Result<(), ServiceError> {
+        let (id, channel, task) = (id.to_owned(), channel.to_owned(), task.to_owned());
+        self.run("ledger.worker-started", move |s| {
+            s.insert_worker_in_run(run, &id, &channel, &task)
+        })
+        .await
+    }
+
+    async fn set_worker_state(
+        &self,
+        id: &str,
+        state: WorkerState,
+        outcome: Option<&str>,
+    ) -> Result<(), ServiceError> {
+        let (id, outcome) = (id.to_owned(), outcome.map(str::to_owned));
+        self.run("ledger.set-worker-state", move |s| {
+            s.set_worker_state(&id, state, outcome.as_deref())
+        })
+        .await
+    }
+
+    async fn worker(&self, id: &str) -> Result<Option<WorkerRecord>, ServiceError> {
+        let id = id.to_owned();
+        self.run("ledger.worker", move |s| s.get_worker(&id)).await
+    }
+
+    async fn mark_interrupted_workers(&self) -> Result<Vec<WorkerRecord>, ServiceError> {
+        self.run(
+            "ledger.mark-interrupted-workers",
+            Store::mark_interrupted_workers,
+        )
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::services::conformance;
+    use crate::store::Store;
+
+    #[tokio::test]
+    async fn sqlite_services_pass_the_conformance_checks() {
+        let dirs = std::sync::Mutex::new(Vec::new());
+        conformance::check_all(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Arc::new(Store::open(dir.path()).unwrap());
+            dirs.lock().unwrap().push(dir);
+            store.services()
+        })
+        .await;
+    }
+}
