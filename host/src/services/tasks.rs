@@ -91,6 +91,19 @@ impl TaskStatus {
             Cancelled => &[Backlog],
         }
     }
+
+    /// Refuses moving task `number` from `self` to `to` unless [`TaskStatus::next`]
+    /// allows it (staying put is always allowed), naming the moves that are.
+    pub fn check_move(self, number: u64, to: TaskStatus) -> Result<(), ServiceError> {
+        if to == self || self.next().contains(&to) {
+            return Ok(());
+        }
+        let allowed: Vec<&str> = self.next().iter().map(|s| s.as_str()).collect();
+        Err(ServiceError::Invalid(format!(
+            "task #{number} cannot move from {self} to {to}; from {self} it can move to {}",
+            allowed.join(", ")
+        )))
+    }
 }
 
 impl fmt::Display for TaskStatus {
@@ -208,6 +221,12 @@ impl NewTask {
             ..NewTask::default()
         }
     }
+
+    /// Checks the task as [`TaskBoard::create`] must, before anything is written.
+    pub fn check(&self) -> Result<(), ServiceError> {
+        checked_title(&self.title)?;
+        check_metadata(self.metadata.as_deref().unwrap_or("{}"))
+    }
 }
 
 /// Changes to a task; `None` leaves a field as it is.
@@ -241,21 +260,6 @@ pub struct TaskFilter {
 /// The most tasks a list returns when the filter names no limit.
 pub const DEFAULT_LIST_LIMIT: u32 = 100;
 
-impl TaskStatus {
-    /// Refuses moving task `number` from `self` to `to` unless [`TaskStatus::next`]
-    /// allows it (staying put is always allowed), naming the moves that are.
-    pub fn check_move(self, number: u64, to: TaskStatus) -> Result<(), ServiceError> {
-        if to == self || self.next().contains(&to) {
-            return Ok(());
-        }
-        let allowed: Vec<&str> = self.next().iter().map(|s| s.as_str()).collect();
-        Err(ServiceError::Invalid(format!(
-            "task #{number} cannot move from {self} to {to}; from {self} it can move to {}",
-            allowed.join(", ")
-        )))
-    }
-}
-
 /// Refuses an empty (or blank) title; returns it trimmed.
 pub fn checked_title(title: &str) -> Result<&str, ServiceError> {
     let title = title.trim();
@@ -272,14 +276,6 @@ pub fn check_metadata(metadata: &str) -> Result<(), ServiceError> {
         _ => Err(ServiceError::Invalid(format!(
             "task metadata must be a JSON object, got `{metadata}`"
         ))),
-    }
-}
-
-impl NewTask {
-    /// Checks the task as [`TaskBoard::create`] must, before anything is written.
-    pub fn check(&self) -> Result<(), ServiceError> {
-        checked_title(&self.title)?;
-        check_metadata(self.metadata.as_deref().unwrap_or("{}"))
     }
 }
 

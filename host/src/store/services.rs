@@ -223,6 +223,36 @@ mod tests {
     use crate::services::conformance;
     use crate::store::Store;
 
+    /// One thread runs this test's runtime. Had the history append waited for SQLite's
+    /// lock on it, the task would have ended (after the busy retries ran out) before this
+    /// test ran again; instead it waits off the executor until the lock is let go.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_call_waiting_for_a_locked_database_leaves_the_executor_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path()).unwrap());
+        let services = store.clone().services();
+        let holder = rusqlite::Connection::open(store.path()).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let append = tokio::spawn({
+            let (services, started) = (services.clone(), started.clone());
+            async move {
+                started.store(true, std::sync::atomic::Ordering::SeqCst);
+                services.history.append("main", vec!["1".into()]).await
+            }
+        });
+        while !started.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            !append.is_finished(),
+            "the append held the executor while it waited for the lock"
+        );
+        holder.execute_batch("ROLLBACK").unwrap();
+        append.await.unwrap().unwrap();
+        assert_eq!(store.load_history("main").unwrap().len(), 1);
+    }
+
     #[tokio::test]
     async fn sqlite_services_pass_the_conformance_checks() {
         let dirs = std::sync::Mutex::new(Vec::new());
