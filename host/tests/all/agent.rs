@@ -3,12 +3,14 @@
 
 use std::sync::Arc;
 
-use crate::support::{agent_runtime, repo_root, stored};
+use crate::support::{agent_runtime, plugins_dir, repo_root, stored, test_cache};
 use capstan_host::agent::{Event, Runtime};
+use capstan_host::app::AgentBuilder;
 use capstan_host::config::{Config, ProviderSettings};
 use capstan_host::ids::ProcessId;
 use capstan_host::llm::{Script, ScriptedProvider};
 use capstan_host::policy::ProcessKind;
+use capstan_host::services::{Services, TaskStatus};
 use capstan_host::store::{Store, TaskFilter, WorkerState};
 use tokio::sync::mpsc;
 
@@ -541,6 +543,61 @@ async fn a_worker_updates_its_assigned_task_but_not_another() {
         worker.outcome.as_deref(),
         Some("started #1; #2 is not mine")
     );
+}
+
+/// The same run on in-memory services: the taskboard, the audit log, the history and the
+/// ledger all answer from memory, with the same rules, and no database is written.
+#[tokio::test]
+async fn an_agent_runs_on_in_memory_services_and_writes_no_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::defaults(dir.path());
+    config.provider = ProviderSettings::Scripted { script: None };
+    let data_dir = config.agent.data_dir.clone();
+    let services = Services::in_memory();
+    let provider = ScriptedProvider::new(Script::parse(ASSIGNED, "test").unwrap(), "test");
+    let agent = AgentBuilder::new(config)
+        .plugins_dir(plugins_dir())
+        .cache(test_cache())
+        .provider(Arc::new(provider))
+        .services(services.clone())
+        .build()
+        .await
+        .unwrap();
+    let rt = agent.runtime;
+    rt.send_user_message("main", "plan it please")
+        .await
+        .unwrap();
+    rt.wait_idle("main").await;
+
+    let first = services.tasks.get(1).await.unwrap();
+    assert_eq!(
+        (
+            first.status,
+            first.assigned_worker.as_deref(),
+            first.creator.as_str()
+        ),
+        (TaskStatus::InProgress, Some("worker:1"), "branch:1")
+    );
+    assert_eq!(
+        services.tasks.get(2).await.unwrap().status,
+        TaskStatus::Backlog
+    );
+    let audit = services.audit.recent(50).await.unwrap();
+    let refusal = audit
+        .iter()
+        .find(|a| a.outcome == "denied")
+        .expect("a denial");
+    assert!(refusal.detail.contains("task #2"), "{}", refusal.detail);
+    let worker = services.ledger.worker("worker:1").await.unwrap().unwrap();
+    assert_eq!(worker.state, WorkerState::Done);
+    let history = services.history.load("channel:main").await.unwrap();
+    assert!(!history.is_empty(), "the channel's history is kept");
+    assert!(
+        !data_dir.join("capstan.db").exists(),
+        "nothing was written to {}",
+        data_dir.display()
+    );
+    rt.shutdown();
 }
 
 const QUICK_WORKER: &str = r#"

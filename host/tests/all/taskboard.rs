@@ -305,3 +305,76 @@ async fn every_call_is_audited_with_effective_grants_and_redacted_arguments() {
     assert!(newest.detail.contains("`fs.write`"), "{}", newest.detail);
     assert!(!newest.arguments.contains("abc"), "{}", newest.arguments);
 }
+
+/// Status and priority are WIT enums; the task tools show the model every name each
+/// takes, and hand back the names the host stored.
+#[tokio::test]
+async fn the_task_tools_show_the_model_every_status_and_priority() {
+    let data = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(data.path()).unwrap());
+    let registry = registry_with_store(store.clone()).await;
+    let names = |tool: &str, field: &str| {
+        let (_, spec) = registry.tool(tool).unwrap();
+        spec.args_schema["properties"][field].to_string()
+    };
+    let statuses = ["backlog", "ready", "in-progress", "done", "cancelled"];
+    let priorities = ["low", "normal", "high", "urgent"];
+    for (tool, field, all) in [
+        ("task_update", "status", &statuses[..]),
+        ("task_list", "status", &statuses[..]),
+        ("task_update", "priority", &priorities[..]),
+        ("task_create", "priority", &priorities[..]),
+    ] {
+        let schema = names(tool, field);
+        assert!(schema.contains("\"enum\""), "{tool}.{field}: {schema}");
+        for name in all {
+            assert!(
+                schema.contains(&format!("\"{name}\"")),
+                "{tool}.{field}: {schema}"
+            );
+        }
+    }
+    let ws = Workspace::new();
+    let created = call_by(
+        &registry,
+        "worker:1",
+        "task_create",
+        json!({"title": "urgent one", "priority": "urgent"}),
+        WORKER,
+        &ws.path(),
+    )
+    .await
+    .unwrap();
+    let created = parse(&created);
+    assert_eq!(
+        (created["status"].clone(), created["priority"].clone()),
+        (json!("backlog"), json!("urgent"))
+    );
+    let listed = call_by(
+        &registry,
+        "worker:1",
+        "task_list",
+        json!({"status": "backlog"}),
+        WORKER,
+        &ws.path(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(parse(&listed).as_array().map(Vec::len), Some(1), "{listed}");
+    let msg = expect_error(
+        call_by(
+            &registry,
+            "worker:1",
+            "task_list",
+            json!({"status": "finished"}),
+            WORKER,
+            &ws.path(),
+        )
+        .await,
+        "invalid-args",
+    );
+    assert!(
+        msg.contains("unknown task status `finished`; expected backlog, ready, in-progress, done or cancelled"),
+        "{msg}"
+    );
+}
