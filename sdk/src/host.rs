@@ -1,4 +1,5 @@
-//! Typed access to the host's imports: logging, the taskboard and memory.
+//! Typed access to the host's imports: logging, the taskboard and memory. A task's
+//! [`TaskStatus`] and [`Priority`] are WIT enums that read and write their WIT names.
 //!
 //! Each call is checked against the call's grants by the host; a refusal comes back as
 //! [`HostError::Denied`], which `?` turns into [`ToolError::Denied`](crate::ToolError).

@@ -1,6 +1,24 @@
 //! The taskboard's WIT enums as text: [`TaskStatus`] and [`Priority`] read and write their
 //! WIT names (`in-progress`, `urgent`), so a tool can take them straight from a model's
 //! arguments (their JSON Schema lists the names) and return them in its answer.
+//!
+//! ```
+//! use capstan_sdk::host::{Priority, TaskStatus};
+//! use schemars::JsonSchema;
+//! use serde::Deserialize;
+//!
+//! /// A tool's arguments: the model is shown the five status names.
+//! #[derive(Deserialize, JsonSchema)]
+//! struct Args {
+//!     status: Option<TaskStatus>,
+//! }
+//!
+//! let args: Args = serde_json::from_str(r#"{"status": "in-progress"}"#).unwrap();
+//! assert_eq!(args.status, Some(TaskStatus::InProgress));
+//! assert_eq!("urgent".parse::<Priority>().unwrap(), Priority::Urgent);
+//! let err = "asap".parse::<Priority>().unwrap_err();
+//! assert_eq!(err.to_string(), "unknown priority `asap`; expected low, normal, high or urgent");
+//! ```
 
 use std::borrow::Cow;
 use std::fmt;
