@@ -311,6 +311,11 @@ impl Context {
         interactive: bool,
         task_number: Option<u64>,
     ) -> Result<SpawnOutcome, String> {
+        // A duplicate is answered before a number is drawn, so it costs no write; the
+        // reservation below still settles a race between two first spawns.
+        if let Some(existing) = self.reservations.holder(task) {
+            return Ok(SpawnOutcome::Duplicate { existing });
+        }
         let handle = self
             .conversation(conversation)
             .await

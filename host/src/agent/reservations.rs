@@ -44,6 +44,12 @@ impl TaskReservations {
         })
     }
 
+    /// The worker holding `task`, if a live one does.
+    pub(crate) fn holder(&self, task: &str) -> Option<ProcessId> {
+        let active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+        active.get(&normalize(task)).cloned()
+    }
+
     /// How many descriptions are reserved.
     pub(crate) fn len(&self) -> usize {
         self.active.lock().unwrap_or_else(|p| p.into_inner()).len()

@@ -10,7 +10,7 @@ use crate::agent::{Event, Runtime};
 use crate::config::{Config, ProviderSettings};
 use crate::llm::{OpenAiProvider, Provider, Recorder, Script, ScriptedProvider};
 use crate::plugin::{ArtifactCache, PluginHost, Registry};
-use crate::services::Services;
+use crate::services::{ServiceError, Services};
 use crate::store::Store;
 
 /// Assembles an agent from its [`Config`]: creates the workspace, opens the SQLite store
@@ -125,7 +125,14 @@ impl AgentBuilder {
         })?;
         let services = match self.services {
             Some(services) => services,
-            None => Arc::new(Store::open(&config.agent.data_dir)?).services(),
+            None => {
+                // Opening may wait for another process's open and checks the whole file:
+                // blocking work, kept off the executor.
+                let dir = config.agent.data_dir.clone();
+                let opened = tokio::task::spawn_blocking(move || Store::open(&dir)).await;
+                let store = opened.map_err(|_| ServiceError::Lost("store open"))??;
+                Arc::new(store).services()
+            }
         };
         let host = PluginHost::new(config.limits.tool.clone(), self.cache)
             .map_err(BuildError::Host)?

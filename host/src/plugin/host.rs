@@ -13,6 +13,7 @@ use super::bindings::capstan::plugin::types::CallContext;
 use super::bindings::exports::capstan::plugin::tool::ToolError as WitToolError;
 use super::bindings::{Plugin, PluginPre};
 use super::cache::ArtifactCache;
+use super::contract::WIT_VERSION;
 use super::engine::{build_engine, build_linker, start_epoch_ticker};
 use super::error::{HostError, LoadError, ToolError};
 use super::failure;
@@ -296,7 +297,13 @@ impl PluginHost {
         }
         let trap = match err.downcast_ref::<wasmtime::Trap>() {
             Some(trap) => format!("trapped: {trap}"),
-            None => format!("failed in the host: {}", one_line(&format!("{err:#}"))),
+            // Not a trap: the host could not take a value the guest passed it (an enum
+            // value no WIT enum has), which only a plugin built for another contract does.
+            None => format!(
+                "was stopped: the host could not take a value it passed ({}); rebuild it \
+                 with a capstan-sdk for capstan:plugin@{WIT_VERSION}",
+                one_line(&err.root_cause().to_string())
+            ),
         };
         if said.is_empty() {
             ToolError::Failed(format!("{who} {trap}"))

@@ -224,8 +224,9 @@ impl tasks::Host for Sandbox {
             assigned_worker: None,
         };
         let write_any = self.scope.capabilities.contains(&Capability::TasksWrite);
-        // Who created a task never changes, and only the host assigns one, so the owner
-        // read here still holds when the update is written.
+        // Who created a task never changes; the host may assign it to another worker
+        // between this read and the write, and the caller's update then still lands (it
+        // was the owner when it asked).
         let task = services.tasks.get(number).await.map_err(host_error)?;
         check_task_scope(write_any, &self.scope.caller, &task)?;
         let updated = services.tasks.update(number, patch).await;

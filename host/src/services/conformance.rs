@@ -17,6 +17,9 @@ pub(crate) async fn check_all(fresh: impl Fn() -> Services) {
     history_appends_in_order_replaces_and_refuses_to_load_short(&fresh()).await;
     audit_redacts_and_lists_newest_first(&fresh()).await;
     the_ledger_numbers_processes_and_interrupts_the_workers_of_ended_runs(&fresh()).await;
+    recall_matches_whole_words_of_kind_and_content_whatever_their_case(&fresh()).await;
+    a_long_ttl_is_a_long_life(&fresh()).await;
+    a_worker_is_recorded_once_and_its_end_is_final(&fresh()).await;
 }
 
 fn status(to: TaskStatus) -> TaskPatch {
@@ -344,4 +347,61 @@ async fn the_ledger_numbers_processes_and_interrupts_the_workers_of_ended_runs(s
         .await;
     assert!(matches!(missing, Err(ServiceError::NotFound(_))));
     drop(alive);
+}
+
+async fn recall_matches_whole_words_of_kind_and_content_whatever_their_case(s: &Services) {
+    let m = &s.memory;
+    m.save("b", note("decision", "We fly to İstanbul", 0.5))
+        .await
+        .unwrap();
+    for query in ["İstanbul", "we FLY", "decision"] {
+        let found = m.recall(query, 5).await.unwrap();
+        assert_eq!(found.len(), 1, "{query}: {found:?}");
+    }
+    assert!(
+        m.recall("stan", 5).await.unwrap().is_empty(),
+        "whole words only"
+    );
+}
+
+async fn a_long_ttl_is_a_long_life(s: &Services) {
+    for ttl in [u64::MAX, 1 << 63, i64::MAX as u64] {
+        s.memory.working_set("k", "v", Some(ttl)).await.unwrap();
+        let got = s.memory.working_get("k").await.unwrap();
+        assert_eq!(got.as_deref(), Some("v"), "ttl {ttl}");
+    }
+}
+
+async fn a_worker_is_recorded_once_and_its_end_is_final(s: &Services) {
+    let l = &s.ledger;
+    let run = l.begin_run().await.unwrap();
+    l.worker_started(run.id(), "worker:1", "channel:main", "t")
+        .await
+        .unwrap();
+    let again = l
+        .worker_started(run.id(), "worker:1", "channel:main", "t")
+        .await;
+    assert!(
+        matches!(&again, Err(ServiceError::Invalid(m)) if m.contains("worker:1")),
+        "{again:?}"
+    );
+    l.set_worker_state("worker:1", WorkerState::WaitingForInput, None)
+        .await
+        .unwrap();
+    l.set_worker_state("worker:1", WorkerState::Done, Some("ok"))
+        .await
+        .unwrap();
+    let revived = l
+        .set_worker_state("worker:1", WorkerState::Running, None)
+        .await;
+    assert!(
+        matches!(revived, Err(ServiceError::Invalid(_))),
+        "{revived:?}"
+    );
+    let record = l.worker("worker:1").await.unwrap().unwrap();
+    assert_eq!(
+        (record.state, record.outcome.as_deref()),
+        (WorkerState::Done, Some("ok"))
+    );
+    drop(run);
 }

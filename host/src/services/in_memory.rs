@@ -1,10 +1,4 @@
 //! [`InMemory`]: every service kept in this process's memory, behind one lock.
-//!
-//! It applies the same rules as the SQLite store (they live with the types) and passes the
-//! same conformance checks, so tests and embedders that keep nothing can use it in its
-//! place. Recall ranks by how many of the query's words a memory holds, weighted by its
-//! importance, where SQLite ranks by BM25: the same memories are found, in an order that
-//! may differ between memories of equal weight.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -15,10 +9,18 @@ use super::{
     AuditEntry, AuditRecord, AuditSink, DEFAULT_LIST_LIMIT, History, HistoryEntry, Ledger, Memory,
     MemoryItem, NewMemory, NewTask, Priority, RECALL_MAX, Run, RunId, ServiceError, Task,
     TaskBoard, TaskFilter, TaskPatch, TaskStatus, WorkerRecord, WorkerState, check_working_key,
-    interrupted_outcome, now, recall_words, redact,
+    expires_at, interrupted_outcome, now, recall_words, redact, worker_already_recorded,
+    worker_has_ended,
 };
 
-/// Services kept in memory; see the [module docs](self).
+/// Every service kept in this process's memory, behind one lock, and lost when dropped.
+///
+/// It applies the same rules as the SQLite store (they live with the types) and passes the
+/// same conformance checks, so tests and embedders that keep nothing can use it in its
+/// place. Recall matches whole words of a memory's kind and content, whatever their case,
+/// and ranks by how many of the query's words a memory holds, weighted by its importance.
+/// SQLite ranks by BM25 and also matches words that differ only in accents (`cafe` finds
+/// `Café`); here they must be spelled the same.
 #[derive(Default)]
 pub struct InMemory {
     state: Mutex<State>,
@@ -166,12 +168,14 @@ impl Memory for InMemory {
             .memories
             .values()
             .filter_map(|item| {
-                let content = item.content.to_lowercase();
-                let words: Vec<&str> = content.split(|c: char| !c.is_alphanumeric()).collect();
-                let hits = wanted
-                    .iter()
-                    .filter(|w| words.contains(&w.as_str()))
-                    .count();
+                // Split, then lowercase each word, as the query's words were: lowercasing
+                // can turn one letter into a letter and a mark ("İ").
+                let words: Vec<String> = [&item.kind, &item.content]
+                    .into_iter()
+                    .flat_map(|text| text.split(|c: char| !c.is_alphanumeric()))
+                    .map(str::to_lowercase)
+                    .collect();
+                let hits = wanted.iter().filter(|w| words.contains(w)).count();
                 (hits > 0).then_some((hits as f32 * (0.5 + item.importance), item))
             })
             .collect();
@@ -209,7 +213,7 @@ impl Memory for InMemory {
         ttl_seconds: Option<u64>,
     ) -> Result<(), ServiceError> {
         check_working_key(key)?;
-        let expires = ttl_seconds.map(|ttl| now().saturating_add(ttl as i64));
+        let expires = expires_at(now(), ttl_seconds);
         self.state()
             .working
             .insert(key.to_owned(), (value.to_owned(), expires));
@@ -333,9 +337,7 @@ impl Ledger for InMemory {
     ) -> Result<(), ServiceError> {
         let mut state = self.state();
         if state.workers.contains_key(id) {
-            return Err(ServiceError::Invalid(format!(
-                "worker {id} is already recorded"
-            )));
+            return Err(worker_already_recorded(id));
         }
         let record = WorkerRecord {
             id: id.to_owned(),
@@ -359,6 +361,9 @@ impl Ledger for InMemory {
             .workers
             .get_mut(id)
             .ok_or_else(|| ServiceError::NotFound(format!("worker {id} does not exist")))?;
+        if record.state.is_terminal() && to != record.state {
+            return Err(worker_has_ended(id, record.state));
+        }
         record.state = to;
         if let Some(outcome) = outcome {
             record.outcome = Some(outcome.to_owned());

@@ -49,7 +49,8 @@ pub trait Ledger: Send + Sync {
     ) -> Result<(), ServiceError>;
 
     /// Sets worker `id`'s state and, if given, its outcome; [`ServiceError::NotFound`] if
-    /// no such worker was recorded.
+    /// no such worker was recorded. An ended worker's record is final: moving it out of a
+    /// terminal state is refused ([`worker_has_ended`]), so a late write cannot revive it.
     async fn set_worker_state(
         &self,
         id: &str,
@@ -115,6 +116,20 @@ impl fmt::Debug for Run {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Run").field("id", &self.id).finish()
     }
+}
+
+/// The refusal of changing worker `id`, which has ended in `state`.
+pub fn worker_has_ended(id: &str, state: WorkerState) -> ServiceError {
+    ServiceError::Invalid(format!(
+        "worker {id} has ended ({state}); its record is final"
+    ))
+}
+
+/// The refusal of recording worker `id` a second time.
+pub fn worker_already_recorded(id: &str) -> ServiceError {
+    ServiceError::Invalid(format!(
+        "worker {id} is already recorded; worker ids come from next_process_number and are never reused"
+    ))
 }
 
 /// The outcome recorded for a worker whose `run` ended while it was working.

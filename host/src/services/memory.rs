@@ -104,6 +104,12 @@ impl NewMemory {
     }
 }
 
+/// When a working-memory entry written at `now` with `ttl_seconds` expires: never without
+/// a TTL, and a TTL too long to count in seconds since the epoch is as good as never.
+pub fn expires_at(now: i64, ttl_seconds: Option<u64>) -> Option<i64> {
+    ttl_seconds.map(|ttl| i64::try_from(ttl).map_or(i64::MAX, |ttl| now.saturating_add(ttl)))
+}
+
 /// Refuses an empty working-memory key.
 pub fn check_working_key(key: &str) -> Result<(), ServiceError> {
     if key.is_empty() {

@@ -38,9 +38,13 @@ pub use audit::{AuditEntry, AuditRecord, AuditSink, REDACTED, redact};
 pub use error::ServiceError;
 pub use history::{History, HistoryEntry};
 pub use in_memory::InMemory;
-pub use ledger::{Ledger, Run, RunId, WorkerRecord, WorkerState, interrupted_outcome};
+pub use ledger::{
+    Ledger, Run, RunId, WorkerRecord, WorkerState, interrupted_outcome, worker_already_recorded,
+    worker_has_ended,
+};
 pub use memory::{
-    DEFAULT_IMPORTANCE, Memory, MemoryItem, NewMemory, RECALL_MAX, check_working_key, recall_words,
+    DEFAULT_IMPORTANCE, Memory, MemoryItem, NewMemory, RECALL_MAX, check_working_key, expires_at,
+    recall_words,
 };
 pub use tasks::{
     DEFAULT_LIST_LIMIT, NewTask, Priority, Task, TaskBoard, TaskFilter, TaskPatch, TaskStatus,

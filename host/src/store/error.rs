@@ -112,6 +112,14 @@ pub enum StoreError {
     /// SQLite failed.
     #[error("database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// SQLite failed on the database at `path`, as a service call reports it.
+    #[error("{}: database error: {source}; if it persists, check the file with `sqlite3 {} 'PRAGMA integrity_check'` or restore it from a backup", path.display(), path.display())]
+    Query {
+        /// The database file.
+        path: PathBuf,
+        /// SQLite's error.
+        source: rusqlite::Error,
+    },
 }
 
 impl From<ServiceError> for StoreError {

@@ -4,7 +4,9 @@
 use rusqlite::{OptionalExtension, params};
 
 use super::{Store, StoreError, now, retry};
-use crate::services::{MemoryItem, NewMemory, RECALL_MAX, check_working_key, recall_words};
+use crate::services::{
+    MemoryItem, NewMemory, RECALL_MAX, check_working_key, expires_at, recall_words,
+};
 
 impl Store {
     /// Saves a memory from `source`.
@@ -89,7 +91,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         check_working_key(key)?;
         let at = now();
-        let expires = ttl_seconds.map(|ttl| at.saturating_add(ttl as i64));
+        let expires = expires_at(at, ttl_seconds);
         retry::write(&mut self.conn(), |tx| {
             tx.execute(
                 "INSERT INTO working_memory (key, value, expires_at, updated_at) VALUES (?1, ?2, ?3, ?4)

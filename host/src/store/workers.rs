@@ -5,7 +5,10 @@ use rusqlite::{OptionalExtension, params};
 
 use super::runs::run_is_over;
 use super::{Store, StoreError, now, retry};
-use crate::services::{RunId, WorkerRecord, WorkerState, interrupted_outcome};
+use crate::services::{
+    RunId, WorkerRecord, WorkerState, interrupted_outcome, worker_already_recorded,
+    worker_has_ended,
+};
 
 impl Store {
     /// Records a new running worker that belongs to no run, so
@@ -36,6 +39,14 @@ impl Store {
     ) -> Result<(), StoreError> {
         let at = now();
         retry::write(&mut self.conn(), |tx| {
+            let exists: bool = tx.query_row(
+                "SELECT EXISTS(SELECT 1 FROM workers WHERE id = ?1)",
+                [id],
+                |row| row.get(0),
+            )?;
+            if exists {
+                return Err(worker_already_recorded(id).into());
+            }
             tx.execute(
                 "INSERT INTO workers (id, channel, task, state, started_at, updated_at, run)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)",
@@ -59,16 +70,25 @@ impl Store {
         state: WorkerState,
         outcome: Option<&str>,
     ) -> Result<(), StoreError> {
-        let n = retry::write(&mut self.conn(), |tx| {
-            Ok(tx.execute(
+        retry::write(&mut self.conn(), |tx| {
+            let current: Option<String> = tx
+                .query_row("SELECT state FROM workers WHERE id = ?1", [id], |row| {
+                    row.get(0)
+                })
+                .optional()?;
+            let Some(current) = current else {
+                return Err(StoreError::NotFound(format!("worker {id} does not exist")));
+            };
+            let current: WorkerState = current.parse()?;
+            if current.is_terminal() && state != current {
+                return Err(worker_has_ended(id, current).into());
+            }
+            tx.execute(
                 "UPDATE workers SET state = ?2, outcome = COALESCE(?3, outcome), updated_at = ?4 WHERE id = ?1",
                 params![id, state.as_str(), outcome, now()],
-            )?)
-        })?;
-        if n == 0 {
-            return Err(StoreError::NotFound(format!("worker {id} does not exist")));
-        }
-        Ok(())
+            )?;
+            Ok(())
+        })
     }
 
     /// Reads worker `id`.

@@ -628,16 +628,18 @@ async fn concurrent_identical_spawns_start_one_worker_and_report_duplicates() {
         c.limits.max_workers_per_channel = 100
     })
     .await;
+    // The worker that wins waits for input, so it is alive until cancelled: every other
+    // spawn in the burst must find it, however the spawns interleave.
     let spawns: Vec<_> = (0..100)
         .map(|i| {
             let rt = rt.clone();
             // Spacing and case differ; the task is the same.
             let task = if i % 2 == 0 {
-                "Count the files."
+                "Wait for me."
             } else {
-                "count  the files"
+                "wait  for me"
             };
-            tokio::spawn(async move { rt.spawn_worker("main", task, false, None).await.unwrap() })
+            tokio::spawn(async move { rt.spawn_worker("main", task, true, None).await.unwrap() })
         })
         .collect();
     let mut spawned = Vec::new();
@@ -654,14 +656,14 @@ async fn concurrent_identical_spawns_start_one_worker_and_report_duplicates() {
         duplicates.iter().all(|d| *d == spawned[0]),
         "duplicates name the live worker"
     );
+    assert!(rt.cancel_worker(&spawned[0]));
     rt.wait_idle("main").await;
-    assert_eq!(rt.reserved_tasks(), 0, "released when the worker finished");
+    assert_eq!(rt.reserved_tasks(), 0, "released when the worker ended");
     assert!(matches!(
-        rt.spawn_worker("main", "count the files", false, None)
-            .await,
+        rt.spawn_worker("main", "wait for me", true, None).await,
         Ok(SpawnOutcome::Spawned { .. })
     ));
-    rt.wait_idle("main").await;
+    rt.shutdown();
 }
 
 #[tokio::test]

@@ -52,3 +52,43 @@ async fn a_tool_needing_an_ungranted_capability_never_starts() {
         "{msg}"
     );
 }
+
+/// A status value no WIT enum has (as a plugin built for another contract might send)
+/// fails that call, blaming the plugin without a wasm backtrace; the next call works.
+#[tokio::test]
+async fn an_enum_value_outside_the_contract_fails_only_that_call_and_blames_the_plugin() {
+    let data = tempfile::tempdir().unwrap();
+    let store = std::sync::Arc::new(capstan_host::store::Store::open(data.path()).unwrap());
+    let registry = crate::support::registry_with_store(store).await;
+    let ws = Workspace::new();
+    for value in [7, -1] {
+        let msg = expect_error(
+            call(
+                &registry,
+                "raw_status",
+                json!({ "value": value }),
+                "tasks.read",
+                &ws.path(),
+            )
+            .await,
+            "failed",
+        );
+        assert!(
+            msg.contains("tool `raw_status` (plugin probe)")
+                && msg.contains("could not take a value it passed")
+                && msg.contains("discriminant")
+                && msg.contains("rebuild it with a capstan-sdk for capstan:plugin@0.2.0"),
+            "{msg}"
+        );
+        assert!(!msg.contains("backtrace"), "{msg}");
+    }
+    let fine = call(
+        &registry,
+        "raw_status",
+        json!({ "value": 0 }),
+        "tasks.read",
+        &ws.path(),
+    )
+    .await;
+    assert!(fine.is_ok(), "a value in the enum is answered: {fine:?}");
+}

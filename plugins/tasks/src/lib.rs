@@ -107,6 +107,7 @@ struct UpdateArgs {
     /// cancelled; done back to in-progress; cancelled back to backlog.
     #[serde(default)]
     status: Option<TaskStatus>,
+    /// The new priority.
     #[serde(default)]
     priority: Option<Priority>,
     /// Replaces the metadata object.
