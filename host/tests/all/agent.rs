@@ -656,9 +656,14 @@ async fn concurrent_identical_spawns_start_one_worker_and_report_duplicates() {
         duplicates.iter().all(|d| *d == spawned[0]),
         "duplicates name the live worker"
     );
+    rt.wait_idle("main").await; // the worker now waits for input
     assert!(rt.cancel_worker(&spawned[0]));
+    // A waiting worker does not hold its channel busy, so wait for the cancel itself.
+    crate::support::eventually("released when the worker ended", || {
+        rt.reserved_tasks() == 0
+    })
+    .await;
     rt.wait_idle("main").await;
-    assert_eq!(rt.reserved_tasks(), 0, "released when the worker ended");
     assert!(matches!(
         rt.spawn_worker("main", "wait for me", true, None).await,
         Ok(SpawnOutcome::Spawned { .. })
