@@ -52,38 +52,3 @@ impl Store {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn calls_are_recorded_newest_first() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        for (tool, outcome) in [("file_read", "ok"), ("file_write", "denied")] {
-            store
-                .record_call(&AuditRecord {
-                    process: "branch:1".into(),
-                    tool: tool.into(),
-                    grants: "fs.read".into(),
-                    arguments: r#"{"path":"x","password":"hunter2"}"#.into(),
-                    outcome: outcome.into(),
-                    detail: String::new(),
-                    duration_us: 42,
-                })
-                .unwrap();
-        }
-        let log = store.audit_log(10).unwrap();
-        assert_eq!(log.len(), 2);
-        assert_eq!(
-            (log[0].tool.as_str(), log[0].outcome.as_str()),
-            ("file_write", "denied")
-        );
-        assert!(
-            !log[0].arguments.contains("hunter2"),
-            "{}",
-            log[0].arguments
-        );
-    }
-}

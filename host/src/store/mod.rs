@@ -206,31 +206,4 @@ pub(crate) mod tests {
             "{err}"
         );
     }
-
-    #[test]
-    fn history_appends_in_order_and_replaces_atomically() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        store
-            .append_history("c", &["1".into(), "2".into()])
-            .unwrap();
-        store.append_history("c", &["3".into()]).unwrap();
-        store.append_history("other", &[r#""x""#.into()]).unwrap();
-        let seqs: Vec<_> = store
-            .load_history("c")
-            .unwrap()
-            .iter()
-            .map(|e| e.message.clone())
-            .collect();
-        assert_eq!(seqs, ["1", "2", "3"]);
-        store
-            .replace_history("c", &[r#""summary""#.into(), "3".into()])
-            .unwrap();
-        let entries = store.load_history("c").unwrap();
-        assert_eq!(
-            (entries[0].seq, entries[0].message.as_str()),
-            (0, r#""summary""#)
-        );
-        assert_eq!(store.load_history("other").unwrap().len(), 1);
-    }
 }

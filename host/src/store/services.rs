@@ -45,13 +45,15 @@ impl Sqlite {
         work: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, ServiceError> {
         let store = self.0.clone();
-        let path = self.0.path().to_owned();
         let done = tokio::task::spawn_blocking(move || work(&store))
             .await
             .map_err(|_| ServiceError::Lost(what))?;
         // An error from SQLite itself names the database, for the model and the log.
         done.map_err(|err| match err {
-            StoreError::Sqlite(source) => StoreError::Query { path, source },
+            StoreError::Sqlite(source) => StoreError::Query {
+                path: self.0.path().to_owned(),
+                source,
+            },
             other => other,
         })
         .map_err(ServiceError::from)
