@@ -16,20 +16,28 @@
 //! | `tasks.write-own` | create tasks, update the caller's own and created tasks |
 //! | `memory.read` | recall memories, read working memory |
 //! | `memory.write` | save and delete memories, write working memory |
-//! | `net:<host pattern>` | outbound HTTP to matching hosts |
-//! | `secret:<name>` | read one named secret |
+//! | `net:<rule>` | outbound HTTP the rule allows (see [`NetRule`]) |
+//! | `secret:<name>` | use one named secret (injected by the host, never read); `secret:*` in a tool's declaration: any the caller grants |
 //!
 //! ```
 //! use capstan_caps::Capability;
 //!
 //! let cap: Capability = "fs.read".parse().unwrap();
 //! assert_eq!(cap, Capability::FsRead);
-//! assert_eq!(Capability::Net("api.example.com".into()).to_string(), "net:api.example.com");
+//! let net: Capability = "net:api.example.com".parse().unwrap();
+//! assert_eq!(net.to_string(), "net:api.example.com");
 //! assert!("fs.execute".parse::<Capability>().is_err());
 //! ```
 
+mod net;
+
 use std::fmt;
 use std::str::FromStr;
+
+pub use net::{
+    HostRule, METHODS, NetRule, NetTarget, ParseNetRuleError, Scheme, SchemeRule, TargetHost,
+    canonical_ip,
+};
 
 /// One named right a tool can declare and a caller can grant.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -48,9 +56,9 @@ pub enum Capability {
     MemoryRead,
     /// Save and delete memories, write working memory.
     MemoryWrite,
-    /// Outbound HTTP to hosts matching the pattern (`api.example.com`, `*.example.com`).
-    Net(String),
-    /// Read the named secret.
+    /// Outbound HTTP that the rule allows (`api.example.com`, `*.example.com:8443`).
+    Net(NetRule),
+    /// Use the named secret; `*` (in a tool's declaration): whichever the caller grants.
     Secret(String),
 }
 
@@ -68,27 +76,19 @@ impl Capability {
 
     /// Whether a grant of `self` allows a tool that declared `needed`.
     ///
-    /// Equal capabilities match; `net:*.example.com` allows `net:api.example.com`; a grant of
-    /// `tasks.write` allows a tool that only needs `tasks.write-own`.
+    /// Equal capabilities match; a grant of `tasks.write` allows a tool that only needs
+    /// `tasks.write-own`. Network rules match when they overlap: the call may then make
+    /// the requests both allow (see [`NetRule::intersect`]). A secret matches its name,
+    /// and `secret:*` on either side matches any secret.
     pub fn allows(&self, needed: &Capability) -> bool {
         match (self, needed) {
-            (Capability::Net(grant), Capability::Net(need)) => host_pattern_allows(grant, need),
+            (Capability::Net(grant), Capability::Net(need)) => grant.intersect(need).is_some(),
+            (Capability::Secret(grant), Capability::Secret(need)) => {
+                grant == need || grant == "*" || need == "*"
+            }
             (Capability::TasksWrite, Capability::TasksWriteOwn) => true,
             (grant, need) => grant == need,
         }
-    }
-}
-
-/// `*` matches any host; `*.example.com` matches `example.com`'s subdomains (not itself).
-fn host_pattern_allows(grant: &str, need: &str) -> bool {
-    if grant == "*" || grant == need {
-        return true;
-    }
-    match grant.strip_prefix("*.") {
-        Some(suffix) => need
-            .strip_suffix(suffix)
-            .is_some_and(|head| head.ends_with('.') && head.len() > 1),
-        None => false,
     }
 }
 
@@ -112,7 +112,7 @@ impl fmt::Display for Capability {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParseCapabilityError {
     text: String,
-    reason: &'static str,
+    reason: String,
 }
 
 impl fmt::Display for ParseCapabilityError {
@@ -120,7 +120,7 @@ impl fmt::Display for ParseCapabilityError {
         write!(
             f,
             "unknown capability `{}`: {}; known capabilities are fs.read, fs.write, tasks.read, \
-             tasks.write, tasks.write-own, memory.read, memory.write, net:<host>, secret:<name>",
+             tasks.write, tasks.write-own, memory.read, memory.write, net:<rule>, secret:<name>",
             self.text, self.reason
         )
     }
@@ -132,7 +132,7 @@ impl FromStr for Capability {
     type Err = ParseCapabilityError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let err = |reason| ParseCapabilityError {
+        let err = |reason: String| ParseCapabilityError {
             text: text.to_owned(),
             reason,
         };
@@ -141,20 +141,30 @@ impl FromStr for Capability {
         }
         let (kind, param) = text
             .split_once(':')
-            .ok_or_else(|| err("not a known name"))?;
-        let valid_param = !param.is_empty()
-            && param
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '*'));
-        if !valid_param {
-            return Err(err(
-                "the parameter must be non-empty ASCII letters, digits, '.', '-', '_' or '*'",
-            ));
-        }
+            .ok_or_else(|| err("not a known name".into()))?;
         match kind {
-            "net" => Ok(Capability::Net(param.to_ascii_lowercase())),
-            "secret" => Ok(Capability::Secret(param.to_owned())),
-            _ => Err(err("not a known name")),
+            "net" => param
+                .parse::<NetRule>()
+                .map(Capability::Net)
+                .map_err(|e| err(e.to_string())),
+            "secret" => {
+                let valid = param == "*"
+                    || (!param.is_empty()
+                        && param.len() <= 64
+                        && param
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')));
+                if valid {
+                    Ok(Capability::Secret(param.to_owned()))
+                } else {
+                    Err(err(
+                        "a secret name is 1 to 64 ASCII letters, digits, '.', '-' or '_' (or * \
+                         in a tool's declaration)"
+                            .into(),
+                    ))
+                }
+            }
+            _ => Err(err("not a known name".into())),
         }
     }
 }
@@ -185,12 +195,13 @@ mod tests {
 
     #[test]
     fn net_patterns_match_subdomains_only() {
-        let grant = Capability::Net("*.example.com".into());
-        assert!(grant.allows(&Capability::Net("api.example.com".into())));
-        assert!(!grant.allows(&Capability::Net("example.com".into())));
-        assert!(!grant.allows(&Capability::Net("evilexample.com".into())));
-        assert!(!grant.allows(&Capability::Net("example.com.evil.net".into())));
-        assert!(Capability::Net("*".into()).allows(&Capability::Net("x.org".into())));
+        let net = |text: &str| format!("net:{text}").parse::<Capability>().unwrap();
+        let grant = net("*.example.com");
+        assert!(grant.allows(&net("api.example.com")));
+        assert!(!grant.allows(&net("example.com")));
+        assert!(!grant.allows(&net("evilexample.com")));
+        assert!(!grant.allows(&net("example.com.evil.net")));
+        assert!(net("*").allows(&net("x.org")));
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //!   [`store`] implements them in SQLite.
 //! - [`llm`] talks to models: the provider trait, an OpenAI-compatible client, and a
 //!   scripted provider for runs without a network.
+//! - [`net`] checks, connects and audits every outbound request a plugin makes;
+//!   [`secrets`] holds the values plugins use without reading them.
 //! - [`config`] reads `capstan.toml`: directories, limits, the provider and the profiles.
 //! - [`cli`] is the `capstan` binary's command line.
 
@@ -21,8 +23,10 @@ pub mod config;
 pub mod dispatch;
 pub mod ids;
 pub mod llm;
+pub mod net;
 pub mod plugin;
 pub mod policy;
+pub mod secrets;
 pub mod services;
 pub mod store;
 pub mod text;

@@ -88,7 +88,12 @@ impl Context {
         let kind = caller.kind();
         let caller_name = caller.to_string();
         let workspace: PathBuf = self.config.agent.workspace.clone();
-        let grants = self.config.policy.profile(kind).grants().clone();
+        let grants = self
+            .config
+            .policy
+            .profile(kind)
+            .grants_for(name)
+            .into_owned();
         let request = CallRequest {
             tool: name,
             args_json: arguments,

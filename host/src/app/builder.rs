@@ -9,7 +9,9 @@ use super::error::BuildError;
 use crate::agent::{Event, Runtime};
 use crate::config::{Config, ProviderSettings};
 use crate::llm::{OpenAiProvider, Provider, Recorder, Script, ScriptedProvider};
+use crate::net::NetHost;
 use crate::plugin::{ArtifactCache, PluginHost, Registry};
+use crate::secrets::Secrets;
 use crate::services::{ServiceError, Services};
 use crate::store::Store;
 
@@ -134,9 +136,11 @@ impl AgentBuilder {
                 Arc::new(store).services()
             }
         };
+        let secrets = Secrets::load(&config.secrets)?;
         let host = PluginHost::new(config.limits.tool.clone(), self.cache)
             .map_err(BuildError::Host)?
-            .with_services(services.clone());
+            .with_services(services.clone())
+            .with_network(NetHost::new(config.net.clone(), secrets));
         let host = Arc::new(host);
         let mut registry = match self
             .plugins_dir

@@ -28,6 +28,9 @@ pub enum BuildError {
     /// The plugin host could not be built.
     #[error(transparent)]
     Host(HostError),
+    /// A secret's value could not be read.
+    #[error(transparent)]
+    Secret(#[from] crate::secrets::LoadSecretError),
     /// The plugins directory could not be read.
     #[error("loading plugins from {}: {source}", dir.display())]
     Plugins {

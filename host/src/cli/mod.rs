@@ -2,6 +2,7 @@
 
 mod agent;
 mod init;
+mod network;
 mod paths;
 mod plugins;
 mod policy;
@@ -20,8 +21,10 @@ use capstan_caps::Capability;
 use crate::config::{
     Config, LocationKind, Locations, Override, ProviderSettings, WritableWorkspaces,
 };
+use crate::net::NetHost;
 use crate::plugin::{ArtifactCache, PluginHost, Registry};
 use crate::policy::{Grants, ProcessKind};
+use crate::secrets::Secrets;
 
 /// Capstan: a host runtime for LLM agents whose tools run as sandboxed WebAssembly components.
 #[derive(Debug, Parser)]
@@ -236,7 +239,9 @@ impl HostArgs {
     }
 
     pub(crate) fn host(&self, config: &Config) -> anyhow::Result<PluginHost> {
-        Ok(PluginHost::new(config.limits.tool.clone(), self.cache()?)?)
+        let secrets = Secrets::load(&config.secrets)?;
+        Ok(PluginHost::new(config.limits.tool.clone(), self.cache()?)?
+            .with_network(NetHost::new(config.net.clone(), secrets)))
     }
 
     pub(crate) async fn registry(&self, config: &Config) -> anyhow::Result<Registry> {

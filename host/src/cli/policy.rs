@@ -15,12 +15,23 @@ use crate::policy::{Decision, ProcessKind, ToolNeeds};
 pub(crate) struct PolicyCommand {
     #[command(flatten)]
     host: HostArgs,
+    /// Explains whether a process kind's tool may make a request, and what would allow it:
+    /// `--why worker http_request https://api.example.com/v1`. Exits 1 when refused.
+    #[arg(long, num_args = 3, value_names = ["KIND", "TOOL", "URL"])]
+    why: Option<Vec<String>>,
+    /// The request's method, for --why.
+    #[arg(long, default_value = "GET", requires = "why")]
+    method: String,
 }
 
 impl PolicyCommand {
     pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
         let config = self.host.config()?;
         let registry = self.host.registry(&config).await?;
+        if let Some(why) = &self.why {
+            let mut out = std::io::stdout().lock();
+            return super::network::explain(&mut out, &config, &registry, why, &self.method).await;
+        }
         let host_tools = HOST_TOOLS.iter().map(|tool| ToolNeeds {
             name: tool.name,
             capabilities: &[],
@@ -53,6 +64,7 @@ impl PolicyCommand {
             None => writeln!(out, "policy from the built-in defaults")?,
         }
         print_table(&mut out, &header, &rows)?;
+        super::network::print_network(&mut out, &config, &registry)?;
         print_locations(&mut out, &self.host.agent_locations(&config)?)?;
         Ok(ExitCode::SUCCESS)
     }

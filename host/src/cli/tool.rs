@@ -61,7 +61,7 @@ impl ToolCommand {
         } = self;
         let config = host.config()?;
         let grants: Grants = match (&grant, as_profile) {
-            (_, Some(kind)) => config.policy.profile(kind).grants().clone(),
+            (_, Some(kind)) => config.policy.profile(kind).grants_for(&name).into_owned(),
             (Some(list), None) => list.parse().context("--grant")?,
             (None, None) => Grants::none(),
         };

@@ -18,6 +18,7 @@
 
 mod error;
 mod locations;
+mod network;
 mod overrides;
 mod raw;
 mod resolve;
@@ -38,8 +39,10 @@ use overrides::{merge, set_dotted};
 use raw::RawConfig;
 
 use crate::dispatch::GateSettings;
+use crate::net::NetSettings;
 use crate::plugin::{Limits, Preferences};
 use crate::policy::Policy;
+use crate::secrets::SecretSpec;
 
 /// The default configuration, with a comment on every key.
 pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
@@ -68,6 +71,10 @@ pub struct Config {
     pub prefer: Preferences,
     /// The model provider.
     pub provider: ProviderSettings,
+    /// `[net]`: the limits of plugins' outbound requests.
+    pub net: NetSettings,
+    /// `[secrets.NAME]`: the secrets plugins may use, and where their values come from.
+    pub secrets: Vec<SecretSpec>,
     /// One profile per process kind.
     pub policy: Policy,
 }

@@ -7,13 +7,17 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use capstan_caps::Capability;
+
+use super::network::{RawNet, RawSecret, check_secrets, parse_rules};
 use super::{
     AgentLimits, AgentSettings, Config, MAX_TOOL_DEADLINE_SECS, MAX_TOOL_MEMORY_MIB,
     ProviderSettings,
 };
 use crate::dispatch::GateSettings;
 use crate::plugin::Limits;
-use crate::policy::{Grants, Policy, ProcessKind, Profile};
+use crate::policy::{Grants, Policy, ProcessKind, Profile, ToolGrants};
+use crate::secrets::SecretSpec;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -22,6 +26,9 @@ pub(super) struct RawConfig {
     limits: RawLimits,
     plugins: RawPlugins,
     provider: RawProvider,
+    net: RawNet,
+    #[serde(default)]
+    secrets: BTreeMap<String, RawSecret>,
     profiles: BTreeMap<String, RawProfile>,
 }
 
@@ -73,9 +80,25 @@ struct RawProvider {
 struct RawProfile {
     tools: Vec<String>,
     capabilities: Vec<String>,
+    /// Network rules granted (`net:` capabilities, written without the prefix).
+    #[serde(default)]
+    net: Vec<String>,
+    /// Secrets granted (`secret:` capabilities, by name).
+    #[serde(default)]
+    secrets: Vec<String>,
+    /// `[profiles.KIND.tool.NAME]`: narrower grants for one tool.
+    #[serde(default)]
+    tool: BTreeMap<String, RawToolGrants>,
 }
 
-pub(super) type KeyError = (String, String);
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawToolGrants {
+    net: Option<Vec<String>>,
+    secrets: Option<Vec<String>>,
+}
+
+pub(crate) type KeyError = (String, String);
 
 /// The most workers (or branches) one channel may run at once.
 const MAX_PROCESSES_PER_CHANNEL: u32 = 1024;
@@ -84,7 +107,7 @@ const MAX_TURNS: u32 = 10_000;
 /// The largest context window, in tokens.
 const MAX_CONTEXT_WINDOW_TOKENS: u32 = 100_000_000;
 
-fn key_error(key: &str, message: impl Into<String>) -> KeyError {
+pub(super) fn key_error(key: &str, message: impl Into<String>) -> KeyError {
     (key.to_owned(), message.into())
 }
 
@@ -114,13 +137,17 @@ impl RawConfig {
         }
         let prefer = self.plugins.prefer.into_iter().collect();
         let provider = self.provider.check(&resolve)?;
-        let policy = check_profiles(self.profiles)?;
+        let net = self.net.check(limits.tool.deadline)?;
+        let secrets = check_secrets(self.secrets, &resolve)?;
+        let policy = check_profiles(self.profiles, &secrets)?;
         Ok(Config {
             source: None,
             agent,
             limits,
             prefer,
             provider,
+            net,
+            secrets,
             policy,
         })
     }
@@ -283,7 +310,10 @@ impl RawProvider {
     }
 }
 
-fn check_profiles(raw: BTreeMap<String, RawProfile>) -> Result<Policy, KeyError> {
+fn check_profiles(
+    raw: BTreeMap<String, RawProfile>,
+    secrets: &[SecretSpec],
+) -> Result<Policy, KeyError> {
     let mut profiles = BTreeMap::new();
     for (name, profile) in raw {
         let kind: ProcessKind = name
@@ -301,9 +331,64 @@ fn check_profiles(raw: BTreeMap<String, RawProfile>) -> Result<Policy, KeyError>
                 })?;
             caps.push(cap);
         }
-        let profile = Profile::new(&profile.tools, Grants::new(caps))
+        let net = parse_rules(&format!("profiles.{name}.net"), &profile.net)?;
+        caps.extend(net.into_iter().map(Capability::Net));
+        check_secret_names(
+            &format!("profiles.{name}.secrets"),
+            &profile.secrets,
+            secrets,
+        )?;
+        caps.extend(profile.secrets.iter().cloned().map(Capability::Secret));
+        let mut checked = Profile::new(&profile.tools, Grants::new(caps))
             .map_err(|msg| key_error(&format!("profiles.{name}.tools"), msg))?;
-        profiles.insert(kind, profile);
+        for (tool, grants) in profile.tool {
+            let table = format!("profiles.{name}.tool.{tool}");
+            let net = match &grants.net {
+                Some(rules) => Some(parse_rules(&format!("{table}.net"), rules)?),
+                None => None,
+            };
+            if let Some(names) = &grants.secrets {
+                let key = format!("{table}.secrets");
+                check_secret_names(&key, names, secrets)?;
+                if let Some((i, missing)) = names
+                    .iter()
+                    .enumerate()
+                    .find(|(_, n)| !profile.secrets.contains(n))
+                {
+                    return Err(key_error(
+                        &format!("{key}[{i}]"),
+                        format!(
+                            "secret {missing} is not granted to the {name} profile; a tool's \
+                             grants narrow its profile's, so add it to profiles.{name}.secrets too"
+                        ),
+                    ));
+                }
+            }
+            checked = checked.with_tool_grants(
+                tool,
+                ToolGrants {
+                    net,
+                    secrets: grants.secrets,
+                },
+            );
+        }
+        profiles.insert(kind, checked);
     }
     Ok(Policy::new(profiles))
+}
+
+/// Every name in `names` must be a declared secret.
+fn check_secret_names(key: &str, names: &[String], secrets: &[SecretSpec]) -> Result<(), KeyError> {
+    for (i, name) in names.iter().enumerate() {
+        if !secrets.iter().any(|s| s.name.as_str() == name) {
+            return Err(key_error(
+                &format!("{key}[{i}]"),
+                format!(
+                    "no secret `{}` is declared; add a [secrets.{0}] table with `env` or `file`",
+                    name.escape_debug()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

@@ -7,7 +7,7 @@ use semver::Version;
 pub const WIT_PACKAGE: &str = "capstan:plugin";
 
 /// The version of [`WIT_PACKAGE`] this host implements.
-pub const WIT_VERSION: &str = "0.2.0";
+pub const WIT_VERSION: &str = "0.2.1";
 
 /// The interface a plugin must export.
 pub const TOOL_INTERFACE: &str = "tool";
@@ -27,13 +27,19 @@ pub const RESERVED_TOOL_NAMES: &[&str] = &[
 
 /// Interfaces a plugin may import, as `namespace:package/interface` prefixes.
 ///
-/// Everything else is refused at load, even where wasmtime-wasi could provide it: no
-/// sockets, no HTTP, nothing that reaches a model or a conversation.
+/// Everything else is refused at load: nothing that reaches a model or a conversation.
+/// `wasi:sockets` is accepted because standard runtimes (Python's, JavaScript's) import
+/// it, but every address is refused; `wasi:http` is linked only for calls granted a
+/// `net:` rule, and each request is checked by the host.
 pub const ALLOWED_IMPORTS: &[&str] = &[
     "capstan:plugin/types",
     "capstan:plugin/log",
     "capstan:plugin/tasks",
     "capstan:plugin/memory",
+    "capstan:plugin/secrets",
+    "wasi:sockets/",
+    "wasi:http/types",
+    "wasi:http/outgoing-handler",
     "wasi:io/",
     "wasi:clocks/",
     "wasi:random/",
@@ -91,14 +97,15 @@ mod tests {
 
     #[test]
     fn versions_of_the_same_line_and_not_newer_are_supported() {
-        assert!(version_supported("0.2.0"));
+        assert!(version_supported("0.2.1"));
+        assert!(version_supported("0.2.0"), "0.2.1 only added interfaces");
         assert!(
             !version_supported("0.1.0"),
             "0.1 had task status and priority as strings"
         );
         assert!(!version_supported("0.3.0"));
         assert!(!version_supported("1.0.0"));
-        assert!(!version_supported("0.2.1"), "newer than this host");
+        assert!(!version_supported("0.2.2"), "newer than this host");
         assert!(!version_supported("not-a-version"));
     }
 
@@ -109,8 +116,9 @@ mod tests {
         assert!(import_allowed("capstan:plugin/log@0.2.0"));
         assert!(!import_allowed("capstan:plugin/log@0.1.0"));
         assert!(!import_allowed("capstan:plugin/log@1.0.0"));
-        assert!(!import_allowed("wasi:sockets/tcp@0.2.6"));
-        assert!(!import_allowed("wasi:http/outgoing-handler@0.2.6"));
+        assert!(import_allowed("wasi:sockets/tcp@0.2.6"));
+        assert!(import_allowed("wasi:http/outgoing-handler@0.2.6"));
+        assert!(!import_allowed("wasi:http/incoming-handler@0.2.6"));
         assert!(!import_allowed("capstan:evil/model@0.1.0"));
         assert!(!import_allowed("wasi:cli/environmental@0.2.6"));
     }

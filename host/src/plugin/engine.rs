@@ -42,16 +42,24 @@ pub(crate) fn build_engine(limits: &Limits) -> Result<Engine, HostError> {
     Engine::new(&config).map_err(|err| HostError::Engine(format!("{err:#}")))
 }
 
-/// A linker with WASI preview 2 and the Capstan imports.
-///
-/// wasmtime-wasi links sockets too; plugins that import them are refused before linking
-/// (see `contract::ALLOWED_IMPORTS`), and the WASI context denies all addresses besides.
-pub(crate) fn build_linker(engine: &Engine) -> Result<Linker<Sandbox>, HostError> {
-    let mut linker = Linker::new(engine);
+/// The linkers calls are instantiated with: `offline` has WASI preview 2 (sockets too,
+/// every address refused by the sandbox) and the Capstan imports; `online` adds
+/// `wasi:http`. A call that holds no `net:` rule gets `offline`, where a plugin's HTTP
+/// imports trap if called.
+pub(crate) struct Linkers {
+    pub(crate) offline: Linker<Sandbox>,
+    pub(crate) online: Linker<Sandbox>,
+}
+
+/// Builds [`Linkers`].
+pub(crate) fn build_linkers(engine: &Engine) -> Result<Linkers, HostError> {
     let fail = |err: wasmtime::Error| HostError::Engine(format!("linking host imports: {err:#}"));
-    wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(fail)?;
-    Plugin::add_to_linker::<Sandbox, HasSelf<Sandbox>>(&mut linker, |s| s).map_err(fail)?;
-    Ok(linker)
+    let mut offline = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut offline).map_err(fail)?;
+    Plugin::add_to_linker::<Sandbox, HasSelf<Sandbox>>(&mut offline, |s| s).map_err(fail)?;
+    let mut online = offline.clone();
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut online).map_err(fail)?;
+    Ok(Linkers { offline, online })
 }
 
 /// Advances the engine's epoch every [`EPOCH_TICK`] until the engine is dropped.

@@ -24,6 +24,16 @@ pub enum ToolError {
 }
 
 impl ToolError {
+    /// The same kind of error with its message passed through `f`.
+    pub(crate) fn map_message(self, f: impl FnOnce(String) -> String) -> Self {
+        match self {
+            ToolError::InvalidArgs(m) => ToolError::InvalidArgs(f(m)),
+            ToolError::Denied(m) => ToolError::Denied(f(m)),
+            ToolError::NotFound(m) => ToolError::NotFound(f(m)),
+            ToolError::Failed(m) => ToolError::Failed(f(m)),
+        }
+    }
+
     /// The kind as the WIT spells it: `invalid-args`, `denied`, `not-found` or `failed`.
     pub fn kind(&self) -> &'static str {
         match self {

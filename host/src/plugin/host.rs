@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use capstan_caps::Capability;
 use tokio::sync::Semaphore;
-use wasmtime::component::Linker;
 use wasmtime::{Engine, Store, UpdateDeadline};
 
 use super::bindings::capstan::plugin::types::CallContext;
@@ -14,13 +13,14 @@ use super::bindings::exports::capstan::plugin::tool::ToolError as WitToolError;
 use super::bindings::{Plugin, PluginPre};
 use super::cache::ArtifactCache;
 use super::contract::WIT_VERSION;
-use super::engine::{build_engine, build_linker, start_epoch_ticker};
+use super::engine::{Linkers, build_engine, build_linkers, start_epoch_ticker};
 use super::error::{HostError, LoadError, ToolError};
 use super::failure;
 use super::inspect::{check_exports, check_header, check_imports};
 use super::limits::Limits;
 use super::loaded::{LoadedPlugin, ToolInfo};
 use super::sandbox::{CallScope, Sandbox};
+use crate::net::{CallNet, Egress, GrantSource, NetHost, NetScope};
 use crate::services::Services;
 use crate::text::{one_line, truncate};
 
@@ -32,13 +32,15 @@ use crate::text::{one_line, truncate};
 /// calls by tool name.
 pub struct PluginHost {
     engine: Engine,
-    linker: Linker<Sandbox>,
+    linkers: Linkers,
     limits: Limits,
     cache: ArtifactCache,
     /// One permit per pooling-allocator slot: callers beyond it wait instead of failing.
     slots: Semaphore,
     /// Backs the `tasks` and `memory` imports; without it they answer "not available".
     services: Option<Services>,
+    /// The limits and secrets of outbound requests.
+    network: Arc<NetHost>,
 }
 
 /// One call as the host runs it.
@@ -49,6 +51,11 @@ pub(crate) struct Invocation<'a> {
     pub(crate) call_id: String,
     pub(crate) capabilities: Vec<Capability>,
     pub(crate) workspace: Option<&'a Path>,
+    /// What the tool declares and the caller holds of the network, and where the grant
+    /// comes from: the call's requests are checked against them.
+    pub(crate) declared: &'a [Capability],
+    pub(crate) granted: Vec<capstan_caps::NetRule>,
+    pub(crate) grant_source: GrantSource,
 }
 
 /// The deadline callback's error, found again in the trap's error chain.
@@ -67,17 +74,29 @@ impl PluginHost {
     /// A host with `limits`, caching compiled components in `cache`.
     pub fn new(limits: Limits, cache: ArtifactCache) -> Result<Self, HostError> {
         let engine = build_engine(&limits)?;
-        let linker = build_linker(&engine)?;
+        let linkers = build_linkers(&engine)?;
         start_epoch_ticker(&engine);
         let slots = Semaphore::new(limits.max_concurrent_calls.max(1) as usize);
         Ok(PluginHost {
             engine,
-            linker,
+            linkers,
             limits,
             cache,
             slots,
             services: None,
+            network: Arc::default(),
         })
+    }
+
+    /// Runs outbound requests under `network`'s limits, with its secrets.
+    pub fn with_network(mut self, network: NetHost) -> Self {
+        self.network = Arc::new(network);
+        self
+    }
+
+    /// The limits and secrets of outbound requests.
+    pub fn network(&self) -> &NetHost {
+        &self.network
     }
 
     /// Backs the `tasks` and `memory` imports, and the audit log of calls, with
@@ -127,11 +146,30 @@ impl PluginHost {
             path: path.to_owned(),
             reason: format!("{err:#}"),
         };
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(link_error)?;
-        let pre = PluginPre::new(pre).map_err(link_error)?;
+        let imports_http = imports.iter().any(|name| name.starts_with("wasi:http/"));
+        let (pre, pre_online) = if imports_http {
+            let mut offline = self.linkers.offline.clone();
+            offline
+                .define_unknown_imports_as_traps(&component)
+                .map_err(link_error)?;
+            let offline = offline.instantiate_pre(&component).map_err(link_error)?;
+            let online = self
+                .linkers
+                .online
+                .instantiate_pre(&component)
+                .map_err(link_error)?;
+            (
+                PluginPre::new(offline).map_err(link_error)?,
+                Some(PluginPre::new(online).map_err(link_error)?),
+            )
+        } else {
+            let pre = self
+                .linkers
+                .offline
+                .instantiate_pre(&component)
+                .map_err(link_error)?;
+            (PluginPre::new(pre).map_err(link_error)?, None)
+        };
         let name: Arc<str> = plugin_name(path).into();
 
         let specs = self
@@ -156,6 +194,7 @@ impl PluginHost {
             tools,
             cache,
             pre,
+            pre_online,
         })
     }
 
@@ -171,9 +210,11 @@ impl PluginHost {
             caller: "host".into(),
             capabilities: Vec::new(),
             services: None,
+            network: self.network.clone(),
             log_lines: 0,
         };
-        let sandbox = Sandbox::new(&self.limits, scope, None).map_err(|e| e.to_string())?;
+        let sandbox = Sandbox::new(&self.limits, scope, None, Egress::default())
+            .map_err(|e| e.to_string())?;
         self.run(pre, sandbox, async |instance, store| {
             instance.capstan_plugin_tool().call_describe(store).await
         })
@@ -181,37 +222,79 @@ impl PluginHost {
         .map_err(|err| err.message().to_owned())
     }
 
-    /// Runs one tool call in a fresh instance of `plugin`.
+    /// Runs one tool call in a fresh instance of `plugin`. What leaves the call (its output
+    /// or error) has every secret value redacted.
     pub(crate) async fn invoke(
         &self,
         plugin: &LoadedPlugin,
         call: Invocation<'_>,
     ) -> Result<String, ToolError> {
+        let scope = NetScope::new(
+            call.tool,
+            &call.capabilities,
+            call.declared,
+            &call.granted,
+            call.grant_source.clone(),
+        );
+        let call_net = scope.map(|scope| {
+            let secrets = call
+                .capabilities
+                .iter()
+                .filter_map(|cap| match cap {
+                    Capability::Secret(name) => Some(name.clone()),
+                    _ => None,
+                })
+                .collect();
+            Arc::new(CallNet::new(
+                self.network.clone(),
+                call.caller.to_owned(),
+                scope,
+                secrets,
+                self.services.as_ref().map(|s| s.audit.clone()),
+            ))
+        });
+        let pre = match (&call_net, &plugin.pre_online) {
+            (Some(_), Some(online)) => online,
+            _ => &plugin.pre,
+        };
         let scope = CallScope {
             plugin: plugin.name.clone(),
             tool: call.tool.to_owned(),
             caller: call.caller.to_owned(),
             capabilities: call.capabilities.clone(),
             services: self.services.clone(),
+            network: self.network.clone(),
             log_lines: 0,
         };
-        let sandbox = Sandbox::new(&self.limits, scope, call.workspace)?;
+        let sandbox = Sandbox::new(
+            &self.limits,
+            scope,
+            call.workspace,
+            Egress::new(call_net.clone()),
+        )?;
         let context = CallContext {
             caller: call.caller.to_owned(),
             call_id: call.call_id,
             capabilities: call.capabilities.iter().map(ToString::to_string).collect(),
         };
         let result = self
-            .run(&plugin.pre, sandbox, async |instance, store| {
+            .run(pre, sandbox, async |instance, store| {
                 instance
                     .capstan_plugin_tool()
                     .call_call(store, call.tool, call.args_json, &context)
                     .await
             })
-            .await?;
+            .await;
+        // The store is gone, and with it every response body: each request's row is
+        // written, so the call's audit is complete when it returns.
+        if let Some(call_net) = &call_net {
+            call_net.flush().await;
+        }
+        let redactor = self.network.secrets().redactor();
         match result {
-            Ok(output) => Ok(self.cap_output(output)),
-            Err(err) => Err(from_wit(err)),
+            Ok(Ok(output)) => Ok(self.cap_output(redactor.redact(&output).into_owned())),
+            Ok(Err(err)) => Err(from_wit(err).map_message(|m| redactor.redact(&m).into_owned())),
+            Err(err) => Err(err.map_message(|m| redactor.redact(&m).into_owned())),
         }
     }
 

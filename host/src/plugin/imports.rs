@@ -23,7 +23,7 @@ use super::bindings::capstan::plugin::tasks::{
     NewTask, Priority, Task, TaskFilter, TaskPatch, TaskStatus,
 };
 use super::bindings::capstan::plugin::types::HostError;
-use super::bindings::capstan::plugin::{log, memory, tasks, types};
+use super::bindings::capstan::plugin::{log, memory, secrets, tasks, types};
 use super::limits::{LOG_LINE_BYTES, LOG_LINES_PER_CALL};
 use super::sandbox::Sandbox;
 use crate::services::{self, ServiceError, Services};
@@ -45,6 +45,12 @@ impl log::Host for Sandbox {
             }
             return;
         }
+        let message = scope
+            .network
+            .secrets()
+            .redactor()
+            .redact(&message)
+            .into_owned();
         let message = one_line(truncate(&message, LOG_LINE_BYTES));
         let (plugin, tool) = (&*scope.plugin, scope.tool.as_str());
         match level {
@@ -57,7 +63,40 @@ impl log::Host for Sandbox {
     }
 }
 
+impl secrets::Host for Sandbox {
+    fn exists(&mut self, name: String) -> bool {
+        self.granted_secret(&name).is_some()
+    }
+
+    fn hmac_sha256(&mut self, name: String, data: Vec<u8>) -> Result<Vec<u8>, HostError> {
+        use hmac::{Hmac, Mac};
+        let Some(secret) = self.granted_secret(&name) else {
+            return Err(HostError::Denied(format!(
+                "secret `{}` is not granted to tool `{}` (grant secret:{0} in its profile's                  `secrets`, and declare it or secret:* in the tool)",
+                echo_name(&name, 64),
+                self.scope.tool
+            )));
+        };
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.value().as_bytes())
+            .expect("HMAC takes a key of any length");
+        mac.update(&data);
+        Ok(mac.finalize().into_bytes().to_vec())
+    }
+}
+
 impl Sandbox {
+    /// Secret `name`, if the call holds `secret:NAME` and the host has it.
+    fn granted_secret(&self, name: &str) -> Option<&crate::secrets::Secret> {
+        let granted = self
+            .scope
+            .capabilities
+            .iter()
+            .any(|cap| matches!(cap, Capability::Secret(n) if n == name));
+        granted
+            .then(|| self.scope.network.secrets().get(name))
+            .flatten()
+    }
+
     /// Refuses unless the call runs with one of `caps`; `what` names the import function.
     fn require(&self, what: &str, caps: &[Capability]) -> Result<(), HostError> {
         if self.scope.has_any(caps) {

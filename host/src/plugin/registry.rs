@@ -12,6 +12,7 @@ use super::error::{HostError, LoadError, ToolError};
 use super::host::{Invocation, PluginHost};
 use super::loaded::{LoadedPlugin, ToolInfo};
 use super::settle::{Preferences, Shadowed, settle};
+use crate::net::GrantSource;
 use crate::policy::{Decision, Grants, Policy, ProcessKind, ToolNeeds};
 use crate::services::AuditRecord;
 use crate::text::{echo_name, one_line};
@@ -211,7 +212,8 @@ impl Registry {
     /// JSON object, then runs it in a fresh sandbox holding exactly the effective
     /// capabilities. Every outcome is logged with the caller, grants and duration.
     pub async fn call(&self, request: CallRequest<'_>) -> Result<String, ToolError> {
-        self.audited(&request, self.run_call(&request)).await
+        self.audited(&request, self.run_call(&request, GrantSource::Flag))
+            .await
     }
 
     /// Runs one call for a process of `kind`: refused with `denied` unless `policy` offers
@@ -229,9 +231,17 @@ impl Registry {
             capabilities: &tool.capabilities,
         });
         let decision = policy.decide(kind, request.tool, needs);
+        let source = GrantSource::Profile {
+            kind: kind.to_string(),
+            narrowed_for: policy
+                .profile(kind)
+                .tool_grants()
+                .contains_key(request.tool)
+                .then(|| request.tool.to_owned()),
+        };
         let run = async {
             match decision {
-                Decision::Offered => self.run_call(&request).await,
+                Decision::Offered => self.run_call(&request, source).await,
                 Decision::NotLoaded => Err(self.unknown_tool(request.tool)),
                 refused => Err(ToolError::Denied(format!(
                     "tool `{}` is not offered to a {kind} process: {}",
@@ -287,7 +297,13 @@ impl Registry {
                 process: request.caller.to_owned(),
                 tool: request.tool.to_owned(),
                 grants: effective,
-                arguments: request.args_json.to_owned(),
+                arguments: self
+                    .host
+                    .network()
+                    .secrets()
+                    .redactor()
+                    .redact(request.args_json)
+                    .into_owned(),
                 outcome: outcome.to_owned(),
                 detail: detail.to_owned(),
                 duration_us,
@@ -299,7 +315,11 @@ impl Registry {
         result
     }
 
-    async fn run_call(&self, request: &CallRequest<'_>) -> Result<String, ToolError> {
+    async fn run_call(
+        &self,
+        request: &CallRequest<'_>,
+        grant_source: GrantSource,
+    ) -> Result<String, ToolError> {
         let call_id = format!("call-{}", self.next_call.fetch_add(1, Ordering::Relaxed));
         let Some((plugin, index)) = self.tools.get(request.tool) else {
             return Err(self.unknown_tool(request.tool));
@@ -317,6 +337,9 @@ impl Registry {
             call_id,
             capabilities,
             workspace: request.workspace,
+            declared: &tool.capabilities,
+            granted: request.grants.net_rules().cloned().collect(),
+            grant_source,
         };
         self.host.invoke(plugin, call).await
     }

@@ -7,8 +7,10 @@
 //! - `fs.write`: the workspace preopened read-write as `.`;
 //! - no environment variables, no arguments, stdin closed;
 //! - stdout and stderr captured (at most [`STDERR_CAPTURE_BYTES`]) to explain traps;
-//! - no network: sockets are never linked for plugins (see `contract::ALLOWED_IMPORTS`) and
-//!   the WASI context denies every address and name lookup besides;
+//! - sockets: linked (standard runtimes import them) but the WASI context refuses every
+//!   address and every name lookup, so a guest's socket never connects;
+//! - HTTP: each request goes through the call's [`Egress`], which refuses everything
+//!   unless the call holds a `net:` rule (and then checks each request against it);
 //! - the memory bound of [`Limits`], enforced by [`CallLimiter`].
 
 use std::path::Path;
@@ -18,14 +20,18 @@ use capstan_caps::Capability;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::error::ToolError;
 use super::limits::{CallLimiter, Limits, STDERR_CAPTURE_BYTES};
+use crate::net::{Egress, NetHost};
 use crate::services::Services;
 
 /// The store data of one call.
 pub struct Sandbox {
     wasi: WasiCtx,
+    http: WasiHttpCtx,
+    egress: Egress,
     table: ResourceTable,
     pub(crate) limiter: CallLimiter,
     pub(crate) output: MemoryOutputPipe,
@@ -43,6 +49,9 @@ pub(crate) struct CallScope {
     /// What the `tasks` and `memory` imports answer from; `None`: they answer "not
     /// available in this host".
     pub(crate) services: Option<Services>,
+    /// The secrets behind the `secrets` import (used only for `secret:` capabilities the
+    /// call holds) and the redaction of what leaves the call.
+    pub(crate) network: Arc<NetHost>,
     pub(crate) log_lines: u32,
 }
 
@@ -60,6 +69,7 @@ impl Sandbox {
         limits: &Limits,
         scope: CallScope,
         workspace: Option<&Path>,
+        egress: Egress,
     ) -> Result<Self, ToolError> {
         let tool = scope.tool.as_str();
         let output = MemoryOutputPipe::new(STDERR_CAPTURE_BYTES);
@@ -68,7 +78,8 @@ impl Sandbox {
             .stderr(output.clone())
             .allow_ip_name_lookup(false)
             .allow_tcp(false)
-            .allow_udp(false);
+            .allow_udp(false)
+            .socket_addr_check(|_, _| Box::pin(std::future::ready(false)));
         if let Some(perms) = fs_perms(&scope.capabilities) {
             let dir = workspace.ok_or_else(|| {
                 ToolError::Failed(format!(
@@ -85,6 +96,8 @@ impl Sandbox {
         }
         Ok(Sandbox {
             wasi: wasi.build(),
+            http: WasiHttpCtx::new(),
+            egress,
             table: ResourceTable::new(),
             limiter: CallLimiter::new(limits.memory_bytes),
             output,
@@ -114,6 +127,16 @@ impl WasiView for Sandbox {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for Sandbox {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.egress,
         }
     }
 }

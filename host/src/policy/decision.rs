@@ -73,7 +73,7 @@ impl Policy {
         let Some(tool) = tool else {
             return Decision::NotLoaded;
         };
-        match profile.missing(tool.capabilities) {
+        match profile.missing(tool.name, tool.capabilities) {
             Some(cap) => Decision::NotGranted(cap),
             None => Decision::Offered,
         }

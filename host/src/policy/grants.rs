@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
 
-use capstan_caps::{Capability, ParseCapabilityError};
+use capstan_caps::{Capability, NetRule, ParseCapabilityError};
 
 /// The capabilities a caller holds.
 ///
@@ -54,28 +54,120 @@ impl Grants {
     /// `tasks.write-own` writes tasks on the caller's behalf, so a caller granted
     /// `tasks.write` runs it with `tasks.write` (any task), and a caller granted only
     /// `tasks.write-own` runs it scoped to its own and created tasks.
+    ///
+    /// The network and secrets are intersected: a call may make the requests that both a
+    /// declared and a granted `net:` rule allow (the intersections are what it runs with,
+    /// and at least one must exist), and use the secrets both name (`secret:*` in the
+    /// declaration: every granted secret, none required).
     pub fn effective(
         &self,
         tool: &str,
         declared: &[Capability],
     ) -> Result<Vec<Capability>, Denial> {
-        if let Some(missing) = declared.iter().find(|cap| !self.allows(cap)) {
-            return Err(Denial {
-                tool: tool.to_owned(),
-                missing: missing.clone(),
-                granted: self.clone(),
-            });
-        }
-        Ok(declared
-            .iter()
-            .map(|cap| match cap {
-                Capability::TasksWriteOwn if self.caps.contains(&Capability::TasksWrite) => {
-                    Capability::TasksWrite
+        let denial = |missing: &Capability| Denial {
+            tool: tool.to_owned(),
+            missing: missing.clone(),
+            granted: self.clone(),
+        };
+        let mut effective = Vec::new();
+        let mut first_net = None;
+        for cap in declared {
+            match cap {
+                Capability::Net(rule) => {
+                    first_net.get_or_insert(cap);
+                    for grant in self.net_rules() {
+                        if let Some(both) = rule.intersect(grant) {
+                            effective.push(Capability::Net(both));
+                        }
+                    }
                 }
-                other => other.clone(),
-            })
-            .collect())
+                Capability::Secret(name) if name == "*" => {
+                    effective.extend(
+                        self.secret_names()
+                            .filter(|granted| *granted != "*")
+                            .map(|granted| Capability::Secret(granted.to_owned())),
+                    );
+                }
+                Capability::TasksWriteOwn if self.caps.contains(&Capability::TasksWrite) => {
+                    effective.push(Capability::TasksWrite);
+                }
+                other if self.allows(other) => effective.push(other.clone()),
+                other => return Err(denial(other)),
+            }
+        }
+        if let Some(net) = first_net
+            && !effective
+                .iter()
+                .any(|cap| matches!(cap, Capability::Net(_)))
+        {
+            return Err(denial(net));
+        }
+        let mut seen = BTreeSet::new();
+        effective.retain(|cap| seen.insert(cap.clone()));
+        Ok(effective)
     }
+
+    /// The granted network rules.
+    pub fn net_rules(&self) -> impl Iterator<Item = &NetRule> {
+        self.caps.iter().filter_map(|cap| match cap {
+            Capability::Net(rule) => Some(rule),
+            _ => None,
+        })
+    }
+
+    /// The granted secret names.
+    pub fn secret_names(&self) -> impl Iterator<Item = &str> {
+        self.caps.iter().filter_map(|cap| match cap {
+            Capability::Secret(name) => Some(name.as_str()),
+            _ => None,
+        })
+    }
+
+    /// These grants narrowed by a tool's own grants: network rules intersected with
+    /// `narrow`'s rules, secrets limited to the ones `narrow` names. Other capabilities
+    /// stay as they are.
+    pub fn narrowed(&self, narrow: &ToolGrants) -> Grants {
+        let mut caps: BTreeSet<Capability> = self
+            .caps
+            .iter()
+            .filter(|cap| !matches!(cap, Capability::Net(_) | Capability::Secret(_)))
+            .cloned()
+            .collect();
+        match &narrow.net {
+            Some(rules) => {
+                for grant in self.net_rules() {
+                    caps.extend(
+                        rules
+                            .iter()
+                            .filter_map(|rule| grant.intersect(rule))
+                            .map(Capability::Net),
+                    );
+                }
+            }
+            None => caps.extend(self.net_rules().cloned().map(Capability::Net)),
+        }
+        caps.extend(
+            self.secret_names()
+                .filter(|name| {
+                    narrow
+                        .secrets
+                        .as_ref()
+                        .is_none_or(|only| only.iter().any(|n| n == name))
+                })
+                .map(|name| Capability::Secret(name.to_owned())),
+        );
+        Grants { caps }
+    }
+}
+
+/// What a profile grants one tool beyond (within) its own grants:
+/// `[profiles.KIND.tool.NAME]` in the config. `None` keeps the profile's grant.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolGrants {
+    /// Network rules the tool is limited to, within the profile's.
+    pub net: Option<Vec<NetRule>>,
+    /// Secrets the tool is limited to, within the profile's.
+    pub secrets: Option<Vec<String>>,
 }
 
 impl fmt::Display for Grants {
@@ -170,6 +262,50 @@ mod tests {
         assert!(text.contains("file_edit"), "{text}");
         assert!(text.contains("`fs.write`"), "{text}");
         assert!(text.contains("granted: fs.read"), "{text}");
+    }
+
+    #[test]
+    fn network_and_secrets_are_intersected() {
+        let net = |t: &str| format!("net:{t}").parse::<Capability>().unwrap();
+        let grants: Grants = "net:api.example.com,net:http://127.0.0.1:8080,secret:KEY"
+            .parse()
+            .unwrap();
+        let caps = grants
+            .effective("http_request", &[net("*"), "secret:*".parse().unwrap()])
+            .unwrap();
+        let text: Vec<String> = caps.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            [
+                "net:api.example.com",
+                "net:http://127.0.0.1:8080",
+                "secret:KEY"
+            ]
+        );
+        let denial = grants
+            .effective("gh", &[net("api.github.com")])
+            .unwrap_err();
+        assert_eq!(denial.missing, net("api.github.com"));
+        let denial = grants
+            .effective("t", &["secret:OTHER".parse().unwrap()])
+            .unwrap_err();
+        assert_eq!(denial.missing.to_string(), "secret:OTHER");
+        let none = Grants::none();
+        assert!(
+            none.effective("t", &["secret:*".parse().unwrap()])
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            none.effective("t", &[net("*")]).is_err(),
+            "a net tool needs some grant"
+        );
+
+        let narrowed = grants.narrowed(&ToolGrants {
+            net: Some(vec!["*.example.com".parse().unwrap()]),
+            secrets: Some(vec![]),
+        });
+        assert_eq!(narrowed.to_string(), "net:api.example.com");
     }
 
     #[test]

@@ -16,6 +16,6 @@ mod process;
 mod profile;
 
 pub use decision::{Decision, Policy, ToolNeeds};
-pub use grants::{Denial, Grants};
+pub use grants::{Denial, Grants, ToolGrants};
 pub use process::ProcessKind;
 pub use profile::Profile;

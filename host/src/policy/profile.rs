@@ -1,8 +1,11 @@
 //! A profile: the tools one process kind is offered and the capabilities it is granted.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
 use capstan_caps::Capability;
 
-use super::Grants;
+use super::{Grants, ToolGrants};
 
 /// The tools a process kind may be offered (names or globs such as `file_*`) and the
 /// capabilities it holds.
@@ -18,6 +21,8 @@ use super::Grants;
 pub struct Profile {
     tools: Vec<ToolPattern>,
     grants: Grants,
+    /// `[profiles.KIND.tool.NAME]`: narrower network and secret grants for one tool.
+    per_tool: BTreeMap<String, ToolGrants>,
 }
 
 #[derive(Debug, Clone)]
@@ -52,7 +57,32 @@ impl Profile {
                     })
             })
             .collect::<Result<_, _>>()?;
-        Ok(Profile { tools, grants })
+        Ok(Profile {
+            tools,
+            grants,
+            per_tool: BTreeMap::new(),
+        })
+    }
+
+    /// Narrows the network and secret grants of tool `name` to `grants`, within the
+    /// profile's own.
+    pub fn with_tool_grants(mut self, name: impl Into<String>, grants: ToolGrants) -> Self {
+        self.per_tool.insert(name.into(), grants);
+        self
+    }
+
+    /// The narrower grants of each tool that has some.
+    pub fn tool_grants(&self) -> &BTreeMap<String, ToolGrants> {
+        &self.per_tool
+    }
+
+    /// What a call of tool `name` holds: the profile's grants, narrowed by the tool's own
+    /// if it has some.
+    pub fn grants_for(&self, name: &str) -> Cow<'_, Grants> {
+        match self.per_tool.get(name) {
+            Some(narrow) => Cow::Owned(self.grants.narrowed(narrow)),
+            None => Cow::Borrowed(&self.grants),
+        }
     }
 
     /// Whether a tool name matches one of the profile's names or globs.
@@ -70,8 +100,11 @@ impl Profile {
         &self.grants
     }
 
-    /// The first of `needs` this profile does not grant, if any.
-    pub fn missing(&self, needs: &[Capability]) -> Option<Capability> {
-        needs.iter().find(|cap| !self.grants.allows(cap)).cloned()
+    /// The first capability tool `name`, which declares `needs`, is not granted, if any.
+    pub fn missing(&self, name: &str, needs: &[Capability]) -> Option<Capability> {
+        self.grants_for(name)
+            .effective(name, needs)
+            .err()
+            .map(|denial| denial.missing)
     }
 }

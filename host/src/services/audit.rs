@@ -35,6 +35,86 @@ pub trait AuditSink: Send + Sync {
 
     /// The newest `limit` entries, newest first.
     async fn recent(&self, limit: u32) -> Result<Vec<AuditEntry>, ServiceError>;
+
+    /// Records one outbound request a tool made or tried to make.
+    async fn record_request(&self, request: RequestRecord) -> Result<(), ServiceError>;
+
+    /// The newest `limit` requests, newest first.
+    async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestEntry>, ServiceError>;
+}
+
+/// What the host decided about one outbound request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RequestDecision {
+    /// Sent, and a response came back (any status).
+    Allowed,
+    /// Not sent: a grant or a limit refused it.
+    Refused,
+    /// Sent (or tried), but the connection, the server or a limit on the response ended it.
+    Failed,
+}
+
+impl RequestDecision {
+    /// `allowed`, `refused` or `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequestDecision::Allowed => "allowed",
+            RequestDecision::Refused => "refused",
+            RequestDecision::Failed => "failed",
+        }
+    }
+
+    /// The decision named by [`RequestDecision::as_str`].
+    pub fn parse(text: &str) -> Option<Self> {
+        [Self::Allowed, Self::Refused, Self::Failed]
+            .into_iter()
+            .find(|d| d.as_str() == text)
+    }
+}
+
+/// One outbound request to record. It never holds a path, a query, a header or a body:
+/// those may carry what the audit log must not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RequestRecord {
+    /// The process whose tool made it, e.g. `worker:3`.
+    pub process: String,
+    /// The tool.
+    pub tool: String,
+    /// `GET`, `POST`, ...
+    pub method: String,
+    /// `http` or `https`.
+    pub scheme: String,
+    /// The host, canonical.
+    pub host: String,
+    /// The port.
+    pub port: u16,
+    /// The address connected to, if it got that far.
+    pub address: Option<String>,
+    /// The response status, if one came.
+    pub status: Option<u16>,
+    /// Request body bytes sent.
+    pub bytes_sent: u64,
+    /// Response body bytes received.
+    pub bytes_received: u64,
+    /// From the request to its end.
+    pub duration_us: u64,
+    /// Allowed, refused or failed.
+    pub decision: RequestDecision,
+    /// The rule that allowed it (declared and granted), or empty.
+    pub grant: String,
+    /// Why it was refused or failed, or empty; secrets redacted.
+    pub detail: String,
+}
+
+/// A stored request row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RequestEntry {
+    /// Unix seconds.
+    pub at: i64,
+    /// The request.
+    #[serde(flatten)]
+    pub request: RequestRecord,
 }
 
 /// One tool call to record.

@@ -7,10 +7,10 @@ use async_trait::async_trait;
 
 use super::{
     AuditEntry, AuditRecord, AuditSink, DEFAULT_LIST_LIMIT, History, HistoryEntry, Ledger, Memory,
-    MemoryItem, NewMemory, NewTask, Priority, RECALL_MAX, Run, RunId, ServiceError, Task,
-    TaskBoard, TaskFilter, TaskPatch, TaskStatus, WorkerRecord, WorkerState, check_working_key,
-    expires_at, interrupted_outcome, now, recall_words, redact, worker_already_recorded,
-    worker_has_ended,
+    MemoryItem, NewMemory, NewTask, Priority, RECALL_MAX, RequestEntry, RequestRecord, Run, RunId,
+    ServiceError, Task, TaskBoard, TaskFilter, TaskPatch, TaskStatus, WorkerRecord, WorkerState,
+    check_working_key, expires_at, interrupted_outcome, now, recall_words, redact,
+    worker_already_recorded, worker_has_ended,
 };
 
 /// Every service kept in this process's memory, behind one lock, and lost when dropped.
@@ -35,6 +35,7 @@ struct State {
     working: HashMap<String, (String, Option<i64>)>,
     history: HashMap<String, Vec<String>>,
     audit: Vec<AuditEntry>,
+    requests: Vec<RequestEntry>,
     /// Each run's liveness token: the run is over once its token is gone.
     runs: Vec<Weak<()>>,
     counters: HashMap<String, u64>,
@@ -299,6 +300,24 @@ impl AuditSink for InMemory {
         Ok(self
             .state()
             .audit
+            .iter()
+            .rev()
+            .take(limit as usize)
+            .cloned()
+            .collect())
+    }
+
+    async fn record_request(&self, request: RequestRecord) -> Result<(), ServiceError> {
+        self.state()
+            .requests
+            .push(RequestEntry { at: now(), request });
+        Ok(())
+    }
+
+    async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestEntry>, ServiceError> {
+        Ok(self
+            .state()
+            .requests
             .iter()
             .rev()
             .take(limit as usize)

@@ -34,7 +34,10 @@ pub(crate) mod conformance;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub use audit::{AuditEntry, AuditRecord, AuditSink, REDACTED, redact};
+pub use audit::{
+    AuditEntry, AuditRecord, AuditSink, REDACTED, RequestDecision, RequestEntry, RequestRecord,
+    redact,
+};
 pub use error::ServiceError;
 pub use history::{History, HistoryEntry};
 pub use in_memory::InMemory;

@@ -4,7 +4,9 @@
 use rusqlite::params;
 
 use super::{Store, StoreError, now, retry};
-use crate::services::{AuditEntry, AuditRecord, redact};
+use crate::services::{
+    AuditEntry, AuditRecord, RequestDecision, RequestEntry, RequestRecord, redact,
+};
 
 impl Store {
     /// Records one call.
@@ -47,6 +49,69 @@ impl Store {
                 outcome: row.get(5)?,
                 detail: row.get(6)?,
                 duration_us: row.get::<_, i64>(7)? as u64,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Records one outbound request.
+    pub fn record_request(&self, r: &RequestRecord) -> Result<(), StoreError> {
+        let at = now();
+        retry::write(&mut self.conn(), |tx| {
+            tx.execute(
+                "INSERT INTO net_requests (at, process, tool, method, scheme, host, port, address,
+                     status, bytes_sent, bytes_received, duration_us, decision, grant_rule, detail)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                params![
+                    at,
+                    r.process,
+                    r.tool,
+                    r.method,
+                    r.scheme,
+                    r.host,
+                    r.port,
+                    r.address,
+                    r.status,
+                    r.bytes_sent as i64,
+                    r.bytes_received as i64,
+                    r.duration_us as i64,
+                    r.decision.as_str(),
+                    r.grant,
+                    r.detail
+                ],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The newest `limit` outbound requests, newest first.
+    pub fn request_log(&self, limit: u32) -> Result<Vec<RequestEntry>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT at, process, tool, method, scheme, host, port, address, status, bytes_sent,
+                    bytes_received, duration_us, decision, grant_rule, detail
+             FROM net_requests ORDER BY id DESC LIMIT ?1",
+        )?;
+        let rows = stmt.query_map([limit], |row| {
+            let decision: String = row.get(12)?;
+            Ok(RequestEntry {
+                at: row.get(0)?,
+                request: RequestRecord {
+                    process: row.get(1)?,
+                    tool: row.get(2)?,
+                    method: row.get(3)?,
+                    scheme: row.get(4)?,
+                    host: row.get(5)?,
+                    port: row.get(6)?,
+                    address: row.get(7)?,
+                    status: row.get(8)?,
+                    bytes_sent: row.get::<_, i64>(9)? as u64,
+                    bytes_received: row.get::<_, i64>(10)? as u64,
+                    duration_us: row.get::<_, i64>(11)? as u64,
+                    decision: RequestDecision::parse(&decision).unwrap_or(RequestDecision::Failed),
+                    grant: row.get(13)?,
+                    detail: row.get(14)?,
+                },
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)

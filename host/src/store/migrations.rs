@@ -119,6 +119,28 @@ const MIGRATIONS: &[&str] = &[
     WHERE used.n > 0
     ON CONFLICT(kind) DO UPDATE SET last = max(counters.last, excluded.last);
     "#,
+    // 5: outbound requests, one row each (allowed, refused or failed).
+    r#"
+    CREATE TABLE net_requests (
+        id              INTEGER PRIMARY KEY AUTOINCREMENT,
+        at              INTEGER NOT NULL,
+        process         TEXT NOT NULL,
+        tool            TEXT NOT NULL,
+        method          TEXT NOT NULL,
+        scheme          TEXT NOT NULL,
+        host            TEXT NOT NULL,
+        port            INTEGER NOT NULL,
+        address         TEXT,
+        status          INTEGER,
+        bytes_sent      INTEGER NOT NULL,
+        bytes_received  INTEGER NOT NULL,
+        duration_us     INTEGER NOT NULL,
+        decision        TEXT NOT NULL,
+        grant_rule      TEXT NOT NULL,
+        detail          TEXT NOT NULL
+    );
+    CREATE INDEX net_requests_process ON net_requests(process);
+    "#,
 ];
 
 /// The schema version this binary writes.

@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use super::{Store, StoreError};
 use crate::services::{
     AuditEntry, AuditRecord, AuditSink, History, HistoryEntry, Ledger, Memory, MemoryItem,
-    NewMemory, NewTask, Run, RunId, ServiceError, Services, Task, TaskBoard, TaskFilter, TaskPatch,
-    WorkerRecord, WorkerState,
+    NewMemory, NewTask, RequestEntry, RequestRecord, Run, RunId, ServiceError, Services, Task,
+    TaskBoard, TaskFilter, TaskPatch, WorkerRecord, WorkerState,
 };
 
 impl Store {
@@ -165,6 +165,16 @@ impl AuditSink for Sqlite {
 
     async fn recent(&self, limit: u32) -> Result<Vec<AuditEntry>, ServiceError> {
         self.run("audit.recent", move |s| s.audit_log(limit)).await
+    }
+
+    async fn record_request(&self, request: RequestRecord) -> Result<(), ServiceError> {
+        self.run("audit.record_request", move |s| s.record_request(&request))
+            .await
+    }
+
+    async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestEntry>, ServiceError> {
+        self.run("audit.recent_requests", move |s| s.request_log(limit))
+            .await
     }
 }
 

@@ -20,6 +20,7 @@ mod host_imports;
 mod imports;
 mod limits;
 mod loading;
+mod net;
 mod providers;
 mod sandbox;
 mod taskboard;

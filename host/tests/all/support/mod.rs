@@ -21,6 +21,7 @@ use capstan_host::store::Store;
 use tokio::sync::mpsc;
 
 mod binary;
+pub mod http_server;
 
 pub use binary::*;
 
@@ -73,7 +74,8 @@ pub fn stored(rt: &Runtime) -> Store {
     Store::open(&rt.config().agent.data_dir).expect("the runtime's database opens")
 }
 
-async fn registry_on(host: PluginHost) -> Registry {
+/// `host` with the first-party plugins and the probe fixture loaded.
+pub async fn registry_on(host: PluginHost) -> Registry {
     let host = Arc::new(host);
     let mut registry = Registry::load_dir(host, &plugins_dir())
         .await

@@ -1,0 +1,241 @@
+//! `[net]`, `[secrets.NAME]` and the network grants of profiles, as serde reads them, and
+//! their checks.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use capstan_caps::NetRule;
+use serde::Deserialize;
+
+use super::raw::{KeyError, key_error};
+use crate::net::{NetLimits, NetSettings};
+use crate::secrets::{HeaderTemplate, SecretName, SecretSource, SecretSpec};
+
+/// The largest body cap, in KiB (1 GiB).
+const MAX_BODY_KIB: u64 = 1 << 20;
+/// The longest network timeout, in seconds.
+const MAX_TIMEOUT_SECS: f64 = 3600.0;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawNet {
+    max_concurrent_requests: u32,
+    max_request_body_kib: u64,
+    max_response_body_kib: u64,
+    connect_timeout_secs: f64,
+    first_byte_timeout_secs: f64,
+    request_timeout_secs: f64,
+    requests_per_minute: u32,
+    #[serde(default)]
+    tool: BTreeMap<String, RawNetPatch>,
+}
+
+/// `[net.tool.NAME]`: any of `[net]`'s limits, for one tool.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawNetPatch {
+    max_concurrent_requests: Option<u32>,
+    max_request_body_kib: Option<u64>,
+    max_response_body_kib: Option<u64>,
+    connect_timeout_secs: Option<f64>,
+    first_byte_timeout_secs: Option<f64>,
+    request_timeout_secs: Option<f64>,
+    requests_per_minute: Option<u32>,
+}
+
+impl RawNet {
+    pub(super) fn check(self, tool_deadline: Duration) -> Result<NetSettings, KeyError> {
+        let limits = check_limits(
+            "net",
+            &self.patch_all(),
+            &NetLimits::default(),
+            tool_deadline,
+        )?;
+        let mut per_tool = BTreeMap::new();
+        for (tool, patch) in &self.tool {
+            let key = format!("net.tool.{tool}");
+            per_tool.insert(
+                tool.clone(),
+                check_limits(&key, patch, &limits, tool_deadline)?,
+            );
+        }
+        Ok(NetSettings { limits, per_tool })
+    }
+
+    fn patch_all(&self) -> RawNetPatch {
+        RawNetPatch {
+            max_concurrent_requests: Some(self.max_concurrent_requests),
+            max_request_body_kib: Some(self.max_request_body_kib),
+            max_response_body_kib: Some(self.max_response_body_kib),
+            connect_timeout_secs: Some(self.connect_timeout_secs),
+            first_byte_timeout_secs: Some(self.first_byte_timeout_secs),
+            request_timeout_secs: Some(self.request_timeout_secs),
+            requests_per_minute: Some(self.requests_per_minute),
+        }
+    }
+}
+
+fn check_limits(
+    table: &str,
+    patch: &RawNetPatch,
+    base: &NetLimits,
+    tool_deadline: Duration,
+) -> Result<NetLimits, KeyError> {
+    let count = |key: &str, value: Option<u32>, default: u32, max: u32| match value {
+        None => Ok(default),
+        Some(v) if (1..=max).contains(&v) => Ok(v),
+        Some(v) => Err(key_error(
+            &format!("{table}.{key}"),
+            format!("must be 1 to {max}, got {v}"),
+        )),
+    };
+    let kib = |key: &str, value: Option<u64>, default: u64| match value {
+        None => Ok(default),
+        Some(v) if (1..=MAX_BODY_KIB).contains(&v) => Ok(v << 10),
+        Some(v) => Err(key_error(
+            &format!("{table}.{key}"),
+            format!("must be 1 to {MAX_BODY_KIB} KiB, got {v}"),
+        )),
+    };
+    let secs = |key: &str, value: Option<f64>, default: Duration| match value {
+        None => Ok(default),
+        Some(v) if v.is_finite() && v > 0.0 && v <= MAX_TIMEOUT_SECS => {
+            Ok(Duration::from_secs_f64(v))
+        }
+        Some(v) => Err(key_error(
+            &format!("{table}.{key}"),
+            format!("must be more than 0 and at most {MAX_TIMEOUT_SECS} seconds, got {v}"),
+        )),
+    };
+    let limits = NetLimits {
+        max_concurrent_requests: count(
+            "max_concurrent_requests",
+            patch.max_concurrent_requests,
+            base.max_concurrent_requests,
+            1024,
+        )?,
+        max_request_body_bytes: kib(
+            "max_request_body_kib",
+            patch.max_request_body_kib,
+            base.max_request_body_bytes,
+        )?,
+        max_response_body_bytes: kib(
+            "max_response_body_kib",
+            patch.max_response_body_kib,
+            base.max_response_body_bytes,
+        )?,
+        connect_timeout: secs(
+            "connect_timeout_secs",
+            patch.connect_timeout_secs,
+            base.connect_timeout,
+        )?,
+        first_byte_timeout: secs(
+            "first_byte_timeout_secs",
+            patch.first_byte_timeout_secs,
+            base.first_byte_timeout,
+        )?,
+        request_timeout: secs(
+            "request_timeout_secs",
+            patch.request_timeout_secs,
+            base.request_timeout,
+        )?,
+        requests_per_minute: count(
+            "requests_per_minute",
+            patch.requests_per_minute,
+            base.requests_per_minute,
+            1_000_000,
+        )?,
+    };
+    if limits.request_timeout > tool_deadline {
+        return Err(key_error(
+            &format!("{table}.request_timeout_secs"),
+            format!(
+                "{} s is longer than limits.tool_deadline_secs ({} s): a request cannot outlive \
+                 the call that makes it; lower it or raise the deadline",
+                limits.request_timeout.as_secs_f64(),
+                tool_deadline.as_secs_f64()
+            ),
+        ));
+    }
+    Ok(limits)
+}
+
+/// `[secrets.NAME]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSecret {
+    env: Option<String>,
+    file: Option<PathBuf>,
+    /// Caught to say why a value is never written here.
+    value: Option<toml::Value>,
+    #[serde(default)]
+    hosts: Vec<String>,
+    header: Option<String>,
+}
+
+pub(super) fn check_secrets(
+    raw: BTreeMap<String, RawSecret>,
+    resolve: &impl Fn(PathBuf) -> PathBuf,
+) -> Result<Vec<SecretSpec>, KeyError> {
+    let mut specs = Vec::new();
+    for (name, secret) in raw {
+        let table = format!("secrets.{name}");
+        let parsed: SecretName = name.parse().map_err(|msg: String| key_error(&table, msg))?;
+        if secret.value.is_some() {
+            return Err(key_error(
+                &format!("{table}.value"),
+                "a secret's value is never written in the config; read it from `env = \"VAR\"` \
+                 or `file = \"/path\"`",
+            ));
+        }
+        let source = match (secret.env, secret.file) {
+            (Some(var), None) if !var.trim().is_empty() => SecretSource::Env(var),
+            (None, Some(path)) => SecretSource::File(resolve(path)),
+            (Some(_), Some(_)) => {
+                return Err(key_error(&table, "set `env` or `file`, not both"));
+            }
+            _ => {
+                return Err(key_error(
+                    &table,
+                    "say where the value comes from: `env = \"VAR\"` or `file = \"/path\"`",
+                ));
+            }
+        };
+        let hosts = parse_rules(&format!("{table}.hosts"), &secret.hosts)?;
+        let header = match secret.header {
+            None => None,
+            Some(text) => Some(
+                HeaderTemplate::parse(&text, &name)
+                    .map_err(|msg| key_error(&format!("{table}.header"), msg))?,
+            ),
+        };
+        if header.is_some() && hosts.is_empty() {
+            return Err(key_error(
+                &format!("{table}.hosts"),
+                "name the hosts the secret may be sent to, e.g. hosts = [\"api.example.com\"]",
+            ));
+        }
+        specs.push(SecretSpec {
+            name: parsed,
+            source,
+            hosts,
+            header,
+        });
+    }
+    Ok(specs)
+}
+
+/// Parses `rules`, naming `key[i]` in an error.
+pub(super) fn parse_rules(key: &str, rules: &[String]) -> Result<Vec<NetRule>, KeyError> {
+    rules
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            text.parse()
+                .map_err(|err: capstan_caps::ParseNetRuleError| {
+                    key_error(&format!("{key}[{i}]"), err.to_string())
+                })
+        })
+        .collect()
+}

@@ -1,0 +1,84 @@
+//! The audit row of one request, written when the request ends however it ends.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use capstan_caps::NetTarget;
+
+use super::egress::CallNet;
+use crate::services::{RequestDecision, RequestRecord};
+
+/// One request on its way: what the row will say once it ends.
+pub(super) struct RequestLog {
+    pub(super) call: Arc<CallNet>,
+    pub(super) target: NetTarget,
+    pub(super) started: Instant,
+    pub(super) address: Option<SocketAddr>,
+    pub(super) grant: String,
+    pub(super) status: Option<u16>,
+    pub(super) sent: Arc<AtomicU64>,
+}
+
+impl RequestLog {
+    pub(super) fn new(call: Arc<CallNet>, target: NetTarget) -> Self {
+        RequestLog {
+            call,
+            target,
+            started: Instant::now(),
+            address: None,
+            grant: String::new(),
+            status: None,
+            sent: Arc::default(),
+        }
+    }
+
+    /// Not sent: a grant or a limit refused it.
+    pub(super) fn refused(self, reason: &str) {
+        self.write(RequestDecision::Refused, 0, reason);
+    }
+
+    /// Sent, and the response ended after `received` body bytes.
+    pub(super) fn finished(self, received: u64) {
+        self.write(RequestDecision::Allowed, received, "");
+    }
+
+    /// Ended by an error after `received` body bytes.
+    pub(super) fn failed(self, received: u64, reason: &str) {
+        self.write(RequestDecision::Failed, received, reason);
+    }
+
+    fn write(self, decision: RequestDecision, received: u64, detail: &str) {
+        let call = &self.call;
+        let record = RequestRecord {
+            process: call.process.clone(),
+            tool: call.scope.tool.clone(),
+            method: self.target.method.clone(),
+            scheme: self.target.scheme.to_string(),
+            host: self.target.host.to_string(),
+            port: self.target.port,
+            address: self.address.map(|a| a.ip().to_string()),
+            status: self.status,
+            bytes_sent: self.sent.load(Ordering::Relaxed),
+            bytes_received: received,
+            duration_us: self.started.elapsed().as_micros() as u64,
+            decision,
+            grant: self.grant.clone(),
+            detail: call.host.secrets.redactor().redact(detail).into_owned(),
+        };
+        tracing::info!(
+            target: "capstan::net",
+            process = %record.process,
+            tool = %record.tool,
+            method = %record.method,
+            host = %record.host,
+            port = record.port,
+            status = ?record.status,
+            decision = decision.as_str(),
+            detail = %record.detail,
+            "outbound request"
+        );
+        call.record(record);
+    }
+}

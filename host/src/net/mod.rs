@@ -1,0 +1,34 @@
+//! Outbound HTTP under policy: every request a guest makes through `wasi:http` is checked
+//! by the host before it leaves, and accounted for after.
+//!
+//! - [`target_of`] reads a request's target the way a browser would (IDNA, numeric IPv4
+//!   forms, trailing dots), refusing user info.
+//! - [`NetScope::check`] finds the rule that allows it: declared by the tool and granted to
+//!   the caller ([`capstan_caps::NetRule`]), or says what would.
+//! - The host resolves the name itself and checks every address ([`AddressClass`]):
+//!   loopback, private, link-local, unique-local and metadata addresses need a rule that
+//!   names the host exactly. It connects to the address it checked, so a second answer
+//!   from DNS cannot change where the request goes.
+//! - [`NetLimits`] bound each tool's requests: in flight, body sizes (counted while
+//!   streaming), connect, first-byte and total timeouts, and a rate per process.
+//! - Secrets granted to the call and bound to the host are injected as headers; every
+//!   secret is redacted from what the guest reads back.
+//! - Redirects are never followed: a guest that follows one makes a new request, checked
+//!   on its own.
+//! - Every request, allowed, refused or failed, is one row of the audit log.
+
+mod address;
+mod body;
+mod check;
+mod connect;
+mod egress;
+mod limits;
+mod log;
+mod target;
+
+pub use address::AddressClass;
+pub use check::{GrantSource, NetScope, Refusal, rule_for};
+pub use egress::NetHost;
+pub(crate) use egress::{CallNet, Egress};
+pub use limits::{NetLimits, NetSettings, RateLimiter};
+pub use target::{canonical_host, target_of};

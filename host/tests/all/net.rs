@@ -1,0 +1,512 @@
+//! Outbound HTTP under policy, end to end: the probe fixture makes real `wasi:http`
+//! requests to a loopback server started by each test, through the host's egress.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use capstan_host::net::{NetHost, NetLimits, NetSettings};
+use capstan_host::plugin::{CallRequest, Limits, PluginHost, Registry, ToolError};
+use capstan_host::policy::Grants;
+use capstan_host::secrets::{HeaderTemplate, SecretSource, SecretSpec, Secrets};
+use capstan_host::services::{RequestDecision, RequestEntry, Services};
+use serde_json::{Value, json};
+
+use crate::support::http_server::TestServer;
+use crate::support::{registry_on, test_cache};
+
+/// The value of the test secret; it must never come back.
+const KEY: &str = "sk-test-0123456789abcdef";
+
+struct Net {
+    registry: Registry,
+    services: Services,
+    _secret_dir: tempfile::TempDir,
+}
+
+/// A host with `limits`, the secret `API_KEY` (sent as a bearer token to `bound_to`), and
+/// in-memory services keeping the audit log.
+async fn net(limits: NetLimits, bound_to: &str) -> Net {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("api_key");
+    std::fs::write(&file, format!("{KEY}\n")).unwrap();
+    let spec = SecretSpec {
+        name: "API_KEY".parse().unwrap(),
+        source: SecretSource::File(file),
+        hosts: vec![bound_to.parse().unwrap()],
+        header: Some(HeaderTemplate::parse("Authorization: Bearer {API_KEY}", "API_KEY").unwrap()),
+    };
+    let secrets = Secrets::load(&[spec]).unwrap();
+    let services = Services::in_memory();
+    let settings = NetSettings {
+        limits,
+        per_tool: Default::default(),
+    };
+    let host = PluginHost::new(Limits::default(), test_cache())
+        .unwrap()
+        .with_services(services.clone())
+        .with_network(NetHost::new(settings, secrets));
+    Net {
+        registry: registry_on(host).await,
+        services,
+        _secret_dir: dir,
+    }
+}
+
+impl Net {
+    async fn call(&self, tool: &str, args: Value, grants: &str) -> Result<String, ToolError> {
+        let grants: Grants = grants.parse().unwrap();
+        self.registry
+            .call(CallRequest {
+                tool,
+                args_json: &args.to_string(),
+                grants: &grants,
+                workspace: None,
+                caller: "worker:1",
+            })
+            .await
+    }
+
+    async fn requests(&self) -> Vec<RequestEntry> {
+        self.services.audit.recent_requests(100).await.unwrap()
+    }
+}
+
+fn fast() -> NetLimits {
+    NetLimits::default()
+}
+
+fn refused(result: Result<String, ToolError>) -> String {
+    match result {
+        Err(err) => err.message().to_owned(),
+        Ok(out) => panic!("expected a refusal, got {out}"),
+    }
+}
+
+#[tokio::test]
+async fn a_granted_request_reaches_the_server_and_is_audited() {
+    let server = TestServer::start().await;
+    let net = net(fast(), "api.example.com").await;
+    let out = net
+        .call(
+            "net_get",
+            json!({"url": server.url("/ok")}),
+            &server.grant(),
+        )
+        .await
+        .unwrap();
+    let out: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(out["status"], 200);
+    assert_eq!(out["body"], "hello from the test server");
+    assert_eq!(server.seen().len(), 1);
+    let rows = net.requests().await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let row = &rows[0].request;
+    assert_eq!(row.decision, RequestDecision::Allowed);
+    assert_eq!(
+        (row.method.as_str(), row.host.as_str(), row.port),
+        ("GET", "127.0.0.1", server.addr.port())
+    );
+    assert_eq!(row.status, Some(200));
+    assert_eq!(row.bytes_received, 26);
+    assert_eq!(row.grant, format!("http://{}", server.addr));
+    assert_eq!(row.process, "worker:1");
+    assert_eq!(row.tool, "net_get");
+}
+
+#[tokio::test]
+async fn a_host_not_granted_is_refused_before_anything_is_sent() {
+    let server = TestServer::start().await;
+    let net = net(fast(), "api.example.com").await;
+    let text = refused(
+        net.call(
+            "net_get",
+            json!({"url": server.url("/ok")}),
+            "net:api.example.com",
+        )
+        .await,
+    );
+    assert!(text.contains("capstan refused this request"), "{text}");
+    assert!(
+        text.contains("is not granted to this call (granted net: api.example.com)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("add \"http://{}\" to --grant", server.addr)),
+        "{text}"
+    );
+    assert!(server.seen().is_empty());
+    let rows = net.requests().await;
+    assert_eq!(rows[0].request.decision, RequestDecision::Refused);
+    assert!(rows[0].request.detail.contains("not granted"));
+}
+
+#[tokio::test]
+async fn loopback_and_private_addresses_need_a_grant_naming_them() {
+    let server = TestServer::start().await;
+    let net = net(fast(), "api.example.com").await;
+    let port = server.addr.port();
+    // A wildcard reaches neither a loopback literal, in any spelling, nor a name resolving
+    // to loopback.
+    for url in [
+        format!("http://127.0.0.1:{port}/ok"),
+        format!("http://2130706433:{port}/ok"),
+        format!("http://0x7f.1:{port}/ok"),
+        format!("http://[::ffff:127.0.0.1]:{port}/ok"),
+        format!("http://localhost:{port}/ok"),
+        format!("http://LOCALHOST.:{port}/ok"),
+    ] {
+        let text = refused(net.call("net_get", json!({"url": url}), "net:*").await);
+        assert!(text.contains("a loopback address"), "{url}: {text}");
+        assert!(
+            text.contains("only a grant naming the host exactly"),
+            "{url}: {text}"
+        );
+    }
+    assert!(server.seen().is_empty());
+    // Naming the host exactly reaches it.
+    let grant = format!("net:http://localhost:{port}");
+    let out = net
+        .call(
+            "net_get",
+            json!({"url": format!("http://localhost:{port}/ok")}),
+            &grant,
+        )
+        .await
+        .unwrap();
+    assert!(out.contains("hello from the test server"), "{out}");
+}
+
+#[tokio::test]
+async fn the_host_never_follows_a_redirect_and_a_guest_that_does_is_checked_again() {
+    let server = TestServer::start().await;
+    let net = net(fast(), "api.example.com").await;
+    let to = "http://169.254.169.254/latest/meta-data/";
+    let url = server.url(&format!("/redirect?to={to}"));
+    let out = net
+        .call("net_get", json!({"url": url}), &server.grant())
+        .await
+        .unwrap();
+    let out: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(out["status"], 302, "the redirect comes back as is: {out}");
+    let text = refused(
+        net.call(
+            "net_get",
+            json!({"url": url, "follow_redirects": true}),
+            &format!("{},net:*://*:*", server.grant()),
+        )
+        .await,
+    );
+    assert!(
+        text.contains("169.254.169.254 is a cloud metadata address"),
+        "{text}"
+    );
+    assert_eq!(
+        server.seen().len(),
+        2,
+        "only the two requests to the server went out"
+    );
+}
+
+#[tokio::test]
+async fn bodies_over_their_caps_are_stopped_in_both_directions() {
+    let server = TestServer::start().await;
+    let limits = NetLimits {
+        max_request_body_bytes: 1024,
+        max_response_body_bytes: 2048,
+        ..fast()
+    };
+    let net = net(limits, "api.example.com").await;
+    let text = refused(
+        net.call(
+            "net_post",
+            json!({"url": server.url("/echo-body"), "body": "0123456789abcdef", "repeat": 100}),
+            &server.grant(),
+        )
+        .await,
+    );
+    assert!(text.contains("over the 1 KiB limit"), "{text}");
+    assert!(text.contains("[net] max_request_body_kib"), "{text}");
+    let seen = server.seen();
+    assert!(seen.iter().all(|s| s.body_len <= 1024), "{seen:?}");
+
+    let text = refused(
+        net.call(
+            "net_get",
+            json!({"url": server.url("/big?bytes=5000")}),
+            &server.grant(),
+        )
+        .await,
+    );
+    assert!(text.contains("over the 2 KiB limit"), "{text}");
+    assert!(text.contains("[net] max_response_body_kib"), "{text}");
+    let ok = net
+        .call(
+            "net_get",
+            json!({"url": server.url("/big?bytes=2000")}),
+            &server.grant(),
+        )
+        .await
+        .unwrap();
+    assert!(ok.contains(&"x".repeat(2000)));
+    let rows = net.requests().await;
+    assert_eq!(
+        rows[1].request.decision,
+        RequestDecision::Failed,
+        "{rows:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_slow_server_hits_each_timeout() {
+    let server = TestServer::start().await;
+    let limits = NetLimits {
+        connect_timeout: Duration::from_millis(300),
+        first_byte_timeout: Duration::from_millis(300),
+        request_timeout: Duration::from_millis(1500),
+        ..fast()
+    };
+    let net = net(limits, "api.example.com").await;
+
+    let text = refused(
+        net.call(
+            "net_get",
+            json!({"url": server.url("/hang")}),
+            &server.grant(),
+        )
+        .await,
+    );
+    assert!(
+        text.contains("no response from 127.0.0.1 within 0.3 s ([net] first_byte_timeout_secs)"),
+        "{text}"
+    );
+
+    let text = refused(
+        net.call(
+            "net_get",
+            json!({"url": server.url("/stall")}),
+            &server.grant(),
+        )
+        .await,
+    );
+    assert!(text.contains("[net] request_timeout_secs"), "{text}");
+
+    // A listener that accepts but never speaks TLS: the connection never comes up.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let _hold = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            open.push(stream);
+        }
+    });
+    let text = refused(
+        net.call(
+            "net_get",
+            json!({"url": format!("https://{addr}/")}),
+            &format!("net:https://{addr}"),
+        )
+        .await,
+    );
+    assert!(
+        text.contains("no connection to 127.0.0.1 within 0.3 s ([net] connect_timeout_secs)"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn the_rate_limit_is_per_process_and_tool() {
+    let server = TestServer::start().await;
+    let limits = NetLimits {
+        requests_per_minute: 2,
+        ..fast()
+    };
+    let net = net(limits, "api.example.com").await;
+    let grant = server.grant();
+    let get = || net.call("net_get", json!({"url": server.url("/ok")}), &grant);
+    get().await.unwrap();
+    get().await.unwrap();
+    let text = refused(get().await);
+    assert!(
+        text.contains("worker:1 has made its 2 requests per minute with tool `net_get`"),
+        "{text}"
+    );
+    assert!(text.contains("raise [net] requests_per_minute"), "{text}");
+    assert_eq!(server.seen().len(), 2);
+}
+
+#[tokio::test]
+async fn a_secret_is_injected_at_the_egress_and_never_seen_by_the_guest() {
+    let server = TestServer::start().await;
+    let bound = format!("http://{}", server.addr);
+    let net = net(fast(), &bound).await;
+    let grants = format!("{},secret:API_KEY", server.grant());
+    let out = net
+        .call(
+            "net_get",
+            json!({"url": server.url("/echo-headers")}),
+            &grants,
+        )
+        .await
+        .unwrap();
+    // The server saw the key...
+    let seen = server.seen();
+    assert_eq!(
+        seen[0].header("authorization"),
+        Some(format!("Bearer {KEY}").as_str())
+    );
+    // ...and echoed it, but the guest read it redacted, so the output never holds it.
+    assert!(!out.contains(KEY), "{out}");
+    assert!(out.contains("Bearer [redacted secret API_KEY]"), "{out}");
+    let calls = net.services.audit.recent(10).await.unwrap();
+    let rows = net.requests().await;
+    let audit = format!("{calls:?}{rows:?}");
+    assert!(!audit.contains(KEY), "{audit}");
+
+    // Without the grant, nothing is injected.
+    net.call(
+        "net_get",
+        json!({"url": server.url("/echo-headers")}),
+        &server.grant(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(server.seen()[1].header("authorization"), None);
+}
+
+#[tokio::test]
+async fn a_secret_goes_only_to_the_hosts_it_is_bound_to() {
+    let bound = TestServer::start().await;
+    let other = TestServer::start().await;
+    let net = net(fast(), &format!("http://{}", bound.addr)).await;
+    let grants = format!("{},{},secret:API_KEY", bound.grant(), other.grant());
+    net.call(
+        "net_get",
+        json!({"url": other.url("/echo-headers")}),
+        &grants,
+    )
+    .await
+    .unwrap();
+    assert_eq!(other.seen()[0].header("authorization"), None);
+}
+
+#[tokio::test]
+async fn a_secret_in_a_tools_output_is_redacted() {
+    let server = TestServer::start().await;
+    let net = net(fast(), &format!("http://{}", server.addr)).await;
+    // The probe's `echo` returns what it is given; an error path that quotes a body or
+    // header holding the key is redacted the same way as output.
+    let out = net
+        .call("echo", json!({"text": format!("the key is {KEY}")}), "")
+        .await
+        .unwrap();
+    assert_eq!(out, "the key is [redacted secret API_KEY]");
+}
+
+#[tokio::test]
+async fn the_hmac_oracle_signs_without_handing_out_the_key() {
+    use hmac::{Hmac, Mac};
+    let net = net(fast(), "api.example.com").await;
+    let out = net
+        .call(
+            "secret_hmac",
+            json!({"name": "API_KEY", "data": "payload"}),
+            "secret:API_KEY",
+        )
+        .await
+        .unwrap();
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(KEY.as_bytes()).unwrap();
+    mac.update(b"payload");
+    let want: String = mac
+        .finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(out.trim(), want);
+    let exists = net
+        .call(
+            "secret_exists",
+            json!({"name": "API_KEY"}),
+            "secret:API_KEY",
+        )
+        .await
+        .unwrap();
+    assert_eq!(exists.trim(), "true");
+    let hidden = net
+        .call("secret_exists", json!({"name": "API_KEY"}), "")
+        .await
+        .unwrap();
+    assert_eq!(
+        hidden.trim(),
+        "false",
+        "an ungranted secret does not exist for the guest"
+    );
+    let text = match net
+        .call("secret_hmac", json!({"name": "API_KEY", "data": "x"}), "")
+        .await
+    {
+        Ok(out) => out,
+        Err(err) => err.message().to_owned(),
+    };
+    assert!(text.contains("not granted"), "{text}");
+}
+
+#[tokio::test]
+async fn a_guest_socket_never_connects() {
+    let net = net(fast(), "api.example.com").await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    for tool in ["socket_connect", "udp_send"] {
+        let out = match net
+            .call(tool, json!({"addr": addr.to_string()}), "net:*://*:*")
+            .await
+        {
+            Ok(out) => out,
+            Err(err) => err.message().to_owned(),
+        };
+        assert!(!out.contains("connected"), "{tool}: {out}");
+        assert!(
+            out.contains("denied") || out.contains("not-permitted") || out.contains("access"),
+            "{tool}: {out}"
+        );
+    }
+    // Had the guest connected, the connection would be waiting to be accepted now.
+    let pending = tokio::time::timeout(Duration::from_millis(0), listener.accept()).await;
+    assert!(pending.is_err(), "a guest socket reached the listener");
+}
+
+#[tokio::test]
+async fn a_component_importing_sockets_and_http_like_a_python_runtime_loads_and_runs() {
+    let host = Arc::new(PluginHost::new(Limits::default(), test_cache()).unwrap());
+    let mut registry = Registry::new(host);
+    registry
+        .add_file(&crate::support::component("fixtures", "python_style"))
+        .await
+        .expect("a component importing wasi:sockets and wasi:http loads");
+    let plugin = &registry.plugins()[0];
+    assert!(
+        plugin
+            .imports()
+            .iter()
+            .any(|i| i.starts_with("wasi:sockets/tcp")),
+        "{:?}",
+        plugin.imports()
+    );
+    assert!(
+        plugin
+            .imports()
+            .iter()
+            .any(|i| i.starts_with("wasi:http/outgoing-handler"))
+    );
+    let out = registry
+        .call(CallRequest {
+            tool: "hello",
+            args_json: "{}",
+            grants: &Grants::none(),
+            workspace: None,
+            caller: "cli",
+        })
+        .await
+        .unwrap();
+    assert_eq!(out, "hello");
+}
