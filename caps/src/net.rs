@@ -349,7 +349,7 @@ impl FromStr for NetRule {
             return Ok(NetRule::any());
         }
         let (method, rest) = match text.split_once(' ') {
-            Some((method, rest)) => (Some(parse_method(method).map_err(|r| err(r))?), rest.trim()),
+            Some((method, rest)) => (Some(parse_method(method).map_err(&err)?), rest.trim()),
             None => (None, text),
         };
         let (scheme, rest) = if let Some(rest) = rest.strip_prefix("https://") {
@@ -368,8 +368,8 @@ impl FromStr for NetRule {
                 "a rule names a host and port, without a path, query or user name",
             ));
         }
-        let (host, port) = split_host_port(rest).map_err(|r| err(r))?;
-        let host = parse_host(host).map_err(|r| err(r))?;
+        let (host, port) = split_host_port(rest).map_err(&err)?;
+        let host = parse_host(host).map_err(&err)?;
         let port = match port {
             None => scheme.default_port(),
             Some("*") => None,

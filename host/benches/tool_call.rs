@@ -40,7 +40,7 @@ mod bare {
 }
 
 use bare::capstan::plugin::types::{CallContext, HostError};
-use bare::capstan::plugin::{log, memory, tasks, types};
+use bare::capstan::plugin::{log, memory, secrets, tasks, types};
 
 /// The bare path's store data: a WASI context and nothing else.
 struct BareState {
@@ -93,6 +93,15 @@ impl memory::Host for BareState {
         Err(refused())
     }
     fn working_set(&mut self, _: String, _: String, _: Option<u64>) -> Result<(), HostError> {
+        Err(refused())
+    }
+}
+
+impl secrets::Host for BareState {
+    fn exists(&mut self, _: String) -> bool {
+        false
+    }
+    fn hmac_sha256(&mut self, _: String, _: Vec<u8>) -> Result<Vec<u8>, HostError> {
         Err(refused())
     }
 }

@@ -1,4 +1,4 @@
-//! Typed access to the host's imports: logging, the taskboard and memory. A task's
+//! Typed access to the host's imports: logging, the taskboard, memory and secrets. A task's
 //! [`TaskStatus`] and [`Priority`] are WIT enums that read and write their WIT names.
 //!
 //! Each call is checked against the call's grants by the host; a refusal comes back as
@@ -88,5 +88,53 @@ pub mod memory {
     /// Writes working-memory entry `key`, expiring after `ttl_seconds` if given.
     pub fn working_set(key: &str, value: &str, ttl_seconds: Option<u64>) -> Result<(), HostError> {
         wit::working_set(key, value, ttl_seconds)
+    }
+}
+
+/// Secrets the host holds for the call: `secret:NAME` grants them. A tool never sees a
+/// secret's value: the host injects it into outgoing requests to the hosts it is bound to,
+/// and signs with it here. A secret the call is not granted does not exist as far as the
+/// tool can tell.
+pub mod secrets {
+    use super::HostError;
+    use crate::bindings::capstan::plugin::secrets as wit;
+
+    /// The length of an HMAC-SHA256, in bytes.
+    pub const HMAC_SHA256_LEN: usize = 32;
+
+    /// Whether secret `name` is granted to this call and has a value.
+    ///
+    /// ```no_run
+    /// use capstan_sdk::host::secrets;
+    ///
+    /// if !secrets::exists("GITHUB_TOKEN") {
+    ///     // Say what is missing instead of sending a request that will be refused.
+    /// }
+    /// ```
+    pub fn exists(name: &str) -> bool {
+        wit::exists(name)
+    }
+
+    /// The HMAC-SHA256 of `data` keyed with secret `name`, e.g. to sign a webhook payload.
+    /// [`HostError::Denied`] when the call is not granted the secret.
+    ///
+    /// ```no_run
+    /// use capstan_sdk::host::secrets;
+    ///
+    /// # fn sign() -> Result<(), capstan_sdk::ToolError> {
+    /// let mac = secrets::hmac_sha256("WEBHOOK_KEY", b"{\"event\":\"push\"}")?;
+    /// let hex: String = mac.iter().map(|b| format!("{b:02x}")).collect();
+    /// assert_eq!(hex.len(), 64);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn hmac_sha256(name: &str, data: &[u8]) -> Result<[u8; HMAC_SHA256_LEN], HostError> {
+        let mac = wit::hmac_sha256(name, data)?;
+        <[u8; HMAC_SHA256_LEN]>::try_from(mac.as_slice()).map_err(|_| {
+            HostError::Failed(format!(
+                "the host's HMAC-SHA256 of secret `{name}` has {} bytes, not {HMAC_SHA256_LEN}",
+                mac.len()
+            ))
+        })
     }
 }

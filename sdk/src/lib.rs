@@ -62,16 +62,24 @@
 //! Build it with `cargo build --release --target wasm32-wasip2` and put
 //! `target/wasm32-wasip2/release/word_count.wasm` in the host's plugins directory.
 //!
+//! # Outbound HTTP and secrets
+//!
+//! [`http`] is a small blocking client over `wasi:http` for tools that declare `net:`
+//! capabilities; the host checks every request against the caller's grants and injects
+//! credentials itself. [`host::secrets`] tells whether a secret is granted and signs with it;
+//! a tool never sees a secret's value.
+//!
 //! # Errors
 //!
 //! A handler returns [`ToolError`]. `?` converts I/O errors (a sandbox refusal becomes
-//! [`ToolError::Denied`]), the host's [`HostError`](host::HostError) and JSON errors. The
-//! message goes to the model: say what failed and what would work.
+//! [`ToolError::Denied`]), the host's [`HostError`](host::HostError), [`http::HttpError`]
+//! and JSON errors. The message goes to the model: say what failed and what would work.
 
 pub mod bindings;
 mod context;
 mod error;
 pub mod host;
+pub mod http;
 mod output;
 #[doc(hidden)]
 pub mod runtime;

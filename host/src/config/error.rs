@@ -69,3 +69,12 @@ pub(super) fn locate(text: &str, key: &str) -> Option<(usize, usize)> {
     }
     None
 }
+
+/// A bad key of the config: its dotted name and what is wrong, before the file and the
+/// position are known.
+pub(super) type KeyError = (String, String);
+
+/// A [`KeyError`] for `key`.
+pub(super) fn key_error(key: &str, message: impl Into<String>) -> KeyError {
+    (key.to_owned(), message.into())
+}

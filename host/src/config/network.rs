@@ -8,7 +8,7 @@ use std::time::Duration;
 use capstan_caps::NetRule;
 use serde::Deserialize;
 
-use super::raw::{KeyError, key_error};
+use super::error::{KeyError, key_error};
 use crate::net::{NetLimits, NetSettings};
 use crate::secrets::{HeaderTemplate, SecretName, SecretSource, SecretSpec};
 
@@ -147,18 +147,11 @@ fn check_limits(
             1_000_000,
         )?,
     };
-    if limits.request_timeout > tool_deadline {
-        return Err(key_error(
-            &format!("{table}.request_timeout_secs"),
-            format!(
-                "{} s is longer than limits.tool_deadline_secs ({} s): a request cannot outlive \
-                 the call that makes it; lower it or raise the deadline",
-                limits.request_timeout.as_secs_f64(),
-                tool_deadline.as_secs_f64()
-            ),
-        ));
-    }
-    Ok(limits)
+    // A request cannot outlive the call that makes it.
+    Ok(NetLimits {
+        request_timeout: limits.request_timeout.min(tool_deadline),
+        ..limits
+    })
 }
 
 /// `[secrets.NAME]`.

@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use capstan_caps::Capability;
 
+use super::error::{KeyError, key_error};
 use super::network::{RawNet, RawSecret, check_secrets, parse_rules};
 use super::{
     AgentLimits, AgentSettings, Config, MAX_TOOL_DEADLINE_SECS, MAX_TOOL_MEMORY_MIB,
@@ -98,18 +99,12 @@ struct RawToolGrants {
     secrets: Option<Vec<String>>,
 }
 
-pub(crate) type KeyError = (String, String);
-
 /// The most workers (or branches) one channel may run at once.
 const MAX_PROCESSES_PER_CHANNEL: u32 = 1024;
 /// The most model turns one process may take for one input.
 const MAX_TURNS: u32 = 10_000;
 /// The largest context window, in tokens.
 const MAX_CONTEXT_WINDOW_TOKENS: u32 = 100_000_000;
-
-pub(super) fn key_error(key: &str, message: impl Into<String>) -> KeyError {
-    (key.to_owned(), message.into())
-}
 
 impl RawConfig {
     pub(super) fn check(self, base: &Path) -> Result<Config, KeyError> {

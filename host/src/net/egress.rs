@@ -8,16 +8,15 @@ use std::time::{Duration, Instant};
 use capstan_caps::NetTarget;
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinHandle;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 use super::body::{CappedRequest, GuardedResponse};
 use super::connect::{connect, resolve};
 use super::limits::RateLimiter;
-use super::log::RequestLog;
+use super::log::{AuditWriter, RequestLog};
 use super::{NetLimits, NetScope, NetSettings, Refusal, target_of};
 use crate::secrets::Secrets;
-use crate::services::{AuditSink, RequestRecord};
+use crate::services::AuditSink;
 
 /// What every call's requests share: the limits, the rate buckets and the secrets.
 ///
@@ -65,9 +64,8 @@ pub(crate) struct CallNet {
     secrets: Vec<String>,
     limits: NetLimits,
     in_flight: Arc<Semaphore>,
-    audit: Option<Arc<dyn AuditSink>>,
-    /// Audit rows being written, awaited before the call returns.
-    pending: Mutex<Vec<JoinHandle<()>>>,
+    /// Where the call's request rows go.
+    audit: Arc<AuditWriter>,
 }
 
 impl CallNet {
@@ -79,6 +77,12 @@ impl CallNet {
         audit: Option<Arc<dyn AuditSink>>,
     ) -> Self {
         let limits = host.settings.for_tool(&scope.tool).clone();
+        let audit = Arc::new(AuditWriter::new(
+            process.clone(),
+            scope.tool.clone(),
+            host.secrets.redactor().clone(),
+            audit,
+        ));
         CallNet {
             in_flight: Arc::new(Semaphore::new(limits.max_concurrent_requests as usize)),
             host,
@@ -87,32 +91,12 @@ impl CallNet {
             secrets,
             limits,
             audit,
-            pending: Mutex::default(),
         }
-    }
-
-    /// Writes one request's audit row.
-    pub(super) fn record(&self, record: RequestRecord) {
-        let Some(audit) = self.audit.clone() else {
-            return;
-        };
-        let write = tokio::spawn(async move {
-            if let Err(err) = audit.record_request(record).await {
-                tracing::error!("cannot write the audit log of a request: {err}");
-            }
-        });
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(write);
     }
 
     /// Waits for every audit row of the call's requests to be written.
     pub(crate) async fn flush(&self) {
-        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
-        for write in pending {
-            let _ = write.await;
-        }
+        self.audit.flush().await;
     }
 
     fn key(&self, key: &str) -> String {
@@ -131,7 +115,7 @@ impl CallNet {
                 fix: "send an http or https URL with a plain host".into(),
             })
         })?;
-        let mut log = RequestLog::new(self.clone(), target.clone());
+        let mut log = RequestLog::new(self.audit.clone(), target.clone());
         let deny = |log: RequestLog, refusal: Refusal| {
             log.refused(&refusal.to_string());
             refused(&refusal)

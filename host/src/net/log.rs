@@ -1,18 +1,69 @@
 //! The audit row of one request, written when the request ends however it ends.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use capstan_caps::NetTarget;
+use tokio::task::JoinHandle;
 
-use super::egress::CallNet;
-use crate::services::{RequestDecision, RequestRecord};
+use crate::secrets::Redactor;
+use crate::services::{AuditSink, RequestDecision, RequestRecord};
+
+/// Where one call's request rows go: the audit sink, written in the background and
+/// awaited before the call returns ([`AuditWriter::flush`]).
+pub(crate) struct AuditWriter {
+    pub(super) process: String,
+    pub(super) tool: String,
+    pub(super) redactor: Redactor,
+    sink: Option<Arc<dyn AuditSink>>,
+    pending: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl AuditWriter {
+    pub(super) fn new(
+        process: String,
+        tool: String,
+        redactor: Redactor,
+        sink: Option<Arc<dyn AuditSink>>,
+    ) -> Self {
+        AuditWriter {
+            process,
+            tool,
+            redactor,
+            sink,
+            pending: Mutex::default(),
+        }
+    }
+
+    fn record(&self, record: RequestRecord) {
+        let Some(sink) = self.sink.clone() else {
+            return;
+        };
+        let write = tokio::spawn(async move {
+            if let Err(err) = sink.record_request(record).await {
+                tracing::error!("cannot write the audit log of a request: {err}");
+            }
+        });
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(write);
+    }
+
+    /// Waits for every row written so far.
+    pub(crate) async fn flush(&self) {
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        for write in pending {
+            let _ = write.await;
+        }
+    }
+}
 
 /// One request on its way: what the row will say once it ends.
 pub(super) struct RequestLog {
-    pub(super) call: Arc<CallNet>,
+    pub(super) call: Arc<AuditWriter>,
     pub(super) target: NetTarget,
     pub(super) started: Instant,
     pub(super) address: Option<SocketAddr>,
@@ -22,7 +73,7 @@ pub(super) struct RequestLog {
 }
 
 impl RequestLog {
-    pub(super) fn new(call: Arc<CallNet>, target: NetTarget) -> Self {
+    pub(super) fn new(call: Arc<AuditWriter>, target: NetTarget) -> Self {
         RequestLog {
             call,
             target,
@@ -53,7 +104,7 @@ impl RequestLog {
         let call = &self.call;
         let record = RequestRecord {
             process: call.process.clone(),
-            tool: call.scope.tool.clone(),
+            tool: call.tool.clone(),
             method: self.target.method.clone(),
             scheme: self.target.scheme.to_string(),
             host: self.target.host.to_string(),
@@ -65,7 +116,7 @@ impl RequestLog {
             duration_us: self.started.elapsed().as_micros() as u64,
             decision,
             grant: self.grant.clone(),
-            detail: call.host.secrets.redactor().redact(detail).into_owned(),
+            detail: call.redactor.redact(detail).into_owned(),
         };
         tracing::info!(
             target: "capstan::net",

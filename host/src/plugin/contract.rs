@@ -29,8 +29,8 @@ pub const RESERVED_TOOL_NAMES: &[&str] = &[
 ///
 /// Everything else is refused at load: nothing that reaches a model or a conversation.
 /// `wasi:sockets` is accepted because standard runtimes (Python's, JavaScript's) import
-/// it, but every address is refused; `wasi:http` is linked only for calls granted a
-/// `net:` rule, and each request is checked by the host.
+/// it, but every address is refused; `wasi:http` requests are refused unless the call
+/// holds a `net:` rule, and each is checked by the host.
 pub const ALLOWED_IMPORTS: &[&str] = &[
     "capstan:plugin/types",
     "capstan:plugin/log",

@@ -42,24 +42,21 @@ pub(crate) fn build_engine(limits: &Limits) -> Result<Engine, HostError> {
     Engine::new(&config).map_err(|err| HostError::Engine(format!("{err:#}")))
 }
 
-/// The linkers calls are instantiated with: `offline` has WASI preview 2 (sockets too,
-/// every address refused by the sandbox) and the Capstan imports; `online` adds
-/// `wasi:http`. A call that holds no `net:` rule gets `offline`, where a plugin's HTTP
-/// imports trap if called.
-pub(crate) struct Linkers {
-    pub(crate) offline: Linker<Sandbox>,
-    pub(crate) online: Linker<Sandbox>,
-}
-
-/// Builds [`Linkers`].
-pub(crate) fn build_linkers(engine: &Engine) -> Result<Linkers, HostError> {
+/// A linker with WASI preview 2, `wasi:http` and the Capstan imports.
+///
+/// Sockets are linked (standard runtimes import them) but the sandbox refuses every address.
+/// `wasi:http` is linked for every component that imports it, and every request goes
+/// through the call's egress: a call holding no `net:` rule has one that refuses each
+/// request before anything is resolved or connected, with an error the guest can report.
+/// (Stubbing the imports as traps instead is not possible in wasmtime 48: its stubs give
+/// re-exported resources such as `pollable` a type of their own, and linking fails.)
+pub(crate) fn build_linker(engine: &Engine) -> Result<Linker<Sandbox>, HostError> {
     let fail = |err: wasmtime::Error| HostError::Engine(format!("linking host imports: {err:#}"));
-    let mut offline = Linker::new(engine);
-    wasmtime_wasi::p2::add_to_linker_async(&mut offline).map_err(fail)?;
-    Plugin::add_to_linker::<Sandbox, HasSelf<Sandbox>>(&mut offline, |s| s).map_err(fail)?;
-    let mut online = offline.clone();
-    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut online).map_err(fail)?;
-    Ok(Linkers { offline, online })
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(fail)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(fail)?;
+    Plugin::add_to_linker::<Sandbox, HasSelf<Sandbox>>(&mut linker, |s| s).map_err(fail)?;
+    Ok(linker)
 }
 
 /// Advances the engine's epoch every [`EPOCH_TICK`] until the engine is dropped.

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use capstan_caps::Capability;
 use tokio::sync::Semaphore;
+use wasmtime::component::Linker;
 use wasmtime::{Engine, Store, UpdateDeadline};
 
 use super::bindings::capstan::plugin::types::CallContext;
@@ -13,7 +14,7 @@ use super::bindings::exports::capstan::plugin::tool::ToolError as WitToolError;
 use super::bindings::{Plugin, PluginPre};
 use super::cache::ArtifactCache;
 use super::contract::WIT_VERSION;
-use super::engine::{Linkers, build_engine, build_linkers, start_epoch_ticker};
+use super::engine::{build_engine, build_linker, start_epoch_ticker};
 use super::error::{HostError, LoadError, ToolError};
 use super::failure;
 use super::inspect::{check_exports, check_header, check_imports};
@@ -32,7 +33,7 @@ use crate::text::{one_line, truncate};
 /// calls by tool name.
 pub struct PluginHost {
     engine: Engine,
-    linkers: Linkers,
+    linker: Linker<Sandbox>,
     limits: Limits,
     cache: ArtifactCache,
     /// One permit per pooling-allocator slot: callers beyond it wait instead of failing.
@@ -74,12 +75,12 @@ impl PluginHost {
     /// A host with `limits`, caching compiled components in `cache`.
     pub fn new(limits: Limits, cache: ArtifactCache) -> Result<Self, HostError> {
         let engine = build_engine(&limits)?;
-        let linkers = build_linkers(&engine)?;
+        let linker = build_linker(&engine)?;
         start_epoch_ticker(&engine);
         let slots = Semaphore::new(limits.max_concurrent_calls.max(1) as usize);
         Ok(PluginHost {
             engine,
-            linkers,
+            linker,
             limits,
             cache,
             slots,
@@ -146,30 +147,11 @@ impl PluginHost {
             path: path.to_owned(),
             reason: format!("{err:#}"),
         };
-        let imports_http = imports.iter().any(|name| name.starts_with("wasi:http/"));
-        let (pre, pre_online) = if imports_http {
-            let mut offline = self.linkers.offline.clone();
-            offline
-                .define_unknown_imports_as_traps(&component)
-                .map_err(link_error)?;
-            let offline = offline.instantiate_pre(&component).map_err(link_error)?;
-            let online = self
-                .linkers
-                .online
-                .instantiate_pre(&component)
-                .map_err(link_error)?;
-            (
-                PluginPre::new(offline).map_err(link_error)?,
-                Some(PluginPre::new(online).map_err(link_error)?),
-            )
-        } else {
-            let pre = self
-                .linkers
-                .offline
-                .instantiate_pre(&component)
-                .map_err(link_error)?;
-            (PluginPre::new(pre).map_err(link_error)?, None)
-        };
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(link_error)?;
+        let pre = PluginPre::new(pre).map_err(link_error)?;
         let name: Arc<str> = plugin_name(path).into();
 
         let specs = self
@@ -194,7 +176,6 @@ impl PluginHost {
             tools,
             cache,
             pre,
-            pre_online,
         })
     }
 
@@ -253,10 +234,6 @@ impl PluginHost {
                 self.services.as_ref().map(|s| s.audit.clone()),
             ))
         });
-        let pre = match (&call_net, &plugin.pre_online) {
-            (Some(_), Some(online)) => online,
-            _ => &plugin.pre,
-        };
         let scope = CallScope {
             plugin: plugin.name.clone(),
             tool: call.tool.to_owned(),
@@ -278,7 +255,7 @@ impl PluginHost {
             capabilities: call.capabilities.iter().map(ToString::to_string).collect(),
         };
         let result = self
-            .run(pre, sandbox, async |instance, store| {
+            .run(&plugin.pre, sandbox, async |instance, store| {
                 instance
                     .capstan_plugin_tool()
                     .call_call(store, call.tool, call.args_json, &context)

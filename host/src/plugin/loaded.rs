@@ -34,11 +34,7 @@ pub struct LoadedPlugin {
     pub(crate) imports: Vec<String>,
     pub(crate) tools: Vec<ToolInfo>,
     pub(crate) cache: CacheOutcome,
-    /// Instantiated for calls without a `net:` rule: `wasi:http`, if imported, traps.
     pub(crate) pre: PluginPre<Sandbox>,
-    /// Instantiated for calls holding a `net:` rule, when the component imports
-    /// `wasi:http`.
-    pub(crate) pre_online: Option<PluginPre<Sandbox>>,
 }
 
 impl LoadedPlugin {

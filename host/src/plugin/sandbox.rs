@@ -9,8 +9,9 @@
 //! - stdout and stderr captured (at most [`STDERR_CAPTURE_BYTES`]) to explain traps;
 //! - sockets: linked (standard runtimes import them) but the WASI context refuses every
 //!   address and every name lookup, so a guest's socket never connects;
-//! - HTTP: each request goes through the call's [`Egress`], which refuses everything
-//!   unless the call holds a `net:` rule (and then checks each request against it);
+//! - HTTP: each request goes through the call's egress, which refuses everything unless
+//!   the call holds a `net:` rule, and then checks each request against it (see
+//!   [`net`](crate::net));
 //! - the memory bound of [`Limits`], enforced by [`CallLimiter`].
 
 use std::path::Path;

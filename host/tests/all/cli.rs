@@ -46,7 +46,7 @@ fn plugins_list_finds_the_first_party_plugins_without_flags() {
             .lines()
             .find(|l| l.starts_with("file_edit"))
             .expect("file_edit listed");
-        assert!(row.contains("files.wasm") && row.contains("0.2.0"), "{row}");
+        assert!(row.contains("files.wasm") && row.contains("0.2.1"), "{row}");
         assert!(row.contains("fs.read,fs.write"), "{row}");
     }
 }
@@ -134,7 +134,7 @@ fn inspect_shows_a_component_or_why_it_is_refused() {
     let out = capstan(&root, &["plugins", "inspect", "target/plugins/files.wasm"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
-    assert!(text.contains("wit:     capstan:plugin@0.2.0"), "{text}");
+    assert!(text.contains("wit:     capstan:plugin@0.2.1"), "{text}");
     assert!(text.contains("file_write  [fs.write]"), "{text}");
     assert!(text.contains("wasi:filesystem/preopens@"), "{text}");
 

@@ -81,7 +81,7 @@ async fn bad_components_are_refused_by_name_and_the_rest_still_load() {
         "names theirs: {version}"
     );
     assert!(
-        version.contains("capstan:plugin@0.2.0"),
+        version.contains("capstan:plugin@0.2.1"),
         "names ours: {version}"
     );
 
@@ -121,7 +121,7 @@ async fn a_missing_plugins_directory_is_an_error_naming_it() {
 async fn loaded_plugins_report_version_imports_and_tools() {
     let registry = Registry::load_dir(host(), &plugins_dir()).await.unwrap();
     let (plugin, tool) = registry.tool("file_write").unwrap();
-    assert_eq!(plugin.wit_version(), "0.2.0");
+    assert_eq!(plugin.wit_version(), "0.2.1");
     assert_eq!(plugin.name(), "files");
     assert_eq!(tool.capabilities, vec![capstan_caps::Capability::FsWrite]);
     assert_eq!(

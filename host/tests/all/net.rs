@@ -200,10 +200,16 @@ async fn the_host_never_follows_a_redirect_and_a_guest_that_does_is_checked_agai
         text.contains("169.254.169.254 is a cloud metadata address"),
         "{text}"
     );
+    let seen = server.seen();
     assert_eq!(
-        server.seen().len(),
+        seen.len(),
         2,
         "only the two requests to the server went out"
+    );
+    assert!(
+        seen.iter()
+            .all(|s| s.method == "GET" && s.path == "/redirect"),
+        "{seen:?}"
     );
 }
 
@@ -314,6 +320,37 @@ async fn a_slow_server_hits_each_timeout() {
 }
 
 #[tokio::test]
+async fn requests_in_flight_beyond_the_limit_are_refused() {
+    let server = TestServer::start().await;
+    let limits = NetLimits {
+        max_concurrent_requests: 2,
+        ..fast()
+    };
+    let net = net(limits, "api.example.com").await;
+    let grant = server.grant();
+    let call = net.call(
+        "net_parallel",
+        json!({"url": server.url("/hold"), "count": 3}),
+        &grant,
+    );
+    let release = async {
+        // Both admitted requests wait in the server before any answers.
+        server.held(2).await;
+        server.release();
+    };
+    let (out, ()) = tokio::join!(call, release);
+    let out = out.unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[..2], ["status 200", "status 200"], "{out}");
+    assert!(
+        lines[2].contains("this call already has 2 requests in flight"),
+        "{out}"
+    );
+    assert!(lines[2].contains("[net] max_concurrent_requests"), "{out}");
+    assert_eq!(server.seen().len(), 2);
+}
+
+#[tokio::test]
 async fn the_rate_limit_is_per_process_and_tool() {
     let server = TestServer::start().await;
     let limits = NetLimits {
@@ -340,12 +377,9 @@ async fn a_secret_is_injected_at_the_egress_and_never_seen_by_the_guest() {
     let bound = format!("http://{}", server.addr);
     let net = net(fast(), &bound).await;
     let grants = format!("{},secret:API_KEY", server.grant());
+    let args = json!({"method": "GET", "url": server.url("/echo-headers")});
     let out = net
-        .call(
-            "net_get",
-            json!({"url": server.url("/echo-headers")}),
-            &grants,
-        )
+        .call("http_request", args.clone(), &grants)
         .await
         .unwrap();
     // The server saw the key...
@@ -363,13 +397,9 @@ async fn a_secret_is_injected_at_the_egress_and_never_seen_by_the_guest() {
     assert!(!audit.contains(KEY), "{audit}");
 
     // Without the grant, nothing is injected.
-    net.call(
-        "net_get",
-        json!({"url": server.url("/echo-headers")}),
-        &server.grant(),
-    )
-    .await
-    .unwrap();
+    net.call("http_request", args, &server.grant())
+        .await
+        .unwrap();
     assert_eq!(server.seen()[1].header("authorization"), None);
 }
 
@@ -379,13 +409,8 @@ async fn a_secret_goes_only_to_the_hosts_it_is_bound_to() {
     let other = TestServer::start().await;
     let net = net(fast(), &format!("http://{}", bound.addr)).await;
     let grants = format!("{},{},secret:API_KEY", bound.grant(), other.grant());
-    net.call(
-        "net_get",
-        json!({"url": other.url("/echo-headers")}),
-        &grants,
-    )
-    .await
-    .unwrap();
+    let args = json!({"method": "GET", "url": other.url("/echo-headers")});
+    net.call("http_request", args, &grants).await.unwrap();
     assert_eq!(other.seen()[0].header("authorization"), None);
 }
 

@@ -1,0 +1,64 @@
+//! Capstan's web tools: `web_fetch` (a page's text) and `http_request` (any HTTP call).
+//!
+//! Both go through the host's `wasi:http`, which checks each request against the caller's
+//! `net:` grants and adds the credentials a deployment binds to a host. The tools declare
+//! `net:*` (and `http_request` `secret:*`): what a call may reach is what the caller grants.
+//! Neither follows redirects, so every hop is a request the model asked for and the host
+//! checked.
+
+use capstan_sdk::{Capability, Tool, Toolbox};
+
+mod content_type;
+mod fetch;
+mod limits;
+mod request;
+mod text;
+
+/// `net:*`: the caller's grants narrow it; the tool itself goes wherever it is let. Built
+/// from its text, the contract, which cannot fail to parse.
+fn any_host() -> Capability {
+    "net:*".parse().expect("`net:*` is a capability")
+}
+
+/// `secret:*`: any secret the caller grants, none required. The host injects them; the
+/// tool never reads them.
+fn any_secret() -> Capability {
+    "secret:*".parse().expect("`secret:*` is a capability")
+}
+
+fn tools() -> Toolbox {
+    Toolbox::new()
+        .tool(
+            Tool::new(
+                "web_fetch",
+                "Fetches a web page or text document with GET and returns its text: HTML as \
+                 is, plain text, JSON or XML. Binary content (images, PDF, archives) is \
+                 refused, naming its type. Returns at most `max_bytes` (default 262144, at \
+                 most 1048576); a longer document is cut and says so. Redirects are not \
+                 followed: a redirect is reported with the URL it points to, which you can \
+                 fetch next. The host decides which sites are reachable and adds any \
+                 credentials a site needs itself: never put API keys or passwords in the URL.",
+                fetch::web_fetch,
+            )
+            .needs(any_host()),
+        )
+        .tool(
+            Tool::new(
+                "http_request",
+                "Sends one HTTP request (GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS) with \
+                 optional headers and a text body, and returns JSON: {\"status\": number, \
+                 \"headers\": {lowercase name: value}, \"body\": text, \"truncated\": bool}. \
+                 Any status comes back as is, redirects included (they are not followed). The \
+                 response body is cut at `max_bytes` (default 262144, at most 1048576). The \
+                 host decides which hosts and methods are reachable and injects credentials \
+                 (an authorization header, for instance) for the APIs it is configured for: \
+                 never put API keys or tokens in the headers, the URL or the body. A refused \
+                 request's error says which grant is missing.",
+                request::http_request,
+            )
+            .needs(any_host())
+            .needs(any_secret()),
+        )
+}
+
+capstan_sdk::export_plugin!(tools);
