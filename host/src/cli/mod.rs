@@ -238,10 +238,19 @@ impl HostArgs {
         Ok(locations)
     }
 
+    /// A plugin host that runs calls: the secrets' values are read (and a missing one
+    /// stops the command, naming it).
     pub(crate) fn host(&self, config: &Config) -> anyhow::Result<PluginHost> {
         let secrets = Secrets::load(&config.secrets)?;
-        Ok(PluginHost::new(config.limits.tool.clone(), self.cache()?)?
+        Ok(self
+            .inspecting_host(config)?
             .with_network(NetHost::new(config.net.clone(), secrets)))
+    }
+
+    /// A plugin host for commands that load plugins but run no call (`policy`, `plugins`):
+    /// no secret is read, so they work where the secrets' sources are absent.
+    pub(crate) fn inspecting_host(&self, config: &Config) -> anyhow::Result<PluginHost> {
+        Ok(PluginHost::new(config.limits.tool.clone(), self.cache()?)?)
     }
 
     pub(crate) async fn registry(&self, config: &Config) -> anyhow::Result<Registry> {

@@ -31,7 +31,9 @@ impl PluginsCommand {
         match self {
             PluginsCommand::List { host } => {
                 let config = host.config()?;
-                let registry = host.registry(&config).await?;
+                let registry = host
+                    .registry_on(&config, host.inspecting_host(&config)?)
+                    .await?;
                 let rows: Vec<Vec<String>> = registry
                     .plugins()
                     .iter()

@@ -27,7 +27,10 @@ pub(crate) struct PolicyCommand {
 impl PolicyCommand {
     pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
         let config = self.host.config()?;
-        let registry = self.host.registry(&config).await?;
+        let registry = self
+            .host
+            .registry_on(&config, self.host.inspecting_host(&config)?)
+            .await?;
         if let Some(why) = &self.why {
             let mut out = std::io::stdout().lock();
             return super::network::explain(&mut out, &config, &registry, why, &self.method).await;

@@ -535,3 +535,113 @@ async fn a_component_importing_sockets_and_http_like_a_python_runtime_loads_and_
         .unwrap();
     assert_eq!(out, "hello");
 }
+
+/// The README's five lines, through the `capstan` binary: `policy` shows the grant,
+/// `--why` explains an allowed and a refused request, and `tool call --as worker` sends
+/// the key to the server while its output shows it redacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_lines_of_config_give_a_worker_one_host_and_one_key() {
+    let server = TestServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = format!("http://{}", server.addr);
+    std::fs::write(
+        dir.path().join("capstan.toml"),
+        format!(
+            "[secrets.API_KEY]\nenv = \"CAPSTAN_TEST_API_KEY\"\nhosts = [\"{host}\"]\n\
+             header = \"Authorization: Bearer {{API_KEY}}\"\n\
+             [profiles.worker]\nnet = [\"{host}\"]\nsecrets = [\"API_KEY\"]\n"
+        ),
+    )
+    .unwrap();
+    let run = |args: Vec<String>| {
+        let dir = dir.path().to_owned();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            crate::support::capstan_command(&dir, &args)
+                .env("CAPSTAN_TEST_API_KEY", KEY)
+                .output()
+                .unwrap()
+        })
+    };
+    let args = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+
+    let out = run(args(&["policy"])).await.unwrap();
+    let text = crate::support::stdout(&out);
+    assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    assert!(
+        text.contains(&format!("worker:    net: {host}; secrets: API_KEY")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "http_request      reaches {host}; secrets API_KEY"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("branch:    no network"), "{text}");
+    assert!(!text.contains(KEY));
+
+    let url = server.url("/echo-headers");
+    let out = run(args(&["policy", "--why", "worker", "http_request", &url]))
+        .await
+        .unwrap();
+    let text = crate::support::stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("secrets injected: API_KEY (in authorization)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("address: 127.0.0.1 (a loopback address)"),
+        "{text}"
+    );
+
+    let out = run(args(&[
+        "policy",
+        "--why",
+        "worker",
+        "http_request",
+        "https://evil.example/",
+    ]))
+    .await
+    .unwrap();
+    let text = crate::support::stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("add \"evil.example\" to `net` in [profiles.worker]"),
+        "{text}"
+    );
+    let out = run(args(&["policy", "--why", "branch", "http_request", &url]))
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(crate::support::stdout(&out).contains("not offered to branch"));
+
+    let call = format!(r#"{{"method":"GET","url":"{url}"}}"#);
+    let workspace = tempfile::tempdir().unwrap();
+    let ws = workspace.path().to_str().unwrap();
+    let out = run(args(&[
+        "tool",
+        "call",
+        "http_request",
+        &call,
+        "--as",
+        "worker",
+        "--workspace",
+        ws,
+    ]))
+    .await
+    .unwrap();
+    let text = crate::support::stdout(&out);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        crate::support::stderr(&out)
+    );
+    assert!(text.contains("[redacted secret API_KEY]"), "{text}");
+    assert!(!text.contains(KEY) && !crate::support::stderr(&out).contains(KEY));
+    assert_eq!(
+        server.seen()[0].header("authorization"),
+        Some(format!("Bearer {KEY}").as_str())
+    );
+}
