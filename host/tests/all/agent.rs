@@ -610,7 +610,9 @@ tool_calls = [{ name = "set_status", arguments = { state = "done", message = "co
 
 [[step]]
 process = "worker"
-when = "wait for me"
+# Matches both spellings the duplicate-spawn test uses ("Wait for me.", "wait  for me"): a
+# worker without a matching step would fail and free its task for another spawn.
+when = "for me"
 repeat = true
 tool_calls = [{ name = "set_status", arguments = { state = "waiting", message = "which one?" } }]
 

@@ -264,39 +264,66 @@ async fn bodies_over_their_caps_are_stopped_in_both_directions() {
 
 #[tokio::test]
 async fn a_slow_server_hits_each_timeout() {
+    // Each case's other timeouts are long, so only the one under test can fire, however
+    // slow the machine.
+    let long = Duration::from_secs(10);
     let server = TestServer::start().await;
-    let limits = NetLimits {
-        connect_timeout: Duration::from_millis(300),
-        first_byte_timeout: Duration::from_millis(300),
-        request_timeout: Duration::from_millis(1500),
-        ..fast()
-    };
-    let net = net(limits, "api.example.com").await;
-
+    let first_byte = net(
+        NetLimits {
+            connect_timeout: long,
+            first_byte_timeout: Duration::from_millis(300),
+            request_timeout: long,
+            ..fast()
+        },
+        "api.example.com",
+    )
+    .await;
     let text = refused(
-        net.call(
-            "net_get",
-            json!({"url": server.url("/hang")}),
-            &server.grant(),
-        )
-        .await,
+        first_byte
+            .call(
+                "net_get",
+                json!({"url": server.url("/hang")}),
+                &server.grant(),
+            )
+            .await,
     );
     assert!(
         text.contains("no response from 127.0.0.1 within 0.3 s ([net] first_byte_timeout_secs)"),
         "{text}"
     );
 
+    let total = net(
+        NetLimits {
+            connect_timeout: long,
+            first_byte_timeout: long,
+            request_timeout: Duration::from_millis(500),
+            ..fast()
+        },
+        "api.example.com",
+    )
+    .await;
     let text = refused(
-        net.call(
-            "net_get",
-            json!({"url": server.url("/stall")}),
-            &server.grant(),
-        )
-        .await,
+        total
+            .call(
+                "net_get",
+                json!({"url": server.url("/stall")}),
+                &server.grant(),
+            )
+            .await,
     );
     assert!(text.contains("[net] request_timeout_secs"), "{text}");
 
     // A listener that accepts but never speaks TLS: the connection never comes up.
+    let connect = net(
+        NetLimits {
+            connect_timeout: Duration::from_millis(300),
+            first_byte_timeout: long,
+            request_timeout: long,
+            ..fast()
+        },
+        "api.example.com",
+    )
+    .await;
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = silent.local_addr().unwrap();
     let _hold = tokio::spawn(async move {
@@ -306,12 +333,13 @@ async fn a_slow_server_hits_each_timeout() {
         }
     });
     let text = refused(
-        net.call(
-            "net_get",
-            json!({"url": format!("https://{addr}/")}),
-            &format!("net:https://{addr}"),
-        )
-        .await,
+        connect
+            .call(
+                "net_get",
+                json!({"url": format!("https://{addr}/")}),
+                &format!("net:https://{addr}"),
+            )
+            .await,
     );
     assert!(
         text.contains("no connection to 127.0.0.1 within 0.3 s ([net] connect_timeout_secs)"),
