@@ -207,7 +207,7 @@ pub(super) async fn explain(
     for ip in addrs {
         let class = crate::net::AddressClass::of(ip);
         writeln!(out, "address: {ip} ({class})")?;
-        if let Err(refusal) = NetScope::check_address(&rule, &target, ip) {
+        if let Err(refusal) = scope.check_address(&rule, &target, ip) {
             return refuse(out, refusal.to_string());
         }
     }

@@ -76,6 +76,8 @@ pub(super) struct GuardedResponse {
     pub(super) received: u64,
     pub(super) done: bool,
     pub(super) log: Option<RequestLog>,
+    /// What must live as long as the body: the connection's task and the in-flight slot.
+    pub(super) _held: Box<dyn std::any::Any + Send>,
 }
 
 impl GuardedResponse {

@@ -129,11 +129,22 @@ impl NetScope {
         })
     }
 
-    /// Whether `rule`, which allowed `target`, lets it connect to `ip`: an address that is
-    /// not public needs a rule naming the host or address exactly.
-    pub fn check_address(rule: &NetRule, target: &NetTarget, ip: IpAddr) -> Result<(), Refusal> {
+    /// Whether `target`, allowed by `rule`, may connect to `ip`: an address that is not
+    /// public needs a *granted* rule naming the host or address exactly. A tool's own
+    /// declaration never counts here: a plugin declaring `http://169.254.169.254` under a
+    /// `*` grant does not reach the metadata service.
+    pub fn check_address(
+        &self,
+        rule: &NetRule,
+        target: &NetTarget,
+        ip: IpAddr,
+    ) -> Result<(), Refusal> {
         let class = AddressClass::of(ip);
-        if class.is_public() || rule.names_host_exactly() {
+        let named = self
+            .granted
+            .iter()
+            .any(|grant| grant.names_host_exactly() && grant.allows(target));
+        if class.is_public() || named {
             return Ok(());
         }
         let how = match &target.host {
@@ -141,11 +152,12 @@ impl NetScope {
             TargetHost::Ip(_) => format!("{ip} is {class}"),
         };
         Err(Refusal {
-            reason: format!("{how}, which the wildcard grant \"{rule}\" does not reach"),
+            reason: format!("{how}, which no grant names (the request matched \"{rule}\")"),
             fix: format!(
-                "only a grant naming the host exactly (\"{}\") reaches private, loopback, \
-                 link-local and metadata addresses",
-                rule_for(target)
+                "only a grant naming the host exactly (\"{}\" in {}) reaches private, \
+                 loopback, link-local and metadata addresses",
+                rule_for(target),
+                self.source.place()
             ),
         })
     }
@@ -239,17 +251,23 @@ mod tests {
 
     #[test]
     fn private_addresses_need_an_exact_grant() {
-        let wildcard: NetRule = "*".parse().unwrap();
-        let exact: NetRule = "http://127.0.0.1:8080".parse().unwrap();
+        let wildcard = scope(&["*"], &["*"]);
+        let exact = scope(&["*"], &["http://127.0.0.1:8080"]);
+        let any: NetRule = "*".parse().unwrap();
         let t = target("http://127.0.0.1:8080/");
         let ip = "127.0.0.1".parse().unwrap();
-        let text = NetScope::check_address(&wildcard, &t, ip)
+        let text = wildcard
+            .check_address(&any, &t, ip)
             .unwrap_err()
             .to_string();
-        assert!(text.contains("127.0.0.1 is a loopback address"), "{text}");
-        assert!(NetScope::check_address(&exact, &t, ip).is_ok());
+        assert!(
+            text.contains("127.0.0.1 is a loopback address, which no grant names"),
+            "{text}"
+        );
+        assert!(exact.check_address(&any, &t, ip).is_ok());
         let named = target("https://internal.example.com/");
-        let text = NetScope::check_address(&wildcard, &named, "10.0.0.7".parse().unwrap())
+        let text = wildcard
+            .check_address(&any, &named, "10.0.0.7".parse().unwrap())
             .unwrap_err()
             .to_string();
         assert!(
@@ -257,7 +275,76 @@ mod tests {
             "{text}"
         );
         assert!(
-            NetScope::check_address(&wildcard, &named, "93.184.216.34".parse().unwrap()).is_ok()
+            wildcard
+                .check_address(&any, &named, "93.184.216.34".parse().unwrap())
+                .is_ok()
+        );
+    }
+}
+
+#[cfg(test)]
+mod declared_exactness {
+    use super::*;
+    use crate::net::target_of;
+
+    fn effective(declared: &[&str], granted: &[&str]) -> NetScope {
+        let parse =
+            |rules: &[&str]| -> Vec<NetRule> { rules.iter().map(|r| r.parse().unwrap()).collect() };
+        let (declared, granted) = (parse(declared), parse(granted));
+        let effective = declared
+            .iter()
+            .flat_map(|d| granted.iter().filter_map(|g| d.intersect(g)))
+            .collect();
+        NetScope {
+            tool: "evil_tool".into(),
+            effective,
+            declared,
+            granted,
+            source: GrantSource::Profile {
+                kind: "worker".into(),
+                narrowed_for: None,
+            },
+        }
+    }
+
+    /// The operator grants `net = ["*"]` (documented: wildcards never reach private,
+    /// loopback or metadata addresses). A plugin that *declares* the metadata address
+    /// exactly gets an effective rule that "names the host exactly", so the wildcard
+    /// grant reaches 169.254.169.254 after all.
+    #[test]
+    fn a_declared_exact_address_does_not_make_a_wildcard_grant_exact() {
+        let scope = effective(&["http://169.254.169.254"], &["*"]);
+        let t = target_of(
+            &http::Method::GET,
+            &"http://169.254.169.254/latest/meta-data/iam/"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+        let rule = scope.check(&t).expect("declared and inside the wildcard");
+        let ip = "169.254.169.254".parse().unwrap();
+        assert!(
+            scope.check_address(rule, &t, ip).is_err(),
+            "the wildcard grant `*` reached the cloud metadata address via rule {rule}"
+        );
+    }
+
+    /// The same with a name: a plugin declaring `http://localhost:6379` (or an internal
+    /// name) under a `*` grant reaches loopback.
+    #[test]
+    fn a_declared_exact_name_does_not_let_a_wildcard_grant_reach_loopback() {
+        let scope = effective(&["http://localhost:6379"], &["*"]);
+        let t = target_of(
+            &http::Method::POST,
+            &"http://localhost:6379/".parse().unwrap(),
+        )
+        .unwrap();
+        let rule = scope.check(&t).expect("declared and inside the wildcard");
+        assert!(
+            scope
+                .check_address(rule, &t, "127.0.0.1".parse().unwrap())
+                .is_err(),
+            "the wildcard grant `*` reached loopback via rule {rule}"
         );
     }
 }

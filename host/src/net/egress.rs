@@ -212,7 +212,7 @@ impl CallNet {
         // Every address the name stands for must pass: a resolver answering with one public
         // and one private address must not get to choose which is used.
         for addr in &addrs {
-            if let Err(refusal) = NetScope::check_address(&rule, &target, addr.ip()) {
+            if let Err(refusal) = self.scope.check_address(&rule, &target, addr.ip()) {
                 log.refused(&refusal.to_string());
                 return Err(refused(&refusal));
             }
@@ -267,7 +267,7 @@ impl CallNet {
             .map_or("/", |p| p.as_str())
             .to_owned();
         *request.uri_mut() = path.parse().map_err(|_| Error::HttpRequestUriInvalid)?;
-        self.inject_secrets(&target, request.headers_mut());
+        let carries_secret = self.inject_secrets(&target, request.headers_mut());
         let refused_body = Arc::new(Mutex::new(None));
         let sent = log.sent.clone();
         let request = request.map(|body| {
@@ -281,15 +281,16 @@ impl CallNet {
             .boxed_unsync()
         });
 
-        let mut conn = Box::pin(conn);
+        // The connection runs on its own task for as long as the response body is held
+        // (the guard in the body aborts it), so a server that answers and closes at once
+        // never races its own answer.
+        let connection = ConnectionGuard(tokio::spawn(conn));
         let first_byte = Instant::now() + first_byte_timeout;
-        let response = tokio::select! {
-            response = tokio::time::timeout_at(first_byte.min(deadline).into(), sender.send_request(request)) => response,
-            ended = &mut conn => Ok(Err(match ended {
-                Ok(()) => return Err(fail(log, format!("{} closed the connection before answering", target.host))),
-                Err(err) => err,
-            })),
-        };
+        let response = tokio::time::timeout_at(
+            first_byte.min(deadline).into(),
+            sender.send_request(request),
+        )
+        .await;
         let response = match response {
             Ok(Ok(response)) => response,
             Ok(Err(err)) => {
@@ -324,14 +325,27 @@ impl CallNet {
             }
         };
         log.status = Some(response.status().as_u16());
-        let redactor = self.host.secrets.redactor();
         let (mut parts, incoming) = response.into_parts();
+        if carries_secret
+            && let Some(encoding) = parts.headers.get(http::header::CONTENT_ENCODING)
+            && !encoding.as_bytes().eq_ignore_ascii_case(b"identity")
+        {
+            let message = format!(
+                "capstan stopped this response: it is encoded ({}), which would hide from \
+                 redaction a secret the request carried; the server must answer unencoded",
+                String::from_utf8_lossy(encoding.as_bytes())
+            );
+            log.failed(0, &message);
+            return Err(Error::InternalError(Some(message)));
+        }
+        let redactor = self.host.secrets.redactor();
         if !redactor.is_empty() {
             for value in parts.headers.values_mut() {
-                if let Ok(text) = value.to_str()
-                    && let std::borrow::Cow::Owned(clean) = redactor.redact(text)
-                {
-                    *value = http::HeaderValue::from_str(&clean)
+                let mut stream = redactor.stream();
+                let mut clean = stream.push(value.as_bytes());
+                clean.extend(stream.finish());
+                if clean != value.as_bytes() {
+                    *value = http::HeaderValue::from_bytes(&clean)
                         .unwrap_or_else(|_| http::HeaderValue::from_static("[redacted]"));
                 }
             }
@@ -346,17 +360,17 @@ impl CallNet {
             received: 0,
             done: false,
             log: Some(log),
+            _held: Box::new((connection, permit)),
         };
-        let io: IoFuture = Box::new(async move {
-            let _permit = permit;
-            conn.await.map_err(Error::from)
-        });
+        let io: IoFuture = Box::new(std::future::ready(Ok(())));
         Ok((http::Response::from_parts(parts, body.boxed_unsync()), io))
     }
 
     /// Sets the header of every granted secret bound to `target`'s host, over any the
-    /// guest set.
-    fn inject_secrets(&self, target: &NetTarget, headers: &mut http::HeaderMap) {
+    /// guest set; returns whether any was set. A request carrying a secret asks for an
+    /// unencoded answer: a compressed echo of the secret would pass the redactor unseen.
+    fn inject_secrets(&self, target: &NetTarget, headers: &mut http::HeaderMap) -> bool {
+        let mut injected = false;
         for name in &self.secrets {
             let Some(secret) = self.host.secrets.get(name) else {
                 continue;
@@ -367,16 +381,32 @@ impl CallNet {
             if !secret.bound_to(target) {
                 continue;
             }
-            if let Ok(value) = http::HeaderValue::from_str(&header.render(secret.value())) {
-                let mut value = value;
+            if let Ok(mut value) = http::HeaderValue::from_str(&header.render(secret.value())) {
                 value.set_sensitive(true);
                 headers.insert(header.name().clone(), value);
+                injected = true;
             }
         }
+        if injected {
+            headers.insert(
+                http::header::ACCEPT_ENCODING,
+                http::HeaderValue::from_static("identity"),
+            );
+        }
+        injected
     }
 }
 
 type IoFuture = Box<dyn Future<Output = Result<(), Error>> + Send>;
+
+/// Aborts the task driving a request's connection when the response is dropped.
+struct ConnectionGuard(tokio::task::JoinHandle<Result<(), hyper::Error>>);
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// The error a guest gets for a refused request: its message says which grant or limit
 /// refused it and what would allow it.
@@ -443,5 +473,208 @@ impl WasiHttpHooks for Egress {
             Err(err) => Box::new(std::future::ready(Err(err))),
             Ok((log, permit)) => Box::new(call.clone().send(request, options, log, permit)),
         }
+    }
+}
+
+#[cfg(test)]
+mod hostile_servers {
+    use std::net::SocketAddr;
+
+    use capstan_caps::NetRule;
+    use http_body_util::Empty;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::net::GrantSource;
+    use crate::secrets::{HeaderTemplate, SecretSource, SecretSpec};
+
+    const KEY: &str = "sk-attack-0123456789abcdef";
+
+    /// A server that answers one request with `response` verbatim and hands back what it
+    /// received.
+    async fn serve_once(
+        response: Vec<u8>,
+    ) -> (SocketAddr, tokio::sync::oneshot::Receiver<Vec<u8>>) {
+        serve_once_then(response, false).await
+    }
+
+    async fn serve_once_then(
+        response: Vec<u8>,
+        close: bool,
+    ) -> (SocketAddr, tokio::sync::oneshot::Receiver<Vec<u8>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 16384];
+            let n = s.read(&mut buf).await.unwrap_or(0);
+            let _ = tx.send(buf[..n].to_vec());
+            s.write_all(&response).await.unwrap();
+            if close {
+                let _ = s.shutdown().await;
+            } else {
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            }
+        });
+        (addr, rx)
+    }
+
+    fn call_net(addr: SocketAddr, dir: &tempfile::TempDir) -> Arc<CallNet> {
+        let file = dir.path().join("key");
+        std::fs::write(&file, KEY).unwrap();
+        let bound: NetRule = format!("http://{addr}").parse().unwrap();
+        let spec = SecretSpec {
+            name: "API_KEY".parse().unwrap(),
+            source: SecretSource::File(file),
+            hosts: vec![bound.clone()],
+            header: Some(
+                HeaderTemplate::parse("Authorization: Bearer {API_KEY}", "API_KEY").unwrap(),
+            ),
+        };
+        let secrets = Secrets::load(&[spec]).unwrap();
+        let host = Arc::new(NetHost::new(NetSettings::default(), secrets));
+        let scope = NetScope {
+            tool: "t".into(),
+            effective: vec![bound.clone()],
+            declared: vec![NetRule::any()],
+            granted: vec![bound],
+            source: GrantSource::Flag,
+        };
+        Arc::new(CallNet::new(
+            host,
+            "worker:1".into(),
+            scope,
+            vec!["API_KEY".into()],
+            None,
+        ))
+    }
+
+    async fn get(
+        call: Arc<CallNet>,
+        url: String,
+        headers: &[(&str, &str)],
+    ) -> http::Response<WasiBody> {
+        let mut builder = http::Request::builder().method("GET").uri(url);
+        for (n, v) in headers {
+            builder = builder.header(*n, *v);
+        }
+        let request = builder
+            .body(
+                Empty::<bytes::Bytes>::new()
+                    .map_err(|_| unreachable!())
+                    .boxed_unsync(),
+            )
+            .unwrap();
+        let mut egress = Egress::new(Some(call));
+        let future = egress.send_request(request, None, Box::new(async { Ok(()) }));
+        let (response, io) = Box::into_pin(future).await.unwrap();
+        tokio::spawn(Box::into_pin(io));
+        response
+    }
+
+    /// The bound host reflects the injected Authorization header in a response header
+    /// whose value holds one non-visible-ASCII byte (obs-text, which HTTP/1.1 allows):
+    /// `to_str()` fails, so the header is handed to the guest unredacted.
+    #[tokio::test]
+    async fn a_reflected_secret_in_an_obs_text_header_is_redacted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut response = b"HTTP/1.1 200 OK\r\nx-echo: \xab".to_vec();
+        response.extend_from_slice(format!("Bearer {KEY}\r\ncontent-length: 0\r\n\r\n").as_bytes());
+        let (addr, seen) = serve_once(response).await;
+        let response = get(call_net(addr, &dir), format!("http://{addr}/"), &[]).await;
+        let seen = String::from_utf8_lossy(&seen.await.unwrap()).into_owned();
+        assert!(seen.contains(KEY), "the secret was injected: {seen}");
+        let echoed = response.headers().get("x-echo").unwrap().as_bytes();
+        let echoed = String::from_utf8_lossy(echoed);
+        assert!(
+            !echoed.contains(KEY),
+            "the guest reads the secret in a header: {echoed}"
+        );
+    }
+
+    /// The guest may ask the bound host to compress (`accept-encoding: gzip` is passed on
+    /// as is); a compressed reflection of the injected header is never redacted, as the
+    /// redactor only sees compressed bytes. Shown here by the header reaching the server.
+    #[tokio::test]
+    async fn a_request_carrying_a_secret_asks_for_an_unencoded_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let (addr, seen) =
+            serve_once(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_vec()).await;
+        let _ = get(
+            call_net(addr, &dir),
+            format!("http://{addr}/"),
+            &[("accept-encoding", "gzip")],
+        )
+        .await;
+        let seen = String::from_utf8_lossy(&seen.await.unwrap()).to_ascii_lowercase();
+        assert!(seen.contains(&KEY.to_ascii_lowercase()), "{seen}");
+        assert!(
+            !seen.contains("accept-encoding: gzip"),
+            "a request carrying a secret asks for a compressed answer the redactor cannot read: {seen}"
+        );
+    }
+
+    /// An HTTP/1.1 server that answers in full with `connection: close` and closes: the
+    /// `select!` in `send` races the connection's end against the response, and when the
+    /// connection future wins, a complete answer is reported as "closed the connection
+    /// A bound server that answers a secret-bearing request compressed anyway is refused:
+    /// the redactor could not see a secret inside.
+    #[tokio::test]
+    async fn an_encoded_answer_to_a_request_carrying_a_secret_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (addr, _seen) = serve_once(
+            b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: 0\r\n\r\n".to_vec(),
+        )
+        .await;
+        let request = http::Request::builder()
+            .uri(format!("http://{addr}/"))
+            .body(
+                Empty::<bytes::Bytes>::new()
+                    .map_err(|_| unreachable!())
+                    .boxed_unsync(),
+            )
+            .unwrap();
+        let mut egress = Egress::new(Some(call_net(addr, &dir)));
+        let future = egress.send_request(request, None, Box::new(async { Ok(()) }));
+        let err = match Box::into_pin(future).await {
+            Err(err) => format!("{err:?}"),
+            Ok(_) => panic!("an encoded answer was passed on"),
+        };
+        assert!(err.contains("it is encoded (gzip)"), "{err}");
+    }
+
+    /// before answering".
+    #[tokio::test]
+    async fn a_server_that_answers_then_closes_is_heard() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut failures = Vec::new();
+        for _ in 0..20 {
+            let (addr, _seen) = serve_once_then(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok".to_vec(),
+                true,
+            )
+            .await;
+            let call = call_net(addr, &dir);
+            let request = http::Request::builder()
+                .uri(format!("http://{addr}/"))
+                .body(
+                    Empty::<bytes::Bytes>::new()
+                        .map_err(|_| unreachable!())
+                        .boxed_unsync(),
+                )
+                .unwrap();
+            let mut egress = Egress::new(Some(call));
+            let future = egress.send_request(request, None, Box::new(async { Ok(()) }));
+            if let Err(err) = Box::into_pin(future).await {
+                failures.push(format!("{err:?}"));
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} of 20 complete answers lost: {:?}",
+            failures.len(),
+            failures.first()
+        );
     }
 }

@@ -75,7 +75,7 @@ struct Bucket {
     at: Instant,
 }
 
-/// Buckets kept before full ones are dropped (a full bucket is the same as none).
+/// The most buckets kept: past it, full ones are dropped, then the least recently used.
 const MAX_BUCKETS: usize = 4096;
 
 impl RateLimiter {
@@ -86,16 +86,26 @@ impl RateLimiter {
         let rate = capacity / 60.0;
         let now = Instant::now();
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        if buckets.len() >= MAX_BUCKETS {
+        let key = (process.to_owned(), tool.to_owned());
+        if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(&key) {
+            // A full bucket is the same as none; past that, the least recently used goes
+            // (it gets a fresh minute if it comes back).
             buckets
                 .retain(|_, b| b.tokens + now.duration_since(b.at).as_secs_f64() * rate < capacity);
+            let oldest = buckets
+                .iter()
+                .min_by_key(|(_, b)| b.at)
+                .map(|(k, _)| k.clone());
+            if buckets.len() >= MAX_BUCKETS
+                && let Some(oldest) = oldest
+            {
+                buckets.remove(&oldest);
+            }
         }
-        let bucket = buckets
-            .entry((process.to_owned(), tool.to_owned()))
-            .or_insert(Bucket {
-                tokens: capacity,
-                at: now,
-            });
+        let bucket = buckets.entry(key).or_insert(Bucket {
+            tokens: capacity,
+            at: now,
+        });
         bucket.tokens =
             (bucket.tokens + now.duration_since(bucket.at).as_secs_f64() * rate).min(capacity);
         bucket.at = now;
@@ -125,5 +135,25 @@ mod tests {
         );
         limiter.take("worker:2", "http_request", 3).unwrap();
         limiter.take("worker:1", "web_fetch", 3).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod bounded {
+    use super::*;
+
+    /// Past MAX_BUCKETS, `take` only drops *full* buckets; a bucket that has been used once
+    /// in the last minute is never full, so the map keeps growing (and every `take` then
+    /// scans the whole map under the lock).
+    #[test]
+    fn the_bucket_map_stays_bounded() {
+        let limiter = RateLimiter::default();
+        for i in 0..(MAX_BUCKETS * 3) {
+            limiter
+                .take(&format!("worker:{i}"), "http_request", 1)
+                .unwrap();
+        }
+        let len = limiter.buckets.lock().unwrap().len();
+        assert!(len <= MAX_BUCKETS, "{len} buckets held, over {MAX_BUCKETS}");
     }
 }

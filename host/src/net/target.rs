@@ -205,7 +205,7 @@ mod tests {
                         let scope = wildcard_scope();
                         if let Ok(rule) = scope.check(&target) {
                             prop_assert!(!AddressClass::of(ip).is_public());
-                            prop_assert!(NetScope::check_address(rule, &target, ip).is_err(), "{}", url);
+                            prop_assert!(scope.check_address(rule, &target, ip).is_err(), "{}", url);
                         }
                     }
                 }
