@@ -232,3 +232,92 @@ pub(super) fn parse_rules(key: &str, rules: &[String]) -> Result<Vec<NetRule>, K
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use capstan_caps::Capability;
+
+    use crate::config::Config;
+    use crate::policy::ProcessKind;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        Config::parse(text, Path::new("capstan.toml")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn network_grants_limits_and_secrets_are_read_and_checked() {
+        let config = parse(
+            "[net]\nrequests_per_minute = 30\n[net.tool.web_fetch]\nmax_response_body_kib = 8\n\
+             [secrets.KEY]\nfile = \"key.txt\"\nhosts = [\"api.example.com\"]\n\
+             header = \"X-Api-Key: {KEY}\"\n\
+             [profiles.worker]\nnet = [\"api.example.com\", \"GET *.example.org\"]\n\
+             secrets = [\"KEY\"]\n[profiles.worker.tool.web_fetch]\nnet = [\"*.example.org\"]\n\
+             secrets = []\n",
+        )
+        .unwrap();
+        assert_eq!(config.net.limits.requests_per_minute, 30);
+        let fetch = config.net.for_tool("web_fetch");
+        assert_eq!(fetch.max_response_body_bytes, 8 << 10);
+        assert_eq!(fetch.requests_per_minute, 30, "unset keys come from [net]");
+        assert_eq!(
+            config.net.key_of("web_fetch", "x"),
+            "[net.tool.web_fetch] x"
+        );
+        assert_eq!(config.secrets[0].name.as_str(), "KEY");
+        let worker = config.policy.profile(ProcessKind::Worker);
+        let fetch = worker.grants_for("web_fetch");
+        let rules: Vec<String> = fetch.net_rules().map(ToString::to_string).collect();
+        assert_eq!(rules, ["GET *.example.org"]);
+        assert_eq!(fetch.secret_names().count(), 0);
+        let request = worker.grants_for("http_request");
+        assert!(request.allows(&Capability::Secret("KEY".into())));
+    }
+
+    #[test]
+    fn bad_network_config_names_the_key_and_the_fix() {
+        for (text, says) in [
+            (
+                "[profiles.worker]\nnet = [\"ftp://x.org\"]\n",
+                "profiles.worker.net[0]",
+            ),
+            (
+                "[profiles.worker]\nsecrets = [\"NOPE\"]\n",
+                "add a [secrets.NOPE] table",
+            ),
+            (
+                "[secrets.K]\nvalue = \"hunter22\"\n",
+                "never written in the config",
+            ),
+            (
+                "[secrets.K]\nhosts = [\"a.org\"]\n",
+                "`env = \"VAR\"` or `file",
+            ),
+            (
+                "[secrets.K]\nenv = \"K\"\nheader = \"Authorization: Bearer\"\n",
+                "must contain {K}",
+            ),
+            (
+                "[secrets.K]\nenv = \"K\"\nheader = \"A: {K}\"\n",
+                "name the hosts",
+            ),
+            (
+                "[net]\nmax_request_body_kib = 0\n",
+                "net.max_request_body_kib",
+            ),
+            (
+                "[net.tool.t]\nconnect_timeout_secs = -1\n",
+                "net.tool.t.connect_timeout_secs",
+            ),
+            (
+                "[secrets.K]\nenv = \"K\"\n[profiles.worker]\nsecrets = []\n\
+                 [profiles.worker.tool.t]\nsecrets = [\"K\"]\n",
+                "add it to profiles.worker.secrets too",
+            ),
+        ] {
+            let err = parse(text).unwrap_err();
+            assert!(err.contains(says), "{text}: {err}");
+        }
+    }
+}

@@ -107,7 +107,11 @@ impl RequestLog {
             tool: call.tool.clone(),
             method: self.target.method.clone(),
             scheme: self.target.scheme.to_string(),
-            host: self.target.host.to_string(),
+            // A guest chooses the host: a secret it was sent back could be spelled in it.
+            host: call
+                .redactor
+                .redact(&self.target.host.to_string())
+                .into_owned(),
             port: self.target.port,
             address: self.address.map(|a| a.ip().to_string()),
             status: self.status,

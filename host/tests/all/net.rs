@@ -673,3 +673,44 @@ async fn five_lines_of_config_give_a_worker_one_host_and_one_key() {
         Some(format!("Bearer {KEY}").as_str())
     );
 }
+
+#[tokio::test]
+async fn web_fetch_returns_text_and_refuses_binary_and_redirects_by_name() {
+    let server = TestServer::start().await;
+    let net = net(fast(), "api.example.com").await;
+    let grant = server.grant();
+    let fetch = |path: &str| net.call("web_fetch", json!({"url": server.url(path)}), &grant);
+    let text = fetch("/ok").await.unwrap();
+    assert!(text.contains("hello from the test server"), "{text}");
+    let json = fetch("/json").await.unwrap();
+    assert!(json.contains(r#"{"answer":42}"#), "{json}");
+    let binary = refused(fetch("/binary").await);
+    assert!(binary.contains("image/png"), "{binary}");
+    let redirect = refused(fetch("/redirect?to=https://elsewhere.example/page").await);
+    assert!(
+        redirect.contains("https://elsewhere.example/page"),
+        "{redirect}"
+    );
+    assert!(redirect.contains("302"), "{redirect}");
+}
+
+#[tokio::test]
+async fn a_secret_in_an_error_message_is_redacted() {
+    let server = TestServer::start().await;
+    let net = net(fast(), &format!("http://{}", server.addr)).await;
+    // The server redirects to a host named after the key; the probe follows, and the
+    // host's refusal names that host: the error the model would read holds the key.
+    let to = format!("http://{KEY}.invalid/");
+    let text = refused(
+        net.call(
+            "net_get",
+            json!({"url": server.url(&format!("/redirect?to={to}")), "follow_redirects": true}),
+            &server.grant(),
+        )
+        .await,
+    );
+    assert!(text.contains("[redacted secret API_KEY].invalid"), "{text}");
+    assert!(!text.contains(KEY), "{text}");
+    let rows = net.requests().await;
+    assert!(!format!("{rows:?}").contains(KEY), "{rows:?}");
+}
