@@ -714,3 +714,82 @@ async fn a_secret_in_an_error_message_is_redacted() {
     let rows = net.requests().await;
     assert!(!format!("{rows:?}").contains(KEY), "{rows:?}");
 }
+
+/// Through an agent run: a worker granted the server and the key calls `http_request`; the
+/// server sees the key, and neither the model's context nor anything stored (history,
+/// audit, the whole database) ever holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_request_carries_the_key_and_the_model_and_the_store_never_see_it() {
+    use capstan_host::agent::Event;
+    use capstan_host::config::Config;
+
+    let server = TestServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("api_key"), KEY).unwrap();
+    let host = format!("http://{}", server.addr);
+    let config = Config::parse(
+        &format!(
+            "[secrets.API_KEY]\nfile = \"api_key\"\nhosts = [\"{host}\"]\n\
+             header = \"Authorization: Bearer {{API_KEY}}\"\n\
+             [profiles.worker]\nnet = [\"{host}\"]\nsecrets = [\"API_KEY\"]\n"
+        ),
+        &dir.path().join("capstan.toml"),
+    )
+    .unwrap();
+    let url = server.url("/echo-headers");
+    let script = format!(
+        r#"
+[[step]]
+process = "channel"
+when = "fetch it"
+tool_calls = [{{ name = "spawn_worker", arguments = {{ task = "Fetch the headers." }} }}]
+
+[[step]]
+process = "worker"
+when = "fetch the headers"
+tool_calls = [{{ name = "http_request", arguments = {{ method = "GET", url = "{url}" }} }}]
+
+[[step]]
+process = "worker"
+tool_calls = [{{ name = "set_status", arguments = {{ state = "done", message = "fetched" }} }}]
+
+[[step]]
+process = "channel"
+repeat = true
+tool_calls = [{{ name = "skip" }}]
+"#
+    );
+    let recording = crate::support::Recording::new(&script);
+    let (rt, mut events) = crate::support::agent_runtime(config, recording.clone(), false).await;
+    rt.send_user_message("main", "fetch it").await.unwrap();
+    while let Some(event) = events.recv().await {
+        if matches!(event, Event::WorkerEnded { .. }) {
+            break;
+        }
+    }
+    rt.wait_idle("main").await;
+
+    assert_eq!(
+        server.seen()[0].header("authorization"),
+        Some(format!("Bearer {KEY}").as_str())
+    );
+    let context = format!("{:?}", recording.requests());
+    assert!(
+        context.contains("[redacted secret API_KEY]"),
+        "the worker read the echo"
+    );
+    assert!(!context.contains(KEY), "the model's context holds the key");
+    let services = rt.services();
+    let rows = services.audit.recent_requests(10).await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].request.process, "worker:1");
+    rt.shutdown();
+    for entry in std::fs::read_dir(&rt.config().agent.data_dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            let bytes = std::fs::read(&path).unwrap();
+            let found = bytes.windows(KEY.len()).any(|w| w == KEY.as_bytes());
+            assert!(!found, "{} holds the key", path.display());
+        }
+    }
+}
