@@ -280,32 +280,6 @@ mod tests {
                 .is_ok()
         );
     }
-}
-
-#[cfg(test)]
-mod declared_exactness {
-    use super::*;
-    use crate::net::target_of;
-
-    fn effective(declared: &[&str], granted: &[&str]) -> NetScope {
-        let parse =
-            |rules: &[&str]| -> Vec<NetRule> { rules.iter().map(|r| r.parse().unwrap()).collect() };
-        let (declared, granted) = (parse(declared), parse(granted));
-        let effective = declared
-            .iter()
-            .flat_map(|d| granted.iter().filter_map(|g| d.intersect(g)))
-            .collect();
-        NetScope {
-            tool: "evil_tool".into(),
-            effective,
-            declared,
-            granted,
-            source: GrantSource::Profile {
-                kind: "worker".into(),
-                narrowed_for: None,
-            },
-        }
-    }
 
     /// The operator grants `net = ["*"]` (documented: wildcards never reach private,
     /// loopback or metadata addresses). A plugin that *declares* the metadata address
@@ -313,7 +287,7 @@ mod declared_exactness {
     /// grant reaches 169.254.169.254 after all.
     #[test]
     fn a_declared_exact_address_does_not_make_a_wildcard_grant_exact() {
-        let scope = effective(&["http://169.254.169.254"], &["*"]);
+        let scope = scope(&["http://169.254.169.254"], &["*"]);
         let t = target_of(
             &http::Method::GET,
             &"http://169.254.169.254/latest/meta-data/iam/"
@@ -333,7 +307,7 @@ mod declared_exactness {
     /// name) under a `*` grant reaches loopback.
     #[test]
     fn a_declared_exact_name_does_not_let_a_wildcard_grant_reach_loopback() {
-        let scope = effective(&["http://localhost:6379"], &["*"]);
+        let scope = scope(&["http://localhost:6379"], &["*"]);
         let t = target_of(
             &http::Method::POST,
             &"http://localhost:6379/".parse().unwrap(),

@@ -550,11 +550,12 @@ mod hostile_servers {
         ))
     }
 
-    async fn get(
+    /// GETs `url` with `headers` through `call`'s egress.
+    async fn send(
         call: Arc<CallNet>,
         url: String,
         headers: &[(&str, &str)],
-    ) -> http::Response<WasiBody> {
+    ) -> Result<(http::Response<WasiBody>, IoFuture), Error> {
         let mut builder = http::Request::builder().method("GET").uri(url);
         for (n, v) in headers {
             builder = builder.header(*n, *v);
@@ -567,8 +568,15 @@ mod hostile_servers {
             )
             .unwrap();
         let mut egress = Egress::new(Some(call));
-        let future = egress.send_request(request, None, Box::new(async { Ok(()) }));
-        let (response, io) = Box::into_pin(future).await.unwrap();
+        Box::into_pin(egress.send_request(request, None, Box::new(async { Ok(()) }))).await
+    }
+
+    async fn get(
+        call: Arc<CallNet>,
+        url: String,
+        headers: &[(&str, &str)],
+    ) -> http::Response<WasiBody> {
+        let (response, io) = send(call, url, headers).await.unwrap();
         tokio::spawn(Box::into_pin(io));
         response
     }
@@ -627,17 +635,7 @@ mod hostile_servers {
             b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: 0\r\n\r\n".to_vec(),
         )
         .await;
-        let request = http::Request::builder()
-            .uri(format!("http://{addr}/"))
-            .body(
-                Empty::<bytes::Bytes>::new()
-                    .map_err(|_| unreachable!())
-                    .boxed_unsync(),
-            )
-            .unwrap();
-        let mut egress = Egress::new(Some(call_net(addr, &dir)));
-        let future = egress.send_request(request, None, Box::new(async { Ok(()) }));
-        let err = match Box::into_pin(future).await {
+        let err = match send(call_net(addr, &dir), format!("http://{addr}/"), &[]).await {
             Err(err) => format!("{err:?}"),
             Ok(_) => panic!("an encoded answer was passed on"),
         };
@@ -655,18 +653,7 @@ mod hostile_servers {
                 true,
             )
             .await;
-            let call = call_net(addr, &dir);
-            let request = http::Request::builder()
-                .uri(format!("http://{addr}/"))
-                .body(
-                    Empty::<bytes::Bytes>::new()
-                        .map_err(|_| unreachable!())
-                        .boxed_unsync(),
-                )
-                .unwrap();
-            let mut egress = Egress::new(Some(call));
-            let future = egress.send_request(request, None, Box::new(async { Ok(()) }));
-            if let Err(err) = Box::into_pin(future).await {
+            if let Err(err) = send(call_net(addr, &dir), format!("http://{addr}/"), &[]).await {
                 failures.push(format!("{err:?}"));
             }
         }
