@@ -154,13 +154,7 @@ pub(super) async fn explain(
     let effective = grants
         .effective(tool, &info.capabilities)
         .map_err(|denial| anyhow::anyhow!("{denial}"))?;
-    let source = GrantSource::Profile {
-        kind: kind.to_string(),
-        narrowed_for: profile
-            .tool_grants()
-            .contains_key(tool)
-            .then(|| tool.to_owned()),
-    };
+    let source = GrantSource::profile(kind, profile, tool);
     let declared: Vec<String> = info
         .capabilities
         .iter()
@@ -217,7 +211,7 @@ pub(super) async fn explain(
             Capability::Secret(name) => config
                 .secrets
                 .iter()
-                .find(|s| s.name.as_str() == name && s.hosts.iter().any(|r| r.allows(&target)))
+                .find(|s| s.name.as_str() == name && s.bound_to(&target))
                 .and_then(|s| {
                     s.header
                         .as_ref()

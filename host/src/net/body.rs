@@ -107,9 +107,9 @@ impl Body for GuardedResponse {
                 Poll::Pending => {
                     if this.deadline.as_mut().poll(cx).is_ready() {
                         let message = format!(
-                            "capstan stopped this request: the response did not end within {} \
-                             ({})",
-                            "the request timeout", this.timeout_key
+                            "capstan stopped this request: the response did not end within \
+                             the request timeout ({})",
+                            this.timeout_key
                         );
                         return this.fail(message);
                     }

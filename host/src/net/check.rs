@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use capstan_caps::{Capability, HostRule, NetRule, NetTarget, SchemeRule, TargetHost};
 
 use super::AddressClass;
+use crate::policy::{ProcessKind, Profile};
 
 /// Where a call's network grant comes from, to say what to change.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +24,18 @@ pub enum GrantSource {
 }
 
 impl GrantSource {
+    /// The grant of tool `tool` in `kind`'s profile: narrowed if the profile has a
+    /// `[profiles.KIND.tool.NAME]` table for it.
+    pub fn profile(kind: ProcessKind, profile: &Profile, tool: &str) -> Self {
+        GrantSource::Profile {
+            kind: kind.to_string(),
+            narrowed_for: profile
+                .tool_grants()
+                .contains_key(tool)
+                .then(|| tool.to_owned()),
+        }
+    }
+
     /// Where a rule would be added: "`net` in [profiles.worker] of capstan.toml".
     pub fn place(&self) -> String {
         match self {

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use capstan_caps::NetTarget;
+use capstan_caps::{NetRule, NetTarget};
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
@@ -105,10 +105,7 @@ impl CallNet {
 
     /// The checks that need no waiting: the target, the grant, the rate and the number of
     /// requests in flight.
-    fn admit(
-        self: &Arc<Self>,
-        request: &http::Request<WasiBody>,
-    ) -> Result<(RequestLog, OwnedSemaphorePermit), Error> {
+    fn admit(self: &Arc<Self>, request: &http::Request<WasiBody>) -> Result<Admitted, Error> {
         let target = target_of(request.method(), request.uri()).map_err(|reason| {
             refused(&Refusal {
                 reason: format!("the request's URL is not accepted: {reason}"),
@@ -168,7 +165,11 @@ impl CallNet {
             };
             return Err(deny(log, refusal));
         }
-        Ok((log, permit))
+        Ok(Admitted {
+            rule: rule.clone(),
+            log,
+            permit,
+        })
     }
 
     /// Sends an admitted request: resolves, checks each address, connects, injects the
@@ -177,9 +178,13 @@ impl CallNet {
         self: Arc<Self>,
         mut request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
-        mut log: RequestLog,
-        permit: OwnedSemaphorePermit,
+        admitted: Admitted,
     ) -> Result<(http::Response<WasiBody>, IoFuture), Error> {
+        let Admitted {
+            rule,
+            mut log,
+            permit,
+        } = admitted;
         let started = Instant::now();
         let deadline = started + self.limits.request_timeout;
         let target = log.target.clone();
@@ -204,11 +209,6 @@ impl CallNet {
             Ok(addrs) => addrs,
             Err(message) => return Err(fail(log, message)),
         };
-        let rule = self
-            .scope
-            .check(&target)
-            .expect("admitted requests were checked")
-            .clone();
         // Every address the name stands for must pass: a resolver answering with one public
         // and one private address must not get to choose which is used.
         for addr in &addrs {
@@ -378,7 +378,7 @@ impl CallNet {
             let Some(header) = &secret.spec().header else {
                 continue;
             };
-            if !secret.bound_to(target) {
+            if !secret.spec().bound_to(target) {
                 continue;
             }
             if let Ok(mut value) = http::HeaderValue::from_str(&header.render(secret.value())) {
@@ -398,6 +398,14 @@ impl CallNet {
 }
 
 type IoFuture = Box<dyn Future<Output = Result<(), Error>> + Send>;
+
+/// A request past the checks that need no waiting: the rule that allowed it, its audit
+/// row to be, and its in-flight slot.
+struct Admitted {
+    rule: NetRule,
+    log: RequestLog,
+    permit: OwnedSemaphorePermit,
+}
 
 /// Aborts the task driving a request's connection when the response is dropped.
 struct ConnectionGuard(tokio::task::JoinHandle<Result<(), hyper::Error>>);
@@ -471,7 +479,7 @@ impl WasiHttpHooks for Egress {
         };
         match call.admit(&request) {
             Err(err) => Box::new(std::future::ready(Err(err))),
-            Ok((log, permit)) => Box::new(call.clone().send(request, options, log, permit)),
+            Ok(admitted) => Box::new(call.clone().send(request, options, admitted)),
         }
     }
 }

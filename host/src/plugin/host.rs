@@ -269,9 +269,9 @@ impl PluginHost {
         }
         let redactor = self.network.secrets().redactor();
         match result {
-            Ok(Ok(output)) => Ok(self.cap_output(redactor.redact(&output).into_owned())),
-            Ok(Err(err)) => Err(from_wit(err).map_message(|m| redactor.redact(&m).into_owned())),
-            Err(err) => Err(err.map_message(|m| redactor.redact(&m).into_owned())),
+            Ok(Ok(output)) => Ok(self.cap_output(redactor.redact_owned(output))),
+            Ok(Err(err)) => Err(from_wit(err).map_message(|m| redactor.redact_owned(m))),
+            Err(err) => Err(err.map_message(|m| redactor.redact_owned(m))),
         }
     }
 

@@ -231,14 +231,7 @@ impl Registry {
             capabilities: &tool.capabilities,
         });
         let decision = policy.decide(kind, request.tool, needs);
-        let source = GrantSource::Profile {
-            kind: kind.to_string(),
-            narrowed_for: policy
-                .profile(kind)
-                .tool_grants()
-                .contains_key(request.tool)
-                .then(|| request.tool.to_owned()),
-        };
+        let source = GrantSource::profile(kind, policy.profile(kind), request.tool);
         let run = async {
             match decision {
                 Decision::Offered => self.run_call(&request, source).await,

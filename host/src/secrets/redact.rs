@@ -53,6 +53,15 @@ impl Redactor {
         out
     }
 
+    /// `text` with every secret value replaced, reusing it when it holds none (the
+    /// common case, on every tool call's output).
+    pub fn redact_owned(&self, text: String) -> String {
+        match self.redact(&text) {
+            Cow::Borrowed(_) => text,
+            Cow::Owned(clean) => clean,
+        }
+    }
+
     /// A redactor for one stream of bytes, such as a response body.
     pub fn stream(&self) -> StreamRedactor {
         StreamRedactor {

@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use capstan_caps::NetRule;
+use capstan_caps::{NetRule, NetTarget};
 
 /// A secret's name: 1 to 64 ASCII letters, digits, `.`, `-` or `_`, as `secret:NAME`
 /// grants spell it.
@@ -139,4 +139,11 @@ pub struct SecretSpec {
     pub hosts: Vec<NetRule>,
     /// The header it is injected in; `None`: it is only used to sign (`hmac-sha256`).
     pub header: Option<HeaderTemplate>,
+}
+
+impl SecretSpec {
+    /// Whether the secret may be sent with a request to `target`.
+    pub fn bound_to(&self, target: &NetTarget) -> bool {
+        self.hosts.iter().any(|rule| rule.allows(target))
+    }
 }

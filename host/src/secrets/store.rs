@@ -6,8 +6,6 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use capstan_caps::NetTarget;
-
 use super::{Redactor, SecretName, SecretSource, SecretSpec};
 
 /// The most a secret file may hold: keys and tokens are small.
@@ -33,11 +31,6 @@ impl Secret {
     /// The value. Only the egress and the signing oracle should read it.
     pub(crate) fn value(&self) -> &str {
         &self.value
-    }
-
-    /// Whether it may be sent with a request to `target`.
-    pub fn bound_to(&self, target: &NetTarget) -> bool {
-        self.spec.hosts.iter().any(|rule| rule.allows(target))
     }
 }
 
