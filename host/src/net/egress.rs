@@ -470,6 +470,8 @@ impl WasiHttpHooks for Egress {
         options: Option<RequestOptions>,
         _response_done: Box<dyn Future<Output = Result<(), Error>> + Send>,
     ) -> Box<dyn Future<Output = Result<(http::Response<WasiBody>, IoFuture), Error>> + Send> {
+        // A call without a grant has wasi:http linked as traps and never gets here; this
+        // refusal is the backstop should a networkless egress ever be linked.
         let Some(call) = self.call.clone() else {
             let refusal = Refusal {
                 reason: "this call holds no network grant".into(),

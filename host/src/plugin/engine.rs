@@ -42,19 +42,15 @@ pub(crate) fn build_engine(limits: &Limits) -> Result<Engine, HostError> {
     Engine::new(&config).map_err(|err| HostError::Engine(format!("{err:#}")))
 }
 
-/// A linker with WASI preview 2, `wasi:http` and the Capstan imports.
-///
-/// Sockets are linked (standard runtimes import them) but the sandbox refuses every address.
-/// `wasi:http` is linked for every component that imports it, and every request goes
-/// through the call's egress: a call holding no `net:` rule has one that refuses each
-/// request before anything is resolved or connected, with an error the guest can report.
-/// (Stubbing the imports as traps instead is not possible in wasmtime 48: its stubs give
-/// re-exported resources such as `pollable` a type of their own, and linking fails.)
-pub(crate) fn build_linker(engine: &Engine) -> Result<Linker<Sandbox>, HostError> {
+/// A linker with WASI preview 2 and the Capstan imports, and with `http`, `wasi:http`
+/// (behind the egress of each call's [`Sandbox`]).
+pub(crate) fn build_linker(engine: &Engine, http: bool) -> Result<Linker<Sandbox>, HostError> {
     let fail = |err: wasmtime::Error| HostError::Engine(format!("linking host imports: {err:#}"));
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(fail)?;
-    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(fail)?;
+    if http {
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(fail)?;
+    }
     Plugin::add_to_linker::<Sandbox, HasSelf<Sandbox>>(&mut linker, |s| s).map_err(fail)?;
     Ok(linker)
 }

@@ -20,6 +20,7 @@ use super::failure;
 use super::inspect::{check_exports, check_header, check_imports};
 use super::limits::Limits;
 use super::loaded::{LoadedPlugin, ToolInfo};
+use super::offline::{NotLinked, imports_http, link_http_as_traps};
 use super::sandbox::{CallScope, Sandbox};
 use crate::net::{CallNet, Egress, GrantSource, NetHost, NetScope};
 use crate::services::Services;
@@ -33,7 +34,10 @@ use crate::text::{one_line, truncate};
 /// calls by tool name.
 pub struct PluginHost {
     engine: Engine,
+    /// WASI and the Capstan imports: what every call links.
     linker: Linker<Sandbox>,
+    /// The same and `wasi:http`: what a call with a network grant links.
+    online_linker: Linker<Sandbox>,
     limits: Limits,
     cache: ArtifactCache,
     /// One permit per pooling-allocator slot: callers beyond it wait instead of failing.
@@ -75,12 +79,14 @@ impl PluginHost {
     /// A host with `limits`, caching compiled components in `cache`.
     pub fn new(limits: Limits, cache: ArtifactCache) -> Result<Self, HostError> {
         let engine = build_engine(&limits)?;
-        let linker = build_linker(&engine)?;
+        let linker = build_linker(&engine, false)?;
+        let online_linker = build_linker(&engine, true)?;
         start_epoch_ticker(&engine);
         let slots = Semaphore::new(limits.max_concurrent_calls.max(1) as usize);
         Ok(PluginHost {
             engine,
             linker,
+            online_linker,
             limits,
             cache,
             slots,
@@ -147,10 +153,20 @@ impl PluginHost {
             path: path.to_owned(),
             reason: format!("{err:#}"),
         };
-        let pre = self
-            .linker
-            .instantiate_pre(&component)
-            .map_err(link_error)?;
+        // A component importing wasi:http links twice: with traps in its place for calls
+        // without a network grant, and with it for calls that hold one.
+        let (pre, online_pre) = if imports_http(&self.engine, &component) {
+            let mut offline = self.linker.clone();
+            link_http_as_traps(&mut offline, &self.engine, &component).map_err(link_error)?;
+            let online = self
+                .online_linker
+                .instantiate_pre(&component)
+                .map_err(link_error)?;
+            (offline, Some(PluginPre::new(online).map_err(link_error)?))
+        } else {
+            (self.linker.clone(), None)
+        };
+        let pre = pre.instantiate_pre(&component).map_err(link_error)?;
         let pre = PluginPre::new(pre).map_err(link_error)?;
         let name: Arc<str> = plugin_name(path).into();
 
@@ -176,6 +192,7 @@ impl PluginHost {
             tools,
             cache,
             pre,
+            online_pre,
         })
     }
 
@@ -255,12 +272,16 @@ impl PluginHost {
             capabilities: call.capabilities.iter().map(ToString::to_string).collect(),
         };
         let result = self
-            .run(&plugin.pre, sandbox, async |instance, store| {
-                instance
-                    .capstan_plugin_tool()
-                    .call_call(store, call.tool, call.args_json, &context)
-                    .await
-            })
+            .run(
+                plugin.pre(call_net.is_some()),
+                sandbox,
+                async |instance, store| {
+                    instance
+                        .capstan_plugin_tool()
+                        .call_call(store, call.tool, call.args_json, &context)
+                        .await
+                },
+            )
             .await;
         // The store is gone, and with it every response body: each request's row is
         // written, so the call's audit is complete when it returns.
@@ -326,6 +347,13 @@ impl PluginHost {
             return ToolError::Failed(format!(
                 "{who} ran past its {:.1} s deadline and was stopped",
                 self.limits.deadline.as_secs_f64()
+            ));
+        }
+        if let Some(not_linked) = err.downcast_ref::<NotLinked>() {
+            return ToolError::Failed(format!(
+                "{who} was stopped: {not_linked}. A tool that makes requests declares \
+                 `net:HOST` in describe(), and its process's profile grants it (`net = \
+                 [\"HOST\"]`); `capstan policy --why KIND TOOL URL` shows what is missing"
             ));
         }
         if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {

@@ -34,7 +34,10 @@ pub struct LoadedPlugin {
     pub(crate) imports: Vec<String>,
     pub(crate) tools: Vec<ToolInfo>,
     pub(crate) cache: CacheOutcome,
+    /// What a call links: `wasi:http`, if the component imports it, as traps.
     pub(crate) pre: PluginPre<Sandbox>,
+    /// For a component importing `wasi:http`, what a call with a network grant links.
+    pub(crate) online_pre: Option<PluginPre<Sandbox>>,
 }
 
 impl LoadedPlugin {
@@ -61,6 +64,14 @@ impl LoadedPlugin {
     /// The tools it offers, in its order.
     pub fn tools(&self) -> &[ToolInfo] {
         &self.tools
+    }
+
+    /// What a call links: with `networked`, `wasi:http` where the component imports it.
+    pub(crate) fn pre(&self, networked: bool) -> &PluginPre<Sandbox> {
+        match (&self.online_pre, networked) {
+            (Some(online), true) => online,
+            _ => &self.pre,
+        }
     }
 
     /// Whether the compiled component came from the artifact cache.

@@ -19,6 +19,7 @@ mod imports;
 mod inspect;
 mod limits;
 mod loaded;
+mod offline;
 mod registry;
 mod sandbox;
 mod schema;

@@ -113,6 +113,36 @@ async fn a_granted_request_reaches_the_server_and_is_audited() {
     assert_eq!(row.tool, "net_get");
 }
 
+/// A tool that does not declare `net` runs with `wasi:http` linked as traps, even in a
+/// process granted the host: the first HTTP call (building the request's headers) stops
+/// it, naming the missing grant, and the same plugin's declared tool still reaches the
+/// server.
+#[tokio::test]
+async fn a_tool_without_a_net_grant_is_not_linked_to_wasi_http() {
+    let server = TestServer::start().await;
+    let net = net(fast(), "api.example.com").await;
+    let args = json!({"url": server.url("/ok")});
+    let text = refused(
+        net.call("net_get_undeclared", args.clone(), &server.grant())
+            .await,
+    );
+    assert!(text.contains("tool `net_get_undeclared`"), "{text}");
+    assert!(text.contains("`wasi:http/types@0.2."), "{text}");
+    assert!(
+        text.contains("is not linked for this call: the tool holds no network grant"),
+        "{text}"
+    );
+    assert!(text.contains("declares `net:HOST` in describe()"), "{text}");
+    assert!(server.seen().is_empty());
+    assert!(
+        net.requests().await.is_empty(),
+        "nothing reached the egress"
+    );
+
+    net.call("net_get", args, &server.grant()).await.unwrap();
+    assert_eq!(server.seen().len(), 1);
+}
+
 #[tokio::test]
 async fn a_host_not_granted_is_refused_before_anything_is_sent() {
     let server = TestServer::start().await;
