@@ -34,7 +34,13 @@ pub trait AuditSink: Send + Sync {
     async fn record(&self, call: AuditRecord) -> Result<(), ServiceError>;
 
     /// The newest `limit` entries, newest first.
-    async fn recent(&self, limit: u32) -> Result<Vec<AuditEntry>, ServiceError>;
+    async fn recent(&self, limit: u32) -> Result<Vec<AuditEntry>, ServiceError> {
+        self.page(None, limit).await
+    }
+
+    /// Up to `limit` entries older than entry `before` (all, without it), newest first:
+    /// the next page starts before the last entry of this one.
+    async fn page(&self, before: Option<u64>, limit: u32) -> Result<Vec<AuditEntry>, ServiceError>;
 
     /// Records one outbound request a tool made or tried to make.
     async fn record_request(&self, request: RequestRecord) -> Result<(), ServiceError>;
@@ -139,6 +145,8 @@ pub struct AuditRecord {
 /// A stored audit row.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AuditEntry {
+    /// Its number: increasing, never reused.
+    pub id: u64,
     /// Unix seconds.
     pub at: i64,
     /// The calling process.

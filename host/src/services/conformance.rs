@@ -20,6 +20,7 @@ pub(crate) async fn check_all(fresh: impl Fn() -> Services) {
     recall_matches_whole_words_of_kind_and_content_whatever_their_case(&fresh()).await;
     a_long_ttl_is_a_long_life(&fresh()).await;
     a_worker_is_recorded_once_and_its_end_is_final(&fresh()).await;
+    conversations_workers_and_audit_pages_list_what_is_stored(&fresh()).await;
 }
 
 fn status(to: TaskStatus) -> TaskPatch {
@@ -294,6 +295,73 @@ async fn audit_redacts_and_lists_newest_first(s: &Services) {
     );
     assert!(log[0].arguments.contains(REDACTED), "{}", log[0].arguments);
     assert_eq!(s.audit.recent(1).await.unwrap().len(), 1);
+}
+
+async fn conversations_workers_and_audit_pages_list_what_is_stored(s: &Services) {
+    assert!(s.history.conversations().await.unwrap().is_empty());
+    s.history
+        .append("channel:b", vec!["1".into(), "2".into()])
+        .await
+        .unwrap();
+    s.history
+        .append("channel:a", vec!["1".into()])
+        .await
+        .unwrap();
+    s.history.replace("channel:gone", Vec::new()).await.unwrap();
+    let all = s.history.conversations().await.unwrap();
+    let listed: Vec<(&str, u64)> = all
+        .iter()
+        .map(|c| (c.channel.as_str(), c.messages))
+        .collect();
+    assert_eq!(listed, [("channel:a", 1), ("channel:b", 2)]);
+
+    let run = s.ledger.begin_run().await.unwrap();
+    for n in 1..=3 {
+        let id = format!("worker:{n}");
+        s.ledger
+            .worker_started(run.id(), &id, "channel:a", &format!("task {n}"))
+            .await
+            .unwrap();
+    }
+    s.ledger
+        .set_worker_state("worker:2", WorkerState::Done, Some("ok"))
+        .await
+        .unwrap();
+    let workers = s.ledger.workers(2).await.unwrap();
+    let listed: Vec<(&str, WorkerState)> =
+        workers.iter().map(|w| (w.id.as_str(), w.state)).collect();
+    assert_eq!(
+        listed,
+        [
+            ("worker:3", WorkerState::Running),
+            ("worker:2", WorkerState::Done)
+        ],
+        "newest first, in their state"
+    );
+
+    for n in 0..5 {
+        let call = AuditRecord {
+            process: "worker:1".into(),
+            tool: format!("tool_{n}"),
+            grants: String::new(),
+            arguments: "{}".into(),
+            outcome: "ok".into(),
+            detail: String::new(),
+            duration_us: 1,
+        };
+        s.audit.record(call).await.unwrap();
+    }
+    let first = s.audit.page(None, 2).await.unwrap();
+    let tools = |page: &[super::AuditEntry]| -> Vec<String> {
+        page.iter().map(|e| e.tool.clone()).collect()
+    };
+    assert_eq!(tools(&first), ["tool_4", "tool_3"]);
+    assert!(first[0].id > first[1].id);
+    let second = s.audit.page(Some(first[1].id), 2).await.unwrap();
+    assert_eq!(tools(&second), ["tool_2", "tool_1"]);
+    let last = s.audit.page(Some(second[1].id), 2).await.unwrap();
+    assert_eq!(tools(&last), ["tool_0"]);
+    assert!(s.audit.page(Some(last[0].id), 2).await.unwrap().is_empty());
 }
 
 async fn the_ledger_numbers_processes_and_interrupts_the_workers_of_ended_runs(s: &Services) {

@@ -32,6 +32,9 @@ pub trait History: Send + Sync {
 
     /// Replaces `channel`'s whole history (after compaction or a rollback), all or none.
     async fn replace(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError>;
+
+    /// Every conversation with a stored message, sorted by name, with how many it holds.
+    async fn conversations(&self) -> Result<Vec<ConversationSummary>, ServiceError>;
 }
 
 impl dyn History {
@@ -57,6 +60,15 @@ impl dyn History {
             })
             .collect()
     }
+}
+
+/// A conversation the history holds messages of.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ConversationSummary {
+    /// Its session key, e.g. `channel:main`.
+    pub channel: String,
+    /// Messages stored.
+    pub messages: u64,
 }
 
 /// One stored message of a channel's history.

@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use async_trait::async_trait;
 
 use super::{
-    AuditEntry, AuditRecord, AuditSink, DEFAULT_LIST_LIMIT, History, HistoryEntry, Ledger, Memory,
-    MemoryItem, NewMemory, NewTask, Priority, RECALL_MAX, RequestEntry, RequestRecord, Run, RunId,
-    ServiceError, Task, TaskBoard, TaskFilter, TaskPatch, TaskStatus, WorkerRecord, WorkerState,
-    check_working_key, expires_at, interrupted_outcome, now, recall_words, redact,
-    worker_already_recorded, worker_has_ended,
+    AuditEntry, AuditRecord, AuditSink, ConversationSummary, DEFAULT_LIST_LIMIT, History,
+    HistoryEntry, Ledger, Memory, MemoryItem, NewMemory, NewTask, Priority, RECALL_MAX,
+    RequestEntry, RequestRecord, Run, RunId, ServiceError, Task, TaskBoard, TaskFilter, TaskPatch,
+    TaskStatus, WorkerRecord, WorkerState, check_working_key, expires_at, interrupted_outcome, now,
+    recall_words, redact, worker_already_recorded, worker_has_ended,
 };
 
 /// Every service kept in this process's memory, behind one lock, and lost when dropped.
@@ -40,6 +40,8 @@ struct State {
     runs: Vec<Weak<()>>,
     counters: HashMap<String, u64>,
     workers: BTreeMap<String, (RunId, WorkerRecord)>,
+    /// Worker ids in the order they started.
+    worker_order: Vec<String>,
 }
 
 impl InMemory {
@@ -277,12 +279,29 @@ impl History for InMemory {
         self.state().history.insert(channel.to_owned(), messages);
         Ok(())
     }
+
+    async fn conversations(&self) -> Result<Vec<ConversationSummary>, ServiceError> {
+        let mut all: Vec<ConversationSummary> = self
+            .state()
+            .history
+            .iter()
+            .filter(|(_, messages)| !messages.is_empty())
+            .map(|(channel, messages)| ConversationSummary {
+                channel: channel.clone(),
+                messages: messages.len() as u64,
+            })
+            .collect();
+        all.sort_by(|a, b| a.channel.cmp(&b.channel));
+        Ok(all)
+    }
 }
 
 #[async_trait]
 impl AuditSink for InMemory {
     async fn record(&self, call: AuditRecord) -> Result<(), ServiceError> {
+        let mut state = self.state();
         let entry = AuditEntry {
+            id: state.audit.len() as u64 + 1,
             at: now(),
             arguments: redact(&call.arguments),
             process: call.process,
@@ -292,16 +311,17 @@ impl AuditSink for InMemory {
             detail: call.detail,
             duration_us: call.duration_us,
         };
-        self.state().audit.push(entry);
+        state.audit.push(entry);
         Ok(())
     }
 
-    async fn recent(&self, limit: u32) -> Result<Vec<AuditEntry>, ServiceError> {
+    async fn page(&self, before: Option<u64>, limit: u32) -> Result<Vec<AuditEntry>, ServiceError> {
         Ok(self
             .state()
             .audit
             .iter()
             .rev()
+            .filter(|entry| before.is_none_or(|before| entry.id < before))
             .take(limit as usize)
             .cloned()
             .collect())
@@ -366,6 +386,7 @@ impl Ledger for InMemory {
             outcome: None,
         };
         state.workers.insert(id.to_owned(), (run, record));
+        state.worker_order.push(id.to_owned());
         Ok(())
     }
 
@@ -392,6 +413,17 @@ impl Ledger for InMemory {
 
     async fn worker(&self, id: &str) -> Result<Option<WorkerRecord>, ServiceError> {
         Ok(self.state().workers.get(id).map(|(_, r)| r.clone()))
+    }
+
+    async fn workers(&self, limit: u32) -> Result<Vec<WorkerRecord>, ServiceError> {
+        let state = self.state();
+        Ok(state
+            .worker_order
+            .iter()
+            .rev()
+            .take(limit as usize)
+            .filter_map(|id| state.workers.get(id).map(|(_, r)| r.clone()))
+            .collect())
     }
 
     async fn mark_interrupted_workers(&self) -> Result<Vec<WorkerRecord>, ServiceError> {

@@ -61,6 +61,9 @@ pub trait Ledger: Send + Sync {
     /// Worker `id`'s record.
     async fn worker(&self, id: &str) -> Result<Option<WorkerRecord>, ServiceError>;
 
+    /// The `limit` workers started last, in any state, newest first.
+    async fn workers(&self, limit: u32) -> Result<Vec<WorkerRecord>, ServiceError>;
+
     /// Marks every running or waiting worker whose run is over as
     /// [`WorkerState::Interrupted`] (outcome [`interrupted_outcome`]) and returns them,
     /// sorted by id. Workers of live runs, in this host or any other, are left alone.

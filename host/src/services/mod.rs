@@ -39,7 +39,7 @@ pub use audit::{
     redact,
 };
 pub use error::ServiceError;
-pub use history::{History, HistoryEntry};
+pub use history::{ConversationSummary, History, HistoryEntry};
 pub use in_memory::InMemory;
 pub use ledger::{
     Ledger, Run, RunId, WorkerRecord, WorkerState, interrupted_outcome, worker_already_recorded,

@@ -34,21 +34,32 @@ impl Store {
 
     /// The newest `limit` audit rows, newest first.
     pub fn audit_log(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
+        self.audit_page(None, limit)
+    }
+
+    /// Up to `limit` entries older than entry `before` (all, without it), newest first.
+    pub fn audit_page(
+        &self,
+        before: Option<u64>,
+        limit: u32,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(
-            "SELECT at, process, tool, grants, arguments, outcome, detail, duration_us
-             FROM audit ORDER BY id DESC LIMIT ?1",
+            "SELECT id, at, process, tool, grants, arguments, outcome, detail, duration_us
+             FROM audit WHERE id < ?1 ORDER BY id DESC LIMIT ?2",
         )?;
-        let rows = stmt.query_map([limit], |row| {
+        let before = before.map_or(i64::MAX, |id| i64::try_from(id).unwrap_or(i64::MAX));
+        let rows = stmt.query_map(params![before, limit], |row| {
             Ok(AuditEntry {
-                at: row.get(0)?,
-                process: row.get(1)?,
-                tool: row.get(2)?,
-                grants: row.get(3)?,
-                arguments: row.get(4)?,
-                outcome: row.get(5)?,
-                detail: row.get(6)?,
-                duration_us: row.get::<_, i64>(7)? as u64,
+                id: row.get::<_, i64>(0)? as u64,
+                at: row.get(1)?,
+                process: row.get(2)?,
+                tool: row.get(3)?,
+                grants: row.get(4)?,
+                arguments: row.get(5)?,
+                outcome: row.get(6)?,
+                detail: row.get(7)?,
+                duration_us: row.get::<_, i64>(8)? as u64,
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)

@@ -10,7 +10,7 @@ use rusqlite::types::ValueRef;
 use serde::de::DeserializeOwned;
 
 use super::{Store, StoreError, retry};
-use crate::services::HistoryEntry;
+use crate::services::{ConversationSummary, HistoryEntry};
 
 impl Store {
     /// Appends messages (JSON) to `channel`'s history, in one transaction.
@@ -29,6 +29,21 @@ impl Store {
             }
             Ok(())
         })
+    }
+
+    /// Every conversation with a stored message, sorted by name, with its message count.
+    pub fn conversations(&self) -> Result<Vec<ConversationSummary>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT channel, COUNT(*) FROM history GROUP BY channel ORDER BY channel",
+        )?;
+        let rows = stmt.query_map([], |row| {
+            Ok(ConversationSummary {
+                channel: row.get(0)?,
+                messages: row.get::<_, i64>(1)? as u64,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     /// `channel`'s whole history, in order. Fails with

@@ -9,9 +9,9 @@ use async_trait::async_trait;
 
 use super::{Store, StoreError};
 use crate::services::{
-    AuditEntry, AuditRecord, AuditSink, History, HistoryEntry, Ledger, Memory, MemoryItem,
-    NewMemory, NewTask, RequestEntry, RequestRecord, Run, RunId, ServiceError, Services, Task,
-    TaskBoard, TaskFilter, TaskPatch, WorkerRecord, WorkerState,
+    AuditEntry, AuditRecord, AuditSink, ConversationSummary, History, HistoryEntry, Ledger, Memory,
+    MemoryItem, NewMemory, NewTask, RequestEntry, RequestRecord, Run, RunId, ServiceError,
+    Services, Task, TaskBoard, TaskFilter, TaskPatch, WorkerRecord, WorkerState,
 };
 
 impl Store {
@@ -154,6 +154,11 @@ impl History for Sqlite {
         })
         .await
     }
+
+    async fn conversations(&self) -> Result<Vec<ConversationSummary>, ServiceError> {
+        self.run("history.conversations", Store::conversations)
+            .await
+    }
 }
 
 #[async_trait]
@@ -163,8 +168,9 @@ impl AuditSink for Sqlite {
             .await
     }
 
-    async fn recent(&self, limit: u32) -> Result<Vec<AuditEntry>, ServiceError> {
-        self.run("audit.recent", move |s| s.audit_log(limit)).await
+    async fn page(&self, before: Option<u64>, limit: u32) -> Result<Vec<AuditEntry>, ServiceError> {
+        self.run("audit.page", move |s| s.audit_page(before, limit))
+            .await
     }
 
     async fn record_request(&self, request: RequestRecord) -> Result<(), ServiceError> {
@@ -223,6 +229,11 @@ impl Ledger for Sqlite {
     async fn worker(&self, id: &str) -> Result<Option<WorkerRecord>, ServiceError> {
         let id = id.to_owned();
         self.run("ledger.worker", move |s| s.get_worker(&id)).await
+    }
+
+    async fn workers(&self, limit: u32) -> Result<Vec<WorkerRecord>, ServiceError> {
+        self.run("ledger.workers", move |s| s.list_workers(limit))
+            .await
     }
 
     async fn mark_interrupted_workers(&self) -> Result<Vec<WorkerRecord>, ServiceError> {

@@ -121,6 +121,35 @@ impl Store {
         .transpose()
     }
 
+    /// The `limit` workers started last, newest first.
+    pub fn list_workers(&self, limit: u32) -> Result<Vec<WorkerRecord>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT id, channel, task, state, outcome FROM workers
+             ORDER BY started_at DESC, rowid DESC LIMIT ?1",
+        )?;
+        let rows = stmt.query_map([limit], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, String>(2)?,
+                row.get::<_, String>(3)?,
+                row.get::<_, Option<String>>(4)?,
+            ))
+        })?;
+        rows.map(|row| {
+            let (id, channel, task, state, outcome) = row?;
+            Ok(WorkerRecord {
+                id,
+                channel,
+                task,
+                state: state.parse()?,
+                outcome,
+            })
+        })
+        .collect()
+    }
+
     /// Marks every running or waiting worker whose run is over (its lock is free: its
     /// process ended or was killed) as [`WorkerState::Interrupted`], and returns them as
     /// they are now. Workers of live runs, in this process or any other, are left alone,
