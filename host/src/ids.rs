@@ -44,6 +44,26 @@ impl ProcessId {
         }
     }
 
+    /// The conversation `name` of `kind`, with `name` checked as one from outside the host
+    /// (a URL, a request body): 1 to 64 ASCII letters, digits, `.`, `-` or `_`.
+    pub fn conversation(kind: ProcessKind, name: &str) -> Result<Self, String> {
+        let valid = (1..=64).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
+        if !valid {
+            return Err(format!(
+                "`{}` is not a conversation name; use 1 to 64 ASCII letters, digits, '.', '-' \
+                 or '_'",
+                crate::text::truncate(name, 64).escape_debug()
+            ));
+        }
+        if !kind.is_conversation() {
+            return Err(format!("a {kind} is not a conversation"));
+        }
+        Ok(ProcessId::named(kind, name))
+    }
+
     /// A process known by its number, e.g. `worker:17`.
     pub fn numbered(kind: ProcessKind, number: u64) -> Self {
         ProcessId {

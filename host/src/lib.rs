@@ -27,6 +27,7 @@ pub mod net;
 pub mod plugin;
 pub mod policy;
 pub mod secrets;
+pub mod serve;
 pub mod services;
 pub mod store;
 pub mod text;

@@ -61,6 +61,7 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
     let alive = ctx.supervisor.branch_started(&id);
     ctx.emit(Event::BranchStarted {
         branch: id.clone(),
+        channel: channel_name.clone(),
         question: question.clone(),
     });
     history.push(Message::user(format!("Branch question: {question}")));

@@ -124,7 +124,7 @@ pub(crate) async fn run(
             Ok(lease) if allowed => {
                 // Anything but appending since the last save means a rewrite of the stored copy.
                 rewrite |= repair(&mut history);
-                rewrite |= compact_if_needed(&ctx, &mut history).await;
+                rewrite |= compact_if_needed(&ctx, &name, &mut history).await;
                 let tools_handler = ChannelTools {
                     ctx: ctx.clone(),
                     channel: name.clone(),

@@ -40,7 +40,11 @@ fn cut_point(history: &[Message]) -> Option<usize> {
 }
 
 /// Compacts `history` in place if it is over the threshold; returns whether it did.
-pub(crate) async fn compact_if_needed(ctx: &Arc<Context>, history: &mut Vec<Message>) -> bool {
+pub(crate) async fn compact_if_needed(
+    ctx: &Arc<Context>,
+    channel: &ProcessId,
+    history: &mut Vec<Message>,
+) -> bool {
     let limits = &ctx.config.limits;
     let threshold = (limits.context_window_tokens as f64 * limits.compaction_threshold) as usize;
     let tokens = estimate_tokens(history);
@@ -59,6 +63,7 @@ pub(crate) async fn compact_if_needed(ctx: &Arc<Context>, history: &mut Vec<Mess
     };
     ctx.emit(Event::CompactionStarted {
         compactor: id.clone(),
+        channel: channel.clone(),
         messages: cut,
         of: history.len(),
         tokens,

@@ -101,6 +101,8 @@ pub enum Event {
     WorkerStarted {
         /// The worker.
         worker: ProcessId,
+        /// The conversation it reports to.
+        channel: ProcessId,
         /// Its task.
         task: String,
     },
@@ -139,6 +141,8 @@ pub enum Event {
     BranchStarted {
         /// The branch.
         branch: ProcessId,
+        /// The conversation it forks.
+        channel: ProcessId,
         /// Its question.
         question: String,
     },
@@ -160,6 +164,8 @@ pub enum Event {
     CompactionStarted {
         /// The compactor run.
         compactor: ProcessId,
+        /// The conversation whose history it summarizes.
+        channel: ProcessId,
         /// Messages to summarize.
         messages: usize,
         /// Messages in the history.
@@ -250,6 +256,34 @@ impl TurnEnding {
 }
 
 impl Event {
+    /// The conversation this event names, where it names one: a conversation's own
+    /// events, and the start of a worker, branch or compaction for it. Later events of
+    /// those processes name only the process; a service follows them from the start.
+    pub fn conversation(&self) -> Option<&ProcessId> {
+        match self {
+            Event::WorkerStarted { channel, .. }
+            | Event::BranchStarted { channel, .. }
+            | Event::CompactionStarted { channel, .. } => Some(channel),
+            _ => {
+                let process = self.process();
+                process.kind().is_conversation().then_some(process)
+            }
+        }
+    }
+
+    /// Whether this is the last event of its process: a worker ended, a branch concluded
+    /// or failed, a compaction finished.
+    pub fn ends_process(&self) -> bool {
+        matches!(
+            self,
+            Event::WorkerEnded { .. }
+                | Event::BranchConcluded { .. }
+                | Event::BranchFailed { .. }
+                | Event::Compacted { .. }
+                | Event::CompactionSkipped { .. }
+        )
+    }
+
     /// The process the event is about.
     pub fn process(&self) -> &ProcessId {
         match self {
@@ -432,9 +466,11 @@ mod tests {
             (
                 Event::WorkerStarted {
                     worker: worker.clone(),
+                    channel: ProcessId::channel("main"),
                     task: "sum".into(),
                 },
-                json!({"type": "worker_started", "worker": "worker:3", "task": "sum"}),
+                json!({"type": "worker_started", "worker": "worker:3", "channel": "channel:main",
+                       "task": "sum"}),
             ),
             (
                 Event::WorkerProgress {
@@ -469,9 +505,11 @@ mod tests {
             (
                 Event::BranchStarted {
                     branch: branch.clone(),
+                    channel: ProcessId::channel("main"),
                     question: "why?".into(),
                 },
-                json!({"type": "branch_started", "branch": "branch:2", "question": "why?"}),
+                json!({"type": "branch_started", "branch": "branch:2", "channel": "channel:main",
+                       "question": "why?"}),
             ),
             (
                 Event::BranchConcluded {
@@ -490,12 +528,14 @@ mod tests {
             (
                 Event::CompactionStarted {
                     compactor: compactor.clone(),
+                    channel: ProcessId::channel("main"),
                     messages: 4,
                     of: 9,
                     tokens: 900,
                     threshold: 800,
                 },
-                json!({"type": "compaction_started", "compactor": "compactor:1", "messages": 4,
+                json!({"type": "compaction_started", "compactor": "compactor:1",
+                       "channel": "channel:main", "messages": 4,
                        "of": 9, "tokens": 900, "threshold": 800}),
             ),
             (

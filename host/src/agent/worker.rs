@@ -107,6 +107,7 @@ async fn run(
     }
     ctx.emit(Event::WorkerStarted {
         worker: spec.id.clone(),
+        channel: spec.channel.clone(),
         task: spec.task.clone(),
     });
 

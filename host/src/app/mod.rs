@@ -3,6 +3,8 @@
 
 mod builder;
 mod error;
+mod tools;
 
 pub use builder::{Agent, AgentBuilder};
 pub use error::BuildError;
+pub use tools::tool_needs;

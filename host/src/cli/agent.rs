@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use super::HostArgs;
 use super::table::print_table;
 use crate::agent::{Event, Runtime};
-use crate::app::AgentBuilder;
+use crate::app::{Agent, AgentBuilder};
 use crate::config::{Config, LocationKind, Locations};
 use crate::ids::ProcessId;
 use crate::policy::ProcessKind;
@@ -46,23 +46,37 @@ pub(crate) struct AgentArgs {
     /// The channel (conversation) to talk in.
     #[arg(long, default_value = "main")]
     channel: String,
-    /// Save every model exchange as a script the scripted provider can replay.
-    #[arg(long, value_name = "FILE")]
-    record: Option<PathBuf>,
     /// Talk to the cortex (the admin chat, with the cortex profile's tools) instead of a
     /// channel.
     #[arg(long)]
     cortex: bool,
     #[command(flatten)]
-    host: HostArgs,
+    launch: Launch,
 }
 
-impl AgentArgs {
+/// How an agent is started: the host's options and the recording; shared by the agent
+/// commands and `capstan serve`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct Launch {
+    /// Save every model exchange as a script the scripted provider can replay.
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) host: HostArgs,
+}
+
+impl Launch {
     /// Opens the store, loads the plugins on a host backed by it, and starts a runtime.
     async fn start(
         &self,
         config: Config,
     ) -> anyhow::Result<(Arc<Runtime>, mpsc::UnboundedReceiver<Event>)> {
+        let agent = self.start_agent(config).await?;
+        Ok((agent.runtime, agent.events))
+    }
+
+    /// [`AgentArgs::start`], with the registry.
+    pub(crate) async fn start_agent(&self, config: Config) -> anyhow::Result<Agent> {
         let locations = self.locations(&config)?;
         locations.check()?;
         std::fs::create_dir_all(&config.agent.workspace).with_context(|| {
@@ -83,7 +97,7 @@ impl AgentArgs {
         }
         let agent = builder.build().await?;
         super::warn_refused(&agent.registry);
-        Ok((agent.runtime, agent.events))
+        Ok(agent)
     }
 
     /// Every location of the host, with the recording (`--record`).
@@ -97,11 +111,32 @@ impl AgentArgs {
         Ok(locations)
     }
 
+    /// The demo's config: the built-in defaults in `dir` (else a new temporary directory),
+    /// with the demo's notes written into its workspace. `command` names the command in
+    /// the refusal of a `--config`.
+    pub(crate) fn demo_config(&self, dir: Option<&Path>, command: &str) -> anyhow::Result<Config> {
+        let dir = match dir {
+            Some(dir) => dir.to_owned(),
+            None => tempdir_path()?,
+        };
+        anyhow::ensure!(
+            self.host.config.is_none(),
+            "{command} runs on the built-in defaults and reads no config; drop --config"
+        );
+        let config = Config::defaults_with(&dir, &self.host.overrides()?)?;
+        // Before the notes are written into a workspace the host may not use.
+        self.check_locations(&config)?;
+        write_demo_notes(&config.agent.workspace)?;
+        Ok(config)
+    }
+
     /// Refuses to start when plugins could write any of the host's files.
     fn check_locations(&self, config: &Config) -> anyhow::Result<()> {
         Ok(self.locations(config)?.check()?)
     }
+}
 
+impl AgentArgs {
     /// The conversation the messages go to: the channel, or the admin chat with
     /// `--cortex`, which is a process of its own.
     fn conversation(&self) -> ProcessId {
@@ -116,7 +151,7 @@ impl AgentArgs {
 
 /// How a session of the agent went, from its events.
 #[derive(Debug, Default, Clone, Copy)]
-struct Tally {
+pub(crate) struct Tally {
     workers: usize,
     branches: usize,
     /// Model requests that got no answer, and histories not saved.
@@ -194,13 +229,13 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> Tally {
 
 /// Which signal stopped a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stop {
+pub(crate) enum Stop {
     Interrupt,
     Terminate,
 }
 
 /// Waits for SIGINT or SIGTERM.
-async fn stop_signal() -> Stop {
+pub(crate) async fn stop_signal() -> Stop {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
@@ -239,7 +274,7 @@ async fn until_stopped(runtime: &Arc<Runtime>, work: impl Future<Output = ()>) -
 }
 
 /// The exit code of a session that ended by `stop` with `tally`.
-fn exit_code_of(stop: Option<Stop>, tally: Tally) -> u8 {
+pub(crate) fn exit_code_of(stop: Option<Stop>, tally: Tally) -> u8 {
     match stop {
         Some(Stop::Interrupt) => exit::INTERRUPTED,
         Some(Stop::Terminate) => exit::TERMINATED,
@@ -278,8 +313,8 @@ pub(crate) struct RunCommand {
 
 impl RunCommand {
     pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
-        let config = self.agent.host.config()?;
-        let (runtime, events) = self.agent.start(config).await?;
+        let config = self.agent.launch.host.config()?;
+        let (runtime, events) = self.agent.launch.start(config).await?;
         let printer = tokio::spawn(print_events(events));
         let mut sent = Ok(());
         let stop = until_stopped(&runtime, async {
@@ -300,8 +335,8 @@ pub(crate) struct ChatCommand {
 
 impl ChatCommand {
     pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
-        let config = self.agent.host.config()?;
-        let (runtime, events) = self.agent.start(config).await?;
+        let config = self.agent.launch.host.config()?;
+        let (runtime, events) = self.agent.launch.start(config).await?;
         let printer = tokio::spawn(print_events(events));
         eprintln!(
             "capstan chat on channel `{}`: type messages (they go in as you type, even while \
@@ -357,20 +392,11 @@ pub(crate) struct DemoCommand {
 
 impl DemoCommand {
     pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
-        let dir = match &self.dir {
-            Some(dir) => dir.clone(),
-            None => tempdir_path()?,
-        };
-        anyhow::ensure!(
-            self.agent.host.config.is_none(),
-            "capstan demo runs on the built-in defaults and reads no config; drop --config, \
-             or use `capstan run` or `capstan chat` with it"
-        );
-        let config = Config::defaults_with(&dir, &self.agent.host.overrides()?)?;
+        let config = self
+            .agent
+            .launch
+            .demo_config(self.dir.as_deref(), "capstan demo")?;
         let workspace = config.agent.workspace.clone();
-        // Before the notes are written into a workspace the host may not use.
-        self.agent.check_locations(&config)?;
-        write_demo_notes(&workspace)?;
         let database = config.agent.data_dir.join(crate::store::DATABASE_FILE);
         // Written with errors returned, not println!: a reader that stops early
         // (`capstan demo | head`) ends the demo quietly instead of a panic.
@@ -378,7 +404,7 @@ impl DemoCommand {
         writeln!(out, "Capstan demo")?;
         writeln!(out, "  workspace: {}", workspace.display())?;
         writeln!(out, "  database:  {}", database.display())?;
-        let (runtime, events) = self.agent.start(config).await?;
+        let (runtime, events) = self.agent.launch.start(config).await?;
         writeln!(out, "  model:     {}\n", runtime.provider_name())?;
         let printer = tokio::spawn(print_events(events));
         let mut sent = Ok(());

@@ -6,6 +6,7 @@ mod network;
 mod paths;
 mod plugins;
 mod policy;
+mod serve;
 mod table;
 mod tool;
 
@@ -24,7 +25,7 @@ use crate::config::{
 use crate::net::NetHost;
 use crate::plugin::{ArtifactCache, PluginHost, Registry};
 use crate::policy::{Grants, ProcessKind};
-use crate::secrets::Secrets;
+use crate::secrets::{SecretSource, Secrets};
 
 /// Capstan: a host runtime for LLM agents whose tools run as sandboxed WebAssembly components.
 #[derive(Debug, Parser)]
@@ -54,6 +55,9 @@ enum Command {
     /// Call tools.
     #[command(subcommand)]
     Tool(tool::ToolCommand),
+    /// Serve the agent over HTTP: a JSON API, live events, an OpenAI-compatible chat
+    /// endpoint and a web page.
+    Serve(serve::ServeCommand),
 }
 
 /// The config file, where plugins come from and how calls are bounded; shared by the
@@ -198,6 +202,12 @@ impl HostArgs {
             locations.add(LocationKind::PluginsDir, dir);
         }
         locations.add(LocationKind::DataDir, &config.agent.data_dir);
+        let secret_files = config.secrets.iter().map(|s| &s.source);
+        for source in secret_files.chain(config.serve.tokens.iter().map(|t| &t.source)) {
+            if let SecretSource::File(path) = source {
+                locations.add(LocationKind::SecretFile, path);
+            }
+        }
         if let ProviderSettings::Scripted {
             script: Some(script),
         } = &config.provider
@@ -323,6 +333,7 @@ impl Cli {
             Command::Chat(cmd) => cmd.run().await,
             Command::Demo(cmd) => cmd.run().await,
             Command::Run(cmd) => cmd.run().await,
+            Command::Serve(cmd) => cmd.run().await,
             Command::Tasks(cmd) => cmd.run(),
             Command::Init(cmd) => cmd.run(),
             Command::Plugins(cmd) => cmd.run().await,

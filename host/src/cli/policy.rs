@@ -7,9 +7,9 @@ use clap::Args;
 
 use super::HostArgs;
 use super::table::print_table;
-use crate::agent::HOST_TOOLS;
+use crate::app::tool_needs;
 use crate::config::{LocationKind, Locations, resolve};
-use crate::policy::{Decision, ProcessKind, ToolNeeds};
+use crate::policy::{Decision, ProcessKind};
 
 #[derive(Debug, Args)]
 pub(crate) struct PolicyCommand {
@@ -35,19 +35,7 @@ impl PolicyCommand {
             let mut out = std::io::stdout().lock();
             return super::network::explain(&mut out, &config, &registry, why, &self.method).await;
         }
-        let host_tools = HOST_TOOLS.iter().map(|tool| ToolNeeds {
-            name: tool.name,
-            capabilities: &[],
-        });
-        let plugin_tools = registry
-            .plugins()
-            .iter()
-            .flat_map(|plugin| plugin.tools())
-            .map(|tool| ToolNeeds {
-                name: &tool.name,
-                capabilities: &tool.capabilities,
-            });
-        let tools: Vec<ToolNeeds<'_>> = host_tools.chain(plugin_tools).collect();
+        let tools = tool_needs(&registry);
         let header: Vec<&str> = std::iter::once("TOOL")
             .chain(ProcessKind::ALL.iter().map(|kind| kind.as_str()))
             .collect();
@@ -92,6 +80,7 @@ fn print_locations(out: &mut impl Write, locations: &Locations) -> std::io::Resu
             LocationKind::Script => "script",
             LocationKind::Recording => "recording",
             LocationKind::WorkspaceRecord => "write record",
+            LocationKind::SecretFile => "secret file",
         };
         let mut shown = resolve(path).display().to_string();
         if *kind == LocationKind::ConfigLookup {

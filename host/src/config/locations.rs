@@ -36,6 +36,9 @@ pub enum LocationKind {
     Recording,
     /// The record of workspaces plugins were let write ([`WritableWorkspaces`]).
     WorkspaceRecord,
+    /// A file a secret's or a `capstan serve` token's value is read from: a plugin that
+    /// wrote it would choose the key sent to a host, or a token that opens the service.
+    SecretFile,
 }
 
 impl LocationKind {
@@ -50,6 +53,7 @@ impl LocationKind {
             LocationKind::Script => "the provider script",
             LocationKind::Recording => "the recording (--record)",
             LocationKind::WorkspaceRecord => "the record of writable workspaces",
+            LocationKind::SecretFile => "a secret's or token's file",
         }
     }
 
@@ -71,6 +75,10 @@ impl LocationKind {
                  workspace elsewhere (--workspace DIR, agent.workspace)"
             }
             LocationKind::DataDir => "set agent.data_dir to a directory outside the workspace",
+            LocationKind::SecretFile => {
+                "keep the file outside the workspace (`file` in [secrets.NAME] or \
+                 [serve.tokens.NAME]), or read the value from `env` instead"
+            }
             LocationKind::CacheDir => {
                 "pass --cache-dir DIR (or set CAPSTAN_CACHE_DIR) outside the workspace, or \
                  --no-cache"

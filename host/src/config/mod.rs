@@ -22,6 +22,7 @@ mod network;
 mod overrides;
 mod raw;
 mod resolve;
+mod serve;
 mod writable_workspaces;
 
 pub use crate::text::{SourceError, read_text, toml_error_message};
@@ -30,6 +31,7 @@ use error::locate;
 pub use locations::{GrantedBy, InsideWorkspace, LocationKind, Locations};
 pub use overrides::Override;
 pub use resolve::resolve;
+pub use serve::{ServeSettings, TokenScope, TokenSpec, parse_addr};
 pub use writable_workspaces::{RecordError, WRITABLE_WORKSPACES_FILE, WritableWorkspaces};
 
 use std::path::{Path, PathBuf};
@@ -73,6 +75,8 @@ pub struct Config {
     pub provider: ProviderSettings,
     /// `[net]`: the limits of plugins' outbound requests.
     pub net: NetSettings,
+    /// `[serve]`: the address, limits and tokens of `capstan serve`.
+    pub serve: ServeSettings,
     /// `[secrets.NAME]`: the secrets plugins may use, and where their values come from.
     pub secrets: Vec<SecretSpec>,
     /// One profile per process kind.

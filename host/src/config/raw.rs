@@ -11,6 +11,7 @@ use capstan_caps::Capability;
 
 use super::error::{KeyError, key_error};
 use super::network::{RawNet, RawSecret, check_secrets, parse_rules};
+use super::serve::RawServe;
 use super::{
     AgentLimits, AgentSettings, Config, MAX_TOOL_DEADLINE_SECS, MAX_TOOL_MEMORY_MIB,
     ProviderSettings,
@@ -28,6 +29,7 @@ pub(super) struct RawConfig {
     plugins: RawPlugins,
     provider: RawProvider,
     net: RawNet,
+    serve: RawServe,
     #[serde(default)]
     secrets: BTreeMap<String, RawSecret>,
     profiles: BTreeMap<String, RawProfile>,
@@ -133,6 +135,7 @@ impl RawConfig {
         let prefer = self.plugins.prefer.into_iter().collect();
         let provider = self.provider.check(&resolve)?;
         let net = self.net.check(limits.tool.deadline)?;
+        let serve = self.serve.check(&resolve)?;
         let secrets = check_secrets(self.secrets, &resolve)?;
         let policy = check_profiles(self.profiles, &secrets)?;
         Ok(Config {
@@ -142,6 +145,7 @@ impl RawConfig {
             prefer,
             provider,
             net,
+            serve,
             secrets,
             policy,
         })

@@ -28,6 +28,12 @@ impl ProcessKind {
         ProcessKind::Cortex,
     ];
 
+    /// Whether a process of this kind is a conversation a person talks in (a channel, or
+    /// the cortex's admin chat), named by the person rather than numbered.
+    pub fn is_conversation(self) -> bool {
+        matches!(self, ProcessKind::Channel | ProcessKind::Cortex)
+    }
+
     /// The name used in config files and on the command line.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -16,4 +16,5 @@ mod store;
 
 pub use redact::{REDACTED, Redactor, StreamRedactor};
 pub use spec::{HeaderTemplate, SecretName, SecretSource, SecretSpec};
+pub(crate) use store::read_source;
 pub use store::{LoadSecretError, Secret, Secrets};

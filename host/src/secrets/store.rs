@@ -126,14 +126,25 @@ impl Secrets {
 }
 
 fn read_value(spec: &SecretSpec) -> Result<String, LoadSecretError> {
-    let fail = |problem: String, fix: String| LoadSecretError {
+    let table = format!("[secrets.{}]", spec.name);
+    read_source(&spec.source, &table, MIN_SECRET_BYTES).map_err(|(problem, fix)| LoadSecretError {
         name: spec.name.clone(),
         problem,
         fix,
-    };
-    let value = match &spec.source {
+    })
+}
+
+/// Reads a value kept out of the config (a secret, a token) from `source`, declared in
+/// `table` (e.g. `[secrets.API_KEY]`): one line of at least `min_bytes`, without control
+/// characters. `Err` holds what is wrong and what to do.
+pub(crate) fn read_source(
+    source: &SecretSource,
+    table: &str,
+    min_bytes: usize,
+) -> Result<String, (String, String)> {
+    let value = match source {
         SecretSource::Env(var) => std::env::var(var).map_err(|err| {
-            fail(
+            (
                 format!(
                     "environment variable {var} {}",
                     match err {
@@ -141,34 +152,30 @@ fn read_value(spec: &SecretSpec) -> Result<String, LoadSecretError> {
                         std::env::VarError::NotUnicode(_) => "is not valid UTF-8",
                     }
                 ),
-                format!(
-                    "set {var} in capstan's environment, or change `env` in [secrets.{}]",
-                    spec.name
-                ),
+                format!("set {var} in capstan's environment, or change `env` in {table}"),
             )
         })?,
         SecretSource::File(path) => read_file(path).map_err(|problem| {
-            fail(
+            (
                 format!("cannot read {}: {problem}", path.display()),
-                format!("check `file` in [secrets.{}]", spec.name),
+                format!("check `file` in {table}"),
             )
         })?,
     };
     let value = value.trim_end_matches(['\r', '\n']).to_owned();
-    if value.len() < MIN_SECRET_BYTES {
-        return Err(fail(
+    if value.len() < min_bytes {
+        return Err((
             format!(
-                "its value ({}) is {} bytes, shorter than the {MIN_SECRET_BYTES} a secret needs",
-                spec.source,
+                "its value ({source}) is {} bytes, shorter than the {min_bytes} it needs",
                 value.len()
             ),
             "use the real key or token".into(),
         ));
     }
     if value.chars().any(char::is_control) {
-        return Err(fail(
-            format!("its value ({}) holds control characters", spec.source),
-            "store the key alone, on one line".into(),
+        return Err((
+            format!("its value ({source}) holds control characters"),
+            "store the value alone, on one line".into(),
         ));
     }
     Ok(value)

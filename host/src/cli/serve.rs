@@ -1,0 +1,87 @@
+//! `capstan serve`.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+
+use super::agent::{Launch, stop_signal};
+use crate::config::parse_addr;
+use crate::serve::{Server, openapi_json};
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeCommand {
+    /// The address to listen on, IP:PORT [default: serve.addr, 127.0.0.1:8787]. Any
+    /// address but loopback needs a token ([serve.tokens]).
+    #[arg(long, value_name = "IP:PORT", value_parser = parse_addr)]
+    addr: Option<SocketAddr>,
+    /// Serve the demo: its notes in a new directory (or --dir) and its scripted model, on
+    /// the built-in defaults.
+    #[arg(long)]
+    demo: bool,
+    /// With --demo: where to put the demo's workspace and database.
+    #[arg(long, value_name = "DIR", requires = "demo")]
+    dir: Option<PathBuf>,
+    /// Print the service's OpenAPI document and exit.
+    #[arg(long)]
+    openapi: bool,
+    #[command(flatten)]
+    launch: Launch,
+}
+
+impl ServeCommand {
+    pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
+        if self.openapi {
+            writeln!(std::io::stdout(), "{}", openapi_json())?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        let config = if self.demo {
+            self.launch
+                .demo_config(self.dir.as_deref(), "capstan serve --demo")?
+        } else {
+            self.launch.host.config()?
+        };
+        let mut settings = config.serve.clone();
+        if let Some(addr) = self.addr {
+            settings.addr = addr;
+        }
+        let workspace = config.agent.workspace.clone();
+        let agent = self.launch.start_agent(config).await?;
+        let provider = agent.runtime.provider_name();
+        let server = Server::bind(&settings, agent.runtime, agent.registry, agent.events).await?;
+        let addr = server.local_addr();
+        let mut out = std::io::stdout();
+        // The first line is for programs too: the URL, with the port the system chose.
+        writeln!(out, "capstan serve: listening on http://{addr}/")?;
+        writeln!(out, "  page:      http://{addr}/")?;
+        writeln!(out, "  API:       http://{addr}/v1 (GET /v1/openapi.json)")?;
+        writeln!(
+            out,
+            "  OpenAI:    http://{addr}/v1/chat/completions, model `capstan`"
+        )?;
+        writeln!(out, "  model:     {provider}")?;
+        writeln!(out, "  workspace: {}", workspace.display())?;
+        if server.needs_token() {
+            writeln!(out, "  tokens:    required (Authorization: Bearer TOKEN)")?;
+        } else {
+            writeln!(out, "  tokens:    none configured; loopback clients only")?;
+        }
+        out.flush()?;
+        server
+            .run(async {
+                stop_signal().await;
+                eprintln!(
+                    "(stopping: new connections refused, running workers interrupted, \
+                     histories saved; a second signal quits at once)"
+                );
+                tokio::spawn(async {
+                    stop_signal().await;
+                    std::process::exit(1);
+                });
+            })
+            .await?;
+        Ok(ExitCode::SUCCESS)
+    }
+}

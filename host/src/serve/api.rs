@@ -1,0 +1,570 @@
+//! The JSON API: conversations, their history and messages, workers, branches, tasks,
+//! the policy matrix, the audit log, plugins and tools.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+
+use super::auth::Caller;
+use super::error::{ApiError, ApiJson, ErrorBody};
+use super::server::App;
+use super::turn::{self, TurnItem};
+use crate::agent::HOST_TOOLS;
+use crate::app::tool_needs;
+use crate::config::TokenScope;
+use crate::ids::ProcessId;
+use crate::policy::{Decision, ProcessKind};
+use crate::services::{TaskFilter, TaskStatus};
+
+/// The most rows one list returns.
+const MAX_PAGE: u32 = 1000;
+
+/// A conversation.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ChannelView {
+    /// Its process id, e.g. `channel:main`.
+    id: String,
+    /// Its kind: `channel`, or `cortex` for the admin chat.
+    kind: String,
+    /// Its name, e.g. `main`.
+    name: String,
+    /// Messages stored in its history.
+    messages: u64,
+}
+
+/// Every conversation with a stored history.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ChannelList {
+    channels: Vec<ChannelView>,
+}
+
+/// `GET /v1/channels`: every conversation with a stored history.
+#[utoipa::path(get, path = "/v1/channels", tag = "state",
+    responses((status = 200, body = ChannelList), (status = 401, body = ErrorBody)))]
+pub(crate) async fn channels(State(app): State<Arc<App>>) -> Result<Json<ChannelList>, ApiError> {
+    let all = app.runtime.services().history.conversations().await?;
+    let channels = all
+        .into_iter()
+        .filter_map(|c| {
+            let id: ProcessId = c.channel.parse().ok()?;
+            Some(ChannelView {
+                id: id.to_string(),
+                kind: id.kind().to_string(),
+                name: id.name().to_owned(),
+                messages: c.messages,
+            })
+        })
+        .collect();
+    Ok(Json(ChannelList { channels }))
+}
+
+/// Which conversation a path names: `main` is `channel:main`, `cortex:main` the admin
+/// chat.
+#[derive(Debug, Deserialize, IntoParams)]
+pub(crate) struct KindQuery {
+    /// `channel` (default) or `cortex`.
+    kind: Option<String>,
+}
+
+fn conversation(name: &str, kind: &KindQuery) -> Result<ProcessId, ApiError> {
+    let kind = match kind.kind.as_deref() {
+        None | Some("channel") => ProcessKind::Channel,
+        Some("cortex") => ProcessKind::Cortex,
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "`kind` is `channel` or `cortex`, not `{}`",
+                crate::text::truncate(other, 32).escape_debug()
+            ))
+            .param("kind"));
+        }
+    };
+    ProcessId::conversation(kind, name).map_err(|msg| ApiError::invalid(msg).param("name"))
+}
+
+/// A conversation's stored history.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct HistoryView {
+    /// The conversation, e.g. `channel:main`.
+    channel: String,
+    /// Its messages in order, each as the model saw it (role, content, tool calls).
+    #[schema(value_type = Vec<Object>)]
+    messages: Vec<Value>,
+}
+
+/// `GET /v1/channels/{name}/history`: a conversation's stored messages.
+#[utoipa::path(get, path = "/v1/channels/{name}/history", tag = "state",
+    params(("name" = String, Path, description = "The conversation's name, e.g. `main`"), KindQuery),
+    responses((status = 200, body = HistoryView), (status = 404, body = ErrorBody)))]
+pub(crate) async fn history(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Query(kind): Query<KindQuery>,
+) -> Result<Json<HistoryView>, ApiError> {
+    let id = conversation(&name, &kind)?;
+    if id.kind() == ProcessKind::Cortex {
+        caller.require(TokenScope::Admin)?;
+    }
+    let entries = app
+        .runtime
+        .services()
+        .history
+        .load(id.session().as_str())
+        .await?;
+    if entries.is_empty() {
+        return Err(ApiError::not_found(format!(
+            "no conversation `{id}` has a stored history; GET /v1/channels lists them"
+        )));
+    }
+    let messages = entries
+        .iter()
+        .map(|entry| {
+            serde_json::from_str(&app.redactor.redact(&entry.message))
+                .unwrap_or(Value::String(entry.message.clone()))
+        })
+        .collect();
+    Ok(Json(HistoryView {
+        channel: id.to_string(),
+        messages,
+    }))
+}
+
+/// A message for a conversation.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PostMessage {
+    /// What the user says.
+    text: String,
+    /// Wait until the conversation is idle (answered, its workers done) and return the
+    /// reply; by default the message is accepted and the reply follows on `/v1/events`.
+    #[serde(default)]
+    wait: bool,
+}
+
+/// A message accepted, or answered.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct MessageResult {
+    /// The conversation.
+    channel: String,
+    /// With `wait`: the reply (every reply of the exchange, set off by blank lines).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reply: Option<String>,
+    /// With `wait`: what the conversation's processes did, as events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    events: Option<Vec<Value>>,
+}
+
+/// `POST /v1/channels/{name}/messages`: says something in a conversation.
+#[utoipa::path(post, path = "/v1/channels/{name}/messages", tag = "chat",
+    params(("name" = String, Path, description = "The conversation's name"), KindQuery),
+    request_body = PostMessage,
+    responses((status = 202, body = MessageResult, description = "Accepted; the reply follows on /v1/events"),
+        (status = 200, body = MessageResult, description = "With `wait`: answered"),
+        (status = 403, body = ErrorBody), (status = 413, body = ErrorBody)))]
+pub(crate) async fn post_message(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Query(kind): Query<KindQuery>,
+    ApiJson(body): ApiJson<PostMessage>,
+) -> Result<Response, ApiError> {
+    let id = conversation(&name, &kind)?;
+    caller.require(if id.kind() == ProcessKind::Cortex {
+        TokenScope::Admin
+    } else {
+        TokenScope::Chat
+    })?;
+    if body.text.trim().is_empty() {
+        return Err(ApiError::invalid("`text` is empty").param("text"));
+    }
+    if !body.wait {
+        app.runtime
+            .send_to(&id, &body.text)
+            .await
+            .map_err(|err| ApiError::unavailable(err.to_string()))?;
+        let accepted = MessageResult {
+            channel: id.to_string(),
+            reply: None,
+            events: None,
+        };
+        return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
+    }
+    let exchange = collect(&app, id.clone(), body.text).await?;
+    Ok(Json(MessageResult {
+        channel: id.to_string(),
+        reply: Some(exchange.reply),
+        events: Some(exchange.events),
+    })
+    .into_response())
+}
+
+/// A whole exchange: the reply and what happened.
+pub(crate) struct Exchange {
+    pub(crate) reply: String,
+    pub(crate) events: Vec<Value>,
+}
+
+/// Runs an exchange to its end. A model failure with no reply at all is a 502.
+pub(crate) async fn collect(
+    app: &Arc<App>,
+    conversation: ProcessId,
+    text: String,
+) -> Result<Exchange, ApiError> {
+    let mut items = turn::start(
+        app.runtime.clone(),
+        app.hub.clone(),
+        &app.turns,
+        conversation,
+        text,
+    );
+    let mut reply = String::new();
+    let mut events = Vec::new();
+    let mut failed = None;
+    while let Some(item) = items.recv().await {
+        match item {
+            TurnItem::Text(text) => reply.push_str(&text),
+            TurnItem::Activity(published) => {
+                events.push(serde_json::from_str(&published.json).unwrap_or(Value::Null));
+            }
+            TurnItem::ModelFailed(error) => failed = Some(error),
+            TurnItem::Lost(count) => {
+                tracing::warn!(count, "an exchange lost events to a full buffer");
+            }
+            TurnItem::Refused(why) => return Err(ApiError::unavailable(why)),
+        }
+    }
+    if reply.is_empty()
+        && let Some(error) = failed
+    {
+        return Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "model_failed",
+            format!("the model gave no answer: {}", app.redactor.redact(&error)),
+        ));
+    }
+    Ok(Exchange { reply, events })
+}
+
+/// Paging of a list.
+#[derive(Debug, Deserialize, IntoParams)]
+pub(crate) struct ListQuery {
+    /// At most this many (default 100, at most 1000).
+    limit: Option<u32>,
+}
+
+fn limit(limit: Option<u32>) -> u32 {
+    limit.unwrap_or(100).clamp(1, MAX_PAGE)
+}
+
+/// Workers, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct WorkerList {
+    /// Each with its id, channel, task, state and outcome.
+    #[schema(value_type = Vec<Object>)]
+    workers: Vec<crate::services::WorkerRecord>,
+}
+
+/// `GET /v1/workers`: the workers started last, in any state, across runs.
+#[utoipa::path(get, path = "/v1/workers", tag = "state", params(ListQuery),
+    responses((status = 200, body = WorkerList)))]
+pub(crate) async fn workers(
+    State(app): State<Arc<App>>,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<WorkerList>, ApiError> {
+    let workers = app
+        .runtime
+        .services()
+        .ledger
+        .workers(limit(query.limit))
+        .await?;
+    Ok(Json(WorkerList { workers }))
+}
+
+/// Branches of this host, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct BranchList {
+    branches: Vec<super::branches::BranchView>,
+}
+
+/// `GET /v1/branches`: the branches this host started (branches are not stored; a
+/// restarted host starts an empty list).
+#[utoipa::path(get, path = "/v1/branches", tag = "state",
+    responses((status = 200, body = BranchList)))]
+pub(crate) async fn branches(State(app): State<Arc<App>>) -> Json<BranchList> {
+    Json(BranchList {
+        branches: app.branches.list(),
+    })
+}
+
+/// Which tasks.
+#[derive(Debug, Deserialize, IntoParams)]
+pub(crate) struct TaskQuery {
+    /// Only this status (`backlog`, `ready`, `in-progress`, `done`, ...).
+    status: Option<String>,
+    /// Only subtasks of this task.
+    parent: Option<u64>,
+    /// At most this many (default 100, at most 1000).
+    limit: Option<u32>,
+}
+
+/// Tasks on the board.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct TaskList {
+    /// Each with its number, title, status, priority, creator and metadata.
+    #[schema(value_type = Vec<Object>)]
+    tasks: Vec<crate::services::Task>,
+}
+
+/// `GET /v1/tasks`: the task board.
+#[utoipa::path(get, path = "/v1/tasks", tag = "state", params(TaskQuery),
+    responses((status = 200, body = TaskList), (status = 400, body = ErrorBody)))]
+pub(crate) async fn tasks(
+    State(app): State<Arc<App>>,
+    Query(query): Query<TaskQuery>,
+) -> Result<Json<TaskList>, ApiError> {
+    let status = match &query.status {
+        None => None,
+        Some(text) => Some(
+            text.parse::<TaskStatus>()
+                .map_err(|err| ApiError::invalid(err.to_string()).param("status"))?,
+        ),
+    };
+    let filter = TaskFilter {
+        status,
+        parent: query.parent,
+        limit: Some(limit(query.limit)),
+    };
+    let tasks = app.runtime.services().tasks.list(filter).await?;
+    Ok(Json(TaskList { tasks }))
+}
+
+/// One tool's row of the policy matrix.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct PolicyRow {
+    /// The tool.
+    tool: String,
+    /// Per process kind (`channel`, `branch`, `worker`, `compactor`, `cortex`): `on`, or
+    /// why not (`not in the profile`, `capability fs.write not granted`, ...).
+    #[schema(value_type = Object)]
+    kinds: serde_json::Map<String, Value>,
+}
+
+/// The policy matrix: each tool, each process kind.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct PolicyMatrix {
+    /// The config it comes from, or `defaults`.
+    source: String,
+    /// The process kinds, in column order.
+    kinds: Vec<String>,
+    rows: Vec<PolicyRow>,
+}
+
+/// `GET /v1/policy`: which process kind is offered which tool, and why not.
+#[utoipa::path(get, path = "/v1/policy", tag = "state",
+    responses((status = 200, body = PolicyMatrix)))]
+pub(crate) async fn policy(State(app): State<Arc<App>>) -> Json<PolicyMatrix> {
+    let config = app.runtime.config();
+    let tools = tool_needs(&app.registry);
+    let rows = config
+        .policy
+        .matrix(&tools)
+        .into_iter()
+        .map(|(tool, cells)| PolicyRow {
+            tool,
+            kinds: ProcessKind::ALL
+                .iter()
+                .zip(cells)
+                .map(|(kind, decision)| {
+                    let text = match decision {
+                        Decision::Offered => "on".to_owned(),
+                        other => other.to_string(),
+                    };
+                    (kind.to_string(), Value::String(text))
+                })
+                .collect(),
+        })
+        .collect();
+    Json(PolicyMatrix {
+        source: config
+            .source
+            .as_ref()
+            .map_or_else(|| "defaults".to_owned(), |p| p.display().to_string()),
+        kinds: ProcessKind::ALL.iter().map(ToString::to_string).collect(),
+        rows,
+    })
+}
+
+/// A page of the audit log.
+#[derive(Debug, Deserialize, IntoParams)]
+pub(crate) struct AuditQuery {
+    /// Entries older than this id (the `next` of the previous page).
+    before: Option<u64>,
+    /// At most this many (default 100, at most 1000).
+    limit: Option<u32>,
+}
+
+/// Audit entries, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct AuditPage {
+    /// Each with its id, time, process, tool, grants, redacted arguments, outcome, detail
+    /// and duration.
+    #[schema(value_type = Vec<Object>)]
+    entries: Vec<crate::services::AuditEntry>,
+    /// The `before` of the next page; absent on the last.
+    next: Option<u64>,
+}
+
+/// `GET /v1/audit`: every tool call, denials included, newest first, in pages.
+#[utoipa::path(get, path = "/v1/audit", tag = "state", params(AuditQuery),
+    responses((status = 200, body = AuditPage)))]
+pub(crate) async fn audit(
+    State(app): State<Arc<App>>,
+    Query(query): Query<AuditQuery>,
+) -> Result<Json<AuditPage>, ApiError> {
+    let limit = limit(query.limit);
+    let mut entries = app
+        .runtime
+        .services()
+        .audit
+        .page(query.before, limit)
+        .await?;
+    for entry in &mut entries {
+        entry.arguments = app.redactor.redact(&entry.arguments).into_owned();
+        entry.detail = app.redactor.redact(&entry.detail).into_owned();
+    }
+    let next = (entries.len() == limit as usize)
+        .then(|| entries.last().map(|e| e.id))
+        .flatten();
+    Ok(Json(AuditPage { entries, next }))
+}
+
+/// Outbound requests, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct RequestList {
+    /// Each with its process, tool, method, host, port, address, status, sizes, decision
+    /// and rule.
+    #[schema(value_type = Vec<Object>)]
+    requests: Vec<crate::services::RequestEntry>,
+}
+
+/// `GET /v1/audit/requests`: the outbound requests tools made or tried, newest first.
+#[utoipa::path(get, path = "/v1/audit/requests", tag = "state", params(ListQuery),
+    responses((status = 200, body = RequestList)))]
+pub(crate) async fn requests(
+    State(app): State<Arc<App>>,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<RequestList>, ApiError> {
+    let requests = app
+        .runtime
+        .services()
+        .audit
+        .recent_requests(limit(query.limit))
+        .await?;
+    Ok(Json(RequestList { requests }))
+}
+
+/// A loaded plugin.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct PluginView {
+    name: String,
+    wit_version: String,
+    tools: Vec<String>,
+    imports: Vec<String>,
+}
+
+/// Plugins loaded and refused.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct PluginList {
+    loaded: Vec<PluginView>,
+    /// Why each refused file was refused.
+    refused: Vec<String>,
+}
+
+/// `GET /v1/plugins`: the plugins loaded, and the files refused with why.
+#[utoipa::path(get, path = "/v1/plugins", tag = "state",
+    responses((status = 200, body = PluginList)))]
+pub(crate) async fn plugins(State(app): State<Arc<App>>) -> Json<PluginList> {
+    let loaded = app
+        .registry
+        .plugins()
+        .iter()
+        .map(|p| PluginView {
+            name: p.name().to_owned(),
+            wit_version: p.wit_version().to_owned(),
+            tools: p.tools().iter().map(|t| t.name.clone()).collect(),
+            imports: p.imports().to_vec(),
+        })
+        .collect();
+    let refused = app
+        .registry
+        .refused()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    Json(PluginList { loaded, refused })
+}
+
+/// A tool and who is offered it.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ToolView {
+    name: String,
+    description: String,
+    /// The capabilities it declares.
+    capabilities: Vec<String>,
+    /// The JSON Schema of its arguments.
+    #[schema(value_type = Object)]
+    args_schema: Value,
+    /// The process kinds offered it.
+    offered_to: Vec<String>,
+}
+
+/// Every tool.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ToolList {
+    tools: Vec<ToolView>,
+}
+
+/// `GET /v1/tools`: every tool, host and plugin, with the process kinds offered it.
+#[utoipa::path(get, path = "/v1/tools", tag = "state",
+    responses((status = 200, body = ToolList)))]
+pub(crate) async fn tools(State(app): State<Arc<App>>) -> Json<ToolList> {
+    let offered_to = |name: &str| -> Vec<String> {
+        ProcessKind::ALL
+            .iter()
+            .filter(|kind| app.runtime.tool_defs(**kind).iter().any(|d| d.name == name))
+            .map(ToString::to_string)
+            .collect()
+    };
+    let host = HOST_TOOLS.iter().map(|tool| {
+        let def = tool.def();
+        ToolView {
+            offered_to: offered_to(tool.name),
+            name: def.name,
+            description: def.description,
+            capabilities: Vec::new(),
+            args_schema: def.parameters,
+        }
+    });
+    let plugins = app
+        .registry
+        .plugins()
+        .iter()
+        .flat_map(|p| p.tools())
+        .map(|tool| ToolView {
+            offered_to: offered_to(&tool.name),
+            name: tool.name.clone(),
+            description: tool.description.clone(),
+            capabilities: tool.capabilities.iter().map(ToString::to_string).collect(),
+            args_schema: tool.args_schema.clone(),
+        });
+    Json(ToolList {
+        tools: host.chain(plugins).collect(),
+    })
+}

@@ -1,0 +1,343 @@
+//! [`EventHub`]: the runtime's events, numbered, kept in a bounded buffer and handed to
+//! every client at its own pace.
+//!
+//! One task drains the runtime's event stream into a ring buffer; each client holds only a
+//! cursor (the id of the last event it saw) and reads the buffer from there. A client that
+//! falls behind further than the buffer holds is told how many events it lost instead of
+//! holding memory for them. Ids start at 1 and never repeat within one host.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::agent::Event;
+use crate::ids::ProcessId;
+use crate::secrets::Redactor;
+
+/// One event as clients get it.
+#[derive(Debug)]
+pub(crate) struct Published {
+    /// Its number: 1 for the host's first event, one more for each after.
+    pub(crate) id: u64,
+    /// The conversation it belongs to, if it could be told.
+    pub(crate) conversation: Option<ProcessId>,
+    /// The event.
+    pub(crate) event: Event,
+    /// Its JSON form, with every secret value redacted.
+    pub(crate) json: String,
+}
+
+/// What a [`Subscription`] reads next.
+#[derive(Debug)]
+pub(crate) enum Next {
+    /// The next event.
+    Event(Arc<Published>),
+    /// Events the client was too slow for: they left the buffer before it read them.
+    Lost {
+        /// How many.
+        count: u64,
+    },
+}
+
+/// The runtime's events for every client. See the [module docs](self).
+pub(crate) struct EventHub {
+    ring: Mutex<Ring>,
+    /// The id of the newest event, and whether the stream has ended.
+    latest: watch::Sender<(u64, bool)>,
+    fences: mpsc::UnboundedSender<oneshot::Sender<u64>>,
+}
+
+struct Ring {
+    events: VecDeque<Arc<Published>>,
+    capacity: usize,
+    /// Which conversation each live worker, branch and compaction belongs to.
+    owners: HashMap<ProcessId, ProcessId>,
+}
+
+/// Owners remembered at most: past it (processes that never reported their end), the map
+/// starts over.
+const MAX_OWNERS: usize = 1 << 16;
+
+impl EventHub {
+    /// Starts draining `events` into a hub keeping the last `capacity` of them, each
+    /// serialized once with `redactor` applied. The hub's stream ends when `events` does.
+    pub(crate) fn start(
+        events: mpsc::UnboundedReceiver<Event>,
+        capacity: usize,
+        redactor: Redactor,
+    ) -> Arc<EventHub> {
+        let (latest, _) = watch::channel((0, false));
+        let (fences, fence_rx) = mpsc::unbounded_channel();
+        let hub = Arc::new(EventHub {
+            ring: Mutex::new(Ring {
+                events: VecDeque::with_capacity(capacity.min(4096)),
+                capacity: capacity.max(1),
+                owners: HashMap::new(),
+            }),
+            latest,
+            fences,
+        });
+        tokio::spawn(drain(hub.clone(), events, fence_rx, redactor));
+        hub
+    }
+
+    /// The id of the newest event published (0 before the first).
+    pub(crate) fn latest(&self) -> u64 {
+        self.latest.borrow().0
+    }
+
+    /// Waits until every event the runtime emitted before this call is published, and
+    /// returns the newest id. What happened before (a conversation gone idle) is then
+    /// visible to every subscription.
+    pub(crate) async fn fence(&self) -> u64 {
+        let (tx, rx) = oneshot::channel();
+        if self.fences.send(tx).is_err() {
+            return self.latest();
+        }
+        rx.await.unwrap_or_else(|_| self.latest())
+    }
+
+    /// Reads events after id `after`: from the next event published with `None`.
+    pub(crate) fn subscribe(self: &Arc<Self>, after: Option<u64>) -> Subscription {
+        let changes = self.latest.subscribe();
+        let cursor = after.unwrap_or_else(|| changes.borrow().0);
+        Subscription {
+            hub: self.clone(),
+            cursor,
+            changes,
+        }
+    }
+
+    /// The event numbered `id` and the id of the oldest one kept, if any is.
+    fn lookup(&self, id: u64) -> (Option<Arc<Published>>, Option<u64>) {
+        let ring = self.ring();
+        let Some(oldest) = ring.events.front().map(|p| p.id) else {
+            return (None, None);
+        };
+        let found = id
+            .checked_sub(oldest)
+            .and_then(|index| ring.events.get(index as usize))
+            .cloned();
+        (found, Some(oldest))
+    }
+
+    fn ring(&self) -> MutexGuard<'_, Ring> {
+        // Every change is made whole under the lock; a poisoned lock guards whole data.
+        self.ring.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn publish(&self, event: Event, redactor: &Redactor) {
+        let json = serde_json::to_string(&event).unwrap_or_else(|err| {
+            format!(
+                r#"{{"type":"unserializable","error":{:?}}}"#,
+                err.to_string()
+            )
+        });
+        let json = redactor.redact_owned(json);
+        let id = {
+            let mut ring = self.ring();
+            let process = event.process().clone();
+            let conversation = match event.conversation() {
+                Some(conversation) => {
+                    if &process != conversation {
+                        if ring.owners.len() >= MAX_OWNERS {
+                            ring.owners.clear();
+                        }
+                        ring.owners.insert(process.clone(), conversation.clone());
+                    }
+                    Some(conversation.clone())
+                }
+                None => ring.owners.get(&process).cloned(),
+            };
+            if event.ends_process() {
+                ring.owners.remove(&process);
+            }
+            let id = self.latest() + 1;
+            if ring.events.len() >= ring.capacity {
+                ring.events.pop_front();
+            }
+            ring.events.push_back(Arc::new(Published {
+                id,
+                conversation,
+                event,
+                json,
+            }));
+            id
+        };
+        // After the buffer holds it: a client woken by this finds it there.
+        self.latest.send_replace((id, false));
+    }
+}
+
+/// The hub's one task: publishes events in order, and answers each fence once everything
+/// queued before it is out.
+async fn drain(
+    hub: Arc<EventHub>,
+    mut events: mpsc::UnboundedReceiver<Event>,
+    mut fences: mpsc::UnboundedReceiver<oneshot::Sender<u64>>,
+    redactor: Redactor,
+) {
+    loop {
+        tokio::select! {
+            biased;
+            fence = fences.recv() => {
+                let Some(fence) = fence else { break };
+                while let Ok(event) = events.try_recv() {
+                    hub.publish(event, &redactor);
+                }
+                let _ = fence.send(hub.latest());
+            }
+            event = events.recv() => match event {
+                Some(event) => hub.publish(event, &redactor),
+                None => break,
+            },
+        }
+    }
+    let latest = hub.latest();
+    hub.latest.send_replace((latest, true));
+    // Fences asked from now on find the stream ended.
+    fences.close();
+    while let Ok(fence) = fences.try_recv() {
+        let _ = fence.send(latest);
+    }
+}
+
+/// One client's place in the hub's events.
+pub(crate) struct Subscription {
+    hub: Arc<EventHub>,
+    cursor: u64,
+    changes: watch::Receiver<(u64, bool)>,
+}
+
+impl Subscription {
+    /// The id of the last event read (or skipped as lost).
+    pub(crate) fn cursor(&self) -> u64 {
+        self.cursor
+    }
+
+    /// The next event, or how many were lost before it; `None` once the runtime's stream
+    /// has ended and every event was read.
+    pub(crate) async fn next(&mut self) -> Option<Next> {
+        loop {
+            // Marked seen before the buffer is read, so a publish after the read wakes us.
+            let (latest, ended) = *self.changes.borrow_and_update();
+            if self.cursor < latest {
+                let (found, oldest) = self.hub.lookup(self.cursor + 1);
+                if let Some(published) = found {
+                    self.cursor = published.id;
+                    return Some(Next::Event(published));
+                }
+                let oldest = oldest.unwrap_or(latest + 1);
+                if oldest > self.cursor + 1 {
+                    let count = oldest - self.cursor - 1;
+                    self.cursor = oldest - 1;
+                    return Some(Next::Lost { count });
+                }
+            }
+            if ended {
+                return None;
+            }
+            if self.changes.changed().await.is_err() {
+                // The hub is gone: read what is left, then end.
+                let (latest, _) = *self.changes.borrow();
+                if self.cursor >= latest {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::ProcessKind;
+
+    fn reply(n: usize) -> Event {
+        Event::Reply {
+            channel: ProcessId::channel("main"),
+            text: format!("reply {n}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn clients_read_in_order_resume_and_are_told_what_they_lost() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let hub = EventHub::start(rx, 3, Redactor::default());
+        let mut live = hub.subscribe(None);
+        for n in 1..=5 {
+            tx.send(reply(n)).unwrap();
+        }
+        assert_eq!(hub.fence().await, 5);
+        // A live client from id 0 was slower than the buffer: two lost, then 3..=5.
+        assert!(matches!(live.next().await, Some(Next::Lost { count: 2 })));
+        for id in 3..=5 {
+            match live.next().await {
+                Some(Next::Event(p)) => assert_eq!(p.id, id),
+                other => panic!("{other:?}"),
+            }
+        }
+        // Resuming after 4 gives 5 alone.
+        let mut resumed = hub.subscribe(Some(4));
+        match resumed.next().await {
+            Some(Next::Event(p)) => assert_eq!((p.id, p.json.contains("reply 5")), (5, true)),
+            other => panic!("{other:?}"),
+        }
+        drop(tx);
+        assert!(live.next().await.is_none(), "the stream ended");
+        assert!(resumed.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_workers_events_belong_to_the_conversation_that_started_it() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let hub = EventHub::start(rx, 16, Redactor::default());
+        let mut all = hub.subscribe(None);
+        let worker = ProcessId::numbered(ProcessKind::Worker, 7);
+        let channel = ProcessId::channel("ops");
+        tx.send(Event::WorkerStarted {
+            worker: worker.clone(),
+            channel: channel.clone(),
+            task: "t".into(),
+        })
+        .unwrap();
+        tx.send(Event::ToolCalled {
+            process: worker.clone(),
+            tool: "file_read".into(),
+        })
+        .unwrap();
+        tx.send(Event::WorkerEnded {
+            worker: worker.clone(),
+            state: crate::services::WorkerState::Done,
+            outcome: "ok".into(),
+        })
+        .unwrap();
+        tx.send(Event::ToolCalled {
+            process: worker.clone(),
+            tool: "late".into(),
+        })
+        .unwrap();
+        hub.fence().await;
+        let mut owners = Vec::new();
+        for _ in 0..4 {
+            match all.next().await {
+                Some(Next::Event(p)) => owners.push(p.conversation.clone()),
+                other => panic!("{other:?}"),
+            }
+        }
+        let ops = Some(channel);
+        assert_eq!(owners, [ops.clone(), ops.clone(), ops, None]);
+    }
+
+    #[tokio::test]
+    async fn a_fence_waits_for_what_was_emitted_before_it() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let hub = EventHub::start(rx, 1024, Redactor::default());
+        for n in 0..500 {
+            tx.send(reply(n)).unwrap();
+        }
+        assert_eq!(hub.fence().await, 500);
+        assert_eq!(hub.latest(), 500);
+    }
+}

@@ -1,0 +1,342 @@
+//! The OpenAI-compatible door: `GET /v1/models` and `POST /v1/chat/completions`, so any
+//! client of that API talks to the agent unchanged.
+//!
+//! The model name picks the agent: `capstan` is a channel, `capstan-cortex` the admin chat.
+//! The conversation is the `X-Capstan-Conversation` header, else the `user` field, else
+//! `main`. A conversation keeps its own history, so only the last user message of the
+//! request is sent; the reply is everything the conversation answered once it was idle
+//! (its tools, workers and branches done). Tool activity rides along in a `capstan` field
+//! (non-streaming) or in chunks with an empty delta and a `capstan_event` (streaming),
+//! which OpenAI clients ignore; every event is on `/v1/events`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use utoipa::ToSchema;
+
+use super::api::collect;
+use super::auth::Caller;
+use super::error::{ApiError, ApiJson, ErrorBody};
+use super::server::App;
+use super::turn::{self, TurnItem};
+use crate::config::TokenScope;
+use crate::ids::ProcessId;
+use crate::policy::ProcessKind;
+
+/// The model that talks in a channel.
+pub(crate) const CHANNEL_MODEL: &str = "capstan";
+/// The model that talks to the cortex (the admin chat).
+pub(crate) const CORTEX_MODEL: &str = "capstan-cortex";
+/// The header that names the conversation.
+pub(crate) const CONVERSATION_HEADER: &str = "x-capstan-conversation";
+
+/// A model, as `/v1/models` lists it.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Model {
+    id: &'static str,
+    object: &'static str,
+    created: i64,
+    owned_by: &'static str,
+}
+
+/// The models.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ModelList {
+    object: &'static str,
+    data: Vec<Model>,
+}
+
+/// `GET /v1/models`: `capstan` (a channel) and, for an `admin` token, `capstan-cortex`.
+#[utoipa::path(get, path = "/v1/models", tag = "openai",
+    responses((status = 200, body = ModelList)))]
+pub(crate) async fn models(State(app): State<Arc<App>>, caller: Caller) -> Json<ModelList> {
+    let model = |id| Model {
+        id,
+        object: "model",
+        created: app.started,
+        owned_by: "capstan",
+    };
+    let mut data = vec![model(CHANNEL_MODEL)];
+    if caller.scope >= TokenScope::Admin {
+        data.push(model(CORTEX_MODEL));
+    }
+    Json(ModelList {
+        object: "list",
+        data,
+    })
+}
+
+/// A chat completion request. Fields OpenAI defines that Capstan has no use for
+/// (`temperature`, `tools`, ...) are accepted and ignored: the agent's own profile decides
+/// its tools.
+#[derive(Debug, Deserialize, ToSchema)]
+pub(crate) struct ChatRequest {
+    /// `capstan` or `capstan-cortex`.
+    model: String,
+    /// The conversation so far; only the last `user` message is sent.
+    #[schema(value_type = Vec<Object>)]
+    messages: Vec<ChatMessage>,
+    /// Stream the reply as chunks.
+    #[serde(default)]
+    stream: bool,
+    /// Names the conversation when no `X-Capstan-Conversation` header does.
+    user: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatMessage {
+    role: String,
+    #[serde(default)]
+    content: Content,
+}
+
+/// Text, or parts of which the `text` ones count.
+#[derive(Debug, Deserialize, Default)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+    #[default]
+    Null,
+}
+
+#[derive(Debug, Deserialize)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+impl Content {
+    fn text(&self) -> String {
+        match self {
+            Content::Text(text) => text.clone(),
+            Content::Parts(parts) => parts
+                .iter()
+                .filter(|p| p.kind == "text")
+                .filter_map(|p| p.text.as_deref())
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Content::Null => String::new(),
+        }
+    }
+}
+
+/// `POST /v1/chat/completions`: a message to a conversation, and its reply.
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
+    request_body = ChatRequest,
+    params(("X-Capstan-Conversation" = Option<String>, Header, description = "The conversation")),
+    responses((status = 200, description = "A `chat.completion`, or with `stream` a stream of `chat.completion.chunk`s ending in `[DONE]`"),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 502, body = ErrorBody)))]
+pub(crate) async fn chat_completions(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    headers: HeaderMap,
+    ApiJson(request): ApiJson<ChatRequest>,
+) -> Result<Response, ApiError> {
+    let kind = match request.model.as_str() {
+        CHANNEL_MODEL => ProcessKind::Channel,
+        CORTEX_MODEL => ProcessKind::Cortex,
+        other => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "model_not_found",
+                format!(
+                    "no model `{}`; use `{CHANNEL_MODEL}` (a channel) or `{CORTEX_MODEL}` (the \
+                     admin chat); GET /v1/models lists them",
+                    crate::text::truncate(other, 64).escape_debug()
+                ),
+            )
+            .param("model"));
+        }
+    };
+    caller.require(if kind == ProcessKind::Cortex {
+        TokenScope::Admin
+    } else {
+        TokenScope::Chat
+    })?;
+    let name = match headers.get(CONVERSATION_HEADER) {
+        Some(value) => value
+            .to_str()
+            .map_err(|_| ApiError::invalid("X-Capstan-Conversation is not text"))?
+            .to_owned(),
+        None => request.user.clone().unwrap_or_else(|| "main".to_owned()),
+    };
+    let conversation =
+        ProcessId::conversation(kind, &name).map_err(|msg| ApiError::invalid(msg).param("user"))?;
+    let text = request
+        .messages
+        .iter()
+        .rev()
+        .find(|m| m.role == "user")
+        .map(|m| m.content.text())
+        .unwrap_or_default();
+    if text.trim().is_empty() {
+        return Err(ApiError::invalid(
+            "`messages` has no user message with text; the last one is what is sent",
+        )
+        .param("messages"));
+    }
+    let id = format!(
+        "chatcmpl-{}",
+        app.completions.fetch_add(1, Ordering::Relaxed) + 1
+    );
+    let created = crate::services::now();
+    if request.stream {
+        return Ok(stream(app, conversation, text, id, request.model, created).into_response());
+    }
+    let exchange = collect(&app, conversation.clone(), text).await?;
+    let body = json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": request.model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": exchange.reply},
+            "finish_reason": "stop",
+        }],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        "capstan": {"conversation": conversation.to_string(), "events": exchange.events},
+    });
+    Ok(Json(body).into_response())
+}
+
+/// The reply as `chat.completion.chunk`s: a role chunk, text deltas and activity as they
+/// come, a `stop` chunk, then `[DONE]`. A model failure with no reply is an `error` chunk.
+fn stream(
+    app: Arc<App>,
+    conversation: ProcessId,
+    text: String,
+    id: String,
+    model: String,
+    created: i64,
+) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
+    let items = turn::start(
+        app.runtime.clone(),
+        app.hub.clone(),
+        &app.turns,
+        conversation,
+        text,
+    );
+    let chunk = move |delta: Value, finish: Option<&str>, extra: Option<(&str, Value)>| {
+        let mut chunk = json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        });
+        if let Some((key, value)) = extra {
+            chunk[key] = value;
+        }
+        SseEvent::default().data(chunk.to_string())
+    };
+    let state = Streaming {
+        items,
+        chunk: Box::new(chunk),
+        phase: Phase::Start,
+        replied: false,
+        failed: None,
+        redactor: app.redactor.clone(),
+    };
+    let stream = futures_util::stream::unfold(state, |mut state| async move {
+        let event = state.next().await?;
+        Some((Ok(event), state))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+type Chunk = dyn Fn(Value, Option<&str>, Option<(&str, Value)>) -> SseEvent + Send;
+
+struct Streaming {
+    items: tokio::sync::mpsc::UnboundedReceiver<TurnItem>,
+    chunk: Box<Chunk>,
+    phase: Phase,
+    replied: bool,
+    failed: Option<String>,
+    redactor: crate::secrets::Redactor,
+}
+
+#[derive(PartialEq)]
+enum Phase {
+    Start,
+    Body,
+    Done,
+    Over,
+}
+
+impl Streaming {
+    async fn next(&mut self) -> Option<SseEvent> {
+        loop {
+            match self.phase {
+                Phase::Start => {
+                    self.phase = Phase::Body;
+                    return Some((self.chunk)(
+                        json!({"role": "assistant", "content": ""}),
+                        None,
+                        None,
+                    ));
+                }
+                Phase::Body => match self.items.recv().await {
+                    Some(TurnItem::Text(text)) => {
+                        self.replied = true;
+                        return Some((self.chunk)(json!({"content": text}), None, None));
+                    }
+                    Some(TurnItem::Activity(published)) => {
+                        let event: Value =
+                            serde_json::from_str(&published.json).unwrap_or(Value::Null);
+                        return Some((self.chunk)(
+                            json!({}),
+                            None,
+                            Some(("capstan_event", event)),
+                        ));
+                    }
+                    Some(TurnItem::ModelFailed(error)) => self.failed = Some(error),
+                    Some(TurnItem::Lost(_)) => {}
+                    Some(TurnItem::Refused(why)) => {
+                        self.phase = Phase::Done;
+                        let error = ApiError::unavailable(why);
+                        return Some(error_event(&error));
+                    }
+                    None => {
+                        self.phase = Phase::Done;
+                        if !self.replied
+                            && let Some(error) = self.failed.take()
+                        {
+                            let error = ApiError::new(
+                                StatusCode::BAD_GATEWAY,
+                                "model_failed",
+                                format!(
+                                    "the model gave no answer: {}",
+                                    self.redactor.redact(&error)
+                                ),
+                            );
+                            return Some(error_event(&error));
+                        }
+                        return Some((self.chunk)(json!({}), Some("stop"), None));
+                    }
+                },
+                Phase::Done => {
+                    self.phase = Phase::Over;
+                    return Some(SseEvent::default().data("[DONE]"));
+                }
+                Phase::Over => return None,
+            }
+        }
+    }
+}
+
+fn error_event(error: &ApiError) -> SseEvent {
+    let body = serde_json::to_string(&error.body()).unwrap_or_default();
+    SseEvent::default().data(body)
+}

@@ -1,0 +1,152 @@
+//! `GET /v1/events`: the runtime's events as Server-Sent Events, for one conversation or
+//! all, resumable with `Last-Event-ID` while the events are still buffered.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use futures_util::Stream;
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use super::auth::Caller;
+use super::error::{ApiError, ErrorBody};
+use super::hub::{Next, Published, Subscription};
+use super::server::App;
+use crate::config::TokenScope;
+use crate::ids::ProcessId;
+use crate::policy::ProcessKind;
+
+/// Which events.
+#[derive(Debug, Deserialize, IntoParams)]
+pub(crate) struct EventsQuery {
+    /// Only this conversation's events (its own, and its workers', branches' and
+    /// compactions'), e.g. `main`.
+    channel: Option<String>,
+    /// The kind of `channel`: `channel` (default) or `cortex`.
+    kind: Option<String>,
+    /// Start after this event id, as `Last-Event-ID` does (the header wins).
+    after: Option<u64>,
+}
+
+/// `GET /v1/events`: a Server-Sent Events stream. Each message's `event` is the event's
+/// `type` (`reply`, `text`, `tool_called`, `worker_started`, ...), its `id` the event's
+/// number and its `data` the event as JSON. A client that reconnects with
+/// `Last-Event-ID` gets every event after it that is still buffered; if some are gone, a
+/// `lost` message says how many first. Without a cortex scope (`admin`), events of the
+/// admin chat are left out.
+#[utoipa::path(get, path = "/v1/events", tag = "events", params(EventsQuery,
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event")),
+    responses((status = 200, content_type = "text/event-stream", description = "The stream"),
+        (status = 400, body = ErrorBody)))]
+pub(crate) async fn events(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    headers: HeaderMap,
+    Query(query): Query<EventsQuery>,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let after = match headers.get("last-event-id") {
+        Some(value) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError::invalid("Last-Event-ID is not an event id (a whole number)")
+                })?,
+        ),
+        None => query.after,
+    };
+    let only = match &query.channel {
+        None => None,
+        Some(name) => {
+            let kind = match query.kind.as_deref() {
+                None | Some("channel") => ProcessKind::Channel,
+                Some("cortex") => ProcessKind::Cortex,
+                Some(_) => {
+                    return Err(ApiError::invalid("`kind` is `channel` or `cortex`").param("kind"));
+                }
+            };
+            Some(
+                ProcessId::conversation(kind, name)
+                    .map_err(|msg| ApiError::invalid(msg).param("channel"))?,
+            )
+        }
+    };
+    if only
+        .as_ref()
+        .is_some_and(|c| c.kind() == ProcessKind::Cortex)
+    {
+        caller.require(TokenScope::Admin)?;
+    }
+    let filter = Filter {
+        only,
+        cortex: caller.scope >= TokenScope::Admin,
+    };
+    let subscription = app.hub.subscribe(after);
+    let stream = futures_util::stream::unfold(
+        (subscription, filter),
+        |(mut subscription, filter)| async move {
+            let message = next_message(&mut subscription, &filter).await?;
+            Some((Ok(message), (subscription, filter)))
+        },
+    );
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+struct Filter {
+    only: Option<ProcessId>,
+    /// Whether the admin chat's events may be sent.
+    cortex: bool,
+}
+
+impl Filter {
+    fn admits(&self, published: &Published) -> bool {
+        let conversation = published.conversation.as_ref();
+        if !self.cortex && conversation.is_some_and(|c| c.kind() == ProcessKind::Cortex) {
+            return false;
+        }
+        match &self.only {
+            None => true,
+            Some(only) => conversation == Some(only),
+        }
+    }
+}
+
+async fn next_message(subscription: &mut Subscription, filter: &Filter) -> Option<SseEvent> {
+    loop {
+        match subscription.next().await? {
+            Next::Lost { count } => {
+                return Some(
+                    SseEvent::default()
+                        .id(subscription.cursor().to_string())
+                        .event("lost")
+                        .data(format!(r#"{{"type":"lost","count":{count}}}"#)),
+                );
+            }
+            Next::Event(published) if filter.admits(&published) => {
+                return Some(
+                    SseEvent::default()
+                        .id(published.id.to_string())
+                        .event(event_type(&published.json))
+                        .data(published.json.as_str()),
+                );
+            }
+            Next::Event(_) => {}
+        }
+    }
+}
+
+/// The `type` of an event's JSON form.
+fn event_type(json: &str) -> String {
+    #[derive(Deserialize)]
+    struct Typed {
+        #[serde(rename = "type")]
+        kind: String,
+    }
+    serde_json::from_str::<Typed>(json)
+        .map(|t| t.kind)
+        .unwrap_or_else(|_| "event".to_owned())
+}
