@@ -429,19 +429,20 @@ pub(crate) async fn audit(
     Query(query): Query<AuditQuery>,
 ) -> Result<Json<AuditPage>, ApiError> {
     let limit = limit(query.limit);
+    // One more than asked: whether it comes says whether there is a next page.
     let mut entries = app
         .runtime
         .services()
         .audit
-        .page(query.before, limit)
+        .page(query.before, limit + 1)
         .await?;
+    let more = entries.len() > limit as usize;
+    entries.truncate(limit as usize);
     for entry in &mut entries {
         entry.arguments = app.redactor.redact(&entry.arguments).into_owned();
         entry.detail = app.redactor.redact(&entry.detail).into_owned();
     }
-    let next = (entries.len() == limit as usize)
-        .then(|| entries.last().map(|e| e.id))
-        .flatten();
+    let next = more.then(|| entries.last().map(|e| e.id)).flatten();
     Ok(Json(AuditPage { entries, next }))
 }
 

@@ -45,7 +45,15 @@ pub(crate) struct EventHub {
     ring: Mutex<Ring>,
     /// The id of the newest event, and whether the stream has ended.
     latest: watch::Sender<(u64, bool)>,
-    fences: mpsc::UnboundedSender<oneshot::Sender<u64>>,
+    control: mpsc::UnboundedSender<Control>,
+}
+
+/// What the hub's task is asked besides publishing.
+enum Control {
+    /// Answer once everything queued is published.
+    Fence(oneshot::Sender<u64>),
+    /// Publish what is queued, then end every stream.
+    Close,
 }
 
 struct Ring {
@@ -68,7 +76,7 @@ impl EventHub {
         redactor: Redactor,
     ) -> Arc<EventHub> {
         let (latest, _) = watch::channel((0, false));
-        let (fences, fence_rx) = mpsc::unbounded_channel();
+        let (control, control_rx) = mpsc::unbounded_channel();
         let hub = Arc::new(EventHub {
             ring: Mutex::new(Ring {
                 events: VecDeque::with_capacity(capacity.min(4096)),
@@ -76,9 +84,9 @@ impl EventHub {
                 owners: HashMap::new(),
             }),
             latest,
-            fences,
+            control,
         });
-        tokio::spawn(drain(hub.clone(), events, fence_rx, redactor));
+        tokio::spawn(drain(hub.clone(), events, control_rx, redactor));
         hub
     }
 
@@ -92,10 +100,16 @@ impl EventHub {
     /// visible to every subscription.
     pub(crate) async fn fence(&self) -> u64 {
         let (tx, rx) = oneshot::channel();
-        if self.fences.send(tx).is_err() {
+        if self.control.send(Control::Fence(tx)).is_err() {
             return self.latest();
         }
         rx.await.unwrap_or_else(|_| self.latest())
+    }
+
+    /// Publishes what the runtime emitted so far, then ends every stream: clients get
+    /// what is buffered, then the end. For a server stopping while clients still listen.
+    pub(crate) fn close(&self) {
+        let _ = self.control.send(Control::Close);
     }
 
     /// Reads events after id `after`: from the next event published with `None`.
@@ -170,23 +184,28 @@ impl EventHub {
     }
 }
 
-/// The hub's one task: publishes events in order, and answers each fence once everything
-/// queued before it is out.
+/// The hub's one task: publishes events in order, answers each fence once everything
+/// queued before it is out, and ends the streams when the runtime's stream ends or the
+/// hub is closed.
 async fn drain(
     hub: Arc<EventHub>,
     mut events: mpsc::UnboundedReceiver<Event>,
-    mut fences: mpsc::UnboundedReceiver<oneshot::Sender<u64>>,
+    mut control: mpsc::UnboundedReceiver<Control>,
     redactor: Redactor,
 ) {
     loop {
         tokio::select! {
             biased;
-            fence = fences.recv() => {
-                let Some(fence) = fence else { break };
+            asked = control.recv() => {
                 while let Ok(event) = events.try_recv() {
                     hub.publish(event, &redactor);
                 }
-                let _ = fence.send(hub.latest());
+                match asked {
+                    Some(Control::Fence(fence)) => {
+                        let _ = fence.send(hub.latest());
+                    }
+                    Some(Control::Close) | None => break,
+                }
             }
             event = events.recv() => match event {
                 Some(event) => hub.publish(event, &redactor),
@@ -197,9 +216,11 @@ async fn drain(
     let latest = hub.latest();
     hub.latest.send_replace((latest, true));
     // Fences asked from now on find the stream ended.
-    fences.close();
-    while let Ok(fence) = fences.try_recv() {
-        let _ = fence.send(latest);
+    control.close();
+    while let Ok(asked) = control.try_recv() {
+        if let Control::Fence(fence) = asked {
+            let _ = fence.send(latest);
+        }
     }
 }
 
@@ -328,6 +349,20 @@ mod tests {
         }
         let ops = Some(channel);
         assert_eq!(owners, [ops.clone(), ops.clone(), ops, None]);
+    }
+
+    #[tokio::test]
+    async fn closing_ends_every_stream_after_what_was_queued() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let hub = EventHub::start(rx, 16, Redactor::default());
+        let mut client = hub.subscribe(None);
+        tx.send(reply(1)).unwrap();
+        hub.close();
+        assert!(matches!(client.next().await, Some(Next::Event(p)) if p.id == 1));
+        assert!(client.next().await.is_none());
+        // The runtime's sender is still alive; the hub ended anyway, and takes no more.
+        assert!(tx.send(reply(2)).is_err());
+        assert_eq!(hub.fence().await, 1);
     }
 
     #[tokio::test]

@@ -158,13 +158,15 @@ impl Server {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        let runtime = self.app.runtime.clone();
+        let (runtime, hub) = (self.app.runtime.clone(), self.app.hub.clone());
         let stopping = Arc::new(tokio::sync::Notify::new());
         let stop = {
             let stopping = stopping.clone();
             async move {
                 shutdown.await;
                 runtime.interrupt();
+                // Streams get what is buffered, then end, so their connections close.
+                hub.close();
                 stopping.notify_one();
             }
         };

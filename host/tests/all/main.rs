@@ -23,4 +23,5 @@ mod loading;
 mod net;
 mod providers;
 mod sandbox;
+mod serve;
 mod taskboard;

@@ -1,0 +1,775 @@
+//! `capstan serve` over a real socket on loopback: the API, the event stream with resume,
+//! the OpenAI-compatible endpoint, tokens and scopes, refusals, and the binary's start and
+//! graceful stop. The agent is the real one (plugins, SQLite file) on a scripted model.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use capstan_host::app::AgentBuilder;
+use capstan_host::config::{Config, ProviderSettings, ServeSettings, TokenScope, TokenSpec};
+use capstan_host::llm::{Script, ScriptedProvider};
+use capstan_host::secrets::{SecretSource, SecretSpec};
+use capstan_host::serve::{ServeError, Server};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use crate::support::{plugins_dir, test_cache};
+
+/// The model's part: a greeting, a delegation whose worker lists the workspace, and a
+/// call outside the channel's profile (denied).
+const SCRIPT: &str = r#"
+[[step]]
+process = "channel"
+when = "hello"
+repeat = true
+reply = "Hi there."
+
+[[step]]
+process = "channel"
+when = "count the files"
+repeat = true
+tool_calls = [
+  { name = "spawn_worker", arguments = { task = "List the files of the workspace." } },
+  { name = "skip" },
+]
+
+[[step]]
+process = "worker"
+when = "list the files"
+repeat = true
+tool_calls = [{ name = "file_list", arguments = { path = "." } }]
+
+[[step]]
+process = "worker"
+when = "notes.txt"
+repeat = true
+tool_calls = [{ name = "set_status", arguments = { state = "done", message = "one file: notes.txt" } }]
+
+[[step]]
+process = "channel"
+when = "one file: notes.txt"
+repeat = true
+reply = "The worker found one file, notes.txt."
+
+[[step]]
+process = "channel"
+when = "read it yourself"
+repeat = true
+tool_calls = [{ name = "file_read", arguments = { path = "notes.txt" } }]
+
+[[step]]
+process = "channel"
+when = "not offered"
+repeat = true
+reply = "I may not read files."
+"#;
+
+/// A secret the config declares; nothing served may hold its value.
+const SECRET_VALUE: &str = "sk-serve-secret-0123456789";
+
+/// A running server and what a test needs to talk to it.
+struct Served {
+    url: String,
+    client: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    done: Option<tokio::task::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Served {
+    fn at(&self, path: &str) -> String {
+        format!("{}{path}", self.url)
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let response = self.client.get(self.at(path)).send().await.unwrap();
+        let status = response.status();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        let response = self
+            .client
+            .post(self.at(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Stops the server as a signal would, and waits for it to finish.
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.done.take().unwrap().await.unwrap();
+    }
+}
+
+/// A server on 127.0.0.1 (a port the system picks) over a fresh agent in a temporary
+/// directory, its settings edited by `edit`.
+async fn serve(edit: impl FnOnce(&mut ServeSettings, &std::path::Path)) -> Served {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::defaults(dir.path());
+    config.provider = ProviderSettings::Scripted { script: None };
+    let secret_file = dir.path().join("secret");
+    std::fs::write(&secret_file, SECRET_VALUE).unwrap();
+    config.secrets.push(SecretSpec {
+        name: "API_KEY".parse().unwrap(),
+        source: SecretSource::File(secret_file),
+        hosts: vec!["api.example.com".parse().unwrap()],
+        header: None,
+    });
+    let mut settings = config.serve.clone();
+    settings.addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    edit(&mut settings, dir.path());
+    std::fs::create_dir_all(&config.agent.workspace).unwrap();
+    std::fs::write(config.agent.workspace.join("notes.txt"), "a note\n").unwrap();
+    let provider = ScriptedProvider::new(Script::parse(SCRIPT, "serve").unwrap(), "serve");
+    let agent = AgentBuilder::new(config)
+        .plugins_dir(plugins_dir())
+        .cache(test_cache())
+        .provider(Arc::new(provider))
+        .build()
+        .await
+        .expect("the agent starts");
+    let server = Server::bind(&settings, agent.runtime, agent.registry, agent.events)
+        .await
+        .expect("the server binds");
+    let url = format!("http://{}", server.local_addr());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let done = tokio::spawn(async move {
+        server
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+    });
+    Served {
+        url,
+        client: reqwest::Client::new(),
+        stop: Some(stop),
+        done: Some(done),
+        _dir: dir,
+    }
+}
+
+/// Writes `value` to `name` in `dir`, and declares it a token of `scope`.
+fn token(settings: &mut ServeSettings, dir: &std::path::Path, name: &str, scope: TokenScope) {
+    let file = dir.join(format!("token-{name}"));
+    std::fs::write(&file, format!("{name}-token-0123456789abcdef")).unwrap();
+    settings.tokens.push(TokenSpec {
+        name: name.into(),
+        source: SecretSource::File(file),
+        scope,
+    });
+}
+
+fn bearer(name: &str) -> String {
+    format!("Bearer {name}-token-0123456789abcdef")
+}
+
+/// Server-Sent Events read off a response: (id, event, data) triples.
+struct SseReader {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl SseReader {
+    async fn open(client: &reqwest::Client, url: &str, last_event_id: Option<u64>) -> Self {
+        let mut request = client.get(url);
+        if let Some(id) = last_event_id {
+            request = request.header("Last-Event-ID", id.to_string());
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(
+            response.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream")
+        );
+        SseReader {
+            response,
+            buffer: String::new(),
+        }
+    }
+
+    /// The next message with data (keep-alive comments skipped); `None` at the end.
+    async fn next(&mut self) -> Option<(Option<u64>, String, Value)> {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let (mut id, mut event, mut data) = (None, String::from("message"), None);
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("id:") {
+                        id = v.trim().parse().ok();
+                    } else if let Some(v) = line.strip_prefix("event:") {
+                        event = v.trim().to_owned();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data = Some(v.trim().to_owned());
+                    }
+                }
+                let Some(data) = data else { continue };
+                let value = serde_json::from_str(&data).unwrap_or(Value::String(data));
+                return Some((id, event, value));
+            }
+            let chunk = self.response.chunk().await.unwrap()?;
+            self.buffer.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+
+    /// Reads until a message of type `event`, returning everything read.
+    async fn until(&mut self, event: &str) -> Vec<(Option<u64>, String, Value)> {
+        let mut seen = Vec::new();
+        while let Some(message) = self.next().await {
+            let last = message.1 == event;
+            seen.push(message);
+            if last {
+                return seen;
+            }
+        }
+        panic!("the stream ended before a `{event}`: {seen:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_with_wait_returns_the_reply_after_the_worker_ran_and_the_state_shows_it() {
+    let served = serve(|_, _| {}).await;
+    let (status, body) = served
+        .post(
+            "/v1/channels/main/messages",
+            json!({"text": "Please count the files.", "wait": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["reply"], "The worker found one file, notes.txt.");
+    let types: Vec<&str> = body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert!(types.contains(&"worker_started"), "{types:?}");
+    assert!(types.contains(&"tool_called"), "{types:?}");
+    assert!(types.contains(&"worker_ended"), "{types:?}");
+
+    let (_, channels) = served.get("/v1/channels").await;
+    assert_eq!(channels["channels"][0]["id"], "channel:main");
+    let (_, history) = served.get("/v1/channels/main/history").await;
+    assert!(
+        history["messages"].as_array().unwrap().len() >= 3,
+        "{history}"
+    );
+    let (_, workers) = served.get("/v1/workers").await;
+    assert_eq!(workers["workers"][0]["state"], "done");
+    assert_eq!(workers["workers"][0]["outcome"], "one file: notes.txt");
+    let (_, audit) = served.get("/v1/audit?limit=1").await;
+    assert_eq!(audit["entries"][0]["tool"], "file_list");
+    assert!(audit["next"].is_null(), "one entry only: {audit}");
+    let (_, audit) = served.get("/v1/audit?limit=0").await;
+    assert_eq!(
+        audit["entries"].as_array().unwrap().len(),
+        1,
+        "a limit is at least 1"
+    );
+    let (_, policy) = served.get("/v1/policy").await;
+    let row = policy["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["tool"] == "file_read")
+        .unwrap();
+    assert_eq!(row["kinds"]["branch"], "on");
+    assert_eq!(row["kinds"]["channel"], "not in the profile");
+    let (_, tools) = served.get("/v1/tools").await;
+    let spawn = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "spawn_worker")
+        .unwrap();
+    let offered = spawn["offered_to"].as_array().unwrap();
+    assert!(offered.contains(&json!("channel")) && !offered.contains(&json!("worker")));
+    let (_, plugins) = served.get("/v1/plugins").await;
+    assert!(
+        plugins["loaded"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "files")
+    );
+    let (status, tasks) = served.get("/v1/tasks?status=ready").await;
+    assert_eq!(
+        (status, tasks["tasks"].clone()),
+        (StatusCode::OK, json!([]))
+    );
+    let (_, branches) = served.get("/v1/branches").await;
+    assert_eq!(branches["branches"], json!([]));
+    served.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_follows_one_conversation_and_resumes_after_the_last_event_id() {
+    let served = serve(|_, _| {}).await;
+    let mut events =
+        SseReader::open(&served.client, &served.at("/v1/events?channel=main"), None).await;
+    let (status, _) = served
+        .post("/v1/channels/other/messages", json!({"text": "hello"}))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let (status, _) = served
+        .post("/v1/channels/main/messages", json!({"text": "hello"}))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let seen = events.until("reply").await;
+    for (_, _, data) in &seen {
+        let text = data.to_string();
+        assert!(
+            !text.contains("channel:other"),
+            "another channel's event: {text}"
+        );
+    }
+    let (reply_id, _, reply) = seen.last().unwrap().clone();
+    assert_eq!(reply["text"], "Hi there.");
+    let reply_id = reply_id.unwrap();
+
+    // A client that saw everything up to just before the reply gets the reply again.
+    let mut resumed = SseReader::open(
+        &served.client,
+        &served.at("/v1/events?channel=main"),
+        Some(reply_id - 1),
+    )
+    .await;
+    let (id, event, data) = resumed.next().await.unwrap();
+    assert_eq!((id, event.as_str()), (Some(reply_id), "reply"));
+    assert_eq!(data["text"], "Hi there.");
+
+    let (status, body) = served
+        .client
+        .get(served.at("/v1/events"))
+        .header("Last-Event-ID", "yesterday")
+        .send()
+        .await
+        .map(|r| (r.status(), r))
+        .unwrap();
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let body: Value = body.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Last-Event-ID")
+    );
+
+    // Stopping ends the streams still open (after what they had not read yet), so the
+    // server does not wait on them.
+    served.stop().await;
+    while let Some((_, event, _)) = events.next().await {
+        assert_ne!(event, "reply", "the reply was read already");
+    }
+    assert!(resumed.next().await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_behind_the_buffer_is_told_how_many_events_it_lost() {
+    let served = serve(|settings, _| settings.event_buffer = 4).await;
+    for _ in 0..3 {
+        let (status, _) = served
+            .post(
+                "/v1/channels/main/messages",
+                json!({"text": "hello", "wait": true}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    // Three exchanges of three events each: events 1..=5 are gone.
+    let mut resumed = SseReader::open(&served.client, &served.at("/v1/events"), Some(0)).await;
+    let (id, event, data) = resumed.next().await.unwrap();
+    assert_eq!(event, "lost");
+    assert_eq!(data["count"], 5);
+    assert_eq!(id, Some(5));
+    let (id, _, _) = resumed.next().await.unwrap();
+    assert_eq!(id, Some(6));
+    served.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_required_checked_and_scoped() {
+    let served = serve(|settings, dir| {
+        token(settings, dir, "viewer", TokenScope::Read);
+        token(settings, dir, "chatter", TokenScope::Chat);
+        token(settings, dir, "root", TokenScope::Admin);
+    })
+    .await;
+    let url = served.at("/v1/channels");
+    let missing = served.client.get(&url).send().await.unwrap();
+    assert_eq!(missing.status(), StatusCode::UNAUTHORIZED);
+    assert!(missing.headers().contains_key("www-authenticate"));
+    let body: Value = missing.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "missing_token");
+    assert_eq!(body["error"]["type"], "authentication_error");
+
+    let wrong = served
+        .client
+        .get(&url)
+        .header("Authorization", "Bearer viewer-token-0123456789abcdeX")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        wrong.json::<Value>().await.unwrap()["error"]["code"],
+        "invalid_token"
+    );
+
+    let read = served
+        .client
+        .get(&url)
+        .header("Authorization", bearer("viewer"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.status(), StatusCode::OK);
+
+    let post = |who: &str, path: &str, body: Value| {
+        served
+            .client
+            .post(served.at(path))
+            .header("Authorization", bearer(who))
+            .json(&body)
+            .send()
+    };
+    let refused = post(
+        "viewer",
+        "/v1/channels/main/messages",
+        json!({"text": "hello"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    let message = refused.json::<Value>().await.unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains("scope \"read\"") && message.contains("needs \"chat\""),
+        "{message}"
+    );
+
+    let chat = json!({"model": "capstan", "messages": [{"role": "user", "content": "hello"}]});
+    let ok = post("chatter", "/v1/chat/completions", chat.clone())
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    let cortex =
+        json!({"model": "capstan-cortex", "messages": [{"role": "user", "content": "hello"}]});
+    let refused = post("chatter", "/v1/chat/completions", cortex)
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+
+    // The page needs no token: it asks for one when the API does.
+    let page = served.client.get(served.at("/")).send().await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    served.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_refused_in_the_openai_error_shape() {
+    let served = serve(|settings, _| settings.max_request_body_bytes = 1024).await;
+    let big = json!({"text": "x".repeat(4096)});
+    let (status, body) = served.post("/v1/channels/main/messages", big).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("serve.max_request_body_kib (1 KiB)"),
+        "{message}"
+    );
+
+    let bad_json = served
+        .client
+        .post(served.at("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad_json.status(), StatusCode::BAD_REQUEST);
+    let form = served
+        .client
+        .post(served.at("/v1/channels/main/messages"))
+        .header("content-type", "text/plain")
+        .body(r#"{"text":"hello"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(form.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+
+    let (status, body) = served.get("/v1/channels/nobody/history").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"]["type"], "not_found_error");
+    let (status, body) = served.get("/v1/channels/..%2Fetc/history").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = served
+        .post(
+            "/v1/chat/completions",
+            json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"]["code"], "model_not_found");
+    assert_eq!(body["error"]["param"], "model");
+    let (status, _) = served
+        .post(
+            "/v1/chat/completions",
+            json!({"model": "capstan", "messages": [{"role": "system", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = served.get("/v1/tasks?status=sideways").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // A page elsewhere whose name points at this machine is refused (DNS rebinding).
+    let rebound = served
+        .client
+        .get(served.at("/v1/channels"))
+        .header("Host", "attacker.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), StatusCode::FORBIDDEN);
+    served.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_completions_answer_after_the_tools_ran_streaming_or_not() {
+    let served = serve(|_, _| {}).await;
+    let request = |stream: bool| {
+        json!({
+            "model": "capstan",
+            "stream": stream,
+            "user": "files",
+            "messages": [
+                {"role": "system", "content": "ignored"},
+                {"role": "user", "content": [{"type": "text", "text": "Please count the files."}]},
+            ],
+        })
+    };
+    let (status, body) = served.post("/v1/chat/completions", request(false)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "The worker found one file, notes.txt."
+    );
+    assert_eq!(body["capstan"]["conversation"], "channel:files");
+
+    let response = served
+        .client
+        .post(served.at("/v1/chat/completions"))
+        .json(&request(true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut reader = SseReader {
+        response,
+        buffer: String::new(),
+    };
+    let (mut content, mut tools, mut finish, mut done) = (String::new(), Vec::new(), None, false);
+    while let Some((_, _, data)) = reader.next().await {
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        assert_eq!(data["object"], "chat.completion.chunk");
+        if let Some(text) = data["choices"][0]["delta"]["content"].as_str() {
+            content.push_str(text);
+        }
+        if data["capstan_event"]["type"] == "tool_called" {
+            tools.push(data["capstan_event"]["tool"].clone());
+        }
+        if let Some(reason) = data["choices"][0]["finish_reason"].as_str() {
+            finish = Some(reason.to_owned());
+        }
+    }
+    assert!(done, "the stream ends with [DONE]");
+    assert_eq!(finish.as_deref(), Some("stop"));
+    assert_eq!(content, "The worker found one file, notes.txt.");
+    assert_eq!(tools, [json!("file_list")]);
+    served.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_secret_value_is_ever_served() {
+    let served = serve(|_, _| {}).await;
+    let mut events = SseReader::open(&served.client, &served.at("/v1/events"), None).await;
+    let (status, body) = served
+        .post(
+            "/v1/channels/main/messages",
+            json!({"text": format!("hello, my key is {SECRET_VALUE}"), "wait": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let seen = events.until("turn_finished").await;
+    let (_, history) = served.get("/v1/channels/main/history").await;
+    let (_, audit) = served.get("/v1/audit").await;
+    for text in [
+        body.to_string(),
+        history.to_string(),
+        audit.to_string(),
+        format!("{seen:?}"),
+    ] {
+        assert!(!text.contains(SECRET_VALUE), "a secret was served: {text}");
+    }
+    assert!(
+        history.to_string().contains("[redacted secret API_KEY]"),
+        "{history}"
+    );
+    served.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_limit_refuses_with_retry_after() {
+    let served = serve(|settings, _| settings.requests_per_minute = 3).await;
+    for _ in 0..3 {
+        assert_eq!(served.get("/v1/channels").await.0, StatusCode::OK);
+    }
+    let refused = served
+        .client
+        .get(served.at("/v1/channels"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: Value = refused.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("serve.requests_per_minute (3)")
+    );
+    served.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_public_address_without_a_token_and_a_busy_port_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = |settings: ServeSettings| {
+        let dir = dir.path().to_owned();
+        async move {
+            let mut config = Config::defaults(&dir);
+            config.provider = ProviderSettings::Scripted { script: None };
+            let provider = ScriptedProvider::new(Script::parse(SCRIPT, "serve").unwrap(), "serve");
+            let agent = AgentBuilder::new(config)
+                .provider(Arc::new(provider))
+                .build()
+                .await
+                .unwrap();
+            Server::bind(&settings, agent.runtime, agent.registry, agent.events).await
+        }
+    };
+    let public = ServeSettings {
+        addr: "0.0.0.0:0".parse().unwrap(),
+        ..ServeSettings::default()
+    };
+    let err = start(public).await.err().expect("refused");
+    assert!(matches!(err, ServeError::NoToken { .. }), "{err}");
+    assert!(err.to_string().contains("[serve.tokens.NAME]"), "{err}");
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = ServeSettings {
+        addr: taken.local_addr().unwrap(),
+        ..ServeSettings::default()
+    };
+    let err = start(busy).await.err().expect("refused");
+    let text = err.to_string();
+    assert!(
+        text.contains("the address is in use") && text.contains("--addr"),
+        "{text}"
+    );
+}
+
+/// The binary: it prints where it listens, serves, and on SIGTERM stops gracefully with
+/// the conversation stored; a bad --addr is refused with the fix.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_and_stops_gracefully_on_sigterm() {
+    use std::io::BufRead;
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = crate::support::capstan(dir.path(), &["serve", "--addr", "localhost:99999"]);
+    assert!(!bad.status.success());
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert!(said.contains("IP:PORT, such as 127.0.0.1:8787"), "{said}");
+
+    let demo = dir.path().join("demo");
+    let mut child = crate::support::capstan_command(
+        dir.path(),
+        &[
+            "serve",
+            "--demo",
+            "--dir",
+            demo.to_str().unwrap(),
+            "--addr",
+            "127.0.0.1:0",
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let first = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .unwrap();
+        line
+    })
+    .await
+    .unwrap();
+    let url = first
+        .trim()
+        .strip_prefix("capstan serve: listening on ")
+        .unwrap_or_else(|| panic!("{first}"))
+        .to_owned();
+    let client = reqwest::Client::new();
+    let health = client.get(format!("{url}healthz")).send().await.unwrap();
+    assert_eq!(health.text().await.unwrap(), "ok");
+    let reply: Value = client
+        .post(format!("{url}v1/chat/completions"))
+        .json(&json!({"model": "capstan", "messages": [
+            {"role": "user", "content": "Gather the open items from the notes in notes/ and summarize them."}
+        ]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        reply["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("There are 3 open items"),
+        "{reply}"
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let store = capstan_host::store::Store::open(&demo.join(".capstan")).unwrap();
+    let history = store.load_history("channel:main").unwrap();
+    assert!(history.len() >= 4, "the conversation was stored");
+}
