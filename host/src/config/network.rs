@@ -182,19 +182,7 @@ pub(super) fn check_secrets(
                  or `file = \"/path\"`",
             ));
         }
-        let source = match (secret.env, secret.file) {
-            (Some(var), None) if !var.trim().is_empty() => SecretSource::Env(var),
-            (None, Some(path)) => SecretSource::File(resolve(path)),
-            (Some(_), Some(_)) => {
-                return Err(key_error(&table, "set `env` or `file`, not both"));
-            }
-            _ => {
-                return Err(key_error(
-                    &table,
-                    "say where the value comes from: `env = \"VAR\"` or `file = \"/path\"`",
-                ));
-            }
-        };
+        let source = source_of(&table, secret.env, secret.file, resolve)?;
         let hosts = parse_rules(&format!("{table}.hosts"), &secret.hosts)?;
         let header = match secret.header {
             None => None,
@@ -217,6 +205,25 @@ pub(super) fn check_secrets(
         });
     }
     Ok(specs)
+}
+
+/// Where the value of table `table` comes from: `env = "VAR"` or `file = "/path"`
+/// (resolved with `resolve`), exactly one of them.
+pub(super) fn source_of(
+    table: &str,
+    env: Option<String>,
+    file: Option<PathBuf>,
+    resolve: &impl Fn(PathBuf) -> PathBuf,
+) -> Result<SecretSource, KeyError> {
+    match (env, file) {
+        (Some(var), None) if !var.trim().is_empty() => Ok(SecretSource::Env(var)),
+        (None, Some(path)) => Ok(SecretSource::File(resolve(path))),
+        (Some(_), Some(_)) => Err(key_error(table, "set `env` or `file`, not both")),
+        _ => Err(key_error(
+            table,
+            "say where the value comes from: `env = \"VAR\"` or `file = \"/path\"`",
+        )),
+    }
 }
 
 /// Parses `rules`, naming `key[i]` in an error.

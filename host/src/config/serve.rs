@@ -10,6 +10,7 @@ use std::str::FromStr;
 use serde::Deserialize;
 
 use super::error::{KeyError, key_error};
+use super::network::source_of;
 use crate::secrets::SecretSource;
 
 /// The largest request body cap, in KiB (64 MiB).
@@ -172,19 +173,7 @@ impl RawServe {
                      `env = \"VAR\"` or `file = \"/path\"`",
                 ));
             }
-            let source = match (raw.env, raw.file) {
-                (Some(var), None) if !var.trim().is_empty() => SecretSource::Env(var),
-                (None, Some(path)) => SecretSource::File(resolve(path)),
-                (Some(_), Some(_)) => {
-                    return Err(key_error(&table, "set `env` or `file`, not both"));
-                }
-                _ => {
-                    return Err(key_error(
-                        &table,
-                        "say where the value comes from: `env = \"VAR\"` or `file = \"/path\"`",
-                    ));
-                }
-            };
+            let source = source_of(&table, raw.env, raw.file, resolve)?;
             let scope = raw
                 .scope
                 .parse()

@@ -91,34 +91,17 @@ impl Store {
         })
     }
 
-    /// Reads worker `id`.
+    /// Worker `id`'s record.
     pub fn get_worker(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
         let conn = self.conn();
         let row = conn
             .query_row(
                 "SELECT id, channel, task, state, outcome FROM workers WHERE id = ?1",
                 [id],
-                |row| {
-                    Ok((
-                        row.get::<_, String>(0)?,
-                        row.get::<_, String>(1)?,
-                        row.get::<_, String>(2)?,
-                        row.get::<_, String>(3)?,
-                        row.get::<_, Option<String>>(4)?,
-                    ))
-                },
+                worker_columns,
             )
             .optional()?;
-        row.map(|(id, channel, task, state, outcome)| {
-            Ok(WorkerRecord {
-                id,
-                channel,
-                task,
-                state: state.parse()?,
-                outcome,
-            })
-        })
-        .transpose()
+        row.map(worker_record).transpose()
     }
 
     /// The `limit` workers started last, newest first.
@@ -128,26 +111,8 @@ impl Store {
             "SELECT id, channel, task, state, outcome FROM workers
              ORDER BY started_at DESC, rowid DESC LIMIT ?1",
         )?;
-        let rows = stmt.query_map([limit], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, String>(1)?,
-                row.get::<_, String>(2)?,
-                row.get::<_, String>(3)?,
-                row.get::<_, Option<String>>(4)?,
-            ))
-        })?;
-        rows.map(|row| {
-            let (id, channel, task, state, outcome) = row?;
-            Ok(WorkerRecord {
-                id,
-                channel,
-                task,
-                state: state.parse()?,
-                outcome,
-            })
-        })
-        .collect()
+        let rows = stmt.query_map([limit], worker_columns)?;
+        rows.map(|row| worker_record(row?)).collect()
     }
 
     /// Marks every running or waiting worker whose run is over (its lock is free: its
@@ -204,4 +169,29 @@ impl Store {
         records.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(records)
     }
+}
+
+/// The columns of a worker row: id, channel, task, state, outcome.
+type WorkerColumns = (String, String, String, String, Option<String>);
+
+fn worker_columns(row: &rusqlite::Row<'_>) -> rusqlite::Result<WorkerColumns> {
+    Ok((
+        row.get(0)?,
+        row.get(1)?,
+        row.get(2)?,
+        row.get(3)?,
+        row.get(4)?,
+    ))
+}
+
+fn worker_record(
+    (id, channel, task, state, outcome): WorkerColumns,
+) -> Result<WorkerRecord, StoreError> {
+    Ok(WorkerRecord {
+        id,
+        channel,
+        task,
+        state: state.parse()?,
+        outcome,
+    })
 }
