@@ -1,0 +1,123 @@
+"""Starts the real `capstan serve` for the interop tests: a config in a temporary
+directory, a scripted model, the first-party plugins, a port the system picks."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import tempfile
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BINARY = pathlib.Path(os.environ.get("CAPSTAN_BIN", ROOT / "target" / "debug" / "capstan"))
+PLUGINS = ROOT / "target" / "plugins"
+
+# The model's part, as the Rust tests of the service play it: a greeting, a delegation
+# whose worker lists the workspace, and a file read the channel is not offered.
+SCRIPT = '''
+[[step]]
+process = "channel"
+when = "hello"
+repeat = true
+reply = "Hi there."
+
+[[step]]
+process = "channel"
+when = "count the files"
+repeat = true
+tool_calls = [
+  { name = "spawn_worker", arguments = { task = "List the files of the workspace." } },
+  { name = "skip" },
+]
+
+[[step]]
+process = "worker"
+when = "list the files"
+repeat = true
+tool_calls = [{ name = "file_list", arguments = { path = "." } }]
+
+[[step]]
+process = "worker"
+when = "notes.txt"
+repeat = true
+tool_calls = [{ name = "set_status", arguments = { state = "done", message = "one file: notes.txt" } }]
+
+[[step]]
+process = "channel"
+when = "one file: notes.txt"
+repeat = true
+reply = "The worker found one file, notes.txt."
+
+[[step]]
+process = "channel"
+when = "read it yourself"
+repeat = true
+tool_calls = [{ name = "file_read", arguments = { path = "notes.txt" } }]
+
+[[step]]
+process = "channel"
+when = "not offered"
+repeat = true
+reply = "I may not read files."
+'''
+
+WORKER_REPLY = "The worker found one file, notes.txt."
+TOKEN = "interop-token-0123456789abcdef"
+
+
+class Server:
+    """A running `capstan serve`: its URL and its directory."""
+
+    def __init__(self, tokens: bool):
+        self.dir = tempfile.TemporaryDirectory(prefix="capstan-interop-")
+        base = pathlib.Path(self.dir.name)
+        (base / "workspace").mkdir()
+        (base / "workspace" / "notes.txt").write_text("a note\n")
+        (base / "script.toml").write_text(SCRIPT)
+        config = '[provider]\nkind = "scripted"\nscript = "script.toml"\n'
+        env = dict(os.environ)
+        if tokens:
+            config += '[serve.tokens.interop]\nenv = "CAPSTAN_INTEROP_TOKEN"\nscope = "chat"\n'
+            env["CAPSTAN_INTEROP_TOKEN"] = TOKEN
+        (base / "capstan.toml").write_text(config)
+        assert BINARY.is_file(), f"{BINARY} is missing: run `cargo build` (or scripts/test) first"
+        env.pop("RUST_BACKTRACE", None)
+        env["CAPSTAN_CACHE_DIR"] = str(ROOT / "target" / "test-component-cache")
+        env["CAPSTAN_STATE_DIR"] = str(base / "state")
+        self.process = subprocess.Popen(
+            [str(BINARY), "serve", "--config", str(base / "capstan.toml"),
+             "--addr", "127.0.0.1:0", "--plugins-dir", str(PLUGINS)],
+            cwd=base, env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        first = self.process.stdout.readline()
+        prefix = "capstan serve: listening on "
+        if not first.startswith(prefix):
+            self.process.kill()
+            raise RuntimeError(f"capstan serve did not start: {first!r} {self.process.stderr.read()}")
+        self.url = first[len(prefix):].strip().rstrip("/")
+
+    def stop(self):
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
+        self.dir.cleanup()
+        assert code == 0, f"capstan serve exited {code}: {self.process.stderr.read()}"
+
+
+@pytest.fixture
+def server():
+    running = Server(tokens=False)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def server_with_token():
+    running = Server(tokens=True)
+    yield running
+    running.stop()

@@ -1,0 +1,83 @@
+"""The page `capstan serve` embeds, in headless Chromium (Debian's chromium and
+chromium-driver, driven by Selenium): send a message and see the streamed reply, see a
+worker appear and finish in the live panel, see a denial in the audit view; a screenshot
+of each is kept in target/interop/."""
+
+import os
+import pathlib
+import tempfile
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as ready
+from selenium.webdriver.support.ui import WebDriverWait
+
+from conftest import ROOT, WORKER_REPLY
+
+SHOTS = ROOT / "target" / "interop"
+CHROMIUM = os.environ.get("CAPSTAN_CHROMIUM", "/usr/bin/chromium")
+DRIVER = os.environ.get("CAPSTAN_CHROMEDRIVER", "/usr/bin/chromedriver")
+
+
+@pytest.fixture
+def browser():
+    assert pathlib.Path(CHROMIUM).is_file(), f"{CHROMIUM} is missing: scripts/test installs chromium"
+    profile = tempfile.TemporaryDirectory(prefix="capstan-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", f"--user-data-dir={profile.name}",
+                 "--window-size=1200,800"]:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(DRIVER))
+    yield driver
+    driver.quit()
+    profile.cleanup()
+
+
+def send(driver, text):
+    box = driver.find_element(By.ID, "message")
+    box.clear()
+    box.send_keys(text)
+    driver.find_element(By.CSS_SELECTOR, "#send button").click()
+
+
+def test_a_person_chats_watches_a_worker_and_finds_a_denial(server, browser):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    wait = WebDriverWait(browser, 120)
+    browser.get(server.url + "/")
+    send(browser, "Please count the files.")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.agent.done"))
+    reply = browser.find_elements(By.CSS_SELECTOR, ".msg.agent.done")[-1]
+    assert reply.text == WORKER_REPLY
+
+    worker = '#processes li[data-process="worker:1"] .state'
+    wait.until(ready.text_to_be_present_in_element((By.CSS_SELECTOR, worker), "done"))
+    assert "file_list" in browser.find_element(By.ID, "activity").text
+    browser.save_screenshot(str(SHOTS / "page-chat.png"))
+
+    send(browser, "Then read it yourself.")
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".msg.agent.done")) == 2)
+    assert browser.find_elements(By.CSS_SELECTOR, ".msg.agent.done")[-1].text == "I may not read files."
+    wait.until(ready.text_to_be_present_in_element((By.ID, "activity"), "file_read denied"))
+
+    browser.find_element(By.CSS_SELECTOR, 'nav button[data-view="audit"]').click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#audit-table tr.denied"))
+    denied = browser.find_element(By.CSS_SELECTOR, "#audit-table tr.denied").text
+    assert "file_read" in denied and "channel:main" in denied
+    browser.save_screenshot(str(SHOTS / "page-audit.png"))
+
+
+def test_the_page_fits_a_narrow_screen(server, browser):
+    browser.set_window_size(390, 844)
+    browser.get(server.url + "/")
+    send(browser, "hello")
+    WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.agent.done"))
+    width = browser.execute_script("return document.documentElement.scrollWidth")
+    viewport = browser.execute_script("return window.innerWidth")
+    assert width <= viewport, f"the page is {width}px wide on a {viewport}px screen"
+    browser.save_screenshot(str(SHOTS / "page-narrow.png"))
