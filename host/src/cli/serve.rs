@@ -51,24 +51,9 @@ impl ServeCommand {
         let agent = self.launch.start_agent(config).await?;
         let provider = agent.runtime.provider_name();
         let server = Server::bind(&settings, agent.runtime, agent.registry, agent.events).await?;
-        let addr = server.local_addr();
-        let mut out = std::io::stdout();
-        // The first line is for programs too: the URL, with the port the system chose.
-        writeln!(out, "capstan serve: listening on http://{addr}/")?;
-        writeln!(out, "  page:      http://{addr}/")?;
-        writeln!(out, "  API:       http://{addr}/v1 (GET /v1/openapi.json)")?;
-        writeln!(
-            out,
-            "  OpenAI:    http://{addr}/v1/chat/completions, model `capstan`"
-        )?;
-        writeln!(out, "  model:     {provider}")?;
-        writeln!(out, "  workspace: {}", workspace.display())?;
-        if server.needs_token() {
-            writeln!(out, "  tokens:    required (Authorization: Bearer TOKEN)")?;
-        } else {
-            writeln!(out, "  tokens:    none configured; loopback clients only")?;
-        }
-        out.flush()?;
+        // The first line is for programs too: the URL, with the port the system chose. A
+        // reader that goes away after it (`capstan serve | head -1`) does not stop the server.
+        let _ = print_banner(&server, &provider, &workspace);
         server
             .run(async {
                 stop_signal().await;
@@ -84,4 +69,30 @@ impl ServeCommand {
             .await?;
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// Where the server listens and what it serves.
+fn print_banner(
+    server: &Server,
+    provider: &str,
+    workspace: &std::path::Path,
+) -> std::io::Result<()> {
+    let addr = server.local_addr();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "capstan serve: listening on http://{addr}/")?;
+    out.flush()?;
+    writeln!(out, "  page:      http://{addr}/")?;
+    writeln!(out, "  API:       http://{addr}/v1 (GET /v1/openapi.json)")?;
+    writeln!(
+        out,
+        "  OpenAI:    http://{addr}/v1/chat/completions, model `capstan`"
+    )?;
+    writeln!(out, "  model:     {provider}")?;
+    writeln!(out, "  workspace: {}", workspace.display())?;
+    if server.needs_token() {
+        writeln!(out, "  tokens:    required (Authorization: Bearer TOKEN)")?;
+    } else {
+        writeln!(out, "  tokens:    none configured; loopback clients only")?;
+    }
+    out.flush()
 }

@@ -11,10 +11,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
+use super::app::App;
 use super::auth::Caller;
 use super::error::{ApiError, ApiJson, ErrorBody};
-use super::server::App;
-use super::turn::{self, TurnItem};
 use crate::agent::HOST_TOOLS;
 use crate::app::tool_needs;
 use crate::config::TokenScope;
@@ -196,60 +195,13 @@ pub(crate) async fn post_message(
         };
         return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
     }
-    let exchange = collect(&app, id.clone(), body.text).await?;
+    let exchange = app.exchange(id.clone(), body.text).await?;
     Ok(Json(MessageResult {
         channel: id.to_string(),
         reply: Some(exchange.reply),
         events: Some(exchange.events),
     })
     .into_response())
-}
-
-/// A whole exchange: the reply and what happened.
-pub(crate) struct Exchange {
-    pub(crate) reply: String,
-    pub(crate) events: Vec<Value>,
-}
-
-/// Runs an exchange to its end. A model failure with no reply at all is a 502.
-pub(crate) async fn collect(
-    app: &Arc<App>,
-    conversation: ProcessId,
-    text: String,
-) -> Result<Exchange, ApiError> {
-    let mut items = turn::start(
-        app.runtime.clone(),
-        app.hub.clone(),
-        &app.turns,
-        conversation,
-        text,
-    );
-    let mut reply = String::new();
-    let mut events = Vec::new();
-    let mut failed = None;
-    while let Some(item) = items.recv().await {
-        match item {
-            TurnItem::Text(text) => reply.push_str(&text),
-            TurnItem::Activity(published) => {
-                events.push(serde_json::from_str(&published.json).unwrap_or(Value::Null));
-            }
-            TurnItem::ModelFailed(error) => failed = Some(error),
-            TurnItem::Lost(count) => {
-                tracing::warn!(count, "an exchange lost events to a full buffer");
-            }
-            TurnItem::Refused(why) => return Err(ApiError::unavailable(why)),
-        }
-    }
-    if reply.is_empty()
-        && let Some(error) = failed
-    {
-        return Err(ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            "model_failed",
-            format!("the model gave no answer: {}", app.redactor.redact(&error)),
-        ));
-    }
-    Ok(Exchange { reply, events })
 }
 
 /// Paging of a list.

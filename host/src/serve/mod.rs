@@ -15,6 +15,7 @@
 //! the redactor of the secrets' and tokens' values.
 
 mod api;
+mod app;
 mod auth;
 mod branches;
 mod error;

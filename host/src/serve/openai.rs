@@ -22,11 +22,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::ToSchema;
 
-use super::api::collect;
+use super::app::App;
 use super::auth::Caller;
 use super::error::{ApiError, ApiJson, ErrorBody};
-use super::server::App;
-use super::turn::{self, TurnItem};
+use super::turn::TurnItem;
 use crate::config::TokenScope;
 use crate::ids::ProcessId;
 use crate::policy::ProcessKind;
@@ -194,7 +193,7 @@ pub(crate) async fn chat_completions(
     if request.stream {
         return Ok(stream(app, conversation, text, id, request.model, created).into_response());
     }
-    let exchange = collect(&app, conversation.clone(), text).await?;
+    let exchange = app.exchange(conversation.clone(), text).await?;
     let body = json!({
         "id": id,
         "object": "chat.completion",
@@ -221,13 +220,7 @@ fn stream(
     model: String,
     created: i64,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
-    let items = turn::start(
-        app.runtime.clone(),
-        app.hub.clone(),
-        &app.turns,
-        conversation,
-        text,
-    );
+    let items = app.start_exchange(conversation, text);
     let chunk = move |delta: Value, finish: Option<&str>, extra: Option<(&str, Value)>| {
         let mut chunk = json!({
             "id": id,

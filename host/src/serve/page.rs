@@ -7,7 +7,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use std::sync::Arc;
 
-use super::server::App;
+use super::app::App;
 
 const INDEX: &str = include_str!("page/index.html");
 const SCRIPT: &str = include_str!("page/app.js");

@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::net::TcpListener;
 
+use super::app::App;
 use super::auth::{Access, TokenError};
 use super::branches::Branches;
 use super::error::BodyCap;
@@ -28,22 +29,6 @@ use crate::secrets::{Redactor, Secrets};
 /// How long a stopping server waits for requests in progress (a turn finishing, a model
 /// request timing out) before it returns anyway.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// What every handler shares.
-pub(crate) struct App {
-    pub(crate) runtime: Arc<Runtime>,
-    pub(crate) registry: Arc<Registry>,
-    pub(crate) hub: Arc<EventHub>,
-    pub(crate) branches: Arc<Branches>,
-    pub(crate) access: Access,
-    /// Every secret's and token's value: nothing served may hold one.
-    pub(crate) redactor: Redactor,
-    pub(crate) turns: TurnLocks,
-    /// When the server started, Unix seconds.
-    pub(crate) started: i64,
-    /// Chat completions answered, for their ids.
-    pub(crate) completions: AtomicU64,
-}
 
 /// Why the server cannot start.
 #[derive(Debug, thiserror::Error)]

@@ -11,10 +11,10 @@ use futures_util::Stream;
 use serde::Deserialize;
 use utoipa::IntoParams;
 
+use super::app::App;
 use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::hub::{Next, Published, Subscription};
-use super::server::App;
 use crate::config::TokenScope;
 use crate::ids::ProcessId;
 use crate::policy::ProcessKind;

@@ -10,6 +10,7 @@ use capstan_host::config::{Config, ProviderSettings, ServeSettings, TokenScope, 
 use capstan_host::llm::{Script, ScriptedProvider};
 use capstan_host::secrets::{SecretSource, SecretSpec};
 use capstan_host::serve::{ServeError, Server};
+use futures_util::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -723,6 +724,8 @@ async fn the_binary_serves_and_stops_gracefully_on_sigterm() {
     .stderr(std::process::Stdio::piped())
     .spawn()
     .unwrap();
+    // Only the first line is read, then the pipe is closed, as `capstan serve | head -1`
+    // does: the server must go on serving.
     let stdout = child.stdout.take().unwrap();
     let first = tokio::task::spawn_blocking(move || {
         let mut line = String::new();
@@ -772,4 +775,68 @@ async fn the_binary_serves_and_stops_gracefully_on_sigterm() {
     let store = capstan_host::store::Store::open(&demo.join(".capstan")).unwrap();
     let history = store.load_history("channel:main").unwrap();
     assert!(history.len() >= 4, "the conversation was stored");
+}
+
+/// Load on loopback: 200 clients follow the event stream while 1,000 chat completions run
+/// on 50 conversations at once. Every completion is answered, and every client sees every
+/// event from where it joined, in order, with none lost, though the buffer holds a third
+/// of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_streams_lose_nothing_while_a_thousand_completions_run() {
+    const CLIENTS: usize = 200;
+    const COMPLETIONS: usize = 1000;
+    const CONVERSATIONS: usize = 50;
+    // A buffer a third of the events: the clients keep up, and the memory is this bound.
+    let served = serve(|settings, _| {
+        settings.requests_per_minute = 1_000_000;
+        settings.event_buffer = 1024;
+    })
+    .await;
+    let url = served.at("/v1/events");
+    let mut readers = Vec::new();
+    for _ in 0..CLIENTS {
+        readers.push(SseReader::open(&served.client, &url, Some(0)).await);
+    }
+    let followers: Vec<_> = readers
+        .into_iter()
+        .map(|mut reader| {
+            tokio::spawn(async move {
+                let (mut last, mut replies) = (0u64, 0usize);
+                while replies < COMPLETIONS {
+                    let (id, event, _) = reader.next().await.expect("the stream goes on");
+                    assert_ne!(event, "lost", "a connected client lost events");
+                    let id = id.expect("every event has an id");
+                    assert_eq!(id, last + 1, "events in order, none skipped");
+                    last = id;
+                    replies += usize::from(event == "reply");
+                }
+                last
+            })
+        })
+        .collect();
+    let chats = futures_util::stream::iter(0..COMPLETIONS)
+        .map(|n| {
+            let client = served.client.clone();
+            let url = served.at("/v1/chat/completions");
+            async move {
+                let body = json!({
+                    "model": "capstan",
+                    "user": format!("load-{}", n % CONVERSATIONS),
+                    "messages": [{"role": "user", "content": "hello"}],
+                });
+                let response = client.post(url).json(&body).send().await.unwrap();
+                assert_eq!(response.status(), StatusCode::OK);
+                let answer: Value = response.json().await.unwrap();
+                assert_eq!(answer["choices"][0]["message"]["content"], "Hi there.");
+            }
+        })
+        .buffer_unordered(CONVERSATIONS);
+    chats.collect::<Vec<()>>().await;
+    let mut ends = Vec::new();
+    for follower in followers {
+        ends.push(follower.await.unwrap());
+    }
+    // Each completion is at least a turn started and a reply.
+    assert!(ends.iter().all(|&end| end >= COMPLETIONS as u64 * 2));
+    served.stop().await;
 }
