@@ -840,3 +840,47 @@ async fn two_hundred_streams_lose_nothing_while_a_thousand_completions_run() {
     assert!(ends.iter().all(|&end| end >= COMPLETIONS as u64 * 2));
     served.stop().await;
 }
+
+/// The OpenAPI document in `docs/` is the one the code derives, and the server serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_committed_openapi_document_is_the_served_one() {
+    let derived = capstan_host::serve::openapi_json();
+    let committed = std::fs::read_to_string(crate::support::repo_root().join("docs/openapi.json"))
+        .expect("docs/openapi.json");
+    assert!(
+        committed.trim_end() == derived.trim_end(),
+        "docs/openapi.json is stale: regenerate it with \
+         `cargo run -p capstan-host -- serve --openapi > docs/openapi.json`"
+    );
+    let served = serve(|_, _| {}).await;
+    let (status, document) = served.get("/v1/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    let derived: Value = serde_json::from_str(&derived).unwrap();
+    assert_eq!(document, derived);
+    // Every documented route is routed: nothing answers with the fallback's "no route".
+    for (path, operations) in document["paths"].as_object().unwrap() {
+        let url = served.at(&path.replace("{name}", "main"));
+        for method in operations.as_object().unwrap().keys() {
+            let response = match method.as_str() {
+                "get" => served.client.get(&url).send().await.unwrap(),
+                "post" => served
+                    .client
+                    .post(&url)
+                    .json(&json!({}))
+                    .send()
+                    .await
+                    .unwrap(),
+                other => panic!("a {other} route is documented: {path}"),
+            };
+            if response.status() == StatusCode::NOT_FOUND {
+                let body: Value = response.json().await.unwrap();
+                let message = body["error"]["message"].as_str().unwrap_or_default();
+                assert!(
+                    !message.starts_with("no route"),
+                    "{method} {path}: {message}"
+                );
+            }
+        }
+    }
+    served.stop().await;
+}
