@@ -14,7 +14,8 @@ BINARY = pathlib.Path(os.environ.get("CAPSTAN_BIN", ROOT / "target" / "debug" / 
 PLUGINS = ROOT / "target" / "plugins"
 
 # The model's part, as the Rust tests of the service play it: a greeting, a delegation
-# whose worker lists the workspace, and a file read the channel is not offered.
+# whose worker lists the workspace, a file read the channel is not offered, and a worker
+# that puts a task on the board.
 SCRIPT = '''
 [[step]]
 process = "channel"
@@ -60,6 +61,30 @@ process = "channel"
 when = "not offered"
 repeat = true
 reply = "I may not read files."
+
+[[step]]
+process = "channel"
+when = "put a task on the board"
+repeat = true
+tool_calls = [
+  { name = "spawn_worker", arguments = { task = "Record a task to check the notes." } },
+  { name = "skip" },
+]
+
+[[step]]
+process = "worker"
+when = "record a task"
+repeat = true
+tool_calls = [
+  { name = "task_create", arguments = { title = "Check the notes" } },
+  { name = "set_status", arguments = { state = "done", message = "task recorded" } },
+]
+
+[[step]]
+process = "channel"
+when = "task recorded"
+repeat = true
+reply = "A task is on the board."
 '''
 
 WORKER_REPLY = "The worker found one file, notes.txt."

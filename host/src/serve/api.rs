@@ -45,7 +45,7 @@ pub(crate) struct ChannelList {
 
 /// `GET /v1/channels`: every conversation with a stored history.
 #[utoipa::path(get, path = "/v1/channels", tag = "state",
-    responses((status = 200, body = ChannelList), (status = 401, body = ErrorBody)))]
+    responses((status = 200, body = ChannelList, description = "The conversations")))]
 pub(crate) async fn channels(State(app): State<Arc<App>>) -> Result<Json<ChannelList>, ApiError> {
     let all = app.runtime.services().history.conversations().await?;
     let channels = all
@@ -66,6 +66,7 @@ pub(crate) async fn channels(State(app): State<Arc<App>>) -> Result<Json<Channel
 /// Which conversation a path names: `main` is `channel:main`, `cortex:main` the admin
 /// chat.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct KindQuery {
     /// `channel` (default) or `cortex`.
     kind: Option<String>,
@@ -99,7 +100,7 @@ pub(crate) struct HistoryView {
 /// `GET /v1/channels/{name}/history`: a conversation's stored messages.
 #[utoipa::path(get, path = "/v1/channels/{name}/history", tag = "state",
     params(("name" = String, Path, description = "The conversation's name, e.g. `main`"), KindQuery),
-    responses((status = 200, body = HistoryView), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = HistoryView, description = "Its messages"), (status = 404, body = ErrorBody, description = "No such conversation or model")))]
 pub(crate) async fn history(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -166,7 +167,7 @@ pub(crate) struct MessageResult {
     request_body = PostMessage,
     responses((status = 202, body = MessageResult, description = "Accepted; the reply follows on /v1/events"),
         (status = 200, body = MessageResult, description = "With `wait`: answered"),
-        (status = 403, body = ErrorBody), (status = 413, body = ErrorBody)))]
+        (status = 403, body = ErrorBody, description = "The token's scope does not allow it"), (status = 413, body = ErrorBody, description = "The body is over `serve.max_request_body_kib`")))]
 pub(crate) async fn post_message(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -206,6 +207,7 @@ pub(crate) async fn post_message(
 
 /// Paging of a list.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct ListQuery {
     /// At most this many (default 100, at most 1000).
     limit: Option<u32>,
@@ -219,13 +221,12 @@ fn limit(limit: Option<u32>) -> u32 {
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct WorkerList {
     /// Each with its id, channel, task, state and outcome.
-    #[schema(value_type = Vec<Object>)]
     workers: Vec<crate::services::WorkerRecord>,
 }
 
 /// `GET /v1/workers`: the workers started last, in any state, across runs.
 #[utoipa::path(get, path = "/v1/workers", tag = "state", params(ListQuery),
-    responses((status = 200, body = WorkerList)))]
+    responses((status = 200, body = WorkerList, description = "The workers, newest first")))]
 pub(crate) async fn workers(
     State(app): State<Arc<App>>,
     Query(query): Query<ListQuery>,
@@ -248,7 +249,7 @@ pub(crate) struct BranchList {
 /// `GET /v1/branches`: the branches this host started (branches are not stored; a
 /// restarted host starts an empty list).
 #[utoipa::path(get, path = "/v1/branches", tag = "state",
-    responses((status = 200, body = BranchList)))]
+    responses((status = 200, body = BranchList, description = "The branches")))]
 pub(crate) async fn branches(State(app): State<Arc<App>>) -> Json<BranchList> {
     Json(BranchList {
         branches: app.branches.list(),
@@ -257,6 +258,7 @@ pub(crate) async fn branches(State(app): State<Arc<App>>) -> Json<BranchList> {
 
 /// Which tasks.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct TaskQuery {
     /// Only this status (`backlog`, `ready`, `in-progress`, `done`, ...).
     status: Option<String>,
@@ -270,13 +272,12 @@ pub(crate) struct TaskQuery {
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct TaskList {
     /// Each with its number, title, status, priority, creator and metadata.
-    #[schema(value_type = Vec<Object>)]
     tasks: Vec<crate::services::Task>,
 }
 
 /// `GET /v1/tasks`: the task board.
 #[utoipa::path(get, path = "/v1/tasks", tag = "state", params(TaskQuery),
-    responses((status = 200, body = TaskList), (status = 400, body = ErrorBody)))]
+    responses((status = 200, body = TaskList, description = "The tasks"), (status = 400, body = ErrorBody, description = "Bad input; the message names the field and what it takes")))]
 pub(crate) async fn tasks(
     State(app): State<Arc<App>>,
     Query(query): Query<TaskQuery>,
@@ -304,7 +305,7 @@ pub(crate) struct PolicyRow {
     tool: String,
     /// Per process kind (`channel`, `branch`, `worker`, `compactor`, `cortex`): `on`, or
     /// why not (`not in the profile`, `capability fs.write not granted`, ...).
-    #[schema(value_type = Object)]
+    #[schema(value_type = std::collections::BTreeMap<String, String>)]
     kinds: serde_json::Map<String, Value>,
 }
 
@@ -315,12 +316,13 @@ pub(crate) struct PolicyMatrix {
     source: String,
     /// The process kinds, in column order.
     kinds: Vec<String>,
+    /// One row per tool.
     rows: Vec<PolicyRow>,
 }
 
 /// `GET /v1/policy`: which process kind is offered which tool, and why not.
 #[utoipa::path(get, path = "/v1/policy", tag = "state",
-    responses((status = 200, body = PolicyMatrix)))]
+    responses((status = 200, body = PolicyMatrix, description = "The matrix")))]
 pub(crate) async fn policy(State(app): State<Arc<App>>) -> Json<PolicyMatrix> {
     let config = app.runtime.config();
     let tools = tool_needs(&app.registry);
@@ -355,6 +357,7 @@ pub(crate) async fn policy(State(app): State<Arc<App>>) -> Json<PolicyMatrix> {
 
 /// A page of the audit log.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct AuditQuery {
     /// Entries older than this id (the `next` of the previous page).
     before: Option<u64>,
@@ -367,7 +370,6 @@ pub(crate) struct AuditQuery {
 pub(crate) struct AuditPage {
     /// Each with its id, time, process, tool, grants, redacted arguments, outcome, detail
     /// and duration.
-    #[schema(value_type = Vec<Object>)]
     entries: Vec<crate::services::AuditEntry>,
     /// The `before` of the next page; absent on the last.
     next: Option<u64>,
@@ -375,7 +377,7 @@ pub(crate) struct AuditPage {
 
 /// `GET /v1/audit`: every tool call, denials included, newest first, in pages.
 #[utoipa::path(get, path = "/v1/audit", tag = "state", params(AuditQuery),
-    responses((status = 200, body = AuditPage)))]
+    responses((status = 200, body = AuditPage, description = "A page of rows, newest first")))]
 pub(crate) async fn audit(
     State(app): State<Arc<App>>,
     Query(query): Query<AuditQuery>,
@@ -403,13 +405,12 @@ pub(crate) async fn audit(
 pub(crate) struct RequestList {
     /// Each with its process, tool, method, host, port, address, status, sizes, decision
     /// and rule.
-    #[schema(value_type = Vec<Object>)]
     requests: Vec<crate::services::RequestEntry>,
 }
 
 /// `GET /v1/audit/requests`: the outbound requests tools made or tried, newest first.
 #[utoipa::path(get, path = "/v1/audit/requests", tag = "state", params(ListQuery),
-    responses((status = 200, body = RequestList)))]
+    responses((status = 200, body = RequestList, description = "The requests, newest first")))]
 pub(crate) async fn requests(
     State(app): State<Arc<App>>,
     Query(query): Query<ListQuery>,
@@ -442,7 +443,7 @@ pub(crate) struct PluginList {
 
 /// `GET /v1/plugins`: the plugins loaded, and the files refused with why.
 #[utoipa::path(get, path = "/v1/plugins", tag = "state",
-    responses((status = 200, body = PluginList)))]
+    responses((status = 200, body = PluginList, description = "The plugins")))]
 pub(crate) async fn plugins(State(app): State<Arc<App>>) -> Json<PluginList> {
     let loaded = app
         .registry
@@ -486,7 +487,7 @@ pub(crate) struct ToolList {
 
 /// `GET /v1/tools`: every tool, host and plugin, with the process kinds offered it.
 #[utoipa::path(get, path = "/v1/tools", tag = "state",
-    responses((status = 200, body = ToolList)))]
+    responses((status = 200, body = ToolList, description = "The tools")))]
 pub(crate) async fn tools(State(app): State<Arc<App>>) -> Json<ToolList> {
     let offered_to = |name: &str| -> Vec<String> {
         ProcessKind::ALL

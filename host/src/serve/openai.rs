@@ -55,7 +55,7 @@ pub(crate) struct ModelList {
 
 /// `GET /v1/models`: `capstan` (a channel) and, for an `admin` token, `capstan-cortex`.
 #[utoipa::path(get, path = "/v1/models", tag = "openai",
-    responses((status = 200, body = ModelList)))]
+    responses((status = 200, body = ModelList, description = "The models this token may use")))]
 pub(crate) async fn models(State(app): State<Arc<App>>, caller: Caller) -> Json<ModelList> {
     let model = |id| Model {
         id,
@@ -81,7 +81,6 @@ pub(crate) struct ChatRequest {
     /// `capstan` or `capstan-cortex`.
     model: String,
     /// The conversation so far; only the last `user` message is sent.
-    #[schema(value_type = Vec<Object>)]
     messages: Vec<ChatMessage>,
     /// Stream the reply as chunks.
     #[serde(default)]
@@ -90,15 +89,18 @@ pub(crate) struct ChatRequest {
     user: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+/// One message of a chat request.
+#[derive(Debug, Deserialize, ToSchema)]
 struct ChatMessage {
+    /// `system`, `user`, `assistant` or `tool`; only the last `user` one is sent.
     role: String,
+    /// Text, or parts of which the `text` ones count.
     #[serde(default)]
     content: Content,
 }
 
 /// Text, or parts of which the `text` ones count.
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, ToSchema)]
 #[serde(untagged)]
 enum Content {
     Text(String),
@@ -107,10 +109,13 @@ enum Content {
     Null,
 }
 
-#[derive(Debug, Deserialize)]
+/// A part of a message's content.
+#[derive(Debug, Deserialize, ToSchema)]
 struct Part {
+    /// `text` counts; other kinds (`image_url`, ...) are ignored.
     #[serde(rename = "type")]
     kind: String,
+    /// The text of a `text` part.
     text: Option<String>,
 }
 
@@ -129,13 +134,73 @@ impl Content {
     }
 }
 
+/// A `chat.completion`: the conversation's reply once it is idle.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ChatCompletion {
+    /// `chatcmpl-N`.
+    id: String,
+    /// `chat.completion`.
+    object: &'static str,
+    /// Unix seconds.
+    created: i64,
+    /// The model asked for.
+    model: String,
+    /// One choice.
+    choices: Vec<Choice>,
+    /// Zeros: the host does not count the model's tokens here.
+    usage: Usage,
+    /// What the conversation's processes did on the way (not in OpenAI's API).
+    capstan: Activity,
+}
+
+/// The one choice of a completion.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Choice {
+    /// 0.
+    index: u32,
+    /// The reply.
+    message: AssistantMessage,
+    /// `stop`.
+    finish_reason: &'static str,
+}
+
+/// The reply's message.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct AssistantMessage {
+    /// `assistant`.
+    role: &'static str,
+    /// Everything the conversation answered, in order.
+    content: String,
+}
+
+/// Token counts.
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub(crate) struct Usage {
+    /// 0.
+    prompt_tokens: u64,
+    /// 0.
+    completion_tokens: u64,
+    /// 0.
+    total_tokens: u64,
+}
+
+/// A completion's `capstan` field.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Activity {
+    /// The conversation, e.g. `channel:main`.
+    conversation: String,
+    /// The runtime's events of this exchange, as on `/v1/events`.
+    #[schema(value_type = Vec<Object>)]
+    events: Vec<Value>,
+}
+
 /// `POST /v1/chat/completions`: a message to a conversation, and its reply.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
     request_body = ChatRequest,
     params(("X-Capstan-Conversation" = Option<String>, Header, description = "The conversation")),
-    responses((status = 200, description = "A `chat.completion`, or with `stream` a stream of `chat.completion.chunk`s ending in `[DONE]`"),
-        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 502, body = ErrorBody)))]
+    responses((status = 200, body = ChatCompletion, description = "The reply; with `stream`, `text/event-stream` of `chat.completion.chunk`s ending in `[DONE]`"),
+        (status = 400, body = ErrorBody, description = "Bad input; the message names the field and what it takes"), (status = 404, body = ErrorBody, description = "No such conversation or model"),
+        (status = 502, body = ErrorBody, description = "The model failed; the message says how")))]
 pub(crate) async fn chat_completions(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -194,20 +259,26 @@ pub(crate) async fn chat_completions(
         return Ok(stream(app, conversation, text, id, request.model, created).into_response());
     }
     let exchange = app.exchange(conversation.clone(), text).await?;
-    let body = json!({
-        "id": id,
-        "object": "chat.completion",
-        "created": created,
-        "model": request.model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": exchange.reply},
-            "finish_reason": "stop",
+    let completion = ChatCompletion {
+        id,
+        object: "chat.completion",
+        created,
+        model: request.model,
+        choices: vec![Choice {
+            index: 0,
+            message: AssistantMessage {
+                role: "assistant",
+                content: exchange.reply,
+            },
+            finish_reason: "stop",
         }],
-        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-        "capstan": {"conversation": conversation.to_string(), "events": exchange.events},
-    });
-    Ok(Json(body).into_response())
+        usage: Usage::default(),
+        capstan: Activity {
+            conversation: conversation.to_string(),
+            events: exchange.events,
+        },
+    };
+    Ok(Json(completion).into_response())
 }
 
 /// The reply as `chat.completion.chunk`s: a role chunk, text deltas and activity as they

@@ -19,21 +19,53 @@ use super::{api, error, openai, stream};
         stream::events, openai::models, openai::chat_completions,
     ),
     components(schemas(error::ErrorBody)),
-    modifiers(&BearerAuth),
+    modifiers(&Access),
     security(("bearer" = [])),
 )]
 struct ApiDoc;
 
-struct BearerAuth;
+/// The bearer scheme, and the refusals any route may answer before its handler runs.
+struct Access;
 
-impl utoipa::Modify for BearerAuth {
+impl utoipa::Modify for Access {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        use utoipa::openapi::{Ref, ResponseBuilder, content::ContentBuilder};
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+        let refusal = |description: &str| {
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("ErrorBody")))
+                        .build(),
+                )
+                .build()
+        };
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.post,
+                &mut item.put,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for operation in operations.into_iter().flatten() {
+                let responses = &mut operation.responses.responses;
+                responses
+                    .entry("401".to_owned())
+                    .or_insert_with(|| refusal("No token, or not one the server holds").into());
+                responses.entry("429".to_owned()).or_insert_with(|| {
+                    refusal("Over `serve.requests_per_minute`; `Retry-After` says when to retry")
+                        .into()
+                });
+            }
+        }
     }
 }
 

@@ -21,6 +21,7 @@ use crate::policy::ProcessKind;
 
 /// Which events.
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct EventsQuery {
     /// Only this conversation's events (its own, and its workers', branches' and
     /// compactions'), e.g. `main`.
@@ -40,7 +41,7 @@ pub(crate) struct EventsQuery {
 #[utoipa::path(get, path = "/v1/events", tag = "events", params(EventsQuery,
         ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event")),
     responses((status = 200, content_type = "text/event-stream", description = "The stream"),
-        (status = 400, body = ErrorBody)))]
+        (status = 400, body = ErrorBody, description = "Bad input; the message names the field and what it takes")))]
 pub(crate) async fn events(
     State(app): State<Arc<App>>,
     caller: Caller,

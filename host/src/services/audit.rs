@@ -50,7 +50,7 @@ pub trait AuditSink: Send + Sync {
 }
 
 /// What the host decided about one outbound request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum RequestDecision {
     /// Sent, and a response came back (any status).
@@ -81,7 +81,7 @@ impl RequestDecision {
 
 /// One outbound request to record. It never holds a path, a query, a header or a body:
 /// those may carry what the audit log must not.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct RequestRecord {
     /// The process whose tool made it, e.g. `worker:3`.
     pub process: String,
@@ -114,7 +114,7 @@ pub struct RequestRecord {
 }
 
 /// A stored request row.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct RequestEntry {
     /// Unix seconds.
     pub at: i64,
@@ -143,7 +143,7 @@ pub struct AuditRecord {
 }
 
 /// A stored audit row.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct AuditEntry {
     /// Its number: increasing, never reused.
     pub id: u64,

@@ -140,8 +140,8 @@ pub fn interrupted_outcome(run: RunId) -> String {
     format!("interrupted: its {run} ended while it was working")
 }
 
-/// A worker's state. Its JSON form is [`WorkerState::as_str`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// A worker's state. Its JSON form is its name in kebab-case ([`WorkerState::as_str`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum WorkerState {
     /// Working.
@@ -210,7 +210,7 @@ impl FromStr for WorkerState {
 }
 
 /// A stored worker record.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct WorkerRecord {
     /// e.g. `worker:3`.
     pub id: String,

@@ -44,7 +44,7 @@ pub trait TaskBoard: Send + Sync {
 }
 
 /// Where a task stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum TaskStatus {
     /// Noted, not yet ready to start.
@@ -128,7 +128,7 @@ impl FromStr for TaskStatus {
 }
 
 /// How urgent a task is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Priority {
     /// Whenever.
@@ -174,7 +174,7 @@ impl FromStr for Priority {
 }
 
 /// A stored task.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Task {
     /// Its number, from 1.
     pub number: u64,
