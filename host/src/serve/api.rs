@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -13,7 +13,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::app::App;
 use super::auth::Caller;
-use super::error::{ApiError, ApiJson, ErrorBody};
+use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
 use crate::agent::HOST_TOOLS;
 use crate::app::tool_needs;
 use crate::config::TokenScope;
@@ -104,8 +104,8 @@ pub(crate) struct HistoryView {
 pub(crate) async fn history(
     State(app): State<Arc<App>>,
     caller: Caller,
-    Path(name): Path<String>,
-    Query(kind): Query<KindQuery>,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(kind): ApiQuery<KindQuery>,
 ) -> Result<Json<HistoryView>, ApiError> {
     let id = conversation(&name, &kind)?;
     if id.kind() == ProcessKind::Cortex {
@@ -171,8 +171,8 @@ pub(crate) struct MessageResult {
 pub(crate) async fn post_message(
     State(app): State<Arc<App>>,
     caller: Caller,
-    Path(name): Path<String>,
-    Query(kind): Query<KindQuery>,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(kind): ApiQuery<KindQuery>,
     ApiJson(body): ApiJson<PostMessage>,
 ) -> Result<Response, ApiError> {
     let id = conversation(&name, &kind)?;
@@ -229,7 +229,7 @@ pub(crate) struct WorkerList {
     responses((status = 200, body = WorkerList, description = "The workers, newest first")))]
 pub(crate) async fn workers(
     State(app): State<Arc<App>>,
-    Query(query): Query<ListQuery>,
+    ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<WorkerList>, ApiError> {
     let workers = app
         .runtime
@@ -280,7 +280,7 @@ pub(crate) struct TaskList {
     responses((status = 200, body = TaskList, description = "The tasks"), (status = 400, body = ErrorBody, description = "Bad input; the message names the field and what it takes")))]
 pub(crate) async fn tasks(
     State(app): State<Arc<App>>,
-    Query(query): Query<TaskQuery>,
+    ApiQuery(query): ApiQuery<TaskQuery>,
 ) -> Result<Json<TaskList>, ApiError> {
     let status = match &query.status {
         None => None,
@@ -380,7 +380,7 @@ pub(crate) struct AuditPage {
     responses((status = 200, body = AuditPage, description = "A page of rows, newest first")))]
 pub(crate) async fn audit(
     State(app): State<Arc<App>>,
-    Query(query): Query<AuditQuery>,
+    ApiQuery(query): ApiQuery<AuditQuery>,
 ) -> Result<Json<AuditPage>, ApiError> {
     let limit = limit(query.limit);
     // One more than asked: whether it comes says whether there is a next page.
@@ -413,7 +413,7 @@ pub(crate) struct RequestList {
     responses((status = 200, body = RequestList, description = "The requests, newest first")))]
 pub(crate) async fn requests(
     State(app): State<Arc<App>>,
-    Query(query): Query<ListQuery>,
+    ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<RequestList>, ApiError> {
     let requests = app
         .runtime

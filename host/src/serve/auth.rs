@@ -217,10 +217,7 @@ fn check_loopback_host(headers: &HeaderMap) -> Result<(), ApiError> {
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .unwrap_or("");
-    let name = match host.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or(""),
-        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
-    };
+    let name = host_name(host).unwrap_or("");
     let loopback = name.eq_ignore_ascii_case("localhost")
         || name
             .parse::<std::net::IpAddr>()
@@ -237,6 +234,29 @@ fn check_loopback_host(headers: &HeaderMap) -> Result<(), ApiError> {
             crate::text::truncate(host, 100).escape_debug()
         ),
     ))
+}
+
+/// The name of a `Host` value that is exactly `name[:port]` or `[ip6][:port]`, with a
+/// port that is a port; `None` for anything else.
+fn host_name(host: &str) -> Option<&str> {
+    let (name, port) = match host.strip_prefix('[') {
+        Some(rest) => {
+            let (name, after) = rest.split_once(']')?;
+            let port = match after {
+                "" => None,
+                _ => Some(after.strip_prefix(':')?),
+            };
+            (name, port)
+        }
+        None => match host.rsplit_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (host, None),
+        },
+    };
+    match port {
+        Some(port) if port.parse::<u16>().is_err() => None,
+        _ => Some(name),
+    }
 }
 
 #[cfg(test)]
@@ -265,6 +285,11 @@ mod tests {
             "localhost.evil.example",
             "10.0.0.1:80",
             "[::2]:1",
+            "localhost:80@evil.example",
+            "user@localhost",
+            "localhost:http",
+            "[::1]evil",
+            "localhost:99999",
         ] {
             let err = check_loopback_host(&host(bad)).unwrap_err();
             assert_eq!(err.status, StatusCode::FORBIDDEN, "{bad}");

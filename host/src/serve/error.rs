@@ -1,8 +1,10 @@
-//! [`ApiError`]: every refusal the service gives, in the OpenAI error shape, and
-//! [`ApiJson`], the JSON body extractor whose rejections are refusals of that shape too.
+//! [`ApiError`]: every refusal the service gives, in the OpenAI error shape, and the
+//! extractors whose rejections are refusals of that shape too: [`ApiJson`] for bodies,
+//! [`ApiQuery`] for query strings, [`ApiPath`] for path segments.
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -183,5 +185,55 @@ fn rejected(rejection: JsonRejection, cap: Option<BodyCap>) -> ApiError {
             )
         }
         other => ApiError::invalid(other.body_text()),
+    }
+}
+
+/// A query string. Unlike axum's `Query`, a bad one is refused as an [`ApiError`] naming
+/// the parameter and what is wrong with it.
+pub(crate) struct ApiQuery<T>(pub(crate) T);
+
+impl<S, T> FromRequestParts<S> for ApiQuery<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(value)) => Ok(ApiQuery(value)),
+            Err(rejection) => {
+                let text = rejection.body_text();
+                let why = text
+                    .strip_prefix("Failed to deserialize query string: ")
+                    .unwrap_or(&text);
+                Err(ApiError::invalid(format!(
+                    "the query string does not fit: {why}"
+                )))
+            }
+        }
+    }
+}
+
+/// Path segments. Unlike axum's `Path`, a bad one (not UTF-8 once decoded) is refused as
+/// an [`ApiError`].
+pub(crate) struct ApiPath<T>(pub(crate) T);
+
+impl<S, T> FromRequestParts<S> for ApiPath<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(value)) => Ok(ApiPath(value)),
+            Err(rejection) => {
+                let text = rejection.body_text();
+                let why = text.strip_prefix("Invalid URL: ").unwrap_or(&text);
+                Err(ApiError::invalid(format!("the path does not fit: {why}")))
+            }
+        }
     }
 }

@@ -227,6 +227,7 @@ fn router(app: Arc<App>, settings: &ServeSettings) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .merge(page::routes())
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::Extension(BodyCap(settings.max_request_body_bytes)))
         .layer(DefaultBodyLimit::max(settings.max_request_body_bytes))
         .with_state(app);
@@ -266,6 +267,18 @@ async fn authenticate(
         }
         Err(refused) => refused.into_response(),
     }
+}
+
+async fn method_not_allowed(request: Request) -> super::error::ApiError {
+    super::error::ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{} is not a method of {}; GET /v1/openapi.json lists each route's",
+            request.method(),
+            crate::text::truncate(request.uri().path(), 200)
+        ),
+    )
 }
 
 async fn not_found(request: Request) -> super::error::ApiError {

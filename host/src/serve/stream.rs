@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::Stream;
@@ -13,7 +13,7 @@ use utoipa::IntoParams;
 
 use super::app::App;
 use super::auth::Caller;
-use super::error::{ApiError, ErrorBody};
+use super::error::{ApiError, ApiQuery, ErrorBody};
 use super::hub::{Next, Published, Subscription};
 use crate::config::TokenScope;
 use crate::ids::ProcessId;
@@ -46,7 +46,7 @@ pub(crate) async fn events(
     State(app): State<Arc<App>>,
     caller: Caller,
     headers: HeaderMap,
-    Query(query): Query<EventsQuery>,
+    ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     let after = match headers.get("last-event-id") {
         Some(value) => Some(

@@ -532,6 +532,32 @@ async fn bad_requests_are_refused_in_the_openai_error_shape() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let (status, _) = served.get("/v1/tasks?status=sideways").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+    // Query strings, path segments and methods axum itself refuses are refused in the
+    // same shape, naming what is wrong.
+    for (path, says) in [
+        ("/v1/audit?limit=-1", "limit: invalid digit"),
+        ("/v1/events?after=soon", "after: invalid digit"),
+        ("/v1/workers?limit=99999999999", "limit: number too large"),
+        ("/v1/channels/%FF/history", "Invalid UTF-8 in `name`"),
+    ] {
+        let (status, body) = served.get(path).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+        assert_eq!(
+            body["error"]["type"], "invalid_request_error",
+            "{path}: {body}"
+        );
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{path}: {message}");
+    }
+    let wrong_method = served
+        .client
+        .delete(served.at("/v1/channels"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong_method.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let body: Value = wrong_method.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "method_not_allowed", "{body}");
 
     // A page elsewhere whose name points at this machine is refused (DNS rebinding).
     let rebound = served
