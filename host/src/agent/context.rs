@@ -16,7 +16,7 @@ use super::events::{Event, EventSink};
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::notifications::NotificationIndex;
 use super::reservations::{Reservation, TaskReservations};
-use super::supervisor::{ShuttingDown, Supervisor};
+use super::supervisor::{ShuttingDown, Supervisor, TooManyConversations};
 use super::turn::{Turn, TurnError, Unanswered};
 use crate::config::Config;
 use crate::dispatch::{Dispatcher, Lease, Reserved, Route, Ticket};
@@ -105,6 +105,9 @@ pub enum ConversationError {
     /// an empty or partial history.
     #[error(transparent)]
     History(#[from] ServiceError),
+    /// As many conversations as the limit allows are open.
+    #[error(transparent)]
+    TooMany(#[from] TooManyConversations),
 }
 
 /// What a request for a worker did.
@@ -254,7 +257,8 @@ impl Context {
         }
         let session = id.session();
         let history = self.services.history.load_as(session.as_str()).await?;
-        self.supervisor.channel_or_open(id, || {
+        let limit = self.config.limits.max_open_conversations as usize;
+        self.supervisor.channel_or_open(id, limit, || {
             let (inbox, receiver) = mpsc::unbounded_channel();
             let limits = &self.config.limits;
             let handle = ChannelHandle::new(

@@ -34,7 +34,7 @@ mod worker;
 pub use context::{ConversationError, SpawnOutcome};
 pub use events::{Event, TurnEnding};
 pub use notifications::NotificationKind;
-pub use supervisor::ShuttingDown;
+pub use supervisor::{ShuttingDown, TooManyConversations};
 
 pub use host_tools::{HOST_TOOLS, HostTool, host_tool};
 pub use runtime::Runtime;

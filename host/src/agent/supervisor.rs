@@ -35,6 +35,18 @@ pub(crate) struct Supervisor {
 #[error("the host is shutting down; no conversation opens now")]
 pub struct ShuttingDown;
 
+/// A conversation could not be opened: as many as `limits.max_open_conversations` allows
+/// are open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{limit} conversations are open, the most limits.max_open_conversations allows; \
+     continue one of them, or raise the limit"
+)]
+pub struct TooManyConversations {
+    /// The limit.
+    pub limit: usize,
+}
+
 /// The way into a running worker.
 pub(crate) struct WorkerHandle {
     pub(crate) inbox: mpsc::UnboundedSender<String>,
@@ -53,11 +65,12 @@ impl Supervisor {
     }
 
     /// The handle of conversation `id`, or the one `open` makes (then registered), under
-    /// one lock so that two callers never open the same conversation twice. After
-    /// [`Supervisor::close_channels`], nothing opens.
-    pub(crate) fn channel_or_open<E: From<ShuttingDown>>(
+    /// one lock so that two callers never open the same conversation twice, nor one more
+    /// than `limit`. After [`Supervisor::close_channels`], nothing opens.
+    pub(crate) fn channel_or_open<E: From<ShuttingDown> + From<TooManyConversations>>(
         &self,
         id: &ProcessId,
+        limit: usize,
         open: impl FnOnce() -> Result<ChannelHandle, E>,
     ) -> Result<ChannelHandle, E> {
         let mut channels = self.channels.lock().unwrap();
@@ -66,6 +79,9 @@ impl Supervisor {
         }
         if let Some(handle) = channels.get(id) {
             return Ok(handle.clone());
+        }
+        if channels.len() >= limit {
+            return Err(TooManyConversations { limit }.into());
         }
         let handle = open()?;
         channels.insert(id.clone(), handle.clone());

@@ -105,6 +105,10 @@ pub struct AgentLimits {
     pub max_workers_per_channel: u32,
     /// Branches one channel may run at once.
     pub max_branches_per_channel: u32,
+    /// Conversations (channels and admin sessions) open at once in one host: each holds
+    /// its history in memory, so this bounds what clients of `capstan serve` can make it
+    /// hold.
+    pub max_open_conversations: u32,
     /// Model turns one process may take for one input.
     pub max_turns: u32,
     /// The context window in tokens.

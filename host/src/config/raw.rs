@@ -51,6 +51,7 @@ struct RawLimits {
     tool_memory_mib: u32,
     max_workers_per_channel: u32,
     max_branches_per_channel: u32,
+    max_open_conversations: u32,
     max_turns: u32,
     context_window_tokens: u32,
     compaction_threshold: f64,
@@ -103,6 +104,7 @@ struct RawToolGrants {
 
 /// The most workers (or branches) one channel may run at once.
 const MAX_PROCESSES_PER_CHANNEL: u32 = 1024;
+const MAX_OPEN_CONVERSATIONS: u32 = 1_000_000;
 /// The most model turns one process may take for one input.
 const MAX_TURNS: u32 = 10_000;
 /// The largest context window, in tokens.
@@ -182,6 +184,11 @@ impl RawLimits {
                 "limits.max_branches_per_channel",
                 self.max_branches_per_channel,
                 MAX_PROCESSES_PER_CHANNEL,
+            ),
+            (
+                "limits.max_open_conversations",
+                self.max_open_conversations,
+                MAX_OPEN_CONVERSATIONS,
             ),
             ("limits.max_turns", self.max_turns, MAX_TURNS),
         ] {
@@ -265,6 +272,7 @@ impl RawLimits {
             },
             max_workers_per_channel: self.max_workers_per_channel,
             max_branches_per_channel: self.max_branches_per_channel,
+            max_open_conversations: self.max_open_conversations,
             max_turns: self.max_turns,
             context_window_tokens: self.context_window_tokens,
             compaction_threshold: share,

@@ -111,9 +111,18 @@ impl Served {
 /// A server on 127.0.0.1 (a port the system picks) over a fresh agent in a temporary
 /// directory, its settings edited by `edit`.
 async fn serve(edit: impl FnOnce(&mut ServeSettings, &std::path::Path)) -> Served {
+    serve_on(|_| {}, edit).await
+}
+
+/// [`serve`], with the agent's config edited first.
+async fn serve_on(
+    configure: impl FnOnce(&mut Config),
+    edit: impl FnOnce(&mut ServeSettings, &std::path::Path),
+) -> Served {
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::defaults(dir.path());
     config.provider = ProviderSettings::Scripted { script: None };
+    configure(&mut config);
     let secret_file = dir.path().join("secret");
     std::fs::write(&secret_file, SECRET_VALUE).unwrap();
     config.secrets.push(SecretSpec {
@@ -864,6 +873,38 @@ async fn two_hundred_streams_lose_nothing_while_a_thousand_completions_run() {
     }
     // Each completion is at least a turn started and a reply.
     assert!(ends.iter().all(|&end| end >= COMPLETIONS as u64 * 2));
+    served.stop().await;
+}
+
+/// Every conversation keeps its history in memory, so clients cannot open more than
+/// `limits.max_open_conversations`: the next new one is refused by name, the open ones go
+/// on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_cannot_open_more_conversations_than_the_limit() {
+    let served = serve_on(|config| config.limits.max_open_conversations = 2, |_, _| {}).await;
+    let hello = |conversation: &str| {
+        json!({"model": "capstan", "user": conversation,
+               "messages": [{"role": "user", "content": "hello"}]})
+    };
+    for open in ["one", "two"] {
+        let (status, body) = served.post("/v1/chat/completions", hello(open)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let (status, body) = served.post("/v1/chat/completions", hello("three")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("2 conversations are open")
+            && message.contains("limits.max_open_conversations"),
+        "{message}"
+    );
+    let (status, body) = served
+        .post("/v1/channels/four/messages", json!({"text": "hello"}))
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let (status, body) = served.post("/v1/chat/completions", hello("one")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], "Hi there.");
     served.stop().await;
 }
 

@@ -116,6 +116,11 @@ fn numeric_config_keys_out_of_range_are_refused_naming_the_key() {
         ),
         ("max_workers_per_channel = 100000", "must be at most 1024"),
         ("max_branches_per_channel = 100000", "must be at most 1024"),
+        ("max_open_conversations = 0", "must be at least 1"),
+        (
+            "max_open_conversations = 2000000",
+            "must be at most 1000000",
+        ),
         ("max_turns = 4294967295", "must be at most 10000"),
         ("max_turns = -3", "max_turns"),
         ("context_window_tokens = 4294967295", "must be 512 to"),
