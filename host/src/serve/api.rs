@@ -125,8 +125,8 @@ pub(crate) async fn history(
     let messages = entries
         .iter()
         .map(|entry| {
-            serde_json::from_str(&app.redactor.redact(&entry.message))
-                .unwrap_or(Value::String(entry.message.clone()))
+            serde_json::from_str(&entry.message)
+                .unwrap_or_else(|_| Value::String(entry.message.clone()))
         })
         .collect();
     Ok(Json(HistoryView {
@@ -392,10 +392,6 @@ pub(crate) async fn audit(
         .await?;
     let more = entries.len() > limit as usize;
     entries.truncate(limit as usize);
-    for entry in &mut entries {
-        entry.arguments = app.redactor.redact(&entry.arguments).into_owned();
-        entry.detail = app.redactor.redact(&entry.detail).into_owned();
-    }
     let next = more.then(|| entries.last().map(|e| e.id)).flatten();
     Ok(Json(AuditPage { entries, next }))
 }

@@ -195,13 +195,53 @@ fn listen_error(addr: SocketAddr, err: &std::io::Error) -> ServeError {
     ServeError::Listen { addr, problem, fix }
 }
 
-/// The secrets' values and the tokens', as one redactor.
+/// The secrets' values and the tokens', as one redactor of the JSON the service sends:
+/// each value also as it reads inside a JSON string (a quote or a backslash escaped).
 fn serve_redactor(secrets: &Secrets, access: &Access) -> Redactor {
-    let values = secrets
+    let values: Vec<_> = secrets
         .iter()
-        .map(|s| (s.spec().name.clone(), Arc::from(s.value())))
-        .chain(access.values());
-    Redactor::new(values)
+        .map(|s| (s.spec().name.clone(), Arc::<str>::from(s.value())))
+        .chain(access.values())
+        .collect();
+    let escaped: Vec<_> = values
+        .iter()
+        .filter_map(|(name, value)| {
+            let quoted = serde_json::to_string(&**value).ok()?;
+            let inner = &quoted[1..quoted.len() - 1];
+            (inner != &**value).then(|| (name.clone(), Arc::from(inner)))
+        })
+        .collect();
+    Redactor::new(values.into_iter().chain(escaped))
+}
+
+/// Redacts every JSON response as a whole, so no handler can serve a secret's or a token's
+/// value from whatever field it reached (a worker's outcome, a task, an error). Event
+/// streams are redacted event by event where they are made (the hub, the completion
+/// stream).
+async fn redact_responses(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
+    if !json || app.redactor.is_empty() {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return super::error::ApiError::internal("the response could not be read to redact it")
+            .into_response();
+    };
+    let Ok(text) = std::str::from_utf8(&bytes) else {
+        return super::error::ApiError::internal("a JSON response was not UTF-8").into_response();
+    };
+    match app.redactor.redact(text) {
+        std::borrow::Cow::Borrowed(_) => Response::from_parts(parts, bytes.into()),
+        std::borrow::Cow::Owned(clean) => {
+            parts.headers.remove(header::CONTENT_LENGTH);
+            Response::from_parts(parts, clean.into())
+        }
+    }
 }
 
 fn router(app: Arc<App>, settings: &ServeSettings) -> Router {
@@ -228,6 +268,10 @@ fn router(app: Arc<App>, settings: &ServeSettings) -> Router {
         .merge(page::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            app.clone(),
+            redact_responses,
+        ))
         .layer(axum::Extension(BodyCap(settings.max_request_body_bytes)))
         .layer(DefaultBodyLimit::max(settings.max_request_body_bytes))
         .with_state(app);

@@ -64,10 +64,38 @@ process = "channel"
 when = "not offered"
 repeat = true
 reply = "I may not read files."
+
+[[step]]
+process = "channel"
+when = "keep my key"
+repeat = true
+tool_calls = [
+  { name = "spawn_worker", arguments = { task = "Keep the key {SECRET} safe." } },
+  { name = "skip" },
+]
+
+[[step]]
+process = "worker"
+when = "keep the key"
+repeat = true
+tool_calls = [
+  { name = "task_create", arguments = { title = "Rotate {SECRET}" } },
+  { name = "set_status", arguments = { state = "done", message = "kept {SECRET}" } },
+]
+
+[[step]]
+process = "channel"
+when = "kept"
+repeat = true
+reply = "Kept."
 "#;
 
-/// A secret the config declares; nothing served may hold its value.
+/// A secret the config declares; nothing served may hold its value. The script says it
+/// where `{SECRET}` stands.
 const SECRET_VALUE: &str = "sk-serve-secret-0123456789";
+/// A second secret, with what JSON escapes: served inside a JSON string, it reads
+/// differently, and must be hidden in that form too.
+const QUOTED_SECRET: &str = r#"pass"word\0123456789"#;
 
 /// A running server and what a test needs to talk to it.
 struct Served {
@@ -131,12 +159,21 @@ async fn serve_on(
         hosts: vec!["api.example.com".parse().unwrap()],
         header: None,
     });
+    let quoted_file = dir.path().join("quoted");
+    std::fs::write(&quoted_file, QUOTED_SECRET).unwrap();
+    config.secrets.push(SecretSpec {
+        name: "QUOTED".parse().unwrap(),
+        source: SecretSource::File(quoted_file),
+        hosts: vec!["api.example.com".parse().unwrap()],
+        header: None,
+    });
     let mut settings = config.serve.clone();
     settings.addr = SocketAddr::from(([127, 0, 0, 1], 0));
     edit(&mut settings, dir.path());
     std::fs::create_dir_all(&config.agent.workspace).unwrap();
     std::fs::write(config.agent.workspace.join("notes.txt"), "a note\n").unwrap();
-    let provider = ScriptedProvider::new(Script::parse(SCRIPT, "serve").unwrap(), "serve");
+    let script = SCRIPT.replace("{SECRET}", SECRET_VALUE);
+    let provider = ScriptedProvider::new(Script::parse(&script, "serve").unwrap(), "serve");
     let agent = AgentBuilder::new(config)
         .plugins_dir(plugins_dir())
         .cache(test_cache())
@@ -646,24 +683,51 @@ async fn no_secret_value_is_ever_served() {
     let (status, body) = served
         .post(
             "/v1/channels/main/messages",
-            json!({"text": format!("hello, my key is {SECRET_VALUE}"), "wait": true}),
+            json!({"text": format!("hello, my keys are {SECRET_VALUE} and {QUOTED_SECRET}"), "wait": true}),
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let seen = events.until("turn_finished").await;
-    let (_, history) = served.get("/v1/channels/main/history").await;
-    let (_, audit) = served.get("/v1/audit").await;
-    for text in [
-        body.to_string(),
-        history.to_string(),
-        audit.to_string(),
-        format!("{seen:?}"),
+    // The worker's task and outcome, and the task it created, hold the secret too.
+    let (status, kept) = served
+        .post(
+            "/v1/chat/completions",
+            json!({"model": "capstan", "user": "keeper",
+                   "messages": [{"role": "user", "content": "Please keep my key."}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{kept}");
+    assert_eq!(kept["choices"][0]["message"]["content"], "Kept.");
+    let mut served_texts = vec![body.to_string(), kept.to_string(), format!("{seen:?}")];
+    for path in [
+        "/v1/channels/main/history",
+        "/v1/channels/keeper/history",
+        "/v1/audit",
+        "/v1/workers",
+        "/v1/tasks",
+        "/v1/branches",
     ] {
-        assert!(!text.contains(SECRET_VALUE), "a secret was served: {text}");
+        let response = served.client.get(served.at(path)).send().await.unwrap();
+        served_texts.push(response.text().await.unwrap());
     }
+    let escaped = serde_json::to_string(QUOTED_SECRET).unwrap();
+    for text in &served_texts {
+        assert!(!text.contains(SECRET_VALUE), "a secret was served: {text}");
+        assert!(
+            !text.contains(&escaped[1..escaped.len() - 1]) && !text.contains(QUOTED_SECRET),
+            "a secret was served, JSON-escaped: {text}"
+        );
+    }
+    let history = &served_texts[3];
     assert!(
-        history.to_string().contains("[redacted secret API_KEY]"),
+        history.contains("[redacted secret API_KEY]")
+            && history.contains("[redacted secret QUOTED]"),
         "{history}"
+    );
+    let workers = &served_texts[6];
+    assert!(
+        workers.contains("kept [redacted secret API_KEY]"),
+        "{workers}"
     );
     served.stop().await;
 }
@@ -700,7 +764,8 @@ async fn a_public_address_without_a_token_and_a_busy_port_are_refused_by_name() 
         async move {
             let mut config = Config::defaults(&dir);
             config.provider = ProviderSettings::Scripted { script: None };
-            let provider = ScriptedProvider::new(Script::parse(SCRIPT, "serve").unwrap(), "serve");
+            let script = SCRIPT.replace("{SECRET}", SECRET_VALUE);
+            let provider = ScriptedProvider::new(Script::parse(&script, "serve").unwrap(), "serve");
             let agent = AgentBuilder::new(config)
                 .provider(Arc::new(provider))
                 .build()
