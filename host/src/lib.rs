@@ -23,6 +23,7 @@ pub mod config;
 pub mod dispatch;
 pub mod ids;
 pub mod llm;
+pub mod mcp;
 pub mod net;
 pub mod plugin;
 pub mod policy;

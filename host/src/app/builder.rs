@@ -12,7 +12,7 @@ use crate::llm::{OpenAiProvider, Provider, Recorder, Script, ScriptedProvider};
 use crate::net::NetHost;
 use crate::plugin::{ArtifactCache, PluginHost, Registry};
 use crate::secrets::Secrets;
-use crate::services::{ServiceError, Services};
+use crate::services::Services;
 use crate::store::Store;
 
 /// Assembles an agent from its [`Config`]: creates the workspace, opens the SQLite store
@@ -127,14 +127,7 @@ impl AgentBuilder {
         })?;
         let services = match self.services {
             Some(services) => services,
-            None => {
-                // Opening may wait for another process's open and checks the whole file:
-                // blocking work, kept off the executor.
-                let dir = config.agent.data_dir.clone();
-                let opened = tokio::task::spawn_blocking(move || Store::open(&dir)).await;
-                let store = opened.map_err(|_| ServiceError::Lost("store open"))??;
-                Arc::new(store).services()
-            }
+            None => Store::open_services(&config.agent.data_dir).await?,
         };
         let secrets = Secrets::load(&config.secrets)?;
         let host = PluginHost::new(config.limits.tool.clone(), self.cache)

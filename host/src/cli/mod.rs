@@ -2,6 +2,7 @@
 
 mod agent;
 mod init;
+mod mcp;
 mod network;
 mod paths;
 mod plugins;
@@ -58,6 +59,9 @@ enum Command {
     /// Serve the agent over HTTP: a JSON API, live events, an OpenAI-compatible chat
     /// endpoint and a web page.
     Serve(serve::ServeCommand),
+    /// Serve one profile's tools over the Model Context Protocol on stdio, for any MCP
+    /// client: each call runs sandboxed with the profile's grants and is audited.
+    Mcp(mcp::McpCommand),
 }
 
 /// The config file, where plugins come from and how calls are bounded; shared by the
@@ -334,6 +338,7 @@ impl Cli {
             Command::Demo(cmd) => cmd.run().await,
             Command::Run(cmd) => cmd.run().await,
             Command::Serve(cmd) => cmd.run().await,
+            Command::Mcp(cmd) => cmd.run().await,
             Command::Tasks(cmd) => cmd.run(),
             Command::Init(cmd) => cmd.run(),
             Command::Plugins(cmd) => cmd.run().await,

@@ -226,6 +226,19 @@ impl Registry {
         kind: ProcessKind,
         request: CallRequest<'_>,
     ) -> Result<String, ToolError> {
+        self.call_as_until(policy, kind, request, std::future::pending())
+            .await
+    }
+
+    /// [`Registry::call_as`], stopped when `cancelled` completes first: the call's
+    /// instance is dropped, and the call fails (and is audited) as cancelled by its caller.
+    pub async fn call_as_until(
+        &self,
+        policy: &Policy,
+        kind: ProcessKind,
+        request: CallRequest<'_>,
+        cancelled: impl Future<Output = ()>,
+    ) -> Result<String, ToolError> {
         let needs = self.tool(request.tool).map(|(_, tool)| ToolNeeds {
             name: &tool.name,
             capabilities: &tool.capabilities,
@@ -240,6 +253,15 @@ impl Registry {
                     "tool `{}` is not offered to a {kind} process: {}",
                     echo_name(request.tool, MAX_ECHOED_NAME),
                     one_line(&refused.to_string())
+                ))),
+            }
+        };
+        let run = async {
+            tokio::select! {
+                result = run => result,
+                () = cancelled => Err(ToolError::Failed(format!(
+                    "tool `{}` was cancelled by its caller",
+                    echo_name(request.tool, MAX_ECHOED_NAME)
                 ))),
             }
         };

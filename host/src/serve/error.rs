@@ -105,9 +105,25 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut response = (self.status, axum::Json(self.body())).into_response();
+impl ApiError {
+    /// The refusal as a JSON-RPC error, for an MCP client: the same status and headers,
+    /// with the message where an MCP client shows it (an MCP client reads no OpenAI
+    /// error). The code is in JSON-RPC's range for servers; `data.type` is the API code.
+    pub(crate) fn into_jsonrpc_response(self) -> Response {
+        let body = serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": null,
+            "error": {
+                "code": -32001,
+                "message": self.message,
+                "data": { "type": self.code },
+            },
+        });
+        self.with_headers((self.status, axum::Json(body)).into_response())
+    }
+
+    /// `response` with the headers this refusal needs (how to authenticate, when to retry).
+    fn with_headers(&self, mut response: Response) -> Response {
         let headers = response.headers_mut();
         if self.status == StatusCode::UNAUTHORIZED {
             headers.insert(
@@ -119,6 +135,13 @@ impl IntoResponse for ApiError {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let response = (self.status, axum::Json(self.body())).into_response();
+        self.with_headers(response)
     }
 }
 

@@ -8,6 +8,8 @@
 //!     resumable from a bounded buffer (`hub.rs`);
 //!   - the OpenAI-compatible `/v1/chat/completions` and `/v1/models` (`openai.rs`), each
 //!     completion one exchange with a conversation (`turn.rs`);
+//!   - each profile's tools over MCP's streamable HTTP transport at `/mcp/{profile}`
+//!     (`mcp.rs`; `/mcp` is the worker's);
 //!   - the web page (`page.rs`), embedded in the binary;
 //!   - its OpenAPI document (`openapi.rs`), derived from the handlers.
 //!
@@ -20,6 +22,7 @@ mod auth;
 mod branches;
 mod error;
 mod hub;
+mod mcp;
 mod openai;
 mod openapi;
 mod page;

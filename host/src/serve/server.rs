@@ -13,6 +13,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use super::app::App;
 use super::auth::{Access, TokenError};
@@ -20,7 +21,7 @@ use super::branches::Branches;
 use super::error::BodyCap;
 use super::hub::EventHub;
 use super::turn::TurnLocks;
-use super::{api, openai, openapi, page, stream};
+use super::{api, mcp, openai, openapi, page, stream};
 use crate::agent::{Event, Runtime};
 use crate::config::ServeSettings;
 use crate::plugin::Registry;
@@ -78,6 +79,8 @@ pub struct Server {
     listener: TcpListener,
     app: Arc<App>,
     router: Router,
+    /// Cancelled on stop: ends the MCP sessions and their open streams.
+    stopping: CancellationToken,
 }
 
 impl Server {
@@ -116,11 +119,13 @@ impl Server {
             started: crate::services::now(),
             completions: AtomicU64::new(0),
         });
-        let router = router(app.clone(), settings);
+        let stopping = CancellationToken::new();
+        let router = router(app.clone(), settings, &stopping);
         Ok(Server {
             listener,
             app,
             router,
+            stopping,
         })
     }
 
@@ -146,12 +151,13 @@ impl Server {
         let (runtime, hub) = (self.app.runtime.clone(), self.app.hub.clone());
         let stopping = Arc::new(tokio::sync::Notify::new());
         let stop = {
-            let stopping = stopping.clone();
+            let (stopping, sessions) = (stopping.clone(), self.stopping.clone());
             async move {
                 shutdown.await;
                 runtime.interrupt();
                 // Streams get what is buffered, then end, so their connections close.
                 hub.close();
+                sessions.cancel();
                 stopping.notify_one();
             }
         };
@@ -244,7 +250,7 @@ async fn redact_responses(State(app): State<Arc<App>>, request: Request, next: N
     }
 }
 
-fn router(app: Arc<App>, settings: &ServeSettings) -> Router {
+fn router(app: Arc<App>, settings: &ServeSettings, stopping: &CancellationToken) -> Router {
     let api = Router::new()
         .route("/v1/channels", get(api::channels))
         .route("/v1/channels/{name}/history", get(api::history))
@@ -263,6 +269,7 @@ fn router(app: Arc<App>, settings: &ServeSettings) -> Router {
         .layer(middleware::from_fn_with_state(app.clone(), authenticate));
     let mut router = Router::new()
         .merge(api)
+        .merge(mcp::routes(&app, settings, stopping))
         .route("/v1/openapi.json", get(openapi::document))
         .route("/healthz", get(|| async { "ok" }))
         .merge(page::routes())

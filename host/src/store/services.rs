@@ -32,6 +32,15 @@ impl Store {
     pub fn services(self: Arc<Self>) -> Services {
         Services::all_from(Arc::new(Sqlite(self)))
     }
+
+    /// Opens the store in `data_dir` on a blocking thread (an open may wait for another
+    /// process's and checks the whole file) and returns its [`Services`].
+    pub async fn open_services(data_dir: &std::path::Path) -> Result<Services, ServiceError> {
+        let dir = data_dir.to_owned();
+        let opened = tokio::task::spawn_blocking(move || Store::open(&dir)).await;
+        let store = opened.map_err(|_| ServiceError::Lost("store open"))??;
+        Ok(Arc::new(store).services())
+    }
 }
 
 /// The store behind the service traits.

@@ -1,0 +1,61 @@
+//! `capstan mcp`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::Args;
+use rmcp::ServiceExt as _;
+
+use super::HostArgs;
+use crate::mcp::ToolServer;
+use crate::policy::ProcessKind;
+use crate::store::Store;
+
+#[derive(Debug, Args)]
+pub(crate) struct McpCommand {
+    /// Serve the tools this profile is offered, with its grants (channel, branch, worker,
+    /// compactor, cortex).
+    #[arg(long, value_name = "PROFILE")]
+    profile: ProcessKind,
+    /// The workspace the fs capabilities apply to [default: agent.workspace].
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
+    #[command(flatten)]
+    host: HostArgs,
+}
+
+impl McpCommand {
+    /// Serves MCP on standard input and output until the client closes them. Standard
+    /// output carries the protocol only; warnings and logs go to standard error.
+    pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
+        let config = self.host.config()?;
+        let workspace = self
+            .workspace
+            .unwrap_or_else(|| config.agent.workspace.clone());
+        let grants = config.policy.profile(self.profile).grants().clone();
+        let locations = self
+            .host
+            .check_call_locations(&config, &workspace, &grants)?;
+        std::fs::create_dir_all(&workspace)
+            .with_context(|| format!("creating the workspace {}", workspace.display()))?;
+        super::record_if_writable(locations)?;
+        // The audit rows go where the agent's do, so `capstan serve` and the API show them.
+        let services = Store::open_services(&config.agent.data_dir).await?;
+        let host = self.host.host(&config)?.with_services(services);
+        let registry = Arc::new(self.host.registry_on(&config, host).await?);
+        let server = ToolServer::new(registry, config.policy, self.profile, workspace);
+        let tools = server.tools().len();
+        eprintln!(
+            "capstan mcp: serving {tools} tool(s) of the {} profile on stdio",
+            self.profile
+        );
+        let running = server
+            .serve(rmcp::transport::stdio())
+            .await
+            .context("the MCP handshake on stdio failed")?;
+        running.waiting().await.context("serving MCP on stdio")?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
