@@ -10,7 +10,9 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("CAPSTAN_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // rmcp's own lines repeat, without the config key to fix, what the host
+                // reports of an MCP server; `CAPSTAN_LOG=rmcp=debug` shows them.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rmcp=off")),
         )
         .with_writer(std::io::stderr)
         // Colour codes only for a person at a terminal, never into a file or a pipe.

@@ -37,9 +37,7 @@ impl Context {
             .map(|tool| tool.def());
         let plugins = self
             .registry
-            .plugins()
-            .iter()
-            .flat_map(|plugin| plugin.tools())
+            .tools()
             .filter(|tool| offered(&tool.name, &tool.capabilities))
             .map(|tool| ToolDef {
                 name: tool.name.clone(),

@@ -278,21 +278,26 @@ impl HostArgs {
         host: PluginHost,
     ) -> anyhow::Result<Registry> {
         let dir = self.plugins_dir(config)?;
-        let registry = Registry::load_dir_preferring(Arc::new(host), &dir, &config.prefer)
+        let mut registry = Registry::load_dir_preferring(Arc::new(host), &dir, &config.prefer)
             .await
             .with_context(|| format!("loading plugins from {}", dir.display()))?;
+        crate::mcp::add_servers(config, &mut registry).await;
         warn_refused(&registry);
         Ok(registry)
     }
 }
 
-/// Warns of every plugin `registry` refused, one line each.
+/// Warns of every plugin `registry` refused and every MCP server or tool it could not
+/// add, one line each.
 pub(crate) fn warn_refused(registry: &Registry) {
     for refused in registry.refused() {
         eprintln!(
             "warning: plugin refused: {}",
             crate::text::one_line(&refused.to_string())
         );
+    }
+    for problem in registry.external_problems() {
+        eprintln!("warning: {}", crate::text::one_line(problem));
     }
 }
 

@@ -73,7 +73,7 @@ impl ToolCommand {
         let args_json = read_args(&args_json)?;
         let registry = host.registry(&config).await?;
         // Recorded only for a tool that exists: an unknown name writes nothing.
-        if registry.tool(&name).is_some() {
+        if registry.tool_info(&name).is_some() {
             super::record_if_writable(locations)?;
         }
         let caller = as_profile.map_or("cli", ProcessKind::as_str);

@@ -18,6 +18,7 @@
 
 mod error;
 mod locations;
+mod mcp;
 mod network;
 mod overrides;
 mod raw;
@@ -29,6 +30,7 @@ pub use crate::text::{SourceError, read_text, toml_error_message};
 pub use error::ConfigError;
 use error::locate;
 pub use locations::{GrantedBy, InsideWorkspace, LocationKind, Locations};
+pub use mcp::{MAX_MCP_SERVER_NAME, McpServerSpec, McpTransport};
 pub use overrides::Override;
 pub use resolve::resolve;
 pub use serve::{ServeSettings, TokenScope, TokenSpec, parse_addr};
@@ -79,6 +81,8 @@ pub struct Config {
     pub serve: ServeSettings,
     /// `[secrets.NAME]`: the secrets plugins may use, and where their values come from.
     pub secrets: Vec<SecretSpec>,
+    /// `[mcp.NAME]`: external MCP servers whose tools profiles may name (`NAME.*`).
+    pub mcp: Vec<McpServerSpec>,
     /// One profile per process kind.
     pub policy: Policy,
 }

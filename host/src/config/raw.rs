@@ -10,6 +10,7 @@ use serde::Deserialize;
 use capstan_caps::Capability;
 
 use super::error::{KeyError, key_error};
+use super::mcp::{RawMcpServer, check_mcp};
 use super::network::{RawNet, RawSecret, check_secrets, parse_rules};
 use super::serve::RawServe;
 use super::{
@@ -32,6 +33,8 @@ pub(super) struct RawConfig {
     serve: RawServe,
     #[serde(default)]
     secrets: BTreeMap<String, RawSecret>,
+    #[serde(default)]
+    mcp: BTreeMap<String, RawMcpServer>,
     profiles: BTreeMap<String, RawProfile>,
 }
 
@@ -140,6 +143,7 @@ impl RawConfig {
         let serve = self.serve.check(&resolve)?;
         let secrets = check_secrets(self.secrets, &resolve)?;
         let policy = check_profiles(self.profiles, &secrets)?;
+        let mcp = check_mcp(self.mcp, &secrets, &resolve)?;
         Ok(Config {
             source: None,
             agent,
@@ -149,6 +153,7 @@ impl RawConfig {
             net,
             serve,
             secrets,
+            mcp,
             policy,
         })
     }

@@ -60,9 +60,7 @@ impl ToolServer {
     /// The tools served: every plugin tool the policy offers to the kind, in load order.
     pub fn tools(&self) -> Vec<Tool> {
         self.registry
-            .plugins()
-            .iter()
-            .flat_map(|plugin| plugin.tools())
+            .tools()
             .filter(|tool| !HOST_TOOLS.iter().any(|host| host.name == tool.name))
             .filter(|tool| {
                 let needs = ToolNeeds {

@@ -21,6 +21,11 @@ pub enum GrantSource {
     },
     /// `capstan tool call --grant`.
     Flag,
+    /// The URL of `[mcp.NAME]`, the one place an MCP server at a URL may be reached.
+    McpServer {
+        /// The server's name.
+        name: String,
+    },
 }
 
 impl GrantSource {
@@ -50,6 +55,7 @@ impl GrantSource {
                 "`net` in [profiles.{kind}] and in [profiles.{kind}.tool.{tool}] of capstan.toml"
             ),
             GrantSource::Flag => "--grant".to_owned(),
+            GrantSource::McpServer { name } => format!("`url` in [mcp.{name}] of capstan.toml"),
         }
     }
 }

@@ -77,6 +77,19 @@ impl CallNet {
         audit: Option<Arc<dyn AuditSink>>,
     ) -> Self {
         let limits = host.settings.for_tool(&scope.tool).clone();
+        CallNet::with_limits(host, process, scope, secrets, limits, audit)
+    }
+
+    /// A network whose requests run under `limits` rather than its tool's: the host's own
+    /// client of a server (an MCP server at a URL), whose calls are bounded elsewhere.
+    pub(crate) fn with_limits(
+        host: Arc<NetHost>,
+        process: String,
+        scope: NetScope,
+        secrets: Vec<String>,
+        limits: NetLimits,
+        audit: Option<Arc<dyn AuditSink>>,
+    ) -> Self {
         let audit = Arc::new(AuditWriter::new(
             process.clone(),
             scope.tool.clone(),
@@ -92,6 +105,22 @@ impl CallNet {
             limits,
             audit,
         }
+    }
+
+    /// Sends one request the host makes itself through the checks a guest's request takes
+    /// (target, rule, rate, in flight, every address, body caps, timeouts, secrets bound to
+    /// the host, redaction, an audit row); an error says which refused or failed it.
+    pub(crate) async fn request(
+        self: &Arc<Self>,
+        request: http::Request<WasiBody>,
+    ) -> Result<http::Response<WasiBody>, String> {
+        let admitted = self.admit(&request).map_err(|err| error_text(&err))?;
+        let (response, _io) = self
+            .clone()
+            .send(request, None, admitted)
+            .await
+            .map_err(|err| error_text(&err))?;
+        Ok(response)
     }
 
     /// Waits for every audit row of the call's requests to be written.
@@ -413,6 +442,14 @@ struct ConnectionGuard(tokio::task::JoinHandle<Result<(), hyper::Error>>);
 impl Drop for ConnectionGuard {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// What an egress error says, without wasi:http's own prefix.
+pub(crate) fn error_text(err: &Error) -> String {
+    match err {
+        Error::InternalError(Some(message)) => message.clone(),
+        other => other.to_string(),
     }
 }
 

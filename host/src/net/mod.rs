@@ -29,6 +29,6 @@ mod target;
 pub use address::AddressClass;
 pub use check::{GrantSource, NetScope, Refusal, rule_for};
 pub use egress::NetHost;
-pub(crate) use egress::{CallNet, Egress};
+pub(crate) use egress::{CallNet, Egress, error_text};
 pub use limits::{NetLimits, NetSettings, RateLimiter};
 pub use target::{canonical_host, target_of};

@@ -106,6 +106,12 @@ impl PluginHost {
         &self.network
     }
 
+    /// The network, shared: for a client of the host's own (an MCP server at a URL) whose
+    /// requests take the egress a plugin's take.
+    pub(crate) fn network_handle(&self) -> Arc<NetHost> {
+        self.network.clone()
+    }
+
     /// Backs the `tasks` and `memory` imports, and the audit log of calls, with
     /// `services`.
     pub fn with_services(mut self, services: Services) -> Self {
@@ -401,7 +407,7 @@ impl PluginHost {
     }
 
     /// Cuts `output` to [`Limits::max_output_bytes`], saying so at the end.
-    fn cap_output(&self, output: String) -> String {
+    pub(crate) fn cap_output(&self, output: String) -> String {
         let max = self.limits.max_output_bytes;
         if output.len() <= max {
             return output;

@@ -13,6 +13,7 @@ mod cache;
 pub mod contract;
 mod engine;
 mod error;
+mod external;
 mod failure;
 mod host;
 mod imports;
@@ -27,6 +28,7 @@ mod settle;
 
 pub use cache::{ArtifactCache, CacheError, CacheOutcome};
 pub use error::{HostError, LoadError, PREFER_KEY, ToolError};
+pub use external::ExternalTools;
 pub use host::PluginHost;
 pub use limits::Limits;
 pub use loaded::{LoadedPlugin, ToolInfo};

@@ -9,6 +9,7 @@ use std::time::Instant;
 use serde::de::IgnoredAny;
 
 use super::error::{HostError, LoadError, ToolError};
+use super::external::ExternalTools;
 use super::host::{Invocation, PluginHost};
 use super::loaded::{LoadedPlugin, ToolInfo};
 use super::settle::{Preferences, Shadowed, settle};
@@ -67,7 +68,22 @@ pub struct Registry {
     tools: HashMap<String, (Arc<LoadedPlugin>, usize)>,
     refused: Vec<LoadError>,
     shadowed: Vec<Shadowed>,
+    /// The tools of external sources (MCP servers), in the order they were added.
+    external: Vec<ExternalTool>,
+    /// Namespaced tool name -> index into `external`.
+    external_index: HashMap<String, usize>,
+    /// What went wrong adding external sources, a line each.
+    external_problems: Vec<String>,
     next_call: AtomicU64,
+}
+
+/// One tool of an external source.
+struct ExternalTool {
+    source: Arc<dyn ExternalTools>,
+    /// The source's own name for it.
+    remote: String,
+    /// As the policy and the model see it: named `SOURCE.remote`.
+    info: ToolInfo,
 }
 
 impl Registry {
@@ -79,6 +95,9 @@ impl Registry {
             tools: HashMap::new(),
             refused: Vec::new(),
             shadowed: Vec::new(),
+            external: Vec::new(),
+            external_index: HashMap::new(),
+            external_problems: Vec::new(),
             next_call: AtomicU64::new(1),
         }
     }
@@ -208,6 +227,65 @@ impl Registry {
             .map(|(plugin, index)| (&**plugin, &plugin.tools[*index]))
     }
 
+    /// Adds the tools of an external source: each `(remote, info)` is the source's own
+    /// name for a tool and the tool as policy and models see it, named
+    /// `SOURCE.remote`. A name already taken is skipped and returned.
+    pub fn add_external(
+        &mut self,
+        source: Arc<dyn ExternalTools>,
+        tools: Vec<(String, ToolInfo)>,
+    ) -> Vec<String> {
+        let mut skipped = Vec::new();
+        for (remote, info) in tools {
+            if self.tools.contains_key(&info.name) || self.external_index.contains_key(&info.name) {
+                skipped.push(info.name);
+                continue;
+            }
+            self.external_index
+                .insert(info.name.clone(), self.external.len());
+            self.external.push(ExternalTool {
+                source: source.clone(),
+                remote,
+                info,
+            });
+        }
+        skipped
+    }
+
+    /// Records what went wrong adding an external source (a server that did not start, a
+    /// tool left out), for [`Registry::external_problems`].
+    pub fn add_external_problem(&mut self, problem: String) {
+        self.external_problems.push(problem);
+    }
+
+    /// What went wrong adding external sources, a line each.
+    pub fn external_problems(&self) -> &[String] {
+        &self.external_problems
+    }
+
+    /// Every tool: each plugin's in load order, then each external source's.
+    pub fn tools(&self) -> impl Iterator<Item = &ToolInfo> {
+        let plugins = self.plugins.iter().flat_map(|plugin| plugin.tools());
+        plugins.chain(self.external.iter().map(|tool| &tool.info))
+    }
+
+    /// A tool by name, a plugin's or an external source's.
+    pub fn tool_info(&self, name: &str) -> Option<&ToolInfo> {
+        match self.tool(name) {
+            Some((_, info)) => Some(info),
+            None => self.external_tool(name).map(|tool| &tool.info),
+        }
+    }
+
+    /// The external source providing tool `name`, if one does.
+    pub fn external_source(&self, name: &str) -> Option<&str> {
+        self.external_tool(name).map(|tool| tool.source.name())
+    }
+
+    fn external_tool(&self, name: &str) -> Option<&ExternalTool> {
+        self.external_index.get(name).map(|i| &self.external[*i])
+    }
+
     /// Runs one call: finds the tool, checks the grants, checks that the arguments are a
     /// JSON object, then runs it in a fresh sandbox holding exactly the effective
     /// capabilities. Every outcome is logged with the caller, grants and duration.
@@ -239,7 +317,7 @@ impl Registry {
         request: CallRequest<'_>,
         cancelled: impl Future<Output = ()>,
     ) -> Result<String, ToolError> {
-        let needs = self.tool(request.tool).map(|(_, tool)| ToolNeeds {
+        let needs = self.tool_info(request.tool).map(|tool| ToolNeeds {
             name: &tool.name,
             capabilities: &tool.capabilities,
         });
@@ -283,8 +361,8 @@ impl Registry {
             Err(err) => (err.kind(), err.message()),
         };
         let effective = self
-            .tool(request.tool)
-            .and_then(|(_, tool)| {
+            .tool_info(request.tool)
+            .and_then(|tool| {
                 request
                     .grants
                     .effective(&tool.name, &tool.capabilities)
@@ -337,7 +415,10 @@ impl Registry {
     ) -> Result<String, ToolError> {
         let call_id = format!("call-{}", self.next_call.fetch_add(1, Ordering::Relaxed));
         let Some((plugin, index)) = self.tools.get(request.tool) else {
-            return Err(self.unknown_tool(request.tool));
+            return match self.external_tool(request.tool) {
+                Some(tool) => self.run_external(tool, request).await,
+                None => Err(self.unknown_tool(request.tool)),
+            };
         };
         let tool = &plugin.tools[*index];
         let capabilities = request
@@ -357,6 +438,44 @@ impl Registry {
             grant_source,
         };
         self.host.invoke(plugin, call).await
+    }
+
+    /// Runs a call of an external source's tool: the grants (it declares no capability,
+    /// so the profile naming it is the grant), the arguments' shape, then the source,
+    /// bounded by the tool deadline; what it returns is redacted and capped as a
+    /// plugin's output is.
+    async fn run_external(
+        &self,
+        tool: &ExternalTool,
+        request: &CallRequest<'_>,
+    ) -> Result<String, ToolError> {
+        request
+            .grants
+            .effective(&tool.info.name, &tool.info.capabilities)
+            .map_err(|denial| ToolError::Denied(denial.to_string()))?;
+        check_args_object(request.tool, request.args_json)?;
+        let redactor = self.host.network().secrets().redactor();
+        tool.source
+            .ready()
+            .await
+            .map_err(|err| err.map_message(|m| redactor.redact_owned(m)))?;
+        let deadline = self.host.limits().deadline;
+        match tokio::time::timeout(deadline, tool.source.call(&tool.remote, request.args_json))
+            .await
+        {
+            Ok(Ok(output)) => Ok(self.host.cap_output(redactor.redact_owned(output))),
+            Ok(Err(err)) => Err(err.map_message(|m| redactor.redact_owned(m))),
+            Err(_elapsed) => {
+                tool.source.abandoned(&tool.remote);
+                Err(ToolError::Failed(format!(
+                    "tool `{}` did not answer within the {} s deadline \
+                     (limits.tool_deadline_secs); its server `{}` is restarted for the next call",
+                    tool.info.name,
+                    deadline.as_secs_f64(),
+                    tool.source.name()
+                )))
+            }
+        }
     }
 
     fn unknown_tool(&self, name: &str) -> ToolError {

@@ -85,9 +85,14 @@ impl Profile {
         }
     }
 
-    /// Whether a tool name matches one of the profile's names or globs.
+    /// Whether a tool name matches one of the profile's names or globs. A tool of an MCP
+    /// server (`NAME.tool`) is matched only by a pattern that has a `.` too (`NAME.*`,
+    /// `*.search`): `*` alone, as the cortex's, never grants a server nobody named.
     pub fn names_tool(&self, tool: &str) -> bool {
-        self.tools.iter().any(|t| t.pattern.matches(tool))
+        let namespaced = tool.contains('.');
+        self.tools
+            .iter()
+            .any(|t| (!namespaced || t.text.contains('.')) && t.pattern.matches(tool))
     }
 
     /// The tool names and globs, as written.
@@ -106,5 +111,27 @@ impl Profile {
             .effective(name, needs)
             .err()
             .map(|denial| denial.missing)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_s_tools_are_named_only_by_patterns_with_a_dot() {
+        let everything = Profile::new(["*"], Grants::none()).unwrap();
+        assert!(everything.names_tool("file_read"));
+        assert!(!everything.names_tool("notes.search"));
+        let notes = Profile::new(["notes.*", "file_read"], Grants::none()).unwrap();
+        assert!(notes.names_tool("notes.search"));
+        assert!(!notes.names_tool("other.search"));
+        let exact = Profile::new(["notes.search"], Grants::none()).unwrap();
+        assert!(exact.names_tool("notes.search") && !exact.names_tool("notes.write"));
+        assert!(
+            Profile::new(["*.*"], Grants::none())
+                .unwrap()
+                .names_tool("a.b")
+        );
     }
 }

@@ -502,18 +502,13 @@ pub(crate) async fn tools(State(app): State<Arc<App>>) -> Json<ToolList> {
             args_schema: def.parameters,
         }
     });
-    let plugins = app
-        .registry
-        .plugins()
-        .iter()
-        .flat_map(|p| p.tools())
-        .map(|tool| ToolView {
-            offered_to: offered_to(&tool.name),
-            name: tool.name.clone(),
-            description: tool.description.clone(),
-            capabilities: tool.capabilities.iter().map(ToString::to_string).collect(),
-            args_schema: tool.args_schema.clone(),
-        });
+    let plugins = app.registry.tools().map(|tool| ToolView {
+        offered_to: offered_to(&tool.name),
+        name: tool.name.clone(),
+        description: tool.description.clone(),
+        capabilities: tool.capabilities.iter().map(ToString::to_string).collect(),
+        args_schema: tool.args_schema.clone(),
+    });
     Json(ToolList {
         tools: host.chain(plugins).collect(),
     })

@@ -160,7 +160,7 @@ impl Assembler {
                 } else {
                     call.id.into()
                 },
-                name: call.name,
+                name: super::wire::tool_name(&call.name),
                 // A call without arguments streams none; the host expects an object.
                 arguments: if call.arguments.is_empty() {
                     "{}".to_owned()

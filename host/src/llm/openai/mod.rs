@@ -131,7 +131,7 @@ impl OpenAiProvider {
                     json!({
                         "type": "function",
                         "function": {
-                            "name": tool.name,
+                            "name": wire::wire_name(&tool.name),
                             "description": tool.description,
                             "parameters": tool.parameters,
                         }

@@ -5,6 +5,18 @@ use serde_json::{Value, json};
 
 use crate::llm::{Completion, Message, Role, ToolCall};
 
+/// A tool's name as the API accepts it: an MCP server's tool `notes.search` goes out as
+/// `notes-search`, since function names may hold only letters, digits, `_` and `-`.
+/// Server names hold no `-` and other tools' names neither, so [`tool_name`] reads it back.
+pub(super) fn wire_name(name: &str) -> String {
+    name.replacen('.', "-", 1)
+}
+
+/// The host's name of a tool the model called by its [`wire_name`].
+pub(super) fn tool_name(wire: &str) -> String {
+    wire.replacen('-', ".", 1)
+}
+
 /// One message as the API's JSON; an assistant message that only calls tools has null
 /// content, as the API expects.
 pub(super) fn message_json(message: &Message) -> Value {
@@ -26,7 +38,7 @@ pub(super) fn message_json(message: &Message) -> Value {
                 json!({
                     "id": call.id,
                     "type": "function",
-                    "function": { "name": call.name, "arguments": call.arguments },
+                    "function": { "name": wire_name(&call.name), "arguments": call.arguments },
                 })
             })
             .collect();
@@ -75,7 +87,7 @@ pub(super) fn parse_completion(text: &str) -> Result<Completion, String> {
             .unwrap_or_else(|| format!("call_{i}"));
         tool_calls.push(ToolCall {
             id: id.into(),
-            name: name.to_owned(),
+            name: tool_name(name),
             arguments,
         });
     }
@@ -97,6 +109,21 @@ pub(super) fn parse_completion(text: &str) -> Result<Completion, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_mcp_tool_s_name_goes_out_without_its_dot_and_comes_back_with_it() {
+        for name in [
+            "notes.search",
+            "notes.get-page",
+            "file_read",
+            "spawn_worker",
+        ] {
+            let wire = wire_name(name);
+            assert!(!wire.contains('.'), "{wire}");
+            assert_eq!(tool_name(&wire), name);
+        }
+        assert_eq!(wire_name("notes.get-page"), "notes-get-page");
+    }
 
     #[test]
     fn several_tool_calls_parse_and_malformed_arguments_are_kept_verbatim() {

@@ -1,0 +1,58 @@
+"""A small MCP server written with the official Python SDK, for Capstan to be a client of:
+`python notes.py` serves on stdio; `python notes.py http PORT` serves streamable HTTP on
+127.0.0.1:PORT at /mcp."""
+
+import os
+import sys
+import time
+
+from mcp.server.mcpserver import Context, MCPServer
+
+server = MCPServer("notes")
+
+
+@server.tool()
+def search(query: str) -> str:
+    """Searches the notes for a query."""
+    return f"found 1 note about {query}"
+
+
+@server.tool()
+def environment() -> str:
+    """The names of the variables in this server's environment, sorted."""
+    return " ".join(sorted(os.environ))
+
+
+@server.tool()
+def authorization(ctx: Context) -> str:
+    """Whether the request carried the expected key, and the header as it came."""
+    got = (ctx.headers or {}).get("authorization", "")
+    expected = "Bearer " + os.environ.get("NOTES_EXPECTED_KEY", "unset")
+    verdict = "the key matches" if got == expected else "no key"
+    return f"{verdict}: {got}"
+
+
+@server.tool()
+def process() -> str:
+    """This server's process id."""
+    return str(os.getpid())
+
+
+@server.tool()
+def crash() -> str:
+    """Exits the server at once, mid-call."""
+    os._exit(3)
+
+
+@server.tool()
+def hang() -> str:
+    """Blocks the whole server."""
+    time.sleep(3600)
+    return "woke"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "http":
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()
