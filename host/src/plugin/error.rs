@@ -134,13 +134,13 @@ pub enum LoadError {
         /// The version this host implements.
         supported: &'static str,
     },
-    /// The component imports an interface this host does not offer plugins.
-    #[error("{}: imports `{import}`, which this host does not provide to plugins (allowed: {allowed}); remove the dependency that pulls it in", path.display())]
-    ImportNotProvided {
+    /// The component imports interfaces this host does not offer plugins.
+    #[error("{}: imports {}, which this host does not provide to plugins (allowed: {allowed}); remove the dependency that pulls {} in, or build against the `plugin` or `plugin-wasi` world", path.display(), quoted(imports), if imports.len() == 1 { "it" } else { "them" })]
+    ImportsNotProvided {
         /// The plugin file.
         path: PathBuf,
-        /// The import refused.
-        import: String,
+        /// Every import refused.
+        imports: Vec<String>,
         /// The allow-list, for the reader.
         allowed: String,
     },
@@ -235,7 +235,7 @@ impl LoadError {
             | LoadError::Invalid { path, .. }
             | LoadError::MissingToolExport { path, .. }
             | LoadError::WitVersion { path, .. }
-            | LoadError::ImportNotProvided { path, .. }
+            | LoadError::ImportsNotProvided { path, .. }
             | LoadError::Link { path, .. }
             | LoadError::Describe { path, .. }
             | LoadError::TooManyTools { path, .. }
@@ -259,4 +259,14 @@ pub enum HostError {
         /// The I/O error.
         source: std::io::Error,
     },
+}
+
+/// `a`, `b` and `c`, each in backquotes.
+fn quoted(names: &[String]) -> String {
+    let quoted: Vec<String> = names.iter().map(|name| format!("`{name}`")).collect();
+    match quoted.as_slice() {
+        [] => String::new(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
 }

@@ -17,7 +17,7 @@ use super::contract::WIT_VERSION;
 use super::engine::{build_engine, build_linker, start_epoch_ticker};
 use super::error::{HostError, LoadError, ToolError};
 use super::failure;
-use super::inspect::{check_exports, check_header, check_imports};
+use super::inspect::{check_exports, check_header, check_imports, outline};
 use super::limits::Limits;
 use super::loaded::{LoadedPlugin, ToolInfo};
 use super::offline::{NotLinked, imports_http, link_http_as_traps};
@@ -141,6 +141,10 @@ impl PluginHost {
         let bytes = read_plugin_file(path)?;
         check_header(path, &bytes)?;
         let started = Instant::now();
+        // What it imports and exports is checked before anything is compiled.
+        let outline = outline(path, &bytes)?;
+        check_imports(path, &outline)?;
+        let wit_version = check_exports(path, &outline)?;
         let (component, cache) = self.cache.load(&self.engine, &bytes).map_err(|err| {
             match failure::pool_limit(&err, &self.limits) {
                 Some(reason) => LoadError::OverLimit {
@@ -153,15 +157,13 @@ impl PluginHost {
                 },
             }
         })?;
-        let wit_version = check_exports(path, &self.engine, &component)?;
-        let imports = check_imports(path, &self.engine, &component)?;
         let link_error = |err: wasmtime::Error| LoadError::Link {
             path: path.to_owned(),
             reason: format!("{err:#}"),
         };
         // A component importing wasi:http links twice: with traps in its place for calls
         // without a network grant, and with it for calls that hold one.
-        let (pre, online_pre) = if imports_http(&self.engine, &component) {
+        let (pre, online_pre) = if imports_http(&outline.imports) {
             let mut offline = self.linker.clone();
             link_http_as_traps(&mut offline, &self.engine, &component).map_err(link_error)?;
             let online = self
@@ -194,7 +196,7 @@ impl PluginHost {
             path: path.to_owned(),
             name,
             wit_version,
-            imports,
+            imports: outline.imports,
             tools,
             cache,
             pre,

@@ -3,9 +3,6 @@
 
 use std::path::Path;
 
-use wasmtime::Engine;
-use wasmtime::component::Component;
-
 use super::contract::{
     ALLOWED_IMPORTS, TOOL_INTERFACE, WIT_PACKAGE, WIT_VERSION, import_allowed, split_version,
     version_supported,
@@ -34,22 +31,68 @@ pub(crate) fn check_header(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
     }
 }
 
+/// A component's own imports and exports, read from its bytes before anything is compiled,
+/// so a plugin that cannot run here is refused in milliseconds, not after its compilation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Outline {
+    /// The names of its imports, e.g. `wasi:filesystem/types@0.2.6`.
+    pub imports: Vec<String>,
+    /// The names of its exports.
+    pub exports: Vec<String>,
+}
+
+/// Reads the top-level imports and exports of the component in `bytes` (those of the
+/// modules and components nested in it are their own business).
+pub(crate) fn outline(path: &Path, bytes: &[u8]) -> Result<Outline, LoadError> {
+    let invalid = |err: wasmparser::BinaryReaderError| LoadError::Invalid {
+        path: path.to_owned(),
+        reason: format!("not a valid component: {err}"),
+    };
+    let mut outline = Outline {
+        imports: Vec::new(),
+        exports: Vec::new(),
+    };
+    let mut depth = 0usize;
+    for payload in wasmparser::Parser::new(0).parse_all(bytes) {
+        match payload.map_err(invalid)? {
+            wasmparser::Payload::ModuleSection { .. }
+            | wasmparser::Payload::ComponentSection { .. } => depth += 1,
+            wasmparser::Payload::End(_) if depth == 0 => break,
+            wasmparser::Payload::End(_) => depth -= 1,
+            wasmparser::Payload::ComponentImportSection(reader) if depth == 0 => {
+                for import in reader {
+                    outline
+                        .imports
+                        .push(import.map_err(invalid)?.name.name.to_owned());
+                }
+            }
+            wasmparser::Payload::ComponentExportSection(reader) if depth == 0 => {
+                for export in reader {
+                    outline
+                        .exports
+                        .push(export.map_err(invalid)?.name.name.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(outline)
+}
+
 /// Finds the `capstan:plugin/tool` export and checks its version; returns the version.
-pub(crate) fn check_exports(
-    path: &Path,
-    engine: &Engine,
-    component: &Component,
-) -> Result<String, LoadError> {
-    let ty = component.component_type();
-    let exports: Vec<&str> = ty.exports(engine).map(|(name, _)| name).collect();
+pub(crate) fn check_exports(path: &Path, outline: &Outline) -> Result<String, LoadError> {
     let wanted = format!("{WIT_PACKAGE}/{TOOL_INTERFACE}");
-    let Some(export) = exports.iter().find(|name| split_version(name).0 == wanted) else {
+    let Some(export) = outline
+        .exports
+        .iter()
+        .find(|name| split_version(name).0 == wanted)
+    else {
         return Err(LoadError::MissingToolExport {
             path: path.to_owned(),
-            exports: if exports.is_empty() {
+            exports: if outline.exports.is_empty() {
                 "nothing".into()
             } else {
-                exports.join(", ")
+                outline.exports.join(", ")
             },
         });
     };
@@ -64,25 +107,22 @@ pub(crate) fn check_exports(
     Ok(found.to_owned())
 }
 
-/// Checks every import against the allow-list; returns the import names.
-pub(crate) fn check_imports(
-    path: &Path,
-    engine: &Engine,
-    component: &Component,
-) -> Result<Vec<String>, LoadError> {
-    let ty = component.component_type();
-    let imports: Vec<String> = ty
-        .imports(engine)
-        .map(|(name, _)| name.to_owned())
+/// Checks every import against the allow-list, refusing with all that are not on it.
+pub(crate) fn check_imports(path: &Path, outline: &Outline) -> Result<(), LoadError> {
+    let refused: Vec<String> = outline
+        .imports
+        .iter()
+        .filter(|name| !import_allowed(name))
+        .cloned()
         .collect();
-    if let Some(bad) = imports.iter().find(|name| !import_allowed(name)) {
-        return Err(LoadError::ImportNotProvided {
-            path: path.to_owned(),
-            import: bad.clone(),
-            allowed: ALLOWED_IMPORTS.join(", "),
-        });
+    if refused.is_empty() {
+        return Ok(());
     }
-    Ok(imports)
+    Err(LoadError::ImportsNotProvided {
+        path: path.to_owned(),
+        imports: refused,
+        allowed: ALLOWED_IMPORTS.join(", "),
+    })
 }
 
 #[cfg(test)]

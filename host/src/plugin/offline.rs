@@ -35,12 +35,9 @@ impl std::fmt::Display for NotLinked {
 
 impl std::error::Error for NotLinked {}
 
-/// Whether `component` imports any `wasi:http` interface.
-pub(crate) fn imports_http(engine: &Engine, component: &Component) -> bool {
-    component
-        .component_type()
-        .imports(engine)
-        .any(|(name, _)| name.starts_with(WASI_HTTP))
+/// Whether a component with these imports imports any `wasi:http` interface.
+pub(crate) fn imports_http(imports: &[String]) -> bool {
+    imports.iter().any(|name| name.starts_with(WASI_HTTP))
 }
 
 /// Defines every `wasi:http` import of `component` in `linker` as a trap.

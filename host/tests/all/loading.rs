@@ -92,6 +92,63 @@ async fn bad_components_are_refused_by_name_and_the_rest_still_load() {
 }
 
 #[tokio::test]
+async fn a_component_importing_what_the_host_never_gives_is_refused_uncompiled_naming_each_import()
+{
+    // Three imports no plugin is given, among two it may have: every offender is named,
+    // and nothing was compiled (a compiled component would be in the cache).
+    let wasm = wat::parse_str(
+        r#"(component
+            (import "wasi:filesystem/types@0.2.6" (instance))
+            (import "capstan:evil/model@0.1.0" (instance))
+            (import "wasi:cli/run@0.2.6" (instance))
+            (import "wasi:io/streams@0.2.6" (instance))
+            (import "my:own/thing" (instance))
+        )"#,
+    )
+    .unwrap();
+    let cache_dir = tempfile::tempdir().unwrap();
+    let host = PluginHost::new(
+        Limits::default(),
+        capstan_host::plugin::ArtifactCache::new(cache_dir.path()),
+    )
+    .unwrap();
+    let dir = plugins_with(&[]);
+    let path = dir.path().join("grabby.wasm");
+    std::fs::write(&path, wasm).unwrap();
+    let err = host.load(&path).await.unwrap_err().to_string();
+    assert!(err.contains("grabby.wasm"), "{err}");
+    assert!(
+        err.contains("imports `capstan:evil/model@0.1.0`, `wasi:cli/run@0.2.6` and `my:own/thing`, which this host does not provide"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("wasi:io/streams"),
+        "an allowed import is not named: {err}"
+    );
+    let cached: Vec<_> = walk(cache_dir.path());
+    assert!(
+        cached
+            .iter()
+            .all(|p| p.extension().is_none_or(|e| e != "cwasm")),
+        "the refused component was compiled: {cached:?}"
+    );
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+#[tokio::test]
 async fn a_second_plugin_with_a_taken_tool_name_is_refused() {
     let files = std::fs::read(component("plugins", "files")).unwrap();
     // Name order no longer decides: neither plugin shadows the other, both are refused
