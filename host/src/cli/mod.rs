@@ -4,6 +4,7 @@ mod agent;
 mod init;
 mod mcp;
 mod network;
+mod new_plugin;
 mod paths;
 mod plugins;
 mod policy;

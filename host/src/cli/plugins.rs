@@ -1,4 +1,4 @@
-//! `capstan plugins list|inspect`.
+//! `capstan plugins list|inspect|new`.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::Subcommand;
 
 use super::HostArgs;
+use super::new_plugin::NewCommand;
 use super::table::print_table;
 use crate::plugin::{LoadedPlugin, ToolInfo};
 
@@ -24,6 +25,8 @@ pub(crate) enum PluginsCommand {
         #[command(flatten)]
         host: HostArgs,
     },
+    /// Write a working plugin project: `--lang rust|python|js NAME`.
+    New(NewCommand),
 }
 
 impl PluginsCommand {
@@ -46,6 +49,7 @@ impl PluginsCommand {
                 }
                 Ok(ExitCode::SUCCESS)
             }
+            PluginsCommand::New(new) => new.run(),
             PluginsCommand::Inspect { file, host } => {
                 match host.host(&host.config()?)?.load(&file).await {
                     Ok(plugin) => {

@@ -1,0 +1,328 @@
+//! `capstan plugins new --lang rust|python|js NAME`: a working plugin project, from the
+//! templates in `sdk/templates/`, with the SDK helper and the WIT it builds against.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context as _, bail};
+use clap::{Args, ValueEnum};
+
+/// The longest plugin name: it is also the name of its first tool.
+const MAX_NAME: usize = 48;
+
+/// The language a new plugin is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Lang {
+    /// Rust, with capstan-sdk; cargo and the wasm32-wasip2 target.
+    Rust,
+    /// Python, with capstan_sdk.py; componentize-py from PyPI.
+    Python,
+    /// JavaScript, with capstan.js; ComponentizeJS from npm.
+    Js,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct NewCommand {
+    /// The plugin's name, also the name of its first tool: a lowercase letter, then
+    /// lowercase letters, digits and `_`.
+    name: String,
+    /// The language.
+    #[arg(long, value_enum)]
+    lang: Lang,
+    /// Where to write it [default: ./NAME]; must not exist yet, or be empty.
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// The capstan-sdk crate a Rust plugin depends on [default: the sdk/ this capstan
+    /// was built from].
+    #[arg(long, value_name = "DIR")]
+    sdk: Option<PathBuf>,
+}
+
+/// One file of a template: its path in the project and its text.
+type File = (&'static str, &'static str);
+
+/// The plugin contract every project builds against, as this host implements it.
+const WIT: &[File] = &[
+    ("wit/plugin.wit", include_str!("../../../wit/plugin.wit")),
+    (
+        "wit/plugin-wasi.wit",
+        include_str!("../../../wit/plugin-wasi.wit"),
+    ),
+    (
+        "wit/deps/cli.wit",
+        include_str!("../../../wit/deps/cli.wit"),
+    ),
+    (
+        "wit/deps/clocks.wit",
+        include_str!("../../../wit/deps/clocks.wit"),
+    ),
+    (
+        "wit/deps/filesystem.wit",
+        include_str!("../../../wit/deps/filesystem.wit"),
+    ),
+    (
+        "wit/deps/http.wit",
+        include_str!("../../../wit/deps/http.wit"),
+    ),
+    ("wit/deps/io.wit", include_str!("../../../wit/deps/io.wit")),
+    (
+        "wit/deps/random.wit",
+        include_str!("../../../wit/deps/random.wit"),
+    ),
+    (
+        "wit/deps/sockets.wit",
+        include_str!("../../../wit/deps/sockets.wit"),
+    ),
+];
+
+const RUST: &[File] = &[
+    (
+        "Cargo.toml",
+        include_str!("../../../sdk/templates/rust/Cargo.toml"),
+    ),
+    (
+        "src/lib.rs",
+        include_str!("../../../sdk/templates/rust/src/lib.rs"),
+    ),
+    (
+        ".gitignore",
+        include_str!("../../../sdk/templates/rust/gitignore"),
+    ),
+];
+
+const PYTHON: &[File] = &[
+    (
+        "app.py",
+        include_str!("../../../sdk/templates/python/app.py"),
+    ),
+    (
+        "capstan_sdk.py",
+        include_str!("../../../sdk/python/capstan_sdk.py"),
+    ),
+    (
+        "requirements.txt",
+        include_str!("../../../sdk/templates/python/requirements.txt"),
+    ),
+    (
+        "build.sh",
+        include_str!("../../../sdk/templates/python/build.sh"),
+    ),
+    (
+        ".gitignore",
+        include_str!("../../../sdk/templates/python/gitignore"),
+    ),
+];
+
+const JS: &[File] = &[
+    (
+        "plugin.js",
+        include_str!("../../../sdk/templates/js/plugin.js"),
+    ),
+    ("capstan.js", include_str!("../../../sdk/js/capstan.js")),
+    (
+        "package.json",
+        include_str!("../../../sdk/templates/js/package.json"),
+    ),
+    (
+        "package-lock.json",
+        include_str!("../../../sdk/templates/js/package-lock.json"),
+    ),
+    (".npmrc", include_str!("../../../sdk/templates/js/npmrc")),
+    (
+        ".gitignore",
+        include_str!("../../../sdk/templates/js/gitignore"),
+    ),
+];
+
+/// The files that run as programs.
+const EXECUTABLE: &[&str] = &["build.sh"];
+
+impl NewCommand {
+    /// Writes the project, then says how to build, inspect, call and grant it.
+    pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
+        check_name(&self.name)?;
+        let dir = self
+            .dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(&self.name));
+        let sdk = match self.lang {
+            Lang::Rust => Some(rust_sdk(self.sdk.as_deref())?),
+            _ => None,
+        };
+        let files: Vec<File> = match self.lang {
+            Lang::Rust => RUST.to_vec(),
+            Lang::Python => [PYTHON, WIT].concat(),
+            Lang::Js => [JS, WIT].concat(),
+        };
+        make_empty_dir(&dir)?;
+        for (path, text) in files {
+            let text = text
+                .replace("{{name}}", &self.name)
+                .replace("{{tool}}", &self.name)
+                .replace(
+                    "{{sdk}}",
+                    &sdk.as_deref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
+                );
+            write_file(&dir, path, &text)?;
+        }
+        println!("{}", next_steps(self.lang, &self.name, &dir));
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+fn check_name(name: &str) -> anyhow::Result<()> {
+    let valid = (1..=MAX_NAME).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !valid {
+        bail!(
+            "`{}` cannot name a plugin: it is also its first tool's name, so a lowercase \
+             letter, then lowercase letters, digits and `_`, at most {MAX_NAME} (e.g. `{}`)",
+            name.escape_debug(),
+            suggest(name)
+        );
+    }
+    Ok(())
+}
+
+/// A name like `name` that is valid.
+fn suggest(name: &str) -> String {
+    let mut out: String = name
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .take(MAX_NAME)
+        .collect();
+    if !out.starts_with(|c: char| c.is_ascii_lowercase()) {
+        out.insert_str(0, "tool_");
+        out.truncate(MAX_NAME);
+    }
+    out
+}
+
+/// The capstan-sdk crate: `--sdk`, or the one this binary was built beside.
+fn rust_sdk(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let dir = match flag {
+        Some(dir) => dir.to_owned(),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../sdk"),
+    };
+    let manifest = dir.join("Cargo.toml");
+    let is_sdk = std::fs::read_to_string(&manifest)
+        .map(|text| text.contains("name = \"capstan-sdk\""))
+        .unwrap_or(false);
+    if !is_sdk {
+        bail!(
+            "no capstan-sdk crate at {}: pass --sdk DIR, the sdk/ folder of a Capstan checkout",
+            dir.display()
+        );
+    }
+    std::fs::canonicalize(&dir).with_context(|| format!("resolving {}", dir.display()))
+}
+
+/// Creates `dir`, or takes it if it exists and is empty: a project is never written over
+/// files already there.
+fn make_empty_dir(dir: &Path) -> anyhow::Result<()> {
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                bail!(
+                    "{} already exists and is not empty; choose another name or --dir",
+                    dir.display()
+                );
+            }
+            Ok(())
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
+        }
+        Err(err) => Err(err).with_context(|| format!("reading {}", dir.display())),
+    }
+}
+
+fn write_file(dir: &Path, path: &str, text: &str) -> anyhow::Result<()> {
+    let target = dir.join(path);
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    std::fs::write(&target, text).with_context(|| format!("writing {}", target.display()))?;
+    if EXECUTABLE.contains(&path) {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("making {} executable", target.display()))?;
+    }
+    Ok(())
+}
+
+fn next_steps(lang: Lang, name: &str, dir: &Path) -> String {
+    let dir = dir.display();
+    let (build, wasm, source) = match lang {
+        Lang::Rust => (
+            "cargo build --release --target wasm32-wasip2   # once: rustup target add wasm32-wasip2"
+                .to_owned(),
+            format!("target/wasm32-wasip2/release/{name}.wasm"),
+            "src/lib.rs",
+        ),
+        Lang::Python => (
+            "./build.sh                # a venv with componentize-py (PyPI), then the build".to_owned(),
+            format!("{name}.wasm"),
+            "app.py",
+        ),
+        Lang::Js => (
+            "npm ci && npm run build   # ComponentizeJS from npm, then the build".to_owned(),
+            format!("{name}.wasm"),
+            "plugin.js",
+        ),
+    };
+    format!(
+        "wrote the {name} plugin ({}) in {dir}. Next:\n\
+         \n  cd {dir}\
+         \n  {build}\
+         \n  capstan plugins inspect {wasm}\
+         \n  mkdir -p plugins && cp {wasm} plugins/\
+         \n  capstan tool call {name} '{{\"path\": \"{source}\"}}' --grant fs.read --plugins-dir plugins\
+         \n\nthen grant it to a process kind in capstan.toml (tools = [..., \"{name}\"], with \
+         capabilities = [\"fs.read\"]) and put it in agent.plugins_dir.",
+        match lang {
+            Lang::Rust => "Rust",
+            Lang::Python => "Python",
+            Lang::Js => "JavaScript",
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked_and_a_valid_one_suggested() {
+        assert!(check_name("word_stats").is_ok());
+        for bad in ["", "Word", "9lives", "has-dash", "a b", &"x".repeat(49)] {
+            let err = check_name(bad).unwrap_err().to_string();
+            assert!(err.contains("cannot name a plugin"), "{err}");
+            let suggested = suggest(bad);
+            assert!(check_name(&suggested).is_ok(), "{bad:?} -> {suggested:?}");
+        }
+    }
+
+    #[test]
+    fn every_template_placeholder_is_known() {
+        for (path, text) in [RUST, PYTHON, JS].concat() {
+            let mut rest = text;
+            while let Some(start) = rest.find("{{") {
+                let end = rest[start..].find("}}").expect("a closed placeholder") + start;
+                let key = &rest[start + 2..end];
+                assert!(
+                    ["name", "tool", "sdk"].contains(&key),
+                    "{path}: {{{{{key}}}}}"
+                );
+                rest = &rest[end..];
+            }
+        }
+    }
+}

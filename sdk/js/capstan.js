@@ -1,0 +1,218 @@
+// Capstan's helper for tool plugins written in JavaScript, built with ComponentizeJS.
+//
+// A plugin is an ES module that registers its tools on a Toolbox and exports it as `tool`:
+//
+//   import { Toolbox, ToolError, readText } from './capstan.js';
+//
+//   const toolbox = new Toolbox();
+//   toolbox.tool({
+//     name: 'line_count',
+//     description: 'Counts the lines of a workspace file.',
+//     needs: ['fs.read'],
+//     args: { path: { type: 'string', description: 'a file, relative to the workspace root' } },
+//   }, ({ path }) => readText(path).split('\n').length);
+//
+//   export const tool = toolbox.export();
+//
+// Built against the `plugin-wasi` world of Capstan's WIT:
+//
+//   componentize-js --wit wit --world-name plugin-wasi -o plugin.wasm plugin.js
+//
+// - `args` describes the arguments (JSON Schema properties); every one is required unless
+//   `optional: true`. They are checked before the function runs: an unknown key, a missing
+//   one or a wrong type is an `invalid-args` error naming the key.
+// - A string result is returned as it is; anything else as JSON.
+// - `throw ToolError.denied(...)` and its siblings end a call with that kind of error. Any
+//   other exception is `failed` with its message: a plugin never traps on an exception.
+// - The workspace is the directory the call is granted (`fs.read`, `fs.write`):
+//   `readText`, `writeText` and `listDir` reach it. A write without `fs.write` is `denied`.
+
+import { write as hostLog } from 'capstan:plugin/log@0.2.1';
+import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
+
+const KINDS = ['invalid-args', 'denied', 'not-found', 'failed'];
+
+/** Ends a call with an error the model reads. ComponentizeJS turns a thrown value with a
+ * `payload` into the `err` of the exported result. */
+export class ToolError extends Error {
+  constructor(kind, message) {
+    if (!KINDS.includes(kind)) throw new TypeError(`unknown tool error kind ${kind}; one of ${KINDS.join(', ')}`);
+    super(message);
+    this.kind = kind;
+    this.payload = { tag: kind, val: message };
+  }
+  static invalidArgs(message) { return new ToolError('invalid-args', message); }
+  static denied(message) { return new ToolError('denied', message); }
+  static notFound(message) { return new ToolError('not-found', message); }
+  static failed(message) { return new ToolError('failed', message); }
+}
+
+/** Writes a line to the host's log (`trace`, `debug`, `info`, `warn` or `error`), tagged
+ * with the plugin and tool; the host rate-limits it per call. */
+export function log(level, message) {
+  hostLog(level, String(message));
+}
+
+// The error code a wasi:filesystem call threw: 'no-entry', 'not-permitted', 'read-only'...
+function code(err) {
+  if (typeof err === 'string') return err;
+  if (err && typeof err.payload === 'string') return err.payload;
+  return String(err && err.message ? err.message : err);
+}
+
+function fsError(err, what) {
+  const c = code(err);
+  if (c === 'no-entry') return ToolError.notFound(`${what}: no such file or directory`);
+  if (['access', 'not-permitted', 'read-only'].includes(c)) return ToolError.denied(`${what}: ${c} (the call's grant does not allow it)`);
+  return ToolError.failed(`${what}: ${c}`);
+}
+
+function workspace() {
+  const dirs = getDirectories();
+  const found = dirs.find(([, path]) => path === '.');
+  if (!found) throw ToolError.denied('this call holds no workspace: declare and be granted fs.read or fs.write');
+  return found[0];
+}
+
+/** The text of a workspace file. */
+export function readText(path) {
+  let file;
+  try {
+    file = workspace().openAt({ symlinkFollow: false }, path, {}, { read: true });
+  } catch (err) {
+    throw err instanceof ToolError ? err : fsError(err, `cannot open ${path}`);
+  }
+  const chunks = [];
+  let offset = 0;
+  for (;;) {
+    const [bytes, eof] = file.read(65536, offset);
+    chunks.push(bytes);
+    offset += bytes.length;
+    if (eof || bytes.length === 0) break;
+  }
+  const all = new Uint8Array(offset);
+  let at = 0;
+  for (const chunk of chunks) { all.set(chunk, at); at += chunk.length; }
+  return new TextDecoder().decode(all);
+}
+
+/** Writes `text` to a workspace file, replacing it. Needs `fs.write`. */
+export function writeText(path, text) {
+  let file;
+  try {
+    file = workspace().openAt({ symlinkFollow: false }, path, { create: true, truncate: true }, { write: true });
+  } catch (err) {
+    throw err instanceof ToolError ? err : fsError(err, `cannot write ${path}`);
+  }
+  const bytes = new TextEncoder().encode(String(text));
+  let offset = 0;
+  while (offset < bytes.length) {
+    offset += Number(file.write(bytes.subarray(offset), offset));
+  }
+}
+
+/** The names in a workspace directory, sorted. */
+export function listDir(path = '.') {
+  let entries;
+  try {
+    const dir = path === '.' ? workspace() : workspace().openAt({ symlinkFollow: false }, path, { directory: true }, { read: true });
+    entries = dir.readDirectory();
+  } catch (err) {
+    throw err instanceof ToolError ? err : fsError(err, `cannot list ${path}`);
+  }
+  const names = [];
+  for (let entry = entries.readDirectoryEntry(); entry; entry = entries.readDirectoryEntry()) names.push(entry.name);
+  return names.sort();
+}
+
+const TYPES = {
+  string: (v) => typeof v === 'string',
+  integer: (v) => Number.isInteger(v),
+  number: (v) => typeof v === 'number',
+  boolean: (v) => typeof v === 'boolean',
+  array: (v) => Array.isArray(v),
+  object: (v) => v !== null && typeof v === 'object' && !Array.isArray(v),
+};
+
+/** The tools of one plugin: register with `tool(...)`, export with `export const tool =
+ * toolbox.export()`. */
+export class Toolbox {
+  constructor() {
+    this.tools = new Map();
+  }
+
+  /** Registers `run(args, context)` as a tool: `name` (lowercase letters, digits, `_`),
+   * `description` (for the model), `needs` (capabilities it declares: `fs.read`,
+   * `fs.write`, `tasks.read`, `net:api.example.com`, ...) and `args` (JSON Schema
+   * properties; `optional: true` on one that may be left out). */
+  tool({ name, description, needs = [], args = {} }, run) {
+    if (!/^[a-z][a-z0-9_]*$/.test(name ?? '')) throw new TypeError(`tool name ${name} must be lowercase letters, digits and _`);
+    if (this.tools.has(name)) throw new TypeError(`tool ${name} is registered twice`);
+    if (!description) throw new TypeError(`tool ${name} needs a description`);
+    const properties = {};
+    const required = [];
+    for (const [key, { optional, ...schema }] of Object.entries(args)) {
+      properties[key] = schema;
+      if (!optional) required.push(key);
+    }
+    const schema = { type: 'object', properties, additionalProperties: false };
+    if (required.length) schema.required = required;
+    this.tools.set(name, { name, description, needs: [...needs], schema, run });
+    return this;
+  }
+
+  describe() {
+    return [...this.tools.values()].map((t) => ({
+      name: t.name,
+      description: t.description,
+      argsSchema: JSON.stringify(t.schema),
+      capabilities: t.needs,
+    }));
+  }
+
+  call(name, argsJson, context) {
+    try {
+      const tool = this.tools.get(name);
+      if (!tool) throw ToolError.notFound(`no tool ${name} in this plugin`);
+      let args;
+      try {
+        args = JSON.parse(argsJson);
+      } catch (err) {
+        throw ToolError.invalidArgs(`the arguments are not JSON: ${err.message}`);
+      }
+      if (!TYPES.object(args)) throw ToolError.invalidArgs('the arguments must be a JSON object');
+      check(tool.schema, args);
+      const result = tool.run(args, context);
+      return typeof result === 'string' ? result : JSON.stringify(result);
+    } catch (err) {
+      if (err instanceof ToolError) throw err;
+      throw ToolError.failed(`${err && err.name ? err.name : 'Error'}: ${err && err.message ? err.message : String(err)}`);
+    }
+  }
+
+  /** The object ComponentizeJS exports as `capstan:plugin/tool`. */
+  export() {
+    return {
+      describe: () => this.describe(),
+      call: (name, argsJson, context) => this.call(name, argsJson, context),
+    };
+  }
+}
+
+function check(schema, args) {
+  for (const key of Object.keys(args)) {
+    if (!(key in schema.properties)) {
+      const known = Object.keys(schema.properties).map((k) => `\`${k}\``).join(', ') || 'none';
+      throw ToolError.invalidArgs(`unknown argument \`${key}\` (arguments: ${known})`);
+    }
+  }
+  for (const key of schema.required ?? []) {
+    if (!(key in args)) throw ToolError.invalidArgs(`missing argument \`${key}\``);
+  }
+  for (const [key, value] of Object.entries(args)) {
+    const type = schema.properties[key].type;
+    if (type && TYPES[type] && !TYPES[type](value)) {
+      throw ToolError.invalidArgs(`argument \`${key}\` must be ${type}, not ${JSON.stringify(value).slice(0, 80)}`);
+    }
+  }
+}
