@@ -159,6 +159,9 @@ impl ArtifactCache {
                     // and version again.
                     match unsafe { Component::deserialize(engine, artifact) } {
                         Ok(component) => return Ok((component, CacheOutcome::Hit)),
+                        // A sound artifact this host's limits refuse: compiling again would
+                        // be refused alike, and a host with other limits can still use it.
+                        Err(err) if super::failure::is_pool_limit(&err) => return Err(err),
                         Err(err) => {
                             outcome = opened.discard(&name, &format!("wasmtime refused it: {err}"))
                         }

@@ -55,6 +55,12 @@ pub(crate) fn pool_limit(err: &wasmtime::Error, limits: &Limits) -> Option<Strin
     None
 }
 
+/// Whether `err` says a component does not fit the engine's pooling allocator: a fact
+/// about the host's limits, not a fault of the component or of its compiled form.
+pub(crate) fn is_pool_limit(err: &wasmtime::Error) -> bool {
+    pool_limit(err, &Limits::default()).is_some()
+}
+
 /// Calls of one function deep enough on the stack at an out-of-bounds access to call it a
 /// stack overflow: a recursion ran the guest's own stack (kept in linear memory, growing
 /// down from its start) past zero.

@@ -200,6 +200,42 @@ async fn loaded_plugins_report_version_imports_and_tools() {
 }
 
 #[tokio::test]
+async fn a_limit_a_cached_component_does_not_fit_refuses_it_and_keeps_the_artifact() {
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cache = || capstan_host::plugin::ArtifactCache::new(cache_dir.path());
+    let file = component("plugins", "files");
+    let host = PluginHost::new(Limits::default(), cache()).unwrap();
+    assert_eq!(
+        host.load(&file).await.unwrap().cache_outcome(),
+        CacheOutcome::Compiled
+    );
+    let artifacts = || walk(cache_dir.path()).len();
+    let stored = artifacts();
+
+    // Its memory starts above one MiB: a host limited to that refuses it, naming the limit,
+    // and leaves the sound artifact where it is.
+    let small = Limits {
+        memory_bytes: 1 << 20,
+        ..Limits::default()
+    };
+    let err = PluginHost::new(small, cache())
+        .unwrap()
+        .load(&file)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LoadError::OverLimit { .. }), "{err}");
+    assert!(err.to_string().contains("limits.tool_memory_mib"), "{err}");
+    assert_eq!(artifacts(), stored, "the artifact is kept");
+
+    let again = PluginHost::new(Limits::default(), cache()).unwrap();
+    assert_eq!(
+        again.load(&file).await.unwrap().cache_outcome(),
+        CacheOutcome::Hit,
+        "and used when the limit is raised"
+    );
+}
+
+#[tokio::test]
 async fn the_artifact_cache_skips_compilation_and_survives_corruption() {
     let cache_dir = tempfile::tempdir().unwrap();
     let cache = || capstan_host::plugin::ArtifactCache::new(cache_dir.path());
