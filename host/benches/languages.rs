@@ -1,0 +1,183 @@
+//! What a plugin costs by the language it is written in: the `capstan plugins new` template
+//! (a word count of a workspace file, `fs.read`) in Rust, Python (componentize-py) and
+//! JavaScript (ComponentizeJS), each loaded by the same host.
+//!
+//! Needs the three built by `bash scripts/bench-languages`, which then runs this bench
+//! (`target/lang-plugins/{rswords,pywords,jswords}.wasm`, or the directory in
+//! `CAPSTAN_LANG_PLUGINS`).
+//!
+//! - Before criterion: each component's size, core modules, core instances, linear
+//!   memories and initial memory (read from its bytes), a cold compile (median of three),
+//!   and the smallest `limits.tool_memory_mib` its call runs under.
+//! - `languages/load_cached/LANG`: a load from the warm artifact cache (read, check the
+//!   seal, deserialize, link, `describe()`).
+//! - `languages/call/LANG`: `Registry::call` of the word count on a 1 KiB file: a fresh
+//!   instance per call, as every call.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use capstan_host::plugin::{ArtifactCache, CallRequest, Limits, PluginHost, Registry};
+use capstan_host::policy::Grants;
+use criterion::Criterion;
+use tokio::runtime::Runtime;
+
+const LANGUAGES: &[(&str, &str)] = &[
+    ("rust", "rswords"),
+    ("python", "pywords"),
+    ("js", "jswords"),
+];
+
+/// What a component's bytes say about its shape.
+struct Shape {
+    bytes: usize,
+    core_modules: usize,
+    core_instances: usize,
+    memories: usize,
+    initial_memory: u64,
+}
+
+fn shape(bytes: &[u8]) -> Shape {
+    let mut shape = Shape {
+        bytes: bytes.len(),
+        core_modules: 0,
+        core_instances: 0,
+        memories: 0,
+        initial_memory: 0,
+    };
+    for payload in wasmparser::Parser::new(0).parse_all(bytes) {
+        match payload.expect("a valid component") {
+            wasmparser::Payload::ModuleSection { .. } => shape.core_modules += 1,
+            wasmparser::Payload::InstanceSection(reader) => {
+                for instance in reader {
+                    if let wasmparser::Instance::Instantiate { .. } = instance.unwrap() {
+                        shape.core_instances += 1;
+                    }
+                }
+            }
+            wasmparser::Payload::MemorySection(reader) => {
+                for memory in reader {
+                    shape.memories += 1;
+                    shape.initial_memory += memory.unwrap().initial * 65536;
+                }
+            }
+            _ => {}
+        }
+    }
+    shape
+}
+
+fn plugins_dir() -> PathBuf {
+    std::env::var_os("CAPSTAN_LANG_PLUGINS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/lang-plugins"))
+}
+
+/// A registry with the one plugin at `file`, on a host with `limits` and `cache`.
+fn registry(rt: &Runtime, file: &Path, limits: Limits, cache: ArtifactCache) -> Registry {
+    let host = Arc::new(PluginHost::new(limits, cache).unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(file, dir.path().join(file.file_name().unwrap())).unwrap();
+    let registry = rt.block_on(Registry::load_dir(host, dir.path())).unwrap();
+    assert!(registry.refused().is_empty(), "{:?}", registry.refused());
+    registry
+}
+
+fn call(rt: &Runtime, registry: &Registry, tool: &str, workspace: &Path) -> Result<String, String> {
+    let grants: Grants = "fs.read".parse().unwrap();
+    rt.block_on(registry.call(CallRequest {
+        tool,
+        args_json: r#"{"path": "notes.txt", "top": 3}"#,
+        grants: &grants,
+        workspace: Some(workspace),
+        caller: "bench",
+    }))
+    .map_err(|err| err.to_string())
+}
+
+/// The smallest memory limit, in MiB, under which the tool's call succeeds.
+fn least_memory(rt: &Runtime, file: &Path, tool: &str, workspace: &Path, cache: &Path) -> u64 {
+    let works = |mib: u64| {
+        let limits = Limits {
+            memory_bytes: (mib << 20) as usize,
+            ..Limits::default()
+        };
+        let host = Arc::new(PluginHost::new(limits, ArtifactCache::new(cache)).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(file, dir.path().join(file.file_name().unwrap())).unwrap();
+        let registry = rt.block_on(Registry::load_dir(host, dir.path())).unwrap();
+        registry.refused().is_empty() && call(rt, &registry, tool, workspace).is_ok()
+    };
+    let (mut low, mut high) = (1, 64);
+    assert!(works(high), "{tool} does not run under 64 MiB");
+    while low < high {
+        let mid = (low + high) / 2;
+        if works(mid) { high = mid } else { low = mid + 1 }
+    }
+    high
+}
+
+fn main() {
+    let dir = plugins_dir();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let workspace = tempfile::tempdir().unwrap();
+    let text = "the quick brown fox jumps over the lazy dog\n".repeat(24);
+    std::fs::write(workspace.path().join("notes.txt"), text).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+
+    let mut loaded = Vec::new();
+    println!(
+        "{:<7} {:>9} {:>7} {:>9} {:>8} {:>10} {:>11} {:>10}",
+        "lang", "size MiB", "modules", "instances", "memories", "start MiB", "compile s", "least MiB"
+    );
+    for (lang, tool) in LANGUAGES {
+        let file = dir.join(format!("{tool}.wasm"));
+        let bytes = std::fs::read(&file).unwrap_or_else(|err| {
+            panic!("{}: {err}; build it with `bash scripts/bench-languages`", file.display())
+        });
+        let shape = shape(&bytes);
+        let cold = PluginHost::new(Limits::default(), ArtifactCache::disabled()).unwrap();
+        let mut compiles: Vec<Duration> = (0..3)
+            .map(|_| {
+                let started = Instant::now();
+                rt.block_on(cold.load(&file)).unwrap();
+                started.elapsed()
+            })
+            .collect();
+        compiles.sort();
+        // Warm the cache the criterion runs load from.
+        let warm = registry(&rt, &file, Limits::default(), ArtifactCache::new(cache.path()));
+        call(&rt, &warm, tool, workspace.path()).expect("the template's tool runs");
+        let least = least_memory(&rt, &file, tool, workspace.path(), cache.path());
+        println!(
+            "{:<7} {:>9.1} {:>7} {:>9} {:>8} {:>10.1} {:>11.2} {:>10}",
+            lang,
+            shape.bytes as f64 / (1 << 20) as f64,
+            shape.core_modules,
+            shape.core_instances,
+            shape.memories,
+            shape.initial_memory as f64 / (1 << 20) as f64,
+            compiles[1].as_secs_f64(),
+            least
+        );
+        loaded.push((lang, tool, file, warm));
+    }
+
+    let mut criterion = Criterion::default()
+        .configure_from_args()
+        .measurement_time(Duration::from_secs(5));
+    let cached = PluginHost::new(Limits::default(), ArtifactCache::new(cache.path())).unwrap();
+    for (lang, tool, file, warm) in &loaded {
+        criterion.bench_function(&format!("languages/load_cached/{lang}"), |b| {
+            b.iter(|| rt.block_on(cached.load(file)).unwrap())
+        });
+        criterion.bench_function(&format!("languages/call/{lang}"), |b| {
+            b.iter(|| call(&rt, warm, tool, workspace.path()).unwrap())
+        });
+    }
+    criterion.final_summary();
+}
