@@ -7,7 +7,8 @@
 //! `CAPSTAN_LANG_PLUGINS`).
 //!
 //! - Before criterion: each component's size, core modules, core instances, linear
-//!   memories and initial memory (read from its bytes), a cold compile (median of three),
+//!   memories and initial memory (read from its bytes, and how long reading them all
+//!   takes), a cold compile (median of three),
 //!   and the smallest `limits.tool_memory_mib` its call runs under.
 //! - `languages/load_cached/LANG`: a load from the warm artifact cache (read, check the
 //!   seal, deserialize, link, `describe()`).
@@ -113,7 +114,11 @@ fn least_memory(rt: &Runtime, file: &Path, tool: &str, workspace: &Path, cache: 
     assert!(works(high), "{tool} does not run under 64 MiB");
     while low < high {
         let mid = (low + high) / 2;
-        if works(mid) { high = mid } else { low = mid + 1 }
+        if works(mid) {
+            high = mid
+        } else {
+            low = mid + 1
+        }
     }
     high
 }
@@ -131,15 +136,30 @@ fn main() {
 
     let mut loaded = Vec::new();
     println!(
-        "{:<7} {:>9} {:>7} {:>9} {:>8} {:>10} {:>11} {:>10}",
-        "lang", "size MiB", "modules", "instances", "memories", "start MiB", "compile s", "least MiB"
+        "{:<7} {:>9} {:>7} {:>9} {:>8} {:>10} {:>8} {:>11} {:>10}",
+        "lang",
+        "size MiB",
+        "modules",
+        "instances",
+        "memories",
+        "start MiB",
+        "scan ms",
+        "compile s",
+        "least MiB"
     );
     for (lang, tool) in LANGUAGES {
         let file = dir.join(format!("{tool}.wasm"));
         let bytes = std::fs::read(&file).unwrap_or_else(|err| {
-            panic!("{}: {err}; build it with `bash scripts/bench-languages`", file.display())
+            panic!(
+                "{}: {err}; build it with `bash scripts/bench-languages`",
+                file.display()
+            )
         });
+        // A whole parse of its bytes: more than the load's check of imports and exports
+        // reads, so an upper bound of what that check costs.
+        let started = Instant::now();
         let shape = shape(&bytes);
+        let scan = started.elapsed();
         let cold = PluginHost::new(Limits::default(), ArtifactCache::disabled()).unwrap();
         let mut compiles: Vec<Duration> = (0..3)
             .map(|_| {
@@ -150,17 +170,23 @@ fn main() {
             .collect();
         compiles.sort();
         // Warm the cache the criterion runs load from.
-        let warm = registry(&rt, &file, Limits::default(), ArtifactCache::new(cache.path()));
+        let warm = registry(
+            &rt,
+            &file,
+            Limits::default(),
+            ArtifactCache::new(cache.path()),
+        );
         call(&rt, &warm, tool, workspace.path()).expect("the template's tool runs");
         let least = least_memory(&rt, &file, tool, workspace.path(), cache.path());
         println!(
-            "{:<7} {:>9.1} {:>7} {:>9} {:>8} {:>10.1} {:>11.2} {:>10}",
+            "{:<7} {:>9.1} {:>7} {:>9} {:>8} {:>10.1} {:>8.1} {:>11.2} {:>10}",
             lang,
             shape.bytes as f64 / (1 << 20) as f64,
             shape.core_modules,
             shape.core_instances,
             shape.memories,
             shape.initial_memory as f64 / (1 << 20) as f64,
+            scan.as_secs_f64() * 1e3,
             compiles[1].as_secs_f64(),
             least
         );

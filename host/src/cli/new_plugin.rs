@@ -173,12 +173,7 @@ impl NewCommand {
 }
 
 fn check_name(name: &str) -> anyhow::Result<()> {
-    let valid = (1..=MAX_NAME).contains(&name.len())
-        && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if !valid {
+    if !crate::text::is_plain_name(name, MAX_NAME) {
         bail!(
             "`{}` cannot name a plugin: it is also its first tool's name, so a lowercase \
              letter, then lowercase letters, digits and `_`, at most {MAX_NAME} (e.g. `{}`)",

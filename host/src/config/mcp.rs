@@ -221,11 +221,7 @@ fn check_url(
 
 /// Whether `name` may name an MCP server.
 fn is_server_name(name: &str) -> bool {
-    (1..=MAX_MCP_SERVER_NAME).contains(&name.len())
-        && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    crate::text::is_plain_name(name, MAX_MCP_SERVER_NAME)
 }
 
 #[cfg(test)]

@@ -220,12 +220,7 @@ pub fn check_describe_output(
 }
 
 fn valid_tool_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_TOOL_NAME
-        && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    crate::text::is_plain_name(name, MAX_TOOL_NAME)
 }
 
 #[cfg(test)]

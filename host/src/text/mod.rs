@@ -105,3 +105,24 @@ pub fn echo_name(name: &str, max: usize) -> String {
         format!("{shown}…({} bytes)", name.len())
     }
 }
+
+/// Whether `name` is a plain identifier of at most `max` bytes: a lowercase ASCII letter,
+/// then lowercase letters, digits and `_`. Tool names, MCP server names and plugin names
+/// follow this rule, so they read the same in a config, a schema and a shell.
+///
+/// ```
+/// use capstan_host::text::is_plain_name;
+///
+/// assert!(is_plain_name("file_read", 64));
+/// assert!(!is_plain_name("File-Read", 64));
+/// assert!(!is_plain_name("9lives", 64));
+/// assert!(!is_plain_name("", 64));
+/// assert!(!is_plain_name("abc", 2));
+/// ```
+pub fn is_plain_name(name: &str, max: usize) -> bool {
+    (1..=max).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
