@@ -21,7 +21,8 @@
 // - `args` describes the arguments (JSON Schema properties); every one is required unless
 //   `optional: true`. They are checked before the function runs: an unknown key, a missing
 //   one or a wrong type is an `invalid-args` error naming the key.
-// - A string result is returned as it is; anything else as JSON.
+// - A string result is returned as it is; anything else as JSON (nothing as `null`). A tool
+//   may be async: its promise's value is the result.
 // - `throw ToolError.denied(...)` and its siblings end a call with that kind of error. Any
 //   other exception is `failed` with its message: a plugin never traps on an exception.
 // - The workspace is the directory the call is granted (`fs.read`, `fs.write`):
@@ -37,9 +38,9 @@ const KINDS = ['invalid-args', 'denied', 'not-found', 'failed'];
 export class ToolError extends Error {
   constructor(kind, message) {
     if (!KINDS.includes(kind)) throw new TypeError(`unknown tool error kind ${kind}; one of ${KINDS.join(', ')}`);
-    super(message);
+    super(String(message));
     this.kind = kind;
-    this.payload = { tag: kind, val: message };
+    this.payload = { tag: kind, val: String(message) };
   }
   static invalidArgs(message) { return new ToolError('invalid-args', message); }
   static denied(message) { return new ToolError('denied', message); }
@@ -170,6 +171,7 @@ export class Toolbox {
     }));
   }
 
+  /** Runs a tool: a string, or a promise of one when the tool is async. */
   call(name, argsJson, context) {
     try {
       const tool = this.tools.get(name);
@@ -178,15 +180,15 @@ export class Toolbox {
       try {
         args = JSON.parse(argsJson);
       } catch (err) {
-        throw ToolError.invalidArgs(`the arguments are not JSON: ${err.message}`);
+        throw ToolError.invalidArgs(`the arguments are not JSON: ${describe(err)}`);
       }
       if (!TYPES.object(args)) throw ToolError.invalidArgs('the arguments must be a JSON object');
       check(tool.schema, args);
       const result = tool.run(args, context);
-      return typeof result === 'string' ? result : JSON.stringify(result);
+      if (result && typeof result.then === 'function') return result.then(text, (err) => { throw asToolError(err); });
+      return text(result);
     } catch (err) {
-      if (err instanceof ToolError) throw err;
-      throw ToolError.failed(`${err && err.name ? err.name : 'Error'}: ${err && err.message ? err.message : String(err)}`);
+      throw asToolError(err);
     }
   }
 
@@ -199,15 +201,42 @@ export class Toolbox {
   }
 }
 
+/** A tool's result as the text the host gets: a string as it is, anything else as JSON
+ * (nothing, as `null`). */
+function text(result) {
+  if (typeof result === 'string') return result;
+  if (result === undefined) return 'null';
+  const json = JSON.stringify(result);
+  if (json === undefined) throw ToolError.failed(`the tool's result is not JSON: a ${typeof result}`);
+  return json;
+}
+
+function describe(err) {
+  if (err && err.message) return String(err.message);
+  try {
+    return String(err);
+  } catch {
+    return 'an error that cannot be shown';
+  }
+}
+
+/** Any thrown value as a ToolError: never a trap. */
+function asToolError(err) {
+  if (err instanceof ToolError) return err;
+  return ToolError.failed(`${err && err.name ? err.name : 'Error'}: ${describe(err)}`);
+}
+
+const own = (object, key) => Object.prototype.hasOwnProperty.call(object, key);
+
 function check(schema, args) {
   for (const key of Object.keys(args)) {
-    if (!(key in schema.properties)) {
+    if (!own(schema.properties, key)) {
       const known = Object.keys(schema.properties).map((k) => `\`${k}\``).join(', ') || 'none';
       throw ToolError.invalidArgs(`unknown argument \`${key}\` (arguments: ${known})`);
     }
   }
   for (const key of schema.required ?? []) {
-    if (!(key in args)) throw ToolError.invalidArgs(`missing argument \`${key}\``);
+    if (!own(args, key)) throw ToolError.invalidArgs(`missing argument \`${key}\``);
   }
   for (const [key, value] of Object.entries(args)) {
     const type = schema.properties[key].type;

@@ -27,9 +27,11 @@ Built against the `plugin-wasi` world of Capstan's WIT:
   optional). The docstring's first paragraph is the description the model reads; its
   `Args:` lines describe the parameters. A parameter named `ctx` receives the call's
   context (caller, call id, capabilities) and is not an argument.
-- Arguments are checked against that schema before the function runs: an unknown key, a
-  missing one or a wrong type is an `invalid-args` error naming the key.
-- A `str` result is returned as it is; anything else as JSON.
+- Arguments are checked against that schema (or the one given as `schema=`) before the
+  function runs: an unknown key, a missing one or a wrong type is an `invalid-args` error
+  naming the key; arguments nested deeper than 64 levels are refused unparsed.
+- A `str` result is returned as it is; anything else as JSON (None as `null`; NaN and
+  other values JSON cannot hold are a `failed` error).
 - `ToolError.denied(...)` and its siblings end a call with that kind of error. Python's own
   errors map too: `FileNotFoundError` is `not-found`, `PermissionError` is `denied` (a
   write under a read-only grant), anything else is `failed` with its type and message; a
@@ -73,6 +75,7 @@ class ToolError(Exception):
     def __init__(self, kind: str, message: str):
         if kind not in _KINDS:
             raise ValueError(f"unknown tool error kind {kind!r}; one of {', '.join(_KINDS)}")
+        message = _text(message)
         super().__init__(message)
         self.kind = kind
         self.message = message
@@ -101,6 +104,42 @@ def log(level: str, message: str) -> None:
 
 
 _SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+# Arguments nested deeper than this are refused before they are parsed: CPython's parser
+# recurses, and the sandbox's stack is small.
+MAX_ARGS_DEPTH = 64
+
+
+def _text(value) -> str:
+    """`value` as text the host can take: any object's `str`, never failing, and lone
+    surrogates (which JSON escapes may carry) written as escapes rather than refused."""
+    try:
+        text = value if isinstance(value, str) else str(value)
+    except BaseException:  # a __str__ that raises
+        text = f"<{type(value).__name__} that cannot be shown>"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _depth(text: str) -> int:
+    """How deep the arrays and objects of a JSON text nest."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
 
 
 def _schema_of(annotation) -> tuple[dict, bool]:
@@ -139,6 +178,8 @@ def _param_docs(doc: str) -> dict[str, str]:
 
 
 def _matches(value, schema: dict) -> bool:
+    if not isinstance(schema, dict):
+        return True
     kind = schema.get("type")
     if "anyOf" in schema:
         return any(_matches(value, option) for option in schema["anyOf"])
@@ -169,11 +210,13 @@ class _Tool:
         self.description = description or doc.split("\n\n")[0].replace("\n", " ").strip()
         if not self.description:
             raise ValueError(f"capstan_sdk: tool `{name}` needs a description (a docstring)")
+        # Parameters that may be left out or null: they are passed as None when missing.
+        self.nullable: set[str] = set()
         if schema is not None:
-            self.schema, self.params = schema, None
+            self.schema = schema
             return
         docs = _param_docs(doc)
-        properties, required, self.params = {}, [], {}
+        properties, required = {}, []
         for param in signature.parameters.values():
             if param.name == "ctx":
                 continue
@@ -183,7 +226,8 @@ class _Tool:
             if param.name in docs:
                 prop = {**prop, "description": docs[param.name]}
             properties[param.name] = prop
-            self.params[param.name] = (prop, nullable)
+            if nullable:
+                self.nullable.add(param.name)
             if param.default is param.empty and not nullable:
                 required.append(param.name)
         self.schema = {"type": "object", "properties": properties, "additionalProperties": False}
@@ -191,22 +235,29 @@ class _Tool:
             self.schema["required"] = required
 
     def check(self, args: dict) -> None:
-        if self.params is None:
-            return
-        for key in args:
-            if key not in self.params:
-                known = ", ".join(f"`{name}`" for name in self.params) or "none"
-                raise ToolError.invalid_args(f"unknown argument `{key}` (arguments: {known})")
+        """Checks `args` against the schema's top level: unknown keys (unless the schema
+        admits more), missing required ones, and each value's type. Integers written as
+        `5.0` are taken as `5`."""
+        properties = self.schema.get("properties", {})
+        if self.schema.get("additionalProperties") is False:
+            for key in args:
+                if key not in properties:
+                    known = ", ".join(f"`{name}`" for name in properties) or "none"
+                    raise ToolError.invalid_args(f"unknown argument `{key}` (arguments: {known})")
         for key in self.schema.get("required", []):
             if key not in args:
                 raise ToolError.invalid_args(f"missing argument `{key}`")
-        for key, value in args.items():
-            prop, nullable = self.params[key]
-            if value is None and nullable:
+        for key, value in list(args.items()):
+            prop = properties.get(key)
+            if prop is None or (value is None and key in self.nullable):
                 continue
+            if isinstance(prop, dict) and prop.get("type") == "integer" and isinstance(value, float) and value.is_integer():
+                args[key] = value = int(value)
             if not _matches(value, prop):
                 expected = prop.get("type", "a value of the schema")
                 raise ToolError.invalid_args(f"argument `{key}` must be {expected}, not {json.dumps(value)[:80]}")
+        for key in self.nullable:
+            args.setdefault(key, None)
 
 
 class Toolbox:
@@ -239,22 +290,24 @@ class Toolbox:
 
     def call(self, name: str, args_json: str, context: CallContext) -> str:
         try:
-            return self._run(name, args_json, context)
+            return _text(self._run(name, args_json, context))
         except ToolError as err:
-            raise Err(_KINDS[err.kind](err.message))
+            raise Err(_KINDS[err.kind](_text(err.message)))
         except FileNotFoundError as err:
-            raise Err(ToolError_NotFound(_os_message(err)))
+            raise Err(ToolError_NotFound(_text(_os_message(err))))
         except PermissionError as err:
-            raise Err(ToolError_Denied(_os_message(err)))
+            raise Err(ToolError_Denied(_text(_os_message(err))))
         except Err:
             raise
-        except Exception as err:  # a plugin never traps on an exception
-            raise Err(ToolError_Failed(f"{type(err).__name__}: {err}"))
+        except BaseException as err:  # never a trap: SystemExit and KeyboardInterrupt too
+            raise Err(ToolError_Failed(f"{type(err).__name__}: {_text(err)}"))
 
     def _run(self, name: str, args_json: str, context: CallContext) -> str:
         tool = self._tools.get(name)
         if tool is None:
             raise ToolError.not_found(f"no tool `{name}` in this plugin")
+        if args_json.count("[") + args_json.count("{") > MAX_ARGS_DEPTH and _depth(args_json) > MAX_ARGS_DEPTH:
+            raise ToolError.invalid_args(f"the arguments nest deeper than {MAX_ARGS_DEPTH} levels")
         try:
             args = json.loads(args_json)
         except ValueError as err:
@@ -265,7 +318,12 @@ class Toolbox:
         if tool.takes_ctx:
             args["ctx"] = context
         result = tool.function(**args)
-        return result if isinstance(result, str) else json.dumps(result)
+        if isinstance(result, str):
+            return result
+        try:
+            return json.dumps(result, allow_nan=False)
+        except (TypeError, ValueError) as err:
+            raise ToolError.failed(f"the tool's result is not JSON: {err}")
 
     def export(self):
         """The class componentize-py exports as `capstan:plugin/tool`: assign it to `Tool`

@@ -7,6 +7,7 @@ that outlives the servers' crashes."""
 
 import asyncio
 import contextlib
+import json
 import os
 import pathlib
 import socket
@@ -22,10 +23,12 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from conftest import BINARY, PLUGINS, ROOT
 
-SERVER = pathlib.Path(__file__).resolve().parent / "servers" / "notes.py"
+SERVERS = pathlib.Path(__file__).resolve().parent / "servers"
+SERVER = SERVERS / "notes.py"
 DEADLINE_SECS = 8
 
-TOOLS = {"search", "environment", "authorization", "process", "crash", "hang"}
+TOOLS = {"search", "environment", "authorization", "token", "process", "slow_next_start", "crash", "hang"}
+TOKEN = "notes-token-0123456789abcdef"
 # The key the host sends the HTTP server; the server checks it, nothing else may hold it.
 KEY = "notes-key-0123456789abcdef"
 
@@ -89,7 +92,10 @@ reply = "A branch may not search the notes."
 """
 
 
-def config(port):
+def config(port, base):
+    # Every string as JSON, which TOML reads as a basic string.
+    q = json.dumps
+    python, server, log = q(str(sys.executable)), q(str(SERVER)), q(str(base / "starts.log"))
     return f"""
 [agent]
 workspace = "workspace"
@@ -101,9 +107,12 @@ script = "script.toml"
 [limits]
 tool_deadline_secs = {DEADLINE_SECS}
 
+[secrets.NOTES_TOKEN]
+env = "NOTES_TOKEN"
+
 [mcp.notes]
-command = [{str(sys.executable)!r}, {str(SERVER)!r}]
-env = {{ NOTES_GREETING = "hello" }}
+command = [{python}, {server}]
+env = {{ NOTES_GREETING = "hello", NOTES_START_LOG = {log} }}
 
 [secrets.NOTES_KEY]
 env = "NOTES_KEY"
@@ -114,13 +123,30 @@ header = "Authorization: Bearer {{NOTES_KEY}}"
 url = "http://127.0.0.1:{port}/mcp"
 secrets = ["NOTES_KEY"]
 
-[profiles.worker]
-tools = ["file_read", "set_status", "notes.*", "remote.*"]
-capabilities = ["fs.read"]
+# Through a shell that stays as its parent, as `npx` or a wrapper script would.
+[mcp.wrapped]
+command = ["/bin/sh", "-c", {q(f"{sys.executable} {SERVER}; echo done")}]
+env = {{ NOTES_NAME = "wrapped", NOTES_START_LOG = {log}, NOTES_SLOW_MARKER = {q(str(base / "slow"))} }}
+secrets = ["NOTES_TOKEN"]
 
 [mcp.broken]
 command = ["/nonexistent/mcp-server"]
-""".replace("'", '"')
+
+[mcp.dies]
+command = [{python}, "-c", {q("import sys; sys.stderr.write('FATAL: NOTES_TOKEN is not set'); sys.exit(1)")}]
+
+[mcp.endless]
+command = [{python}, {q(str(SERVERS / "endless.py"))}]
+
+# Named by no profile: never started.
+[mcp.idle]
+command = [{python}, {server}]
+env = {{ NOTES_NAME = "idle", NOTES_START_LOG = {log} }}
+
+[profiles.worker]
+tools = ["file_read", "set_status", "notes.*", "remote.*", "wrapped.*", "broken.*", "dies.*", "endless.*"]
+capabilities = ["fs.read"]
+"""
 
 
 def free_port():
@@ -168,7 +194,7 @@ def home(remote):
         base = pathlib.Path(name)
         (base / "workspace").mkdir()
         (base / "workspace" / "notes.txt").write_text("a note\n")
-        (base / "capstan.toml").write_text(config(remote.port))
+        (base / "capstan.toml").write_text(config(remote.port, base))
         (base / "script.toml").write_text(SCRIPT)
         yield base
 
@@ -183,6 +209,7 @@ def env(home):
         # In the host's environment only: the stdio server must never see it.
         "HOST_ONLY_SECRET": "s3cr3t-of-the-host",
         "NOTES_KEY": KEY,
+        "NOTES_TOKEN": TOKEN,
     }
 
 
@@ -207,14 +234,25 @@ def test_the_server_s_tools_are_namespaced_and_granted_per_profile(home):
     assert policy.returncode == 0, policy.stderr
     rows = {line.split()[0]: line for line in policy.stdout.splitlines()
             if line.startswith(("notes.", "remote."))}
-    assert set(rows) == {f"{server}.{tool}" for server in ("notes", "remote") for tool in TOOLS}
+    assert set(rows) == {f"notes.{tool}" for tool in TOOLS}
     # Worker on; branch and the cortex (whose `*` has no dot) off.
     for row in rows.values():
         assert row.split().count("on") == 1, row
-    # The server that cannot start is reported, and the others' tools are still there.
+    # A server that cannot start is reported, and the others' tools are still there.
     assert "[mcp.broken]" in policy.stderr and "/nonexistent/mcp-server" in policy.stderr
     assert "check mcp.broken.command" in policy.stderr
     assert policy.stderr.count("/nonexistent/mcp-server") == 1, policy.stderr
+    # `policy` reads no secret, so the server that needs one is not contacted without it.
+    assert "[mcp.remote] is not started by this command, which reads no secrets (it needs NOTES_KEY)" in policy.stderr
+    assert "[mcp.wrapped] is not started by this command, which reads no secrets (it needs NOTES_TOKEN)" in policy.stderr
+    assert "[mcp.notes] is not started" not in policy.stderr
+
+    async def listed():
+        async with worker_tools(home) as client:
+            return {tool.name for tool in (await client.list_tools()).tools}
+
+    names = asyncio.run(listed())
+    assert {f"remote.{tool}" for tool in TOOLS} <= names and "file_read" in names, names
 
     worker = capstan(home, "tool", "call", "notes.search", '{"query": "rust"}', "--as", "worker")
     assert worker.returncode == 0, worker.stderr
@@ -247,7 +285,11 @@ def test_the_server_gets_only_the_environment_its_config_lists(home):
     names = set(result.stdout.split())
     assert "NOTES_GREETING" in names
     # Python adds LC_CTYPE itself (PEP 538); nothing else of the host's reaches it.
-    assert names <= {"NOTES_GREETING", "LC_CTYPE"}, names
+    assert names <= {"NOTES_GREETING", "NOTES_START_LOG", "LC_CTYPE"}, names
+    # A secret a server names is its variable; the server's echo of it comes back redacted.
+    token = capstan(home, "tool", "call", "wrapped.token", "{}", "--as", "worker")
+    assert token.returncode == 0, token.stderr
+    assert token.stdout.strip() == "[redacted secret NOTES_TOKEN]"
 
 
 @contextlib.asynccontextmanager
@@ -350,3 +392,85 @@ def test_an_http_server_that_goes_away_is_reported_and_reached_again_when_back(h
     first, gone, back = asyncio.run(run())
     assert gone.is_error and "remote" in text(gone), text(gone)
     assert not back.is_error and text(back) != first, text(back)
+
+
+def starts(home):
+    log = home / "starts.log"
+    return log.read_text().split() [0::2] if log.exists() else []
+
+
+def test_a_command_starts_only_the_servers_it_needs(home):
+    before = starts(home)
+    read = capstan(home, "tool", "call", "file_read", '{"path": "notes.txt"}', "--grant", "fs.read",
+                   "--workspace", str(home / "workspace"))
+    assert read.returncode == 0, read.stderr
+    assert starts(home) == before, "a plugin tool's call started an MCP server"
+    one = capstan(home, "tool", "call", "notes.search", '{"query": "x"}', "--as", "worker")
+    assert one.returncode == 0, one.stderr
+    assert starts(home) == before + ["notes"], "only the called tool's server starts"
+    policy = capstan(home, "policy")
+    assert "[mcp.idle] is not started: no profile names its tools" in policy.stderr
+    assert "idle" not in starts(home)
+
+
+def test_a_server_that_fails_to_start_says_what_it_wrote_and_its_tools_say_why(home):
+    called = capstan(home, "tool", "call", "dies.anything", "{}", "--as", "worker")
+    assert called.returncode == 5, called.stderr
+    assert "no tool `dies.anything` is loaded: MCP server [mcp.dies]" in called.stderr, called.stderr
+    assert "it wrote: FATAL: NOTES_TOKEN is not set" in called.stderr, called.stderr
+
+
+def test_a_tool_list_without_end_and_a_tool_a_plugin_could_not_offer_are_bounded(home):
+    policy = capstan(home, "policy")
+    assert policy.returncode == 0, policy.stderr
+    rows = [line.split()[0] for line in policy.stdout.splitlines() if line.startswith("endless.")]
+    assert rows == [f"endless.t{n}" for n in range(16)], rows
+    assert "lists its tools in more than 16 pages" in policy.stderr, policy.stderr
+    assert "tool `endless.bad` is left out" in policy.stderr, policy.stderr
+
+    # The official client validates every schema it is given: one left out keeps it working.
+    async def listed():
+        async with worker_tools(home) as client:
+            return {tool.name for tool in (await client.list_tools()).tools}
+
+    names = asyncio.run(listed())
+    assert "endless.t0" in names and "endless.bad" not in names and "file_read" in names
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie has exited; only its parent has yet to reap it.
+    stat = pathlib.Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
+
+
+def test_a_hung_server_s_whole_process_group_goes_and_its_slow_restart_is_bounded_by_the_deadline(home):
+    async def run():
+        async with worker_tools(home) as client:
+            first = int(text(await client.call_tool("wrapped.process", {})))
+            await client.call_tool("wrapped.slow_next_start", {})
+            hung = await client.call_tool("wrapped.hang", {})
+            # The server ran under a shell: restarting kills the shell and its child.
+            for _ in range(600):
+                if not alive(first):
+                    break
+                await asyncio.sleep(0.1)
+            assert not alive(first), f"the server {first} outlived its restart"
+            # The restart takes 12 s, past the 8 s deadline: this call stops at the
+            # deadline and the start goes on for the calls after it.
+            starting = await client.call_tool("wrapped.search", {"query": "x"})
+            for _ in range(60):
+                back = await client.call_tool("wrapped.process", {})
+                if not back.is_error:
+                    break
+            return first, hung, starting, back
+
+    first, hung, starting, back = asyncio.run(run())
+    assert hung.is_error and "restarted for the next call" in text(hung), text(hung)
+    assert starting.is_error, text(starting)
+    assert f"did not answer within the {DEADLINE_SECS} s deadline" in text(starting), text(starting)
+    assert "still starting" in text(starting), text(starting)
+    assert not back.is_error and int(text(back)) != first, text(back)

@@ -150,7 +150,7 @@ impl AgentBuilder {
                 return Err(BuildError::Plugin { path, message });
             }
         }
-        crate::mcp::add_servers(&config, &mut registry).await;
+        crate::mcp::add_servers(&config, &mut registry, crate::mcp::Servers::Named).await;
         let provider = match self.provider {
             Some(provider) => provider,
             None => from_settings(&config, self.default_script)?,

@@ -44,7 +44,11 @@ impl McpCommand {
         // The audit rows go where the agent's do, so `capstan serve` and the API show them.
         let services = Store::open_services(&config.agent.data_dir).await?;
         let host = self.host.host(&config)?.with_services(services);
-        let registry = Arc::new(self.host.registry_on(&config, host).await?);
+        let registry = Arc::new(
+            self.host
+                .registry_on(&config, host, Some(crate::mcp::Servers::Named))
+                .await?,
+        );
         let server = ToolServer::new(registry, config.policy, self.profile, workspace);
         let tools = server.tools().len();
         eprintln!(

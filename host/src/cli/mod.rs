@@ -24,6 +24,7 @@ use capstan_caps::Capability;
 use crate::config::{
     Config, LocationKind, Locations, Override, ProviderSettings, WritableWorkspaces,
 };
+use crate::mcp::Servers;
 use crate::net::NetHost;
 use crate::plugin::{ArtifactCache, PluginHost, Registry};
 use crate::policy::{Grants, ProcessKind};
@@ -268,21 +269,29 @@ impl HostArgs {
         Ok(PluginHost::new(config.limits.tool.clone(), self.cache()?)?)
     }
 
-    pub(crate) async fn registry(&self, config: &Config) -> anyhow::Result<Registry> {
-        self.registry_on(config, self.host(config)?).await
+    pub(crate) async fn registry(
+        &self,
+        config: &Config,
+        servers: Option<Servers<'_>>,
+    ) -> anyhow::Result<Registry> {
+        self.registry_on(config, self.host(config)?, servers).await
     }
 
-    /// The registry of the configured plugins directory on `host`.
+    /// The registry of the configured plugins directory on `host`, with the tools of the
+    /// `[mcp.NAME]` servers `servers` selects (none for `None`).
     pub(crate) async fn registry_on(
         &self,
         config: &Config,
         host: PluginHost,
+        servers: Option<Servers<'_>>,
     ) -> anyhow::Result<Registry> {
         let dir = self.plugins_dir(config)?;
         let mut registry = Registry::load_dir_preferring(Arc::new(host), &dir, &config.prefer)
             .await
             .with_context(|| format!("loading plugins from {}", dir.display()))?;
-        crate::mcp::add_servers(config, &mut registry).await;
+        if let Some(servers) = servers {
+            crate::mcp::add_servers(config, &mut registry, servers).await;
+        }
         warn_refused(&registry);
         Ok(registry)
     }

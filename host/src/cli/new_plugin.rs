@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 
+use crate::plugin::contract::RESERVED_TOOL_NAMES;
+
 /// The longest plugin name: it is also the name of its first tool.
 const MAX_NAME: usize = 48;
 
@@ -156,15 +158,14 @@ impl NewCommand {
         };
         make_empty_dir(&dir)?;
         for (path, text) in files {
+            // The SDK's path goes into Cargo.toml as a TOML string, quotes and all.
+            let sdk = sdk.as_deref().map_or_else(String::new, |p| {
+                toml::Value::String(p.display().to_string()).to_string()
+            });
             let text = text
                 .replace("{{name}}", &self.name)
                 .replace("{{tool}}", &self.name)
-                .replace(
-                    "{{sdk}}",
-                    &sdk.as_deref()
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_default(),
-                );
+                .replace("{{sdk}}", &sdk);
             write_file(&dir, path, &text)?;
         }
         println!("{}", next_steps(self.lang, &self.name, &dir));
@@ -172,7 +173,76 @@ impl NewCommand {
     }
 }
 
+/// Names a plugin may not take: the host's own tools, and what Rust and Cargo keep (its
+/// crate is named after it).
+const RESERVED_NAMES: &[&str] = &[
+    "test",
+    "std",
+    "core",
+    "alloc",
+    "proc_macro",
+    "as",
+    "break",
+    "const",
+    "continue",
+    "crate",
+    "else",
+    "enum",
+    "extern",
+    "false",
+    "fn",
+    "for",
+    "if",
+    "impl",
+    "in",
+    "let",
+    "loop",
+    "match",
+    "mod",
+    "move",
+    "mut",
+    "pub",
+    "ref",
+    "return",
+    "self",
+    "static",
+    "struct",
+    "super",
+    "trait",
+    "true",
+    "type",
+    "unsafe",
+    "use",
+    "where",
+    "while",
+    "async",
+    "await",
+    "dyn",
+    "abstract",
+    "become",
+    "box",
+    "do",
+    "final",
+    "macro",
+    "override",
+    "priv",
+    "typeof",
+    "unsized",
+    "virtual",
+    "yield",
+    "try",
+    "gen",
+];
+
 fn check_name(name: &str) -> anyhow::Result<()> {
+    if RESERVED_TOOL_NAMES.contains(&name) {
+        bail!("`{name}` is the name of a host tool; a plugin's tools may not take it");
+    }
+    if RESERVED_NAMES.contains(&name) {
+        bail!(
+            "`{name}` is kept by Rust or Cargo, and the plugin's crate would be named after it; choose another, e.g. `{name}_tool`"
+        );
+    }
     if !crate::text::is_plain_name(name, MAX_NAME) {
         bail!(
             "`{}` cannot name a plugin: it is also its first tool's name, so a lowercase \
@@ -195,6 +265,9 @@ fn suggest(name: &str) -> String {
     if !out.starts_with(|c: char| c.is_ascii_lowercase()) {
         out.insert_str(0, "tool_");
         out.truncate(MAX_NAME);
+    }
+    if RESERVED_NAMES.contains(&out.as_str()) || RESERVED_TOOL_NAMES.contains(&out.as_str()) {
+        out.push_str("_tool");
     }
     out
 }
@@ -244,7 +317,15 @@ fn write_file(dir: &Path, path: &str, text: &str) -> anyhow::Result<()> {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
     }
-    std::fs::write(&target, text).with_context(|| format!("writing {}", target.display()))?;
+    // Created exclusively: a file (or a link) that appeared meanwhile is never written
+    // through.
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&target)
+        .with_context(|| format!("creating {}", target.display()))?;
+    std::io::Write::write_all(&mut file, text.as_bytes())
+        .with_context(|| format!("writing {}", target.display()))?;
     if EXECUTABLE.contains(&path) {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
@@ -297,7 +378,22 @@ mod tests {
     #[test]
     fn names_are_checked_and_a_valid_one_suggested() {
         assert!(check_name("word_stats").is_ok());
-        for bad in ["", "Word", "9lives", "has-dash", "a b", &"x".repeat(49)] {
+        for reserved in ["spawn_worker", "test", "fn", "match"] {
+            let err = check_name(reserved).unwrap_err().to_string();
+            assert!(
+                err.contains("host tool") || err.contains("kept by Rust"),
+                "{err}"
+            );
+        }
+        for bad in [
+            "",
+            "Word",
+            "Test",
+            "9lives",
+            "has-dash",
+            "a b",
+            &"x".repeat(49),
+        ] {
             let err = check_name(bad).unwrap_err().to_string();
             assert!(err.contains("cannot name a plugin"), "{err}");
             let suggested = suggest(bad);

@@ -35,7 +35,7 @@ impl PluginsCommand {
             PluginsCommand::List { host } => {
                 let config = host.config()?;
                 let registry = host
-                    .registry_on(&config, host.inspecting_host(&config)?)
+                    .registry_on(&config, host.inspecting_host(&config)?, None)
                     .await?;
                 let rows: Vec<Vec<String>> = registry
                     .plugins()

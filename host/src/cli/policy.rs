@@ -29,7 +29,11 @@ impl PolicyCommand {
         let config = self.host.config()?;
         let registry = self
             .host
-            .registry_on(&config, self.host.inspecting_host(&config)?)
+            .registry_on(
+                &config,
+                self.host.inspecting_host(&config)?,
+                Some(crate::mcp::Servers::Named),
+            )
             .await?;
         if let Some(why) = &self.why {
             let mut out = std::io::stdout().lock();

@@ -71,7 +71,9 @@ impl ToolCommand {
         };
         let locations = host.check_call_locations(&config, &workspace, &grants)?;
         let args_json = read_args(&args_json)?;
-        let registry = host.registry(&config).await?;
+        let registry = host
+            .registry(&config, Some(crate::mcp::Servers::OfTool(&name)))
+            .await?;
         // Recorded only for a tool that exists: an unknown name writes nothing.
         if registry.tool_info(&name).is_some() {
             super::record_if_writable(locations)?;

@@ -39,6 +39,9 @@ pub enum McpTransport {
         env: BTreeMap<String, String>,
         /// Where it runs [default: the config file's directory].
         cwd: Option<PathBuf>,
+        /// `[secrets.NAME]` passed as variables of the same name (and redacted from
+        /// whatever the server answers).
+        secrets: Vec<String>,
     },
     /// A server at a URL, reached over MCP's streamable HTTP transport through the host's
     /// egress: the address checks, limits, secret injection and audit of `wasi:http`.
@@ -123,12 +126,23 @@ impl RawMcpServer {
             }
             (Some(command), None) => command,
         };
-        if !self.secrets.is_empty() {
-            return Err(key_error(
-                &format!("{table}.secrets"),
-                "secrets go only to a server at a `url`; give a started server its \
-                 variables in `env`",
-            ));
+        for (i, secret) in self.secrets.iter().enumerate() {
+            if !secrets.iter().any(|spec| spec.name.as_str() == secret) {
+                return Err(key_error(
+                    &format!("{table}.secrets[{i}]"),
+                    format!(
+                        "no secret `{}`; declare it in [secrets.{}]",
+                        secret.escape_debug(),
+                        secret.escape_debug()
+                    ),
+                ));
+            }
+            if self.env.contains_key(secret) {
+                return Err(key_error(
+                    &format!("{table}.env.{secret}"),
+                    format!("`{secret}` is also in mcp.{name}.secrets; set it in one place"),
+                ));
+            }
         }
         if command.is_empty() || command[0].trim().is_empty() {
             return Err(key_error(
@@ -162,6 +176,7 @@ impl RawMcpServer {
                 args,
                 env: self.env,
                 cwd: self.cwd.map(resolve),
+                secrets: self.secrets,
             },
         })
     }
@@ -259,6 +274,7 @@ mod tests {
             args,
             env,
             cwd,
+            ..
         } = &specs[0].transport
         else {
             panic!("a stdio server: {specs:?}");
@@ -317,9 +333,13 @@ mod tests {
         let (key, message) = refused("[s]\nurl = \"https://x/\"\nenv = { A = \"1\" }\n");
         assert_eq!(key, "mcp.s");
         assert!(message.contains("takes `secrets`"), "{message}");
-        let (key, message) = refused("[s]\ncommand = [\"y\"]\nsecrets = [\"MCP_KEY\"]\n");
-        assert_eq!(key, "mcp.s.secrets");
-        assert!(message.contains("`env`"), "{message}");
+        let (key, message) = refused("[s]\ncommand = [\"y\"]\nsecrets = [\"NOPE\"]\n");
+        assert_eq!(key, "mcp.s.secrets[0]");
+        assert!(message.contains("[secrets.NOPE]"), "{message}");
+        let (key, message) =
+            refused("[s]\ncommand = [\"y\"]\nsecrets = [\"MCP_KEY\"]\nenv = { MCP_KEY = \"x\" }\n");
+        assert_eq!(key, "mcp.s.env.MCP_KEY");
+        assert!(message.contains("one place"), "{message}");
         let url = "[s]\nurl = \"https://mcp.example.com/mcp\"\n";
         let (key, message) = refused(&format!("{url}secrets = [\"NOPE\"]\n"));
         assert_eq!(key, "mcp.s.secrets[0]");

@@ -22,7 +22,9 @@ use rmcp::transport::streamable_http_client::{
 use sse_stream::{Error as SseError, Sse, SseStream};
 use wasmtime_wasi_http::WasiBody;
 
-use crate::net::CallNet;
+use crate::net::{CallNet, GrantSource, NetScope, rule_for};
+use crate::plugin::PluginHost;
+use capstan_caps::Capability;
 
 /// The session header of MCP's streamable HTTP transport.
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -224,4 +226,44 @@ impl StreamableHttpClient for EgressHttp {
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, Failure> {
         Err(StreamableHttpError::ServerDoesNotSupportSse)
     }
+}
+
+/// The network of an HTTP server's requests: the process `mcp:NAME`, its URL the one
+/// rule, the config's secrets for it, and `[net]`'s body caps and connect timeout (or
+/// `[net.tool.NAME]`'s). The tool deadline bounds its calls, so the time to an answer
+/// and for the whole of it are at least that deadline, and rmcp bounds the requests in
+/// flight, so no rate or in-flight limit of `[net]` applies.
+pub(super) fn server_net(
+    name: &str,
+    target: &capstan_caps::NetTarget,
+    secrets: &[String],
+    host: &PluginHost,
+) -> CallNet {
+    let rule = rule_for(target);
+    let declared = vec![Capability::Net(rule.clone())];
+    let scope = NetScope::new(
+        name,
+        &declared,
+        &declared,
+        [&rule],
+        GrantSource::McpServer {
+            name: name.to_owned(),
+        },
+    )
+    .expect("a server's URL is a net rule");
+    let network = host.network_handle();
+    let deadline = host.limits().deadline;
+    let mut limits = network.settings().for_tool(name).clone();
+    limits.first_byte_timeout = limits.first_byte_timeout.max(deadline);
+    limits.request_timeout = limits.request_timeout.max(deadline);
+    limits.max_concurrent_requests = u32::MAX;
+    limits.requests_per_minute = u32::MAX;
+    CallNet::with_limits(
+        network,
+        format!("mcp:{name}"),
+        scope,
+        secrets.to_vec(),
+        limits,
+        host.services().map(|services| services.audit.clone()),
+    )
 }

@@ -12,60 +12,121 @@
 
 mod client;
 mod http;
+mod remote_tool;
 mod server;
+mod stdio;
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use client::McpClient;
 pub use server::{Principal, ToolServer};
 
-use crate::config::Config;
+use crate::config::{Config, McpServerSpec, McpTransport};
 use crate::plugin::Registry;
 
 /// The least time a server is given to start: interpreters take a while to load.
 const MIN_START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Starts every `[mcp.NAME]` server of `config` and adds its tools to `registry`. What
-/// did not work is recorded in the registry ([`Registry::external_problems`]): a server
-/// that did not start offers no tools until the host starts again; a tool a model could
-/// not be given is left out.
-pub async fn add_servers(config: &Config, registry: &mut Registry) {
-    let base = config
-        .source
-        .as_deref()
-        .and_then(|path| path.parent())
-        .map(|dir| {
-            if dir.as_os_str().is_empty() {
-                std::path::Path::new(".")
-            } else {
-                dir
-            }
-        })
-        .unwrap_or(std::path::Path::new("."))
-        .to_owned();
+/// Which `[mcp.NAME]` servers a command starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Servers<'a> {
+    /// Every server some profile can be offered tools of (`NAME.*`, `*.search`): the
+    /// agent, `capstan serve`, `capstan mcp`, `capstan policy`. The others are reported
+    /// and not started.
+    Named,
+    /// Only the server of one tool (`NAME.tool`), as `capstan tool call` needs; none for
+    /// a tool without a `.`.
+    OfTool(&'a str),
+}
+
+/// Starts the `[mcp.NAME]` servers `which` selects, all at once, and adds their tools to
+/// `registry`. What did not work is recorded in the registry
+/// ([`Registry::external_problems`]): a server that did not start offers no tools until
+/// the host starts again, and a call of one of its tools says why; a tool a plugin could
+/// not offer is left out.
+pub async fn add_servers(config: &Config, registry: &mut Registry, which: Servers<'_>) {
+    let base = config_dir(config);
     let start_timeout = config.limits.tool.deadline.max(MIN_START_TIMEOUT);
+    let mut starting = Vec::new();
     for spec in &config.mcp {
+        let name = &spec.name;
+        match which {
+            Servers::OfTool(tool) if tool.split_once('.').map(|(ns, _)| ns) != Some(name) => {
+                continue;
+            }
+            Servers::Named if !config.policy.names_namespace(name) => {
+                registry.add_source_down(
+                    name,
+                    format!(
+                        "MCP server [mcp.{name}] is not started: no profile names its tools \
+                         (add \"{name}.*\" to a profile's tools)"
+                    ),
+                );
+                continue;
+            }
+            _ => {}
+        }
+        let missing: Vec<&str> = secrets_of(spec)
+            .iter()
+            .filter(|secret| registry.host().network().secrets().get(secret).is_none())
+            .map(String::as_str)
+            .collect();
+        if !missing.is_empty() {
+            registry.add_source_down(
+                name,
+                format!(
+                    "MCP server [mcp.{name}] is not started by this command, which reads no \
+                     secrets (it needs {}); `capstan serve`, `run` and `tool call` reach it",
+                    missing.join(", ")
+                ),
+            );
+            continue;
+        }
         let client = Arc::new(McpClient::new(
             spec.clone(),
             &base,
             start_timeout,
             registry.host(),
         ));
-        match client.list_tools().await {
+        starting.push(async move {
+            let listed = client.list_tools().await;
+            (client, listed)
+        });
+    }
+    for (client, listed) in futures_util::future::join_all(starting).await {
+        let name = client.server_name().to_owned();
+        match listed {
             Ok((tools, skipped)) => {
-                for name in registry.add_external(client.clone(), tools) {
+                for taken in registry.add_external(client, tools) {
                     registry.add_external_problem(format!(
-                        "tool `{name}` is left out: the name is taken"
+                        "tool `{taken}` is left out: the name is taken"
                     ));
                 }
                 for problem in skipped {
                     registry.add_external_problem(problem);
                 }
             }
-            Err(reason) => registry.add_external_problem(format!(
-                "{reason}; its tools are not offered until capstan starts again"
-            )),
+            Err(reason) => registry.add_source_down(
+                &name,
+                format!("{reason}; its tools are not offered until capstan starts again"),
+            ),
         }
+    }
+}
+
+/// The secrets a server's config names.
+fn secrets_of(spec: &McpServerSpec) -> &[String] {
+    match &spec.transport {
+        McpTransport::Stdio { secrets, .. } | McpTransport::Http { secrets, .. } => secrets,
+    }
+}
+
+/// The directory of the config file, where a stdio server runs unless its `cwd` says.
+fn config_dir(config: &Config) -> PathBuf {
+    match config.source.as_deref().and_then(Path::parent) {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
+        _ => PathBuf::from("."),
     }
 }

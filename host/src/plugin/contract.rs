@@ -25,48 +25,65 @@ pub const RESERVED_TOOL_NAMES: &[&str] = &[
     "set_status",
 ];
 
-/// Interfaces a plugin may import, as `namespace:package/interface` prefixes.
+/// Interfaces a plugin may import, each by its exact `namespace:package/interface` name.
 ///
-/// Everything else is refused at load: nothing that reaches a model or a conversation.
-/// `wasi:sockets` is accepted because standard runtimes (Python's, JavaScript's) import
-/// it, but every address is refused; `wasi:http` requests are refused unless the call
-/// holds a `net:` rule, and each is checked by the host.
+/// Everything else is refused at load, before the component is compiled: nothing that
+/// reaches a model or a conversation. `wasi:sockets` is accepted because standard runtimes
+/// (Python's, JavaScript's) import it, but every address is refused; `wasi:http` requests
+/// are refused unless the call holds a `net:` rule, and each is checked by the host.
 pub const ALLOWED_IMPORTS: &[&str] = &[
     "capstan:plugin/types",
     "capstan:plugin/log",
     "capstan:plugin/tasks",
     "capstan:plugin/memory",
     "capstan:plugin/secrets",
-    "wasi:sockets/",
-    "wasi:http/types",
-    "wasi:http/outgoing-handler",
-    "wasi:io/",
-    "wasi:clocks/",
-    "wasi:random/",
-    "wasi:filesystem/",
     "wasi:cli/environment",
     "wasi:cli/exit",
     "wasi:cli/stdin",
     "wasi:cli/stdout",
     "wasi:cli/stderr",
-    "wasi:cli/terminal-",
+    "wasi:cli/terminal-input",
+    "wasi:cli/terminal-output",
+    "wasi:cli/terminal-stdin",
+    "wasi:cli/terminal-stdout",
+    "wasi:cli/terminal-stderr",
+    "wasi:io/error",
+    "wasi:io/poll",
+    "wasi:io/streams",
+    "wasi:clocks/monotonic-clock",
+    "wasi:clocks/wall-clock",
+    "wasi:random/random",
+    "wasi:random/insecure",
+    "wasi:random/insecure-seed",
+    "wasi:filesystem/types",
+    "wasi:filesystem/preopens",
+    "wasi:sockets/network",
+    "wasi:sockets/instance-network",
+    "wasi:sockets/tcp",
+    "wasi:sockets/tcp-create-socket",
+    "wasi:sockets/udp",
+    "wasi:sockets/udp-create-socket",
+    "wasi:sockets/ip-name-lookup",
+    "wasi:http/types",
+    "wasi:http/outgoing-handler",
 ];
 
-/// Whether an import name such as `wasi:filesystem/types@0.2.6` is on [`ALLOWED_IMPORTS`].
+/// The WASI release line the host implements: a component's WASI imports must be of it.
+const WASI_LINE: &str = "0.2.";
+
+/// Whether an import name such as `wasi:filesystem/types@0.2.6` is on [`ALLOWED_IMPORTS`],
+/// at a version this host implements (`capstan:plugin` at a [supported
+/// version](version_supported), WASI 0.2).
 pub fn import_allowed(name: &str) -> bool {
     let (interface, version) = split_version(name);
-    let ours = interface.starts_with("capstan:plugin/");
-    // Our own interfaces must also come from a version we implement.
-    if ours && !version.is_some_and(version_supported) {
+    if !ALLOWED_IMPORTS.contains(&interface) {
         return false;
     }
-    ALLOWED_IMPORTS.iter().any(|allowed| {
-        if allowed.ends_with('/') || allowed.ends_with('-') {
-            interface.starts_with(allowed)
-        } else {
-            interface == *allowed
-        }
-    })
+    match version {
+        Some(version) if interface.starts_with("capstan:plugin/") => version_supported(version),
+        Some(version) => version.starts_with(WASI_LINE),
+        None => false,
+    }
 }
 
 /// Splits `ns:pkg/iface@1.2.3` into the interface and its version.
@@ -106,6 +123,23 @@ mod tests {
         assert!(!version_supported("0.3.0"));
         assert!(!version_supported("1.0.0"));
         assert!(!version_supported("0.2.2"), "newer than this host");
+    }
+
+    #[test]
+    fn imports_are_allowed_by_exact_interface_and_a_version_the_host_implements() {
+        assert!(import_allowed("wasi:filesystem/types@0.2.6"));
+        assert!(import_allowed("wasi:sockets/tcp@0.2.12"));
+        assert!(import_allowed("capstan:plugin/log@0.2.1"));
+        for refused in [
+            "wasi:sockets/made-up@0.2.12",
+            "wasi:filesystem/types@0.3.0",
+            "wasi:filesystem/types",
+            "wasi:cli/run@0.2.6",
+            "capstan:plugin/log@0.1.0",
+            "capstan:plugin/model@0.2.1",
+        ] {
+            assert!(!import_allowed(refused), "{refused}");
+        }
         assert!(!version_supported("not-a-version"));
     }
 

@@ -261,9 +261,19 @@ pub enum HostError {
     },
 }
 
-/// `a`, `b` and `c`, each in backquotes.
+/// The most names [`quoted`] lists before it counts the rest.
+const MAX_QUOTED: usize = 10;
+
+/// `a`, `b` and `c`, each in backquotes; past [`MAX_QUOTED`], the rest counted.
 fn quoted(names: &[String]) -> String {
-    let quoted: Vec<String> = names.iter().map(|name| format!("`{name}`")).collect();
+    let mut quoted: Vec<String> = names
+        .iter()
+        .take(MAX_QUOTED)
+        .map(|name| format!("`{}`", crate::text::echo_name(name, 96)))
+        .collect();
+    if names.len() > MAX_QUOTED {
+        quoted.push(format!("{} more", names.len() - MAX_QUOTED));
+    }
     match quoted.as_slice() {
         [] => String::new(),
         [one] => one.clone(),

@@ -32,17 +32,15 @@ pub trait ExternalTools: Send + Sync {
     /// The source's name: its tools are `NAME.tool`.
     fn name(&self) -> &str;
 
-    /// Makes the source ready for a call (starts a server that is down), before the
-    /// call's deadline starts: starting has its own bound.
-    async fn ready(&self) -> Result<(), ToolError> {
-        Ok(())
-    }
-
     /// Runs `tool` (the source's own name for it, without the namespace) with the
-    /// arguments, a JSON object. The registry stops waiting at the tool deadline.
+    /// arguments, a JSON object, starting the source first if it is down. The registry
+    /// stops waiting at the tool deadline.
     async fn call(&self, tool: &str, args_json: &str) -> Result<String, ToolError>;
 
-    /// Called when a call ran past the tool deadline and was abandoned: a source whose
-    /// calls are served one at a time may restart here so later calls are not stuck.
-    fn abandoned(&self, _tool: &str) {}
+    /// Called when a call ran past the tool deadline and was abandoned; says what became
+    /// of it, for the error the caller gets. A source whose calls are served one at a
+    /// time may restart here so later calls are not stuck.
+    fn abandoned(&self, _tool: &str) -> String {
+        "it was abandoned".to_owned()
+    }
 }

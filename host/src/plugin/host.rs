@@ -296,11 +296,14 @@ impl PluginHost {
         if let Some(call_net) = &call_net {
             call_net.flush().await;
         }
+        // An error's message is the guest's text as much as a result is: redacted and
+        // capped alike.
         let redactor = self.network.secrets().redactor();
+        let clean = |text: String| self.cap_output(redactor.redact_owned(text));
         match result {
-            Ok(Ok(output)) => Ok(self.cap_output(redactor.redact_owned(output))),
-            Ok(Err(err)) => Err(from_wit(err).map_message(|m| redactor.redact_owned(m))),
-            Err(err) => Err(err.map_message(|m| redactor.redact_owned(m))),
+            Ok(Ok(output)) => Ok(clean(output)),
+            Ok(Err(err)) => Err(from_wit(err).map_message(clean)),
+            Err(err) => Err(err.map_message(clean)),
         }
     }
 

@@ -46,7 +46,7 @@ pub(crate) struct Outline {
 pub(crate) fn outline(path: &Path, bytes: &[u8]) -> Result<Outline, LoadError> {
     let invalid = |err: wasmparser::BinaryReaderError| LoadError::Invalid {
         path: path.to_owned(),
-        reason: format!("not a valid component: {err}"),
+        reason: err.to_string(),
     };
     let mut outline = Outline {
         imports: Vec::new(),

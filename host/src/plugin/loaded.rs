@@ -138,35 +138,8 @@ impl ToolInfo {
             if tools.iter().any(|t| t.name == spec.name) {
                 return Err(bad("declared twice by this plugin".into()));
             }
-            if spec.description.len() > MAX_DESCRIPTION_BYTES {
-                return Err(bad(format!(
-                    "description is {} bytes, over the limit of {MAX_DESCRIPTION_BYTES}; \
-                     shorten it",
-                    spec.description.len()
-                )));
-            }
-            if let Some(c) = spec
-                .description
-                .chars()
-                .find(|&c| c.is_control() && c != '\n' && c != '\t')
-            {
-                return Err(bad(format!(
-                    "description contains the control character U+{:04X}; only text, \
-                     newlines and tabs are allowed",
-                    c as u32
-                )));
-            }
-            if spec.args_schema.len() > MAX_SCHEMA_BYTES {
-                return Err(bad(format!(
-                    "args-schema is {} bytes, over the limit of {MAX_SCHEMA_BYTES}; simplify \
-                     the arguments",
-                    spec.args_schema.len()
-                )));
-            }
-            let args_schema: serde_json::Value = serde_json::from_str(&spec.args_schema)
-                .map_err(|err| bad(format!("args-schema is not valid JSON: {err}")))?;
-            check_args_schema(&args_schema)
-                .map_err(|err| bad(format!("args-schema is not a valid JSON Schema: {err}")))?;
+            check_description(&spec.description).map_err(bad)?;
+            let args_schema = parse_args_schema(&spec.args_schema).map_err(bad)?;
             let capabilities = spec
                 .capabilities
                 .iter()
@@ -182,6 +155,45 @@ impl ToolInfo {
         }
         Ok(tools)
     }
+}
+
+/// Checks a tool's description as every prompt carries it: at most
+/// [`MAX_DESCRIPTION_BYTES`], text, newlines and tabs only.
+pub(crate) fn check_description(description: &str) -> Result<(), String> {
+    if description.len() > MAX_DESCRIPTION_BYTES {
+        return Err(format!(
+            "description is {} bytes, over the limit of {MAX_DESCRIPTION_BYTES}; shorten it",
+            description.len()
+        ));
+    }
+    if let Some(c) = description
+        .chars()
+        .find(|&c| c.is_control() && c != '\n' && c != '\t')
+    {
+        return Err(format!(
+            "description contains the control character U+{:04X}; only text, newlines and \
+             tabs are allowed",
+            c as u32
+        ));
+    }
+    Ok(())
+}
+
+/// Reads a tool's arguments schema: at most [`MAX_SCHEMA_BYTES`] of JSON, a valid JSON
+/// Schema for an object (as model APIs require of a tool's parameters).
+pub(crate) fn parse_args_schema(text: &str) -> Result<serde_json::Value, String> {
+    if text.len() > MAX_SCHEMA_BYTES {
+        return Err(format!(
+            "args-schema is {} bytes, over the limit of {MAX_SCHEMA_BYTES}; simplify the \
+             arguments",
+            text.len()
+        ));
+    }
+    let schema: serde_json::Value = serde_json::from_str(text)
+        .map_err(|err| format!("args-schema is not valid JSON: {err}"))?;
+    check_args_schema(&schema)
+        .map_err(|err| format!("args-schema is not a valid JSON Schema: {err}"))?;
+    Ok(schema)
 }
 
 /// One tool as a `describe()` returns it, before any check: the input of

@@ -32,6 +32,7 @@ pub use external::ExternalTools;
 pub use host::PluginHost;
 pub use limits::Limits;
 pub use loaded::{LoadedPlugin, ToolInfo};
+pub(crate) use loaded::{MAX_TOOLS_PER_PLUGIN, check_description, parse_args_schema};
 #[doc(hidden)]
 pub use loaded::{RawToolSpec, check_describe_output};
 pub use registry::{CallRequest, Registry};

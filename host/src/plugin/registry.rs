@@ -74,6 +74,9 @@ pub struct Registry {
     external_index: HashMap<String, usize>,
     /// What went wrong adding external sources, a line each.
     external_problems: Vec<String>,
+    /// External sources that offer no tools, and why: named when one of their tools is
+    /// called.
+    sources_down: HashMap<String, String>,
     next_call: AtomicU64,
 }
 
@@ -98,6 +101,7 @@ impl Registry {
             external: Vec::new(),
             external_index: HashMap::new(),
             external_problems: Vec::new(),
+            sources_down: HashMap::new(),
             next_call: AtomicU64::new(1),
         }
     }
@@ -256,6 +260,13 @@ impl Registry {
     /// tool left out), for [`Registry::external_problems`].
     pub fn add_external_problem(&mut self, problem: String) {
         self.external_problems.push(problem);
+    }
+
+    /// Records that the external source `source` offers no tools, and why: a call of one
+    /// of its tools (`source.tool`) says so rather than that no such tool is loaded.
+    pub fn add_source_down(&mut self, source: &str, why: String) {
+        self.sources_down.insert(source.to_owned(), why.clone());
+        self.external_problems.push(why);
     }
 
     /// What went wrong adding external sources, a line each.
@@ -442,8 +453,8 @@ impl Registry {
 
     /// Runs a call of an external source's tool: the grants (it declares no capability,
     /// so the profile naming it is the grant), the arguments' shape, then the source,
-    /// bounded by the tool deadline; what it returns is redacted and capped as a
-    /// plugin's output is.
+    /// starting included, bounded by the tool deadline; what it returns, an error's
+    /// message included, is redacted and capped as a plugin's output is.
     async fn run_external(
         &self,
         tool: &ExternalTool,
@@ -455,30 +466,36 @@ impl Registry {
             .map_err(|denial| ToolError::Denied(denial.to_string()))?;
         check_args_object(request.tool, request.args_json)?;
         let redactor = self.host.network().secrets().redactor();
-        tool.source
-            .ready()
-            .await
-            .map_err(|err| err.map_message(|m| redactor.redact_owned(m)))?;
+        let clean = |text: String| self.host.cap_output(redactor.redact_owned(text));
         let deadline = self.host.limits().deadline;
         match tokio::time::timeout(deadline, tool.source.call(&tool.remote, request.args_json))
             .await
         {
-            Ok(Ok(output)) => Ok(self.host.cap_output(redactor.redact_owned(output))),
-            Ok(Err(err)) => Err(err.map_message(|m| redactor.redact_owned(m))),
+            Ok(Ok(output)) => Ok(clean(output)),
+            Ok(Err(err)) => Err(err.map_message(clean)),
             Err(_elapsed) => {
-                tool.source.abandoned(&tool.remote);
+                let next = tool.source.abandoned(&tool.remote);
                 Err(ToolError::Failed(format!(
                     "tool `{}` did not answer within the {} s deadline \
-                     (limits.tool_deadline_secs); its server `{}` is restarted for the next call",
+                     (limits.tool_deadline_secs); {next}",
                     tool.info.name,
                     deadline.as_secs_f64(),
-                    tool.source.name()
                 )))
             }
         }
     }
 
     fn unknown_tool(&self, name: &str) -> ToolError {
+        if let Some(why) = name
+            .split_once('.')
+            .and_then(|(source, _)| self.sources_down.get(source))
+        {
+            return ToolError::NotFound(format!(
+                "no tool `{}` is loaded: {}",
+                echo_name(name, MAX_ECHOED_NAME),
+                one_line(why)
+            ));
+        }
         let mut known: Vec<&str> = self.tools.keys().map(String::as_str).collect();
         known.sort_unstable();
         ToolError::NotFound(format!(

@@ -64,6 +64,13 @@ impl Policy {
         &self.profiles[&kind]
     }
 
+    /// Whether any profile could be offered a tool of the MCP server `server`.
+    pub fn names_namespace(&self, server: &str) -> bool {
+        self.profiles
+            .values()
+            .any(|profile| profile.names_namespace(server))
+    }
+
     /// Whether `kind` is offered `tool` (`None`: no such tool is loaded).
     pub fn decide(&self, kind: ProcessKind, name: &str, tool: Option<ToolNeeds<'_>>) -> Decision {
         let profile = self.profile(kind);

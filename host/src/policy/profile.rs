@@ -95,6 +95,17 @@ impl Profile {
             .any(|t| (!namespaced || t.text.contains('.')) && t.pattern.matches(tool))
     }
 
+    /// Whether some pattern of the profile could name a tool of the MCP server `server`
+    /// (`server.*`, `*.search`, `n*.x`): the part of a dotted pattern before its first
+    /// `.` matches the server's name. A pattern that is not a glob counts as naming it.
+    pub fn names_namespace(&self, server: &str) -> bool {
+        self.tools.iter().any(|t| {
+            t.text.split_once('.').is_some_and(|(prefix, _)| {
+                glob::Pattern::new(prefix).map_or(true, |p| p.matches(server))
+            })
+        })
+    }
+
     /// The tool names and globs, as written.
     pub fn tool_patterns(&self) -> impl Iterator<Item = &str> {
         self.tools.iter().map(|t| t.text.as_str())
@@ -133,5 +144,19 @@ mod tests {
                 .unwrap()
                 .names_tool("a.b")
         );
+    }
+
+    #[test]
+    fn a_server_is_reachable_only_by_a_dotted_pattern_whose_prefix_matches_it() {
+        let names = |patterns: &[&str], server: &str| {
+            Profile::new(patterns.iter().copied(), Grants::none())
+                .unwrap()
+                .names_namespace(server)
+        };
+        assert!(names(&["notes.*"], "notes"));
+        assert!(names(&["*.search"], "notes"));
+        assert!(names(&["n*.x"], "notes"));
+        assert!(!names(&["*", "file_read", "n*"], "notes"));
+        assert!(!names(&["other.*"], "notes"));
     }
 }

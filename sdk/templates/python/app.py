@@ -10,8 +10,8 @@ from capstan_sdk import Toolbox, ToolError
 toolbox = Toolbox()
 
 
-@toolbox.tool(needs=["fs.read"])
-def {{tool}}(path: str, top: int = 5) -> dict:
+@toolbox.tool(name="{{tool}}", needs=["fs.read"])
+def count_words(path: str, top: int = 5) -> dict:
     """Counts the lines and words of a workspace file and lists its most frequent words.
 
     Args:

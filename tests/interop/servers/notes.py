@@ -1,8 +1,12 @@
 """A small MCP server written with the official Python SDK, for Capstan to be a client of:
 `python notes.py` serves on stdio; `python notes.py http PORT` serves streamable HTTP on
-127.0.0.1:PORT at /mcp."""
+127.0.0.1:PORT at /mcp.
+
+With NOTES_START_LOG set, each start appends a line to that file; with NOTES_SLOW_MARKER
+set, a start after `slow_next_start` was called waits 12 s before it serves."""
 
 import os
+import pathlib
 import sys
 import time
 
@@ -39,6 +43,19 @@ def process() -> str:
 
 
 @server.tool()
+def token() -> str:
+    """The value of NOTES_TOKEN, as this server was given it."""
+    return os.environ.get("NOTES_TOKEN", "(unset)")
+
+
+@server.tool()
+def slow_next_start() -> str:
+    """Makes the next start of this server take 12 s."""
+    pathlib.Path(os.environ["NOTES_SLOW_MARKER"]).write_text("slow")
+    return "the next start is slow"
+
+
+@server.tool()
 def crash() -> str:
     """Exits the server at once, mid-call."""
     os._exit(3)
@@ -52,6 +69,13 @@ def hang() -> str:
 
 
 if __name__ == "__main__":
+    if os.environ.get("NOTES_START_LOG"):
+        with open(os.environ["NOTES_START_LOG"], "a") as log:
+            log.write(f"{os.environ.get('NOTES_NAME', 'notes')} {os.getpid()}\n")
+    marker = os.environ.get("NOTES_SLOW_MARKER")
+    if marker and os.path.exists(marker):
+        os.remove(marker)
+        time.sleep(12)
     if len(sys.argv) > 2 and sys.argv[1] == "http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:

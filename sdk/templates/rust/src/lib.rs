@@ -13,11 +13,11 @@ struct Args {
     /// A file, relative to the workspace root.
     path: String,
     /// How many of the most frequent words to list.
-    #[serde(default = "five")]
+    #[serde(default = "default_top")]
     top: usize,
 }
 
-fn five() -> usize {
+fn default_top() -> usize {
     5
 }
 
@@ -28,7 +28,7 @@ struct Stats {
     top: Vec<(String, usize)>,
 }
 
-fn {{tool}}(args: Args, _ctx: &Context) -> Result<Json<Stats>, ToolError> {
+fn count_words(args: Args, _ctx: &Context) -> Result<Json<Stats>, ToolError> {
     // Plain std::fs: the sandbox holds the workspace only when the call is granted fs.read.
     let text = std::fs::read_to_string(&args.path)?;
     let mut counts: HashMap<String, usize> = HashMap::new();
@@ -46,15 +46,15 @@ fn {{tool}}(args: Args, _ctx: &Context) -> Result<Json<Stats>, ToolError> {
     }))
 }
 
-fn tools() -> Toolbox {
+fn toolbox() -> Toolbox {
     Toolbox::new().tool(
         Tool::new(
             "{{tool}}",
             "Counts the lines and words of a workspace file and lists its most frequent words.",
-            {{tool}},
+            count_words,
         )
         .needs(Capability::FsRead),
     )
 }
 
-capstan_sdk::export_plugin!(tools);
+capstan_sdk::export_plugin!(toolbox);

@@ -1,0 +1,102 @@
+//! An external server's tools as the host sees them: checked as a plugin's are when listed
+//! (names, descriptions, schemas, how many), and their results read back as text.
+
+use rmcp::model::{CallToolResult, Tool};
+
+use crate::plugin::{
+    MAX_TOOLS_PER_PLUGIN, ToolError, ToolInfo, check_description, parse_args_schema,
+};
+
+/// The longest tool name, namespace included, a model's tool list accepts.
+pub(super) const MAX_NAMESPACED_NAME: usize = 64;
+/// The most tools one server may offer, as one plugin may.
+pub(super) const MAX_TOOLS_PER_SERVER: usize = MAX_TOOLS_PER_PLUGIN;
+/// The most pages of a tool list read: a server paginating without end stops here.
+pub(super) const MAX_LIST_PAGES: usize = 16;
+
+/// `tool` of `server`, named `SERVER.tool`, with the checks a plugin's tools pass: the
+/// name a model accepts, a description of text, a valid JSON Schema of an object. `Err`
+/// says why it is left out.
+pub(super) fn tool_info(server: &str, tool: &Tool) -> Result<ToolInfo, String> {
+    let name = format!("{server}.{}", tool.name);
+    let shown = crate::text::echo_name(&name, MAX_NAMESPACED_NAME);
+    let left_out = |why: String| format!("tool `{shown}` is left out: {why}");
+    if name.len() > MAX_NAMESPACED_NAME {
+        return Err(left_out(format!(
+            "its name is over {MAX_NAMESPACED_NAME} bytes, which models refuse"
+        )));
+    }
+    let plain = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    if tool.name.is_empty() || !tool.name.chars().all(plain) {
+        return Err(left_out(
+            "a tool name a model accepts has only letters, digits, `_` and `-`".into(),
+        ));
+    }
+    let description = tool.description.as_deref().unwrap_or_default();
+    check_description(description).map_err(left_out)?;
+    let schema = serde_json::Value::Object((*tool.input_schema).clone()).to_string();
+    let args_schema = parse_args_schema(&schema).map_err(left_out)?;
+    Ok(ToolInfo {
+        name,
+        description: description.to_owned(),
+        args_schema,
+        capabilities: Vec::new(),
+    })
+}
+
+/// A tool's result as the model reads it: its text, or an error with the server's text.
+pub(super) fn outcome(result: CallToolResult) -> Result<String, ToolError> {
+    let mut text = String::new();
+    for block in &result.content {
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        match block.as_text() {
+            Some(part) => text.push_str(&part.text),
+            None => text.push_str(&serde_json::to_string(block).unwrap_or_default()),
+        }
+    }
+    if text.is_empty()
+        && let Some(structured) = &result.structured_content
+    {
+        text = structured.to_string();
+    }
+    if result.is_error == Some(true) {
+        Err(ToolError::Failed(text))
+    } else {
+        Ok(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(name: &str, description: &str, schema: serde_json::Value) -> Tool {
+        let serde_json::Value::Object(schema) = schema else {
+            panic!("an object")
+        };
+        Tool::new(name.to_owned(), description.to_owned(), schema)
+    }
+
+    #[test]
+    fn a_server_s_tools_pass_a_plugin_s_checks() {
+        let object = serde_json::json!({"type": "object"});
+        assert_eq!(
+            tool_info("notes", &tool("search", "Finds notes.", object.clone()))
+                .unwrap()
+                .name,
+            "notes.search"
+        );
+        for (name, description, schema, why) in [
+            ("", "x", object.clone(), "only letters"),
+            ("a.b", "x", object.clone(), "only letters"),
+            ("s", "bell \u{7}", object.clone(), "control character"),
+            ("s", "x", serde_json::json!({"type": "string"}), "must be"),
+            ("s", &"x".repeat(5000), object.clone(), "over the limit"),
+        ] {
+            let err = tool_info("notes", &tool(name, description, schema)).unwrap_err();
+            assert!(err.contains("is left out") && err.contains(why), "{err}");
+        }
+    }
+}
