@@ -246,6 +246,12 @@ def test_the_server_s_tools_are_namespaced_and_granted_per_profile(home):
     assert "[mcp.remote] is not started by this command, which reads no secrets (it needs NOTES_KEY)" in policy.stderr
     assert "[mcp.wrapped] is not started by this command, which reads no secrets (it needs NOTES_TOKEN)" in policy.stderr
     assert "[mcp.notes] is not started" not in policy.stderr
+    # Each server, how it is reached, who may use it, and what it offers here.
+    servers = {line.split()[0]: line for line in policy.stdout.split("MCP servers:")[1].splitlines()[1:]
+               if line.startswith("  ") and ";" in line}
+    assert f"named by worker; {len(TOOLS)} tool(s) in the matrix" in servers["notes"], servers
+    assert "at http://127.0.0.1:" in servers["remote"] and "not started by this command" in servers["remote"]
+    assert "named by no profile" in servers["idle"], servers
 
     async def listed():
         async with worker_tools(home) as client:

@@ -8,7 +8,8 @@ use clap::Args;
 use super::HostArgs;
 use super::table::print_table;
 use crate::app::tool_needs;
-use crate::config::{LocationKind, Locations, resolve};
+use crate::config::{Config, LocationKind, Locations, McpTransport, resolve};
+use crate::plugin::Registry;
 use crate::policy::{Decision, ProcessKind};
 
 #[derive(Debug, Args)]
@@ -59,10 +60,48 @@ impl PolicyCommand {
             None => writeln!(out, "policy from the built-in defaults")?,
         }
         print_table(&mut out, &header, &rows)?;
+        print_mcp(&mut out, &config, &registry)?;
         super::network::print_network(&mut out, &config, &registry)?;
         print_locations(&mut out, &self.host.agent_locations(&config)?)?;
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// Each `[mcp.NAME]` server: how it is reached, the process kinds whose profile names its
+/// tools, and how many it offers here (or why it was not started).
+fn print_mcp(out: &mut impl Write, config: &Config, registry: &Registry) -> std::io::Result<()> {
+    if config.mcp.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "\nMCP servers:")?;
+    for spec in &config.mcp {
+        let name = &spec.name;
+        let reached = match &spec.transport {
+            McpTransport::Stdio { command, .. } => format!("started: {command}"),
+            McpTransport::Http { url, .. } => format!("at {url}"),
+        };
+        let kinds: Vec<&str> = ProcessKind::ALL
+            .iter()
+            .filter(|kind| config.policy.profile(**kind).names_namespace(name))
+            .map(|kind| kind.as_str())
+            .collect();
+        let named = if kinds.is_empty() {
+            "named by no profile".to_owned()
+        } else {
+            format!("named by {}", kinds.join(", "))
+        };
+        let prefix = format!("{name}.");
+        let tools = registry
+            .tools()
+            .filter(|tool| tool.name.starts_with(&prefix))
+            .count();
+        let here = match registry.source_down(name) {
+            Some(_) => "not started by this command (see the warning above)".to_owned(),
+            None => format!("{tools} tool(s) in the matrix"),
+        };
+        writeln!(out, "  {name:<14}{reached}; {named}; {here}")?;
+    }
+    Ok(())
 }
 
 /// Where the host's own files and the workspace are, whether plugins may write the

@@ -269,6 +269,11 @@ impl Registry {
         self.external_problems.push(why);
     }
 
+    /// Why the external source `source` offers no tools, if it was recorded down.
+    pub fn source_down(&self, source: &str) -> Option<&str> {
+        self.sources_down.get(source).map(String::as_str)
+    }
+
     /// What went wrong adding external sources, a line each.
     pub fn external_problems(&self) -> &[String] {
         &self.external_problems
