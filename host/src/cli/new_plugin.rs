@@ -156,12 +156,12 @@ impl NewCommand {
             Lang::Python => [PYTHON, WIT].concat(),
             Lang::Js => [JS, WIT].concat(),
         };
+        // The SDK's path goes into Cargo.toml as a TOML string, quotes and all.
+        let sdk = sdk.as_deref().map_or_else(String::new, |p| {
+            toml::Value::String(p.display().to_string()).to_string()
+        });
         make_empty_dir(&dir)?;
         for (path, text) in files {
-            // The SDK's path goes into Cargo.toml as a TOML string, quotes and all.
-            let sdk = sdk.as_deref().map_or_else(String::new, |p| {
-                toml::Value::String(p.display().to_string()).to_string()
-            });
             let text = text
                 .replace("{{name}}", &self.name)
                 .replace("{{tool}}", &self.name)

@@ -128,11 +128,6 @@ impl McpClient {
         }
     }
 
-    /// The server's name from the config.
-    pub fn server_name(&self) -> &str {
-        &self.inner.spec.name
-    }
-
     /// Starts the server and lists its tools, named `SERVER.tool`, each with the tool's
     /// own name. The tools a plugin could not offer are left out, each with why (the
     /// second list), as are those past [`MAX_TOOLS_PER_SERVER`]; at most

@@ -24,7 +24,7 @@ pub use client::McpClient;
 pub use server::{Principal, ToolServer};
 
 use crate::config::{Config, McpServerSpec, McpTransport};
-use crate::plugin::Registry;
+use crate::plugin::{ExternalTools as _, Registry};
 
 /// The least time a server is given to start: interpreters take a while to load.
 const MIN_START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -96,7 +96,7 @@ pub async fn add_servers(config: &Config, registry: &mut Registry, which: Server
         });
     }
     for (client, listed) in futures_util::future::join_all(starting).await {
-        let name = client.server_name().to_owned();
+        let name = client.name().to_owned();
         match listed {
             Ok((tools, skipped)) => {
                 for taken in registry.add_external(client, tools) {

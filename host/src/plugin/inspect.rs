@@ -41,42 +41,61 @@ pub(crate) struct Outline {
     pub exports: Vec<String>,
 }
 
-/// Reads the top-level imports and exports of the component in `bytes` (those of the
-/// modules and components nested in it are their own business).
+/// Reads the top-level imports and exports of the component in `bytes`. The modules and
+/// components nested in it are skipped unread (they are their own business, and most of
+/// the bytes; compiling checks them), so this looks at the top-level sections only.
 pub(crate) fn outline(path: &Path, bytes: &[u8]) -> Result<Outline, LoadError> {
-    let invalid = |err: wasmparser::BinaryReaderError| LoadError::Invalid {
+    use wasmparser::{Chunk, Parser, Payload};
+    let invalid = |reason: String| LoadError::Invalid {
         path: path.to_owned(),
-        reason: err.to_string(),
+        reason,
     };
     let mut outline = Outline {
         imports: Vec::new(),
         exports: Vec::new(),
     };
-    let mut depth = 0usize;
-    for payload in wasmparser::Parser::new(0).parse_all(bytes) {
-        match payload.map_err(invalid)? {
-            wasmparser::Payload::ModuleSection { .. }
-            | wasmparser::Payload::ComponentSection { .. } => depth += 1,
-            wasmparser::Payload::End(_) if depth == 0 => break,
-            wasmparser::Payload::End(_) => depth -= 1,
-            wasmparser::Payload::ComponentImportSection(reader) if depth == 0 => {
+    let mut parser = Parser::new(0);
+    let mut rest = bytes;
+    loop {
+        let chunk = parser
+            .parse(rest, true)
+            .map_err(|e| invalid(e.to_string()))?;
+        // With the whole input given as final, the parser errs rather than ask for more.
+        let Chunk::Parsed { payload, consumed } = chunk else {
+            return Err(invalid("the file ends early".into()));
+        };
+        rest = &rest[consumed..];
+        match payload {
+            // The parser has moved past the nested one's bytes; so does the input.
+            Payload::ModuleSection {
+                unchecked_range, ..
+            }
+            | Payload::ComponentSection {
+                unchecked_range, ..
+            } => {
+                rest = rest.get(unchecked_range.len()..).ok_or_else(|| {
+                    invalid(format!(
+                        "a nested module or component at byte {} runs past the end of the file",
+                        unchecked_range.start
+                    ))
+                })?;
+            }
+            Payload::ComponentImportSection(reader) => {
                 for import in reader {
-                    outline
-                        .imports
-                        .push(import.map_err(invalid)?.name.name.to_owned());
+                    let import = import.map_err(|e| invalid(e.to_string()))?;
+                    outline.imports.push(import.name.name.to_owned());
                 }
             }
-            wasmparser::Payload::ComponentExportSection(reader) if depth == 0 => {
+            Payload::ComponentExportSection(reader) => {
                 for export in reader {
-                    outline
-                        .exports
-                        .push(export.map_err(invalid)?.name.name.to_owned());
+                    let export = export.map_err(|e| invalid(e.to_string()))?;
+                    outline.exports.push(export.name.name.to_owned());
                 }
             }
+            Payload::End(_) => return Ok(outline),
             _ => {}
         }
     }
-    Ok(outline)
 }
 
 /// Finds the `capstan:plugin/tool` export and checks its version; returns the version.
@@ -128,6 +147,38 @@ pub(crate) fn check_imports(path: &Path, outline: &Outline) -> Result<(), LoadEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_outline_names_the_top_level_only_and_a_cut_component_is_invalid() {
+        let bytes = wat::parse_str(
+            r#"(component
+                (import "wasi:io/streams@0.2.6" (instance))
+                (core module (import "env" "hidden" (func)))
+                (component (import "nested:only/this@1.0.0" (instance)))
+                (core module $m (func (export "f")))
+                (core instance $i (instantiate $m))
+                (func (export "run") (canon lift (core func $i "f")))
+            )"#,
+        )
+        .unwrap();
+        let path = Path::new("p.wasm");
+        let outline = outline(path, &bytes).unwrap();
+        assert_eq!(outline.imports, ["wasi:io/streams@0.2.6"]);
+        assert_eq!(outline.exports, ["run"]);
+        // Inside a nested component, and inside the header of the first section. (A cut
+        // on a section boundary leaves a well-formed component that exports less.)
+        for cut in [100, 9] {
+            assert!(
+                matches!(outline_of(&bytes[..cut]), Err(LoadError::Invalid { .. })),
+                "cut at {cut}: {:?}",
+                outline_of(&bytes[..cut])
+            );
+        }
+    }
+
+    fn outline_of(bytes: &[u8]) -> Result<Outline, LoadError> {
+        outline(Path::new("p.wasm"), bytes)
+    }
 
     #[test]
     fn the_header_tells_modules_components_and_junk_apart() {

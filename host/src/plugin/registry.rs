@@ -293,11 +293,6 @@ impl Registry {
         }
     }
 
-    /// The external source providing tool `name`, if one does.
-    pub fn external_source(&self, name: &str) -> Option<&str> {
-        self.external_tool(name).map(|tool| tool.source.name())
-    }
-
     fn external_tool(&self, name: &str) -> Option<&ExternalTool> {
         self.external_index.get(name).map(|i| &self.external[*i])
     }
