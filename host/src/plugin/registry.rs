@@ -468,12 +468,16 @@ impl Registry {
         let redactor = self.host.network().secrets().redactor();
         let clean = |text: String| self.host.cap_output(redactor.redact_owned(text));
         let deadline = self.host.limits().deadline;
+        let started = tokio::time::Instant::now();
         match tokio::time::timeout(deadline, tool.source.call(&tool.remote, request.args_json))
             .await
         {
             Ok(Ok(output)) => Ok(clean(output)),
-            Ok(Err(err)) => Err(err.map_message(clean)),
-            Err(_elapsed) => {
+            // A source's own timeout that ends with the deadline (an HTTP server's request
+            // is bounded by it too) may be woken first: past the deadline, the deadline
+            // is the reason.
+            Ok(Err(err)) if started.elapsed() < deadline => Err(err.map_message(clean)),
+            Ok(Err(_)) | Err(_) => {
                 let next = tool.source.abandoned(&tool.remote);
                 Err(ToolError::Failed(format!(
                     "tool `{}` did not answer within the {} s deadline \

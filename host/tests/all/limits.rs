@@ -176,3 +176,55 @@ async fn a_stack_overflow_is_reported_as_one_not_as_a_raw_trap() {
     }
     echo_works(&registry).await;
 }
+
+/// An external source whose call holds its thread past the deadline, then fails as an
+/// HTTP server's request does when its own timeout (equal to the deadline) ends it.
+struct Overrunning {
+    hold: Duration,
+}
+
+#[async_trait::async_trait]
+impl capstan_host::plugin::ExternalTools for Overrunning {
+    fn name(&self) -> &str {
+        "slow"
+    }
+    async fn call(
+        &self,
+        _tool: &str,
+        _args: &str,
+    ) -> Result<String, capstan_host::plugin::ToolError> {
+        // Blocking on purpose: the deadline's timer cannot win, so the error comes first.
+        std::thread::sleep(self.hold);
+        Err(capstan_host::plugin::ToolError::Failed(
+            "MCP server `slow` stopped during the call (Transport closed)".into(),
+        ))
+    }
+    fn abandoned(&self, _tool: &str) -> String {
+        "the call was cancelled".into()
+    }
+}
+
+#[tokio::test]
+async fn an_external_error_after_the_deadline_is_reported_as_the_deadline() {
+    let deadline = Duration::from_millis(200);
+    let mut registry = registry(Limits {
+        deadline,
+        ..Limits::default()
+    })
+    .await;
+    let tool = |name: &str| capstan_host::plugin::ToolInfo {
+        name: format!("slow.{name}"),
+        description: "holds".into(),
+        args_schema: json!({"type": "object"}),
+        capabilities: Vec::new(),
+    };
+    registry.add_external(
+        std::sync::Arc::new(Overrunning { hold: deadline }),
+        vec![("late".into(), tool("late"))],
+    );
+    let msg = run(&registry, "slow.late", json!({})).await;
+    assert!(
+        msg.contains("did not answer within the 0.2 s deadline") && msg.contains("cancelled"),
+        "{msg}"
+    );
+}
