@@ -93,6 +93,7 @@ fn call(rt: &Runtime, registry: &Registry, tool: &str, workspace: &Path) -> Resu
         grants: &grants,
         workspace: Some(workspace),
         caller: "bench",
+        instances: None,
     }))
     .map_err(|err| err.to_string())
 }

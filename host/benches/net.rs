@@ -85,6 +85,7 @@ impl Paths {
                 grants: &self.grants,
                 workspace: None,
                 caller: "worker:1",
+                instances: None,
             })
             .await
             .unwrap();

@@ -195,6 +195,7 @@ impl Ours {
                 grants: &self.grants,
                 workspace: None,
                 caller: "bench",
+                instances: None,
             })
             .await
             .unwrap()

@@ -14,7 +14,7 @@ use super::turn::{ToolHandler, ToolOutcome, TurnEnd, TurnError};
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, Message};
-use crate::plugin::ToolError;
+use crate::plugin::{ProcessInstances, ToolError};
 use crate::policy::ProcessKind;
 
 /// Starts a branch for `channel`, supervised: it is reported to its channel on every
@@ -70,6 +70,7 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
     let handler = BranchTools {
         ctx: ctx.clone(),
         id: id.clone(),
+        instances: ProcessInstances::new(),
         channel_name: channel_name.clone(),
     };
     let conclusion = match ctx.lease_loop(&id) {
@@ -116,6 +117,8 @@ fn conclude(ctx: &Context, end: Result<TurnEnd, TurnError>) -> String {
 struct BranchTools {
     ctx: Arc<Context>,
     id: ProcessId,
+    /// The branch's own plugin instances, for its life.
+    instances: ProcessInstances,
     channel_name: ProcessId,
 }
 
@@ -139,15 +142,17 @@ const BRANCH_TOOLS: &[&str] = &["spawn_worker"];
 
 impl ToolHandler for BranchTools {
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
-        Box::pin(self.ctx.refuse(&self.id, name, arguments))
+        Box::pin(self.ctx.refuse(&self.id, &self.instances, name, arguments))
     }
 
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
-        Box::pin(
-            self.ctx
-                .answer(&self.id, name, arguments, BRANCH_TOOLS, |call| {
-                    self.run(call)
-                }),
-        )
+        Box::pin(self.ctx.answer(
+            &self.id,
+            &self.instances,
+            name,
+            arguments,
+            BRANCH_TOOLS,
+            |call| self.run(call),
+        ))
     }
 }

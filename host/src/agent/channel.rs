@@ -15,7 +15,7 @@ use super::turn::{ToolHandler, ToolOutcome, TurnEnd, Unanswered, repair};
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
 use crate::llm::{AnswerSink, BoxFuture, Delta, Message};
-use crate::plugin::ToolError;
+use crate::plugin::{ProcessInstances, ToolError};
 use crate::policy::ProcessKind;
 
 /// Retrigger turns (after results) one user message may cause; later results are kept in
@@ -83,6 +83,8 @@ pub(crate) async fn run(
     let kind = name.kind();
     let tools = ctx.tool_defs(kind);
     let system = system_prompt(kind, &ctx.config.agent.name);
+    // The channel's own plugin instances, for its life.
+    let instances = Arc::new(ProcessInstances::new());
     let mut batches = Batches {
         inbox,
         carried: None,
@@ -128,6 +130,7 @@ pub(crate) async fn run(
                 let tools_handler = ChannelTools {
                     ctx: ctx.clone(),
                     channel: name.clone(),
+                    instances: instances.clone(),
                     handle: handle.clone(),
                     fork: history.clone(),
                 };
@@ -212,6 +215,7 @@ impl AnswerSink for StreamedText<'_> {
 struct ChannelTools {
     ctx: Arc<Context>,
     channel: ProcessId,
+    instances: Arc<ProcessInstances>,
     handle: ChannelHandle,
     /// The history a branch forks from.
     fork: Vec<Message>,
@@ -292,15 +296,20 @@ const CHANNEL_TOOLS: &[&str] = &["reply", "skip", "spawn_worker", "branch", "rou
 
 impl ToolHandler for ChannelTools {
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
-        Box::pin(self.ctx.refuse(&self.channel, name, arguments))
+        Box::pin(
+            self.ctx
+                .refuse(&self.channel, &self.instances, name, arguments),
+        )
     }
 
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
-        Box::pin(
-            self.ctx
-                .answer(&self.channel, name, arguments, CHANNEL_TOOLS, |call| {
-                    self.run(call)
-                }),
-        )
+        Box::pin(self.ctx.answer(
+            &self.channel,
+            &self.instances,
+            name,
+            arguments,
+            CHANNEL_TOOLS,
+            |call| self.run(call),
+        ))
     }
 }

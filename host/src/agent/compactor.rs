@@ -11,6 +11,7 @@ use super::turn::{ToolHandler, ToolOutcome, TurnEnd, TurnError};
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, Message, Role};
+use crate::plugin::ProcessInstances;
 use crate::policy::ProcessKind;
 
 /// The prefix of the message that replaces compacted history.
@@ -81,6 +82,7 @@ pub(crate) async fn compact_if_needed(
     let handler = CompactorTools {
         ctx: ctx.clone(),
         id: id.clone(),
+        instances: ProcessInstances::new(),
     };
     let end = match ctx.lease_loop(&id) {
         Ok(lease) => {
@@ -125,18 +127,22 @@ pub(crate) async fn compact_if_needed(
 struct CompactorTools {
     ctx: Arc<Context>,
     id: ProcessId,
+    /// The compactor's own plugin instances, for its life.
+    instances: ProcessInstances,
 }
 
 impl ToolHandler for CompactorTools {
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
-        Box::pin(self.ctx.refuse(&self.id, name, arguments))
+        Box::pin(self.ctx.refuse(&self.id, &self.instances, name, arguments))
     }
 
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
         // No host tool is the compactor's.
         Box::pin(
             self.ctx
-                .answer(&self.id, name, arguments, &[], |_| async { None }),
+                .answer(&self.id, &self.instances, name, arguments, &[], |_| async {
+                    None
+                }),
         )
     }
 }

@@ -13,7 +13,7 @@ use super::host_tools::{HOST_TOOLS, HostCall, SpawnArgs, host_tool};
 use super::turn::ToolOutcome;
 use crate::ids::ProcessId;
 use crate::llm::ToolDef;
-use crate::plugin::{CallRequest, ToolError};
+use crate::plugin::{CallRequest, ProcessInstances, ToolError};
 use crate::policy::{Decision, ProcessKind, ToolNeeds};
 
 impl Context {
@@ -53,6 +53,7 @@ impl Context {
     pub(crate) async fn answer<R>(
         &self,
         caller: &ProcessId,
+        instances: &ProcessInstances,
         name: &str,
         arguments: &str,
         handled: &[&str],
@@ -71,15 +72,19 @@ impl Context {
             Some(Err(err)) => ToolOutcome::Continue(self.tool_error(caller, name, err)),
             // A plugin tool its profile offers, or a host tool that is not this process's
             // (the registry answers not-found, audited).
-            None => ToolOutcome::Continue(self.call_plugin(caller, name, arguments).await),
+            None => {
+                ToolOutcome::Continue(self.call_plugin(caller, instances, name, arguments).await)
+            }
         }
     }
 
-    /// Runs plugin tool `name` for process `caller`, with its kind's grants. Errors come
-    /// back as text for the model ([`ToolError::for_model`]).
+    /// Runs plugin tool `name` for process `caller`, with its kind's grants, in the
+    /// caller's own kept instance where its profile reuses the plugin's. Errors come back as
+    /// text for the model ([`ToolError::for_model`]).
     pub(crate) async fn call_plugin(
         &self,
         caller: &ProcessId,
+        instances: &ProcessInstances,
         name: &str,
         arguments: &str,
     ) -> String {
@@ -98,6 +103,7 @@ impl Context {
             grants: &grants,
             workspace: Some(&workspace),
             caller: &caller_name,
+            instances: Some(instances),
         };
         let result = self
             .registry
@@ -117,9 +123,15 @@ impl Context {
 
     /// The answer to a call of a tool `caller` was not offered: for a host tool, a denial
     /// with the policy's reason; for anything else, the registry's own (audited) refusal.
-    pub(crate) async fn refuse(&self, caller: &ProcessId, name: &str, arguments: &str) -> String {
+    pub(crate) async fn refuse(
+        &self,
+        caller: &ProcessId,
+        instances: &ProcessInstances,
+        name: &str,
+        arguments: &str,
+    ) -> String {
         if host_tool(name).is_none() {
-            return self.call_plugin(caller, name, arguments).await;
+            return self.call_plugin(caller, instances, name, arguments).await;
         }
         let kind = caller.kind();
         let decision = self.config.policy.decide(

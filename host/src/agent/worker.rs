@@ -22,7 +22,7 @@ use super::turn::{ToolHandler, ToolOutcome, TurnEnd};
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, Message};
-use crate::plugin::ToolError;
+use crate::plugin::{ProcessInstances, ToolError};
 use crate::policy::ProcessKind;
 use crate::services::WorkerState;
 
@@ -205,10 +205,13 @@ async fn work(
     };
     let mut history = vec![Message::user(spec.task.clone())];
     let mut route = Route::Task;
+    // The worker's own plugin instances, for its life.
+    let instances = ProcessInstances::new();
     loop {
         let handler = WorkerTools {
             ctx,
             id: spec.id.clone(),
+            instances: &instances,
             reported: Mutex::new(None),
             inbox,
         };
@@ -313,6 +316,7 @@ fn continue_with(history: &mut Vec<Message>, messages: Vec<String>) -> Vec<Strin
 struct WorkerTools<'w> {
     ctx: &'w Context,
     id: ProcessId,
+    instances: &'w ProcessInstances,
     reported: Mutex<Option<(WorkerState, String)>>,
     inbox: &'w Inbox,
 }
@@ -345,7 +349,7 @@ const WORKER_TOOLS: &[&str] = &["set_status"];
 
 impl ToolHandler for WorkerTools<'_> {
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
-        Box::pin(self.ctx.refuse(&self.id, name, arguments))
+        Box::pin(self.ctx.refuse(&self.id, self.instances, name, arguments))
     }
 
     fn injected(&self) -> Vec<String> {
@@ -357,11 +361,13 @@ impl ToolHandler for WorkerTools<'_> {
     }
 
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
-        Box::pin(
-            self.ctx
-                .answer(&self.id, name, arguments, WORKER_TOOLS, |call| async {
-                    self.run(call)
-                }),
-        )
+        Box::pin(self.ctx.answer(
+            &self.id,
+            self.instances,
+            name,
+            arguments,
+            WORKER_TOOLS,
+            |call| async { self.run(call) },
+        ))
     }
 }

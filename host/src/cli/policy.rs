@@ -10,7 +10,7 @@ use super::table::print_table;
 use crate::app::tool_needs;
 use crate::config::{Config, LocationKind, Locations, McpTransport, resolve};
 use crate::plugin::Registry;
-use crate::policy::{Decision, ProcessKind};
+use crate::policy::{Decision, InstanceReuse, ProcessKind};
 
 #[derive(Debug, Args)]
 pub(crate) struct PolicyCommand {
@@ -61,6 +61,7 @@ impl PolicyCommand {
         }
         print_table(&mut out, &header, &rows)?;
         print_mcp(&mut out, &config, &registry)?;
+        print_reuse(&mut out, &config, &registry)?;
         super::network::print_network(&mut out, &config, &registry)?;
         print_locations(&mut out, &self.host.agent_locations(&config)?)?;
         Ok(ExitCode::SUCCESS)
@@ -100,6 +101,33 @@ fn print_mcp(out: &mut impl Write, config: &Config, registry: &Registry) -> std:
             None => format!("{tools} tool(s) in the matrix"),
         };
         writeln!(out, "  {name:<14}{reached}; {named}; {here}")?;
+    }
+    Ok(())
+}
+
+/// How long each plugin's instances live, per process kind ([`InstanceReuse`]).
+fn print_reuse(out: &mut impl Write, config: &Config, registry: &Registry) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "\ninstances (plugins.instance_reuse, profiles.KIND.instance_reuse; \"process\": each \
+         process keeps its own, per capability set, never for a call with a network grant):"
+    )?;
+    let reuse = config.policy.reuse();
+    for plugin in registry.plugins() {
+        let per_kind: Vec<(ProcessKind, InstanceReuse)> = ProcessKind::ALL
+            .iter()
+            .map(|kind| (*kind, reuse.decide(*kind, plugin.name())))
+            .collect();
+        let text = if per_kind.iter().all(|(_, r)| *r == per_kind[0].1) {
+            format!("{} for every kind", per_kind[0].1)
+        } else {
+            per_kind
+                .iter()
+                .map(|(kind, r)| format!("{kind}: {r}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        writeln!(out, "  {:<14}{text}", plugin.name())?;
     }
     Ok(())
 }

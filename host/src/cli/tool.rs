@@ -85,6 +85,7 @@ impl ToolCommand {
             grants: &grants,
             workspace: Some(&workspace),
             caller,
+            instances: None,
         };
         let result = match as_profile {
             Some(kind) => registry.call_as(&config.policy, kind, request).await,

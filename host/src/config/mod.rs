@@ -459,6 +459,18 @@ mod tests {
                 "[limits]\nworker_timeout_secs = 0\n",
                 "`limits.worker_timeout_secs`: must be 1 to 86400 seconds",
             ),
+            (
+                "[limits]\nmax_warm_instances = 5000\n",
+                "`limits.max_warm_instances`: must be at most 4096, got 5000",
+            ),
+            (
+                "[plugins]\ninstance_reuse = { files = \"forever\" }\n",
+                "`plugins.instance_reuse.files`: must be \"call\"",
+            ),
+            (
+                "[profiles.worker]\ninstance_reuse = \"always\"\n",
+                "`profiles.worker.instance_reuse`: must be \"call\" (a fresh instance per call)",
+            ),
         ];
         for (text, expected) in cases {
             let err = parse(text).unwrap_err().to_string();
@@ -481,5 +493,29 @@ mod tests {
                 model: "m".into()
             }
         );
+    }
+
+    #[test]
+    fn instance_reuse_comes_from_the_profile_then_the_plugin_then_call() {
+        use crate::policy::InstanceReuse::{Call, Process};
+        let defaults = Config::defaults(Path::new("/srv/agent"));
+        let reuse = defaults.policy.reuse();
+        assert_eq!(reuse.decide(ProcessKind::Worker, "files"), Process);
+        assert_eq!(reuse.decide(ProcessKind::Worker, "web"), Call);
+        assert_eq!(reuse.decide(ProcessKind::Branch, "someone_elses"), Call);
+        let config = parse(
+            "[plugins]\ninstance_reuse = { files = \"call\", mine = \"process\" }\n\
+             [profiles.cortex]\ninstance_reuse = \"call\"\n",
+        )
+        .unwrap();
+        let reuse = config.policy.reuse();
+        assert_eq!(reuse.decide(ProcessKind::Worker, "files"), Call);
+        assert_eq!(
+            reuse.decide(ProcessKind::Worker, "tasks"),
+            Process,
+            "merged"
+        );
+        assert_eq!(reuse.decide(ProcessKind::Worker, "mine"), Process);
+        assert_eq!(reuse.decide(ProcessKind::Cortex, "mine"), Call);
     }
 }

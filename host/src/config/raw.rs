@@ -19,7 +19,7 @@ use super::{
 };
 use crate::dispatch::GateSettings;
 use crate::plugin::Limits;
-use crate::policy::{Grants, Policy, ProcessKind, Profile, ToolGrants};
+use crate::policy::{Grants, InstanceReuse, Policy, ProcessKind, Profile, ReuseRules, ToolGrants};
 use crate::secrets::SecretSpec;
 
 #[derive(Deserialize)]
@@ -55,6 +55,7 @@ struct RawLimits {
     max_workers_per_channel: u32,
     max_branches_per_channel: u32,
     max_open_conversations: u32,
+    max_warm_instances: u32,
     max_turns: u32,
     context_window_tokens: u32,
     compaction_threshold: f64,
@@ -70,6 +71,9 @@ struct RawLimits {
 #[serde(deny_unknown_fields)]
 struct RawPlugins {
     prefer: BTreeMap<String, String>,
+    /// `call` or `process`, by plugin name.
+    #[serde(default)]
+    instance_reuse: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -96,6 +100,8 @@ struct RawProfile {
     /// `[profiles.KIND.tool.NAME]`: narrower grants for one tool.
     #[serde(default)]
     tool: BTreeMap<String, RawToolGrants>,
+    /// `call` or `process`: for every plugin this kind calls, over `[plugins]`'s choice.
+    instance_reuse: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -108,6 +114,9 @@ struct RawToolGrants {
 /// The most workers (or branches) one channel may run at once.
 const MAX_PROCESSES_PER_CHANNEL: u32 = 1024;
 const MAX_OPEN_CONVERSATIONS: u32 = 1_000_000;
+/// The most instances kept between calls: each reserves a pooling-allocator slot (address
+/// space for its memories) and holds its memory while it waits.
+const MAX_WARM_INSTANCES: u32 = 4096;
 /// The most model turns one process may take for one input.
 const MAX_TURNS: u32 = 10_000;
 /// The largest context window, in tokens.
@@ -138,11 +147,16 @@ impl RawConfig {
             ));
         }
         let prefer = self.plugins.prefer.into_iter().collect();
+        let mut reuse = ReuseRules::default();
+        for (plugin, text) in &self.plugins.instance_reuse {
+            let key = format!("plugins.instance_reuse.{plugin}");
+            reuse = reuse.with_plugin(plugin, parse_reuse(&key, text)?);
+        }
         let provider = self.provider.check(&resolve)?;
         let net = self.net.check(limits.tool.deadline)?;
         let serve = self.serve.check(&resolve)?;
         let secrets = check_secrets(self.secrets, &resolve)?;
-        let policy = check_profiles(self.profiles, &secrets)?;
+        let policy = check_profiles(self.profiles, &secrets, reuse)?;
         let mcp = check_mcp(self.mcp, &secrets, &resolve)?;
         Ok(Config {
             source: None,
@@ -206,6 +220,15 @@ impl RawLimits {
                     format!("must be at most {max}, got {value}"),
                 ));
             }
+        }
+        if self.max_warm_instances > MAX_WARM_INSTANCES {
+            return Err(key_error(
+                "limits.max_warm_instances",
+                format!(
+                    "must be at most {MAX_WARM_INSTANCES}, got {} (0 keeps no instance)",
+                    self.max_warm_instances
+                ),
+            ));
         }
         if !(512..=MAX_CONTEXT_WINDOW_TOKENS).contains(&self.context_window_tokens) {
             return Err(key_error(
@@ -273,6 +296,7 @@ impl RawLimits {
             tool: Limits {
                 deadline: Duration::from_secs_f64(secs),
                 memory_bytes: (self.tool_memory_mib as usize) << 20,
+                max_warm_instances: self.max_warm_instances,
                 ..Limits::default()
             },
             max_workers_per_channel: self.max_workers_per_channel,
@@ -322,15 +346,25 @@ impl RawProvider {
     }
 }
 
+/// `call` or `process`, at `key`.
+fn parse_reuse(key: &str, text: &str) -> Result<InstanceReuse, KeyError> {
+    text.parse().map_err(|msg: String| key_error(key, msg))
+}
+
 fn check_profiles(
     raw: BTreeMap<String, RawProfile>,
     secrets: &[SecretSpec],
+    mut reuse: ReuseRules,
 ) -> Result<Policy, KeyError> {
     let mut profiles = BTreeMap::new();
     for (name, profile) in raw {
         let kind: ProcessKind = name
             .parse()
             .map_err(|msg: String| key_error(&format!("profiles.{name}"), msg))?;
+        if let Some(text) = &profile.instance_reuse {
+            let key = format!("profiles.{name}.instance_reuse");
+            reuse = reuse.with_kind(kind, parse_reuse(&key, text)?);
+        }
         let mut caps = Vec::with_capacity(profile.capabilities.len());
         for (i, text) in profile.capabilities.iter().enumerate() {
             let cap = text
@@ -386,7 +420,7 @@ fn check_profiles(
         }
         profiles.insert(kind, checked);
     }
-    Ok(Policy::new(profiles))
+    Ok(Policy::new(profiles).with_reuse(reuse))
 }
 
 /// Every name in `names` must be a declared secret.

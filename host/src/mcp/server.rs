@@ -97,6 +97,7 @@ impl ToolServer {
             grants: &grants,
             workspace: Some(&self.workspace),
             caller,
+            instances: None,
         };
         self.registry
             .call_as_until(&self.policy, self.kind, request, cancelled)

@@ -21,10 +21,12 @@ pub(crate) const MAX_MEMORIES_PER_COMPONENT: u32 = 4;
 pub(crate) const MAX_TABLES_PER_COMPONENT: u32 = 16;
 
 /// An engine configured for plugins: component model, epoch interruption, and a pooling
-/// allocator with `limits.max_concurrent_calls` slots whose memories cannot exceed
+/// allocator with a slot for each of `limits.max_concurrent_calls` and
+/// `limits.max_warm_instances` (a kept instance holds its slot, and its store the fiber
+/// stack it last ran on, while it waits), whose memories cannot exceed
 /// `limits.memory_bytes`.
 pub(crate) fn build_engine(limits: &Limits) -> Result<Engine, HostError> {
-    let slots = limits.max_concurrent_calls.max(1);
+    let slots = limits.max_concurrent_calls.max(1) + limits.max_warm_instances;
     let mut pool = PoolingAllocationConfig::new();
     pool.total_component_instances(slots)
         .total_core_instances(slots * MAX_CORE_INSTANCES_PER_COMPONENT)

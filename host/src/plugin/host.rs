@@ -22,6 +22,7 @@ use super::limits::Limits;
 use super::loaded::{LoadedPlugin, ToolInfo};
 use super::offline::{NotLinked, imports_http, link_http_as_traps};
 use super::sandbox::{CallScope, Sandbox};
+use super::warm::{ProcessInstances, WarmInstance, WarmKey};
 use crate::net::{CallNet, Egress, GrantSource, NetHost, NetScope};
 use crate::services::Services;
 use crate::text::{one_line, truncate};
@@ -40,8 +41,12 @@ pub struct PluginHost {
     online_linker: Linker<Sandbox>,
     limits: Limits,
     cache: ArtifactCache,
-    /// One permit per pooling-allocator slot: callers beyond it wait instead of failing.
+    /// One permit per pooling-allocator slot for calls: callers beyond it wait instead of
+    /// failing.
     slots: Semaphore,
+    /// One permit per slot for instances kept between calls
+    /// ([`Limits::max_warm_instances`]); with none left, a call's instance is not kept.
+    warm_slots: Arc<Semaphore>,
     /// Backs the `tasks` and `memory` imports; without it they answer "not available".
     services: Option<Services>,
     /// The limits and secrets of outbound requests.
@@ -61,6 +66,8 @@ pub(crate) struct Invocation<'a> {
     pub(crate) declared: &'a [Capability],
     pub(crate) granted: Vec<capstan_caps::NetRule>,
     pub(crate) grant_source: GrantSource,
+    /// The calling process's own instances, when its policy reuses this plugin's.
+    pub(crate) instances: Option<&'a ProcessInstances>,
 }
 
 /// The deadline callback's error, found again in the trap's error chain.
@@ -83,6 +90,7 @@ impl PluginHost {
         let online_linker = build_linker(&engine, true)?;
         start_epoch_ticker(&engine);
         let slots = Semaphore::new(limits.max_concurrent_calls.max(1) as usize);
+        let warm_slots = Arc::new(Semaphore::new(limits.max_warm_instances as usize));
         Ok(PluginHost {
             engine,
             linker,
@@ -90,6 +98,7 @@ impl PluginHost {
             limits,
             cache,
             slots,
+            warm_slots,
             services: None,
             network: Arc::default(),
         })
@@ -193,6 +202,7 @@ impl PluginHost {
             "plugin loaded"
         );
         Ok(LoadedPlugin {
+            serial: NEXT_PLUGIN_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             path: path.to_owned(),
             name,
             wit_version,
@@ -228,8 +238,10 @@ impl PluginHost {
         .map_err(|err| err.message().to_owned())
     }
 
-    /// Runs one tool call in a fresh instance of `plugin`. What leaves the call (its output
-    /// or error) has every secret value redacted.
+    /// Runs one tool call in a fresh instance of `plugin`, or in the calling process's own
+    /// when it reuses them and the call holds no network grant (a request belongs to the
+    /// call that made it, so such a call always starts fresh). What leaves the call (its
+    /// output or error) has every secret value redacted.
     pub(crate) async fn invoke(
         &self,
         plugin: &LoadedPlugin,
@@ -268,29 +280,28 @@ impl PluginHost {
             network: self.network.clone(),
             log_lines: 0,
         };
-        let sandbox = Sandbox::new(
-            &self.limits,
-            scope,
-            call.workspace,
-            Egress::new(call_net.clone()),
-        )?;
         let context = CallContext {
             caller: call.caller.to_owned(),
             call_id: call.call_id,
             capabilities: call.capabilities.iter().map(ToString::to_string).collect(),
         };
-        let result = self
-            .run(
-                plugin.pre(call_net.is_some()),
-                sandbox,
-                async |instance, store| {
-                    instance
-                        .capstan_plugin_tool()
-                        .call_call(store, call.tool, call.args_json, &context)
-                        .await
-                },
-            )
-            .await;
+        let pre = plugin.pre(call_net.is_some());
+        let egress = Egress::new(call_net.clone());
+        let sandbox = || Sandbox::new(&self.limits, scope, call.workspace, egress);
+        let run_tool = async |instance: &Plugin, store: &mut Store<Sandbox>| {
+            instance
+                .capstan_plugin_tool()
+                .call_call(store, call.tool, call.args_json, &context)
+                .await
+        };
+        let result = match call.instances.filter(|_| call_net.is_none()) {
+            Some(instances) => {
+                let key = WarmKey::new(plugin.serial, &call.capabilities, call.workspace);
+                self.run_kept(instances, key, pre, call.tool, sandbox, run_tool)
+                    .await
+            }
+            None => self.run(pre, sandbox()?, run_tool).await,
+        };
         // The store is gone, and with it every response body: each request's row is
         // written, so the call's audit is complete when it returns.
         if let Some(call_net) = &call_net {
@@ -316,18 +327,96 @@ impl PluginHost {
         sandbox: Sandbox,
         f: impl AsyncFnOnce(&Plugin, &mut Store<Sandbox>) -> wasmtime::Result<R>,
     ) -> Result<R, ToolError> {
-        let _slot = self
-            .slots
+        let _slot = self.call_slot().await;
+        let mut store = self.new_store(sandbox);
+        self.arm_deadline(&mut store);
+        let call = async {
+            let instance = pre.instantiate_async(&mut store).await?;
+            f(&instance, &mut store).await
+        };
+        let outcome = self.within_deadline(call).await;
+        outcome.map_err(|err| self.explain_failure(&store, &err))
+    }
+
+    /// [`PluginHost::run`] in the instance `instances` keeps for `key`, or in a fresh one
+    /// (its sandbox from `sandbox`) that is kept after the call if a warm slot is free.
+    /// Only a call that returned gives its instance back; any failure drops it.
+    async fn run_kept<R>(
+        &self,
+        instances: &ProcessInstances,
+        key: WarmKey,
+        pre: &PluginPre<Sandbox>,
+        tool: &str,
+        sandbox: impl FnOnce() -> Result<Sandbox, ToolError>,
+        f: impl AsyncFnOnce(&Plugin, &mut Store<Sandbox>) -> wasmtime::Result<R>,
+    ) -> Result<R, ToolError> {
+        let _slot = self.call_slot().await;
+        let (mut store, kept, slot) = match instances.take(&key) {
+            Some(WarmInstance {
+                mut store,
+                instance,
+                _kept,
+            }) => {
+                store.data_mut().begin_call(tool, Egress::default());
+                (store, Some(instance), Some(_kept))
+            }
+            None => (
+                self.new_store(sandbox()?),
+                None,
+                self.warm_slots.clone().try_acquire_owned().ok(),
+            ),
+        };
+        self.arm_deadline(&mut store);
+        let call = async {
+            let instance = match kept {
+                Some(instance) => instance,
+                None => pre.instantiate_async(&mut store).await?,
+            };
+            let output = f(&instance, &mut store).await?;
+            Ok((instance, output))
+        };
+        match self.within_deadline(call).await {
+            Ok((instance, output)) => {
+                // A plugin that leaves resources open (files, streams) would hold them for
+                // the life of the process: such an instance is not kept.
+                if let Some(slot) = slot
+                    && store.data_mut().resources_held() <= MAX_KEPT_RESOURCES
+                {
+                    let warm = WarmInstance {
+                        store,
+                        instance,
+                        _kept: slot,
+                    };
+                    instances.keep(key, warm);
+                }
+                Ok(output)
+            }
+            Err(err) => Err(self.explain_failure(&store, &err)),
+        }
+    }
+
+    /// A permit to run one call: calls beyond [`Limits::max_concurrent_calls`] wait here.
+    async fn call_slot(&self) -> tokio::sync::SemaphorePermit<'_> {
+        self.slots
             .acquire()
             .await
-            .expect("the slot semaphore is never closed");
+            .expect("the slot semaphore is never closed")
+    }
+
+    /// A store holding `sandbox`, its memory bounded by the sandbox's limiter.
+    fn new_store(&self, sandbox: Sandbox) -> Store<Sandbox> {
         let mut store = Store::new(&self.engine, sandbox);
         store.limiter(|s| &mut s.limiter);
+        store
+    }
+
+    /// Starts the deadline of the next call on `store`, counted from now: the epoch
+    /// callback makes a guest that computes yield at every tick and stops it once the
+    /// deadline has passed.
+    fn arm_deadline(&self, store: &mut Store<Sandbox>) {
         let started = Instant::now();
         let deadline = self.limits.deadline;
         store.set_epoch_deadline(1);
-        // Yield at every tick so a busy plugin never holds an executor thread for long, and
-        // stop it once the wall-clock deadline has passed.
         store.epoch_deadline_callback(move |_| {
             if started.elapsed() >= deadline {
                 Err(wasmtime::Error::new(DeadlineExceeded))
@@ -335,18 +424,19 @@ impl PluginHost {
                 Ok(UpdateDeadline::Yield(1))
             }
         });
-        let call = async {
-            let instance = pre.instantiate_async(&mut store).await?;
-            f(&instance, &mut store).await
-        };
-        // The epoch callback stops a guest that runs; this stops one that waits in a host
-        // call (a sleep, a read that never returns, a slow import). Dropping the call's
-        // future unwinds its fiber; the store, and with it the pool slot, go right after.
-        let outcome = match tokio::time::timeout(deadline, call).await {
+    }
+
+    /// Awaits `call` until the deadline: this stops a guest that waits in a host call (a
+    /// sleep, a read that never returns, a slow import). Dropping the call's future
+    /// unwinds its fiber; the store, and with it the pool slot, go right after.
+    async fn within_deadline<R>(
+        &self,
+        call: impl Future<Output = wasmtime::Result<R>>,
+    ) -> wasmtime::Result<R> {
+        match tokio::time::timeout(self.limits.deadline, call).await {
             Ok(outcome) => outcome,
             Err(_elapsed) => Err(wasmtime::Error::new(DeadlineExceeded)),
-        };
-        outcome.map_err(|err| self.explain_failure(&store, &err))
+        }
     }
 
     /// Turns a trap or host error from a call into a message naming its cause. Guest text
@@ -474,6 +564,13 @@ fn read_plugin_file(path: &Path) -> Result<Vec<u8>, LoadError> {
     }
     Ok(bytes)
 }
+
+/// Resources (open files, streams) a kept instance may hold between calls; past it the
+/// instance is dropped after its call, as a fresh one would be.
+const MAX_KEPT_RESOURCES: usize = 16;
+
+/// Each loaded plugin's identity, for the instances processes keep of it.
+static NEXT_PLUGIN_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// The largest plugin file read: components are a few MiB; a bigger file is refused
 /// before it fills memory or ties up the compiler.

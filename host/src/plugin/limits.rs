@@ -38,6 +38,11 @@ pub struct Limits {
     pub max_output_bytes: usize,
     /// Calls running at once; more wait for a slot. Sizes the pooling allocator. Default 64.
     pub max_concurrent_calls: u32,
+    /// Instances kept between calls by processes whose plugins reuse them
+    /// ([`InstanceReuse::Process`](crate::policy::InstanceReuse::Process)), over all
+    /// processes; past it a call runs in a fresh instance as usual. Each holds its memory
+    /// and a pooling-allocator slot of its own, apart from the call slots. Default 64.
+    pub max_warm_instances: u32,
 }
 
 impl Default for Limits {
@@ -47,6 +52,7 @@ impl Default for Limits {
             memory_bytes: 64 << 20,
             max_output_bytes: 1 << 20,
             max_concurrent_calls: 64,
+            max_warm_instances: 64,
         }
     }
 }

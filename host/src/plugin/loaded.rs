@@ -28,6 +28,8 @@ pub(crate) const MAX_SCHEMA_BYTES: usize = 32 * 1024;
 
 /// A component that passed every load check, ready to instantiate.
 pub struct LoadedPlugin {
+    /// Unique among the plugins this process loaded: what kept instances are keyed by.
+    pub(crate) serial: u64,
     pub(crate) path: PathBuf,
     pub(crate) name: Arc<str>,
     pub(crate) wit_version: String,

@@ -1,7 +1,9 @@
 //! Plugins: loading WebAssembly components and running their tools in sandboxes.
 //!
 //! - [`PluginHost`] owns the engine: compile (through the [`ArtifactCache`]), check and
-//!   link a component, and run each call in a fresh pooled instance under [`Limits`].
+//!   link a component, and run each call in a fresh pooled instance under [`Limits`], or
+//!   in an instance of the calling process's own ([`ProcessInstances`]) where its policy
+//!   reuses them.
 //! - [`Registry`] loads a directory of plugins and routes a [`CallRequest`] by tool name,
 //!   after the grant check of [`crate::policy`].
 //!
@@ -10,6 +12,7 @@
 
 mod bindings;
 mod cache;
+mod capture;
 pub mod contract;
 mod engine;
 mod error;
@@ -25,6 +28,7 @@ mod registry;
 mod sandbox;
 mod schema;
 mod settle;
+mod warm;
 
 pub use cache::{ArtifactCache, CacheError, CacheOutcome};
 pub use error::{HostError, LoadError, PREFER_KEY, ToolError};
@@ -37,3 +41,4 @@ pub(crate) use loaded::{MAX_TOOLS_PER_PLUGIN, check_description, parse_args_sche
 pub use loaded::{RawToolSpec, check_describe_output};
 pub use registry::{CallRequest, Registry};
 pub use settle::{Preferences, Shadowed};
+pub use warm::ProcessInstances;

@@ -13,8 +13,9 @@ use super::external::ExternalTools;
 use super::host::{Invocation, PluginHost};
 use super::loaded::{LoadedPlugin, ToolInfo};
 use super::settle::{Preferences, Shadowed, settle};
+use super::warm::ProcessInstances;
 use crate::net::GrantSource;
-use crate::policy::{Decision, Grants, Policy, ProcessKind, ToolNeeds};
+use crate::policy::{Decision, Grants, InstanceReuse, Policy, ProcessKind, ToolNeeds};
 use crate::services::AuditRecord;
 use crate::text::{echo_name, one_line};
 
@@ -35,6 +36,10 @@ pub struct CallRequest<'a> {
     pub workspace: Option<&'a Path>,
     /// Who is calling, e.g. `cli` or `worker:7`; passed to the tool and logged.
     pub caller: &'a str,
+    /// The calling process's own instances: given, a plugin whose instances the process
+    /// reuses ([`Registry::call_as`] asks the policy; [`Registry::call`] reuses every
+    /// plugin's) runs in the one kept there. `None`: a fresh instance.
+    pub instances: Option<&'a ProcessInstances>,
 }
 
 /// The plugins loaded from a directory, and the ones refused with why.
@@ -55,6 +60,7 @@ pub struct CallRequest<'a> {
 ///         grants: &grants,
 ///         workspace: Some(Path::new(".")),
 ///         caller: "example",
+///         instances: None,
 ///     })
 ///     .await?;
 /// println!("{text}");
@@ -301,7 +307,8 @@ impl Registry {
     /// JSON object, then runs it in a fresh sandbox holding exactly the effective
     /// capabilities. Every outcome is logged with the caller, grants and duration.
     pub async fn call(&self, request: CallRequest<'_>) -> Result<String, ToolError> {
-        self.audited(&request, self.run_call(&request, GrantSource::Flag))
+        let reuse = |_: &str| InstanceReuse::Process;
+        self.audited(&request, self.run_call(&request, GrantSource::Flag, reuse))
             .await
     }
 
@@ -336,7 +343,10 @@ impl Registry {
         let source = GrantSource::profile(kind, policy.profile(kind), request.tool);
         let run = async {
             match decision {
-                Decision::Offered => self.run_call(&request, source).await,
+                Decision::Offered => {
+                    let reuse = |plugin: &str| policy.reuse().decide(kind, plugin);
+                    self.run_call(&request, source, reuse).await
+                }
                 Decision::NotLoaded => Err(self.unknown_tool(request.tool)),
                 refused => Err(ToolError::Denied(format!(
                     "tool `{}` is not offered to a {kind} process: {}",
@@ -419,10 +429,13 @@ impl Registry {
         result
     }
 
+    /// Runs a call of a plugin's tool (or an external one's), in an instance of the
+    /// caller's own where `reuse` says the plugin's instances live for the process.
     async fn run_call(
         &self,
         request: &CallRequest<'_>,
         grant_source: GrantSource,
+        reuse: impl Fn(&str) -> InstanceReuse,
     ) -> Result<String, ToolError> {
         let call_id = format!("call-{}", self.next_call.fetch_add(1, Ordering::Relaxed));
         let Some((plugin, index)) = self.tools.get(request.tool) else {
@@ -447,6 +460,9 @@ impl Registry {
             declared: &tool.capabilities,
             granted: request.grants.net_rules().cloned().collect(),
             grant_source,
+            instances: request
+                .instances
+                .filter(|_| reuse(&plugin.name) == InstanceReuse::Process),
         };
         self.host.invoke(plugin, call).await
     }

@@ -1,6 +1,8 @@
 //! The per-call sandbox: what one fresh instance can see and hold.
 //!
-//! A sandbox is built for exactly one call from the call's effective capabilities:
+//! A sandbox is built for one call from the call's effective capabilities, or for the
+//! calls with the same capabilities of one process that reuses its instance
+//! ([`Sandbox::begin_call`] resets what belongs to one call):
 //!
 //! - no `fs.*` capability: no preopen at all, so the guest sees no files;
 //! - `fs.read`: the workspace preopened read-only as `.`;
@@ -19,23 +21,23 @@ use std::sync::Arc;
 
 use capstan_caps::Capability;
 use wasmtime::component::ResourceTable;
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
+use super::capture::OutputCapture;
 use super::error::ToolError;
 use super::limits::{CallLimiter, Limits, STDERR_CAPTURE_BYTES};
 use crate::net::{Egress, NetHost};
 use crate::services::Services;
 
-/// The store data of one call.
+/// The store data of one call, or of one process's calls that reuse an instance.
 pub struct Sandbox {
     wasi: WasiCtx,
     http: WasiHttpCtx,
     egress: Egress,
     table: ResourceTable,
     pub(crate) limiter: CallLimiter,
-    pub(crate) output: MemoryOutputPipe,
+    pub(crate) output: OutputCapture,
     pub(crate) scope: CallScope,
 }
 
@@ -73,7 +75,7 @@ impl Sandbox {
         egress: Egress,
     ) -> Result<Self, ToolError> {
         let tool = scope.tool.as_str();
-        let output = MemoryOutputPipe::new(STDERR_CAPTURE_BYTES);
+        let output = OutputCapture::new(STDERR_CAPTURE_BYTES);
         let mut wasi = WasiCtx::builder();
         wasi.stdout(output.clone())
             .stderr(output.clone())
@@ -106,10 +108,32 @@ impl Sandbox {
         })
     }
 
+    /// Readies a reused sandbox for the next call, of `tool` through `egress`: what the
+    /// last call wrote, logged and was refused is forgotten. The capabilities, caller and
+    /// preopens stay: an instance is reused only by calls that would build the same.
+    pub(crate) fn begin_call(&mut self, tool: &str, egress: Egress) {
+        self.scope.tool.clear();
+        self.scope.tool.push_str(tool);
+        self.scope.log_lines = 0;
+        self.egress = egress;
+        self.limiter.refused_growth = None;
+        self.output.clear();
+    }
+
+    /// How many resources (files, streams, pollables) the guest holds now.
+    pub(crate) fn resources_held(&mut self) -> usize {
+        self.table.iter_mut().count()
+    }
+
     /// What the guest wrote to stdout and stderr, lossily decoded.
     pub(crate) fn captured_output(&self) -> String {
         String::from_utf8_lossy(&self.output.contents()).into_owned()
     }
+}
+
+/// Whether `capabilities` open the workspace in a sandbox.
+pub(crate) fn opens_workspace(capabilities: &[Capability]) -> bool {
+    fs_perms(capabilities).is_some()
 }
 
 /// The preopen a set of capabilities asks for, if any.

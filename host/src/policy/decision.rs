@@ -5,7 +5,7 @@ use std::fmt;
 
 use capstan_caps::Capability;
 
-use super::{ProcessKind, Profile};
+use super::{ProcessKind, Profile, ReuseRules};
 
 /// A tool as policy sees it: a name and what it needs.
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +44,7 @@ impl fmt::Display for Decision {
 #[derive(Debug, Clone)]
 pub struct Policy {
     profiles: BTreeMap<ProcessKind, Profile>,
+    reuse: ReuseRules,
 }
 
 impl Policy {
@@ -56,7 +57,21 @@ impl Policy {
         for kind in ProcessKind::ALL {
             assert!(profiles.contains_key(&kind), "no profile for {kind}");
         }
-        Policy { profiles }
+        Policy {
+            profiles,
+            reuse: ReuseRules::default(),
+        }
+    }
+
+    /// The policy with `reuse` choosing how long plugin instances live.
+    pub fn with_reuse(mut self, reuse: ReuseRules) -> Self {
+        self.reuse = reuse;
+        self
+    }
+
+    /// Which plugins' instances each kind of process keeps between its calls.
+    pub fn reuse(&self) -> &ReuseRules {
+        &self.reuse
     }
 
     /// The profile of `kind`.

@@ -9,13 +9,17 @@
 //!   [`Grants::effective`]: those the tool declares, each allowed by a grant. A tool that
 //!   declares a capability the caller does not grant is refused before it is instantiated,
 //!   with a [`Denial`] naming the capability and the grant that would allow it.
+//! - [`ReuseRules`] say which plugins' instances a process keeps between its calls
+//!   ([`InstanceReuse`]).
 
 mod decision;
 mod grants;
 mod process;
 mod profile;
+mod reuse;
 
 pub use decision::{Decision, Policy, ToolNeeds};
 pub use grants::{Denial, Grants, ToolGrants};
 pub use process::ProcessKind;
 pub use profile::Profile;
+pub use reuse::{InstanceReuse, ReuseRules};

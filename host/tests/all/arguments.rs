@@ -17,6 +17,7 @@ async fn raw_call(args_json: &str) -> Result<String, capstan_host::plugin::ToolE
             grants: &grants,
             workspace: Some(&ws.path()),
             caller: "test",
+            instances: None,
         })
         .await
 }

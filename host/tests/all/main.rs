@@ -22,6 +22,7 @@ mod limits;
 mod loading;
 mod net;
 mod providers;
+mod reuse;
 mod sandbox;
 mod serve;
 mod taskboard;

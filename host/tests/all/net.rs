@@ -62,6 +62,7 @@ impl Net {
                 grants: &grants,
                 workspace: None,
                 caller: "worker:1",
+                instances: None,
             })
             .await
     }
@@ -588,6 +589,7 @@ async fn a_component_importing_sockets_and_http_like_a_python_runtime_loads_and_
             grants: &Grants::none(),
             workspace: None,
             caller: "cli",
+            instances: None,
         })
         .await
         .unwrap();

@@ -55,6 +55,7 @@ async fn call(
         grants: &grants,
         workspace: Some(ws),
         caller: "test",
+        instances: None,
     };
     tokio::time::timeout(HANG_GUARD, registry.call(request))
         .await

@@ -297,6 +297,7 @@ async fn unknown_tool_names_are_echoed_on_one_line_and_cut() {
             grants: &grants,
             workspace: Some(Path::new(".")),
             caller: "test",
+            instances: None,
         })
         .await
         .unwrap_err();

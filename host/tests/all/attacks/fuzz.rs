@@ -143,6 +143,7 @@ fn ten_thousand_generated_tool_inputs_never_panic_the_host() {
                 grants: &grants,
                 workspace: Some(ws.path()),
                 caller: "fuzz",
+                instances: None,
             }));
             match &result {
                 Ok(_) => {}

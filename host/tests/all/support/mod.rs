@@ -194,6 +194,7 @@ pub async fn call_by(
             grants: &grants,
             workspace: Some(workspace),
             caller,
+            instances: None,
         })
         .await
 }

@@ -1,0 +1,368 @@
+//! Instances kept per process (`instance_reuse = "process"`): a process's calls reuse its
+//! own instance, and nothing else does. The probe's `remember` tool shows which calls
+//! shared an instance: it returns everything its instance was told.
+
+use std::time::Duration;
+
+use capstan_host::plugin::{CallRequest, Limits, ProcessInstances, Registry, ToolError};
+use capstan_host::policy::Grants;
+use serde_json::json;
+
+use crate::support::{Workspace, expect_error, registry};
+
+/// Calls `tool` as process `caller`, keeping its instances in `instances`.
+async fn call_in(
+    registry: &Registry,
+    instances: Option<&ProcessInstances>,
+    tool: &str,
+    args: serde_json::Value,
+    grants: &str,
+    ws: &Workspace,
+) -> Result<String, ToolError> {
+    let grants: Grants = grants.parse().expect("grants");
+    let workspace = ws.path();
+    registry
+        .call(CallRequest {
+            tool,
+            args_json: &args.to_string(),
+            grants: &grants,
+            workspace: Some(&workspace),
+            caller: "worker:1",
+            instances,
+        })
+        .await
+}
+
+async fn remember(registry: &Registry, instances: &ProcessInstances, text: &str) -> String {
+    let ws = Workspace::new();
+    call_in(
+        registry,
+        Some(instances),
+        "remember",
+        json!({ "text": text }),
+        "",
+        &ws,
+    )
+    .await
+    .expect("remember answers")
+}
+
+fn small_limits() -> Limits {
+    Limits {
+        deadline: Duration::from_secs(5),
+        memory_bytes: 48 << 20,
+        ..Limits::default()
+    }
+}
+
+#[tokio::test]
+async fn a_process_reuses_its_instance_and_a_fresh_call_does_not() {
+    let registry = registry(small_limits()).await;
+    let mine = ProcessInstances::new();
+    assert_eq!(remember(&registry, &mine, "a").await, "a");
+    assert_eq!(remember(&registry, &mine, "b").await, "a,b");
+    assert_eq!(mine.len(), 1);
+    let ws = Workspace::new();
+    let fresh = call_in(&registry, None, "remember", json!({"text": "c"}), "", &ws).await;
+    assert_eq!(fresh.unwrap(), "c", "a call without instances runs fresh");
+    assert_eq!(remember(&registry, &mine, "d").await, "a,b,d");
+}
+
+#[tokio::test]
+async fn state_written_by_one_process_is_invisible_to_another() {
+    let registry = registry(small_limits()).await;
+    let (one, two) = (ProcessInstances::new(), ProcessInstances::new());
+    assert_eq!(
+        remember(&registry, &one, "one's secret").await,
+        "one's secret"
+    );
+    assert_eq!(remember(&registry, &two, "two").await, "two");
+    assert_eq!(
+        remember(&registry, &one, "again").await,
+        "one's secret,again"
+    );
+}
+
+#[tokio::test]
+async fn another_capability_set_gets_another_instance() {
+    let registry = registry(small_limits()).await;
+    let mine = ProcessInstances::new();
+    let ws = Workspace::new();
+    ws.put("a.txt", "readable");
+    assert_eq!(remember(&registry, &mine, "plain").await, "plain");
+    // The same code declaring fs.read runs in an instance with the workspace preopened:
+    // not the one above.
+    let reading = call_in(
+        &registry,
+        Some(&mine),
+        "remember_reading",
+        json!({"text": "reading"}),
+        "fs.read",
+        &ws,
+    )
+    .await;
+    assert_eq!(reading.unwrap(), "reading");
+    assert_eq!(mine.len(), 2);
+    // A call without file capabilities never lands in the instance that has the
+    // preopen: it sees no files, as a fresh call does.
+    let read = call_in(
+        &registry,
+        Some(&mine),
+        "raw_read",
+        json!({"path": "a.txt"}),
+        "fs.read",
+        &ws,
+    )
+    .await;
+    assert_eq!(read.unwrap(), "readable");
+    let listed = call_in(&registry, Some(&mine), "raw_list", json!({}), "", &ws).await;
+    let err = expect_error(listed, "failed");
+    assert!(!err.contains("a.txt"), "{err}");
+}
+
+#[tokio::test]
+async fn a_trap_drops_the_instance_and_its_state() {
+    let registry = registry(small_limits()).await;
+    let mine = ProcessInstances::new();
+    let ws = Workspace::new();
+    assert_eq!(remember(&registry, &mine, "before").await, "before");
+    let trapped = call_in(&registry, Some(&mine), "panic", json!({}), "", &ws).await;
+    assert!(expect_error(trapped, "failed").contains("panicked"));
+    assert_eq!(mine.len(), 0, "the trapped instance is not kept");
+    assert_eq!(remember(&registry, &mine, "after").await, "after");
+}
+
+#[tokio::test]
+async fn the_deadline_holds_per_call_and_drops_the_instance() {
+    let registry = registry(Limits {
+        deadline: Duration::from_millis(500),
+        ..small_limits()
+    })
+    .await;
+    let mine = ProcessInstances::new();
+    let ws = Workspace::new();
+    assert_eq!(remember(&registry, &mine, "before").await, "before");
+    // The deadline counts from each call, not from the instance's first.
+    let spun = call_in(&registry, Some(&mine), "spin", json!({}), "", &ws).await;
+    let err = expect_error(spun, "failed");
+    assert!(err.contains("deadline"), "{err}");
+    assert_eq!(remember(&registry, &mine, "after").await, "after");
+    let slept = call_in(
+        &registry,
+        Some(&mine),
+        "sleep",
+        json!({"secs": 60}),
+        "",
+        &ws,
+    )
+    .await;
+    assert!(expect_error(slept, "failed").contains("deadline"));
+    assert_eq!(remember(&registry, &mine, "again").await, "again");
+}
+
+#[tokio::test]
+async fn memory_kept_between_calls_counts_against_the_limit() {
+    let registry = registry(small_limits()).await;
+    let mine = ProcessInstances::new();
+    let ws = Workspace::new();
+    let grow = async || call_in(&registry, Some(&mine), "grow", json!({"mib": 16}), "", &ws).await;
+    assert_eq!(grow().await.unwrap(), "16");
+    assert_eq!(grow().await.unwrap(), "32");
+    // 48 MiB is the limit: a third 16 MiB does not fit beside the rest of the heap.
+    let err = expect_error(grow().await, "failed");
+    assert!(
+        err.contains("ran out of memory") && err.contains("48 MiB"),
+        "{err}"
+    );
+    assert_eq!(mine.len(), 0);
+    assert_eq!(grow().await.unwrap(), "16", "the next call starts fresh");
+}
+
+#[tokio::test]
+async fn an_instance_holding_open_resources_is_not_kept() {
+    let registry = registry(small_limits()).await;
+    let mine = ProcessInstances::new();
+    let ws = Workspace::new();
+    let leaked = call_in(
+        &registry,
+        Some(&mine),
+        "leak_files",
+        json!({"count": 64}),
+        "fs.read",
+        &ws,
+    )
+    .await;
+    assert_eq!(leaked.unwrap(), "64 left open");
+    assert_eq!(
+        mine.len(),
+        0,
+        "64 open files are not carried to the next call"
+    );
+    let few = call_in(
+        &registry,
+        Some(&mine),
+        "leak_files",
+        json!({"count": 1}),
+        "fs.read",
+        &ws,
+    )
+    .await;
+    assert_eq!(few.unwrap(), "1 left open");
+    assert_eq!(mine.len(), 1);
+}
+
+#[tokio::test]
+async fn kept_instances_are_bounded_host_wide_and_freed_when_a_process_ends() {
+    let registry = registry(Limits {
+        max_warm_instances: 1,
+        ..small_limits()
+    })
+    .await;
+    let (one, two) = (ProcessInstances::new(), ProcessInstances::new());
+    assert_eq!(remember(&registry, &one, "a").await, "a");
+    // The one warm slot is taken: the second process's calls run fresh.
+    assert_eq!(remember(&registry, &two, "x").await, "x");
+    assert_eq!(remember(&registry, &two, "y").await, "y");
+    assert_eq!(two.len(), 0);
+    drop(one);
+    assert_eq!(remember(&registry, &two, "p").await, "p");
+    assert_eq!(remember(&registry, &two, "q").await, "p,q");
+}
+
+#[tokio::test]
+async fn with_no_warm_slots_every_call_is_fresh() {
+    let registry = registry(Limits {
+        max_warm_instances: 0,
+        ..small_limits()
+    })
+    .await;
+    let mine = ProcessInstances::new();
+    assert_eq!(remember(&registry, &mine, "a").await, "a");
+    assert_eq!(remember(&registry, &mine, "b").await, "b");
+}
+
+#[tokio::test]
+async fn a_cancelled_call_drops_the_instance() {
+    let registry = registry(small_limits()).await;
+    let mine = ProcessInstances::new();
+    let ws = Workspace::new();
+    assert_eq!(remember(&registry, &mine, "before").await, "before");
+    let sleeping = call_in(
+        &registry,
+        Some(&mine),
+        "sleep",
+        json!({"secs": 60}),
+        "",
+        &ws,
+    );
+    // The sleep has taken the kept instance once it is polled; dropping it mid-call is what
+    // a caller's cancellation does.
+    let outcome = tokio::select! {
+        biased;
+        outcome = sleeping => Some(outcome),
+        () = async {
+            while !mine.is_empty() {
+                tokio::task::yield_now().await;
+            }
+        } => None,
+    };
+    assert!(
+        outcome.is_none(),
+        "the sleep cannot finish first: {outcome:?}"
+    );
+    assert_eq!(remember(&registry, &mine, "after").await, "after");
+}
+
+#[tokio::test]
+async fn the_files_plugin_is_kept_between_a_process_calls() {
+    let registry = registry(small_limits()).await;
+    let mine = ProcessInstances::new();
+    let ws = Workspace::new();
+    ws.put("notes.txt", "kept");
+    for _ in 0..3 {
+        let read = call_in(
+            &registry,
+            Some(&mine),
+            "file_read",
+            json!({"path": "notes.txt"}),
+            "fs.read",
+            &ws,
+        )
+        .await;
+        assert!(read.unwrap().contains("kept"));
+        assert_eq!(mine.len(), 1);
+    }
+}
+
+/// Each worker remembers two things in one turn, then reports what its instance holds.
+const TWO_WORKERS: &str = r#"
+[[step]]
+process = "worker"
+when = "task one"
+tool_calls = [
+  { name = "remember", arguments = { text = "one-a" } },
+  { name = "remember", arguments = { text = "one-b" } },
+]
+
+[[step]]
+process = "worker"
+when = "task two"
+tool_calls = [
+  { name = "remember", arguments = { text = "two-a" } },
+  { name = "remember", arguments = { text = "two-b" } },
+]
+
+[[step]]
+process = "worker"
+repeat = true
+tool_calls = [{ name = "set_status", arguments = { state = "done", message = "remembered" } }]
+
+[[step]]
+process = "channel"
+repeat = true
+tool_calls = [{ name = "skip" }]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_reuse_their_own_instances_through_the_config() {
+    use capstan_host::config::Config;
+
+    let dir = tempfile::tempdir().unwrap();
+    let toml = r#"
+[provider]
+kind = "scripted"
+
+[plugins]
+instance_reuse = { probe = "process" }
+
+[profiles.worker]
+tools = ["remember", "set_status"]
+capabilities = []
+"#;
+    let config = Config::parse(toml, &dir.path().join("capstan.toml")).unwrap();
+    assert_eq!(
+        config
+            .policy
+            .reuse()
+            .decide(capstan_host::policy::ProcessKind::Worker, "probe"),
+        capstan_host::policy::InstanceReuse::Process
+    );
+    let provider = crate::support::Recording::new(TWO_WORKERS);
+    let (rt, _events) = crate::support::agent_runtime(config, provider.clone(), true).await;
+    for task in ["task one", "task two"] {
+        rt.spawn_worker("main", task, false, None).await.unwrap();
+    }
+    crate::support::eventually("both workers report", || {
+        provider.requests_of("worker").len() == 4
+    })
+    .await;
+    let mut last_results: Vec<String> = provider
+        .requests_of("worker")
+        .iter()
+        .map(|request| request.messages.last().unwrap().content.clone())
+        .filter(|text| !text.starts_with("task"))
+        .collect();
+    last_results.sort();
+    // Each worker's second call saw its first, and nothing of the other worker's.
+    assert_eq!(last_results, ["one-a,one-b", "two-a,two-b"]);
+}
