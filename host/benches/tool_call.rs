@@ -12,8 +12,12 @@
 //! - `capstan`: `Registry::call`: tool lookup, grant check, argument check, sandbox
 //!   construction, fresh pooled instance with deadline and memory limit, call, output cap.
 //!
-//! After criterion's report, both paths run interleaved once more to print p50 and p99
-//! and their ratios.
+//! - `bare_warm`: one long-lived store and instance, called again and again.
+//! - `capstan_warm`: `Registry::call` with the caller's [`ProcessInstances`]
+//!   (`instance_reuse = "process"`): the same host path, in the instance the process keeps.
+//!
+//! After criterion's report, each pair runs interleaved once more to print p50 and p99,
+//! their ratios and (warm) the difference.
 //!
 //! `plugin_load`: a cold compile, a warm load from Capstan's sealed cache (read, check the
 //! seal, deserialize, link, `describe()`), and bare wasmtime deserializing the same
@@ -23,13 +27,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use capstan_host::plugin::{ArtifactCache, CallRequest, Limits, PluginHost, Registry};
+use capstan_host::plugin::{
+    ArtifactCache, CallRequest, Limits, PluginHost, ProcessInstances, Registry,
+};
 use capstan_host::policy::Grants;
 use criterion::{BatchSize, Criterion};
 use tokio::runtime::Runtime;
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{
+    RequestOptions, WasiBody, WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView,
+};
 
 mod bare {
     wasmtime::component::bindgen!({
@@ -42,10 +51,59 @@ mod bare {
 use bare::capstan::plugin::types::{CallContext, HostError};
 use bare::capstan::plugin::{log, memory, secrets, tasks, types};
 
-/// The bare path's store data: a WASI context and nothing else.
+/// The bare path's store data: WASI and WASI HTTP contexts and nothing else.
 struct BareState {
     wasi: WasiCtx,
+    http: WasiHttpCtx,
+    hooks: NoNetwork,
     table: ResourceTable,
+}
+
+impl BareState {
+    fn new() -> Self {
+        BareState {
+            wasi: WasiCtx::builder().build(),
+            http: WasiHttpCtx::new(),
+            hooks: NoNetwork,
+            table: ResourceTable::new(),
+        }
+    }
+}
+
+/// The bare path sends no request (`echo` makes none): any would wait forever.
+struct NoNetwork;
+
+type Sent = Box<
+    dyn Future<
+            Output = Result<
+                (
+                    http::Response<WasiBody>,
+                    Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+                ),
+                wasmtime_wasi_http::Error,
+            >,
+        > + Send,
+>;
+
+impl WasiHttpHooks for NoNetwork {
+    fn send_request(
+        &mut self,
+        _: http::Request<WasiBody>,
+        _: Option<RequestOptions>,
+        _: Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+    ) -> Sent {
+        Box::new(std::future::pending())
+    }
+}
+
+impl WasiHttpView for BareState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
+        }
+    }
 }
 
 impl WasiView for BareState {
@@ -142,15 +200,14 @@ impl Bare {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).unwrap();
         bare::Plugin::add_to_linker::<BareState, HasSelf<BareState>>(&mut linker, |s| s).unwrap();
+        // The probe's network tools import wasi:http.
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).unwrap();
         let pre = bare::PluginPre::new(linker.instantiate_pre(&component).unwrap()).unwrap();
         Bare { engine, pre }
     }
 
     async fn call(&self) -> String {
-        let state = BareState {
-            wasi: WasiCtx::builder().build(),
-            table: ResourceTable::new(),
-        };
+        let state = BareState::new();
         let mut store = Store::new(&self.engine, state);
         store.set_epoch_deadline(u64::MAX);
         let plugin = self.pre.instantiate_async(&mut store).await.unwrap();
@@ -168,9 +225,41 @@ impl Bare {
     }
 }
 
+/// Bare wasmtime's long-lived instance: one store, one instance, every call into it.
+struct BareWarm {
+    store: Store<BareState>,
+    plugin: bare::Plugin,
+}
+
+impl BareWarm {
+    async fn new(bare: &Bare) -> Self {
+        let state = BareState::new();
+        let mut store = Store::new(&bare.engine, state);
+        store.set_epoch_deadline(u64::MAX);
+        let plugin = bare.pre.instantiate_async(&mut store).await.unwrap();
+        BareWarm { store, plugin }
+    }
+
+    async fn call(&mut self) -> String {
+        let ctx = CallContext {
+            caller: "bench".into(),
+            call_id: "1".into(),
+            capabilities: vec![],
+        };
+        self.plugin
+            .capstan_plugin_tool()
+            .call_call(&mut self.store, "echo", ARGS, &ctx)
+            .await
+            .unwrap()
+            .unwrap()
+    }
+}
+
 struct Ours {
     registry: Registry,
     grants: Grants,
+    /// The benchmark's process: its kept instance serves [`Ours::call_warm`].
+    instances: ProcessInstances,
 }
 
 impl Ours {
@@ -184,10 +273,19 @@ impl Ours {
         Ours {
             registry,
             grants: Grants::none(),
+            instances: ProcessInstances::new(),
         }
     }
 
     async fn call(&self) -> String {
+        self.call_in(None).await
+    }
+
+    async fn call_warm(&self) -> String {
+        self.call_in(Some(&self.instances)).await
+    }
+
+    async fn call_in(&self, instances: Option<&ProcessInstances>) -> String {
         self.registry
             .call(CallRequest {
                 tool: "echo",
@@ -195,19 +293,24 @@ impl Ours {
                 grants: &self.grants,
                 workspace: None,
                 caller: "bench",
-                instances: None,
+                instances,
             })
             .await
             .unwrap()
     }
 }
 
-fn bench_calls(c: &mut Criterion, rt: &Runtime, bare: &Bare, ours: &Ours) {
+fn bench_calls(c: &mut Criterion, rt: &Runtime, bare: &Bare, warm: &mut BareWarm, ours: &Ours) {
     assert_eq!(rt.block_on(bare.call()), "hello");
     assert_eq!(rt.block_on(ours.call()), "hello");
+    assert_eq!(rt.block_on(warm.call()), "hello");
+    assert_eq!(rt.block_on(ours.call_warm()), "hello");
+    assert_eq!(ours.instances.len(), 1, "the warm path keeps its instance");
     let mut group = c.benchmark_group("tool_call");
     group.bench_function("bare", |b| b.iter(|| rt.block_on(bare.call())));
     group.bench_function("capstan", |b| b.iter(|| rt.block_on(ours.call())));
+    group.bench_function("bare_warm", |b| b.iter(|| rt.block_on(warm.call())));
+    group.bench_function("capstan_warm", |b| b.iter(|| rt.block_on(ours.call_warm())));
     group.finish();
 }
 
@@ -242,33 +345,53 @@ fn bench_load(c: &mut Criterion, rt: &Runtime) {
     group.finish();
 }
 
-/// Runs both call paths interleaved and prints p50/p99 of each and the ratios.
-fn percentiles(rt: &Runtime, bare: &Bare, ours: &Ours) {
+/// p50 and p99 of `times`.
+fn p50_p99(times: &mut [Duration]) -> (f64, f64) {
+    times.sort_unstable();
+    let at = |p: f64| times[((times.len() as f64 - 1.0) * p) as usize].as_secs_f64() * 1e6;
+    (at(0.50), at(0.99))
+}
+
+/// Runs each pair of call paths interleaved and prints p50/p99 of each, the ratios and
+/// the difference.
+fn percentiles(rt: &Runtime, bare: &Bare, warm: &mut BareWarm, ours: &Ours) {
     const ROUNDS: usize = 5000;
-    let mut bare_times = Vec::with_capacity(ROUNDS);
-    let mut our_times = Vec::with_capacity(ROUNDS);
+    let mut times: [Vec<Duration>; 4] = std::array::from_fn(|_| Vec::with_capacity(ROUNDS));
     for _ in 0..ROUNDS {
         let t = Instant::now();
         rt.block_on(bare.call());
-        bare_times.push(t.elapsed());
+        times[0].push(t.elapsed());
         let t = Instant::now();
         rt.block_on(ours.call());
-        our_times.push(t.elapsed());
+        times[1].push(t.elapsed());
+        let t = Instant::now();
+        rt.block_on(warm.call());
+        times[2].push(t.elapsed());
+        let t = Instant::now();
+        rt.block_on(ours.call_warm());
+        times[3].push(t.elapsed());
     }
-    let pct = |times: &mut Vec<Duration>, p: f64| {
-        times.sort_unstable();
-        times[((times.len() as f64 - 1.0) * p) as usize]
-    };
-    let (b50, b99) = (pct(&mut bare_times, 0.50), pct(&mut bare_times, 0.99));
-    let (o50, o99) = (pct(&mut our_times, 0.50), pct(&mut our_times, 0.99));
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
-    println!("\ntool call, {ROUNDS} interleaved rounds");
-    println!("  bare     p50 {:8.1} us   p99 {:8.1} us", us(b50), us(b99));
-    println!("  capstan  p50 {:8.1} us   p99 {:8.1} us", us(o50), us(o99));
+    let [b, o, bw, ow] = times.each_mut().map(|t| p50_p99(t));
+    println!("\ntool call, {ROUNDS} interleaved rounds (us)");
+    println!("  fresh instance   bare  p50 {:8.2}  p99 {:8.2}", b.0, b.1);
+    println!("                capstan  p50 {:8.2}  p99 {:8.2}", o.0, o.1);
     println!(
-        "  ratio    p50 {:8.2}x     p99 {:8.2}x",
-        us(o50) / us(b50),
-        us(o99) / us(b99)
+        "                  ratio  p50 {:7.2}x  p99 {:7.2}x",
+        o.0 / b.0,
+        o.1 / b.1
+    );
+    println!(
+        "  kept instance    bare  p50 {:8.2}  p99 {:8.2}",
+        bw.0, bw.1
+    );
+    println!(
+        "                capstan  p50 {:8.2}  p99 {:8.2}",
+        ow.0, ow.1
+    );
+    println!(
+        "                   over  p50 {:8.2}  p99 {:8.2}",
+        ow.0 - bw.0,
+        ow.1 - bw.1
     );
 }
 
@@ -278,10 +401,11 @@ fn main() {
         .build()
         .unwrap();
     let bare = Bare::new();
+    let mut warm = rt.block_on(BareWarm::new(&bare));
     let ours = rt.block_on(Ours::new(ArtifactCache::disabled()));
     let mut c = Criterion::default().configure_from_args();
-    bench_calls(&mut c, &rt, &bare, &ours);
+    bench_calls(&mut c, &rt, &bare, &mut warm, &ours);
     bench_load(&mut c, &rt);
     c.final_summary();
-    percentiles(&rt, &bare, &ours);
+    percentiles(&rt, &bare, &mut warm, &ours);
 }

@@ -11,23 +11,29 @@ use crate::services::{
 impl Store {
     /// Records one call.
     pub fn record_call(&self, record: &AuditRecord) -> Result<(), StoreError> {
-        let arguments = redact(&record.arguments);
+        self.record_calls(std::slice::from_ref(record))
+    }
+
+    /// Records calls, all in one transaction.
+    pub fn record_calls(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
         let at = now();
         retry::write(&mut self.conn(), |tx| {
-            tx.execute(
+            let mut insert = tx.prepare_cached(
                 "INSERT INTO audit (at, process, tool, grants, arguments, outcome, detail, duration_us)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                params![
+            )?;
+            for record in records {
+                insert.execute(params![
                     at,
                     record.process,
                     record.tool,
                     record.grants,
-                    arguments,
+                    redact(&record.arguments),
                     record.outcome,
                     record.detail,
                     record.duration_us as i64
-                ],
-            )?;
+                ])?;
+            }
             Ok(())
         })
     }
@@ -66,14 +72,21 @@ impl Store {
     }
 
     /// Records one outbound request.
-    pub fn record_request(&self, r: &RequestRecord) -> Result<(), StoreError> {
+    pub fn record_request(&self, request: &RequestRecord) -> Result<(), StoreError> {
+        self.record_requests(std::slice::from_ref(request))
+    }
+
+    /// Records outbound requests, all in one transaction.
+    pub fn record_requests(&self, requests: &[RequestRecord]) -> Result<(), StoreError> {
         let at = now();
         retry::write(&mut self.conn(), |tx| {
-            tx.execute(
+            let mut insert = tx.prepare_cached(
                 "INSERT INTO net_requests (at, process, tool, method, scheme, host, port, address,
                      status, bytes_sent, bytes_received, duration_us, decision, grant_rule, detail)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
-                params![
+            )?;
+            for r in requests {
+                insert.execute(params![
                     at,
                     r.process,
                     r.tool,
@@ -89,8 +102,8 @@ impl Store {
                     r.decision.as_str(),
                     r.grant,
                     r.detail
-                ],
-            )?;
+                ])?;
+            }
             Ok(())
         })
     }

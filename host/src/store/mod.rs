@@ -28,6 +28,7 @@ mod audit;
 mod counters;
 mod datadir;
 mod error;
+mod group_commit;
 mod history;
 mod integrity;
 mod memory;
@@ -125,6 +126,17 @@ impl Store {
     pub fn journal_mode(&self) -> Result<String, StoreError> {
         let conn = self.conn();
         Ok(conn.pragma_query_value(None, "journal_mode", |row| row.get(0))?)
+    }
+
+    /// `err`, an error from SQLite itself naming this database, for the model and the log.
+    pub(crate) fn locate(&self, err: StoreError) -> StoreError {
+        match err {
+            StoreError::Sqlite(source) => StoreError::Query {
+                path: self.path.clone(),
+                source,
+            },
+            other => other,
+        }
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {

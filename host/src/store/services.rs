@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use super::group_commit::GroupCommit;
 use super::{Store, StoreError};
 use crate::services::{
     AuditEntry, AuditRecord, AuditSink, ConversationSummary, History, HistoryEntry, Ledger, Memory,
@@ -30,7 +31,15 @@ impl Store {
     /// # });
     /// ```
     pub fn services(self: Arc<Self>) -> Services {
-        Services::all_from(Arc::new(Sqlite(self)))
+        Services::all_from(Arc::new(Sqlite {
+            calls: GroupCommit::new(self.clone(), "audit.record", Store::record_calls),
+            requests: GroupCommit::new(
+                self.clone(),
+                "audit.record_request",
+                Store::record_requests,
+            ),
+            store: self,
+        }))
     }
 
     /// Opens the store in `data_dir` on a blocking thread (an open may wait for another
@@ -43,8 +52,13 @@ impl Store {
     }
 }
 
-/// The store behind the service traits.
-struct Sqlite(Arc<Store>);
+/// The store behind the service traits. Audit rows go through a [`GroupCommit`] each, so a
+/// burst of calls shares transactions; every caller still waits for its own row's commit.
+struct Sqlite {
+    store: Arc<Store>,
+    calls: Arc<GroupCommit<AuditRecord>>,
+    requests: Arc<GroupCommit<RequestRecord>>,
+}
 
 impl Sqlite {
     /// Runs `work` on a blocking thread and waits for it without holding the executor.
@@ -53,19 +67,11 @@ impl Sqlite {
         what: &'static str,
         work: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, ServiceError> {
-        let store = self.0.clone();
+        let store = self.store.clone();
         let done = tokio::task::spawn_blocking(move || work(&store))
             .await
             .map_err(|_| ServiceError::Lost(what))?;
-        // An error from SQLite itself names the database, for the model and the log.
-        done.map_err(|err| match err {
-            StoreError::Sqlite(source) => StoreError::Query {
-                path: self.0.path().to_owned(),
-                source,
-            },
-            other => other,
-        })
-        .map_err(ServiceError::from)
+        done.map_err(|err| ServiceError::from(self.store.locate(err)))
     }
 }
 
@@ -139,7 +145,7 @@ impl Memory for Sqlite {
 #[async_trait]
 impl History for Sqlite {
     fn location(&self) -> String {
-        self.0.path().display().to_string()
+        self.store.path().display().to_string()
     }
 
     async fn load(&self, channel: &str) -> Result<Vec<HistoryEntry>, ServiceError> {
@@ -173,8 +179,7 @@ impl History for Sqlite {
 #[async_trait]
 impl AuditSink for Sqlite {
     async fn record(&self, call: AuditRecord) -> Result<(), ServiceError> {
-        self.run("audit.record", move |s| s.record_call(&call))
-            .await
+        self.calls.submit(call).await
     }
 
     async fn page(&self, before: Option<u64>, limit: u32) -> Result<Vec<AuditEntry>, ServiceError> {
@@ -183,8 +188,7 @@ impl AuditSink for Sqlite {
     }
 
     async fn record_request(&self, request: RequestRecord) -> Result<(), ServiceError> {
-        self.run("audit.record_request", move |s| s.record_request(&request))
-            .await
+        self.requests.submit(request).await
     }
 
     async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestEntry>, ServiceError> {
