@@ -34,11 +34,18 @@ use wasmtime::component::Component;
 
 pub use private_dir::CacheError;
 use private_dir::PrivateDir;
-use seal::{ArtifactId, SealKey};
+use seal::{ArtifactId, Kind, SealKey};
 
 /// The largest artifact file read back; anything bigger is discarded unread. Artifacts of
 /// real plugins are a few MiB.
 const MAX_ARTIFACT_BYTES: u64 = 512 << 20;
+
+/// The largest tool list read back: 64 tools of at most 36 KiB of text each, and room.
+const MAX_TOOLS_BYTES: u64 = 4 << 20;
+
+/// Which component and engine a load was for: what its cached tool list is found by.
+/// Empty when no cache is in use.
+pub(crate) struct CacheKey(Option<ArtifactId>);
 
 /// How a component was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,45 +148,68 @@ impl ArtifactCache {
         engine: &Engine,
         bytes: &[u8],
     ) -> wasmtime::Result<(Component, CacheOutcome)> {
+        self.load_keyed(engine, bytes)
+            .map(|(component, outcome, _)| (component, outcome))
+    }
+
+    /// [`ArtifactCache::load`], with the key of the component's other cached entries.
+    pub(crate) fn load_keyed(
+        &self,
+        engine: &Engine,
+        bytes: &[u8],
+    ) -> wasmtime::Result<(Component, CacheOutcome, CacheKey)> {
         let Some(opened) = self.opened() else {
-            return Ok((Component::new(engine, bytes)?, CacheOutcome::Uncached));
+            let component = Component::new(engine, bytes)?;
+            return Ok((component, CacheOutcome::Uncached, CacheKey(None)));
         };
         let id = ArtifactId::new(engine, bytes);
-        let name = id.file_name();
-        let mut outcome = CacheOutcome::Compiled;
-        match read_artifact(opened.dir.handle(), &name) {
-            Ok(None) => {}
-            Ok(Some(file)) => match opened.key.open(&id, &file) {
-                Ok(artifact) => {
-                    // SAFETY: the artifact passed an HMAC check under a key only this user
-                    // can read, over the component's digest, the engine fingerprint and this
-                    // file name: this host wrote it with `Component::serialize` for these
-                    // very bytes and engine settings. It is deserialized from the buffer
-                    // that was checked, never re-read from disk; wasmtime checks its header
-                    // and version again.
-                    match unsafe { Component::deserialize(engine, artifact) } {
-                        Ok(component) => return Ok((component, CacheOutcome::Hit)),
-                        // A sound artifact this host's limits refuse: compiling again would
-                        // be refused alike, and a host with other limits can still use it.
-                        Err(err) if super::failure::is_pool_limit(&err) => return Err(err),
-                        Err(err) => {
-                            outcome = opened.discard(&name, &format!("wasmtime refused it: {err}"))
-                        }
-                    }
-                }
-                Err(reason) => outcome = opened.discard(&name, reason),
-            },
-            Err(reason) => outcome = opened.discard(&name, &reason),
+        let (component, outcome) = opened.load(engine, bytes, &id)?;
+        Ok((component, outcome, CacheKey(Some(id))))
+    }
+
+    /// The tool list `describe()` gave for the component of `key`, kept by
+    /// [`ArtifactCache::store_tools`], if a sealed one passes its check. One that fails is
+    /// discarded (with a warning) and `None` returned, so `describe()` runs again.
+    pub(crate) fn tools<T: serde::de::DeserializeOwned>(&self, key: &CacheKey) -> Option<T> {
+        let (opened, id) = (self.opened()?, key.0.as_ref()?);
+        let name = id.file_name(Kind::Tools);
+        let sealed = match read_sealed(opened.dir.handle(), &name, MAX_TOOLS_BYTES) {
+            Ok(found) => found?,
+            Err(reason) => {
+                opened.discard(&name, &reason);
+                return None;
+            }
+        };
+        let parsed = opened
+            .key
+            .open(id, Kind::Tools, &sealed)
+            .map_err(str::to_owned)
+            .and_then(|json| {
+                serde_json::from_slice(json).map_err(|err| format!("not a tool list: {err}"))
+            });
+        match parsed {
+            Ok(tools) => Some(tools),
+            Err(reason) => {
+                opened.discard(&name, &reason);
+                None
+            }
         }
-        let component = Component::new(engine, bytes)?;
-        if let Err(err) = opened.store(&id, &name, &component) {
+    }
+
+    /// Keeps the tool list `describe()` gave for the component of `key`, sealed like its
+    /// artifact. A failure to write is logged: the next load runs `describe()` again.
+    pub(crate) fn store_tools<T: serde::Serialize>(&self, key: &CacheKey, tools: &T) {
+        let (Some(opened), Some(id)) = (self.opened(), key.0.as_ref()) else {
+            return;
+        };
+        let json = serde_json::to_vec(tools).expect("a tool list serializes");
+        let sealed = opened.key.seal(id, Kind::Tools, json);
+        if let Err(err) = opened.write_sealed(&id.file_name(Kind::Tools), &sealed) {
             tracing::warn!(
                 cache = %opened.dir.path().display(),
                 "cannot write the component cache: {err}"
             );
-            outcome = CacheOutcome::Uncached;
         }
-        Ok((component, outcome))
     }
 
     /// The opened directory, opening it on first use.
@@ -198,14 +228,59 @@ impl ArtifactCache {
 }
 
 impl Opened {
-    /// Removes the artifact `name` (the entry itself, never what a symlink points to) and
-    /// says why once.
+    /// The component for `bytes` (of `id`): its sealed artifact if one passes the check,
+    /// else compiled and stored.
+    fn load(
+        &self,
+        engine: &Engine,
+        bytes: &[u8],
+        id: &ArtifactId,
+    ) -> wasmtime::Result<(Component, CacheOutcome)> {
+        let name = id.file_name(Kind::Artifact);
+        let mut outcome = CacheOutcome::Compiled;
+        match read_sealed(self.dir.handle(), &name, MAX_ARTIFACT_BYTES) {
+            Ok(None) => {}
+            Ok(Some(file)) => match self.key.open(id, Kind::Artifact, &file) {
+                Ok(artifact) => {
+                    // SAFETY: the artifact passed an HMAC check under a key only this user
+                    // can read, over the component's digest, the engine fingerprint and this
+                    // file name: this host wrote it with `Component::serialize` for these
+                    // very bytes and engine settings. It is deserialized from the buffer
+                    // that was checked, never re-read from disk; wasmtime checks its header
+                    // and version again.
+                    match unsafe { Component::deserialize(engine, artifact) } {
+                        Ok(component) => return Ok((component, CacheOutcome::Hit)),
+                        // A sound artifact this host's limits refuse: compiling again would
+                        // be refused alike, and a host with other limits can still use it.
+                        Err(err) if super::failure::is_pool_limit(&err) => return Err(err),
+                        Err(err) => {
+                            outcome = self.discard(&name, &format!("wasmtime refused it: {err}"))
+                        }
+                    }
+                }
+                Err(reason) => outcome = self.discard(&name, reason),
+            },
+            Err(reason) => outcome = self.discard(&name, &reason),
+        }
+        let component = Component::new(engine, bytes)?;
+        if let Err(err) = self.store(id, &name, &component) {
+            tracing::warn!(
+                cache = %self.dir.path().display(),
+                "cannot write the component cache: {err}"
+            );
+            outcome = CacheOutcome::Uncached;
+        }
+        Ok((component, outcome))
+    }
+
+    /// Removes the file `name` (the entry itself, never what a symlink points to) and says
+    /// why once.
     fn discard(&self, name: &str, reason: &str) -> CacheOutcome {
         let path = self.dir.path().join(name);
         tracing::warn!(
             artifact = %path.display(),
-            "discarded a cached component that failed its check ({reason}); it was not \
-             loaded, and is being recompiled and replaced"
+            "discarded a cached file that failed its check ({reason}); it was not loaded, \
+             and is being made again and replaced"
         );
         if let Err(err) = self.dir.handle().remove_file(name) {
             tracing::warn!(artifact = %path.display(), "cannot remove it: {err}");
@@ -218,12 +293,16 @@ impl Opened {
     /// half-written file and a planted name is never followed.
     fn store(&self, id: &ArtifactId, name: &str, component: &Component) -> std::io::Result<()> {
         let artifact = component.serialize().map_err(std::io::Error::other)?;
-        let sealed = self.key.seal(id, artifact);
+        self.write_sealed(name, &self.key.seal(id, Kind::Artifact, artifact))
+    }
+
+    /// Moves `sealed` into place under `name`, as [`Opened::store`] says.
+    fn write_sealed(&self, name: &str, sealed: &[u8]) -> std::io::Result<()> {
         let dir = self.dir.handle();
         let tmp = format!(".tmp-{}", seal::random_hex(16)?);
         let written = (|| {
             let mut file = dir.open_with(&tmp, &private_new_file())?;
-            file.write_all(&sealed)?;
+            file.write_all(sealed)?;
             file.sync_all()?;
             dir.rename(&tmp, dir, name)
         })();
@@ -244,9 +323,9 @@ pub(crate) fn private_new_file() -> OpenOptions {
     options
 }
 
-/// The sealed artifact `name`, if there is one. Anything but a regular file (a symlink, a
-/// FIFO, a directory) or an oversized file is an error, so it is discarded unread.
-fn read_artifact(dir: &Dir, name: &str) -> Result<Option<Vec<u8>>, String> {
+/// The sealed file `name`, if there is one. Anything but a regular file (a symlink, a FIFO,
+/// a directory) or a file over `max` bytes is an error, so it is discarded unread.
+fn read_sealed(dir: &Dir, name: &str, max: u64) -> Result<Option<Vec<u8>>, String> {
     let metadata = match dir.symlink_metadata(name) {
         Ok(metadata) => metadata,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -258,9 +337,9 @@ fn read_artifact(dir: &Dir, name: &str) -> Result<Option<Vec<u8>>, String> {
             describe_type(&metadata.file_type())
         ));
     }
-    if metadata.len() > MAX_ARTIFACT_BYTES {
+    if metadata.len() > max {
         return Err(format!(
-            "{} bytes, over the {MAX_ARTIFACT_BYTES}-byte limit",
+            "{} bytes, over the {max}-byte limit",
             metadata.len()
         ));
     }
@@ -268,7 +347,7 @@ fn read_artifact(dir: &Dir, name: &str) -> Result<Option<Vec<u8>>, String> {
         .open(name)
         .map_err(|err| format!("cannot open it: {err}"))?;
     let mut bytes = Vec::with_capacity(metadata.len() as usize);
-    file.take(MAX_ARTIFACT_BYTES + 1)
+    file.take(max + 1)
         .read_to_end(&mut bytes)
         .map_err(|err| format!("cannot read it: {err}"))?;
     Ok(Some(bytes))

@@ -11,6 +11,7 @@ use wasmtime::{Engine, Store, UpdateDeadline};
 
 use super::bindings::capstan::plugin::types::CallContext;
 use super::bindings::exports::capstan::plugin::tool::ToolError as WitToolError;
+use super::bindings::exports::capstan::plugin::tool::ToolSpec;
 use super::bindings::{Plugin, PluginPre};
 use super::cache::ArtifactCache;
 use super::contract::WIT_VERSION;
@@ -19,7 +20,7 @@ use super::error::{HostError, LoadError, ToolError};
 use super::failure;
 use super::inspect::{check_exports, check_header, check_imports, outline};
 use super::limits::Limits;
-use super::loaded::{LoadedPlugin, ToolInfo};
+use super::loaded::{LoadedPlugin, RawToolSpec, ToolInfo};
 use super::offline::{NotLinked, imports_http, link_http_as_traps};
 use super::sandbox::{CallScope, Sandbox};
 use super::warm::{ProcessInstances, WarmInstance, WarmKey};
@@ -154,8 +155,8 @@ impl PluginHost {
         let outline = outline(path, &bytes)?;
         check_imports(path, &outline)?;
         let wit_version = check_exports(path, &outline)?;
-        let (component, cache) = self.cache.load(&self.engine, &bytes).map_err(|err| {
-            match failure::pool_limit(&err, &self.limits) {
+        let (component, cache, key) = self.cache.load_keyed(&self.engine, &bytes).map_err(
+            |err| match failure::pool_limit(&err, &self.limits) {
                 Some(reason) => LoadError::OverLimit {
                     path: path.to_owned(),
                     reason,
@@ -164,8 +165,8 @@ impl PluginHost {
                     path: path.to_owned(),
                     reason: format!("{err:#}"),
                 },
-            }
-        })?;
+            },
+        )?;
         let link_error = |err: wasmtime::Error| LoadError::Link {
             path: path.to_owned(),
             reason: format!("{err:#}"),
@@ -187,14 +188,29 @@ impl PluginHost {
         let pre = PluginPre::new(pre).map_err(link_error)?;
         let name: Arc<str> = plugin_name(path).into();
 
-        let specs = self
-            .describe(&pre, &name)
-            .await
-            .map_err(|reason| LoadError::Describe {
-                path: path.to_owned(),
-                reason,
-            })?;
-        let tools = ToolInfo::from_specs(path, specs)?;
+        // What describe() said of these very bytes on this engine, if the cache kept it
+        // sealed: the plugin need not be instantiated to start. Either way the list passes
+        // the same checks, and one that fails them is never kept.
+        let cached: Option<Vec<RawToolSpec>> = self.cache.tools(&key);
+        let tools_cached = cached.is_some();
+        let tools = match cached {
+            Some(cached) => {
+                ToolInfo::from_specs(path, cached.into_iter().map(ToolSpec::from).collect())?
+            }
+            None => {
+                let specs =
+                    self.describe(&pre, &name)
+                        .await
+                        .map_err(|reason| LoadError::Describe {
+                            path: path.to_owned(),
+                            reason,
+                        })?;
+                let raw: Vec<RawToolSpec> = specs.iter().cloned().map(RawToolSpec::from).collect();
+                let tools = ToolInfo::from_specs(path, specs)?;
+                self.cache.store_tools(&key, &raw);
+                tools
+            }
+        };
         tracing::debug!(
             plugin = %path.display(),
             ?cache,
@@ -209,6 +225,7 @@ impl PluginHost {
             imports: outline.imports,
             tools,
             cache,
+            tools_cached,
             pre,
             online_pre,
         })

@@ -36,6 +36,8 @@ pub struct LoadedPlugin {
     pub(crate) imports: Vec<String>,
     pub(crate) tools: Vec<ToolInfo>,
     pub(crate) cache: CacheOutcome,
+    /// Whether the tool list came from the cache rather than a `describe()` call.
+    pub(crate) tools_cached: bool,
     /// What a call links: `wasi:http`, if the component imports it, as traps.
     pub(crate) pre: PluginPre<Sandbox>,
     /// For a component importing `wasi:http`, what a call with a network grant links.
@@ -79,6 +81,12 @@ impl LoadedPlugin {
     /// Whether the compiled component came from the artifact cache.
     pub fn cache_outcome(&self) -> CacheOutcome {
         self.cache
+    }
+
+    /// Whether the tool list came from the artifact cache, sealed beside the artifact,
+    /// rather than from running `describe()`.
+    pub fn tools_cached(&self) -> bool {
+        self.tools_cached
     }
 }
 
@@ -199,9 +207,9 @@ pub(crate) fn parse_args_schema(text: &str) -> Result<serde_json::Value, String>
 }
 
 /// One tool as a `describe()` returns it, before any check: the input of
-/// [`check_describe_output`].
+/// [`check_describe_output`], and what the artifact cache keeps of a component.
 #[doc(hidden)]
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RawToolSpec {
     /// The tool's name.
     pub name: String,
@@ -221,16 +229,29 @@ pub fn check_describe_output(
     path: &Path,
     specs: Vec<RawToolSpec>,
 ) -> Result<Vec<ToolInfo>, LoadError> {
-    let specs = specs
-        .into_iter()
-        .map(|s| ToolSpec {
+    ToolInfo::from_specs(path, specs.into_iter().map(ToolSpec::from).collect())
+}
+
+impl From<RawToolSpec> for ToolSpec {
+    fn from(s: RawToolSpec) -> Self {
+        ToolSpec {
             name: s.name,
             description: s.description,
             args_schema: s.args_schema,
             capabilities: s.capabilities,
-        })
-        .collect();
-    ToolInfo::from_specs(path, specs)
+        }
+    }
+}
+
+impl From<ToolSpec> for RawToolSpec {
+    fn from(s: ToolSpec) -> Self {
+        RawToolSpec {
+            name: s.name,
+            description: s.description,
+            args_schema: s.args_schema,
+            capabilities: s.capabilities,
+        }
+    }
 }
 
 fn valid_tool_name(name: &str) -> bool {

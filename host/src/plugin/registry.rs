@@ -143,9 +143,20 @@ impl Registry {
             .filter(|path| path.extension().is_some_and(|ext| ext == "wasm"))
             .collect();
         files.sort();
-        let mut loaded = Vec::with_capacity(files.len());
-        for path in files {
-            match registry.host.load(&path).await {
+        // All at once, each on a task of its own: reading, checking the seal and
+        // deserializing are the work, and they spread over the runtime's threads. The
+        // results are taken in file order, so the outcome does not depend on which ends
+        // first.
+        let loads: Vec<_> = files
+            .into_iter()
+            .map(|path| {
+                let host = registry.host.clone();
+                tokio::spawn(async move { host.load(&path).await })
+            })
+            .collect();
+        let mut loaded = Vec::with_capacity(loads.len());
+        for load in loads {
+            match load.await.expect("a plugin load does not panic") {
                 Ok(plugin) => loaded.push(plugin),
                 Err(err) => registry.refuse(err),
             }

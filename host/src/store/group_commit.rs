@@ -66,16 +66,13 @@ impl<T: Send + 'static> GroupCommit<T> {
         match committed.await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(message)) => Err(ServiceError::Backend(message.into())),
-            // The writer went away (a panic, or the runtime shutting down) before it said.
+            // The writer went away (the runtime shutting down) before it said.
             Err(_) => Err(ServiceError::Lost(self.what)),
         }
     }
 
     /// Commits batches until the queue is empty, then stops.
     fn drain(&self) {
-        // Should a write panic, every row waiting is dropped and its caller hears that it
-        // was lost, rather than waiting for a writer that is gone.
-        let _stopped = Stopped(self);
         loop {
             let batch: Vec<_> = {
                 let mut pending = self.lock();
@@ -87,8 +84,19 @@ impl<T: Send + 'static> GroupCommit<T> {
                 pending.queue.drain(..take).collect()
             };
             let (rows, waiters): (Vec<T>, Vec<_>) = batch.into_iter().unzip();
-            let result =
-                (self.write)(&self.store, &rows).map_err(|err| self.store.locate(err).to_string());
+            // A write that panics fails its batch, not the writer: the rows after it still
+            // have one (SQLite rolls the transaction back; the connection stays good).
+            let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                (self.write)(&self.store, &rows)
+            }));
+            let result = match written {
+                Ok(result) => result.map_err(|err| self.store.locate(err).to_string()),
+                Err(_) => Err(format!(
+                    "{}: the write to {} failed unexpectedly (a bug); the call's row was not kept",
+                    self.what,
+                    self.store.path().display()
+                )),
+            };
             for waiter in waiters {
                 // A caller that stopped waiting (its deadline) no longer needs the answer.
                 let _ = waiter.send(result.clone());
@@ -101,27 +109,6 @@ impl<T: Send + 'static> GroupCommit<T> {
         self.pending
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-/// If the writer unwinds: fails every waiting row as lost and marks the writer stopped, so
-/// the next row starts another.
-struct Stopped<'a, T>(&'a GroupCommit<T>);
-
-impl<T> Drop for Stopped<'_, T> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            let abandoned = {
-                let mut pending = self
-                    .0
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-                pending.writing = false;
-                std::mem::take(&mut pending.queue)
-            };
-            drop(abandoned);
-        }
     }
 }
 
@@ -226,7 +213,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_writer_that_panics_fails_its_rows_as_lost_and_the_next_row_is_written() {
+    async fn a_write_that_panics_fails_its_batch_and_the_next_row_is_written() {
         static PANICKED: AtomicBool = AtomicBool::new(false);
         let (_dir, store) = temp_store();
         let path = store.path().to_owned();
@@ -236,8 +223,11 @@ mod tests {
             }
             store.record_calls(rows)
         });
-        let lost = writer.submit(row(1)).await.unwrap_err();
-        assert!(matches!(lost, ServiceError::Lost("audit.record")), "{lost}");
+        let failed = writer.submit(row(1)).await.unwrap_err().to_string();
+        assert!(
+            failed.contains("audit.record") && failed.contains("(a bug)"),
+            "{failed}"
+        );
         writer.submit(row(2)).await.unwrap();
         assert_eq!(rows_of(&path, "worker:2"), 1);
     }

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::support::{component, plugins_dir, test_cache};
-use capstan_host::plugin::{CacheOutcome, Limits, LoadError, PluginHost, Registry};
+use capstan_host::plugin::{ArtifactCache, CacheOutcome, Limits, LoadError, PluginHost, Registry};
 
 fn host() -> Arc<PluginHost> {
     Arc::new(PluginHost::new(Limits::default(), test_cache()).unwrap())
@@ -274,4 +274,84 @@ async fn the_artifact_cache_skips_compilation_and_survives_corruption() {
         "a corrupt artifact is discarded unread and rebuilt"
     );
     assert_eq!(plugin.tools().len(), 4);
+}
+
+#[tokio::test]
+async fn a_warm_load_takes_the_sealed_tool_list_and_never_trusts_a_planted_one() {
+    let cache_dir = tempfile::tempdir().unwrap();
+    let host = || PluginHost::new(Limits::default(), ArtifactCache::new(cache_dir.path())).unwrap();
+    let tool_lists = || -> Vec<std::path::PathBuf> {
+        let mut lists: Vec<_> = std::fs::read_dir(cache_dir.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| path.to_string_lossy().ends_with(".tools.json"))
+            .collect();
+        lists.sort();
+        lists
+    };
+    let (probe, files) = (
+        component("fixtures", "probe"),
+        component("plugins", "files"),
+    );
+
+    let described = host().load(&probe).await.unwrap();
+    assert!(!described.tools_cached());
+    assert_eq!(tool_lists().len(), 1);
+    let warm = host().load(&probe).await.unwrap();
+    assert!(warm.tools_cached(), "a warm load runs no describe()");
+    assert_eq!(
+        warm.tools(),
+        described.tools(),
+        "the kept list, checked alike"
+    );
+
+    // Another component's genuine list under this one's name fails its seal: it is
+    // discarded and describe() runs again.
+    let probe_list = tool_lists().remove(0);
+    host().load(&files).await.unwrap();
+    let files_list = tool_lists().into_iter().find(|p| *p != probe_list).unwrap();
+    std::fs::copy(&files_list, &probe_list).unwrap();
+    let swapped = host().load(&probe).await.unwrap();
+    assert!(!swapped.tools_cached(), "a swapped list is not used");
+    assert_eq!(swapped.tools(), described.tools());
+
+    // So does an edited one, and one that is not a file.
+    let mut bytes = std::fs::read(&probe_list).unwrap();
+    let at = bytes.iter().position(|b| *b == b'e').unwrap();
+    bytes[at] = b'E';
+    std::fs::write(&probe_list, bytes).unwrap();
+    assert!(
+        !host().load(&probe).await.unwrap().tools_cached(),
+        "an edited list"
+    );
+    std::fs::remove_file(&probe_list).unwrap();
+    std::fs::create_dir(&probe_list).unwrap();
+    assert!(
+        !host().load(&probe).await.unwrap().tools_cached(),
+        "a directory"
+    );
+    std::fs::remove_dir(&probe_list).unwrap();
+    assert!(!host().load(&probe).await.unwrap().tools_cached());
+    assert!(
+        host().load(&probe).await.unwrap().tools_cached(),
+        "written again"
+    );
+}
+
+#[tokio::test]
+async fn a_tool_list_that_fails_the_checks_is_never_cached() {
+    let cache_dir = tempfile::tempdir().unwrap();
+    let host = PluginHost::new(Limits::default(), ArtifactCache::new(cache_dir.path())).unwrap();
+    for _ in 0..2 {
+        let bad = component("fixtures", "describe_bad_name");
+        assert!(host.load(&bad).await.is_err());
+    }
+    let lists = std::fs::read_dir(cache_dir.path())
+        .unwrap()
+        .filter(|entry| {
+            let name = entry.as_ref().unwrap().file_name();
+            name.to_string_lossy().ends_with(".tools.json")
+        })
+        .count();
+    assert_eq!(lists, 0);
 }

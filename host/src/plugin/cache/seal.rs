@@ -38,13 +38,33 @@ impl ArtifactId {
         }
     }
 
-    /// `<hex SHA-256 of the domain, component digest and engine fingerprint>.cwasm`.
-    pub(super) fn file_name(&self) -> String {
+    /// `<hex SHA-256 of the domain, component digest and engine fingerprint>.<kind's
+    /// extension>`.
+    pub(super) fn file_name(&self, kind: Kind) -> String {
         let mut key = Sha256::new();
         key.update(DOMAIN);
         key.update(self.component);
         key.update(self.engine);
-        format!("{}.cwasm", hex(&key.finalize()))
+        format!("{}.{}", hex(&key.finalize()), kind.extension())
+    }
+}
+
+/// What a sealed file holds. The kind's file name is under the seal, so one kind's file
+/// never opens as another's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// The precompiled component.
+    Artifact,
+    /// What the component's `describe()` returned, as JSON.
+    Tools,
+}
+
+impl Kind {
+    fn extension(self) -> &'static str {
+        match self {
+            Kind::Artifact => "cwasm",
+            Kind::Tools => "tools.json",
+        }
     }
 }
 
@@ -90,25 +110,26 @@ impl SealKey {
         ))
     }
 
-    /// The artifact followed by its tag.
-    pub(super) fn seal(&self, id: &ArtifactId, mut artifact: Vec<u8>) -> Vec<u8> {
-        let tag = self.tag(id, &artifact);
+    /// The contents (of a `kind` file) followed by its tag.
+    pub(super) fn seal(&self, id: &ArtifactId, kind: Kind, mut artifact: Vec<u8>) -> Vec<u8> {
+        let tag = self.tag(id, kind, &artifact);
         artifact.extend_from_slice(&tag);
         artifact
     }
 
-    /// The artifact inside `sealed` if its tag checks out for `id` (compared in constant
-    /// time).
+    /// The contents of the `kind` file `sealed` if its tag checks out for `id` (compared
+    /// in constant time).
     pub(super) fn open<'a>(
         &self,
         id: &ArtifactId,
+        kind: Kind,
         sealed: &'a [u8],
     ) -> Result<&'a [u8], &'static str> {
         let Some(split) = sealed.len().checked_sub(TAG_BYTES) else {
             return Err("shorter than its seal");
         };
         let (artifact, tag) = sealed.split_at(split);
-        let expected = self.tag(id, artifact);
+        let expected = self.tag(id, kind, artifact);
         let difference = expected
             .iter()
             .zip(tag)
@@ -121,8 +142,8 @@ impl SealKey {
         Ok(artifact)
     }
 
-    fn tag(&self, id: &ArtifactId, artifact: &[u8]) -> [u8; TAG_BYTES] {
-        let name = id.file_name();
+    fn tag(&self, id: &ArtifactId, kind: Kind, artifact: &[u8]) -> [u8; TAG_BYTES] {
+        let name = id.file_name(kind);
         hmac_sha256(
             &self.0,
             &[
@@ -271,17 +292,31 @@ mod tests {
     #[test]
     fn a_sealed_artifact_opens_only_for_its_own_id_and_key() {
         let key = SealKey([1; KEY_BYTES]);
-        let sealed = key.seal(&id(1), b"artifact".to_vec());
-        assert_eq!(key.open(&id(1), &sealed), Ok(&b"artifact"[..]));
+        let sealed = key.seal(&id(1), Kind::Artifact, b"artifact".to_vec());
+        assert_eq!(
+            key.open(&id(1), Kind::Artifact, &sealed),
+            Ok(&b"artifact"[..])
+        );
         assert!(
-            key.open(&id(2), &sealed).is_err(),
+            key.open(&id(1), Kind::Tools, &sealed).is_err(),
+            "an artifact never opens as a tool list"
+        );
+        assert!(
+            key.open(&id(2), Kind::Artifact, &sealed).is_err(),
             "another component's name"
         );
-        assert!(SealKey([2; KEY_BYTES]).open(&id(1), &sealed).is_err());
+        assert!(
+            SealKey([2; KEY_BYTES])
+                .open(&id(1), Kind::Artifact, &sealed)
+                .is_err()
+        );
         let mut flipped = sealed.clone();
         flipped[3] ^= 1;
-        assert!(key.open(&id(1), &flipped).is_err());
-        assert!(key.open(&id(1), &sealed[..sealed.len() - 1]).is_err());
-        assert!(key.open(&id(1), b"short").is_err());
+        assert!(key.open(&id(1), Kind::Artifact, &flipped).is_err());
+        assert!(
+            key.open(&id(1), Kind::Artifact, &sealed[..sealed.len() - 1])
+                .is_err()
+        );
+        assert!(key.open(&id(1), Kind::Artifact, b"short").is_err());
     }
 }
