@@ -58,7 +58,7 @@ fn start(
     workers: u32,
 ) -> (Arc<Runtime>, mpsc::UnboundedReceiver<Event>) {
     let toml = format!(
-        "[limits]\nmax_workers_per_channel = {workers}\nmax_turns = 4\ncontext_window_tokens = 100000000\n\
+        "[limits]\nmax_workers_per_channel = {workers}\nmax_turns = 4\ncontext_window_tokens = 100000000\nmax_open_conversations = 1000000\n\
          [profiles.channel]\ntools = [\"reply\", \"spawn_worker\", \"file_read\"]\ncapabilities = [\"fs.read\"]\n"
     );
     let config = Config::parse(&toml, &dir.join("capstan.toml")).unwrap();

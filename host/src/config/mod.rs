@@ -496,7 +496,7 @@ mod tests {
     }
 
     #[test]
-    fn instance_reuse_comes_from_the_profile_then_the_plugin_then_call() {
+    fn instance_reuse_is_call_unless_a_level_says_process_and_none_says_call() {
         use crate::policy::InstanceReuse::{Call, Process};
         let defaults = Config::defaults(Path::new("/srv/agent"));
         let reuse = defaults.policy.reuse();
@@ -505,7 +505,8 @@ mod tests {
         assert_eq!(reuse.decide(ProcessKind::Branch, "someone_elses"), Call);
         let config = parse(
             "[plugins]\ninstance_reuse = { files = \"call\", mine = \"process\" }\n\
-             [profiles.cortex]\ninstance_reuse = \"call\"\n",
+             [profiles.cortex]\ninstance_reuse = \"call\"\n\
+             [profiles.branch]\ninstance_reuse = \"process\"\n",
         )
         .unwrap();
         let reuse = config.policy.reuse();
@@ -517,5 +518,11 @@ mod tests {
         );
         assert_eq!(reuse.decide(ProcessKind::Worker, "mine"), Process);
         assert_eq!(reuse.decide(ProcessKind::Cortex, "mine"), Call);
+        assert_eq!(reuse.decide(ProcessKind::Branch, "web"), Process);
+        assert_eq!(
+            reuse.decide(ProcessKind::Branch, "files"),
+            Call,
+            "call wins"
+        );
     }
 }

@@ -13,7 +13,7 @@ use super::bindings::capstan::plugin::types::CallContext;
 use super::bindings::exports::capstan::plugin::tool::ToolError as WitToolError;
 use super::bindings::exports::capstan::plugin::tool::ToolSpec;
 use super::bindings::{Plugin, PluginPre};
-use super::cache::ArtifactCache;
+use super::cache::{ArtifactCache, CacheKey, CacheOutcome};
 use super::contract::WIT_VERSION;
 use super::engine::{build_engine, build_linker, start_epoch_ticker};
 use super::error::{HostError, LoadError, ToolError};
@@ -148,6 +148,14 @@ impl PluginHost {
     /// `capstan:plugin/tool` at a supported version, import only what plugins may import,
     /// link, and describe valid tools.
     pub async fn load(&self, path: &Path) -> Result<LoadedPlugin, LoadError> {
+        let prepared = self.prepare(path)?;
+        self.finish(prepared).await
+    }
+
+    /// The blocking half of [`PluginHost::load`]: reads and checks the file, compiles it
+    /// (or takes its artifact from the cache), links it, and finds its cached tool list.
+    /// Nothing of the plugin runs.
+    pub(crate) fn prepare(&self, path: &Path) -> Result<Prepared, LoadError> {
         let bytes = read_plugin_file(path)?;
         check_header(path, &bytes)?;
         let started = Instant::now();
@@ -186,49 +194,95 @@ impl PluginHost {
         };
         let pre = pre.instantiate_pre(&component).map_err(link_error)?;
         let pre = PluginPre::new(pre).map_err(link_error)?;
-        let name: Arc<str> = plugin_name(path).into();
-
         // What describe() said of these very bytes on this engine, if the cache kept it
-        // sealed: the plugin need not be instantiated to start. Either way the list passes
-        // the same checks, and one that fails them is never kept.
-        let cached: Option<Vec<RawToolSpec>> = self.cache.tools(&key);
-        let tools_cached = cached.is_some();
-        let tools = match cached {
+        // sealed: the plugin need not be instantiated to start.
+        let cached_tools = self
+            .cache
+            .tools::<CachedTools>(&key)
+            .filter(|cached| cached.described_by == self.describing_host())
+            .map(|cached| cached.tools);
+        Ok(Prepared {
+            path: path.to_owned(),
+            wit_version,
+            imports: outline.imports,
+            cache,
+            key,
+            cached_tools,
+            pre,
+            online_pre,
+            started,
+        })
+    }
+
+    /// The rest of [`PluginHost::load`]: the tool list, from the cache or from a
+    /// `describe()` call (then kept), checked either way; a list that fails the checks is
+    /// never kept.
+    pub(crate) async fn finish(&self, prepared: Prepared) -> Result<LoadedPlugin, LoadError> {
+        let Prepared {
+            path,
+            wit_version,
+            imports,
+            cache,
+            key,
+            cached_tools,
+            pre,
+            online_pre,
+            started,
+        } = prepared;
+        let name: Arc<str> = plugin_name(&path).into();
+        let tools_cached = cached_tools.is_some();
+        let tools = match cached_tools {
             Some(cached) => {
-                ToolInfo::from_specs(path, cached.into_iter().map(ToolSpec::from).collect())?
+                ToolInfo::from_specs(&path, cached.into_iter().map(ToolSpec::from).collect())?
             }
             None => {
                 let specs =
                     self.describe(&pre, &name)
                         .await
                         .map_err(|reason| LoadError::Describe {
-                            path: path.to_owned(),
+                            path: path.clone(),
                             reason,
                         })?;
-                let raw: Vec<RawToolSpec> = specs.iter().cloned().map(RawToolSpec::from).collect();
-                let tools = ToolInfo::from_specs(path, specs)?;
-                self.cache.store_tools(&key, &raw);
+                let raw = specs.iter().cloned().map(RawToolSpec::from).collect();
+                let tools = ToolInfo::from_specs(&path, specs)?;
+                let kept = CachedTools {
+                    described_by: self.describing_host(),
+                    tools: raw,
+                };
+                self.cache.store_tools(&key, &kept);
                 tools
             }
         };
         tracing::debug!(
             plugin = %path.display(),
             ?cache,
+            tools_cached,
             elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
             "plugin loaded"
         );
         Ok(LoadedPlugin {
             serial: NEXT_PLUGIN_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            path: path.to_owned(),
+            path,
             name,
             wit_version,
-            imports: outline.imports,
+            imports,
             tools,
             cache,
             tools_cached,
             pre,
             online_pre,
         })
+    }
+
+    /// What a cached tool list must have been made under to stand for a `describe()` here:
+    /// this host's version and contract, and the memory limit a describe() instantiates
+    /// under (a plugin that would not fit now is loaded only by running it again).
+    fn describing_host(&self) -> String {
+        format!(
+            "capstan {} capstan:plugin@{WIT_VERSION} memory {}",
+            env!("CARGO_PKG_VERSION"),
+            self.limits.memory_bytes
+        )
     }
 
     /// Runs `describe()` in a sandbox without capabilities.
@@ -313,7 +367,12 @@ impl PluginHost {
         };
         let result = match call.instances.filter(|_| call_net.is_none()) {
             Some(instances) => {
-                let key = WarmKey::new(plugin.serial, &call.capabilities, call.workspace);
+                let key = WarmKey::new(
+                    plugin.serial,
+                    call.caller,
+                    &call.capabilities,
+                    call.workspace,
+                );
                 self.run_kept(instances, key, pre, call.tool, sandbox, run_tool)
                     .await
             }
@@ -368,41 +427,53 @@ impl PluginHost {
         f: impl AsyncFnOnce(&Plugin, &mut Store<Sandbox>) -> wasmtime::Result<R>,
     ) -> Result<R, ToolError> {
         let _slot = self.call_slot().await;
-        let (mut store, kept, slot) = match instances.take(&key) {
+        let (mut store, kept) = match instances.take(&key) {
             Some(WarmInstance {
                 mut store,
                 instance,
-                _kept,
+                resources,
+                slot,
             }) => {
                 store.data_mut().begin_call(tool, Egress::default());
-                (store, Some(instance), Some(_kept))
+                (store, Some((instance, resources, slot)))
             }
-            None => (
-                self.new_store(sandbox()?),
-                None,
-                self.warm_slots.clone().try_acquire_owned().ok(),
-            ),
+            None => (self.new_store(sandbox()?), None),
         };
         self.arm_deadline(&mut store);
         let call = async {
-            let instance = match kept {
-                Some(instance) => instance,
-                None => pre.instantiate_async(&mut store).await?,
+            let (instance, was_kept) = match kept {
+                Some((instance, resources, slot)) => (instance, Some((resources, slot))),
+                None => (pre.instantiate_async(&mut store).await?, None),
             };
             let output = f(&instance, &mut store).await?;
-            Ok((instance, output))
+            Ok((instance, was_kept, output))
         };
         match self.within_deadline(call).await {
-            Ok((instance, output)) => {
-                // A plugin that leaves resources open (files, streams) would hold them for
-                // the life of the process: such an instance is not kept.
-                if let Some(slot) = slot
-                    && store.data_mut().resources_held() <= MAX_KEPT_RESOURCES
-                {
+            Ok((instance, was_kept, output)) => {
+                // What the instance holds now would be there for the process's next call.
+                // It is kept only if the guest was refused no memory (one that recovered
+                // from a refusal sits at its limit) and holds no more resources (open files,
+                // streams) than after its first call, and few: a plugin that leaves some
+                // open each time would hold them for the life of the process.
+                let held = store.data_mut().resources_held();
+                let clean = store.data().limiter.refused_growth.is_none();
+                let kept = match was_kept {
+                    Some((baseline, slot)) if clean && held <= baseline => Some((baseline, slot)),
+                    Some(_) => None,
+                    None if clean && held <= MAX_KEPT_RESOURCES => self
+                        .warm_slots
+                        .clone()
+                        .try_acquire_owned()
+                        .ok()
+                        .map(|slot| (held, slot)),
+                    None => None,
+                };
+                if let Some((resources, slot)) = kept {
                     let warm = WarmInstance {
                         store,
                         instance,
-                        _kept: slot,
+                        resources,
+                        slot,
                     };
                     instances.keep(key, warm);
                 }
@@ -582,9 +653,30 @@ fn read_plugin_file(path: &Path) -> Result<Vec<u8>, LoadError> {
     Ok(bytes)
 }
 
+/// A plugin compiled, checked and linked, not yet described: [`PluginHost::prepare`].
+pub(crate) struct Prepared {
+    path: PathBuf,
+    wit_version: String,
+    imports: Vec<String>,
+    cache: CacheOutcome,
+    key: CacheKey,
+    cached_tools: Option<Vec<RawToolSpec>>,
+    pre: PluginPre<Sandbox>,
+    online_pre: Option<PluginPre<Sandbox>>,
+    started: Instant,
+}
+
+/// A tool list as the artifact cache keeps it, with the host it was described under.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CachedTools {
+    described_by: String,
+    tools: Vec<RawToolSpec>,
+}
+
 /// Resources (open files, streams) a kept instance may hold between calls; past it the
-/// instance is dropped after its call, as a fresh one would be.
-const MAX_KEPT_RESOURCES: usize = 16;
+/// instance is dropped after its call, as a fresh one would be. An SDK plugin holds its
+/// stdio streams and the workspace's preopen.
+const MAX_KEPT_RESOURCES: usize = 8;
 
 /// Each loaded plugin's identity, for the instances processes keep of it.
 static NEXT_PLUGIN_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

@@ -16,6 +16,10 @@ pub(crate) const LOG_LINES_PER_CALL: u32 = 100;
 /// The longest log line kept; longer lines are cut.
 pub(crate) const LOG_LINE_BYTES: usize = 4 * 1024;
 
+/// Resources (files, streams, pollables) one instance's guest may hold at once; bounds the
+/// host memory behind its resource table, which a kept instance carries to its next call.
+pub(crate) const MAX_RESOURCES: usize = 16 * 1024;
+
 /// Table elements one instance may grow to; bounds host memory behind `table.grow`.
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 

@@ -143,20 +143,36 @@ impl Registry {
             .filter(|path| path.extension().is_some_and(|ext| ext == "wasm"))
             .collect();
         files.sort();
-        // All at once, each on a task of its own: reading, checking the seal and
-        // deserializing are the work, and they spread over the runtime's threads. The
-        // results are taken in file order, so the outcome does not depend on which ends
-        // first.
-        let loads: Vec<_> = files
+        // Compiled (or taken from the cache) on blocking threads, as many at once as there
+        // are cores, so a slow compile never holds up the executor nor a describe() running
+        // on it; then described in file order, so the outcome does not depend on which
+        // ended first.
+        let parallel = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let permits = Arc::new(tokio::sync::Semaphore::new(parallel));
+        let prepares: Vec<_> = files
             .into_iter()
             .map(|path| {
                 let host = registry.host.clone();
-                tokio::spawn(async move { host.load(&path).await })
+                let permits = permits.clone();
+                tokio::spawn(async move {
+                    let _permit = permits.acquire_owned().await;
+                    let prepare = {
+                        let path = path.clone();
+                        tokio::task::spawn_blocking(move || host.prepare(&path))
+                    };
+                    prepare.await.unwrap_or_else(|err| {
+                        Err(LoadError::Invalid {
+                            path,
+                            reason: format!("the host failed while loading it (a bug): {err}"),
+                        })
+                    })
+                })
             })
             .collect();
-        let mut loaded = Vec::with_capacity(loads.len());
-        for load in loads {
-            match load.await.expect("a plugin load does not panic") {
+        let mut loaded = Vec::with_capacity(prepares.len());
+        for prepare in prepares {
+            let prepared = prepare.await.expect("a prepare task is never cancelled");
+            match async { registry.host.finish(prepared?).await }.await {
                 Ok(plugin) => loaded.push(plugin),
                 Err(err) => registry.refuse(err),
             }

@@ -26,7 +26,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use super::capture::OutputCapture;
 use super::error::ToolError;
-use super::limits::{CallLimiter, Limits, STDERR_CAPTURE_BYTES};
+use super::limits::{CallLimiter, Limits, MAX_RESOURCES, STDERR_CAPTURE_BYTES};
 use crate::net::{Egress, NetHost};
 use crate::services::Services;
 
@@ -101,7 +101,7 @@ impl Sandbox {
             wasi: wasi.build(),
             http: WasiHttpCtx::new(),
             egress,
-            table: ResourceTable::new(),
+            table: bounded_table(),
             limiter: CallLimiter::new(limits.memory_bytes),
             output,
             scope,
@@ -129,6 +129,13 @@ impl Sandbox {
     pub(crate) fn captured_output(&self) -> String {
         String::from_utf8_lossy(&self.output.contents()).into_owned()
     }
+}
+
+/// A resource table holding at most [`MAX_RESOURCES`] at once.
+fn bounded_table() -> ResourceTable {
+    let mut table = ResourceTable::new();
+    table.set_max_capacity(MAX_RESOURCES);
+    table
 }
 
 /// Whether `capabilities` open the workspace in a sandbox.

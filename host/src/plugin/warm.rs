@@ -34,19 +34,26 @@ pub struct ProcessInstances {
     idle: Mutex<HashMap<WarmKey, WarmInstance>>,
 }
 
-/// What makes two calls' sandboxes the same: the plugin as loaded, the capabilities the
-/// call runs with and the workspace its file capabilities open.
+/// What makes two calls' sandboxes the same: the plugin as loaded, the caller (whom its
+/// host imports act for), the capabilities the call runs with and the workspace its file
+/// capabilities open.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct WarmKey {
     plugin: u64,
+    caller: String,
     capabilities: Vec<Capability>,
     workspace: Option<PathBuf>,
 }
 
 impl WarmKey {
-    /// The key of a call of plugin `plugin` (its serial) with `capabilities`, in
-    /// `workspace`; the workspace counts only where the capabilities open it.
-    pub(crate) fn new(plugin: u64, capabilities: &[Capability], workspace: Option<&Path>) -> Self {
+    /// The key of a call of plugin `plugin` (its serial) by `caller` with `capabilities`,
+    /// in `workspace`; the workspace counts only where the capabilities open it.
+    pub(crate) fn new(
+        plugin: u64,
+        caller: &str,
+        capabilities: &[Capability],
+        workspace: Option<&Path>,
+    ) -> Self {
         let mut capabilities = capabilities.to_vec();
         capabilities.sort_unstable();
         capabilities.dedup();
@@ -55,6 +62,7 @@ impl WarmKey {
             .map(Path::to_owned);
         WarmKey {
             plugin,
+            caller: caller.to_owned(),
             capabilities,
             workspace,
         }
@@ -65,8 +73,11 @@ impl WarmKey {
 pub(crate) struct WarmInstance {
     pub(crate) store: Store<Sandbox>,
     pub(crate) instance: Plugin,
+    /// The resources its guest held after its first call: it is kept only while it holds
+    /// no more.
+    pub(crate) resources: usize,
     /// Its share of [`Limits::max_warm_instances`](super::Limits::max_warm_instances).
-    pub(crate) _kept: OwnedSemaphorePermit,
+    pub(crate) slot: OwnedSemaphorePermit,
 }
 
 impl ProcessInstances {

@@ -59,8 +59,9 @@ impl FromStr for InstanceReuse {
     }
 }
 
-/// Which plugins' instances a process keeps: `[profiles.KIND] instance_reuse` for every
-/// plugin a kind calls, else `[plugins] instance_reuse.NAME` for one plugin, else
+/// Which plugins' instances a process keeps, from `[plugins] instance_reuse.NAME` (one
+/// plugin) and `[profiles.KIND] instance_reuse` (every plugin a kind calls): a `call` at
+/// either level wins, since it is the stricter; else a `process` at either; else
 /// [`InstanceReuse::Call`].
 ///
 /// ```
@@ -68,10 +69,14 @@ impl FromStr for InstanceReuse {
 ///
 /// let rules = ReuseRules::default()
 ///     .with_plugin("files", InstanceReuse::Process)
-///     .with_kind(ProcessKind::Cortex, InstanceReuse::Call);
-/// assert_eq!(rules.decide(ProcessKind::Worker, "files"), InstanceReuse::Process);
-/// assert_eq!(rules.decide(ProcessKind::Worker, "web"), InstanceReuse::Call);
+///     .with_plugin("shell", InstanceReuse::Call)
+///     .with_kind(ProcessKind::Cortex, InstanceReuse::Call)
+///     .with_kind(ProcessKind::Worker, InstanceReuse::Process);
+/// assert_eq!(rules.decide(ProcessKind::Branch, "files"), InstanceReuse::Process);
+/// assert_eq!(rules.decide(ProcessKind::Branch, "web"), InstanceReuse::Call);
 /// assert_eq!(rules.decide(ProcessKind::Cortex, "files"), InstanceReuse::Call);
+/// assert_eq!(rules.decide(ProcessKind::Worker, "web"), InstanceReuse::Process);
+/// assert_eq!(rules.decide(ProcessKind::Worker, "shell"), InstanceReuse::Call);
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReuseRules {
@@ -80,14 +85,13 @@ pub struct ReuseRules {
 }
 
 impl ReuseRules {
-    /// The rules with `kind`'s processes using `reuse` for every plugin.
+    /// The rules with `kind`'s processes choosing `reuse` for every plugin.
     pub fn with_kind(mut self, kind: ProcessKind, reuse: InstanceReuse) -> Self {
         self.by_kind.insert(kind, reuse);
         self
     }
 
-    /// The rules with `plugin` (its file name without `.wasm`) using `reuse` wherever its
-    /// process kind does not choose.
+    /// The rules with `plugin` (its file name without `.wasm`) choosing `reuse`.
     pub fn with_plugin(mut self, plugin: impl Into<String>, reuse: InstanceReuse) -> Self {
         self.by_plugin.insert(plugin.into(), reuse);
         self
@@ -95,11 +99,14 @@ impl ReuseRules {
 
     /// How a `kind` process's calls of `plugin` get their instance.
     pub fn decide(&self, kind: ProcessKind, plugin: &str) -> InstanceReuse {
-        self.by_kind
-            .get(&kind)
-            .or_else(|| self.by_plugin.get(plugin))
-            .copied()
-            .unwrap_or_default()
+        let choices = [self.by_kind.get(&kind), self.by_plugin.get(plugin)];
+        if choices.contains(&Some(&InstanceReuse::Call)) {
+            InstanceReuse::Call
+        } else if choices.contains(&Some(&InstanceReuse::Process)) {
+            InstanceReuse::Process
+        } else {
+            InstanceReuse::Call
+        }
     }
 
     /// The kind's own choice, if it makes one.

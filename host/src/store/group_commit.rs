@@ -60,13 +60,17 @@ impl<T: Send + 'static> GroupCommit<T> {
             !std::mem::replace(&mut pending.writing, true)
         };
         if start_writer {
-            let writer = self.clone();
-            tokio::task::spawn_blocking(move || writer.drain());
+            let writer = Writer {
+                rows: self.clone(),
+                finished: false,
+            };
+            tokio::task::spawn_blocking(move || writer.run());
         }
         match committed.await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(message)) => Err(ServiceError::Backend(message.into())),
-            // The writer went away (the runtime shutting down) before it said.
+            // The writer went away before it said: its task was dropped unrun (the runtime
+            // shutting down) or it failed outside a write.
             Err(_) => Err(ServiceError::Lost(self.what)),
         }
     }
@@ -109,6 +113,39 @@ impl<T: Send + 'static> GroupCommit<T> {
         self.pending
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The writer's task. If it ends without draining the queue (dropped unrun because the
+/// runtime shuts down, or unwinding), every row still waiting fails as lost and the next
+/// row starts a writer of its own: no caller waits for a writer that is gone.
+struct Writer<T> {
+    rows: Arc<GroupCommit<T>>,
+    finished: bool,
+}
+
+impl<T: Send + 'static> Writer<T> {
+    fn run(mut self) {
+        self.rows.drain();
+        self.finished = true;
+    }
+}
+
+impl<T> Drop for Writer<T> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let abandoned = {
+            let mut pending = self
+                .rows
+                .pending
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            pending.writing = false;
+            std::mem::take(&mut pending.queue)
+        };
+        drop(abandoned);
     }
 }
 
@@ -229,6 +266,31 @@ mod tests {
             "{failed}"
         );
         writer.submit(row(2)).await.unwrap();
+        assert_eq!(rows_of(&path, "worker:2"), 1);
+    }
+
+    #[test]
+    fn a_row_whose_writer_never_runs_fails_as_lost_and_the_next_is_written() {
+        let (_dir, store) = temp_store();
+        let path = store.path().to_owned();
+        let writer = GroupCommit::new(Arc::new(store), "audit.record", Store::record_calls);
+        // A runtime shut down: its blocking pool drops the writer's task unrun.
+        let dying = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let handle = dying.handle().clone();
+        drop(dying);
+        let lost = handle.block_on(writer.submit(row(1))).unwrap_err();
+        assert!(matches!(lost, ServiceError::Lost("audit.record")), "{lost}");
+        assert!(
+            !writer.lock().writing,
+            "no writer is left marked as running"
+        );
+        assert!(writer.lock().queue.is_empty());
+        let alive = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        alive.block_on(writer.submit(row(2))).unwrap();
         assert_eq!(rows_of(&path, "worker:2"), 1);
     }
 }

@@ -304,6 +304,19 @@ async fn a_warm_load_takes_the_sealed_tool_list_and_never_trusts_a_planted_one()
         described.tools(),
         "the kept list, checked alike"
     );
+    // Described under another memory limit: the plugin may not fit this one, so the list
+    // stands for nothing until describe() runs here.
+    let smaller = || {
+        let limits = Limits {
+            memory_bytes: 32 << 20,
+            ..Limits::default()
+        };
+        PluginHost::new(limits, ArtifactCache::new(cache_dir.path())).unwrap()
+    };
+    assert!(!smaller().load(&probe).await.unwrap().tools_cached());
+    assert!(smaller().load(&probe).await.unwrap().tools_cached());
+    assert!(!host().load(&probe).await.unwrap().tools_cached());
+    assert!(host().load(&probe).await.unwrap().tools_cached());
 
     // Another component's genuine list under this one's name fails its seal: it is
     // discarded and describe() runs again.

@@ -179,36 +179,157 @@ async fn memory_kept_between_calls_counts_against_the_limit() {
 }
 
 #[tokio::test]
-async fn an_instance_holding_open_resources_is_not_kept() {
+async fn an_instance_holding_more_resources_than_after_its_first_call_is_not_kept() {
+    let registry = registry(small_limits()).await;
+    let ws = Workspace::new();
+    let leak = async |instances: &ProcessInstances, count: u32| {
+        call_in(
+            &registry,
+            Some(instances),
+            "leak_files",
+            json!({ "count": count }),
+            "fs.read",
+            &ws,
+        )
+        .await
+        .unwrap()
+    };
+    let many = ProcessInstances::new();
+    assert_eq!(leak(&many, 16).await, "16 left open");
+    assert_eq!(
+        many.len(),
+        0,
+        "16 open files are not carried to the next call"
+    );
+    let mine = ProcessInstances::new();
+    assert_eq!(leak(&mine, 0).await, "0 left open");
+    assert_eq!(mine.len(), 1);
+    assert_eq!(leak(&mine, 0).await, "0 left open");
+    assert_eq!(mine.len(), 1, "holding what it held after its first call");
+    assert_eq!(leak(&mine, 1).await, "1 left open");
+    assert_eq!(mine.len(), 0, "one more open file than before: dropped");
+}
+
+#[tokio::test]
+async fn an_instance_that_recovered_from_refused_memory_is_not_kept() {
     let registry = registry(small_limits()).await;
     let mine = ProcessInstances::new();
     let ws = Workspace::new();
-    let leaked = call_in(
-        &registry,
-        Some(&mine),
-        "leak_files",
-        json!({"count": 64}),
-        "fs.read",
-        &ws,
-    )
-    .await;
-    assert_eq!(leaked.unwrap(), "64 left open");
-    assert_eq!(
-        mine.len(),
-        0,
-        "64 open files are not carried to the next call"
-    );
-    let few = call_in(
-        &registry,
-        Some(&mine),
-        "leak_files",
-        json!({"count": 1}),
-        "fs.read",
-        &ws,
-    )
-    .await;
-    assert_eq!(few.unwrap(), "1 left open");
+    let try_grow = async |mib: u64| {
+        call_in(
+            &registry,
+            Some(&mine),
+            "try_grow",
+            json!({ "mib": mib }),
+            "",
+            &ws,
+        )
+        .await
+        .unwrap()
+    };
+    assert_eq!(try_grow(8).await, "8");
     assert_eq!(mine.len(), 1);
+    assert_eq!(
+        try_grow(64).await,
+        "refused",
+        "the guest handles the refusal"
+    );
+    assert_eq!(mine.len(), 0, "an instance at its limit is not kept");
+    assert_eq!(try_grow(8).await, "8", "the next call starts fresh");
+}
+
+#[tokio::test]
+async fn a_call_with_a_network_grant_never_uses_or_leaves_a_kept_instance() {
+    let server = crate::support::http_server::TestServer::start().await;
+    let registry = registry(small_limits()).await;
+    let mine = ProcessInstances::new();
+    let ws = Workspace::new();
+    for _ in 0..2 {
+        let fetched = call_in(
+            &registry,
+            Some(&mine),
+            "net_get",
+            json!({ "url": server.url("/") }),
+            &server.grant(),
+            &ws,
+        )
+        .await;
+        let fetched = fetched.unwrap();
+        assert!(fetched.contains("\"status\":404"), "answered: {fetched}");
+        assert_eq!(mine.len(), 0, "a call with a network grant runs fresh");
+    }
+    assert_eq!(server.seen().len(), 2);
+}
+
+#[tokio::test]
+async fn another_caller_or_workspace_gets_another_instance() {
+    let registry = registry(small_limits()).await;
+    let mine = ProcessInstances::new();
+    let (one, two) = (Workspace::new(), Workspace::new());
+    let reading = async |ws: &Workspace, caller: &str, text: &str| {
+        let grants: Grants = "fs.read".parse().unwrap();
+        let workspace = ws.path();
+        registry
+            .call(CallRequest {
+                tool: "remember_reading",
+                args_json: &json!({ "text": text }).to_string(),
+                grants: &grants,
+                workspace: Some(&workspace),
+                caller,
+                instances: Some(&mine),
+            })
+            .await
+            .unwrap()
+    };
+    assert_eq!(reading(&one, "worker:1", "a").await, "a");
+    assert_eq!(
+        reading(&two, "worker:1", "b").await,
+        "b",
+        "another workspace"
+    );
+    assert_eq!(reading(&one, "worker:2", "c").await, "c", "another caller");
+    assert_eq!(reading(&one, "worker:1", "d").await, "a,d");
+    assert_eq!(mine.len(), 3);
+}
+
+#[tokio::test]
+async fn kept_instances_and_calls_share_the_pool_without_starving_each_other() {
+    // One call slot and one warm slot: a kept instance waits beside a call that needs a
+    // fresh one, whatever its capabilities.
+    let registry = registry(Limits {
+        max_concurrent_calls: 1,
+        max_warm_instances: 1,
+        ..small_limits()
+    })
+    .await;
+    let mine = ProcessInstances::new();
+    let ws = Workspace::new();
+    assert_eq!(remember(&registry, &mine, "kept").await, "kept");
+    for _ in 0..3 {
+        let other = call_in(
+            &registry,
+            Some(&mine),
+            "remember_reading",
+            json!({"text": "x"}),
+            "fs.read",
+            &ws,
+        )
+        .await;
+        assert_eq!(other.unwrap(), "x", "a fresh instance beside the kept one");
+        let fresh = call_in(&registry, None, "echo", json!({"text": "y"}), "", &ws).await;
+        assert_eq!(fresh.unwrap(), "y");
+    }
+    assert_eq!(remember(&registry, &mine, "again").await, "kept,again");
+}
+
+#[test]
+fn the_largest_pool_the_config_allows_builds() {
+    let limits = Limits {
+        max_warm_instances: 4096,
+        ..Limits::default()
+    };
+    capstan_host::plugin::PluginHost::new(limits, capstan_host::plugin::ArtifactCache::disabled())
+        .expect("an engine with 4096 warm slots");
 }
 
 #[tokio::test]
