@@ -104,9 +104,12 @@ fn bench_turns(c: &mut Criterion, tokio: &Tokio) {
                 while events.try_recv().is_ok() {}
             })
         });
-        let history = tokio.block_on(rt.services().history.load("channel:c1"));
-        let stored = history.unwrap().len();
-        assert!(stored >= 20, "every turn was stored: {stored}");
+        // Unless a filter left this benchmark out.
+        if n >= 20 {
+            let history = tokio.block_on(rt.services().history.load("channel:c1"));
+            let stored = history.unwrap().len();
+            assert!(stored >= 20, "every turn was stored: {stored}");
+        }
         rt.shutdown();
     }
     group.finish();
