@@ -234,22 +234,50 @@ pub(crate) enum Stop {
     Terminate,
 }
 
-/// Waits for SIGINT or SIGTERM.
-pub(crate) async fn stop_signal() -> Stop {
+/// SIGINT and SIGTERM, caught from the moment they are installed: a signal that arrives
+/// before anything waits for it is still seen, instead of killing the process at once.
+pub(crate) struct StopSignals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => Stop::Interrupt,
-            _ = term.recv() => Stop::Terminate,
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Installs the handlers now.
+    pub(crate) fn install() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            StopSignals {
+                interrupt: signal(SignalKind::interrupt()).expect("installing the SIGINT handler"),
+                terminate: signal(SignalKind::terminate()).expect("installing the SIGTERM handler"),
+            }
+        }
+        #[cfg(not(unix))]
+        StopSignals {}
+    }
+
+    /// The next SIGINT or SIGTERM.
+    pub(crate) async fn next(&mut self) -> Stop {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.interrupt.recv() => Stop::Interrupt,
+                _ = self.terminate.recv() => Stop::Terminate,
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            Stop::Interrupt
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-        Stop::Interrupt
-    }
+}
+
+/// Waits for SIGINT or SIGTERM.
+pub(crate) async fn stop_signal() -> Stop {
+    StopSignals::install().next().await
 }
 
 /// Runs `work` until it ends or a signal arrives. On a signal the runtime stops

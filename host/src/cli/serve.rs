@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use super::agent::{Launch, stop_signal};
+use super::agent::{Launch, StopSignals};
 use crate::config::parse_addr;
 use crate::serve::{Server, openapi_json};
 
@@ -51,18 +51,20 @@ impl ServeCommand {
         let agent = self.launch.start_agent(config).await?;
         let provider = agent.runtime.provider_name();
         let server = Server::bind(&settings, agent.runtime, agent.registry, agent.events).await?;
+        // Caught before the banner: a supervisor may signal as soon as it reads it.
+        let mut signals = StopSignals::install();
         // The first line is for programs too: the URL, with the port the system chose. A
         // reader that goes away after it (`capstan serve | head -1`) does not stop the server.
         let _ = print_banner(&server, &provider, &workspace);
         server
-            .run(async {
-                stop_signal().await;
+            .run(async move {
+                signals.next().await;
                 eprintln!(
                     "(stopping: new connections refused, running workers interrupted, \
                      histories saved; a second signal quits at once)"
                 );
-                tokio::spawn(async {
-                    stop_signal().await;
+                tokio::spawn(async move {
+                    signals.next().await;
                     std::process::exit(1);
                 });
             })

@@ -1016,3 +1016,42 @@ async fn the_committed_openapi_document_is_the_served_one() {
     }
     served.stop().await;
 }
+
+#[cfg(unix)]
+#[test]
+fn a_sigterm_right_after_the_banner_still_stops_gracefully() {
+    use std::io::BufRead;
+
+    let dir = tempfile::tempdir().unwrap();
+    let demo = dir.path().join("demo");
+    let mut child = crate::support::capstan_command(
+        dir.path(),
+        &[
+            "serve",
+            "--demo",
+            "--dir",
+            demo.to_str().unwrap(),
+            "--addr",
+            "127.0.0.1:0",
+        ],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    // A supervisor that signals as soon as it reads the first line.
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("capstan serve: listening on "), "{first}");
+    crate::support::send_signal(child.id(), "-TERM");
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("(stopping"));
+}
