@@ -293,4 +293,26 @@ mod tests {
         alive.block_on(writer.submit(row(2))).unwrap();
         assert_eq!(rows_of(&path, "worker:2"), 1);
     }
+
+    #[test]
+    fn appends_batched_in_one_transaction_keep_each_channel_in_order() {
+        let (_dir, store) = temp_store();
+        let text = |t: &str| serde_json::to_string(t).unwrap();
+        store
+            .append_histories(&[
+                ("channel:a".into(), vec![text("a1"), text("a2")]),
+                ("channel:b".into(), vec![text("b1")]),
+                ("channel:a".into(), vec![text("a3")]),
+            ])
+            .unwrap();
+        let a: Vec<(u64, String)> = store
+            .load_history("channel:a")
+            .unwrap()
+            .into_iter()
+            .map(|entry| (entry.seq, entry.message))
+            .collect();
+        let expected: Vec<(u64, String)> = (0..).zip(["a1", "a2", "a3"].map(text)).collect();
+        assert_eq!(a, expected);
+        assert_eq!(store.load_history("channel:b").unwrap().len(), 1);
+    }
 }

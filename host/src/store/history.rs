@@ -15,19 +15,15 @@ use crate::services::{ConversationSummary, HistoryEntry};
 impl Store {
     /// Appends messages (JSON) to `channel`'s history, in one transaction.
     pub fn append_history(&self, channel: &str, messages: &[String]) -> Result<(), StoreError> {
+        retry::write(&mut self.conn(), |tx| append_in(tx, channel, messages))
+    }
+
+    /// Appends each `(channel, messages)` in turn, all in one transaction.
+    pub fn append_histories(&self, appends: &[(String, Vec<String>)]) -> Result<(), StoreError> {
         retry::write(&mut self.conn(), |tx| {
-            let next: i64 = tx.query_row(
-                "SELECT COALESCE(MAX(seq) + 1, 0) FROM history WHERE channel = ?1",
-                [channel],
-                |row| row.get(0),
-            )?;
-            let mut insert = tx.prepare_cached(
-                "INSERT INTO history (channel, seq, message) VALUES (?1, ?2, ?3)",
-            )?;
-            for (i, message) in messages.iter().enumerate() {
-                insert.execute(params![channel, next + i as i64, message])?;
-            }
-            Ok(())
+            appends
+                .iter()
+                .try_for_each(|(channel, messages)| append_in(tx, channel, messages))
         })
     }
 
@@ -123,4 +119,23 @@ impl Store {
             Ok(())
         })
     }
+}
+
+/// Appends `messages` to `channel`'s history inside `tx`, after what it holds.
+fn append_in(
+    tx: &rusqlite::Transaction<'_>,
+    channel: &str,
+    messages: &[String],
+) -> Result<(), StoreError> {
+    let next: i64 = tx.query_row(
+        "SELECT COALESCE(MAX(seq) + 1, 0) FROM history WHERE channel = ?1",
+        [channel],
+        |row| row.get(0),
+    )?;
+    let mut insert =
+        tx.prepare_cached("INSERT INTO history (channel, seq, message) VALUES (?1, ?2, ?3)")?;
+    for (i, message) in messages.iter().enumerate() {
+        insert.execute(params![channel, next + i as i64, message])?;
+    }
+    Ok(())
 }

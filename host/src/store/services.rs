@@ -38,6 +38,7 @@ impl Store {
                 "audit.record_request",
                 Store::record_requests,
             ),
+            appends: GroupCommit::new(self.clone(), "history.append", Store::append_histories),
             store: self,
         }))
     }
@@ -52,12 +53,14 @@ impl Store {
     }
 }
 
-/// The store behind the service traits. Audit rows go through a [`GroupCommit`] each, so a
-/// burst of calls shares transactions; every caller still waits for its own row's commit.
+/// The store behind the service traits. Audit rows and history appends go through a
+/// [`GroupCommit`] each, so a burst of them shares transactions; every caller still waits
+/// for the commit that holds its rows.
 struct Sqlite {
     store: Arc<Store>,
     calls: Arc<GroupCommit<AuditRecord>>,
     requests: Arc<GroupCommit<RequestRecord>>,
+    appends: Arc<GroupCommit<(String, Vec<String>)>>,
 }
 
 impl Sqlite {
@@ -155,11 +158,7 @@ impl History for Sqlite {
     }
 
     async fn append(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
-        let channel = channel.to_owned();
-        self.run("history.append", move |s| {
-            s.append_history(&channel, &messages)
-        })
-        .await
+        self.appends.submit((channel.to_owned(), messages)).await
     }
 
     async fn replace(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
