@@ -1,14 +1,14 @@
 //! The on-disk cache of precompiled components.
 //!
 //! Compiling a component takes tens of milliseconds; loading a precompiled artifact takes a
-//! fraction of one. Artifacts are keyed by the SHA-256 of the component's bytes and of the
-//! engine's compilation settings, so a changed plugin, a changed engine configuration or a
-//! new wasmtime never loads a stale artifact.
+//! fraction of one. Artifacts are keyed by the BLAKE3 hash of the component's bytes and the
+//! SHA-256 of the engine's compilation settings, so a changed plugin, a changed engine
+//! configuration or a new wasmtime never loads a stale artifact.
 //!
 //! Loading an artifact runs native code produced from it, so the host loads only artifacts
 //! it wrote itself:
 //!
-//! - every artifact is sealed with an HMAC-SHA256 tag under a random key that the cache
+//! - every artifact is sealed with a keyed BLAKE3 tag under a random key that the cache
 //!   directory keeps owner-only ([`seal`]); the tag covers the artifact, the component's
 //!   digest, the engine fingerprint and the file name. A bit-flipped, truncated, planted or
 //!   swapped artifact fails the check and is discarded, never deserialized: the component
@@ -242,7 +242,7 @@ impl Opened {
             Ok(None) => {}
             Ok(Some(file)) => match self.key.open(id, Kind::Artifact, &file) {
                 Ok(artifact) => {
-                    // SAFETY: the artifact passed an HMAC check under a key only this user
+                    // SAFETY: the artifact passed a keyed-hash check under a key only this user
                     // can read, over the component's digest, the engine fingerprint and this
                     // file name: this host wrote it with `Component::serialize` for these
                     // very bytes and engine settings. It is deserialized from the buffer

@@ -1,4 +1,4 @@
-//! Sealing artifacts: an HMAC-SHA256 tag under a random key the cache directory keeps
+//! Sealing artifacts: a keyed BLAKE3 tag under a random key the cache directory keeps
 //! owner-only, so the host deserializes only artifacts it wrote itself.
 //!
 //! A sealed file is the artifact followed by its 32-byte tag. The tag covers the
@@ -22,7 +22,7 @@ const TAG_BYTES: usize = 32;
 
 /// Changes whenever the sealed format or the key derivation does, so old files are never
 /// read as new ones.
-const DOMAIN: &[u8] = b"capstan artifact v2\0";
+const DOMAIN: &[u8] = b"capstan artifact v3\0";
 
 /// What an artifact is the compilation of: a component's bytes on an engine.
 pub(super) struct ArtifactId {
@@ -33,7 +33,7 @@ pub(super) struct ArtifactId {
 impl ArtifactId {
     pub(super) fn new(engine: &Engine, bytes: &[u8]) -> Self {
         ArtifactId {
-            component: Sha256::digest(bytes).into(),
+            component: blake3::hash(bytes).into(),
             engine: sha256_of_hash(engine.precompile_compatibility_hash()),
         }
     }
@@ -142,44 +142,21 @@ impl SealKey {
         Ok(artifact)
     }
 
+    /// BLAKE3 keyed with this key over the domain, the component digest, the engine
+    /// fingerprint, the file name and the contents, each length-prefixed where its length
+    /// varies.
     fn tag(&self, id: &ArtifactId, kind: Kind, artifact: &[u8]) -> [u8; TAG_BYTES] {
         let name = id.file_name(kind);
-        hmac_sha256(
-            &self.0,
-            &[
-                DOMAIN,
-                &id.component,
-                &id.engine,
-                &(name.len() as u64).to_le_bytes(),
-                name.as_bytes(),
-                &(artifact.len() as u64).to_le_bytes(),
-                artifact,
-            ],
-        )
+        let mut mac = blake3::Hasher::new_keyed(&self.0);
+        mac.update(DOMAIN)
+            .update(&id.component)
+            .update(&id.engine)
+            .update(&(name.len() as u64).to_le_bytes())
+            .update(name.as_bytes())
+            .update(&(artifact.len() as u64).to_le_bytes())
+            .update(artifact);
+        mac.finalize().into()
     }
-}
-
-/// HMAC-SHA256 (RFC 2104) of the concatenated `parts` under `key`, on the `sha2` crate the
-/// host already links (the `hmac` crate would turn on a `digest` feature that rebuilds
-/// wasmtime's whole dependency tree). Checked against RFC 4231's test vectors below.
-fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
-    const BLOCK: usize = 64;
-    let mut block = [0u8; BLOCK];
-    if key.len() > BLOCK {
-        block[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        block[..key.len()].copy_from_slice(key);
-    }
-    let pad = |byte: u8| block.map(|b| b ^ byte);
-    let mut inner = Sha256::new();
-    inner.update(pad(0x36));
-    for part in parts {
-        inner.update(part);
-    }
-    let mut outer = Sha256::new();
-    outer.update(pad(0x5c));
-    outer.update(inner.finalize());
-    outer.finalize().into()
 }
 
 enum KeyFile {
@@ -260,32 +237,6 @@ mod tests {
         ArtifactId {
             component: [component; 32],
             engine: [7; 32],
-        }
-    }
-
-    /// RFC 4231, test cases 1, 2 and 6 (a key longer than the block).
-    #[test]
-    fn hmac_sha256_matches_rfc_4231() {
-        let cases: [(&[u8], &[u8], &str); 3] = [
-            (
-                &[0x0b; 20],
-                b"Hi There",
-                "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7",
-            ),
-            (
-                b"Jefe",
-                b"what do ya want for nothing?",
-                "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843",
-            ),
-            (
-                &[0xaa; 131],
-                b"Test Using Larger Than Block-Size Key - Hash Key First",
-                "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54",
-            ),
-        ];
-        for (key, data, expected) in cases {
-            let (a, b) = data.split_at(3);
-            assert_eq!(hex(&hmac_sha256(key, &[a, b])), expected);
         }
     }
 
