@@ -342,15 +342,6 @@ impl PluginHost {
                 self.services.as_ref().map(|s| s.audit.clone()),
             ))
         });
-        let scope = CallScope {
-            plugin: plugin.name.clone(),
-            tool: call.tool.to_owned(),
-            caller: call.caller.to_owned(),
-            capabilities: call.capabilities.clone(),
-            services: self.services.clone(),
-            network: self.network.clone(),
-            log_lines: 0,
-        };
         let context = CallContext {
             caller: call.caller.to_owned(),
             call_id: call.call_id,
@@ -358,7 +349,19 @@ impl PluginHost {
         };
         let pre = plugin.pre(call_net.is_some());
         let egress = Egress::new(call_net.clone());
-        let sandbox = || Sandbox::new(&self.limits, scope, call.workspace, egress);
+        // Built only for a fresh instance: a kept one has its sandbox already.
+        let sandbox = || {
+            let scope = CallScope {
+                plugin: plugin.name.clone(),
+                tool: call.tool.to_owned(),
+                caller: call.caller.to_owned(),
+                capabilities: call.capabilities.clone(),
+                services: self.services.clone(),
+                network: self.network.clone(),
+                log_lines: 0,
+            };
+            Sandbox::new(&self.limits, scope, call.workspace, egress)
+        };
         let run_tool = async |instance: &Plugin, store: &mut Store<Sandbox>| {
             instance
                 .capstan_plugin_tool()
