@@ -30,44 +30,10 @@ const LANGUAGES: &[(&str, &str)] = &[
     ("js", "jswords"),
 ];
 
-/// What a component's bytes say about its shape.
-struct Shape {
-    bytes: usize,
-    core_modules: usize,
-    core_instances: usize,
-    memories: usize,
-    initial_memory: u64,
-}
+#[path = "support/shape.rs"]
+mod shape;
 
-fn shape(bytes: &[u8]) -> Shape {
-    let mut shape = Shape {
-        bytes: bytes.len(),
-        core_modules: 0,
-        core_instances: 0,
-        memories: 0,
-        initial_memory: 0,
-    };
-    for payload in wasmparser::Parser::new(0).parse_all(bytes) {
-        match payload.expect("a valid component") {
-            wasmparser::Payload::ModuleSection { .. } => shape.core_modules += 1,
-            wasmparser::Payload::InstanceSection(reader) => {
-                for instance in reader {
-                    if let wasmparser::Instance::Instantiate { .. } = instance.unwrap() {
-                        shape.core_instances += 1;
-                    }
-                }
-            }
-            wasmparser::Payload::MemorySection(reader) => {
-                for memory in reader {
-                    shape.memories += 1;
-                    shape.initial_memory += memory.unwrap().initial * 65536;
-                }
-            }
-            _ => {}
-        }
-    }
-    shape
-}
+use shape::shape;
 
 fn plugins_dir() -> PathBuf {
     std::env::var_os("CAPSTAN_LANG_PLUGINS")

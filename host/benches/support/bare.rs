@@ -33,7 +33,7 @@ pub struct BareState {
 }
 
 impl BareState {
-    fn new() -> Self {
+    pub fn new() -> Self {
         BareState {
             wasi: WasiCtx::builder().build(),
             http: WasiHttpCtx::new(),
@@ -176,25 +176,40 @@ impl Bare {
 
     /// An engine with the host's settings: component model, epoch interruption, pooling.
     pub fn engine() -> Engine {
+        Self::engine_with(|_| {})
+    }
+
+    /// [`Bare::engine`] with one change to its pooling allocator.
+    pub fn engine_with(change: impl FnOnce(&mut PoolingAllocationConfig)) -> Engine {
         let limits = Limits::default();
         let mut pool = PoolingAllocationConfig::new();
         pool.total_component_instances(limits.max_concurrent_calls)
             .max_memory_size(limits.memory_bytes);
+        change(&mut pool);
         let mut config = Config::new();
         config
             .wasm_component_model(true)
             .epoch_interruption(true)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        if std::env::var_os("CAPSTAN_BENCH_PERFMAP").is_some() {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         Engine::new(&config).unwrap()
     }
 
-    fn linked(engine: Engine, component: &Component) -> Self {
-        let mut linker = Linker::new(&engine);
+    /// A linker with everything a plugin may import: WASI, WASI HTTP, Capstan's imports.
+    pub fn linker(engine: &Engine) -> Linker<BareState> {
+        let mut linker = Linker::new(engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).unwrap();
         bindings::Plugin::add_to_linker::<BareState, HasSelf<BareState>>(&mut linker, |s| s)
             .unwrap();
         // The probe's network tools import wasi:http.
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).unwrap();
+        linker
+    }
+
+    fn linked(engine: Engine, component: &Component) -> Self {
+        let linker = Self::linker(&engine);
         let pre = bindings::PluginPre::new(linker.instantiate_pre(component).unwrap()).unwrap();
         Bare { engine, pre }
     }

@@ -26,7 +26,7 @@ use crate::config::{
 };
 use crate::mcp::Servers;
 use crate::net::NetHost;
-use crate::plugin::{ArtifactCache, PluginHost, Registry};
+use crate::plugin::{ArtifactCache, Limits, PluginHost, Registry};
 use crate::policy::{Grants, ProcessKind};
 use crate::secrets::{SecretSource, Secrets};
 
@@ -257,9 +257,18 @@ impl HostArgs {
     /// A plugin host that runs calls: the secrets' values are read (and a missing one
     /// stops the command, naming it).
     pub(crate) fn host(&self, config: &Config) -> anyhow::Result<PluginHost> {
+        self.host_with(config, config.limits.tool.clone())
+    }
+
+    /// [`HostArgs::host`] for a command that makes one call and exits: its pool is sized
+    /// for that ([`Limits::for_one_call`]).
+    pub(crate) fn one_call_host(&self, config: &Config) -> anyhow::Result<PluginHost> {
+        self.host_with(config, config.limits.tool.for_one_call())
+    }
+
+    fn host_with(&self, config: &Config, limits: Limits) -> anyhow::Result<PluginHost> {
         let secrets = Secrets::load(&config.secrets)?;
-        Ok(self
-            .inspecting_host(config)?
+        Ok(PluginHost::new(limits, self.cache()?)?
             .with_network(NetHost::new(config.net.clone(), secrets)))
     }
 
@@ -267,14 +276,6 @@ impl HostArgs {
     /// no secret is read, so they work where the secrets' sources are absent.
     pub(crate) fn inspecting_host(&self, config: &Config) -> anyhow::Result<PluginHost> {
         Ok(PluginHost::new(config.limits.tool.clone(), self.cache()?)?)
-    }
-
-    pub(crate) async fn registry(
-        &self,
-        config: &Config,
-        servers: Option<Servers<'_>>,
-    ) -> anyhow::Result<Registry> {
-        self.registry_on(config, self.host(config)?, servers).await
     }
 
     /// The registry of the configured plugins directory on `host`, with the tools of the

@@ -72,7 +72,11 @@ impl ToolCommand {
         let locations = host.check_call_locations(&config, &workspace, &grants)?;
         let args_json = read_args(&args_json)?;
         let registry = host
-            .registry(&config, Some(crate::mcp::Servers::OfTool(&name)))
+            .registry_on(
+                &config,
+                host.one_call_host(&config)?,
+                Some(crate::mcp::Servers::OfTool(&name)),
+            )
             .await?;
         // Recorded only for a tool that exists: an unknown name writes nothing.
         if registry.tool_info(&name).is_some() {

@@ -61,6 +61,31 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// These limits for a command that makes one call and exits (`capstan tool call`): the
+    /// pool has room for as many instances as there are cores, which a cold load fills with
+    /// `describe()` calls, and keeps none. Building and tearing down a pool sized for the
+    /// configured concurrency (a guard page set up for each fiber stack, the memories'
+    /// reservation) was a tenth of such a process.
+    ///
+    /// ```
+    /// use capstan_host::plugin::Limits;
+    ///
+    /// let one = Limits::default().for_one_call();
+    /// assert_eq!(one.max_warm_instances, 0);
+    /// assert!(one.max_concurrent_calls >= 1 && one.max_concurrent_calls <= 64);
+    /// assert_eq!(one.memory_bytes, Limits::default().memory_bytes);
+    /// ```
+    pub fn for_one_call(&self) -> Limits {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+        Limits {
+            max_concurrent_calls: self.max_concurrent_calls.clamp(1, cores),
+            max_warm_instances: 0,
+            ..self.clone()
+        }
+    }
+}
+
 /// Enforces [`Limits::memory_bytes`] and remembers that it did, so a trap that follows a
 /// refused growth is reported as running out of memory rather than as a bare trap.
 pub(crate) struct CallLimiter {
