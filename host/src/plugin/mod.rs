@@ -28,6 +28,7 @@ mod registry;
 mod sandbox;
 mod schema;
 mod settle;
+mod special_files;
 mod warm;
 
 pub use cache::{ArtifactCache, CacheError, CacheOutcome};

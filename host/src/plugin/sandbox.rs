@@ -5,7 +5,9 @@
 //! ([`Sandbox::begin_call`] resets what belongs to one call):
 //!
 //! - no `fs.*` capability: no preopen at all, so the guest sees no files;
-//! - `fs.read`: the workspace preopened read-only as `.`;
+//! - `fs.read`: the workspace preopened read-only as `.`, its file operations run on the
+//!   calling thread, and FIFOs, sockets and devices refused (see
+//!   [`special_files`](super::special_files));
 //! - `fs.write`: the workspace preopened read-write as `.`;
 //! - no environment variables, no arguments, stdin closed;
 //! - stdout and stderr captured (at most [`STDERR_CAPTURE_BYTES`]) to explain traps;
@@ -39,6 +41,9 @@ pub struct Sandbox {
     pub(crate) limiter: CallLimiter,
     pub(crate) output: OutputCapture,
     pub(crate) scope: CallScope,
+    /// File operations run on the calling thread: the call may read but not write
+    /// (see [`special_files`](super::special_files)).
+    inline_fs: bool,
 }
 
 /// Who is running and with what, for the host imports' checks and log lines.
@@ -76,14 +81,17 @@ impl Sandbox {
     ) -> Result<Self, ToolError> {
         let tool = scope.tool.as_str();
         let output = OutputCapture::new(STDERR_CAPTURE_BYTES);
+        let perms = fs_perms(&scope.capabilities);
+        let inline_fs = matches!(perms, Some(FsPerms::ReadOnly));
         let mut wasi = WasiCtx::builder();
+        wasi.allow_blocking_current_thread(inline_fs);
         wasi.stdout(output.clone())
             .stderr(output.clone())
             .allow_ip_name_lookup(false)
             .allow_tcp(false)
             .allow_udp(false)
             .socket_addr_check(|_, _| Box::pin(std::future::ready(false)));
-        if let Some(perms) = fs_perms(&scope.capabilities) {
+        if let Some(perms) = perms {
             let dir = workspace.ok_or_else(|| {
                 ToolError::Failed(format!(
                     "tool `{tool}` needs the workspace, but this call has none; pass a workspace \
@@ -105,7 +113,13 @@ impl Sandbox {
             limiter: CallLimiter::new(limits.memory_bytes),
             output,
             scope,
+            inline_fs,
         })
+    }
+
+    /// Whether the call's file operations run on the calling thread: it may only read.
+    pub(crate) fn inline_fs(&self) -> bool {
+        self.inline_fs
     }
 
     /// Readies a reused sandbox for the next call, of `tool` through `egress`: what the

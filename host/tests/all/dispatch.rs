@@ -62,7 +62,7 @@ const WAIT_THEN_CONTINUE: &str = r#"
 [[step]]
 process = "worker"
 when = "wait at the gate"
-tool_calls = [{ name = "raw_read", arguments = { path = "gate" } }]
+tool_calls = [{ name = "raw_put", arguments = { path = "gate", content = "x" } }]
 
 [[step]]
 process = "worker"
@@ -71,15 +71,17 @@ tool_calls = [{ name = "set_status", arguments = { state = "done", message = "do
 
 "#;
 
-/// The worker profile plus the probe's `raw_read`, which blocks reading the FIFO `gate`
-/// until the test writes to it: a tool call that lasts exactly as long as the test wants.
+/// The worker profile plus the probe's `raw_put`, which blocks opening the FIFO `gate` for
+/// writing until the test opens it: a tool call that lasts exactly as long as the test
+/// wants. (With fs.write, a call's file operations run on blocking threads and may open a
+/// FIFO; a call that may only read is refused one.)
 const GATE_PROFILE: &str = r#"
 [limits]
 tool_deadline_secs = 600
 
 [profiles.worker]
-tools = ["raw_read", "set_status"]
-capabilities = ["fs.read"]
+tools = ["raw_put", "set_status"]
+capabilities = ["fs.write"]
 "#;
 
 /// Makes the FIFO `name` in `dir`.
@@ -107,17 +109,17 @@ async fn a_message_routed_during_a_long_tool_call_reaches_the_next_request() {
         provider.requests_of("worker").len() == 1
     })
     .await;
-    // The tool cannot end before the test opens the FIFO for writing: opening it for
-    // reading waits for a writer. Route now, while the turn is in its tool round.
+    // The tool cannot end before the test opens the FIFO for reading: opening it for
+    // writing waits for a reader. Route now, while the turn is in its tool round.
     assert!(rt.route_to_worker(&worker, "Also count the totals."));
     assert_eq!(
         provider.requests_of("worker").len(),
         1,
         "routed before the tool ended"
     );
-    // Opening it lets the tool's open go on (the tool then fails to read a FIFO, as
-    // wasmtime reads files by offset); the tool's result comes either way.
-    tokio::task::spawn_blocking(move || drop(std::fs::File::create(gate).unwrap()))
+    // Opening it lets the tool's open go on (its write then succeeds or finds the reader
+    // gone); the tool's result comes either way.
+    tokio::task::spawn_blocking(move || drop(std::fs::File::open(gate).unwrap()))
         .await
         .unwrap();
     rt.wait_idle("main").await;

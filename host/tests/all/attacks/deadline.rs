@@ -93,8 +93,8 @@ fn mkfifo(path: &Path) {
     );
 }
 
-/// A FIFO in `dir` that no one writes: a guest opening it for reading waits in `open()`
-/// for a writer that never comes. Dropping the guard opens it for reading and writing
+/// A FIFO in `dir` that no one opens: a guest opening it (to read or write) waits in
+/// `open()` for the other end, which never comes. Dropping the guard opens it for reading and writing
 /// (which never blocks on Linux) and closes it, which wakes such a waiter, so the thread
 /// it left behind can finish.
 struct Fifo(PathBuf);
@@ -112,6 +112,9 @@ impl Drop for Fifo {
         let _ = OpenOptions::new().read(true).write(true).open(&self.0);
     }
 }
+
+/// `raw_put`'s arguments to write the FIFO `pipe`.
+const PUT_PIPE: &str = r#"{"path": "pipe", "content": "x"}"#;
 
 /// Waits for `child` to exit (the guard only catches a hang), killing it if it hangs.
 fn wait_for_exit(mut child: Child, what: &str) -> Output {
@@ -148,22 +151,61 @@ async fn a_guest_sleeping_in_the_clock_is_stopped_at_the_deadline() {
 }
 
 #[tokio::test]
-async fn a_guest_blocked_reading_a_fifo_is_stopped_at_the_deadline() {
+async fn a_guest_blocked_opening_a_fifo_is_stopped_at_the_deadline() {
+    // With fs.write, file operations run on blocking threads and a FIFO may be opened:
+    // opening it for writing waits for a reader that never comes.
     let registry = registry(Duration::from_millis(500), None).await;
     let ws = tempfile::tempdir().unwrap();
     let fifo = Fifo::new(ws.path(), "pipe");
-    let read = call(
+    let put = call(&registry, "raw_put", PUT_PIPE, "fs.write", ws.path()).await;
+    expect_deadline(put, "raw_put", "0.5");
+    next_call_works(&registry, ws.path()).await;
+    // The abandoned open ends here, so the runtime's blocking thread can finish.
+    drop(fifo);
+}
+
+#[tokio::test]
+async fn a_call_that_may_only_read_is_refused_a_fifo_at_once() {
+    // Its file operations run on the thread that runs the call: a FIFO could hold that
+    // thread with no end, so opening one is refused before the open is tried, by its name
+    // or through a link.
+    let registry = registry(Duration::from_secs(60), None).await;
+    let ws = tempfile::tempdir().unwrap();
+    let _fifo = Fifo::new(ws.path(), "pipe");
+    std::os::unix::fs::symlink("pipe", ws.path().join("link")).unwrap();
+    std::fs::write(ws.path().join("notes.txt"), "plain\n").unwrap();
+    // Were the open tried, it would wait for a writer and hold this test's only thread:
+    // this one comes after 30 s, so such a regression fails below rather than hangs.
+    let (read_all, watchdog_rx) = std::sync::mpsc::channel::<()>();
+    let pipe = ws.path().join("pipe");
+    let watchdog = std::thread::spawn(move || {
+        if watchdog_rx.recv_timeout(Duration::from_secs(30)).is_err() {
+            let _ = OpenOptions::new().read(true).write(true).open(&pipe);
+        }
+    });
+    for path in ["pipe", "link"] {
+        let args = format!(r#"{{"path": "{path}"}}"#);
+        let read = call(&registry, "raw_read", &args, "fs.read", ws.path()).await;
+        match read {
+            Err(ToolError::Failed(msg)) => assert!(
+                msg.to_lowercase().contains("not supported") && !msg.contains("deadline"),
+                "{path}: {msg}"
+            ),
+            other => panic!("{path}: {other:?}"),
+        }
+    }
+    read_all.send(()).unwrap();
+    watchdog.join().unwrap();
+    // Regular files are read as before.
+    let notes = call(
         &registry,
         "raw_read",
-        r#"{"path": "pipe"}"#,
+        r#"{"path": "notes.txt"}"#,
         "fs.read",
         ws.path(),
     )
     .await;
-    expect_deadline(read, "raw_read", "0.5");
-    next_call_works(&registry, ws.path()).await;
-    // The abandoned open ends here, so the runtime's blocking thread can finish.
-    drop(fifo);
+    assert_eq!(notes.unwrap(), "plain\n");
 }
 
 #[tokio::test]
@@ -183,17 +225,9 @@ async fn every_pool_slot_freed_by_a_deadline_serves_the_next_calls() {
         .unwrap();
     let ws = tempfile::tempdir().unwrap();
     let fifo = Fifo::new(ws.path(), "pipe");
-    let blocked = (0..4).map(|_| {
-        call(
-            &registry,
-            "raw_read",
-            r#"{"path": "pipe"}"#,
-            "fs.read",
-            ws.path(),
-        )
-    });
+    let blocked = (0..4).map(|_| call(&registry, "raw_put", PUT_PIPE, "fs.write", ws.path()));
     for result in futures_join(blocked).await {
-        expect_deadline(result, "raw_read", "0.5");
+        expect_deadline(result, "raw_put", "0.5");
     }
     for _ in 0..3 {
         next_call_works(&registry, ws.path()).await;
@@ -392,7 +426,7 @@ async fn slow_store_import() {
 }
 
 #[test]
-fn tool_call_reading_a_fifo_reports_the_deadline_and_exits() {
+fn tool_call_blocked_on_a_fifo_reports_the_deadline_and_exits() {
     let dir = tempfile::tempdir().unwrap();
     let plugins = tempfile::tempdir().unwrap();
     std::fs::copy(
@@ -400,16 +434,20 @@ fn tool_call_reading_a_fifo_reports_the_deadline_and_exits() {
         plugins.path().join("probe.wasm"),
     )
     .unwrap();
-    let fifo = Fifo::new(dir.path(), "pipe");
+    // A workspace of its own: fs.write is refused where the config could lie in it.
+    let ws = tempfile::tempdir().unwrap();
+    let fifo = Fifo::new(ws.path(), "pipe");
     let out = run_capstan(
         dir.path(),
         &[
             "tool",
             "call",
-            "raw_read",
-            r#"{"path": "pipe"}"#,
+            "raw_put",
+            PUT_PIPE,
             "--grant",
-            "fs.read",
+            "fs.write",
+            "--workspace",
+            ws.path().to_str().unwrap(),
             "--deadline",
             "1",
             "--plugins-dir",
