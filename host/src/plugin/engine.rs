@@ -60,7 +60,7 @@ pub(crate) fn build_linker(engine: &Engine, http: bool) -> Result<Linker<Sandbox
     let fail = |err: wasmtime::Error| HostError::Engine(format!("linking host imports: {err:#}"));
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(fail)?;
-    super::special_files::check_open_at(&mut linker).map_err(fail)?;
+    super::special_files::replace_inline_fs_functions(&mut linker).map_err(fail)?;
     if http {
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(fail)?;
     }

@@ -5,29 +5,35 @@
 //! and listing local regular files and directories take microseconds, while a hand-off to
 //! a blocking thread and back costs more than the operation (BENCHMARKS.md, "Where the
 //! time goes"). A FIFO, socket or device in the workspace could instead block such an
-//! operation with no end, holding an executor thread the deadline cannot free. So such a
-//! call cannot open one: `open-at` of anything but a regular file, a directory or a
-//! symbolic link is refused with `unsupported` before the open is tried.
+//! operation with no end, holding an executor thread the deadline cannot free. So for
+//! such a call the host replaces two WASI functions:
 //!
-//! A call granted `fs.write` may write and sync large files, so its operations still run
-//! on blocking threads, as every call's did before, and it may open special files, bounded
-//! by the deadline like any other wait.
+//! - `descriptor.open-at` opens the path itself, beneath the directory as wasmtime-wasi
+//!   would, but with `O_NONBLOCK` (an open never waits for a FIFO's other end), then
+//!   checks what it opened: anything but a regular file or a directory is closed and
+//!   refused with `unsupported`. The check is on the open descriptor, so no rename
+//!   between a check and the open can slip a FIFO past it. (`O_NONBLOCK` changes nothing
+//!   for regular files and directories.)
+//! - `descriptor.sync` and `sync-data` do nothing: such a call cannot have written, and
+//!   flushing what other writers left in a file could take seconds.
 //!
-//! What this does not cover: another process swapping a checked file for a FIFO between
-//! the check and the open. Only a process with write access to the workspace can do that
-//! (no plugin can make a FIFO), and such a process can stop the host by other means.
+//! A call granted `fs.write` may write and sync large files, so its file operations still
+//! run on blocking threads, each bounded by the deadline, and it may open special files.
 
+use cap_fs_ext::{FollowSymlinks, OpenOptionsFollowExt as _, OpenOptionsSyncExt as _};
 use wasmtime::StoreContextMut;
 use wasmtime::component::{Linker, Resource};
+use wasmtime_wasi::OpenMode;
 use wasmtime_wasi::WasiView as _;
-use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemView as _};
+use wasmtime_wasi::filesystem::{Descriptor, Dir, File, WasiFilesystemView as _};
 use wasmtime_wasi::p2::bindings::filesystem::types::{
     DescriptorFlags, ErrorCode, HostDescriptor as _, OpenFlags, PathFlags,
 };
 
 use super::sandbox::Sandbox;
 
-/// The interface whose `open-at` is checked: the WASI 0.2 release wasmtime-wasi 48 links.
+/// The interface whose functions are replaced: the WASI 0.2 release wasmtime-wasi 48
+/// links, which components importing any 0.2.x release resolve to.
 const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
 
 type OpenAtParams = (
@@ -38,20 +44,25 @@ type OpenAtParams = (
     DescriptorFlags,
 );
 
-/// Replaces WASI's `descriptor.open-at` in `linker` (which already holds wasmtime-wasi's)
-/// with one that refuses special files to calls whose file operations run inline, then
-/// hands every other open to wasmtime-wasi's.
-pub(crate) fn check_open_at(linker: &mut Linker<Sandbox>) -> wasmtime::Result<()> {
+/// Replaces `open-at`, `sync` and `sync-data` in `linker` (which already holds
+/// wasmtime-wasi's) with the versions above for calls whose file operations run inline;
+/// other calls get wasmtime-wasi's own.
+pub(crate) fn replace_inline_fs_functions(linker: &mut Linker<Sandbox>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
-    linker.instance(FILESYSTEM_TYPES)?.func_wrap_async(
+    let mut types = linker.instance(FILESYSTEM_TYPES)?;
+    types.func_wrap_async(
         "[method]descriptor.open-at",
         |mut store: StoreContextMut<'_, Sandbox>,
          (fd, path_flags, path, open_flags, flags): OpenAtParams| {
             Box::new(async move {
                 let sandbox = store.data_mut();
-                let follow = path_flags.contains(PathFlags::SYMLINK_FOLLOW);
-                if sandbox.inline_fs() && is_special(sandbox, &fd, &path, follow) {
-                    return Ok((Err(ErrorCode::Unsupported),));
+                if sandbox.inline_fs() {
+                    let opened = open_regular(sandbox, &fd, path_flags, &path, open_flags, flags)?;
+                    let opened = match opened {
+                        Ok(descriptor) => Ok(sandbox.ctx().table.push(descriptor)?),
+                        Err(code) => Err(code),
+                    };
+                    return Ok((opened,));
                 }
                 let opened = sandbox
                     .filesystem()
@@ -66,29 +77,97 @@ pub(crate) fn check_open_at(linker: &mut Linker<Sandbox>) -> wasmtime::Result<()
             })
         },
     )?;
+    for name in ["[method]descriptor.sync", "[method]descriptor.sync-data"] {
+        types.func_wrap_async(
+            name,
+            move |mut store: StoreContextMut<'_, Sandbox>, (fd,): (Resource<Descriptor>,)| {
+                Box::new(async move {
+                    let sandbox = store.data_mut();
+                    if sandbox.inline_fs() {
+                        // The descriptor must still be one the guest holds.
+                        sandbox.ctx().table.get(&fd)?;
+                        return Ok((Ok::<(), ErrorCode>(()),));
+                    }
+                    let mut fs = sandbox.filesystem();
+                    let synced = if name.ends_with("sync-data") {
+                        fs.sync_data(fd).await
+                    } else {
+                        fs.sync(fd).await
+                    };
+                    match synced {
+                        Ok(()) => Ok((Ok(()),)),
+                        Err(err) => err.downcast().map(|code| (Err(code),)),
+                    }
+                })
+            },
+        )?;
+    }
     linker.allow_shadowing(false);
     Ok(())
 }
 
-/// Whether `path` under the directory `fd` names something other than a regular file, a
-/// directory or a symbolic link (followed if `follow`). Anything that cannot be checked is
-/// left to the open itself, which reports it.
-fn is_special(sandbox: &mut Sandbox, fd: &Resource<Descriptor>, path: &str, follow: bool) -> bool {
-    let Ok(Descriptor::Dir(dir)) = sandbox.ctx().table.get(fd) else {
-        return false;
+/// `open-at` for a call that may only read: the checks wasmtime-wasi makes for a
+/// read-only directory, then an open that cannot wait, kept only if it is a regular file
+/// or a directory. The outer error traps (a handle the guest does not hold).
+fn open_regular(
+    sandbox: &mut Sandbox,
+    fd: &Resource<Descriptor>,
+    path_flags: PathFlags,
+    path: &str,
+    open_flags: OpenFlags,
+    flags: DescriptorFlags,
+) -> wasmtime::Result<Result<Descriptor, ErrorCode>> {
+    let Descriptor::Dir(dir) = sandbox.ctx().table.get(fd)? else {
+        return Ok(Err(ErrorCode::NotDirectory));
     };
-    let Ok(handle) = dir.dir.try_clone() else {
-        return false;
-    };
-    // The same resolution as the open: beneath the directory, never outside it.
-    let dir = cap_std::fs::Dir::from_std_file(handle);
-    let metadata = if follow {
-        dir.metadata(path)
-    } else {
-        dir.symlink_metadata(path)
-    };
-    metadata.is_ok_and(|m| {
-        let kind = m.file_type();
-        !(kind.is_file() || kind.is_dir() || kind.is_symlink())
+    if flags.intersects(
+        DescriptorFlags::FILE_INTEGRITY_SYNC
+            | DescriptorFlags::DATA_INTEGRITY_SYNC
+            | DescriptorFlags::REQUESTED_WRITE_SYNC,
+    ) {
+        return Ok(Err(ErrorCode::Unsupported));
+    }
+    let directory = open_flags.contains(OpenFlags::DIRECTORY);
+    let creates =
+        open_flags.intersects(OpenFlags::CREATE | OpenFlags::EXCLUSIVE | OpenFlags::TRUNCATE);
+    if directory && creates {
+        return Ok(Err(ErrorCode::Invalid));
+    }
+    // The directory is read-only: nothing may be created, truncated or opened to write.
+    if open_flags.intersects(OpenFlags::CREATE | OpenFlags::TRUNCATE)
+        || flags.contains(DescriptorFlags::WRITE)
+    {
+        return Ok(Err(ErrorCode::NotPermitted));
+    }
+    let perms = dir.perms;
+    let opened = (|| {
+        // Out of descriptors, the open fails: nothing is opened unchecked.
+        let start = cap_std::fs::Dir::from_std_file(dir.dir.try_clone()?);
+        let mut options = cap_std::fs::OpenOptions::new();
+        options.read(true).nonblock(true).follow(
+            if path_flags.contains(PathFlags::SYMLINK_FOLLOW) {
+                FollowSymlinks::Yes
+            } else {
+                FollowSymlinks::No
+            },
+        );
+        let file = start.open_with(path, &options)?.into_std();
+        let kind = file.metadata()?.file_type();
+        Ok::<_, std::io::Error>((file, kind))
+    })();
+    Ok(match opened {
+        Err(err) => Err(ErrorCode::from(err)),
+        Ok((file, kind)) if kind.is_dir() => {
+            Ok(Descriptor::Dir(Dir::new(file, perms, OpenMode::READ, true)))
+        }
+        Ok(_) if directory => Err(ErrorCode::NotDirectory),
+        Ok((file, kind)) if kind.is_file() => Ok(Descriptor::File(File::new(
+            file,
+            perms,
+            OpenMode::READ,
+            true,
+        ))),
+        // A FIFO, socket or device: closed here, never read.
+        Ok(_) => Err(ErrorCode::Unsupported),
     })
 }
