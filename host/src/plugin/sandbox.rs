@@ -5,8 +5,8 @@
 //! ([`Sandbox::begin_call`] resets what belongs to one call):
 //!
 //! - no `fs.*` capability: no preopen at all, so the guest sees no files;
-//! - `fs.read`: the workspace preopened read-only as `.`, its file operations run on the
-//!   calling thread, and FIFOs, sockets and devices refused (see
+//! - `fs.read`: the workspace preopened read-only as `.`; on a local filesystem its file
+//!   operations run on the calling thread, and FIFOs, sockets and devices are refused (see
 //!   [`special_files`](super::special_files));
 //! - `fs.write`: the workspace preopened read-write as `.`;
 //! - no environment variables, no arguments, stdin closed;
@@ -82,7 +82,8 @@ impl Sandbox {
         let tool = scope.tool.as_str();
         let output = OutputCapture::new(STDERR_CAPTURE_BYTES);
         let perms = fs_perms(&scope.capabilities);
-        let inline_fs = matches!(perms, Some(FsPerms::ReadOnly));
+        let inline_fs =
+            matches!(perms, Some(FsPerms::ReadOnly)) && workspace.is_some_and(runs_inline);
         let mut wasi = WasiCtx::builder();
         wasi.allow_blocking_current_thread(inline_fs);
         wasi.stdout(output.clone())
@@ -145,6 +146,30 @@ impl Sandbox {
     }
 }
 
+/// Linux filesystems that answer from local storage or memory (`statfs`'s `f_type`).
+const LOCAL_FILESYSTEMS: &[(u32, &str)] = &[
+    (0xEF53, "ext2/3/4"),
+    (0x5846_5342, "xfs"),
+    (0x9123_683E, "btrfs"),
+    (0x0102_1994, "tmpfs"),
+    (0x8584_58F6, "ramfs"),
+    (0x794C_7630, "overlayfs"),
+    (0xF2F5_2010, "f2fs"),
+    (0x2FC1_2FC1, "zfs"),
+    (0xCA45_1A4E, "bcachefs"),
+];
+
+/// Whether a call that may only read `workspace` runs its file operations inline: only if
+/// the workspace lies on a local filesystem (one `statfs`, at each sandbox's creation).
+pub(crate) fn runs_inline(workspace: &Path) -> bool {
+    rustix::fs::statfs(workspace).is_ok_and(|fs| {
+        LOCAL_FILESYSTEMS
+            .iter()
+            // The word is 32 bits of magic, whatever the width `statfs` gives it.
+            .any(|(magic, _)| fs.f_type as u32 == *magic)
+    })
+}
+
 /// A resource table holding at most [`MAX_RESOURCES`] at once.
 fn bounded_table() -> ResourceTable {
     let mut table = ResourceTable::new();
@@ -184,5 +209,19 @@ impl WasiHttpView for Sandbox {
             table: &mut self.table,
             hooks: &mut self.egress,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_local_workspace_runs_inline_and_a_pseudo_filesystem_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        // The test machines' temporary directories are on ext4 or tmpfs.
+        assert!(runs_inline(dir.path()));
+        assert!(!runs_inline(Path::new("/proc")));
+        assert!(!runs_inline(Path::new("/no/such/workspace")));
     }
 }

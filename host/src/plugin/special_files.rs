@@ -19,8 +19,18 @@
 //!
 //! A call granted `fs.write` may write and sync large files, so its file operations still
 //! run on blocking threads, each bounded by the deadline, and it may open special files.
+//! So does a call whose workspace is not on a local disk or memory filesystem
+//! ([`runs_inline`](super::sandbox::runs_inline)): on FUSE or a network filesystem any operation may wait on a daemon
+//! or a server.
+//!
+//! Limits, measured by attacking them: a refused FIFO is opened and closed at once, so a
+//! writer waiting on it sees a reader come and go; a file under a lease answers `io` at
+//! once instead of waiting for the lease to break; and a filesystem mounted beneath a
+//! local workspace is not detected, so a FUSE mount there could hold the thread (only a
+//! local user who can mount in the workspace can do that).
 
 use cap_fs_ext::{FollowSymlinks, OpenOptionsFollowExt as _, OpenOptionsSyncExt as _};
+use cap_std::io_lifetimes::AsFilelike as _;
 use wasmtime::StoreContextMut;
 use wasmtime::component::{Linker, Resource};
 use wasmtime_wasi::OpenMode;
@@ -141,8 +151,7 @@ fn open_regular(
     }
     let perms = dir.perms;
     let opened = (|| {
-        // Out of descriptors, the open fails: nothing is opened unchecked.
-        let start = cap_std::fs::Dir::from_std_file(dir.dir.try_clone()?);
+        let start = dir.dir.as_filelike_view::<cap_std::fs::Dir>();
         let mut options = cap_std::fs::OpenOptions::new();
         options.read(true).nonblock(true).follow(
             if path_flags.contains(PathFlags::SYMLINK_FOLLOW) {
