@@ -6,7 +6,7 @@
 //! a blocking thread and back costs more than the operation (BENCHMARKS.md, "Where the
 //! time goes"). A FIFO, socket or device in the workspace could instead block such an
 //! operation with no end, holding an executor thread the deadline cannot free. So for
-//! such a call the host replaces two WASI functions:
+//! such a call the host replaces three WASI functions:
 //!
 //! - `descriptor.open-at` opens the path itself, beneath the directory as wasmtime-wasi
 //!   would, but with `O_NONBLOCK` (an open never waits for a FIFO's other end), then
@@ -20,8 +20,8 @@
 //! A call granted `fs.write` may write and sync large files, so its file operations still
 //! run on blocking threads, each bounded by the deadline, and it may open special files.
 //! So does a call whose workspace is not on a local disk or memory filesystem
-//! ([`runs_inline`](super::sandbox::runs_inline)): on FUSE or a network filesystem any operation may wait on a daemon
-//! or a server.
+//! ([`runs_inline`](super::sandbox::runs_inline)): on FUSE or a network filesystem any
+//! operation may wait on a daemon or a server.
 //!
 //! Limits, measured by attacking them: a refused FIFO is opened and closed at once, so a
 //! writer waiting on it sees a reader come and go; a file under a lease answers `io` at
