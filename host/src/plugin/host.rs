@@ -455,11 +455,13 @@ impl PluginHost {
             Ok((instance, was_kept, output)) => {
                 // What the instance holds now would be there for the process's next call.
                 // It is kept only if the guest was refused no memory (one that recovered
-                // from a refusal sits at its limit) and holds no more resources (open files,
-                // streams) than after its first call, and few: a plugin that leaves some
+                // from a refusal sits at its limit), holds no file and no directory but the
+                // workspace (see `Sandbox::holds_only_the_workspace`), and no more resources
+                // (streams) than after its first call, and few: a plugin that leaves some
                 // open each time would hold them for the life of the process.
                 let held = store.data_mut().resources_held();
-                let clean = store.data().limiter.refused_growth.is_none();
+                let clean = store.data().limiter.refused_growth.is_none()
+                    && store.data_mut().holds_only_the_workspace();
                 let kept = match was_kept {
                     Some((baseline, slot)) if clean && held <= baseline => Some((baseline, slot)),
                     Some(_) => None,

@@ -44,6 +44,8 @@ pub struct Sandbox {
     /// File operations run on the calling thread: the call may read but not write
     /// (see [`special_files`](super::special_files)).
     inline_fs: bool,
+    /// The workspace directory's device and inode, when the call has it.
+    root: Option<(u64, u64)>,
 }
 
 /// Who is running and with what, for the host imports' checks and log lines.
@@ -84,6 +86,7 @@ impl Sandbox {
         let perms = fs_perms(&scope.capabilities);
         let inline_fs =
             matches!(perms, Some(FsPerms::ReadOnly)) && workspace.is_some_and(runs_inline);
+        let mut root = None;
         let mut wasi = WasiCtx::builder();
         wasi.allow_blocking_current_thread(inline_fs);
         wasi.stdout(output.clone())
@@ -99,6 +102,14 @@ impl Sandbox {
                      directory (--workspace DIR)"
                 ))
             })?;
+            // Its identity, to tell the workspace's own handle from any other directory a
+            // kept instance might hold (`holds_only_the_workspace`).
+            root = std::fs::metadata(dir).ok().map(|m| {
+                (
+                    std::os::unix::fs::MetadataExt::dev(&m),
+                    std::os::unix::fs::MetadataExt::ino(&m),
+                )
+            });
             wasi.preopened_dir(dir, ".", perms).map_err(|err| {
                 ToolError::Failed(format!(
                     "cannot open the workspace {} for tool `{tool}`: {err}",
@@ -115,6 +126,27 @@ impl Sandbox {
             output,
             scope,
             inline_fs,
+            root,
+        })
+    }
+
+    /// Whether the guest holds no file, and no directory but the workspace itself. A kept
+    /// instance holding one would carry it to the next call: a directory since moved out
+    /// of the workspace, or a file since deleted from it, would still be reachable.
+    pub(crate) fn holds_only_the_workspace(&mut self) -> bool {
+        let root = self.root;
+        self.table.iter_mut().all(|entry| {
+            match entry.downcast_ref::<wasmtime_wasi::filesystem::Descriptor>() {
+                None => true,
+                Some(wasmtime_wasi::filesystem::Descriptor::File(_)) => false,
+                Some(wasmtime_wasi::filesystem::Descriptor::Dir(dir)) => {
+                    let held = dir.dir.metadata().ok().map(|m| {
+                        use std::os::unix::fs::MetadataExt as _;
+                        (m.dev(), m.ino())
+                    });
+                    held.is_some() && held == root
+                }
+            }
         })
     }
 

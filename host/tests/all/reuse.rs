@@ -211,6 +211,32 @@ async fn an_instance_holding_more_resources_than_after_its_first_call_is_not_kep
 }
 
 #[tokio::test]
+async fn an_instance_holding_a_file_or_another_directory_is_not_kept() {
+    // Carried to the next call, a handle would outlive what it names: a directory moved
+    // out of the workspace, a file deleted from it. Only the workspace itself may be held.
+    let registry = registry(small_limits()).await;
+    let ws = Workspace::new();
+    std::fs::create_dir(ws.path().join("sub")).unwrap();
+    std::fs::write(ws.path().join("notes.txt"), "x").unwrap();
+    for path in ["sub", "notes.txt", "."] {
+        let instances = ProcessInstances::new();
+        let left = call_in(
+            &registry,
+            Some(&instances),
+            "leak_files",
+            json!({ "count": 1, "path": path }),
+            "fs.read",
+            &ws,
+        )
+        .await
+        .unwrap();
+        assert_eq!(left, "1 left open");
+        let kept = usize::from(path == ".");
+        assert_eq!(instances.len(), kept, "holding `{path}`");
+    }
+}
+
+#[tokio::test]
 async fn an_instance_that_recovered_from_refused_memory_is_not_kept() {
     let registry = registry(small_limits()).await;
     let mine = ProcessInstances::new();
