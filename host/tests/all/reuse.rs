@@ -377,6 +377,35 @@ async fn kept_instances_are_bounded_host_wide_and_freed_when_a_process_ends() {
 }
 
 #[tokio::test]
+async fn a_kept_instance_that_traps_frees_its_warm_slot_for_another_process() {
+    let registry = registry(Limits {
+        max_warm_instances: 1,
+        ..small_limits()
+    })
+    .await;
+    let (one, two) = (ProcessInstances::new(), ProcessInstances::new());
+    let ws = Workspace::new();
+    assert_eq!(remember(&registry, &one, "a").await, "a");
+    assert_eq!(
+        remember(&registry, &two, "x").await,
+        "x",
+        "no slot left: fresh"
+    );
+    assert_eq!(two.len(), 0);
+    // The same capabilities as `remember`: the call runs in one's kept instance, traps,
+    // and takes the instance and its slot with it.
+    let trapped = call_in(&registry, Some(&one), "panic", json!({}), "", &ws).await;
+    assert!(matches!(trapped, Err(ToolError::Failed(_))), "{trapped:?}");
+    assert_eq!(one.len(), 0);
+    assert_eq!(remember(&registry, &two, "p").await, "p");
+    assert_eq!(
+        remember(&registry, &two, "q").await,
+        "p,q",
+        "two keeps the freed slot"
+    );
+}
+
+#[tokio::test]
 async fn with_no_warm_slots_every_call_is_fresh() {
     let registry = registry(Limits {
         max_warm_instances: 0,
