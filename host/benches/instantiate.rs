@@ -64,6 +64,13 @@ fn state_module(pages: u64, data: u64, elements: u64) -> String {
 /// [`state_module`]), the rest of an empty module. It exports the first's function.
 fn component_text(first: &str, instances: usize) -> String {
     let mut text = format!("(component {first} (core instance $i0 (instantiate 0))");
+    finish_component(&mut text, instances);
+    text
+}
+
+/// Ends `text`, whose first core instance `$i0` is made: `instances - 1` instances of an
+/// empty module, and the export of `$i0`'s function.
+fn finish_component(text: &mut String, instances: usize) {
     if instances > 1 {
         text.push_str(" (core module (func (export \"g\")))");
         for i in 1..instances {
@@ -71,7 +78,6 @@ fn component_text(first: &str, instances: usize) -> String {
         }
     }
     text.push_str(" (func (export \"f\") (canon lift (core func $i0 \"f\"))))");
-    text
 }
 
 /// [`component_text`] whose first core instance also imports `lowered` host functions:
@@ -96,13 +102,7 @@ fn component_with_imports(first: &str, instances: usize, lowered: usize) -> Stri
         text,
         " {args} {first} (core instance $i0 (instantiate 0 (with \"host\" (instance $host))))"
     );
-    if instances > 1 {
-        text.push_str(" (core module (func (export \"g\")))");
-        for i in 1..instances {
-            let _ = write!(text, " (core instance $i{i} (instantiate 1))");
-        }
-    }
-    text.push_str(" (func (export \"f\") (canon lift (core func $i0 \"f\"))))");
+    finish_component(&mut text, instances);
     text
 }
 

@@ -179,7 +179,9 @@ impl Bare {
         Self::engine_with(|_| {})
     }
 
-    /// [`Bare::engine`] with one change to its pooling allocator.
+    /// [`Bare::engine`] with one change to its pooling allocator. With
+    /// `CAPSTAN_BENCH_PERFMAP` set, the engine writes a perf map, so `perf report` names
+    /// the guest's JIT frames.
     pub fn engine_with(change: impl FnOnce(&mut PoolingAllocationConfig)) -> Engine {
         let limits = Limits::default();
         let mut pool = PoolingAllocationConfig::new();

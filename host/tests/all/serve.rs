@@ -797,20 +797,12 @@ async fn a_public_address_without_a_token_and_a_busy_port_are_refused_by_name() 
 
 /// The binary: it prints where it listens, serves, and on SIGTERM stops gracefully with
 /// the conversation stored; a bad --addr is refused with the fix.
+/// The `capstan serve --demo` binary in `dir`, on a free loopback port, its output piped.
 #[cfg(unix)]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_binary_serves_and_stops_gracefully_on_sigterm() {
-    use std::io::BufRead;
-
-    let dir = tempfile::tempdir().unwrap();
-    let bad = crate::support::capstan(dir.path(), &["serve", "--addr", "localhost:99999"]);
-    assert!(!bad.status.success());
-    let said = String::from_utf8_lossy(&bad.stderr);
-    assert!(said.contains("IP:PORT, such as 127.0.0.1:8787"), "{said}");
-
-    let demo = dir.path().join("demo");
-    let mut child = crate::support::capstan_command(
-        dir.path(),
+fn spawn_demo_server(dir: &std::path::Path) -> std::process::Child {
+    let demo = dir.join("demo");
+    crate::support::capstan_command(
+        dir,
         &[
             "serve",
             "--demo",
@@ -823,7 +815,21 @@ async fn the_binary_serves_and_stops_gracefully_on_sigterm() {
     .stdout(std::process::Stdio::piped())
     .stderr(std::process::Stdio::piped())
     .spawn()
-    .unwrap();
+    .unwrap()
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_and_stops_gracefully_on_sigterm() {
+    use std::io::BufRead;
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = crate::support::capstan(dir.path(), &["serve", "--addr", "localhost:99999"]);
+    assert!(!bad.status.success());
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert!(said.contains("IP:PORT, such as 127.0.0.1:8787"), "{said}");
+
+    let mut child = spawn_demo_server(dir.path());
     // Only the first line is read, then the pipe is closed, as `capstan serve | head -1`
     // does: the server must go on serving.
     let stdout = child.stdout.take().unwrap();
@@ -872,7 +878,7 @@ async fn the_binary_serves_and_stops_gracefully_on_sigterm() {
         .unwrap()
         .unwrap();
     assert!(output.status.success(), "{output:?}");
-    let store = capstan_host::store::Store::open(&demo.join(".capstan")).unwrap();
+    let store = capstan_host::store::Store::open(&dir.path().join("demo/.capstan")).unwrap();
     let history = store.load_history("channel:main").unwrap();
     assert!(history.len() >= 4, "the conversation was stored");
 }
@@ -1023,22 +1029,7 @@ fn a_sigterm_right_after_the_banner_still_stops_gracefully() {
     use std::io::BufRead;
 
     let dir = tempfile::tempdir().unwrap();
-    let demo = dir.path().join("demo");
-    let mut child = crate::support::capstan_command(
-        dir.path(),
-        &[
-            "serve",
-            "--demo",
-            "--dir",
-            demo.to_str().unwrap(),
-            "--addr",
-            "127.0.0.1:0",
-        ],
-    )
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .unwrap();
+    let mut child = spawn_demo_server(dir.path());
     // A supervisor that signals as soon as it reads the first line.
     let mut first = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap())
