@@ -23,7 +23,7 @@ use super::limits::Limits;
 use super::loaded::{LoadedPlugin, RawToolSpec, ToolInfo};
 use super::offline::{NotLinked, imports_http, link_http_as_traps};
 use super::sandbox::{CallScope, Sandbox};
-use super::warm::{ProcessInstances, WarmInstance, WarmKey};
+use super::warm::{ProcessInstances, WarmInstance, WarmKey, WarmPool};
 use crate::net::{CallNet, Egress, GrantSource, NetHost, NetScope};
 use crate::services::Services;
 use crate::text::{one_line, truncate};
@@ -45,9 +45,9 @@ pub struct PluginHost {
     /// One permit per pooling-allocator slot for calls: callers beyond it wait instead of
     /// failing.
     slots: Semaphore,
-    /// One permit per slot for instances kept between calls
-    /// ([`Limits::max_warm_instances`]); with none left, a call's instance is not kept.
-    warm_slots: Arc<Semaphore>,
+    /// The slots for instances kept between calls ([`Limits::max_warm_instances`]); with
+    /// none left, the one idle longest makes room, or a call's instance is not kept.
+    warm: WarmPool,
     /// Backs the `tasks` and `memory` imports; without it they answer "not available".
     services: Option<Services>,
     /// The limits and secrets of outbound requests.
@@ -91,7 +91,7 @@ impl PluginHost {
         let online_linker = build_linker(&engine, true)?;
         start_epoch_ticker(&engine);
         let slots = Semaphore::new(limits.max_concurrent_calls.max(1) as usize);
-        let warm_slots = Arc::new(Semaphore::new(limits.max_warm_instances as usize));
+        let warm = WarmPool::new(limits.max_warm_instances as usize);
         Ok(PluginHost {
             engine,
             linker,
@@ -99,7 +99,7 @@ impl PluginHost {
             limits,
             cache,
             slots,
-            warm_slots,
+            warm,
             services: None,
             network: Arc::default(),
         })
@@ -142,6 +142,19 @@ impl PluginHost {
     /// The limits every call runs under.
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// Instances kept between calls now, over all processes, idle or running a call; at
+    /// most [`Limits::max_warm_instances`].
+    ///
+    /// ```
+    /// use capstan_host::plugin::{ArtifactCache, Limits, PluginHost};
+    ///
+    /// let host = PluginHost::new(Limits::default(), ArtifactCache::disabled()).unwrap();
+    /// assert_eq!(host.kept_instances(), 0);
+    /// ```
+    pub fn kept_instances(&self) -> usize {
+        self.warm.held()
     }
 
     /// Loads and checks one component file: it must be a component exporting
@@ -430,13 +443,15 @@ impl PluginHost {
         f: impl AsyncFnOnce(&Plugin, &mut Store<Sandbox>) -> wasmtime::Result<R>,
     ) -> Result<R, ToolError> {
         let _slot = self.call_slot().await;
-        let (mut store, kept) = match instances.take(&key) {
-            Some(WarmInstance {
-                mut store,
-                instance,
-                resources,
-                slot,
-            }) => {
+        let (mut store, kept) = match self.warm.take(instances, &key) {
+            Some(warm) => {
+                let WarmInstance {
+                    mut store,
+                    instance,
+                    resources,
+                    slot,
+                    ..
+                } = warm;
                 store.data_mut().begin_call(tool, Egress::default());
                 (store, Some((instance, resources, slot)))
             }
@@ -465,22 +480,14 @@ impl PluginHost {
                 let kept = match was_kept {
                     Some((baseline, slot)) if clean && held <= baseline => Some((baseline, slot)),
                     Some(_) => None,
-                    None if clean && held <= MAX_KEPT_RESOURCES => self
-                        .warm_slots
-                        .clone()
-                        .try_acquire_owned()
-                        .ok()
-                        .map(|slot| (held, slot)),
+                    None if clean && held <= MAX_KEPT_RESOURCES => {
+                        self.warm.slot().map(|slot| (held, slot))
+                    }
                     None => None,
                 };
                 if let Some((resources, slot)) = kept {
-                    let warm = WarmInstance {
-                        store,
-                        instance,
-                        resources,
-                        slot,
-                    };
-                    instances.keep(key, warm);
+                    let warm = WarmInstance::new(store, instance, resources, slot);
+                    self.warm.keep(instances, key, warm);
                 }
                 Ok(output)
             }

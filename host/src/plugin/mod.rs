@@ -18,6 +18,7 @@ mod engine;
 mod error;
 mod external;
 mod failure;
+mod file_streams;
 mod host;
 mod imports;
 mod inspect;

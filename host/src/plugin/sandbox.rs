@@ -46,6 +46,8 @@ pub struct Sandbox {
     inline_fs: bool,
     /// The workspace directory's device and inode, when the call has it.
     root: Option<(u64, u64)>,
+    /// Streams over files the guest was given since the last check, by resource.
+    file_streams: Vec<u32>,
 }
 
 /// Who is running and with what, for the host imports' checks and log lines.
@@ -127,14 +129,30 @@ impl Sandbox {
             scope,
             inline_fs,
             root,
+            file_streams: Vec::new(),
         })
     }
 
-    /// Whether the guest holds no file, and no directory but the workspace itself. A kept
-    /// instance holding one would carry it to the next call: a directory since moved out
-    /// of the workspace, or a file since deleted from it, would still be reachable.
+    /// Notes that the guest holds stream `rep`, made over a file (`plugin/file_streams.rs`).
+    pub(crate) fn note_file_stream(&mut self, rep: u32) {
+        self.file_streams.push(rep);
+    }
+
+    /// Whether the guest holds no file, no stream over a file, and no directory but the
+    /// workspace itself. A kept instance holding one would carry it to the next call: a
+    /// directory since moved out of the workspace, or a file since deleted from it, would
+    /// still be reachable.
     pub(crate) fn holds_only_the_workspace(&mut self) -> bool {
         let root = self.root;
+        // A stream's slot may since hold another resource: then the instance is dropped
+        // too, which is never wrong.
+        let streams = std::mem::take(&mut self.file_streams);
+        if streams
+            .iter()
+            .any(|rep| self.table.get_any_mut(*rep).is_ok())
+        {
+            return false;
+        }
         self.table.iter_mut().all(|entry| {
             match entry.downcast_ref::<wasmtime_wasi::filesystem::Descriptor>() {
                 None => true,

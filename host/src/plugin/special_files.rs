@@ -44,7 +44,7 @@ use super::sandbox::Sandbox;
 
 /// The interface whose functions are replaced: the WASI 0.2 release wasmtime-wasi 48
 /// links, which components importing any 0.2.x release resolve to.
-const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
+pub(super) const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
 
 type OpenAtParams = (
     Resource<Descriptor>,

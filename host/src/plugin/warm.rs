@@ -1,4 +1,5 @@
-//! [`ProcessInstances`]: the plugin instances one process keeps between its calls.
+//! Instances kept between calls: [`ProcessInstances`], the ones one process keeps, and
+//! [`WarmPool`], the host-wide bound on all of them.
 //!
 //! A kept instance is the one a fresh call would have built, kept: it is reused only by
 //! the same process, for the same plugin, with the same capabilities and workspace, so a
@@ -6,14 +7,20 @@
 //! process only after a call that returned (a result or the tool's own error); a trap, a
 //! deadline, a refused memory growth, a cancelled call or a failure of the host drops it,
 //! and the next call builds a fresh one.
+//!
+//! The pool holds [`Limits::max_warm_instances`](super::Limits::max_warm_instances) slots.
+//! When they are all taken, a call that would keep its instance drops the instance that has
+//! waited longest, whichever process keeps it: a conversation left open for hours does not
+//! hold a slot that busy processes need. Dropping an instance is always safe: its process's
+//! next call builds a fresh one.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use capstan_caps::Capability;
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime::Store;
 
 use super::bindings::Plugin;
@@ -31,8 +38,13 @@ use super::sandbox::{Sandbox, opens_workspace};
 /// ```
 #[derive(Default)]
 pub struct ProcessInstances {
-    idle: Mutex<HashMap<WarmKey, WarmInstance>>,
+    idle: Arc<IdleInstances>,
 }
+
+/// A process's idle instances, one per key. Shared with the [`WarmPool`] only weakly, so
+/// that the pool can evict one without keeping the process's set alive.
+#[derive(Default)]
+struct IdleInstances(Mutex<HashMap<WarmKey, WarmInstance>>);
 
 /// What makes two calls' sandboxes the same: the plugin as loaded, the caller (whom its
 /// host imports act for), the capabilities the call runs with and the workspace its file
@@ -78,6 +90,29 @@ pub(crate) struct WarmInstance {
     pub(crate) resources: usize,
     /// Its share of [`Limits::max_warm_instances`](super::Limits::max_warm_instances).
     pub(crate) slot: OwnedSemaphorePermit,
+    /// When it last went idle, in the pool's order: its entry in [`WarmPool`]'s index.
+    idle_since: u64,
+    /// That index, to leave it when its process ends.
+    index: Weak<Mutex<IdleIndex>>,
+}
+
+impl WarmInstance {
+    /// `store` and `instance`, holding `resources` and `slot`, about to be kept.
+    pub(crate) fn new(
+        store: Store<Sandbox>,
+        instance: Plugin,
+        resources: usize,
+        slot: OwnedSemaphorePermit,
+    ) -> Self {
+        WarmInstance {
+            store,
+            instance,
+            resources,
+            slot,
+            idle_since: 0,
+            index: Weak::new(),
+        }
+    }
 }
 
 impl ProcessInstances {
@@ -88,39 +123,147 @@ impl ProcessInstances {
 
     /// How many instances the process keeps now.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.idle.lock().len()
     }
 
     /// Whether the process keeps none.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
 
-    /// Takes the instance kept for `key`, if any: a call owns it while it runs.
-    pub(crate) fn take(&self, key: &WarmKey) -> Option<WarmInstance> {
-        self.lock().remove(key)
-    }
-
-    /// Keeps `warm` for the next call with `key`. One is kept per key (a process makes its
-    /// calls one after another); a second, from calls that overlapped, is dropped.
-    pub(crate) fn keep(&self, key: WarmKey, warm: WarmInstance) {
-        let surplus = match self.lock().entry(key) {
-            Entry::Occupied(_) => Some(warm),
-            Entry::Vacant(slot) => {
-                slot.insert(warm);
-                None
-            }
-        };
-        // Dropped outside the lock: freeing an instance returns its pool slot.
-        drop(surplus);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<WarmKey, WarmInstance>> {
+impl IdleInstances {
+    fn lock(&self) -> MutexGuard<'_, HashMap<WarmKey, WarmInstance>> {
         // No code holding it panics; a poisoned map is still a valid map.
-        self.idle
+        self.0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// The host's slots for kept instances, and every idle one in the order it went idle.
+///
+/// Lock order: the pool's index, then a process's idle set; instances are dropped outside
+/// both (dropping one returns its memory to the allocator).
+pub(crate) struct WarmPool {
+    slots: Arc<Semaphore>,
+    capacity: usize,
+    index: Arc<Mutex<IdleIndex>>,
+}
+
+/// Idle instances, oldest first: which process keeps each, and under which key.
+#[derive(Default)]
+struct IdleIndex {
+    next: u64,
+    oldest: BTreeMap<u64, (Weak<IdleInstances>, WarmKey)>,
+}
+
+impl WarmPool {
+    /// A pool of `capacity` slots.
+    pub(crate) fn new(capacity: usize) -> Self {
+        WarmPool {
+            slots: Arc::new(Semaphore::new(capacity)),
+            capacity,
+            index: Arc::default(),
+        }
+    }
+
+    /// Instances kept now, idle or running a call.
+    pub(crate) fn held(&self) -> usize {
+        self.capacity - self.slots.available_permits()
+    }
+
+    /// Takes the instance `instances` keeps for `key`, if any: a call owns it while it
+    /// runs, and no other call can evict it meanwhile.
+    pub(crate) fn take(&self, instances: &ProcessInstances, key: &WarmKey) -> Option<WarmInstance> {
+        let mut index = self.lock();
+        let warm = instances.idle.lock().remove(key)?;
+        index.oldest.remove(&warm.idle_since);
+        Some(warm)
+    }
+
+    /// Keeps `warm` in `instances` for the next call with `key`, as the newest idle
+    /// instance. One is kept per key (a process makes its calls one after another); a
+    /// second, from calls that overlapped, is dropped.
+    pub(crate) fn keep(&self, instances: &ProcessInstances, key: WarmKey, mut warm: WarmInstance) {
+        let surplus = {
+            let mut index = self.lock();
+            let mut idle = instances.idle.lock();
+            match idle.entry(key) {
+                Entry::Occupied(_) => Some(warm),
+                Entry::Vacant(slot) => {
+                    let stamp = index.next;
+                    index.next += 1;
+                    warm.idle_since = stamp;
+                    warm.index = Arc::downgrade(&self.index);
+                    let weak = Arc::downgrade(&instances.idle);
+                    index.oldest.insert(stamp, (weak, slot.key().clone()));
+                    slot.insert(warm);
+                    None
+                }
+            }
+        };
+        drop(surplus);
+    }
+
+    /// A slot for an instance to keep: a free one, or the one the longest idle instance
+    /// holds, which is dropped. `None` when every slot is held by an instance running a
+    /// call (or there are none).
+    pub(crate) fn slot(&self) -> Option<OwnedSemaphorePermit> {
+        loop {
+            if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+                return Some(slot);
+            }
+            // Taken out under the locks, dropped outside them: its slot is then free.
+            let evicted = self.evict_oldest()?;
+            drop(evicted);
+        }
+    }
+
+    /// Removes the instance idle longest from its process; `None` when none is idle.
+    fn evict_oldest(&self) -> Option<Option<WarmInstance>> {
+        // The index is released first: the owner upgraded here may be the last reference
+        // to a process's set, whose drop takes the index lock.
+        let (stamp, (owner, key)) = self.lock().oldest.pop_first()?;
+        // A process that ended took its instances with it.
+        let Some(owner) = owner.upgrade() else {
+            return Some(None);
+        };
+        let mut idle = owner.lock();
+        // Taken (and perhaps kept again, newer) since it was listed: not this one.
+        let evicted = match idle.get(&key) {
+            Some(warm) if warm.idle_since == stamp => idle.remove(&key),
+            _ => None,
+        };
+        drop(idle);
+        Some(evicted)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, IdleIndex> {
+        lock_index(&self.index)
+    }
+}
+
+impl Drop for IdleInstances {
+    /// The process ended: its instances leave their pools' index, then drop.
+    fn drop(&mut self) {
+        let idle = self
+            .0
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for warm in idle.values() {
+            if let Some(index) = warm.index.upgrade() {
+                lock_index(&index).oldest.remove(&warm.idle_since);
+            }
+        }
+    }
+}
+
+fn lock_index(index: &Mutex<IdleIndex>) -> MutexGuard<'_, IdleIndex> {
+    // No code holding it panics; a poisoned index is still a valid index.
+    index
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl std::fmt::Debug for ProcessInstances {

@@ -237,6 +237,52 @@ async fn an_instance_holding_a_file_or_another_directory_is_not_kept() {
 }
 
 #[tokio::test]
+async fn an_instance_holding_a_stream_over_a_file_is_not_kept() {
+    // A stream holds its file open after the descriptor is closed, and says nothing of
+    // what it reads: a kept instance would read a file since deleted from the workspace.
+    let registry = registry(small_limits()).await;
+    let ws = Workspace::new();
+    for grants in ["fs.read", "fs.read,fs.write"] {
+        std::fs::write(ws.path().join("secret.txt"), "before").unwrap();
+        let instances = ProcessInstances::new();
+        let call = |tool| {
+            call_in(
+                &registry,
+                Some(&instances),
+                tool,
+                json!({ "path": "secret.txt" }),
+                grants,
+                &ws,
+            )
+        };
+        assert_eq!(call("hold_stream").await.unwrap(), "held");
+        assert_eq!(
+            instances.len(),
+            0,
+            "{grants}: the stream's instance was kept"
+        );
+        std::fs::remove_file(ws.path().join("secret.txt")).unwrap();
+        assert_eq!(call("read_held").await.unwrap(), "none held", "{grants}");
+    }
+    // Streams closed before the call returns leave the instance kept.
+    ws.put("notes.txt", "kept");
+    let instances = ProcessInstances::new();
+    for _ in 0..2 {
+        let read = call_in(
+            &registry,
+            Some(&instances),
+            "file_read",
+            json!({ "path": "notes.txt" }),
+            "fs.read",
+            &ws,
+        )
+        .await;
+        assert!(read.unwrap().contains("kept"));
+        assert_eq!(instances.len(), 1);
+    }
+}
+
+#[tokio::test]
 async fn an_instance_that_recovered_from_refused_memory_is_not_kept() {
     let registry = registry(small_limits()).await;
     let mine = ProcessInstances::new();
@@ -332,9 +378,10 @@ async fn kept_instances_and_calls_share_the_pool_without_starving_each_other() {
     let ws = Workspace::new();
     assert_eq!(remember(&registry, &mine, "kept").await, "kept");
     for _ in 0..3 {
+        // Calls that keep nothing, with other capabilities or none.
         let other = call_in(
             &registry,
-            Some(&mine),
+            None,
             "remember_reading",
             json!({"text": "x"}),
             "fs.read",
@@ -346,6 +393,21 @@ async fn kept_instances_and_calls_share_the_pool_without_starving_each_other() {
         assert_eq!(fresh.unwrap(), "y");
     }
     assert_eq!(remember(&registry, &mine, "again").await, "kept,again");
+    // Another capability set of the same process takes the one warm slot in turn: the
+    // instance idle longest makes room.
+    let reading = |text: &'static str| {
+        call_in(
+            &registry,
+            Some(&mine),
+            "remember_reading",
+            json!({ "text": text }),
+            "fs.read",
+            &ws,
+        )
+    };
+    assert_eq!(reading("r1").await.unwrap(), "r1");
+    assert_eq!(reading("r2").await.unwrap(), "r1,r2");
+    assert_eq!(remember(&registry, &mine, "last").await, "last");
 }
 
 #[test]
@@ -359,7 +421,7 @@ fn the_largest_pool_the_config_allows_builds() {
 }
 
 #[tokio::test]
-async fn kept_instances_are_bounded_host_wide_and_freed_when_a_process_ends() {
+async fn kept_instances_are_bounded_host_wide_the_longest_idle_making_room() {
     let registry = registry(Limits {
         max_warm_instances: 1,
         ..small_limits()
@@ -367,17 +429,45 @@ async fn kept_instances_are_bounded_host_wide_and_freed_when_a_process_ends() {
     .await;
     let (one, two) = (ProcessInstances::new(), ProcessInstances::new());
     assert_eq!(remember(&registry, &one, "a").await, "a");
-    // The one warm slot is taken: the second process's calls run fresh.
+    // The one warm slot is taken by an idle instance: the second process's instance takes
+    // its place, and the first process's next call starts afresh.
     assert_eq!(remember(&registry, &two, "x").await, "x");
-    assert_eq!(remember(&registry, &two, "y").await, "y");
-    assert_eq!(two.len(), 0);
+    assert_eq!(remember(&registry, &two, "y").await, "x,y");
+    assert_eq!((one.len(), two.len()), (0, 1));
+    assert_eq!(registry.host().kept_instances(), 1);
+    assert_eq!(remember(&registry, &one, "b").await, "b");
+    assert_eq!((one.len(), two.len()), (1, 0));
+    // A process that ends frees its slot at once.
     drop(one);
+    assert_eq!(registry.host().kept_instances(), 0);
     assert_eq!(remember(&registry, &two, "p").await, "p");
     assert_eq!(remember(&registry, &two, "q").await, "p,q");
 }
 
 #[tokio::test]
-async fn a_kept_instance_that_traps_frees_its_warm_slot_for_another_process() {
+async fn the_instance_idle_longest_is_the_one_that_makes_room() {
+    let registry = registry(Limits {
+        max_warm_instances: 2,
+        ..small_limits()
+    })
+    .await;
+    let (a, b, c) = (
+        ProcessInstances::new(),
+        ProcessInstances::new(),
+        ProcessInstances::new(),
+    );
+    assert_eq!(remember(&registry, &a, "a1").await, "a1");
+    assert_eq!(remember(&registry, &b, "b1").await, "b1");
+    // a's instance is used again: b's has now been idle longest.
+    assert_eq!(remember(&registry, &a, "a2").await, "a1,a2");
+    assert_eq!(remember(&registry, &c, "c1").await, "c1");
+    assert_eq!((a.len(), b.len(), c.len()), (1, 0, 1));
+    assert_eq!(remember(&registry, &a, "a3").await, "a1,a2,a3");
+    assert_eq!(remember(&registry, &c, "c2").await, "c1,c2");
+}
+
+#[tokio::test]
+async fn an_instance_running_a_call_is_never_taken_to_make_room() {
     let registry = registry(Limits {
         max_warm_instances: 1,
         ..small_limits()
@@ -386,17 +476,107 @@ async fn a_kept_instance_that_traps_frees_its_warm_slot_for_another_process() {
     let (one, two) = (ProcessInstances::new(), ProcessInstances::new());
     let ws = Workspace::new();
     assert_eq!(remember(&registry, &one, "a").await, "a");
-    assert_eq!(
-        remember(&registry, &two, "x").await,
-        "x",
-        "no slot left: fresh"
-    );
+    // The same capabilities as `remember`: the sleep runs in one's kept instance.
+    let sleeping = call_in(&registry, Some(&one), "sleep", json!({"secs": 60}), "", &ws);
+    tokio::pin!(sleeping);
+    tokio::select! {
+        biased;
+        outcome = &mut sleeping => panic!("the sleep cannot finish first: {outcome:?}"),
+        () = async {
+            while !one.is_empty() {
+                tokio::task::yield_now().await;
+            }
+        } => {}
+    }
+    // While it sleeps, another process calls: nothing is idle, so its instance is not kept.
+    let other = tokio::select! {
+        biased;
+        outcome = &mut sleeping => panic!("the sleep cannot finish first: {outcome:?}"),
+        answer = remember(&registry, &two, "x") => answer,
+    };
+    assert_eq!(other, "x");
     assert_eq!(two.len(), 0);
+    assert_eq!(
+        registry.host().kept_instances(),
+        1,
+        "the running instance's slot"
+    );
+}
+
+#[tokio::test]
+async fn two_calls_of_one_process_at_once_get_an_instance_each_and_one_is_kept() {
+    let registry = registry(small_limits()).await;
+    let mine = ProcessInstances::new();
+    let ws = Workspace::new();
+    assert_eq!(remember(&registry, &mine, "a").await, "a");
+    // The sleep runs in the kept instance (the same capabilities as `remember`) and is
+    // left pending there, unpolled, while a second call of the same process runs.
+    let sleeping = call_in(&registry, Some(&mine), "sleep", json!({"secs": 1}), "", &ws);
+    tokio::pin!(sleeping);
+    tokio::select! {
+        biased;
+        outcome = &mut sleeping => panic!("the sleep cannot finish first: {outcome:?}"),
+        () = async {
+            while !mine.is_empty() {
+                tokio::task::yield_now().await;
+            }
+        } => {}
+    }
+    assert_eq!(
+        remember(&registry, &mine, "x").await,
+        "x",
+        "a fresh instance"
+    );
+    assert_eq!(mine.len(), 1);
+    sleeping.await.unwrap();
+    // One instance per key: the second to come back is dropped, with its slot.
+    assert_eq!(mine.len(), 1);
+    assert_eq!(registry.host().kept_instances(), 1);
+    assert_eq!(remember(&registry, &mine, "y").await, "x,y");
+}
+
+#[tokio::test]
+async fn a_kept_call_that_fails_quotes_only_its_own_output() {
+    let registry = registry(small_limits()).await;
+    let mine = ProcessInstances::new();
+    let ws = Workspace::new();
+    let say = |text: &str, abort: bool| {
+        call_in(
+            &registry,
+            Some(&mine),
+            "say",
+            json!({ "text": text, "abort": abort }),
+            "",
+            &ws,
+        )
+    };
+    assert_eq!(say("first-call-output", false).await.unwrap(), "said");
+    assert_eq!(mine.len(), 1);
+    let failed = say("second-call-output", true)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(failed.contains("second-call-output"), "{failed}");
+    assert!(!failed.contains("first-call-output"), "{failed}");
+}
+
+#[tokio::test]
+async fn a_kept_instance_that_traps_frees_its_warm_slot() {
+    let registry = registry(Limits {
+        max_warm_instances: 1,
+        ..small_limits()
+    })
+    .await;
+    let (one, two) = (ProcessInstances::new(), ProcessInstances::new());
+    let ws = Workspace::new();
+    assert_eq!(remember(&registry, &one, "a").await, "a");
+    assert_eq!(registry.host().kept_instances(), 1);
     // The same capabilities as `remember`: the call runs in one's kept instance, traps,
     // and takes the instance and its slot with it.
     let trapped = call_in(&registry, Some(&one), "panic", json!({}), "", &ws).await;
     assert!(matches!(trapped, Err(ToolError::Failed(_))), "{trapped:?}");
     assert_eq!(one.len(), 0);
+    assert_eq!(registry.host().kept_instances(), 0);
     assert_eq!(remember(&registry, &two, "p").await, "p");
     assert_eq!(
         remember(&registry, &two, "q").await,
