@@ -1,9 +1,9 @@
 //! The audit log in SQLite, one row per call. The types and the redaction are the
 //! services' (`services::audit`).
 
-use rusqlite::params;
+use rusqlite::{Transaction, params};
 
-use super::{Store, StoreError, now, retry};
+use super::{Store, StoreError, now};
 use crate::services::{
     AuditEntry, AuditRecord, RequestDecision, RequestEntry, RequestRecord, redact,
 };
@@ -16,26 +16,7 @@ impl Store {
 
     /// Records calls, all in one transaction.
     pub fn record_calls(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
-        let at = now();
-        retry::write(&mut self.conn(), |tx| {
-            let mut insert = tx.prepare_cached(
-                "INSERT INTO audit (at, process, tool, grants, arguments, outcome, detail, duration_us)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            )?;
-            for record in records {
-                insert.execute(params![
-                    at,
-                    record.process,
-                    record.tool,
-                    record.grants,
-                    redact(&record.arguments),
-                    record.outcome,
-                    record.detail,
-                    record.duration_us as i64
-                ])?;
-            }
-            Ok(())
-        })
+        self.write(|tx| insert_calls(tx, records))
     }
 
     /// The newest `limit` audit rows, newest first.
@@ -78,34 +59,7 @@ impl Store {
 
     /// Records outbound requests, all in one transaction.
     pub fn record_requests(&self, requests: &[RequestRecord]) -> Result<(), StoreError> {
-        let at = now();
-        retry::write(&mut self.conn(), |tx| {
-            let mut insert = tx.prepare_cached(
-                "INSERT INTO net_requests (at, process, tool, method, scheme, host, port, address,
-                     status, bytes_sent, bytes_received, duration_us, decision, grant_rule, detail)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
-            )?;
-            for r in requests {
-                insert.execute(params![
-                    at,
-                    r.process,
-                    r.tool,
-                    r.method,
-                    r.scheme,
-                    r.host,
-                    r.port,
-                    r.address,
-                    r.status,
-                    r.bytes_sent as i64,
-                    r.bytes_received as i64,
-                    r.duration_us as i64,
-                    r.decision.as_str(),
-                    r.grant,
-                    r.detail
-                ])?;
-            }
-            Ok(())
-        })
+        self.write(|tx| insert_requests(tx, requests))
     }
 
     /// The newest `limit` outbound requests, newest first.
@@ -140,4 +94,62 @@ impl Store {
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
+}
+
+/// Inserts `records` inside `tx`.
+pub(super) fn insert_calls(
+    tx: &Transaction<'_>,
+    records: &[AuditRecord],
+) -> Result<(), StoreError> {
+    let at = now();
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO audit (at, process, tool, grants, arguments, outcome, detail, duration_us)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?;
+    for record in records {
+        insert.execute(params![
+            at,
+            record.process,
+            record.tool,
+            record.grants,
+            redact(&record.arguments),
+            record.outcome,
+            record.detail,
+            record.duration_us as i64
+        ])?;
+    }
+    Ok(())
+}
+
+/// Inserts `requests` inside `tx`.
+pub(super) fn insert_requests(
+    tx: &Transaction<'_>,
+    requests: &[RequestRecord],
+) -> Result<(), StoreError> {
+    let at = now();
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO net_requests (at, process, tool, method, scheme, host, port, address,
+             status, bytes_sent, bytes_received, duration_us, decision, grant_rule, detail)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+    )?;
+    for r in requests {
+        insert.execute(params![
+            at,
+            r.process,
+            r.tool,
+            r.method,
+            r.scheme,
+            r.host,
+            r.port,
+            r.address,
+            r.status,
+            r.bytes_sent as i64,
+            r.bytes_received as i64,
+            r.duration_us as i64,
+            r.decision.as_str(),
+            r.grant,
+            r.detail
+        ])?;
+    }
+    Ok(())
 }

@@ -1,7 +1,7 @@
 //! Persisted counters: numbers that stay unique across runs and processes sharing a
 //! database, for process ids such as `worker:N`.
 
-use super::{Store, StoreError, retry};
+use super::{Store, StoreError};
 
 impl Store {
     /// The next number of `kind` (e.g. `"worker"`, `"branch"`): 1 the first time, then one
@@ -26,7 +26,7 @@ impl Store {
                 "a process-number kind must not be empty".into(),
             ));
         }
-        let number: i64 = retry::write(&mut self.conn(), |tx| {
+        let number: i64 = self.write(|tx| {
             Ok(tx.query_row(
                 "INSERT INTO counters (kind, last) VALUES (?1, 1)
                  ON CONFLICT(kind) DO UPDATE SET last = last + 1

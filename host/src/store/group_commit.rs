@@ -2,12 +2,17 @@
 //!
 //! Each writer hands its row over and waits for the commit that holds it, so nothing is
 //! acknowledged before it is in the database; what a burst of callers hands over while
-//! one transaction commits goes into the next, together. One writer thread at a time
-//! drains the queue; it is started by the first row that finds none running and stops
-//! when the queue is empty.
+//! one transaction commits goes into the next, together.
+//!
+//! A row that finds no write under way is committed at once on the caller's thread
+//! ([`Store::write_now`]), which never waits for a lock: a hand-off to another thread and
+//! back costs several times the commit. If the connection is in use or another process
+//! holds the database, or rows queue up meanwhile, one writer thread drains the queue: it
+//! is started by the row that finds none running and stops when the queue is empty.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use rusqlite::Transaction;
 use tokio::sync::oneshot;
 
 use super::{Store, StoreError};
@@ -16,36 +21,46 @@ use crate::services::ServiceError;
 /// The most rows one transaction takes; the rest wait for the next.
 const MAX_BATCH: usize = 512;
 
+/// Writes a batch of rows inside a transaction.
+pub(super) type WriteRows<T> = fn(&Transaction<'_>, &[T]) -> Result<(), StoreError>;
+
 /// Rows of one kind on their way into the store, and the writer that commits them.
 pub(super) struct GroupCommit<T> {
     store: Arc<Store>,
-    /// Writes one batch in one transaction.
-    write: fn(&Store, &[T]) -> Result<(), StoreError>,
+    /// Writes one batch; the caller commits.
+    write: WriteRows<T>,
     /// Names the write in the error a lost writer gives.
     what: &'static str,
     pending: Mutex<Pending<T>>,
 }
 
-/// The queue, and whether a writer is draining it.
+/// The queue, and who is writing.
 struct Pending<T> {
     queue: Vec<(T, oneshot::Sender<Result<(), String>>)>,
-    writing: bool,
+    writing: Writing,
+}
+
+/// Who is writing rows now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Writing {
+    /// Nobody: the next row may be written at once by its caller.
+    Idle,
+    /// A caller, its own row on its own thread; rows that come meanwhile queue.
+    Caller,
+    /// A writer thread, draining the queue.
+    Thread,
 }
 
 impl<T: Send + 'static> GroupCommit<T> {
     /// A writer of `T` rows into `store` with `write`.
-    pub(super) fn new(
-        store: Arc<Store>,
-        what: &'static str,
-        write: fn(&Store, &[T]) -> Result<(), StoreError>,
-    ) -> Arc<Self> {
+    pub(super) fn new(store: Arc<Store>, what: &'static str, write: WriteRows<T>) -> Arc<Self> {
         Arc::new(GroupCommit {
             store,
             write,
             what,
             pending: Mutex::new(Pending {
                 queue: Vec::new(),
-                writing: false,
+                writing: Writing::Idle,
             }),
         })
     }
@@ -53,18 +68,18 @@ impl<T: Send + 'static> GroupCommit<T> {
     /// Hands `row` over and returns once the transaction holding it has committed (or
     /// failed, with the store's error).
     pub(super) async fn submit(self: &Arc<Self>, row: T) -> Result<(), ServiceError> {
+        let row = match self.write_now(row) {
+            Ok(written) => return written,
+            Err(row) => row,
+        };
         let (done, committed) = oneshot::channel();
         let start_writer = {
             let mut pending = self.lock();
             pending.queue.push((row, done));
-            !std::mem::replace(&mut pending.writing, true)
+            std::mem::replace(&mut pending.writing, Writing::Thread) == Writing::Idle
         };
         if start_writer {
-            let writer = Writer {
-                rows: self.clone(),
-                finished: false,
-            };
-            tokio::task::spawn_blocking(move || writer.run());
+            self.start_writer();
         }
         match committed.await {
             Ok(Ok(())) => Ok(()),
@@ -75,13 +90,75 @@ impl<T: Send + 'static> GroupCommit<T> {
         }
     }
 
+    /// Commits `row` alone on this thread if no write is under way and the database can
+    /// be written without waiting; gives `row` back otherwise.
+    fn write_now(self: &Arc<Self>, row: T) -> Result<Result<(), ServiceError>, T> {
+        {
+            let mut pending = self.lock();
+            if pending.writing != Writing::Idle {
+                return Err(row);
+            }
+            // Rows that come meanwhile queue for a writer thread, not for this one.
+            pending.writing = Writing::Caller;
+        }
+        let rows = std::slice::from_ref(&row);
+        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.store.write_now(|tx| (self.write)(tx, rows))
+        }));
+        let queued = {
+            let mut pending = self.lock();
+            let queued = !pending.queue.is_empty();
+            pending.writing = if queued {
+                Writing::Thread
+            } else {
+                Writing::Idle
+            };
+            queued
+        };
+        if queued {
+            self.start_writer();
+        }
+        match written {
+            Ok(None) => Err(row),
+            Ok(Some(Ok(((), checkpoint_due)))) => {
+                if checkpoint_due && self.store.claim_checkpoint() {
+                    let store = self.store.clone();
+                    tokio::task::spawn_blocking(move || store.checkpoint());
+                }
+                Ok(Ok(()))
+            }
+            Ok(Some(Err(err))) => Ok(Err(ServiceError::Backend(
+                self.store.locate(err).to_string().into(),
+            ))),
+            Err(_) => Ok(Err(ServiceError::Backend(self.unexpected().into()))),
+        }
+    }
+
+    /// Starts a writer thread to drain the queue; the caller set [`Writing::Thread`].
+    fn start_writer(self: &Arc<Self>) {
+        let writer = Writer {
+            rows: self.clone(),
+            finished: false,
+        };
+        tokio::task::spawn_blocking(move || writer.run());
+    }
+
+    /// The error of a write that panicked.
+    fn unexpected(&self) -> String {
+        format!(
+            "{}: the write to {} failed unexpectedly (a bug); the call's row was not kept",
+            self.what,
+            self.store.path().display()
+        )
+    }
+
     /// Commits batches until the queue is empty, then stops.
     fn drain(&self) {
         loop {
             let batch: Vec<_> = {
                 let mut pending = self.lock();
                 if pending.queue.is_empty() {
-                    pending.writing = false;
+                    pending.writing = Writing::Idle;
                     return;
                 }
                 let take = pending.queue.len().min(MAX_BATCH);
@@ -91,15 +168,11 @@ impl<T: Send + 'static> GroupCommit<T> {
             // A write that panics fails its batch, not the writer: the rows after it still
             // have one (SQLite rolls the transaction back; the connection stays good).
             let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                (self.write)(&self.store, &rows)
+                self.store.write(|tx| (self.write)(tx, &rows))
             }));
             let result = match written {
                 Ok(result) => result.map_err(|err| self.store.locate(err).to_string()),
-                Err(_) => Err(format!(
-                    "{}: the write to {} failed unexpectedly (a bug); the call's row was not kept",
-                    self.what,
-                    self.store.path().display()
-                )),
+                Err(_) => Err(self.unexpected()),
             };
             for waiter in waiters {
                 // A caller that stopped waiting (its deadline) no longer needs the answer.
@@ -142,7 +215,7 @@ impl<T> Drop for Writer<T> {
                 .pending
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            pending.writing = false;
+            pending.writing = Writing::Idle;
             std::mem::take(&mut pending.queue)
         };
         drop(abandoned);
@@ -155,6 +228,7 @@ mod tests {
 
     use super::*;
     use crate::services::AuditRecord;
+    use crate::store::audit::insert_calls;
     use crate::store::tests::temp_store;
 
     fn row(n: usize) -> AuditRecord {
@@ -191,11 +265,12 @@ mod tests {
         static BATCHES: AtomicUsize = AtomicUsize::new(0);
         let (_dir, store) = temp_store();
         let path = store.path().to_owned();
-        let writer = GroupCommit::new(Arc::new(store), "audit.record", |store, rows| {
+        let writer = GroupCommit::new(Arc::new(store), "audit.record", |tx, rows| {
             BATCHES.fetch_add(1, Ordering::SeqCst);
-            store.record_calls(rows)
+            insert_calls(tx, rows)
         });
-        // Another connection holds the write lock: the first row's transaction waits.
+        // Another connection holds the write lock: the first row cannot be written at
+        // once, and the writer thread's transaction waits.
         let holder = rusqlite::Connection::open(&path).unwrap();
         holder.execute_batch("BEGIN IMMEDIATE").unwrap();
         let submit = |n: usize| {
@@ -210,7 +285,7 @@ mod tests {
         let first = submit(0);
         until(|| {
             let pending = writer.lock();
-            pending.writing && pending.queue.is_empty()
+            pending.writing == Writing::Thread && pending.queue.is_empty()
         })
         .await;
         let rest: Vec<_> = (1..100).map(submit).collect();
@@ -230,7 +305,7 @@ mod tests {
             .query_row("SELECT count(*) FROM audit", [], |r| r.get(0))
             .unwrap();
         assert_eq!(all, 100);
-        until(|| !writer.lock().writing).await;
+        until(|| writer.lock().writing == Writing::Idle).await;
     }
 
     #[tokio::test]
@@ -254,11 +329,11 @@ mod tests {
         static PANICKED: AtomicBool = AtomicBool::new(false);
         let (_dir, store) = temp_store();
         let path = store.path().to_owned();
-        let writer = GroupCommit::new(Arc::new(store), "audit.record", |store, rows| {
+        let writer = GroupCommit::new(Arc::new(store), "audit.record", |tx, rows| {
             if !PANICKED.swap(true, Ordering::SeqCst) {
                 panic!("a write that panics");
             }
-            store.record_calls(rows)
+            insert_calls(tx, rows)
         });
         let failed = writer.submit(row(1)).await.unwrap_err().to_string();
         assert!(
@@ -273,17 +348,21 @@ mod tests {
     fn a_row_whose_writer_never_runs_fails_as_lost_and_the_next_is_written() {
         let (_dir, store) = temp_store();
         let path = store.path().to_owned();
-        let writer = GroupCommit::new(Arc::new(store), "audit.record", Store::record_calls);
-        // A runtime shut down: its blocking pool drops the writer's task unrun.
+        let store = Arc::new(store);
+        let writer = GroupCommit::new(store.clone(), "audit.record", insert_calls);
+        // A runtime shut down: its blocking pool drops the writer's task unrun. The
+        // connection is in use, so the row cannot be written at once and needs the writer.
         let dying = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
         let handle = dying.handle().clone();
         drop(dying);
+        let in_use = store.conn();
         let lost = handle.block_on(writer.submit(row(1))).unwrap_err();
+        drop(in_use);
         assert!(matches!(lost, ServiceError::Lost("audit.record")), "{lost}");
         assert!(
-            !writer.lock().writing,
+            writer.lock().writing == Writing::Idle,
             "no writer is left marked as running"
         );
         assert!(writer.lock().queue.is_empty());
@@ -292,6 +371,95 @@ mod tests {
             .unwrap();
         alive.block_on(writer.submit(row(2))).unwrap();
         assert_eq!(rows_of(&path, "worker:2"), 1);
+    }
+
+    #[test]
+    fn a_row_with_no_write_under_way_is_committed_on_the_callers_thread() {
+        static WRITER: Mutex<Option<std::thread::ThreadId>> = Mutex::new(None);
+        let (_dir, store) = temp_store();
+        let path = store.path().to_owned();
+        let writer = GroupCommit::new(Arc::new(store), "audit.record", |tx, rows| {
+            *WRITER.lock().unwrap() = Some(std::thread::current().id());
+            insert_calls(tx, rows)
+        });
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(writer.submit(row(1))).unwrap();
+        assert_eq!(rows_of(&path, "worker:1"), 1);
+        assert_eq!(
+            *WRITER.lock().unwrap(),
+            Some(std::thread::current().id()),
+            "no hand-off to a writer thread"
+        );
+        assert_eq!(writer.lock().writing, Writing::Idle);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_row_that_finds_the_connection_in_use_is_written_by_the_writer_thread() {
+        static WRITER: Mutex<Option<std::thread::ThreadId>> = Mutex::new(None);
+        let (_dir, store) = temp_store();
+        let path = store.path().to_owned();
+        let store = Arc::new(store);
+        let writer = GroupCommit::new(store.clone(), "audit.record", |tx, rows| {
+            *WRITER.lock().unwrap() = Some(std::thread::current().id());
+            insert_calls(tx, rows)
+        });
+        // A long read holds the connection on another thread: the row must not wait for
+        // it on the caller's thread.
+        let (held, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        let (held, release) = (Arc::new(held), Arc::new(release));
+        let reader = std::thread::spawn({
+            let (store, held, release) = (store.clone(), held.clone(), release.clone());
+            move || {
+                let _in_use = store.conn();
+                held.wait();
+                release.wait();
+            }
+        });
+        held.wait();
+        let submitted = tokio::spawn({
+            let writer = writer.clone();
+            async move {
+                let caller = std::thread::current().id();
+                writer.submit(row(1)).await.unwrap();
+                caller
+            }
+        });
+        until(|| writer.lock().writing == Writing::Thread).await;
+        release.wait();
+        reader.join().unwrap();
+        let caller = submitted.await.unwrap();
+        assert_eq!(rows_of(&path, "worker:1"), 1);
+        assert_ne!(*WRITER.lock().unwrap(), Some(caller));
+        until(|| writer.lock().writing == Writing::Idle).await;
+    }
+
+    #[test]
+    fn writes_on_the_callers_thread_leave_the_log_to_a_checkpoint_off_it() {
+        let (_dir, store) = temp_store();
+        let store = Arc::new(store);
+        let writer = GroupCommit::new(store.clone(), "audit.record", insert_calls);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let pages = super::super::writes::wal_pages;
+        // Rows one by one, each committed on this thread (nothing else uses the
+        // connection yet), until a commit leaves the log due: it schedules a checkpoint.
+        let mut n = 0;
+        while pages() < 1000 {
+            n += 1;
+            assert!(n < 100_000, "the log never grew: {} pages", pages());
+            runtime.block_on(writer.submit(row(n))).unwrap();
+        }
+        // The checkpoint runs on a blocking thread; once it has let go of the connection,
+        // the next commit starts the log again from its beginning.
+        while store.checkpoint_scheduled.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        drop(store.conn());
+        runtime.block_on(writer.submit(row(0))).unwrap();
+        assert!(pages() < 10, "{} pages", pages());
     }
 
     #[test]

@@ -9,22 +9,18 @@ use rusqlite::params;
 use rusqlite::types::ValueRef;
 use serde::de::DeserializeOwned;
 
-use super::{Store, StoreError, retry};
+use super::{Store, StoreError};
 use crate::services::{ConversationSummary, HistoryEntry};
 
 impl Store {
     /// Appends messages (JSON) to `channel`'s history, in one transaction.
     pub fn append_history(&self, channel: &str, messages: &[String]) -> Result<(), StoreError> {
-        retry::write(&mut self.conn(), |tx| append_in(tx, channel, messages))
+        self.write(|tx| append_in(tx, channel, messages))
     }
 
     /// Appends each `(channel, messages)` in turn, all in one transaction.
     pub fn append_histories(&self, appends: &[(String, Vec<String>)]) -> Result<(), StoreError> {
-        retry::write(&mut self.conn(), |tx| {
-            appends
-                .iter()
-                .try_for_each(|(channel, messages)| append_in(tx, channel, messages))
-        })
+        self.write(|tx| append_all(tx, appends))
     }
 
     /// Every conversation with a stored message, sorted by name, with its message count.
@@ -108,7 +104,7 @@ impl Store {
 
     /// Replaces `channel`'s whole history (after compaction or a rollback), atomically.
     pub fn replace_history(&self, channel: &str, messages: &[String]) -> Result<(), StoreError> {
-        retry::write(&mut self.conn(), |tx| {
+        self.write(|tx| {
             tx.execute("DELETE FROM history WHERE channel = ?1", [channel])?;
             let mut insert = tx.prepare_cached(
                 "INSERT INTO history (channel, seq, message) VALUES (?1, ?2, ?3)",
@@ -121,17 +117,25 @@ impl Store {
     }
 }
 
+/// Appends each `(channel, messages)` in turn inside `tx`.
+pub(super) fn append_all(
+    tx: &rusqlite::Transaction<'_>,
+    appends: &[(String, Vec<String>)],
+) -> Result<(), StoreError> {
+    appends
+        .iter()
+        .try_for_each(|(channel, messages)| append_in(tx, channel, messages))
+}
+
 /// Appends `messages` to `channel`'s history inside `tx`, after what it holds.
 fn append_in(
     tx: &rusqlite::Transaction<'_>,
     channel: &str,
     messages: &[String],
 ) -> Result<(), StoreError> {
-    let next: i64 = tx.query_row(
-        "SELECT COALESCE(MAX(seq) + 1, 0) FROM history WHERE channel = ?1",
-        [channel],
-        |row| row.get(0),
-    )?;
+    let next: i64 = tx
+        .prepare_cached("SELECT COALESCE(MAX(seq) + 1, 0) FROM history WHERE channel = ?1")?
+        .query_row([channel], |row| row.get(0))?;
     let mut insert =
         tx.prepare_cached("INSERT INTO history (channel, seq, message) VALUES (?1, ?2, ?3)")?;
     for (i, message) in messages.iter().enumerate() {

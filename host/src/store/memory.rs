@@ -3,7 +3,7 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use super::{Store, StoreError, now, retry};
+use super::{Store, StoreError, now};
 use crate::services::{
     MemoryItem, NewMemory, RECALL_MAX, check_working_key, expires_at, recall_words,
 };
@@ -14,7 +14,7 @@ impl Store {
         let (kind, importance) = memory.check()?;
         let at = now();
         // The insert and its FTS trigger, and the row id read back, in one transaction.
-        let id = retry::write(&mut self.conn(), |tx| {
+        let id = self.write(|tx| {
             tx.execute(
                 "INSERT INTO memories (kind, content, importance, source, created_at)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -60,9 +60,8 @@ impl Store {
 
     /// Deletes memory `id`.
     pub fn delete_memory(&self, id: u64) -> Result<(), StoreError> {
-        let n = retry::write(&mut self.conn(), |tx| {
-            Ok(tx.execute("DELETE FROM memories WHERE id = ?1", [id as i64])?)
-        })?;
+        let n =
+            self.write(|tx| Ok(tx.execute("DELETE FROM memories WHERE id = ?1", [id as i64])?))?;
         if n == 0 {
             return Err(StoreError::NotFound(format!("memory {id} does not exist")));
         }
@@ -92,7 +91,7 @@ impl Store {
         check_working_key(key)?;
         let at = now();
         let expires = expires_at(at, ttl_seconds);
-        retry::write(&mut self.conn(), |tx| {
+        self.write(|tx| {
             tx.execute(
                 "INSERT INTO working_memory (key, value, expires_at, updated_at) VALUES (?1, ?2, ?3, ?4)
                  ON CONFLICT(key) DO UPDATE SET value = ?2, expires_at = ?3, updated_at = ?4",

@@ -39,8 +39,10 @@ mod runs;
 mod services;
 mod tasks;
 mod workers;
+mod writes;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{Connection, OpenFlags};
@@ -65,6 +67,8 @@ pub struct Store {
     conn: Mutex<Connection>,
     path: PathBuf,
     data_dir: PathBuf,
+    /// A checkpoint is on its way to a blocking thread (`store/writes.rs`).
+    checkpoint_scheduled: AtomicBool,
 }
 
 impl Store {
@@ -103,11 +107,15 @@ impl Store {
             Ok(())
         };
         setup(&mut conn).map_err(open_err)?;
+        // Instead of SQLite's checkpoint inside a commit (which syncs), the log's size is
+        // noted and the checkpoint runs where blocking is allowed (`store/writes.rs`).
+        conn.wal_hook(Some(writes::note_wal_pages));
         migrations::apply(&mut conn, &path)?;
         Ok(Store {
             conn: Mutex::new(conn),
             path,
             data_dir: data_dir.to_owned(),
+            checkpoint_scheduled: AtomicBool::new(false),
         })
     }
 

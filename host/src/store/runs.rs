@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::params;
 
 use super::open_lock::{O_NOFOLLOW, open_lock_file};
-use super::{Store, StoreError, now, retry};
+use super::{Store, StoreError, now};
 use crate::services::RunId;
 
 /// The directory under the data dir that holds the runs' lock files.
@@ -77,7 +77,7 @@ impl Store {
             })?;
         // The row and the lock are made in one immediate transaction, so no one checking
         // runs in between sees the row without its lock held.
-        retry::write(&mut self.conn(), |tx| {
+        self.write(|tx| {
             tx.execute(
                 "INSERT INTO runs (pid, started_at) VALUES (?1, ?2)",
                 params![std::process::id(), now()],

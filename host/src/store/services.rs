@@ -9,6 +9,7 @@ use async_trait::async_trait;
 
 use super::group_commit::GroupCommit;
 use super::{Store, StoreError};
+use super::{audit, history};
 use crate::services::{
     AuditEntry, AuditRecord, AuditSink, ConversationSummary, History, HistoryEntry, Ledger, Memory,
     MemoryItem, NewMemory, NewTask, RequestEntry, RequestRecord, Run, RunId, ServiceError,
@@ -32,13 +33,13 @@ impl Store {
     /// ```
     pub fn services(self: Arc<Self>) -> Services {
         Services::all_from(Arc::new(Sqlite {
-            calls: GroupCommit::new(self.clone(), "audit.record", Store::record_calls),
+            calls: GroupCommit::new(self.clone(), "audit.record", audit::insert_calls),
             requests: GroupCommit::new(
                 self.clone(),
                 "audit.record_request",
-                Store::record_requests,
+                audit::insert_requests,
             ),
-            appends: GroupCommit::new(self.clone(), "history.append", Store::append_histories),
+            appends: GroupCommit::new(self.clone(), "history.append", history::append_all),
             store: self,
         }))
     }

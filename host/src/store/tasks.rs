@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use super::{Store, StoreError, now, retry};
+use super::{Store, StoreError, now};
 use crate::services::{
     DEFAULT_LIST_LIMIT, NewTask, Priority, ServiceError, Task, TaskFilter, TaskPatch, TaskStatus,
 };
@@ -37,7 +37,7 @@ impl Store {
         let at = now();
         // The parent check, the insert and the read-back hold the write lock together, so
         // no other process deletes the parent or renumbers in between.
-        retry::write(&mut self.conn(), |tx| {
+        self.write(|tx| {
             if let Some(parent) = task.parent {
                 let exists: bool = tx.query_row(
                     "SELECT EXISTS(SELECT 1 FROM tasks WHERE number = ?1)",
@@ -99,7 +99,7 @@ impl Store {
         patch.check()?;
         // The transition is checked against the status read under the write lock, so two
         // processes moving one task cannot both pass the check on the same old status.
-        retry::write(&mut self.conn(), |tx| update_in(tx, number, patch))
+        self.write(|tx| update_in(tx, number, patch))
     }
 }
 

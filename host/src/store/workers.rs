@@ -4,7 +4,7 @@
 use rusqlite::{OptionalExtension, params};
 
 use super::runs::run_is_over;
-use super::{Store, StoreError, now, retry};
+use super::{Store, StoreError, now};
 use crate::services::{
     RunId, WorkerRecord, WorkerState, interrupted_outcome, worker_already_recorded,
     worker_has_ended,
@@ -38,7 +38,7 @@ impl Store {
         task: &str,
     ) -> Result<(), StoreError> {
         let at = now();
-        retry::write(&mut self.conn(), |tx| {
+        self.write(|tx| {
             let exists: bool = tx.query_row(
                 "SELECT EXISTS(SELECT 1 FROM workers WHERE id = ?1)",
                 [id],
@@ -70,7 +70,7 @@ impl Store {
         state: WorkerState,
         outcome: Option<&str>,
     ) -> Result<(), StoreError> {
-        retry::write(&mut self.conn(), |tx| {
+        self.write(|tx| {
             let current: Option<String> = tx
                 .query_row("SELECT state FROM workers WHERE id = ?1", [id], |row| {
                     row.get(0)
@@ -121,7 +121,7 @@ impl Store {
     /// and so are workers recorded without a run.
     pub fn mark_interrupted_workers(&self) -> Result<Vec<WorkerRecord>, StoreError> {
         let data_dir = self.data_dir.clone();
-        let ids = retry::write(&mut self.conn(), |tx| {
+        let ids = self.write(|tx| {
             let mut stmt = tx.prepare(
                 "SELECT DISTINCT run FROM workers WHERE run IS NOT NULL AND state IN (?1, ?2)",
             )?;
