@@ -47,7 +47,7 @@ fn request() -> CompletionRequest {
     CompletionRequest {
         process: "channel".into(),
         messages: vec![Message::user("hello")],
-        tools: vec![],
+        tools: vec![].into(),
         tool_choice: ToolChoice::Auto,
     }
 }

@@ -38,6 +38,8 @@ pub(crate) struct Context {
     /// Task descriptions held by live workers.
     pub(crate) reservations: Arc<TaskReservations>,
     pub(crate) notification_index: NotificationIndex,
+    /// The tools each kind of process is offered, in [`ProcessKind::ALL`]'s order.
+    pub(crate) tool_defs: [Arc<[ToolDef]>; ProcessKind::ALL.len()],
     /// Held while a conversation is opened: its history is read before it is registered,
     /// and no other caller may open it from a read of its own in between.
     opening: tokio::sync::Mutex<()>,
@@ -152,6 +154,8 @@ impl Context {
             }
         }
         let dispatcher = Dispatcher::new(provider, config.limits.dispatch.clone());
+        let tool_defs =
+            ProcessKind::ALL.map(|kind| Context::offered_tools(&config, &registry, kind));
         let ctx = Arc::new(Context {
             config,
             registry,
@@ -161,6 +165,7 @@ impl Context {
             events,
             reservations: Arc::default(),
             notification_index: NotificationIndex::default(),
+            tool_defs,
             opening: tokio::sync::Mutex::default(),
             run,
             starter,
@@ -216,7 +221,7 @@ impl Context {
         ticket: &'a Ticket,
         route: Route,
         system: &'a str,
-        tools: &'a [ToolDef],
+        tools: &'a Arc<[ToolDef]>,
     ) -> Turn<'a> {
         Turn {
             dispatcher: &self.dispatcher,

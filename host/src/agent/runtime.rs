@@ -207,7 +207,7 @@ impl Runtime {
 
     /// The tools a `kind` process is offered, host tools and plugin tools alike: exactly
     /// those its profile names and grants the capabilities of.
-    pub fn tool_defs(&self, kind: ProcessKind) -> Vec<ToolDef> {
+    pub fn tool_defs(&self, kind: ProcessKind) -> Arc<[ToolDef]> {
         self.ctx.tool_defs(kind)
     }
 }

@@ -11,16 +11,28 @@ use super::context::{Context, SpawnOutcome};
 use super::events::Event;
 use super::host_tools::{HOST_TOOLS, HostCall, SpawnArgs, host_tool};
 use super::turn::ToolOutcome;
+use crate::config::Config;
 use crate::ids::ProcessId;
 use crate::llm::ToolDef;
-use crate::plugin::{CallRequest, ProcessInstances, ToolError};
+use crate::plugin::{CallRequest, ProcessInstances, Registry, ToolError};
 use crate::policy::{Decision, ProcessKind, ToolNeeds};
 
 impl Context {
     /// The tools a `kind` process is offered, host tools and plugin tools alike: exactly
-    /// those its profile names and grants the capabilities of.
-    pub(crate) fn tool_defs(&self, kind: ProcessKind) -> Vec<ToolDef> {
-        let policy = &self.config.policy;
+    /// those its profile names and grants the capabilities of. Worked out once per kind
+    /// ([`Context::new`]); every request of that kind shares the list.
+    pub(crate) fn tool_defs(&self, kind: ProcessKind) -> Arc<[ToolDef]> {
+        let at = ProcessKind::ALL.iter().position(|k| *k == kind);
+        self.tool_defs[at.expect("every kind is in ALL")].clone()
+    }
+
+    /// The tools a `kind` process is offered, worked out from the policy and the registry.
+    pub(crate) fn offered_tools(
+        config: &Config,
+        registry: &Registry,
+        kind: ProcessKind,
+    ) -> Arc<[ToolDef]> {
+        let policy = &config.policy;
         let offered = |name: &str, caps| {
             policy.decide(
                 kind,
@@ -35,8 +47,7 @@ impl Context {
             .iter()
             .filter(|tool| offered(tool.name, &[]))
             .map(|tool| tool.def());
-        let plugins = self
-            .registry
+        let plugins = registry
             .tools()
             .filter(|tool| offered(&tool.name, &tool.capabilities))
             .map(|tool| ToolDef {

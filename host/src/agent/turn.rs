@@ -2,6 +2,7 @@
 //! results back, until it answers in text, a tool ends the turn, or the turn budget is spent.
 
 use std::fmt;
+use std::sync::Arc;
 
 use super::events::{Event, EventSink, TurnEnding};
 use crate::dispatch::{DispatchError, DispatchOutcome, Dispatcher, Route, Ticket, TooSlow};
@@ -105,7 +106,7 @@ pub(crate) struct Turn<'a> {
     /// Where [`Event::TurnStarted`] and [`Event::TurnFinished`] go.
     pub(crate) events: &'a EventSink,
     pub(crate) system: &'a str,
-    pub(crate) tools: &'a [ToolDef],
+    pub(crate) tools: &'a Arc<[ToolDef]>,
     pub(crate) max_turns: u32,
     /// Where the pieces of each answer go as the model streams them (`&()`: nowhere).
     pub(crate) deltas: &'a dyn AnswerSink,
@@ -168,7 +169,7 @@ impl Turn<'_> {
             let request = CompletionRequest {
                 process: self.process.kind().as_str().to_owned(),
                 messages,
-                tools: self.tools.to_vec(),
+                tools: self.tools.clone(),
                 tool_choice: ToolChoice::Auto,
             };
             let sent = self
@@ -241,6 +242,10 @@ impl Turn<'_> {
 /// was dropped.
 pub(crate) fn repair(history: &mut Vec<Message>) -> bool {
     use std::collections::HashSet;
+    // The usual case, checked without building anything: it runs before every request.
+    if in_pairs(history) {
+        return false;
+    }
     let answered: HashSet<ToolCallId> = history
         .iter()
         .filter(|m| m.role == Role::Tool)
@@ -277,6 +282,40 @@ pub(crate) fn repair(history: &mut Vec<Message>) -> bool {
     let changed = dropped_calls || kept.len() != original_len;
     *history = kept;
     changed
+}
+
+/// Whether every assistant message that calls tools is followed at once by one result for
+/// each of its calls, and every result follows its call so: then [`repair`] keeps all.
+fn in_pairs(history: &[Message]) -> bool {
+    let mut rest = history;
+    while let Some((message, after)) = rest.split_first() {
+        rest = after;
+        match message.role {
+            Role::Tool => return false,
+            Role::Assistant if !message.tool_calls.is_empty() => {
+                let calls = &message.tool_calls;
+                let Some((results, after)) = rest.split_at_checked(calls.len()) else {
+                    return false;
+                };
+                for (i, result) in results.iter().enumerate() {
+                    let answers = |id: &ToolCallId| {
+                        calls.iter().any(|c| &c.id == id)
+                            && !results[..i]
+                                .iter()
+                                .any(|r| r.tool_call_id.as_ref() == Some(id))
+                    };
+                    if result.role != Role::Tool
+                        || !result.tool_call_id.as_ref().is_some_and(answers)
+                    {
+                        return false;
+                    }
+                }
+                rest = after;
+            }
+            _ => {}
+        }
+    }
+    true
 }
 
 #[cfg(test)]
@@ -477,7 +516,7 @@ mod properties {
         }
     }
 
-    fn defs() -> Vec<ToolDef> {
+    fn defs() -> Arc<[ToolDef]> {
         ["go", "stop", "reply"]
             .iter()
             .map(|name| ToolDef {
@@ -549,8 +588,102 @@ mod properties {
         })
     }
 
+    /// A message of a small alphabet: user text, an assistant calling some of three ids,
+    /// or a result for one of them.
+    fn any_message() -> impl Strategy<Value = Message> {
+        let id = prop_oneof![Just("a"), Just("b"), Just("c")];
+        prop_oneof![
+            Just(Message::user("u")),
+            prop::collection::vec(id.clone(), 0..3).prop_map(|ids| Message {
+                tool_calls: ids
+                    .into_iter()
+                    .map(|id| ToolCall {
+                        id: id.into(),
+                        name: "t".into(),
+                        arguments: "{}".into(),
+                    })
+                    .collect(),
+                ..Message::assistant("x")
+            }),
+            id.prop_map(|id| Message::tool_result(id, "r")),
+        ]
+    }
+
+    /// Well-paired turns (a call, then its results in any order), then one random message
+    /// moved, dropped or added: histories at the edge of being in pairs.
+    fn near_pairs() -> impl Strategy<Value = Vec<Message>> {
+        let turn = (
+            prop::sample::subsequence(vec!["a", "b", "c"], 0..=3),
+            any::<bool>(),
+        )
+            .prop_map(|(ids, reversed)| {
+                let call = Message {
+                    tool_calls: ids
+                        .iter()
+                        .map(|id| ToolCall {
+                            id: (*id).into(),
+                            name: "t".into(),
+                            arguments: "{}".into(),
+                        })
+                        .collect(),
+                    ..Message::assistant("x")
+                };
+                let mut results: Vec<Message> = ids
+                    .iter()
+                    .map(|id| Message::tool_result(*id, "r"))
+                    .collect();
+                if reversed {
+                    results.reverse();
+                }
+                let mut turn = vec![Message::user("u"), call];
+                turn.extend(results);
+                turn
+            });
+        (
+            prop::collection::vec(turn, 0..4),
+            any::<prop::sample::Index>(),
+            any::<prop::sample::Index>(),
+            0..4u8,
+            any_message(),
+        )
+            .prop_map(|(turns, from, to, how, extra)| {
+                let mut history: Vec<Message> = turns.into_iter().flatten().collect();
+                if !history.is_empty() {
+                    let (i, j) = (from.index(history.len()), to.index(history.len()));
+                    match how {
+                        0 => history.swap(i, j),
+                        1 => drop(history.remove(i)),
+                        2 => history.insert(i, extra),
+                        _ => {}
+                    }
+                }
+                history
+            })
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn a_history_in_pairs_is_one_repair_keeps_whole(
+            history in prop_oneof![prop::collection::vec(any_message(), 0..12), near_pairs()]
+        ) {
+            if in_pairs(&history) {
+                let mut repaired = history.clone();
+                let mut slow = history.clone();
+                // The full repair, without the shortcut, keeps it all too.
+                let answered_all = {
+                    slow.push(Message::user("end"));
+                    slow.insert(0, Message::tool_result("zz", "stray"));
+                    repair(&mut slow);
+                    slow.remove(slow.len() - 1);
+                    slow == history
+                };
+                prop_assert!(!repair(&mut repaired));
+                prop_assert_eq!(&repaired, &history);
+                prop_assert!(answered_all, "{:?}", history);
+            }
+        }
 
         #[test]
         fn the_history_stays_well_formed_and_the_next_turn_succeeds(

@@ -133,7 +133,7 @@ pub enum DispatchError {
 /// let request = CompletionRequest {
 ///     process: "channel".into(),
 ///     messages: vec![Message::user("hello")],
-///     tools: vec![],
+///     tools: vec![].into(),
 ///     tool_choice: ToolChoice::Auto,
 /// };
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -255,7 +255,7 @@ impl Dispatcher {
     /// let request = CompletionRequest {
     ///     process: "channel".into(),
     ///     messages: vec![Message::user("hello")],
-    ///     tools: vec![],
+    ///     tools: vec![].into(),
     ///     tool_choice: ToolChoice::Auto,
     /// };
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {

@@ -1,5 +1,7 @@
 //! The conversation model shared by every provider (the Chat Completions shape).
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::ids::ToolCallId;
@@ -113,8 +115,8 @@ pub struct CompletionRequest {
     pub process: String,
     /// The conversation so far, system prompt first.
     pub messages: Vec<Message>,
-    /// The tools offered.
-    pub tools: Vec<ToolDef>,
+    /// The tools offered: one list per kind of process, shared by its requests.
+    pub tools: Arc<[ToolDef]>,
     /// Whether a tool call is required.
     pub tool_choice: ToolChoice,
 }

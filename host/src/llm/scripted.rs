@@ -26,7 +26,7 @@ use crate::text::truncate;
 /// let request = CompletionRequest {
 ///     process: "channel".into(),
 ///     messages: vec![Message::user("hello!")],
-///     tools: vec![],
+///     tools: vec![].into(),
 ///     tool_choice: ToolChoice::Auto,
 /// };
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {

@@ -30,8 +30,8 @@ async fn runtime(
 fn names(runtime: &Runtime, kind: ProcessKind) -> Vec<String> {
     let mut names: Vec<String> = runtime
         .tool_defs(kind)
-        .into_iter()
-        .map(|t| t.name)
+        .iter()
+        .map(|t| t.name.clone())
         .collect();
     names.sort();
     names

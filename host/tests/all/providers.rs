@@ -145,7 +145,8 @@ fn request() -> CompletionRequest {
             name: "file_read".into(),
             description: "Reads a file.".into(),
             parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
-        }],
+        }]
+        .into(),
         tool_choice: ToolChoice::Auto,
     }
 }
@@ -349,7 +350,7 @@ fn ask(process: &str, text: &str) -> CompletionRequest {
     CompletionRequest {
         process: process.into(),
         messages: vec![Message::user(text)],
-        tools: vec![],
+        tools: vec![].into(),
         tool_choice: ToolChoice::Auto,
     }
 }

@@ -173,7 +173,7 @@ fn request() -> CompletionRequest {
     CompletionRequest {
         process: "worker".into(),
         messages: vec![Message::user("Read the notes")],
-        tools: vec![],
+        tools: vec![].into(),
         tool_choice: ToolChoice::Auto,
     }
 }
