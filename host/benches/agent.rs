@@ -17,7 +17,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use capstan_host::agent::{Event, Runtime};
 use capstan_host::app::AgentBuilder;
@@ -82,37 +82,107 @@ fn start(
     (agent.runtime, agent.events)
 }
 
+/// The two turns the benchmark compares.
+const TURNS: [(&str, &str, &str); 2] = [
+    ("no_tool", TEXT_ONLY, "hello"),
+    ("one_wasm_tool", ONE_TOOL, "read it"),
+];
+
+/// One agent playing one of [`TURNS`], and how many turns it has taken.
+struct TurnAgent {
+    rt: Arc<Runtime>,
+    events: mpsc::UnboundedReceiver<Event>,
+    message: &'static str,
+    turns: u64,
+    _dir: tempfile::TempDir,
+}
+
+impl TurnAgent {
+    fn new(tokio: &Tokio, (_, script, message): (&str, &str, &'static str)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (rt, events) = start(tokio, dir.path(), script, 4);
+        TurnAgent {
+            rt,
+            events,
+            message,
+            turns: 0,
+            _dir: dir,
+        }
+    }
+
+    /// One user message, until its channel is idle. Ten messages per channel, then a new
+    /// one: conversations of a realistic length (up to 20 messages of history), so the
+    /// figure does not grow with the run.
+    fn turn(&mut self, tokio: &Tokio) {
+        self.turns += 1;
+        let channel = format!("c{}", self.turns / 10);
+        tokio.block_on(async {
+            self.rt
+                .send_user_message(&channel, self.message)
+                .await
+                .unwrap();
+            self.rt.wait_idle(&channel).await;
+        });
+        while self.events.try_recv().is_ok() {}
+    }
+}
+
 fn bench_turns(c: &mut Criterion, tokio: &Tokio) {
     let mut group = c.benchmark_group("agent_turn");
-    for (name, script, message) in [
-        ("no_tool", TEXT_ONLY, "hello"),
-        ("one_wasm_tool", ONE_TOOL, "read it"),
-    ] {
-        let dir = tempfile::tempdir().unwrap();
-        let (rt, mut events) = start(tokio, dir.path(), script, 4);
-        // Ten messages per channel, then a new one: conversations of a realistic length
-        // (up to 20 messages of history), so the figure does not grow with the run.
-        let mut n = 0u64;
-        group.bench_function(name, |b| {
-            b.iter(|| {
-                n += 1;
-                let channel = format!("c{}", n / 10);
-                tokio.block_on(async {
-                    rt.send_user_message(&channel, message).await.unwrap();
-                    rt.wait_idle(&channel).await;
-                });
-                while events.try_recv().is_ok() {}
-            })
-        });
+    for turn in TURNS {
+        let name = turn.0;
+        let mut agent = TurnAgent::new(tokio, turn);
+        group.bench_function(name, |b| b.iter(|| agent.turn(tokio)));
+        agent.check_and_stop(tokio);
+    }
+    group.finish();
+}
+
+impl TurnAgent {
+    /// Checks that the turns taken were stored, then stops the agent.
+    fn check_and_stop(self, tokio: &Tokio) {
         // Unless a filter left this benchmark out.
-        if n >= 20 {
-            let history = tokio.block_on(rt.services().history.load("channel:c1"));
+        if self.turns >= 20 {
+            let history = tokio.block_on(self.rt.services().history.load("channel:c1"));
             let stored = history.unwrap().len();
             assert!(stored >= 20, "every turn was stored: {stored}");
         }
-        rt.shutdown();
+        self.rt.shutdown();
     }
-    group.finish();
+}
+
+/// p50 and p99 of `times`, in microseconds.
+fn p50_p99(times: &mut [Duration]) -> (f64, f64) {
+    times.sort_unstable();
+    let at = |p: f64| times[((times.len() as f64 - 1.0) * p) as usize].as_secs_f64() * 1e6;
+    (at(0.50), at(0.99))
+}
+
+/// Both turns, interleaved one for one on two agents, so that both see the same machine:
+/// p50 and p99 of each and their ratio.
+fn turn_percentiles(tokio: &Tokio) {
+    const ROUNDS: usize = 5000;
+    let mut agents = TURNS.map(|turn| TurnAgent::new(tokio, turn));
+    let mut times: [Vec<Duration>; 2] = std::array::from_fn(|_| Vec::with_capacity(ROUNDS));
+    for _ in 0..ROUNDS {
+        for (agent, times) in agents.iter_mut().zip(&mut times) {
+            let started = Instant::now();
+            agent.turn(tokio);
+            times.push(started.elapsed());
+        }
+    }
+    let [text, tool] = times.each_mut().map(|t| p50_p99(t));
+    println!("\nagent turn, {ROUNDS} interleaved rounds (us)");
+    println!("        no_tool  p50 {:8.1}  p99 {:8.1}", text.0, text.1);
+    println!("  one_wasm_tool  p50 {:8.1}  p99 {:8.1}", tool.0, tool.1);
+    println!(
+        "          ratio  p50 {:7.2}x  p99 {:7.2}x",
+        tool.0 / text.0,
+        tool.1 / text.1
+    );
+    for agent in agents {
+        agent.check_and_stop(tokio);
+    }
 }
 
 /// Peak resident set size of this process so far, from /proc.
@@ -202,4 +272,5 @@ fn main() {
     let mut c = Criterion::default().configure_from_args();
     bench_turns(&mut c, &tokio);
     c.final_summary();
+    turn_percentiles(&tokio);
 }
