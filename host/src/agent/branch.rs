@@ -141,6 +141,10 @@ impl BranchTools {
 const BRANCH_TOOLS: &[&str] = &["spawn_worker"];
 
 impl ToolHandler for BranchTools {
+    fn instances(&self) -> Option<&ProcessInstances> {
+        Some(&self.instances)
+    }
+
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
         Box::pin(self.ctx.refuse(&self.id, &self.instances, name, arguments))
     }

@@ -295,6 +295,10 @@ impl ChannelTools {
 const CHANNEL_TOOLS: &[&str] = &["reply", "skip", "spawn_worker", "branch", "route", "cancel"];
 
 impl ToolHandler for ChannelTools {
+    fn instances(&self) -> Option<&ProcessInstances> {
+        Some(&self.instances)
+    }
+
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
         Box::pin(
             self.ctx

@@ -132,6 +132,10 @@ struct CompactorTools {
 }
 
 impl ToolHandler for CompactorTools {
+    fn instances(&self) -> Option<&ProcessInstances> {
+        Some(&self.instances)
+    }
+
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
         Box::pin(self.ctx.refuse(&self.id, &self.instances, name, arguments))
     }

@@ -8,6 +8,7 @@ use super::events::{Event, EventSink, TurnEnding};
 use crate::dispatch::{DispatchError, DispatchOutcome, Dispatcher, Route, Ticket, TooSlow};
 use crate::ids::{ProcessId, ToolCallId};
 use crate::llm::{AnswerSink, BoxFuture, CompletionRequest, Message, Role, ToolChoice, ToolDef};
+use crate::plugin::ProcessInstances;
 
 /// What a tool call did, for the loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +30,12 @@ pub(crate) trait ToolHandler: Send + Sync {
     /// Answers a call of a tool this process was not offered (the model made it up, or
     /// forced it): a denial naming why, never a run.
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String>;
+
+    /// The plugin instances the process keeps, if any: marked as working while a round
+    /// of its tool calls runs, so another process's call does not take them meanwhile.
+    fn instances(&self) -> Option<&ProcessInstances> {
+        None
+    }
 
     /// Messages that arrived for the process while it worked, taken at a turn boundary
     /// (after a round of tool results, before the next request). Any: the turn ends so
@@ -203,6 +210,7 @@ impl Turn<'_> {
                 return Ok(TurnEnd::Text(text));
             }
             let mut ended = None;
+            let _working = handler.instances().map(ProcessInstances::working);
             for call in &calls {
                 let outcome = {
                     let _running = self.dispatcher.gate().tool_running(self.ticket.session());

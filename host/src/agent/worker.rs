@@ -348,6 +348,10 @@ impl WorkerTools<'_> {
 const WORKER_TOOLS: &[&str] = &["set_status"];
 
 impl ToolHandler for WorkerTools<'_> {
+    fn instances(&self) -> Option<&ProcessInstances> {
+        Some(self.instances)
+    }
+
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
         Box::pin(self.ctx.refuse(&self.id, self.instances, name, arguments))
     }

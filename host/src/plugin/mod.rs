@@ -43,4 +43,4 @@ pub(crate) use loaded::{MAX_TOOLS_PER_PLUGIN, check_description, parse_args_sche
 pub use loaded::{RawToolSpec, check_describe_output};
 pub use registry::{CallRequest, Registry};
 pub use settle::{Preferences, Shadowed};
-pub use warm::ProcessInstances;
+pub use warm::{ProcessInstances, Working};

@@ -9,14 +9,17 @@
 //! and the next call builds a fresh one.
 //!
 //! The pool holds [`Limits::max_warm_instances`](super::Limits::max_warm_instances) slots.
-//! When they are all taken, a call that would keep its instance drops the instance that has
-//! waited longest, whichever process keeps it: a conversation left open for hours does not
-//! hold a slot that busy processes need. Dropping an instance is always safe: its process's
-//! next call builds a fresh one.
+//! When they are all taken, a call that would keep its instance drops the one that has
+//! waited longest among those of processes not running a round of tool calls
+//! ([`ProcessInstances::working`]): a conversation left open for hours does not hold a
+//! slot that busy processes need, and processes in the middle of their rounds do not take
+//! each other's instances in turn, each call paying for an instance and its drop.
+//! Dropping an instance is always safe: its process's next call builds a fresh one.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use capstan_caps::Capability;
@@ -39,6 +42,19 @@ use super::sandbox::{Sandbox, opens_workspace};
 #[derive(Default)]
 pub struct ProcessInstances {
     idle: Arc<IdleInstances>,
+    /// Rounds of tool calls under way ([`ProcessInstances::working`]): while any is, none
+    /// of the instances makes room for another process's.
+    working: Arc<AtomicUsize>,
+}
+
+/// A process's round of tool calls, from [`ProcessInstances::working`] until dropped.
+#[must_use = "the process is working only while this is held"]
+pub struct Working(Arc<AtomicUsize>);
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// A process's idle instances, one per key. Shared with the [`WarmPool`] only weakly, so
@@ -130,6 +146,24 @@ impl ProcessInstances {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Marks the process as working (running a round of tool calls) until the returned
+    /// guard drops: its instances are not dropped to make room for another process's
+    /// meanwhile. Otherwise (waiting for a model, for input), the one idle longest of any
+    /// process may be.
+    ///
+    /// ```
+    /// use capstan_host::plugin::ProcessInstances;
+    ///
+    /// let mine = ProcessInstances::new();
+    /// let round = mine.working();
+    /// // ... the round's calls ...
+    /// drop(round);
+    /// ```
+    pub fn working(&self) -> Working {
+        self.working.fetch_add(1, Ordering::AcqRel);
+        Working(self.working.clone())
+    }
 }
 
 impl IdleInstances {
@@ -151,11 +185,18 @@ pub(crate) struct WarmPool {
     index: Arc<Mutex<IdleIndex>>,
 }
 
-/// Idle instances, oldest first: which process keeps each, and under which key.
+/// Idle instances, oldest first: which process keeps each, whether it is working, and
+/// under which key.
 #[derive(Default)]
 struct IdleIndex {
     next: u64,
-    oldest: BTreeMap<u64, (Weak<IdleInstances>, WarmKey)>,
+    oldest: BTreeMap<u64, IdleEntry>,
+}
+
+struct IdleEntry {
+    owner: Weak<IdleInstances>,
+    working: Arc<AtomicUsize>,
+    key: WarmKey,
 }
 
 impl WarmPool {
@@ -196,8 +237,12 @@ impl WarmPool {
                     index.next += 1;
                     warm.idle_since = stamp;
                     warm.index = Arc::downgrade(&self.index);
-                    let weak = Arc::downgrade(&instances.idle);
-                    index.oldest.insert(stamp, (weak, slot.key().clone()));
+                    let entry = IdleEntry {
+                        owner: Arc::downgrade(&instances.idle),
+                        working: instances.working.clone(),
+                        key: slot.key().clone(),
+                    };
+                    index.oldest.insert(stamp, entry);
                     slot.insert(warm);
                     None
                 }
@@ -206,9 +251,10 @@ impl WarmPool {
         drop(surplus);
     }
 
-    /// A slot for an instance to keep: a free one, or the one the longest idle instance
-    /// holds, which is dropped. `None` when every slot is held by an instance running a
-    /// call (or there are none).
+    /// A slot for an instance to keep: a free one, or the one held by the instance idle
+    /// longest among those of processes not working, which is dropped. `None` when no
+    /// such instance is left (every slot is held by a call running or a process working),
+    /// or there are no slots.
     pub(crate) fn slot(&self) -> Option<OwnedSemaphorePermit> {
         loop {
             if let Ok(slot) = self.slots.clone().try_acquire_owned() {
@@ -220,19 +266,28 @@ impl WarmPool {
         }
     }
 
-    /// Removes the instance idle longest from its process; `None` when none is idle.
+    /// Removes the instance idle longest of a process not working; `None` when there
+    /// is none, `Some(None)` when the one found had gone meanwhile.
     fn evict_oldest(&self) -> Option<Option<WarmInstance>> {
-        // The index is released first: the owner upgraded here may be the last reference
-        // to a process's set, whose drop takes the index lock.
-        let (stamp, (owner, key)) = self.lock().oldest.pop_first()?;
+        // The index is released before the owner is upgraded: that reference may be the
+        // last to a process's set, whose drop takes the index lock.
+        let (stamp, entry) = {
+            let mut index = self.lock();
+            let stamp = index
+                .oldest
+                .iter()
+                .find(|(_, entry)| entry.working.load(Ordering::Acquire) == 0)
+                .map(|(stamp, _)| *stamp)?;
+            (stamp, index.oldest.remove(&stamp)?)
+        };
         // A process that ended took its instances with it.
-        let Some(owner) = owner.upgrade() else {
+        let Some(owner) = entry.owner.upgrade() else {
             return Some(None);
         };
         let mut idle = owner.lock();
         // Taken (and perhaps kept again, newer) since it was listed: not this one.
-        let evicted = match idle.get(&key) {
-            Some(warm) if warm.idle_since == stamp => idle.remove(&key),
+        let evicted = match idle.get(&entry.key) {
+            Some(warm) if warm.idle_since == stamp => idle.remove(&entry.key),
             _ => None,
         };
         drop(idle);

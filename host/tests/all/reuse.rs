@@ -467,6 +467,32 @@ async fn the_instance_idle_longest_is_the_one_that_makes_room() {
 }
 
 #[tokio::test]
+async fn the_instances_of_a_process_in_a_round_of_calls_are_not_taken_to_make_room() {
+    let registry = registry(Limits {
+        max_warm_instances: 1,
+        ..small_limits()
+    })
+    .await;
+    let (one, two) = (ProcessInstances::new(), ProcessInstances::new());
+    assert_eq!(remember(&registry, &one, "a").await, "a");
+    let round = one.working();
+    assert_eq!(remember(&registry, &two, "x").await, "x");
+    assert_eq!(
+        (one.len(), two.len()),
+        (1, 0),
+        "one's round keeps its instance"
+    );
+    assert_eq!(remember(&registry, &one, "b").await, "a,b");
+    drop(round);
+    assert_eq!(remember(&registry, &two, "y").await, "y");
+    assert_eq!(
+        (one.len(), two.len()),
+        (0, 1),
+        "between rounds, it makes room"
+    );
+}
+
+#[tokio::test]
 async fn an_instance_running_a_call_is_never_taken_to_make_room() {
     let registry = registry(Limits {
         max_warm_instances: 1,
