@@ -1,6 +1,8 @@
 //! Persisted counters: numbers that stay unique across runs and processes sharing a
 //! database, for process ids such as `worker:N`.
 
+use rusqlite::Transaction;
+
 use super::{Store, StoreError};
 
 impl Store {
@@ -21,22 +23,25 @@ impl Store {
     /// assert_eq!(reopened.next_process_number("worker").unwrap(), 3);
     /// ```
     pub fn next_process_number(&self, kind: &str) -> Result<u64, StoreError> {
-        if kind.is_empty() {
-            return Err(StoreError::Invalid(
-                "a process-number kind must not be empty".into(),
-            ));
-        }
-        let number: i64 = self.write(|tx| {
-            Ok(tx.query_row(
-                "INSERT INTO counters (kind, last) VALUES (?1, 1)
-                 ON CONFLICT(kind) DO UPDATE SET last = last + 1
-                 RETURNING last",
-                [kind],
-                |row| row.get(0),
-            )?)
-        })?;
-        Ok(number as u64)
+        self.write(|tx| next_number_in(tx, kind))
     }
+}
+
+/// Draws the next number of `kind` inside `tx`.
+fn next_number_in(tx: &Transaction<'_>, kind: &str) -> Result<u64, StoreError> {
+    if kind.is_empty() {
+        return Err(StoreError::Invalid(
+            "a process-number kind must not be empty".into(),
+        ));
+    }
+    let number: i64 = tx
+        .prepare_cached(
+            "INSERT INTO counters (kind, last) VALUES (?1, 1)
+             ON CONFLICT(kind) DO UPDATE SET last = last + 1
+             RETURNING last",
+        )?
+        .query_row([kind], |row| row.get(0))?;
+    Ok(number as u64)
 }
 
 #[cfg(test)]

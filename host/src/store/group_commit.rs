@@ -120,13 +120,7 @@ impl<T: Send + 'static> GroupCommit<T> {
         }
         match written {
             Ok(None) => Err(row),
-            Ok(Some(Ok(((), checkpoint_due)))) => {
-                if checkpoint_due && self.store.claim_checkpoint() {
-                    let store = self.store.clone();
-                    tokio::task::spawn_blocking(move || store.checkpoint());
-                }
-                Ok(Ok(()))
-            }
+            Ok(Some(Ok(()))) => Ok(Ok(())),
             Ok(Some(Err(err))) => Ok(Err(ServiceError::Backend(
                 self.store.locate(err).to_string().into(),
             ))),

@@ -1,7 +1,7 @@
 //! Worker records in SQLite: which worker ran which task, and how it ended. The types
 //! are the services' (`services::ledger`).
 
-use rusqlite::{OptionalExtension, params};
+use rusqlite::{OptionalExtension, Transaction, params};
 
 use super::runs::run_is_over;
 use super::{Store, StoreError, now};
@@ -37,30 +37,7 @@ impl Store {
         channel: &str,
         task: &str,
     ) -> Result<(), StoreError> {
-        let at = now();
-        self.write(|tx| {
-            let exists: bool = tx.query_row(
-                "SELECT EXISTS(SELECT 1 FROM workers WHERE id = ?1)",
-                [id],
-                |row| row.get(0),
-            )?;
-            if exists {
-                return Err(worker_already_recorded(id).into());
-            }
-            tx.execute(
-                "INSERT INTO workers (id, channel, task, state, started_at, updated_at, run)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)",
-                params![
-                    id,
-                    channel,
-                    task,
-                    WorkerState::Running.as_str(),
-                    at,
-                    run.map(|r| r.get() as i64)
-                ],
-            )?;
-            Ok(())
-        })
+        self.write(|tx| insert_worker_in(tx, run, id, channel, task))
     }
 
     /// Sets a worker's state and, if given, its outcome.
@@ -70,25 +47,7 @@ impl Store {
         state: WorkerState,
         outcome: Option<&str>,
     ) -> Result<(), StoreError> {
-        self.write(|tx| {
-            let current: Option<String> = tx
-                .query_row("SELECT state FROM workers WHERE id = ?1", [id], |row| {
-                    row.get(0)
-                })
-                .optional()?;
-            let Some(current) = current else {
-                return Err(StoreError::NotFound(format!("worker {id} does not exist")));
-            };
-            let current: WorkerState = current.parse()?;
-            if current.is_terminal() && state != current {
-                return Err(worker_has_ended(id, current).into());
-            }
-            tx.execute(
-                "UPDATE workers SET state = ?2, outcome = COALESCE(?3, outcome), updated_at = ?4 WHERE id = ?1",
-                params![id, state.as_str(), outcome, now()],
-            )?;
-            Ok(())
-        })
+        self.write(|tx| set_state_in(tx, id, state, outcome))
     }
 
     /// Worker `id`'s record.
@@ -194,4 +153,60 @@ fn worker_record(
         state: state.parse()?,
         outcome,
     })
+}
+
+/// Records worker `id` of `run` as running, inside `tx`; refused if it is recorded.
+fn insert_worker_in(
+    tx: &Transaction<'_>,
+    run: Option<RunId>,
+    id: &str,
+    channel: &str,
+    task: &str,
+) -> Result<(), StoreError> {
+    let exists: bool = tx
+        .prepare_cached("SELECT EXISTS(SELECT 1 FROM workers WHERE id = ?1)")?
+        .query_row([id], |row| row.get(0))?;
+    if exists {
+        return Err(worker_already_recorded(id).into());
+    }
+    let at = now();
+    tx.prepare_cached(
+        "INSERT INTO workers (id, channel, task, state, started_at, updated_at, run)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)",
+    )?
+    .execute(params![
+        id,
+        channel,
+        task,
+        WorkerState::Running.as_str(),
+        at,
+        run.map(|r| r.get() as i64)
+    ])?;
+    Ok(())
+}
+
+/// Sets worker `id`'s state and, if given, its outcome, inside `tx`; a worker that has
+/// ended keeps its end.
+fn set_state_in(
+    tx: &Transaction<'_>,
+    id: &str,
+    state: WorkerState,
+    outcome: Option<&str>,
+) -> Result<(), StoreError> {
+    let current: Option<String> = tx
+        .prepare_cached("SELECT state FROM workers WHERE id = ?1")?
+        .query_row([id], |row| row.get(0))
+        .optional()?;
+    let Some(current) = current else {
+        return Err(StoreError::NotFound(format!("worker {id} does not exist")));
+    };
+    let current: WorkerState = current.parse()?;
+    if current.is_terminal() && state != current {
+        return Err(worker_has_ended(id, current).into());
+    }
+    tx.prepare_cached(
+        "UPDATE workers SET state = ?2, outcome = COALESCE(?3, outcome), updated_at = ?4 WHERE id = ?1",
+    )?
+    .execute(params![id, state.as_str(), outcome, now()])?;
+    Ok(())
 }

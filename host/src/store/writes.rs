@@ -14,8 +14,8 @@
 
 use std::cell::Cell;
 use std::os::raw::c_int;
-use std::sync::TryLockError;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, TryLockError};
 use std::time::Duration;
 
 use rusqlite::hooks::Wal;
@@ -68,13 +68,12 @@ impl Store {
     }
 
     /// [`Store::write`] without waiting: `None` when the connection is in use or another
-    /// process holds the write lock, with nothing written. Otherwise the outcome, and
-    /// whether the log is now due for a [`Store::checkpoint`], which the caller runs where
-    /// it may block.
+    /// process holds the write lock, with nothing written; otherwise the outcome. A commit
+    /// that leaves the log due schedules a checkpoint on a blocking thread.
     pub(crate) fn write_now<T>(
-        &self,
+        self: &Arc<Self>,
         body: impl FnOnce(&Transaction<'_>) -> Result<T, StoreError>,
-    ) -> Option<Result<(T, bool), StoreError>> {
+    ) -> Option<Result<T, StoreError>> {
         let mut conn = match self.conn.try_lock() {
             Ok(conn) => conn,
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
@@ -88,9 +87,30 @@ impl Store {
         // The connection's other users wait for locks as before. (Setting a timeout does
         // not fail on an open connection; if it did, their busy errors are still retried.)
         let _ = conn.busy_timeout(retry::BUSY_TIMEOUT);
+        drop(conn);
         match written {
             Err(err) if retry::is_busy(&err) => None,
-            written => Some(written.map(|value| (value, checkpoint_due()))),
+            written => {
+                if written.is_ok() && checkpoint_due() {
+                    self.checkpoint_soon();
+                }
+                Some(written)
+            }
+        }
+    }
+
+    /// Checkpoints the log on a blocking thread, unless one is already on its way; outside
+    /// a runtime, here.
+    fn checkpoint_soon(self: &Arc<Self>) {
+        if self.checkpoint_scheduled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let store = self.clone();
+                runtime.spawn_blocking(move || store.checkpoint());
+            }
+            Err(_) => self.checkpoint(),
         }
     }
 
@@ -100,11 +120,6 @@ impl Store {
     pub(crate) fn checkpoint(&self) {
         let conn = self.conn();
         checkpoint_on(&conn, self);
-    }
-
-    /// Claims the one checkpoint that may be scheduled at a time: false if one is.
-    pub(crate) fn claim_checkpoint(&self) -> bool {
-        !self.checkpoint_scheduled.swap(true, Ordering::AcqRel)
     }
 }
 
