@@ -141,6 +141,26 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX net_requests_process ON net_requests(process);
     "#,
+    // 6: audit rows numbered without AUTOINCREMENT, which wrote a second page (its
+    // counter in sqlite_sequence) at every commit. Rows are never deleted, so an id is
+    // still one more than the last.
+    r#"
+    CREATE TABLE audit_v6 (
+        id          INTEGER PRIMARY KEY,
+        at          INTEGER NOT NULL,
+        process     TEXT NOT NULL,
+        tool        TEXT NOT NULL,
+        grants      TEXT NOT NULL,
+        arguments   TEXT NOT NULL,
+        outcome     TEXT NOT NULL,
+        detail      TEXT NOT NULL,
+        duration_us INTEGER NOT NULL
+    );
+    INSERT INTO audit_v6 (id, at, process, tool, grants, arguments, outcome, detail, duration_us)
+        SELECT id, at, process, tool, grants, arguments, outcome, detail, duration_us FROM audit;
+    DROP TABLE audit;
+    ALTER TABLE audit_v6 RENAME TO audit;
+    "#,
 ];
 
 /// The schema version this binary writes.
@@ -217,5 +237,38 @@ mod tests {
         for kind in ["worker", "branch", "compactor"] {
             assert_eq!(store.next_process_number(kind).unwrap(), 10, "{kind}");
         }
+    }
+
+    #[test]
+    fn audit_rows_keep_their_ids_and_new_ones_follow_the_last() {
+        let dir = tempfile::tempdir().unwrap();
+        version_one(dir.path());
+        let store = Store::open(dir.path()).unwrap();
+        let record = crate::services::AuditRecord {
+            process: "worker:1".into(),
+            tool: "echo".into(),
+            grants: String::new(),
+            arguments: "{}".into(),
+            outcome: "ok".into(),
+            detail: String::new(),
+            duration_us: 1,
+        };
+        store.record_call(&record).unwrap();
+        let ids: Vec<(u64, String)> = store
+            .audit_log(10)
+            .unwrap()
+            .into_iter()
+            .map(|entry| (entry.id, entry.process))
+            .collect();
+        assert_eq!(ids, [(2, "worker:1".into()), (1, "branch:9".into())]);
+        let conn = Connection::open(dir.path().join(DATABASE_FILE)).unwrap();
+        let counters: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_sequence WHERE name = 'audit'",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert_eq!(counters, 0, "no AUTOINCREMENT counter is kept for audit");
     }
 }
