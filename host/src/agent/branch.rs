@@ -8,13 +8,14 @@ use super::events::Event;
 use super::host_tools::HostCall;
 use super::inbox::ChannelHandle;
 use super::notifications::NotificationKind;
+use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
 use super::supervisor::supervise;
 use super::turn::{ToolHandler, ToolOutcome, TurnEnd, TurnError};
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, Message};
-use crate::plugin::{ProcessInstances, ToolError};
+use crate::plugin::ToolError;
 use crate::policy::ProcessKind;
 
 /// Starts a branch for `channel`, supervised: it is reported to its channel on every
@@ -70,7 +71,7 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
     let handler = BranchTools {
         ctx: ctx.clone(),
         id: id.clone(),
-        instances: ProcessInstances::new(),
+        calls: ProcessCalls::new(),
         channel_name: channel_name.clone(),
     };
     let conclusion = match ctx.lease_loop(&id) {
@@ -117,8 +118,8 @@ fn conclude(ctx: &Context, end: Result<TurnEnd, TurnError>) -> String {
 struct BranchTools {
     ctx: Arc<Context>,
     id: ProcessId,
-    /// The branch's own plugin instances, for its life.
-    instances: ProcessInstances,
+    /// The branch's own plugin instances and audit rows, for its life.
+    calls: ProcessCalls,
     channel_name: ProcessId,
 }
 
@@ -141,18 +142,18 @@ impl BranchTools {
 const BRANCH_TOOLS: &[&str] = &["spawn_worker"];
 
 impl ToolHandler for BranchTools {
-    fn instances(&self) -> Option<&ProcessInstances> {
-        Some(&self.instances)
+    fn calls(&self) -> Option<&ProcessCalls> {
+        Some(&self.calls)
     }
 
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
-        Box::pin(self.ctx.refuse(&self.id, &self.instances, name, arguments))
+        Box::pin(self.ctx.refuse(&self.id, &self.calls, name, arguments))
     }
 
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
         Box::pin(self.ctx.answer(
             &self.id,
-            &self.instances,
+            &self.calls,
             name,
             arguments,
             BRANCH_TOOLS,

@@ -10,12 +10,13 @@ use super::context::Context;
 use super::events::Event;
 use super::host_tools::HostCall;
 use super::inbox::{ChannelHandle, ChannelInput, drain};
+use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
 use super::turn::{ToolHandler, ToolOutcome, TurnEnd, Unanswered, repair};
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
 use crate::llm::{AnswerSink, BoxFuture, Delta, Message};
-use crate::plugin::{ProcessInstances, ToolError};
+use crate::plugin::ToolError;
 use crate::policy::ProcessKind;
 
 /// Retrigger turns (after results) one user message may cause; later results are kept in
@@ -83,8 +84,8 @@ pub(crate) async fn run(
     let kind = name.kind();
     let tools = ctx.tool_defs(kind);
     let system = system_prompt(kind, &ctx.config.agent.name);
-    // The channel's own plugin instances, for its life.
-    let instances = Arc::new(ProcessInstances::new());
+    // The channel's own plugin instances and audit rows, for its life.
+    let calls = Arc::new(ProcessCalls::new());
     let mut batches = Batches {
         inbox,
         carried: None,
@@ -130,7 +131,7 @@ pub(crate) async fn run(
                 let tools_handler = ChannelTools {
                     ctx: ctx.clone(),
                     channel: name.clone(),
-                    instances: instances.clone(),
+                    calls: calls.clone(),
                     handle: handle.clone(),
                     fork: history.clone(),
                 };
@@ -215,7 +216,7 @@ impl AnswerSink for StreamedText<'_> {
 struct ChannelTools {
     ctx: Arc<Context>,
     channel: ProcessId,
-    instances: Arc<ProcessInstances>,
+    calls: Arc<ProcessCalls>,
     handle: ChannelHandle,
     /// The history a branch forks from.
     fork: Vec<Message>,
@@ -295,21 +296,18 @@ impl ChannelTools {
 const CHANNEL_TOOLS: &[&str] = &["reply", "skip", "spawn_worker", "branch", "route", "cancel"];
 
 impl ToolHandler for ChannelTools {
-    fn instances(&self) -> Option<&ProcessInstances> {
-        Some(&self.instances)
+    fn calls(&self) -> Option<&ProcessCalls> {
+        Some(&self.calls)
     }
 
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
-        Box::pin(
-            self.ctx
-                .refuse(&self.channel, &self.instances, name, arguments),
-        )
+        Box::pin(self.ctx.refuse(&self.channel, &self.calls, name, arguments))
     }
 
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
         Box::pin(self.ctx.answer(
             &self.channel,
-            &self.instances,
+            &self.calls,
             name,
             arguments,
             CHANNEL_TOOLS,

@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use super::context::Context;
 use super::events::Event;
+use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
 use super::turn::{ToolHandler, ToolOutcome, TurnEnd, TurnError};
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, Message, Role};
-use crate::plugin::ProcessInstances;
 use crate::policy::ProcessKind;
 
 /// The prefix of the message that replaces compacted history.
@@ -82,7 +82,7 @@ pub(crate) async fn compact_if_needed(
     let handler = CompactorTools {
         ctx: ctx.clone(),
         id: id.clone(),
-        instances: ProcessInstances::new(),
+        calls: ProcessCalls::new(),
     };
     let end = match ctx.lease_loop(&id) {
         Ok(lease) => {
@@ -127,24 +127,24 @@ pub(crate) async fn compact_if_needed(
 struct CompactorTools {
     ctx: Arc<Context>,
     id: ProcessId,
-    /// The compactor's own plugin instances, for its life.
-    instances: ProcessInstances,
+    /// The compactor's own plugin instances and audit rows, for its life.
+    calls: ProcessCalls,
 }
 
 impl ToolHandler for CompactorTools {
-    fn instances(&self) -> Option<&ProcessInstances> {
-        Some(&self.instances)
+    fn calls(&self) -> Option<&ProcessCalls> {
+        Some(&self.calls)
     }
 
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
-        Box::pin(self.ctx.refuse(&self.id, &self.instances, name, arguments))
+        Box::pin(self.ctx.refuse(&self.id, &self.calls, name, arguments))
     }
 
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
         // No host tool is the compactor's.
         Box::pin(
             self.ctx
-                .answer(&self.id, &self.instances, name, arguments, &[], |_| async {
+                .answer(&self.id, &self.calls, name, arguments, &[], |_| async {
                     None
                 }),
         )

@@ -22,6 +22,7 @@ mod events;
 mod host_tools;
 mod inbox;
 mod notifications;
+mod process_calls;
 mod prompts;
 mod reports;
 mod reservations;

@@ -10,11 +10,12 @@ use serde_json::json;
 use super::context::{Context, SpawnOutcome};
 use super::events::Event;
 use super::host_tools::{HOST_TOOLS, HostCall, SpawnArgs, host_tool};
+use super::process_calls::ProcessCalls;
 use super::turn::ToolOutcome;
 use crate::config::Config;
 use crate::ids::ProcessId;
 use crate::llm::ToolDef;
-use crate::plugin::{CallRequest, ProcessInstances, Registry, ToolError};
+use crate::plugin::{CallRequest, Registry, ToolError};
 use crate::policy::{Decision, ProcessKind, ToolNeeds};
 
 impl Context {
@@ -64,7 +65,7 @@ impl Context {
     pub(crate) async fn answer<R>(
         &self,
         caller: &ProcessId,
-        instances: &ProcessInstances,
+        calls: &ProcessCalls,
         name: &str,
         arguments: &str,
         handled: &[&str],
@@ -83,9 +84,7 @@ impl Context {
             Some(Err(err)) => ToolOutcome::Continue(self.tool_error(caller, name, err)),
             // A plugin tool its profile offers, or a host tool that is not this process's
             // (the registry answers not-found, audited).
-            None => {
-                ToolOutcome::Continue(self.call_plugin(caller, instances, name, arguments).await)
-            }
+            None => ToolOutcome::Continue(self.call_plugin(caller, calls, name, arguments).await),
         }
     }
 
@@ -95,7 +94,7 @@ impl Context {
     pub(crate) async fn call_plugin(
         &self,
         caller: &ProcessId,
-        instances: &ProcessInstances,
+        calls: &ProcessCalls,
         name: &str,
         arguments: &str,
     ) -> String {
@@ -114,12 +113,19 @@ impl Context {
             grants: &grants,
             workspace: Some(&workspace),
             caller: &caller_name,
-            instances: Some(instances),
+            instances: Some(&calls.instances),
         };
-        let result = self
+        let recorded = self
             .registry
-            .call_as(&self.config.policy, kind, request)
+            .call_as_recorded(&self.config.policy, kind, request, std::future::pending())
             .await;
+        let (result, audit) = recorded.into_parts();
+        calls.note_audits(audit);
+        if result.is_err() {
+            // A failure's event may quote the guest's output: it leaves the host only once
+            // the row is in. Failures are rare; the round's other rows share this commit.
+            calls.committed().await;
+        }
         match result {
             Ok(text) => {
                 self.emit(Event::ToolCalled {
@@ -137,12 +143,12 @@ impl Context {
     pub(crate) async fn refuse(
         &self,
         caller: &ProcessId,
-        instances: &ProcessInstances,
+        calls: &ProcessCalls,
         name: &str,
         arguments: &str,
     ) -> String {
         if host_tool(name).is_none() {
-            return self.call_plugin(caller, instances, name, arguments).await;
+            return self.call_plugin(caller, calls, name, arguments).await;
         }
         let kind = caller.kind();
         let decision = self.config.policy.decide(

@@ -5,10 +5,10 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::events::{Event, EventSink, TurnEnding};
+use super::process_calls::ProcessCalls;
 use crate::dispatch::{DispatchError, DispatchOutcome, Dispatcher, Route, Ticket, TooSlow};
 use crate::ids::{ProcessId, ToolCallId};
 use crate::llm::{AnswerSink, BoxFuture, CompletionRequest, Message, Role, ToolChoice, ToolDef};
-use crate::plugin::ProcessInstances;
 
 /// What a tool call did, for the loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,9 +31,11 @@ pub(crate) trait ToolHandler: Send + Sync {
     /// forced it): a denial naming why, never a run.
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String>;
 
-    /// The plugin instances the process keeps, if any: marked as working while a round
-    /// of its tool calls runs, so another process's call does not take them meanwhile.
-    fn instances(&self) -> Option<&ProcessInstances> {
+    /// The plugin instances the process keeps and the audit rows of its calls, if any:
+    /// the instances are marked as working while a round of tool calls runs, so another
+    /// process's call does not take them meanwhile, and the round's results go on (to the
+    /// model, or to the end of the turn) only once its audit rows are committed.
+    fn calls(&self) -> Option<&ProcessCalls> {
         None
     }
 
@@ -210,7 +212,8 @@ impl Turn<'_> {
                 return Ok(TurnEnd::Text(text));
             }
             let mut ended = None;
-            let _working = handler.instances().map(ProcessInstances::working);
+            let process_calls = handler.calls();
+            let working = process_calls.map(|calls| calls.instances.working());
             for call in &calls {
                 let outcome = {
                     let _running = self.dispatcher.gate().tool_running(self.ticket.session());
@@ -232,6 +235,10 @@ impl Turn<'_> {
                     }
                 };
                 history.push(Message::tool_result(call.id.clone(), result));
+            }
+            drop(working);
+            if let Some(calls) = process_calls {
+                calls.committed().await;
             }
             if let Some(end) = ended {
                 return Ok(end);

@@ -15,6 +15,7 @@ use super::events::Event;
 use super::host_tools::{HostCall, ReportedState};
 use super::inbox::{ChannelHandle, drain};
 use super::notifications::NotificationKind;
+use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
 use super::reservations::Reservation;
 use super::supervisor::{Pending, WorkerHandle, supervise};
@@ -22,7 +23,7 @@ use super::turn::{ToolHandler, ToolOutcome, TurnEnd};
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, Message};
-use crate::plugin::{ProcessInstances, ToolError};
+use crate::plugin::ToolError;
 use crate::policy::ProcessKind;
 use crate::services::WorkerState;
 
@@ -205,13 +206,13 @@ async fn work(
     };
     let mut history = vec![Message::user(spec.task.clone())];
     let mut route = Route::Task;
-    // The worker's own plugin instances, for its life.
-    let instances = ProcessInstances::new();
+    // The worker's own plugin instances and audit rows, for its life.
+    let calls = ProcessCalls::new();
     loop {
         let handler = WorkerTools {
             ctx,
             id: spec.id.clone(),
-            instances: &instances,
+            calls: &calls,
             reported: Mutex::new(None),
             inbox,
         };
@@ -316,7 +317,7 @@ fn continue_with(history: &mut Vec<Message>, messages: Vec<String>) -> Vec<Strin
 struct WorkerTools<'w> {
     ctx: &'w Context,
     id: ProcessId,
-    instances: &'w ProcessInstances,
+    calls: &'w ProcessCalls,
     reported: Mutex<Option<(WorkerState, String)>>,
     inbox: &'w Inbox,
 }
@@ -348,12 +349,12 @@ impl WorkerTools<'_> {
 const WORKER_TOOLS: &[&str] = &["set_status"];
 
 impl ToolHandler for WorkerTools<'_> {
-    fn instances(&self) -> Option<&ProcessInstances> {
-        Some(self.instances)
+    fn calls(&self) -> Option<&ProcessCalls> {
+        Some(self.calls)
     }
 
     fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
-        Box::pin(self.ctx.refuse(&self.id, self.instances, name, arguments))
+        Box::pin(self.ctx.refuse(&self.id, self.calls, name, arguments))
     }
 
     fn injected(&self) -> Vec<String> {
@@ -367,7 +368,7 @@ impl ToolHandler for WorkerTools<'_> {
     fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
         Box::pin(self.ctx.answer(
             &self.id,
-            self.instances,
+            self.calls,
             name,
             arguments,
             WORKER_TOOLS,

@@ -16,7 +16,7 @@ use super::settle::{Preferences, Shadowed, settle};
 use super::warm::ProcessInstances;
 use crate::net::GrantSource;
 use crate::policy::{Decision, Grants, InstanceReuse, Policy, ProcessKind, ToolNeeds};
-use crate::services::AuditRecord;
+use crate::services::{AuditRecord, Committing};
 use crate::text::{echo_name, one_line};
 
 /// The longest tool name echoed back in an error; longer ones are cut with a marker.
@@ -40,6 +40,40 @@ pub struct CallRequest<'a> {
     /// reuses ([`Registry::call_as`] asks the policy; [`Registry::call`] reuses every
     /// plugin's) runs in the one kept there. `None`: a fresh instance.
     pub instances: Option<&'a ProcessInstances>,
+}
+
+/// A call that has ended, whose audit row may not be committed yet
+/// ([`Registry::call_as_recorded`]).
+#[derive(Debug)]
+#[must_use = "the result may leave the host only once its audit row is committed"]
+pub struct Recorded {
+    result: Result<String, ToolError>,
+    audit: Option<Committing>,
+}
+
+impl Recorded {
+    /// The result, once the audit row is committed. A row that cannot be written is
+    /// logged as an error; the result is returned all the same.
+    pub async fn committed(self) -> Result<String, ToolError> {
+        let (result, audit) = self.into_parts();
+        if let Some(audit) = audit {
+            committed(audit).await;
+        }
+        result
+    }
+
+    /// The result now, and the audit row's commit, to wait for ([`committed`]) before
+    /// the result leaves the host.
+    pub fn into_parts(self) -> (Result<String, ToolError>, Option<Committing>) {
+        (self.result, self.audit)
+    }
+}
+
+/// Waits for an audit row's commit; a row that cannot be written is logged as an error.
+pub async fn committed(audit: Committing) {
+    if let Err(err) = audit.wait().await {
+        tracing::error!("cannot write the audit log: {err}");
+    }
 }
 
 /// The plugins loaded from a directory, and the ones refused with why.
@@ -337,6 +371,8 @@ impl Registry {
         let reuse = |_: &str| InstanceReuse::Process;
         self.audited(&request, self.run_call(&request, GrantSource::Flag, reuse))
             .await
+            .committed()
+            .await
     }
 
     /// Runs one call for a process of `kind`: refused with `denied` unless `policy` offers
@@ -362,6 +398,23 @@ impl Registry {
         request: CallRequest<'_>,
         cancelled: impl Future<Output = ()>,
     ) -> Result<String, ToolError> {
+        self.call_as_recorded(policy, kind, request, cancelled)
+            .await
+            .committed()
+            .await
+    }
+
+    /// [`Registry::call_as_until`], returning as soon as the call has ended and its audit
+    /// row is handed to the store: the row may not be committed yet. The result must not
+    /// leave the host before [`Recorded::committed`] (or the row's own wait) returns;
+    /// rows of calls made one after another and waited for together share a commit.
+    pub async fn call_as_recorded(
+        &self,
+        policy: &Policy,
+        kind: ProcessKind,
+        request: CallRequest<'_>,
+        cancelled: impl Future<Output = ()>,
+    ) -> Recorded {
         let needs = self.tool_info(request.tool).map(|tool| ToolNeeds {
             name: &tool.name,
             capabilities: &tool.capabilities,
@@ -394,13 +447,14 @@ impl Registry {
         self.audited(&request, run).await
     }
 
-    /// Awaits `run` and records the outcome: a tracing event, and a row in the store's
-    /// audit log when the host has a store. Denials are recorded like any other outcome.
+    /// Awaits `run` and records the outcome: a tracing event, and a row handed to the
+    /// store's audit log when the host has a store. Denials are recorded like any other
+    /// outcome.
     async fn audited(
         &self,
         request: &CallRequest<'_>,
         run: impl Future<Output = Result<String, ToolError>>,
-    ) -> Result<String, ToolError> {
+    ) -> Recorded {
         let started = Instant::now();
         let result = run.await;
         let duration_us = started.elapsed().as_micros() as u64;
@@ -431,9 +485,10 @@ impl Registry {
             duration_us,
             "tool call"
         );
+        let mut audit = None;
         if let Some(services) = self.host.services() {
-            // The sink keeps the executor free (SQLite writes on a blocking thread), so a
-            // database another process holds locked delays this call's audit entry only.
+            // The sink keeps the executor free (it never waits for SQLite's lock here), so
+            // a database another process holds locked delays this call's audit entry only.
             let call = AuditRecord {
                 process: request.caller.to_owned(),
                 tool: request.tool.to_owned(),
@@ -449,11 +504,9 @@ impl Registry {
                 detail: detail.to_owned(),
                 duration_us,
             };
-            if let Err(err) = services.audit.record(call).await {
-                tracing::error!("cannot write the audit log: {err}");
-            }
+            audit = Some(services.audit.record_soon(call).await);
         }
-        result
+        Recorded { result, audit }
     }
 
     /// Runs a call of a plugin's tool (or an external one's), in an instance of the

@@ -1,6 +1,8 @@
 //! The audit log: one entry per tool call, denials included, with secret-looking argument
 //! values redacted before they are kept.
 
+use std::pin::Pin;
+
 use async_trait::async_trait;
 use serde::Serialize;
 use serde_json::Value;
@@ -33,6 +35,15 @@ pub trait AuditSink: Send + Sync {
     /// Records one call, its arguments [`redact`]ed.
     async fn record(&self, call: AuditRecord) -> Result<(), ServiceError>;
 
+    /// Hands one call over to be recorded and returns before it need be committed: calls
+    /// handed over together may share one commit, made when the first of them is waited
+    /// for. [`Committing::wait`] returns once this one is committed; a row whose
+    /// [`Committing`] is dropped unwaited is still written. The default records the call
+    /// before it returns.
+    async fn record_soon(&self, call: AuditRecord) -> Committing {
+        Committing::done(self.record(call).await)
+    }
+
     /// The newest `limit` entries, newest first.
     async fn recent(&self, limit: u32) -> Result<Vec<AuditEntry>, ServiceError> {
         self.page(None, limit).await
@@ -47,6 +58,34 @@ pub trait AuditSink: Send + Sync {
 
     /// The newest `limit` requests, newest first.
     async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestEntry>, ServiceError>;
+}
+
+/// A row handed over to be written: [`Committing::wait`] returns once it is committed,
+/// or with the reason it was not.
+#[must_use = "the row is committed for sure only once waited for"]
+pub struct Committing(Pin<Box<dyn Future<Output = Result<(), ServiceError>> + Send>>);
+
+impl Committing {
+    /// A row whose commit `waited` waits for.
+    pub fn new(waited: impl Future<Output = Result<(), ServiceError>> + Send + 'static) -> Self {
+        Committing(Box::pin(waited))
+    }
+
+    /// A row already written (or refused) with `outcome`.
+    pub fn done(outcome: Result<(), ServiceError>) -> Self {
+        Committing::new(std::future::ready(outcome))
+    }
+
+    /// Waits until the row is committed.
+    pub async fn wait(self) -> Result<(), ServiceError> {
+        self.0.await
+    }
+}
+
+impl std::fmt::Debug for Committing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Committing")
+    }
 }
 
 /// What the host decided about one outbound request.

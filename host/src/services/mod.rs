@@ -35,8 +35,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use audit::{
-    AuditEntry, AuditRecord, AuditSink, REDACTED, RequestDecision, RequestEntry, RequestRecord,
-    redact,
+    AuditEntry, AuditRecord, AuditSink, Committing, REDACTED, RequestDecision, RequestEntry,
+    RequestRecord, redact,
 };
 pub use error::ServiceError;
 pub use history::{ConversationSummary, History, HistoryEntry};

@@ -1,14 +1,17 @@
 //! [`GroupCommit`]: writes that arrive together share one transaction.
 //!
-//! Each writer hands its row over and waits for the commit that holds it, so nothing is
+//! Each caller hands its row over and waits for the commit that holds it, so nothing is
 //! acknowledged before it is in the database; what a burst of callers hands over while
-//! one transaction commits goes into the next, together.
+//! one transaction commits goes into the next, together. A caller may also queue rows
+//! and wait for them later ([`GroupCommit::enqueue`]): a round of tool calls queues its
+//! audit rows and waits once, for one commit.
 //!
-//! A row that finds no write under way is committed at once on the caller's thread
-//! ([`Store::write_now`]), which never waits for a lock: a hand-off to another thread and
-//! back costs several times the commit. If the connection is in use or another process
-//! holds the database, or rows queue up meanwhile, one writer thread drains the queue: it
-//! is started by the row that finds none running and stops when the queue is empty.
+//! A caller that waits while no write is under way commits what is queued at once, on
+//! its own thread ([`Store::write_now`], which never waits for a lock): a hand-off to
+//! another thread and back costs several times the commit. If the connection is in use or
+//! another process holds the database, or rows queue up meanwhile, one writer thread
+//! drains the queue: it is started by the caller that finds none running and stops when
+//! the queue is empty.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -20,6 +23,10 @@ use crate::services::ServiceError;
 
 /// The most rows one transaction takes; the rest wait for the next.
 const MAX_BATCH: usize = 512;
+
+/// The most rows a caller commits on its own thread at once: a bigger batch is left to a
+/// writer thread, so no caller holds its thread for long.
+const INLINE_BATCH: usize = 64;
 
 /// Writes a batch of rows inside a transaction.
 pub(super) type WriteRows<T> = fn(&Transaction<'_>, &[T]) -> Result<(), StoreError>;
@@ -68,73 +75,91 @@ impl<T: Send + 'static> GroupCommit<T> {
     /// Hands `row` over and returns once the transaction holding it has committed (or
     /// failed, with the store's error).
     pub(super) async fn submit(self: &Arc<Self>, row: T) -> Result<(), ServiceError> {
-        let row = match self.write_now(row) {
-            Ok(written) => return written,
-            Err(row) => row,
-        };
-        let (done, committed) = oneshot::channel();
-        let start_writer = {
-            let mut pending = self.lock();
-            pending.queue.push((row, done));
-            std::mem::replace(&mut pending.writing, Writing::Thread) == Writing::Idle
-        };
-        if start_writer {
-            self.start_writer();
-        }
-        match committed.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(message)) => Err(ServiceError::Backend(message.into())),
-            // The writer went away before it said: its task was dropped unrun (the runtime
-            // shutting down) or it failed outside a write.
-            Err(_) => Err(ServiceError::Lost(self.what)),
+        self.enqueue(row).wait().await
+    }
+
+    /// Queues `row` and returns at once; nothing is written until a caller waits for a
+    /// row ([`Queued::wait`]) or drops one unwaited, so rows queued together can share a
+    /// commit.
+    pub(super) fn enqueue(self: &Arc<Self>, row: T) -> Queued<T> {
+        let (done, answer) = oneshot::channel();
+        self.lock().queue.push((row, done));
+        Queued {
+            rows: self.clone(),
+            answer: Some(answer),
         }
     }
 
-    /// Commits `row` alone on this thread if no write is under way and the database can
-    /// be written without waiting; gives `row` back otherwise.
-    fn write_now(self: &Arc<Self>, row: T) -> Result<Result<(), ServiceError>, T> {
-        {
+    /// Commits what is queued (up to [`INLINE_BATCH`] rows) on this thread if no write is
+    /// under way and the database can be written without waiting; otherwise leaves the
+    /// queue to the writer that is, or starts a writer thread.
+    fn flush_now(self: &Arc<Self>) {
+        let batch: Vec<_> = {
             let mut pending = self.lock();
-            if pending.writing != Writing::Idle {
-                return Err(row);
+            if pending.writing != Writing::Idle || pending.queue.is_empty() {
+                return;
             }
             // Rows that come meanwhile queue for a writer thread, not for this one.
             pending.writing = Writing::Caller;
-        }
-        let rows = std::slice::from_ref(&row);
-        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.store.write_now(|tx| (self.write)(tx, rows))
-        }));
-        let queued = {
-            let mut pending = self.lock();
-            let queued = !pending.queue.is_empty();
-            pending.writing = if queued {
-                Writing::Thread
-            } else {
-                Writing::Idle
-            };
-            queued
+            let take = pending.queue.len().min(INLINE_BATCH);
+            pending.queue.drain(..take).collect()
         };
-        if queued {
-            self.start_writer();
+        let (rows, waiters): (Vec<T>, Vec<_>) = batch.into_iter().unzip();
+        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.store.write_now(|tx| (self.write)(tx, &rows))
+        }));
+        let result = match written {
+            // Not now: the batch goes back to the front of the queue, for a writer thread.
+            Ok(None) => {
+                let mut pending = self.lock();
+                let back: Vec<_> = rows.into_iter().zip(waiters).collect();
+                pending.queue.splice(..0, back);
+                pending.writing = Writing::Thread;
+                drop(pending);
+                self.start_writer();
+                return;
+            }
+            Ok(Some(result)) => result.map_err(|err| self.store.locate(err).to_string()),
+            Err(_) => Err(self.unexpected()),
+        };
+        for waiter in waiters {
+            // A caller that dropped its row no longer needs the answer.
+            let _ = waiter.send(result.clone());
         }
-        match written {
-            Ok(None) => Err(row),
-            Ok(Some(Ok(()))) => Ok(Ok(())),
-            Ok(Some(Err(err))) => Ok(Err(ServiceError::Backend(
-                self.store.locate(err).to_string().into(),
-            ))),
-            Err(_) => Ok(Err(ServiceError::Backend(self.unexpected().into()))),
+        self.flush_later(Writing::Caller);
+    }
+
+    /// Starts a writer thread if rows are queued and `was` (the state this caller left
+    /// the queue in) is still in force; otherwise marks the queue idle.
+    fn flush_later(self: &Arc<Self>, was: Writing) {
+        let start = {
+            let mut pending = self.lock();
+            if pending.writing != was {
+                return;
+            }
+            pending.writing = if pending.queue.is_empty() {
+                Writing::Idle
+            } else {
+                Writing::Thread
+            };
+            pending.writing == Writing::Thread
+        };
+        if start {
+            self.start_writer();
         }
     }
 
-    /// Starts a writer thread to drain the queue; the caller set [`Writing::Thread`].
+    /// Starts a writer thread to drain the queue (outside a runtime, drains it here); the
+    /// caller set [`Writing::Thread`].
     fn start_writer(self: &Arc<Self>) {
         let writer = Writer {
             rows: self.clone(),
             finished: false,
         };
-        tokio::task::spawn_blocking(move || writer.run());
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(move || writer.run())),
+            Err(_) => writer.run(),
+        }
     }
 
     /// The error of a write that panicked.
@@ -180,6 +205,38 @@ impl<T: Send + 'static> GroupCommit<T> {
         self.pending
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A row in the queue: [`Queued::wait`] returns once it is committed.
+pub(super) struct Queued<T: Send + 'static> {
+    rows: Arc<GroupCommit<T>>,
+    /// Taken by `wait`; still here if the row is dropped unwaited.
+    answer: Option<oneshot::Receiver<Result<(), String>>>,
+}
+
+impl<T: Send + 'static> Queued<T> {
+    /// Commits what is queued, this row among it, unless a write is under way, and
+    /// waits for the commit that holds this row.
+    pub(super) async fn wait(mut self) -> Result<(), ServiceError> {
+        let answer = self.answer.take().expect("waited for once");
+        self.rows.flush_now();
+        match answer.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(message)) => Err(ServiceError::Backend(message.into())),
+            // The writer went away before it said: its task was dropped unrun (the runtime
+            // shutting down) or it failed outside a write.
+            Err(_) => Err(ServiceError::Lost(self.rows.what)),
+        }
+    }
+}
+
+impl<T: Send + 'static> Drop for Queued<T> {
+    /// A row dropped unwaited is written all the same, by a writer thread.
+    fn drop(&mut self) {
+        if self.answer.is_some() {
+            self.rows.flush_later(Writing::Idle);
+        }
     }
 }
 
@@ -300,6 +357,44 @@ mod tests {
             .unwrap();
         assert_eq!(all, 100);
         until(|| writer.lock().writing == Writing::Idle).await;
+    }
+
+    #[tokio::test]
+    async fn rows_queued_together_share_the_commit_of_the_first_waited_for() {
+        static BATCHES: AtomicUsize = AtomicUsize::new(0);
+        let (_dir, store) = temp_store();
+        let path = store.path().to_owned();
+        let writer = GroupCommit::new(Arc::new(store), "audit.record", |tx, rows| {
+            BATCHES.fetch_add(1, Ordering::SeqCst);
+            insert_calls(tx, rows)
+        });
+        let queued: Vec<_> = (0..3).map(|n| writer.enqueue(row(n))).collect();
+        assert_eq!(
+            rows_of(&path, "worker:0"),
+            0,
+            "nothing written before a wait"
+        );
+        for row in queued {
+            row.wait().await.unwrap();
+        }
+        assert_eq!(BATCHES.load(Ordering::SeqCst), 1);
+        for n in 0..3 {
+            assert_eq!(rows_of(&path, &format!("worker:{n}")), 1);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_row_dropped_unwaited_is_written_all_the_same() {
+        let (_dir, store) = temp_store();
+        let path = store.path().to_owned();
+        let writer = GroupCommit::new(Arc::new(store), "audit.record", insert_calls);
+        drop(writer.enqueue(row(7)));
+        until(|| {
+            let pending = writer.lock();
+            pending.writing == Writing::Idle && pending.queue.is_empty()
+        })
+        .await;
+        assert_eq!(rows_of(&path, "worker:7"), 1);
     }
 
     #[tokio::test]

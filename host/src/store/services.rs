@@ -11,9 +11,9 @@ use super::group_commit::GroupCommit;
 use super::{Store, StoreError};
 use super::{audit, history};
 use crate::services::{
-    AuditEntry, AuditRecord, AuditSink, ConversationSummary, History, HistoryEntry, Ledger, Memory,
-    MemoryItem, NewMemory, NewTask, RequestEntry, RequestRecord, Run, RunId, ServiceError,
-    Services, Task, TaskBoard, TaskFilter, TaskPatch, WorkerRecord, WorkerState,
+    AuditEntry, AuditRecord, AuditSink, Committing, ConversationSummary, History, HistoryEntry,
+    Ledger, Memory, MemoryItem, NewMemory, NewTask, RequestEntry, RequestRecord, Run, RunId,
+    ServiceError, Services, Task, TaskBoard, TaskFilter, TaskPatch, WorkerRecord, WorkerState,
 };
 
 impl Store {
@@ -180,6 +180,10 @@ impl History for Sqlite {
 impl AuditSink for Sqlite {
     async fn record(&self, call: AuditRecord) -> Result<(), ServiceError> {
         self.calls.submit(call).await
+    }
+
+    async fn record_soon(&self, call: AuditRecord) -> Committing {
+        Committing::new(self.calls.enqueue(call).wait())
     }
 
     async fn page(&self, before: Option<u64>, limit: u32) -> Result<Vec<AuditEntry>, ServiceError> {

@@ -741,3 +741,99 @@ async fn after_shutdown_no_conversation_opens_and_the_event_stream_ends() {
     .await;
     assert!(ended.is_ok(), "the event stream did not end after shutdown");
 }
+
+/// A worker's one round of three calls, then its report.
+const THREE_READS: &str = r#"
+[[step]]
+process = "worker"
+when = "read three"
+tool_calls = [
+  { name = "file_read", arguments = { path = "a.txt" } },
+  { name = "file_read", arguments = { path = "b.txt" } },
+  { name = "file_read", arguments = { path = "c.txt" } },
+]
+
+[[step]]
+process = "worker"
+repeat = true
+tool_calls = [{ name = "set_status", arguments = { state = "done", message = "read" } }]
+
+[[step]]
+process = "channel"
+repeat = true
+tool_calls = [{ name = "skip" }]
+"#;
+
+/// Plays a script and, at each request, counts the audited `file_read` calls in the
+/// database through a connection of its own: what a reader outside the host sees.
+struct AuditWatcher {
+    script: ScriptedProvider,
+    db: std::path::PathBuf,
+    seen: std::sync::Mutex<Vec<(usize, i64)>>,
+}
+
+impl capstan_host::llm::Provider for AuditWatcher {
+    fn complete<'a>(
+        &'a self,
+        request: &'a capstan_host::llm::CompletionRequest,
+        sink: &'a dyn capstan_host::llm::AnswerSink,
+    ) -> capstan_host::llm::BoxFuture<
+        'a,
+        Result<capstan_host::llm::Completion, capstan_host::llm::ProviderError>,
+    > {
+        Box::pin(async move {
+            if request.process == "worker" {
+                let results = request
+                    .messages
+                    .iter()
+                    .filter(|m| m.role == capstan_host::llm::Role::Tool)
+                    .count();
+                let db = rusqlite::Connection::open(&self.db).unwrap();
+                let audited: i64 = db
+                    .query_row(
+                        "SELECT count(*) FROM audit WHERE tool = 'file_read'",
+                        [],
+                        |r| r.get(0),
+                    )
+                    .unwrap();
+                self.seen.lock().unwrap().push((results, audited));
+            }
+            self.script.complete(request, sink).await
+        })
+    }
+
+    fn name(&self) -> String {
+        self.script.name()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rounds_tool_results_reach_the_model_only_after_their_audit_rows_are_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::defaults(dir.path());
+    config.provider = ProviderSettings::Scripted { script: None };
+    std::fs::create_dir_all(&config.agent.workspace).unwrap();
+    for (name, text) in [("a.txt", "a one"), ("b.txt", "a two"), ("c.txt", "a three")] {
+        std::fs::write(config.agent.workspace.join(name), text).unwrap();
+    }
+    let provider = Arc::new(AuditWatcher {
+        script: ScriptedProvider::new(Script::parse(THREE_READS, "test").unwrap(), "test"),
+        db: config.agent.data_dir.join("capstan.db"),
+        seen: Default::default(),
+    });
+    let (rt, _events) = agent_runtime(config, provider.clone(), false).await;
+    rt.spawn_worker("main", "read three", false, None)
+        .await
+        .unwrap();
+    crate::support::eventually("the worker reports", || {
+        provider.seen.lock().unwrap().len() == 2
+    })
+    .await;
+    let seen = provider.seen.lock().unwrap().clone();
+    assert_eq!(seen[0], (0, 0), "nothing read or audited before the round");
+    assert_eq!(
+        seen[1],
+        (3, 3),
+        "the three results reach the model with their three rows committed"
+    );
+}
