@@ -74,6 +74,22 @@ impl Capability {
         Capability::MemoryWrite,
     ];
 
+    /// Whether a call holding `self` can only read: nothing it does with it changes a
+    /// file, a task, a memory or anything outside the host.
+    ///
+    /// ```
+    /// use capstan_caps::Capability;
+    ///
+    /// assert!(Capability::FsRead.only_reads());
+    /// assert!(!Capability::FsWrite.only_reads());
+    /// ```
+    pub fn only_reads(&self) -> bool {
+        matches!(
+            self,
+            Capability::FsRead | Capability::TasksRead | Capability::MemoryRead
+        )
+    }
+
     /// Whether a grant of `self` allows a tool that declared `needed`.
     ///
     /// Equal capabilities match; a grant of `tasks.write` allows a tool that only needs

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use capstan_caps::Capability;
 use serde::de::IgnoredAny;
 
 use super::error::{HostError, LoadError, ToolError};
@@ -408,6 +409,11 @@ impl Registry {
     /// row is handed to the store: the row may not be committed yet. The result must not
     /// leave the host before [`Recorded::committed`] (or the row's own wait) returns;
     /// rows of calls made one after another and waited for together share a commit.
+    ///
+    /// Only a plugin tool that declares nothing but reads returns before its row is
+    /// committed: a call that may have changed something (a file, a task, a memory, a
+    /// request sent, an external server's tool) is in the log when it returns, so a crash
+    /// before the round's commit loses no record of a change.
     pub async fn call_as_recorded(
         &self,
         policy: &Policy,
@@ -444,7 +450,24 @@ impl Registry {
                 ))),
             }
         };
-        self.audited(&request, run).await
+        let recorded = self.audited(&request, run).await;
+        if self.only_reads(request.tool) {
+            return recorded;
+        }
+        let (result, audit) = recorded.into_parts();
+        if let Some(audit) = audit {
+            committed(audit).await;
+        }
+        Recorded {
+            result,
+            audit: None,
+        }
+    }
+
+    /// Whether `tool` is a plugin tool that declares only capabilities that read.
+    fn only_reads(&self, tool: &str) -> bool {
+        self.tool(tool)
+            .is_some_and(|(_, info)| info.capabilities.iter().all(Capability::only_reads))
     }
 
     /// Awaits `run` and records the outcome: a tracing event, and a row handed to the

@@ -102,11 +102,40 @@ pub(super) fn insert_calls(
     records: &[AuditRecord],
 ) -> Result<(), StoreError> {
     let at = now();
+    insert_each(tx, records.iter().map(|record| (at, record)))
+}
+
+/// A call to record, stamped when it was handed over: its row may be committed later, with
+/// its round's.
+pub(super) struct StampedCall {
+    at: i64,
+    call: AuditRecord,
+}
+
+impl StampedCall {
+    /// `call`, stamped now.
+    pub(super) fn now(call: AuditRecord) -> Self {
+        StampedCall { at: now(), call }
+    }
+}
+
+/// Inserts `calls` inside `tx`, each with its own time.
+pub(super) fn insert_stamped(
+    tx: &Transaction<'_>,
+    calls: &[StampedCall],
+) -> Result<(), StoreError> {
+    insert_each(tx, calls.iter().map(|stamped| (stamped.at, &stamped.call)))
+}
+
+fn insert_each<'r>(
+    tx: &Transaction<'_>,
+    records: impl Iterator<Item = (i64, &'r AuditRecord)>,
+) -> Result<(), StoreError> {
     let mut insert = tx.prepare_cached(
         "INSERT INTO audit (at, process, tool, grants, arguments, outcome, detail, duration_us)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?;
-    for record in records {
+    for (at, record) in records {
         insert.execute(params![
             at,
             record.process,

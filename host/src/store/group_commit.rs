@@ -232,10 +232,11 @@ impl<T: Send + 'static> Queued<T> {
 }
 
 impl<T: Send + 'static> Drop for Queued<T> {
-    /// A row dropped unwaited is written all the same, by a writer thread.
+    /// A row dropped unwaited is written all the same: now, as [`Queued::wait`] would,
+    /// or by the writer under way.
     fn drop(&mut self) {
         if self.answer.is_some() {
-            self.rows.flush_later(Writing::Idle);
+            self.rows.flush_now();
         }
     }
 }
@@ -269,6 +270,19 @@ impl<T> Drop for Writer<T> {
             pending.writing = Writing::Idle;
             std::mem::take(&mut pending.queue)
         };
+        // Each waiter hears `Lost`; a row nobody waits for any more is named here.
+        let unheard = abandoned
+            .iter()
+            .filter(|(_, done)| done.is_closed())
+            .count();
+        if unheard > 0 {
+            tracing::error!(
+                database = %self.rows.store.path().display(),
+                "{}: {unheard} row(s) not written: the writer stopped before it ran \
+                 (the runtime shutting down)",
+                self.rows.what
+            );
+        }
         drop(abandoned);
     }
 }

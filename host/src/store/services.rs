@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use super::audit::StampedCall;
 use super::group_commit::GroupCommit;
 use super::{Store, StoreError};
 use super::{audit, history};
@@ -33,7 +34,7 @@ impl Store {
     /// ```
     pub fn services(self: Arc<Self>) -> Services {
         Services::all_from(Arc::new(Sqlite {
-            calls: GroupCommit::new(self.clone(), "audit.record", audit::insert_calls),
+            calls: GroupCommit::new(self.clone(), "audit.record", audit::insert_stamped),
             requests: GroupCommit::new(
                 self.clone(),
                 "audit.record_request",
@@ -59,7 +60,7 @@ impl Store {
 /// for the commit that holds its rows.
 struct Sqlite {
     store: Arc<Store>,
-    calls: Arc<GroupCommit<AuditRecord>>,
+    calls: Arc<GroupCommit<StampedCall>>,
     requests: Arc<GroupCommit<RequestRecord>>,
     appends: Arc<GroupCommit<(String, Vec<String>)>>,
 }
@@ -179,11 +180,11 @@ impl History for Sqlite {
 #[async_trait]
 impl AuditSink for Sqlite {
     async fn record(&self, call: AuditRecord) -> Result<(), ServiceError> {
-        self.calls.submit(call).await
+        self.calls.submit(StampedCall::now(call)).await
     }
 
     async fn record_soon(&self, call: AuditRecord) -> Committing {
-        Committing::new(self.calls.enqueue(call).wait())
+        Committing::new(self.calls.enqueue(StampedCall::now(call)).wait())
     }
 
     async fn page(&self, before: Option<u64>, limit: u32) -> Result<Vec<AuditEntry>, ServiceError> {

@@ -83,11 +83,14 @@ impl Store {
             return None;
         }
         WAL_PAGES.set(0);
-        let written = commit_now(&mut conn, body);
-        // The connection's other users wait for locks as before. (Setting a timeout does
-        // not fail on an open connection; if it did, their busy errors are still retried.)
+        let written =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| commit_now(&mut conn, body)));
+        // The connection's other users wait for locks as before, even after a panic.
+        // (Setting a timeout does not fail on an open connection; if it did, their busy
+        // errors are still retried.)
         let _ = conn.busy_timeout(retry::BUSY_TIMEOUT);
         drop(conn);
+        let written = written.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         match written {
             Err(err) if retry::is_busy(&err) => None,
             written => {
@@ -107,8 +110,8 @@ impl Store {
         }
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                let store = self.clone();
-                runtime.spawn_blocking(move || store.checkpoint());
+                let scheduled = Scheduled(self.clone());
+                runtime.spawn_blocking(move || scheduled.0.checkpoint());
             }
             Err(_) => self.checkpoint(),
         }
@@ -120,6 +123,16 @@ impl Store {
     pub(crate) fn checkpoint(&self) {
         let conn = self.conn();
         checkpoint_on(&conn, self);
+    }
+}
+
+/// A checkpoint scheduled on a blocking thread. If the task is dropped unrun (the runtime
+/// shutting down), the next due commit schedules another.
+struct Scheduled(Arc<Store>);
+
+impl Drop for Scheduled {
+    fn drop(&mut self) {
+        self.0.checkpoint_scheduled.store(false, Ordering::Release);
     }
 }
 
@@ -143,5 +156,40 @@ fn checkpoint_on(conn: &Connection, store: &Store) {
             database = %store.path().display(),
             "cannot checkpoint the write-ahead log: {err}"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::tests::temp_store;
+
+    #[test]
+    fn a_commit_that_panics_on_the_callers_thread_leaves_the_busy_timeout_in_force() {
+        let (_dir, store) = temp_store();
+        let store = Arc::new(store);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            store.write_now(|_| -> Result<(), StoreError> { panic!("a write that panics") })
+        }));
+        assert!(panicked.is_err());
+        let timeout: i64 = store
+            .conn()
+            .query_row("PRAGMA busy_timeout", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(timeout, retry::BUSY_TIMEOUT.as_millis() as i64);
+    }
+
+    #[test]
+    fn a_checkpoint_dropped_unrun_lets_the_next_one_be_scheduled() {
+        let (_dir, store) = temp_store();
+        let store = Arc::new(store);
+        // A runtime shut down: its blocking pool drops the checkpoint's task unrun.
+        let dying = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let handle = dying.handle().clone();
+        drop(dying);
+        handle.block_on(async { store.checkpoint_soon() });
+        assert!(!store.checkpoint_scheduled.load(Ordering::SeqCst));
     }
 }

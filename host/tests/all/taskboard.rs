@@ -378,3 +378,57 @@ async fn the_task_tools_show_the_model_every_status_and_priority() {
         "{msg}"
     );
 }
+
+#[tokio::test]
+async fn a_call_that_may_change_something_is_logged_when_it_returns_and_a_read_with_its_round() {
+    use capstan_host::config::Config;
+    use capstan_host::plugin::{CallRequest, committed};
+    use capstan_host::policy::ProcessKind;
+
+    let data = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(data.path()).unwrap());
+    let registry = registry_with_store(store.clone()).await;
+    let ws = Workspace::new();
+    let config = Config::defaults(data.path());
+    let call = |tool: &'static str, args: Value| {
+        let (registry, policy, ws) = (&registry, &config.policy, ws.path());
+        async move {
+            let grants = policy
+                .profile(ProcessKind::Worker)
+                .grants_for(tool)
+                .into_owned();
+            let request = CallRequest {
+                tool,
+                args_json: &args.to_string(),
+                grants: &grants,
+                workspace: Some(&ws),
+                caller: "worker:1",
+                instances: None,
+            };
+            let pending = std::future::pending();
+            let recorded = registry
+                .call_as_recorded(policy, ProcessKind::Worker, request, pending)
+                .await;
+            recorded.into_parts()
+        }
+    };
+    let tools = |store: &Store| -> Vec<String> {
+        let log = store.audit_log(10).unwrap();
+        log.into_iter().rev().map(|entry| entry.tool).collect()
+    };
+
+    let (written, row) = call("file_write", json!({"path": "a.txt", "content": "x"})).await;
+    written.unwrap();
+    assert!(row.is_none(), "nothing left to wait for");
+    assert_eq!(tools(&store), ["file_write"], "in the log on return");
+
+    let (read, row) = call("file_read", json!({"path": "a.txt"})).await;
+    assert_eq!(read.unwrap(), "x");
+    assert_eq!(
+        tools(&store),
+        ["file_write"],
+        "the read's row waits for its round"
+    );
+    committed(row.expect("a row to wait for")).await;
+    assert_eq!(tools(&store), ["file_write", "file_read"]);
+}
