@@ -21,11 +21,13 @@ pub(crate) const MAX_MEMORIES_PER_COMPONENT: u32 = 4;
 pub(crate) const MAX_TABLES_PER_COMPONENT: u32 = 16;
 
 /// Dropped instances whose memories, tables and stacks are decommitted together, in one
-/// batch of `madvise` calls. Measured (`cargo bench --bench instantiate`, BENCHMARKS.md):
-/// an instantiation and drop of the probe is 11% faster with 16 than with wasmtime's default
-/// of 1. A slot waits in the batch until it is full; when the pool has no free slot, wasmtime
-/// flushes the batch before it refuses an instance.
-const DECOMMIT_BATCH: usize = 16;
+/// batch of `madvise` calls. Measured (`cargo bench --bench tool_call`, BENCHMARKS.md): a
+/// batch takes the fresh call's p50 from 1.05x of bare wasmtime (wasmtime's default of 1)
+/// to 1.03x with 4 and 0.93x with 16, but the call that pays the batch sets the p99: 1.04x
+/// with 4, 1.17x with 16. Four keeps both within 1.1x. A slot waits in the batch until it
+/// is full; when the pool has no free slot, wasmtime flushes the batch before it refuses
+/// an instance.
+const DECOMMIT_BATCH: usize = 4;
 
 /// An engine configured for plugins: component model, epoch interruption, and a pooling
 /// allocator with a slot for each of `limits.max_concurrent_calls` and
