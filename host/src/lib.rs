@@ -27,6 +27,7 @@ pub mod mcp;
 pub mod net;
 pub mod plugin;
 pub mod policy;
+pub mod postgres;
 pub mod secrets;
 pub mod serve;
 pub mod services;

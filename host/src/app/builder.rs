@@ -13,7 +13,6 @@ use crate::net::NetHost;
 use crate::plugin::{ArtifactCache, PluginHost, Registry};
 use crate::secrets::Secrets;
 use crate::services::Services;
-use crate::store::Store;
 
 /// Assembles an agent from its [`Config`]: creates the workspace, opens the SQLite store
 /// in `agent.data_dir` (unless other [`Services`] are given), loads the plugins on a host
@@ -98,7 +97,7 @@ impl AgentBuilder {
     }
 
     /// Keeps tasks, memories, history, the audit log and worker records in `services`
-    /// instead of the SQLite store in `agent.data_dir`, which is then not opened.
+    /// instead of the store the config's `[store]` names, which is then not opened.
     pub fn services(mut self, services: Services) -> Self {
         self.services = Some(services);
         self
@@ -127,7 +126,7 @@ impl AgentBuilder {
         })?;
         let services = match self.services {
             Some(services) => services,
-            None => Store::open_services(&config.agent.data_dir).await?,
+            None => super::open_services(&config).await?,
         };
         let secrets = Secrets::load(&config.secrets)?;
         let host = PluginHost::new(config.limits.tool.clone(), self.cache)

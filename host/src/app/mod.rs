@@ -3,8 +3,10 @@
 
 mod builder;
 mod error;
+mod services;
 mod tools;
 
 pub use builder::{Agent, AgentBuilder};
 pub use error::BuildError;
+pub use services::open_services;
 pub use tools::tool_needs;

@@ -470,7 +470,8 @@ impl DemoCommand {
             workspace.join("analysis.md").display()
         )?;
         writeln!(out, "\ntasks, read back from {}:", database.display())?;
-        print_tasks(&Store::open(database.parent().unwrap_or(Path::new(".")))?)?;
+        let store = Store::open(database.parent().unwrap_or(Path::new(".")))?;
+        print_tasks(&Arc::new(store).services()).await?;
         Ok(code)
     }
 }
@@ -511,18 +512,19 @@ pub(crate) struct TasksCommand {
 }
 
 impl TasksCommand {
-    pub(crate) fn run(self) -> anyhow::Result<ExitCode> {
+    pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
         let config = self.host.config()?;
-        print_tasks(&Store::open(&config.agent.data_dir)?)?;
+        print_tasks(&crate::app::open_services(&config).await?).await?;
         Ok(ExitCode::SUCCESS)
     }
 }
 
-fn print_tasks(store: &Store) -> anyhow::Result<()> {
-    let tasks = store.list_tasks(&TaskFilter {
+async fn print_tasks(services: &crate::services::Services) -> anyhow::Result<()> {
+    let filter = TaskFilter {
         limit: Some(1000),
         ..TaskFilter::default()
-    })?;
+    };
+    let tasks = services.tasks.list(filter).await?;
     let mut out = std::io::stdout().lock();
     if tasks.is_empty() {
         writeln!(out, "(no tasks)")?;

@@ -11,7 +11,6 @@ use rmcp::ServiceExt as _;
 use super::HostArgs;
 use crate::mcp::ToolServer;
 use crate::policy::ProcessKind;
-use crate::store::Store;
 
 #[derive(Debug, Args)]
 pub(crate) struct McpCommand {
@@ -42,7 +41,7 @@ impl McpCommand {
             .with_context(|| format!("creating the workspace {}", workspace.display()))?;
         super::record_if_writable(locations)?;
         // The audit rows go where the agent's do, so `capstan serve` and the API show them.
-        let services = Store::open_services(&config.agent.data_dir).await?;
+        let services = crate::app::open_services(&config).await?;
         let host = self.host.host(&config)?.with_services(services);
         let registry = Arc::new(
             self.host

@@ -355,7 +355,7 @@ impl Cli {
             Command::Run(cmd) => cmd.run().await,
             Command::Serve(cmd) => cmd.run().await,
             Command::Mcp(cmd) => cmd.run().await,
-            Command::Tasks(cmd) => cmd.run(),
+            Command::Tasks(cmd) => cmd.run().await,
             Command::Init(cmd) => cmd.run(),
             Command::Plugins(cmd) => cmd.run().await,
             Command::Policy(cmd) => cmd.run().await,

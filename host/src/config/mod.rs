@@ -24,6 +24,7 @@ mod overrides;
 mod raw;
 mod resolve;
 mod serve;
+mod store;
 mod writable_workspaces;
 
 pub use crate::text::{SourceError, read_text, toml_error_message};
@@ -34,6 +35,7 @@ pub use mcp::{MAX_MCP_SERVER_NAME, McpServerSpec, McpTransport};
 pub use overrides::Override;
 pub use resolve::resolve;
 pub use serve::{ServeSettings, TokenScope, TokenSpec, parse_addr};
+pub use store::{DatabaseUrl, StoreSettings};
 pub use writable_workspaces::{RecordError, WRITABLE_WORKSPACES_FILE, WritableWorkspaces};
 
 use std::path::{Path, PathBuf};
@@ -79,6 +81,8 @@ pub struct Config {
     pub net: NetSettings,
     /// `[serve]`: the address, limits and tokens of `capstan serve`.
     pub serve: ServeSettings,
+    /// `[store]`: where the services keep what they keep.
+    pub store: StoreSettings,
     /// `[secrets.NAME]`: the secrets plugins may use, and where their values come from.
     pub secrets: Vec<SecretSpec>,
     /// `[mcp.NAME]`: external MCP servers whose tools profiles may name (`NAME.*`).

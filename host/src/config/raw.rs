@@ -13,6 +13,7 @@ use super::error::{KeyError, key_error};
 use super::mcp::{RawMcpServer, check_mcp};
 use super::network::{RawNet, RawSecret, check_secrets, parse_rules};
 use super::serve::RawServe;
+use super::store::RawStore;
 use super::{
     AgentLimits, AgentSettings, Config, MAX_TOOL_DEADLINE_SECS, MAX_TOOL_MEMORY_MIB,
     ProviderSettings,
@@ -31,6 +32,7 @@ pub(super) struct RawConfig {
     provider: RawProvider,
     net: RawNet,
     serve: RawServe,
+    store: RawStore,
     #[serde(default)]
     secrets: BTreeMap<String, RawSecret>,
     #[serde(default)]
@@ -155,6 +157,7 @@ impl RawConfig {
         let provider = self.provider.check(&resolve)?;
         let net = self.net.check(limits.tool.deadline)?;
         let serve = self.serve.check(&resolve)?;
+        let store = self.store.check()?;
         let secrets = check_secrets(self.secrets, &resolve)?;
         let policy = check_profiles(self.profiles, &secrets, reuse)?;
         let mcp = check_mcp(self.mcp, &secrets, &resolve)?;
@@ -166,6 +169,7 @@ impl RawConfig {
             provider,
             net,
             serve,
+            store,
             secrets,
             mcp,
             policy,

@@ -8,19 +8,19 @@ use super::{
 };
 
 /// Runs every check, each on fresh services from `fresh`.
-pub(crate) async fn check_all(fresh: impl Fn() -> Services) {
-    tasks_are_numbered_listed_and_filtered(&fresh()).await;
-    status_changes_follow_the_allowed_transitions(&fresh()).await;
-    bad_tasks_are_refused_with_a_reason(&fresh()).await;
-    recall_finds_by_words_ranks_by_importance_and_forgets_deleted(&fresh()).await;
-    working_memory_expires_and_lists_by_prefix(&fresh()).await;
-    history_appends_in_order_replaces_and_refuses_to_load_short(&fresh()).await;
-    audit_redacts_and_lists_newest_first(&fresh()).await;
-    the_ledger_numbers_processes_and_interrupts_the_workers_of_ended_runs(&fresh()).await;
-    recall_matches_whole_words_of_kind_and_content_whatever_their_case(&fresh()).await;
-    a_long_ttl_is_a_long_life(&fresh()).await;
-    a_worker_is_recorded_once_and_its_end_is_final(&fresh()).await;
-    conversations_workers_and_audit_pages_list_what_is_stored(&fresh()).await;
+pub(crate) async fn check_all(fresh: impl AsyncFn() -> Services) {
+    tasks_are_numbered_listed_and_filtered(&fresh().await).await;
+    status_changes_follow_the_allowed_transitions(&fresh().await).await;
+    bad_tasks_are_refused_with_a_reason(&fresh().await).await;
+    recall_finds_by_words_ranks_by_importance_and_forgets_deleted(&fresh().await).await;
+    working_memory_expires_and_lists_by_prefix(&fresh().await).await;
+    history_appends_in_order_replaces_and_refuses_to_load_short(&fresh().await).await;
+    audit_redacts_and_lists_newest_first(&fresh().await).await;
+    the_ledger_numbers_processes_and_interrupts_the_workers_of_ended_runs(&fresh().await).await;
+    recall_matches_whole_words_of_kind_and_content_whatever_their_case(&fresh().await).await;
+    a_long_ttl_is_a_long_life(&fresh().await).await;
+    a_worker_is_recorded_once_and_its_end_is_final(&fresh().await).await;
+    conversations_workers_and_audit_pages_list_what_is_stored(&fresh().await).await;
 }
 
 fn status(to: TaskStatus) -> TaskPatch {

@@ -458,6 +458,6 @@ mod tests {
 
     #[tokio::test]
     async fn in_memory_services_pass_the_conformance_checks() {
-        conformance::check_all(Services::in_memory).await;
+        conformance::check_all(async || Services::in_memory()).await;
     }
 }

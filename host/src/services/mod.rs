@@ -5,10 +5,11 @@
 //! The agent and the plugin imports hold a [`Services`] and never a backend: SQLite
 //! ([`Store::services`](crate::store::Store::services)) is one implementation, whose
 //! blocking calls run off the async executor; [`InMemory`] is another, for tests and
-//! embedders that keep nothing. A new backend (a PostgreSQL store) implements the five
-//! traits, applies the rules that live here with the types ([`NewTask::check`],
-//! [`TaskStatus::check_move`], [`NewMemory::check`], [`redact`]), and passes the same
-//! conformance checks the two backends here pass.
+//! embedders that keep nothing; [`Postgres`](crate::postgres::Postgres) is the third, for
+//! hosts sharing one database. A new backend implements the five traits, applies the
+//! rules that live here with the types ([`NewTask::check`], [`TaskStatus::check_move`],
+//! [`NewMemory::check`], [`redact`]), and passes the same conformance checks the three
+//! backends pass.
 //!
 //! ```
 //! use capstan_host::services::{NewTask, Services};

@@ -303,7 +303,7 @@ mod tests {
     #[tokio::test]
     async fn sqlite_services_pass_the_conformance_checks() {
         let dirs = std::sync::Mutex::new(Vec::new());
-        conformance::check_all(|| {
+        conformance::check_all(async || {
             let dir = tempfile::tempdir().unwrap();
             let store = Arc::new(Store::open(dir.path()).unwrap());
             dirs.lock().unwrap().push(dir);

@@ -1,0 +1,28 @@
+//! Opening the services the config's `[store]` names.
+
+use crate::config::{Config, StoreSettings};
+use crate::postgres::Postgres;
+use crate::services::{ServiceError, Services};
+use crate::store::Store;
+
+/// The services of `config`: the SQLite store in `agent.data_dir`, or the PostgreSQL
+/// database `[store]` names (its schema brought up to date).
+///
+/// ```no_run
+/// use capstan_host::config::Config;
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let config = Config::defaults(std::path::Path::new("."));
+/// let services = capstan_host::app::open_services(&config).await.unwrap();
+/// # drop(services);
+/// # });
+/// ```
+pub async fn open_services(config: &Config) -> Result<Services, ServiceError> {
+    match &config.store {
+        StoreSettings::Sqlite => Store::open_services(&config.agent.data_dir).await,
+        StoreSettings::Postgres { url } => {
+            let url = url.value().map_err(ServiceError::Invalid)?;
+            Postgres::open_services(&url).await
+        }
+    }
+}

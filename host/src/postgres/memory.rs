@@ -1,0 +1,141 @@
+//! Long-term memory with full-text recall (a generated `tsvector` over kind and content,
+//! the `simple` configuration: whole words, any case, no stemming, as SQLite's FTS5), and
+//! working memory with expiry.
+
+use async_trait::async_trait;
+
+use super::{Postgres, now};
+use crate::services::{
+    Memory, MemoryItem, NewMemory, RECALL_MAX, ServiceError, check_working_key, expires_at,
+    recall_words,
+};
+
+/// `text`'s recall words as a `tsquery` matching any of them. The words are runs of
+/// letters and digits, so none is query syntax.
+fn any_word(text: &str) -> Option<String> {
+    let quoted: Vec<String> = recall_words(text)
+        .iter()
+        .map(|w| format!("'{w}'"))
+        .collect();
+    (!quoted.is_empty()).then(|| quoted.join(" | "))
+}
+
+#[async_trait]
+impl Memory for Postgres {
+    async fn save(&self, source: &str, memory: NewMemory) -> Result<MemoryItem, ServiceError> {
+        let (kind, importance) = memory.check()?;
+        let at = now();
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "INSERT INTO memories (kind, content, importance, source, created_at)
+                 VALUES ($1, $2, $3, $4, $5) RETURNING id",
+                &[&kind, &memory.content, &importance, &source, &at],
+            )
+            .await
+            .map_err(|err| self.failed("memory.save", err))?;
+        Ok(MemoryItem {
+            id: row.get::<_, i64>(0) as u64,
+            kind: kind.to_owned(),
+            content: memory.content.clone(),
+            importance,
+            source: source.to_owned(),
+            created_at: at,
+        })
+    }
+
+    async fn recall(&self, query: &str, limit: u32) -> Result<Vec<MemoryItem>, ServiceError> {
+        let Some(words) = any_word(query) else {
+            return Ok(Vec::new());
+        };
+        let client = self.client().await?;
+        let limit = i64::from(limit.clamp(1, RECALL_MAX));
+        let rows = client
+            .query(
+                "SELECT id, kind, content, importance, source, created_at
+                 FROM memories, to_tsquery('simple', $1) AS q
+                 WHERE words @@ q
+                 ORDER BY ts_rank(words, q) * (0.5 + importance) DESC, id
+                 LIMIT $2",
+                &[&words, &limit],
+            )
+            .await
+            .map_err(|err| self.failed("memory.recall", err))?;
+        Ok(rows
+            .iter()
+            .map(|row| MemoryItem {
+                id: row.get::<_, i64>(0) as u64,
+                kind: row.get(1),
+                content: row.get(2),
+                importance: row.get(3),
+                source: row.get(4),
+                created_at: row.get(5),
+            })
+            .collect())
+    }
+
+    async fn delete(&self, id: u64) -> Result<(), ServiceError> {
+        let client = self.client().await?;
+        let n = client
+            .execute("DELETE FROM memories WHERE id = $1", &[&(id as i64)])
+            .await
+            .map_err(|err| self.failed("memory.delete", err))?;
+        if n == 0 {
+            return Err(ServiceError::NotFound(format!(
+                "memory {id} does not exist"
+            )));
+        }
+        Ok(())
+    }
+
+    async fn working_get(&self, key: &str) -> Result<Option<String>, ServiceError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT value FROM working_memory
+                 WHERE key = $1 AND (expires_at IS NULL OR expires_at > $2)",
+                &[&key, &now()],
+            )
+            .await
+            .map_err(|err| self.failed("memory.working_get", err))?;
+        Ok(row.map(|row| row.get(0)))
+    }
+
+    async fn working_set(
+        &self,
+        key: &str,
+        value: &str,
+        ttl_seconds: Option<u64>,
+    ) -> Result<(), ServiceError> {
+        check_working_key(key)?;
+        let at = now();
+        let expires = expires_at(at, ttl_seconds);
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO working_memory (key, value, expires_at, updated_at)
+                 VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (key) DO UPDATE
+                     SET value = $2, expires_at = $3, updated_at = $4",
+                &[&key, &value, &expires, &at],
+            )
+            .await
+            .map_err(|err| self.failed("memory.working_set", err))?;
+        Ok(())
+    }
+
+    async fn working_keys(&self, prefix: &str) -> Result<Vec<String>, ServiceError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT key FROM working_memory
+                 WHERE left(key, char_length($1)) = $1
+                   AND (expires_at IS NULL OR expires_at > $2)
+                 ORDER BY key COLLATE \"C\"",
+                &[&prefix, &now()],
+            )
+            .await
+            .map_err(|err| self.failed("memory.working_keys", err))?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+}

@@ -1,0 +1,425 @@
+//! The services on PostgreSQL, for several hosts sharing one database.
+//!
+//! [`Postgres`] implements the five service traits the SQLite store implements, and
+//! passes the same conformance checks. It is chosen with `[store] kind = "postgres"`;
+//! SQLite stays the embedded default. What differs from SQLite:
+//!
+//! - the schema is migrated under a transaction-scoped advisory lock, so hosts starting
+//!   at once apply each migration exactly once between them ([`schema`]);
+//! - a run is a lease row renewed on a connection of its own, outside the pool, and it is
+//!   over when its host ends it or when it expired by the database's clock
+//!   ([`ledger`]);
+//! - history appends take the channel's next sequence number from a head row, so appends
+//!   from several hosts to one channel interleave without a lost or doubled message.
+//!
+//! ```no_run
+//! use capstan_host::postgres::Postgres;
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let services = Postgres::open_services("postgres://capstan@127.0.0.1:5432/capstan")
+//!     .await
+//!     .unwrap();
+//! let run = services.ledger.begin_run().await.unwrap();
+//! # drop(run);
+//! # });
+//! ```
+
+mod audit;
+mod error;
+mod history;
+mod ledger;
+mod memory;
+mod schema;
+mod tasks;
+
+#[cfg(test)]
+pub(crate) mod test_cluster;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+
+pub use error::PgError;
+
+use crate::services::{ServiceError, Services};
+
+/// The most connections a host's pool opens; the run leases have their own.
+const POOL_SIZE: usize = 16;
+
+/// The services on one PostgreSQL database.
+pub struct Postgres {
+    pool: Pool,
+    /// How to reach the database, for the run leases' own connections.
+    config: tokio_postgres::Config,
+    /// The database as errors name it (no password).
+    location: String,
+    /// Runs this host ended whose end may not be written yet: over already.
+    ending: Arc<Mutex<HashSet<i64>>>,
+}
+
+impl Postgres {
+    /// Connects to the database at `url` and brings its schema up to date.
+    pub async fn connect(url: &str) -> Result<Arc<Postgres>, PgError> {
+        let config: tokio_postgres::Config =
+            url.parse().map_err(|source| PgError::Url { source })?;
+        let location = location_of(&config);
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .build()
+            .map_err(|err| PgError::Pool {
+                location: location.clone(),
+                reason: err.to_string(),
+            })?;
+        let postgres = Postgres {
+            pool,
+            config,
+            location,
+            ending: Arc::default(),
+        };
+        let mut client = postgres.client().await?;
+        schema::migrate(&mut client, &postgres.location).await?;
+        Ok(Arc::new(postgres))
+    }
+
+    /// The services on the database at `url`.
+    pub async fn open_services(url: &str) -> Result<Services, ServiceError> {
+        Ok(Services::all_from(Postgres::connect(url).await?))
+    }
+
+    /// The database as errors name it: user, host, port and database, never a password.
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    /// A connection from the pool.
+    async fn client(&self) -> Result<Object, PgError> {
+        self.pool.get().await.map_err(|err| PgError::Pool {
+            location: self.location.clone(),
+            reason: err.to_string(),
+        })
+    }
+
+    /// The error of `what` failing with `source`.
+    fn failed(&self, what: &'static str, source: tokio_postgres::Error) -> PgError {
+        PgError::Query {
+            location: self.location.clone(),
+            what,
+            source,
+        }
+    }
+}
+
+/// `postgresql://USER@HOST:PORT/DB`, from what `config` names.
+fn location_of(config: &tokio_postgres::Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        Some(tokio_postgres::config::Host::Unix(path)) => path.display().to_string(),
+        None => "localhost".into(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("");
+    let db = config.get_dbname().unwrap_or(user);
+    format!("postgresql://{user}@{host}:{port}/{db}")
+}
+
+/// Seconds since the Unix epoch, as the services stamp rows.
+fn now() -> i64 {
+    crate::services::now()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_cluster::TestCluster;
+    use super::*;
+    use crate::services::conformance;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_services_pass_the_conformance_checks() {
+        let cluster = TestCluster::start();
+        conformance::check_all(async || {
+            let url = cluster.fresh_database().await;
+            Postgres::open_services(&url).await.unwrap()
+        })
+        .await;
+    }
+}
+
+#[cfg(test)]
+mod hosts {
+    //! Several hosts on one database: each `Postgres` here is one host's handle.
+
+    use std::collections::HashSet;
+    use std::time::Duration;
+
+    use super::test_cluster::TestCluster;
+    use super::*;
+    use crate::services::{History, Ledger, WorkerState};
+
+    /// A second connection, as an operator's `psql` would have.
+    async fn admin(url: &str) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hosts_starting_at_once_migrate_once_and_a_newer_schema_is_refused() {
+        let cluster = TestCluster::start();
+        let url = cluster.fresh_database().await;
+        let starts: Vec<_> = (0..6)
+            .map(|_| {
+                let url = url.clone();
+                tokio::spawn(async move { Postgres::connect(&url).await.map(drop) })
+            })
+            .collect();
+        for start in starts {
+            start.await.unwrap().unwrap();
+        }
+        let db = admin(&url).await;
+        let rows = db
+            .query("SELECT version FROM capstan_schema", &[])
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].get::<_, i64>(0), schema::VERSION);
+
+        db.execute("UPDATE capstan_schema SET version = 99", &[])
+            .await
+            .unwrap();
+        let Err(err) = Postgres::connect(&url).await else {
+            panic!("a newer schema was accepted");
+        };
+        let message = err.to_string();
+        assert!(
+            message.contains("version 99") && message.contains(&location_of(&url.parse().unwrap())),
+            "{message}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn appends_from_two_hosts_to_one_channel_interleave_whole() {
+        let cluster = TestCluster::start();
+        let url = cluster.fresh_database().await;
+        let (a, b) = (
+            Postgres::connect(&url).await.unwrap(),
+            Postgres::connect(&url).await.unwrap(),
+        );
+        let appends: Vec<_> = (0..100)
+            .map(|n| {
+                let host = if n % 2 == 0 { a.clone() } else { b.clone() };
+                tokio::spawn(async move {
+                    let pair = vec![format!("[{n},0]"), format!("[{n},1]")];
+                    History::append(&*host, "channel:main", pair).await.unwrap();
+                })
+            })
+            .collect();
+        for append in appends {
+            append.await.unwrap();
+        }
+        let entries = History::load(&*a, "channel:main").await.unwrap();
+        let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, (0..200).collect::<Vec<u64>>(), "no gap, no double");
+        let pairs: Vec<(u32, u32)> = entries
+            .iter()
+            .map(|e| serde_json::from_str(&e.message).unwrap())
+            .collect();
+        for two in pairs.chunks(2) {
+            assert_eq!(
+                (two[0].0, two[0].1, two[1].1),
+                (two[1].0, 0, 1),
+                "{pairs:?}"
+            );
+        }
+        let all: HashSet<u32> = pairs.iter().map(|p| p.0).collect();
+        assert_eq!(all.len(), 100);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_hosts_workers_are_marked_interrupted_once_by_the_hosts_alive() {
+        let cluster = TestCluster::start();
+        let url = cluster.fresh_database().await;
+        // Host A runs on a runtime of its own, then dies: its lease is no longer renewed
+        // and its end is never written.
+        let dead_run = {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Runtime::new().unwrap();
+                runtime.block_on(async move {
+                    let a = Postgres::connect(&url).await.unwrap();
+                    let run = a.begin_run().await.unwrap();
+                    for id in ["worker:1", "worker:2"] {
+                        a.worker_started(run.id(), id, "channel:main", "t")
+                            .await
+                            .unwrap();
+                    }
+                    let id = run.id();
+                    std::mem::forget(run);
+                    id
+                })
+            })
+            .join()
+            .unwrap()
+        };
+        let (b, c) = (
+            Postgres::connect(&url).await.unwrap(),
+            Postgres::connect(&url).await.unwrap(),
+        );
+        let alive = b.begin_run().await.unwrap();
+        b.worker_started(alive.id(), "worker:3", "channel:main", "t")
+            .await
+            .unwrap();
+        assert!(
+            b.mark_interrupted_workers().await.unwrap().is_empty(),
+            "a lease not yet expired is a live run"
+        );
+        // The lease runs out, by the database's clock.
+        admin(&url)
+            .await
+            .execute(
+                "UPDATE runs SET expires_at = now() - interval '1 second' WHERE id = $1",
+                &[&(dead_run.get() as i64)],
+            )
+            .await
+            .unwrap();
+        let (by_b, by_c) = tokio::join!(b.mark_interrupted_workers(), c.mark_interrupted_workers());
+        let mut marked: Vec<String> = by_b
+            .unwrap()
+            .into_iter()
+            .chain(by_c.unwrap())
+            .map(|w| w.id)
+            .collect();
+        marked.sort();
+        assert_eq!(marked, ["worker:1", "worker:2"], "each once, by one host");
+        let live = b.worker("worker:3").await.unwrap().unwrap();
+        assert_eq!(live.state, WorkerState::Running);
+        let dead = c.worker("worker:1").await.unwrap().unwrap();
+        assert_eq!(dead.state, WorkerState::Interrupted);
+        drop(alive);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_is_renewed_while_every_pooled_connection_is_taken() {
+        let cluster = TestCluster::start();
+        let url = cluster.fresh_database().await;
+        let host = Postgres::connect(&url).await.unwrap();
+        let run = host.begin_run().await.unwrap();
+        let held: Vec<_> = {
+            let mut held = Vec::new();
+            for _ in 0..POOL_SIZE {
+                held.push(host.client().await.unwrap());
+            }
+            held
+        };
+        let db = admin(&url).await;
+        let expires = async || -> std::time::SystemTime {
+            db.query_one(
+                "SELECT expires_at FROM runs WHERE id = $1",
+                &[&(run.id().get() as i64)],
+            )
+            .await
+            .unwrap()
+            .get(0)
+        };
+        let first = expires().await;
+        // One renewal period passes; nothing here assumes how long a renewal takes.
+        // The cap only guards against a hang (a renewal waiting for a pooled connection).
+        let cap = std::time::Instant::now() + Duration::from_secs(120);
+        while expires().await == first {
+            assert!(
+                std::time::Instant::now() < cap,
+                "the lease was never renewed"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(expires().await > first);
+        drop(held);
+        drop(run);
+    }
+}
+
+#[cfg(test)]
+mod agent {
+    //! An agent whose config names a PostgreSQL store, through the builder.
+
+    use super::test_cluster::TestCluster;
+    use crate::agent::Event;
+    use crate::app::AgentBuilder;
+    use crate::config::{Config, DatabaseUrl, ProviderSettings, StoreSettings};
+    use crate::ids::ProcessId;
+    use crate::llm::{Script, ScriptedProvider};
+    use crate::services::History;
+
+    const HELLO: &str = r#"
+[[step]]
+process = "channel"
+tool_calls = [{ name = "reply", arguments = { text = "hello from postgres" } }]
+"#;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_agent_configured_for_postgres_keeps_its_history_there() {
+        let cluster = TestCluster::start();
+        let url = cluster.fresh_database().await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::defaults(dir.path());
+        config.provider = ProviderSettings::Scripted { script: None };
+        config.store = StoreSettings::Postgres {
+            url: DatabaseUrl::Literal(url.clone()),
+        };
+        let provider = ScriptedProvider::new(Script::parse(HELLO, "test").unwrap(), "test");
+        let mut agent = AgentBuilder::new(config)
+            .provider(std::sync::Arc::new(provider))
+            .build()
+            .await
+            .unwrap();
+        agent.runtime.send_user_message("main", "hi").await.unwrap();
+        agent.runtime.wait_idle("main").await;
+        let mut replies = Vec::new();
+        while let Ok(event) = agent.events.try_recv() {
+            if let Event::Reply { channel, text } = event {
+                replies.push((channel, text));
+            }
+        }
+        assert_eq!(
+            replies,
+            [(ProcessId::channel("main"), "hello from postgres".to_owned())]
+        );
+        // Another host on the database reads the conversation back.
+        let other = super::Postgres::connect(&url).await.unwrap();
+        let history = other.load("channel:main").await.unwrap();
+        assert!(
+            history
+                .iter()
+                .any(|e| e.message.contains("hello from postgres")),
+            "{history:?}"
+        );
+        assert!(
+            !config_data_dir_has_db(dir.path()),
+            "no SQLite file was made"
+        );
+    }
+
+    fn config_data_dir_has_db(dir: &std::path::Path) -> bool {
+        walk(dir).iter().any(|p| p.ends_with("capstan.db"))
+    }
+
+    fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut all = Vec::new();
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                all.extend(walk(&path));
+            }
+            all.push(path);
+        }
+        all
+    }
+}

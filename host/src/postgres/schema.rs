@@ -1,0 +1,163 @@
+//! Numbered schema migrations. They run in one transaction that first takes a
+//! transaction-scoped advisory lock (released at commit, so a connection pooler in
+//! transaction mode keeps it), then reads the version: hosts starting at once apply each
+//! migration exactly once between them. Released migrations are never edited.
+
+use deadpool_postgres::Object;
+
+use super::PgError;
+
+/// The advisory lock key of migrations: "capstan" in ASCII.
+const MIGRATION_LOCK: i64 = 0x0063_6170_7374_616e;
+
+/// The migrations, in order; the schema version is the number applied.
+const MIGRATIONS: &[&str] = &[
+    // 1: the first schema, as the SQLite store's after its migration 6.
+    r#"
+    CREATE TABLE tasks (
+        number          BIGSERIAL PRIMARY KEY,
+        title           TEXT NOT NULL,
+        description     TEXT NOT NULL DEFAULT '',
+        status          TEXT NOT NULL,
+        priority        TEXT NOT NULL,
+        creator         TEXT NOT NULL,
+        assigned_worker TEXT,
+        parent          BIGINT REFERENCES tasks(number),
+        metadata        TEXT NOT NULL DEFAULT '{}',
+        created_at      BIGINT NOT NULL,
+        updated_at      BIGINT NOT NULL
+    );
+    CREATE INDEX tasks_status ON tasks(status);
+    CREATE INDEX tasks_parent ON tasks(parent);
+
+    CREATE TABLE memories (
+        id          BIGSERIAL PRIMARY KEY,
+        kind        TEXT NOT NULL,
+        content     TEXT NOT NULL,
+        importance  REAL NOT NULL,
+        source      TEXT NOT NULL,
+        created_at  BIGINT NOT NULL,
+        words       TSVECTOR GENERATED ALWAYS AS
+                        (to_tsvector('simple', kind || ' ' || content)) STORED
+    );
+    CREATE INDEX memories_words ON memories USING GIN (words);
+
+    CREATE TABLE working_memory (
+        key         TEXT PRIMARY KEY,
+        value       TEXT NOT NULL,
+        expires_at  BIGINT,
+        updated_at  BIGINT NOT NULL
+    );
+
+    CREATE TABLE history_heads (
+        channel     TEXT PRIMARY KEY,
+        next        BIGINT NOT NULL
+    );
+    CREATE TABLE history (
+        channel     TEXT NOT NULL,
+        seq         BIGINT NOT NULL,
+        message     TEXT NOT NULL,
+        PRIMARY KEY (channel, seq)
+    );
+
+    CREATE TABLE counters (
+        kind        TEXT PRIMARY KEY,
+        last        BIGINT NOT NULL
+    );
+
+    CREATE TABLE runs (
+        id          BIGSERIAL PRIMARY KEY,
+        host        TEXT NOT NULL,
+        pid         BIGINT NOT NULL,
+        started_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+        expires_at  TIMESTAMPTZ NOT NULL,
+        ended_at    TIMESTAMPTZ
+    );
+
+    CREATE TABLE workers (
+        id          TEXT PRIMARY KEY,
+        channel     TEXT NOT NULL,
+        task        TEXT NOT NULL,
+        state       TEXT NOT NULL,
+        outcome     TEXT,
+        run         BIGINT REFERENCES runs(id),
+        started     BIGSERIAL,
+        started_at  BIGINT NOT NULL,
+        updated_at  BIGINT NOT NULL
+    );
+    CREATE INDEX workers_state ON workers(state);
+
+    CREATE TABLE audit (
+        id          BIGSERIAL PRIMARY KEY,
+        at          BIGINT NOT NULL,
+        process     TEXT NOT NULL,
+        tool        TEXT NOT NULL,
+        grants      TEXT NOT NULL,
+        arguments   TEXT NOT NULL,
+        outcome     TEXT NOT NULL,
+        detail      TEXT NOT NULL,
+        duration_us BIGINT NOT NULL
+    );
+
+    CREATE TABLE net_requests (
+        id              BIGSERIAL PRIMARY KEY,
+        at              BIGINT NOT NULL,
+        process         TEXT NOT NULL,
+        tool            TEXT NOT NULL,
+        method          TEXT NOT NULL,
+        scheme          TEXT NOT NULL,
+        host            TEXT NOT NULL,
+        port            INTEGER NOT NULL,
+        address         TEXT,
+        status          INTEGER,
+        bytes_sent      BIGINT NOT NULL,
+        bytes_received  BIGINT NOT NULL,
+        duration_us     BIGINT NOT NULL,
+        decision        TEXT NOT NULL,
+        grant_rule      TEXT NOT NULL,
+        detail          TEXT NOT NULL
+    );
+    "#,
+];
+
+/// The schema version this build brings a database to.
+pub(super) const VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Brings the schema up to [`VERSION`]; refuses a newer one.
+pub(super) async fn migrate(client: &mut Object, location: &str) -> Result<(), PgError> {
+    let failed = |source| PgError::Query {
+        location: location.to_owned(),
+        what: "schema migration",
+        source,
+    };
+    let tx = client.transaction().await.map_err(failed)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(failed)?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS capstan_schema (version BIGINT NOT NULL);
+         INSERT INTO capstan_schema (version)
+             SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM capstan_schema);",
+    )
+    .await
+    .map_err(failed)?;
+    let found: i64 = tx
+        .query_one("SELECT version FROM capstan_schema", &[])
+        .await
+        .map_err(failed)?
+        .get(0);
+    if found > VERSION {
+        return Err(PgError::NewerSchema {
+            location: location.to_owned(),
+            found,
+            known: VERSION,
+        });
+    }
+    for migration in &MIGRATIONS[found as usize..] {
+        tx.batch_execute(migration).await.map_err(failed)?;
+    }
+    tx.execute("UPDATE capstan_schema SET version = $1", &[&VERSION])
+        .await
+        .map_err(failed)?;
+    tx.commit().await.map_err(failed)
+}

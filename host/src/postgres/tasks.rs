@@ -1,0 +1,163 @@
+//! The taskboard. A status change is checked against the row locked for the update, so
+//! two hosts moving one task cannot both pass on the same old status.
+
+use async_trait::async_trait;
+use deadpool_postgres::GenericClient;
+use tokio_postgres::Row;
+
+use super::{Postgres, now};
+use crate::services::{
+    DEFAULT_LIST_LIMIT, NewTask, Priority, ServiceError, Task, TaskBoard, TaskFilter, TaskPatch,
+    TaskStatus,
+};
+
+const COLUMNS: &str =
+    "number, title, description, status, priority, creator, assigned_worker, parent, metadata";
+
+fn task_from(row: &Row) -> Result<Task, ServiceError> {
+    let status: String = row.get(3);
+    let priority: String = row.get(4);
+    Ok(Task {
+        number: row.get::<_, i64>(0) as u64,
+        title: row.get(1),
+        description: row.get(2),
+        status: status.parse()?,
+        priority: priority.parse()?,
+        creator: row.get(5),
+        assigned_worker: row.get(6),
+        parent: row.get::<_, Option<i64>>(7).map(|n| n as u64),
+        metadata: row.get(8),
+    })
+}
+
+fn not_found(number: u64) -> ServiceError {
+    ServiceError::NotFound(format!("task #{number} does not exist"))
+}
+
+impl Postgres {
+    /// Task `number`, read on `client` (`FOR UPDATE` locks it for the transaction).
+    async fn read_task(
+        &self,
+        client: &impl GenericClient,
+        number: u64,
+        lock: &str,
+    ) -> Result<Task, ServiceError> {
+        let sql = format!("SELECT {COLUMNS} FROM tasks WHERE number = $1 {lock}");
+        let row = client
+            .query_opt(&sql, &[&(number as i64)])
+            .await
+            .map_err(|err| self.failed("tasks.get", err))?;
+        task_from(&row.ok_or_else(|| not_found(number))?)
+    }
+}
+
+#[async_trait]
+impl TaskBoard for Postgres {
+    async fn create(&self, creator: &str, task: NewTask) -> Result<Task, ServiceError> {
+        task.check()?;
+        let failed = |err| self.failed("tasks.create", err);
+        let client = self.client().await?;
+        if let Some(parent) = task.parent {
+            let exists = client
+                .query_opt("SELECT 1 FROM tasks WHERE number = $1", &[&(parent as i64)])
+                .await
+                .map_err(failed)?;
+            if exists.is_none() {
+                return Err(ServiceError::NotFound(format!(
+                    "parent task #{parent} does not exist"
+                )));
+            }
+        }
+        let sql = format!(
+            "INSERT INTO tasks (title, description, status, priority, creator, assigned_worker,
+                                parent, metadata, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9) RETURNING {COLUMNS}"
+        );
+        let row = client
+            .query_one(
+                &sql,
+                &[
+                    &task.title.trim(),
+                    &task.description,
+                    &TaskStatus::Backlog.as_str(),
+                    &task.priority.unwrap_or(Priority::Normal).as_str(),
+                    &creator,
+                    &task.assigned_worker,
+                    &task.parent.map(|n| n as i64),
+                    &task.metadata.as_deref().unwrap_or("{}"),
+                    &now(),
+                ],
+            )
+            .await
+            .map_err(failed)?;
+        task_from(&row)
+    }
+
+    async fn get(&self, number: u64) -> Result<Task, ServiceError> {
+        let client = self.client().await?;
+        self.read_task(&client, number, "").await
+    }
+
+    async fn list(&self, filter: TaskFilter) -> Result<Vec<Task>, ServiceError> {
+        let client = self.client().await?;
+        let sql = format!(
+            "SELECT {COLUMNS} FROM tasks
+             WHERE ($1::TEXT IS NULL OR status = $1) AND ($2::BIGINT IS NULL OR parent = $2)
+             ORDER BY number LIMIT $3"
+        );
+        let limit = i64::from(filter.limit.unwrap_or(DEFAULT_LIST_LIMIT));
+        let rows = client
+            .query(
+                &sql,
+                &[
+                    &filter.status.map(TaskStatus::as_str),
+                    &filter.parent.map(|n| n as i64),
+                    &limit,
+                ],
+            )
+            .await
+            .map_err(|err| self.failed("tasks.list", err))?;
+        rows.iter().map(task_from).collect()
+    }
+
+    async fn update(&self, number: u64, patch: TaskPatch) -> Result<Task, ServiceError> {
+        patch.check()?;
+        let failed = |err| self.failed("tasks.update", err);
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(failed)?;
+        let task = self.read_task(&tx, number, "FOR UPDATE").await?;
+        if let Some(to) = patch.status {
+            task.status.check_move(number, to)?;
+        }
+        let sql = format!(
+            "UPDATE tasks SET
+                title = COALESCE($2, title),
+                description = COALESCE($3, description),
+                status = COALESCE($4, status),
+                priority = COALESCE($5, priority),
+                metadata = COALESCE($6, metadata),
+                assigned_worker = COALESCE($7, assigned_worker),
+                updated_at = $8
+             WHERE number = $1 RETURNING {COLUMNS}"
+        );
+        let row = tx
+            .query_one(
+                &sql,
+                &[
+                    &(number as i64),
+                    &patch.title.as_deref().map(str::trim),
+                    &patch.description,
+                    &patch.status.map(TaskStatus::as_str),
+                    &patch.priority.map(Priority::as_str),
+                    &patch.metadata,
+                    &patch.assigned_worker,
+                    &now(),
+                ],
+            )
+            .await
+            .map_err(failed)?;
+        let task = task_from(&row)?;
+        tx.commit().await.map_err(failed)?;
+        Ok(task)
+    }
+}

@@ -1,0 +1,165 @@
+//! A PostgreSQL server of the tests' own: Debian's binaries (`scripts/test` installs
+//! them), a fresh cluster in a temporary directory, listening on loopback only, run as
+//! the `postgres` user when the tests run as root (the server refuses root). Stopped when
+//! dropped.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A running server.
+pub(crate) struct TestCluster {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    port: u16,
+}
+
+/// The newest installed server's binaries.
+fn server_bin() -> PathBuf {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect(
+            "PostgreSQL is not installed: /usr/lib/postgresql is missing (scripts/test installs \
+             Debian's postgresql package)",
+        )
+        .filter_map(|entry| entry.ok().map(|e| e.path().join("bin")))
+        .filter(|bin| bin.join("initdb").exists())
+        .collect();
+    versions.sort_by_key(|bin| {
+        let version = bin.parent().and_then(Path::file_name);
+        version.and_then(|v| v.to_str()?.parse::<u32>().ok())
+    });
+    versions
+        .pop()
+        .expect("no PostgreSQL server under /usr/lib/postgresql/*/bin")
+}
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+}
+
+impl TestCluster {
+    /// Creates and starts a cluster; panics with the server's output if it cannot.
+    pub(crate) fn start() -> TestCluster {
+        let bin = server_bin();
+        let dir = tempfile::tempdir().unwrap();
+        if is_root() {
+            let status = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(dir.path())
+                .status()
+                .unwrap();
+            assert!(
+                status.success(),
+                "chown the cluster's directory to postgres"
+            );
+        }
+        let port = {
+            let free = TcpListener::bind("127.0.0.1:0").unwrap();
+            free.local_addr().unwrap().port()
+        };
+        let cluster = TestCluster { dir, bin, port };
+        cluster.run(
+            "initdb",
+            &[
+                "-D",
+                &cluster.data().display().to_string(),
+                "-U",
+                "capstan",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C.UTF-8",
+            ],
+        );
+        let options = format!(
+            "-c listen_addresses=127.0.0.1 -p {port} -k {} -c fsync=on",
+            cluster.dir.path().display()
+        );
+        cluster.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &cluster.data().display().to_string(),
+                "-o",
+                &options,
+                "-l",
+                &cluster.dir.path().join("server.log").display().to_string(),
+                "-w",
+                "start",
+            ],
+        );
+        cluster
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Runs one of the server's programs as the server's user; panics on failure.
+    fn run(&self, program: &str, args: &[&str]) {
+        let path = self.bin.join(program);
+        let mut command = if is_root() {
+            let mut command = Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(&path);
+            command
+        } else {
+            Command::new(&path)
+        };
+        let output = command.args(args).current_dir("/").output().unwrap();
+        let log = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
+        assert!(
+            output.status.success(),
+            "{program} failed: {}\n{}\n{log}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// The URL of database `name`.
+    pub(crate) fn url(&self, name: &str) -> String {
+        format!("postgres://capstan@127.0.0.1:{}/{name}", self.port)
+    }
+
+    /// A new empty database, and its URL.
+    pub(crate) async fn fresh_database(&self) -> String {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let name = format!("test_{}", NEXT.fetch_add(1, Ordering::SeqCst));
+        let (client, connection) =
+            tokio_postgres::connect(&self.url("postgres"), tokio_postgres::NoTls)
+                .await
+                .unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        self.url(&name)
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        let _ = self.run_quietly();
+    }
+}
+
+impl TestCluster {
+    fn run_quietly(&self) -> std::io::Result<()> {
+        let path = self.bin.join("pg_ctl");
+        let data = self.data();
+        let mut command = if is_root() {
+            let mut command = Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(&path);
+            command
+        } else {
+            Command::new(&path)
+        };
+        command
+            .arg("-D")
+            .arg(&data)
+            .args(["-m", "immediate", "-w", "stop"])
+            .current_dir("/")
+            .output()
+            .map(drop)
+    }
+}
