@@ -7,11 +7,11 @@ use crate::services::ServiceError;
 pub enum PgError {
     /// The URL does not parse.
     #[error(
-        "the PostgreSQL URL does not parse ({source}); write it as postgres://USER[:PASSWORD]@HOST:PORT/DATABASE"
+        "the PostgreSQL URL does not parse ({reason}); write it as postgres://USER[:PASSWORD]@HOST:PORT/DATABASE, an @ or : in the password percent-encoded (%40, %3A)"
     )]
     Url {
         /// Why.
-        source: tokio_postgres::Error,
+        reason: String,
     },
     /// No connection could be had.
     #[error(
@@ -33,6 +33,16 @@ pub enum PgError {
         /// The server's or the connection's error.
         source: tokio_postgres::Error,
     },
+    /// The database's schema version is not one a capstan writes.
+    #[error(
+        "{location}: the schema version is {found}, which no capstan writes; restore the database from a backup"
+    )]
+    BadSchema {
+        /// The database.
+        location: String,
+        /// The version found.
+        found: i64,
+    },
     /// The database's schema is newer than this build knows.
     #[error(
         "{location}: the schema is at version {found}, newer than this capstan knows ({known}); run a capstan at least as new as the one that migrated it"
@@ -47,18 +57,49 @@ pub enum PgError {
     },
 }
 
-/// The server's message with its detail and hint, or the connection's error.
-fn describe(err: &tokio_postgres::Error) -> String {
-    match err.as_db_error() {
-        Some(db) => {
-            let mut text = db.message().to_owned();
-            if let Some(detail) = db.detail() {
-                text.push_str(&format!(" ({detail})"));
-            }
-            text
-        }
-        None => err.to_string(),
+/// The server's message with its detail, hint and what to do; or the connection's error
+/// with every cause (tokio-postgres's own text is only "db error" or "connection closed").
+pub(super) fn describe(err: &tokio_postgres::Error) -> String {
+    let Some(db) = err.as_db_error() else {
+        return chain(err);
+    };
+    let mut text = db.message().to_owned();
+    if let Some(detail) = db.detail() {
+        text.push_str(&format!(" ({detail})"));
     }
+    if let Some(hint) = db.hint() {
+        text.push_str(&format!("; hint: {hint}"));
+    }
+    let advice = match db.code().code() {
+        "28P01" | "28000" => Some("check the user and password in the URL"),
+        "3D000" => Some("create the database (createdb), or name an existing one in the URL"),
+        "42501" => Some(
+            "the user needs CREATE on the database's schema (GRANT CREATE ON SCHEMA public TO ...)",
+        ),
+        "53300" => {
+            Some("the server has no connection left: raise max_connections, or run fewer hosts")
+        }
+        _ => None,
+    };
+    if let Some(advice) = advice {
+        text.push_str(&format!("; {advice}"));
+    }
+    text
+}
+
+/// `err` and each of its causes, joined.
+pub(super) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(next) = cause {
+        if let Some(db) = next.downcast_ref::<tokio_postgres::Error>() {
+            text.push_str(&format!(": {}", describe(db)));
+            return text;
+        }
+        text.push_str(&format!(": {next}"));
+        cause = next.source();
+    }
+    text
 }
 
 impl From<PgError> for ServiceError {

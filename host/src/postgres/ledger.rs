@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 use tokio_postgres::{Client, NoTls, Row};
 
-use super::{PgError, Postgres, now};
+use super::{Postgres, now};
 use crate::services::{
     Ledger, Run, RunId, ServiceError, WorkerRecord, WorkerState, interrupted_outcome,
     worker_already_recorded, worker_has_ended,
@@ -43,43 +43,111 @@ impl Drop for RunLease {
     }
 }
 
-/// Renews run `id`'s lease until `stop`, then writes its end.
+/// The connection a run's lease is renewed on: its own, made again when it is lost.
+struct LeaseConnection {
+    config: tokio_postgres::Config,
+    location: String,
+    client: Option<Client>,
+}
+
+impl LeaseConnection {
+    /// The connection, made if there is none or it closed.
+    async fn client(&mut self) -> Result<&Client, tokio_postgres::Error> {
+        if self.client.as_ref().is_none_or(Client::is_closed) {
+            let (client, connection) = self.config.connect(NoTls).await?;
+            let location = self.location.clone();
+            tokio::spawn(async move {
+                if let Err(err) = connection.await {
+                    tracing::warn!(database = %location, "a run lease's connection ended: {err}");
+                }
+            });
+            self.client = Some(client);
+        }
+        Ok(self.client.as_ref().expect("just made"))
+    }
+
+    /// Extends run `id`'s lease, if it is still live by the database's clock: whether it
+    /// was. A lease that expired stays expired (the host's workers may have been marked
+    /// interrupted by another host already).
+    async fn renew(&mut self, id: i64) -> Result<bool, tokio_postgres::Error> {
+        let renewed = self
+            .client()
+            .await?
+            .execute(
+                "UPDATE runs SET expires_at = now() + make_interval(secs => $2)
+                 WHERE id = $1 AND ended_at IS NULL AND expires_at > now()",
+                &[&id, &LEASE_TTL_SECONDS],
+            )
+            .await;
+        if renewed.is_err() {
+            // Made again at the next renewal.
+            self.client = None;
+        }
+        Ok(renewed? == 1)
+    }
+
+    /// Writes run `id`'s end.
+    async fn end(&mut self, id: i64) -> Result<(), tokio_postgres::Error> {
+        self.client()
+            .await?
+            .execute("UPDATE runs SET ended_at = now() WHERE id = $1", &[&id])
+            .await
+            .map(drop)
+    }
+}
+
+/// Renews run `id`'s lease every [`LEASE_PERIOD`] until `stop`, then writes its end. Each
+/// renewal, a new connection included, gets one period: a connection that hangs is
+/// dropped and made again, and `stop` is heard meanwhile.
 async fn renew(
-    client: Client,
+    mut lease: LeaseConnection,
     id: i64,
     mut stop: oneshot::Receiver<()>,
     ending: Arc<Mutex<HashSet<i64>>>,
-    location: String,
 ) {
     let mut tick = tokio::time::interval(LEASE_PERIOD);
     tick.tick().await;
+    let location = lease.location.clone();
     loop {
         tokio::select! {
             _ = &mut stop => break,
-            _ = tick.tick() => {
-                let renewed = client
-                    .execute(
-                        "UPDATE runs SET expires_at = now() + make_interval(secs => $2)
-                         WHERE id = $1 AND ended_at IS NULL",
-                        &[&id, &LEASE_TTL_SECONDS],
-                    )
-                    .await;
-                if let Err(err) = renewed {
-                    tracing::warn!(database = %location, run = id, "cannot renew the run's lease: {err}");
-                }
+            _ = tick.tick() => {}
+        }
+        let renewed = tokio::select! {
+            _ = &mut stop => break,
+            renewed = tokio::time::timeout(LEASE_PERIOD, lease.renew(id)) => renewed,
+        };
+        match renewed {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => {
+                tracing::error!(
+                    database = %location,
+                    run = id,
+                    "this host's run lease expired before it was renewed (the host was paused \
+                     or cut off for longer than {LEASE_TTL_SECONDS} s): other hosts may have \
+                     marked its workers interrupted, and no new worker starts under it"
+                );
+                return;
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(database = %location, run = id, "cannot renew the run's lease: {err}");
+            }
+            Err(_) => {
+                lease.client = None;
+                tracing::warn!(database = %location, run = id, "renewing the run's lease took longer than {} s; connecting again", LEASE_PERIOD.as_secs());
             }
         }
     }
-    let ended = client
-        .execute("UPDATE runs SET ended_at = now() WHERE id = $1", &[&id])
-        .await;
-    match ended {
+    match tokio::time::timeout(LEASE_PERIOD, lease.end(id)).await {
         // Written: the database says it for every host now.
-        Ok(_) => {
+        Ok(Ok(())) => {
             ending.lock().unwrap().remove(&id);
         }
-        Err(err) => {
+        Ok(Err(err)) => {
             tracing::warn!(database = %location, run = id, "cannot record the run's end (its lease expires instead): {err}");
+        }
+        Err(_) => {
+            tracing::warn!(database = %location, run = id, "recording the run's end timed out (its lease expires instead)");
         }
     }
 }
@@ -105,20 +173,12 @@ fn host_name() -> String {
 #[async_trait]
 impl Ledger for Postgres {
     async fn begin_run(&self) -> Result<Run, ServiceError> {
-        let (client, connection) =
-            self.config
-                .connect(NoTls)
-                .await
-                .map_err(|err| PgError::Pool {
-                    location: self.location.clone(),
-                    reason: err.to_string(),
-                })?;
-        let location = self.location.clone();
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::warn!(database = %location, "the run lease's connection ended: {err}");
-            }
-        });
+        let mut lease = LeaseConnection {
+            config: self.config.clone(),
+            location: self.location.clone(),
+            client: None,
+        };
+        let client = lease.client().await.map_err(|err| self.unreachable(err))?;
         let row = client
             .query_one(
                 "INSERT INTO runs (host, pid, expires_at)
@@ -133,13 +193,7 @@ impl Ledger for Postgres {
             .map_err(|err| self.failed("ledger.begin_run", err))?;
         let id: i64 = row.get(0);
         let (stop, stopped) = oneshot::channel();
-        tokio::spawn(renew(
-            client,
-            id,
-            stopped,
-            self.ending.clone(),
-            self.location.clone(),
-        ));
+        tokio::spawn(renew(lease, id, stopped, self.ending.clone()));
         let lease = RunLease {
             id,
             stop: Some(stop),
@@ -175,10 +229,14 @@ impl Ledger for Postgres {
         task: &str,
     ) -> Result<(), ServiceError> {
         let client = self.client().await?;
+        // Only under a live run: a host whose lease expired may have had its workers
+        // marked interrupted already, and a worker started under it would never be.
         let inserted = client
             .query_opt(
                 "INSERT INTO workers (id, channel, task, state, run, started_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $6)
+                 SELECT $1, $2, $3, $4, $5, $6, $6
+                 WHERE EXISTS (SELECT 1 FROM runs
+                               WHERE id = $5 AND ended_at IS NULL AND expires_at > now())
                  ON CONFLICT (id) DO NOTHING RETURNING id",
                 &[
                     &id,
@@ -191,9 +249,19 @@ impl Ledger for Postgres {
             )
             .await
             .map_err(|err| self.failed("ledger.worker_started", err))?;
-        match inserted {
-            Some(_) => Ok(()),
-            None => Err(worker_already_recorded(id)),
+        if inserted.is_some() {
+            return Ok(());
+        }
+        let exists = client
+            .query_opt("SELECT 1 FROM workers WHERE id = $1", &[&id])
+            .await
+            .map_err(|err| self.failed("ledger.worker_started", err))?;
+        match exists {
+            Some(_) => Err(worker_already_recorded(id)),
+            None => Err(ServiceError::Invalid(format!(
+                "{run} is over (ended, or its lease expired): worker {id} cannot start under it; \
+                 the host must start a new run"
+            ))),
         }
     }
 
@@ -267,15 +335,24 @@ impl Ledger for Postgres {
             .query(
                 "SELECT DISTINCT w.run FROM workers w JOIN runs r ON r.id = w.run
                  WHERE w.state IN ($1, $2)
-                   AND (r.ended_at IS NOT NULL OR r.expires_at < now() OR r.id = ANY($3))",
+                   AND (r.ended_at IS NOT NULL OR r.expires_at <= now() OR r.id = ANY($3))
+                 ORDER BY w.run",
                 &[&working[0], &working[1], &ending],
             )
             .await
             .map_err(failed)?;
+        let runs: Vec<i64> = over.iter().map(|row| row.get(0)).collect();
+        // Locked in id order, so two hosts marking at once wait for each other instead of
+        // deadlocking; the rows another host marked meanwhile are no longer working.
+        tx.execute(
+            "SELECT 1 FROM workers WHERE run = ANY($1) AND state IN ($2, $3)
+             ORDER BY id FOR UPDATE",
+            &[&runs, &working[0], &working[1]],
+        )
+        .await
+        .map_err(failed)?;
         let mut marked = Vec::new();
-        for row in over {
-            let run: i64 = row.get(0);
-            // Only the rows still working: another host marking at once takes the rest.
+        for run in runs {
             let rows = tx
                 .query(
                     "UPDATE workers SET state = $2, outcome = $3, updated_at = $4
@@ -299,5 +376,95 @@ impl Ledger for Postgres {
         tx.commit().await.map_err(failed)?;
         marked.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(marked)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_cluster::TestCluster;
+    use super::*;
+
+    async fn admin(url: &str) -> Client {
+        let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client
+    }
+
+    async fn expires_in_past(db: &Client, id: i64) -> bool {
+        db.query_one("SELECT expires_at <= now() FROM runs WHERE id = $1", &[&id])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_expired_lease_is_never_renewed_and_no_worker_starts_under_it() {
+        let cluster = TestCluster::start();
+        let url = cluster.fresh_database().await;
+        let host = Postgres::connect(&url).await.unwrap();
+        let run = host.begin_run().await.unwrap();
+        let id = run.id().get() as i64;
+        let db = admin(&url).await;
+        db.execute(
+            "UPDATE runs SET expires_at = now() - interval '1 second' WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+        // What the renewer does at its next tick, done here at once.
+        let mut lease = LeaseConnection {
+            config: url.parse().unwrap(),
+            location: host.location.clone(),
+            client: None,
+        };
+        assert!(!lease.renew(id).await.unwrap(), "reported lost");
+        assert!(expires_in_past(&db, id).await, "and left expired");
+        let refused = host
+            .worker_started(run.id(), "worker:1", "channel:main", "t")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.contains("is over") && refused.contains("worker:1"),
+            "{refused}"
+        );
+        assert_eq!(host.worker("worker:1").await.unwrap(), None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_whose_connection_was_killed_connects_again() {
+        let cluster = TestCluster::start();
+        let url = cluster.fresh_database().await;
+        let host = Postgres::connect(&url).await.unwrap();
+        let run = host.begin_run().await.unwrap();
+        let id = run.id().get() as i64;
+        let mut lease = LeaseConnection {
+            config: url.parse().unwrap(),
+            location: host.location.clone(),
+            client: None,
+        };
+        assert!(lease.renew(id).await.unwrap());
+        let db = admin(&url).await;
+        let killed: i64 = db
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                 WHERE pid <> pg_backend_pid() AND datname = current_database()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            killed >= 2,
+            "the pool's and the leases' connections: {killed}"
+        );
+        // The first renewal may find the connection dead and fail; the next connects anew.
+        let first = lease.renew(id).await;
+        let renewed = match first {
+            Ok(renewed) => renewed,
+            Err(_) => lease.renew(id).await.unwrap(),
+        };
+        assert!(renewed);
+        drop(run);
     }
 }

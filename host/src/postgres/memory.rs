@@ -1,24 +1,14 @@
-//! Long-term memory with full-text recall (a generated `tsvector` over kind and content,
-//! the `simple` configuration: whole words, any case, no stemming, as SQLite's FTS5), and
-//! working memory with expiry.
+//! Long-term memory, recalled by the words [`memory_words`] finds in each memory (an
+//! array with a GIN index, so every backend matches the same words), and working memory
+//! with expiry.
 
 use async_trait::async_trait;
 
 use super::{Postgres, now};
 use crate::services::{
     Memory, MemoryItem, NewMemory, RECALL_MAX, ServiceError, check_working_key, expires_at,
-    recall_words,
+    memory_words, recall_terms,
 };
-
-/// `text`'s recall words as a `tsquery` matching any of them. The words are runs of
-/// letters and digits, so none is query syntax.
-fn any_word(text: &str) -> Option<String> {
-    let quoted: Vec<String> = recall_words(text)
-        .iter()
-        .map(|w| format!("'{w}'"))
-        .collect();
-    (!quoted.is_empty()).then(|| quoted.join(" | "))
-}
 
 #[async_trait]
 impl Memory for Postgres {
@@ -28,9 +18,16 @@ impl Memory for Postgres {
         let client = self.client().await?;
         let row = client
             .query_one(
-                "INSERT INTO memories (kind, content, importance, source, created_at)
-                 VALUES ($1, $2, $3, $4, $5) RETURNING id",
-                &[&kind, &memory.content, &importance, &source, &at],
+                "INSERT INTO memories (kind, content, importance, source, created_at, words)
+                 VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+                &[
+                    &kind,
+                    &memory.content,
+                    &importance,
+                    &source,
+                    &at,
+                    &memory_words(kind, &memory.content),
+                ],
             )
             .await
             .map_err(|err| self.failed("memory.save", err))?;
@@ -45,19 +42,22 @@ impl Memory for Postgres {
     }
 
     async fn recall(&self, query: &str, limit: u32) -> Result<Vec<MemoryItem>, ServiceError> {
-        let Some(words) = any_word(query) else {
+        let terms = recall_terms(query);
+        if terms.is_empty() {
             return Ok(Vec::new());
-        };
+        }
         let client = self.client().await?;
         let limit = i64::from(limit.clamp(1, RECALL_MAX));
+        // Ranked by the share of the memory's words that match, weighted by importance.
         let rows = client
             .query(
                 "SELECT id, kind, content, importance, source, created_at
-                 FROM memories, to_tsquery('simple', $1) AS q
-                 WHERE words @@ q
-                 ORDER BY ts_rank(words, q) * (0.5 + importance) DESC, id
+                 FROM memories
+                 WHERE words && $1
+                 ORDER BY (SELECT count(*) FROM unnest(words) AS w WHERE w = ANY($1))::REAL
+                              / (1 + cardinality(words)) * (0.5 + importance) DESC, id
                  LIMIT $2",
-                &[&words, &limit],
+                &[&terms, &limit],
             )
             .await
             .map_err(|err| self.failed("memory.recall", err))?;

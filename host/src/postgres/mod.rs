@@ -7,10 +7,13 @@
 //! - the schema is migrated under a transaction-scoped advisory lock, so hosts starting
 //!   at once apply each migration exactly once between them ([`schema`]);
 //! - a run is a lease row renewed on a connection of its own, outside the pool, and it is
-//!   over when its host ends it or when it expired by the database's clock
-//!   ([`ledger`]);
+//!   over when its host ends it or when it expired by the database's clock (`ledger.rs`);
+//!   a lease that expired is never renewed, and no worker starts under it;
 //! - history appends take the channel's next sequence number from a head row, so appends
 //!   from several hosts to one channel interleave without a lost or doubled message.
+//!
+//! Statements are prepared on each connection: behind PgBouncer, use session pooling (or
+//! transaction pooling from PgBouncer 1.21 with `max_prepared_statements` set).
 //!
 //! ```no_run
 //! use capstan_host::postgres::Postgres;
@@ -37,6 +40,7 @@ pub(crate) mod test_cluster;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
@@ -45,8 +49,14 @@ pub use error::PgError;
 
 use crate::services::{ServiceError, Services};
 
-/// The most connections a host's pool opens; the run leases have their own.
+/// The most connections a host's pool opens; each run lease has one of its own besides.
 const POOL_SIZE: usize = 16;
+
+/// How long making a connection may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a call waits for a pooled connection when all are in use.
+const POOL_WAIT: Duration = Duration::from_secs(30);
 
 /// The services on one PostgreSQL database.
 pub struct Postgres {
@@ -62,8 +72,16 @@ pub struct Postgres {
 impl Postgres {
     /// Connects to the database at `url` and brings its schema up to date.
     pub async fn connect(url: &str) -> Result<Arc<Postgres>, PgError> {
-        let config: tokio_postgres::Config =
-            url.parse().map_err(|source| PgError::Url { source })?;
+        let mut config: tokio_postgres::Config = url.parse().map_err(|err| PgError::Url {
+            reason: error::chain(&err),
+        })?;
+        check_hosts(&config)?;
+        // A server that stops answering (a half-open connection) fails calls instead of
+        // hanging them, unless the URL says otherwise.
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        config.keepalives_idle(Duration::from_secs(30));
         let location = location_of(&config);
         let manager = Manager::from_config(
             config.clone(),
@@ -74,10 +92,14 @@ impl Postgres {
         );
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(POOL_WAIT))
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .recycle_timeout(Some(CONNECT_TIMEOUT))
             .build()
             .map_err(|err| PgError::Pool {
                 location: location.clone(),
-                reason: err.to_string(),
+                reason: error::chain(&err),
             })?;
         let postgres = Postgres {
             pool,
@@ -104,8 +126,16 @@ impl Postgres {
     async fn client(&self) -> Result<Object, PgError> {
         self.pool.get().await.map_err(|err| PgError::Pool {
             location: self.location.clone(),
-            reason: err.to_string(),
+            reason: error::chain(&err),
         })
+    }
+
+    /// The error of a connection that could not be made.
+    fn unreachable(&self, err: tokio_postgres::Error) -> PgError {
+        PgError::Pool {
+            location: self.location.clone(),
+            reason: error::chain(&err),
+        }
     }
 
     /// The error of `what` failing with `source`.
@@ -116,6 +146,22 @@ impl Postgres {
             source,
         }
     }
+}
+
+/// Refuses a host with an `@` in it: what an unencoded `@` in the password leaves, with
+/// the rest of the password in the host name (and so in every error).
+fn check_hosts(config: &tokio_postgres::Config) -> Result<(), PgError> {
+    let garbled = config
+        .get_hosts()
+        .iter()
+        .any(|host| matches!(host, tokio_postgres::config::Host::Tcp(name) if name.contains('@')));
+    if garbled {
+        return Err(PgError::Url {
+            reason: "its host name holds an @: a password with an @ in it must be percent-encoded"
+                .into(),
+        });
+    }
+    Ok(())
 }
 
 /// `postgresql://USER@HOST:PORT/DB`, from what `config` names.

@@ -37,8 +37,9 @@ const MIGRATIONS: &[&str] = &[
         importance  REAL NOT NULL,
         source      TEXT NOT NULL,
         created_at  BIGINT NOT NULL,
-        words       TSVECTOR GENERATED ALWAYS AS
-                        (to_tsvector('simple', kind || ' ' || content)) STORED
+        -- services::memory_words of kind and content: split and lowercased by the host,
+        -- so every backend finds a memory by the same words.
+        words       TEXT[] NOT NULL
     );
     CREATE INDEX memories_words ON memories USING GIN (words);
 
@@ -153,7 +154,13 @@ pub(super) async fn migrate(client: &mut Object, location: &str) -> Result<(), P
             known: VERSION,
         });
     }
-    for migration in &MIGRATIONS[found as usize..] {
+    let Ok(applied) = usize::try_from(found) else {
+        return Err(PgError::BadSchema {
+            location: location.to_owned(),
+            found,
+        });
+    };
+    for migration in &MIGRATIONS[applied..] {
         tx.batch_execute(migration).await.map_err(failed)?;
     }
     tx.execute("UPDATE capstan_schema SET version = $1", &[&VERSION])

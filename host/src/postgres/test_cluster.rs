@@ -1,9 +1,8 @@
 //! A PostgreSQL server of the tests' own: Debian's binaries (`scripts/test` installs
-//! them), a fresh cluster in a temporary directory, listening on loopback only, run as
-//! the `postgres` user when the tests run as root (the server refuses root). Stopped when
-//! dropped.
+//! them), a fresh cluster in a temporary directory under /tmp, listening on a Unix socket
+//! in that directory only (no TCP port to race for), run as the `postgres` user when the
+//! tests run as root (the server refuses root). Stopped when dropped.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,7 +11,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub(crate) struct TestCluster {
     dir: tempfile::TempDir,
     bin: PathBuf,
-    port: u16,
 }
 
 /// The newest installed server's binaries.
@@ -42,7 +40,12 @@ impl TestCluster {
     /// Creates and starts a cluster; panics with the server's output if it cannot.
     pub(crate) fn start() -> TestCluster {
         let bin = server_bin();
-        let dir = tempfile::tempdir().unwrap();
+        // Under /tmp whatever TMPDIR says: the postgres user must reach it, and a socket
+        // path must stay short.
+        let dir = tempfile::Builder::new()
+            .prefix("capstan-pg-")
+            .tempdir_in("/tmp")
+            .unwrap();
         if is_root() {
             let status = Command::new("chown")
                 .args(["-R", "postgres:postgres"])
@@ -54,11 +57,7 @@ impl TestCluster {
                 "chown the cluster's directory to postgres"
             );
         }
-        let port = {
-            let free = TcpListener::bind("127.0.0.1:0").unwrap();
-            free.local_addr().unwrap().port()
-        };
-        let cluster = TestCluster { dir, bin, port };
+        let cluster = TestCluster { dir, bin };
         cluster.run(
             "initdb",
             &[
@@ -72,7 +71,7 @@ impl TestCluster {
             ],
         );
         let options = format!(
-            "-c listen_addresses=127.0.0.1 -p {port} -k {} -c fsync=on",
+            "-c listen_addresses='' -k {} -c fsync=on",
             cluster.dir.path().display()
         );
         cluster.run(
@@ -95,8 +94,8 @@ impl TestCluster {
         self.dir.path().join("data")
     }
 
-    /// Runs one of the server's programs as the server's user; panics on failure.
-    fn run(&self, program: &str, args: &[&str]) {
+    /// A command running one of the server's programs as the server's user.
+    fn command(&self, program: &str) -> Command {
         let path = self.bin.join(program);
         let mut command = if is_root() {
             let mut command = Command::new("runuser");
@@ -105,7 +104,13 @@ impl TestCluster {
         } else {
             Command::new(&path)
         };
-        let output = command.args(args).current_dir("/").output().unwrap();
+        command.current_dir("/");
+        command
+    }
+
+    /// Runs one of the server's programs; panics on failure with its output and the log.
+    fn run(&self, program: &str, args: &[&str]) {
+        let output = self.command(program).args(args).output().unwrap();
         let log = std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
         assert!(
             output.status.success(),
@@ -115,9 +120,10 @@ impl TestCluster {
         );
     }
 
-    /// The URL of database `name`.
+    /// The URL of database `name`, through the socket.
     pub(crate) fn url(&self, name: &str) -> String {
-        format!("postgres://capstan@127.0.0.1:{}/{name}", self.port)
+        let socket_dir = self.dir.path().display().to_string().replace('/', "%2F");
+        format!("postgres://capstan@{socket_dir}/{name}")
     }
 
     /// A new empty database, and its URL.
@@ -139,27 +145,11 @@ impl TestCluster {
 
 impl Drop for TestCluster {
     fn drop(&mut self) {
-        let _ = self.run_quietly();
-    }
-}
-
-impl TestCluster {
-    fn run_quietly(&self) -> std::io::Result<()> {
-        let path = self.bin.join("pg_ctl");
-        let data = self.data();
-        let mut command = if is_root() {
-            let mut command = Command::new("runuser");
-            command.args(["-u", "postgres", "--"]).arg(&path);
-            command
-        } else {
-            Command::new(&path)
-        };
-        command
+        let _ = self
+            .command("pg_ctl")
             .arg("-D")
-            .arg(&data)
+            .arg(self.data())
             .args(["-m", "immediate", "-w", "stop"])
-            .current_dir("/")
-            .output()
-            .map(drop)
+            .output();
     }
 }

@@ -430,6 +430,24 @@ async fn recall_matches_whole_words_of_kind_and_content_whatever_their_case(s: &
         m.recall("stan", 5).await.unwrap().is_empty(),
         "whole words only"
     );
+    m.save(
+        "b",
+        note(
+            "fact",
+            "Notes in CHANGES.md; ask bob@example.com about v1.2",
+            0.5,
+        ),
+    )
+    .await
+    .unwrap();
+    for query in ["changes", "md", "example", "bob", "v1"] {
+        let found = m.recall(query, 5).await.unwrap();
+        assert_eq!(
+            found.len(),
+            1,
+            "a file name, an address and a version split into words: {query}"
+        );
+    }
 }
 
 async fn a_long_ttl_is_a_long_life(s: &Services) {

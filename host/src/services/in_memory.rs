@@ -9,8 +9,8 @@ use super::{
     AuditEntry, AuditRecord, AuditSink, ConversationSummary, DEFAULT_LIST_LIMIT, History,
     HistoryEntry, Ledger, Memory, MemoryItem, NewMemory, NewTask, Priority, RECALL_MAX,
     RequestEntry, RequestRecord, Run, RunId, ServiceError, Task, TaskBoard, TaskFilter, TaskPatch,
-    TaskStatus, WorkerRecord, WorkerState, check_working_key, expires_at, interrupted_outcome, now,
-    recall_words, redact, worker_already_recorded, worker_has_ended,
+    TaskStatus, WorkerRecord, WorkerState, check_working_key, expires_at, interrupted_outcome,
+    memory_words, now, recall_terms, redact, worker_already_recorded, worker_has_ended,
 };
 
 /// Every service kept in this process's memory, behind one lock, and lost when dropped.
@@ -162,22 +162,13 @@ impl Memory for InMemory {
     }
 
     async fn recall(&self, query: &str, limit: u32) -> Result<Vec<MemoryItem>, ServiceError> {
-        let wanted: Vec<String> = recall_words(query)
-            .iter()
-            .map(|w| w.to_lowercase())
-            .collect();
+        let wanted = recall_terms(query);
         let state = self.state();
         let mut scored: Vec<(f32, &MemoryItem)> = state
             .memories
             .values()
             .filter_map(|item| {
-                // Split, then lowercase each word, as the query's words were: lowercasing
-                // can turn one letter into a letter and a mark ("İ").
-                let words: Vec<String> = [&item.kind, &item.content]
-                    .into_iter()
-                    .flat_map(|text| text.split(|c: char| !c.is_alphanumeric()))
-                    .map(str::to_lowercase)
-                    .collect();
+                let words = memory_words(&item.kind, &item.content);
                 let hits = wanted.iter().filter(|w| words.contains(w)).count();
                 (hits > 0).then_some((hits as f32 * (0.5 + item.importance), item))
             })

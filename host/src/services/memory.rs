@@ -127,6 +127,32 @@ const STOP_WORDS: &[&str] = &[
     "which", "who", "why", "with", "you",
 ];
 
+/// The words a memory is found by: the runs of letters and digits of its kind and content,
+/// each lowercased (split first: lowercasing can turn one letter into a letter and a mark,
+/// as "İ" does). [`recall_terms`] are matched against these.
+///
+/// ```
+/// use capstan_host::services::memory_words;
+///
+/// assert_eq!(memory_words("fact", "See CHANGES.md"), ["fact", "see", "changes", "md"]);
+/// ```
+pub fn memory_words(kind: &str, content: &str) -> Vec<String> {
+    [kind, content]
+        .into_iter()
+        .flat_map(|text| text.split(|c: char| !c.is_alphanumeric()))
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// The [`recall_words`] of `query`, lowercased as [`memory_words`] are.
+pub fn recall_terms(query: &str) -> Vec<String> {
+    recall_words(query)
+        .iter()
+        .map(|w| w.to_lowercase())
+        .collect()
+}
+
 /// The words of `query` a recall looks for: all but stop words (all of them if that is
 /// all there is). Words are runs of letters and digits, so no input is query syntax.
 pub fn recall_words(query: &str) -> Vec<&str> {

@@ -48,7 +48,7 @@ pub use ledger::{
 };
 pub use memory::{
     DEFAULT_IMPORTANCE, Memory, MemoryItem, NewMemory, RECALL_MAX, check_working_key, expires_at,
-    recall_words,
+    memory_words, recall_terms, recall_words,
 };
 pub use tasks::{
     DEFAULT_LIST_LIMIT, NewTask, Priority, Task, TaskBoard, TaskFilter, TaskPatch, TaskStatus,
