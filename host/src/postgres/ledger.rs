@@ -381,13 +381,16 @@ impl Ledger for Postgres {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_cluster::TestCluster;
+    use super::super::test_cluster::{TestCluster, admin};
     use super::*;
 
-    async fn admin(url: &str) -> Client {
-        let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-        tokio::spawn(connection);
-        client
+    /// A lease connection to `url`, driven by the test.
+    fn lease_on(url: &str, host: &Postgres) -> LeaseConnection {
+        LeaseConnection {
+            config: url.parse().unwrap(),
+            location: host.location.clone(),
+            client: None,
+        }
     }
 
     async fn expires_in_past(db: &Client, id: i64) -> bool {
@@ -412,11 +415,7 @@ mod tests {
         .await
         .unwrap();
         // What the renewer does at its next tick, done here at once.
-        let mut lease = LeaseConnection {
-            config: url.parse().unwrap(),
-            location: host.location.clone(),
-            client: None,
-        };
+        let mut lease = lease_on(&url, &host);
         assert!(!lease.renew(id).await.unwrap(), "reported lost");
         assert!(expires_in_past(&db, id).await, "and left expired");
         let refused = host
@@ -438,11 +437,7 @@ mod tests {
         let host = Postgres::connect(&url).await.unwrap();
         let run = host.begin_run().await.unwrap();
         let id = run.id().get() as i64;
-        let mut lease = LeaseConnection {
-            config: url.parse().unwrap(),
-            location: host.location.clone(),
-            client: None,
-        };
+        let mut lease = lease_on(&url, &host);
         assert!(lease.renew(id).await.unwrap());
         let db = admin(&url).await;
         let killed: i64 = db

@@ -206,16 +206,9 @@ mod hosts {
     use std::collections::HashSet;
     use std::time::Duration;
 
-    use super::test_cluster::TestCluster;
+    use super::test_cluster::{TestCluster, admin};
     use super::*;
     use crate::services::{History, Ledger, WorkerState};
-
-    /// A second connection, as an operator's `psql` would have.
-    async fn admin(url: &str) -> tokio_postgres::Client {
-        let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-        tokio::spawn(connection);
-        client
-    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn hosts_starting_at_once_migrate_once_and_a_newer_schema_is_refused() {

@@ -130,12 +130,8 @@ impl TestCluster {
     pub(crate) async fn fresh_database(&self) -> String {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let name = format!("test_{}", NEXT.fetch_add(1, Ordering::SeqCst));
-        let (client, connection) =
-            tokio_postgres::connect(&self.url("postgres"), tokio_postgres::NoTls)
-                .await
-                .unwrap();
-        tokio::spawn(connection);
-        client
+        admin(&self.url("postgres"))
+            .await
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
             .unwrap();
@@ -152,4 +148,13 @@ impl Drop for TestCluster {
             .args(["-m", "immediate", "-w", "stop"])
             .output();
     }
+}
+
+/// A plain connection to `url`, as an operator's `psql` would have.
+pub(crate) async fn admin(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
 }
