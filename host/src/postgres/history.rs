@@ -9,6 +9,85 @@ use super::Postgres;
 use crate::services::{ConversationSummary, History, HistoryEntry, ServiceError};
 
 impl Postgres {
+    /// Writes `channel`'s history, in one transaction. While this host has a run, the
+    /// write is fenced: the run must own the session (claiming it if nobody live does),
+    /// under the epoch it claimed; a write refused by the fence forgets the epoch, so the
+    /// next write claims again.
+    async fn write_history(
+        &self,
+        channel: &str,
+        write: Write,
+        messages: &[String],
+    ) -> Result<(), ServiceError> {
+        let fence = match self.current_run() {
+            Some(run) => Some((run, self.epoch_for(channel, run).await?)),
+            None => None,
+        };
+        let failed = |err| self.failed(write.what(), err);
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(failed)?;
+        if let Some((run, epoch)) = fence
+            && let Err(err) = self.check_fence(&tx, channel, run, epoch).await
+        {
+            self.forget_epoch(channel);
+            return Err(err);
+        }
+        match write {
+            Write::Append => self.append_in(&tx, channel, messages).await?,
+            Write::Replace => self.replace_in(&tx, channel, messages).await?,
+        }
+        Ok(tx.commit().await.map_err(failed)?)
+    }
+
+    /// Replaces `channel`'s history inside `tx`, under its head row's lock.
+    async fn replace_in(
+        &self,
+        tx: &Transaction<'_>,
+        channel: &str,
+        messages: &[String],
+    ) -> Result<(), ServiceError> {
+        let failed = |err| self.failed("history.replace", err);
+        let count = messages.len() as i64;
+        tx.execute(
+            "INSERT INTO history_heads (channel, next) VALUES ($1, $2)
+             ON CONFLICT (channel) DO UPDATE SET next = $2",
+            &[&channel, &count],
+        )
+        .await
+        .map_err(failed)?;
+        tx.execute("DELETE FROM history WHERE channel = $1", &[&channel])
+            .await
+            .map_err(failed)?;
+        self.insert_messages(tx, "history.replace", channel, 0, messages)
+            .await
+    }
+
+    /// Appends `messages` to `channel` inside `tx`, numbered from the channel's head row
+    /// (taken under its lock).
+    pub(super) async fn append_in(
+        &self,
+        tx: &Transaction<'_>,
+        channel: &str,
+        messages: &[String],
+    ) -> Result<(), ServiceError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let count = messages.len() as i64;
+        let first: i64 = tx
+            .query_one(
+                "INSERT INTO history_heads (channel, next) VALUES ($1, $2)
+                 ON CONFLICT (channel) DO UPDATE SET next = history_heads.next + $2
+                 RETURNING next - $2",
+                &[&channel, &count],
+            )
+            .await
+            .map_err(|err| self.failed("history.append", err))?
+            .get(0);
+        self.insert_messages(tx, "history.append", channel, first, messages)
+            .await
+    }
+
     /// Inserts `messages` into `channel` from number `first` on, in one statement.
     async fn insert_messages(
         &self,
@@ -62,46 +141,11 @@ impl History for Postgres {
     }
 
     async fn append(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
-        if messages.is_empty() {
-            return Ok(());
-        }
-        let failed = |err| self.failed("history.append", err);
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(failed)?;
-        let count = messages.len() as i64;
-        let first: i64 = tx
-            .query_one(
-                "INSERT INTO history_heads (channel, next) VALUES ($1, $2)
-                 ON CONFLICT (channel) DO UPDATE SET next = history_heads.next + $2
-                 RETURNING next - $2",
-                &[&channel, &count],
-            )
-            .await
-            .map_err(failed)?
-            .get(0);
-        self.insert_messages(&tx, "history.append", channel, first, &messages)
-            .await?;
-        Ok(tx.commit().await.map_err(failed)?)
+        self.write_history(channel, Write::Append, &messages).await
     }
 
     async fn replace(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
-        let failed = |err| self.failed("history.replace", err);
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(failed)?;
-        let count = messages.len() as i64;
-        tx.execute(
-            "INSERT INTO history_heads (channel, next) VALUES ($1, $2)
-             ON CONFLICT (channel) DO UPDATE SET next = $2",
-            &[&channel, &count],
-        )
-        .await
-        .map_err(failed)?;
-        tx.execute("DELETE FROM history WHERE channel = $1", &[&channel])
-            .await
-            .map_err(failed)?;
-        self.insert_messages(&tx, "history.replace", channel, 0, &messages)
-            .await?;
-        Ok(tx.commit().await.map_err(failed)?)
+        self.write_history(channel, Write::Replace, &messages).await
     }
 
     async fn conversations(&self) -> Result<Vec<ConversationSummary>, ServiceError> {
@@ -120,5 +164,21 @@ impl History for Postgres {
                 messages: row.get::<_, i64>(1) as u64,
             })
             .collect())
+    }
+}
+
+/// A write of a channel's history.
+#[derive(Debug, Clone, Copy)]
+enum Write {
+    Append,
+    Replace,
+}
+
+impl Write {
+    fn what(self) -> &'static str {
+        match self {
+            Write::Append => "history.append",
+            Write::Replace => "history.replace",
+        }
     }
 }

@@ -6,7 +6,7 @@
 //! database's clock (the host died, or stopped renewing): only then are its workers
 //! marked interrupted, by whichever host looks first.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 use tokio_postgres::{Client, NoTls, Row};
 
+use super::sessions::Owner;
 use super::{Postgres, now};
 use crate::services::{
     Ledger, Run, RunId, ServiceError, WorkerRecord, WorkerState, interrupted_outcome,
@@ -31,12 +32,18 @@ struct RunLease {
     id: i64,
     stop: Option<oneshot::Sender<()>>,
     ending: Arc<Mutex<HashSet<i64>>>,
+    owner: Arc<Mutex<Owner>>,
 }
 
 impl Drop for RunLease {
     fn drop(&mut self) {
         // Over at once for this host; the renewer writes the end for the others.
         self.ending.lock().unwrap().insert(self.id);
+        let mut owner = self.owner.lock().unwrap();
+        if owner.run == Some(RunId::new(self.id as u64)) {
+            *owner = Owner::default();
+        }
+        drop(owner);
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -194,10 +201,15 @@ impl Ledger for Postgres {
         let id: i64 = row.get(0);
         let (stop, stopped) = oneshot::channel();
         tokio::spawn(renew(lease, id, stopped, self.ending.clone()));
+        *self.owner.lock().unwrap() = Owner {
+            run: Some(RunId::new(id as u64)),
+            epochs: HashMap::new(),
+        };
         let lease = RunLease {
             id,
             stop: Some(stop),
             ending: self.ending.clone(),
+            owner: self.owner.clone(),
         };
         Ok(Run::new(RunId::new(id as u64), lease))
     }

@@ -33,6 +33,7 @@ mod history;
 mod ledger;
 mod memory;
 mod schema;
+mod sessions;
 mod tasks;
 
 #[cfg(test)]
@@ -46,6 +47,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
 pub use error::PgError;
+pub use sessions::{Claim, Epoch};
 
 use crate::services::{ServiceError, Services};
 
@@ -67,6 +69,8 @@ pub struct Postgres {
     location: String,
     /// Runs this host ended whose end may not be written yet: over already.
     ending: Arc<Mutex<HashSet<i64>>>,
+    /// The run this host writes sessions under, and the sessions it owns.
+    owner: Arc<Mutex<sessions::Owner>>,
 }
 
 impl Postgres {
@@ -106,6 +110,7 @@ impl Postgres {
             config,
             location,
             ending: Arc::default(),
+            owner: Arc::default(),
         };
         let mut client = postgres.client().await?;
         schema::migrate(&mut client, &postgres.location).await?;

@@ -119,6 +119,14 @@ const MIGRATIONS: &[&str] = &[
         detail          TEXT NOT NULL
     );
     "#,
+    // 2: which host's run owns each session (channel), and the epoch every takeover bumps.
+    r#"
+    CREATE TABLE sessions (
+        channel     TEXT PRIMARY KEY,
+        owner_run   BIGINT NOT NULL REFERENCES runs(id),
+        epoch       BIGINT NOT NULL
+    );
+    "#,
 ];
 
 /// The schema version this build brings a database to.

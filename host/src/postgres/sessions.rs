@@ -1,0 +1,383 @@
+//! Session ownership across hosts: a session (a channel) is owned by one live run at a
+//! time. A run takes a session that nobody owns, or whose owner's lease is over by the
+//! database's clock; every takeover bumps the session's epoch. Writes a session's
+//! processes make carry the epoch they were made under and land only while it is current
+//! and its run's lease is live ([`Postgres::append_fenced`]), so a host that lost a
+//! session, paused past its lease, say, lands nothing after another took over.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use deadpool_postgres::Transaction;
+
+use super::Postgres;
+use crate::services::{RunId, ServiceError};
+
+/// How many times a session changed owner: a takeover makes it one more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Epoch(u64);
+
+impl Epoch {
+    /// The epoch numbered `n`.
+    pub fn new(n: u64) -> Self {
+        Epoch(n)
+    }
+
+    /// Its number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "epoch {}", self.0)
+    }
+}
+
+/// The answer to a claim of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// The claiming run owns the session, under this epoch.
+    Owned(Epoch),
+    /// Another run, still live, owns it.
+    OwnedElsewhere(RunId),
+}
+
+/// A live run's lease, in SQL: `$run` ended or expired is no owner.
+const LIVE_RUN: &str =
+    "SELECT 1 FROM runs WHERE id = $2 AND ended_at IS NULL AND expires_at > now()";
+
+impl Postgres {
+    /// Claims session `channel` for `run`: keeps it if the run owns it already, takes it
+    /// if nobody owns it or its owner's lease is over (bumping the epoch), and otherwise
+    /// says who owns it. A run whose own lease is over is refused.
+    ///
+    /// ```no_run
+    /// use capstan_host::postgres::{Claim, Postgres};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let host = Postgres::connect("postgres://capstan@db:5432/capstan").await.unwrap();
+    /// let run = capstan_host::services::Ledger::begin_run(&*host).await.unwrap();
+    /// if let Claim::Owned(epoch) = host.claim("channel:main", run.id()).await.unwrap() {
+    ///     host.append_fenced("channel:main", run.id(), epoch, vec!["\"hi\"".into()])
+    ///         .await
+    ///         .unwrap();
+    /// }
+    /// # });
+    /// ```
+    pub async fn claim(&self, channel: &str, run: RunId) -> Result<Claim, ServiceError> {
+        let failed = |err| self.failed("sessions.claim", err);
+        let client = self.client().await?;
+        let run_id = run.get() as i64;
+        // One statement: the owner's liveness is judged under the row's lock, so two
+        // hosts taking over one session cannot both bump it.
+        let sql = format!(
+            "INSERT INTO sessions (channel, owner_run, epoch)
+             SELECT $1, $2, 1 WHERE EXISTS ({LIVE_RUN})
+             ON CONFLICT (channel) DO UPDATE SET owner_run = $2, epoch = sessions.epoch + 1
+                 WHERE sessions.owner_run <> $2
+                   AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = sessions.owner_run
+                                   AND r.ended_at IS NULL AND r.expires_at > now())
+             RETURNING epoch"
+        );
+        if let Some(row) = client
+            .query_opt(&sql, &[&channel, &run_id])
+            .await
+            .map_err(failed)?
+        {
+            return Ok(Claim::Owned(Epoch(row.get::<_, i64>(0) as u64)));
+        }
+        let row = client
+            .query_opt(
+                &format!(
+                    "SELECT owner_run, epoch, EXISTS ({LIVE_RUN}) FROM sessions WHERE channel = $1"
+                ),
+                &[&channel, &run_id],
+            )
+            .await
+            .map_err(failed)?;
+        match row {
+            Some(row) if !row.get::<_, bool>(2) => Err(run_over(run)),
+            Some(row) if row.get::<_, i64>(0) == run_id => {
+                Ok(Claim::Owned(Epoch(row.get::<_, i64>(1) as u64)))
+            }
+            Some(row) => Ok(Claim::OwnedElsewhere(RunId::new(
+                row.get::<_, i64>(0) as u64
+            ))),
+            // Nothing owns it and the insert did not happen: this run is over.
+            None => Err(run_over(run)),
+        }
+    }
+
+    /// Appends `messages` to `channel`'s history if `run` still owns it under `epoch` and
+    /// its lease is live; otherwise refuses with [`ServiceError::Invalid`] naming the
+    /// current owner and epoch, and appends nothing.
+    pub async fn append_fenced(
+        &self,
+        channel: &str,
+        run: RunId,
+        epoch: Epoch,
+        messages: Vec<String>,
+    ) -> Result<(), ServiceError> {
+        let failed = |err| self.failed("history.append", err);
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(failed)?;
+        self.check_fence(&tx, channel, run, epoch).await?;
+        self.append_in(&tx, channel, &messages).await?;
+        Ok(tx.commit().await.map_err(failed)?)
+    }
+
+    /// Refuses unless `run` owns `channel` under `epoch` and its lease is live. Inside
+    /// `tx`, with the session's row held `FOR SHARE`: a takeover (an update of the row)
+    /// waits for the transaction, and the transaction sees any takeover committed first.
+    pub(super) async fn check_fence(
+        &self,
+        tx: &Transaction<'_>,
+        channel: &str,
+        run: RunId,
+        epoch: Epoch,
+    ) -> Result<(), ServiceError> {
+        let current = tx
+            .query_opt(
+                &format!(
+                    "SELECT owner_run, epoch, EXISTS ({LIVE_RUN}) FROM sessions
+                     WHERE channel = $1 FOR SHARE"
+                ),
+                &[&channel, &(run.get() as i64)],
+            )
+            .await
+            .map_err(|err| self.failed("sessions.fence", err))?;
+        let fenced = |why: String| {
+            ServiceError::Invalid(format!(
+                "{run} may not write to {channel} under {epoch}: {why}; the write is dropped"
+            ))
+        };
+        let Some(row) = current else {
+            return Err(fenced("the session has no owner".into()));
+        };
+        let (owner, now_epoch, live) = (
+            RunId::new(row.get::<_, i64>(0) as u64),
+            Epoch(row.get::<_, i64>(1) as u64),
+            row.get::<_, bool>(2),
+        );
+        if owner != run || now_epoch != epoch {
+            return Err(fenced(format!("{owner} owns it under {now_epoch}")));
+        }
+        if !live {
+            return Err(fenced("this run's lease is over".into()));
+        }
+        Ok(())
+    }
+
+    /// The run this host writes sessions under: its newest live [`Run`](crate::services::Run).
+    pub(super) fn current_run(&self) -> Option<RunId> {
+        self.owner.lock().unwrap().run
+    }
+
+    /// The epoch `run` owns `channel` under: the one it claimed before, or a new claim.
+    pub(super) async fn epoch_for(&self, channel: &str, run: RunId) -> Result<Epoch, ServiceError> {
+        if let Some(epoch) = self.owner.lock().unwrap().epochs.get(channel) {
+            return Ok(*epoch);
+        }
+        match self.claim(channel, run).await? {
+            Claim::Owned(epoch) => {
+                let mut owner = self.owner.lock().unwrap();
+                if owner.run == Some(run) {
+                    owner.epochs.insert(channel.to_owned(), epoch);
+                }
+                Ok(epoch)
+            }
+            Claim::OwnedElsewhere(other) => Err(ServiceError::Invalid(format!(
+                "{channel} is owned by {other}, a run of another host: this host ({run}) may not \
+                 write to it until that run ends or its lease expires"
+            ))),
+        }
+    }
+
+    /// Forgets the epoch this host claimed `channel` under.
+    pub(super) fn forget_epoch(&self, channel: &str) {
+        self.owner.lock().unwrap().epochs.remove(channel);
+    }
+}
+
+/// The run this host writes sessions under, and the sessions it claimed.
+#[derive(Debug, Default)]
+pub(super) struct Owner {
+    pub(super) run: Option<RunId>,
+    pub(super) epochs: HashMap<String, Epoch>,
+}
+
+fn run_over(run: RunId) -> ServiceError {
+    ServiceError::Invalid(format!(
+        "{run} is over (ended, or its lease expired): it cannot own a session"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::super::test_cluster::{TestCluster, admin};
+    use super::*;
+    use crate::services::{History, Ledger, Run};
+
+    /// Two hosts on one fresh database, each with a live run.
+    async fn two_hosts(cluster: &TestCluster) -> (String, [(Arc<Postgres>, Run); 2]) {
+        let url = cluster.fresh_database().await;
+        let mut hosts = Vec::new();
+        for _ in 0..2 {
+            let host = Postgres::connect(&url).await.unwrap();
+            let run = host.begin_run().await.unwrap();
+            hosts.push((host, run));
+        }
+        let [a, b] = <[_; 2]>::try_from(hosts).ok().unwrap();
+        (url, [a, b])
+    }
+
+    async fn expire(url: &str, run: RunId) {
+        admin(url)
+            .await
+            .execute(
+                "UPDATE runs SET expires_at = now() - interval '1 second' WHERE id = $1",
+                &[&(run.get() as i64)],
+            )
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_has_one_live_owner_and_a_takeover_fences_the_old_one() {
+        let cluster = TestCluster::start();
+        let (url, [(a, run_a), (b, run_b)]) = two_hosts(&cluster).await;
+        let one = Epoch::new(1);
+        assert_eq!(
+            a.claim("channel:main", run_a.id()).await.unwrap(),
+            Claim::Owned(one)
+        );
+        assert_eq!(
+            a.claim("channel:main", run_a.id()).await.unwrap(),
+            Claim::Owned(one)
+        );
+        assert_eq!(
+            b.claim("channel:main", run_b.id()).await.unwrap(),
+            Claim::OwnedElsewhere(run_a.id())
+        );
+        a.append_fenced("channel:main", run_a.id(), one, vec!["1".into()])
+            .await
+            .unwrap();
+
+        // A is paused past its lease; B takes over.
+        expire(&url, run_a.id()).await;
+        let two = Epoch::new(2);
+        assert_eq!(
+            b.claim("channel:main", run_b.id()).await.unwrap(),
+            Claim::Owned(two)
+        );
+        // A resumes: its late append lands nowhere, and it says why.
+        let late = a
+            .append_fenced("channel:main", run_a.id(), one, vec!["2".into()])
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            late.contains(&run_b.id().to_string()) && late.contains("epoch 2"),
+            "{late}"
+        );
+        let stale = a.claim("channel:main", run_a.id()).await.unwrap_err();
+        assert!(stale.to_string().contains("is over"), "{stale}");
+        b.append_fenced("channel:main", run_b.id(), two, vec!["3".into()])
+            .await
+            .unwrap();
+        let history: Arc<dyn History> = b.clone();
+        let kept: Vec<u32> = history.load_as("channel:main").await.unwrap();
+        assert_eq!(kept, [1, 3], "the fenced-out append left nothing");
+        // The new owner's own stale epoch is refused too.
+        let wrong = b
+            .append_fenced("channel:main", run_b.id(), one, vec!["4".into()])
+            .await;
+        assert!(wrong.is_err());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn claims_at_once_from_two_hosts_make_one_owner_and_one_takeover() {
+        let cluster = TestCluster::start();
+        let (url, [(a, run_a), (b, run_b)]) = two_hosts(&cluster).await;
+        let claims: Vec<_> = (0..50)
+            .map(|n| {
+                let (host, run) = if n % 2 == 0 {
+                    (a.clone(), run_a.id())
+                } else {
+                    (b.clone(), run_b.id())
+                };
+                tokio::spawn(async move { (run, host.claim("channel:x", run).await.unwrap()) })
+            })
+            .collect();
+        let mut owners = std::collections::HashSet::new();
+        for claim in claims {
+            let (run, claim) = claim.await.unwrap();
+            match claim {
+                Claim::Owned(epoch) => {
+                    assert_eq!(epoch, Epoch::new(1));
+                    owners.insert(run);
+                }
+                Claim::OwnedElsewhere(owner) => {
+                    assert_ne!(owner, run);
+                    owners.insert(owner);
+                }
+            }
+        }
+        assert_eq!(owners.len(), 1, "one owner: {owners:?}");
+        let owner = *owners.iter().next().unwrap();
+        // Its lease runs out; both try to take over at once: one does, once.
+        expire(&url, owner).await;
+        let third = a.begin_run().await.unwrap();
+        let fourth = b.begin_run().await.unwrap();
+        let (x, y) = tokio::join!(
+            a.claim("channel:x", third.id()),
+            b.claim("channel:x", fourth.id())
+        );
+        let mut outcomes = [x.unwrap(), y.unwrap()];
+        outcomes.sort_by_key(|c| matches!(c, Claim::OwnedElsewhere(_)));
+        assert_eq!(outcomes[0], Claim::Owned(Epoch::new(2)), "{outcomes:?}");
+        assert!(
+            matches!(outcomes[1], Claim::OwnedElsewhere(_)),
+            "{outcomes:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hosts_history_writes_claim_the_session_and_are_fenced_after_a_takeover() {
+        let cluster = TestCluster::start();
+        let (url, [(a, run_a), (b, run_b)]) = two_hosts(&cluster).await;
+        let append = |host: &Arc<Postgres>, n: u32| {
+            let host: Arc<dyn History> = host.clone();
+            async move { host.append("channel:main", vec![n.to_string()]).await }
+        };
+        append(&a, 1).await.unwrap();
+        let refused = append(&b, 2).await.unwrap_err().to_string();
+        assert!(
+            refused.contains(&run_a.id().to_string()) && refused.contains("another host"),
+            "{refused}"
+        );
+        // A is paused past its lease: B's next write takes the session over.
+        expire(&url, run_a.id()).await;
+        append(&b, 3).await.unwrap();
+        let late = append(&a, 4).await.unwrap_err().to_string();
+        assert!(
+            late.contains("epoch 2") && late.contains("dropped"),
+            "{late}"
+        );
+        let again = append(&a, 5).await.unwrap_err().to_string();
+        assert!(again.contains("is over"), "{again}");
+        let replaced = {
+            let a: Arc<dyn History> = a.clone();
+            a.replace("channel:main", vec!["9".into()]).await
+        };
+        assert!(replaced.is_err(), "a replace is fenced too");
+        let history: Arc<dyn History> = b.clone();
+        let kept: Vec<u32> = history.load_as("channel:main").await.unwrap();
+        assert_eq!(kept, [1, 3]);
+        drop((run_a, run_b));
+    }
+}
