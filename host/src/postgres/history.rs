@@ -19,19 +19,11 @@ impl Postgres {
         write: Write,
         messages: &[String],
     ) -> Result<(), ServiceError> {
-        let fence = match self.current_run() {
-            Some(run) => Some((run, self.epoch_for(channel, run).await?)),
-            None => None,
-        };
+        let fence = self.fence(channel, None).await?;
         let failed = |err| self.failed(write.what(), err);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(failed)?;
-        if let Some((run, epoch)) = fence
-            && let Err(err) = self.check_fence(&tx, channel, run, epoch).await
-        {
-            self.forget_epoch(channel);
-            return Err(err);
-        }
+        self.hold(&tx, channel, fence).await?;
         match write {
             Write::Append => self.append_in(&tx, channel, messages).await?,
             Write::Replace => self.replace_in(&tx, channel, messages).await?,

@@ -240,10 +240,22 @@ impl Ledger for Postgres {
         channel: &str,
         task: &str,
     ) -> Result<(), ServiceError> {
-        let client = self.client().await?;
+        // The run must own the worker's channel: a worker started for a conversation
+        // another host took over would report to nobody.
+        let refused = |err: ServiceError| match err {
+            ServiceError::Invalid(why) => {
+                ServiceError::Invalid(format!("worker {id} cannot start: {why}"))
+            }
+            other => other,
+        };
+        let fence = self.fence(channel, Some(run)).await.map_err(refused)?;
+        let failed = |err| self.failed("ledger.worker_started", err);
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(failed)?;
+        self.hold(&tx, channel, fence).await.map_err(refused)?;
         // Only under a live run: a host whose lease expired may have had its workers
         // marked interrupted already, and a worker started under it would never be.
-        let inserted = client
+        let inserted = tx
             .query_opt(
                 "INSERT INTO workers (id, channel, task, state, run, started_at, updated_at)
                  SELECT $1, $2, $3, $4, $5, $6, $6
@@ -260,14 +272,14 @@ impl Ledger for Postgres {
                 ],
             )
             .await
-            .map_err(|err| self.failed("ledger.worker_started", err))?;
+            .map_err(failed)?;
         if inserted.is_some() {
-            return Ok(());
+            return Ok(tx.commit().await.map_err(failed)?);
         }
-        let exists = client
+        let exists = tx
             .query_opt("SELECT 1 FROM workers WHERE id = $1", &[&id])
             .await
-            .map_err(|err| self.failed("ledger.worker_started", err))?;
+            .map_err(failed)?;
         match exists {
             Some(_) => Err(worker_already_recorded(id)),
             None => Err(ServiceError::Invalid(format!(
@@ -284,17 +296,31 @@ impl Ledger for Postgres {
         outcome: Option<&str>,
     ) -> Result<(), ServiceError> {
         let failed = |err| self.failed("ledger.set_worker_state", err);
+        // A worker's channel never changes: read first, and let go of the connection, so
+        // the fence's claim never waits for a second one while holding the first.
+        let channel: String = match self
+            .client()
+            .await?
+            .query_opt("SELECT channel FROM workers WHERE id = $1", &[&id])
+            .await
+            .map_err(failed)?
+        {
+            Some(row) => row.get(0),
+            None => {
+                return Err(ServiceError::NotFound(format!(
+                    "worker {id} does not exist"
+                )));
+            }
+        };
+        // A late result of a host that lost the worker's conversation lands nothing.
+        let fence = self.fence(&channel, None).await?;
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(failed)?;
+        self.hold(&tx, &channel, fence).await?;
         let current = tx
-            .query_opt("SELECT state FROM workers WHERE id = $1 FOR UPDATE", &[&id])
+            .query_one("SELECT state FROM workers WHERE id = $1 FOR UPDATE", &[&id])
             .await
             .map_err(failed)?;
-        let Some(current) = current else {
-            return Err(ServiceError::NotFound(format!(
-                "worker {id} does not exist"
-            )));
-        };
         let current: WorkerState = current.get::<_, String>(0).parse()?;
         if current.is_terminal() && state != current {
             return Err(worker_has_ended(id, current));

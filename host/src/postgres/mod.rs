@@ -318,7 +318,7 @@ mod hosts {
             Postgres::connect(&url).await.unwrap(),
         );
         let alive = b.begin_run().await.unwrap();
-        b.worker_started(alive.id(), "worker:3", "channel:main", "t")
+        b.worker_started(alive.id(), "worker:3", "channel:other", "t")
             .await
             .unwrap();
         assert!(

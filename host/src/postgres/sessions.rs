@@ -170,6 +170,46 @@ impl Postgres {
         Ok(())
     }
 
+    /// The fence of a write to `channel` by this host: its current run and the epoch it
+    /// owns the session under (claiming it if nobody live does); `None` while the host
+    /// has no run (tools and commands outside an agent), or for a write under `run` that
+    /// is not the host's current one.
+    pub(super) async fn fence(
+        &self,
+        channel: &str,
+        run: Option<RunId>,
+    ) -> Result<Option<Fence>, ServiceError> {
+        let Some(current) = self.current_run() else {
+            return Ok(None);
+        };
+        if run.is_some_and(|run| run != current) {
+            return Ok(None);
+        }
+        let epoch = self.epoch_for(channel, current).await?;
+        Ok(Some(Fence {
+            run: current,
+            epoch,
+        }))
+    }
+
+    /// Checks `fence` (if any) for `channel` inside `tx`; a refusal forgets the epoch, so
+    /// the host's next write claims again.
+    pub(super) async fn hold(
+        &self,
+        tx: &Transaction<'_>,
+        channel: &str,
+        fence: Option<Fence>,
+    ) -> Result<(), ServiceError> {
+        let Some(Fence { run, epoch }) = fence else {
+            return Ok(());
+        };
+        let held = self.check_fence(tx, channel, run, epoch).await;
+        if held.is_err() {
+            self.forget_epoch(channel);
+        }
+        held
+    }
+
     /// The run this host writes sessions under: its newest live [`Run`](crate::services::Run).
     pub(super) fn current_run(&self) -> Option<RunId> {
         self.owner.lock().unwrap().run
@@ -201,6 +241,13 @@ impl Postgres {
     }
 }
 
+/// What a fenced write carries: the run and the epoch it owns the session under.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Fence {
+    run: RunId,
+    epoch: Epoch,
+}
+
 /// The run this host writes sessions under, and the sessions it claimed.
 #[derive(Debug, Default)]
 pub(super) struct Owner {
@@ -220,7 +267,7 @@ mod tests {
 
     use super::super::test_cluster::{TestCluster, admin};
     use super::*;
-    use crate::services::{History, Ledger, Run};
+    use crate::services::{History, Ledger, Run, WorkerState};
 
     /// Two hosts on one fresh database, each with a live run.
     async fn two_hosts(cluster: &TestCluster) -> (String, [(Arc<Postgres>, Run); 2]) {
@@ -379,5 +426,44 @@ mod tests {
         let kept: Vec<u32> = history.load_as("channel:main").await.unwrap();
         assert_eq!(kept, [1, 3]);
         drop((run_a, run_b));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn worker_records_are_fenced_by_their_conversations_owner() {
+        let cluster = TestCluster::start();
+        let (url, [(a, run_a), (b, run_b)]) = two_hosts(&cluster).await;
+        a.worker_started(run_a.id(), "worker:1", "channel:main", "t")
+            .await
+            .unwrap();
+        let elsewhere = b
+            .worker_started(run_b.id(), "worker:2", "channel:main", "t")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(elsewhere.contains("another host"), "{elsewhere}");
+        assert_eq!(b.worker("worker:2").await.unwrap(), None);
+
+        // A is paused past its lease; B marks its worker interrupted.
+        expire(&url, run_a.id()).await;
+        let marked = b.mark_interrupted_workers().await.unwrap();
+        assert_eq!(marked.len(), 1);
+        // A resumes with its worker's result: it lands nothing, and says why.
+        let late = a
+            .set_worker_state("worker:1", WorkerState::Done, Some("late result"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(late.contains("dropped"), "{late}");
+        let record = b.worker("worker:1").await.unwrap().unwrap();
+        assert_eq!(record.state, WorkerState::Interrupted);
+        assert_ne!(record.outcome.as_deref(), Some("late result"));
+        // B takes the conversation over with its next worker.
+        b.worker_started(run_b.id(), "worker:3", "channel:main", "t")
+            .await
+            .unwrap();
+        assert_eq!(
+            b.claim("channel:main", run_b.id()).await.unwrap(),
+            Claim::Owned(Epoch::new(2))
+        );
     }
 }
