@@ -318,8 +318,11 @@ async fn finish(
     stop: Option<Stop>,
 ) -> (ExitCode, Tally) {
     runtime.shutdown();
+    let services = runtime.services().clone();
     drop(runtime);
     let tally = printer.await.unwrap_or_default();
+    // The run ended with the runtime; other hosts learn it before this process exits.
+    services.ledger.settle().await;
     (ExitCode::from(exit_code_of(stop, tally)), tally)
 }
 

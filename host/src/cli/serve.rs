@@ -50,6 +50,7 @@ impl ServeCommand {
         let workspace = config.agent.workspace.clone();
         let agent = self.launch.start_agent(config).await?;
         let provider = agent.runtime.provider_name();
+        let services = agent.runtime.services().clone();
         let server = Server::bind(&settings, agent.runtime, agent.registry, agent.events).await?;
         // Caught before the banner: a supervisor may signal as soon as it reads it.
         let mut signals = StopSignals::install();
@@ -69,6 +70,8 @@ impl ServeCommand {
                 });
             })
             .await?;
+        // The run ended with the runtime; other hosts learn it before this process exits.
+        services.ledger.settle().await;
         Ok(ExitCode::SUCCESS)
     }
 }

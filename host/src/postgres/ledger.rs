@@ -6,7 +6,7 @@
 //! database's clock (the host died, or stopped renewing): only then are its workers
 //! marked interrupted, by whichever host looks first.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use tokio_postgres::{Client, NoTls, Row};
 
 use super::sessions::Owner;
-use super::{Postgres, now};
+use super::{Ending, Postgres, now};
 use crate::services::{
     Ledger, Run, RunId, ServiceError, WorkerRecord, WorkerState, interrupted_outcome,
     worker_already_recorded, worker_has_ended,
@@ -31,14 +31,14 @@ const LEASE_TTL_SECONDS: f64 = 15.0;
 struct RunLease {
     id: i64,
     stop: Option<oneshot::Sender<()>>,
-    ending: Arc<Mutex<HashSet<i64>>>,
+    ending: Arc<Ending>,
     owner: Arc<Mutex<Owner>>,
 }
 
 impl Drop for RunLease {
     fn drop(&mut self) {
         // Over at once for this host; the renewer writes the end for the others.
-        self.ending.lock().unwrap().insert(self.id);
+        self.ending.runs.lock().unwrap().insert(self.id);
         let mut owner = self.owner.lock().unwrap();
         if owner.run == Some(RunId::new(self.id as u64)) {
             *owner = Owner::default();
@@ -110,7 +110,7 @@ async fn renew(
     mut lease: LeaseConnection,
     id: i64,
     mut stop: oneshot::Receiver<()>,
-    ending: Arc<Mutex<HashSet<i64>>>,
+    ending: Arc<Ending>,
 ) {
     let mut tick = tokio::time::interval(LEASE_PERIOD);
     tick.tick().await;
@@ -148,7 +148,8 @@ async fn renew(
     match tokio::time::timeout(LEASE_PERIOD, lease.end(id)).await {
         // Written: the database says it for every host now.
         Ok(Ok(())) => {
-            ending.lock().unwrap().remove(&id);
+            ending.runs.lock().unwrap().remove(&id);
+            ending.written.notify_waiters();
         }
         Ok(Err(err)) => {
             tracing::warn!(database = %location, run = id, "cannot record the run's end (its lease expires instead): {err}");
@@ -157,6 +158,9 @@ async fn renew(
             tracing::warn!(database = %location, run = id, "recording the run's end timed out (its lease expires instead)");
         }
     }
+    // Written or not, nobody waits for it any more.
+    ending.runs.lock().unwrap().remove(&id);
+    ending.written.notify_waiters();
 }
 
 fn worker_from(row: &Row) -> Result<WorkerRecord, ServiceError> {
@@ -360,8 +364,24 @@ impl Ledger for Postgres {
         rows.iter().map(worker_from).collect()
     }
 
+    async fn settle(&self) {
+        // Each end is written within one period, or given up on (the lease expires).
+        let deadline = tokio::time::Instant::now() + 2 * LEASE_PERIOD;
+        loop {
+            let written = self.ending.written.notified();
+            tokio::pin!(written);
+            written.as_mut().enable();
+            if self.ending.runs.lock().unwrap().is_empty() {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, written).await.is_err() {
+                return;
+            }
+        }
+    }
+
     async fn mark_interrupted_workers(&self) -> Result<Vec<WorkerRecord>, ServiceError> {
-        let ending: Vec<i64> = self.ending.lock().unwrap().iter().copied().collect();
+        let ending: Vec<i64> = self.ending.runs.lock().unwrap().iter().copied().collect();
         let working = [
             WorkerState::Running.as_str(),
             WorkerState::WaitingForInput.as_str(),

@@ -36,8 +36,9 @@ mod schema;
 mod sessions;
 mod tasks;
 
-#[cfg(test)]
-pub(crate) mod test_cluster;
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod test_cluster;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -68,7 +69,7 @@ pub struct Postgres {
     /// The database as errors name it (no password).
     location: String,
     /// Runs this host ended whose end may not be written yet: over already.
-    ending: Arc<Mutex<HashSet<i64>>>,
+    ending: Arc<Ending>,
     /// The run this host writes sessions under, and the sessions it owns.
     owner: Arc<Mutex<sessions::Owner>>,
 }
@@ -167,6 +168,13 @@ fn check_hosts(config: &tokio_postgres::Config) -> Result<(), PgError> {
         });
     }
     Ok(())
+}
+
+/// The runs this host ended whose end is not written yet, and a wake-up for each written.
+#[derive(Default)]
+struct Ending {
+    runs: Mutex<HashSet<i64>>,
+    written: tokio::sync::Notify,
 }
 
 /// `postgresql://USER@HOST:PORT/DB`, from what `config` names.

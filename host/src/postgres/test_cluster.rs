@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A running server.
-pub(crate) struct TestCluster {
+pub struct TestCluster {
     dir: tempfile::TempDir,
     bin: PathBuf,
 }
@@ -38,7 +38,7 @@ fn is_root() -> bool {
 
 impl TestCluster {
     /// Creates and starts a cluster; panics with the server's output if it cannot.
-    pub(crate) fn start() -> TestCluster {
+    pub fn start() -> TestCluster {
         let bin = server_bin();
         // Under /tmp whatever TMPDIR says: the postgres user must reach it, and a socket
         // path must stay short.
@@ -121,13 +121,13 @@ impl TestCluster {
     }
 
     /// The URL of database `name`, through the socket.
-    pub(crate) fn url(&self, name: &str) -> String {
+    pub fn url(&self, name: &str) -> String {
         let socket_dir = self.dir.path().display().to_string().replace('/', "%2F");
         format!("postgres://capstan@{socket_dir}/{name}")
     }
 
     /// A new empty database, and its URL.
-    pub(crate) async fn fresh_database(&self) -> String {
+    pub async fn fresh_database(&self) -> String {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let name = format!("test_{}", NEXT.fetch_add(1, Ordering::SeqCst));
         admin(&self.url("postgres"))
@@ -151,7 +151,7 @@ impl Drop for TestCluster {
 }
 
 /// A plain connection to `url`, as an operator's `psql` would have.
-pub(crate) async fn admin(url: &str) -> tokio_postgres::Client {
+pub async fn admin(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .unwrap();

@@ -68,6 +68,11 @@ pub trait Ledger: Send + Sync {
     /// [`WorkerState::Interrupted`] (outcome [`interrupted_outcome`]) and returns them,
     /// sorted by id. Workers of live runs, in this host or any other, are left alone.
     async fn mark_interrupted_workers(&self) -> Result<Vec<WorkerRecord>, ServiceError>;
+
+    /// Returns once the end of every run this host dropped is recorded where other hosts
+    /// see it, for a backend that records it after the drop; call it before the process
+    /// exits. The default has nothing to wait for.
+    async fn settle(&self) {}
 }
 
 /// A run's number, unique among the runs sharing the services.

@@ -21,6 +21,7 @@ mod imports;
 mod limits;
 mod loading;
 mod net;
+mod postgres;
 mod providers;
 mod reuse;
 mod sandbox;
