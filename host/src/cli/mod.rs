@@ -9,6 +9,7 @@ mod paths;
 mod plugins;
 mod policy;
 mod serve;
+mod status;
 mod table;
 mod tool;
 
@@ -48,6 +49,8 @@ enum Command {
     Run(agent::RunCommand),
     /// List the taskboard.
     Tasks(agent::TasksCommand),
+    /// Show where the store is; on PostgreSQL, the hosts' runs and who owns each session.
+    Status(status::StatusCommand),
     /// Write a commented default capstan.toml.
     Init(init::InitCommand),
     /// List and inspect tool plugins.
@@ -356,6 +359,7 @@ impl Cli {
             Command::Serve(cmd) => cmd.run().await,
             Command::Mcp(cmd) => cmd.run().await,
             Command::Tasks(cmd) => cmd.run().await,
+            Command::Status(cmd) => cmd.run().await,
             Command::Init(cmd) => cmd.run(),
             Command::Plugins(cmd) => cmd.run().await,
             Command::Policy(cmd) => cmd.run().await,

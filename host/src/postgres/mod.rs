@@ -34,6 +34,7 @@ mod ledger;
 mod memory;
 mod schema;
 mod sessions;
+mod status;
 mod tasks;
 
 #[cfg(any(test, feature = "testing"))]
@@ -49,6 +50,7 @@ use tokio_postgres::NoTls;
 
 pub use error::PgError;
 pub use sessions::{Claim, Epoch};
+pub use status::{RunStatus, SessionStatus};
 
 use crate::services::{ServiceError, Services};
 

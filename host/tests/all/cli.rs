@@ -594,3 +594,15 @@ fn a_reader_that_stops_early_ends_the_demo_quietly() {
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(out.status.code(), Some(0), "{err}");
 }
+
+#[test]
+fn status_names_the_sqlite_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = capstan(dir.path(), &["status"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shown = stdout(&out);
+    assert!(
+        shown.starts_with("store: SQLite, ") && shown.contains("capstan.db (one host)"),
+        "{shown}"
+    );
+}

@@ -78,6 +78,29 @@ async fn two_capstan_processes_share_a_conversation_through_postgres() {
         .get(0);
     assert_eq!(open_runs, 0, "each process ended its run on the way out");
 
+    // `capstan status` shows both runs ended and the session with its owner and epoch.
+    let status = capstan_command(a.path(), &["status"])
+        .env("CAPSTAN_TEST_DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    assert!(status.status.success(), "{}", stderr(&status));
+    let shown = stdout(&status);
+    assert!(
+        shown.starts_with("store: PostgreSQL, postgresql://capstan@"),
+        "{shown}"
+    );
+    assert_eq!(shown.matches(" ended").count(), 2, "{shown}");
+    let session = shown
+        .lines()
+        .find(|line| line.starts_with("channel:main"))
+        .unwrap_or_else(|| panic!("{shown}"));
+    let columns: Vec<&str> = session.split_whitespace().collect();
+    assert_eq!(columns, ["channel:main", "run:2", "2"], "{shown}");
+    assert!(
+        !shown.contains(&url),
+        "the URL itself is not printed: {shown}"
+    );
+
     // A URL variable that is not set is named, with the fix.
     let unset = capstan_command(a.path(), &["run", "first"])
         .env_remove("CAPSTAN_TEST_DATABASE_URL")
