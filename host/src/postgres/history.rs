@@ -24,11 +24,42 @@ impl Postgres {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(failed)?;
         self.hold(&tx, channel, fence).await?;
+        let mut length = None;
+        if fence.is_some() {
+            // The history as stored, under its head row's lock: it must be the one this
+            // host last read or wrote.
+            let stored: i64 = tx
+                .query_opt(
+                    "SELECT next FROM history_heads WHERE channel = $1 FOR UPDATE",
+                    &[&channel],
+                )
+                .await
+                .map_err(failed)?
+                .map_or(0, |row| row.get(0));
+            if let Some(known) = self.known_length(channel)
+                && known != stored
+            {
+                return Err(ServiceError::Invalid(format!(
+                    "{channel}'s history changed since this host read it ({known} messages \
+                     then, {stored} now): the {} is dropped; reload the conversation before \
+                     writing to it",
+                    write.what()
+                )));
+            }
+            length = Some(match write {
+                Write::Append => stored + messages.len() as i64,
+                Write::Replace => messages.len() as i64,
+            });
+        }
         match write {
             Write::Append => self.append_in(&tx, channel, messages).await?,
             Write::Replace => self.replace_in(&tx, channel, messages).await?,
         }
-        Ok(tx.commit().await.map_err(failed)?)
+        tx.commit().await.map_err(failed)?;
+        if let Some(length) = length {
+            self.note_length(channel, length);
+        }
+        Ok(())
     }
 
     /// Replaces `channel`'s history inside `tx`, under its head row's lock.
@@ -115,6 +146,8 @@ impl History for Postgres {
             )
             .await
             .map_err(|err| self.failed("history.load", err))?;
+        // One statement, one snapshot: the history is 0..len, as its head row says.
+        self.note_length(channel, rows.len() as i64);
         rows.iter()
             .map(|row| {
                 let seq = row.get::<_, i64>(0) as u64;

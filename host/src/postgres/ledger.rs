@@ -6,7 +6,6 @@
 //! database's clock (the host died, or stopped renewing): only then are its workers
 //! marked interrupted, by whichever host looks first.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,16 +36,21 @@ struct RunLease {
 
 impl Drop for RunLease {
     fn drop(&mut self) {
-        // Over at once for this host; the renewer writes the end for the others.
-        self.ending.runs.lock().unwrap().insert(self.id);
+        // Over at once for this host; the renewer writes the end for the others (unless
+        // it stopped already: the lease was lost, and is over for everyone).
+        let mut ending = self.ending.runs.lock().unwrap();
+        ending.insert(self.id);
+        let renewer = self.stop.take().map(|stop| stop.send(()));
+        if !matches!(renewer, Some(Ok(()))) {
+            ending.remove(&self.id);
+        }
+        drop(ending);
         let mut owner = self.owner.lock().unwrap();
         if owner.run == Some(RunId::new(self.id as u64)) {
             *owner = Owner::default();
         }
         drop(owner);
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        self.ending.written.notify_waiters();
     }
 }
 
@@ -207,7 +211,7 @@ impl Ledger for Postgres {
         tokio::spawn(renew(lease, id, stopped, self.ending.clone()));
         *self.owner.lock().unwrap() = Owner {
             run: Some(RunId::new(id as u64)),
-            epochs: HashMap::new(),
+            ..Owner::default()
         };
         let lease = RunLease {
             id,
@@ -263,8 +267,8 @@ impl Ledger for Postgres {
             .query_opt(
                 "INSERT INTO workers (id, channel, task, state, run, started_at, updated_at)
                  SELECT $1, $2, $3, $4, $5, $6, $6
-                 WHERE EXISTS (SELECT 1 FROM runs
-                               WHERE id = $5 AND ended_at IS NULL AND expires_at > now())
+                 WHERE EXISTS (SELECT 1 FROM runs WHERE id = $5 AND ended_at IS NULL
+                               AND expires_at > statement_timestamp())
                  ON CONFLICT (id) DO NOTHING RETURNING id",
                 &[
                     &id,
@@ -371,7 +375,9 @@ impl Ledger for Postgres {
             let written = self.ending.written.notified();
             tokio::pin!(written);
             written.as_mut().enable();
-            if self.ending.runs.lock().unwrap().is_empty() {
+            // A run still held ends soon (its runtime is being dropped): wait for it too.
+            let held = self.owner.lock().unwrap().run.is_some();
+            if !held && self.ending.runs.lock().unwrap().is_empty() {
                 return;
             }
             if tokio::time::timeout_at(deadline, written).await.is_err() {

@@ -60,6 +60,9 @@ const POOL_SIZE: usize = 16;
 /// How long making a connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a transaction may sit idle or wait for a lock: under a lease's life.
+const TRANSACTION_LIMIT: Duration = Duration::from_secs(10);
+
 /// How long a call waits for a pooled connection when all are in use.
 const POOL_WAIT: Duration = Duration::from_secs(30);
 
@@ -89,6 +92,15 @@ impl Postgres {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
         config.keepalives_idle(Duration::from_secs(30));
+        // A host paused inside a transaction (holding a session's row) is cut off, and a
+        // lock is not waited for, well within a lease: a takeover never waits on a host
+        // that lost its lease.
+        let options = format!(
+            "{} -c idle_in_transaction_session_timeout={ms} -c lock_timeout={ms}",
+            config.get_options().unwrap_or(""),
+            ms = TRANSACTION_LIMIT.as_millis()
+        );
+        config.options(options.trim());
         let location = location_of(&config);
         let manager = Manager::from_config(
             config.clone(),
@@ -257,6 +269,22 @@ mod hosts {
             message.contains("version 99") && message.contains(&location_of(&url.parse().unwrap())),
             "{message}"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_paused_transaction_or_a_lock_wait_is_cut_within_a_lease() {
+        let cluster = TestCluster::start();
+        let url = cluster.fresh_database().await;
+        let host = Postgres::connect(&url).await.unwrap();
+        let client = host.client().await.unwrap();
+        for setting in ["idle_in_transaction_session_timeout", "lock_timeout"] {
+            let value: String = client
+                .query_one(&format!("SHOW {setting}"), &[])
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(value, "10s", "{setting}");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -45,8 +45,8 @@ pub enum Claim {
 }
 
 /// A live run's lease, in SQL: `$run` ended or expired is no owner.
-const LIVE_RUN: &str =
-    "SELECT 1 FROM runs WHERE id = $2 AND ended_at IS NULL AND expires_at > now()";
+const LIVE_RUN: &str = "SELECT 1 FROM runs WHERE id = $2 AND ended_at IS NULL \
+                        AND expires_at > statement_timestamp()";
 
 impl Postgres {
     /// Claims session `channel` for `run`: keeps it if the run owns it already, takes it
@@ -78,7 +78,8 @@ impl Postgres {
              ON CONFLICT (channel) DO UPDATE SET owner_run = $2, epoch = sessions.epoch + 1
                  WHERE sessions.owner_run <> $2
                    AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = sessions.owner_run
-                                   AND r.ended_at IS NULL AND r.expires_at > now())
+                                   AND r.ended_at IS NULL
+                                   AND r.expires_at > statement_timestamp())
              RETURNING epoch"
         );
         if let Some(row) = client
@@ -235,6 +236,19 @@ impl Postgres {
         }
     }
 
+    /// Notes that `channel`'s history holds `length` messages, as this host knows it.
+    pub(super) fn note_length(&self, channel: &str, length: i64) {
+        let mut owner = self.owner.lock().unwrap();
+        if owner.run.is_some() {
+            owner.lengths.insert(channel.to_owned(), length);
+        }
+    }
+
+    /// How many messages this host knows `channel`'s history to hold, if it read it.
+    pub(super) fn known_length(&self, channel: &str) -> Option<i64> {
+        self.owner.lock().unwrap().lengths.get(channel).copied()
+    }
+
     /// Forgets the epoch this host claimed `channel` under.
     pub(super) fn forget_epoch(&self, channel: &str) {
         self.owner.lock().unwrap().epochs.remove(channel);
@@ -253,6 +267,10 @@ pub(super) struct Fence {
 pub(super) struct Owner {
     pub(super) run: Option<RunId>,
     pub(super) epochs: HashMap<String, Epoch>,
+    /// How many messages each channel's history held when this host last read or wrote
+    /// it: a write to a history that changed since is refused, so a host never writes
+    /// from (or over) a copy another host's writes made stale.
+    pub(super) lengths: HashMap<String, i64>,
 }
 
 fn run_over(run: RunId) -> ServiceError {
@@ -465,5 +483,32 @@ mod tests {
             b.claim("channel:main", run_b.id()).await.unwrap(),
             Claim::Owned(Epoch::new(2))
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_host_never_writes_over_history_it_did_not_see() {
+        let cluster = TestCluster::start();
+        let (url, [(a, run_a), (b, run_b)]) = two_hosts(&cluster).await;
+        let (ha, hb): (Arc<dyn History>, Arc<dyn History>) = (a.clone(), b.clone());
+        // Both hosts open the conversation; A answers first.
+        assert!(ha.load("channel:main").await.unwrap().is_empty());
+        assert!(hb.load("channel:main").await.unwrap().is_empty());
+        ha.append("channel:main", vec!["1".into()]).await.unwrap();
+        assert!(hb.append("channel:main", vec!["2".into()]).await.is_err());
+        // A goes away; B, which never saw A's message, tries to rewrite from its copy.
+        expire(&url, run_a.id()).await;
+        let stale = hb
+            .replace("channel:main", vec!["2".into()])
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(stale.contains("changed since this host read it"), "{stale}");
+        let kept: Vec<u32> = hb.load_as("channel:main").await.unwrap();
+        assert_eq!(kept, [1], "A's message survives");
+        // Having read it, B writes on.
+        hb.append("channel:main", vec!["3".into()]).await.unwrap();
+        let kept: Vec<u32> = hb.load_as("channel:main").await.unwrap();
+        assert_eq!(kept, [1, 3]);
+        drop((run_a, run_b));
     }
 }
