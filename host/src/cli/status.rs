@@ -33,7 +33,7 @@ impl StatusCommand {
             }
             StoreSettings::Postgres { url } => url.value().map_err(anyhow::Error::msg)?,
         };
-        let db = Postgres::connect(&url).await?;
+        let db = Postgres::connect_as_is(&url).await?;
         writeln!(out, "store: PostgreSQL, {}", db.location())?;
         let now = SystemTime::now();
         let runs: Vec<Vec<String>> = db

@@ -82,6 +82,16 @@ pub struct Postgres {
 impl Postgres {
     /// Connects to the database at `url` and brings its schema up to date.
     pub async fn connect(url: &str) -> Result<Arc<Postgres>, PgError> {
+        let postgres = Postgres::connect_as_is(url).await?;
+        let mut client = postgres.client().await?;
+        schema::migrate(&mut client, &postgres.location).await?;
+        drop(client);
+        Ok(postgres)
+    }
+
+    /// Connects to the database at `url` and changes nothing: for reading what the hosts
+    /// wrote (`capstan status`), whatever schema version a newer host left.
+    pub async fn connect_as_is(url: &str) -> Result<Arc<Postgres>, PgError> {
         let mut config: tokio_postgres::Config = url.parse().map_err(|err| PgError::Url {
             reason: error::chain(&err),
         })?;
@@ -127,8 +137,8 @@ impl Postgres {
             ending: Arc::default(),
             owner: Arc::default(),
         };
-        let mut client = postgres.client().await?;
-        schema::migrate(&mut client, &postgres.location).await?;
+        // A connection now, so a wrong URL or a server down is said here.
+        drop(postgres.client().await?);
         Ok(Arc::new(postgres))
     }
 
@@ -285,6 +295,23 @@ mod hosts {
                 .get(0);
             assert_eq!(value, "10s", "{setting}");
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_as_is_changes_nothing() {
+        let cluster = TestCluster::start();
+        let url = cluster.fresh_database().await;
+        Postgres::connect_as_is(&url).await.unwrap();
+        let tables: i64 = admin(&url)
+            .await
+            .query_one(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(tables, 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
