@@ -108,7 +108,7 @@ impl<T: Send + 'static> GroupCommit<T> {
         let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.store.write_now(|tx| (self.write)(tx, &rows))
         }));
-        let result = match written {
+        let written = match written {
             // Not now: the batch goes back to the front of the queue, for a writer thread.
             Ok(None) => {
                 let mut pending = self.lock();
@@ -119,13 +119,10 @@ impl<T: Send + 'static> GroupCommit<T> {
                 self.start_writer();
                 return;
             }
-            Ok(Some(result)) => result.map_err(|err| self.store.locate(err).to_string()),
-            Err(_) => Err(self.unexpected()),
+            Ok(Some(result)) => Ok(result),
+            Err(panic) => Err(panic),
         };
-        for waiter in waiters {
-            // A caller that dropped its row no longer needs the answer.
-            let _ = waiter.send(result.clone());
-        }
+        self.answer(waiters, written);
         self.flush_later(Writing::Caller);
     }
 
@@ -162,6 +159,24 @@ impl<T: Send + 'static> GroupCommit<T> {
         }
     }
 
+    /// Tells each waiter of a batch how its write went: committed, the store's error
+    /// (naming the database), or a panic (a bug).
+    fn answer(
+        &self,
+        waiters: Vec<oneshot::Sender<Result<(), String>>>,
+        written: std::thread::Result<Result<(), StoreError>>,
+    ) {
+        let result = match written {
+            Ok(result) => result.map_err(|err| self.store.locate(err).to_string()),
+            Err(_) => Err(self.unexpected()),
+        };
+        for waiter in waiters {
+            // A caller that stopped waiting (dropped its row, its deadline) no longer
+            // needs the answer.
+            let _ = waiter.send(result.clone());
+        }
+    }
+
     /// The error of a write that panicked.
     fn unexpected(&self) -> String {
         format!(
@@ -189,14 +204,7 @@ impl<T: Send + 'static> GroupCommit<T> {
             let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.store.write(|tx| (self.write)(tx, &rows))
             }));
-            let result = match written {
-                Ok(result) => result.map_err(|err| self.store.locate(err).to_string()),
-                Err(_) => Err(self.unexpected()),
-            };
-            for waiter in waiters {
-                // A caller that stopped waiting (its deadline) no longer needs the answer.
-                let _ = waiter.send(result.clone());
-            }
+            self.answer(waiters, written);
         }
     }
 

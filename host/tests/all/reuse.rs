@@ -265,21 +265,7 @@ async fn an_instance_holding_a_stream_over_a_file_is_not_kept() {
         assert_eq!(call("read_held").await.unwrap(), "none held", "{grants}");
     }
     // Streams closed before the call returns leave the instance kept.
-    ws.put("notes.txt", "kept");
-    let instances = ProcessInstances::new();
-    for _ in 0..2 {
-        let read = call_in(
-            &registry,
-            Some(&instances),
-            "file_read",
-            json!({ "path": "notes.txt" }),
-            "fs.read",
-            &ws,
-        )
-        .await;
-        assert!(read.unwrap().contains("kept"));
-        assert_eq!(instances.len(), 1);
-    }
+    reads_of_notes_keep_one_instance(&registry, &ws, 2).await;
 }
 
 #[tokio::test]
@@ -658,21 +644,27 @@ async fn a_cancelled_call_drops_the_instance() {
 #[tokio::test]
 async fn the_files_plugin_is_kept_between_a_process_calls() {
     let registry = registry(small_limits()).await;
-    let mine = ProcessInstances::new();
     let ws = Workspace::new();
+    reads_of_notes_keep_one_instance(&registry, &ws, 3).await;
+}
+
+/// Reads `notes.txt` (written here) `times` times as one process: every read sees it,
+/// and the process keeps one instance throughout.
+async fn reads_of_notes_keep_one_instance(registry: &Registry, ws: &Workspace, times: usize) {
     ws.put("notes.txt", "kept");
-    for _ in 0..3 {
+    let instances = ProcessInstances::new();
+    for _ in 0..times {
         let read = call_in(
-            &registry,
-            Some(&mine),
+            registry,
+            Some(&instances),
             "file_read",
-            json!({"path": "notes.txt"}),
+            json!({ "path": "notes.txt" }),
             "fs.read",
-            &ws,
+            ws,
         )
         .await;
         assert!(read.unwrap().contains("kept"));
-        assert_eq!(mine.len(), 1);
+        assert_eq!(instances.len(), 1);
     }
 }
 
