@@ -24,7 +24,7 @@ use crate::ids::ProcessId;
 use crate::llm::{Message, Provider, ToolDef};
 use crate::plugin::Registry;
 use crate::policy::ProcessKind;
-use crate::services::{Run, RunId, ServiceError, Services, TaskPatch, WorkerState};
+use crate::services::{Claim, Run, RunId, ServiceError, Services, TaskPatch, WorkerState};
 
 /// What the processes of one agent share.
 pub(crate) struct Context {
@@ -110,6 +110,25 @@ pub enum ConversationError {
     /// As many conversations as the limit allows are open.
     #[error(transparent)]
     TooMany(#[from] TooManyConversations),
+    /// Another host answers it: what is sent to it is forwarded there.
+    #[error(transparent)]
+    OwnedElsewhere(#[from] OwnedElsewhere),
+    /// Which host answers it could not be settled (the store failed).
+    #[error("cannot settle which host answers the conversation: {0}")]
+    Session(ServiceError),
+}
+
+/// A conversation another host's run answers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{conversation} is answered by {owner}, a run of another host sharing the store: \
+     send it messages (they are forwarded), or use that host"
+)]
+pub struct OwnedElsewhere {
+    /// The conversation.
+    pub conversation: ProcessId,
+    /// The run that owns it.
+    pub owner: RunId,
 }
 
 /// What a request for a worker did.
@@ -178,6 +197,11 @@ impl Context {
         self.run.id()
     }
 
+    /// This host's run in the ledger.
+    pub(crate) fn run(&self) -> &Run {
+        &self.run
+    }
+
     /// Reports `event`.
     pub(crate) fn emit(&self, event: Event) {
         self.events.emit(event);
@@ -233,6 +257,7 @@ impl Context {
             tools,
             max_turns: self.config.limits.max_turns,
             deltas: &(),
+            run: &self.run,
         }
     }
 
@@ -261,6 +286,24 @@ impl Context {
             return Ok(handle);
         }
         let session = id.session();
+        // Claimed before its history is read: the history of a session this host owns
+        // changes only through this host.
+        let claim = self
+            .services
+            .sessions
+            .claim(session.as_str(), self.run.id())
+            .await
+            .map_err(ConversationError::Session)?;
+        let epoch = match claim {
+            Claim::Owned(epoch) => epoch,
+            Claim::OwnedElsewhere(owner) => {
+                return Err(OwnedElsewhere {
+                    conversation: id.clone(),
+                    owner,
+                }
+                .into());
+            }
+        };
         let history = self.services.history.load_as(session.as_str()).await?;
         let limit = self.config.limits.max_open_conversations as usize;
         self.supervisor.channel_or_open(id, limit, || {
@@ -268,6 +311,7 @@ impl Context {
             let limits = &self.config.limits;
             let handle = ChannelHandle::new(
                 inbox,
+                epoch,
                 limits.max_workers_per_channel as usize,
                 limits.max_branches_per_channel as usize,
             );

@@ -11,7 +11,7 @@ use super::notifications::NotificationKind;
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
 use crate::plugin::ToolError;
-use crate::services::WorkerState;
+use crate::services::{RunId, WorkerState};
 
 /// One thing that happened, in order.
 ///
@@ -221,6 +221,14 @@ pub enum Event {
         /// What the store said.
         error: String,
     },
+    /// A message for a conversation that another host sharing the store answers was
+    /// forwarded to it: its turn, reply and events happen on that host.
+    Forwarded {
+        /// The conversation.
+        channel: ProcessId,
+        /// The run, on the other host, that answers it.
+        owner: RunId,
+    },
 }
 
 /// How a turn ended, in an [`Event::TurnFinished`].
@@ -290,7 +298,8 @@ impl Event {
             Event::Reply { channel, .. }
             | Event::Text { channel, .. }
             | Event::NotificationFolded { channel, .. }
-            | Event::HistoryNotSaved { channel, .. } => channel,
+            | Event::HistoryNotSaved { channel, .. }
+            | Event::Forwarded { channel, .. } => channel,
             Event::TurnStarted { process, .. }
             | Event::TurnFinished { process, .. }
             | Event::TurnSuppressed { process, .. }
@@ -369,6 +378,10 @@ impl fmt::Display for Event {
             Event::HistoryNotSaved { error, .. } => {
                 write!(f, "the history was not saved: {error}")
             }
+            Event::Forwarded { owner, .. } => write!(
+                f,
+                "forwarded to {owner}, which answers this conversation on another host"
+            ),
         }
     }
 }
@@ -574,10 +587,17 @@ mod tests {
             ),
             (
                 Event::HistoryNotSaved {
-                    channel: main,
+                    channel: main.clone(),
                     error: "disk full".into(),
                 },
                 json!({"type": "history_not_saved", "channel": "channel:main", "error": "disk full"}),
+            ),
+            (
+                Event::Forwarded {
+                    channel: main,
+                    owner: RunId::new(7),
+                },
+                json!({"type": "forwarded", "channel": "channel:main", "owner": 7}),
             ),
         ]
     }
@@ -604,6 +624,10 @@ mod tests {
         assert!(shown.contains(&"[worker:3] file_read not-found: no such file".to_owned()));
         assert!(shown.contains(&"[worker:3] 2 routed message(s) injected".to_owned()));
         assert!(shown.contains(&"[channel:main] turn finished (out_of_turns)".to_owned()));
+        assert!(shown.contains(
+            &"[channel:main] forwarded to run:7, which answers this conversation on another host"
+                .to_owned()
+        ));
     }
 
     #[test]

@@ -9,6 +9,7 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use super::notifications::{Notification, NotificationKind};
 use crate::ids::ProcessId;
 use crate::llm::Message;
+use crate::services::Epoch;
 
 /// What a channel reacts to.
 #[derive(Debug, Clone)]
@@ -49,6 +50,8 @@ impl ChannelInput {
 #[derive(Clone)]
 pub(crate) struct ChannelHandle {
     pub(crate) inbox: mpsc::UnboundedSender<ChannelInput>,
+    /// The epoch this host owns the conversation's session under.
+    pub(crate) epoch: Epoch,
     /// Inputs not yet handled plus workers and branches still running for this channel.
     pending: Arc<AtomicUsize>,
     settled: Arc<Notify>,
@@ -59,15 +62,17 @@ pub(crate) struct ChannelHandle {
 }
 
 impl ChannelHandle {
-    /// A handle on `inbox`, admitting at most `workers` workers and `branches` branches at
-    /// once.
+    /// A handle on `inbox`, of a session owned under `epoch`, admitting at most `workers`
+    /// workers and `branches` branches at once.
     pub(crate) fn new(
         inbox: mpsc::UnboundedSender<ChannelInput>,
+        epoch: Epoch,
         workers: usize,
         branches: usize,
     ) -> Self {
         ChannelHandle {
             inbox,
+            epoch,
             pending: Arc::new(AtomicUsize::new(0)),
             settled: Arc::new(Notify::new()),
             worker_slots: Arc::new(Semaphore::new(workers)),

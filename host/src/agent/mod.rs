@@ -19,6 +19,7 @@ mod channel;
 mod compactor;
 mod context;
 mod events;
+mod forwarding;
 mod host_tools;
 mod inbox;
 mod notifications;
@@ -32,7 +33,7 @@ mod tool_calls;
 mod turn;
 mod worker;
 
-pub use context::{ConversationError, SpawnOutcome};
+pub use context::{ConversationError, OwnedElsewhere, SpawnOutcome};
 pub use events::{Event, TurnEnding};
 pub use notifications::NotificationKind;
 pub use supervisor::{ShuttingDown, TooManyConversations};

@@ -4,18 +4,19 @@
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::context::{BranchSpec, Context, ConversationError, SpawnOutcome, Starter, WorkerSpec};
 use super::events::Event;
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::reservations::Reservation;
-use super::{branch, channel, worker};
+use super::{branch, channel, forwarding, worker};
 use crate::config::Config;
 use crate::ids::ProcessId;
 use crate::llm::{Message, Provider, ToolDef};
 use crate::plugin::Registry;
 use crate::policy::ProcessKind;
-use crate::services::{ServiceError, Services};
+use crate::services::{Forwarded, ServiceError, Services};
 
 /// One agent: its config, plugins, services and model, and the channels, workers and branches
 /// running on them.
@@ -26,6 +27,9 @@ use crate::services::{ServiceError, Services};
 /// ([`Registry::call_as`]).
 pub struct Runtime {
     ctx: Arc<Context>,
+    /// The tasks that take what other hosts forward and watch the run's lease: they hold
+    /// the context weakly, and end with the runtime.
+    _watchers: [AbortOnDropHandle<()>; 2],
 }
 
 /// Runs each kind of process: the one place that knows them all.
@@ -75,7 +79,17 @@ impl Runtime {
     ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<Event>), ServiceError> {
         let starter = Box::new(Processes);
         let (ctx, events) = Context::new(config, registry, services, provider, starter).await?;
-        Ok((Arc::new(Runtime { ctx }), events))
+        let watchers = [
+            tokio::spawn(forwarding::take_forwarded(Arc::downgrade(&ctx))),
+            tokio::spawn(forwarding::stop_when_lease_lost(Arc::downgrade(&ctx))),
+        ];
+        Ok((
+            Arc::new(Runtime {
+                ctx,
+                _watchers: watchers.map(AbortOnDropHandle::new),
+            }),
+            events,
+        ))
     }
 
     /// The configuration.
@@ -118,10 +132,43 @@ impl Runtime {
 
     /// Sends a user message to conversation `id`, opening it on first use. Fails if its
     /// stored history cannot be read, or once the host is shutting down.
+    ///
+    /// When hosts share a store and another host answers the conversation, the message is
+    /// forwarded to that host (reported as [`Event::Forwarded`]): its turn, its reply and
+    /// their events happen there.
     pub async fn send_to(&self, id: &ProcessId, text: &str) -> Result<(), ConversationError> {
-        let handle = self.ctx.conversation(id).await?;
-        handle.send(ChannelInput::User(text.to_owned()));
-        Ok(())
+        match self.ctx.conversation(id).await {
+            Ok(handle) => {
+                handle.send(ChannelInput::User(text.to_owned()));
+                Ok(())
+            }
+            Err(ConversationError::OwnedElsewhere(elsewhere)) => {
+                let message = Forwarded::User {
+                    text: text.to_owned(),
+                };
+                self.ctx
+                    .services
+                    .sessions
+                    .forward(id.session().as_str(), &message)
+                    .await
+                    .map_err(ConversationError::Session)?;
+                self.ctx.emit(Event::Forwarded {
+                    channel: id.clone(),
+                    owner: elsewhere.owner,
+                });
+                Ok(())
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Returns once this host's run lease is lost (never, on a store one host uses
+    /// alone): it was paused or cut off from the database past the lease, and another
+    /// host may answer its conversations now. By then its workers are stopping and its
+    /// conversations closing; nothing more is prompted or stored under the run. The host
+    /// should exit, and be started again.
+    pub async fn lease_lost(&self) {
+        self.ctx.run().lost().await
     }
 
     /// Waits until channel `name` has handled every input and its workers and branches have

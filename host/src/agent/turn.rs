@@ -9,6 +9,7 @@ use super::process_calls::ProcessCalls;
 use crate::dispatch::{DispatchError, DispatchOutcome, Dispatcher, Route, Ticket, TooSlow};
 use crate::ids::{ProcessId, ToolCallId};
 use crate::llm::{AnswerSink, BoxFuture, CompletionRequest, Message, Role, ToolChoice, ToolDef};
+use crate::services::Run;
 
 /// What a tool call did, for the loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,6 +120,8 @@ pub(crate) struct Turn<'a> {
     pub(crate) max_turns: u32,
     /// Where the pieces of each answer go as the model streams them (`&()`: nowhere).
     pub(crate) deltas: &'a dyn AnswerSink,
+    /// The host's run: no request is sent once its lease is not live.
+    pub(crate) run: &'a Run,
 }
 
 impl Turn<'_> {
@@ -171,6 +174,15 @@ impl Turn<'_> {
         let mut route = self.route;
         for answered in 0..self.max_turns {
             let unanswered = |reason| TurnError { reason, answered };
+            // Checked by this host's own clock, not the database: a host paused past its
+            // lease sends at most the request it was about to send when it stopped.
+            if !self.run.is_live() {
+                return Err(unanswered(Unanswered::Suppressed(format!(
+                    "this host's {} lease is not live, so it may not act for the session \
+                     (another host takes it over once the lease expires)",
+                    self.run.id()
+                ))));
+            }
             repair(history);
             let mut messages = Vec::with_capacity(history.len() + 1);
             messages.push(Message::system(self.system));
@@ -559,6 +571,7 @@ mod properties {
             };
             let dispatcher = Dispatcher::new(provider.clone(), settings);
             let ticket = dispatcher.reserve("s", "s:loop").unwrap();
+            let run = Run::new(crate::services::RunId::new(1), ());
             let tools = defs();
             let mut history = Vec::new();
             for (answers, max_turns, injections) in turns.into_iter().chain([(vec![], 1, vec![])]) {
@@ -581,6 +594,7 @@ mod properties {
                     tools: &tools,
                     max_turns,
                     deltas: &(),
+                    run: &run,
                 };
                 let end = turn.run(&mut history, &handler).await;
                 prop_assert!(well_formed(&history).is_ok(), "{:?}", well_formed(&history));

@@ -159,13 +159,15 @@ pub(crate) struct Tally {
 }
 
 /// Exit codes of run, chat and demo beyond 0 (done) and 1 (an error of the host).
-mod exit {
+pub(crate) mod exit {
     /// A model request failed or timed out, or a history could not be saved.
     pub(super) const FAILED: u8 = 2;
     /// Stopped by SIGINT.
     pub(super) const INTERRUPTED: u8 = 130;
     /// Stopped by SIGTERM.
     pub(super) const TERMINATED: u8 = 143;
+    /// Stopped because the host's run lease was lost (another host may answer now).
+    pub(crate) const LEASE_LOST: u8 = 3;
 }
 
 /// Prints events as they come: replies on stdout, status lines and failures on stderr.
@@ -227,12 +229,19 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> Tally {
     tally
 }
 
-/// Which signal stopped a session.
+/// What stopped a session: a signal, or the loss of the host's run lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stop {
     Interrupt,
     Terminate,
+    LeaseLost,
 }
+
+/// What a host says when its run lease was lost.
+pub(crate) const LEASE_LOST: &str = "error: this host's run lease expired before it was \
+    renewed (the host was paused, or cut off from the database, for longer than the lease): \
+    another host may answer its conversations now, so it stopped them and stored nothing \
+    more. Start it again to serve.";
 
 /// SIGINT and SIGTERM, caught from the moment they are installed: a signal that arrives
 /// before anything waits for it is still seen, instead of killing the process at once.
@@ -286,6 +295,11 @@ pub(crate) async fn stop_signal() -> Stop {
 async fn until_stopped(runtime: &Arc<Runtime>, work: impl Future<Output = ()>) -> Option<Stop> {
     tokio::select! {
         () = work => None,
+        () = runtime.lease_lost() => {
+            // The runtime is stopping its processes already.
+            eprintln!("{LEASE_LOST}");
+            Some(Stop::LeaseLost)
+        }
         stop = stop_signal() => {
             eprintln!(
                 "(stopping: running workers are interrupted and the histories saved; \
@@ -306,6 +320,7 @@ pub(crate) fn exit_code_of(stop: Option<Stop>, tally: Tally) -> u8 {
     match stop {
         Some(Stop::Interrupt) => exit::INTERRUPTED,
         Some(Stop::Terminate) => exit::TERMINATED,
+        Some(Stop::LeaseLost) => exit::LEASE_LOST,
         None if tally.failures > 0 => exit::FAILED,
         None => 0,
     }

@@ -4,10 +4,12 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Args;
 
-use super::agent::{Launch, StopSignals};
+use super::agent::{LEASE_LOST, Launch, StopSignals, exit};
 use crate::config::parse_addr;
 use crate::serve::{Server, openapi_json};
 
@@ -51,27 +53,40 @@ impl ServeCommand {
         let agent = self.launch.start_agent(config).await?;
         let provider = agent.runtime.provider_name();
         let services = agent.runtime.services().clone();
+        let runtime = agent.runtime.clone();
         let server = Server::bind(&settings, agent.runtime, agent.registry, agent.events).await?;
         // Caught before the banner: a supervisor may signal as soon as it reads it.
         let mut signals = StopSignals::install();
         // The first line is for programs too: the URL, with the port the system chose. A
         // reader that goes away after it (`capstan serve | head -1`) does not stop the server.
         let _ = print_banner(&server, &provider, &workspace);
-        server
-            .run(async move {
-                signals.next().await;
-                eprintln!(
-                    "(stopping: new connections refused, running workers interrupted, \
-                     histories saved; a second signal quits at once)"
-                );
+        let lost = Arc::new(AtomicBool::new(false));
+        let stop = {
+            let lost = lost.clone();
+            async move {
+                tokio::select! {
+                    _ = signals.next() => eprintln!(
+                        "(stopping: new connections refused, running workers interrupted, \
+                         histories saved; a second signal quits at once)"
+                    ),
+                    () = runtime.lease_lost() => {
+                        eprintln!("{LEASE_LOST}");
+                        lost.store(true, Ordering::SeqCst);
+                    }
+                }
+                drop(runtime);
                 tokio::spawn(async move {
                     signals.next().await;
                     std::process::exit(1);
                 });
-            })
-            .await?;
+            }
+        };
+        server.run(stop).await?;
         // The run ended with the runtime; other hosts learn it before this process exits.
         services.ledger.settle().await;
+        if lost.load(Ordering::SeqCst) {
+            return Ok(ExitCode::from(exit::LEASE_LOST));
+        }
         Ok(ExitCode::SUCCESS)
     }
 }

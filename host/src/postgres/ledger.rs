@@ -6,8 +6,8 @@
 //! database's clock (the host died, or stopped renewing): only then are its workers
 //! marked interrupted, by whichever host looks first.
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio::sync::oneshot;
@@ -16,7 +16,7 @@ use tokio_postgres::{Client, NoTls, Row};
 use super::sessions::Owner;
 use super::{Ending, Postgres, now};
 use crate::services::{
-    Ledger, Run, RunId, ServiceError, WorkerRecord, WorkerState, interrupted_outcome,
+    LeaseClock, Ledger, Run, RunId, ServiceError, WorkerRecord, WorkerState, interrupted_outcome,
     worker_already_recorded, worker_has_ended,
 };
 
@@ -26,12 +26,21 @@ const LEASE_PERIOD: Duration = Duration::from_secs(5);
 /// How long a lease lasts unrenewed: three periods, so one slow renewal loses nothing.
 const LEASE_TTL_SECONDS: f64 = 15.0;
 
+/// How much sooner than the database the host itself counts its lease over: what the two
+/// clocks may drift apart within a lease, many times over.
+const LEASE_MARGIN: Duration = Duration::from_secs(1);
+
+/// The end of a lease renewed by a statement sent at `sent`, by this host's clock: the
+/// database set it [`LEASE_TTL_SECONDS`] after it ran the statement, which is later.
+fn local_term(sent: Instant) -> Instant {
+    sent + Duration::from_secs_f64(LEASE_TTL_SECONDS) - LEASE_MARGIN
+}
+
 /// Keeps a run's lease while held; dropping it ends the run.
 struct RunLease {
     id: i64,
     stop: Option<oneshot::Sender<()>>,
     ending: Arc<Ending>,
-    owner: Arc<Mutex<Owner>>,
 }
 
 impl Drop for RunLease {
@@ -45,11 +54,8 @@ impl Drop for RunLease {
             ending.remove(&self.id);
         }
         drop(ending);
-        let mut owner = self.owner.lock().unwrap();
-        if owner.run == Some(RunId::new(self.id as u64)) {
-            *owner = Owner::default();
-        }
-        drop(owner);
+        // The host's writes stay fenced by the run (refused once its end is written), never
+        // unfenced: a late write of one of its processes lands nothing.
         self.ending.written.notify_waiters();
     }
 }
@@ -113,6 +119,7 @@ impl LeaseConnection {
 async fn renew(
     mut lease: LeaseConnection,
     id: i64,
+    clock: LeaseClock,
     mut stop: oneshot::Receiver<()>,
     ending: Arc<Ending>,
 ) {
@@ -124,13 +131,15 @@ async fn renew(
             _ = &mut stop => break,
             _ = tick.tick() => {}
         }
+        let sent = Instant::now();
         let renewed = tokio::select! {
             _ = &mut stop => break,
             renewed = tokio::time::timeout(LEASE_PERIOD, lease.renew(id)) => renewed,
         };
         match renewed {
-            Ok(Ok(true)) => {}
+            Ok(Ok(true)) => clock.renewed(local_term(sent)),
             Ok(Ok(false)) => {
+                clock.lose();
                 tracing::error!(
                     database = %location,
                     run = id,
@@ -194,6 +203,7 @@ impl Ledger for Postgres {
             client: None,
         };
         let client = lease.client().await.map_err(|err| self.unreachable(err))?;
+        let sent = Instant::now();
         let row = client
             .query_one(
                 "INSERT INTO runs (host, pid, expires_at)
@@ -208,7 +218,14 @@ impl Ledger for Postgres {
             .map_err(|err| self.failed("ledger.begin_run", err))?;
         let id: i64 = row.get(0);
         let (stop, stopped) = oneshot::channel();
-        tokio::spawn(renew(lease, id, stopped, self.ending.clone()));
+        let clock = LeaseClock::new(local_term(sent));
+        tokio::spawn(renew(
+            lease,
+            id,
+            clock.clone(),
+            stopped,
+            self.ending.clone(),
+        ));
         *self.owner.lock().unwrap() = Owner {
             run: Some(RunId::new(id as u64)),
             ..Owner::default()
@@ -217,9 +234,8 @@ impl Ledger for Postgres {
             id,
             stop: Some(stop),
             ending: self.ending.clone(),
-            owner: self.owner.clone(),
         };
-        Ok(Run::new(RunId::new(id as u64), lease))
+        Ok(Run::leased(RunId::new(id as u64), lease, clock))
     }
 
     async fn next_process_number(&self, kind: &str) -> Result<u64, ServiceError> {
@@ -492,6 +508,13 @@ mod tests {
             "{refused}"
         );
         assert_eq!(host.worker("worker:1").await.unwrap(), None);
+        // The host's own renewer finds the lease lost at its next tick, and says so.
+        assert!(
+            run.is_live(),
+            "by the host's clock, until the renewer looks"
+        );
+        run.lost().await;
+        assert!(!run.is_live());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

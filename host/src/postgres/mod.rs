@@ -30,6 +30,7 @@
 mod audit;
 mod error;
 mod history;
+mod inbox;
 mod ledger;
 mod memory;
 mod schema;
@@ -49,7 +50,6 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
 pub use error::PgError;
-pub use sessions::{Claim, Epoch};
 pub use status::{RunStatus, SessionStatus};
 
 use crate::services::{ServiceError, Services};
@@ -77,6 +77,8 @@ pub struct Postgres {
     ending: Arc<Ending>,
     /// The run this host writes sessions under, and the sessions it owns.
     owner: Arc<Mutex<sessions::Owner>>,
+    /// Wakes this host's look at the inbox; made with the listener, on the first look.
+    inbox_hint: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
 }
 
 impl Postgres {
@@ -136,6 +138,7 @@ impl Postgres {
             location,
             ending: Arc::default(),
             owner: Arc::default(),
+            inbox_hint: std::sync::OnceLock::new(),
         };
         // A connection now, so a wrong URL or a server down is said here.
         drop(postgres.client().await?);

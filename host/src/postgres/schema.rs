@@ -127,6 +127,17 @@ const MIGRATIONS: &[&str] = &[
         epoch       BIGINT NOT NULL
     );
     "#,
+    // 3: what hosts forward to sessions another host owns, until the owner takes it.
+    r#"
+    CREATE TABLE inbox (
+        id          BIGSERIAL PRIMARY KEY,
+        channel     TEXT NOT NULL,
+        -- services::Forwarded, as JSON.
+        body        TEXT NOT NULL,
+        created_at  BIGINT NOT NULL
+    );
+    CREATE INDEX inbox_channel ON inbox(channel, id);
+    "#,
 ];
 
 /// The schema version this build brings a database to.

@@ -6,67 +6,20 @@
 //! session, paused past its lease, say, lands nothing after another took over.
 
 use std::collections::HashMap;
-use std::fmt;
 
+use async_trait::async_trait;
 use deadpool_postgres::Transaction;
 
 use super::Postgres;
-use crate::services::{RunId, ServiceError};
-
-/// How many times a session changed owner: a takeover makes it one more.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Epoch(u64);
-
-impl Epoch {
-    /// The epoch numbered `n`.
-    pub fn new(n: u64) -> Self {
-        Epoch(n)
-    }
-
-    /// Its number.
-    pub fn get(self) -> u64 {
-        self.0
-    }
-}
-
-impl fmt::Display for Epoch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "epoch {}", self.0)
-    }
-}
-
-/// The answer to a claim of a session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Claim {
-    /// The claiming run owns the session, under this epoch.
-    Owned(Epoch),
-    /// Another run, still live, owns it.
-    OwnedElsewhere(RunId),
-}
+use crate::services::{Claim, Epoch, Forwarded, RunId, ServiceError, Sessions};
 
 /// A live run's lease, in SQL: `$run` ended or expired is no owner.
 const LIVE_RUN: &str = "SELECT 1 FROM runs WHERE id = $2 AND ended_at IS NULL \
                         AND expires_at > statement_timestamp()";
 
 impl Postgres {
-    /// Claims session `channel` for `run`: keeps it if the run owns it already, takes it
-    /// if nobody owns it or its owner's lease is over (bumping the epoch), and otherwise
-    /// says who owns it. A run whose own lease is over is refused.
-    ///
-    /// ```no_run
-    /// use capstan_host::postgres::{Claim, Postgres};
-    ///
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let host = Postgres::connect("postgres://capstan@db:5432/capstan").await.unwrap();
-    /// let run = capstan_host::services::Ledger::begin_run(&*host).await.unwrap();
-    /// if let Claim::Owned(epoch) = host.claim("channel:main", run.id()).await.unwrap() {
-    ///     host.append_fenced("channel:main", run.id(), epoch, vec!["\"hi\"".into()])
-    ///         .await
-    ///         .unwrap();
-    /// }
-    /// # });
-    /// ```
-    pub async fn claim(&self, channel: &str, run: RunId) -> Result<Claim, ServiceError> {
+    /// The claim of session `channel` for `run`, in the database ([`Sessions::claim`]).
+    async fn claim_row(&self, channel: &str, run: RunId) -> Result<Claim, ServiceError> {
         let failed = |err| self.failed("sessions.claim", err);
         let client = self.client().await?;
         let run_id = run.get() as i64;
@@ -87,7 +40,7 @@ impl Postgres {
             .await
             .map_err(failed)?
         {
-            return Ok(Claim::Owned(Epoch(row.get::<_, i64>(0) as u64)));
+            return Ok(Claim::Owned(Epoch::new(row.get::<_, i64>(0) as u64)));
         }
         let row = client
             .query_opt(
@@ -101,7 +54,7 @@ impl Postgres {
         match row {
             Some(row) if !row.get::<_, bool>(2) => Err(run_over(run)),
             Some(row) if row.get::<_, i64>(0) == run_id => {
-                Ok(Claim::Owned(Epoch(row.get::<_, i64>(1) as u64)))
+                Ok(Claim::Owned(Epoch::new(row.get::<_, i64>(1) as u64)))
             }
             Some(row) => Ok(Claim::OwnedElsewhere(RunId::new(
                 row.get::<_, i64>(0) as u64
@@ -114,6 +67,21 @@ impl Postgres {
     /// Appends `messages` to `channel`'s history if `run` still owns it under `epoch` and
     /// its lease is live; otherwise refuses with [`ServiceError::Invalid`] naming the
     /// current owner and epoch, and appends nothing.
+    ///
+    /// ```no_run
+    /// use capstan_host::postgres::Postgres;
+    /// use capstan_host::services::{Claim, Ledger, Sessions};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let host = Postgres::connect("postgres://capstan@db:5432/capstan").await.unwrap();
+    /// let run = host.begin_run().await.unwrap();
+    /// if let Claim::Owned(epoch) = host.claim("channel:main", run.id()).await.unwrap() {
+    ///     host.append_fenced("channel:main", run.id(), epoch, vec!["\"hi\"".into()])
+    ///         .await
+    ///         .unwrap();
+    /// }
+    /// # });
+    /// ```
     pub async fn append_fenced(
         &self,
         channel: &str,
@@ -159,7 +127,7 @@ impl Postgres {
         };
         let (owner, now_epoch, live) = (
             RunId::new(row.get::<_, i64>(0) as u64),
-            Epoch(row.get::<_, i64>(1) as u64),
+            Epoch::new(row.get::<_, i64>(1) as u64),
             row.get::<_, bool>(2),
         );
         if owner != run || now_epoch != epoch {
@@ -221,14 +189,8 @@ impl Postgres {
         if let Some(epoch) = self.owner.lock().unwrap().epochs.get(channel) {
             return Ok(*epoch);
         }
-        match self.claim(channel, run).await? {
-            Claim::Owned(epoch) => {
-                let mut owner = self.owner.lock().unwrap();
-                if owner.run == Some(run) {
-                    owner.epochs.insert(channel.to_owned(), epoch);
-                }
-                Ok(epoch)
-            }
+        match Sessions::claim(self, channel, run).await? {
+            Claim::Owned(epoch) => Ok(epoch),
             Claim::OwnedElsewhere(other) => Err(ServiceError::Invalid(format!(
                 "{channel} is owned by {other}, a run of another host: this host ({run}) may not \
                  write to it until that run ends or its lease expires"
@@ -252,6 +214,42 @@ impl Postgres {
     /// Forgets the epoch this host claimed `channel` under.
     pub(super) fn forget_epoch(&self, channel: &str) {
         self.owner.lock().unwrap().epochs.remove(channel);
+    }
+}
+
+#[async_trait]
+impl Sessions for Postgres {
+    async fn claim(&self, session: &str, run: RunId) -> Result<Claim, ServiceError> {
+        let claim = self.claim_row(session, run).await?;
+        if let Claim::Owned(epoch) = claim {
+            // The epoch this host's writes to the session are fenced with.
+            let mut owner = self.owner.lock().unwrap();
+            if owner.run == Some(run) {
+                owner.epochs.insert(session.to_owned(), epoch);
+            }
+        }
+        Ok(claim)
+    }
+
+    async fn forward(&self, session: &str, message: &Forwarded) -> Result<(), ServiceError> {
+        self.forward_row(session, message).await
+    }
+
+    async fn forwarded_sessions(&self, run: RunId) -> Result<Vec<String>, ServiceError> {
+        self.forwarded_channels(run).await
+    }
+
+    async fn take_forwarded(
+        &self,
+        session: &str,
+        run: RunId,
+        epoch: Epoch,
+    ) -> Result<Vec<Forwarded>, ServiceError> {
+        self.take_rows(session, run, epoch).await
+    }
+
+    async fn forwarded_wakeup(&self) {
+        self.inbox_wakeup().await
     }
 }
 
@@ -286,6 +284,10 @@ mod tests {
     use super::super::test_cluster::{TestCluster, admin};
     use super::*;
     use crate::services::{History, Ledger, Run, WorkerState};
+
+    fn user(text: &str) -> Forwarded {
+        Forwarded::User { text: text.into() }
+    }
 
     /// Two hosts on one fresh database, each with a live run.
     async fn two_hosts(cluster: &TestCluster) -> (String, [(Arc<Postgres>, Run); 2]) {
@@ -510,5 +512,107 @@ mod tests {
         let kept: Vec<u32> = hb.load_as("channel:main").await.unwrap();
         assert_eq!(kept, [1, 3]);
         drop((run_a, run_b));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn forwarded_messages_are_taken_once_in_order_by_the_owner_only() {
+        let cluster = TestCluster::start();
+        let (url, [(a, run_a), (b, run_b)]) = two_hosts(&cluster).await;
+        let Claim::Owned(epoch) = a.claim("channel:main", run_a.id()).await.unwrap() else {
+            panic!("nobody owned it");
+        };
+        let forwards: Vec<_> = (0..20)
+            .map(|n| {
+                let b = b.clone();
+                async move { b.forward("channel:main", &user(&n.to_string())).await }
+            })
+            .collect();
+        for forward in forwards {
+            forward.await.unwrap();
+        }
+        b.forward("channel:other", &user("elsewhere"))
+            .await
+            .unwrap();
+        // B sees the unowned session only; A sees both.
+        assert_eq!(
+            b.forwarded_sessions(run_b.id()).await.unwrap(),
+            ["channel:other"]
+        );
+        assert_eq!(
+            a.forwarded_sessions(run_a.id()).await.unwrap(),
+            ["channel:main", "channel:other"]
+        );
+        let refused = b
+            .take_forwarded("channel:main", run_b.id(), epoch)
+            .await
+            .unwrap_err();
+        assert!(refused.to_string().contains("dropped"), "{refused}");
+        let taken = a
+            .take_forwarded("channel:main", run_a.id(), epoch)
+            .await
+            .unwrap();
+        let expected: Vec<_> = (0..20).map(|n| user(&n.to_string())).collect();
+        assert_eq!(taken, expected, "all of them, in the order forwarded");
+        assert!(
+            a.take_forwarded("channel:main", run_a.id(), epoch)
+                .await
+                .unwrap()
+                .is_empty(),
+            "taken once"
+        );
+
+        // A's lease runs out with a message waiting: B may take the session over, and
+        // with it the message; A's stale epoch takes nothing.
+        b.forward("channel:main", &user("late")).await.unwrap();
+        expire(&url, run_a.id()).await;
+        assert_eq!(
+            b.forwarded_sessions(run_b.id()).await.unwrap(),
+            ["channel:main", "channel:other"]
+        );
+        assert!(
+            a.take_forwarded("channel:main", run_a.id(), epoch)
+                .await
+                .is_err()
+        );
+        let Claim::Owned(taken_over) = b.claim("channel:main", run_b.id()).await.unwrap() else {
+            panic!("the expired owner kept it");
+        };
+        assert_eq!(
+            b.take_forwarded("channel:main", run_b.id(), taken_over)
+                .await
+                .unwrap(),
+            [user("late")]
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_forwarded_row_this_host_cannot_read_is_left_for_one_that_can() {
+        let cluster = TestCluster::start();
+        let (url, [(a, run_a), _]) = two_hosts(&cluster).await;
+        let Claim::Owned(epoch) = a.claim("channel:main", run_a.id()).await.unwrap() else {
+            panic!("nobody owned it");
+        };
+        admin(&url)
+            .await
+            .execute(
+                "INSERT INTO inbox (channel, body, created_at)
+                 VALUES ('channel:main', '{\"type\":\"hologram\"}', 0)",
+                &[],
+            )
+            .await
+            .unwrap();
+        let err = a
+            .take_forwarded("channel:main", run_a.id(), epoch)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("upgrade this host"), "{err}");
+        let left: i64 = admin(&url)
+            .await
+            .query_one("SELECT count(*) FROM inbox", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(left, 1, "nothing was taken");
     }
 }

@@ -4,7 +4,7 @@
 use std::time::SystemTime;
 
 use super::Postgres;
-use super::sessions::Epoch;
+use crate::services::Epoch;
 use crate::services::{RunId, ServiceError};
 
 /// One host's run and its lease.

@@ -8,9 +8,10 @@ use async_trait::async_trait;
 use super::{
     AuditEntry, AuditRecord, AuditSink, ConversationSummary, DEFAULT_LIST_LIMIT, History,
     HistoryEntry, Ledger, Memory, MemoryItem, NewMemory, NewTask, Priority, RECALL_MAX,
-    RequestEntry, RequestRecord, Run, RunId, ServiceError, Task, TaskBoard, TaskFilter, TaskPatch,
-    TaskStatus, WorkerRecord, WorkerState, check_working_key, expires_at, interrupted_outcome,
-    memory_words, now, recall_terms, redact, worker_already_recorded, worker_has_ended,
+    RequestEntry, RequestRecord, Run, RunId, ServiceError, Sessions, Task, TaskBoard, TaskFilter,
+    TaskPatch, TaskStatus, WorkerRecord, WorkerState, check_working_key, expires_at,
+    interrupted_outcome, memory_words, now, recall_terms, redact, worker_already_recorded,
+    worker_has_ended,
 };
 
 /// Every service kept in this process's memory, behind one lock, and lost when dropped.
@@ -336,6 +337,10 @@ impl AuditSink for InMemory {
             .collect())
     }
 }
+
+/// One host alone: it owns every session.
+#[async_trait]
+impl Sessions for InMemory {}
 
 #[async_trait]
 impl Ledger for InMemory {

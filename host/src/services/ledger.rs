@@ -6,6 +6,8 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Instant;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -75,8 +77,10 @@ pub trait Ledger: Send + Sync {
     async fn settle(&self) {}
 }
 
-/// A run's number, unique among the runs sharing the services.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// A run's number, unique among the runs sharing the services. Its JSON form is the
+/// number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct RunId(u64);
 
 impl RunId {
@@ -103,14 +107,26 @@ pub struct Run {
     id: RunId,
     // Whatever keeps the run alive in its backend (a lock, a token); dropped with the run.
     _alive: Box<dyn Send + Sync>,
+    /// The lease's term by this host's clock, for a backend whose runs expire.
+    lease: Option<LeaseClock>,
 }
 
 impl Run {
-    /// Run `id`, alive while `alive` is held.
+    /// Run `id`, alive while `alive` is held, and never expiring meanwhile.
     pub fn new(id: RunId, alive: impl Send + Sync + 'static) -> Self {
         Run {
             id,
             _alive: Box::new(alive),
+            lease: None,
+        }
+    }
+
+    /// Run `id`, alive while `alive` is held and `lease` says so.
+    pub fn leased(id: RunId, alive: impl Send + Sync + 'static, lease: LeaseClock) -> Self {
+        Run {
+            id,
+            _alive: Box::new(alive),
+            lease: Some(lease),
         }
     }
 
@@ -118,11 +134,83 @@ impl Run {
     pub fn id(&self) -> RunId {
         self.id
     }
+
+    /// Whether this host may act for the run now: its lease is live by this host's clock,
+    /// judged on the safe side of the database's. Checked before each model request, so
+    /// a host paused past its lease sends nothing more once it sees it.
+    pub fn is_live(&self) -> bool {
+        self.lease.as_ref().is_none_or(LeaseClock::is_live)
+    }
+
+    /// The run's lease as this host sees it, for a backend whose runs expire.
+    pub fn lease(&self) -> Option<&LeaseClock> {
+        self.lease.as_ref()
+    }
+
+    /// Returns once the run's lease is lost for good (it expired before it was renewed:
+    /// other hosts may have taken its sessions and marked its workers interrupted). A run
+    /// that does not expire: never.
+    pub async fn lost(&self) {
+        match &self.lease {
+            Some(lease) => lease.lost().await,
+            None => std::future::pending().await,
+        }
+    }
 }
 
 impl fmt::Debug for Run {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Run").field("id", &self.id).finish()
+    }
+}
+
+/// A run's lease as its host sees it: live until an instant of the host's own monotonic
+/// clock, pushed on by each renewal; or lost for good. The backend that renews the lease
+/// keeps a clone, and sets each term shorter than the database grants, so the host stops
+/// acting before another host may take over.
+#[derive(Debug, Clone)]
+pub struct LeaseClock(Arc<tokio::sync::watch::Sender<LeaseTerm>>);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LeaseTerm {
+    Until(Instant),
+    Lost,
+}
+
+impl LeaseClock {
+    /// A lease live until `until`.
+    pub fn new(until: Instant) -> Self {
+        LeaseClock(Arc::new(tokio::sync::watch::Sender::new(LeaseTerm::Until(
+            until,
+        ))))
+    }
+
+    /// Extends the lease to `until` (never shortens it; a lost lease stays lost).
+    pub fn renewed(&self, until: Instant) {
+        self.0.send_if_modified(|term| match term {
+            LeaseTerm::Until(old) if *old < until => {
+                *old = until;
+                true
+            }
+            _ => false,
+        });
+    }
+
+    /// Marks the lease lost for good.
+    pub fn lose(&self) {
+        self.0.send_replace(LeaseTerm::Lost);
+    }
+
+    /// Whether the lease is live now.
+    pub fn is_live(&self) -> bool {
+        matches!(*self.0.borrow(), LeaseTerm::Until(until) if Instant::now() < until)
+    }
+
+    /// Returns once the lease is lost.
+    pub async fn lost(&self) {
+        let mut term = self.0.subscribe();
+        // The sender lives in `self`, so the wait ends only with a loss.
+        let _ = term.wait_for(|term| *term == LeaseTerm::Lost).await;
     }
 }
 
@@ -227,4 +315,40 @@ pub struct WorkerRecord {
     pub state: WorkerState,
     /// Its result or error, once ended.
     pub outcome: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_lease_is_live_until_its_term_and_lost_for_good() {
+        let now = Instant::now();
+        let lease = LeaseClock::new(now + Duration::from_secs(60));
+        let run = Run::leased(RunId::new(1), (), lease.clone());
+        assert!(run.is_live());
+        // A renewal never shortens the term.
+        lease.renewed(now);
+        assert!(run.is_live());
+        let ended = LeaseClock::new(now);
+        assert!(!ended.is_live(), "over once its term is past");
+        ended.renewed(now + Duration::from_secs(60));
+        assert!(ended.is_live(), "until renewed");
+
+        let waiting = tokio::spawn({
+            let lease = lease.clone();
+            async move { lease.lost().await }
+        });
+        lease.lose();
+        waiting.await.unwrap();
+        lease.renewed(now + Duration::from_secs(3600));
+        assert!(!run.is_live(), "a lost lease stays lost");
+        run.lost().await;
+        assert!(
+            Run::new(RunId::new(2), ()).is_live(),
+            "a run without a lease"
+        );
+    }
 }

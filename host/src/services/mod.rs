@@ -1,12 +1,13 @@
 //! The services every process and plugin shares, behind traits: the [`TaskBoard`], the
-//! [`Memory`], the conversation [`History`], the [`AuditSink`] and the [`Ledger`] of runs
-//! and workers.
+//! [`Memory`], the conversation [`History`], the [`AuditSink`], the [`Ledger`] of runs
+//! and workers, and the [`Sessions`] each run owns.
 //!
 //! The agent and the plugin imports hold a [`Services`] and never a backend: SQLite
 //! ([`Store::services`](crate::store::Store::services)) is one implementation, whose
 //! blocking calls run off the async executor; [`InMemory`] is another, for tests and
 //! embedders that keep nothing; [`Postgres`](crate::postgres::Postgres) is the third, for
-//! hosts sharing one database. A new backend implements the five traits, applies the
+//! hosts sharing one database. A new backend implements the six traits (a store one host uses alone takes
+//! [`Sessions`]' defaults), applies the
 //! rules that live here with the types ([`NewTask::check`], [`TaskStatus::check_move`],
 //! [`NewMemory::check`], [`redact`]), and passes the same conformance checks the three
 //! backends pass.
@@ -27,6 +28,7 @@ mod history;
 mod in_memory;
 mod ledger;
 mod memory;
+mod sessions;
 mod tasks;
 
 #[cfg(test)]
@@ -43,13 +45,14 @@ pub use error::ServiceError;
 pub use history::{ConversationSummary, History, HistoryEntry};
 pub use in_memory::InMemory;
 pub use ledger::{
-    Ledger, Run, RunId, WorkerRecord, WorkerState, interrupted_outcome, worker_already_recorded,
-    worker_has_ended,
+    LeaseClock, Ledger, Run, RunId, WorkerRecord, WorkerState, interrupted_outcome,
+    worker_already_recorded, worker_has_ended,
 };
 pub use memory::{
     DEFAULT_IMPORTANCE, Memory, MemoryItem, NewMemory, RECALL_MAX, check_working_key, expires_at,
     memory_words, recall_terms, recall_words,
 };
+pub use sessions::{Claim, Epoch, Forwarded, Sessions};
 pub use tasks::{
     DEFAULT_LIST_LIMIT, NewTask, Priority, Task, TaskBoard, TaskFilter, TaskPatch, TaskStatus,
     check_metadata, checked_title,
@@ -68,20 +71,23 @@ pub struct Services {
     pub audit: Arc<dyn AuditSink>,
     /// Runs, process numbers and worker records.
     pub ledger: Arc<dyn Ledger>,
+    /// Which run owns each session, and the inboxes of sessions owned elsewhere.
+    pub sessions: Arc<dyn Sessions>,
 }
 
 impl Services {
     /// Every service answered by `backend`.
     pub fn all_from<B>(backend: Arc<B>) -> Self
     where
-        B: TaskBoard + Memory + History + AuditSink + Ledger + 'static,
+        B: TaskBoard + Memory + History + AuditSink + Ledger + Sessions + 'static,
     {
         Services {
             tasks: backend.clone(),
             memory: backend.clone(),
             history: backend.clone(),
             audit: backend.clone(),
-            ledger: backend,
+            ledger: backend.clone(),
+            sessions: backend,
         }
     }
 

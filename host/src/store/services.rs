@@ -14,7 +14,8 @@ use super::{audit, history};
 use crate::services::{
     AuditEntry, AuditRecord, AuditSink, Committing, ConversationSummary, History, HistoryEntry,
     Ledger, Memory, MemoryItem, NewMemory, NewTask, RequestEntry, RequestRecord, Run, RunId,
-    ServiceError, Services, Task, TaskBoard, TaskFilter, TaskPatch, WorkerRecord, WorkerState,
+    ServiceError, Services, Sessions, Task, TaskBoard, TaskFilter, TaskPatch, WorkerRecord,
+    WorkerState,
 };
 
 impl Store {
@@ -201,6 +202,10 @@ impl AuditSink for Sqlite {
             .await
     }
 }
+
+/// One host alone: it owns every session.
+#[async_trait]
+impl Sessions for Sqlite {}
 
 #[async_trait]
 impl Ledger for Sqlite {

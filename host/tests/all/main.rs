@@ -17,6 +17,7 @@ mod dispatch_owner;
 mod escapes;
 mod example_plugin;
 mod host_imports;
+mod hosts;
 mod imports;
 mod limits;
 mod loading;

@@ -1,0 +1,103 @@
+//! This host among others sharing the store: it takes the messages other hosts forward to
+//! the conversations it answers, and it stops once its run's lease is lost.
+//!
+//! A message for a conversation another host answers is forwarded by
+//! [`Runtime::send_to`](super::Runtime::send_to) into the store's inbox. The owner looks
+//! at the inbox when the store hints that something arrived (and every few seconds
+//! anyway), opens the conversation if it is not open, and sends each message in, as if
+//! it had been sent here. A conversation whose owner's run is over is taken over by the
+//! first host that looks, with its forwarded messages.
+
+use std::sync::Weak;
+
+use super::context::{Context, ConversationError};
+use super::inbox::ChannelInput;
+use crate::ids::ProcessId;
+use crate::services::Forwarded;
+
+/// Takes forwarded messages for as long as `ctx` lives and is open.
+pub(crate) async fn take_forwarded(ctx: Weak<Context>) {
+    let Some(sessions) = ctx.upgrade().map(|ctx| ctx.services.sessions.clone()) else {
+        return;
+    };
+    loop {
+        sessions.forwarded_wakeup().await;
+        let Some(ctx) = ctx.upgrade() else { return };
+        if ctx.supervisor.is_closed() {
+            return;
+        }
+        if !ctx.run().is_live() {
+            continue;
+        }
+        let waiting = match sessions.forwarded_sessions(ctx.run_id()).await {
+            Ok(waiting) => waiting,
+            Err(err) => {
+                tracing::warn!("cannot look for forwarded messages (looking again soon): {err}");
+                continue;
+            }
+        };
+        for session in waiting {
+            match session.parse::<ProcessId>() {
+                Ok(id) if id.kind().is_conversation() => deliver(&ctx, &id).await,
+                _ => tracing::warn!(
+                    session = %session,
+                    "messages were forwarded to a session that is no conversation; they stay in the inbox"
+                ),
+            }
+        }
+    }
+}
+
+/// Opens conversation `id` here (taking it over if its owner's run is over) and sends in
+/// what was forwarded to it.
+async fn deliver(ctx: &std::sync::Arc<Context>, id: &ProcessId) {
+    let handle = match ctx.conversation(id).await {
+        Ok(handle) => handle,
+        // Another host took it first: it takes the messages too.
+        Err(ConversationError::OwnedElsewhere(_) | ConversationError::ShuttingDown(_)) => return,
+        Err(err) => {
+            tracing::warn!(conversation = %id, "cannot open a conversation to deliver what was forwarded to it (trying again soon): {err}");
+            return;
+        }
+    };
+    let session = id.session();
+    let taken = ctx
+        .services
+        .sessions
+        .take_forwarded(session.as_str(), ctx.run_id(), handle.epoch)
+        .await;
+    match taken {
+        Ok(messages) => {
+            for message in messages {
+                let input = match message {
+                    Forwarded::User { text } => ChannelInput::User(text),
+                };
+                handle.send(input);
+            }
+        }
+        Err(err) => {
+            tracing::warn!(conversation = %id, "cannot take what was forwarded to the conversation (trying again soon): {err}")
+        }
+    }
+}
+
+/// Once the run's lease is lost, stops every process of `ctx`: workers end interrupted
+/// (their records were, or will be, marked so by another host), conversations close, and
+/// nothing more is prompted or written under the run. The host's owner learns of it from
+/// [`Runtime::lease_lost`](super::Runtime::lease_lost).
+pub(crate) async fn stop_when_lease_lost(ctx: Weak<Context>) {
+    // The lease's clock, not the context: waiting must not keep the context alive.
+    let Some(lease) = ctx.upgrade().and_then(|ctx| ctx.run().lease().cloned()) else {
+        return;
+    };
+    lease.lost().await;
+    if let Some(ctx) = ctx.upgrade() {
+        tracing::error!(
+            run = %ctx.run_id(),
+            "this host's run lease was lost: its conversations close and its workers stop; \
+             restart the host to serve again"
+        );
+        ctx.supervisor.stop_workers(true);
+        ctx.supervisor.close_channels();
+    }
+}

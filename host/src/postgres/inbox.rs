@@ -1,0 +1,213 @@
+//! The inbox of sessions owned elsewhere: a host forwards what it receives for a session
+//! another host owns into a row, and wakes the hosts with a `NOTIFY`; the owner takes the
+//! rows under its fence. The notification is only a hint: every host also looks every
+//! [`POLL`], so a notification lost with a connection delays a message, never loses it.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::Notify;
+use tokio_postgres::{AsyncMessage, NoTls};
+
+use super::{Postgres, now};
+use crate::services::{Epoch, Forwarded, RunId, ServiceError};
+
+/// The channel of the wake-up hint.
+const CHANNEL: &str = "capstan_inbox";
+
+/// How often a host looks at the inbox without a hint.
+const POLL: Duration = Duration::from_secs(2);
+
+impl Postgres {
+    /// Queues `message` for `channel`'s owner, and wakes the hosts.
+    pub(super) async fn forward_row(
+        &self,
+        channel: &str,
+        message: &Forwarded,
+    ) -> Result<(), ServiceError> {
+        let body = serde_json::to_string(message).expect("a forwarded message serializes");
+        // One statement: the row and its hint commit together.
+        self.client()
+            .await?
+            .execute(
+                "WITH row AS (INSERT INTO inbox (channel, body, created_at) VALUES ($1, $2, $3)
+                              RETURNING channel)
+                 SELECT pg_notify($4, channel) FROM row",
+                &[&channel, &body, &now(), &CHANNEL],
+            )
+            .await
+            .map_err(|err| self.failed("inbox.forward", err))?;
+        Ok(())
+    }
+
+    /// The channels with rows waiting that `run` owns or may take over.
+    pub(super) async fn forwarded_channels(&self, run: RunId) -> Result<Vec<String>, ServiceError> {
+        let rows = self
+            .client()
+            .await?
+            .query(
+                "SELECT DISTINCT i.channel FROM inbox i
+                 LEFT JOIN sessions s ON s.channel = i.channel
+                 WHERE s.channel IS NULL OR s.owner_run = $1
+                    OR NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = s.owner_run
+                                   AND r.ended_at IS NULL
+                                   AND r.expires_at > statement_timestamp())
+                 ORDER BY 1",
+                &[&(run.get() as i64)],
+            )
+            .await
+            .map_err(|err| self.failed("inbox.sessions", err))?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
+    /// Takes `channel`'s rows, oldest first, under the fence of `run` at `epoch`.
+    pub(super) async fn take_rows(
+        &self,
+        channel: &str,
+        run: RunId,
+        epoch: Epoch,
+    ) -> Result<Vec<Forwarded>, ServiceError> {
+        let failed = |err| self.failed("inbox.take", err);
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(failed)?;
+        self.check_fence(&tx, channel, run, epoch).await?;
+        let mut rows = tx
+            .query(
+                "DELETE FROM inbox WHERE channel = $1 RETURNING id, body",
+                &[&channel],
+            )
+            .await
+            .map_err(failed)?;
+        rows.sort_by_key(|row| row.get::<_, i64>(0));
+        let mut taken = Vec::with_capacity(rows.len());
+        for row in rows {
+            let body: String = row.get(1);
+            match serde_json::from_str(&body) {
+                Ok(message) => taken.push(message),
+                // A row a newer host wrote in a form this one does not know: kept, with
+                // the rows after it, for a host that does.
+                Err(err) => {
+                    return Err(ServiceError::Invalid(format!(
+                        "inbox row {} for {channel} is not a message this host knows ({err}); \
+                         nothing was taken: upgrade this host",
+                        row.get::<_, i64>(0)
+                    )));
+                }
+            }
+        }
+        tx.commit().await.map_err(failed)?;
+        Ok(taken)
+    }
+
+    /// Returns on a hint that something was forwarded, or after [`POLL`]; starts the
+    /// listener on its first call.
+    pub(super) async fn inbox_wakeup(&self) {
+        self.inbox_wakeup_within(POLL).await
+    }
+
+    /// [`Postgres::inbox_wakeup`], looking anyway after `poll`.
+    async fn inbox_wakeup_within(&self, poll: Duration) {
+        let hint = self.inbox_hint.get_or_init(|| {
+            let hint = Arc::new(Notify::new());
+            tokio::spawn(listen(
+                self.config.clone(),
+                self.location.clone(),
+                Arc::downgrade(&hint),
+            ));
+            hint
+        });
+        let _ = tokio::time::timeout(poll, hint.notified()).await;
+    }
+}
+
+/// Listens for hints on a connection of its own, made again when lost, until `hint` is
+/// dropped with its [`Postgres`].
+async fn listen(config: tokio_postgres::Config, location: String, hint: Weak<Notify>) {
+    loop {
+        match config.connect(NoTls).await {
+            Ok((client, mut connection)) => {
+                let mut messages =
+                    futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+                let listen = format!("LISTEN {CHANNEL}");
+                // The connection must be driven for the LISTEN to be answered.
+                let mut listening = std::pin::pin!(client.batch_execute(&listen));
+                let mut listened = false;
+                loop {
+                    tokio::select! {
+                        done = &mut listening, if !listened => {
+                            listened = true;
+                            if let Err(err) = done {
+                                tracing::warn!(database = %location, "cannot listen for forwarded messages: {err}");
+                                break;
+                            }
+                            // What was forwarded before the LISTEN took is found by a look now.
+                            match hint.upgrade() {
+                                Some(hint) => hint.notify_one(),
+                                None => return,
+                            }
+                        }
+                        message = messages.next() => match message {
+                            Some(Ok(AsyncMessage::Notification(_))) => match hint.upgrade() {
+                                Some(hint) => hint.notify_one(),
+                                None => return,
+                            },
+                            Some(Ok(_)) => {}
+                            Some(Err(err)) => {
+                                tracing::warn!(database = %location, "the inbox listener's connection failed: {err}");
+                                break;
+                            }
+                            None => break,
+                        },
+                        _ = tokio::time::sleep(POLL) => {
+                            if hint.strong_count() == 0 {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+            Err(err) => {
+                tracing::warn!(database = %location, "cannot connect to listen for forwarded messages: {err}");
+            }
+        }
+        // Whatever was forwarded meanwhile is found by the next look.
+        match hint.upgrade() {
+            Some(hint) => hint.notify_one(),
+            None => return,
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_cluster::TestCluster;
+    use super::*;
+    use crate::services::{Ledger, Sessions};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_forward_wakes_the_hosts_that_listen() {
+        let cluster = TestCluster::start();
+        let url = cluster.fresh_database().await;
+        let (a, b) = (
+            Postgres::connect(&url).await.unwrap(),
+            Postgres::connect(&url).await.unwrap(),
+        );
+        let _runs = (a.begin_run().await.unwrap(), b.begin_run().await.unwrap());
+        // Looks so far apart that only a hint ends a wait. The first wait ends once the
+        // listener listens; each later one only on a forward.
+        let never = Duration::from_secs(24 * 3600);
+        a.inbox_wakeup_within(never).await;
+        for n in 0..3 {
+            let message = Forwarded::User {
+                text: n.to_string(),
+            };
+            let (_, forwarded) = tokio::join!(
+                a.inbox_wakeup_within(never),
+                b.forward("channel:main", &message)
+            );
+            forwarded.unwrap();
+        }
+    }
+}

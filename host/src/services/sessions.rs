@@ -1,0 +1,124 @@
+//! Session ownership: which run answers a conversation, when several hosts share the
+//! services.
+//!
+//! A session (a conversation, keyed like `channel:main`) is owned by one live run at a
+//! time. The owner answers it; every other host [forwards](Sessions::forward) what it
+//! receives for the session into the owner's inbox, and the owner
+//! [takes](Sessions::take_forwarded) it from there. A takeover (the owner's lease ran out)
+//! bumps the session's [`Epoch`], and the backend fences every write of a session with the
+//! epoch it was made under.
+//!
+//! The defaults are those of a backend one host uses alone (SQLite, in memory): every
+//! claim is granted, under the first epoch, and nothing is ever forwarded.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use super::{RunId, ServiceError};
+
+/// How many times a session changed owner: a takeover makes it one more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Epoch(u64);
+
+impl Epoch {
+    /// The epoch of a session's first owner.
+    pub const FIRST: Epoch = Epoch(1);
+
+    /// The epoch numbered `n`.
+    pub fn new(n: u64) -> Self {
+        Epoch(n)
+    }
+
+    /// Its number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "epoch {}", self.0)
+    }
+}
+
+/// The answer to a claim of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// The claiming run owns the session, under this epoch.
+    Owned(Epoch),
+    /// Another run, still live, owns it: forward to it.
+    OwnedElsewhere(RunId),
+}
+
+/// What one host hands to a session another host owns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Forwarded {
+    /// A message from the user.
+    User {
+        /// Its text.
+        text: String,
+    },
+}
+
+/// Session ownership and the inboxes of sessions owned elsewhere.
+///
+/// ```
+/// use capstan_host::services::{Claim, Epoch, Services};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// // One host alone owns every session it claims.
+/// let services = Services::in_memory();
+/// let run = services.ledger.begin_run().await.unwrap();
+/// let claim = services.sessions.claim("channel:main", run.id()).await.unwrap();
+/// assert_eq!(claim, Claim::Owned(Epoch::FIRST));
+/// # });
+/// ```
+#[async_trait]
+pub trait Sessions: Send + Sync {
+    /// Claims `session` for `run`: keeps it if the run owns it already, takes it if
+    /// nobody owns it or its owner's run is over (a new epoch), and otherwise names the
+    /// live run that owns it. A run that is over is refused.
+    async fn claim(&self, session: &str, run: RunId) -> Result<Claim, ServiceError> {
+        let _ = (session, run);
+        Ok(Claim::Owned(Epoch::FIRST))
+    }
+
+    /// Queues `message` for whichever run owns `session`, now or later: it is taken once,
+    /// by the owner, in the order forwarded.
+    async fn forward(&self, session: &str, message: &Forwarded) -> Result<(), ServiceError> {
+        let _ = message;
+        Err(ServiceError::Invalid(format!(
+            "{session} cannot be forwarded to: this store serves one host, which owns every session"
+        )))
+    }
+
+    /// The sessions with forwarded messages waiting that `run` owns, or may take over
+    /// (their owner's run is over, or nobody owns them).
+    async fn forwarded_sessions(&self, run: RunId) -> Result<Vec<String>, ServiceError> {
+        let _ = run;
+        Ok(Vec::new())
+    }
+
+    /// Takes the messages forwarded to `session`, oldest first, if `run` owns it under
+    /// `epoch` (and its run is live); otherwise refuses and takes nothing.
+    async fn take_forwarded(
+        &self,
+        session: &str,
+        run: RunId,
+        epoch: Epoch,
+    ) -> Result<Vec<Forwarded>, ServiceError> {
+        let _ = (session, run, epoch);
+        Ok(Vec::new())
+    }
+
+    /// Returns when messages may have been forwarded since the last call (a hint: check
+    /// with [`Sessions::forwarded_sessions`]), and at least every few seconds while any
+    /// host shares the store. One host alone: never.
+    async fn forwarded_wakeup(&self) {
+        std::future::pending::<()>().await
+    }
+}

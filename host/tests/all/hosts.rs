@@ -1,0 +1,269 @@
+//! Several hosts on one PostgreSQL database, in one test process: each runtime here is a
+//! host, with its own connections, run lease and model. The tests hold each model request
+//! at a gate ([`Gated`]), so every interleaving they check is forced, not timed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use capstan_host::agent::{Event, Runtime};
+use capstan_host::config::{Config, DatabaseUrl, ProviderSettings, StoreSettings};
+use capstan_host::ids::ProcessId;
+use capstan_host::postgres::Postgres;
+use capstan_host::postgres::test_cluster::{TestCluster, admin};
+use capstan_host::services::{Claim, Forwarded, Ledger, Sessions};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::support::{Gated, Pending, agent_runtime};
+
+/// One host: its runtime, events and the requests its model is asked.
+struct Host {
+    runtime: Arc<Runtime>,
+    events: mpsc::UnboundedReceiver<Event>,
+    requests: mpsc::UnboundedReceiver<Pending>,
+    _dir: tempfile::TempDir,
+}
+
+impl Host {
+    async fn start(url: &str) -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::defaults(dir.path());
+        config.provider = ProviderSettings::Scripted { script: None };
+        config.store = StoreSettings::Postgres {
+            url: DatabaseUrl::Literal(url.to_owned()),
+        };
+        config.limits.dispatch.settle = Duration::ZERO;
+        let (provider, requests) = Gated::new();
+        let (runtime, events) = agent_runtime(config, provider, false).await;
+        Host {
+            runtime,
+            events,
+            requests,
+            _dir: dir,
+        }
+    }
+
+    /// The next request its model is asked.
+    async fn request(&mut self) -> Pending {
+        bounded("a model request", self.requests.recv())
+            .await
+            .expect("the host is running")
+    }
+
+    /// The first event `want` picks out, skipping the others.
+    async fn event<T>(&mut self, mut want: impl FnMut(&Event) -> Option<T>) -> T {
+        bounded("an event", async {
+            loop {
+                let event = self.events.recv().await.expect("the host is running");
+                if let Some(found) = want(&event) {
+                    return found;
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// `work`, failing the test (naming `what`) if it hangs: a guard, never a timing.
+async fn bounded<T>(what: &str, work: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(120), work)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+fn reply(pending: Pending, text: &str) {
+    pending.call("reply", json!({ "text": text }));
+}
+
+fn replied(text: &str) -> impl FnMut(&Event) -> Option<()> + '_ {
+    move |event| matches!(event, Event::Reply { text: t, .. } if t == text).then_some(())
+}
+
+/// The messages of `channel`'s stored history, in order.
+async fn history(url: &str, channel: &str) -> Vec<String> {
+    admin(url)
+        .await
+        .query(
+            "SELECT message FROM history WHERE channel = $1 ORDER BY seq",
+            &[&channel],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+async fn epoch(url: &str, channel: &str) -> i64 {
+    admin(url)
+        .await
+        .query_one("SELECT epoch FROM sessions WHERE channel = $1", &[&channel])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Ends `run`'s lease now, as if its host had been paused past it.
+async fn expire_runs_but(url: &str, kept: &[i64]) {
+    admin(url)
+        .await
+        .execute(
+            "UPDATE runs SET expires_at = now() - interval '1 second' WHERE id <> ALL($1)",
+            &[&kept],
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_for_a_conversation_another_host_answers_is_forwarded_and_answered_there() {
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database().await;
+    let (mut a, mut b) = (Host::start(&url).await, Host::start(&url).await);
+    a.runtime.send_user_message("main", "hi").await.unwrap();
+    reply(a.request().await, "A answers hi");
+    a.event(replied("A answers hi")).await;
+    a.runtime.wait_idle("main").await;
+
+    // B receives the next message: A owns the conversation, so B forwards it.
+    b.runtime.send_user_message("main", "again").await.unwrap();
+    let owner = b
+        .event(|event| match event {
+            Event::Forwarded { channel, owner } if *channel == ProcessId::channel("main") => {
+                Some(*owner)
+            }
+            _ => None,
+        })
+        .await;
+    // A answers it, from the history it holds.
+    let pending = a.request().await;
+    assert!(pending.holds("hi") && pending.holds("again"));
+    reply(pending, "A answers again");
+    a.event(replied("A answers again")).await;
+    a.runtime.wait_idle("main").await;
+    assert!(
+        b.requests.try_recv().is_err(),
+        "B's model was never asked about A's conversation"
+    );
+    let owners: Vec<i64> = admin(&url)
+        .await
+        .query("SELECT owner_run FROM sessions", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(owners, [owner.get() as i64]);
+    let stored = history(&url, "channel:main").await.join("\n");
+    let order: Vec<usize> = ["hi", "A answers hi", "again", "A answers again"]
+        .iter()
+        .map(|said| {
+            stored
+                .find(said)
+                .unwrap_or_else(|| panic!("{said}: {stored}"))
+        })
+        .collect();
+    assert!(order.is_sorted(), "one conversation, in order: {stored}");
+    assert_eq!(epoch(&url, "channel:main").await, 1, "never taken over");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_lost_its_lease_prompts_and_stores_nothing_more_and_another_takes_over() {
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database().await;
+    let (mut a, mut b) = (Host::start(&url).await, Host::start(&url).await);
+    a.runtime.send_user_message("main", "first").await.unwrap();
+    reply(a.request().await, "stored by A");
+    a.event(replied("stored by A")).await;
+    a.runtime.wait_idle("main").await;
+
+    // A's model is slow to answer the next message; meanwhile A's lease runs out (as if
+    // A were paused) and A's renewer finds it lost.
+    a.runtime.send_user_message("main", "second").await.unwrap();
+    let held = a.request().await;
+    let b_run: i64 = admin(&url)
+        .await
+        .query_one("SELECT max(id) FROM runs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    expire_runs_but(&url, &[b_run]).await;
+    bounded("A to find its lease lost", a.runtime.lease_lost()).await;
+
+    // B takes the conversation over with the next message, from what was stored.
+    b.runtime.send_user_message("main", "third").await.unwrap();
+    let pending = b.request().await;
+    assert!(pending.holds("first") && pending.holds("third"));
+    assert!(!pending.holds("second"), "A never stored it");
+    reply(pending, "B answers");
+    b.event(replied("B answers")).await;
+    b.runtime.wait_idle("main").await;
+    assert_eq!(epoch(&url, "channel:main").await, 2);
+
+    // A's model answers at last with a tool call: A asks nothing more, and stores nothing.
+    held.call("route", json!({ "worker": "worker:99", "message": "x" }));
+    let suppressed = a
+        .event(|event| match event {
+            Event::TurnSuppressed { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+        .await;
+    assert!(suppressed.contains("lease is not live"), "{suppressed}");
+    let refused = a
+        .event(|event| match event {
+            Event::HistoryNotSaved { error, .. } => Some(error.clone()),
+            _ => None,
+        })
+        .await;
+    assert!(refused.contains("dropped"), "{refused}");
+    while let Ok(event) = a.events.try_recv() {
+        assert!(!matches!(event, Event::Reply { .. }), "{event:?}");
+    }
+    assert!(a.requests.try_recv().is_err(), "no request after the loss");
+    let stored = history(&url, "channel:main").await.join("\n");
+    assert!(
+        !stored.contains("second") && !stored.contains("worker:99"),
+        "{stored}"
+    );
+    assert!(stored.contains("B answers"), "{stored}");
+    // And A refuses new work.
+    assert!(a.runtime.send_user_message("main", "fourth").await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_forwarded_to_a_host_that_went_away_are_answered_by_the_next() {
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database().await;
+    // A host that claimed the conversation, had messages forwarded to it, and died.
+    let gone = Postgres::connect(&url).await.unwrap();
+    let run = gone.begin_run().await.unwrap();
+    let claim = gone.claim("channel:main", run.id()).await.unwrap();
+    assert!(matches!(claim, Claim::Owned(_)));
+    for text in ["one", "two"] {
+        let message = Forwarded::User { text: text.into() };
+        gone.forward("channel:main", &message).await.unwrap();
+    }
+    expire_runs_but(&url, &[]).await;
+    drop(run);
+
+    // The next host to look takes the conversation over, and answers what waited.
+    let mut b = Host::start(&url).await;
+    // Both in order, in one turn or in two.
+    let mut pending = b.request().await;
+    assert!(pending.holds("one"), "{:?}", pending.request.messages);
+    if !pending.holds("two") {
+        reply(pending, "answered one");
+        pending = b.request().await;
+        assert!(pending.holds("two"));
+    }
+    reply(pending, "answered");
+    b.event(replied("answered")).await;
+    let left: i64 = admin(&url)
+        .await
+        .query_one("SELECT count(*) FROM inbox", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+    assert_eq!(epoch(&url, "channel:main").await, 2);
+}
