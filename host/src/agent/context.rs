@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use super::events::{Event, EventSink};
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::notifications::NotificationIndex;
-use super::reservations::{Reservation, TaskReservations};
+use super::reservations::{Reservation, TaskReservations, task_key};
 use super::supervisor::{ShuttingDown, Supervisor, TooManyConversations};
 use super::turn::{Turn, TurnError, Unanswered};
 use crate::config::Config;
@@ -377,9 +377,28 @@ impl Context {
             .new_id(ProcessKind::Worker)
             .await
             .map_err(|err| format!("cannot number a new worker: {err}"))?;
+        // Among the hosts sharing the store first: a worker of another host may hold it.
+        // Only a worker whose reservation the store granted is named to anyone.
+        let key = task_key(task);
+        let worker = id.to_string();
+        let elsewhere = self
+            .services
+            .ledger
+            .reserve_task(self.run_id(), &key, &worker)
+            .await
+            .map_err(|err| format!("cannot reserve the task among the hosts: {err}"))?;
+        if let Some(existing) = elsewhere {
+            let existing = existing
+                .parse()
+                .map_err(|err| format!("the task is held by a worker named oddly: {err}"))?;
+            return Ok(SpawnOutcome::Duplicate { existing });
+        }
         let reservation = match self.reservations.reserve(task, &id) {
             Ok(reservation) => reservation,
-            Err(existing) => return Ok(SpawnOutcome::Duplicate { existing }),
+            Err(existing) => {
+                let _ = self.services.ledger.release_task(&key, &worker).await;
+                return Ok(SpawnOutcome::Duplicate { existing });
+            }
         };
         if let Some(number) = task_number {
             let patch = TaskPatch {

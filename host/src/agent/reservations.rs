@@ -31,7 +31,7 @@ impl TaskReservations {
         task: &str,
         worker: &ProcessId,
     ) -> Result<Reservation, ProcessId> {
-        let key = normalize(task);
+        let key = task_key(task);
         let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(existing) = active.get(&key) {
             return Err(existing.clone());
@@ -47,12 +47,19 @@ impl TaskReservations {
     /// The worker holding `task`, if a live one does.
     pub(crate) fn holder(&self, task: &str) -> Option<ProcessId> {
         let active = self.active.lock().unwrap_or_else(|p| p.into_inner());
-        active.get(&normalize(task)).cloned()
+        active.get(&task_key(task)).cloned()
     }
 
     /// How many descriptions are reserved.
     pub(crate) fn len(&self) -> usize {
         self.active.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+impl Reservation {
+    /// The normalized description it holds.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
     }
 }
 
@@ -67,7 +74,7 @@ impl Drop for Reservation {
 
 /// Lowercase, single spaces, no surrounding whitespace or trailing punctuation: the same
 /// task asked twice with different spacing or a final period is one task.
-fn normalize(task: &str) -> String {
+pub(crate) fn task_key(task: &str) -> String {
     let words: Vec<String> = task.split_whitespace().map(str::to_lowercase).collect();
     words
         .join(" ")

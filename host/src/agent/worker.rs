@@ -51,7 +51,12 @@ pub(crate) fn start(
         move |why| async move {
             ctx.supervisor.worker_ended(&spec.id);
             let undelivered = drain(&mut *inbox.lock().await);
-            finish(&ctx, &spec, &channel, WorkerState::Failed, why, undelivered).await;
+            let ended = Ended {
+                state: WorkerState::Failed,
+                outcome: why,
+                recorded: true,
+            };
+            finish(&ctx, &spec, &channel, ended, undelivered).await;
         }
     };
     supervise(
@@ -77,7 +82,7 @@ async fn run(
     ctx: Arc<Context>,
     spec: Arc<WorkerSpec>,
     channel: ChannelHandle,
-    _reservation: Reservation,
+    reservation: Reservation,
     pending: Arc<Pending>,
     inbox_tx: mpsc::UnboundedSender<String>,
     inbox: Inbox,
@@ -103,14 +108,28 @@ async fn run(
     let (id, channel_id) = (spec.id.to_string(), spec.channel.to_string());
     let ledger = &ctx.services.ledger;
     let recorded = ledger.worker_started(ctx.run_id(), &id, &channel_id, &spec.task);
-    if let Err(err) = recorded.await {
-        tracing::error!(worker = %spec.id, "cannot record the worker: {err}");
-    }
+    let recorded = recorded.await;
     ctx.emit(Event::WorkerStarted {
         worker: spec.id.clone(),
         channel: spec.channel.clone(),
         task: spec.task.clone(),
     });
+    if let Err(err) = recorded {
+        // A worker the store does not know of would be invisible to every other host,
+        // and never marked lost if this one died: it does not work, and the channel hears
+        // why.
+        ctx.supervisor.worker_ended(&spec.id);
+        let outcome = format!("not started: the store refused to record it ({err})");
+        finish(
+            &ctx,
+            &spec,
+            &channel,
+            Ended::unrecorded(outcome),
+            Vec::new(),
+        )
+        .await;
+        return;
+    }
 
     let limit = ctx.config.limits.worker_timeout;
     // Routed messages added to the history that no model answer has covered yet: if the
@@ -134,7 +153,35 @@ async fn run(
     ctx.supervisor.worker_ended(&spec.id);
     let mut undelivered = unanswered;
     undelivered.extend(drain(&mut *inbox.lock().await));
-    finish(&ctx, &spec, &channel, state, outcome, undelivered).await;
+    let ended = Ended {
+        state,
+        outcome,
+        recorded: true,
+    };
+    finish(&ctx, &spec, &channel, ended, undelivered).await;
+    // Free for a worker of any host now, not only once the end is seen.
+    if let Err(err) = ledger.release_task(reservation.key(), &id).await {
+        tracing::warn!(worker = %spec.id, "cannot release the worker's task among the hosts (it is free anyway once its end is stored): {err}");
+    }
+}
+
+/// How a worker ended.
+struct Ended {
+    state: WorkerState,
+    outcome: String,
+    /// Whether the store has a record of the worker to update.
+    recorded: bool,
+}
+
+impl Ended {
+    /// A worker that failed before the store recorded it.
+    fn unrecorded(outcome: String) -> Self {
+        Ended {
+            state: WorkerState::Failed,
+            outcome,
+            recorded: false,
+        }
+    }
 }
 
 /// Records the worker's end and reports it: to its channel, or, when the branch that
@@ -143,16 +190,22 @@ async fn finish(
     ctx: &Context,
     spec: &WorkerSpec,
     channel: &ChannelHandle,
-    state: WorkerState,
-    outcome: String,
+    ended: Ended,
     undelivered: Vec<String>,
 ) {
     ctx.release_process(&spec.id);
-    let id = spec.id.to_string();
-    let ledger = &ctx.services.ledger;
-    let recorded = ledger.set_worker_state(&id, state, Some(&outcome));
-    if let Err(err) = recorded.await {
-        tracing::error!(worker = %spec.id, "cannot record the worker's end: {err}");
+    let Ended {
+        state,
+        outcome,
+        recorded,
+    } = ended;
+    if recorded {
+        let id = spec.id.to_string();
+        let ledger = &ctx.services.ledger;
+        let stored = ledger.set_worker_state(&id, state, Some(&outcome));
+        if let Err(err) = stored.await {
+            tracing::error!(worker = %spec.id, "cannot record the worker's end: {err}");
+        }
     }
     ctx.emit(Event::WorkerEnded {
         worker: spec.id.clone(),

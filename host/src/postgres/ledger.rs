@@ -238,6 +238,19 @@ impl Ledger for Postgres {
         Ok(Run::leased(RunId::new(id as u64), lease, clock))
     }
 
+    async fn reserve_task(
+        &self,
+        run: RunId,
+        key: &str,
+        worker: &str,
+    ) -> Result<Option<String>, ServiceError> {
+        self.reserve_task_row(run, key, worker).await
+    }
+
+    async fn release_task(&self, key: &str, worker: &str) -> Result<(), ServiceError> {
+        self.release_task_row(key, worker).await
+    }
+
     async fn next_process_number(&self, kind: &str) -> Result<u64, ServiceError> {
         if kind.is_empty() {
             return Err(ServiceError::Invalid(

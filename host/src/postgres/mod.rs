@@ -33,6 +33,7 @@ mod history;
 mod inbox;
 mod ledger;
 mod memory;
+mod reservations;
 mod schema;
 mod sessions;
 mod status;

@@ -127,7 +127,8 @@ const MIGRATIONS: &[&str] = &[
         epoch       BIGINT NOT NULL
     );
     "#,
-    // 3: what hosts forward to sessions another host owns, until the owner takes it.
+    // 3: what hosts forward to sessions another host owns, until the owner takes it; and
+    // which worker holds each task description.
     r#"
     CREATE TABLE inbox (
         id          BIGSERIAL PRIMARY KEY,
@@ -137,6 +138,14 @@ const MIGRATIONS: &[&str] = &[
         created_at  BIGINT NOT NULL
     );
     CREATE INDEX inbox_channel ON inbox(channel, id);
+
+    -- One worker per task description across hosts: the description (normalized) is
+    -- held by a worker until it ends or its run is over.
+    CREATE TABLE task_reservations (
+        task        TEXT PRIMARY KEY,
+        worker      TEXT NOT NULL,
+        run         BIGINT NOT NULL REFERENCES runs(id)
+    );
     "#,
 ];
 

@@ -71,6 +71,27 @@ pub trait Ledger: Send + Sync {
     /// sorted by id. Workers of live runs, in this host or any other, are left alone.
     async fn mark_interrupted_workers(&self) -> Result<Vec<WorkerRecord>, ServiceError>;
 
+    /// Reserves task `key` (a normalized task description) for `worker`, of `run`, among
+    /// every host sharing the store: `None` when reserved, or the worker that holds it (a
+    /// worker that has not ended, of a run that is live). A backend one host uses alone
+    /// reserves nothing here (the default): the runtime's own reservations decide.
+    async fn reserve_task(
+        &self,
+        run: RunId,
+        key: &str,
+        worker: &str,
+    ) -> Result<Option<String>, ServiceError> {
+        let _ = (run, key, worker);
+        Ok(None)
+    }
+
+    /// Releases `worker`'s reservation of task `key`, once it ended. A reservation whose
+    /// worker ended or whose run is over is free anyway; releasing only makes it so sooner.
+    async fn release_task(&self, key: &str, worker: &str) -> Result<(), ServiceError> {
+        let _ = (key, worker);
+        Ok(())
+    }
+
     /// Returns once the end of every run this host dropped is recorded where other hosts
     /// see it, for a backend that records it after the drop; call it before the process
     /// exits. The default has nothing to wait for.

@@ -10,7 +10,7 @@ use capstan_host::config::{Config, ProviderSettings};
 use capstan_host::ids::ProcessId;
 use capstan_host::llm::{Script, ScriptedProvider};
 use capstan_host::policy::ProcessKind;
-use capstan_host::services::{Services, TaskStatus};
+use capstan_host::services::{ServiceError, Services, TaskStatus};
 use capstan_host::store::{Store, TaskFilter, WorkerState};
 use tokio::sync::mpsc;
 
@@ -836,4 +836,102 @@ async fn a_rounds_tool_results_reach_the_model_only_after_their_audit_rows_are_c
         (3, 3),
         "the three results reach the model with their three rows committed"
     );
+}
+
+/// A ledger that refuses to record any worker, as a store whose session moved to another
+/// host does; everything else goes to the services it wraps.
+struct RefusingWorkers(Services);
+
+#[async_trait::async_trait]
+impl capstan_host::services::Ledger for RefusingWorkers {
+    async fn begin_run(&self) -> Result<capstan_host::services::Run, ServiceError> {
+        self.0.ledger.begin_run().await
+    }
+
+    async fn next_process_number(&self, kind: &str) -> Result<u64, ServiceError> {
+        self.0.ledger.next_process_number(kind).await
+    }
+
+    async fn worker_started(
+        &self,
+        _run: capstan_host::services::RunId,
+        id: &str,
+        _channel: &str,
+        _task: &str,
+    ) -> Result<(), ServiceError> {
+        Err(ServiceError::Invalid(format!("{id} refused by the test")))
+    }
+
+    async fn set_worker_state(
+        &self,
+        id: &str,
+        state: WorkerState,
+        outcome: Option<&str>,
+    ) -> Result<(), ServiceError> {
+        self.0.ledger.set_worker_state(id, state, outcome).await
+    }
+
+    async fn worker(
+        &self,
+        id: &str,
+    ) -> Result<Option<capstan_host::services::WorkerRecord>, ServiceError> {
+        self.0.ledger.worker(id).await
+    }
+
+    async fn workers(
+        &self,
+        limit: u32,
+    ) -> Result<Vec<capstan_host::services::WorkerRecord>, ServiceError> {
+        self.0.ledger.workers(limit).await
+    }
+
+    async fn mark_interrupted_workers(
+        &self,
+    ) -> Result<Vec<capstan_host::services::WorkerRecord>, ServiceError> {
+        self.0.ledger.mark_interrupted_workers().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_the_store_refuses_to_record_does_no_work_and_its_channel_hears_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::defaults(dir.path());
+    config.provider = ProviderSettings::Scripted { script: None };
+    let mut services = Services::in_memory();
+    services.ledger = Arc::new(RefusingWorkers(services.clone()));
+    let (provider, mut requests) = crate::support::Gated::new();
+    let agent = AgentBuilder::new(config)
+        .plugins_dir(plugins_dir())
+        .cache(test_cache())
+        .provider(provider)
+        .services(services)
+        .build()
+        .await
+        .unwrap();
+    let (rt, mut events) = (agent.runtime, agent.events);
+    rt.spawn_worker("main", "sort the files", false, None)
+        .await
+        .unwrap();
+    // The channel is told; the worker's model is never asked.
+    let told = requests.recv().await.unwrap();
+    assert_eq!(told.request.process, "channel");
+    let report = told
+        .request
+        .messages
+        .iter()
+        .find(|m| m.content.contains("not started"))
+        .map(|m| m.content.clone())
+        .unwrap_or_else(|| panic!("{:?}", told.request.messages));
+    assert!(report.contains("refused by the test"), "{report}");
+    told.call("skip", serde_json::json!({}));
+    rt.wait_idle("main").await;
+    let mut ended = None;
+    while let Ok(event) = events.try_recv() {
+        if let Event::WorkerEnded { state, .. } = event {
+            ended = Some(state);
+        }
+    }
+    assert_eq!(ended, Some(WorkerState::Failed));
+    assert!(requests.try_recv().is_err(), "no worker request");
+    assert_eq!(rt.reserved_tasks(), 0, "its task is free again");
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use capstan_host::agent::{Event, Runtime};
+use capstan_host::agent::{Event, Runtime, SpawnOutcome};
 use capstan_host::config::{Config, DatabaseUrl, ProviderSettings, StoreSettings};
 use capstan_host::ids::ProcessId;
 use capstan_host::postgres::Postgres;
@@ -266,4 +266,61 @@ async fn messages_forwarded_to_a_host_that_went_away_are_answered_by_the_next() 
         .get(0);
     assert_eq!(left, 0);
     assert_eq!(epoch(&url, "channel:main").await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_identical_spawns_split_across_two_hosts_start_one_worker() {
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database().await;
+    let (mut a, mut b) = (Host::start(&url).await, Host::start(&url).await);
+    // Each host its own conversation; the task is the same, worded a little apart.
+    let spawns: Vec<_> = (0..50)
+        .map(|n| {
+            let (runtime, channel) = if n % 2 == 0 {
+                (a.runtime.clone(), "left")
+            } else {
+                (b.runtime.clone(), "right")
+            };
+            let task = if n % 3 == 0 {
+                "Sort the  files."
+            } else {
+                "sort the files"
+            };
+            tokio::spawn(async move { runtime.spawn_worker(channel, task, false, None).await })
+        })
+        .collect();
+    let mut spawned = Vec::new();
+    let mut named = std::collections::HashSet::new();
+    for spawn in spawns {
+        match spawn.await.unwrap().unwrap() {
+            SpawnOutcome::Spawned { worker } => spawned.push(worker),
+            SpawnOutcome::Duplicate { existing } => {
+                named.insert(existing);
+            }
+        }
+    }
+    assert_eq!(spawned.len(), 1, "{spawned:?}");
+    assert!(named.iter().all(|w| *w == spawned[0]), "{named:?}");
+    // Its host's model is asked for it; the other host's never is.
+    let worker = spawned[0].clone();
+    let (owner, other) = if a.runtime.live_workers() == 1 {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    let pending = owner.request().await;
+    assert_eq!(pending.request.process, "worker");
+    assert_eq!(
+        owner.runtime.live_workers() + other.runtime.live_workers(),
+        1
+    );
+    assert!(other.requests.try_recv().is_err());
+    let recorded: i64 = admin(&url)
+        .await
+        .query_one("SELECT count(*) FROM workers", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(recorded, 1, "{worker} only");
+    drop(pending);
 }

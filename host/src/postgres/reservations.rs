@@ -1,0 +1,170 @@
+//! One worker per task description across hosts: a row per reserved description, held
+//! by its worker until the worker ends or its run is over. Two hosts reserving one
+//! description at once meet at the row's primary key: one inserts, the other finds it.
+
+use super::Postgres;
+use crate::services::{RunId, ServiceError};
+
+impl Postgres {
+    /// [`Ledger::reserve_task`](crate::services::Ledger::reserve_task).
+    pub(super) async fn reserve_task_row(
+        &self,
+        run: RunId,
+        key: &str,
+        worker: &str,
+    ) -> Result<Option<String>, ServiceError> {
+        let failed = |err| self.failed("ledger.reserve_task", err);
+        let client = self.client().await?;
+        // One statement: a holder that ended, or whose run is over, is replaced under the
+        // row's lock, so two hosts replacing it cannot both win.
+        let reserved = client
+            .query_opt(
+                "INSERT INTO task_reservations (task, worker, run) VALUES ($1, $2, $3)
+                 ON CONFLICT (task) DO UPDATE SET worker = $2, run = $3
+                     WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = task_reservations.run
+                                       AND r.ended_at IS NULL
+                                       AND r.expires_at > statement_timestamp())
+                        OR EXISTS (SELECT 1 FROM workers w WHERE w.id = task_reservations.worker
+                                   AND w.state NOT IN ('running', 'waiting-for-input'))
+                 RETURNING worker",
+                &[&key, &worker, &(run.get() as i64)],
+            )
+            .await
+            .map_err(failed)?;
+        if reserved.is_some() {
+            return Ok(None);
+        }
+        let holder = client
+            .query_opt(
+                "SELECT worker FROM task_reservations WHERE task = $1",
+                &[&key],
+            )
+            .await
+            .map_err(failed)?;
+        match holder {
+            Some(row) => Ok(Some(row.get(0))),
+            // Released between the two statements: reserve again.
+            None => Box::pin(self.reserve_task_row(run, key, worker)).await,
+        }
+    }
+
+    /// [`Ledger::release_task`](crate::services::Ledger::release_task).
+    pub(super) async fn release_task_row(
+        &self,
+        key: &str,
+        worker: &str,
+    ) -> Result<(), ServiceError> {
+        self.client()
+            .await?
+            .execute(
+                "DELETE FROM task_reservations WHERE task = $1 AND worker = $2",
+                &[&key, &worker],
+            )
+            .await
+            .map_err(|err| self.failed("ledger.release_task", err))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_cluster::{TestCluster, admin};
+    use super::*;
+    use crate::services::{Ledger, WorkerState};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fifty_reservations_of_one_task_across_two_hosts_make_one_holder() {
+        let cluster = TestCluster::start();
+        let url = cluster.fresh_database().await;
+        let (a, b) = (
+            Postgres::connect(&url).await.unwrap(),
+            Postgres::connect(&url).await.unwrap(),
+        );
+        let (run_a, run_b) = (a.begin_run().await.unwrap(), b.begin_run().await.unwrap());
+        let tries: Vec<_> = (0..50)
+            .map(|n| {
+                let (host, run) = if n % 2 == 0 {
+                    (a.clone(), run_a.id())
+                } else {
+                    (b.clone(), run_b.id())
+                };
+                tokio::spawn(async move {
+                    let worker = format!("worker:{n}");
+                    let held = host.reserve_task(run, "sort the files", &worker).await;
+                    (worker, held.unwrap())
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        let mut named = std::collections::HashSet::new();
+        for attempt in tries {
+            match attempt.await.unwrap() {
+                (worker, None) => winners.push(worker),
+                (_, Some(holder)) => {
+                    named.insert(holder);
+                }
+            }
+        }
+        assert_eq!(winners.len(), 1, "{winners:?}");
+        assert!(named.iter().all(|n| *n == winners[0]), "{named:?}");
+
+        // While its worker runs, nobody else gets the description.
+        let holder = winners[0].clone();
+        let (host, run) = if a
+            .reserve_task(run_a.id(), "sort the files", "worker:x")
+            .await
+            .unwrap()
+            .is_none()
+        {
+            panic!("a live holder was replaced");
+        } else {
+            let held_by_a: bool = admin(&url)
+                .await
+                .query_one(
+                    "SELECT run = $1 FROM task_reservations",
+                    &[&(run_a.id().get() as i64)],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if held_by_a {
+                (a.clone(), run_a.id())
+            } else {
+                (b.clone(), run_b.id())
+            }
+        };
+        host.worker_started(run, &holder, "channel:main", "sort the files")
+            .await
+            .unwrap();
+        host.set_worker_state(&holder, WorkerState::Done, Some("sorted"))
+            .await
+            .unwrap();
+        // It ended: the description is free, released or not.
+        assert_eq!(
+            b.reserve_task(run_b.id(), "sort the files", "worker:100")
+                .await
+                .unwrap(),
+            None,
+            "an ended holder is replaced"
+        );
+        b.release_task("sort the files", "worker:100")
+            .await
+            .unwrap();
+        assert_eq!(
+            a.reserve_task(run_a.id(), "sort the files", "worker:101")
+                .await
+                .unwrap(),
+            None,
+            "a released description is free"
+        );
+        // The run of its holder is over: free.
+        drop(run_a);
+        a.settle().await;
+        assert_eq!(
+            b.reserve_task(run_b.id(), "sort the files", "worker:102")
+                .await
+                .unwrap(),
+            None
+        );
+    }
+}
