@@ -7,11 +7,17 @@
 //! anyway), opens the conversation if it is not open, and sends each message in, as if
 //! it had been sent here. A conversation whose owner's run is over is taken over by the
 //! first host that looks, with its forwarded messages.
+//!
+//! Each look also marks the workers of hosts that died as interrupted: the store queues a
+//! report for each worker's conversation, which its owner tells as a failure. Nothing is
+//! run again.
 
 use std::sync::Weak;
 
 use super::context::{Context, ConversationError};
+use super::events::Event;
 use super::inbox::ChannelInput;
+use super::notifications::NotificationKind;
 use crate::ids::ProcessId;
 use crate::services::Forwarded;
 
@@ -29,6 +35,7 @@ pub(crate) async fn take_forwarded(ctx: Weak<Context>) {
         if !ctx.run().is_live() {
             continue;
         }
+        mark_lost_workers(&ctx).await;
         let waiting = match sessions.forwarded_sessions(ctx.run_id()).await {
             Ok(waiting) => waiting,
             Err(err) => {
@@ -69,14 +76,57 @@ async fn deliver(ctx: &std::sync::Arc<Context>, id: &ProcessId) {
     match taken {
         Ok(messages) => {
             for message in messages {
-                let input = match message {
-                    Forwarded::User { text } => ChannelInput::User(text),
-                };
-                handle.send(input);
+                handle.send(input_of(message));
             }
         }
         Err(err) => {
             tracing::warn!(conversation = %id, "cannot take what was forwarded to the conversation (trying again soon): {err}")
+        }
+    }
+}
+
+/// What the conversation takes in for `message`.
+fn input_of(message: Forwarded) -> ChannelInput {
+    match message {
+        Forwarded::User { text } => ChannelInput::User(text),
+        Forwarded::WorkerLost {
+            worker,
+            task,
+            outcome,
+        } => {
+            let text = format!(
+                "failed: the host running it was lost before it ended ({outcome}); \
+                 its task `{task}` is not run again"
+            );
+            match worker.parse::<ProcessId>() {
+                Ok(source) => ChannelInput::Result {
+                    source,
+                    kind: NotificationKind::Error,
+                    text,
+                },
+                Err(_) => ChannelInput::User(format!("[{worker}] {text}")),
+            }
+        }
+    }
+}
+
+/// Marks the workers of runs that are over (their hosts died) as interrupted, and
+/// reports each: the store queues the report for its conversation.
+async fn mark_lost_workers(ctx: &Context) {
+    match ctx.services.ledger.mark_interrupted_workers().await {
+        Ok(lost) => {
+            for worker in lost {
+                if let Ok(id) = worker.id.parse::<ProcessId>() {
+                    ctx.emit(Event::WorkerEnded {
+                        worker: id,
+                        state: worker.state,
+                        outcome: worker.outcome.unwrap_or_default(),
+                    });
+                }
+            }
+        }
+        Err(err) => {
+            tracing::warn!("cannot look for workers of hosts that died (looking again soon): {err}")
         }
     }
 }

@@ -26,16 +26,8 @@ impl Postgres {
         channel: &str,
         message: &Forwarded,
     ) -> Result<(), ServiceError> {
-        let body = serde_json::to_string(message).expect("a forwarded message serializes");
-        // One statement: the row and its hint commit together.
-        self.client()
-            .await?
-            .execute(
-                "WITH row AS (INSERT INTO inbox (channel, body, created_at) VALUES ($1, $2, $3)
-                              RETURNING channel)
-                 SELECT pg_notify($4, channel) FROM row",
-                &[&channel, &body, &now(), &CHANNEL],
-            )
+        let client = self.client().await?;
+        forward_on(&client, channel, message)
             .await
             .map_err(|err| self.failed("inbox.forward", err))?;
         Ok(())
@@ -119,6 +111,25 @@ impl Postgres {
         });
         let _ = tokio::time::timeout(poll, hint.notified()).await;
     }
+}
+
+/// Queues `message` for `channel`'s owner on `client` (inside the caller's transaction,
+/// if it is one): the row and its hint commit together.
+pub(super) async fn forward_on(
+    client: &impl deadpool_postgres::GenericClient,
+    channel: &str,
+    message: &Forwarded,
+) -> Result<(), tokio_postgres::Error> {
+    let body = serde_json::to_string(message).expect("a forwarded message serializes");
+    client
+        .execute(
+            "WITH row AS (INSERT INTO inbox (channel, body, created_at) VALUES ($1, $2, $3)
+                          RETURNING channel)
+             SELECT pg_notify($4, channel) FROM row",
+            &[&channel, &body, &now(), &CHANNEL],
+        )
+        .await
+        .map(drop)
 }
 
 /// Listens for hints on a connection of its own, made again when lost, until `hint` is

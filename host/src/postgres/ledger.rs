@@ -13,11 +13,12 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 use tokio_postgres::{Client, NoTls, Row};
 
+use super::inbox::forward_on;
 use super::sessions::Owner;
 use super::{Ending, Postgres, now};
 use crate::services::{
-    LeaseClock, Ledger, Run, RunId, ServiceError, WorkerRecord, WorkerState, interrupted_outcome,
-    worker_already_recorded, worker_has_ended,
+    Forwarded, LeaseClock, Ledger, Run, RunId, ServiceError, WorkerRecord, WorkerState,
+    interrupted_outcome, worker_already_recorded, worker_has_ended,
 };
 
 /// How often a run's lease is renewed.
@@ -463,7 +464,18 @@ impl Ledger for Postgres {
                 .await
                 .map_err(failed)?;
             for row in &rows {
-                marked.push(worker_from(row)?);
+                let worker = worker_from(row)?;
+                // Its conversation hears of it from whichever host answers it, even if
+                // this one dies before saying anything.
+                let lost = Forwarded::WorkerLost {
+                    worker: worker.id.clone(),
+                    task: worker.task.clone(),
+                    outcome: worker.outcome.clone().unwrap_or_default(),
+                };
+                forward_on(&tx, &worker.channel, &lost)
+                    .await
+                    .map_err(failed)?;
+                marked.push(worker);
             }
         }
         tx.commit().await.map_err(failed)?;

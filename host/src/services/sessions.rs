@@ -62,6 +62,16 @@ pub enum Forwarded {
         /// Its text.
         text: String,
     },
+    /// A worker of the conversation was lost with its host (killed, or cut off past its
+    /// lease): it was marked interrupted and is never run again.
+    WorkerLost {
+        /// e.g. `worker:3`.
+        worker: String,
+        /// Its task.
+        task: String,
+        /// What its record says now.
+        outcome: String,
+    },
 }
 
 /// Session ownership and the inboxes of sessions owned elsewhere.

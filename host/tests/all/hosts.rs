@@ -324,3 +324,59 @@ async fn fifty_identical_spawns_split_across_two_hosts_start_one_worker() {
     assert_eq!(recorded, 1, "{worker} only");
     drop(pending);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_of_a_host_that_died_is_reported_to_its_conversation_as_failed_and_never_rerun() {
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database().await;
+    let mut a = Host::start(&url).await;
+    let spawned = a
+        .runtime
+        .spawn_worker("main", "sort the files", false, None)
+        .await
+        .unwrap();
+    let SpawnOutcome::Spawned { worker } = spawned else {
+        panic!("{spawned:?}")
+    };
+    // The worker is mid-request when its host dies (its lease runs out unrenewed).
+    let held = a.request().await;
+    assert_eq!(held.request.process, "worker");
+    let mut b = Host::start(&url).await;
+    let b_run: i64 = admin(&url)
+        .await
+        .query_one("SELECT max(id) FROM runs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    expire_runs_but(&url, &[b_run]).await;
+
+    // B marks the worker lost, takes the conversation over, and tells it.
+    let pending = b.request().await;
+    assert_eq!(pending.request.process, "channel");
+    let report = pending
+        .request
+        .messages
+        .iter()
+        .find(|m| m.content.contains(&format!("[{worker}]")))
+        .map(|m| m.content.clone())
+        .unwrap_or_else(|| panic!("{:?}", pending.request.messages));
+    assert!(
+        report.contains("failed") && report.contains("not run again"),
+        "{report}"
+    );
+    reply(pending, "noted");
+    b.event(replied("noted")).await;
+    b.runtime.wait_idle("main").await;
+    let (state, outcome): (String, String) = {
+        let row = admin(&url)
+            .await
+            .query_one("SELECT state, outcome FROM workers", &[])
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(state, "interrupted", "{outcome}");
+    assert!(b.requests.try_recv().is_err(), "B never ran the worker");
+    assert_eq!(b.runtime.live_workers(), 0);
+    drop(held);
+}
