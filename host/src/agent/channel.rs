@@ -142,10 +142,9 @@ pub(crate) async fn run(
                 let mut turn = ctx.turn(&name, lease.ticket(), route, &system, &tools);
                 turn.deltas = &text_out;
                 match turn.run(&mut history, &tools_handler).await {
-                    Ok(TurnEnd::Text(text)) if !text.trim().is_empty() => ctx.emit(Event::Reply {
-                        channel: name.clone(),
-                        text,
-                    }),
+                    Ok(TurnEnd::Text(text)) if !text.trim().is_empty() => {
+                        ctx.deliver_reply(&name, text);
+                    }
                     Ok(_) => {}
                     // Suppressed: whoever holds the session answers; not a reason to retry.
                     Err(err) => match err.reason {
@@ -238,11 +237,13 @@ impl ChannelTools {
         let answer = |value: serde_json::Value| Ok(ToolOutcome::Continue(value.to_string()));
         Some(match call {
             HostCall::Reply(args) => {
-                ctx.emit(Event::Reply {
-                    channel: self.channel.clone(),
-                    text: args.text.clone(),
-                });
-                Ok(ToolOutcome::Delivered(args.text))
+                if ctx.deliver_reply(&self.channel, args.text.clone()) {
+                    Ok(ToolOutcome::Delivered(args.text))
+                } else {
+                    Ok(ToolOutcome::EndTurn(
+                        "not delivered: this host may no longer answer the conversation".into(),
+                    ))
+                }
             }
             HostCall::Skip(_) => Ok(ToolOutcome::EndTurn("skipped".into())),
             HostCall::SpawnWorker(args) => ctx

@@ -207,6 +207,27 @@ impl Context {
         self.events.emit(event);
     }
 
+    /// Delivers `text` as `channel`'s reply, unless this host's lease is not live: then
+    /// another host may answer the conversation, and a reply from here would contradict
+    /// it. Whether it was delivered.
+    pub(crate) fn deliver_reply(&self, channel: &ProcessId, text: String) -> bool {
+        if !self.run.is_live() {
+            self.emit(Event::TurnSuppressed {
+                process: channel.clone(),
+                reason: format!(
+                    "a reply was not delivered: this host's {} lease is not live",
+                    self.run.id()
+                ),
+            });
+            return false;
+        }
+        self.emit(Event::Reply {
+            channel: channel.clone(),
+            text,
+        });
+        true
+    }
+
     /// Reports that a request of `process` got no answer (a suppressed turn is not a
     /// failure: someone else answers).
     pub(crate) fn model_failed(&self, process: &ProcessId, err: &TurnError) {

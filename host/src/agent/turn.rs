@@ -724,4 +724,50 @@ mod properties {
             run_plan(turns)?;
         }
     }
+
+    #[tokio::test]
+    async fn no_request_goes_out_once_the_hosts_lease_is_not_live() {
+        let provider = Arc::new(Planned::default());
+        // Taken by the first request, if one went out.
+        provider.answers.lock().unwrap().push_back(Answer::Text);
+        let dispatcher = Dispatcher::new(provider.clone(), GateSettings::default());
+        let ticket = dispatcher.reserve("s", "s:loop").unwrap();
+        let lease = crate::services::LeaseClock::new(std::time::Instant::now());
+        let run = Run::leased(crate::services::RunId::new(4), (), lease);
+        let (events, _watched) = EventSink::new();
+        let process = ProcessId::channel("main");
+        let tools = defs();
+        let turn = Turn {
+            dispatcher: &dispatcher,
+            ticket: &ticket,
+            route: Route::User,
+            process: &process,
+            events: &events,
+            system: "test",
+            tools: &tools,
+            max_turns: 3,
+            deltas: &(),
+            run: &run,
+        };
+        let mut history = vec![Message::user("hi")];
+        let err = turn
+            .run(
+                &mut history,
+                &Tools {
+                    injections: Mutex::default(),
+                },
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err.reason, Unanswered::Suppressed(why) if why.contains("run:4 lease is not live")),
+            "{err}"
+        );
+        assert_eq!(history, [Message::user("hi")]);
+        assert_eq!(
+            provider.answers.lock().unwrap().len(),
+            1,
+            "no request went out"
+        );
+    }
 }

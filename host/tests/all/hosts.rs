@@ -200,11 +200,12 @@ async fn a_host_that_lost_its_lease_prompts_and_stores_nothing_more_and_another_
     b.runtime.wait_idle("main").await;
     assert_eq!(epoch(&url, "channel:main").await, 2);
 
-    // A's model answers at last with a tool call: A asks nothing more, and stores nothing.
-    held.call("route", json!({ "worker": "worker:99", "message": "x" }));
+    // A's model answers at last, with a reply: it is not delivered, and not stored.
+    reply(held, "too late");
     let suppressed = a
         .event(|event| match event {
             Event::TurnSuppressed { reason, .. } => Some(reason.clone()),
+            Event::Reply { text, .. } => panic!("delivered: {text}"),
             _ => None,
         })
         .await;
