@@ -94,6 +94,24 @@ impl TestCluster {
         self.dir.path().join("data")
     }
 
+    /// Restarts the server with a fast shutdown, as an operator's restart would: every
+    /// open connection is cut, and committed rows survive.
+    pub fn restart(&self) {
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.data().display().to_string(),
+                "-l",
+                &self.dir.path().join("server.log").display().to_string(),
+                "-m",
+                "fast",
+                "-w",
+                "restart",
+            ],
+        );
+    }
+
     /// A command running one of the server's programs as the server's user.
     fn command(&self, program: &str) -> Command {
         let path = self.bin.join(program);

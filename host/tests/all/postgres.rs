@@ -1,8 +1,11 @@
 //! The `capstan` binary on a PostgreSQL store: separate processes are separate hosts.
 
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
 use capstan_host::postgres::test_cluster::{TestCluster, admin};
 
-use crate::support::{capstan_command, stderr, stdout};
+use crate::support::{capstan_command, send_signal, stderr, stdout};
 
 /// A directory whose config names the database in `CAPSTAN_TEST_DATABASE_URL` and plays a
 /// script answering each message in turn.
@@ -111,5 +114,401 @@ async fn two_capstan_processes_share_a_conversation_through_postgres() {
         stderr(&unset).contains("CAPSTAN_TEST_DATABASE_URL"),
         "{}",
         stderr(&unset)
+    );
+}
+
+/// A `capstan serve` host on the database at `CAPSTAN_TEST_DATABASE_URL`, in a directory of
+/// its own, answering as `name`; its standard error is kept as it comes.
+struct ServeHost {
+    child: std::process::Child,
+    url: String,
+    log: Arc<Mutex<String>>,
+    _dir: tempfile::TempDir,
+}
+
+/// What every host's scripted model says, naming the host.
+fn host_script(name: &str) -> String {
+    format!(
+        r#"
+[[step]]
+process = "channel"
+when = "slow"
+delay_ms = 3000
+tool_calls = [{{ name = "reply", arguments = {{ text = "slow reply from {name}" }} }}]
+
+[[step]]
+process = "channel"
+when = "spawn"
+tool_calls = [{{ name = "spawn_worker", arguments = {{ task = "a long task" }} }}]
+
+[[step]]
+process = "worker"
+delay_ms = 600000
+reply = "the long task is done"
+repeat = true
+
+[[step]]
+process = "channel"
+tool_calls = [{{ name = "reply", arguments = {{ text = "reply from {name}" }} }}]
+repeat = true
+"#
+    )
+}
+
+impl ServeHost {
+    fn start(db: &str, name: &str) -> ServeHost {
+        use std::io::{BufRead, Read};
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("script.toml"), host_script(name)).unwrap();
+        std::fs::write(
+            dir.path().join("capstan.toml"),
+            "[provider]\nkind = \"scripted\"\nscript = \"script.toml\"\n\n\
+             [limits]\nsettle_ms = 0\n\n\
+             [store]\nkind = \"postgres\"\nurl_env = \"CAPSTAN_TEST_DATABASE_URL\"\n",
+        )
+        .unwrap();
+        let mut child = capstan_command(dir.path(), &["serve", "--addr", "127.0.0.1:0"])
+            .env("CAPSTAN_TEST_DATABASE_URL", db)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let mut stderr = child.stderr.take().unwrap();
+        std::thread::spawn({
+            let log = log.clone();
+            move || {
+                let mut chunk = [0u8; 4096];
+                while let Ok(n @ 1..) = stderr.read(&mut chunk) {
+                    log.lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&chunk[..n]));
+                }
+            }
+        });
+        let mut banner = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut banner)
+            .unwrap();
+        let url = banner
+            .trim()
+            .strip_prefix("capstan serve: listening on ")
+            .unwrap_or_else(|| panic!("{banner}\n{}", log.lock().unwrap()))
+            .trim_end_matches('/')
+            .to_owned();
+        ServeHost {
+            child,
+            url,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// Posts `text` to conversation `main`, without waiting for the reply.
+    async fn post(&self, client: &reqwest::Client, text: &str) {
+        let response = client
+            .post(format!("{}/v1/channels/main/messages", self.url))
+            .json(&serde_json::json!({ "text": text }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 202, "{text}");
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for ServeHost {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `channel:main`'s stored messages, each as its role and text.
+async fn conversation(db: &tokio_postgres::Client) -> Vec<(String, String)> {
+    db.query(
+        "SELECT message FROM history WHERE channel = 'channel:main' ORDER BY seq",
+        &[],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|row| {
+        let message: capstan_host::llm::Message =
+            serde_json::from_str(row.get::<_, &str>(0)).expect("a well-formed stored message");
+        let role = serde_json::to_value(message.role).unwrap();
+        (role.as_str().unwrap().to_owned(), message.content)
+    })
+    .collect()
+}
+
+/// Waits until `done` holds of the stored conversation (a two-minute guard against a hang,
+/// never a timing).
+async fn until_stored(
+    db: &tokio_postgres::Client,
+    what: &str,
+    mut done: impl FnMut(&[(String, String)]) -> bool,
+) -> Vec<(String, String)> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let stored = conversation(db).await;
+        if done(&stored) {
+            return stored;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}: {stored:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+fn holds(stored: &[(String, String)], text: &str) -> bool {
+    stored.iter().any(|(_, said)| said == text)
+}
+
+/// Each answer follows something to answer: one dispatch per idle edge, never two.
+fn one_answer_per_batch(stored: &[(String, String)]) {
+    for pair in stored.windows(2) {
+        assert!(
+            !(pair[0].0 == "assistant" && pair[1].0 == "assistant"),
+            "two answers in a row: {pair:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_messages_to_one_conversation_across_two_serve_hosts_are_each_answered_by_its_owner()
+ {
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database().await;
+    let db = admin(&url).await;
+    let (a, b) = (
+        ServeHost::start(&url, "host-a"),
+        ServeHost::start(&url, "host-b"),
+    );
+    let client = reqwest::Client::new();
+    a.post(&client, "hello").await;
+    until_stored(&db, "A's first answer", |s| holds(s, "reply from host-a")).await;
+
+    let sent: Vec<String> = (0..1000).map(|n| format!("message {n}")).collect();
+    let posts = futures_util::stream::iter(sent.iter().enumerate().map(|(n, text)| {
+        let (host, client) = (if n % 2 == 0 { &a } else { &b }, &client);
+        async move { host.post(client, text).await }
+    }));
+    futures_util::StreamExt::for_each_concurrent(posts, 16, |post| post).await;
+
+    let stored = until_stored(&db, "every message, answered", |s| {
+        sent.iter().all(|text| holds(s, text))
+            && s.last().is_some_and(|(role, _)| role == "assistant")
+    })
+    .await;
+    for text in &sent {
+        let times = stored.iter().filter(|(_, said)| said == text).count();
+        assert_eq!(times, 1, "{text} stored {times} times");
+    }
+    one_answer_per_batch(&stored);
+    assert!(
+        !stored.iter().any(|(_, said)| said.contains("host-b")),
+        "B forwarded everything and answered nothing"
+    );
+    let epoch: i64 = db
+        .query_one(
+            "SELECT epoch FROM sessions WHERE channel = 'channel:main'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(epoch, 1);
+    let left: i64 = db
+        .query_one("SELECT count(*) FROM inbox", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "the inbox is empty");
+}
+
+/// Waits until run `run`'s lease is over by the database's clock.
+async fn until_expired(db: &tokio_postgres::Client, run: i64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let over: bool = db
+            .query_one(
+                "SELECT expires_at <= now() FROM runs WHERE id = $1",
+                &[&run],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if over {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "run {run} never expired"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// The run that owns `channel:main`.
+async fn owner(db: &tokio_postgres::Client) -> i64 {
+    db.query_one(
+        "SELECT owner_run FROM sessions WHERE channel = 'channel:main'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_paused_past_its_lease_lands_nothing_after_another_took_over_and_exits() {
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database().await;
+    let db = admin(&url).await;
+    let (mut a, b) = (
+        ServeHost::start(&url, "host-a"),
+        ServeHost::start(&url, "host-b"),
+    );
+    let client = reqwest::Client::new();
+    a.post(&client, "hello").await;
+    until_stored(&db, "A's first answer", |s| holds(s, "reply from host-a")).await;
+    let a_run = owner(&db).await;
+
+    // A's model is slow on the next message; A is paused while it thinks, and stays
+    // paused until its lease is over by the database's clock (and so by A's own).
+    a.post(&client, "slow one").await;
+    send_signal(a.pid(), "-STOP");
+    until_expired(&db, a_run).await;
+    b.post(&client, "after the pause").await;
+    let taken = until_stored(&db, "B's answer", |s| holds(s, "reply from host-b")).await;
+
+    // A resumes: its slow answer is neither delivered nor stored, and A stops.
+    send_signal(a.pid(), "-CONT");
+    let status = a.child.wait().unwrap();
+    assert_eq!(status.code(), Some(3), "{}", a.log());
+    assert!(a.log().contains("lease expired"), "{}", a.log());
+    let stored = conversation(&db).await;
+    assert_eq!(stored, taken, "nothing of A's landed after the takeover");
+    assert!(!holds(&stored, "slow reply from host-a"));
+    one_answer_per_batch(&stored);
+    let epoch: i64 = db
+        .query_one(
+            "SELECT epoch FROM sessions WHERE channel = 'channel:main'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(epoch, 2);
+    assert_ne!(owner(&db).await, a_run);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_hosts_worker_is_reported_lost_by_another_host_and_never_rerun() {
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database().await;
+    let db = admin(&url).await;
+    let (mut a, b) = (
+        ServeHost::start(&url, "host-a"),
+        ServeHost::start(&url, "host-b"),
+    );
+    let client = reqwest::Client::new();
+    a.post(&client, "spawn a worker").await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while db
+        .query_opt("SELECT 1 FROM workers WHERE state = 'running'", &[])
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(std::time::Instant::now() < deadline, "no worker started");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let a_run = owner(&db).await;
+    send_signal(a.pid(), "-KILL");
+    a.child.wait().unwrap();
+    until_expired(&db, a_run).await;
+
+    // B, looking, marks the worker lost and tells the conversation, which it takes over.
+    let stored = until_stored(&db, "the report of the lost worker", |s| {
+        s.iter().any(|(_, said)| said.contains("not run again"))
+            && s.last().is_some_and(|(role, _)| role == "assistant")
+    })
+    .await;
+    assert!(holds(&stored, "reply from host-b"), "{stored:?}");
+    let workers: Vec<(String, String)> = db
+        .query("SELECT id, state FROM workers", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(workers.len(), 1, "nothing re-ran: {workers:?}");
+    assert_eq!(workers[0].1, "interrupted");
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_restarted_mid_turn_loses_no_row_and_moves_no_epoch() {
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database().await;
+    let a = ServeHost::start(&url, "host-a");
+    let b = ServeHost::start(&url, "host-b");
+    let client = reqwest::Client::new();
+    {
+        let db = admin(&url).await;
+        a.post(&client, "hello").await;
+        until_stored(&db, "A's first answer", |s| holds(s, "reply from host-a")).await;
+        // Mid-turn: A's model is thinking when the database restarts.
+        a.post(&client, "slow one").await;
+    }
+    cluster.restart();
+    let db = admin(&url).await;
+    let stored = until_stored(&db, "the slow answer", |s| {
+        holds(s, "slow reply from host-a")
+    })
+    .await;
+    b.post(&client, "after the restart").await;
+    let stored_after = until_stored(&db, "the next answer", |s| {
+        holds(s, "after the restart") && s.last().is_some_and(|(role, _)| role == "assistant")
+    })
+    .await;
+    assert_eq!(
+        &stored_after[..stored.len()],
+        &stored[..],
+        "nothing lost or rewritten"
+    );
+    for said in ["hello", "slow one", "after the restart"] {
+        assert_eq!(
+            stored_after.iter().filter(|(_, s)| s == said).count(),
+            1,
+            "{said}: {stored_after:?}"
+        );
+    }
+    one_answer_per_batch(&stored_after);
+    assert!(!stored_after.iter().any(|(_, s)| s.contains("host-b")));
+    let epoch: i64 = db
+        .query_one(
+            "SELECT epoch FROM sessions WHERE channel = 'channel:main'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(epoch, 1, "the restart moved no session");
+    assert!(
+        a.log().is_empty() || !a.log().contains("panicked"),
+        "{}",
+        a.log()
     );
 }
