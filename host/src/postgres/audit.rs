@@ -2,6 +2,7 @@
 
 use async_trait::async_trait;
 
+use super::sessions::live_run;
 use super::{Postgres, now};
 use crate::services::{
     AuditEntry, AuditRecord, AuditSink, RequestDecision, RequestEntry, RequestRecord, ServiceError,
@@ -12,11 +13,15 @@ use crate::services::{
 impl AuditSink for Postgres {
     async fn record(&self, call: AuditRecord) -> Result<(), ServiceError> {
         let client = self.client().await?;
-        client
+        let sql = format!(
+            "INSERT INTO audit (at, process, tool, grants, arguments, outcome, detail,
+                                duration_us)
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8 WHERE {}",
+            live_run(9)
+        );
+        let written = client
             .execute(
-                "INSERT INTO audit (at, process, tool, grants, arguments, outcome, detail,
-                                    duration_us)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                &sql,
                 &[
                     &now(),
                     &call.process,
@@ -26,10 +31,15 @@ impl AuditSink for Postgres {
                     &call.outcome,
                     &call.detail,
                     &(call.duration_us as i64),
+                    &self.writer_run(),
                 ],
             )
             .await
             .map_err(|err| self.failed("audit.record", err))?;
+        if written == 0 {
+            let what = format!("the audit row of {}'s {} call", call.process, call.tool);
+            return Err(self.dropped(&what));
+        }
         Ok(())
     }
 
@@ -62,12 +72,16 @@ impl AuditSink for Postgres {
 
     async fn record_request(&self, r: RequestRecord) -> Result<(), ServiceError> {
         let client = self.client().await?;
-        client
+        let sql = format!(
+            "INSERT INTO net_requests (at, process, tool, method, scheme, host, port,
+                 address, status, bytes_sent, bytes_received, duration_us, decision,
+                 grant_rule, detail)
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15 WHERE {}",
+            live_run(16)
+        );
+        let written = client
             .execute(
-                "INSERT INTO net_requests (at, process, tool, method, scheme, host, port,
-                     address, status, bytes_sent, bytes_received, duration_us, decision,
-                     grant_rule, detail)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+                &sql,
                 &[
                     &now(),
                     &r.process,
@@ -84,10 +98,15 @@ impl AuditSink for Postgres {
                     &r.decision.as_str(),
                     &r.grant,
                     &r.detail,
+                    &self.writer_run(),
                 ],
             )
             .await
             .map_err(|err| self.failed("audit.record_request", err))?;
+        if written == 0 {
+            let what = format!("the audit row of {}'s request to {}", r.process, r.host);
+            return Err(self.dropped(&what));
+        }
         Ok(())
     }
 

@@ -184,6 +184,24 @@ impl Postgres {
         self.owner.lock().unwrap().run
     }
 
+    /// The run this host's writes of tasks and audit rows are fenced by, as the SQL
+    /// parameter of [`live_run`]: none while the host has no run (commands outside an
+    /// agent).
+    pub(super) fn writer_run(&self) -> Option<i64> {
+        self.current_run().map(|run| run.get() as i64)
+    }
+
+    /// The refusal of `what`, written by this host after its run was over.
+    pub(super) fn dropped(&self, what: &str) -> ServiceError {
+        let run = self
+            .current_run()
+            .map_or_else(|| "this host's run".to_owned(), |run| run.to_string());
+        ServiceError::Invalid(format!(
+            "{run} is over (ended, or its lease expired): {what} is dropped; another host may \
+             answer its conversations now"
+        ))
+    }
+
     /// The epoch `run` owns `channel` under: the one it claimed before, or a new claim.
     pub(super) async fn epoch_for(&self, channel: &str, run: RunId) -> Result<Epoch, ServiceError> {
         if let Some(epoch) = self.owner.lock().unwrap().epochs.get(channel) {
@@ -251,6 +269,17 @@ impl Sessions for Postgres {
     async fn forwarded_wakeup(&self) {
         self.inbox_wakeup().await
     }
+}
+
+/// SQL that holds when parameter `$param` (a run id, or NULL) is NULL or a live run: a
+/// write under it lands only while this host's run is live by the database's clock, in
+/// the statement that makes it. Another host takes a session over only once the run's
+/// lease is over, so this fences every write of the run's sessions.
+pub(super) fn live_run(param: usize) -> String {
+    format!(
+        "(${param}::BIGINT IS NULL OR EXISTS (SELECT 1 FROM runs WHERE id = ${param} \
+         AND ended_at IS NULL AND expires_at > statement_timestamp()))"
+    )
 }
 
 /// What a fenced write carries: the run and the epoch it owns the session under.
@@ -614,5 +643,70 @@ mod tests {
             .unwrap()
             .get(0);
         assert_eq!(left, 1, "nothing was taken");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn task_and_audit_writes_of_a_run_that_is_over_land_nothing() {
+        use crate::services::{AuditRecord, AuditSink, NewTask, TaskBoard, TaskPatch};
+        let cluster = TestCluster::start();
+        let (url, [(a, run_a), (b, _run_b)]) = two_hosts(&cluster).await;
+        let task = a.create("worker:1", NewTask::titled("kept")).await.unwrap();
+        let call = || AuditRecord {
+            process: "worker:1".into(),
+            tool: "file_read".into(),
+            grants: String::new(),
+            arguments: "{}".into(),
+            outcome: "ok".into(),
+            detail: String::new(),
+            duration_us: 1,
+        };
+        a.record(call()).await.unwrap();
+
+        // A is paused past its lease: whatever it writes now is refused, and says so.
+        expire(&url, run_a.id()).await;
+        let refused = [
+            a.create("worker:1", NewTask::titled("late"))
+                .await
+                .map(drop),
+            a.update(
+                task.number,
+                TaskPatch {
+                    title: Some("late".into()),
+                    ..TaskPatch::default()
+                },
+            )
+            .await
+            .map(drop),
+            a.record(call()).await,
+        ];
+        for write in refused {
+            let err = write.unwrap_err().to_string();
+            assert!(
+                err.contains(&run_a.id().to_string()) && err.contains("dropped"),
+                "{err}"
+            );
+        }
+        let db = admin(&url).await;
+        let titles: Vec<String> = db
+            .query("SELECT title FROM tasks ORDER BY number", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        assert_eq!(titles, ["kept"]);
+        let audited: i64 = db
+            .query_one("SELECT count(*) FROM audit", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(audited, 1);
+        // A live host, and a command with no run, write as before.
+        b.record(call()).await.unwrap();
+        let command = Postgres::connect(&url).await.unwrap();
+        command
+            .create("cli", NewTask::titled("from a command"))
+            .await
+            .unwrap();
     }
 }

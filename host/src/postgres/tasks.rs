@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
+use super::sessions::live_run;
 use super::{Postgres, now};
 use crate::services::{
     DEFAULT_LIST_LIMIT, NewTask, Priority, ServiceError, Task, TaskBoard, TaskFilter, TaskPatch,
@@ -71,10 +72,11 @@ impl TaskBoard for Postgres {
         let sql = format!(
             "INSERT INTO tasks (title, description, status, priority, creator, assigned_worker,
                                 parent, metadata, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9) RETURNING {COLUMNS}"
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $9 WHERE {} RETURNING {COLUMNS}",
+            live_run(10)
         );
         let row = client
-            .query_one(
+            .query_opt(
                 &sql,
                 &[
                     &task.title.trim(),
@@ -86,11 +88,15 @@ impl TaskBoard for Postgres {
                     &task.parent.map(|n| n as i64),
                     &task.metadata.as_deref().unwrap_or("{}"),
                     &now(),
+                    &self.writer_run(),
                 ],
             )
             .await
             .map_err(failed)?;
-        task_from(&row)
+        match row {
+            Some(row) => task_from(&row),
+            None => Err(self.dropped(&format!("{creator}'s new task"))),
+        }
     }
 
     async fn get(&self, number: u64) -> Result<Task, ServiceError> {
@@ -138,10 +144,11 @@ impl TaskBoard for Postgres {
                 metadata = COALESCE($6, metadata),
                 assigned_worker = COALESCE($7, assigned_worker),
                 updated_at = $8
-             WHERE number = $1 RETURNING {COLUMNS}"
+             WHERE number = $1 AND {} RETURNING {COLUMNS}",
+            live_run(9)
         );
         let row = tx
-            .query_one(
+            .query_opt(
                 &sql,
                 &[
                     &(number as i64),
@@ -152,10 +159,14 @@ impl TaskBoard for Postgres {
                     &patch.metadata,
                     &patch.assigned_worker,
                     &now(),
+                    &self.writer_run(),
                 ],
             )
             .await
             .map_err(failed)?;
+        let Some(row) = row else {
+            return Err(self.dropped(&format!("the update of task #{number}")));
+        };
         let task = task_from(&row)?;
         tx.commit().await.map_err(failed)?;
         Ok(task)
