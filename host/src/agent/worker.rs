@@ -107,7 +107,9 @@ async fn run(
     );
     let (id, channel_id) = (spec.id.to_string(), spec.channel.to_string());
     let ledger = &ctx.services.ledger;
-    let recorded = ledger.worker_started(ctx.run_id(), &id, &channel_id, &spec.task);
+    // Admitted here by the host's own count, and by the store's among the hosts.
+    let limit = ctx.config.limits.max_workers_per_channel;
+    let recorded = ledger.admit_worker(ctx.run_id(), &id, &channel_id, &spec.task, limit);
     let recorded = recorded.await;
     ctx.emit(Event::WorkerStarted {
         worker: spec.id.clone(),

@@ -195,6 +195,111 @@ fn host_name() -> String {
         .unwrap_or_default()
 }
 
+impl Postgres {
+    /// Records worker `id` of `run` for `channel`, fenced by the channel's owner, under a
+    /// live run, and with `limit`, only while fewer workers of the channel are working.
+    async fn record_worker(
+        &self,
+        run: RunId,
+        id: &str,
+        channel: &str,
+        task: &str,
+        limit: Option<u32>,
+    ) -> Result<(), ServiceError> {
+        // The run must own the worker's channel: a worker started for a conversation
+        // another host took over would report to nobody.
+        let refused = |err: ServiceError| match err {
+            ServiceError::Invalid(why) => {
+                ServiceError::Invalid(format!("worker {id} cannot start: {why}"))
+            }
+            other => other,
+        };
+        let fence = self.fence(channel, Some(run)).await.map_err(refused)?;
+        let failed = |err| self.failed("ledger.worker_started", err);
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(failed)?;
+        self.hold(&tx, channel, fence).await.map_err(refused)?;
+        if let Some(limit) = limit {
+            self.check_admission(&tx, channel, limit)
+                .await
+                .map_err(refused)?;
+        }
+        // Only under a live run: a host whose lease expired may have had its workers
+        // marked interrupted already, and a worker started under it would never be.
+        let inserted = tx
+            .query_opt(
+                "INSERT INTO workers (id, channel, task, state, run, started_at, updated_at)
+                 SELECT $1, $2, $3, $4, $5, $6, $6
+                 WHERE EXISTS (SELECT 1 FROM runs WHERE id = $5 AND ended_at IS NULL
+                               AND expires_at > statement_timestamp())
+                 ON CONFLICT (id) DO NOTHING RETURNING id",
+                &[
+                    &id,
+                    &channel,
+                    &task,
+                    &WorkerState::Running.as_str(),
+                    &(run.get() as i64),
+                    &now(),
+                ],
+            )
+            .await
+            .map_err(failed)?;
+        if inserted.is_some() {
+            return Ok(tx.commit().await.map_err(failed)?);
+        }
+        let exists = tx
+            .query_opt("SELECT 1 FROM workers WHERE id = $1", &[&id])
+            .await
+            .map_err(failed)?;
+        match exists {
+            Some(_) => Err(worker_already_recorded(id)),
+            None => Err(ServiceError::Invalid(format!(
+                "{run} is over (ended, or its lease expired): worker {id} cannot start under it; \
+                 the host must start a new run"
+            ))),
+        }
+    }
+
+    /// Refuses unless `channel` has fewer than `limit` workers working under live runs.
+    /// Admissions to one channel wait for each other (a lock for the transaction), so the
+    /// count holds until the new worker's row commits.
+    async fn check_admission(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        channel: &str,
+        limit: u32,
+    ) -> Result<(), ServiceError> {
+        let failed = |err| self.failed("ledger.admit_worker", err);
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('capstan.workers:' || $1))",
+            &[&channel],
+        )
+        .await
+        .map_err(failed)?;
+        let working: i64 = tx
+            .query_one(
+                "SELECT count(*) FROM workers w JOIN runs r ON r.id = w.run
+                 WHERE w.channel = $1 AND w.state IN ($2, $3)
+                   AND r.ended_at IS NULL AND r.expires_at > statement_timestamp()",
+                &[
+                    &channel,
+                    &WorkerState::Running.as_str(),
+                    &WorkerState::WaitingForInput.as_str(),
+                ],
+            )
+            .await
+            .map_err(failed)?
+            .get(0);
+        if working >= i64::from(limit) {
+            return Err(ServiceError::Invalid(format!(
+                "{channel} has {working} workers working among the hosts, the most \
+                 limits.max_workers_per_channel ({limit}) allows"
+            )));
+        }
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl Ledger for Postgres {
     async fn begin_run(&self) -> Result<Run, ServiceError> {
@@ -278,53 +383,19 @@ impl Ledger for Postgres {
         channel: &str,
         task: &str,
     ) -> Result<(), ServiceError> {
-        // The run must own the worker's channel: a worker started for a conversation
-        // another host took over would report to nobody.
-        let refused = |err: ServiceError| match err {
-            ServiceError::Invalid(why) => {
-                ServiceError::Invalid(format!("worker {id} cannot start: {why}"))
-            }
-            other => other,
-        };
-        let fence = self.fence(channel, Some(run)).await.map_err(refused)?;
-        let failed = |err| self.failed("ledger.worker_started", err);
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(failed)?;
-        self.hold(&tx, channel, fence).await.map_err(refused)?;
-        // Only under a live run: a host whose lease expired may have had its workers
-        // marked interrupted already, and a worker started under it would never be.
-        let inserted = tx
-            .query_opt(
-                "INSERT INTO workers (id, channel, task, state, run, started_at, updated_at)
-                 SELECT $1, $2, $3, $4, $5, $6, $6
-                 WHERE EXISTS (SELECT 1 FROM runs WHERE id = $5 AND ended_at IS NULL
-                               AND expires_at > statement_timestamp())
-                 ON CONFLICT (id) DO NOTHING RETURNING id",
-                &[
-                    &id,
-                    &channel,
-                    &task,
-                    &WorkerState::Running.as_str(),
-                    &(run.get() as i64),
-                    &now(),
-                ],
-            )
+        self.record_worker(run, id, channel, task, None).await
+    }
+
+    async fn admit_worker(
+        &self,
+        run: RunId,
+        id: &str,
+        channel: &str,
+        task: &str,
+        limit: u32,
+    ) -> Result<(), ServiceError> {
+        self.record_worker(run, id, channel, task, Some(limit))
             .await
-            .map_err(failed)?;
-        if inserted.is_some() {
-            return Ok(tx.commit().await.map_err(failed)?);
-        }
-        let exists = tx
-            .query_opt("SELECT 1 FROM workers WHERE id = $1", &[&id])
-            .await
-            .map_err(failed)?;
-        match exists {
-            Some(_) => Err(worker_already_recorded(id)),
-            None => Err(ServiceError::Invalid(format!(
-                "{run} is over (ended, or its lease expired): worker {id} cannot start under it; \
-                 the host must start a new run"
-            ))),
-        }
     }
 
     async fn set_worker_state(

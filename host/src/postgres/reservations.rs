@@ -167,4 +167,55 @@ mod tests {
             None
         );
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn admissions_at_once_never_pass_the_worker_limit() {
+        let cluster = TestCluster::start();
+        let url = cluster.fresh_database().await;
+        let host = Postgres::connect(&url).await.unwrap();
+        let run = host.begin_run().await.unwrap();
+        let admissions: Vec<_> = (0..20)
+            .map(|n| {
+                let (host, run) = (host.clone(), run.id());
+                tokio::spawn(async move {
+                    let id = format!("worker:{n}");
+                    host.admit_worker(run, &id, "channel:main", "t", 3).await
+                })
+            })
+            .collect();
+        let mut admitted = 0;
+        for admission in admissions {
+            match admission.await.unwrap() {
+                Ok(()) => admitted += 1,
+                Err(err) => assert!(
+                    err.to_string()
+                        .contains("limits.max_workers_per_channel (3)"),
+                    "{err}"
+                ),
+            }
+        }
+        assert_eq!(admitted, 3);
+        // One ends: one more is admitted, to the limit again.
+        let working: String = admin(&url)
+            .await
+            .query_one("SELECT min(id) FROM workers", &[])
+            .await
+            .unwrap()
+            .get(0);
+        host.set_worker_state(&working, WorkerState::Done, Some("done"))
+            .await
+            .unwrap();
+        host.admit_worker(run.id(), "worker:50", "channel:main", "t", 3)
+            .await
+            .unwrap();
+        assert!(
+            host.admit_worker(run.id(), "worker:51", "channel:main", "t", 3)
+                .await
+                .is_err()
+        );
+        // Another channel counts for itself.
+        host.admit_worker(run.id(), "worker:52", "channel:other", "t", 3)
+            .await
+            .unwrap();
+    }
 }

@@ -50,6 +50,23 @@ pub trait Ledger: Send + Sync {
         task: &str,
     ) -> Result<(), ServiceError>;
 
+    /// Records a new running worker as [`Ledger::worker_started`] does, if `channel` has
+    /// fewer than `limit` workers running or waiting (of live runs) among every host
+    /// sharing the store; the count and the record are one step, so hosts admitting at
+    /// once never pass the limit between them. The default only records: a store one host
+    /// uses alone leaves admission to the host's own count.
+    async fn admit_worker(
+        &self,
+        run: RunId,
+        id: &str,
+        channel: &str,
+        task: &str,
+        limit: u32,
+    ) -> Result<(), ServiceError> {
+        let _ = limit;
+        self.worker_started(run, id, channel, task).await
+    }
+
     /// Sets worker `id`'s state and, if given, its outcome; [`ServiceError::NotFound`] if
     /// no such worker was recorded. An ended worker's record is final: moving it out of a
     /// terminal state is refused ([`worker_has_ended`]), so a late write cannot revive it.
