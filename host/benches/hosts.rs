@@ -181,6 +181,8 @@ fn bench_one_host(c: &mut Criterion, tokio: &Tokio, url: &str) {
 fn lease_renewal(tokio: &Tokio, url: &str) {
     const RENEWALS: u32 = 2000;
     tokio.block_on(async {
+        // The schema, as a host makes it.
+        drop(capstan_host::postgres::Postgres::connect(url).await.unwrap());
         let db = admin(url).await;
         let id: i64 = db
             .query_one(

@@ -1,6 +1,6 @@
 //! A channel: one conversation with the user. It delegates and never touches the world.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -18,6 +18,7 @@ use crate::ids::ProcessId;
 use crate::llm::{AnswerSink, BoxFuture, Delta, Message};
 use crate::plugin::ToolError;
 use crate::policy::ProcessKind;
+use crate::services::Answer;
 
 /// Retrigger turns (after results) one user message may cause; later results are kept in
 /// the history for the next turn instead.
@@ -97,7 +98,7 @@ pub(crate) async fn run(
     let mut rewrite = false;
     while let Some(first) = batches.first().await {
         let route = match first {
-            ChannelInput::User(_) => Route::User,
+            ChannelInput::User { .. } => Route::User,
             ChannelInput::Notification(_) => Route::Notification,
             _ => Route::Retrigger,
         };
@@ -107,7 +108,9 @@ pub(crate) async fn run(
             tokio::time::sleep(ctx.dispatcher.settings().settle).await;
         }
         let inputs = batches.rest(first);
-        let from_user = inputs.iter().any(|i| matches!(i, ChannelInput::User(_)));
+        let from_user = inputs
+            .iter()
+            .any(|i| matches!(i, ChannelInput::User { .. }));
         history.extend(inputs.iter().map(ChannelInput::message));
         if from_user {
             retriggers = 0;
@@ -115,6 +118,8 @@ pub(crate) async fn run(
             retriggers += 1;
         }
         let route = if from_user { Route::User } else { route };
+        // For the hosts that forwarded any of the inputs and wait for the answer.
+        let mut answer = Answer::default();
         let allowed = route != Route::Retrigger || retriggers <= MAX_RETRIGGERS_PER_MESSAGE;
         match &lease {
             Err(held) if allowed => {
@@ -123,6 +128,9 @@ pub(crate) async fn run(
                     process: name.clone(),
                     reason: held.to_string(),
                 });
+                answer.error = Some(format!(
+                    "not answered yet ({held}); the message is in the conversation's history"
+                ));
             }
             Ok(lease) if allowed => {
                 // Anything but appending since the last save means a rewrite of the stored copy.
@@ -134,6 +142,7 @@ pub(crate) async fn run(
                     calls: calls.clone(),
                     handle: handle.clone(),
                     fork: history.clone(),
+                    delivered: Mutex::default(),
                 };
                 let text_out = StreamedText {
                     ctx: &ctx,
@@ -143,18 +152,24 @@ pub(crate) async fn run(
                 turn.deltas = &text_out;
                 match turn.run(&mut history, &tools_handler).await {
                     Ok(TurnEnd::Text(text)) if !text.trim().is_empty() => {
-                        ctx.deliver_reply(&name, text);
+                        if ctx.deliver_reply(&name, text.clone()) {
+                            tools_handler.delivered.lock().unwrap().push(text);
+                        }
                     }
                     Ok(_) => {}
                     // Suppressed: whoever holds the session answers; not a reason to retry.
-                    Err(err) => match err.reason {
-                        Unanswered::Suppressed(reason) => ctx.emit(Event::TurnSuppressed {
-                            process: name.clone(),
-                            reason,
-                        }),
-                        _ => ctx.model_failed(&name, &err),
-                    },
+                    Err(err) => {
+                        answer.error = Some(err.to_string());
+                        match err.reason {
+                            Unanswered::Suppressed(reason) => ctx.emit(Event::TurnSuppressed {
+                                process: name.clone(),
+                                reason,
+                            }),
+                            _ => ctx.model_failed(&name, &err),
+                        }
+                    }
                 }
+                answer.reply = tools_handler.delivered.into_inner().unwrap().join("\n\n");
             }
             _ => {}
         }
@@ -162,8 +177,16 @@ pub(crate) async fn run(
         rewrite |= history.len() < saved;
         let from = if rewrite { 0 } else { saved };
         // A failed save is reported; the next one rewrites the whole history.
-        rewrite = ctx.save_history(&name, &history, from).await.is_err();
+        if let Err(err) = ctx.save_history(&name, &history, from).await {
+            rewrite = true;
+            answer
+                .error
+                .get_or_insert(format!("the conversation was not stored: {err}"));
+        } else {
+            rewrite = false;
+        }
         saved = history.len();
+        answer_forwarded(&ctx, &inputs, &answer).await;
         for _ in &inputs {
             handle.done_pending();
         }
@@ -186,10 +209,30 @@ pub(crate) async fn run(
                 key = %note.key,
                 "the channel closed before telling a late report; it stays in working memory"
             ),
-            ChannelInput::User(_) => {}
+            // Its host waits in vain, until it gives up; the message is lost with the
+            // channel's inputs, as a message sent here would be.
+            ChannelInput::User { .. } => {}
             ChannelInput::Close => continue,
         }
         handle.done_pending();
+    }
+}
+
+/// Leaves `answer` for each of `inputs` another host forwarded, while this host may still
+/// act for the conversation; otherwise that host hears nothing, and says so in time.
+async fn answer_forwarded(ctx: &Context, inputs: &[ChannelInput], answer: &Answer) {
+    if !ctx.run().is_live() {
+        return;
+    }
+    for input in inputs {
+        if let ChannelInput::User {
+            forwarded: Some(id),
+            ..
+        } = input
+            && let Err(err) = ctx.services.sessions.answer(*id, answer).await
+        {
+            tracing::warn!(forwarded = %id, "cannot leave the answer for the host that forwarded the message: {err}");
+        }
     }
 }
 
@@ -219,6 +262,8 @@ struct ChannelTools {
     handle: ChannelHandle,
     /// The history a branch forks from.
     fork: Vec<Message>,
+    /// The replies delivered in this turn.
+    delivered: Mutex<Vec<String>>,
 }
 
 /// The worker a model named, if the text is a worker's id.
@@ -238,6 +283,7 @@ impl ChannelTools {
         Some(match call {
             HostCall::Reply(args) => {
                 if ctx.deliver_reply(&self.channel, args.text.clone()) {
+                    self.delivered.lock().unwrap().push(args.text.clone());
                     Ok(ToolOutcome::Delivered(args.text))
                 } else {
                     Ok(ToolOutcome::EndTurn(

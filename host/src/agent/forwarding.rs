@@ -19,7 +19,7 @@ use super::events::Event;
 use super::inbox::ChannelInput;
 use super::notifications::NotificationKind;
 use crate::ids::ProcessId;
-use crate::services::Forwarded;
+use crate::services::{ForwardId, Forwarded};
 
 /// Takes forwarded messages for as long as `ctx` lives and is open.
 pub(crate) async fn take_forwarded(ctx: Weak<Context>) {
@@ -75,8 +75,8 @@ async fn deliver(ctx: &std::sync::Arc<Context>, id: &ProcessId) {
         .await;
     match taken {
         Ok(messages) => {
-            for message in messages {
-                handle.send(input_of(message));
+            for (number, message) in messages {
+                handle.send(input_of(number, message));
             }
         }
         Err(err) => {
@@ -85,10 +85,13 @@ async fn deliver(ctx: &std::sync::Arc<Context>, id: &ProcessId) {
     }
 }
 
-/// What the conversation takes in for `message`.
-fn input_of(message: Forwarded) -> ChannelInput {
+/// What the conversation takes in for forwarded message `number`.
+fn input_of(number: ForwardId, message: Forwarded) -> ChannelInput {
     match message {
-        Forwarded::User { text } => ChannelInput::User(text),
+        Forwarded::User { text } => ChannelInput::User {
+            text,
+            forwarded: Some(number),
+        },
         Forwarded::WorkerLost {
             worker,
             task,
@@ -104,7 +107,7 @@ fn input_of(message: Forwarded) -> ChannelInput {
                     kind: NotificationKind::Error,
                     text,
                 },
-                Err(_) => ChannelInput::User(format!("[{worker}] {text}")),
+                Err(_) => ChannelInput::user(format!("[{worker}] {text}")),
             }
         }
     }

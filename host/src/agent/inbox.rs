@@ -9,13 +9,19 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use super::notifications::{Notification, NotificationKind};
 use crate::ids::ProcessId;
 use crate::llm::Message;
-use crate::services::Epoch;
+use crate::services::{Epoch, ForwardId};
 
 /// What a channel reacts to.
 #[derive(Debug, Clone)]
 pub(crate) enum ChannelInput {
-    /// A message from the user.
-    User(String),
+    /// A message from the user: sent here, or forwarded by another host (which waits
+    /// for the answer).
+    User {
+        /// The message.
+        text: String,
+        /// Its number, if another host forwarded it.
+        forwarded: Option<ForwardId>,
+    },
     /// A worker's or branch's report.
     Result {
         /// e.g. `worker:3`.
@@ -33,10 +39,18 @@ pub(crate) enum ChannelInput {
 }
 
 impl ChannelInput {
+    /// A message from the user, sent to this host.
+    pub(crate) fn user(text: impl Into<String>) -> Self {
+        ChannelInput::User {
+            text: text.into(),
+            forwarded: None,
+        }
+    }
+
     /// The history message for this input.
     pub(crate) fn message(&self) -> Message {
         match self {
-            ChannelInput::User(text) => Message::user(text.clone()),
+            ChannelInput::User { text, .. } => Message::user(text.clone()),
             ChannelInput::Result { source, text, .. } => {
                 Message::user(format!("[{source}] {text}"))
             }

@@ -39,4 +39,4 @@ pub use notifications::NotificationKind;
 pub use supervisor::{ShuttingDown, TooManyConversations};
 
 pub use host_tools::{HOST_TOOLS, HostTool, host_tool};
-pub use runtime::Runtime;
+pub use runtime::{Runtime, Sent};

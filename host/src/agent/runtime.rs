@@ -16,7 +16,7 @@ use crate::ids::ProcessId;
 use crate::llm::{Message, Provider, ToolDef};
 use crate::plugin::Registry;
 use crate::policy::ProcessKind;
-use crate::services::{Forwarded, ServiceError, Services};
+use crate::services::{Answer, ForwardId, Forwarded, RunId, ServiceError, Services};
 
 /// One agent: its config, plugins, services and model, and the channels, workers and branches
 /// running on them.
@@ -30,6 +30,20 @@ pub struct Runtime {
     /// The tasks that take what other hosts forward and watch the run's lease: they hold
     /// the context weakly, and end with the runtime.
     _watchers: [AbortOnDropHandle<()>; 2],
+}
+
+/// Where [`Runtime::send_or_forward`] sent a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    /// To the conversation, on this host.
+    Here,
+    /// Into the inbox of the host that answers the conversation.
+    Forwarded {
+        /// That host's run.
+        owner: RunId,
+        /// The message's number, for [`Runtime::forwarded_answer`].
+        number: ForwardId,
+    },
 }
 
 /// Runs each kind of process: the one place that knows them all.
@@ -135,18 +149,30 @@ impl Runtime {
     ///
     /// When hosts share a store and another host answers the conversation, the message is
     /// forwarded to that host (reported as [`Event::Forwarded`]): its turn, its reply and
-    /// their events happen there.
+    /// their events happen there. [`Runtime::send_or_forward`] says which it was.
     pub async fn send_to(&self, id: &ProcessId, text: &str) -> Result<(), ConversationError> {
+        self.send_or_forward(id, text).await.map(drop)
+    }
+
+    /// [`Runtime::send_to`], saying where the message went: here, or forwarded to the
+    /// host that answers the conversation, whose answer [`Runtime::forwarded_answer`]
+    /// waits for.
+    pub async fn send_or_forward(
+        &self,
+        id: &ProcessId,
+        text: &str,
+    ) -> Result<Sent, ConversationError> {
         match self.ctx.conversation(id).await {
             Ok(handle) => {
-                handle.send(ChannelInput::User(text.to_owned()));
-                Ok(())
+                handle.send(ChannelInput::user(text));
+                Ok(Sent::Here)
             }
             Err(ConversationError::OwnedElsewhere(elsewhere)) => {
                 let message = Forwarded::User {
                     text: text.to_owned(),
                 };
-                self.ctx
+                let number = self
+                    .ctx
                     .services
                     .sessions
                     .forward(id.session().as_str(), &message)
@@ -156,10 +182,40 @@ impl Runtime {
                     channel: id.clone(),
                     owner: elsewhere.owner,
                 });
-                Ok(())
+                Ok(Sent::Forwarded {
+                    owner: elsewhere.owner,
+                    number,
+                })
             }
             Err(err) => Err(err),
         }
+    }
+
+    /// Waits, up to `limit`, for the answer to forwarded message `number`: the replies of
+    /// the turn that took it in on the host that answers its conversation.
+    pub async fn forwarded_answer(
+        &self,
+        number: ForwardId,
+        limit: std::time::Duration,
+    ) -> Result<Answer, ServiceError> {
+        let sessions = &self.ctx.services.sessions;
+        let waiting = async {
+            loop {
+                if let Some(answer) = sessions.take_answer(number).await? {
+                    return Ok(answer);
+                }
+                sessions.answer_wakeup().await;
+            }
+        };
+        tokio::time::timeout(limit, waiting)
+            .await
+            .unwrap_or_else(|_| {
+                Err(ServiceError::Invalid(format!(
+                    "no answer to {number} within {} s: the host that answers the conversation \
+                     may have stopped; the message may still be answered there",
+                    limit.as_secs()
+                )))
+            })
     }
 
     /// Returns once this host's run lease is lost (never, on a store one host uses

@@ -11,10 +11,25 @@ use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::{Postgres, now};
-use crate::services::{Epoch, Forwarded, RunId, ServiceError};
+use crate::services::{Answer, Epoch, ForwardId, Forwarded, RunId, ServiceError};
 
-/// The channel of the wake-up hint.
+/// The channel of the wake-up hint for forwarded messages.
 const CHANNEL: &str = "capstan_inbox";
+
+/// The channel of the wake-up hint for answers.
+const ANSWERS: &str = "capstan_answers";
+
+/// How long an answer nobody took is kept (its host went away, or gave up waiting).
+const ANSWER_KEPT_SECONDS: i64 = 3600;
+
+/// What the listener wakes.
+#[derive(Default)]
+pub(super) struct Hints {
+    /// The look at the inbox (one looker per host).
+    inbox: Notify,
+    /// Every exchange waiting for an answer.
+    answers: Notify,
+}
 
 /// How often a host looks at the inbox without a hint.
 const POLL: Duration = Duration::from_secs(2);
@@ -25,12 +40,63 @@ impl Postgres {
         &self,
         channel: &str,
         message: &Forwarded,
-    ) -> Result<(), ServiceError> {
+    ) -> Result<ForwardId, ServiceError> {
         let client = self.client().await?;
-        forward_on(&client, channel, message)
+        Ok(forward_on(&client, channel, message)
             .await
-            .map_err(|err| self.failed("inbox.forward", err))?;
+            .map_err(|err| self.failed("inbox.forward", err))?)
+    }
+
+    /// Leaves `answer` for forwarded message `id`, and wakes the hosts; drops the answers
+    /// nobody took.
+    pub(super) async fn answer_row(
+        &self,
+        id: ForwardId,
+        answer: &Answer,
+    ) -> Result<(), ServiceError> {
+        let failed = |err| self.failed("inbox.answer", err);
+        let reply = serde_json::to_string(answer).expect("an answer serializes");
+        let client = self.client().await?;
+        client
+            .execute(
+                "WITH row AS (INSERT INTO answers (id, reply, created_at) VALUES ($1, $2, $3)
+                              ON CONFLICT (id) DO NOTHING RETURNING id)
+                 SELECT pg_notify($4, id::TEXT) FROM row",
+                &[&(id.get() as i64), &reply, &now(), &ANSWERS],
+            )
+            .await
+            .map_err(failed)?;
+        client
+            .execute(
+                "DELETE FROM answers WHERE created_at < $1",
+                &[&(now() - ANSWER_KEPT_SECONDS)],
+            )
+            .await
+            .map_err(failed)?;
         Ok(())
+    }
+
+    /// Takes the answer to forwarded message `id`, if there is one.
+    pub(super) async fn take_answer_row(
+        &self,
+        id: ForwardId,
+    ) -> Result<Option<Answer>, ServiceError> {
+        let row = self
+            .client()
+            .await?
+            .query_opt(
+                "DELETE FROM answers WHERE id = $1 RETURNING reply",
+                &[&(id.get() as i64)],
+            )
+            .await
+            .map_err(|err| self.failed("inbox.take_answer", err))?;
+        let Some(row) = row else { return Ok(None) };
+        let text: String = row.get(0);
+        serde_json::from_str(&text).map(Some).map_err(|err| {
+            ServiceError::Invalid(format!(
+                "the answer to {id} is not one this host knows ({err}): upgrade this host"
+            ))
+        })
     }
 
     /// The channels with rows waiting that `run` owns or may take over.
@@ -59,7 +125,7 @@ impl Postgres {
         channel: &str,
         run: RunId,
         epoch: Epoch,
-    ) -> Result<Vec<Forwarded>, ServiceError> {
+    ) -> Result<Vec<(ForwardId, Forwarded)>, ServiceError> {
         let failed = |err| self.failed("inbox.take", err);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(failed)?;
@@ -76,7 +142,7 @@ impl Postgres {
         for row in rows {
             let body: String = row.get(1);
             match serde_json::from_str(&body) {
-                Ok(message) => taken.push(message),
+                Ok(message) => taken.push((ForwardId::new(row.get::<_, i64>(0) as u64), message)),
                 // A row a newer host wrote in a form this one does not know: kept, with
                 // the rows after it, for a host that does.
                 Err(err) => {
@@ -100,16 +166,35 @@ impl Postgres {
 
     /// [`Postgres::inbox_wakeup`], looking anyway after `poll`.
     async fn inbox_wakeup_within(&self, poll: Duration) {
-        let hint = self.inbox_hint.get_or_init(|| {
-            let hint = Arc::new(Notify::new());
+        let hints = self.hints();
+        let _ = tokio::time::timeout(poll, hints.inbox.notified()).await;
+    }
+
+    /// Returns on a hint that an answer was left, or after [`POLL`].
+    pub(super) async fn answer_wakeup_within_poll(&self) {
+        let hints = self.hints();
+        let _ = tokio::time::timeout(POLL, hints.answers.notified()).await;
+    }
+
+    /// The hints, and the listener that gives them, started on first use.
+    fn hints(&self) -> &Arc<Hints> {
+        self.hints.get_or_init(|| {
+            let hints = Arc::new(Hints::default());
             tokio::spawn(listen(
                 self.config.clone(),
                 self.location.clone(),
-                Arc::downgrade(&hint),
+                Arc::downgrade(&hints),
             ));
-            hint
-        });
-        let _ = tokio::time::timeout(poll, hint.notified()).await;
+            hints
+        })
+    }
+}
+
+impl Hints {
+    /// Wakes the look at the inbox and every wait for an answer.
+    fn wake_all(&self) {
+        self.inbox.notify_one();
+        self.answers.notify_waiters();
     }
 }
 
@@ -119,28 +204,28 @@ pub(super) async fn forward_on(
     client: &impl deadpool_postgres::GenericClient,
     channel: &str,
     message: &Forwarded,
-) -> Result<(), tokio_postgres::Error> {
+) -> Result<ForwardId, tokio_postgres::Error> {
     let body = serde_json::to_string(message).expect("a forwarded message serializes");
-    client
-        .execute(
+    let row = client
+        .query_one(
             "WITH row AS (INSERT INTO inbox (channel, body, created_at) VALUES ($1, $2, $3)
-                          RETURNING channel)
-             SELECT pg_notify($4, channel) FROM row",
+                          RETURNING id, channel)
+             SELECT id, pg_notify($4, channel) FROM row",
             &[&channel, &body, &now(), &CHANNEL],
         )
-        .await
-        .map(drop)
+        .await?;
+    Ok(ForwardId::new(row.get::<_, i64>(0) as u64))
 }
 
 /// Listens for hints on a connection of its own, made again when lost, until `hint` is
 /// dropped with its [`Postgres`].
-async fn listen(config: tokio_postgres::Config, location: String, hint: Weak<Notify>) {
+async fn listen(config: tokio_postgres::Config, location: String, hint: Weak<Hints>) {
     loop {
         match config.connect(NoTls).await {
             Ok((client, mut connection)) => {
                 let mut messages =
                     futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-                let listen = format!("LISTEN {CHANNEL}");
+                let listen = format!("LISTEN {CHANNEL}; LISTEN {ANSWERS}");
                 // The connection must be driven for the LISTEN to be answered.
                 let mut listening = std::pin::pin!(client.batch_execute(&listen));
                 let mut listened = false;
@@ -154,13 +239,14 @@ async fn listen(config: tokio_postgres::Config, location: String, hint: Weak<Not
                             }
                             // What was forwarded before the LISTEN took is found by a look now.
                             match hint.upgrade() {
-                                Some(hint) => hint.notify_one(),
+                                Some(hint) => hint.wake_all(),
                                 None => return,
                             }
                         }
                         message = messages.next() => match message {
-                            Some(Ok(AsyncMessage::Notification(_))) => match hint.upgrade() {
-                                Some(hint) => hint.notify_one(),
+                            Some(Ok(AsyncMessage::Notification(note))) => match hint.upgrade() {
+                                Some(hint) if note.channel() == ANSWERS => hint.answers.notify_waiters(),
+                                Some(hint) => hint.inbox.notify_one(),
                                 None => return,
                             },
                             Some(Ok(_)) => {}
@@ -182,9 +268,9 @@ async fn listen(config: tokio_postgres::Config, location: String, hint: Weak<Not
                 tracing::warn!(database = %location, "cannot connect to listen for forwarded messages: {err}");
             }
         }
-        // Whatever was forwarded meanwhile is found by the next look.
+        // Whatever was forwarded or answered meanwhile is found by the next look.
         match hint.upgrade() {
-            Some(hint) => hint.notify_one(),
+            Some(hint) => hint.wake_all(),
             None => return,
         }
         tokio::time::sleep(POLL).await;

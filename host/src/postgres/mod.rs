@@ -78,8 +78,9 @@ pub struct Postgres {
     ending: Arc<Ending>,
     /// The run this host writes sessions under, and the sessions it owns.
     owner: Arc<Mutex<sessions::Owner>>,
-    /// Wakes this host's look at the inbox; made with the listener, on the first look.
-    inbox_hint: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
+    /// Wakes this host's look at the inbox and its waits for answers; made with the
+    /// listener, on first use.
+    hints: std::sync::OnceLock<Arc<inbox::Hints>>,
 }
 
 impl Postgres {
@@ -139,7 +140,7 @@ impl Postgres {
             location,
             ending: Arc::default(),
             owner: Arc::default(),
-            inbox_hint: std::sync::OnceLock::new(),
+            hints: std::sync::OnceLock::new(),
         };
         // A connection now, so a wrong URL or a server down is said here.
         drop(postgres.client().await?);

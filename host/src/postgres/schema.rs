@@ -127,8 +127,8 @@ const MIGRATIONS: &[&str] = &[
         epoch       BIGINT NOT NULL
     );
     "#,
-    // 3: what hosts forward to sessions another host owns, until the owner takes it; and
-    // which worker holds each task description.
+    // 3: what hosts forward to sessions another host owns, until the owner takes it, and
+    // the owner's answers; which worker holds each task description.
     r#"
     CREATE TABLE inbox (
         id          BIGSERIAL PRIMARY KEY,
@@ -138,6 +138,13 @@ const MIGRATIONS: &[&str] = &[
         created_at  BIGINT NOT NULL
     );
     CREATE INDEX inbox_channel ON inbox(channel, id);
+
+    -- The owner's answer to a forwarded message, until the host that forwarded it takes it.
+    CREATE TABLE answers (
+        id          BIGINT PRIMARY KEY,
+        reply       TEXT NOT NULL,
+        created_at  BIGINT NOT NULL
+    );
 
     -- One worker per task description across hosts: the description (normalized) is
     -- held by a worker until it ends or its run is over.

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use deadpool_postgres::Transaction;
 
 use super::Postgres;
-use crate::services::{Claim, Epoch, Forwarded, RunId, ServiceError, Sessions};
+use crate::services::{Answer, Claim, Epoch, ForwardId, Forwarded, RunId, ServiceError, Sessions};
 
 /// A live run's lease, in SQL: `$run` ended or expired is no owner.
 const LIVE_RUN: &str = "SELECT 1 FROM runs WHERE id = $2 AND ended_at IS NULL \
@@ -249,7 +249,7 @@ impl Sessions for Postgres {
         Ok(claim)
     }
 
-    async fn forward(&self, session: &str, message: &Forwarded) -> Result<(), ServiceError> {
+    async fn forward(&self, session: &str, message: &Forwarded) -> Result<ForwardId, ServiceError> {
         self.forward_row(session, message).await
     }
 
@@ -262,12 +262,24 @@ impl Sessions for Postgres {
         session: &str,
         run: RunId,
         epoch: Epoch,
-    ) -> Result<Vec<Forwarded>, ServiceError> {
+    ) -> Result<Vec<(ForwardId, Forwarded)>, ServiceError> {
         self.take_rows(session, run, epoch).await
     }
 
     async fn forwarded_wakeup(&self) {
         self.inbox_wakeup().await
+    }
+
+    async fn answer(&self, id: ForwardId, answer: &Answer) -> Result<(), ServiceError> {
+        self.answer_row(id, answer).await
+    }
+
+    async fn take_answer(&self, id: ForwardId) -> Result<Option<Answer>, ServiceError> {
+        self.take_answer_row(id).await
+    }
+
+    async fn answer_wakeup(&self) {
+        self.answer_wakeup_within_poll().await
     }
 }
 
@@ -556,8 +568,9 @@ mod tests {
                 async move { b.forward("channel:main", &user(&n.to_string())).await }
             })
             .collect();
+        let mut numbers = Vec::new();
         for forward in forwards {
-            forward.await.unwrap();
+            numbers.push(forward.await.unwrap());
         }
         b.forward("channel:other", &user("elsewhere"))
             .await
@@ -580,7 +593,10 @@ mod tests {
             .take_forwarded("channel:main", run_a.id(), epoch)
             .await
             .unwrap();
-        let expected: Vec<_> = (0..20).map(|n| user(&n.to_string())).collect();
+        let expected: Vec<_> = numbers
+            .into_iter()
+            .zip((0..20).map(|n| user(&n.to_string())))
+            .collect();
         assert_eq!(taken, expected, "all of them, in the order forwarded");
         assert!(
             a.take_forwarded("channel:main", run_a.id(), epoch)
@@ -606,12 +622,25 @@ mod tests {
         let Claim::Owned(taken_over) = b.claim("channel:main", run_b.id()).await.unwrap() else {
             panic!("the expired owner kept it");
         };
+        let late: Vec<Forwarded> = b
+            .take_forwarded("channel:main", run_b.id(), taken_over)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(_, message)| message)
+            .collect();
+        assert_eq!(late, [user("late")]);
+        // The owner's answer reaches the host that forwarded, once.
+        let answer = Answer {
+            reply: "done".into(),
+            error: None,
+        };
+        b.answer(ForwardId::new(7), &answer).await.unwrap();
         assert_eq!(
-            b.take_forwarded("channel:main", run_b.id(), taken_over)
-                .await
-                .unwrap(),
-            [user("late")]
+            a.take_answer(ForwardId::new(7)).await.unwrap(),
+            Some(answer)
         );
+        assert_eq!(a.take_answer(ForwardId::new(7)).await.unwrap(), None);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

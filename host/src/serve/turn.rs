@@ -12,8 +12,11 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
 use super::hub::{EventHub, Next, Published};
-use crate::agent::{Event, Runtime};
+use crate::agent::{Event, Runtime, Sent};
 use crate::ids::ProcessId;
+
+/// How long an exchange waits for the answer of the host that owns the conversation.
+const FORWARDED_ANSWER_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// What an exchange reports, in order; the stream ends when the conversation is idle.
 #[derive(Debug)]
@@ -77,9 +80,32 @@ async fn run(
     // Everything before the message is out of the way: the exchange reads from here.
     let after = hub.fence().await;
     let mut events = hub.subscribe(Some(after));
-    if let Err(err) = runtime.send_to(&conversation, &text).await {
-        let _ = tx.send(TurnItem::Refused(err.to_string()));
-        return;
+    match runtime.send_or_forward(&conversation, &text).await {
+        Err(err) => {
+            let _ = tx.send(TurnItem::Refused(err.to_string()));
+            return;
+        }
+        Ok(Sent::Forwarded { number, .. }) => {
+            // Answered on the host that owns the conversation; its events stay there.
+            match runtime
+                .forwarded_answer(number, FORWARDED_ANSWER_LIMIT)
+                .await
+            {
+                Ok(answer) => {
+                    if !answer.reply.is_empty() {
+                        let _ = tx.send(TurnItem::Text(answer.reply));
+                    }
+                    if let Some(error) = answer.error {
+                        let _ = tx.send(TurnItem::ModelFailed(error));
+                    }
+                }
+                Err(err) => {
+                    let _ = tx.send(TurnItem::Refused(err.to_string()));
+                }
+            }
+            return;
+        }
+        Ok(Sent::Here) => {}
     }
     let (idle_tx, mut idle) = oneshot::channel();
     {

@@ -43,6 +43,28 @@ impl fmt::Display for Epoch {
     }
 }
 
+/// A forwarded message's number, by which its answer is found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ForwardId(u64);
+
+impl ForwardId {
+    /// The message numbered `n`.
+    pub fn new(n: u64) -> Self {
+        ForwardId(n)
+    }
+
+    /// Its number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for ForwardId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "forwarded message {}", self.0)
+    }
+}
+
 /// The answer to a claim of a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claim {
@@ -74,6 +96,17 @@ pub enum Forwarded {
     },
 }
 
+/// What the owner of a conversation answers a forwarded message with: the replies of the
+/// turn that took it in, or why it got none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answer {
+    /// Every reply of the turn, set off by blank lines (empty: the turn said nothing).
+    pub reply: String,
+    /// Why the message got no answer, if it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// Session ownership and the inboxes of sessions owned elsewhere.
 ///
 /// ```
@@ -98,8 +131,8 @@ pub trait Sessions: Send + Sync {
     }
 
     /// Queues `message` for whichever run owns `session`, now or later: it is taken once,
-    /// by the owner, in the order forwarded.
-    async fn forward(&self, session: &str, message: &Forwarded) -> Result<(), ServiceError> {
+    /// by the owner, in the order forwarded. Returns the number its answer is found by.
+    async fn forward(&self, session: &str, message: &Forwarded) -> Result<ForwardId, ServiceError> {
         let _ = message;
         Err(ServiceError::Invalid(format!(
             "{session} cannot be forwarded to: this store serves one host, which owns every session"
@@ -120,9 +153,28 @@ pub trait Sessions: Send + Sync {
         session: &str,
         run: RunId,
         epoch: Epoch,
-    ) -> Result<Vec<Forwarded>, ServiceError> {
+    ) -> Result<Vec<(ForwardId, Forwarded)>, ServiceError> {
         let _ = (session, run, epoch);
         Ok(Vec::new())
+    }
+
+    /// Leaves `answer` for forwarded message `id`, for the host that forwarded it
+    /// ([`Sessions::take_answer`]).
+    async fn answer(&self, id: ForwardId, answer: &Answer) -> Result<(), ServiceError> {
+        let _ = (id, answer);
+        Ok(())
+    }
+
+    /// Takes the answer to forwarded message `id`, once: `None` while there is none.
+    async fn take_answer(&self, id: ForwardId) -> Result<Option<Answer>, ServiceError> {
+        let _ = id;
+        Ok(None)
+    }
+
+    /// Returns when an answer may have been left since the call (a hint), and at least
+    /// every few seconds while any host shares the store. One host alone: never.
+    async fn answer_wakeup(&self) {
+        std::future::pending::<()>().await
     }
 
     /// Returns when messages may have been forwarded since the last call (a hint: check

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use capstan_host::agent::{Event, Runtime, SpawnOutcome};
+use capstan_host::agent::{Event, Runtime, Sent, SpawnOutcome};
 use capstan_host::config::{Config, DatabaseUrl, ProviderSettings, StoreSettings};
 use capstan_host::ids::ProcessId;
 use capstan_host::postgres::Postgres;
@@ -165,6 +165,24 @@ async fn a_message_for_a_conversation_another_host_answers_is_forwarded_and_answ
         .collect();
     assert!(order.is_sorted(), "one conversation, in order: {stored}");
     assert_eq!(epoch(&url, "channel:main").await, 1, "never taken over");
+
+    // B waits for the answer to what it forwards, as `capstan serve`'s exchanges do.
+    let Sent::Forwarded { number, .. } = b
+        .runtime
+        .send_or_forward(&ProcessId::channel("main"), "and then?")
+        .await
+        .unwrap()
+    else {
+        panic!("B answered it itself")
+    };
+    let waiting = tokio::spawn({
+        let b = b.runtime.clone();
+        async move { b.forwarded_answer(number, Duration::from_secs(120)).await }
+    });
+    reply(a.request().await, "A answers and then");
+    let answer = waiting.await.unwrap().unwrap();
+    assert_eq!(answer.reply, "A answers and then");
+    assert_eq!(answer.error, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -334,6 +334,20 @@ async fn a_thousand_messages_to_one_conversation_across_two_serve_hosts_are_each
         .unwrap()
         .get(0);
     assert_eq!(left, 0, "the inbox is empty");
+
+    // A client that waits for the reply gets the owner's, through either host.
+    for host in [&a, &b] {
+        let answered: serde_json::Value = client
+            .post(format!("{}/v1/channels/main/messages", host.url))
+            .json(&serde_json::json!({ "text": "one more", "wait": true }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(answered["reply"], "reply from host-a", "{answered}");
+    }
 }
 
 /// Waits until run `run`'s lease is over by the database's clock.
