@@ -245,6 +245,10 @@ struct StreamedText<'a> {
 
 impl AnswerSink for StreamedText<'_> {
     fn delta(&self, delta: Delta) {
+        // Not even in part from a host that may no longer answer the conversation.
+        if !self.ctx.run().is_live() {
+            return;
+        }
         if let Delta::Text(text) = delta {
             self.ctx.emit(Event::Text {
                 channel: self.channel.clone(),

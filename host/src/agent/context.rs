@@ -426,11 +426,12 @@ impl Context {
                 assigned_worker: Some(id.to_string()),
                 ..TaskPatch::default()
             };
-            self.services
-                .tasks
-                .update(number, patch)
-                .await
-                .map_err(|err| format!("cannot assign task #{number}: {err}"))?;
+            let assigned = self.services.tasks.update(number, patch).await;
+            if let Err(err) = assigned {
+                // Nothing starts: the task is free again on every host.
+                let _ = self.services.ledger.release_task(&key, &worker).await;
+                return Err(format!("cannot assign task #{number}: {err}"));
+            }
         }
         let spec = WorkerSpec {
             id: id.clone(),

@@ -223,6 +223,14 @@ impl Turn<'_> {
             if calls.is_empty() {
                 return Ok(TurnEnd::Text(text));
             }
+            // The same check before any tool runs: a host that was paused while the model
+            // answered acts on nothing it said.
+            if !self.run.is_live() {
+                return Err(unanswered(Unanswered::Suppressed(format!(
+                    "this host's {} lease is not live, so the tools the model called were not run",
+                    self.run.id()
+                ))));
+            }
             let mut ended = None;
             let process_calls = handler.calls();
             let working = process_calls.map(|calls| calls.instances.working());

@@ -130,6 +130,8 @@ async fn run(
             Vec::new(),
         )
         .await;
+        // The task is free again on every host: no worker of it ever ran.
+        let _ = ledger.release_task(reservation.key(), &id).await;
         return;
     }
 

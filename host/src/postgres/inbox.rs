@@ -20,7 +20,12 @@ const CHANNEL: &str = "capstan_inbox";
 const ANSWERS: &str = "capstan_answers";
 
 /// How long an answer nobody took is kept (its host went away, or gave up waiting).
-const ANSWER_KEPT_SECONDS: i64 = 3600;
+const ANSWER_KEPT_SECONDS: f64 = 3600.0;
+
+/// SQL that holds of an inbox row `i` nobody is handling: never taken, or taken by a run
+/// that is over.
+const WAITING: &str = "(i.taken_run IS NULL OR NOT EXISTS (SELECT 1 FROM runs r \
+    WHERE r.id = i.taken_run AND r.ended_at IS NULL AND r.expires_at > statement_timestamp()))";
 
 /// What the listener wakes.
 #[derive(Default)]
@@ -56,23 +61,27 @@ impl Postgres {
     ) -> Result<(), ServiceError> {
         let failed = |err| self.failed("inbox.answer", err);
         let reply = serde_json::to_string(answer).expect("an answer serializes");
-        let client = self.client().await?;
-        client
-            .execute(
-                "WITH row AS (INSERT INTO answers (id, reply, created_at) VALUES ($1, $2, $3)
-                              ON CONFLICT (id) DO NOTHING RETURNING id)
-                 SELECT pg_notify($4, id::TEXT) FROM row",
-                &[&(id.get() as i64), &reply, &now(), &ANSWERS],
-            )
+        let mut client = self.client().await?;
+        // The message is answered: its row goes with the answer's coming, in one step.
+        let tx = client.transaction().await.map_err(failed)?;
+        tx.execute("DELETE FROM inbox WHERE id = $1", &[&(id.get() as i64)])
             .await
             .map_err(failed)?;
-        client
-            .execute(
-                "DELETE FROM answers WHERE created_at < $1",
-                &[&(now() - ANSWER_KEPT_SECONDS)],
-            )
-            .await
-            .map_err(failed)?;
+        tx.execute(
+            "WITH row AS (INSERT INTO answers (id, reply) VALUES ($1, $2)
+                          ON CONFLICT (id) DO NOTHING RETURNING id)
+             SELECT pg_notify($3, id::TEXT) FROM row",
+            &[&(id.get() as i64), &reply, &ANSWERS],
+        )
+        .await
+        .map_err(failed)?;
+        tx.execute(
+            "DELETE FROM answers WHERE created_at < now() - make_interval(secs => $1)",
+            &[&ANSWER_KEPT_SECONDS],
+        )
+        .await
+        .map_err(failed)?;
+        tx.commit().await.map_err(failed)?;
         Ok(())
     }
 
@@ -105,13 +114,16 @@ impl Postgres {
             .client()
             .await?
             .query(
-                "SELECT DISTINCT i.channel FROM inbox i
-                 LEFT JOIN sessions s ON s.channel = i.channel
-                 WHERE s.channel IS NULL OR s.owner_run = $1
-                    OR NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = s.owner_run
-                                   AND r.ended_at IS NULL
-                                   AND r.expires_at > statement_timestamp())
-                 ORDER BY 1",
+                &format!(
+                    "SELECT DISTINCT i.channel FROM inbox i
+                     LEFT JOIN sessions s ON s.channel = i.channel
+                     WHERE {WAITING}
+                       AND (s.channel IS NULL OR s.owner_run = $1
+                            OR NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = s.owner_run
+                                           AND r.ended_at IS NULL
+                                           AND r.expires_at > statement_timestamp()))
+                     ORDER BY 1"
+                ),
                 &[&(run.get() as i64)],
             )
             .await
@@ -130,19 +142,33 @@ impl Postgres {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(failed)?;
         self.check_fence(&tx, channel, run, epoch).await?;
+        // Marked, not deleted: a user's message goes when it is answered, and is taken
+        // again if this run ends first (the host stopped, or lost its lease, before it
+        // stored the message).
         let mut rows = tx
             .query(
-                "DELETE FROM inbox WHERE channel = $1 RETURNING id, body",
-                &[&channel],
+                &format!(
+                    "UPDATE inbox i SET taken_run = $2 WHERE channel = $1 AND {WAITING}
+                     RETURNING id, body"
+                ),
+                &[&channel, &(run.get() as i64)],
             )
             .await
             .map_err(failed)?;
         rows.sort_by_key(|row| row.get::<_, i64>(0));
         let mut taken = Vec::with_capacity(rows.len());
+        let mut told = Vec::new();
         for row in rows {
             let body: String = row.get(1);
+            let id: i64 = row.get(0);
             match serde_json::from_str(&body) {
-                Ok(message) => taken.push((ForwardId::new(row.get::<_, i64>(0) as u64), message)),
+                Ok(message) => {
+                    // A report has no answer: it goes once taken.
+                    if !matches!(message, Forwarded::User { .. }) {
+                        told.push(id);
+                    }
+                    taken.push((ForwardId::new(id as u64), message));
+                }
                 // A row a newer host wrote in a form this one does not know: kept, with
                 // the rows after it, for a host that does.
                 Err(err) => {
@@ -154,6 +180,9 @@ impl Postgres {
                 }
             }
         }
+        tx.execute("DELETE FROM inbox WHERE id = ANY($1)", &[&told])
+            .await
+            .map_err(failed)?;
         tx.commit().await.map_err(failed)?;
         Ok(taken)
     }

@@ -42,6 +42,7 @@ struct RunLease {
     id: i64,
     stop: Option<oneshot::Sender<()>>,
     ending: Arc<Ending>,
+    owner: Arc<std::sync::Mutex<Owner>>,
 }
 
 impl Drop for RunLease {
@@ -56,7 +57,13 @@ impl Drop for RunLease {
         }
         drop(ending);
         // The host's writes stay fenced by the run (refused once its end is written), never
-        // unfenced: a late write of one of its processes lands nothing.
+        // unfenced: a late write of one of its processes lands nothing. Only its being held
+        // ends here.
+        let mut owner = self.owner.lock().unwrap();
+        if owner.run == Some(RunId::new(self.id as u64)) {
+            owner.held = false;
+        }
+        drop(owner);
         self.ending.written.notify_waiters();
     }
 }
@@ -334,12 +341,14 @@ impl Ledger for Postgres {
         ));
         *self.owner.lock().unwrap() = Owner {
             run: Some(RunId::new(id as u64)),
+            held: true,
             ..Owner::default()
         };
         let lease = RunLease {
             id,
             stop: Some(stop),
             ending: self.ending.clone(),
+            owner: self.owner.clone(),
         };
         Ok(Run::leased(RunId::new(id as u64), lease, clock))
     }
@@ -477,7 +486,7 @@ impl Ledger for Postgres {
             tokio::pin!(written);
             written.as_mut().enable();
             // A run still held ends soon (its runtime is being dropped): wait for it too.
-            let held = self.owner.lock().unwrap().run.is_some();
+            let held = self.owner.lock().unwrap().held;
             if !held && self.ending.runs.lock().unwrap().is_empty() {
                 return;
             }

@@ -4,6 +4,7 @@
 
 use async_trait::async_trait;
 
+use super::sessions::live_run;
 use super::{Postgres, now};
 use crate::services::{
     Memory, MemoryItem, NewMemory, RECALL_MAX, ServiceError, check_working_key, expires_at,
@@ -111,16 +112,22 @@ impl Memory for Postgres {
         let at = now();
         let expires = expires_at(at, ttl_seconds);
         let client = self.client().await?;
-        client
-            .execute(
-                "INSERT INTO working_memory (key, value, expires_at, updated_at)
-                 VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (key) DO UPDATE
-                     SET value = $2, expires_at = $3, updated_at = $4",
-                &[&key, &value, &expires, &at],
-            )
+        // Fenced like tasks: late reports folded back by a host whose run is over land
+        // nothing.
+        let sql = format!(
+            "INSERT INTO working_memory (key, value, expires_at, updated_at)
+             SELECT $1, $2, $3, $4 WHERE {}
+             ON CONFLICT (key) DO UPDATE
+                 SET value = $2, expires_at = $3, updated_at = $4",
+            live_run(5)
+        );
+        let written = client
+            .execute(&sql, &[&key, &value, &expires, &at, &self.writer_run()])
             .await
             .map_err(|err| self.failed("memory.working_set", err))?;
+        if written == 0 {
+            return Err(self.dropped(&format!("working memory `{key}`")));
+        }
         Ok(())
     }
 

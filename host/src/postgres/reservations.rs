@@ -14,37 +14,38 @@ impl Postgres {
         worker: &str,
     ) -> Result<Option<String>, ServiceError> {
         let failed = |err| self.failed("ledger.reserve_task", err);
-        let client = self.client().await?;
-        // One statement: a holder that ended, or whose run is over, is replaced under the
-        // row's lock, so two hosts replacing it cannot both win.
-        let reserved = client
-            .query_opt(
-                "INSERT INTO task_reservations (task, worker, run) VALUES ($1, $2, $3)
-                 ON CONFLICT (task) DO UPDATE SET worker = $2, run = $3
-                     WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = task_reservations.run
-                                       AND r.ended_at IS NULL
-                                       AND r.expires_at > statement_timestamp())
-                        OR EXISTS (SELECT 1 FROM workers w WHERE w.id = task_reservations.worker
-                                   AND w.state NOT IN ('running', 'waiting-for-input'))
-                 RETURNING worker",
-                &[&key, &worker, &(run.get() as i64)],
-            )
-            .await
-            .map_err(failed)?;
-        if reserved.is_some() {
-            return Ok(None);
-        }
-        let holder = client
-            .query_opt(
-                "SELECT worker FROM task_reservations WHERE task = $1",
-                &[&key],
-            )
-            .await
-            .map_err(failed)?;
-        match holder {
-            Some(row) => Ok(Some(row.get(0))),
+        loop {
+            let client = self.client().await?;
+            // One statement: a holder that ended, or whose run is over, is replaced under
+            // the row's lock, so two hosts replacing it cannot both win.
+            let reserved = client
+                .query_opt(
+                    "INSERT INTO task_reservations (task, worker, run) VALUES ($1, $2, $3)
+                     ON CONFLICT (task) DO UPDATE SET worker = $2, run = $3
+                         WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = task_reservations.run
+                                           AND r.ended_at IS NULL
+                                           AND r.expires_at > statement_timestamp())
+                            OR EXISTS (SELECT 1 FROM workers w WHERE w.id = task_reservations.worker
+                                       AND w.state NOT IN ('running', 'waiting-for-input'))
+                     RETURNING worker",
+                    &[&key, &worker, &(run.get() as i64)],
+                )
+                .await
+                .map_err(failed)?;
+            if reserved.is_some() {
+                return Ok(None);
+            }
+            let holder = client
+                .query_opt(
+                    "SELECT worker FROM task_reservations WHERE task = $1",
+                    &[&key],
+                )
+                .await
+                .map_err(failed)?;
+            if let Some(row) = holder {
+                return Ok(Some(row.get(0)));
+            }
             // Released between the two statements: reserve again.
-            None => Box::pin(self.reserve_task_row(run, key, worker)).await,
         }
     }
 

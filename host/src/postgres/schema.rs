@@ -135,16 +135,21 @@ const MIGRATIONS: &[&str] = &[
         channel     TEXT NOT NULL,
         -- services::Forwarded, as JSON.
         body        TEXT NOT NULL,
-        created_at  BIGINT NOT NULL
+        created_at  BIGINT NOT NULL,
+        -- The run that took a user's message: the row goes with its answer, and is taken
+        -- again if that run ends first.
+        taken_run   BIGINT
     );
     CREATE INDEX inbox_channel ON inbox(channel, id);
 
     -- The owner's answer to a forwarded message, until the host that forwarded it takes it.
     CREATE TABLE answers (
         id          BIGINT PRIMARY KEY,
+        -- services::Answer, as JSON.
         reply       TEXT NOT NULL,
-        created_at  BIGINT NOT NULL
+        created_at  TIMESTAMPTZ NOT NULL DEFAULT now()
     );
+    CREATE INDEX answers_created_at ON answers(created_at);
 
     -- One worker per task description across hosts: the description (normalized) is
     -- held by a worker until it ends or its run is over.

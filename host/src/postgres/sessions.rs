@@ -305,6 +305,9 @@ pub(super) struct Fence {
 #[derive(Debug, Default)]
 pub(super) struct Owner {
     pub(super) run: Option<RunId>,
+    /// Whether that run's [`Run`](crate::services::Run) is still held: once dropped, the
+    /// run still fences this host's writes, but nothing waits for it.
+    pub(super) held: bool,
     pub(super) epochs: HashMap<String, Epoch>,
     /// How many messages each channel's history held when this host last read or wrote
     /// it: a write to a history that changed since is refused, so a host never writes
@@ -606,8 +609,13 @@ mod tests {
             "taken once"
         );
 
-        // A's lease runs out with a message waiting: B may take the session over, and
-        // with it the message; A's stale epoch takes nothing.
+        // A answers five of them; its lease runs out before it answers the rest.
+        for (number, _) in &taken[..5] {
+            a.answer(*number, &Answer::default()).await.unwrap();
+        }
+        // With one more message waiting, B may take the session over, and with it every
+        // message A took and never answered (A stopped before storing them); A's stale
+        // epoch takes nothing.
         b.forward("channel:main", &user("late")).await.unwrap();
         expire(&url, run_a.id()).await;
         assert_eq!(
@@ -629,7 +637,9 @@ mod tests {
             .into_iter()
             .map(|(_, message)| message)
             .collect();
-        assert_eq!(late, [user("late")]);
+        let mut expected: Vec<_> = (5..20).map(|n| user(&n.to_string())).collect();
+        expected.push(user("late"));
+        assert_eq!(late, expected);
         // The owner's answer reaches the host that forwarded, once.
         let answer = Answer {
             reply: "done".into(),
