@@ -36,19 +36,10 @@ reply = "ok"
 repeat = true
 "#;
 
-const ONE_TOOL: &str = r#"
-[[step]]
-process = "channel"
-when = "read"
-tool_calls = [{ name = "file_read", arguments = { path = "data.txt" } }]
-repeat = true
+#[path = "support/scripts.rs"]
+mod scripts;
 
-[[step]]
-process = "channel"
-when = "bench data"
-reply = "ok"
-repeat = true
-"#;
+use scripts::ONE_TOOL;
 
 /// A runtime in `dir` playing `script`, with the channel also offered `file_read`.
 fn start(

@@ -30,19 +30,10 @@ use criterion::Criterion;
 use tokio::runtime::Runtime as Tokio;
 use tokio::sync::mpsc;
 
-const ONE_TOOL: &str = r#"
-[[step]]
-process = "channel"
-when = "read"
-tool_calls = [{ name = "file_read", arguments = { path = "data.txt" } }]
-repeat = true
+#[path = "support/scripts.rs"]
+mod scripts;
 
-[[step]]
-process = "channel"
-when = "bench data"
-reply = "ok"
-repeat = true
-"#;
+use scripts::ONE_TOOL;
 
 /// One host: a runtime on `store` in a directory of its own, whose channel may call
 /// `file_read`.

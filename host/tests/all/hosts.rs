@@ -50,6 +50,14 @@ impl Host {
             .expect("the host is running")
     }
 
+    /// Sends `text` to conversation `main` and answers it with `answer`, until idle.
+    async fn answer_first(&mut self, text: &str, answer: &str) {
+        self.runtime.send_user_message("main", text).await.unwrap();
+        reply(self.request().await, answer);
+        self.event(replied(answer)).await;
+        self.runtime.wait_idle("main").await;
+    }
+
     /// The first event `want` picks out, skipping the others.
     async fn event<T>(&mut self, mut want: impl FnMut(&Event) -> Option<T>) -> T {
         bounded("an event", async {
@@ -120,10 +128,7 @@ async fn a_message_for_a_conversation_another_host_answers_is_forwarded_and_answ
     let cluster = TestCluster::start();
     let url = cluster.fresh_database().await;
     let (mut a, mut b) = (Host::start(&url).await, Host::start(&url).await);
-    a.runtime.send_user_message("main", "hi").await.unwrap();
-    reply(a.request().await, "A answers hi");
-    a.event(replied("A answers hi")).await;
-    a.runtime.wait_idle("main").await;
+    a.answer_first("hi", "A answers hi").await;
 
     // B receives the next message: A owns the conversation, so B forwards it.
     b.runtime.send_user_message("main", "again").await.unwrap();
@@ -190,10 +195,7 @@ async fn a_host_that_lost_its_lease_prompts_and_stores_nothing_more_and_another_
     let cluster = TestCluster::start();
     let url = cluster.fresh_database().await;
     let (mut a, mut b) = (Host::start(&url).await, Host::start(&url).await);
-    a.runtime.send_user_message("main", "first").await.unwrap();
-    reply(a.request().await, "stored by A");
-    a.event(replied("stored by A")).await;
-    a.runtime.wait_idle("main").await;
+    a.answer_first("first", "stored by A").await;
 
     // A's model is slow to answer the next message; meanwhile A's lease runs out (as if
     // A were paused) and A's renewer finds it lost.

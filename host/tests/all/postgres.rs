@@ -65,20 +65,13 @@ async fn two_capstan_processes_share_a_conversation_through_postgres() {
         "one conversation, in order: {history:?}"
     );
     // The second host took the conversation over from the first, whose run had ended.
-    let epoch: i64 = db
-        .query_one(
-            "SELECT epoch FROM sessions WHERE channel = 'channel:main'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let epoch = scalar(
+        &db,
+        "SELECT epoch FROM sessions WHERE channel = 'channel:main'",
+    )
+    .await;
     assert_eq!(epoch, 2);
-    let open_runs: i64 = db
-        .query_one("SELECT count(*) FROM runs WHERE ended_at IS NULL", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let open_runs = scalar(&db, "SELECT count(*) FROM runs WHERE ended_at IS NULL").await;
     assert_eq!(open_runs, 0, "each process ended its run on the way out");
 
     // `capstan status` shows both runs ended and the session with its owner and epoch.
@@ -231,6 +224,40 @@ impl Drop for ServeHost {
     }
 }
 
+/// Two `capstan serve` hosts on a fresh database of their own server.
+struct Served {
+    cluster: TestCluster,
+    url: String,
+    /// An operator's connection to the database.
+    db: tokio_postgres::Client,
+    hosts: (ServeHost, ServeHost),
+    client: reqwest::Client,
+}
+
+impl Served {
+    async fn two() -> Served {
+        let cluster = TestCluster::start();
+        let url = cluster.fresh_database().await;
+        let db = admin(&url).await;
+        let hosts = (
+            ServeHost::start(&url, "host-a"),
+            ServeHost::start(&url, "host-b"),
+        );
+        Served {
+            cluster,
+            url,
+            db,
+            hosts,
+            client: reqwest::Client::new(),
+        }
+    }
+}
+
+/// The one number `sql` selects.
+async fn scalar(db: &tokio_postgres::Client, sql: &str) -> i64 {
+    db.query_one(sql, &[]).await.unwrap().get(0)
+}
+
 /// `channel:main`'s stored messages, each as its role and text.
 async fn conversation(db: &tokio_postgres::Client) -> Vec<(String, String)> {
     db.query(
@@ -287,14 +314,13 @@ fn one_answer_per_batch(stored: &[(String, String)]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_messages_to_one_conversation_across_two_serve_hosts_are_each_answered_by_its_owner()
  {
-    let cluster = TestCluster::start();
-    let url = cluster.fresh_database().await;
-    let db = admin(&url).await;
-    let (a, b) = (
-        ServeHost::start(&url, "host-a"),
-        ServeHost::start(&url, "host-b"),
-    );
-    let client = reqwest::Client::new();
+    let Served {
+        cluster: _cluster,
+        url: _url,
+        db,
+        hosts: (a, b),
+        client,
+    } = Served::two().await;
     a.post(&client, "hello").await;
     until_stored(&db, "A's first answer", |s| holds(s, "reply from host-a")).await;
 
@@ -319,20 +345,13 @@ async fn a_thousand_messages_to_one_conversation_across_two_serve_hosts_are_each
         !stored.iter().any(|(_, said)| said.contains("host-b")),
         "B forwarded everything and answered nothing"
     );
-    let epoch: i64 = db
-        .query_one(
-            "SELECT epoch FROM sessions WHERE channel = 'channel:main'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let epoch = scalar(
+        &db,
+        "SELECT epoch FROM sessions WHERE channel = 'channel:main'",
+    )
+    .await;
     assert_eq!(epoch, 1);
-    let left: i64 = db
-        .query_one("SELECT count(*) FROM inbox", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let left = scalar(&db, "SELECT count(*) FROM inbox").await;
     assert_eq!(left, 0, "the inbox is empty");
 
     // A client that waits for the reply gets the owner's, through either host.
@@ -386,14 +405,13 @@ async fn owner(db: &tokio_postgres::Client) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_paused_past_its_lease_lands_nothing_after_another_took_over_and_exits() {
-    let cluster = TestCluster::start();
-    let url = cluster.fresh_database().await;
-    let db = admin(&url).await;
-    let (mut a, b) = (
-        ServeHost::start(&url, "host-a"),
-        ServeHost::start(&url, "host-b"),
-    );
-    let client = reqwest::Client::new();
+    let Served {
+        cluster: _cluster,
+        url: _url,
+        db,
+        hosts: (mut a, b),
+        client,
+    } = Served::two().await;
     a.post(&client, "hello").await;
     until_stored(&db, "A's first answer", |s| holds(s, "reply from host-a")).await;
     let a_run = owner(&db).await;
@@ -415,28 +433,24 @@ async fn a_host_paused_past_its_lease_lands_nothing_after_another_took_over_and_
     assert_eq!(stored, taken, "nothing of A's landed after the takeover");
     assert!(!holds(&stored, "slow reply from host-a"));
     one_answer_per_batch(&stored);
-    let epoch: i64 = db
-        .query_one(
-            "SELECT epoch FROM sessions WHERE channel = 'channel:main'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let epoch = scalar(
+        &db,
+        "SELECT epoch FROM sessions WHERE channel = 'channel:main'",
+    )
+    .await;
     assert_eq!(epoch, 2);
     assert_ne!(owner(&db).await, a_run);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_hosts_worker_is_reported_lost_by_another_host_and_never_rerun() {
-    let cluster = TestCluster::start();
-    let url = cluster.fresh_database().await;
-    let db = admin(&url).await;
-    let (mut a, b) = (
-        ServeHost::start(&url, "host-a"),
-        ServeHost::start(&url, "host-b"),
-    );
-    let client = reqwest::Client::new();
+    let Served {
+        cluster: _cluster,
+        url: _url,
+        db,
+        hosts: (mut a, b),
+        client,
+    } = Served::two().await;
     a.post(&client, "spawn a worker").await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while db
@@ -474,18 +488,18 @@ async fn a_killed_hosts_worker_is_reported_lost_by_another_host_and_never_rerun(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_database_restarted_mid_turn_loses_no_row_and_moves_no_epoch() {
-    let cluster = TestCluster::start();
-    let url = cluster.fresh_database().await;
-    let a = ServeHost::start(&url, "host-a");
-    let b = ServeHost::start(&url, "host-b");
-    let client = reqwest::Client::new();
-    {
-        let db = admin(&url).await;
-        a.post(&client, "hello").await;
-        until_stored(&db, "A's first answer", |s| holds(s, "reply from host-a")).await;
-        // Mid-turn: A's model is thinking when the database restarts.
-        a.post(&client, "slow one").await;
-    }
+    let Served {
+        cluster,
+        url,
+        db,
+        hosts: (a, b),
+        client,
+    } = Served::two().await;
+    a.post(&client, "hello").await;
+    until_stored(&db, "A's first answer", |s| holds(s, "reply from host-a")).await;
+    // Mid-turn: A's model is thinking when the database restarts.
+    a.post(&client, "slow one").await;
+    drop(db);
     cluster.restart();
     let db = admin(&url).await;
     // The next message, sent through the other host: by the time it is answered, the slow
@@ -523,14 +537,11 @@ async fn the_database_restarted_mid_turn_loses_no_row_and_moves_no_epoch() {
     }
     one_answer_per_batch(&stored_after);
     assert!(!stored_after.iter().any(|(_, s)| s.contains("host-b")));
-    let epoch: i64 = db
-        .query_one(
-            "SELECT epoch FROM sessions WHERE channel = 'channel:main'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let epoch = scalar(
+        &db,
+        "SELECT epoch FROM sessions WHERE channel = 'channel:main'",
+    )
+    .await;
     assert_eq!(epoch, 1, "the restart moved no session");
     assert!(
         a.log().is_empty() || !a.log().contains("panicked"),
