@@ -327,19 +327,46 @@ impl Context {
         };
         let history = self.services.history.load_as(session.as_str()).await?;
         let limit = self.config.limits.max_open_conversations as usize;
-        self.supervisor.channel_or_open(id, limit, || {
-            let (inbox, receiver) = mpsc::unbounded_channel();
-            let limits = &self.config.limits;
-            let handle = ChannelHandle::new(
-                inbox,
-                epoch,
-                limits.max_workers_per_channel as usize,
-                limits.max_branches_per_channel as usize,
-            );
-            self.starter
-                .channel(self, id.clone(), handle.clone(), receiver, history);
-            Ok(handle)
-        })
+        let handle = self
+            .supervisor
+            .channel_or_open::<ConversationError>(id, limit, || {
+                let (inbox, receiver) = mpsc::unbounded_channel();
+                let limits = &self.config.limits;
+                let handle = ChannelHandle::new(
+                    inbox,
+                    epoch,
+                    limits.max_workers_per_channel as usize,
+                    limits.max_branches_per_channel as usize,
+                );
+                self.starter
+                    .channel(self, id.clone(), handle.clone(), receiver, history);
+                Ok(handle)
+            })?;
+        // What waited for the conversation goes in before anything sent with its opening.
+        self.take_forwarded(id, &handle).await;
+        Ok(handle)
+    }
+
+    /// Sends into conversation `id` (through `handle`) what other hosts forwarded to it,
+    /// oldest first. A failure is logged; the next look at the inbox tries again.
+    pub(crate) async fn take_forwarded(&self, id: &ProcessId, handle: &ChannelHandle) {
+        let session = id.session();
+        let taken = self
+            .services
+            .sessions
+            .take_forwarded(session.as_str(), self.run.id(), handle.epoch)
+            .await;
+        match taken {
+            Ok(messages) => {
+                for (number, message) in messages {
+                    handle.send(ChannelInput::forwarded(number, message));
+                }
+            }
+            Err(err) => tracing::warn!(
+                conversation = %id,
+                "cannot take what was forwarded to the conversation (trying again soon): {err}"
+            ),
+        }
     }
 
     /// Stores `history`: only the messages from `from` on are appended when the store

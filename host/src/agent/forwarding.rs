@@ -16,10 +16,7 @@ use std::sync::Weak;
 
 use super::context::{Context, ConversationError};
 use super::events::Event;
-use super::inbox::ChannelInput;
-use super::notifications::NotificationKind;
 use crate::ids::ProcessId;
-use crate::services::{ForwardId, Forwarded};
 
 /// Takes forwarded messages for as long as `ctx` lives and is open.
 pub(crate) async fn take_forwarded(ctx: Weak<Context>) {
@@ -67,50 +64,7 @@ async fn deliver(ctx: &std::sync::Arc<Context>, id: &ProcessId) {
             return;
         }
     };
-    let session = id.session();
-    let taken = ctx
-        .services
-        .sessions
-        .take_forwarded(session.as_str(), ctx.run_id(), handle.epoch)
-        .await;
-    match taken {
-        Ok(messages) => {
-            for (number, message) in messages {
-                handle.send(input_of(number, message));
-            }
-        }
-        Err(err) => {
-            tracing::warn!(conversation = %id, "cannot take what was forwarded to the conversation (trying again soon): {err}")
-        }
-    }
-}
-
-/// What the conversation takes in for forwarded message `number`.
-fn input_of(number: ForwardId, message: Forwarded) -> ChannelInput {
-    match message {
-        Forwarded::User { text } => ChannelInput::User {
-            text,
-            forwarded: Some(number),
-        },
-        Forwarded::WorkerLost {
-            worker,
-            task,
-            outcome,
-        } => {
-            let text = format!(
-                "failed: the host running it was lost before it ended ({outcome}); \
-                 its task `{task}` is not run again"
-            );
-            match worker.parse::<ProcessId>() {
-                Ok(source) => ChannelInput::Result {
-                    source,
-                    kind: NotificationKind::Error,
-                    text,
-                },
-                Err(_) => ChannelInput::user(format!("[{worker}] {text}")),
-            }
-        }
-    }
+    ctx.take_forwarded(id, &handle).await;
 }
 
 /// Marks the workers of runs that are over (their hosts died) as interrupted, and

@@ -9,7 +9,7 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use super::notifications::{Notification, NotificationKind};
 use crate::ids::ProcessId;
 use crate::llm::Message;
-use crate::services::{Epoch, ForwardId};
+use crate::services::{Epoch, ForwardId, Forwarded};
 
 /// What a channel reacts to.
 #[derive(Debug, Clone)]
@@ -44,6 +44,35 @@ impl ChannelInput {
         ChannelInput::User {
             text: text.into(),
             forwarded: None,
+        }
+    }
+
+    /// What the conversation takes in for `message`, forwarded by another host as
+    /// `number`.
+    pub(crate) fn forwarded(number: ForwardId, message: Forwarded) -> Self {
+        match message {
+            Forwarded::User { text } => ChannelInput::User {
+                text,
+                forwarded: Some(number),
+            },
+            Forwarded::WorkerLost {
+                worker,
+                task,
+                outcome,
+            } => {
+                let text = format!(
+                    "failed: the host running it was lost before it ended ({outcome}); \
+                     its task `{task}` is not run again"
+                );
+                match worker.parse::<ProcessId>() {
+                    Ok(source) => ChannelInput::Result {
+                        source,
+                        kind: NotificationKind::Error,
+                        text,
+                    },
+                    Err(_) => ChannelInput::user(format!("[{worker}] {text}")),
+                }
+            }
         }
     }
 

@@ -131,8 +131,9 @@ tool_calls = [{{ name = "reply", arguments = {{ text = "slow reply from {name}" 
 
 [[step]]
 process = "channel"
-when = "spawn"
+when = "please spawn"
 tool_calls = [{{ name = "spawn_worker", arguments = {{ task = "a long task" }} }}]
+repeat = true
 
 [[step]]
 process = "worker"
@@ -451,7 +452,7 @@ async fn a_killed_hosts_worker_is_reported_lost_by_another_host_and_never_rerun(
         hosts: (mut a, b),
         client,
     } = Served::two().await;
-    a.post(&client, "spawn a worker").await;
+    a.post(&client, "please spawn a worker").await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while db
         .query_opt("SELECT 1 FROM workers WHERE state = 'running'", &[])
@@ -548,4 +549,57 @@ async fn the_database_restarted_mid_turn_loses_no_row_and_moves_no_epoch() {
         "{}",
         a.log()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_identical_spawns_across_two_serve_hosts_start_one_worker() {
+    let Served {
+        cluster: _cluster,
+        url: _url,
+        db,
+        hosts: (a, b),
+        client,
+    } = Served::two().await;
+    // Fifty conversations, half opened on each host, each asking its model once to spawn
+    // the same task: fifty spawn calls, all at once.
+    let posts = futures_util::stream::iter((0..50).map(|n| {
+        let host = if n % 2 == 0 { &a } else { &b };
+        let client = &client;
+        async move {
+            let response = client
+                .post(format!("{}/v1/channels/c{n}/messages", host.url))
+                .json(&serde_json::json!({ "text": format!("please spawn {n}") }))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 202);
+        }
+    }));
+    futures_util::StreamExt::for_each_concurrent(posts, 50, |post| post).await;
+    // Every conversation's turn ended with its reply, its spawn call answered before it
+    // (a delivered reply folds the turn's calls into it).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let replied = scalar(
+            &db,
+            "SELECT count(DISTINCT channel) FROM history WHERE message LIKE '%reply from host-%'",
+        )
+        .await;
+        if replied == 50 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{replied} of 50 conversations answered\n{}\n{}",
+            a.log(),
+            b.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let workers = scalar(&db, "SELECT count(*) FROM workers").await;
+    assert_eq!(workers, 1, "one worker for the fifty spawns");
+    let held = scalar(&db, "SELECT count(*) FROM task_reservations").await;
+    assert_eq!(held, 1);
+    let owners = scalar(&db, "SELECT count(DISTINCT owner_run) FROM sessions").await;
+    assert_eq!(owners, 2, "the spawns came from both hosts");
 }
