@@ -254,6 +254,22 @@ impl Served {
     }
 }
 
+/// Waits until `sql` selects `want` (a two-minute guard against a hang, never a timing).
+async fn until_scalar(db: &tokio_postgres::Client, what: &str, sql: &str, want: i64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let got = scalar(db, sql).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}: {got}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// The one number `sql` selects.
 async fn scalar(db: &tokio_postgres::Client, sql: &str) -> i64 {
     db.query_one(sql, &[]).await.unwrap().get(0)
@@ -352,8 +368,8 @@ async fn a_thousand_messages_to_one_conversation_across_two_serve_hosts_are_each
     )
     .await;
     assert_eq!(epoch, 1);
-    let left = scalar(&db, "SELECT count(*) FROM inbox").await;
-    assert_eq!(left, 0, "the inbox is empty");
+    // Each row goes with its answer, left just after its turn is stored.
+    until_scalar(&db, "an empty inbox", "SELECT count(*) FROM inbox", 0).await;
 
     // A client that waits for the reply gets the owner's, through either host.
     for host in [&a, &b] {
@@ -372,25 +388,8 @@ async fn a_thousand_messages_to_one_conversation_across_two_serve_hosts_are_each
 
 /// Waits until run `run`'s lease is over by the database's clock.
 async fn until_expired(db: &tokio_postgres::Client, run: i64) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        let over: bool = db
-            .query_one(
-                "SELECT expires_at <= now() FROM runs WHERE id = $1",
-                &[&run],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if over {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "run {run} never expired"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    let sql = format!("SELECT (expires_at <= now())::INT::BIGINT FROM runs WHERE id = {run}");
+    until_scalar(db, &format!("run {run} to expire"), &sql, 1).await;
 }
 
 /// The run that owns `channel:main`.
@@ -453,16 +452,13 @@ async fn a_killed_hosts_worker_is_reported_lost_by_another_host_and_never_rerun(
         client,
     } = Served::two().await;
     a.post(&client, "please spawn a worker").await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while db
-        .query_opt("SELECT 1 FROM workers WHERE state = 'running'", &[])
-        .await
-        .unwrap()
-        .is_none()
-    {
-        assert!(std::time::Instant::now() < deadline, "no worker started");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    until_scalar(
+        &db,
+        "a running worker",
+        "SELECT count(*) FROM workers WHERE state = 'running'",
+        1,
+    )
+    .await;
     let a_run = owner(&db).await;
     send_signal(a.pid(), "-KILL");
     a.child.wait().unwrap();
@@ -578,24 +574,13 @@ async fn fifty_identical_spawns_across_two_serve_hosts_start_one_worker() {
     futures_util::StreamExt::for_each_concurrent(posts, 50, |post| post).await;
     // Every conversation's turn ended with its reply, its spawn call answered before it
     // (a delivered reply folds the turn's calls into it).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        let replied = scalar(
-            &db,
-            "SELECT count(DISTINCT channel) FROM history WHERE message LIKE '%reply from host-%'",
-        )
-        .await;
-        if replied == 50 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{replied} of 50 conversations answered\n{}\n{}",
-            a.log(),
-            b.log()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    until_scalar(
+        &db,
+        "every conversation's reply",
+        "SELECT count(DISTINCT channel) FROM history WHERE message LIKE '%reply from host-%'",
+        50,
+    )
+    .await;
     let workers = scalar(&db, "SELECT count(*) FROM workers").await;
     assert_eq!(workers, 1, "one worker for the fifty spawns");
     let held = scalar(&db, "SELECT count(*) FROM task_reservations").await;
