@@ -47,6 +47,9 @@ pub(crate) struct Context {
     /// start whether this run is still alive.
     run: Run,
     starter: Box<dyn Starter>,
+    /// Whether this host takes over conversations whose owner's run is over, with what
+    /// was forwarded to them.
+    pub(crate) adopts: std::sync::atomic::AtomicBool,
 }
 
 /// Starts processes: implemented above the process modules (by the runtime), so that
@@ -188,6 +191,7 @@ impl Context {
             opening: tokio::sync::Mutex::default(),
             run,
             starter,
+            adopts: std::sync::atomic::AtomicBool::new(true),
         });
         Ok((ctx, receiver))
     }

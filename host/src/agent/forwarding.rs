@@ -42,7 +42,13 @@ pub(crate) async fn take_forwarded(ctx: Weak<Context>) {
         };
         for session in waiting {
             match session.parse::<ProcessId>() {
-                Ok(id) if id.kind().is_conversation() => deliver(&ctx, &id).await,
+                Ok(id) if id.kind().is_conversation() => {
+                    // A host that adopts nothing delivers only to its open conversations.
+                    let adopts = ctx.adopts.load(std::sync::atomic::Ordering::Relaxed);
+                    if adopts || ctx.supervisor.channel(&id).is_some() {
+                        deliver(&ctx, &id).await;
+                    }
+                }
                 _ => tracing::warn!(
                     session = %session,
                     "messages were forwarded to a session that is no conversation; they stay in the inbox"

@@ -218,6 +218,17 @@ impl Runtime {
             })
     }
 
+    /// Whether this host takes over a conversation whose owner's run is over (its host
+    /// stopped or died) when something was forwarded to it, and answers it. Yes by
+    /// default, as a service should; a one-shot session at the terminal says no, so it
+    /// never answers conversations it was not asked about. Either way it answers what is
+    /// forwarded to its own open conversations.
+    pub fn adopt_conversations(&self, adopt: bool) {
+        self.ctx
+            .adopts
+            .store(adopt, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Returns once this host's run lease is lost (never, on a store one host uses
     /// alone): it was paused or cut off from the database past the lease, and another
     /// host may answer its conversations now. By then its workers are stopping and its

@@ -66,12 +66,15 @@ pub(crate) struct Launch {
 }
 
 impl Launch {
-    /// Opens the store, loads the plugins on a host backed by it, and starts a runtime.
+    /// Opens the store, loads the plugins on a host backed by it, and starts a runtime for
+    /// one session at the terminal (run, chat, demo): it answers what is forwarded to its
+    /// own conversations, and takes over no other host's.
     async fn start(
         &self,
         config: Config,
     ) -> anyhow::Result<(Arc<Runtime>, mpsc::UnboundedReceiver<Event>)> {
         let agent = self.start_agent(config).await?;
+        agent.runtime.adopt_conversations(false);
         Ok((agent.runtime, agent.events))
     }
 

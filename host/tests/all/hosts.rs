@@ -255,6 +255,9 @@ async fn a_host_that_lost_its_lease_prompts_and_stores_nothing_more_and_another_
 async fn messages_forwarded_to_a_host_that_went_away_are_answered_by_the_next() {
     let cluster = TestCluster::start();
     let url = cluster.fresh_database().await;
+    // A host that adopts nothing (a session at the terminal) is up throughout.
+    let mut terminal = Host::start(&url).await;
+    terminal.runtime.adopt_conversations(false);
     // A host that claimed the conversation, had messages forwarded to it, and died.
     let gone = Postgres::connect(&url).await.unwrap();
     let run = gone.begin_run().await.unwrap();
@@ -264,10 +267,16 @@ async fn messages_forwarded_to_a_host_that_went_away_are_answered_by_the_next() 
         let message = Forwarded::User { text: text.into() };
         gone.forward("channel:main", &message).await.unwrap();
     }
-    expire_runs_but(&url, &[]).await;
+    let terminal_run: i64 = admin(&url)
+        .await
+        .query_one("SELECT min(id) FROM runs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    expire_runs_but(&url, &[terminal_run]).await;
     drop(run);
 
-    // The next host to look takes the conversation over, and answers what waited.
+    // The next host that adopts takes the conversation over, and answers what waited.
     let mut b = Host::start(&url).await;
     // Both in order, in one turn or in two.
     let mut pending = b.request().await;
@@ -289,6 +298,10 @@ async fn messages_forwarded_to_a_host_that_went_away_are_answered_by_the_next() 
         .get(0);
     assert_eq!(left, 0);
     assert_eq!(epoch(&url, "channel:main").await, 2);
+    assert!(
+        terminal.requests.try_recv().is_err(),
+        "the host that adopts nothing never took it"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
