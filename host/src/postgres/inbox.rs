@@ -10,6 +10,7 @@ use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, NoTls};
 
+use super::sessions::run_is_live;
 use super::{Postgres, now};
 use crate::services::{Answer, Epoch, ForwardId, Forwarded, RunId, ServiceError};
 
@@ -24,8 +25,12 @@ const ANSWER_KEPT_SECONDS: f64 = 3600.0;
 
 /// SQL that holds of an inbox row `i` nobody is handling: never taken, or taken by a run
 /// that is over.
-const WAITING: &str = "(i.taken_run IS NULL OR NOT EXISTS (SELECT 1 FROM runs r \
-    WHERE r.id = i.taken_run AND r.ended_at IS NULL AND r.expires_at > statement_timestamp()))";
+fn waiting() -> String {
+    format!(
+        "(i.taken_run IS NULL OR NOT {})",
+        run_is_live("i.taken_run")
+    )
+}
 
 /// What the listener wakes.
 #[derive(Default)]
@@ -117,12 +122,10 @@ impl Postgres {
                 &format!(
                     "SELECT DISTINCT i.channel FROM inbox i
                      LEFT JOIN sessions s ON s.channel = i.channel
-                     WHERE {WAITING}
-                       AND (s.channel IS NULL OR s.owner_run = $1
-                            OR NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = s.owner_run
-                                           AND r.ended_at IS NULL
-                                           AND r.expires_at > statement_timestamp()))
-                     ORDER BY 1"
+                     WHERE {} AND (s.channel IS NULL OR s.owner_run = $1 OR NOT {})
+                     ORDER BY 1",
+                    waiting(),
+                    run_is_live("s.owner_run"),
                 ),
                 &[&(run.get() as i64)],
             )
@@ -148,8 +151,9 @@ impl Postgres {
         let mut rows = tx
             .query(
                 &format!(
-                    "UPDATE inbox i SET taken_run = $2 WHERE channel = $1 AND {WAITING}
-                     RETURNING id, body"
+                    "UPDATE inbox i SET taken_run = $2 WHERE channel = $1 AND {}
+                     RETURNING id, body",
+                    waiting()
                 ),
                 &[&channel, &(run.get() as i64)],
             )

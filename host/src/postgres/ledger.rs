@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use tokio_postgres::{Client, NoTls, Row};
 
 use super::inbox::forward_on;
-use super::sessions::Owner;
+use super::sessions::{Owner, run_is_live};
 use super::{Ending, Postgres, now};
 use crate::services::{
     Forwarded, LeaseClock, Ledger, Run, RunId, ServiceError, WorkerRecord, WorkerState,
@@ -233,13 +233,15 @@ impl Postgres {
         }
         // Only under a live run: a host whose lease expired may have had its workers
         // marked interrupted already, and a worker started under it would never be.
+        let sql = format!(
+            "INSERT INTO workers (id, channel, task, state, run, started_at, updated_at)
+             SELECT $1, $2, $3, $4, $5, $6, $6 WHERE {}
+             ON CONFLICT (id) DO NOTHING RETURNING id",
+            run_is_live("$5")
+        );
         let inserted = tx
             .query_opt(
-                "INSERT INTO workers (id, channel, task, state, run, started_at, updated_at)
-                 SELECT $1, $2, $3, $4, $5, $6, $6
-                 WHERE EXISTS (SELECT 1 FROM runs WHERE id = $5 AND ended_at IS NULL
-                               AND expires_at > statement_timestamp())
-                 ON CONFLICT (id) DO NOTHING RETURNING id",
+                &sql,
                 &[
                     &id,
                     &channel,
@@ -285,9 +287,11 @@ impl Postgres {
         .map_err(failed)?;
         let working: i64 = tx
             .query_one(
-                "SELECT count(*) FROM workers w JOIN runs r ON r.id = w.run
-                 WHERE w.channel = $1 AND w.state IN ($2, $3)
-                   AND r.ended_at IS NULL AND r.expires_at > statement_timestamp()",
+                &format!(
+                    "SELECT count(*) FROM workers w
+                     WHERE w.channel = $1 AND w.state IN ($2, $3) AND {}",
+                    run_is_live("w.run")
+                ),
                 &[
                     &channel,
                     &WorkerState::Running.as_str(),

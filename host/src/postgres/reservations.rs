@@ -3,6 +3,7 @@
 //! description at once meet at the row's primary key: one inserts, the other finds it.
 
 use super::Postgres;
+use super::sessions::run_is_live;
 use crate::services::{RunId, ServiceError};
 
 impl Postgres {
@@ -18,18 +19,17 @@ impl Postgres {
             let client = self.client().await?;
             // One statement: a holder that ended, or whose run is over, is replaced under
             // the row's lock, so two hosts replacing it cannot both win.
+            let sql = format!(
+                "INSERT INTO task_reservations (task, worker, run) VALUES ($1, $2, $3)
+                 ON CONFLICT (task) DO UPDATE SET worker = $2, run = $3
+                     WHERE NOT {}
+                        OR EXISTS (SELECT 1 FROM workers w WHERE w.id = task_reservations.worker
+                                   AND w.state NOT IN ('running', 'waiting-for-input'))
+                 RETURNING worker",
+                run_is_live("task_reservations.run")
+            );
             let reserved = client
-                .query_opt(
-                    "INSERT INTO task_reservations (task, worker, run) VALUES ($1, $2, $3)
-                     ON CONFLICT (task) DO UPDATE SET worker = $2, run = $3
-                         WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = task_reservations.run
-                                           AND r.ended_at IS NULL
-                                           AND r.expires_at > statement_timestamp())
-                            OR EXISTS (SELECT 1 FROM workers w WHERE w.id = task_reservations.worker
-                                       AND w.state NOT IN ('running', 'waiting-for-input'))
-                     RETURNING worker",
-                    &[&key, &worker, &(run.get() as i64)],
-                )
+                .query_opt(&sql, &[&key, &worker, &(run.get() as i64)])
                 .await
                 .map_err(failed)?;
             if reserved.is_some() {

@@ -13,9 +13,15 @@ use deadpool_postgres::Transaction;
 use super::Postgres;
 use crate::services::{Answer, Claim, Epoch, ForwardId, Forwarded, RunId, ServiceError, Sessions};
 
-/// A live run's lease, in SQL: `$run` ended or expired is no owner.
-const LIVE_RUN: &str = "SELECT 1 FROM runs WHERE id = $2 AND ended_at IS NULL \
-                        AND expires_at > statement_timestamp()";
+/// SQL that holds when run `id` (an SQL expression) is live: not ended, and its lease
+/// not over by the database's clock when the statement began. The one place the rule is
+/// written; a run that is not live owns nothing and writes nothing.
+pub(super) fn run_is_live(id: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM runs live WHERE live.id = {id} AND live.ended_at IS NULL \
+         AND live.expires_at > statement_timestamp())"
+    )
+}
 
 impl Postgres {
     /// The claim of session `channel` for `run`, in the database ([`Sessions::claim`]).
@@ -27,13 +33,12 @@ impl Postgres {
         // hosts taking over one session cannot both bump it.
         let sql = format!(
             "INSERT INTO sessions (channel, owner_run, epoch)
-             SELECT $1, $2, 1 WHERE EXISTS ({LIVE_RUN})
+             SELECT $1, $2, 1 WHERE {}
              ON CONFLICT (channel) DO UPDATE SET owner_run = $2, epoch = sessions.epoch + 1
-                 WHERE sessions.owner_run <> $2
-                   AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = sessions.owner_run
-                                   AND r.ended_at IS NULL
-                                   AND r.expires_at > statement_timestamp())
-             RETURNING epoch"
+                 WHERE sessions.owner_run <> $2 AND NOT {}
+             RETURNING epoch",
+            run_is_live("$2"),
+            run_is_live("sessions.owner_run"),
         );
         if let Some(row) = client
             .query_opt(&sql, &[&channel, &run_id])
@@ -45,7 +50,8 @@ impl Postgres {
         let row = client
             .query_opt(
                 &format!(
-                    "SELECT owner_run, epoch, EXISTS ({LIVE_RUN}) FROM sessions WHERE channel = $1"
+                    "SELECT owner_run, epoch, {} FROM sessions WHERE channel = $1",
+                    run_is_live("$2")
                 ),
                 &[&channel, &run_id],
             )
@@ -110,8 +116,9 @@ impl Postgres {
         let current = tx
             .query_opt(
                 &format!(
-                    "SELECT owner_run, epoch, EXISTS ({LIVE_RUN}) FROM sessions
-                     WHERE channel = $1 FOR SHARE"
+                    "SELECT owner_run, epoch, {} FROM sessions
+                     WHERE channel = $1 FOR SHARE",
+                    run_is_live("$2")
                 ),
                 &[&channel, &(run.get() as i64)],
             )
@@ -289,8 +296,8 @@ impl Sessions for Postgres {
 /// lease is over, so this fences every write of the run's sessions.
 pub(super) fn live_run(param: usize) -> String {
     format!(
-        "(${param}::BIGINT IS NULL OR EXISTS (SELECT 1 FROM runs WHERE id = ${param} \
-         AND ended_at IS NULL AND expires_at > statement_timestamp()))"
+        "(${param}::BIGINT IS NULL OR {})",
+        run_is_live(&format!("${param}"))
     )
 }
 

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use capstan_host::postgres::test_cluster::{TestCluster, admin};
 
-use crate::support::{capstan_command, send_signal, stderr, stdout};
+use crate::support::{capstan_command, send_signal, stderr, stdout, until};
 
 /// A directory whose config names the database in `CAPSTAN_TEST_DATABASE_URL` and plays a
 /// script answering each message in turn.
@@ -254,20 +254,13 @@ impl Served {
     }
 }
 
-/// Waits until `sql` selects `want` (a two-minute guard against a hang, never a timing).
+/// Waits until `sql` selects `want`.
 async fn until_scalar(db: &tokio_postgres::Client, what: &str, sql: &str, want: i64) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        let got = scalar(db, sql).await;
-        if got == want {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}: {got}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    until(what, async || match scalar(db, sql).await {
+        got if got == want => Ok(()),
+        got => Err(got.to_string()),
+    })
+    .await
 }
 
 /// The one number `sql` selects.
@@ -293,25 +286,21 @@ async fn conversation(db: &tokio_postgres::Client) -> Vec<(String, String)> {
     .collect()
 }
 
-/// Waits until `done` holds of the stored conversation (a two-minute guard against a hang,
-/// never a timing).
+/// Waits until `done` holds of the stored conversation.
 async fn until_stored(
     db: &tokio_postgres::Client,
     what: &str,
     mut done: impl FnMut(&[(String, String)]) -> bool,
 ) -> Vec<(String, String)> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
+    until(what, async || {
         let stored = conversation(db).await;
         if done(&stored) {
-            return stored;
+            Ok(stored)
+        } else {
+            Err(format!("{stored:?}"))
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}: {stored:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 fn holds(stored: &[(String, String)], text: &str) -> bool {

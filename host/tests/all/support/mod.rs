@@ -297,6 +297,24 @@ pub async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Polls `check` every few milliseconds until it gives a value, for a state another
+/// process reaches (a row in a database, say). The two-minute cap only guards against a
+/// hang (it fails with `what` and the last state `check` described); no test relies on how
+/// long anything takes.
+pub async fn until<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, String>) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        match check().await {
+            Ok(done) => return done,
+            Err(last) => assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for {what}: {last}"
+            ),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// A provider that hands every request to the test and answers only when the test says
 /// so, with what it says: the explicit gate that forces one interleaving of a race.
 pub struct Gated {
