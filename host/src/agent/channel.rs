@@ -177,13 +177,12 @@ pub(crate) async fn run(
         rewrite |= history.len() < saved;
         let from = if rewrite { 0 } else { saved };
         // A failed save is reported; the next one rewrites the whole history.
-        if let Err(err) = ctx.save_history(&name, &history, from).await {
-            rewrite = true;
+        let stored = ctx.save_history(&name, &history, from).await;
+        rewrite = stored.is_err();
+        if let Err(err) = stored {
             answer
                 .error
                 .get_or_insert(format!("the conversation was not stored: {err}"));
-        } else {
-            rewrite = false;
         }
         saved = history.len();
         answer_forwarded(&ctx, &inputs, &answer).await;
@@ -209,8 +208,8 @@ pub(crate) async fn run(
                 key = %note.key,
                 "the channel closed before telling a late report; it stays in working memory"
             ),
-            // Its host waits in vain, until it gives up; the message is lost with the
-            // channel's inputs, as a message sent here would be.
+            // Lost with the channel, as a message sent here would be; one another host
+            // forwarded stays in the inbox, and is taken again once this run ends.
             ChannelInput::User { .. } => {}
             ChannelInput::Close => continue,
         }
