@@ -29,14 +29,16 @@
 //! assert!("fs.execute".parse::<Capability>().is_err());
 //! ```
 
+mod address;
 mod net;
 
 use std::fmt;
 use std::str::FromStr;
 
+pub use address::{AddressClass, AddressRange};
 pub use net::{
-    HostRule, METHODS, NetRule, NetTarget, ParseNetRuleError, Scheme, SchemeRule, TargetHost,
-    canonical_ip,
+    HostRule, METHODS, NetRule, NetTarget, ParseNetRuleError, PortRule, Scheme, SchemeRule,
+    TargetHost, canonical_ip,
 };
 
 /// One named right a tool can declare and a caller can grant.

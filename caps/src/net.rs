@@ -6,15 +6,19 @@
 //! |---|---|---|
 //! | method | `GET`, `POST`, ... (one token, any case) | any method |
 //! | scheme | `https://`, `http://`, `*://` (either) | `https` only |
-//! | host | `api.example.com`, `*.example.com` (subdomains, not itself), `127.0.0.1`, `[::1]`, `*` (any) | required |
-//! | port | `443`, `*` (any) | the scheme's default port (any port for `*://`) |
+//! | host | `api.example.com`, `127.0.0.1`, `[::1]` (exactly), `*.example.com` (its public subdomains, not itself), `*` (any public host), `{loopback}`, `{private}`, `{link-local}`, `{unique-local}`, `{internal}` (an [`AddressRange`]) | required |
+//! | port | `8443`, `*` (any) | the scheme's default port (443 for https, 80 for http) |
 //!
-//! The rule `*` on its own allows every scheme, host and port. Host names are ASCII: write
-//! an internationalized name in its `xn--` form, as the host compares requests after
-//! converting them to that form.
+//! So the rule `*` on its own is `https://*:443`: any public host, over https, on its
+//! default port. Everything wider is spelled out: `*://*:*` is any public host, scheme and
+//! port. Host names are ASCII: write an internationalized name in its `xn--` form, as the
+//! host compares requests after converting them to that form.
 //!
-//! A rule that names one host or address exactly ([`NetRule::names_host_exactly`]) is
-//! what lets a request reach a private or loopback address; wildcards never do.
+//! Wildcards reach public addresses only. A loopback, private, link-local or unique-local
+//! address is reached by a rule naming its host or address exactly, or its range; a cloud
+//! metadata or special-purpose address only by a rule naming it exactly
+//! ([`NetRule::covers`]). The host asks this of both the tool's declaration and the
+//! caller's grant.
 //!
 //! ```
 //! use capstan_caps::{NetRule, NetTarget, TargetHost, Scheme};
@@ -34,6 +38,8 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
+
+use crate::{AddressClass, AddressRange};
 
 /// A request's scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -140,11 +146,33 @@ impl SchemeRule {
         }
     }
 
-    fn default_port(self) -> Option<u16> {
+    /// The one scheme it allows, if one.
+    fn only(self) -> Option<Scheme> {
         match self {
-            SchemeRule::Https => Some(443),
-            SchemeRule::Http => Some(80),
+            SchemeRule::Https => Some(Scheme::Https),
+            SchemeRule::Http => Some(Scheme::Http),
             SchemeRule::Any => None,
+        }
+    }
+}
+
+/// Which ports a rule allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PortRule {
+    /// No port given: the scheme's default (443 for https, 80 for http).
+    Default,
+    /// One port.
+    Is(u16),
+    /// `:*`: any port.
+    Any,
+}
+
+impl PortRule {
+    fn allows(self, scheme: Scheme, port: u16) -> bool {
+        match self {
+            PortRule::Default => port == scheme.default_port(),
+            PortRule::Is(rule) => rule == port,
+            PortRule::Any => true,
         }
     }
 }
@@ -152,29 +180,62 @@ impl SchemeRule {
 /// Which hosts a rule allows.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum HostRule {
-    /// `*`: any host.
+    /// `*`: any host at a public address.
     Any,
-    /// `*.example.com`: the subdomains of `example.com` (stored without `*.`), not itself.
+    /// `*.example.com`: the subdomains of `example.com` (stored without `*.`), not itself,
+    /// at public addresses.
     Subdomains(String),
-    /// One name.
+    /// One name, wherever it resolves.
     Name(String),
     /// One address.
     Ip(IpAddr),
+    /// `{internal}`: any host, at an address of the range.
+    Range(AddressRange),
 }
 
 impl HostRule {
+    /// Whether a request naming `host` may go on to have its addresses checked
+    /// ([`HostRule::covers`]).
     fn allows(&self, host: &TargetHost) -> bool {
         match (self, host) {
-            (HostRule::Any, _) => true,
+            (HostRule::Any, TargetHost::Name(_)) => true,
+            (HostRule::Any, TargetHost::Ip(ip)) => AddressClass::of(*ip).is_public(),
             (HostRule::Subdomains(suffix), TargetHost::Name(name)) => is_subdomain(name, suffix),
             (HostRule::Name(rule), TargetHost::Name(name)) => rule == name,
             (HostRule::Ip(rule), TargetHost::Ip(ip)) => rule == ip,
+            (HostRule::Range(_), TargetHost::Name(_)) => true,
+            (HostRule::Range(range), TargetHost::Ip(ip)) => range.contains(AddressClass::of(*ip)),
             _ => false,
+        }
+    }
+
+    /// Whether an address of `class` is one this host part reaches: a wildcard only a
+    /// public one, an exact name or address any, a range its own.
+    fn covers(&self, class: AddressClass) -> bool {
+        match self {
+            HostRule::Any | HostRule::Subdomains(_) => class.is_public(),
+            HostRule::Name(_) | HostRule::Ip(_) => true,
+            HostRule::Range(range) => range.contains(class),
         }
     }
 
     fn intersect(&self, other: &HostRule) -> Option<HostRule> {
         match (self, other) {
+            (HostRule::Range(a), HostRule::Range(b)) => a.intersect(*b).map(HostRule::Range),
+            // Public wildcards and ranges share no address.
+            (HostRule::Range(_), HostRule::Any | HostRule::Subdomains(_))
+            | (HostRule::Any | HostRule::Subdomains(_), HostRule::Range(_)) => None,
+            (HostRule::Range(range), HostRule::Ip(ip))
+            | (HostRule::Ip(ip), HostRule::Range(range)) => range
+                .contains(AddressClass::of(*ip))
+                .then_some(HostRule::Ip(*ip)),
+            (HostRule::Range(_), HostRule::Name(name))
+            | (HostRule::Name(name), HostRule::Range(_)) => Some(HostRule::Name(name.clone())),
+            (HostRule::Any, HostRule::Ip(ip)) | (HostRule::Ip(ip), HostRule::Any) => {
+                AddressClass::of(*ip)
+                    .is_public()
+                    .then_some(HostRule::Ip(*ip))
+            }
             (HostRule::Any, x) | (x, HostRule::Any) => Some(x.clone()),
             (HostRule::Subdomains(a), HostRule::Subdomains(b)) => {
                 if a == b || is_subdomain(a, b) {
@@ -209,33 +270,66 @@ pub struct NetRule {
     pub scheme: SchemeRule,
     /// The hosts allowed.
     pub host: HostRule,
-    /// `None`: any port.
-    pub port: Option<u16>,
+    /// The ports allowed.
+    pub port: PortRule,
 }
 
 impl NetRule {
-    /// The rule `*`: every scheme, host and port.
-    pub fn any() -> Self {
+    /// The rule `*`: any public host over https on port 443.
+    pub fn public_https() -> Self {
+        NetRule {
+            method: None,
+            scheme: SchemeRule::Https,
+            host: HostRule::Any,
+            port: PortRule::Default,
+        }
+    }
+
+    /// The rule `*://*:*`: any public host, either scheme, any port.
+    pub fn any_public() -> Self {
         NetRule {
             method: None,
             scheme: SchemeRule::Any,
             host: HostRule::Any,
-            port: None,
+            port: PortRule::Any,
         }
     }
 
-    /// Whether this rule allows `target`.
+    /// Whether this rule allows `target` by its method, scheme, host and port. Where the
+    /// host is a name, the addresses it resolves to are asked of [`NetRule::covers`].
     pub fn allows(&self, target: &NetTarget) -> bool {
         self.method
             .as_ref()
             .is_none_or(|method| *method == target.method)
             && self.scheme.allows(target.scheme)
             && self.host.allows(&target.host)
-            && self.port.is_none_or(|port| port == target.port)
+            && self.port.allows(target.scheme, target.port)
     }
 
-    /// Whether the rule names one host or address rather than a pattern: only such a rule
-    /// lets a request reach a private, loopback or link-local address.
+    /// Whether this rule allows `target` connecting to an address of `class`: it allows
+    /// the target, and a wildcard host reaches public addresses only, a range its own, an
+    /// exact host or address whatever it is.
+    ///
+    /// ```
+    /// use capstan_caps::{AddressClass, NetRule, NetTarget, Scheme, TargetHost};
+    ///
+    /// let target = NetTarget {
+    ///     method: "GET".into(),
+    ///     scheme: Scheme::Https,
+    ///     host: TargetHost::Name("intranet.example.com".into()),
+    ///     port: 443,
+    /// };
+    /// let any: NetRule = "*".parse().unwrap();
+    /// let exact: NetRule = "intranet.example.com".parse().unwrap();
+    /// assert!(any.covers(&target, AddressClass::Public));
+    /// assert!(!any.covers(&target, AddressClass::Private));
+    /// assert!(exact.covers(&target, AddressClass::Private));
+    /// ```
+    pub fn covers(&self, target: &NetTarget, class: AddressClass) -> bool {
+        self.allows(target) && self.host.covers(class)
+    }
+
+    /// Whether the rule names one host or address rather than a pattern or a range.
     pub fn names_host_exactly(&self) -> bool {
         matches!(self.host, HostRule::Name(_) | HostRule::Ip(_))
     }
@@ -245,11 +339,11 @@ impl NetRule {
     /// ```
     /// use capstan_caps::NetRule;
     ///
-    /// let declared: NetRule = "*".parse().unwrap();
+    /// let declared: NetRule = "*://{loopback}:*".parse().unwrap();
     /// let granted: NetRule = "http://127.0.0.1:8080".parse().unwrap();
     /// assert_eq!(declared.intersect(&granted), Some(granted.clone()));
-    /// let other: NetRule = "*.example.com".parse().unwrap();
-    /// assert_eq!(granted.intersect(&other), None);
+    /// let public: NetRule = "*".parse().unwrap();
+    /// assert_eq!(public.intersect(&granted), None, "`*` is https on 443 to public hosts");
     /// ```
     pub fn intersect(&self, other: &NetRule) -> Option<NetRule> {
         let method = match (&self.method, &other.method) {
@@ -257,11 +351,22 @@ impl NetRule {
             (Some(a), Some(b)) if a == b => Some(a.clone()),
             _ => return None,
         };
-        let scheme = self.scheme.intersect(other.scheme)?;
+        let mut scheme = self.scheme.intersect(other.scheme)?;
         let host = self.host.intersect(&other.host)?;
         let port = match (self.port, other.port) {
-            (None, p) | (p, None) => p,
-            (Some(a), Some(b)) if a == b => Some(a),
+            (PortRule::Any, p) | (p, PortRule::Any) => p,
+            (a, b) if a == b => a,
+            (PortRule::Default, PortRule::Is(port)) | (PortRule::Is(port), PortRule::Default) => {
+                // The one scheme whose default port it is, if the rules allow it.
+                let only = [Scheme::Https, Scheme::Http]
+                    .into_iter()
+                    .find(|s| s.default_port() == port && scheme.allows(*s))?;
+                scheme = match only {
+                    Scheme::Https => SchemeRule::Https,
+                    Scheme::Http => SchemeRule::Http,
+                };
+                PortRule::Default
+            }
             _ => return None,
         };
         Some(NetRule {
@@ -275,7 +380,7 @@ impl NetRule {
 
 impl fmt::Display for NetRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if *self == NetRule::any() {
+        if *self == NetRule::public_https() {
             return f.write_str("*");
         }
         if let Some(method) = &self.method {
@@ -292,13 +397,53 @@ impl fmt::Display for NetRule {
             HostRule::Name(name) => f.write_str(name)?,
             HostRule::Ip(IpAddr::V6(ip)) => write!(f, "[{ip}]")?,
             HostRule::Ip(ip) => write!(f, "{ip}")?,
+            HostRule::Range(range) => write!(f, "{range}")?,
         }
-        match (self.port, self.scheme.default_port()) {
-            (Some(port), Some(default)) if port == default => Ok(()),
-            (Some(port), _) => write!(f, ":{port}"),
-            (None, Some(_)) => f.write_str(":*"),
-            (None, None) => Ok(()),
+        match self.port {
+            PortRule::Default => Ok(()),
+            PortRule::Is(port) => write!(f, ":{port}"),
+            PortRule::Any => f.write_str(":*"),
         }
+    }
+}
+
+impl NetRule {
+    /// The rule with every part spelled out, as `capstan policy` prints it:
+    /// `"*"` is `any method https://* (public addresses):443`.
+    ///
+    /// ```
+    /// use capstan_caps::NetRule;
+    ///
+    /// let rule: NetRule = "*".parse().unwrap();
+    /// assert_eq!(rule.expanded(), "any method, https, any public host, port 443");
+    /// let rule: NetRule = "GET *://{loopback}".parse().unwrap();
+    /// assert_eq!(rule.expanded(), "GET, http or https, any loopback address, port 80 (http) or 443 (https)");
+    /// ```
+    pub fn expanded(&self) -> String {
+        let method = self.method.as_deref().unwrap_or("any method");
+        let scheme = match self.scheme {
+            SchemeRule::Https => "https",
+            SchemeRule::Http => "http",
+            SchemeRule::Any => "http or https",
+        };
+        let host = match &self.host {
+            HostRule::Any => "any public host".to_owned(),
+            HostRule::Subdomains(suffix) => format!("subdomains of {suffix} at public addresses"),
+            HostRule::Name(name) => format!("{name} (any address it resolves to)"),
+            HostRule::Ip(IpAddr::V6(ip)) => format!("[{ip}]"),
+            HostRule::Ip(ip) => ip.to_string(),
+            HostRule::Range(AddressRange::Internal) => {
+                "any loopback, private, link-local or unique-local address".to_owned()
+            }
+            HostRule::Range(range) => format!("any {} address", range.as_str()),
+        };
+        let port = match (self.port, self.scheme.only()) {
+            (PortRule::Default, Some(scheme)) => format!("port {}", scheme.default_port()),
+            (PortRule::Default, None) => "port 80 (http) or 443 (https)".to_owned(),
+            (PortRule::Is(port), _) => format!("port {port}"),
+            (PortRule::Any, _) => "any port".to_owned(),
+        };
+        format!("{method}, {scheme}, {host}, {port}")
     }
 }
 
@@ -346,7 +491,7 @@ impl FromStr for NetRule {
         }
         let text = text.trim();
         if text == "*" {
-            return Ok(NetRule::any());
+            return Ok(NetRule::public_https());
         }
         let (method, rest) = match text.split_once(' ') {
             Some((method, rest)) => (Some(parse_method(method).map_err(&err)?), rest.trim()),
@@ -368,17 +513,28 @@ impl FromStr for NetRule {
                 "a rule names a host and port, without a path, query or user name",
             ));
         }
+        if text.contains("{") && !rest.starts_with('{') {
+            return Err(err(
+                "an address range stands in place of the host: http://{loopback}:8080",
+            ));
+        }
         let (host, port) = split_host_port(rest).map_err(&err)?;
         let host = parse_host(host).map_err(&err)?;
         let port = match port {
-            None => scheme.default_port(),
-            Some("*") => None,
-            Some(port) => Some(
-                port.parse::<u16>()
+            None => PortRule::Default,
+            Some("*") => PortRule::Any,
+            Some(port) => {
+                let port = port
+                    .parse::<u16>()
                     .ok()
                     .filter(|p| *p != 0)
-                    .ok_or_else(|| err("the port must be 1 to 65535 or *"))?,
-            ),
+                    .ok_or_else(|| err("the port must be 1 to 65535 or *"))?;
+                // `https://x:443` is `x`; `*://x:443` stays one port for either scheme.
+                match scheme.only() {
+                    Some(only) if only.default_port() == port => PortRule::Default,
+                    _ => PortRule::Is(port),
+                }
+            }
         };
         Ok(NetRule {
             method,
@@ -434,6 +590,11 @@ fn parse_host(host: &str) -> Result<HostRule, &'static str> {
     }
     if host == "*" {
         return Ok(HostRule::Any);
+    }
+    if let Some(range) = host.strip_prefix('{').and_then(|h| h.strip_suffix('}')) {
+        return range.parse().map(HostRule::Range).map_err(|_| {
+            "an address range is {loopback}, {private}, {link-local}, {unique-local} or {internal}"
+        });
     }
     if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
         let ip: Ipv6Addr = inner.parse().map_err(|_| "not a valid IPv6 address")?;
@@ -535,7 +696,12 @@ mod tests {
             ("[::1]:9000", "[::1]:9000"),
             ("[::ffff:127.0.0.1]", "127.0.0.1"),
             ("*://example.com", "*://example.com"),
+            ("*://example.com:443", "*://example.com:443"),
             ("example.com:*", "example.com:*"),
+            ("https://*:443", "*"),
+            ("*://*:*", "*://*:*"),
+            ("http://{loopback}:*", "http://{loopback}:*"),
+            ("GET {internal}:8443", "GET {internal}:8443"),
         ] {
             let parsed = rule(given);
             assert_eq!(parsed.to_string(), canonical, "{given}");
@@ -563,6 +729,8 @@ mod tests {
             ("a..b", "letters"),
             ("GE/T x.org", "method"),
             ("x.org extra", "method"),
+            ("{intranet}", "address range"),
+            ("*.{private}", "in place of the host"),
         ] {
             let err = bad.parse::<NetRule>().unwrap_err().to_string();
             assert!(err.contains(says), "{bad}: {err}");
@@ -587,8 +755,45 @@ mod tests {
         assert!(!w.allows(&target("POST https badexample.com 443")));
 
         let any = rule("*");
-        assert!(any.allows(&target("DELETE http 10.0.0.1 22")));
+        assert!(any.allows(&target("DELETE https x.org 443")));
+        assert!(
+            !any.allows(&target("GET http x.org 80")),
+            "`*` is https only"
+        );
+        assert!(
+            !any.allows(&target("GET https x.org 8443")),
+            "`*` is port 443 only"
+        );
+        assert!(
+            !any.allows(&target("GET https 10.0.0.1 443")),
+            "`*` is public only"
+        );
         assert!(!any.names_host_exactly());
+        let wide = rule("*://*:*");
+        assert!(wide.allows(&target("DELETE http 8.8.8.8 22")));
+        assert!(!wide.allows(&target("DELETE http 10.0.0.1 22")));
+
+        let either = rule("*://x.org");
+        assert!(either.allows(&target("GET http x.org 80")));
+        assert!(either.allows(&target("GET https x.org 443")));
+        assert!(
+            !either.allows(&target("GET http x.org 443")),
+            "no port: the scheme's own"
+        );
+        assert!(!either.allows(&target("GET https x.org 8443")));
+
+        let loopback = rule("http://{loopback}:*");
+        assert!(loopback.allows(&target("GET http 127.0.0.1 6379")));
+        assert!(!loopback.allows(&target("GET http 10.0.0.1 6379")));
+        assert!(!loopback.allows(&target("GET http 8.8.8.8 6379")));
+        assert!(
+            loopback.allows(&target("GET http localhost 6379")),
+            "addresses decide"
+        );
+        let named = target("GET http localhost 6379");
+        assert!(loopback.covers(&named, AddressClass::Loopback));
+        assert!(!loopback.covers(&named, AddressClass::Private));
+        assert!(!loopback.covers(&named, AddressClass::Public));
 
         let ip = rule("http://127.0.0.1:8080");
         assert!(ip.allows(&target("GET http 127.0.0.1 8080")));
@@ -597,7 +802,7 @@ mod tests {
         assert!(!ip.allows(&target("GET http localhost 8080")));
         assert!(ip.names_host_exactly());
 
-        let get = rule("GET *://x.org");
+        let get = rule("GET *://x.org:*");
         assert!(get.allows(&target("GET http x.org 1234")));
         assert!(!get.allows(&target("PUT https x.org 443")));
     }
@@ -613,9 +818,33 @@ mod tests {
             ("GET *", "POST x.org", None),
             ("GET *", "x.org", Some("GET x.org")),
             ("http://x.org", "x.org", None),
-            ("*://x.org", "http://x.org:81", Some("http://x.org:81")),
+            ("*://x.org", "http://x.org:81", None),
+            ("*://x.org:*", "http://x.org:81", Some("http://x.org:81")),
+            ("*://x.org", "x.org:443", Some("x.org")),
+            ("*://x.org", "*://x.org:80", Some("http://x.org")),
+            ("*://x.org", "http://x.org", Some("http://x.org")),
             ("x.org:*", "x.org:8443", Some("x.org:8443")),
-            ("10.0.0.1", "*", Some("10.0.0.1")),
+            ("10.0.0.1", "*", None),
+            ("8.8.8.8", "*", Some("8.8.8.8")),
+            ("*", "http://127.0.0.1:8080", None),
+            ("*://*:*", "http://{loopback}:*", None),
+            (
+                "*://{internal}:*",
+                "http://127.0.0.1:8080",
+                Some("http://127.0.0.1:8080"),
+            ),
+            ("*://{private}:*", "http://127.0.0.1:8080", None),
+            (
+                "*://{internal}:*",
+                "http://{loopback}:*",
+                Some("http://{loopback}:*"),
+            ),
+            ("{loopback}", "{private}", None),
+            (
+                "*://{internal}:*",
+                "http://localhost:6379",
+                Some("http://localhost:6379"),
+            ),
         ];
         for (a, b, want) in cases {
             let got = rule(a).intersect(&rule(b)).map(|r| r.to_string());

@@ -21,11 +21,7 @@ pub(super) fn print_network(
     writeln!(out, "\nnetwork:")?;
     for kind in ProcessKind::ALL {
         let profile = config.policy.profile(kind);
-        let rules: Vec<String> = profile
-            .grants()
-            .net_rules()
-            .map(ToString::to_string)
-            .collect();
+        let rules: Vec<String> = profile.grants().net_rules().map(expanded).collect();
         let secrets: Vec<&str> = profile.grants().secret_names().collect();
         if rules.is_empty() && secrets.is_empty() {
             writeln!(out, "  {:<11}no network", format!("{kind}:"))?;
@@ -60,7 +56,7 @@ pub(super) fn print_network(
                 let (mut reach, mut keys) = (Vec::new(), Vec::new());
                 for cap in &effective {
                     match cap {
-                        Capability::Net(rule) => reach.push(rule.to_string()),
+                        Capability::Net(rule) => reach.push(expanded(rule)),
                         Capability::Secret(name) => keys.push(name.as_str()),
                         _ => {}
                     }
@@ -95,6 +91,21 @@ pub(super) fn print_network(
         }
     }
     Ok(())
+}
+
+/// A rule as written and with every part spelled out: `* (any method, https, any public
+/// host, port 443)`.
+fn expanded(rule: &capstan_caps::NetRule) -> String {
+    format!("\"{rule}\" ({})", rule.expanded())
+}
+
+/// What one half of the decision says of a request: the rule of it that allows it, or
+/// that none does.
+fn half(rule: Option<&capstan_caps::NetRule>) -> String {
+    match rule {
+        Some(rule) => format!("allows it, by {}", expanded(rule)),
+        None => "does not allow it".to_owned(),
+    }
 }
 
 fn or_none(text: &str) -> &str {
@@ -158,15 +169,17 @@ pub(super) async fn explain(
     let declared: Vec<String> = info
         .capabilities
         .iter()
-        .filter(|c| matches!(c, Capability::Net(_)))
-        .map(ToString::to_string)
+        .filter_map(|c| match c {
+            Capability::Net(rule) => Some(expanded(rule)),
+            _ => None,
+        })
         .collect();
     writeln!(
         out,
         "declared by the tool: {}",
         or_none(&declared.join(", "))
     )?;
-    let granted: Vec<String> = grants.net_rules().map(ToString::to_string).collect();
+    let granted: Vec<String> = grants.net_rules().map(expanded).collect();
     writeln!(out, "granted to {kind}: {}", or_none(&granted.join(", ")))?;
     let Some(scope) = NetScope::new(
         tool,
@@ -177,11 +190,14 @@ pub(super) async fn explain(
     ) else {
         return refuse(out, format!("`{tool}` holds no network rule for {kind}"));
     };
+    let (declared, granted) = scope.halves(&target, None);
+    writeln!(out, "the declaration: {}", half(declared))?;
+    writeln!(out, "the grant:       {}", half(granted))?;
     let rule = match scope.check(&target) {
         Ok(rule) => rule.clone(),
         Err(refusal) => return refuse(out, refusal.to_string()),
     };
-    writeln!(out, "allowed by: {rule}")?;
+    writeln!(out, "allowed by both: {}", expanded(&rule))?;
     let addrs = match &target.host {
         capstan_caps::TargetHost::Ip(ip) => vec![*ip],
         capstan_caps::TargetHost::Name(name) => {
@@ -201,6 +217,9 @@ pub(super) async fn explain(
     for ip in addrs {
         let class = crate::net::AddressClass::of(ip);
         writeln!(out, "address: {ip} ({class})")?;
+        let (declared, granted) = scope.halves(&target, Some(class));
+        writeln!(out, "  the declaration: {}", half(declared))?;
+        writeln!(out, "  the grant:       {}", half(granted))?;
         if let Err(refusal) = scope.check_address(&rule, &target, ip) {
             return refuse(out, refusal.to_string());
         }

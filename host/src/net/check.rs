@@ -3,10 +3,11 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use capstan_caps::{Capability, HostRule, NetRule, NetTarget, SchemeRule, TargetHost};
-
-use super::AddressClass;
 use crate::policy::{ProcessKind, Profile};
+use capstan_caps::{
+    AddressClass, AddressRange, Capability, HostRule, NetRule, NetTarget, PortRule, SchemeRule,
+    TargetHost,
+};
 
 /// Where a call's network grant comes from, to say what to change.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,66 +121,153 @@ impl NetScope {
         })
     }
 
-    /// The rule that allows `target`, or why none does.
+    /// The rule that allows `target`, or why none does, naming the half that refused:
+    /// the tool's declaration or the caller's grant.
     pub fn check(&self, target: &NetTarget) -> Result<&NetRule, Refusal> {
         if let Some(rule) = self.effective.iter().find(|rule| rule.allows(target)) {
             return Ok(rule);
         }
+        // An address that is not public is refused as the address check would say it.
+        if let TargetHost::Ip(ip) = target.host
+            && !AddressClass::of(ip).is_public()
+            && let Err(refusal) = self.address_halves(target, ip, None)
+        {
+            return Err(refusal);
+        }
         let suggested = rule_for(target);
         if !self.declared.iter().any(|rule| rule.allows(target)) {
+            return Err(self.undeclared(format!("{target} is")));
+        }
+        if !self.granted.iter().any(|rule| rule.allows(target)) {
             return Err(Refusal {
                 reason: format!(
-                    "{target} is outside what tool `{}` declares (net: {})",
-                    self.tool,
-                    list(&self.declared)
+                    "{target} is not granted to this call (granted net: {})",
+                    list(&self.granted)
                 ),
-                fix: "the plugin must declare it; a grant cannot widen a tool's declaration".into(),
+                fix: format!(
+                    "to allow it, add \"{suggested}\" to {}",
+                    self.source.place()
+                ),
             });
         }
+        // Each half allows it alone, but no rule of one meets a rule of the other.
         Err(Refusal {
             reason: format!(
-                "{target} is not granted to this call (granted net: {})",
+                "{target} is allowed by the tool's declaration (net: {}) and by the grant (net: \
+                 {}), but by no one rule of both",
+                list(&self.declared),
                 list(&self.granted)
             ),
             fix: format!(
-                "to allow it, add \"{suggested}\" to {}",
+                "add \"{suggested}\" to {}, inside what the tool declares",
                 self.source.place()
             ),
         })
     }
 
-    /// Whether `target`, allowed by `rule`, may connect to `ip`: an address that is not
-    /// public needs a *granted* rule naming the host or address exactly. A tool's own
-    /// declaration never counts here: a plugin declaring `http://169.254.169.254` under a
-    /// `*` grant does not reach the metadata service.
+    /// Whether `target`, allowed by `rule`, may connect to `ip`. Both halves must reach
+    /// the address by themselves: a rule of the tool's declaration and a rule of the
+    /// caller's grant, each allowing the request and covering the address's class
+    /// ([`NetRule::covers`]: wildcards only public addresses, a range its own, an exact
+    /// host or address any). So a tool declaring `*` never reaches an internal address,
+    /// whatever the caller grants, and a grant of `*` never lets a tool's own
+    /// declaration of `http://169.254.169.254` reach the metadata service.
     pub fn check_address(
         &self,
         rule: &NetRule,
         target: &NetTarget,
         ip: IpAddr,
     ) -> Result<(), Refusal> {
+        self.address_halves(target, ip, Some(rule))
+    }
+
+    /// Whether each half reaches `ip` for `target` (see [`NetScope::check_address`]);
+    /// `matched` is the rule the request matched, when it did.
+    fn address_halves(
+        &self,
+        target: &NetTarget,
+        ip: IpAddr,
+        matched: Option<&NetRule>,
+    ) -> Result<(), Refusal> {
         let class = AddressClass::of(ip);
-        let named = self
-            .granted
-            .iter()
-            .any(|grant| grant.names_host_exactly() && grant.allows(target));
-        if class.is_public() || named {
-            return Ok(());
-        }
+        let covers = |rules: &[NetRule]| rules.iter().any(|r| r.covers(target, class));
         let how = match &target.host {
             TargetHost::Name(name) => format!("{name} resolves to {ip}, {class}"),
             TargetHost::Ip(_) => format!("{ip} is {class}"),
         };
+        let matched = matched.map_or(String::new(), |rule| {
+            format!("; the request matched \"{rule}\"")
+        });
+        if !covers(&self.declared) {
+            let mut refusal = self.undeclared(format!("{how}, which is"));
+            refusal.reason.push_str(&format!(
+                " (wildcards reach public addresses only{matched})"
+            ));
+            return Err(refusal);
+        }
+        if covers(&self.granted) {
+            return Ok(());
+        }
         Err(Refusal {
-            reason: format!("{how}, which no grant names (the request matched \"{rule}\")"),
+            reason: format!(
+                "{how}, which the grant does not name (granted net: {}{matched})",
+                list(&self.granted)
+            ),
             fix: format!(
-                "only a grant naming the host exactly (\"{}\" in {}) reaches private, \
-                 loopback, link-local and metadata addresses",
+                "only a grant naming the host or address exactly (\"{}\") or its range \
+                 (\"{}\") in {} reaches loopback, private, link-local and unique-local \
+                 addresses; cloud metadata and special-purpose addresses only one naming the \
+                 address exactly",
                 rule_for(target),
+                range_rule(target, class).map_or_else(|| "none".to_owned(), |r| r.to_string()),
                 self.source.place()
             ),
         })
     }
+
+    /// The rule of each half, the tool's declaration and the caller's grant, that allows
+    /// `target` (at an address of `class`, when given), as `capstan policy --why` shows
+    /// them.
+    pub fn halves(
+        &self,
+        target: &NetTarget,
+        class: Option<AddressClass>,
+    ) -> (Option<&NetRule>, Option<&NetRule>) {
+        let find = |rules: &'_ [NetRule]| -> Option<usize> {
+            rules.iter().position(|r| match class {
+                Some(class) => r.covers(target, class),
+                None => r.allows(target),
+            })
+        };
+        (
+            find(&self.declared).map(|i| &self.declared[i]),
+            find(&self.granted).map(|i| &self.granted[i]),
+        )
+    }
+
+    /// The refusal of what the tool's declaration does not allow: `what` (a request, an
+    /// address, and its verb) is outside it.
+    fn undeclared(&self, what: String) -> Refusal {
+        Refusal {
+            reason: format!(
+                "{what} outside what tool `{}` declares (net: {})",
+                self.tool,
+                list(&self.declared)
+            ),
+            fix: "the plugin must declare it; a grant cannot widen a tool's declaration".into(),
+        }
+    }
+}
+
+/// The rule naming `target`'s address range, when its class has one.
+fn range_rule(target: &NetTarget, class: AddressClass) -> Option<NetRule> {
+    let range = AddressRange::ALL
+        .into_iter()
+        .find(|range| *range != AddressRange::Internal && range.contains(class))?;
+    Some(NetRule {
+        host: HostRule::Range(range),
+        ..rule_for(target)
+    })
 }
 
 /// The narrowest rule allowing `target`.
@@ -194,7 +282,11 @@ pub fn rule_for(target: &NetTarget) -> NetRule {
             TargetHost::Name(name) => HostRule::Name(name.clone()),
             TargetHost::Ip(ip) => HostRule::Ip(*ip),
         },
-        port: Some(target.port),
+        port: if target.port == target.scheme.default_port() {
+            PortRule::Default
+        } else {
+            PortRule::Is(target.port)
+        },
     }
 }
 
@@ -238,9 +330,13 @@ mod tests {
         target_of(&http::Method::GET, &url.parse().unwrap()).unwrap()
     }
 
+    /// What a generic HTTP tool declares: any public host, any internal address a grant
+    /// names, either scheme, any port.
+    const GENERIC: [&str; 2] = ["*://*:*", "*://{internal}:*"];
+
     #[test]
     fn a_refusal_names_the_grants_and_the_line_that_would_allow_it() {
-        let scope = scope(&["*"], &["api.example.com"]);
+        let scope = scope(&GENERIC, &["api.example.com"]);
         assert!(scope.check(&target("https://api.example.com/v1")).is_ok());
         let refusal = scope.check(&target("http://evil.com:8080/")).unwrap_err();
         let text = refusal.to_string();
@@ -257,7 +353,7 @@ mod tests {
 
     #[test]
     fn a_declaration_limits_what_a_grant_allows() {
-        let scope = scope(&["api.github.com"], &["*"]);
+        let scope = scope(&["api.github.com"], &["*://*:*"]);
         let text = scope
             .check(&target("https://example.com/"))
             .unwrap_err()
@@ -268,34 +364,106 @@ mod tests {
         );
     }
 
+    /// `*` is https on 443 to public hosts, in a declaration as in a grant; a rule without
+    /// a port means the scheme's default port.
     #[test]
-    fn private_addresses_need_an_exact_grant() {
-        let wildcard = scope(&["*"], &["*"]);
-        let exact = scope(&["*"], &["http://127.0.0.1:8080"]);
-        let any: NetRule = "*".parse().unwrap();
-        let t = target("http://127.0.0.1:8080/");
-        let ip = "127.0.0.1".parse().unwrap();
-        let text = wildcard
-            .check_address(&any, &t, ip)
+    fn a_bare_star_is_https_to_public_hosts_on_the_default_port() {
+        let star = scope(&["*"], &["*://*:*"]);
+        assert!(star.check(&target("https://example.com/")).is_ok());
+        for url in ["http://example.com/", "https://example.com:8443/"] {
+            let text = star.check(&target(url)).unwrap_err().to_string();
+            assert!(text.contains("outside what tool"), "{url}: {text}");
+        }
+        let either = scope(&["*://*:*"], &["*://example.com"]);
+        assert!(either.check(&target("http://example.com/")).is_ok());
+        assert!(either.check(&target("https://example.com/")).is_ok());
+        let text = either
+            .check(&target("http://example.com:8080/"))
             .unwrap_err()
             .to_string();
+        assert!(text.contains("is not granted"), "{text}");
+    }
+
+    /// A profile grants `*` for one tool and an internal address for another; a tool that
+    /// declares `*` (public https) never reaches the internal one, whatever is granted.
+    #[test]
+    fn a_tool_declaring_public_hosts_never_reaches_an_address_another_tools_grant_names() {
+        let scope = scope(
+            &["*"],
+            &["*", "https://10.0.0.5", "https://intranet.example"],
+        );
+        let t = target("https://10.0.0.5/admin");
+        let refused = match scope.check(&t) {
+            Err(refusal) => refusal,
+            Ok(rule) => scope
+                .check_address(rule, &t, "10.0.0.5".parse().unwrap())
+                .unwrap_err(),
+        };
+        let text = refused.to_string();
         assert!(
-            text.contains("127.0.0.1 is a loopback address, which no grant names"),
+            text.contains("outside what tool `http_request` declares (net: *)"),
             "{text}"
         );
-        assert!(exact.check_address(&any, &t, ip).is_ok());
-        let named = target("https://internal.example.com/");
-        let text = wildcard
-            .check_address(&any, &named, "10.0.0.7".parse().unwrap())
+        let t = target("https://intranet.example/");
+        let rule = scope.check(&t).expect("a name inside both halves");
+        let text = scope
+            .check_address(rule, &t, "10.0.0.9".parse().unwrap())
             .unwrap_err()
             .to_string();
         assert!(
-            text.contains("internal.example.com resolves to 10.0.0.7, a private address"),
+            text.contains(
+                "intranet.example resolves to 10.0.0.9, a private address, which is outside what \
+                 tool"
+            ),
             "{text}"
+        );
+        assert!(
+            scope
+                .check_address(rule, &t, "93.184.216.34".parse().unwrap())
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn internal_addresses_need_both_halves_to_name_them() {
+        let wildcard = scope(&GENERIC, &["*://*:*"]);
+        let exact = scope(&GENERIC, &["http://127.0.0.1:8080"]);
+        let ranged = scope(&GENERIC, &["http://{loopback}:*"]);
+        let t = target("http://127.0.0.1:8080/");
+        let ip = "127.0.0.1".parse().unwrap();
+        assert!(
+            wildcard.check(&t).is_err(),
+            "a wildcard never allows an internal address"
+        );
+        let rule = exact.check(&t).unwrap().clone();
+        assert!(exact.check_address(&rule, &t, ip).is_ok());
+        let rule = ranged.check(&t).unwrap().clone();
+        assert!(ranged.check_address(&rule, &t, ip).is_ok());
+        assert!(
+            ranged
+                .check_address(&rule, &t, "10.0.0.1".parse().unwrap())
+                .is_err()
+        );
+        let named = target("https://internal.example.com/");
+        let rule = wildcard.check(&named).unwrap().clone();
+        let text = wildcard
+            .check_address(&rule, &named, "10.0.0.7".parse().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains(
+                "internal.example.com resolves to 10.0.0.7, a private address, which the grant \
+                 does not name"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("\"{private}\""),
+            "names the range that would: {text}"
         );
         assert!(
             wildcard
-                .check_address(&any, &named, "93.184.216.34".parse().unwrap())
+                .check_address(&rule, &named, "93.184.216.34".parse().unwrap())
                 .is_ok()
         );
     }
@@ -306,7 +474,10 @@ mod tests {
     /// grant reaches 169.254.169.254 after all.
     #[test]
     fn a_declared_exact_address_does_not_make_a_wildcard_grant_exact() {
-        let scope = scope(&["http://169.254.169.254"], &["*"]);
+        let scope = scope(
+            &["http://169.254.169.254"],
+            &["*://*:*", "*://{internal}:*"],
+        );
         let t = target_of(
             &http::Method::GET,
             &"http://169.254.169.254/latest/meta-data/iam/"
@@ -314,11 +485,9 @@ mod tests {
                 .unwrap(),
         )
         .unwrap();
-        let rule = scope.check(&t).expect("declared and inside the wildcard");
-        let ip = "169.254.169.254".parse().unwrap();
         assert!(
-            scope.check_address(rule, &t, ip).is_err(),
-            "the wildcard grant `*` reached the cloud metadata address via rule {rule}"
+            scope.check(&t).is_err(),
+            "neither a wildcard nor a range of the grant reaches the cloud metadata address"
         );
     }
 
@@ -326,7 +495,7 @@ mod tests {
     /// name) under a `*` grant reaches loopback.
     #[test]
     fn a_declared_exact_name_does_not_let_a_wildcard_grant_reach_loopback() {
-        let scope = scope(&["http://localhost:6379"], &["*"]);
+        let scope = scope(&["http://localhost:6379"], &["*://*:*"]);
         let t = target_of(
             &http::Method::POST,
             &"http://localhost:6379/".parse().unwrap(),

@@ -15,7 +15,7 @@ use super::connect::{connect, resolve};
 use super::limits::RateLimiter;
 use super::log::{AuditWriter, RequestLog};
 use super::{NetLimits, NetScope, NetSettings, Refusal, target_of};
-use crate::secrets::Secrets;
+use crate::secrets::{Redactor, SecretName, Secrets};
 use crate::services::AuditSink;
 
 /// What every call's requests share: the limits, the rate buckets and the secrets.
@@ -296,7 +296,8 @@ impl CallNet {
             .map_or("/", |p| p.as_str())
             .to_owned();
         *request.uri_mut() = path.parse().map_err(|_| Error::HttpRequestUriInvalid)?;
-        let carries_secret = self.inject_secrets(&target, request.headers_mut());
+        let injected = self.inject_secrets(&target, request.headers_mut());
+        let carries_secret = !injected.is_empty();
         let refused_body = Arc::new(Mutex::new(None));
         let sent = log.sent.clone();
         let request = request.map(|body| {
@@ -367,18 +368,10 @@ impl CallNet {
             log.failed(0, &message);
             return Err(Error::InternalError(Some(message)));
         }
-        let redactor = self.host.secrets.redactor();
-        if !redactor.is_empty() {
-            for value in parts.headers.values_mut() {
-                let mut stream = redactor.stream();
-                let mut clean = stream.push(value.as_bytes());
-                clean.extend(stream.finish());
-                if clean != value.as_bytes() {
-                    *value = http::HeaderValue::from_bytes(&clean)
-                        .unwrap_or_else(|_| http::HeaderValue::from_static("[redacted]"));
-                }
-            }
-        }
+        // Only the secrets this request carried are looked for in its response: what is
+        // held back or rewritten then tells the guest nothing of any other secret.
+        let redactor = Redactor::new(injected);
+        redact_headers(&redactor, &mut parts.headers);
         let body = GuardedResponse {
             inner: incoming,
             cap: self.limits.max_response_body_bytes,
@@ -396,10 +389,15 @@ impl CallNet {
     }
 
     /// Sets the header of every granted secret bound to `target`'s host, over any the
-    /// guest set; returns whether any was set. A request carrying a secret asks for an
-    /// unencoded answer: a compressed echo of the secret would pass the redactor unseen.
-    fn inject_secrets(&self, target: &NetTarget, headers: &mut http::HeaderMap) -> bool {
-        let mut injected = false;
+    /// guest set; returns the secrets set, by name and value. A request carrying a secret
+    /// asks for an unencoded answer: a compressed echo of the secret would pass the
+    /// redactor unseen.
+    fn inject_secrets(
+        &self,
+        target: &NetTarget,
+        headers: &mut http::HeaderMap,
+    ) -> Vec<(SecretName, Arc<str>)> {
+        let mut injected = Vec::new();
         for name in &self.secrets {
             let Some(secret) = self.host.secrets.get(name) else {
                 continue;
@@ -413,10 +411,10 @@ impl CallNet {
             if let Ok(mut value) = http::HeaderValue::from_str(&header.render(secret.value())) {
                 value.set_sensitive(true);
                 headers.insert(header.name().clone(), value);
-                injected = true;
+                injected.push((secret.spec().name.clone(), Arc::from(secret.value())));
             }
         }
-        if injected {
+        if !injected.is_empty() {
             headers.insert(
                 http::header::ACCEPT_ENCODING,
                 http::HeaderValue::from_static("identity"),
@@ -427,6 +425,39 @@ impl CallNet {
 }
 
 type IoFuture = Box<dyn Future<Output = Result<(), Error>> + Send>;
+
+/// The header a response header whose name held a secret is handed on as.
+pub(crate) const REDACTED_HEADER: &str = "x-capstan-redacted-header";
+
+/// Redacts `redactor`'s secrets from every header of a response: from its value, and from
+/// its name, which HTTP compares ignoring case (so a server echoing a secret as a header
+/// name is caught however it spelled it). A header whose name held one is handed on as
+/// [`REDACTED_HEADER`], its name and value redacted in its value.
+fn redact_headers(redactor: &Redactor, headers: &mut http::HeaderMap) {
+    if redactor.is_empty() {
+        return;
+    }
+    let mut clean = http::HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers.iter() {
+        let value = match redactor.redact_bytes(value.as_bytes()) {
+            Some(clean) => http::HeaderValue::from_bytes(&clean)
+                .unwrap_or_else(|_| http::HeaderValue::from_static("[redacted]")),
+            None => value.clone(),
+        };
+        match redactor.redact_ignoring_case(name.as_str()) {
+            None => {
+                clean.append(name.clone(), value);
+            }
+            Some(name) => {
+                let both = format!("{name}: {}", String::from_utf8_lossy(value.as_bytes()));
+                let value = http::HeaderValue::from_str(&both)
+                    .unwrap_or_else(|_| http::HeaderValue::from_static("[redacted]"));
+                clean.append(REDACTED_HEADER, value);
+            }
+        }
+    }
+    *headers = clean;
+}
 
 /// A request past the checks that need no waiting: the rule that allowed it, its audit
 /// row to be, and its in-flight slot.
@@ -568,6 +599,16 @@ mod hostile_servers {
     }
 
     fn call_net(addr: SocketAddr, dir: &tempfile::TempDir) -> Arc<CallNet> {
+        call_net_with(addr, dir, false)
+    }
+
+    /// A secret configured beside `API_KEY`, granted to no call and bound to no host the
+    /// tests reach. No prefix of it ends in a byte that begins `KEY`, so nothing of it is
+    /// held back for `KEY`'s sake.
+    const OTHER: &str = "zq-0ther-pr1vate-55aa77";
+
+    /// `call_net`, with `OTHER` configured too when `other` is set.
+    fn call_net_with(addr: SocketAddr, dir: &tempfile::TempDir, other: bool) -> Arc<CallNet> {
         let file = dir.path().join("key");
         std::fs::write(&file, KEY).unwrap();
         let bound: NetRule = format!("http://{addr}").parse().unwrap();
@@ -579,12 +620,23 @@ mod hostile_servers {
                 HeaderTemplate::parse("Authorization: Bearer {API_KEY}", "API_KEY").unwrap(),
             ),
         };
-        let secrets = Secrets::load(&[spec]).unwrap();
+        let mut specs = vec![spec];
+        if other {
+            let file = dir.path().join("other");
+            std::fs::write(&file, OTHER).unwrap();
+            specs.push(SecretSpec {
+                name: "OTHER".parse().unwrap(),
+                source: SecretSource::File(file),
+                hosts: vec!["elsewhere.example".parse().unwrap()],
+                header: Some(HeaderTemplate::parse("X-Other: {OTHER}", "OTHER").unwrap()),
+            });
+        }
+        let secrets = Secrets::load(&specs).unwrap();
         let host = Arc::new(NetHost::new(NetSettings::default(), secrets));
         let scope = NetScope {
             tool: "t".into(),
             effective: vec![bound.clone()],
-            declared: vec![NetRule::any()],
+            declared: vec!["*://{internal}:*".parse().unwrap()],
             granted: vec![bound],
             source: GrantSource::Flag,
         };
@@ -645,6 +697,113 @@ mod hostile_servers {
         assert!(
             !echoed.contains(KEY),
             "the guest reads the secret in a header: {echoed}"
+        );
+    }
+
+    /// A server the guest controls answers with a chunked body, one chunk per message on
+    /// `chunks`, so the test decides when each chunk is sent.
+    async fn serve_chunks(
+        head: &'static str,
+    ) -> (SocketAddr, tokio::sync::mpsc::UnboundedSender<Vec<u8>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 16384];
+            let _ = s.read(&mut buf).await;
+            s.write_all(head.as_bytes()).await.unwrap();
+            while let Some(chunk) = rx.recv().await {
+                let mut frame = format!("{:x}\r\n", chunk.len()).into_bytes();
+                frame.extend_from_slice(&chunk);
+                frame.extend_from_slice(b"\r\n");
+                s.write_all(&frame).await.unwrap();
+            }
+            let _ = s.write_all(b"0\r\n\r\n").await;
+        });
+        (addr, tx)
+    }
+
+    /// What the guest reads of a response as a server it controls sends every prefix of
+    /// `OTHER` (a secret this call was not granted and did not send) chunk by chunk:
+    /// after each chunk, the bytes released. Each read waits for exactly that chunk's
+    /// bytes; were any held back, the read would not end, and the response would fail at
+    /// the request timeout (a failure, never a wait the test relies on).
+    async fn released_per_chunk(other: bool) -> Vec<Vec<u8>> {
+        let dir = tempfile::tempdir().unwrap();
+        let (addr, chunks) =
+            serve_chunks("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").await;
+        let call = call_net_with(addr, &dir, other);
+        let response = get(call, format!("http://{addr}/"), &[]).await;
+        let mut body = response.into_body();
+        let sent: Vec<Vec<u8>> = (1..=OTHER.len())
+            .map(|n| OTHER.as_bytes()[..n].to_vec())
+            .collect();
+        let mut released = Vec::new();
+        for chunk in sent {
+            chunks.send(chunk.clone()).unwrap();
+            let mut got = Vec::new();
+            while got.len() < chunk.len() {
+                let frame = body
+                    .frame()
+                    .await
+                    .expect("the body goes on")
+                    .unwrap_or_else(|err| {
+                        panic!(
+                            "after {:?} the guest has {:?}, the rest held back: {err:?}",
+                            String::from_utf8_lossy(&chunk),
+                            String::from_utf8_lossy(&got)
+                        )
+                    });
+                got.extend_from_slice(&frame.into_data().unwrap());
+            }
+            assert_eq!(got, chunk, "what the guest reads is what was sent");
+            released.push(got);
+        }
+        released
+    }
+
+    /// What the egress holds back of a response depends only on the secrets injected into
+    /// its request: a server the guest controls, sending each prefix of a secret the call
+    /// was not granted, sees the same bytes released after each chunk whether or not that
+    /// secret is configured, so it cannot learn the secret from what is held back or when.
+    #[tokio::test]
+    async fn what_is_held_back_depends_only_on_the_secrets_sent() {
+        let without = released_per_chunk(false).await;
+        let with = released_per_chunk(true).await;
+        assert_eq!(with, without);
+    }
+
+    /// A bound server echoes the injected secret as a header's name (in whatever case):
+    /// the guest gets the header redacted, name and value.
+    #[tokio::test]
+    async fn a_secret_echoed_in_a_header_name_is_redacted() {
+        let dir = tempfile::tempdir().unwrap();
+        let upper = KEY.to_ascii_uppercase();
+        let response = format!(
+            "HTTP/1.1 200 OK\r\nx-{upper}: yes\r\nx-plain: Bearer {KEY}\r\ncontent-length: 0\r\n\r\n"
+        );
+        let (addr, seen) = serve_once(response.into_bytes()).await;
+        let response = get(call_net(addr, &dir), format!("http://{addr}/"), &[]).await;
+        let seen = String::from_utf8_lossy(&seen.await.unwrap()).into_owned();
+        assert!(seen.contains(KEY), "the secret was injected: {seen}");
+        let headers: Vec<String> = response
+            .headers()
+            .iter()
+            .map(|(n, v)| format!("{n}: {}", String::from_utf8_lossy(v.as_bytes())))
+            .collect();
+        let all = headers.join("\n").to_ascii_lowercase();
+        assert!(
+            !all.contains(&KEY.to_ascii_lowercase()),
+            "the guest reads the secret in a header: {all}"
+        );
+        assert!(
+            all.contains("x-capstan-redacted-header: x-[redacted secret api_key]: yes"),
+            "{all}"
+        );
+        assert!(
+            all.contains("x-plain: bearer [redacted secret api_key]"),
+            "{all}"
         );
     }
 

@@ -5,14 +5,17 @@
 //!   forms, trailing dots), refusing user info.
 //! - [`NetScope::check`] finds the rule that allows it: declared by the tool and granted to
 //!   the caller ([`capstan_caps::NetRule`]), or says what would.
-//! - The host resolves the name itself and checks every address ([`AddressClass`]):
-//!   loopback, private, link-local, unique-local and metadata addresses need a rule that
-//!   names the host exactly. It connects to the address it checked, so a second answer
-//!   from DNS cannot change where the request goes.
+//! - The host resolves the name itself and checks every address ([`AddressClass`]) against
+//!   both halves: a loopback, private, link-local or unique-local address needs the tool's
+//!   declaration and the caller's grant each to name its host exactly or its range
+//!   ([`AddressRange`]); a metadata address, each to name it exactly; wildcards reach
+//!   public addresses only. It connects to the address it checked, so a second answer from
+//!   DNS cannot change where the request goes.
 //! - [`NetLimits`] bound each tool's requests: in flight, body sizes (counted while
 //!   streaming), connect, first-byte and total timeouts, and a rate per process.
-//! - Secrets granted to the call and bound to the host are injected as headers; every
-//!   secret is redacted from what the guest reads back.
+//! - Secrets granted to the call and bound to the host are injected as headers; the
+//!   secrets injected into a request, and only those, are redacted from what the guest
+//!   reads back of its response (so what is held back tells nothing of the others).
 //! - Redirects are never followed: a guest that follows one makes a new request, checked
 //!   on its own.
 //! - Every request, allowed, refused or failed, is one row of the audit log.
@@ -26,7 +29,7 @@ mod limits;
 mod log;
 mod target;
 
-pub use address::AddressClass;
+pub use address::{AddressClass, AddressRange};
 pub use check::{GrantSource, NetScope, Refusal, rule_for};
 pub use egress::NetHost;
 pub(crate) use egress::{CallNet, Egress, error_text};

@@ -171,7 +171,7 @@ mod tests {
         }
 
         fn wildcard_scope() -> NetScope {
-            let any = NetRule::any();
+            let any = NetRule::any_public();
             NetScope {
                 tool: "t".into(),
                 effective: vec![any.clone(), "*.example.com".parse().unwrap()],

@@ -270,9 +270,12 @@ mod tests {
         let grants: Grants = "net:api.example.com,net:http://127.0.0.1:8080,secret:KEY"
             .parse()
             .unwrap();
-        let caps = grants
-            .effective("http_request", &[net("*"), "secret:*".parse().unwrap()])
-            .unwrap();
+        let generic = [
+            net("*://*:*"),
+            net("*://{internal}:*"),
+            "secret:*".parse().unwrap(),
+        ];
+        let caps = grants.effective("http_request", &generic).unwrap();
         let text: Vec<String> = caps.iter().map(ToString::to_string).collect();
         assert_eq!(
             text,
@@ -282,6 +285,12 @@ mod tests {
                 "secret:KEY"
             ]
         );
+        // `*` is public https: the loopback grant meets nothing of it.
+        let caps = grants
+            .effective("public", &[net("*"), "secret:*".parse().unwrap()])
+            .unwrap();
+        let text: Vec<String> = caps.iter().map(ToString::to_string).collect();
+        assert_eq!(text, ["net:api.example.com", "secret:KEY"]);
         let denial = grants
             .effective("gh", &[net("api.github.com")])
             .unwrap_err();

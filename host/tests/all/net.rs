@@ -158,17 +158,25 @@ async fn a_host_not_granted_is_refused_before_anything_is_sent() {
     );
     assert!(text.contains("capstan refused this request"), "{text}");
     assert!(
-        text.contains("is not granted to this call (granted net: api.example.com)"),
+        text.contains("which the grant does not name (granted net: api.example.com)"),
         "{text}"
     );
     assert!(
-        text.contains(&format!("add \"http://{}\" to --grant", server.addr)),
+        text.contains(&format!(
+            "only a grant naming the host or address exactly (\"http://{}\")",
+            server.addr
+        )) && text.contains("in --grant"),
         "{text}"
     );
     assert!(server.seen().is_empty());
     let rows = net.requests().await;
     assert_eq!(rows[0].request.decision, RequestDecision::Refused);
-    assert!(rows[0].request.detail.contains("not granted"));
+    assert!(
+        rows[0]
+            .request
+            .detail
+            .contains("which the grant does not name")
+    );
 }
 
 #[tokio::test]
@@ -186,10 +194,13 @@ async fn loopback_and_private_addresses_need_a_grant_naming_them() {
         format!("http://localhost:{port}/ok"),
         format!("http://LOCALHOST.:{port}/ok"),
     ] {
-        let text = refused(net.call("net_get", json!({"url": url}), "net:*").await);
+        let text = refused(
+            net.call("net_get", json!({"url": url}), "net:*://*:*")
+                .await,
+        );
         assert!(text.contains("a loopback address"), "{url}: {text}");
         assert!(
-            text.contains("only a grant naming the host exactly"),
+            text.contains("only a grant naming the host or address exactly"),
             "{url}: {text}"
         );
     }
@@ -628,13 +639,15 @@ async fn five_lines_of_config_give_a_worker_one_host_and_one_key() {
     let out = run(args(&["policy"])).await.unwrap();
     let text = crate::support::stdout(&out);
     assert!(out.status.success(), "{}", crate::support::stderr(&out));
+    let port = server.addr.port();
+    let expanded = format!("\"{host}\" (any method, http, 127.0.0.1, port {port})");
     assert!(
-        text.contains(&format!("worker:    net: {host}; secrets: API_KEY")),
+        text.contains(&format!("worker:    net: {expanded}; secrets: API_KEY")),
         "{text}"
     );
     assert!(
         text.contains(&format!(
-            "http_request      reaches {host}; secrets API_KEY"
+            "http_request      reaches {expanded}; secrets API_KEY"
         )),
         "{text}"
     );
@@ -655,6 +668,19 @@ async fn five_lines_of_config_give_a_worker_one_host_and_one_key() {
         text.contains("address: 127.0.0.1 (a loopback address)"),
         "{text}"
     );
+    // Both halves, for the request and then for its address.
+    assert!(
+        text.contains("\nthe declaration: allows it, by \"*://{internal}:*\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("  the declaration: allows it, by \"*://{internal}:*\""),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("  the grant:       allows it, by {expanded}")),
+        "{text}"
+    );
 
     let out = run(args(&[
         "policy",
@@ -669,6 +695,10 @@ async fn five_lines_of_config_give_a_worker_one_host_and_one_key() {
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(
         text.contains("add \"evil.example\" to `net` in [profiles.worker]"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the grant:       does not allow it"),
         "{text}"
     );
     let out = run(args(&["policy", "--why", "branch", "http_request", &url]))

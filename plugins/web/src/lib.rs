@@ -2,7 +2,8 @@
 //!
 //! Both go through the host's `wasi:http`, which checks each request against the caller's
 //! `net:` grants and adds the credentials a deployment binds to a host. The tools declare
-//! `net:*` (and `http_request` `secret:*`): what a call may reach is what the caller grants.
+//! any public host and any internal address (`net:*://*:*`, `net:*://{internal}:*`; and
+//! `http_request` `secret:*`): what a call may reach is what the caller grants.
 //! Neither follows redirects, so every hop is a request the model asked for and the host
 //! checked.
 
@@ -14,10 +15,17 @@ mod limits;
 mod request;
 mod text;
 
-/// `net:*`: the caller's grants narrow it; the tool itself goes wherever it is let. Built
-/// from its text, the contract, which cannot fail to parse.
-fn any_host() -> Capability {
-    "net:*".parse().expect("`net:*` is a capability")
+/// `net:*://*:*` and `net:*://{internal}:*`: any public host, and any internal address a
+/// caller's grant names, by either scheme and on any port. The caller's grants narrow it;
+/// the tool itself goes wherever it is let. Built from their text, the contract, which
+/// cannot fail to parse.
+fn public_hosts() -> Capability {
+    "net:*://*:*".parse().expect("`net:*://*:*` is a capability")
+}
+
+/// See [`public_hosts`].
+fn internal_hosts() -> Capability {
+    "net:*://{internal}:*".parse().expect("`net:*://{internal}:*` is a capability")
 }
 
 /// `secret:*`: any secret the caller grants, none required. The host injects them; the
@@ -40,7 +48,8 @@ fn tools() -> Toolbox {
                  credentials a site needs itself: never put API keys or passwords in the URL.",
                 fetch::web_fetch,
             )
-            .needs(any_host()),
+            .needs(public_hosts())
+            .needs(internal_hosts()),
         )
         .tool(
             Tool::new(
@@ -56,7 +65,8 @@ fn tools() -> Toolbox {
                  request's error says which grant is missing.",
                 request::http_request,
             )
-            .needs(any_host())
+            .needs(public_hosts())
+            .needs(internal_hosts())
             .needs(any_secret()),
         )
 }
