@@ -14,7 +14,8 @@ fn main() -> ExitCode {
                 // reports of an MCP server; `CAPSTAN_LOG=rmcp=debug` shows them.
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rmcp=off")),
         )
-        .with_writer(std::io::stderr)
+        // Each line passes the redactor of every value the host holds.
+        .with_writer(capstan_host::secrets::log_writer)
         // Colour codes only for a person at a terminal, never into a file or a pipe.
         .with_ansi(std::io::stderr().is_terminal())
         .init();
@@ -43,7 +44,8 @@ fn main() -> ExitCode {
         // A closed pipe (`capstan plugins list | head`) is the reader's choice, not an error.
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {}", report(&err));
+            let text = capstan_host::secrets::for_logs(&report(&err));
+            eprintln!("error: {}", String::from_utf8_lossy(text.as_bytes()));
             ExitCode::FAILURE
         }
     };

@@ -18,6 +18,7 @@ use crate::ids::ProcessId;
 use crate::llm::{AnswerSink, BoxFuture, Delta, Message};
 use crate::plugin::ToolError;
 use crate::policy::ProcessKind;
+use crate::secrets::StreamRedactor;
 use crate::services::Answer;
 
 /// Retrigger turns (after results) one user message may cause; later results are kept in
@@ -147,12 +148,15 @@ pub(crate) async fn run(
                 let text_out = StreamedText {
                     ctx: &ctx,
                     channel: &name,
+                    redactor: Mutex::new(ctx.redactor().stream()),
                 };
                 let mut turn = ctx.turn(&name, lease.ticket(), route, &system, &tools);
                 turn.deltas = &text_out;
-                match turn.run(&mut history, &tools_handler).await {
+                let ran = turn.run(&mut history, &tools_handler).await;
+                text_out.finish();
+                match ran {
                     Ok(TurnEnd::Text(text)) if !text.trim().is_empty() => {
-                        if ctx.deliver_reply(&name, text.clone()) {
+                        if let Some(text) = ctx.deliver_reply(&name, text) {
                             tools_handler.delivered.lock().unwrap().push(text);
                         }
                     }
@@ -223,6 +227,14 @@ async fn answer_forwarded(ctx: &Context, inputs: &[ChannelInput], answer: &Answe
     if !ctx.run().is_live() {
         return;
     }
+    let redactor = ctx.redactor();
+    let answer = &Answer {
+        reply: redactor.redact(&answer.reply).into_owned(),
+        error: answer
+            .error
+            .as_deref()
+            .map(|e| redactor.redact(e).into_owned()),
+    };
     for input in inputs {
         if let ChannelInput::User {
             forwarded: Some(id),
@@ -236,23 +248,39 @@ async fn answer_forwarded(ctx: &Context, inputs: &[ChannelInput], answer: &Answe
 }
 
 /// Passes the text of a channel's answer on as [`Event::Text`] while the model streams
-/// it, so a person sees the reply as it is written.
+/// it, so a person sees the reply as it is written: redacted as one stream, so a secret
+/// the model writes across several deltas is hidden whole (its first bytes wait for the
+/// next delta, or the turn's end).
 struct StreamedText<'a> {
     ctx: &'a Context,
     channel: &'a ProcessId,
+    redactor: Mutex<StreamRedactor>,
+}
+
+impl StreamedText<'_> {
+    fn send(&self, text: Vec<u8>) {
+        // Not even in part from a host that may no longer answer the conversation.
+        if text.is_empty() || !self.ctx.run().is_live() {
+            return;
+        }
+        self.ctx.emit(Event::Text {
+            channel: self.channel.clone(),
+            text: String::from_utf8_lossy(&text).into_owned(),
+        });
+    }
+
+    /// Sends what was held back: the turn's text is over.
+    fn finish(&self) {
+        let rest = self.redactor.lock().unwrap().finish();
+        self.send(rest);
+    }
 }
 
 impl AnswerSink for StreamedText<'_> {
     fn delta(&self, delta: Delta) {
-        // Not even in part from a host that may no longer answer the conversation.
-        if !self.ctx.run().is_live() {
-            return;
-        }
         if let Delta::Text(text) = delta {
-            self.ctx.emit(Event::Text {
-                channel: self.channel.clone(),
-                text,
-            });
+            let safe = self.redactor.lock().unwrap().push(text.as_bytes());
+            self.send(safe);
         }
     }
 }
@@ -285,8 +313,8 @@ impl ChannelTools {
         let answer = |value: serde_json::Value| Ok(ToolOutcome::Continue(value.to_string()));
         Some(match call {
             HostCall::Reply(args) => {
-                if ctx.deliver_reply(&self.channel, args.text.clone()) {
-                    self.delivered.lock().unwrap().push(args.text.clone());
+                if let Some(text) = ctx.deliver_reply(&self.channel, args.text.clone()) {
+                    self.delivered.lock().unwrap().push(text);
                     Ok(ToolOutcome::Delivered(args.text))
                 } else {
                     Ok(ToolOutcome::EndTurn(

@@ -208,13 +208,19 @@ impl Context {
 
     /// Reports `event`.
     pub(crate) fn emit(&self, event: Event) {
-        self.events.emit(event);
+        self.events.emit(event.redacted(self.redactor()));
+    }
+
+    /// What hides every value the host holds (secrets, tokens, the provider's key) in what
+    /// it tells anyone: events, replies, answers left for other hosts.
+    pub(crate) fn redactor(&self) -> &crate::secrets::Redactor {
+        self.registry.host().network().secrets().redactor()
     }
 
     /// Delivers `text` as `channel`'s reply, unless this host's lease is not live: then
     /// another host may answer the conversation, and a reply from here would contradict
-    /// it. Whether it was delivered.
-    pub(crate) fn deliver_reply(&self, channel: &ProcessId, text: String) -> bool {
+    /// it. The text delivered (redacted), if it was.
+    pub(crate) fn deliver_reply(&self, channel: &ProcessId, text: String) -> Option<String> {
         if !self.run.is_live() {
             self.emit(Event::TurnSuppressed {
                 process: channel.clone(),
@@ -223,13 +229,14 @@ impl Context {
                     self.run.id()
                 ),
             });
-            return false;
+            return None;
         }
+        let text = self.redactor().redact_owned(text);
         self.emit(Event::Reply {
             channel: channel.clone(),
-            text,
+            text: text.clone(),
         });
-        true
+        Some(text)
     }
 
     /// Reports that a request of `process` got no answer (a suppressed turn is not a

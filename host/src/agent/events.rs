@@ -264,6 +264,29 @@ impl TurnEnding {
 }
 
 impl Event {
+    /// This event with every value `redactor` hides replaced, in whichever field it is
+    /// (a reply, a tool's error, a worker's outcome). Should the redacted form no longer
+    /// read as an event, what is left says an event was withheld.
+    pub fn redacted(self, redactor: &crate::secrets::Redactor) -> Event {
+        if redactor.is_empty() {
+            return self;
+        }
+        let Ok(json) = serde_json::to_string(&self) else {
+            return self;
+        };
+        match redactor.redact(&json) {
+            std::borrow::Cow::Borrowed(_) => self,
+            std::borrow::Cow::Owned(clean) => {
+                serde_json::from_str(&clean).unwrap_or_else(|_| Event::TurnSuppressed {
+                    process: self.process().clone(),
+                    reason: "an event was withheld: it held a secret's value, and without it \
+                             it no longer reads as an event"
+                        .into(),
+                })
+            }
+        }
+    }
+
     /// The conversation this event names, where it names one: a conversation's own
     /// events, and the start of a worker, branch or compaction for it. Later events of
     /// those processes name only the process; a service follows them from the start.

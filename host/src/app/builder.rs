@@ -11,7 +11,6 @@ use crate::config::{Config, ProviderSettings};
 use crate::llm::{OpenAiProvider, Provider, Recorder, Script, ScriptedProvider};
 use crate::net::NetHost;
 use crate::plugin::{ArtifactCache, PluginHost, Registry};
-use crate::secrets::Secrets;
 use crate::services::Services;
 
 /// Assembles an agent from its [`Config`]: creates the workspace, opens the SQLite store
@@ -128,7 +127,7 @@ impl AgentBuilder {
             Some(services) => services,
             None => super::open_services(&config).await?,
         };
-        let secrets = Secrets::load(&config.secrets)?;
+        let secrets = super::load_secrets(&config)?;
         let host = PluginHost::new(config.limits.tool.clone(), self.cache)
             .map_err(BuildError::Host)?
             .with_services(services.clone())

@@ -48,14 +48,17 @@ impl McpCommand {
                 .registry_on(&config, host, Some(crate::mcp::Servers::Named))
                 .await?,
         );
-        let server = ToolServer::new(registry, config.policy, self.profile, workspace);
+        let server = ToolServer::new(registry.clone(), config.policy, self.profile, workspace);
         let tools = server.tools().len();
         eprintln!(
             "capstan mcp: serving {tools} tool(s) of the {} profile on stdio",
             self.profile
         );
+        // Standard output carries nothing that did not pass the redactor.
+        let redactor = registry.host().network().secrets().redactor().clone();
+        let (stdin, stdout) = rmcp::transport::stdio();
         let running = server
-            .serve(rmcp::transport::stdio())
+            .serve((stdin, redactor.outbound_writer(stdout)))
             .await
             .context("the MCP handshake on stdio failed")?;
         running.waiting().await.context("serving MCP on stdio")?;

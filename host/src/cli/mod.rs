@@ -29,7 +29,7 @@ use crate::mcp::Servers;
 use crate::net::NetHost;
 use crate::plugin::{ArtifactCache, Limits, PluginHost, Registry};
 use crate::policy::{Grants, ProcessKind};
-use crate::secrets::{SecretSource, Secrets};
+use crate::secrets::SecretSource;
 
 /// Capstan: a host runtime for LLM agents whose tools run as sandboxed WebAssembly components.
 #[derive(Debug, Parser)]
@@ -270,7 +270,7 @@ impl HostArgs {
     }
 
     fn host_with(&self, config: &Config, limits: Limits) -> anyhow::Result<PluginHost> {
-        let secrets = Secrets::load(&config.secrets)?;
+        let secrets = crate::app::load_secrets(config)?;
         Ok(PluginHost::new(limits, self.cache()?)?
             .with_network(NetHost::new(config.net.clone(), secrets)))
     }

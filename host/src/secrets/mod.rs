@@ -7,14 +7,22 @@
 //! with it through the `secrets` import; the guest only learns that it exists.
 //!
 //! Every value is redacted ([`Redactor`]) from what leaves a call: its output and errors,
-//! its log lines, response bodies and headers the guest reads, and so from history, logs
-//! and the audit log.
+//! its log lines, and so from history, logs and the audit log. The redactor also knows the
+//! other values the host holds (serve tokens, the provider's key: [`Secrets::hiding`]).
+//!
+//! What leaves the host through a door is [`Outbound`]: bytes, a body or a writer that
+//! only a redactor makes, so no door sends a byte that did not pass it.
+//!
+//! A guest reading the response to a request carrying secrets has those secrets, and only
+//! those, redacted from it: what is held back never depends on another secret.
 
+mod outbound;
 mod redact;
 mod spec;
 mod store;
 
+pub use outbound::{LogWriter, Outbound, OutboundBody, OutboundWriter, for_logs, log_writer};
 pub use redact::{REDACTED, Redactor, StreamRedactor};
 pub use spec::{HeaderTemplate, SecretName, SecretSource, SecretSpec};
 pub(crate) use store::read_source;
-pub use store::{LoadSecretError, Secret, Secrets};
+pub use store::{LoadSecretError, MIN_SECRET_BYTES, Secret, Secrets};

@@ -24,14 +24,47 @@ pub struct Redactor {
 }
 
 impl Redactor {
-    /// A redactor for `(name, value)` pairs.
+    /// A redactor for `(name, value)` pairs: each value as it is, and as it reads inside a
+    /// JSON string (a quote, a backslash or a control character escaped), so a value
+    /// quoted in JSON is found too.
     pub fn new(secrets: impl IntoIterator<Item = (SecretName, Arc<str>)>) -> Self {
-        let mut values: Vec<(Arc<str>, String)> = secrets
-            .into_iter()
-            .filter(|(_, value)| !value.is_empty())
-            .map(|(name, value)| (value, REDACTED.replace("{}", name.as_str())))
+        let mut values: Vec<(Arc<str>, String)> = Vec::new();
+        for (name, value) in secrets {
+            if value.is_empty() {
+                continue;
+            }
+            let label = REDACTED.replace("{}", name.as_str());
+            let quoted = serde_json::to_string(&*value).expect("a string serializes");
+            let escaped = &quoted[1..quoted.len() - 1];
+            if escaped != &*value {
+                values.push((Arc::from(escaped), label.clone()));
+            }
+            values.push((value, label));
+        }
+        values.sort_by_key(|(value, _)| std::cmp::Reverse(value.len()));
+        Redactor {
+            values: values.into(),
+        }
+    }
+
+    /// This redactor, also hiding `more`.
+    pub fn with(&self, more: impl IntoIterator<Item = (SecretName, Arc<str>)>) -> Redactor {
+        self.with_redactor(&Redactor::new(more))
+    }
+
+    /// This redactor, also hiding what `extra` hides.
+    pub(super) fn with_redactor(&self, extra: &Redactor) -> Redactor {
+        if extra.is_empty() {
+            return self.clone();
+        }
+        let mut values: Vec<(Arc<str>, String)> = self
+            .values
+            .iter()
+            .chain(extra.values.iter())
+            .cloned()
             .collect();
         values.sort_by_key(|(value, _)| std::cmp::Reverse(value.len()));
+        values.dedup_by(|a, b| a.0 == b.0);
         Redactor {
             values: values.into(),
         }
@@ -62,6 +95,37 @@ impl Redactor {
         }
     }
 
+    /// `bytes` with every secret value replaced, or `None` when they hold none.
+    pub fn redact_bytes(&self, bytes: &[u8]) -> Option<Vec<u8>> {
+        let found = self
+            .values
+            .iter()
+            .any(|(value, _)| contains(bytes, value.as_bytes()));
+        found.then(|| {
+            let mut stream = self.stream();
+            let mut clean = stream.push(bytes);
+            clean.extend(stream.finish());
+            clean
+        })
+    }
+
+    /// `text` with every secret value replaced where it appears in any case (ASCII), or
+    /// `None` when it holds none: for what a peer may have changed the case of, such as
+    /// an HTTP header's name.
+    pub fn redact_ignoring_case(&self, text: &str) -> Option<String> {
+        let lower = text.to_ascii_lowercase();
+        let mut out = lower.clone();
+        let mut found = false;
+        for (value, label) in self.values.iter() {
+            let value = value.to_ascii_lowercase();
+            if out.contains(&value) {
+                out = out.replace(&value, label);
+                found = true;
+            }
+        }
+        found.then_some(out)
+    }
+
     /// A redactor for one stream of bytes, such as a response body.
     pub fn stream(&self) -> StreamRedactor {
         StreamRedactor {
@@ -69,6 +133,14 @@ impl Redactor {
             pending: Vec::new(),
         }
     }
+}
+
+/// Whether `haystack` holds `needle`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty()
+        && haystack
+            .windows(needle.len())
+            .any(|window| window == needle)
 }
 
 /// Redacts a stream given in chunks: a value split across chunks is still found, at the
@@ -119,6 +191,12 @@ impl StreamRedactor {
         let mut out = Vec::with_capacity(data.len());
         let mut i = 0;
         while i < data.len() {
+            // Most bytes begin no value: pass them on without comparing.
+            if !values.iter().any(|(v, _)| v.as_bytes()[0] == data[i]) {
+                out.push(data[i]);
+                i += 1;
+                continue;
+            }
             let rest = &data[i..];
             let may_grow = !at_end
                 && values
@@ -178,6 +256,30 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_value_quoted_in_json_is_found_escaped() {
+        let redactor = Redactor::new([("Q".parse().unwrap(), "ab\"cd\\ef-123".into())]);
+        let json = serde_json::json!({ "echo": "ab\"cd\\ef-123" }).to_string();
+        assert_eq!(redactor.redact(&json), r#"{"echo":"[redacted secret Q]"}"#);
+    }
+
+    #[test]
+    fn a_value_is_found_in_a_header_name_whatever_its_case() {
+        let redactor = Redactor::new([("K".parse().unwrap(), "SeCrEt-Value-9".into())]);
+        assert_eq!(
+            redactor
+                .redact_ignoring_case("x-secret-value-9-echo")
+                .as_deref(),
+            Some("x-[redacted secret K]-echo")
+        );
+        assert_eq!(redactor.redact_ignoring_case("x-plain"), None);
+        assert_eq!(redactor.redact_bytes(b"plain"), None);
+        assert_eq!(
+            redactor.redact_bytes(b"v=SeCrEt-Value-9").unwrap(),
+            b"v=[redacted secret K]"
+        );
     }
 
     #[test]

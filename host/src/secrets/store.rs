@@ -64,6 +64,7 @@ impl fmt::Debug for Secret {
 #[derive(Debug, Clone, Default)]
 pub struct Secrets {
     by_name: BTreeMap<SecretName, Secret>,
+    /// Hides every secret's value and every other value the host holds ([`Secrets::hiding`]).
     redactor: Redactor,
 }
 
@@ -104,6 +105,24 @@ impl Secrets {
                 .map(|s: &Secret| (s.spec.name.clone(), s.value.clone())),
         );
         Ok(Secrets { by_name, redactor })
+    }
+
+    /// These secrets, whose redactor also hides `values`: the other values the host holds
+    /// and no one outside may read (the serve tokens, the provider's key), so that what a
+    /// tool returns, a log line or a door's answer hides them as it hides a secret.
+    ///
+    /// ```
+    /// use capstan_host::secrets::Secrets;
+    ///
+    /// let secrets = Secrets::none().hiding([("token.ops".parse().unwrap(), "tok-0123456789abcdef".into())]);
+    /// assert_eq!(
+    ///     secrets.redactor().redact("read tok-0123456789abcdef"),
+    ///     "read [redacted secret token.ops]"
+    /// );
+    /// ```
+    pub fn hiding(mut self, values: impl IntoIterator<Item = (SecretName, Arc<str>)>) -> Self {
+        self.redactor = self.redactor.with(values);
+        self
     }
 
     /// The secret called `name`.

@@ -25,7 +25,6 @@ use super::{api, mcp, openai, openapi, page, stream};
 use crate::agent::{Event, Runtime};
 use crate::config::ServeSettings;
 use crate::plugin::Registry;
-use crate::secrets::{Redactor, Secrets};
 
 /// How long a stopping server waits for requests in progress (a turn finishing, a model
 /// request timing out) before it returns anyway.
@@ -101,7 +100,12 @@ impl Server {
         let listener = TcpListener::bind(settings.addr)
             .await
             .map_err(|err| listen_error(settings.addr, &err))?;
-        let redactor = serve_redactor(registry.host().network().secrets(), &access);
+        let redactor = registry
+            .host()
+            .network()
+            .secrets()
+            .redactor()
+            .with(access.values());
         let hub = EventHub::start(events, settings.event_buffer, redactor.clone());
         let branches = Arc::new(Branches::default());
         {
@@ -201,53 +205,29 @@ fn listen_error(addr: SocketAddr, err: &std::io::Error) -> ServeError {
     ServeError::Listen { addr, problem, fix }
 }
 
-/// The secrets' values and the tokens', as one redactor of the JSON the service sends:
-/// each value also as it reads inside a JSON string (a quote or a backslash escaped).
-fn serve_redactor(secrets: &Secrets, access: &Access) -> Redactor {
-    let values: Vec<_> = secrets
-        .iter()
-        .map(|s| (s.spec().name.clone(), Arc::<str>::from(s.value())))
-        .chain(access.values())
-        .collect();
-    let escaped: Vec<_> = values
-        .iter()
-        .filter_map(|(name, value)| {
-            let quoted = serde_json::to_string(&**value).ok()?;
-            let inner = &quoted[1..quoted.len() - 1];
-            (inner != &**value).then(|| (name.clone(), Arc::from(inner)))
-        })
-        .collect();
-    Redactor::new(values.into_iter().chain(escaped))
-}
-
-/// Redacts every JSON response as a whole, so no handler can serve a secret's or a token's
-/// value from whatever field it reached (a worker's outcome, a task, an error). Event
-/// streams are redacted event by event where they are made (the hub, the completion
-/// stream).
+/// The one way out of the server: every response of every route, whatever its type (JSON,
+/// an event stream, the OpenAI-compatible stream, MCP's JSON and event streams, the page),
+/// is sent as an [`OutboundBody`](crate::secrets::OutboundBody), redacted as it streams,
+/// with its header values redacted. It is the outermost layer, so a route added anywhere
+/// in [`router`] passes it.
 async fn redact_responses(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     let response = next.run(request).await;
-    let json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
-    if !json || app.redactor.is_empty() {
+    if app.redactor.is_empty() {
         return response;
     }
     let (mut parts, body) = response.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
-        return super::error::ApiError::internal("the response could not be read to redact it")
-            .into_response();
-    };
-    let Ok(text) = std::str::from_utf8(&bytes) else {
-        return super::error::ApiError::internal("a JSON response was not UTF-8").into_response();
-    };
-    match app.redactor.redact(text) {
-        std::borrow::Cow::Borrowed(_) => Response::from_parts(parts, bytes.into()),
-        std::borrow::Cow::Owned(clean) => {
-            parts.headers.remove(header::CONTENT_LENGTH);
-            Response::from_parts(parts, clean.into())
+    for value in parts.headers.values_mut() {
+        if let Some(clean) = app.redactor.redact_bytes(value.as_bytes()) {
+            *value = HeaderValue::from_bytes(&clean)
+                .unwrap_or_else(|_| HeaderValue::from_static("[redacted]"));
         }
     }
+    // Redaction changes the length: the body is sent chunked.
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(
+        parts,
+        axum::body::Body::new(app.redactor.outbound_body(body)),
+    )
 }
 
 fn router(app: Arc<App>, settings: &ServeSettings, stopping: &CancellationToken) -> Router {
@@ -275,13 +255,9 @@ fn router(app: Arc<App>, settings: &ServeSettings, stopping: &CancellationToken)
         .merge(page::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(
-            app.clone(),
-            redact_responses,
-        ))
         .layer(axum::Extension(BodyCap(settings.max_request_body_bytes)))
         .layer(DefaultBodyLimit::max(settings.max_request_body_bytes))
-        .with_state(app);
+        .with_state(app.clone());
     if !settings.cors_origins.is_empty() {
         let origins: Vec<HeaderValue> = settings
             .cors_origins
@@ -299,7 +275,8 @@ fn router(app: Arc<App>, settings: &ServeSettings, stopping: &CancellationToken)
             ]);
         router = router.layer(cors);
     }
-    router
+    // Last, so outermost: nothing leaves but through it.
+    router.layer(middleware::from_fn_with_state(app, redact_responses))
 }
 
 /// Authenticates every API request (see [`Access::check`]) and hands the [`Caller`] on.

@@ -218,17 +218,26 @@ fn bearer(name: &str) -> String {
     format!("Bearer {name}-token-0123456789abcdef")
 }
 
-/// Server-Sent Events read off a response: (id, event, data) triples.
+/// Server-Sent Events read off a response: (id, event, data) triples, the id the event's
+/// number (of `RUN-N`).
 struct SseReader {
     response: reqwest::Response,
     buffer: String,
+    /// The last id read, whole (`RUN-N`).
+    last_id: Option<String>,
+}
+
+/// The id of event `number` of the run `id` (`RUN-N`) belongs to.
+fn sibling_id(id: &str, number: u64) -> String {
+    let (run, _) = id.split_once('-').expect("an id is RUN-N");
+    format!("{run}-{number}")
 }
 
 impl SseReader {
-    async fn open(client: &reqwest::Client, url: &str, last_event_id: Option<u64>) -> Self {
+    async fn open(client: &reqwest::Client, url: &str, last_event_id: Option<&str>) -> Self {
         let mut request = client.get(url);
         if let Some(id) = last_event_id {
-            request = request.header("Last-Event-ID", id.to_string());
+            request = request.header("Last-Event-ID", id);
         }
         let response = request.send().await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
@@ -241,6 +250,7 @@ impl SseReader {
         SseReader {
             response,
             buffer: String::new(),
+            last_id: None,
         }
     }
 
@@ -252,7 +262,8 @@ impl SseReader {
                 let (mut id, mut event, mut data) = (None, String::from("message"), None);
                 for line in block.lines() {
                     if let Some(v) = line.strip_prefix("id:") {
-                        id = v.trim().parse().ok();
+                        self.last_id = Some(v.trim().to_owned());
+                        id = v.trim().rsplit_once('-').and_then(|(_, n)| n.parse().ok());
                     } else if let Some(v) = line.strip_prefix("event:") {
                         event = v.trim().to_owned();
                     } else if let Some(v) = line.strip_prefix("data:") {
@@ -382,12 +393,14 @@ async fn the_event_stream_follows_one_conversation_and_resumes_after_the_last_ev
     let (reply_id, _, reply) = seen.last().unwrap().clone();
     assert_eq!(reply["text"], "Hi there.");
     let reply_id = reply_id.unwrap();
+    let whole_id = events.last_id.clone().unwrap();
 
     // A client that saw everything up to just before the reply gets the reply again.
+    let before = sibling_id(&whole_id, reply_id - 1);
     let mut resumed = SseReader::open(
         &served.client,
         &served.at("/v1/events?channel=main"),
-        Some(reply_id - 1),
+        Some(&before),
     )
     .await;
     let (id, event, data) = resumed.next().await.unwrap();
@@ -420,9 +433,25 @@ async fn the_event_stream_follows_one_conversation_and_resumes_after_the_last_ev
     assert!(resumed.next().await.is_none());
 }
 
+/// A `Last-Event-ID` the server cannot resume from gets a `reset` message saying why, then
+/// live events, never a silent stream: one of another run of the server (as after a
+/// restart), a bare number (no run), one past the newest event, one whose next events were
+/// evicted from the buffer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_behind_the_buffer_is_told_how_many_events_it_lost() {
+async fn a_last_event_id_that_cannot_be_resumed_gets_a_reset_then_live_events() {
     let served = serve(|settings, _| settings.event_buffer = 4).await;
+    let mut first = SseReader::open(&served.client, &served.at("/v1/events"), None).await;
+    let (status, _) = served
+        .post(
+            "/v1/channels/main/messages",
+            json!({"text": "hello", "wait": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    first.next().await.unwrap();
+    let id_one = first.last_id.clone().unwrap();
+    assert!(id_one.ends_with("-1"), "{id_one}");
+    drop(first);
     for _ in 0..3 {
         let (status, _) = served
             .post(
@@ -432,14 +461,39 @@ async fn a_client_behind_the_buffer_is_told_how_many_events_it_lost() {
             .await;
         assert_eq!(status, StatusCode::OK);
     }
-    // Three exchanges of three events each: events 1..=5 are gone.
-    let mut resumed = SseReader::open(&served.client, &served.at("/v1/events"), Some(0)).await;
-    let (id, event, data) = resumed.next().await.unwrap();
-    assert_eq!(event, "lost");
-    assert_eq!(data["count"], 5);
-    assert_eq!(id, Some(5));
-    let (id, _, _) = resumed.next().await.unwrap();
-    assert_eq!(id, Some(6));
+    // Four exchanges of three events each: events 1..=8 are gone.
+    let another_run = format!("0123456789abcdef-{}", 3);
+    let future = sibling_id(&id_one, 1000);
+    let mut readers = Vec::new();
+    for (given, reason) in [
+        (id_one.as_str(), "evicted"),
+        (another_run.as_str(), "another_run"),
+        ("7", "another_run"),
+        (future.as_str(), "future"),
+    ] {
+        let mut resumed =
+            SseReader::open(&served.client, &served.at("/v1/events"), Some(given)).await;
+        let (id, event, data) = resumed.next().await.unwrap();
+        assert_eq!(
+            (event.as_str(), &data["reason"]),
+            ("reset", &json!(reason)),
+            "{given}"
+        );
+        assert_eq!(id, Some(12), "the reset is at the newest event");
+        readers.push((given.to_owned(), resumed));
+    }
+    // Then live events.
+    let (status, _) = served
+        .post(
+            "/v1/channels/main/messages",
+            json!({"text": "hello", "wait": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    for (given, mut resumed) in readers {
+        let (id, event, _) = resumed.next().await.unwrap();
+        assert_eq!((id, event.as_str()), (Some(13), "turn_started"), "{given}");
+    }
     served.stop().await;
 }
 
@@ -582,7 +636,7 @@ async fn bad_requests_are_refused_in_the_openai_error_shape() {
     // same shape, naming what is wrong.
     for (path, says) in [
         ("/v1/audit?limit=-1", "limit: invalid digit"),
-        ("/v1/events?after=soon", "after: invalid digit"),
+        ("/v1/events?after=soon", "not an event id: it is `RUN-N`"),
         ("/v1/workers?limit=99999999999", "limit: number too large"),
         ("/v1/channels/%FF/history", "Invalid UTF-8 in `name`"),
     ] {
@@ -651,6 +705,7 @@ async fn chat_completions_answer_after_the_tools_ran_streaming_or_not() {
     let mut reader = SseReader {
         response,
         buffer: String::new(),
+        last_id: None,
     };
     let (mut content, mut tools, mut finish, mut done) = (String::new(), Vec::new(), None, false);
     while let Some((_, _, data)) = reader.next().await {
@@ -673,6 +728,181 @@ async fn chat_completions_answer_after_the_tools_ran_streaming_or_not() {
     assert_eq!(finish.as_deref(), Some("stop"));
     assert_eq!(content, "The worker found one file, notes.txt.");
     assert_eq!(tools, [json!("file_list")]);
+    served.stop().await;
+}
+
+/// Every route of `capstan serve`, by the path it is declared with. Each is searched for
+/// secrets and tokens by `every_route_serves_no_secret_and_no_token` (here) and
+/// `tests/interop/test_one_way_out.py` (through real clients, every byte).
+const ROUTES: [&str; 21] = [
+    "/v1/channels",
+    "/v1/channels/{name}/history",
+    "/v1/channels/{name}/messages",
+    "/v1/workers",
+    "/v1/branches",
+    "/v1/tasks",
+    "/v1/policy",
+    "/v1/audit",
+    "/v1/audit/requests",
+    "/v1/plugins",
+    "/v1/tools",
+    "/v1/events",
+    "/v1/models",
+    "/v1/chat/completions",
+    "/mcp/{kind}",
+    "/mcp",
+    "/v1/openapi.json",
+    "/healthz",
+    "/",
+    "/app.js",
+    "/style.css",
+];
+
+/// The routes declared in the server's source (`.route("...")`, `.route_service(...)`):
+/// a route the list above does not name fails here, so nobody adds a door that the
+/// secret searches do not walk through.
+#[test]
+fn every_route_is_named_in_the_inventory() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/serve");
+    let mut declared = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&path).unwrap();
+        for (at, _) in source.match_indices(".route") {
+            let rest = &source[at..];
+            let Some(open) = rest.find('"') else { continue };
+            let close = rest[open + 1..].find('"').unwrap() + open + 1;
+            // The literal belongs to this call: nothing but the call's opening before it.
+            let before = &rest[..open];
+            if before.contains(';') || before.contains(')') {
+                continue;
+            }
+            declared.insert(rest[open + 1..close].to_owned());
+        }
+    }
+    let listed: std::collections::BTreeSet<String> = ROUTES.iter().map(|r| r.to_string()).collect();
+    assert_eq!(
+        declared, listed,
+        "a route of src/serve is missing from ROUTES (or ROUTES names one that is gone): add \
+         it, and walk it in every_route_serves_no_secret_and_no_token and \
+         tests/interop/test_one_way_out.py"
+    );
+}
+
+/// Every route, a secret's and a token's value planted in the model's reply, a worker's
+/// task, a tool's error and the path asked for: neither value is in any byte served, on
+/// any route, streamed or not, headers included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_serves_no_secret_and_no_token() {
+    let served = serve(|settings, dir| token(settings, dir, "ops", TokenScope::Admin)).await;
+    let token_value = "ops-token-0123456789abcdef";
+    let auth = bearer("ops");
+    let client = &served.client;
+    let mut bytes: Vec<u8> = Vec::new();
+    fn headers(response: &reqwest::Response) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (name, value) in response.headers() {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(value.as_bytes());
+        }
+        out
+    }
+    // Open before anything happens, so it carries every event that follows.
+    let mut events = client
+        .get(served.at("/v1/events"))
+        .header("authorization", &auth)
+        .send()
+        .await
+        .unwrap();
+    bytes.extend(headers(&events));
+    // The token's value, told to the model, comes back in its reply and in the history.
+    let text = format!("hello, keep {SECRET_VALUE} and {token_value}");
+    for (path, body) in [
+        (
+            "/v1/channels/main/messages",
+            json!({"text": text, "wait": true}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "capstan", "user": "keeper",
+            "messages": [{"role": "user", "content": "Please keep my key."}]}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "capstan", "stream": true,
+            "messages": [{"role": "user", "content": text}]}),
+        ),
+        (
+            "/mcp",
+            json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": token_value, "version": "1"}}}),
+        ),
+        (
+            "/mcp/worker",
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "file_read", "arguments": {"path": token_value}}}),
+        ),
+    ] {
+        let response = client
+            .post(served.at(path))
+            .json(&body)
+            .header("authorization", &auth)
+            .header("accept", "application/json, text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        bytes.extend(headers(&response));
+        bytes.extend_from_slice(&response.bytes().await.unwrap());
+    }
+    let mut stream = Vec::new();
+    while String::from_utf8_lossy(&stream)
+        .matches("turn_finished")
+        .count()
+        < 3
+    {
+        stream.extend_from_slice(&events.chunk().await.unwrap().expect("the stream goes on"));
+    }
+    bytes.extend_from_slice(&stream);
+    drop(events);
+    for route in ROUTES {
+        let path = route.replace("{name}", "main").replace("{kind}", "worker");
+        let response = client
+            .get(served.at(&path))
+            .header("authorization", &auth)
+            .send()
+            .await
+            .unwrap();
+        bytes.extend(headers(&response));
+        if path != "/v1/events" {
+            bytes.extend_from_slice(&response.bytes().await.unwrap());
+        }
+    }
+    // An error that names the path asked for.
+    let response = client
+        .get(served.at(&format!("/v1/{token_value}")))
+        .header("authorization", &auth)
+        .send()
+        .await
+        .unwrap();
+    bytes.extend(headers(&response));
+    let missing = response.text().await.unwrap();
+    assert!(missing.contains("[redacted secret token.ops]"), "{missing}");
+    bytes.extend_from_slice(missing.as_bytes());
+    let all = String::from_utf8_lossy(&bytes);
+    for value in [SECRET_VALUE, token_value] {
+        assert!(!all.contains(value), "{value} was served: …{}…", {
+            let at = all.find(value).unwrap();
+            &all[at.saturating_sub(200)..(at + 200).min(all.len())]
+        });
+    }
+    assert!(
+        all.contains("[redacted secret token.ops]"),
+        "the reply held the token: {all}"
+    );
     served.stop().await;
 }
 
@@ -901,7 +1131,7 @@ async fn two_hundred_streams_lose_nothing_while_a_thousand_completions_run() {
     let url = served.at("/v1/events");
     let mut readers = Vec::new();
     for _ in 0..CLIENTS {
-        readers.push(SseReader::open(&served.client, &url, Some(0)).await);
+        readers.push(SseReader::open(&served.client, &url, None).await);
     }
     let followers: Vec<_> = readers
         .into_iter()
