@@ -4,7 +4,9 @@
 //! One task drains the runtime's event stream into a ring buffer; each client holds only a
 //! cursor (the id of the last event it saw) and reads the buffer from there. A client that
 //! falls behind further than the buffer holds is told how many events it lost instead of
-//! holding memory for them. Ids start at 1 and never repeat within one host.
+//! holding memory for them. Ids start at 1 and never repeat within one run of the hub; a
+//! client sees them with the run's [`RunTag`] ([`EventId`]), so an id from an earlier run
+//! of the server is never taken for one of this run.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -28,6 +30,29 @@ pub(crate) struct Published {
     pub(crate) json: String,
 }
 
+/// Why a client's `Last-Event-ID` cannot be resumed from: it is told so by a `reset`
+/// event, then gets live events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ResetReason {
+    /// The id is of another run of the server (it restarted), or of no run (a bare number).
+    AnotherRun,
+    /// The id is past the newest event of this run.
+    Future,
+    /// Events after the id have left the buffer.
+    Evicted,
+}
+
+impl ResetReason {
+    /// Its name in the `reset` event: `another_run`, `future`, `evicted`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ResetReason::AnotherRun => "another_run",
+            ResetReason::Future => "future",
+            ResetReason::Evicted => "evicted",
+        }
+    }
+}
+
 /// What a [`Subscription`] reads next.
 #[derive(Debug)]
 pub(crate) enum Next {
@@ -40,8 +65,69 @@ pub(crate) enum Next {
     },
 }
 
+/// Which run of the hub an event id belongs to: random, drawn when the hub starts, so a
+/// server that restarts never hands out an id a client could take for an earlier one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RunTag(u64);
+
+impl RunTag {
+    fn new() -> RunTag {
+        let mut bytes = [0u8; 8];
+        // Without the system's randomness, the clock still differs from run to run.
+        if getrandom::fill(&mut bytes).is_err() {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            bytes = nanos.to_le_bytes();
+        }
+        RunTag(u64::from_le_bytes(bytes))
+    }
+}
+
+impl std::fmt::Display for RunTag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+/// An event's id as a client sees it: `RUN-N`, the hub's run and the event's number.
+///
+/// ```text
+/// id: 3f9a0c5e11d2b7a4-42
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EventId {
+    /// The run of the hub that numbered it.
+    pub(crate) run: RunTag,
+    /// Its number in that run.
+    pub(crate) number: u64,
+}
+
+impl std::fmt::Display for EventId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.run, self.number)
+    }
+}
+
+impl std::str::FromStr for EventId {
+    type Err = ();
+
+    fn from_str(text: &str) -> Result<Self, ()> {
+        let (run, number) = text.trim().split_once('-').ok_or(())?;
+        if run.len() != 16 {
+            return Err(());
+        }
+        Ok(EventId {
+            run: RunTag(u64::from_str_radix(run, 16).map_err(|_| ())?),
+            number: number.parse().map_err(|_| ())?,
+        })
+    }
+}
+
 /// The runtime's events for every client. See the [module docs](self).
 pub(crate) struct EventHub {
+    /// This run, in every id a client sees.
+    run: RunTag,
     ring: Mutex<Ring>,
     /// The id of the newest event, and whether the stream has ended.
     latest: watch::Sender<(u64, bool)>,
@@ -78,6 +164,7 @@ impl EventHub {
         let (latest, _) = watch::channel((0, false));
         let (control, control_rx) = mpsc::unbounded_channel();
         let hub = Arc::new(EventHub {
+            run: RunTag::new(),
             ring: Mutex::new(Ring {
                 events: VecDeque::with_capacity(capacity.min(4096)),
                 capacity: capacity.max(1),
@@ -93,6 +180,30 @@ impl EventHub {
     /// The id of the newest event published (0 before the first).
     pub(crate) fn latest(&self) -> u64 {
         self.latest.borrow().0
+    }
+
+    /// Event `number` of this run, as a client sees its id.
+    pub(crate) fn id(&self, number: u64) -> EventId {
+        EventId {
+            run: self.run,
+            number,
+        }
+    }
+
+    /// Where a client that last saw `seen` resumes: after that event, if it is of this run
+    /// and the events after it are all still kept; otherwise why it cannot.
+    pub(crate) fn resume(&self, seen: EventId) -> Result<u64, ResetReason> {
+        if seen.run != self.run {
+            return Err(ResetReason::AnotherRun);
+        }
+        if seen.number > self.latest() {
+            return Err(ResetReason::Future);
+        }
+        let (_, oldest) = self.lookup(seen.number + 1);
+        match oldest {
+            Some(oldest) if oldest > seen.number + 1 => Err(ResetReason::Evicted),
+            _ => Ok(seen.number),
+        }
     }
 
     /// Waits until every event the runtime emitted before this call is published, and

@@ -1,5 +1,7 @@
 //! `GET /v1/events`: the runtime's events as Server-Sent Events, for one conversation or
-//! all, resumable with `Last-Event-ID` while the events are still buffered.
+//! all, resumable with `Last-Event-ID` while the events are still buffered; a client that
+//! cannot resume (the server restarted, or the events after its id are gone) is told so
+//! by a `reset` event, never left with a silent stream.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use utoipa::IntoParams;
 use super::app::App;
 use super::auth::Caller;
 use super::error::{ApiError, ApiQuery, ErrorBody};
-use super::hub::{Next, Published, Subscription};
+use super::hub::{EventHub, EventId, Next, Published, ResetReason, Subscription};
 use crate::config::TokenScope;
 use crate::ids::ProcessId;
 use crate::policy::ProcessKind;
@@ -28,18 +30,23 @@ pub(crate) struct EventsQuery {
     channel: Option<String>,
     /// The kind of `channel`: `channel` (default) or `cortex`.
     kind: Option<String>,
-    /// Start after this event id, as `Last-Event-ID` does (the header wins).
-    after: Option<u64>,
+    /// Start after this event id (`RUN-N`, as the stream's `id` fields give it), as
+    /// `Last-Event-ID` does (the header wins).
+    after: Option<String>,
 }
 
 /// `GET /v1/events`: a Server-Sent Events stream. Each message's `event` is the event's
-/// `type` (`reply`, `text`, `tool_called`, `worker_started`, ...), its `id` the event's
-/// number and its `data` the event as JSON. A client that reconnects with
-/// `Last-Event-ID` gets every event after it that is still buffered; if some are gone, a
-/// `lost` message says how many first. Without a cortex scope (`admin`), events of the
-/// admin chat are left out.
+/// `type` (`reply`, `text`, `tool_called`, `worker_started`, ...), its `id` the run of the
+/// server and the event's number (`RUN-N`) and its `data` the event as JSON. A client that
+/// reconnects with `Last-Event-ID` gets every event after it that is still buffered. One
+/// that cannot resume (an id of another run of the server, as after a restart, or of no
+/// run; an id past the newest event; events after it already gone) first gets a `reset`
+/// message (`{"type":"reset","reason":"another_run"|"future"|"evicted"}`), then live
+/// events: it should read the state again. A client that falls behind while connected is
+/// told how many events it missed by a `lost` message. Without a cortex scope (`admin`),
+/// events of the admin chat are left out.
 #[utoipa::path(get, path = "/v1/events", tag = "events", params(EventsQuery,
-        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event")),
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event (`RUN-N`)")),
     responses((status = 200, content_type = "text/event-stream", description = "The stream"),
         (status = 400, body = ErrorBody, description = "Bad input; the message names the field and what it takes")))]
 pub(crate) async fn events(
@@ -48,17 +55,23 @@ pub(crate) async fn events(
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
-    let after = match headers.get("last-event-id") {
-        Some(value) => Some(
-            value
-                .to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .ok_or_else(|| {
-                    ApiError::invalid("Last-Event-ID is not an event id (a whole number)")
-                })?,
-        ),
-        None => query.after,
+    let seen = match headers.get("last-event-id") {
+        Some(value) => Some(value.to_str().unwrap_or("\u{fffd}").to_owned()),
+        None => query.after.clone(),
+    };
+    let resume = match seen.as_deref().map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(text) => match text.parse::<EventId>() {
+            Ok(id) => app.hub.resume(id).map(Some),
+            // A bare number is an id of the runs before ids carried their run.
+            Err(()) if text.parse::<u64>().is_ok() => Err(ResetReason::AnotherRun),
+            Err(()) => {
+                return Err(ApiError::invalid(
+                    "Last-Event-ID (or `after`) is not an event id: it is `RUN-N`, as the \
+                     stream's `id` fields give it",
+                ));
+            }
+        },
     };
     let only = match &query.channel {
         None => None,
@@ -86,12 +99,27 @@ pub(crate) async fn events(
         only,
         cortex: caller.scope >= TokenScope::Admin,
     };
-    let subscription = app.hub.subscribe(after);
+    let (subscription, reset) = match resume {
+        Ok(after) => (app.hub.subscribe(after), None),
+        Err(reason) => (app.hub.subscribe(None), Some(reason)),
+    };
+    let first = reset.map(|reason| {
+        SseEvent::default()
+            .id(app.hub.id(subscription.cursor()).to_string())
+            .event("reset")
+            .data(format!(
+                r#"{{"type":"reset","reason":"{}"}}"#,
+                reason.as_str()
+            ))
+    });
     let stream = futures_util::stream::unfold(
-        (subscription, filter),
-        |(mut subscription, filter)| async move {
-            let message = next_message(&mut subscription, &filter).await?;
-            Some((Ok(message), (subscription, filter)))
+        (subscription, filter, first, app.hub.clone()),
+        |(mut subscription, filter, first, hub)| async move {
+            if let Some(reset) = first {
+                return Some((Ok(reset), (subscription, filter, None, hub)));
+            }
+            let message = next_message(&mut subscription, &filter, &hub).await?;
+            Some((Ok(message), (subscription, filter, None, hub)))
         },
     );
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
@@ -116,13 +144,17 @@ impl Filter {
     }
 }
 
-async fn next_message(subscription: &mut Subscription, filter: &Filter) -> Option<SseEvent> {
+async fn next_message(
+    subscription: &mut Subscription,
+    filter: &Filter,
+    hub: &EventHub,
+) -> Option<SseEvent> {
     loop {
         match subscription.next().await? {
             Next::Lost { count } => {
                 return Some(
                     SseEvent::default()
-                        .id(subscription.cursor().to_string())
+                        .id(hub.id(subscription.cursor()).to_string())
                         .event("lost")
                         .data(format!(r#"{{"type":"lost","count":{count}}}"#)),
                 );
@@ -130,7 +162,7 @@ async fn next_message(subscription: &mut Subscription, filter: &Filter) -> Optio
             Next::Event(published) if filter.admits(&published) => {
                 return Some(
                     SseEvent::default()
-                        .id(published.id.to_string())
+                        .id(hub.id(published.id).to_string())
                         .event(event_type(&published.json))
                         .data(published.json.as_str()),
                 );

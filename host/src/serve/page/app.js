@@ -127,6 +127,17 @@ function onEvent(e) {
   }
 }
 
+// The stream could not resume (the server restarted, or what was missed is gone): what is
+// shown of live processes may be stale, so start the live panel over and read the state.
+function recover(reason) {
+  processes.clear();
+  document.getElementById("processes").replaceChildren();
+  const why = reason === "another_run" ? "the server restarted" : "events were missed";
+  activity("(" + why + ": showing what happens from now on)");
+  const active = document.querySelector("nav button.active");
+  if (active) showView(active.dataset.view);
+}
+
 // Follows /v1/events, resuming after the last id seen when the connection drops.
 async function follow() {
   let last = null;
@@ -138,6 +149,7 @@ async function follow() {
       await readSse(response, (event, data, id) => {
         if (id !== null) last = id;
         if (event === "lost") activity("(" + JSON.parse(data).count + " events missed)");
+        else if (event === "reset") recover(JSON.parse(data).reason);
         else onEvent(JSON.parse(data));
       });
     } catch (_) { /* reconnect below */ }
