@@ -186,6 +186,63 @@ async fn file_read_pages_big_files_with_a_truncation_marker() {
     .unwrap();
     assert!(wide.len() < 70 * 1024, "{} bytes", wide.len());
     assert!(wide.contains("64 KiB output cap"), "{wide}");
+    // It is paged by bytes: each page names where the next starts, and the pages are the
+    // line, whole, then the next line.
+    let marker = "call file_read with offset=1 and byte_offset=";
+    let (mut read, mut pages, mut byte_offset) = (String::new(), 0, 0u64);
+    loop {
+        let page = call(
+            &registry,
+            "file_read",
+            json!({"path": "wide.txt", "offset": 1, "limit": 1, "byte_offset": byte_offset}),
+            "fs.read",
+            &ws.path(),
+        )
+        .await
+        .unwrap();
+        pages += 1;
+        match page.rfind(marker) {
+            Some(at) => {
+                assert!(
+                    page.contains("line 1 of 2 is 200001 bytes; showing its bytes"),
+                    "{}",
+                    &page[page.len() - 200..]
+                );
+                let next: u64 = page[at + marker.len()..]
+                    .trim_end_matches(" to continue]")
+                    .parse()
+                    .unwrap();
+                assert!(next > byte_offset, "{page}");
+                read.push_str(page[..page.rfind("\n[truncated").unwrap()].as_ref());
+                byte_offset = next;
+            }
+            None => {
+                let rest = "[truncated by the line limit: showing lines 1-1 of 2; call \
+                            file_read with offset=2 to continue]";
+                assert!(page.ends_with(rest), "{page}");
+                read.push_str(&page[..page.len() - rest.len()]);
+                break;
+            }
+        }
+        assert!(pages < 10, "paging does not end");
+    }
+    assert_eq!(read, format!("{}\n", "w".repeat(200_000)));
+    assert_eq!(pages, 4);
+    let msg = expect_error(
+        call(
+            &registry,
+            "file_read",
+            json!({"path": "wide.txt", "byte_offset": 300_000}),
+            "fs.read",
+            &ws.path(),
+        )
+        .await,
+        "invalid-args",
+    );
+    assert!(
+        msg.contains("past the end of line 1, which is 200001 bytes"),
+        "{msg}"
+    );
 
     let msg = expect_error(
         call(
