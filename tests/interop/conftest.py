@@ -110,10 +110,14 @@ class Server:
         env.pop("RUST_BACKTRACE", None)
         env["CAPSTAN_CACHE_DIR"] = str(ROOT / "target" / "test-component-cache")
         env["CAPSTAN_STATE_DIR"] = str(base / "state")
+        self.base, self.env = base, env
+        self._start("127.0.0.1:0")
+
+    def _start(self, addr):
         self.process = subprocess.Popen(
-            [str(BINARY), "serve", "--config", str(base / "capstan.toml"),
-             "--addr", "127.0.0.1:0", "--plugins-dir", str(PLUGINS)],
-            cwd=base, env=env, stdin=subprocess.DEVNULL,
+            [str(BINARY), "serve", "--config", str(self.base / "capstan.toml"),
+             "--addr", addr, "--plugins-dir", str(PLUGINS)],
+            cwd=self.base, env=self.env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         first = self.process.stdout.readline()
@@ -122,6 +126,14 @@ class Server:
             self.process.kill()
             raise RuntimeError(f"capstan serve did not start: {first!r} {self.process.stderr.read()}")
         self.url = first[len(prefix):].strip().rstrip("/")
+
+    def restart(self):
+        """Stops the server gracefully and starts it again on the same address, over the
+        same state."""
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=60)
+        assert code == 0, f"capstan serve exited {code}: {self.process.stderr.read()}"
+        self._start(self.url.removeprefix("http://"))
 
     def stop(self):
         self.process.send_signal(signal.SIGTERM)

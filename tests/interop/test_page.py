@@ -72,6 +72,28 @@ def test_a_person_chats_watches_a_worker_and_finds_a_denial(server, browser):
     browser.save_screenshot(str(SHOTS / "page-audit.png"))
 
 
+def test_the_live_panel_recovers_after_the_server_restarts(server, browser):
+    """The page resumes its event stream with the id it saw last; the restarted server
+    answers with a `reset`, and the page starts its live panel over and follows again."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    wait = WebDriverWait(browser, 120)
+    browser.get(server.url + "/")
+    send(browser, "Please count the files.")
+    worker = '#processes li[data-process="worker:1"] .state'
+    wait.until(ready.text_to_be_present_in_element((By.CSS_SELECTOR, worker), "done"))
+    wait.until(lambda d: [m.text for m in d.find_elements(By.CSS_SELECTOR, ".msg.agent.done")] == [WORKER_REPLY])
+
+    server.restart()
+    wait.until(ready.text_to_be_present_in_element((By.ID, "activity"), "the server restarted"))
+    assert not browser.find_elements(By.CSS_SELECTOR, '#processes li[data-process="worker:1"]')
+    send(browser, "Please count the files.")
+    again = '#processes li[data-process="worker:2"] .state'
+    wait.until(ready.text_to_be_present_in_element((By.CSS_SELECTOR, again), "done"))
+    wait.until(lambda d: [m.text for m in d.find_elements(By.CSS_SELECTOR, ".msg.agent.done")]
+               == [WORKER_REPLY, WORKER_REPLY])
+    browser.save_screenshot(str(SHOTS / "page-restarted.png"))
+
+
 def test_the_page_fits_a_narrow_screen(server, browser):
     browser.set_window_size(390, 844)
     browser.get(server.url + "/")
