@@ -148,7 +148,7 @@ pub(crate) async fn run(
                 let text_out = StreamedText {
                     ctx: &ctx,
                     channel: &name,
-                    redactor: Mutex::new(ctx.redactor().stream()),
+                    redactor: Mutex::new(ctx.redactor().steady_stream()),
                 };
                 let mut turn = ctx.turn(&name, lease.ticket(), route, &system, &tools);
                 turn.deltas = &text_out;
@@ -248,9 +248,10 @@ async fn answer_forwarded(ctx: &Context, inputs: &[ChannelInput], answer: &Answe
 }
 
 /// Passes the text of a channel's answer on as [`Event::Text`] while the model streams
-/// it, so a person sees the reply as it is written: redacted as one stream, so a secret
-/// the model writes across several deltas is hidden whole (its first bytes wait for the
-/// next delta, or the turn's end).
+/// it, so a person sees the reply as it is written: redacted as one steady stream, so a
+/// secret the model writes across several deltas is hidden whole, and what is held back
+/// (always the last few bytes, as many as the longest value less one) tells a user who
+/// asks the model to repeat a guess nothing of any value.
 struct StreamedText<'a> {
     ctx: &'a Context,
     channel: &'a ProcessId,

@@ -126,11 +126,39 @@ impl Redactor {
         found.then_some(out)
     }
 
-    /// A redactor for one stream of bytes, such as a response body.
+    /// A redactor for one stream of bytes, such as a response body, that holds back only
+    /// what could still grow into a value. What it holds back thus tells whether the end
+    /// of a chunk begins a value: use it where chunks end in a line break (which begins
+    /// no value) or where no one who reads the stream chooses where its chunks end;
+    /// elsewhere use [`Redactor::steady_stream`].
     pub fn stream(&self) -> StreamRedactor {
         StreamRedactor {
             redactor: self.clone(),
             pending: Vec::new(),
+            lag: None,
+        }
+    }
+
+    /// A redactor for a stream whose content and chunking someone outside may steer (a
+    /// model repeating what a user asks, a server a plugin controls): it always holds back
+    /// the last bytes of what it was given, as many as the longest value less one (cut on
+    /// a character), whatever they are, so what it releases and when depends on lengths
+    /// alone and tells nothing of any value.
+    ///
+    /// ```
+    /// use capstan_host::secrets::Redactor;
+    ///
+    /// let redactor = Redactor::new([("KEY".parse().unwrap(), "abcdefgh12345".into())]);
+    /// let (mut a, mut b) = (redactor.steady_stream(), redactor.steady_stream());
+    /// // A prefix of the value and other text of its length are held back alike.
+    /// assert_eq!(a.push(b"line: abcdefgh").len(), b.push(b"line: zzzzzzzz").len());
+    /// ```
+    pub fn steady_stream(&self) -> StreamRedactor {
+        let longest = self.values.first().map_or(0, |(value, _)| value.len());
+        StreamRedactor {
+            redactor: self.clone(),
+            pending: Vec::new(),
+            lag: Some(longest.saturating_sub(1)),
         }
     }
 }
@@ -161,6 +189,8 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 pub struct StreamRedactor {
     redactor: Redactor,
     pending: Vec<u8>,
+    /// For a steady stream: how many bytes it always holds back.
+    lag: Option<usize>,
 }
 
 impl StreamRedactor {
@@ -189,8 +219,20 @@ impl StreamRedactor {
         let data = &self.pending;
         let values = &self.redactor.values;
         let mut out = Vec::with_capacity(data.len());
+        // A steady stream looks only at what lies before its lag: a value that begins
+        // there ends within what it holds, so it is found whole.
+        let end = match self.lag {
+            Some(lag) if !at_end => {
+                let mut end = data.len().saturating_sub(lag);
+                while end > 0 && end < data.len() && data[end] & 0xC0 == 0x80 {
+                    end -= 1;
+                }
+                end
+            }
+            _ => data.len(),
+        };
         let mut i = 0;
-        while i < data.len() {
+        while i < end {
             // Most bytes begin no value: pass them on without comparing.
             if !values.iter().any(|(v, _)| v.as_bytes()[0] == data[i]) {
                 out.push(data[i]);
@@ -199,6 +241,7 @@ impl StreamRedactor {
             }
             let rest = &data[i..];
             let may_grow = !at_end
+                && self.lag.is_none()
                 && values
                     .iter()
                     .any(|(v, _)| v.len() > rest.len() && v.as_bytes().starts_with(rest));
@@ -256,6 +299,58 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// What a steady stream releases after each chunk depends on the chunks' lengths
+    /// alone: the prefixes of a value are held back as any other text of their length.
+    #[test]
+    fn a_steady_stream_releases_by_length_alone() {
+        let released = |text: &str| -> Vec<usize> {
+            let mut stream = redactor().steady_stream();
+            let mut lengths: Vec<usize> = text
+                .as_bytes()
+                .chunks(3)
+                .map(|chunk| stream.push(chunk).len())
+                .collect();
+            lengths.push(stream.finish().len());
+            lengths
+        };
+        let probe = "is it secret-valu? or secret-value-";
+        // The same text, every value's letter turned to `z`.
+        let other: String = probe
+            .chars()
+            .map(|c| {
+                if c == '-' || c.is_alphabetic() {
+                    'z'
+                } else {
+                    c
+                }
+            })
+            .collect();
+        assert_eq!(released(probe), released(&other));
+        // And whatever the chunks, the stream is redacted whole.
+        for size in 1..10 {
+            let mut stream = redactor().steady_stream();
+            let mut out = Vec::new();
+            for chunk in b"<<secret-value-12345>> and secret-value-1.".chunks(size) {
+                out.extend(stream.push(chunk));
+            }
+            out.extend(stream.finish());
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                "<<[redacted secret B]>> and [redacted secret A]."
+            );
+        }
+        // Characters are never cut.
+        let mut stream = redactor().steady_stream();
+        let mut out = Vec::new();
+        for chunk in "é".repeat(40).as_bytes().chunks(5) {
+            let part = stream.push(chunk);
+            assert!(std::str::from_utf8(&part).is_ok());
+            out.extend(part);
+        }
+        out.extend(stream.finish());
+        assert_eq!(String::from_utf8(out).unwrap(), "é".repeat(40));
     }
 
     #[test]

@@ -440,19 +440,7 @@ async fn the_event_stream_follows_one_conversation_and_resumes_after_the_last_ev
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_last_event_id_that_cannot_be_resumed_gets_a_reset_then_live_events() {
     let served = serve(|settings, _| settings.event_buffer = 4).await;
-    let mut first = SseReader::open(&served.client, &served.at("/v1/events"), None).await;
-    let (status, _) = served
-        .post(
-            "/v1/channels/main/messages",
-            json!({"text": "hello", "wait": true}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    first.next().await.unwrap();
-    let id_one = first.last_id.clone().unwrap();
-    assert!(id_one.ends_with("-1"), "{id_one}");
-    drop(first);
-    for _ in 0..3 {
+    let exchange = || async {
         let (status, _) = served
             .post(
                 "/v1/channels/main/messages",
@@ -460,6 +448,15 @@ async fn a_last_event_id_that_cannot_be_resumed_gets_a_reset_then_live_events() 
             )
             .await;
         assert_eq!(status, StatusCode::OK);
+    };
+    let mut first = SseReader::open(&served.client, &served.at("/v1/events"), None).await;
+    exchange().await;
+    first.next().await.unwrap();
+    let id_one = first.last_id.clone().unwrap();
+    assert!(id_one.ends_with("-1"), "{id_one}");
+    drop(first);
+    for _ in 0..3 {
+        exchange().await;
     }
     // Four exchanges of three events each: events 1..=8 are gone.
     let another_run = format!("0123456789abcdef-{}", 3);
@@ -483,13 +480,7 @@ async fn a_last_event_id_that_cannot_be_resumed_gets_a_reset_then_live_events() 
         readers.push((given.to_owned(), resumed));
     }
     // Then live events.
-    let (status, _) = served
-        .post(
-            "/v1/channels/main/messages",
-            json!({"text": "hello", "wait": true}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    exchange().await;
     for (given, mut resumed) in readers {
         let (id, event, _) = resumed.next().await.unwrap();
         assert_eq!((id, event.as_str()), (Some(13), "turn_started"), "{given}");
