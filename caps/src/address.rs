@@ -4,7 +4,7 @@
 //! address is reached only where both the tool's declaration and the caller's grant name
 //! it: its host or address exactly, or its range (`{loopback}`, `{private}`,
 //! `{link-local}`, `{unique-local}`, `{internal}`). Cloud metadata and special-purpose
-//! addresses belong to no range: only a rule naming them exactly reaches them.
+//! addresses belong to no range: only a rule naming the address itself reaches them.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -30,8 +30,8 @@ pub enum AddressClass {
     LinkLocal,
     /// `fc00::/7`.
     UniqueLocal,
-    /// A cloud provider's instance metadata service (`169.254.169.254`, `fd00:ec2::254`,
-    /// `100.100.100.200`).
+    /// A cloud provider's instance metadata or credentials service ([`METADATA_V4`],
+    /// [`METADATA_V6`]): reached only by a rule naming the address itself.
     CloudMetadata,
     /// `0.0.0.0/8`, `::`, multicast, broadcast, documentation, benchmarking and reserved
     /// ranges: nothing a tool has reason to reach.
@@ -167,9 +167,30 @@ impl fmt::Display for AddressClass {
     }
 }
 
+/// The IPv4 addresses of cloud metadata and credentials services: AWS, GCP, Azure,
+/// OpenStack and others (169.254.169.254), AWS ECS task credentials (169.254.170.2), EKS
+/// Pod Identity (169.254.170.23), Tencent (169.254.0.23), Alibaba (100.100.100.200) and
+/// Azure's WireServer (168.63.129.16, which is not in a private range).
+pub const METADATA_V4: [Ipv4Addr; 6] = [
+    Ipv4Addr::new(169, 254, 169, 254),
+    Ipv4Addr::new(169, 254, 170, 2),
+    Ipv4Addr::new(169, 254, 170, 23),
+    Ipv4Addr::new(169, 254, 0, 23),
+    Ipv4Addr::new(100, 100, 100, 200),
+    Ipv4Addr::new(168, 63, 129, 16),
+];
+
+/// The IPv6 addresses of cloud metadata and credentials services: AWS (`fd00:ec2::254`),
+/// EKS Pod Identity (`fd00:ec2::23`), GCP (`fd20:ce::254`).
+pub const METADATA_V6: [Ipv6Addr; 3] = [
+    Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254),
+    Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x23),
+    Ipv6Addr::new(0xfd20, 0xce, 0, 0, 0, 0, 0, 0x254),
+];
+
 fn class_v4(ip: Ipv4Addr) -> AddressClass {
     let [a, b, c, _] = ip.octets();
-    if ip == Ipv4Addr::new(169, 254, 169, 254) || ip == Ipv4Addr::new(100, 100, 100, 200) {
+    if METADATA_V4.contains(&ip) {
         return AddressClass::CloudMetadata;
     }
     if ip.is_loopback() {
@@ -193,11 +214,7 @@ fn class_v4(ip: Ipv4Addr) -> AddressClass {
 
 fn class_v6(ip: Ipv6Addr) -> AddressClass {
     let seg = ip.segments();
-    if ip
-        == "fd00:ec2::254"
-            .parse::<Ipv6Addr>()
-            .expect("a valid address")
-    {
+    if METADATA_V6.contains(&ip) {
         AddressClass::CloudMetadata
     } else if ip.is_loopback() {
         AddressClass::Loopback
@@ -277,6 +294,13 @@ mod tests {
             ("fc00::1", AddressClass::UniqueLocal),
             ("fd12:3456::1", AddressClass::UniqueLocal),
             ("fd00:ec2::254", AddressClass::CloudMetadata),
+            ("fd00:ec2::23", AddressClass::CloudMetadata),
+            ("fd20:ce::254", AddressClass::CloudMetadata),
+            ("169.254.170.2", AddressClass::CloudMetadata),
+            ("169.254.170.23", AddressClass::CloudMetadata),
+            ("169.254.0.23", AddressClass::CloudMetadata),
+            ("168.63.129.16", AddressClass::CloudMetadata),
+            ("::ffff:168.63.129.16", AddressClass::CloudMetadata),
             ("ff02::1", AddressClass::Special),
             ("2001:db8::1", AddressClass::Special),
             ("::ffff:127.0.0.1", AddressClass::Loopback),

@@ -35,7 +35,7 @@ mod net;
 use std::fmt;
 use std::str::FromStr;
 
-pub use address::{AddressClass, AddressRange};
+pub use address::{AddressClass, AddressRange, METADATA_V4, METADATA_V6};
 pub use net::{
     HostRule, METHODS, NetRule, NetTarget, ParseNetRuleError, PortRule, Scheme, SchemeRule,
     TargetHost, canonical_ip,

@@ -210,11 +210,15 @@ impl HostRule {
     }
 
     /// Whether an address of `class` is one this host part reaches: a wildcard only a
-    /// public one, an exact name or address any, a range its own.
+    /// public one, a range its own, an exact name any but a metadata or special-purpose
+    /// one (a name's DNS may change), an exact address itself.
     fn covers(&self, class: AddressClass) -> bool {
         match self {
             HostRule::Any | HostRule::Subdomains(_) => class.is_public(),
-            HostRule::Name(_) | HostRule::Ip(_) => true,
+            HostRule::Name(_) => {
+                !matches!(class, AddressClass::CloudMetadata | AddressClass::Special)
+            }
+            HostRule::Ip(_) => true,
             HostRule::Range(range) => range.contains(class),
         }
     }
@@ -308,7 +312,8 @@ impl NetRule {
 
     /// Whether this rule allows `target` connecting to an address of `class`: it allows
     /// the target, and a wildcard host reaches public addresses only, a range its own, an
-    /// exact host or address whatever it is.
+    /// exact name any but a cloud metadata or special-purpose address, an exact address
+    /// itself.
     ///
     /// ```
     /// use capstan_caps::{AddressClass, NetRule, NetTarget, Scheme, TargetHost};
@@ -792,6 +797,12 @@ mod tests {
         );
         let named = target("GET http localhost 6379");
         assert!(loopback.covers(&named, AddressClass::Loopback));
+        let exact = rule("http://localhost:6379");
+        assert!(exact.covers(&named, AddressClass::Private));
+        assert!(
+            !exact.covers(&named, AddressClass::CloudMetadata),
+            "a name whose DNS turns to a metadata address does not reach it"
+        );
         assert!(!loopback.covers(&named, AddressClass::Private));
         assert!(!loopback.covers(&named, AddressClass::Public));
 

@@ -25,8 +25,9 @@ pub struct Redactor {
 
 impl Redactor {
     /// A redactor for `(name, value)` pairs: each value as it is, and as it reads inside a
-    /// JSON string (a quote, a backslash or a control character escaped), so a value
-    /// quoted in JSON is found too.
+    /// JSON string however common encoders escape it (a quote, a backslash or a control
+    /// character escaped; `/` as `\/`; `<`, `>`, `&` as Go escapes them; every character
+    /// past ASCII as `\uXXXX`), so a value quoted in JSON is found too.
     pub fn new(secrets: impl IntoIterator<Item = (SecretName, Arc<str>)>) -> Self {
         let mut values: Vec<(Arc<str>, String)> = Vec::new();
         for (name, value) in secrets {
@@ -34,10 +35,10 @@ impl Redactor {
                 continue;
             }
             let label = REDACTED.replace("{}", name.as_str());
-            let quoted = serde_json::to_string(&*value).expect("a string serializes");
-            let escaped = &quoted[1..quoted.len() - 1];
-            if escaped != &*value {
-                values.push((Arc::from(escaped), label.clone()));
+            for form in json_forms(&value) {
+                if form != *value {
+                    values.push((Arc::from(form), label.clone()));
+                }
             }
             values.push((value, label));
         }
@@ -161,6 +162,35 @@ impl Redactor {
             lag: Some(longest.saturating_sub(1)),
         }
     }
+}
+
+/// How `value` may read inside a JSON string, as the encoders in common use write it.
+fn json_forms(value: &str) -> Vec<String> {
+    let quoted = serde_json::to_string(value).expect("a string serializes");
+    let serde = quoted[1..quoted.len() - 1].to_owned();
+    let slash = serde.replace('/', "\\/");
+    let go = serde
+        .replace('<', "\\u003c")
+        .replace('>', "\\u003e")
+        .replace('&', "\\u0026");
+    let ascii: String = serde
+        .chars()
+        .map(|c| {
+            if c.is_ascii() {
+                c.to_string()
+            } else {
+                let mut units = [0u16; 2];
+                c.encode_utf16(&mut units)
+                    .iter()
+                    .map(|unit| format!("\\u{unit:04x}"))
+                    .collect()
+            }
+        })
+        .collect();
+    let mut forms = vec![serde, slash, go, ascii];
+    forms.sort();
+    forms.dedup();
+    forms
 }
 
 /// Whether `haystack` holds `needle`.
@@ -358,6 +388,22 @@ mod tests {
         let redactor = Redactor::new([("Q".parse().unwrap(), "ab\"cd\\ef-123".into())]);
         let json = serde_json::json!({ "echo": "ab\"cd\\ef-123" }).to_string();
         assert_eq!(redactor.redact(&json), r#"{"echo":"[redacted secret Q]"}"#);
+    }
+
+    #[test]
+    fn a_value_escaped_by_other_json_encoders_is_found() {
+        let redactor = Redactor::new([("K".parse().unwrap(), "AKIA/x<y>&z-é-0123".into())]);
+        for escaped in [
+            r"AKIA\/x<y>&z-é-0123",
+            r"AKIA/x\u003cy\u003e\u0026z-é-0123",
+            r"AKIA/x<y>&z-\u00e9-0123",
+        ] {
+            assert_eq!(
+                redactor.redact(&format!("{{\"k\":\"{escaped}\"}}")),
+                r#"{"k":"[redacted secret K]"}"#,
+                "{escaped}"
+            );
+        }
     }
 
     #[test]

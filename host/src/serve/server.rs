@@ -297,22 +297,23 @@ async fn authenticate(
     }
 }
 
+// Neither refusal quotes the path: answered before any token is checked, an echo passed
+// through the redactor would tell anyone whether a path they guessed is a secret's value.
+
 async fn method_not_allowed(request: Request) -> super::error::ApiError {
     super::error::ApiError::new(
         axum::http::StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",
         format!(
-            "{} is not a method of {}; GET /v1/openapi.json lists each route's",
-            request.method(),
-            crate::text::truncate(request.uri().path(), 200)
+            "{} is not a method of this route; GET /v1/openapi.json lists each route's",
+            crate::text::truncate(request.method().as_str(), 20)
         ),
     )
 }
 
 async fn not_found(request: Request) -> super::error::ApiError {
     super::error::ApiError::not_found(format!(
-        "no route {} {}; GET /v1/openapi.json lists them",
-        request.method(),
-        crate::text::truncate(request.uri().path(), 200)
+        "no route {} of that path; GET /v1/openapi.json lists them",
+        crate::text::truncate(request.method().as_str(), 20)
     ))
 }

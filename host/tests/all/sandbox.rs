@@ -186,53 +186,73 @@ async fn file_read_pages_big_files_with_a_truncation_marker() {
     .unwrap();
     assert!(wide.len() < 70 * 1024, "{} bytes", wide.len());
     assert!(wide.contains("64 KiB output cap"), "{wide}");
-    // It is paged by bytes: each page names where the next starts, and the pages are the
-    // line, whole, then the next line.
-    let marker = "call file_read with offset=1 and byte_offset=";
-    let (mut read, mut pages, mut byte_offset) = (String::new(), 0, 0u64);
-    loop {
-        let page = call(
-            &registry,
-            "file_read",
-            json!({"path": "wide.txt", "offset": 1, "limit": 1, "byte_offset": byte_offset}),
-            "fs.read",
-            &ws.path(),
-        )
-        .await
-        .unwrap();
-        pages += 1;
-        match page.rfind(marker) {
-            Some(at) => {
-                assert!(
-                    page.contains("line 1 of 2 is 200001 bytes; showing its bytes"),
-                    "{}",
-                    &page[page.len() - 200..]
-                );
-                let next: u64 = page[at + marker.len()..]
-                    .trim_end_matches(" to continue]")
-                    .parse()
-                    .unwrap();
-                assert!(next > byte_offset, "{page}");
-                read.push_str(page[..page.rfind("\n[truncated").unwrap()].as_ref());
-                byte_offset = next;
-            }
-            None => {
-                let rest = "[truncated by the line limit: showing lines 1-1 of 2; call \
-                            file_read with offset=2 to continue]";
-                assert!(page.ends_with(rest), "{page}");
-                read.push_str(&page[..page.len() - rest.len()]);
-                break;
+    // It is paged: each page names the next, and the pages are the line, whole.
+    let pages_of = |path: &'static str| {
+        let registry = &registry;
+        let ws = &ws;
+        async move {
+            let mut pages = Vec::new();
+            loop {
+                let next = pages.len() + 1;
+                let page = call(
+                    registry,
+                    "file_read",
+                    json!({"path": path, "offset": 1, "limit": 1, "line_page": next}),
+                    "fs.read",
+                    &ws.path(),
+                )
+                .await
+                .unwrap();
+                let marker = format!("call file_read with offset=1 and line_page={} ", next + 1);
+                match page.rfind("\n[truncated by the 64 KiB output cap: line 1 of 2 is ") {
+                    Some(at) => {
+                        assert!(page.contains(&marker), "{}", &page[at..]);
+                        pages.push(page[..at].to_owned());
+                    }
+                    None => {
+                        let rest = "[truncated by the line limit: showing lines 1-1 of 2; \
+                                    call file_read with offset=2 to continue]";
+                        assert!(page.ends_with(rest), "{page}");
+                        pages.push(page[..page.len() - rest.len()].to_owned());
+                        return pages;
+                    }
+                }
+                assert!(pages.len() < 100, "paging does not end");
             }
         }
-        assert!(pages < 10, "paging does not end");
+    };
+    let pages = pages_of("wide.txt").await;
+    assert_eq!(pages.concat(), format!("{}\n", "w".repeat(200_000)));
+    assert_eq!(pages.len(), 4);
+    // A line of tokens is cut between them, never inside one.
+    let tokens: String = (0..12_000).map(|n| format!("tok-{n:012} ")).collect();
+    ws.put("tokens.txt", &format!("{tokens}\nsecond\n"));
+    let pages = pages_of("tokens.txt").await;
+    assert_eq!(pages.concat(), format!("{tokens}\n"));
+    for page in &pages[..pages.len() - 1] {
+        assert!(
+            page.ends_with(' '),
+            "a page ends inside a token: {}",
+            &page[page.len() - 30..]
+        );
     }
-    assert_eq!(read, format!("{}\n", "w".repeat(200_000)));
-    assert_eq!(pages, 4);
     let msg = expect_error(
         call(
             &registry,
             "file_read",
-            json!({"path": "wide.txt", "byte_offset": 300_000}),
+            json!({"path": "wide.txt", "line_page": 9}),
+            "fs.read",
+            &ws.path(),
+        )
+        .await,
+        "invalid-args",
+    );
+    assert!(msg.contains("line 1 has 4 pages"), "{msg}");
+    let msg = expect_error(
+        call(
+            &registry,
+            "file_read",
+            json!({"path": "big.txt", "line_page": 2}),
             "fs.read",
             &ws.path(),
         )
@@ -240,7 +260,7 @@ async fn file_read_pages_big_files_with_a_truncation_marker() {
         "invalid-args",
     );
     assert!(
-        msg.contains("past the end of line 1, which is 200001 bytes"),
+        msg.contains("for a line longer than the 64 KiB output cap"),
         "{msg}"
     );
 

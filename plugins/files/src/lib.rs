@@ -19,7 +19,9 @@ fn tools() -> Toolbox {
             Tool::new(
                 "file_read",
                 "Reads a text file in the workspace. Long files come in pages: pass `offset` \
-                 (first line, 1-based) and `limit` (lines) to read further.",
+                 (first line, 1-based) and `limit` (lines) to read further; a line longer \
+                 than the output cap comes in pages of its own (`line_page`), as the marker \
+                 at the end of each page says.",
                 read::file_read,
             )
             .needs(Capability::FsRead),
