@@ -86,7 +86,19 @@ pub(super) fn spawn(launch: &Launch<'_>) -> Result<(TokioChildProcess, StderrTai
         })?;
     let tail = StderrTail::default();
     if let Some(stderr) = stderr {
-        tokio::spawn(forward_stderr(name.to_owned(), stderr, tail.clone()));
+        // The secrets it was given, should it print one, across reads too.
+        let redactor = crate::secrets::Redactor::new(
+            launch
+                .secrets
+                .iter()
+                .filter_map(|(name, value)| Some((name.parse().ok()?, Arc::from(value.as_str())))),
+        );
+        tokio::spawn(forward_stderr(
+            name.to_owned(),
+            stderr,
+            tail.clone(),
+            redactor,
+        ));
     }
     Ok((transport, tail))
 }
@@ -104,22 +116,62 @@ fn find_program(command: &str, cwd: &Path) -> Option<PathBuf> {
 }
 
 /// Logs what the server writes on standard error, a bounded chunk at a time, and keeps
-/// its tail.
-async fn forward_stderr(server: String, mut stderr: tokio::process::ChildStderr, tail: StderrTail) {
+/// its tail: both redacted as one stream of the secrets it was given, so a value split
+/// across two reads is hidden whole.
+async fn forward_stderr(
+    server: String,
+    mut stderr: tokio::process::ChildStderr,
+    tail: StderrTail,
+    redactor: crate::secrets::Redactor,
+) {
     let mut buf = vec![0u8; 4096];
+    let mut stream = redactor.stream();
+    let say = |bytes: Vec<u8>| {
+        if bytes.is_empty() {
+            return;
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        tail.push(&text);
+        tracing::info!(target: "capstan::mcp", server = %server, "{}", text.trim_end());
+    };
     while let Ok(n) = stderr.read(&mut buf).await {
         if n == 0 {
             break;
         }
-        let text = String::from_utf8_lossy(&buf[..n]);
-        tail.push(&text);
-        tracing::info!(target: "capstan::mcp", server = %server, "{}", text.trim_end());
+        say(stream.push(&buf[..n]));
     }
+    say(stream.finish());
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server prints a secret it was given in two writes (which may come in two reads):
+    /// its log and its tail hide it whole.
+    #[tokio::test]
+    async fn a_secret_the_server_prints_in_pieces_is_hidden_in_its_tail() {
+        let mut child = tokio::process::Command::new("sh")
+            .args([
+                "-c",
+                "printf 'key=sk-split-01' >&2; sleep 0.01; printf '23456789 end\\n' >&2",
+            ])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let tail = StderrTail::default();
+        let redactor = crate::secrets::Redactor::new([(
+            "NOTES_KEY".parse().unwrap(),
+            Arc::from("sk-split-0123456789"),
+        )]);
+        forward_stderr("notes".into(), stderr, tail.clone(), redactor).await;
+        assert_eq!(
+            tail.text().as_deref(),
+            Some("key=[redacted secret NOTES_KEY] end")
+        );
+        let _ = child.wait().await;
+    }
 
     #[test]
     fn the_tail_keeps_the_last_bytes_on_char_boundaries() {
