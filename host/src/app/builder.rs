@@ -119,10 +119,7 @@ impl AgentBuilder {
     pub async fn build(self) -> Result<Agent, BuildError> {
         let config = self.config;
         let workspace = &config.agent.workspace;
-        std::fs::create_dir_all(workspace).map_err(|source| BuildError::Workspace {
-            path: workspace.clone(),
-            source,
-        })?;
+        crate::config::make_workspace(workspace)?;
         let services = match self.services {
             Some(services) => services,
             None => super::open_services(&config).await?,

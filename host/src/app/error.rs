@@ -12,13 +12,8 @@ use crate::store::StoreError;
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     /// The workspace directory could not be created.
-    #[error("creating the workspace {}: {source}", path.display())]
-    Workspace {
-        /// The workspace.
-        path: PathBuf,
-        /// What the file system said.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Workspace(#[from] crate::config::WorkspaceError),
     /// The store could not be opened.
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -82,12 +82,7 @@ impl Launch {
     pub(crate) async fn start_agent(&self, config: Config) -> anyhow::Result<Agent> {
         let locations = self.locations(&config)?;
         locations.check()?;
-        std::fs::create_dir_all(&config.agent.workspace).with_context(|| {
-            format!(
-                "creating the workspace {}",
-                config.agent.workspace.display()
-            )
-        })?;
+        crate::config::make_workspace(&config.agent.workspace)?;
         // Recorded once it exists, as the path it resolves to.
         super::record_if_writable(locations)?;
         let plugins_dir = self.host.plugins_dir(&config)?;
@@ -500,8 +495,7 @@ impl DemoCommand {
 /// Writes the demo's notes into `workspace/notes/` through a handle on the workspace, so
 /// a symlink planted in an existing workspace (`--dir`) cannot lead a write outside it.
 fn write_demo_notes(workspace: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(workspace)
-        .with_context(|| format!("creating the workspace {}", workspace.display()))?;
+    crate::config::make_workspace(workspace)?;
     let dir = cap_std::fs::Dir::open_ambient_dir(workspace, cap_std::ambient_authority())
         .with_context(|| format!("opening the workspace {}", workspace.display()))?;
     let notes = workspace.join("notes");

@@ -37,8 +37,7 @@ impl McpCommand {
         let locations = self
             .host
             .check_call_locations(&config, &workspace, &grants)?;
-        std::fs::create_dir_all(&workspace)
-            .with_context(|| format!("creating the workspace {}", workspace.display()))?;
+        crate::config::make_workspace(&workspace)?;
         super::record_if_writable(locations)?;
         // The audit rows go where the agent's do, so `capstan serve` and the API show them.
         let services = crate::app::open_services(&config).await?;

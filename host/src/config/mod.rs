@@ -25,6 +25,7 @@ mod raw;
 mod resolve;
 mod serve;
 mod store;
+mod workspace;
 mod writable_workspaces;
 
 pub use crate::text::{SourceError, read_text, toml_error_message};
@@ -36,6 +37,7 @@ pub use overrides::Override;
 pub use resolve::resolve;
 pub use serve::{ServeSettings, TokenScope, TokenSpec, parse_addr};
 pub use store::{DatabaseUrl, StoreSettings};
+pub use workspace::{WorkspaceError, make_workspace};
 pub use writable_workspaces::{RecordError, WRITABLE_WORKSPACES_FILE, WritableWorkspaces};
 
 use std::path::{Path, PathBuf};

@@ -42,6 +42,15 @@ impl GrantSource {
         }
     }
 
+    /// `rule` as it is written where it would be added: `"api.example.com"` in a profile's
+    /// `net` list, `net:api.example.com` in `--grant`.
+    pub fn spell(&self, rule: &NetRule) -> String {
+        match self {
+            GrantSource::Flag => format!("net:{rule}"),
+            _ => format!("\"{rule}\""),
+        }
+    }
+
     /// Where a rule would be added: "`net` in [profiles.worker] of capstan.toml".
     pub fn place(&self) -> String {
         match self {
@@ -145,7 +154,8 @@ impl NetScope {
                     list(&self.granted)
                 ),
                 fix: format!(
-                    "to allow it, add \"{suggested}\" to {}",
+                    "to allow it, add {} to {}",
+                    self.source.spell(&suggested),
                     self.source.place()
                 ),
             });
@@ -159,7 +169,8 @@ impl NetScope {
                 list(&self.granted)
             ),
             fix: format!(
-                "add \"{suggested}\" to {}, inside what the tool declares",
+                "add {} to {}, inside what the tool declares",
+                self.source.spell(&suggested),
                 self.source.place()
             ),
         })
@@ -214,12 +225,12 @@ impl NetScope {
                 list(&self.granted)
             ),
             fix: format!(
-                "only a grant naming the host or address exactly (\"{}\") or its range \
-                 (\"{}\") in {} reaches loopback, private, link-local and unique-local \
-                 addresses; cloud metadata and special-purpose addresses only one naming the \
-                 address exactly",
-                rule_for(target),
-                range_rule(target, class).map_or_else(|| "none".to_owned(), |r| r.to_string()),
+                "only a grant naming the host or address exactly ({}) or its range ({}) in {} \
+                 reaches loopback, private, link-local and unique-local addresses; cloud \
+                 metadata and special-purpose addresses only one naming the address itself",
+                self.source.spell(&rule_for(target)),
+                range_rule(target, class)
+                    .map_or_else(|| "none".to_owned(), |r| self.source.spell(&r)),
                 self.source.place()
             ),
         })
@@ -347,6 +358,21 @@ mod tests {
         assert!(text.contains("granted net: api.example.com"), "{text}");
         assert!(
             text.contains("add \"http://evil.com:8080\" to `net` in [profiles.worker]"),
+            "{text}"
+        );
+    }
+
+    /// The fix is written as `--grant` takes it: a capability, `net:RULE`.
+    #[test]
+    fn a_refusal_of_a_flag_grant_spells_the_fix_as_the_flag_takes_it() {
+        let mut scope = scope(&GENERIC, &["api.example.com"]);
+        scope.source = GrantSource::Flag;
+        let text = scope
+            .check(&target("http://evil.com:8080/"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("add net:http://evil.com:8080 to --grant"),
             "{text}"
         );
     }

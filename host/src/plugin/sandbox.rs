@@ -113,8 +113,16 @@ impl Sandbox {
                 )
             });
             wasi.preopened_dir(dir, ".", perms).map_err(|err| {
+                let fix = match std::fs::metadata(dir) {
+                    Ok(meta) if !meta.is_dir() => {
+                        "it is a file, not a directory: pass a directory (--workspace DIR, \
+                         agent.workspace)"
+                    }
+                    Err(_) => "it does not exist: create it, or pass another (--workspace DIR)",
+                    Ok(_) => "check its permissions, or pass another (--workspace DIR)",
+                };
                 ToolError::Failed(format!(
-                    "cannot open the workspace {} for tool `{tool}`: {err}",
+                    "cannot open the workspace {} for tool `{tool}`: {err}; {fix}",
                     dir.display()
                 ))
             })?;

@@ -352,6 +352,49 @@ fn a_bad_config_fails_at_start_naming_the_file_and_key() {
     );
 }
 
+/// A workspace path that is a file is refused, saying so and what to change, by the
+/// commands that make the workspace and by a call that opens it.
+#[test]
+fn a_workspace_that_is_a_file_is_refused_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ws"), "a file").unwrap();
+    std::fs::write(
+        dir.path().join("capstan.toml"),
+        "[agent]\nworkspace = \"ws\"\n[provider]\nkind = \"scripted\"\nscript = \"s.toml\"\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("s.toml"), "").unwrap();
+    for args in [&["run", "hello"][..], &["mcp", "--profile", "worker"][..]] {
+        let out = capstan(dir.path(), args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("ws is a file, not a directory")
+                && err.contains("point agent.workspace (or --workspace) at a directory"),
+            "{args:?}: {err}"
+        );
+    }
+    let out = capstan(
+        dir.path(),
+        &[
+            "tool",
+            "call",
+            "file_read",
+            r#"{"path":"a.txt"}"#,
+            "--grant",
+            "fs.read",
+            "--workspace",
+            "ws",
+        ],
+    );
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("it is a file, not a directory: pass a directory (--workspace DIR"),
+        "{text}"
+    );
+}
+
 #[test]
 fn the_demo_runs_from_any_directory_and_ends_with_the_tasks_from_sqlite() {
     let elsewhere = tempfile::tempdir().unwrap();
