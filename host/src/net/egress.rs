@@ -356,6 +356,14 @@ impl CallNet {
         };
         log.status = Some(response.status().as_u16());
         let (mut parts, incoming) = response.into_parts();
+        if carries_secret && parts.status == http::StatusCode::PARTIAL_CONTENT {
+            let message = "capstan stopped this response: it is a part of the whole (206), \
+                           which could cut a secret the request carried in two, hidden from \
+                           redaction; the host asks for whole answers"
+                .to_owned();
+            log.failed(0, &message);
+            return Err(Error::InternalError(Some(message)));
+        }
         if carries_secret
             && let Some(encoding) = parts.headers.get(http::header::CONTENT_ENCODING)
             && !encoding.as_bytes().eq_ignore_ascii_case(b"identity")
@@ -373,8 +381,12 @@ impl CallNet {
         let redactor = Redactor::new(injected);
         redact_headers(&redactor, &mut parts.headers);
         if carries_secret {
-            // Redaction changes the body's length: the server's would tell the secret's.
-            parts.headers.remove(http::header::CONTENT_LENGTH);
+            // Redaction changes the body's length: what the server says of the unredacted
+            // body (its length, a digest, a validator built from them) would tell the
+            // secret's.
+            for name in UNREDACTED_BODY_HEADERS {
+                parts.headers.remove(name);
+            }
         }
         let body = GuardedResponse {
             inner: incoming,
@@ -423,12 +435,28 @@ impl CallNet {
                 http::header::ACCEPT_ENCODING,
                 http::HeaderValue::from_static("identity"),
             );
+            // The whole answer, never a slice the guest picks: a slice of an echo of the
+            // secret is no whole value, and would pass the redactor.
+            for name in [http::header::RANGE, http::header::IF_RANGE] {
+                headers.remove(name);
+            }
         }
         injected
     }
 }
 
 type IoFuture = Box<dyn Future<Output = Result<(), Error>> + Send>;
+
+/// Headers of a response that describe its body as the server sent it: dropped when the
+/// request carried a secret, as the guest reads the body redacted.
+const UNREDACTED_BODY_HEADERS: [&str; 6] = [
+    "content-length",
+    "content-range",
+    "etag",
+    "digest",
+    "repr-digest",
+    "content-digest",
+];
 
 /// The header a response header whose name held a secret is handed on as.
 pub(crate) const REDACTED_HEADER: &str = "x-capstan-redacted-header";
@@ -741,7 +769,7 @@ mod hostile_servers {
         let call = call_net_with(addr, &dir, other);
         let response = get(call, format!("http://{addr}/"), &[]).await;
         let mut body = response.into_body();
-        let lag = KEY.len() - 1;
+        let lag = (KEY.len() - 1).next_multiple_of(crate::secrets::STEADY_LAG_STEP);
         let (mut sent, mut got, mut released) = (0, Vec::new(), Vec::new());
         for chunk in chunks {
             sender.send(chunk.to_vec()).unwrap();
@@ -792,6 +820,42 @@ mod hostile_servers {
                 chunks.concat(),
                 "no prefix is redacted, nothing is lost"
             );
+        }
+    }
+
+    /// A request carrying a secret asks for the whole answer (the guest's Range is
+    /// dropped), a partial answer is refused, and headers describing the unredacted body
+    /// are dropped.
+    #[tokio::test]
+    async fn a_request_carrying_a_secret_gets_whole_answers_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let (addr, seen) = serve_once(
+            b"HTTP/1.1 206 Partial Content\r\ncontent-range: bytes 0-9/99\r\ncontent-length: 0\r\n\r\n"
+                .to_vec(),
+        )
+        .await;
+        let err = match send(
+            call_net(addr, &dir),
+            format!("http://{addr}/"),
+            &[("range", "bytes=30-40")],
+        )
+        .await
+        {
+            Err(err) => format!("{err:?}"),
+            Ok(_) => panic!("a partial answer was passed on"),
+        };
+        assert!(err.contains("a part of the whole (206)"), "{err}");
+        let seen = String::from_utf8_lossy(&seen.await.unwrap()).to_ascii_lowercase();
+        assert!(!seen.contains("range:"), "{seen}");
+
+        let (addr, _) = serve_once(
+            b"HTTP/1.1 200 OK\r\netag: W/\"1a-abc\"\r\ndigest: sha-256=xyz\r\ncontent-length: 2\r\n\r\nok"
+                .to_vec(),
+        )
+        .await;
+        let response = get(call_net(addr, &dir), format!("http://{addr}/"), &[]).await;
+        for name in ["etag", "digest", "content-length"] {
+            assert!(response.headers().get(name).is_none(), "{name} passed on");
         }
     }
 

@@ -22,7 +22,7 @@ mod spec;
 mod store;
 
 pub use outbound::{LogWriter, Outbound, OutboundBody, OutboundWriter, for_logs, log_writer};
-pub use redact::{REDACTED, Redactor, StreamRedactor};
+pub use redact::{REDACTED, Redactor, STEADY_LAG_STEP, StreamRedactor};
 pub use spec::{HeaderTemplate, SecretName, SecretSource, SecretSpec};
 pub(crate) use store::read_source;
 pub use store::{LoadSecretError, MIN_SECRET_BYTES, Secret, Secrets};

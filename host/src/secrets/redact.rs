@@ -5,6 +5,10 @@ use std::sync::Arc;
 
 use super::SecretName;
 
+/// A steady stream's lag is a multiple of this many bytes: what a reader may learn of the
+/// longest value's length from what is held back is this coarse.
+pub const STEADY_LAG_STEP: usize = 64;
+
 /// What a redacted value reads as, with the secret's name in place of `{}`.
 pub const REDACTED: &str = "[redacted secret {}]";
 
@@ -142,9 +146,9 @@ impl Redactor {
 
     /// A redactor for a stream whose content and chunking someone outside may steer (a
     /// model repeating what a user asks, a server a plugin controls): it always holds back
-    /// the last bytes of what it was given, as many as the longest value less one (cut on
-    /// a character), whatever they are, so what it releases and when depends on lengths
-    /// alone and tells nothing of any value.
+    /// the last bytes of what it was given, as many as the longest value less one rounded
+    /// up to [`STEADY_LAG_STEP`] (cut on a character), whatever they are, so what it
+    /// releases and when depends on lengths alone and tells nothing of any value.
     ///
     /// ```
     /// use capstan_host::secrets::Redactor;
@@ -156,10 +160,12 @@ impl Redactor {
     /// ```
     pub fn steady_stream(&self) -> StreamRedactor {
         let longest = self.values.first().map_or(0, |(value, _)| value.len());
+        // Rounded up, so the lag tells little of how long the longest value is.
+        let lag = longest.saturating_sub(1).next_multiple_of(STEADY_LAG_STEP);
         StreamRedactor {
             redactor: self.clone(),
             pending: Vec::new(),
-            lag: Some(longest.saturating_sub(1)),
+            lag: Some(lag),
         }
     }
 }
@@ -254,7 +260,10 @@ impl StreamRedactor {
         let end = match self.lag {
             Some(lag) if !at_end => {
                 let mut end = data.len().saturating_sub(lag);
-                while end > 0 && end < data.len() && data[end] & 0xC0 == 0x80 {
+                // A character is at most four bytes: never more than three back, whatever
+                // run of continuation bytes a sender makes.
+                let least = end.saturating_sub(3);
+                while end > least && end < data.len() && data[end] & 0xC0 == 0x80 {
                     end -= 1;
                 }
                 end
@@ -371,6 +380,10 @@ mod tests {
                 "<<[redacted secret B]>> and [redacted secret A]."
             );
         }
+        // A run of continuation bytes moves the cut back three bytes at most.
+        let mut stream = redactor().steady_stream();
+        let held = STEADY_LAG_STEP;
+        assert_eq!(stream.push(&[0x80; 1000]).len(), 1000 - held - 3);
         // Characters are never cut.
         let mut stream = redactor().steady_stream();
         let mut out = Vec::new();

@@ -225,14 +225,13 @@ fn check_loopback_host(headers: &HeaderMap) -> Result<(), ApiError> {
     if loopback {
         return Ok(());
     }
+    // The refusal does not quote the name: it is answered before any check, and an echo
+    // passed through the redactor would confirm a guess of a secret's value.
     Err(ApiError::new(
         StatusCode::FORBIDDEN,
         "host_not_allowed",
-        format!(
-            "this server has no tokens, so it answers only requests addressed to localhost or \
-             a loopback address, not `{}`; configure [serve.tokens] to serve other names",
-            crate::text::truncate(host, 100).escape_debug()
-        ),
+        "this server has no tokens, so it answers only requests addressed to localhost or a \
+         loopback address (the Host header); configure [serve.tokens] to serve other names",
     ))
 }
 

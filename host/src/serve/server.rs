@@ -297,23 +297,19 @@ async fn authenticate(
     }
 }
 
-// Neither refusal quotes the path: answered before any token is checked, an echo passed
-// through the redactor would tell anyone whether a path they guessed is a secret's value.
+// Neither refusal quotes the method or the path: answered before any token is checked,
+// an echo passed through the redactor would tell anyone whether a guess is a secret's value.
 
-async fn method_not_allowed(request: Request) -> super::error::ApiError {
+async fn method_not_allowed() -> super::error::ApiError {
     super::error::ApiError::new(
         axum::http::StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",
-        format!(
-            "{} is not a method of this route; GET /v1/openapi.json lists each route's",
-            crate::text::truncate(request.method().as_str(), 20)
-        ),
+        "that method is not one of this route's; GET /v1/openapi.json lists each route's",
     )
 }
 
-async fn not_found(request: Request) -> super::error::ApiError {
-    super::error::ApiError::not_found(format!(
-        "no route {} of that path; GET /v1/openapi.json lists them",
-        crate::text::truncate(request.method().as_str(), 20)
-    ))
+async fn not_found() -> super::error::ApiError {
+    super::error::ApiError::not_found(
+        "no route of that method and path; GET /v1/openapi.json lists them",
+    )
 }
