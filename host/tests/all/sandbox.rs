@@ -236,6 +236,37 @@ async fn file_read_pages_big_files_with_a_truncation_marker() {
             &page[page.len() - 30..]
         );
     }
+    // Bytes that are not UTF-8 show as three, and are counted so against the cap.
+    let mut binary = vec![0xffu8; 40_000];
+    binary.push(b'\n');
+    binary.extend_from_slice(&[0xfe; 30_000]);
+    binary.push(b'\n');
+    std::fs::write(ws.path().join("binary.txt"), &binary).unwrap();
+    for args in [
+        json!({"path": "binary.txt"}),
+        json!({"path": "binary.txt", "offset": 2}),
+    ] {
+        let shown = call(&registry, "file_read", args, "fs.read", &ws.path())
+            .await
+            .unwrap();
+        assert!(shown.len() <= 64 * 1024 + 300, "{} bytes", shown.len());
+        assert!(shown.contains("is not UTF-8 text: shown up to the 64 KiB output cap"));
+    }
+    // The next page starts after the line shown in part, not at it again.
+    let shown = call(
+        &registry,
+        "file_read",
+        json!({"path": "binary.txt"}),
+        "fs.read",
+        &ws.path(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        shown.ends_with("call file_read with offset=2 to continue]"),
+        "{}",
+        &shown[shown.len() - 200..]
+    );
     let msg = expect_error(
         call(
             &registry,

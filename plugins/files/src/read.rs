@@ -68,7 +68,7 @@ pub fn file_read(args: ReadArgs, _: &Context) -> Result<String, ToolError> {
                     line.pages
                 )));
             }
-            out.push_str(&String::from_utf8_lossy(&line.kept));
+            out.push_str(within_cap(&String::from_utf8_lossy(&line.kept)));
             paged = Some(Paged {
                 number,
                 length: line.length,
@@ -88,11 +88,24 @@ pub fn file_read(args: ReadArgs, _: &Context) -> Result<String, ToolError> {
                 line.length
             )));
         }
-        if out.len() + line.kept.len() > MAX_READ_BYTES || line.pages > 1 {
+        // Measured as shown: each byte that is not UTF-8 shows as three.
+        let text = String::from_utf8_lossy(&line.kept);
+        if out.is_empty() && line.pages == 1 && text.len() > MAX_READ_BYTES {
+            // Within the cap as bytes, over it as shown: not text, shown in part.
+            out.push_str(within_cap(&text));
+            out.push_str(&format!(
+                "\n[line {number} is not UTF-8 text: shown up to the {} KiB output cap]\n",
+                MAX_READ_BYTES / 1024
+            ));
+            last_shown = number;
             cut_by_bytes = true;
             continue;
         }
-        out.push_str(&String::from_utf8_lossy(&line.kept));
+        if out.len() + text.len() > MAX_READ_BYTES || line.pages > 1 {
+            cut_by_bytes = true;
+            continue;
+        }
+        out.push_str(&text);
         last_shown = number;
     }
 
@@ -136,6 +149,16 @@ pub fn file_read(args: ReadArgs, _: &Context) -> Result<String, ToolError> {
         ));
     }
     Ok(out)
+}
+
+/// `text` cut to the output cap on a character: a page of a line that is not UTF-8 text
+/// grows as it is shown (each byte that is not becomes a three-byte replacement).
+fn within_cap(text: &str) -> &str {
+    let mut end = text.len().min(MAX_READ_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// A line shown in pages.
