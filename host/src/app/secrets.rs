@@ -9,8 +9,7 @@ use crate::secrets::{LoadSecretError, MIN_SECRET_BYTES, SecretName, Secrets, rea
 /// Reads `[secrets.*]`, and gives their redactor every other value the host holds
 /// ([`Secrets::hiding`]): each serve token's (`token.NAME`) and the provider's key
 /// (`provider.api_key`). So a tool reading one from a file, a model quoting one or an
-/// error holding one shows it to nobody, through any door.
-/// Every value is hidden in the process's log from then on ([`Redactor::hide_in_logs`]).
+/// error holding one shows it to nobody, through any door. Every value is hidden in the process's log from then on ([`Redactor::hide_in_logs`]).
 ///
 /// [`Redactor::hide_in_logs`]: crate::secrets::Redactor::hide_in_logs
 pub fn load_secrets(config: &Config) -> Result<Secrets, LoadSecretError> {
@@ -20,8 +19,9 @@ pub fn load_secrets(config: &Config) -> Result<Secrets, LoadSecretError> {
 }
 
 /// The values the host holds beside `[secrets.*]` that no one outside may read. A value
-/// that cannot be read is left out here: the part that needs it (`capstan serve`, the provider) refuses to start, naming it. A value shorter
-/// than a secret may be ([`MIN_SECRET_BYTES`]) is left out too: hiding it would hide words.
+/// that cannot be read is left out here: the part that needs it (`capstan serve`, the
+/// provider) refuses to start, naming it. A value shorter than a secret may be
+/// ([`MIN_SECRET_BYTES`]) is left out too: hiding it would hide words.
 fn held_values(config: &Config) -> Vec<(SecretName, Arc<str>)> {
     let tokens = config.serve.tokens.iter().filter_map(|spec| {
         let table = format!("[serve.tokens.{}]", spec.name);
