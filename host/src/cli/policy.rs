@@ -8,9 +8,14 @@ use clap::Args;
 use super::HostArgs;
 use super::table::print_table;
 use crate::app::tool_needs;
-use crate::config::{Config, LocationKind, Locations, McpTransport, resolve};
+use crate::config::{
+    Config, DatabaseUrl, LocationKind, Locations, McpTransport, StoreSettings, resolve,
+};
 use crate::plugin::Registry;
 use crate::policy::{Decision, InstanceReuse, ProcessKind};
+use crate::postgres::Postgres;
+use crate::services::{AuditDestination, NO_STORE};
+use crate::store::DATABASE_FILE;
 
 #[derive(Debug, Args)]
 pub(crate) struct PolicyCommand {
@@ -64,6 +69,7 @@ impl PolicyCommand {
         print_reuse(&mut out, &config, &registry)?;
         super::network::print_network(&mut out, &config, &registry)?;
         print_locations(&mut out, &self.host.agent_locations(&config)?)?;
+        print_audit(&mut out, &config)?;
         Ok(ExitCode::SUCCESS)
     }
 }
@@ -188,4 +194,32 @@ fn cell(decision: &Decision) -> String {
         Decision::NotGranted(cap) => format!("- {cap} not granted"),
         Decision::NotLoaded => "- not loaded".into(),
     }
+}
+
+/// Where each command records its calls: the store for the commands that open it, and
+/// the explicit disabled sink for `tool call`, which opens none. Nothing is connected to:
+/// the store is named as the config gives it.
+fn print_audit(out: &mut impl Write, config: &Config) -> std::io::Result<()> {
+    let store = match &config.store {
+        StoreSettings::Sqlite => AuditDestination::Kept(format!(
+            "SQLite at {}",
+            config.agent.data_dir.join(DATABASE_FILE).display()
+        )),
+        StoreSettings::Postgres { url } => AuditDestination::Kept(match url {
+            DatabaseUrl::Env(name) => {
+                format!("PostgreSQL at the URL in ${name} (store.url_env)")
+            }
+            DatabaseUrl::Literal(url) => match Postgres::location_of_url(url) {
+                Ok(location) => format!("PostgreSQL at {location}"),
+                Err(_) => "PostgreSQL at store.url (which does not parse)".to_owned(),
+            },
+        }),
+    };
+    let tool_call = AuditDestination::Disabled(NO_STORE);
+    writeln!(out, "\naudit log of every tool call and request:")?;
+    let rows = vec![
+        vec!["run, chat, demo, serve, mcp".to_owned(), store.to_string()],
+        vec!["tool call".to_owned(), tool_call.to_string()],
+    ];
+    print_table(out, &["COMMAND", "AUDIT"], &rows)
 }

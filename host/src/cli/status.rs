@@ -27,7 +27,7 @@ impl StatusCommand {
         let mut out = std::io::stdout().lock();
         let url = match &config.store {
             StoreSettings::Sqlite => {
-                let file = config.agent.data_dir.join("capstan.db");
+                let file = config.agent.data_dir.join(crate::store::DATABASE_FILE);
                 writeln!(out, "store: SQLite, {} (one host)", file.display())?;
                 return Ok(ExitCode::SUCCESS);
             }

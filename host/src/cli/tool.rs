@@ -22,6 +22,10 @@ pub(crate) enum ToolCommand {
     /// cache or the plugins directory lies inside its workspace: a plugin could rewrite
     /// them.
     ///
+    /// It opens no store, so the call is not in the audit log (its audit sink is the
+    /// explicit disabled one, as `capstan policy` shows); `capstan mcp` and `capstan serve`
+    /// record every call.
+    ///
     /// Exit codes: 0 ok, 3 invalid-args, 4 denied, 5 not-found, 6 failed, 1 a host error.
     Call {
         /// The tool's name, e.g. file_read.

@@ -264,6 +264,6 @@ pub(super) fn server_net(
         scope,
         secrets.to_vec(),
         limits,
-        host.services().map(|services| services.audit.clone()),
+        host.audit().clone(),
     )
 }

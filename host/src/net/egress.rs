@@ -74,7 +74,7 @@ impl CallNet {
         process: String,
         scope: NetScope,
         secrets: Vec<String>,
-        audit: Option<Arc<dyn AuditSink>>,
+        audit: Arc<dyn AuditSink>,
     ) -> Self {
         let limits = host.settings.for_tool(&scope.tool).clone();
         CallNet::with_limits(host, process, scope, secrets, limits, audit)
@@ -88,7 +88,7 @@ impl CallNet {
         scope: NetScope,
         secrets: Vec<String>,
         limits: NetLimits,
-        audit: Option<Arc<dyn AuditSink>>,
+        audit: Arc<dyn AuditSink>,
     ) -> Self {
         let audit = Arc::new(AuditWriter::new(
             process.clone(),
@@ -677,7 +677,7 @@ mod hostile_servers {
             "worker:1".into(),
             scope,
             vec!["API_KEY".into()],
-            None,
+            <dyn AuditSink>::disabled(),
         ))
     }
 

@@ -17,7 +17,7 @@ pub(crate) struct AuditWriter {
     pub(super) process: String,
     pub(super) tool: String,
     pub(super) redactor: Redactor,
-    sink: Option<Arc<dyn AuditSink>>,
+    sink: Arc<dyn AuditSink>,
     pending: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -26,7 +26,7 @@ impl AuditWriter {
         process: String,
         tool: String,
         redactor: Redactor,
-        sink: Option<Arc<dyn AuditSink>>,
+        sink: Arc<dyn AuditSink>,
     ) -> Self {
         AuditWriter {
             process,
@@ -38,9 +38,7 @@ impl AuditWriter {
     }
 
     fn record(&self, record: RequestRecord) {
-        let Some(sink) = self.sink.clone() else {
-            return;
-        };
+        let sink = self.sink.clone();
         let write = tokio::spawn(async move {
             if let Err(err) = sink.record_request(record).await {
                 tracing::error!("cannot write the audit log of a request: {err}");

@@ -22,28 +22,39 @@ pub(crate) fn pool_limit(err: &wasmtime::Error, limits: &Limits) -> Option<Strin
             limits.memory_bytes >> 20
         ));
     }
-    let fixed = |what: &str, count: Option<u64>, cap: u32| {
-        let count = count.map_or_else(|| "more".to_owned(), |n| n.to_string());
-        format!(
+    // Wasmtime says the count one of two ways: for the whole component ("transitively
+    // contains N") or for one core module ("defined ... count of N").
+    let count = || {
+        number_after(&text, "transitively contains ")
+            .or_else(|| number_after(&text, "defined memories count of "))
+            .or_else(|| number_after(&text, "defined tables count of "))
+    };
+    let fixed = |what: &str, count: Option<u64>, cap: u32| match count {
+        Some(count) => format!(
             "it has {count} {what}, over this host's fixed cap of {cap} per component (no \
              setting raises it); build the plugin with fewer"
-        )
+        ),
+        None => format!(
+            "it has more {what} than this host's fixed cap of {cap} per component (no \
+             setting raises it); build the plugin with fewer"
+        ),
     };
     if text.contains("core module instances, which exceeds") {
-        let count = number_after(&text, "transitively contains ");
         return Some(fixed(
             "core instances",
-            count,
+            count(),
             MAX_CORE_INSTANCES_PER_COMPONENT,
         ));
     }
     if text.contains("linear memories, which exceeds") || text.contains("defined memories count") {
-        let count = number_after(&text, "transitively contains ");
-        return Some(fixed("linear memories", count, MAX_MEMORIES_PER_COMPONENT));
+        return Some(fixed(
+            "linear memories",
+            count(),
+            MAX_MEMORIES_PER_COMPONENT,
+        ));
     }
     if text.contains("tables, which exceeds") || text.contains("defined tables count") {
-        let count = number_after(&text, "transitively contains ");
-        return Some(fixed("tables", count, MAX_TABLES_PER_COMPONENT));
+        return Some(fixed("tables", count(), MAX_TABLES_PER_COMPONENT));
     }
     if text.contains("maximum concurrent limit") {
         return Some(format!(
@@ -128,6 +139,17 @@ mod tests {
         let text = pool_limit(&instances, &limits).unwrap();
         assert!(
             text.contains("40 core instances") && text.contains("cap of 32"),
+            "{text}"
+        );
+
+        // One core module over the cap says its count its own way: the refusal still gives it.
+        let memories = wasmtime::Error::msg(format!(
+            "defined memories count of 3 exceeds the per-instance limit of {MAX_MEMORIES_PER_COMPONENT}"
+        ));
+        let text = pool_limit(&memories, &limits).unwrap();
+        assert!(
+            text.contains("it has 3 linear memories")
+                && text.contains(&format!("cap of {MAX_MEMORIES_PER_COMPONENT}")),
             "{text}"
         );
 

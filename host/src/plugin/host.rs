@@ -25,7 +25,7 @@ use super::offline::{NotLinked, imports_http, link_http_as_traps};
 use super::sandbox::{CallScope, Sandbox};
 use super::warm::{ProcessInstances, WarmInstance, WarmKey, WarmPool};
 use crate::net::{CallNet, Egress, GrantSource, NetHost, NetScope};
-use crate::services::Services;
+use crate::services::{AuditSink, Services};
 use crate::text::{one_line, truncate};
 
 /// Loads plugin components and runs tool calls, each in a fresh sandboxed instance.
@@ -50,6 +50,9 @@ pub struct PluginHost {
     warm: WarmPool,
     /// Backs the `tasks` and `memory` imports; without it they answer "not available".
     services: Option<Services>,
+    /// Where every call is recorded: the services' log, or an explicit
+    /// [`AuditSink::disabled`](crate::services::AuditSink) that says it keeps nothing.
+    audit: Arc<dyn AuditSink>,
     /// The limits and secrets of outbound requests.
     network: Arc<NetHost>,
 }
@@ -101,6 +104,7 @@ impl PluginHost {
             slots,
             warm,
             services: None,
+            audit: <dyn AuditSink>::disabled(),
             network: Arc::default(),
         })
     }
@@ -123,10 +127,28 @@ impl PluginHost {
     }
 
     /// Backs the `tasks` and `memory` imports, and the audit log of calls, with
-    /// `services`.
+    /// `services`. Without them, calls are recorded by an [`AuditSink::disabled`], which
+    /// [`PluginHost::audit`] shows.
     pub fn with_services(mut self, services: Services) -> Self {
+        self.audit = services.audit.clone();
         self.services = Some(services);
         self
+    }
+
+    /// Where this host records its calls and requests.
+    ///
+    /// ```
+    /// use capstan_host::plugin::{ArtifactCache, Limits, PluginHost};
+    /// use capstan_host::services::{AuditDestination, Services};
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let host = PluginHost::new(Limits::default(), ArtifactCache::new(dir.path())).unwrap();
+    /// assert!(matches!(host.audit().destination(), AuditDestination::Disabled(_)));
+    /// let host = host.with_services(Services::in_memory());
+    /// assert!(matches!(host.audit().destination(), AuditDestination::Kept(_)));
+    /// ```
+    pub fn audit(&self) -> &Arc<dyn AuditSink> {
+        &self.audit
     }
 
     /// The wasmtime engine.
@@ -352,7 +374,7 @@ impl PluginHost {
                 call.caller.to_owned(),
                 scope,
                 secrets,
-                self.services.as_ref().map(|s| s.audit.clone()),
+                self.audit.clone(),
             ))
         });
         let context = CallContext {

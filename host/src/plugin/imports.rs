@@ -72,7 +72,8 @@ impl secrets::Host for Sandbox {
         use hmac::{Hmac, Mac};
         let Some(secret) = self.granted_secret(&name) else {
             return Err(HostError::Denied(format!(
-                "secret `{}` is not granted to tool `{}` (grant secret:{0} in its profile's                  `secrets`, and declare it or secret:* in the tool)",
+                "secret `{}` is not granted to tool `{}` (grant secret:{0} in its profile's \
+                 `secrets`, and declare it or secret:* in the tool)",
                 echo_name(&name, 64),
                 self.scope.tool
             )));

@@ -137,6 +137,21 @@ pub(crate) fn check_imports(path: &Path, outline: &Outline) -> Result<(), LoadEr
     if refused.is_empty() {
         return Ok(());
     }
+    // An interface of ours at another version is the contract's version, not a stray
+    // dependency: named as such, with both versions.
+    let contract = refused.iter().find_map(|name| {
+        let (interface, version) = split_version(name);
+        let ours = ALLOWED_IMPORTS.contains(&interface)
+            && interface.starts_with(&format!("{WIT_PACKAGE}/"));
+        ours.then(|| version.unwrap_or("(no version)"))
+    });
+    if let Some(found) = contract {
+        return Err(LoadError::WitVersion {
+            path: path.to_owned(),
+            found: found.to_owned(),
+            supported: WIT_VERSION,
+        });
+    }
     Err(LoadError::ImportsNotProvided {
         path: path.to_owned(),
         imports: refused,

@@ -471,8 +471,8 @@ impl Registry {
     }
 
     /// Awaits `run` and records the outcome: a tracing event, and a row handed to the
-    /// store's audit log when the host has a store. Denials are recorded like any other
-    /// outcome.
+    /// host's [`audit`](PluginHost::audit) sink (which may be the explicit disabled one).
+    /// Denials are recorded like any other outcome.
     async fn audited(
         &self,
         request: &CallRequest<'_>,
@@ -508,27 +508,24 @@ impl Registry {
             duration_us,
             "tool call"
         );
-        let mut audit = None;
-        if let Some(services) = self.host.services() {
-            // The sink keeps the executor free (it never waits for SQLite's lock here), so
-            // a database another process holds locked delays this call's audit entry only.
-            let call = AuditRecord {
-                process: request.caller.to_owned(),
-                tool: request.tool.to_owned(),
-                grants: effective,
-                arguments: self
-                    .host
-                    .network()
-                    .secrets()
-                    .redactor()
-                    .redact(request.args_json)
-                    .into_owned(),
-                outcome: outcome.to_owned(),
-                detail: detail.to_owned(),
-                duration_us,
-            };
-            audit = Some(services.audit.record_soon(call).await);
-        }
+        // The sink keeps the executor free (it never waits for SQLite's lock here), so a
+        // database another process holds locked delays this call's audit entry only.
+        let call = AuditRecord {
+            process: request.caller.to_owned(),
+            tool: request.tool.to_owned(),
+            grants: effective,
+            arguments: self
+                .host
+                .network()
+                .secrets()
+                .redactor()
+                .redact(request.args_json)
+                .into_owned(),
+            outcome: outcome.to_owned(),
+            detail: detail.to_owned(),
+            duration_us,
+        };
+        let audit = Some(self.host.audit().record_soon(call).await);
         Recorded { result, audit }
     }
 

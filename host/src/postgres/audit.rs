@@ -5,8 +5,8 @@ use async_trait::async_trait;
 use super::sessions::live_run;
 use super::{Postgres, now};
 use crate::services::{
-    AuditEntry, AuditRecord, AuditSink, RequestDecision, RequestEntry, RequestRecord, ServiceError,
-    redact,
+    AuditDestination, AuditEntry, AuditRecord, AuditSink, RequestDecision, RequestEntry,
+    RequestRecord, ServiceError, redact,
 };
 
 #[async_trait]
@@ -147,5 +147,9 @@ impl AuditSink for Postgres {
                 }
             })
             .collect())
+    }
+
+    fn destination(&self) -> AuditDestination {
+        AuditDestination::Kept(format!("PostgreSQL at {}", self.location))
     }
 }

@@ -64,10 +64,11 @@ pub(super) fn describe(err: &tokio_postgres::Error) -> String {
         return chain(err);
     };
     let mut text = db.message().to_owned();
-    if let Some(detail) = db.detail() {
+    // A server may send an empty detail or hint: shown, it would read as "()" or "hint: ".
+    if let Some(detail) = db.detail().map(str::trim).filter(|d| !d.is_empty()) {
         text.push_str(&format!(" ({detail})"));
     }
-    if let Some(hint) = db.hint() {
+    if let Some(hint) = db.hint().map(str::trim).filter(|h| !h.is_empty()) {
         text.push_str(&format!("; hint: {hint}"));
     }
     let advice = match db.code().code() {

@@ -152,6 +152,22 @@ impl Postgres {
         Ok(Services::all_from(Postgres::connect(url).await?))
     }
 
+    /// The database `url` names, as errors name it (user, host, port and database, never a
+    /// password), without connecting.
+    ///
+    /// ```
+    /// use capstan_host::postgres::Postgres;
+    ///
+    /// let at = Postgres::location_of_url("postgres://capstan:pw@db:5433/tasks").unwrap();
+    /// assert_eq!(at, "postgresql://capstan@db:5433/tasks");
+    /// ```
+    pub fn location_of_url(url: &str) -> Result<String, PgError> {
+        let config: tokio_postgres::Config = url.parse().map_err(|err| PgError::Url {
+            reason: error::chain(&err),
+        })?;
+        Ok(location_of(&config))
+    }
+
     /// The database as errors name it: user, host, port and database, never a password.
     pub fn location(&self) -> &str {
         &self.location

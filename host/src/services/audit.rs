@@ -58,6 +58,77 @@ pub trait AuditSink: Send + Sync {
 
     /// The newest `limit` requests, newest first.
     async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestEntry>, ServiceError>;
+
+    /// Where the log is kept, or that it is not: what `capstan policy` shows.
+    fn destination(&self) -> AuditDestination;
+}
+
+/// Where an [`AuditSink`] keeps what it records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditDestination {
+    /// Kept: the database, or "memory" for a sink that forgets at exit.
+    Kept(String),
+    /// Not kept: the sink is [`AuditSink::disabled`](trait.AuditSink.html#method.disabled),
+    /// for this reason.
+    Disabled(&'static str),
+}
+
+impl std::fmt::Display for AuditDestination {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AuditDestination::Kept(place) => write!(f, "kept in {place}"),
+            AuditDestination::Disabled(why) => write!(f, "disabled: {why}"),
+        }
+    }
+}
+
+impl dyn AuditSink {
+    /// The sink of a host built without a store: it keeps nothing, and says so where the
+    /// log's destination is shown. A host never goes without a sink; this is the explicit
+    /// way to have none.
+    ///
+    /// ```
+    /// use capstan_host::services::{AuditDestination, AuditSink};
+    ///
+    /// let sink = <dyn AuditSink>::disabled();
+    /// assert!(matches!(sink.destination(), AuditDestination::Disabled(_)));
+    /// ```
+    pub fn disabled() -> std::sync::Arc<dyn AuditSink> {
+        std::sync::Arc::new(DisabledAudit)
+    }
+}
+
+/// Why [`AuditSink::disabled`](trait.AuditSink.html#method.disabled) keeps nothing.
+pub const NO_STORE: &str = "this host was built without a store, so no call is recorded";
+
+/// See `<dyn AuditSink>::disabled`.
+struct DisabledAudit;
+
+#[async_trait]
+impl AuditSink for DisabledAudit {
+    async fn record(&self, _call: AuditRecord) -> Result<(), ServiceError> {
+        Ok(())
+    }
+
+    async fn page(
+        &self,
+        _before: Option<u64>,
+        _limit: u32,
+    ) -> Result<Vec<AuditEntry>, ServiceError> {
+        Ok(Vec::new())
+    }
+
+    async fn record_request(&self, _request: RequestRecord) -> Result<(), ServiceError> {
+        Ok(())
+    }
+
+    async fn recent_requests(&self, _limit: u32) -> Result<Vec<RequestEntry>, ServiceError> {
+        Ok(Vec::new())
+    }
+
+    fn destination(&self) -> AuditDestination {
+        AuditDestination::Disabled(NO_STORE)
+    }
 }
 
 /// A row handed over to be written: [`Committing::wait`] returns once it is committed,

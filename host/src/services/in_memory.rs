@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use async_trait::async_trait;
 
 use super::{
-    AuditEntry, AuditRecord, AuditSink, ConversationSummary, DEFAULT_LIST_LIMIT, History,
-    HistoryEntry, Ledger, Memory, MemoryItem, NewMemory, NewTask, Priority, RECALL_MAX,
+    AuditDestination, AuditEntry, AuditRecord, AuditSink, ConversationSummary, DEFAULT_LIST_LIMIT,
+    History, HistoryEntry, Ledger, Memory, MemoryItem, NewMemory, NewTask, Priority, RECALL_MAX,
     RequestEntry, RequestRecord, Run, RunId, ServiceError, Sessions, Task, TaskBoard, TaskFilter,
     TaskPatch, TaskStatus, WorkerRecord, WorkerState, check_working_key, expires_at,
     interrupted_outcome, memory_words, now, recall_terms, redact, worker_already_recorded,
@@ -335,6 +335,10 @@ impl AuditSink for InMemory {
             .take(limit as usize)
             .cloned()
             .collect())
+    }
+
+    fn destination(&self) -> AuditDestination {
+        AuditDestination::Kept("this process's memory (lost at exit)".into())
     }
 }
 

@@ -38,8 +38,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use audit::{
-    AuditEntry, AuditRecord, AuditSink, Committing, REDACTED, RequestDecision, RequestEntry,
-    RequestRecord, redact,
+    AuditDestination, AuditEntry, AuditRecord, AuditSink, Committing, NO_STORE, REDACTED,
+    RequestDecision, RequestEntry, RequestRecord, redact,
 };
 pub use error::ServiceError;
 pub use history::{ConversationSummary, History, HistoryEntry};

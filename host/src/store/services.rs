@@ -12,9 +12,9 @@ use super::group_commit::GroupCommit;
 use super::{Store, StoreError};
 use super::{audit, history};
 use crate::services::{
-    AuditEntry, AuditRecord, AuditSink, Committing, ConversationSummary, History, HistoryEntry,
-    Ledger, Memory, MemoryItem, NewMemory, NewTask, RequestEntry, RequestRecord, Run, RunId,
-    ServiceError, Services, Sessions, Task, TaskBoard, TaskFilter, TaskPatch, WorkerRecord,
+    AuditDestination, AuditEntry, AuditRecord, AuditSink, Committing, ConversationSummary, History,
+    HistoryEntry, Ledger, Memory, MemoryItem, NewMemory, NewTask, RequestEntry, RequestRecord, Run,
+    RunId, ServiceError, Services, Sessions, Task, TaskBoard, TaskFilter, TaskPatch, WorkerRecord,
     WorkerState,
 };
 
@@ -200,6 +200,10 @@ impl AuditSink for Sqlite {
     async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestEntry>, ServiceError> {
         self.run("audit.recent_requests", move |s| s.request_log(limit))
             .await
+    }
+
+    fn destination(&self) -> AuditDestination {
+        AuditDestination::Kept(format!("SQLite at {}", self.store.path().display()))
     }
 }
 

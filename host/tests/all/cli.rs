@@ -235,6 +235,46 @@ fn policy_prints_the_matrix_with_a_reason_for_every_cell_that_is_off() {
 }
 
 #[test]
+fn policy_names_where_each_command_records_its_calls_and_that_tool_call_records_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = capstan(dir.path(), &["policy"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let line = |command: &str| {
+        text.lines()
+            .find(|l| l.starts_with(command))
+            .unwrap_or_else(|| panic!("{command}: {text}"))
+            .to_owned()
+    };
+    let database = dir.path().join(".capstan").join("capstan.db");
+    assert!(
+        line("run, chat, demo, serve, mcp")
+            .contains(&format!("kept in SQLite at {}", database.display())),
+        "{text}"
+    );
+    assert!(
+        line("tool call").contains("disabled: this host was built without a store"),
+        "{text}"
+    );
+    assert!(!database.exists(), "policy opens no store");
+
+    // A shared database is named without its password, and not connected to.
+    std::fs::write(
+        dir.path().join("capstan.toml"),
+        "[store]\nkind = \"postgres\"\nurl = \"postgres://capstan:hunter2@db.invalid:5433/tasks\"\n",
+    )
+    .unwrap();
+    let out = capstan(dir.path(), &["policy", "--config", "capstan.toml"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("kept in PostgreSQL at postgresql://capstan@db.invalid:5433/tasks"),
+        "{text}"
+    );
+    assert!(!text.contains("hunter2"), "{text}");
+}
+
+#[test]
 fn policy_shows_a_capability_the_profile_does_not_grant() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(

@@ -5,7 +5,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::support::{component, plugins_dir, test_cache};
-use capstan_host::plugin::{ArtifactCache, CacheOutcome, Limits, LoadError, PluginHost, Registry};
+use capstan_host::plugin::{
+    ArtifactCache, CacheOutcome, Limits, LoadError, PluginHost, Registry, contract::WIT_VERSION,
+};
 
 fn host() -> Arc<PluginHost> {
     Arc::new(PluginHost::new(Limits::default(), test_cache()).unwrap())
@@ -89,6 +91,30 @@ async fn bad_components_are_refused_by_name_and_the_rest_still_load() {
     for tool in ["file_read", "file_list", "file_write", "file_edit"] {
         assert!(registry.tool(tool).is_some(), "{tool} still loads");
     }
+}
+
+#[tokio::test]
+async fn a_plugin_built_for_an_older_contract_is_refused_naming_both_versions() {
+    // Its imports of our interfaces carry its version: that is what is refused, as the
+    // contract it was built for, not as a stray dependency.
+    let wasm = wat::parse_str(
+        r#"(component
+            (import "capstan:plugin/log@0.1.0" (instance))
+            (import "wasi:io/streams@0.2.6" (instance))
+        )"#,
+    )
+    .unwrap();
+    let dir = plugins_with(&[]);
+    let path = dir.path().join("old.wasm");
+    std::fs::write(&path, wasm).unwrap();
+    let err = host().load(&path).await.unwrap_err().to_string();
+    assert!(
+        err.contains("old.wasm")
+            && err.contains("capstan:plugin@0.1.0")
+            && err.contains(&format!("capstan:plugin@{WIT_VERSION}"))
+            && err.contains("rebuild it"),
+        "{err}"
+    );
 }
 
 #[tokio::test]

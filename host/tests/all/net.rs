@@ -473,6 +473,21 @@ async fn a_secret_is_injected_at_the_egress_and_never_seen_by_the_guest() {
         .await
         .unwrap();
     assert_eq!(server.seen()[1].header("authorization"), None);
+
+    // `web_fetch` carries it too, as the README says of both first-party tools.
+    let page = net
+        .call(
+            "web_fetch",
+            json!({"url": server.url("/echo-headers")}),
+            &grants,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        server.seen()[2].header("authorization"),
+        Some(format!("Bearer {KEY}").as_str())
+    );
+    assert!(!page.contains(KEY), "{page}");
 }
 
 #[tokio::test]
@@ -546,6 +561,10 @@ async fn the_hmac_oracle_signs_without_handing_out_the_key() {
         Err(err) => err.message().to_owned(),
     };
     assert!(text.contains("not granted"), "{text}");
+    assert!(
+        text.contains("grant secret:API_KEY in its profile's `secrets`") && !text.contains("  "),
+        "the refusal names the fix in one sentence: {text}"
+    );
 }
 
 #[tokio::test]

@@ -2,8 +2,9 @@
 //!
 //! Both go through the host's `wasi:http`, which checks each request against the caller's
 //! `net:` grants and adds the credentials a deployment binds to a host. The tools declare
-//! any public host and any internal address (`net:*://*:*`, `net:*://{internal}:*`; and
-//! `http_request` `secret:*`): what a call may reach is what the caller grants.
+//! any public host and any internal address (`net:*://*:*`, `net:*://{internal}:*`) and
+//! any secret (`secret:*`): what a call may reach, and the keys its requests carry, are
+//! what the caller grants.
 //! Neither follows redirects, so every hop is a request the model asked for and the host
 //! checked.
 
@@ -49,7 +50,8 @@ fn tools() -> Toolbox {
                 fetch::web_fetch,
             )
             .needs(public_hosts())
-            .needs(internal_hosts()),
+            .needs(internal_hosts())
+            .needs(any_secret()),
         )
         .tool(
             Tool::new(
