@@ -2,7 +2,8 @@
 over stdio and `capstan serve`'s `/mcp` over streamable HTTP. Each test runs on both.
 
 The plugins are the first-party ones and the probe fixture (`echo`, `spin`, which loops until
-stopped, and `panic`, which traps), granted to the worker profile by the config below."""
+stopped, `panic`, which traps, and `flood`, which returns as many bytes as asked), granted to
+the worker profile by the config below."""
 
 import asyncio
 import contextlib
@@ -39,7 +40,7 @@ workspace = "workspace"
 tool_deadline_secs = 300
 
 [profiles.worker]
-tools = ["file_read", "file_list", "file_write", "task_create", "task_list", "echo", "spin", "panic"]
+tools = ["file_read", "file_list", "file_write", "task_create", "task_list", "echo", "spin", "panic", "flood"]
 capabilities = ["fs.read", "fs.write", "tasks.read", "tasks.write-own"]
 
 [serve.tokens.chat]
@@ -291,6 +292,22 @@ def refusal(run):
         found.extend(getattr(error, "exceptions", ()))
     assert found, f"no MCPError in {raised.value!r}"
     return str(found[0])
+
+
+def test_a_result_past_one_message_is_cut_to_fit_the_sdk_s_default_limit(deployment, transport):
+    # 3 MB of output: the host keeps 1 MiB of it (limits.tool_output_kib), which with the
+    # message around it is past the 1 MiB event the SDK reads by default; the result is cut
+    # again to fit (that note replacing the first), and says so, naming the key.
+    async def run():
+        async with session(deployment, transport) as client:
+            return await client.call_tool("flood", {"bytes": 3_000_000})
+
+    result = asyncio.run(run())
+    assert not result.is_error
+    body = text(result)
+    assert body.startswith("x" * 1000)
+    assert body.endswith("(limits.mcp_message_kib); ask for less, or a page of it at a time]"), body[-300:]
+    assert len(json.dumps(body)) < 1024 * 1024
 
 
 def test_http_needs_a_token_with_the_chat_scope(deployment, url):

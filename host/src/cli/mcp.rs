@@ -47,7 +47,8 @@ impl McpCommand {
                 .registry_on(&config, host, Some(crate::mcp::Servers::Named))
                 .await?,
         );
-        let server = ToolServer::new(registry.clone(), config.policy, self.profile, workspace);
+        let server = ToolServer::new(registry.clone(), config.policy, self.profile, workspace)
+            .with_max_message_bytes(config.limits.mcp_message_bytes);
         let tools = server.tools().len();
         eprintln!(
             "capstan mcp: serving {tools} tool(s) of the {} profile on stdio",

@@ -131,6 +131,9 @@ pub struct AgentLimits {
     pub dispatch: GateSettings,
     /// The most one model answer may hold (its text, tool names and arguments), in bytes.
     pub max_answer_bytes: usize,
+    /// The largest message an MCP result is sent in, in bytes (`limits.mcp_message_kib`):
+    /// a longer result is cut to fit, saying so.
+    pub mcp_message_bytes: usize,
 }
 
 /// `[provider]`.
@@ -460,6 +463,14 @@ mod tests {
             (
                 "[limits]\nmax_answer_kib = 99999999\n",
                 "`limits.max_answer_kib`: must be 1 to 262144 KiB",
+            ),
+            (
+                "[limits]\ntool_output_kib = 0\n",
+                "`limits.tool_output_kib`: must be 1 to 16384 KiB, got 0",
+            ),
+            (
+                "[limits]\nmcp_message_kib = 8\n",
+                "`limits.mcp_message_kib`: must be 64 to 65536 KiB, got 8",
             ),
             (
                 "[limits]\nworker_timeout_secs = 0\n",

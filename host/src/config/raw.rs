@@ -54,6 +54,8 @@ struct RawAgent {
 struct RawLimits {
     tool_deadline_secs: f64,
     tool_memory_mib: u32,
+    tool_output_kib: u32,
+    mcp_message_kib: u32,
     max_workers_per_channel: u32,
     max_branches_per_channel: u32,
     max_open_conversations: u32,
@@ -276,6 +278,21 @@ impl RawLimits {
                 ),
             ));
         }
+        for (key, value, range) in [
+            ("limits.tool_output_kib", self.tool_output_kib, 1..=16_384),
+            ("limits.mcp_message_kib", self.mcp_message_kib, 64..=65_536),
+        ] {
+            if !range.contains(&value) {
+                return Err(key_error(
+                    key,
+                    format!(
+                        "must be {} to {} KiB, got {value}",
+                        range.start(),
+                        range.end()
+                    ),
+                ));
+            }
+        }
         if !(1..=262_144).contains(&self.max_answer_kib) {
             return Err(key_error(
                 "limits.max_answer_kib",
@@ -300,6 +317,7 @@ impl RawLimits {
             tool: Limits {
                 deadline: Duration::from_secs_f64(secs),
                 memory_bytes: (self.tool_memory_mib as usize) << 20,
+                max_output_bytes: (self.tool_output_kib as usize) << 10,
                 max_warm_instances: self.max_warm_instances,
                 ..Limits::default()
             },
@@ -317,6 +335,7 @@ impl RawLimits {
                 hold: Duration::from_millis(self.dispatch_hold_ms),
             },
             max_answer_bytes: (self.max_answer_kib as usize) << 10,
+            mcp_message_bytes: (self.mcp_message_kib as usize) << 10,
         })
     }
 }

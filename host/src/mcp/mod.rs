@@ -5,12 +5,14 @@
 //!   call from the client takes the path an agent's call takes: the policy's decision for
 //!   the profile, the profile's grants, a fresh sandbox under the deadline and memory
 //!   limits, and an audit row whose process is the client (`mcp:NAME`). A denial, a trap
-//!   or a deadline is a tool error carrying the reason, never a dropped connection.
+//!   or a deadline is a tool error carrying the reason, never a dropped connection; a
+//!   result too long for one message is cut to fit it ([`fit_message`]), saying so.
 //! - [`McpClient`] reaches an external MCP server of `[mcp.NAME]`: its tools join the
 //!   registry as `NAME.tool` ([`add_servers`]), offered to the profiles that name them,
 //!   each call bounded by the tool deadline and audited like a plugin's.
 
 mod client;
+mod fit;
 mod http;
 mod remote_tool;
 mod server;
@@ -21,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use client::McpClient;
+pub use fit::{DEFAULT_MESSAGE_BYTES, MESSAGE_KEY, fit_message};
 pub use server::{Principal, ToolServer};
 
 use crate::config::{Config, McpServerSpec, McpTransport};

@@ -11,6 +11,7 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 
+use super::fit::{DEFAULT_MESSAGE_BYTES, fit_message};
 use crate::agent::HOST_TOOLS;
 use crate::plugin::{CallRequest, Registry, ToolError};
 use crate::policy::{Decision, Policy, ProcessKind, ToolNeeds};
@@ -39,6 +40,8 @@ pub struct ToolServer {
     policy: Arc<Policy>,
     kind: ProcessKind,
     workspace: Arc<PathBuf>,
+    /// The largest message a result is sent in ([`fit_message`]).
+    max_message: usize,
 }
 
 impl ToolServer {
@@ -54,7 +57,15 @@ impl ToolServer {
             policy: Arc::new(policy),
             kind,
             workspace: Arc::new(workspace),
+            max_message: DEFAULT_MESSAGE_BYTES,
         }
+    }
+
+    /// Sends each result in a message of at most `bytes` (`limits.mcp_message_kib`),
+    /// cutting a longer one to fit; [`DEFAULT_MESSAGE_BYTES`] without it.
+    pub fn with_max_message_bytes(mut self, bytes: usize) -> Self {
+        self.max_message = bytes;
+        self
     }
 
     /// The tools served: every plugin tool the policy offers to the kind, in load order.
@@ -186,13 +197,12 @@ impl ServerHandler for ToolServer {
             let done = ProgressNotificationParam::new(token, 1.0).with_total(1.0);
             let _ = context.peer.notify_progress(done).await;
         }
+        let fit = |text: String| vec![ContentBlock::text(fit_message(text, self.max_message))];
         Ok(match result {
-            Ok(text) => CallToolResult::success(vec![ContentBlock::text(text)]),
-            Err(err) => CallToolResult::error(vec![ContentBlock::text(format!(
-                "error[{}]: {}",
-                err.kind(),
-                err.message()
-            ))]),
+            Ok(text) => CallToolResult::success(fit(text)),
+            Err(err) => {
+                CallToolResult::error(fit(format!("error[{}]: {}", err.kind(), err.message())))
+            }
         }
         .into())
     }

@@ -632,7 +632,9 @@ impl PluginHost {
         let total = output.len();
         let mut kept = truncate(&output, max).to_owned();
         kept.push_str(&format!(
-            "\n[output truncated by the host: {total} bytes, limit {max}]"
+            "\n[output cut by the host: {total} bytes, over the {} KiB of limits.tool_output_kib; \
+             ask for less]",
+            max >> 10
         ));
         kept
     }

@@ -38,7 +38,8 @@ pub struct Limits {
     pub deadline: Duration,
     /// Linear memory one call's instance may grow to. Default 64 MiB.
     pub memory_bytes: usize,
-    /// The longest result text passed on; longer results are cut with a marker. Default 1 MiB.
+    /// The longest result text passed on; longer results are cut with a marker naming
+    /// `limits.tool_output_kib`. Default 1 MiB.
     pub max_output_bytes: usize,
     /// Calls running at once; more wait for a slot. Sizes the pooling allocator. Default 64.
     pub max_concurrent_calls: u32,

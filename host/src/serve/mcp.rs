@@ -42,7 +42,8 @@ pub(crate) fn routes(
             config.policy.clone(),
             kind,
             config.agent.workspace.clone(),
-        );
+        )
+        .with_max_message_bytes(config.limits.mcp_message_bytes);
         let transport = StreamableHttpServerConfig::default()
             // The service's own Host check (loopback names on an open server) already ran.
             .disable_allowed_hosts()

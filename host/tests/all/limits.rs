@@ -103,7 +103,7 @@ async fn a_100_mb_output_is_refused_and_a_large_one_is_capped() {
     )
     .await
     .unwrap();
-    let marker = "\n[output truncated by the host: 3000000 bytes, limit 1048576]";
+    let marker = "\n[output cut by the host: 3000000 bytes, over the 1024 KiB of limits.tool_output_kib; ask for less]";
     assert!(out.ends_with(marker), "{}", &out[out.len() - 100..]);
     assert_eq!(out.len(), (1 << 20) + marker.len());
 }
