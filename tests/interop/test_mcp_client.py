@@ -27,7 +27,7 @@ SERVERS = pathlib.Path(__file__).resolve().parent / "servers"
 SERVER = SERVERS / "notes.py"
 DEADLINE_SECS = 8
 
-TOOLS = {"search", "environment", "authorization", "token", "process", "slow_next_start", "crash", "hang"}
+TOOLS = {"search", "environment", "authorization", "token", "process", "slow_next_start", "big", "crash", "hang"}
 TOKEN = "notes-token-0123456789abcdef"
 # The key the host sends the HTTP server; the server checks it, nothing else may hold it.
 KEY = "notes-key-0123456789abcdef"
@@ -109,6 +109,13 @@ tool_deadline_secs = {DEADLINE_SECS}
 
 [secrets.NOTES_TOKEN]
 env = "NOTES_TOKEN"
+
+# The most of one answer the host reads from each server, over either transport.
+[net.tool.notes]
+max_response_body_kib = 256
+
+[net.tool.remote]
+max_response_body_kib = 256
 
 [mcp.notes]
 command = [{python}, {server}]
@@ -386,6 +393,26 @@ def test_an_http_server_gets_its_key_and_nothing_the_host_keeps_holds_it(home):
     for path in home.rglob("*"):
         if path.is_file():
             assert KEY.encode() not in path.read_bytes(), path
+
+
+@pytest.mark.parametrize("server", ["notes", "remote"])
+def test_an_answer_over_the_size_limit_is_refused_at_once_naming_the_limit(home, server):
+    # Twice the limit, in one message: a line on stdio, an event or a body over HTTP. The
+    # call fails on the answer, not at the deadline, and the next call is served.
+    async def run():
+        async with worker_tools(home) as client:
+            fits = await client.call_tool(f"{server}.big", {"size": 1000})
+            over = await client.call_tool(f"{server}.big", {"size": 512 * 1024})
+            after = await once_restarted(client, f"{server}.search", {"query": "after"})
+            return fits, over, after
+
+    fits, over, after = asyncio.run(run())
+    assert not fits.is_error and text(fits) == "x" * 1000
+    assert over.is_error, text(over)[:300]
+    message = text(over)
+    assert "deadline" not in message, message
+    assert "256 KiB" in message and f"[net.tool.{server}] max_response_body_kib" in message, message
+    assert not after.is_error and text(after) == "found 1 note about after"
 
 
 def test_an_http_server_that_hangs_hits_the_deadline_and_the_next_call_is_answered(home):

@@ -17,6 +17,7 @@ use rmcp::transport::streamable_http_client::{
 use rmcp::{ClientHandler, ServiceExt as _};
 use tokio::sync::Mutex;
 
+use super::ended::EndedBy;
 use super::http::{EgressError, EgressHttp, server_net};
 use super::remote_tool::{MAX_LIST_PAGES, MAX_TOOLS_PER_SERVER, outcome, tool_info};
 use super::stdio::{Launch, StderrTail, spawn};
@@ -51,6 +52,11 @@ struct Inner {
     base: PathBuf,
     /// How long starting (the handshake and the tool list) may take.
     start_timeout: Duration,
+    /// The most of one answer read from a stdio server, and the key that sets it.
+    max_message: usize,
+    limit_key: String,
+    /// Why the host ended the transport, if it did (an answer over a limit).
+    ended: EndedBy,
     state: Mutex<State>,
 }
 
@@ -92,13 +98,15 @@ impl McpClient {
         start_timeout: Duration,
         host: &PluginHost,
     ) -> Self {
+        let ended = EndedBy::default();
         let (http, secret_env) = match &spec.transport {
             McpTransport::Http {
                 target, secrets, ..
             } => (
-                Some(EgressHttp::new(Arc::new(server_net(
-                    &spec.name, target, secrets, host,
-                )))),
+                Some(EgressHttp::new(
+                    Arc::new(server_net(&spec.name, target, secrets, host)),
+                    ended.clone(),
+                )),
                 Vec::new(),
             ),
             McpTransport::Stdio { secrets, .. } => (
@@ -112,6 +120,11 @@ impl McpClient {
                     .collect(),
             ),
         };
+        // A stdio server's messages are bounded as an HTTP server's answers are: by the
+        // response cap of `[net]` (or `[net.tool.NAME]`).
+        let settings = host.network().settings();
+        let max_message = settings.for_tool(&spec.name).max_response_body_bytes as usize;
+        let limit_key = settings.key_of(&spec.name, "max_response_body_kib");
         McpClient {
             inner: Arc::new(Inner {
                 spec,
@@ -119,6 +132,9 @@ impl McpClient {
                 secret_env,
                 base: base.to_owned(),
                 start_timeout,
+                max_message,
+                limit_key,
+                ended,
                 state: Mutex::new(State::Down {
                     reason: NOT_STARTED.to_owned(),
                     failures: 0,
@@ -305,6 +321,9 @@ impl Inner {
                     env,
                     secrets: &self.secret_env,
                     cwd,
+                    max_message: self.max_message,
+                    limit_key: self.limit_key.clone(),
+                    ended: self.ended.clone(),
                 })?;
                 let handshake =
                     tokio::time::timeout(self.start_timeout, Handler.serve(transport)).await;
@@ -371,18 +390,28 @@ impl ExternalTools for McpClient {
                 inner.spec.name, err.message
             ))),
             Err(err) => {
-                let cause = service_cause(&err);
-                inner
-                    .restart_later(format!("it stopped during a call ({cause})"))
-                    .await;
                 let again = if inner.http.is_some() {
                     "the next call opens a new session"
                 } else {
                     "the next call starts it again"
                 };
+                let name = &inner.spec.name;
+                // The host ended the transport itself: that is the cause, not the closing
+                // rmcp saw.
+                if let Some(refused) = inner.ended.take() {
+                    inner
+                        .restart_later(format!("its last answer was refused ({refused})"))
+                        .await;
+                    return Err(ToolError::Failed(format!(
+                        "MCP server `{name}` sent an answer the host refused: {refused}; {again}"
+                    )));
+                }
+                let cause = service_cause(&err);
+                inner
+                    .restart_later(format!("it stopped during a call ({cause})"))
+                    .await;
                 Err(ToolError::Failed(format!(
-                    "MCP server `{}` stopped during the call ({cause}); {again}",
-                    inner.spec.name
+                    "MCP server `{name}` stopped during the call ({cause}); {again}"
                 )))
             }
         }

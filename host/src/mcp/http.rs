@@ -22,6 +22,7 @@ use rmcp::transport::streamable_http_client::{
 use sse_stream::{Error as SseError, Sse, SseStream};
 use wasmtime_wasi_http::WasiBody;
 
+use super::ended::EndedBy;
 use crate::net::{CallNet, GrantSource, NetScope, rule_for};
 use crate::plugin::PluginHost;
 use capstan_caps::Capability;
@@ -37,6 +38,8 @@ const MAX_QUOTED_BODY: usize = 512;
 #[derive(Clone)]
 pub(super) struct EgressHttp {
     net: Arc<CallNet>,
+    /// Where an answer stopped on its way (over the body cap) is reported.
+    ended: EndedBy,
 }
 
 /// Why a request to the server did not get an answer: the egress's refusal or failure,
@@ -48,9 +51,9 @@ pub(super) struct EgressError(String);
 type Failure = StreamableHttpError<EgressError>;
 
 impl EgressHttp {
-    /// A client sending through `net`.
-    pub(super) fn new(net: Arc<CallNet>) -> Self {
-        EgressHttp { net }
+    /// A client sending through `net`, reporting an answer stopped on its way in `ended`.
+    pub(super) fn new(net: Arc<CallNet>, ended: EndedBy) -> Self {
+        EgressHttp { net, ended }
     }
 
     async fn send(
@@ -172,12 +175,29 @@ impl StreamableHttpClient for EgressHttp {
         }
         match kind.as_deref() {
             Some(EVENT_STREAM) => {
+                // rmcp ends the session on a stream's error without saying why: the
+                // egress's reason (an answer over the body cap) is kept for the call.
+                let ended = self.ended.clone();
                 let events: BoxStream<'static, Result<Sse, SseError>> =
-                    SseStream::new(response.into_body()).boxed();
+                    SseStream::new(response.into_body())
+                        .inspect(move |event| {
+                            if let Err(SseError::Body(err)) = event {
+                                let why = match err.downcast_ref::<wasmtime_wasi_http::Error>() {
+                                    Some(code) => crate::net::error_text(code),
+                                    None => err.to_string(),
+                                };
+                                ended.set(why);
+                            }
+                        })
+                        .boxed();
                 Ok(StreamableHttpPostResponse::Sse(events, session))
             }
             Some(JSON) => {
-                let body = read_body(response.into_body()).await?;
+                let body = read_body(response.into_body()).await.inspect_err(|err| {
+                    if let StreamableHttpError::Client(refused) = err {
+                        self.ended.set(refused.to_string());
+                    }
+                })?;
                 let message = serde_json::from_slice(&body)?;
                 Ok(StreamableHttpPostResponse::Json(message, session))
             }

@@ -12,6 +12,7 @@
 //!   each call bounded by the tool deadline and audited like a plugin's.
 
 mod client;
+mod ended;
 mod fit;
 mod http;
 mod remote_tool;

@@ -5,12 +5,20 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
 
-use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
-use rmcp::transport::TokioChildProcess;
-use tokio::io::AsyncReadExt as _;
+use process_wrap::tokio::{ChildWrapper, CommandWrap, KillOnDrop, ProcessGroup};
+use rmcp::RoleClient;
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::Transport;
+use rmcp::transport::async_rw::AsyncRwTransport;
+use tokio::io::{AsyncRead, AsyncReadExt as _, ReadBuf};
+use tokio::process::{ChildStdin, ChildStdout};
+
+use super::ended::EndedBy;
 
 /// The most of a server's standard error kept for a message: its last lines.
 const STDERR_TAIL_BYTES: usize = 2048;
@@ -28,6 +36,113 @@ pub(super) struct Launch<'a> {
     pub secrets: &'a [(String, String)],
     /// Where it runs.
     pub cwd: &'a Path,
+    /// The longest line (one message) read from it, and the key that sets it.
+    pub max_message: usize,
+    pub limit_key: String,
+    /// Where a line over `max_message` is reported.
+    pub ended: EndedBy,
+}
+
+/// A stdio server's transport: its messages, one per line of its standard output, none
+/// longer than [`Launch::max_message`]; the program and its whole process group killed
+/// when the transport is dropped.
+pub(super) struct StdioTransport {
+    child: Option<Box<dyn ChildWrapper>>,
+    messages: AsyncRwTransport<RoleClient, CappedLines<ChildStdout>, ChildStdin>,
+}
+
+impl Transport<RoleClient> for StdioTransport {
+    type Error = std::io::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.messages.send(item)
+    }
+
+    fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
+        self.messages.receive()
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.messages.close().await?;
+        self.kill();
+        Ok(())
+    }
+}
+
+impl StdioTransport {
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // The group, not just the program: a wrapper's children go with it. Sent
+            // without waiting; the runtime reaps the exited child.
+            let _ = child.start_kill();
+        }
+    }
+}
+
+impl Drop for StdioTransport {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A reader that fails, and records why in an [`EndedBy`], once a line runs past `cap`
+/// bytes: the answer is refused as it arrives, never buffered whole, and the call waiting
+/// on it hears why at once rather than at its deadline. (rmcp's own cap drops such a line
+/// silently, leaving its call to wait.)
+pub(super) struct CappedLines<R> {
+    inner: R,
+    cap: usize,
+    limit_key: String,
+    /// Bytes since the last newline.
+    run: usize,
+    ended: EndedBy,
+    /// Why the next read fails: set by the read that passed on the bytes before the cap.
+    failed: Option<String>,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for CappedLines<R> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let refuse = |why: &String| {
+            Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                why.clone(),
+            )))
+        };
+        if let Some(why) = &this.failed {
+            return refuse(why);
+        }
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        let over = buf.filled()[before..].iter().position(|&byte| {
+            this.run = if byte == b'\n' { 0 } else { this.run + 1 };
+            this.run > this.cap
+        });
+        if let Some(at) = over {
+            let why = format!(
+                "its answer is over the {} KiB limit of one message ({}); raise it, or ask \
+                 the server for less",
+                this.cap >> 10,
+                this.limit_key
+            );
+            this.ended.set(why.clone());
+            // The bytes before the cap are passed on (whole messages among them); the
+            // read after them fails. A read that fails returns no bytes.
+            buf.set_filled(before + at);
+            if at == 0 {
+                return refuse(&why);
+            }
+            this.failed = Some(why);
+        }
+        Poll::Ready(Ok(()))
+    }
 }
 
 /// The last [`STDERR_TAIL_BYTES`] a server wrote to its standard error.
@@ -57,7 +172,7 @@ impl StderrTail {
 
 /// Starts the program: a process group of its own (dropping the transport kills the whole
 /// group, so a wrapper's children go with it), its environment only what `launch` lists.
-pub(super) fn spawn(launch: &Launch<'_>) -> Result<(TokioChildProcess, StderrTail), String> {
+pub(super) fn spawn(launch: &Launch<'_>) -> Result<(StdioTransport, StderrTail), String> {
     let name = launch.name;
     let program = find_program(launch.command, launch.cwd).ok_or_else(|| {
         format!(
@@ -73,17 +188,35 @@ pub(super) fn spawn(launch: &Launch<'_>) -> Result<(TokioChildProcess, StderrTai
         .envs(launch.env)
         .envs(launch.secrets.iter().map(|(k, v)| (k, v)))
         .current_dir(launch.cwd);
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut wrapped = CommandWrap::from(command);
     wrapped.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
-    let (transport, stderr) = TokioChildProcess::builder(wrapped)
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|err| {
-            format!(
-                "MCP server [mcp.{name}]: cannot start {}: {err}; check mcp.{name}.command",
-                program.display()
-            )
-        })?;
+    let mut child = wrapped.spawn().map_err(|err| {
+        format!(
+            "MCP server [mcp.{name}]: cannot start {}: {err}; check mcp.{name}.command",
+            program.display()
+        )
+    })?;
+    let (Some(stdin), Some(stdout)) = (child.stdin().take(), child.stdout().take()) else {
+        unreachable!("both were piped above");
+    };
+    let stderr = child.stderr().take();
+    let stdout = CappedLines {
+        inner: stdout,
+        cap: launch.max_message,
+        limit_key: launch.limit_key.clone(),
+        run: 0,
+        ended: launch.ended.clone(),
+        failed: None,
+    };
+    let transport = StdioTransport {
+        child: Some(child),
+        // Our reader caps the line; rmcp's cap (which drops a line silently) never applies.
+        messages: AsyncRwTransport::new(stdout, stdin).with_max_line_length(usize::MAX),
+    };
     let tail = StderrTail::default();
     if let Some(stderr) = stderr {
         // The secrets it was given, should it print one, across reads too.
@@ -171,6 +304,29 @@ mod tests {
             Some("key=[redacted secret NOTES_KEY] end")
         );
         let _ = child.wait().await;
+    }
+
+    #[tokio::test]
+    async fn a_line_over_the_cap_fails_the_read_and_says_why_lines_within_it_pass() {
+        let ended = EndedBy::default();
+        let mut lines = CappedLines {
+            inner: &b"0123456789\nabcdefghijklmnop\n"[..],
+            cap: 10,
+            limit_key: "[net] max_response_body_kib".into(),
+            run: 0,
+            ended: ended.clone(),
+            failed: None,
+        };
+        let mut read = Vec::new();
+        let err = lines.read_to_end(&mut read).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+        assert!(read.starts_with(b"0123456789\n"), "{read:?}");
+        let why = ended.take().unwrap();
+        assert!(
+            why.contains("over the 0 KiB limit of one message ([net] max_response_body_kib)"),
+            "{why}"
+        );
+        assert_eq!(err.to_string(), why);
     }
 
     #[test]

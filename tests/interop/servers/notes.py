@@ -56,6 +56,12 @@ def slow_next_start() -> str:
 
 
 @server.tool()
+def big(size: int) -> str:
+    """`size` bytes of text, in one answer."""
+    return "x" * size
+
+
+@server.tool()
 def crash() -> str:
     """Exits the server at once, mid-call."""
     os._exit(3)
