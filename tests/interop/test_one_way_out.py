@@ -3,7 +3,8 @@ the model's streamed reply, a tool's result, a tool's error, an MCP server's ans
 model's failure, are never found in any byte that leaves Capstan: every route of `capstan
 serve` (through a recording proxy, so every byte the server sends is searched), the official
 OpenAI SDK streaming and not, the official MCP SDK over HTTP and over stdio, the event
-stream, the CLI and the logs. Ten thousand responses are collected in all.
+stream, the CLI and the logs, and what rests on disk (the store's files, a recording). Ten
+thousand responses are collected in all.
 
 The model is a small OpenAI-compatible server of the test's own that streams its answer a
 few characters at a time, so a canary is split across deltas, and quotes the key it was
@@ -357,8 +358,11 @@ def test_no_canary_leaves_by_any_door():
                                        "--as", "worker", "--workspace", workspace)
         assert code != 0 and b"[redacted secret token.ops]" in out, out
         collected.append(out)
-        code, out = deployment.command("run", "--channel", "cli", "hello from the terminal")
+        recording = deployment.base / "recorded.toml"
+        code, out = deployment.command("run", "--channel", "cli", "--record", str(recording),
+                                       "hello from the terminal")
         assert code == 0, out
+        assert b"[redacted secret CANARY]" in recording.read_bytes()
         assert b"[redacted secret CANARY]" in out, out
         collected.append(out)
         responses += 3
@@ -392,6 +396,12 @@ def test_no_canary_leaves_by_any_door():
         model.close()
     collected.append(bytes(proxy.received))
     collected.append((deployment.base / "serve.err").read_bytes())
+    # What rests on disk leaves too, read by whoever reads the files: the store (history,
+    # the audit log, its write-ahead log) and the recording.
+    collected.append((deployment.base / "recorded.toml").read_bytes())
+    for path in sorted((deployment.base / ".capstan").rglob("*")):
+        if path.is_file():
+            collected.append(path.read_bytes())
     proxy.close()
     assert code == 0, (deployment.base / "serve.err").read_text()
     found = [leak for data in collected for leak in leaks(data)]

@@ -380,8 +380,8 @@ impl Context {
         }
     }
 
-    /// Stores `history`: only the messages from `from` on are appended when the store
-    /// already holds the rest unchanged; `from == 0` rewrites it all. A failure is
+    /// Stores `history`, each message redacted: only the messages from `from` on are
+    /// appended when the store already holds the rest; `from == 0` rewrites it all. A failure is
     /// reported as [`Event::HistoryNotSaved`] and returned, so the caller rewrites the
     /// whole history at its next save.
     pub(crate) async fn save_history(
@@ -392,9 +392,14 @@ impl Context {
     ) -> Result<(), ServiceError> {
         let channel = id.session();
         let channel = channel.as_str();
+        // Stored as it would be served: a value the redactor knows (a user's paste, the
+        // model's echo) never rests in the store. Its JSON-escaped forms are known too.
         let rows: Vec<String> = history[from.min(history.len())..]
             .iter()
-            .map(|m| serde_json::to_string(m).expect("messages serialize"))
+            .map(|m| {
+                let row = serde_json::to_string(m).expect("messages serialize");
+                self.redactor().redact_owned(row)
+            })
             .collect();
         let saved = if from == 0 {
             self.services.history.replace(channel, rows).await

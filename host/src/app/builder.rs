@@ -125,6 +125,7 @@ impl AgentBuilder {
             None => super::open_services(&config).await?,
         };
         let secrets = super::load_secrets(&config)?;
+        let redactor = secrets.redactor().clone();
         let host = PluginHost::new(config.limits.tool.clone(), self.cache)
             .map_err(BuildError::Host)?
             .with_services(services.clone())
@@ -151,7 +152,7 @@ impl AgentBuilder {
             None => from_settings(&config, self.default_script)?,
         };
         let provider: Arc<dyn Provider> = match self.record {
-            Some(path) => Arc::new(Recorder::new(provider, &path)),
+            Some(path) => Arc::new(Recorder::new(provider, &path, redactor)),
             None => provider,
         };
         let registry = Arc::new(registry);

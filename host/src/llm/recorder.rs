@@ -7,6 +7,7 @@ use super::{
     AnswerSink, BoxFuture, Completion, CompletionRequest, Provider, ProviderError, Script,
     ScriptStep, ScriptToolCall,
 };
+use crate::secrets::Redactor;
 use crate::text::truncate;
 
 /// The longest `when` a recorded step gets: a prefix of the incoming message, enough to
@@ -20,15 +21,18 @@ pub struct Recorder<P> {
     inner: P,
     path: PathBuf,
     script: Mutex<Script>,
+    /// The recording leaves the host as a file: it is written redacted.
+    redactor: Redactor,
 }
 
 impl<P: Provider> Recorder<P> {
-    /// Records `inner`'s exchanges into `path`.
-    pub fn new(inner: P, path: &Path) -> Self {
+    /// Records `inner`'s exchanges into `path`, every value `redactor` knows hidden.
+    pub fn new(inner: P, path: &Path, redactor: Redactor) -> Self {
         Recorder {
             inner,
             path: path.to_owned(),
             script: Mutex::new(Script::default()),
+            redactor,
         }
     }
 
@@ -62,7 +66,8 @@ impl<P: Provider> Recorder<P> {
         };
         let mut script = self.script.lock().unwrap_or_else(|p| p.into_inner());
         script.steps.push(step);
-        std::fs::write(&self.path, script.to_toml()).map_err(|err| {
+        let text = self.redactor.outbound(script.to_toml());
+        std::fs::write(&self.path, text.as_bytes()).map_err(|err| {
             ProviderError::Script(format!(
                 "{}: cannot write the recording: {err}",
                 self.path.display()

@@ -9,6 +9,7 @@ use capstan_host::llm::{
     CompletionRequest, Delta, Message, OpenAiProvider, Provider, ProviderError, Recorder,
     RetryPolicy, Script, ScriptedProvider, ToolCall, ToolChoice, ToolDef,
 };
+use capstan_host::secrets::Redactor;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -418,7 +419,11 @@ async fn a_recording_replays_the_same_answers() {
         ok(completion(json!({"role": "assistant", "content": "All read."}))),
     ])
     .await;
-    let live = Recorder::new(OpenAiProvider::new(&url, "k", "m").unwrap(), &path);
+    let live = Recorder::new(
+        OpenAiProvider::new(&url, "k", "m").unwrap(),
+        &path,
+        Redactor::default(),
+    );
     let requests = [ask("worker", "Read a"), ask("worker", "file a says hi")];
     let mut originals = Vec::new();
     let (deltas, mut received) = tokio::sync::mpsc::unbounded_channel();
@@ -453,6 +458,32 @@ async fn a_recording_replays_the_same_answers() {
         assert_eq!(calls(&again), calls(&original));
     }
     assert_eq!(replay.remaining(), 0);
+}
+
+#[tokio::test]
+async fn a_recording_never_holds_a_value_the_redactor_knows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("recorded.toml");
+    let key = "sk-canary-0123456789abcdef";
+    let (url, _) = serve(vec![ok(completion(
+        json!({"role": "assistant", "content": format!("the key is {key}")}),
+    ))])
+    .await;
+    let redactor = Redactor::new([("API_KEY".parse().unwrap(), Arc::from(key))]);
+    let live = Recorder::new(
+        OpenAiProvider::new(&url, "k", "m").unwrap(),
+        &path,
+        redactor,
+    );
+    live.complete(&ask("worker", &format!("repeat {key}")), &())
+        .await
+        .unwrap();
+    let recording = std::fs::read_to_string(&path).unwrap();
+    assert!(!recording.contains(key), "{recording}");
+    assert!(
+        recording.contains("the key is [redacted secret API_KEY]"),
+        "{recording}"
+    );
 }
 
 /// The whole path: a channel on the OpenAI-compatible provider, against the loopback
