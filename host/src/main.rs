@@ -1,6 +1,5 @@
 //! The `capstan` binary.
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use capstan_host::cli::Cli;
@@ -17,7 +16,7 @@ fn main() -> ExitCode {
         // Each line passes the redactor of every value the host holds.
         .with_writer(capstan_host::secrets::log_writer)
         // Colour codes only for a person at a terminal, never into a file or a pipe.
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(capstan_host::secrets::stderr().is_terminal())
         .init();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -35,7 +34,7 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("error: cannot start the async runtime: {err}");
+            capstan_host::say!("error: cannot start the async runtime: {err}");
             return ExitCode::FAILURE;
         }
     };
@@ -44,8 +43,8 @@ fn main() -> ExitCode {
         // A closed pipe (`capstan plugins list | head`) is the reader's choice, not an error.
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            let text = capstan_host::secrets::for_logs(&report(&err));
-            eprintln!("error: {}", String::from_utf8_lossy(text.as_bytes()));
+            // Redacted as every line of standard error is.
+            capstan_host::say!("error: {}", report(&err));
             ExitCode::FAILURE
         }
     };

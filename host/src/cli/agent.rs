@@ -184,12 +184,12 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> Tally {
         }
         if !streamed.is_empty() && !matches!(event, Event::Text { .. } | Event::Reply { .. }) {
             // Whatever comes next starts on a line of its own.
-            let _ = writeln!(std::io::stdout());
+            let _ = writeln!(crate::secrets::stdout());
             streamed.clear();
         }
         match &event {
             Event::Text { text, .. } => {
-                let mut out = std::io::stdout().lock();
+                let mut out = crate::secrets::stdout();
                 if streamed.is_empty() {
                     let _ = write!(out, "agent> ");
                 }
@@ -199,11 +199,11 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> Tally {
             }
             Event::Reply { text, .. } if !streamed.is_empty() && *text == streamed => {
                 // Already shown as it streamed: end its line.
-                let _ = writeln!(std::io::stdout());
+                let _ = writeln!(crate::secrets::stdout());
                 streamed.clear();
             }
             Event::Reply { text, .. } => {
-                let mut out = std::io::stdout().lock();
+                let mut out = crate::secrets::stdout();
                 if !streamed.is_empty() {
                     let _ = writeln!(out);
                     streamed.clear();
@@ -212,7 +212,7 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> Tally {
             }
             Event::ModelFailed { .. } | Event::HistoryNotSaved { .. } => {
                 tally.failures += 1;
-                eprintln!("error: {}", one_line(&event.to_string()));
+                crate::say!("error: {}", one_line(&event.to_string()));
             }
             _ => {
                 match event {
@@ -220,7 +220,7 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> Tally {
                     Event::BranchStarted { .. } => tally.branches += 1,
                     _ => {}
                 }
-                eprintln!("  {}", one_line(&event.to_string()));
+                crate::say!("  {}", one_line(&event.to_string()));
             }
         }
     }
@@ -295,11 +295,11 @@ async fn until_stopped(runtime: &Arc<Runtime>, work: impl Future<Output = ()>) -
         () = work => None,
         () = runtime.lease_lost() => {
             // The runtime is stopping its processes already.
-            eprintln!("{LEASE_LOST}");
+            crate::say!("{LEASE_LOST}");
             Some(Stop::LeaseLost)
         }
         stop = stop_signal() => {
-            eprintln!(
+            crate::say!(
                 "(stopping: running workers are interrupted and the histories saved; \
                  a second signal quits at once)"
             );
@@ -382,7 +382,7 @@ impl ChatCommand {
         let config = self.agent.launch.host.config()?;
         let (runtime, events) = self.agent.launch.start(config).await?;
         let printer = tokio::spawn(print_events(events));
-        eprintln!(
+        crate::say!(
             "capstan chat on channel `{}`: type messages (they go in as you type, even while \
              workers run), or /quit",
             self.agent.channel
@@ -415,7 +415,7 @@ impl ChatCommand {
                     return;
                 }
             }
-            eprintln!("(finishing the work in progress)");
+            crate::say!("(finishing the work in progress)");
             runtime.wait_conversation_idle(&conversation).await;
         })
         .await;
@@ -444,7 +444,7 @@ impl DemoCommand {
         let database = config.agent.data_dir.join(crate::store::DATABASE_FILE);
         // Written with errors returned, not println!: a reader that stops early
         // (`capstan demo | head`) ends the demo quietly instead of a panic.
-        let mut out = std::io::stdout();
+        let mut out = crate::secrets::stdout();
         writeln!(out, "Capstan demo")?;
         writeln!(out, "  workspace: {}", workspace.display())?;
         writeln!(out, "  database:  {}", database.display())?;
@@ -454,7 +454,7 @@ impl DemoCommand {
         let mut sent = Ok(());
         let stop = until_stopped(&runtime, async {
             for message in DEMO_CONVERSATION {
-                if let Err(err) = writeln!(std::io::stdout(), "you> {message}") {
+                if let Err(err) = writeln!(crate::secrets::stdout(), "you> {message}") {
                     sent = Err(err.into());
                     return;
                 }
@@ -464,7 +464,7 @@ impl DemoCommand {
                 }
                 // Let the last status lines reach the terminal before the next prompt.
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                let _ = writeln!(std::io::stdout());
+                let _ = writeln!(crate::secrets::stdout());
             }
         })
         .await;
@@ -540,7 +540,7 @@ async fn print_tasks(services: &crate::services::Services) -> anyhow::Result<()>
         ..TaskFilter::default()
     };
     let tasks = services.tasks.list(filter).await?;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::secrets::stdout();
     if tasks.is_empty() {
         writeln!(out, "(no tasks)")?;
         return Ok(());

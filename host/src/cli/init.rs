@@ -30,7 +30,10 @@ impl InitCommand {
             .with_context(|| format!("creating {}", self.dir.display()))?;
         std::fs::write(&path, DEFAULT_CONFIG)
             .with_context(|| format!("writing {}", path.display()))?;
-        println!("wrote {}", path.display());
+        std::io::Write::write_fmt(
+            &mut crate::secrets::stdout(),
+            format_args!("wrote {}\n", path.display()),
+        )?;
         Ok(ExitCode::SUCCESS)
     }
 }

@@ -50,7 +50,7 @@ impl McpCommand {
         let server = ToolServer::new(registry.clone(), config.policy, self.profile, workspace)
             .with_max_message_bytes(config.limits.mcp_message_bytes);
         let tools = server.tools().len();
-        eprintln!(
+        crate::say!(
             "capstan mcp: serving {tools} tool(s) of the {} profile on stdio",
             self.profile
         );

@@ -305,13 +305,13 @@ impl HostArgs {
 /// add, one line each.
 pub(crate) fn warn_refused(registry: &Registry) {
     for refused in registry.refused() {
-        eprintln!(
+        crate::say!(
             "warning: plugin refused: {}",
             crate::text::one_line(&refused.to_string())
         );
     }
     for problem in registry.external_problems() {
-        eprintln!("warning: {}", crate::text::one_line(problem));
+        crate::say!("warning: {}", crate::text::one_line(problem));
     }
 }
 
@@ -319,7 +319,7 @@ pub(crate) fn warn_refused(registry: &Registry) {
 pub(crate) fn read_writable_workspaces() -> anyhow::Result<WritableWorkspaces> {
     let state_dir = paths::default_state_dir()?;
     if state_dir.is_none() {
-        eprintln!(
+        crate::say!(
             "warning: no state dir (set CAPSTAN_STATE_DIR, XDG_STATE_HOME or HOME): a config \
              plugins planted in an earlier workspace cannot be told apart"
         );

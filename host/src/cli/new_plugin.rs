@@ -168,7 +168,10 @@ impl NewCommand {
                 .replace("{{sdk}}", &sdk);
             write_file(&dir, path, &text)?;
         }
-        println!("{}", next_steps(self.lang, &self.name, &dir));
+        std::io::Write::write_fmt(
+            &mut crate::secrets::stdout(),
+            format_args!("{}\n", next_steps(self.lang, &self.name, &dir)),
+        )?;
         Ok(ExitCode::SUCCESS)
     }
 }

@@ -42,7 +42,7 @@ impl PluginsCommand {
                     .iter()
                     .flat_map(|plugin| plugin.tools().iter().map(move |tool| row(plugin, tool)))
                     .collect();
-                let mut out = std::io::stdout().lock();
+                let mut out = crate::secrets::stdout();
                 print_table(&mut out, &["TOOL", "PLUGIN", "WIT", "CAPABILITIES"], &rows)?;
                 if rows.is_empty() {
                     writeln!(out, "(no tools loaded)")?;
@@ -53,11 +53,11 @@ impl PluginsCommand {
             PluginsCommand::Inspect { file, host } => {
                 match host.host(&host.config()?)?.load(&file).await {
                     Ok(plugin) => {
-                        print_plugin(&mut std::io::stdout().lock(), &plugin)?;
+                        print_plugin(&mut crate::secrets::stdout(), &plugin)?;
                         Ok(ExitCode::SUCCESS)
                     }
                     Err(err) => {
-                        eprintln!("refused: {err}");
+                        crate::say!("refused: {err}");
                         Ok(ExitCode::FAILURE)
                     }
                 }

@@ -42,7 +42,7 @@ impl PolicyCommand {
             )
             .await?;
         if let Some(why) = &self.why {
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::secrets::stdout();
             return super::network::explain(&mut out, &config, &registry, why, &self.method).await;
         }
         let tools = tool_needs(&registry);
@@ -59,7 +59,7 @@ impl PolicyCommand {
                     .collect()
             })
             .collect();
-        let mut out = std::io::stdout().lock();
+        let mut out = crate::secrets::stdout();
         match &config.source {
             Some(path) => writeln!(out, "policy from {}", path.display())?,
             None => writeln!(out, "policy from the built-in defaults")?,

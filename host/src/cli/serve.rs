@@ -36,7 +36,7 @@ pub(crate) struct ServeCommand {
 impl ServeCommand {
     pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
         if self.openapi {
-            writeln!(std::io::stdout(), "{}", openapi_json())?;
+            writeln!(crate::secrets::stdout(), "{}", openapi_json())?;
             return Ok(ExitCode::SUCCESS);
         }
         let config = if self.demo {
@@ -65,12 +65,12 @@ impl ServeCommand {
             let lost = lost.clone();
             async move {
                 tokio::select! {
-                    _ = signals.next() => eprintln!(
+                    _ = signals.next() => crate::say!(
                         "(stopping: new connections refused, running workers interrupted, \
                          histories saved; a second signal quits at once)"
                     ),
                     () = runtime.lease_lost() => {
-                        eprintln!("{LEASE_LOST}");
+                        crate::say!("{LEASE_LOST}");
                         lost.store(true, Ordering::SeqCst);
                     }
                 }
@@ -98,7 +98,7 @@ fn print_banner(
     workspace: &std::path::Path,
 ) -> std::io::Result<()> {
     let addr = server.local_addr();
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::secrets::stdout();
     writeln!(out, "capstan serve: listening on http://{addr}/")?;
     out.flush()?;
     writeln!(out, "  page:      http://{addr}/")?;

@@ -24,7 +24,7 @@ pub(crate) struct StatusCommand {
 impl StatusCommand {
     pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
         let config = self.host.config()?;
-        let mut out = std::io::stdout().lock();
+        let mut out = crate::secrets::stdout();
         let url = match &config.store {
             StoreSettings::Sqlite => {
                 let file = config.agent.data_dir.join(crate::store::DATABASE_FILE);

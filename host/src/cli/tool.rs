@@ -99,7 +99,7 @@ impl ToolCommand {
             Some(kind) => registry.call_as(&config.policy, kind, request).await,
             None => registry.call(request).await,
         };
-        let mut out = std::io::stdout().lock();
+        let mut out = crate::secrets::stdout();
         if json {
             let value = match &result {
                 Ok(text) => serde_json::json!({ "ok": text }),
@@ -110,7 +110,7 @@ impl ToolCommand {
             // A result is data: piped, it passes byte for byte; on a terminal, escape
             // sequences in it are shown, not obeyed.
             let shown = |text: &str| {
-                if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                if crate::secrets::stdout().is_terminal() {
                     crate::text::printable(text).into_owned()
                 } else {
                     text.to_owned()
@@ -119,7 +119,7 @@ impl ToolCommand {
             match &result {
                 Ok(text) if text.ends_with('\n') => write!(out, "{}", shown(text))?,
                 Ok(text) => writeln!(out, "{}", shown(text))?,
-                Err(err) => eprintln!("error[{}]: {}", err.kind(), err.message()),
+                Err(err) => crate::say!("error[{}]: {}", err.kind(), err.message()),
             }
         }
         Ok(exit_code(&result))

@@ -11,7 +11,8 @@
 //! other values the host holds (serve tokens, the provider's key: [`Secrets::hiding`]).
 //!
 //! What leaves the host through a door is [`Outbound`]: bytes, a body or a writer that
-//! only a redactor makes, so no door sends a byte that did not pass it.
+//! only a redactor makes, so no door sends a byte that did not pass it. The terminal is
+//! written only through [`stdout`] and [`stderr`] (the lint refuses any other way).
 //!
 //! A guest reading the response to a request carrying secrets has those secrets, and only
 //! those, redacted from it: what is held back never depends on another secret.
@@ -20,9 +21,11 @@ mod outbound;
 mod redact;
 mod spec;
 mod store;
+mod terminal;
 
 pub use outbound::{LogWriter, Outbound, OutboundBody, OutboundWriter, for_logs, log_writer};
 pub use redact::{REDACTED, Redactor, STEADY_LAG_STEP, StreamRedactor};
 pub use spec::{HeaderTemplate, SecretName, SecretSource, SecretSpec};
 pub(crate) use store::read_source;
 pub use store::{LoadSecretError, MIN_SECRET_BYTES, Secret, Secrets};
+pub use terminal::{Terminal, stderr, stdout};

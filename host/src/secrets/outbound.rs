@@ -210,9 +210,15 @@ impl Redactor {
 
 /// `text` as the log may show it: every value hidden there redacted.
 pub fn for_logs(text: &str) -> Outbound {
+    for_logs_bytes(text.as_bytes())
+}
+
+/// [`for_logs`] of bytes that need not be UTF-8 (a tool's result piped on): they pass on
+/// as they are but for the values redacted.
+pub(super) fn for_logs_bytes(bytes: &[u8]) -> Outbound {
     match &*IN_LOGS.read().unwrap_or_else(|e| e.into_inner()) {
-        Some(redactor) => redactor.outbound(text),
-        None => Outbound::new(Bytes::copy_from_slice(text.as_bytes())),
+        Some(redactor) => redactor.outbound(bytes),
+        None => Outbound::new(Bytes::copy_from_slice(bytes)),
     }
 }
 
@@ -223,6 +229,7 @@ pub fn for_logs(text: &str) -> Outbound {
 ///     .with_writer(capstan_host::secrets::log_writer)
 ///     .init();
 /// ```
+#[allow(clippy::disallowed_methods)] // the log's own writer, redacting each line
 pub fn log_writer() -> LogWriter {
     LogWriter(std::io::stderr())
 }
