@@ -18,6 +18,15 @@ fn main() -> ExitCode {
         // Colour codes only for a person at a terminal, never into a file or a pipe.
         .with_ansi(capstan_host::secrets::stderr().is_terminal())
         .init();
+    // A panic's message may quote what the host held: it is said as every line of
+    // standard error is, redacted.
+    std::panic::set_hook(Box::new(|info| {
+        capstan_host::say!("capstan panicked (a bug; please report it): {info}");
+        let trace = std::backtrace::Backtrace::capture();
+        if trace.status() == std::backtrace::BacktraceStatus::Captured {
+            capstan_host::say!("{trace}");
+        }
+    }));
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {

@@ -393,12 +393,14 @@ impl Context {
         let channel = id.session();
         let channel = channel.as_str();
         // Stored as it would be served: a value the redactor knows (a user's paste, the
-        // model's echo) never rests in the store. Its JSON-escaped forms are known too.
+        // model's echo) never rests in the store. Redacted field by field, so a row stays
+        // a message whatever the value.
         let rows: Vec<String> = history[from.min(history.len())..]
             .iter()
             .map(|m| {
-                let row = serde_json::to_string(m).expect("messages serialize");
-                self.redactor().redact_owned(row)
+                let mut row = serde_json::to_value(m).expect("messages serialize");
+                self.redactor().redact_json(&mut row);
+                row.to_string()
             })
             .collect();
         let saved = if from == 0 {

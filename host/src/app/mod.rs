@@ -9,6 +9,6 @@ mod tools;
 
 pub use builder::{Agent, AgentBuilder};
 pub use error::BuildError;
-pub use secrets::load_secrets;
+pub use secrets::{hide_readable_values, load_secrets};
 pub use services::open_services;
 pub use tools::tool_needs;

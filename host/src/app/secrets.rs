@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use crate::config::{Config, ProviderSettings};
-use crate::secrets::{LoadSecretError, MIN_SECRET_BYTES, SecretName, Secrets, read_source};
+use crate::secrets::{
+    LoadSecretError, MIN_SECRET_BYTES, Redactor, SecretName, Secrets, read_source,
+};
 
 /// Reads `[secrets.*]`, and gives their redactor every other value the host holds
 /// ([`Secrets::hiding`]): each serve token's (`token.NAME`) and the provider's key
@@ -16,6 +18,19 @@ pub fn load_secrets(config: &Config) -> Result<Secrets, LoadSecretError> {
     let secrets = Secrets::load(&config.secrets)?.hiding(held_values(config));
     secrets.redactor().hide_in_logs();
     Ok(secrets)
+}
+
+/// Hides in the process's log and terminal every value of `config` that can be read now:
+/// each `[secrets.*]` value, serve token and the provider's key. It fails on none (a
+/// command that runs no call, such as `tasks` or `policy`, must work where a secret's
+/// source is absent), but what it prints of a model's or a tool's text is still redacted.
+pub fn hide_readable_values(config: &Config) {
+    let secrets = config.secrets.iter().filter_map(|spec| {
+        let table = format!("[secrets.{}]", spec.name);
+        let value = read_source(&spec.source, &table, MIN_SECRET_BYTES).ok()?;
+        Some((spec.name.clone(), Arc::from(value)))
+    });
+    Redactor::new(secrets.chain(held_values(config))).hide_in_logs();
 }
 
 /// The values the host holds beside `[secrets.*]` that no one outside may read. A value

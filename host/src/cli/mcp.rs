@@ -56,6 +56,7 @@ impl McpCommand {
         );
         // Standard output carries nothing that did not pass the redactor.
         let redactor = registry.host().network().secrets().redactor().clone();
+        #[allow(clippy::disallowed_methods)] // its standard output is wrapped just below
         let (stdin, stdout) = rmcp::transport::stdio();
         let running = server
             .serve((stdin, redactor.outbound_writer(stdout)))

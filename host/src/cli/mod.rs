@@ -122,6 +122,9 @@ impl HostArgs {
             None => Config::load_or_default_with(&overrides)?,
         };
         self.locations(&config, Path::new("."), false)?.check()?;
+        // Whatever the command prints (a task a model titled, an error) passes the
+        // terminal's redactor, which knows every value that can be read.
+        crate::app::hide_readable_values(&config);
         Ok(config)
     }
 

@@ -217,8 +217,13 @@ fn print_audit(out: &mut impl Write, config: &Config) -> std::io::Result<()> {
     };
     let tool_call = AuditDestination::Disabled(NO_STORE);
     writeln!(out, "\naudit log of every tool call and request:")?;
+    // The demo runs on the built-in defaults in a directory of its own, whatever the config.
+    let demo = AuditDestination::Kept(
+        "SQLite in the demo's directory (a temporary one, or --dir)".to_owned(),
+    );
     let rows = vec![
-        vec!["run, chat, demo, serve, mcp".to_owned(), store.to_string()],
+        vec!["run, chat, serve, mcp".to_owned(), store.to_string()],
+        vec!["demo, serve --demo".to_owned(), demo.to_string()],
         vec!["tool call".to_owned(), tool_call.to_string()],
     ];
     print_table(out, &["COMMAND", "AUDIT"], &rows)

@@ -46,7 +46,9 @@ impl<P: Provider> Recorder<P> {
             .last()
             .map(|m| m.content.trim())
             .unwrap_or("");
-        let when = truncate(incoming, WHEN_PREFIX).trim();
+        // Redacted before it is cut: a cut value is no longer one the redactor finds.
+        let incoming = self.redactor.redact(incoming);
+        let when = truncate(&incoming, WHEN_PREFIX).trim();
         let message = &completion.message;
         let step = ScriptStep {
             process: request.process.clone(),

@@ -55,15 +55,21 @@ struct Inner {
     /// The most of one answer read from a stdio server, and the key that sets it.
     max_message: usize,
     limit_key: String,
-    /// Why the host ended the transport, if it did (an answer over a limit).
-    ended: EndedBy,
     state: Mutex<State>,
 }
 
 type Service = Arc<RunningService<RoleClient, Handler>>;
 
+/// One start of the server (a program, or a session at a URL), and why the host ended its
+/// transport if it did: each start has its own, so a reason is never reported for another.
+#[derive(Clone)]
+struct Session {
+    service: Service,
+    ended: EndedBy,
+}
+
 enum State {
-    Running(Service),
+    Running(Session),
     Down {
         /// Why it is down.
         reason: String,
@@ -98,15 +104,13 @@ impl McpClient {
         start_timeout: Duration,
         host: &PluginHost,
     ) -> Self {
-        let ended = EndedBy::default();
         let (http, secret_env) = match &spec.transport {
             McpTransport::Http {
                 target, secrets, ..
             } => (
-                Some(EgressHttp::new(
-                    Arc::new(server_net(&spec.name, target, secrets, host)),
-                    ended.clone(),
-                )),
+                Some(EgressHttp::new(Arc::new(server_net(
+                    &spec.name, target, secrets, host,
+                )))),
                 Vec::new(),
             ),
             McpTransport::Stdio { secrets, .. } => (
@@ -134,7 +138,6 @@ impl McpClient {
                 start_timeout,
                 max_message,
                 limit_key,
-                ended,
                 state: Mutex::new(State::Down {
                     reason: NOT_STARTED.to_owned(),
                     failures: 0,
@@ -151,7 +154,7 @@ impl McpClient {
     pub async fn list_tools(&self) -> Result<(Vec<(String, ToolInfo)>, Vec<String>), String> {
         let inner = &self.inner;
         let name = &inner.spec.name;
-        let service = inner
+        let Session { service, ended } = inner
             .clone()
             .ready()
             .await
@@ -182,7 +185,7 @@ impl McpClient {
             .map_err(|err| {
                 format!(
                     "MCP server `{name}` did not list its tools: {}",
-                    service_cause(&err)
+                    ended.reason().unwrap_or_else(|| service_cause(&err))
                 )
             })?;
         let mut tools = Vec::new();
@@ -220,7 +223,7 @@ impl McpClient {
 impl Inner {
     /// The running server: started now on a task of its own if it is down and its
     /// backoff has passed, so that a caller that stops waiting does not stop the start.
-    async fn ready(self: Arc<Self>) -> Result<Service, ToolError> {
+    async fn ready(self: Arc<Self>) -> Result<Session, ToolError> {
         match tokio::spawn(self.clone().running()).await {
             Ok(result) => result,
             Err(err) => Err(ToolError::Failed(format!(
@@ -230,11 +233,11 @@ impl Inner {
         }
     }
 
-    async fn running(self: Arc<Self>) -> Result<Service, ToolError> {
+    async fn running(self: Arc<Self>) -> Result<Session, ToolError> {
         let mut state = self.state.lock().await;
-        if let State::Running(service) = &*state {
-            if !service.is_closed() {
-                return Ok(service.clone());
+        if let State::Running(session) = &*state {
+            if !session.service.is_closed() {
+                return Ok(session.clone());
             }
             tracing::warn!(
                 server = %self.spec.name,
@@ -267,10 +270,9 @@ impl Inner {
         let failures = *failures;
         let was_running = reason != NOT_STARTED;
         match self.start().await {
-            Ok(service) => {
-                let service = Arc::new(service);
-                *state = State::Running(service.clone());
-                Ok(service)
+            Ok(session) => {
+                *state = State::Running(session.clone());
+                Ok(session)
             }
             Err(reason) => {
                 let wait = backoff(failures);
@@ -293,12 +295,14 @@ impl Inner {
     }
 
     /// Starts the server (or opens a session with it) and completes the handshake.
-    async fn start(&self) -> Result<RunningService<RoleClient, Handler>, String> {
+    async fn start(&self) -> Result<Session, String> {
         let name = &self.spec.name;
+        let ended = EndedBy::default();
         let (handshake, stderr) = match (&self.spec.transport, &self.http) {
             (McpTransport::Http { url, .. }, Some(http)) => {
                 let config = StreamableHttpClientTransportConfig::with_uri(url.to_string());
-                let transport = StreamableHttpClientTransport::with_client(http.clone(), config);
+                let transport =
+                    StreamableHttpClientTransport::with_client(http.reporting(&ended), config);
                 let handshake =
                     tokio::time::timeout(self.start_timeout, Handler.serve(transport)).await;
                 (handshake, None)
@@ -323,7 +327,7 @@ impl Inner {
                     cwd,
                     max_message: self.max_message,
                     limit_key: self.limit_key.clone(),
-                    ended: self.ended.clone(),
+                    ended: ended.clone(),
                 })?;
                 let handshake =
                     tokio::time::timeout(self.start_timeout, Handler.serve(transport)).await;
@@ -338,10 +342,13 @@ impl Inner {
                 .unwrap_or_default()
         };
         match handshake {
-            Ok(Ok(service)) => Ok(service),
+            Ok(Ok(service)) => Ok(Session {
+                service: Arc::new(service),
+                ended,
+            }),
             Ok(Err(err)) => Err(format!(
                 "MCP server [mcp.{name}] failed its handshake: {}{}; {}",
-                crate::text::one_line(&init_cause(&err)),
+                crate::text::one_line(&ended.reason().unwrap_or_else(|| init_cause(&err))),
                 said(stderr),
                 match self.spec.transport {
                     McpTransport::Stdio { .. } => format!(
@@ -359,15 +366,19 @@ impl Inner {
         }
     }
 
-    /// Stops the running server (a program: its whole process group), so the next call
-    /// starts a fresh one.
-    async fn restart_later(&self, reason: String) {
+    /// Stops `failed` (a program: its whole process group), so the next call starts a
+    /// fresh one; a start made since, by another call, is kept.
+    async fn restart_later(&self, failed: &Session, reason: String) {
         let mut state = self.state.lock().await;
-        *state = State::Down {
-            reason,
-            failures: 0,
-            retry_at: Instant::now(),
-        };
+        if let State::Running(current) = &*state
+            && Arc::ptr_eq(&current.service, &failed.service)
+        {
+            *state = State::Down {
+                reason,
+                failures: 0,
+                retry_at: Instant::now(),
+            };
+        }
     }
 }
 
@@ -381,9 +392,9 @@ impl ExternalTools for McpClient {
         let inner = &self.inner;
         let arguments: serde_json::Map<String, serde_json::Value> = serde_json::from_str(args_json)
             .map_err(|err| ToolError::InvalidArgs(format!("arguments: {err}")))?;
-        let service = inner.clone().ready().await?;
+        let session = inner.clone().ready().await?;
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
-        match service.call_tool(params).await {
+        match session.service.call_tool(params).await {
             Ok(result) => outcome(result),
             Err(ServiceError::McpError(err)) => Err(ToolError::Failed(format!(
                 "MCP server `{}` refused the call: {}",
@@ -397,10 +408,10 @@ impl ExternalTools for McpClient {
                 };
                 let name = &inner.spec.name;
                 // The host ended the transport itself: that is the cause, not the closing
-                // rmcp saw.
-                if let Some(refused) = inner.ended.take() {
+                // rmcp saw. (Every call waiting on it hears it: its session is over.)
+                if let Some(refused) = session.ended.reason() {
                     inner
-                        .restart_later(format!("its last answer was refused ({refused})"))
+                        .restart_later(&session, format!("an answer was refused ({refused})"))
                         .await;
                     return Err(ToolError::Failed(format!(
                         "MCP server `{name}` sent an answer the host refused: {refused}; {again}"
@@ -408,7 +419,7 @@ impl ExternalTools for McpClient {
                 }
                 let cause = service_cause(&err);
                 inner
-                    .restart_later(format!("it stopped during a call ({cause})"))
+                    .restart_later(&session, format!("it stopped during a call ({cause})"))
                     .await;
                 Err(ToolError::Failed(format!(
                     "MCP server `{name}` stopped during the call ({cause}); {again}"

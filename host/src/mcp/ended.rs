@@ -3,8 +3,8 @@
 use std::sync::{Arc, Mutex};
 
 /// Why the host ended a server's transport (an answer over a size limit): the transport
-/// sets it as it fails, and the call that was waiting on the answer reports it, rather
-/// than rmcp's "transport closed" or, later, a deadline.
+/// sets it as it fails, and the calls that were waiting on it report it, rather than
+/// rmcp's "transport closed" or, later, a deadline. Each start of a server has its own.
 #[derive(Clone, Default)]
 pub(super) struct EndedBy(Arc<Mutex<Option<String>>>);
 
@@ -14,8 +14,8 @@ impl EndedBy {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
     }
 
-    /// The reason recorded, if any, cleared: each is reported once.
-    pub(super) fn take(&self) -> Option<String> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    /// The reason recorded, if any.
+    pub(super) fn reason(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }

@@ -17,21 +17,21 @@ pub const MESSAGE_KEY: &str = "limits.mcp_message_kib";
 /// The default of [`MESSAGE_KEY`]: the official SDKs' default for one event.
 pub const DEFAULT_MESSAGE_BYTES: usize = 1 << 20;
 
-/// `text`, cut at a character so that a message carrying it, JSON-encoded, is at most
-/// `max_message` bytes; a cut text ends with a note naming its size, the limit and
-/// [`MESSAGE_KEY`].
+/// `text`, cut at a character so that a message carrying it, JSON-encoded, with a request
+/// id of `id_bytes` (as JSON), is at most `max_message` bytes; a cut text ends with a note
+/// naming its size, the limit and [`MESSAGE_KEY`].
 ///
 /// ```
 /// use capstan_host::mcp::fit_message;
 ///
-/// let short = fit_message("a note".to_owned(), 64 << 10);
+/// let short = fit_message("a note".to_owned(), 64 << 10, 1);
 /// assert_eq!(short, "a note");
-/// let quotes = fit_message("\"".repeat(64 << 10), 64 << 10);
+/// let quotes = fit_message("\"".repeat(64 << 10), 64 << 10, 1);
 /// assert!(serde_json::to_string(&quotes).unwrap().len() < 64 << 10);
 /// assert!(quotes.ends_with("ask for less, or a page of it at a time]"));
 /// ```
-pub fn fit_message(text: String, max_message: usize) -> String {
-    let budget = max_message.saturating_sub(ENVELOPE_BYTES);
+pub fn fit_message(text: String, max_message: usize, id_bytes: usize) -> String {
+    let budget = max_message.saturating_sub(ENVELOPE_BYTES + id_bytes);
     let encoded = encoded_len(&text);
     if encoded <= budget {
         return text;
@@ -85,7 +85,7 @@ mod tests {
         let max = 64 << 10;
         for filler in ["x", "\"", "\u{1}", "é", "😀", "a\n"] {
             let text = filler.repeat(max);
-            let fitted = fit_message(text.clone(), max);
+            let fitted = fit_message(text.clone(), max, 1);
             let message = serde_json::json!({
                 "jsonrpc": "2.0",
                 "id": 7,

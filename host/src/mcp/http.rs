@@ -51,9 +51,21 @@ pub(super) struct EgressError(String);
 type Failure = StreamableHttpError<EgressError>;
 
 impl EgressHttp {
-    /// A client sending through `net`, reporting an answer stopped on its way in `ended`.
-    pub(super) fn new(net: Arc<CallNet>, ended: EndedBy) -> Self {
-        EgressHttp { net, ended }
+    /// A client sending through `net`.
+    pub(super) fn new(net: Arc<CallNet>) -> Self {
+        EgressHttp {
+            net,
+            ended: EndedBy::default(),
+        }
+    }
+
+    /// This client for one session, reporting an answer the egress stopped (over its body
+    /// cap) in `ended`.
+    pub(super) fn reporting(&self, ended: &EndedBy) -> Self {
+        EgressHttp {
+            net: self.net.clone(),
+            ended: ended.clone(),
+        }
     }
 
     async fn send(
@@ -181,23 +193,19 @@ impl StreamableHttpClient for EgressHttp {
                 let events: BoxStream<'static, Result<Sse, SseError>> =
                     SseStream::new(response.into_body())
                         .inspect(move |event| {
-                            if let Err(SseError::Body(err)) = event {
-                                let why = match err.downcast_ref::<wasmtime_wasi_http::Error>() {
-                                    Some(code) => crate::net::error_text(code),
-                                    None => err.to_string(),
-                                };
-                                ended.set(why);
+                            if let Err(SseError::Body(err)) = event
+                                && let Some(over) = err
+                                    .downcast_ref::<wasmtime_wasi_http::Error>()
+                                    .and_then(crate::net::over_body_cap)
+                            {
+                                ended.set(over);
                             }
                         })
                         .boxed();
                 Ok(StreamableHttpPostResponse::Sse(events, session))
             }
             Some(JSON) => {
-                let body = read_body(response.into_body()).await.inspect_err(|err| {
-                    if let StreamableHttpError::Client(refused) = err {
-                        self.ended.set(refused.to_string());
-                    }
-                })?;
+                let body = read_body(response.into_body()).await?;
                 let message = serde_json::from_slice(&body)?;
                 Ok(StreamableHttpPostResponse::Json(message, session))
             }

@@ -189,7 +189,10 @@ impl ServerHandler for ToolServer {
         if let Some(token) = &progress {
             let started = ProgressNotificationParam::new(token.clone(), 0.0)
                 .with_total(1.0)
-                .with_message(format!("running `{}` in a sandbox", params.name));
+                .with_message(format!(
+                    "running `{}` in a sandbox",
+                    crate::text::echo_name(&params.name, 64)
+                ));
             let _ = context.peer.notify_progress(started).await;
         }
         let result = self.call(&caller, &params, context.ct.cancelled()).await;
@@ -197,7 +200,15 @@ impl ServerHandler for ToolServer {
             let done = ProgressNotificationParam::new(token, 1.0).with_total(1.0);
             let _ = context.peer.notify_progress(done).await;
         }
-        let fit = |text: String| vec![ContentBlock::text(fit_message(text, self.max_message))];
+        // The id is the client's to choose, of any length: the message carries it too.
+        let id_bytes = serde_json::to_string(&context.id).map_or(0, |id| id.len());
+        let fit = |text: String| {
+            vec![ContentBlock::text(fit_message(
+                text,
+                self.max_message,
+                id_bytes,
+            ))]
+        };
         Ok(match result {
             Ok(text) => CallToolResult::success(fit(text)),
             Err(err) => {

@@ -65,12 +65,25 @@ impl Transport<RoleClient> for StdioTransport {
         self.messages.receive()
     }
 
+    /// MCP's stdio shutdown: its standard input closed, then a wait for it to exit, then
+    /// SIGTERM to its process group and another wait, then SIGKILL. Dropped unclosed (a
+    /// restart), it is killed at once.
     async fn close(&mut self) -> Result<(), Self::Error> {
         self.messages.close().await?;
+        let Some(child) = self.child.as_mut() else {
+            return Ok(());
+        };
+        let exited = tokio::time::timeout(CLOSE_WAIT, child.wait()).await;
+        if !matches!(exited, Ok(Ok(_))) && child.signal(libc::SIGTERM).is_ok() {
+            let _ = tokio::time::timeout(CLOSE_WAIT, child.wait()).await;
+        }
         self.kill();
         Ok(())
     }
 }
+
+/// How long a closed server is given to exit, after its input ends and again after SIGTERM.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl StdioTransport {
     fn kill(&mut self) {
@@ -321,7 +334,7 @@ mod tests {
         let err = lines.read_to_end(&mut read).await.unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
         assert!(read.starts_with(b"0123456789\n"), "{read:?}");
-        let why = ended.take().unwrap();
+        let why = ended.reason().unwrap();
         assert!(
             why.contains("over the 0 KiB limit of one message ([net] max_response_body_kib)"),
             "{why}"

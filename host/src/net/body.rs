@@ -14,6 +14,20 @@ use wasmtime_wasi_http::Error;
 use super::log::RequestLog;
 use crate::secrets::StreamRedactor;
 
+/// How the error of a response stopped at its body cap begins.
+const OVER_BODY_CAP: &str = "capstan stopped this response: its body is over";
+
+/// The message of `err` when it is a response stopped at its body cap (it names the limit
+/// and its key), and `None` for any other failure.
+pub(crate) fn over_body_cap(err: &Error) -> Option<String> {
+    match err {
+        Error::InternalError(Some(message)) if message.starts_with(OVER_BODY_CAP) => {
+            Some(message.clone())
+        }
+        _ => None,
+    }
+}
+
 /// The guest's request body, failing once it passes `cap` bytes.
 pub(super) struct CappedRequest<B> {
     pub(super) inner: B,
@@ -136,8 +150,7 @@ impl Body for GuardedResponse {
                     this.received += data.len() as u64;
                     if this.received > this.cap {
                         let message = format!(
-                            "capstan stopped this response: its body is over the {} KiB limit \
-                             ({})",
+                            "{OVER_BODY_CAP} the {} KiB limit ({})",
                             this.cap >> 10,
                             this.limit_key
                         );

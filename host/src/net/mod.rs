@@ -30,6 +30,7 @@ mod log;
 mod target;
 
 pub use address::{AddressClass, AddressRange};
+pub(crate) use body::over_body_cap;
 pub use check::{GrantSource, NetScope, Refusal, rule_for};
 pub use egress::NetHost;
 pub(crate) use egress::{CallNet, Egress, error_text};

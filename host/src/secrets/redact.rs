@@ -91,6 +91,49 @@ impl Redactor {
         out
     }
 
+    /// Every string of `value` (keys included) with every secret value replaced: a JSON
+    /// document stays one, whatever the values are, which replacing in its text need not
+    /// keep (a value may begin in the middle of an escape).
+    ///
+    /// ```
+    /// use capstan_host::secrets::Redactor;
+    ///
+    /// let redactor = Redactor::new([("K".parse().unwrap(), "nsecret-value-1".into())]);
+    /// let mut message = serde_json::json!({"content": "a\nsecret-value-1 and nsecret-value-1"});
+    /// redactor.redact_json(&mut message);
+    /// assert_eq!(message["content"], "a\nsecret-value-1 and [redacted secret K]");
+    /// ```
+    pub fn redact_json(&self, value: &mut serde_json::Value) {
+        use serde_json::Value;
+        if self.is_empty() {
+            return;
+        }
+        match value {
+            Value::String(text) => {
+                if let Cow::Owned(clean) = self.redact(text) {
+                    *text = clean;
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|item| self.redact_json(item)),
+            Value::Object(map) => {
+                let renamed: Vec<(String, String)> = map
+                    .keys()
+                    .filter_map(|key| match self.redact(key) {
+                        Cow::Owned(clean) => Some((key.clone(), clean)),
+                        Cow::Borrowed(_) => None,
+                    })
+                    .collect();
+                for (old, new) in renamed {
+                    if let Some(item) = map.remove(&old) {
+                        map.insert(new, item);
+                    }
+                }
+                map.values_mut().for_each(|item| self.redact_json(item));
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+    }
+
     /// `text` with every secret value replaced, reusing it when it holds none (the
     /// common case, on every tool call's output).
     pub fn redact_owned(&self, text: String) -> String {

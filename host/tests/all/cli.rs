@@ -248,12 +248,16 @@ fn policy_names_where_each_command_records_its_calls_and_that_tool_call_records_
     };
     let database = dir.path().join(".capstan").join("capstan.db");
     assert!(
-        line("run, chat, demo, serve, mcp")
+        line("run, chat, serve, mcp")
             .contains(&format!("kept in SQLite at {}", database.display())),
         "{text}"
     );
     assert!(
         line("tool call").contains("disabled: this host was built without a store"),
+        "{text}"
+    );
+    assert!(
+        line("demo, serve --demo").contains("the demo's directory"),
         "{text}"
     );
     assert!(!database.exists(), "policy opens no store");
@@ -272,6 +276,38 @@ fn policy_names_where_each_command_records_its_calls_and_that_tool_call_records_
         "{text}"
     );
     assert!(!text.contains("hunter2"), "{text}");
+}
+
+#[test]
+fn a_command_that_loads_no_secret_still_prints_none() {
+    // A task a model titled with a key (pasted by a user), printed by `capstan tasks`,
+    // which runs no call: the terminal's redactor knows every value it can read.
+    let dir = tempfile::tempdir().unwrap();
+    let key = "sk-tasks-0123456789abcdef";
+    std::fs::write(
+        dir.path().join("capstan.toml"),
+        "[secrets.API_KEY]\nenv = \"CAPSTAN_TEST_API_KEY\"\n",
+    )
+    .unwrap();
+    let services = capstan_host::store::Store::open(&dir.path().join(".capstan"))
+        .map(|store| std::sync::Arc::new(store).services())
+        .unwrap();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let task = capstan_host::services::NewTask::titled(&format!("rotate {key} tonight"));
+        services.tasks.create("worker:1", task).await.unwrap();
+    });
+    drop(services);
+    let out = capstan_command(dir.path(), &["tasks", "--config", "capstan.toml"])
+        .env("CAPSTAN_TEST_API_KEY", key)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("rotate [redacted secret API_KEY] tonight"),
+        "{text}"
+    );
+    assert!(!text.contains(key) && !stderr(&out).contains(key), "{text}");
 }
 
 #[test]

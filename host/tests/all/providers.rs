@@ -475,11 +475,11 @@ async fn a_recording_never_holds_a_value_the_redactor_knows() {
         &path,
         redactor,
     );
-    live.complete(&ask("worker", &format!("repeat {key}")), &())
-        .await
-        .unwrap();
+    // The key starts past the middle of the 80 bytes a step's `when` keeps of the request.
+    let asked = format!("{} please repeat {key} back to me", "x".repeat(40));
+    live.complete(&ask("worker", &asked), &()).await.unwrap();
     let recording = std::fs::read_to_string(&path).unwrap();
-    assert!(!recording.contains(key), "{recording}");
+    assert!(!recording.contains(&key[..8]), "{recording}");
     assert!(
         recording.contains("the key is [redacted secret API_KEY]"),
         "{recording}"
