@@ -8,6 +8,7 @@
 //! process is the one thing that needs the process modules; the runtime hands the context
 //! a [`Starter`] that does it.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
@@ -398,6 +399,10 @@ impl Context {
         let rows: Vec<String> = history[from.min(history.len())..]
             .iter()
             .map(|m| {
+                let row = serde_json::to_string(m).expect("messages serialize");
+                if matches!(self.redactor().redact(&row), Cow::Borrowed(_)) {
+                    return row;
+                }
                 let mut row = serde_json::to_value(m).expect("messages serialize");
                 self.redactor().redact_json(&mut row);
                 row.to_string()

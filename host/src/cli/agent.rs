@@ -282,35 +282,33 @@ impl StopSignals {
     }
 }
 
-/// Waits for SIGINT or SIGTERM.
-pub(crate) async fn stop_signal() -> Stop {
-    StopSignals::install().next().await
-}
-
 /// Runs `work` until it ends or a signal arrives. On a signal the runtime stops
 /// gracefully (workers end interrupted, histories are stored); a second signal exits at
 /// once.
 async fn until_stopped(runtime: &Arc<Runtime>, work: impl Future<Output = ()>) -> Option<Stop> {
-    tokio::select! {
-        () = work => None,
+    // Installed before the work starts: a signal sent once a worker has started (another
+    // thread may start it before this one polls anything but the work) is caught, never
+    // the default action that kills the process unsaved.
+    let mut signals = StopSignals::install();
+    let stop = tokio::select! {
+        () = work => return None,
         () = runtime.lease_lost() => {
             // The runtime is stopping its processes already.
             crate::say!("{LEASE_LOST}");
-            Some(Stop::LeaseLost)
+            return Some(Stop::LeaseLost);
         }
-        stop = stop_signal() => {
-            crate::say!(
-                "(stopping: running workers are interrupted and the histories saved; \
-                 a second signal quits at once)"
-            );
-            runtime.interrupt();
-            tokio::spawn(async {
-                let again = stop_signal().await;
-                std::process::exit(i32::from(exit_code_of(Some(again), Tally::default())));
-            });
-            Some(stop)
-        }
-    }
+        stop = signals.next() => stop,
+    };
+    crate::say!(
+        "(stopping: running workers are interrupted and the histories saved; a second \
+         signal quits at once)"
+    );
+    runtime.interrupt();
+    tokio::spawn(async move {
+        let again = signals.next().await;
+        std::process::exit(i32::from(exit_code_of(Some(again), Tally::default())));
+    });
+    Some(stop)
 }
 
 /// The exit code of a session that ended by `stop` with `tally`.
