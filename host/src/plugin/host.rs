@@ -271,13 +271,13 @@ impl PluginHost {
                 ToolInfo::from_specs(&path, cached.into_iter().map(ToolSpec::from).collect())?
             }
             None => {
-                let specs =
-                    self.describe(&pre, &name)
-                        .await
-                        .map_err(|reason| LoadError::Describe {
-                            path: path.clone(),
-                            reason,
-                        })?;
+                let specs = self
+                    .describe(&pre, &name, &wit_version)
+                    .await
+                    .map_err(|reason| LoadError::Describe {
+                        path: path.clone(),
+                        reason,
+                    })?;
                 let raw = specs.iter().cloned().map(RawToolSpec::from).collect();
                 let tools = ToolInfo::from_specs(&path, specs)?;
                 let kept = CachedTools {
@@ -325,9 +325,11 @@ impl PluginHost {
         &self,
         pre: &PluginPre<Sandbox>,
         plugin: &Arc<str>,
+        contract: &str,
     ) -> Result<Vec<super::bindings::exports::capstan::plugin::tool::ToolSpec>, String> {
         let scope = CallScope {
             plugin: plugin.clone(),
+            contract: contract.to_owned(),
             tool: "describe".into(),
             caller: "host".into(),
             capabilities: Vec::new(),
@@ -388,6 +390,7 @@ impl PluginHost {
         let sandbox = || {
             let scope = CallScope {
                 plugin: plugin.name.clone(),
+                contract: plugin.wit_version.clone(),
                 tool: call.tool.to_owned(),
                 caller: call.caller.to_owned(),
                 capabilities: call.capabilities.clone(),
@@ -609,12 +612,30 @@ impl PluginHost {
         let trap = match err.downcast_ref::<wasmtime::Trap>() {
             Some(trap) => format!("trapped: {trap}"),
             // Not a trap: the host could not take a value the guest passed it (an enum
-            // value no WIT enum has), which only a plugin built for another contract does.
-            None => format!(
-                "was stopped: the host could not take a value it passed ({}); rebuild it \
-                 with a capstan-sdk for capstan:plugin@{WIT_VERSION}",
-                one_line(&err.root_cause().to_string())
-            ),
+            // value no WIT enum has), which a plugin built for another contract does.
+            None => {
+                let cause = one_line(err.root_cause().to_string().trim()).into_owned();
+                let cause = if cause.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({cause})")
+                };
+                let theirs = &scope.contract;
+                if *theirs == WIT_VERSION {
+                    format!(
+                        "was stopped: the host could not take a value it passed{cause}; it \
+                         was built for this host's capstan:plugin@{WIT_VERSION}, so the \
+                         plugin (or its SDK) passed a value its contract has no place for"
+                    )
+                } else {
+                    format!(
+                        "was stopped: the host could not take a value it passed{cause}; it \
+                         was built for capstan:plugin@{theirs} and this host speaks \
+                         capstan:plugin@{WIT_VERSION}: rebuild it with a capstan-sdk for \
+                         {WIT_VERSION}"
+                    )
+                }
+            }
         };
         if said.is_empty() {
             ToolError::Failed(format!("{who} {trap}"))

@@ -53,6 +53,8 @@ pub struct Sandbox {
 /// Who is running and with what, for the host imports' checks and log lines.
 pub(crate) struct CallScope {
     pub(crate) plugin: Arc<str>,
+    /// The `capstan:plugin` version the plugin was built for, e.g. `0.2.0`.
+    pub(crate) contract: String,
     pub(crate) tool: String,
     /// The calling process, e.g. `worker:3`: the creator of tasks it makes, and the owner
     /// `tasks.write-own` checks against.

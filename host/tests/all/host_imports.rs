@@ -77,7 +77,8 @@ async fn an_enum_value_outside_the_contract_fails_only_that_call_and_blames_the_
             msg.contains("tool `raw_status` (plugin probe)")
                 && msg.contains("could not take a value it passed")
                 && msg.contains("discriminant")
-                && msg.contains("rebuild it with a capstan-sdk for capstan:plugin@0.2.1"),
+                && msg.contains("built for this host's capstan:plugin@0.2.1")
+                && msg.contains("passed a value its contract has no place for"),
             "{msg}"
         );
         assert!(!msg.contains("backtrace"), "{msg}");
