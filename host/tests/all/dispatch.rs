@@ -611,8 +611,13 @@ async fn a_late_result_for_a_channel_that_is_gone_is_kept_with_a_warning() {
     eventually("three workers run", || rt.live_workers() == 3).await;
     rt.shutdown();
     eventually("the workers end", || rt.live_workers() == 0).await;
-    eventually("the reports are kept", || {
-        store.working_keys("notifications/status/").unwrap().len() == 3
+    // A report is its entry, then its line in the index: both are waited for.
+    eventually("the reports are kept and indexed", || {
+        let indexed = store
+            .working_get("notifications/index")
+            .unwrap()
+            .map_or(0, |index| index.lines().count());
+        store.working_keys("notifications/status/").unwrap().len() == 3 && indexed == 3
     })
     .await;
     assert!(
