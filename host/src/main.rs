@@ -14,7 +14,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rmcp=off")),
         )
         // Each line passes the redactor of every value the host holds.
-        .with_writer(capstan_host::secrets::log_writer)
+        .with_writer(capstan_host::secrets::stderr)
         // Colour codes only for a person at a terminal, never into a file or a pipe.
         .with_ansi(capstan_host::secrets::stderr().is_terminal())
         .init();

@@ -23,7 +23,7 @@ mod spec;
 mod store;
 mod terminal;
 
-pub use outbound::{LogWriter, Outbound, OutboundBody, OutboundWriter, for_logs, log_writer};
+pub use outbound::{Outbound, OutboundBody, OutboundWriter, for_logs};
 pub use redact::{REDACTED, Redactor, STEADY_LAG_STEP, StreamRedactor};
 pub use spec::{HeaderTemplate, SecretName, SecretSource, SecretSpec};
 pub(crate) use store::read_source;

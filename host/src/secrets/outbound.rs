@@ -193,7 +193,7 @@ static IN_LOGS: std::sync::RwLock<Option<Redactor>> = std::sync::RwLock::new(Non
 
 impl Redactor {
     /// Hides this redactor's values, too, in every log line the process writes through
-    /// [`log_writer`] and in [`for_logs`]'s text. The log is the process's, so this is
+    /// [`stderr`](super::stderr) (the log's writer too) and in [`for_logs`]'s text. The log is the process's, so this is
     /// too: a value once hidden stays hidden.
     pub fn hide_in_logs(&self) {
         if self.is_empty() {
@@ -219,34 +219,6 @@ pub(super) fn for_logs_bytes(bytes: &[u8]) -> Outbound {
     match &*IN_LOGS.read().unwrap_or_else(|e| e.into_inner()) {
         Some(redactor) => redactor.outbound(bytes),
         None => Outbound::new(Bytes::copy_from_slice(bytes)),
-    }
-}
-
-/// Standard error as the log writes it: each write (a whole log line) passes [`for_logs`].
-///
-/// ```no_run
-/// tracing_subscriber::fmt()
-///     .with_writer(capstan_host::secrets::log_writer)
-///     .init();
-/// ```
-#[allow(clippy::disallowed_methods)] // the log's own writer, redacting each line
-pub fn log_writer() -> LogWriter {
-    LogWriter(std::io::stderr())
-}
-
-/// See [`log_writer`].
-#[derive(Debug)]
-pub struct LogWriter(std::io::Stderr);
-
-impl std::io::Write for LogWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let text = String::from_utf8_lossy(buf);
-        self.0.write_all(for_logs(&text).as_bytes())?;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.0.flush()
     }
 }
 

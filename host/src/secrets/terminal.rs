@@ -40,7 +40,8 @@ pub fn stdout() -> Terminal<std::io::Stdout> {
     Terminal::new(out.is_terminal(), out)
 }
 
-/// Standard error, written a line at a time, each line redacted.
+/// Standard error, written a line at a time, each line redacted: the CLI's, and the log's
+/// writer (`tracing_subscriber::fmt().with_writer(capstan_host::secrets::stderr)`).
 pub fn stderr() -> Terminal<std::io::Stderr> {
     let err = std::io::stderr();
     Terminal::new(err.is_terminal(), err)
