@@ -28,10 +28,13 @@ pub(crate) fn start(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle)
         let (id, channel_name) = (spec.id.clone(), spec.channel.clone());
         move |why: String| async move {
             ctx.release_process(&id);
-            ctx.emit(Event::BranchFailed {
-                branch: id.clone(),
-                error: why.clone(),
-            });
+            ctx.emit_to(
+                &channel.audience,
+                Event::BranchFailed {
+                    branch: id.clone(),
+                    error: why.clone(),
+                },
+            );
             ctx.report(
                 &channel_name,
                 &channel,
@@ -60,18 +63,21 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
         .await
         .expect("never closed");
     let alive = ctx.supervisor.branch_started(&id);
-    ctx.emit(Event::BranchStarted {
-        branch: id.clone(),
-        channel: channel_name.clone(),
-        question: question.clone(),
-    });
+    ctx.emit_to(
+        &channel.audience,
+        Event::BranchStarted {
+            branch: id.clone(),
+            channel: channel_name.clone(),
+            question: question.clone(),
+        },
+    );
     history.push(Message::user(format!("Branch question: {question}")));
     let tools = ctx.tool_defs(ProcessKind::Branch);
     let system = system_prompt(ProcessKind::Branch, &ctx.config.agent.name);
     let handler = BranchTools {
         ctx: ctx.clone(),
         id: id.clone(),
-        calls: ProcessCalls::new(),
+        calls: ProcessCalls::new(channel.audience.clone()),
         channel_name: channel_name.clone(),
     };
     let conclusion = match ctx.lease_loop(&id) {
@@ -80,17 +86,20 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
             let turn = ctx.turn(&id, lease.ticket(), Route::Branch, &system, &tools);
             let end = turn.run(&mut history, &handler).await;
             if let Err(err) = &end {
-                ctx.model_failed(&id, err);
+                ctx.model_failed(&channel.audience, &id, err);
             }
             conclude(&ctx, end)
         }
     };
     drop(alive);
     ctx.release_process(&id);
-    ctx.emit(Event::BranchConcluded {
-        branch: id.clone(),
-        conclusion: conclusion.clone(),
-    });
+    ctx.emit_to(
+        &channel.audience,
+        Event::BranchConcluded {
+            branch: id.clone(),
+            conclusion: conclusion.clone(),
+        },
+    );
     ctx.report(
         &channel_name,
         &channel,

@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 use super::compactor::compact_if_needed;
 use super::context::Context;
 use super::events::Event;
+use super::exchange::{Audience, ReplyPart};
 use super::host_tools::HostCall;
 use super::inbox::{ChannelHandle, ChannelInput, drain};
 use super::process_calls::ProcessCalls;
@@ -33,16 +34,30 @@ struct Batches {
     closing: bool,
 }
 
+/// What the channel's loop does next.
+enum Next {
+    /// A turn, beginning with this input.
+    Input(ChannelInput),
+    /// Store the history again: the store refused it last time.
+    StoreAgain,
+}
+
 impl Batches {
-    async fn first(&mut self) -> Option<ChannelInput> {
+    /// The first input of the next turn, or, with `retry`, [`Next::StoreAgain`] once that
+    /// long has passed with no input; `None` once the channel closes.
+    async fn first(&mut self, retry: Option<std::time::Duration>) -> Option<Next> {
         if self.closing {
             return None;
         }
-        let first = match self.carried.take() {
-            Some(input) => input,
-            None => self.inbox.recv().await?,
+        let first = match (self.carried.take(), retry) {
+            (Some(input), _) => input,
+            (None, None) => self.inbox.recv().await?,
+            (None, Some(retry)) => tokio::select! {
+                input = self.inbox.recv() => input?,
+                () = tokio::time::sleep(retry) => return Some(Next::StoreAgain),
+            },
         };
-        (!matches!(first, ChannelInput::Close)).then_some(first)
+        (!matches!(first, ChannelInput::Close)).then_some(Next::Input(first))
     }
 
     /// The inputs queued behind `first` that join its turn.
@@ -87,7 +102,9 @@ pub(crate) async fn run(
     let tools = ctx.tool_defs(kind);
     let system = system_prompt(kind, &ctx.config.agent.name);
     // The channel's own plugin instances and audit rows, for its life.
-    let calls = Arc::new(ProcessCalls::new());
+    let calls = Arc::new(ProcessCalls::new(handle.audience.clone()));
+    let audience = &handle.audience;
+    let retry = ctx.config.limits.store_retry;
     let mut batches = Batches {
         inbox,
         carried: None,
@@ -97,7 +114,17 @@ pub(crate) async fn run(
     // How much of `history` the store holds, and whether that stored prefix changed.
     let mut saved = history.len();
     let mut rewrite = false;
-    while let Some(first) = batches.first().await {
+    loop {
+        let first = match batches.first(rewrite.then_some(retry)).await {
+            None => break,
+            Some(Next::Input(first)) => first,
+            Some(Next::StoreAgain) => {
+                // Kept in memory while the store refused it: written whole, in order.
+                rewrite = ctx.save_history(&name, &handle, &history, 0).await.is_err();
+                saved = history.len();
+                continue;
+            }
+        };
         let route = match first {
             ChannelInput::User { .. } => Route::User,
             ChannelInput::Notification(_) => Route::Notification,
@@ -108,7 +135,14 @@ pub(crate) async fn run(
         if route != Route::User {
             tokio::time::sleep(ctx.dispatcher.settings().settle).await;
         }
-        let inputs = batches.rest(first);
+        let mut inputs = batches.rest(first);
+        for input in &mut inputs {
+            if let ChannelInput::User { exchange, .. } = input
+                && let Some(listener) = exchange.take()
+            {
+                audience.attach(listener);
+            }
+        }
         let from_user = inputs
             .iter()
             .any(|i| matches!(i, ChannelInput::User { .. }));
@@ -125,18 +159,23 @@ pub(crate) async fn run(
         match &lease {
             Err(held) if allowed => {
                 // Whoever holds the session answers; the inputs wait in the history.
-                ctx.emit(Event::TurnSuppressed {
-                    process: name.clone(),
-                    reason: held.to_string(),
-                });
-                answer.error = Some(format!(
+                let error = format!(
                     "not answered yet ({held}); the message is in the conversation's history"
-                ));
+                );
+                audience.model_failed(&error);
+                ctx.emit_to(
+                    audience,
+                    Event::TurnSuppressed {
+                        process: name.clone(),
+                        reason: held.to_string(),
+                    },
+                );
+                answer.error = Some(error);
             }
             Ok(lease) if allowed => {
                 // Anything but appending since the last save means a rewrite of the stored copy.
                 rewrite |= repair(&mut history);
-                rewrite |= compact_if_needed(&ctx, &name, &mut history).await;
+                rewrite |= compact_if_needed(&ctx, &name, audience, &mut history).await;
                 let tools_handler = ChannelTools {
                     ctx: ctx.clone(),
                     channel: name.clone(),
@@ -148,7 +187,9 @@ pub(crate) async fn run(
                 let text_out = StreamedText {
                     ctx: &ctx,
                     channel: &name,
+                    audience,
                     redactor: Mutex::new(ctx.redactor().steady_stream()),
+                    streamed: std::sync::atomic::AtomicBool::new(false),
                 };
                 let mut turn = ctx.turn(&name, lease.ticket(), route, &system, &tools);
                 turn.deltas = &text_out;
@@ -156,20 +197,26 @@ pub(crate) async fn run(
                 text_out.finish();
                 match ran {
                     Ok(TurnEnd::Text(text)) if !text.trim().is_empty() => {
-                        if let Some(text) = ctx.deliver_reply(&name, text) {
+                        let streamed = text_out.streamed();
+                        if let Some(text) = ctx.deliver_reply(&name, audience, text, streamed) {
                             tools_handler.delivered.lock().unwrap().push(text);
                         }
                     }
                     Ok(_) => {}
                     // Suppressed: whoever holds the session answers; not a reason to retry.
                     Err(err) => {
-                        answer.error = Some(err.to_string());
+                        let error = ctx.redactor().redact_owned(err.to_string());
+                        audience.model_failed(&error);
+                        answer.error = Some(error);
                         match err.reason {
-                            Unanswered::Suppressed(reason) => ctx.emit(Event::TurnSuppressed {
-                                process: name.clone(),
-                                reason,
-                            }),
-                            _ => ctx.model_failed(&name, &err),
+                            Unanswered::Suppressed(reason) => ctx.emit_to(
+                                audience,
+                                Event::TurnSuppressed {
+                                    process: name.clone(),
+                                    reason,
+                                },
+                            ),
+                            _ => ctx.model_failed(audience, &name, &err),
                         }
                     }
                 }
@@ -181,7 +228,7 @@ pub(crate) async fn run(
         rewrite |= history.len() < saved;
         let from = if rewrite { 0 } else { saved };
         // A failed save is reported; the next one rewrites the whole history.
-        let stored = ctx.save_history(&name, &history, from).await;
+        let stored = ctx.save_history(&name, &handle, &history, from).await;
         rewrite = stored.is_err();
         if let Err(err) = stored {
             answer
@@ -196,6 +243,18 @@ pub(crate) async fn run(
     }
     // Nothing this loop reserved outlives it.
     ctx.release_process(&name);
+    // What the store refused is written once more before the conversation stops; what
+    // still does not go in is reported, never dropped in silence.
+    let flushed = if rewrite {
+        flush(&ctx, &name, &handle, &history).await
+    } else {
+        Ok(())
+    };
+    // Noted before the exchanges hear it, so a door that heard it finds it in the report.
+    if let Err(error) = &flushed {
+        ctx.not_saved_at_stop(&name, error.clone());
+    }
+    audience.end_all(flushed.as_ref().map(drop).map_err(String::as_str));
     // Reports that arrived as the channel closed are kept, not dropped.
     let carried = batches.carried.take();
     let left: Vec<ChannelInput> = carried
@@ -212,13 +271,39 @@ pub(crate) async fn run(
                 key = %note.key,
                 "the channel closed before telling a late report; it stays in working memory"
             ),
-            // Lost with the channel, as a message sent here would be; one another host
-            // forwarded stays in the inbox, and is taken again once this run ends.
+            // Lost with the channel, as a message sent here would be (its exchange ends
+            // lost); one another host forwarded stays in the inbox, and is taken again
+            // once this run ends.
             ChannelInput::User { .. } => {}
             ChannelInput::Close => continue,
         }
         handle.done_pending();
     }
+}
+
+/// Attempts of the last save of a history the store refused, as the conversation stops.
+const FLUSH_ATTEMPTS: u32 = 3;
+
+/// Writes `history` whole, as conversation `name` stops after the store refused it: up
+/// to [`FLUSH_ATTEMPTS`] times, `limits.store_retry_ms` apart. The store's last error if
+/// it never took it.
+async fn flush(
+    ctx: &Context,
+    name: &ProcessId,
+    handle: &ChannelHandle,
+    history: &[Message],
+) -> Result<(), String> {
+    let mut last = String::new();
+    for attempt in 0..FLUSH_ATTEMPTS {
+        if attempt > 0 {
+            tokio::time::sleep(ctx.config.limits.store_retry).await;
+        }
+        match ctx.save_history(name, handle, history, 0).await {
+            Ok(()) => return Ok(()),
+            Err(err) => last = ctx.redactor().redact_owned(err.to_string()),
+        }
+    }
+    Err(last)
 }
 
 /// Leaves `answer` for each of `inputs` another host forwarded, while this host may still
@@ -255,7 +340,11 @@ async fn answer_forwarded(ctx: &Context, inputs: &[ChannelInput], answer: &Answe
 struct StreamedText<'a> {
     ctx: &'a Context,
     channel: &'a ProcessId,
+    /// The exchanges waiting for the reply.
+    audience: &'a Audience,
     redactor: Mutex<StreamRedactor>,
+    /// Whether any text went out.
+    streamed: std::sync::atomic::AtomicBool,
 }
 
 impl StreamedText<'_> {
@@ -264,10 +353,19 @@ impl StreamedText<'_> {
         if text.is_empty() || !self.ctx.run().is_live() {
             return;
         }
+        let text = String::from_utf8_lossy(&text).into_owned();
+        self.streamed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.audience.send(&ReplyPart::Text(text.clone()));
         self.ctx.emit(Event::Text {
             channel: self.channel.clone(),
-            text: String::from_utf8_lossy(&text).into_owned(),
+            text,
         });
+    }
+
+    /// Whether any of the turn's text went out as it was written.
+    fn streamed(&self) -> bool {
+        self.streamed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Sends what was held back: the turn's text is over.
@@ -314,7 +412,10 @@ impl ChannelTools {
         let answer = |value: serde_json::Value| Ok(ToolOutcome::Continue(value.to_string()));
         Some(match call {
             HostCall::Reply(args) => {
-                if let Some(text) = ctx.deliver_reply(&self.channel, args.text.clone()) {
+                let audience = &self.handle.audience;
+                if let Some(text) =
+                    ctx.deliver_reply(&self.channel, audience, args.text.clone(), false)
+                {
                     self.delivered.lock().unwrap().push(text);
                     Ok(ToolOutcome::Delivered(args.text))
                 } else {

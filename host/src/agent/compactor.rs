@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::context::Context;
 use super::events::Event;
+use super::exchange::Audience;
 use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
 use super::turn::{ToolHandler, ToolOutcome, TurnEnd, TurnError};
@@ -44,6 +45,7 @@ fn cut_point(history: &[Message]) -> Option<usize> {
 pub(crate) async fn compact_if_needed(
     ctx: &Arc<Context>,
     channel: &ProcessId,
+    audience: &Audience,
     history: &mut Vec<Message>,
 ) -> bool {
     let limits = &ctx.config.limits;
@@ -62,14 +64,17 @@ pub(crate) async fn compact_if_needed(
             return false;
         }
     };
-    ctx.emit(Event::CompactionStarted {
-        compactor: id.clone(),
-        channel: channel.clone(),
-        messages: cut,
-        of: history.len(),
-        tokens,
-        threshold,
-    });
+    ctx.emit_to(
+        audience,
+        Event::CompactionStarted {
+            compactor: id.clone(),
+            channel: channel.clone(),
+            messages: cut,
+            of: history.len(),
+            tokens,
+            threshold,
+        },
+    );
     let excerpt: String = history[..cut]
         .iter()
         .map(|m| format!("{:?}: {}\n", m.role, m.content))
@@ -82,7 +87,7 @@ pub(crate) async fn compact_if_needed(
     let handler = CompactorTools {
         ctx: ctx.clone(),
         id: id.clone(),
-        calls: ProcessCalls::new(),
+        calls: ProcessCalls::new(audience.clone()),
     };
     let end = match ctx.lease_loop(&id) {
         Ok(lease) => {
@@ -97,25 +102,34 @@ pub(crate) async fn compact_if_needed(
                 ..cut,
                 [Message::user(format!("{SUMMARY_PREFIX} {summary}"))],
             );
-            ctx.emit(Event::Compacted {
-                compactor: id.clone(),
-                messages: history.len(),
-            });
+            ctx.emit_to(
+                audience,
+                Event::Compacted {
+                    compactor: id.clone(),
+                    messages: history.len(),
+                },
+            );
             true
         }
         Ok(_) => {
-            ctx.emit(Event::CompactionSkipped {
-                compactor: id.clone(),
-                reason: "no summary produced".into(),
-            });
+            ctx.emit_to(
+                audience,
+                Event::CompactionSkipped {
+                    compactor: id.clone(),
+                    reason: "no summary produced".into(),
+                },
+            );
             false
         }
         Err(err) => {
-            ctx.model_failed(&id, &err);
-            ctx.emit(Event::CompactionSkipped {
-                compactor: id.clone(),
-                reason: format!("the model failed: {err}"),
-            });
+            ctx.model_failed(audience, &id, &err);
+            ctx.emit_to(
+                audience,
+                Event::CompactionSkipped {
+                    compactor: id.clone(),
+                    reason: format!("the model failed: {err}"),
+                },
+            );
             false
         }
     };

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::events::{Event, EventSink};
+use super::exchange::{Audience, ReplyPart};
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::notifications::NotificationIndex;
 use super::reservations::{Reservation, TaskReservations, task_key};
@@ -51,6 +52,9 @@ pub(crate) struct Context {
     /// Whether this host takes over conversations whose owner's run is over, with what
     /// was forwarded to them.
     pub(crate) adopts: std::sync::atomic::AtomicBool,
+    /// The conversations whose history the store had not taken when they stopped, with
+    /// its last error.
+    not_saved: std::sync::Mutex<Vec<(ProcessId, String)>>,
 }
 
 /// Starts processes: implemented above the process modules (by the runtime), so that
@@ -193,6 +197,7 @@ impl Context {
             run,
             starter,
             adopts: std::sync::atomic::AtomicBool::new(true),
+            not_saved: std::sync::Mutex::default(),
         });
         Ok((ctx, receiver))
     }
@@ -207,9 +212,29 @@ impl Context {
         &self.run
     }
 
-    /// Reports `event`.
+    /// Notes that conversation `id` stopped with its history not stored (the store's last
+    /// `error`): the stop reports it.
+    pub(crate) fn not_saved_at_stop(&self, id: &ProcessId, error: String) {
+        tracing::error!(conversation = %id, "the conversation stopped with its history not stored: {error}");
+        self.not_saved.lock().unwrap().push((id.clone(), error));
+    }
+
+    /// The conversations that stopped with their history not stored, and why.
+    pub(crate) fn not_saved(&self) -> Vec<(ProcessId, String)> {
+        self.not_saved.lock().unwrap().clone()
+    }
+
+    /// Reports `event` to the observers of the event stream.
     pub(crate) fn emit(&self, event: Event) {
         self.events.emit(event.redacted(self.redactor()));
+    }
+
+    /// Reports `event` of a conversation's work: to the observers, and to the exchanges
+    /// waiting for the conversation's answers (`to`).
+    pub(crate) fn emit_to(&self, to: &Audience, event: Event) {
+        let event = event.redacted(self.redactor());
+        to.send(&ReplyPart::Activity(event.clone()));
+        self.events.emit(event);
     }
 
     /// What hides every value the host holds (secrets, tokens, the provider's key) in what
@@ -218,10 +243,17 @@ impl Context {
         self.registry.host().network().secrets().redactor()
     }
 
-    /// Delivers `text` as `channel`'s reply, unless this host's lease is not live: then
-    /// another host may answer the conversation, and a reply from here would contradict
-    /// it. The text delivered (redacted), if it was.
-    pub(crate) fn deliver_reply(&self, channel: &ProcessId, text: String) -> Option<String> {
+    /// Delivers `text` as `channel`'s reply (to the exchanges waiting on `to`, `streamed`
+    /// saying whether they had its text as it was written), unless this host's lease is
+    /// not live: then another host may answer the conversation, and a reply from here
+    /// would contradict it. The text delivered (redacted), if it was.
+    pub(crate) fn deliver_reply(
+        &self,
+        channel: &ProcessId,
+        to: &Audience,
+        text: String,
+        streamed: bool,
+    ) -> Option<String> {
         if !self.run.is_live() {
             self.emit(Event::TurnSuppressed {
                 process: channel.clone(),
@@ -233,6 +265,7 @@ impl Context {
             return None;
         }
         let text = self.redactor().redact_owned(text);
+        to.reply(&text, streamed);
         self.emit(Event::Reply {
             channel: channel.clone(),
             text: text.clone(),
@@ -240,16 +273,19 @@ impl Context {
         Some(text)
     }
 
-    /// Reports that a request of `process` got no answer (a suppressed turn is not a
-    /// failure: someone else answers).
-    pub(crate) fn model_failed(&self, process: &ProcessId, err: &TurnError) {
+    /// Reports that a request of `process` (working for the exchanges on `to`) got no
+    /// answer (a suppressed turn is not a failure: someone else answers).
+    pub(crate) fn model_failed(&self, to: &Audience, process: &ProcessId, err: &TurnError) {
         if matches!(err.reason, Unanswered::Suppressed(_)) {
             return;
         }
-        self.emit(Event::ModelFailed {
-            process: process.clone(),
-            error: err.to_string(),
-        });
+        self.emit_to(
+            to,
+            Event::ModelFailed {
+                process: process.clone(),
+                error: err.to_string(),
+            },
+        );
     }
 
     /// A fresh id such as `worker:3`, numbered by the ledger's persisted counter, so no
@@ -381,13 +417,16 @@ impl Context {
         }
     }
 
-    /// Stores `history`, each message redacted: only the messages from `from` on are
-    /// appended when the store already holds the rest; `from == 0` rewrites it all. A failure is
-    /// reported as [`Event::HistoryNotSaved`] and returned, so the caller rewrites the
-    /// whole history at its next save.
+    /// Stores `history` of conversation `id` (through `handle`), each message redacted:
+    /// only the messages from `from` on are appended when the store already holds the
+    /// rest; `from == 0` rewrites it all. A failure is reported as
+    /// [`Event::HistoryNotSaved`], told to the exchanges waiting (which end only once a
+    /// save succeeds) and returned, so the caller rewrites the whole history at its next
+    /// save.
     pub(crate) async fn save_history(
         &self,
         id: &ProcessId,
+        handle: &ChannelHandle,
         history: &[Message],
         from: usize,
     ) -> Result<(), ServiceError> {
@@ -413,11 +452,23 @@ impl Context {
         } else {
             self.services.history.append(channel, rows).await
         };
-        if let Err(err) = &saved {
-            self.emit(Event::HistoryNotSaved {
-                channel: id.clone(),
-                error: err.to_string(),
-            });
+        match &saved {
+            Ok(()) => handle.audience.stored(|| handle.is_idle()),
+            Err(err) => {
+                let error = self.redactor().redact_owned(err.to_string());
+                // Reported when the store starts refusing, not at every try after.
+                if !handle.audience.not_stored(&error) {
+                    tracing::debug!(conversation = %id, "the store still refuses the history: {error}");
+                    return saved;
+                }
+                self.emit_to(
+                    &handle.audience,
+                    Event::HistoryNotSaved {
+                        channel: id.clone(),
+                        error,
+                    },
+                );
+            }
         }
         saved
     }

@@ -6,13 +6,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::{Notify, Semaphore, mpsc};
 
+use super::exchange::{Audience, Listener};
 use super::notifications::{Notification, NotificationKind};
 use crate::ids::ProcessId;
 use crate::llm::Message;
 use crate::services::{Epoch, ForwardId, Forwarded};
 
 /// What a channel reacts to.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) enum ChannelInput {
     /// A message from the user: sent here, or forwarded by another host (which waits
     /// for the answer).
@@ -21,6 +22,8 @@ pub(crate) enum ChannelInput {
         text: String,
         /// Its number, if another host forwarded it.
         forwarded: Option<ForwardId>,
+        /// The exchange waiting for its answer, if a door sent it through one.
+        exchange: Option<Listener>,
     },
     /// A worker's or branch's report.
     Result {
@@ -44,6 +47,17 @@ impl ChannelInput {
         ChannelInput::User {
             text: text.into(),
             forwarded: None,
+            exchange: None,
+        }
+    }
+
+    /// A message from the user, sent to this host through an exchange that waits for its
+    /// answer.
+    pub(crate) fn exchange(text: impl Into<String>, exchange: Listener) -> Self {
+        ChannelInput::User {
+            text: text.into(),
+            forwarded: None,
+            exchange: Some(exchange),
         }
     }
 
@@ -54,6 +68,7 @@ impl ChannelInput {
             Forwarded::User { text } => ChannelInput::User {
                 text,
                 forwarded: Some(number),
+                exchange: None,
             },
             Forwarded::WorkerLost {
                 worker,
@@ -102,6 +117,8 @@ pub(crate) struct ChannelHandle {
     pub(crate) worker_slots: Arc<Semaphore>,
     /// Admission of branches, likewise.
     pub(crate) branch_slots: Arc<Semaphore>,
+    /// The exchanges waiting for the conversation's answers.
+    pub(crate) audience: Audience,
 }
 
 impl ChannelHandle {
@@ -120,6 +137,7 @@ impl ChannelHandle {
             settled: Arc::new(Notify::new()),
             worker_slots: Arc::new(Semaphore::new(workers)),
             branch_slots: Arc::new(Semaphore::new(branches)),
+            audience: Audience::default(),
         }
     }
 
@@ -130,7 +148,13 @@ impl ChannelHandle {
     pub(crate) fn done_pending(&self) {
         if self.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.settled.notify_waiters();
+            self.audience.end_if_settled(|| self.is_idle());
         }
+    }
+
+    /// Whether nothing is pending now.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.pending.load(Ordering::SeqCst) == 0
     }
 
     /// Waits until nothing is pending: every input handled, every worker and branch

@@ -19,6 +19,7 @@ mod channel;
 mod compactor;
 mod context;
 mod events;
+mod exchange;
 mod forwarding;
 mod host_tools;
 mod inbox;
@@ -35,6 +36,7 @@ mod worker;
 
 pub use context::{ConversationError, OwnedElsewhere, SpawnOutcome};
 pub use events::{Event, TurnEnding};
+pub use exchange::{End, Exchange, ReplyPart};
 pub use notifications::NotificationKind;
 pub use supervisor::{ShuttingDown, TooManyConversations};
 

@@ -3,21 +3,28 @@
 
 use std::sync::Mutex;
 
+use super::exchange::Audience;
 use crate::plugin::{ProcessInstances, committed};
 use crate::services::Committing;
 
 /// What a process's plugin calls share: the instances it keeps, and the audit rows of its
 /// round of calls under way, which the turn waits for before the round's results go on
 /// ([`ProcessCalls::committed`]): the rows of one round share a commit.
-#[derive(Default)]
 pub(crate) struct ProcessCalls {
     pub(crate) instances: ProcessInstances,
     audits: Mutex<Vec<Committing>>,
+    /// The exchanges the process works for: they hear of its calls.
+    pub(crate) audience: Audience,
 }
 
 impl ProcessCalls {
-    pub(crate) fn new() -> Self {
-        Self::default()
+    /// The calls of a process working for the exchanges on `audience`.
+    pub(crate) fn new(audience: Audience) -> Self {
+        ProcessCalls {
+            instances: ProcessInstances::default(),
+            audits: Mutex::default(),
+            audience,
+        }
     }
 
     /// Returns once the audit row of every call made so far is committed.

@@ -8,6 +8,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::context::{BranchSpec, Context, ConversationError, SpawnOutcome, Starter, WorkerSpec};
 use super::events::Event;
+use super::exchange::{End, Exchange, Listener, ReplyPart};
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::reservations::Reservation;
 use super::{branch, channel, forwarding, worker};
@@ -168,20 +169,7 @@ impl Runtime {
                 Ok(Sent::Here)
             }
             Err(ConversationError::OwnedElsewhere(elsewhere)) => {
-                let message = Forwarded::User {
-                    text: text.to_owned(),
-                };
-                let number = self
-                    .ctx
-                    .services
-                    .sessions
-                    .forward(id.session().as_str(), &message)
-                    .await
-                    .map_err(ConversationError::Session)?;
-                self.ctx.emit(Event::Forwarded {
-                    channel: id.clone(),
-                    owner: elsewhere.owner,
-                });
+                let number = self.forward(id, text, elsewhere.owner).await?;
                 Ok(Sent::Forwarded {
                     owner: elsewhere.owner,
                     number,
@@ -191,6 +179,93 @@ impl Runtime {
         }
     }
 
+    /// Sends `text` to conversation `id` (opened on first use) and returns the
+    /// [`Exchange`] that brings its answer: the parts of the turns that take it in and of
+    /// the work they start, ending once the conversation is idle and its history stored.
+    /// When another host answers the conversation the message is forwarded there and
+    /// the exchange brings that host's answer, or ends [`End::Pending`] if it does not
+    /// come within five minutes.
+    ///
+    /// Fails, sending nothing, if the conversation cannot be opened (its history cannot be
+    /// read, the host is shutting down, too many are open) or the message cannot be
+    /// forwarded.
+    ///
+    /// ```no_run
+    /// # async fn example(runtime: &capstan_host::agent::Runtime) -> anyhow::Result<()> {
+    /// use capstan_host::agent::{End, ReplyPart};
+    /// use capstan_host::ids::ProcessId;
+    ///
+    /// let mut exchange = runtime.exchange(&ProcessId::channel("main"), "hello").await?;
+    /// while let Some(part) = exchange.next().await {
+    ///     match part {
+    ///         ReplyPart::Reply { text, .. } => println!("{text}"),
+    ///         ReplyPart::End(End::Complete) => println!("(stored)"),
+    ///         ReplyPart::End(other) => println!("({other})"),
+    ///         _ => {}
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn exchange(
+        &self,
+        id: &ProcessId,
+        text: &str,
+    ) -> Result<Exchange, ConversationError> {
+        let (listener, exchange) = Exchange::new();
+        match self.ctx.conversation(id).await {
+            Ok(handle) => {
+                // Refused only if the conversation closed meanwhile: the exchange then
+                // ends lost, as its listener drops untaken.
+                handle.send(ChannelInput::exchange(text, listener));
+            }
+            Err(ConversationError::OwnedElsewhere(elsewhere)) => {
+                let number = self.forward(id, text, elsewhere.owner).await?;
+                listener.send(ReplyPart::Activity(Event::Forwarded {
+                    channel: id.clone(),
+                    owner: elsewhere.owner,
+                }));
+                let ctx = self.ctx.clone();
+                tokio::spawn(async move {
+                    relay_answer(&ctx, listener, number, elsewhere.owner).await;
+                });
+            }
+            Err(err) => return Err(err),
+        }
+        Ok(exchange)
+    }
+
+    /// The conversations that stopped with their history not stored (the store refused
+    /// it to the end), each with the store's last error: a stop that lists any did not
+    /// save everything it held.
+    pub fn not_saved(&self) -> Vec<(ProcessId, String)> {
+        self.ctx.not_saved()
+    }
+
+    /// Forwards `text` to the inbox of `owner`, the run that answers conversation `id`.
+    async fn forward(
+        &self,
+        id: &ProcessId,
+        text: &str,
+        owner: RunId,
+    ) -> Result<ForwardId, ConversationError> {
+        let message = Forwarded::User {
+            text: text.to_owned(),
+        };
+        let number = self
+            .ctx
+            .services
+            .sessions
+            .forward(id.session().as_str(), &message)
+            .await
+            .map_err(ConversationError::Session)?;
+        self.ctx.emit(Event::Forwarded {
+            channel: id.clone(),
+            owner,
+        });
+        Ok(number)
+    }
+
     /// Waits, up to `limit`, for the answer to forwarded message `number`: the replies of
     /// the turn that took it in on the host that answers its conversation.
     pub async fn forwarded_answer(
@@ -198,24 +273,7 @@ impl Runtime {
         number: ForwardId,
         limit: std::time::Duration,
     ) -> Result<Answer, ServiceError> {
-        let sessions = &self.ctx.services.sessions;
-        let waiting = async {
-            loop {
-                if let Some(answer) = sessions.take_answer(number).await? {
-                    return Ok(answer);
-                }
-                sessions.answer_wakeup().await;
-            }
-        };
-        tokio::time::timeout(limit, waiting)
-            .await
-            .unwrap_or_else(|_| {
-                Err(ServiceError::Invalid(format!(
-                    "no answer to {number} within {} s: the host that answers the conversation \
-                     may have stopped; the message may still be answered there",
-                    limit.as_secs()
-                )))
-            })
+        wait_for_answer(&self.ctx, number, limit).await
     }
 
     /// Whether this host takes over a conversation whose owner's run is over (its host
@@ -323,5 +381,71 @@ impl Runtime {
     /// those its profile names and grants the capabilities of.
     pub fn tool_defs(&self, kind: ProcessKind) -> Arc<[ToolDef]> {
         self.ctx.tool_defs(kind)
+    }
+}
+
+/// How long an exchange waits for the answer of the host that owns its conversation.
+const FORWARDED_ANSWER_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// How long a failed look for a forwarded message's answer waits before the next.
+const ANSWER_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Waits, up to `limit`, for the answer to forwarded message `number`. A look that fails
+/// (the store is out) is tried again until the limit: the message was taken, so a failure
+/// to read its answer is never reported as the message failing.
+async fn wait_for_answer(
+    ctx: &Context,
+    number: ForwardId,
+    limit: std::time::Duration,
+) -> Result<Answer, ServiceError> {
+    let sessions = &ctx.services.sessions;
+    let mut last_error = None;
+    let waiting = async {
+        loop {
+            match sessions.take_answer(number).await {
+                Ok(Some(answer)) => return answer,
+                Ok(None) => sessions.answer_wakeup().await,
+                Err(err) => {
+                    tracing::warn!(forwarded = %number, "cannot read the answer yet (trying again): {err}");
+                    last_error = Some(err.to_string());
+                    tokio::time::sleep(ANSWER_RETRY).await;
+                }
+            }
+        }
+    };
+    match tokio::time::timeout(limit, waiting).await {
+        Ok(answer) => Ok(answer),
+        Err(_) => Err(ServiceError::Invalid(format!(
+            "no answer to {number} within {} s{}: the host that answers the conversation \
+             took the message and may still answer it there",
+            limit.as_secs(),
+            last_error
+                .map(|e| format!(" (the last look failed: {e})"))
+                .unwrap_or_default(),
+        ))),
+    }
+}
+
+/// Brings the answer to forwarded message `number` (taken by `owner`) to `listener`.
+async fn relay_answer(ctx: &Context, listener: Listener, number: ForwardId, owner: RunId) {
+    match wait_for_answer(ctx, number, FORWARDED_ANSWER_LIMIT).await {
+        Ok(answer) => {
+            let replied = !answer.reply.is_empty();
+            if replied {
+                listener.send(ReplyPart::Reply {
+                    text: answer.reply,
+                    streamed: false,
+                });
+            }
+            listener.end(match answer.error {
+                Some(error) if !replied => End::Failed { error },
+                _ => End::Complete,
+            });
+        }
+        Err(err) => listener.end(End::Pending {
+            message: number,
+            owner,
+            reason: err.to_string(),
+        }),
     }
 }

@@ -81,7 +81,7 @@ impl Context {
         };
         match ran {
             Some(Ok(outcome)) => outcome,
-            Some(Err(err)) => ToolOutcome::Continue(self.tool_error(caller, name, err)),
+            Some(Err(err)) => ToolOutcome::Continue(self.tool_error(caller, calls, name, err)),
             // A plugin tool its profile offers, or a host tool that is not this process's
             // (the registry answers not-found, audited).
             None => ToolOutcome::Continue(self.call_plugin(caller, calls, name, arguments).await),
@@ -128,13 +128,14 @@ impl Context {
         }
         match result {
             Ok(text) => {
-                self.emit(Event::ToolCalled {
+                let called = Event::ToolCalled {
                     process: caller.clone(),
                     tool: name.to_owned(),
-                });
+                };
+                self.emit_to(&calls.audience, called);
                 text
             }
-            Err(err) => self.tool_error(caller, name, err),
+            Err(err) => self.tool_error(caller, calls, name, err),
         }
     }
 
@@ -161,6 +162,7 @@ impl Context {
         );
         self.tool_error(
             caller,
+            calls,
             name,
             ToolError::Denied(format!(
                 "tool `{name}` is not offered to a {kind} process: {decision}"
@@ -168,13 +170,19 @@ impl Context {
         )
     }
 
-    /// Reports `err` from tool `name` called by `caller`, and returns the text the model
-    /// is shown.
-    pub(crate) fn tool_error(&self, caller: &ProcessId, name: &str, err: ToolError) -> String {
+    /// Reports `err` from tool `name` called by `caller` (with `calls`), and returns the
+    /// text the model is shown.
+    pub(crate) fn tool_error(
+        &self,
+        caller: &ProcessId,
+        calls: &ProcessCalls,
+        name: &str,
+        err: ToolError,
+    ) -> String {
         let shown = err.for_model();
         let process = caller.clone();
         let tool = name.to_owned();
-        self.emit(match err {
+        let event = match err {
             ToolError::Denied(reason) => Event::ToolDenied {
                 process,
                 tool,
@@ -185,7 +193,8 @@ impl Context {
                 tool,
                 error,
             },
-        });
+        };
+        self.emit_to(&calls.audience, event);
         shown
     }
 

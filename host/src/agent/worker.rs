@@ -111,11 +111,14 @@ async fn run(
     let limit = ctx.config.limits.max_workers_per_channel;
     let recorded = ledger.admit_worker(ctx.run_id(), &id, &channel_id, &spec.task, limit);
     let recorded = recorded.await;
-    ctx.emit(Event::WorkerStarted {
-        worker: spec.id.clone(),
-        channel: spec.channel.clone(),
-        task: spec.task.clone(),
-    });
+    ctx.emit_to(
+        &channel.audience,
+        Event::WorkerStarted {
+            worker: spec.id.clone(),
+            channel: spec.channel.clone(),
+            task: spec.task.clone(),
+        },
+    );
     if let Err(err) = recorded {
         // A worker the store does not know of would be invisible to every other host,
         // and never marked lost if this one died: it does not work, and the channel hears
@@ -211,11 +214,14 @@ async fn finish(
             tracing::error!(worker = %spec.id, "cannot record the worker's end: {err}");
         }
     }
-    ctx.emit(Event::WorkerEnded {
-        worker: spec.id.clone(),
-        state,
-        outcome: outcome.clone(),
-    });
+    ctx.emit_to(
+        &channel.audience,
+        Event::WorkerEnded {
+            worker: spec.id.clone(),
+            state,
+            outcome: outcome.clone(),
+        },
+    );
     let mut report = format!("finished ({state}): {outcome}");
     if !undelivered.is_empty() {
         report.push_str(&format!(
@@ -264,7 +270,7 @@ async fn work(
     let mut history = vec![Message::user(spec.task.clone())];
     let mut route = Route::Task;
     // The worker's own plugin instances and audit rows, for its life.
-    let calls = ProcessCalls::new();
+    let calls = ProcessCalls::new(channel.audience.clone());
     loop {
         let handler = WorkerTools {
             ctx,
@@ -281,16 +287,19 @@ async fn work(
         let reported = handler.reported.lock().unwrap().take();
         let (state, message) = match (end, reported) {
             (Err(err), _) => {
-                ctx.model_failed(&spec.id, &err);
+                ctx.model_failed(&channel.audience, &spec.id, &err);
                 return (WorkerState::Failed, format!("the model failed: {err}"));
             }
             (Ok(TurnEnd::Injected(messages)), _) => {
                 // Stopped at a boundary with every call answered: add the messages and go
                 // on. Not a retry, so it uses no budget of any kind.
-                ctx.emit(Event::InjectionDelivered {
-                    worker: spec.id.clone(),
-                    messages: messages.len(),
-                });
+                ctx.emit_to(
+                    &channel.audience,
+                    Event::InjectionDelivered {
+                        worker: spec.id.clone(),
+                        messages: messages.len(),
+                    },
+                );
                 *unanswered = continue_with(&mut history, messages);
                 route = Route::Injection;
                 continue;
@@ -314,10 +323,13 @@ async fn work(
                     format!("asked for input, but is not interactive: {message}"),
                 );
             }
-            ctx.emit(Event::WorkerWaiting {
-                worker: spec.id.clone(),
-                question: message.clone(),
-            });
+            ctx.emit_to(
+                &channel.audience,
+                Event::WorkerWaiting {
+                    worker: spec.id.clone(),
+                    question: message.clone(),
+                },
+            );
             if routed.is_empty() {
                 let id = spec.id.to_string();
                 let waiting = WorkerState::WaitingForInput;
@@ -387,10 +399,13 @@ impl WorkerTools<'_> {
         };
         let state = match args.state {
             ReportedState::Progress => {
-                self.ctx.emit(Event::WorkerProgress {
-                    worker: self.id.clone(),
-                    message: args.message,
-                });
+                self.ctx.emit_to(
+                    &self.calls.audience,
+                    Event::WorkerProgress {
+                        worker: self.id.clone(),
+                        message: args.message,
+                    },
+                );
                 return Some(Ok(ToolOutcome::Continue("noted".into())));
             }
             ReportedState::Waiting => WorkerState::WaitingForInput,

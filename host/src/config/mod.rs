@@ -134,6 +134,12 @@ pub struct AgentLimits {
     /// The largest message an MCP result is sent in, in bytes (`limits.mcp_message_kib`):
     /// a longer result is cut to fit, saying so.
     pub mcp_message_bytes: usize,
+    /// How often a conversation's history the store refused is written again
+    /// (`limits.store_retry_ms`).
+    pub store_retry: Duration,
+    /// How long a door waits, once the store refused an exchange's history, before it
+    /// answers with the reply marked as not yet stored (`limits.unstored_reply_secs`).
+    pub unstored_reply: Duration,
 }
 
 /// `[provider]`.

@@ -56,6 +56,8 @@ struct RawLimits {
     tool_memory_mib: u32,
     tool_output_kib: u32,
     mcp_message_kib: u32,
+    store_retry_ms: u64,
+    unstored_reply_secs: u64,
     max_workers_per_channel: u32,
     max_branches_per_channel: u32,
     max_open_conversations: u32,
@@ -302,6 +304,21 @@ impl RawLimits {
                 ),
             ));
         }
+        if !(10..=60_000).contains(&self.store_retry_ms) {
+            return Err(key_error(
+                "limits.store_retry_ms",
+                format!("must be 10 to 60000 ms, got {}", self.store_retry_ms),
+            ));
+        }
+        if self.unstored_reply_secs > 3600 {
+            return Err(key_error(
+                "limits.unstored_reply_secs",
+                format!(
+                    "must be at most 3600 seconds, got {}",
+                    self.unstored_reply_secs
+                ),
+            ));
+        }
         for (key, value) in [
             ("limits.settle_ms", self.settle_ms),
             ("limits.dispatch_hold_ms", self.dispatch_hold_ms),
@@ -336,6 +353,8 @@ impl RawLimits {
             },
             max_answer_bytes: (self.max_answer_kib as usize) << 10,
             mcp_message_bytes: (self.mcp_message_kib as usize) << 10,
+            store_retry: Duration::from_millis(self.store_retry_ms),
+            unstored_reply: Duration::from_secs(self.unstored_reply_secs),
         })
     }
 }

@@ -159,14 +159,26 @@ pub(crate) struct MessageResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Vec<Object>>)]
     events: Option<Vec<Value>>,
+    /// With `wait`: how the exchange stands. `stored` (status 200): answered, and
+    /// everything it did is stored. With status 202: `not_yet_stored` (the store refused
+    /// the history; the answer is kept in the host and written once the store is back),
+    /// `interrupted` (the host stopped before the work the message started was over;
+    /// what was done is stored) or `pending` (the host that answers the conversation
+    /// took the message; its answer comes there).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    outcome: Option<&'static str>,
+    /// What a client should know of an outcome other than `stored`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
 }
 
 /// `POST /v1/channels/{name}/messages`: says something in a conversation.
 #[utoipa::path(post, path = "/v1/channels/{name}/messages", tag = "chat",
     params(("name" = String, Path, description = "The conversation's name"), KindQuery),
     request_body = PostMessage,
-    responses((status = 202, body = MessageResult, description = "Accepted; the reply follows on /v1/events"),
-        (status = 200, body = MessageResult, description = "With `wait`: answered"),
+    responses((status = 202, body = MessageResult, description = "Accepted (the reply follows on /v1/events); with `wait`, answered but not yet stored, interrupted, or pending on another host, as `outcome` says"),
+        (status = 200, body = MessageResult, description = "With `wait`: answered, and stored"),
+        (status = 503, body = ErrorBody, description = "Not taken (`unavailable`, `not_taken`: nothing stored, send it again), not stored before the host stopped (`not_stored`), or interrupted before any reply (`interrupted`: the message is stored)"),
         (status = 403, body = ErrorBody, description = "The token's scope does not allow it"), (status = 413, body = ErrorBody, description = "The body is over `serve.max_request_body_kib`")))]
 pub(crate) async fn post_message(
     State(app): State<Arc<App>>,
@@ -193,16 +205,21 @@ pub(crate) async fn post_message(
             channel: id.to_string(),
             reply: None,
             events: None,
+            outcome: None,
+            note: None,
         };
         return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
     }
-    let exchange = app.exchange(id.clone(), body.text).await?;
-    Ok(Json(MessageResult {
+    let answered = app.exchange(id.clone(), body.text).await?;
+    let status = answered.outcome.status();
+    let result = MessageResult {
         channel: id.to_string(),
-        reply: Some(exchange.reply),
-        events: Some(exchange.events),
-    })
-    .into_response())
+        reply: Some(answered.reply),
+        events: Some(answered.events),
+        outcome: Some(answered.outcome.name()),
+        note: answered.outcome.note(),
+    };
+    Ok((status, Json(result)).into_response())
 }
 
 /// Paging of a list.

@@ -11,7 +11,7 @@ use super::branches::Branches;
 use super::error::ApiError;
 use super::hub::EventHub;
 use super::turn::{self, TurnItem, TurnLocks};
-use crate::agent::Runtime;
+use crate::agent::{End, ReplyPart, Runtime};
 use crate::ids::ProcessId;
 use crate::plugin::Registry;
 use crate::secrets::Redactor;
@@ -32,10 +32,73 @@ pub(crate) struct App {
     pub(crate) completions: AtomicU64,
 }
 
-/// A whole exchange: the reply and what happened.
-pub(crate) struct Exchange {
+/// A whole exchange: the reply, what happened, and how it ended.
+pub(crate) struct Answered {
+    /// Every reply of the exchange, set off by blank lines.
     pub(crate) reply: String,
+    /// What the conversation's processes did, as events.
     pub(crate) events: Vec<Value>,
+    /// Whether what the exchange did is stored.
+    pub(crate) outcome: Outcome,
+}
+
+/// How an answered exchange stands.
+pub(crate) enum Outcome {
+    /// Its work is done and stored: acknowledged as done.
+    Stored,
+    /// Answered, but the store has not taken it yet: kept in the host, written once the
+    /// store is back (the reason).
+    NotYetStored(String),
+    /// The host stopped before the work the message started was over; what was done is
+    /// stored.
+    Interrupted,
+    /// The host that answers the conversation took the message; its answer is pending.
+    Pending {
+        /// The message's number in that host's inbox.
+        message: crate::services::ForwardId,
+        /// Why the answer is not here.
+        reason: String,
+    },
+}
+
+impl Outcome {
+    /// The status an answer with this outcome is served with: 200 only for what is
+    /// stored and over.
+    pub(crate) fn status(&self) -> StatusCode {
+        match self {
+            Outcome::Stored => StatusCode::OK,
+            _ => StatusCode::ACCEPTED,
+        }
+    }
+
+    /// Its name in a response: `stored`, `not_yet_stored`, `interrupted` or `pending`.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Outcome::Stored => "stored",
+            Outcome::NotYetStored(_) => "not_yet_stored",
+            Outcome::Interrupted => "interrupted",
+            Outcome::Pending { .. } => "pending",
+        }
+    }
+
+    /// What a client is told of it, beyond its name.
+    pub(crate) fn note(&self) -> Option<String> {
+        match self {
+            Outcome::Stored => None,
+            Outcome::NotYetStored(why) => Some(format!(
+                "{why}: the answer is kept in the host and written once the store is back; \
+                 do not send the message again"
+            )),
+            Outcome::Interrupted => Some(
+                "the host stopped before the work the message started was over; the message \
+                 and what was done are stored"
+                    .into(),
+            ),
+            Outcome::Pending { message, reason } => Some(format!(
+                "taken as {message} by the host that answers the conversation; {reason}"
+            )),
+        }
+    }
 }
 
 impl App {
@@ -45,47 +108,84 @@ impl App {
         conversation: ProcessId,
         text: String,
     ) -> tokio::sync::mpsc::UnboundedReceiver<TurnItem> {
-        turn::start(
-            self.runtime.clone(),
-            self.hub.clone(),
-            &self.turns,
-            conversation,
-            text,
-        )
+        turn::start(self.runtime.clone(), &self.turns, conversation, text)
     }
 
-    /// Runs an exchange to its end. A model failure with no reply at all is a 502.
+    /// Runs an exchange to its end. Errors say what happened to the message: refused or
+    /// not taken (nothing stored, 503), no answer from the model (502), not stored
+    /// before the host stopped (503 `not_stored`), interrupted before any reply (503
+    /// `interrupted`, the message stored).
     pub(crate) async fn exchange(
         &self,
         conversation: ProcessId,
         text: String,
-    ) -> Result<Exchange, ApiError> {
+    ) -> Result<Answered, ApiError> {
         let mut items = self.start_exchange(conversation, text);
-        let mut reply = String::new();
+        let mut replies: Vec<String> = Vec::new();
         let mut events = Vec::new();
-        let mut failed = None;
-        while let Some(item) = items.recv().await {
-            match item {
-                TurnItem::Text(text) => reply.push_str(&text),
-                TurnItem::Activity(published) => {
-                    events.push(serde_json::from_str(&published.json).unwrap_or(Value::Null));
-                }
-                TurnItem::ModelFailed(error) => failed = Some(error),
-                TurnItem::Lost(count) => {
-                    tracing::warn!(count, "an exchange lost events to a full buffer");
-                }
+        let outcome = loop {
+            let Some(item) = items.recv().await else {
+                return Err(ApiError::internal("the exchange ended without saying how"));
+            };
+            let part = match item {
+                TurnItem::Part(part) => part,
                 TurnItem::Refused(why) => return Err(ApiError::unavailable(why)),
-            }
-        }
-        if reply.is_empty()
-            && let Some(error) = failed
-        {
-            return Err(ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "model_failed",
-                format!("the model gave no answer: {}", self.redactor.redact(&error)),
-            ));
-        }
-        Ok(Exchange { reply, events })
+                TurnItem::NotYetStored(why) => break Outcome::NotYetStored(why),
+            };
+            let end = match part {
+                ReplyPart::Reply { text, .. } => {
+                    replies.push(text);
+                    continue;
+                }
+                ReplyPart::Activity(event) => {
+                    events.push(serde_json::to_value(&event).unwrap_or(Value::Null));
+                    continue;
+                }
+                ReplyPart::Text(_) | ReplyPart::NotYetStored { .. } => continue,
+                ReplyPart::End(end) => end,
+            };
+            break match end {
+                End::Complete => Outcome::Stored,
+                End::Failed { error } if replies.is_empty() => {
+                    return Err(ApiError::new(
+                        StatusCode::BAD_GATEWAY,
+                        "model_failed",
+                        format!("the model gave no answer: {}", self.redactor.redact(&error)),
+                    ));
+                }
+                End::Failed { .. } => Outcome::Stored,
+                End::Interrupted if replies.is_empty() => {
+                    return Err(ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "interrupted",
+                        "the host stopped before answering; the message is stored in the \
+                         conversation's history and is seen at its next turn",
+                    ));
+                }
+                End::Interrupted => Outcome::Interrupted,
+                End::Pending {
+                    message, reason, ..
+                } => Outcome::Pending { message, reason },
+                end @ End::NotStored { .. } => {
+                    return Err(ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "not_stored",
+                        self.redactor.redact(&end.to_string()).into_owned(),
+                    ));
+                }
+                End::Lost => {
+                    return Err(ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "not_taken",
+                        End::Lost.to_string() + "; nothing of it is stored: send it again",
+                    ));
+                }
+            };
+        };
+        Ok(Answered {
+            reply: replies.join("\n\n"),
+            events,
+            outcome,
+        })
     }
 }

@@ -136,7 +136,8 @@ pub(crate) struct EventHub {
 
 /// What the hub's task is asked besides publishing.
 enum Control {
-    /// Answer once everything queued is published.
+    /// Answer once everything queued is published (the tests' way to wait for it).
+    #[cfg_attr(not(test), expect(dead_code, reason = "asked only by the tests"))]
     Fence(oneshot::Sender<u64>),
     /// Publish what is queued, then end every stream.
     Close,
@@ -209,6 +210,7 @@ impl EventHub {
     /// Waits until every event the runtime emitted before this call is published, and
     /// returns the newest id. What happened before (a conversation gone idle) is then
     /// visible to every subscription.
+    #[cfg(test)]
     pub(crate) async fn fence(&self) -> u64 {
         let (tx, rx) = oneshot::channel();
         if self.control.send(Control::Fence(tx)).is_err() {

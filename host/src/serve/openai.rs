@@ -26,6 +26,7 @@ use super::app::App;
 use super::auth::Caller;
 use super::error::{ApiError, ApiJson, ErrorBody};
 use super::turn::TurnItem;
+use crate::agent::{End, ReplyPart};
 use crate::config::TokenScope;
 use crate::ids::ProcessId;
 use crate::policy::ProcessKind;
@@ -192,6 +193,13 @@ pub(crate) struct Activity {
     /// The runtime's events of this exchange, as on `/v1/events`.
     #[schema(value_type = Vec<Object>)]
     events: Vec<Value>,
+    /// How the exchange stands: `stored` (status 200), or, with status 202,
+    /// `not_yet_stored`, `interrupted` or `pending`, as `POST /v1/channels/{name}/messages`
+    /// says.
+    outcome: &'static str,
+    /// What a client should know of an outcome other than `stored`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
 }
 
 /// `POST /v1/chat/completions`: a message to a conversation, and its reply.
@@ -258,7 +266,8 @@ pub(crate) async fn chat_completions(
     if request.stream {
         return Ok(stream(app, conversation, text, id, request.model, created).into_response());
     }
-    let exchange = app.exchange(conversation.clone(), text).await?;
+    let answered = app.exchange(conversation.clone(), text).await?;
+    let status = answered.outcome.status();
     let completion = ChatCompletion {
         id,
         object: "chat.completion",
@@ -268,17 +277,19 @@ pub(crate) async fn chat_completions(
             index: 0,
             message: AssistantMessage {
                 role: "assistant",
-                content: exchange.reply,
+                content: answered.reply,
             },
             finish_reason: "stop",
         }],
         usage: Usage::default(),
         capstan: Activity {
             conversation: conversation.to_string(),
-            events: exchange.events,
+            events: answered.events,
+            outcome: answered.outcome.name(),
+            note: answered.outcome.note(),
         },
     };
-    Ok(Json(completion).into_response())
+    Ok((status, Json(completion)).into_response())
 }
 
 /// The reply as `chat.completion.chunk`s: a role chunk, text deltas and activity as they
@@ -310,7 +321,7 @@ fn stream(
         chunk: Box::new(chunk),
         phase: Phase::Start,
         replied: false,
-        failed: None,
+        reply_ended: false,
         redactor: app.redactor.clone(),
     };
     let stream = futures_util::stream::unfold(state, |mut state| async move {
@@ -326,8 +337,10 @@ struct Streaming {
     items: tokio::sync::mpsc::UnboundedReceiver<TurnItem>,
     chunk: Box<Chunk>,
     phase: Phase,
+    /// Whether any reply text went out.
     replied: bool,
-    failed: Option<String>,
+    /// Whether a reply ended since the last text: the next is set off by a blank line.
+    reply_ended: bool,
     redactor: crate::secrets::Redactor,
 }
 
@@ -340,6 +353,60 @@ enum Phase {
 }
 
 impl Streaming {
+    /// A content chunk of `text`, set off from a reply before it.
+    fn text(&mut self, text: String) -> SseEvent {
+        let text = if std::mem::take(&mut self.reply_ended) && self.replied {
+            format!("\n\n{text}")
+        } else {
+            text
+        };
+        self.replied = true;
+        (self.chunk)(json!({"content": text}), None, None)
+    }
+
+    /// The last chunk: `stop`, saying how the exchange stands; or the error that ends it.
+    fn end(&mut self, end: End) -> SseEvent {
+        self.phase = Phase::Done;
+        let outcome = match end {
+            End::Complete => "stored",
+            End::Failed { .. } if self.replied => "stored",
+            End::Interrupted if self.replied => "interrupted",
+            End::Pending { .. } => "pending",
+            End::Failed { error } => {
+                let error = ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "model_failed",
+                    format!("the model gave no answer: {}", self.redactor.redact(&error)),
+                );
+                return error_event(&error);
+            }
+            End::Interrupted => {
+                let error = ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "interrupted",
+                    "the host stopped before answering; the message is stored in the \
+                     conversation's history and is seen at its next turn",
+                );
+                return error_event(&error);
+            }
+            end @ (End::NotStored { .. } | End::Lost) => {
+                let code = if end == End::Lost {
+                    "not_taken"
+                } else {
+                    "not_stored"
+                };
+                let message = self.redactor.redact(&end.to_string()).into_owned();
+                let error = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, message);
+                return error_event(&error);
+            }
+        };
+        (self.chunk)(
+            json!({}),
+            Some("stop"),
+            Some(("capstan_outcome", json!(outcome))),
+        )
+    }
+
     async fn next(&mut self) -> Option<SseEvent> {
         loop {
             match self.phase {
@@ -352,21 +419,32 @@ impl Streaming {
                     ));
                 }
                 Phase::Body => match self.items.recv().await {
-                    Some(TurnItem::Text(text)) => {
-                        self.replied = true;
-                        return Some((self.chunk)(json!({"content": text}), None, None));
+                    Some(TurnItem::Part(ReplyPart::Text(text))) => return Some(self.text(text)),
+                    Some(TurnItem::Part(ReplyPart::Reply { text, streamed })) => {
+                        let shown = (!streamed).then(|| self.text(text));
+                        self.reply_ended = true;
+                        if let Some(shown) = shown {
+                            return Some(shown);
+                        }
                     }
-                    Some(TurnItem::Activity(published)) => {
-                        let event: Value =
-                            serde_json::from_str(&published.json).unwrap_or(Value::Null);
+                    Some(TurnItem::Part(ReplyPart::Activity(event))) => {
+                        let event = serde_json::to_value(&event).unwrap_or(Value::Null);
                         return Some((self.chunk)(
                             json!({}),
                             None,
                             Some(("capstan_event", event)),
                         ));
                     }
-                    Some(TurnItem::ModelFailed(error)) => self.failed = Some(error),
-                    Some(TurnItem::Lost(_)) => {}
+                    Some(TurnItem::Part(ReplyPart::NotYetStored { .. })) => {}
+                    Some(TurnItem::Part(ReplyPart::End(end))) => return Some(self.end(end)),
+                    Some(TurnItem::NotYetStored(_)) => {
+                        self.phase = Phase::Done;
+                        return Some((self.chunk)(
+                            json!({}),
+                            Some("stop"),
+                            Some(("capstan_outcome", json!("not_yet_stored"))),
+                        ));
+                    }
                     Some(TurnItem::Refused(why)) => {
                         self.phase = Phase::Done;
                         let error = ApiError::unavailable(why);
@@ -374,20 +452,8 @@ impl Streaming {
                     }
                     None => {
                         self.phase = Phase::Done;
-                        if !self.replied
-                            && let Some(error) = self.failed.take()
-                        {
-                            let error = ApiError::new(
-                                StatusCode::BAD_GATEWAY,
-                                "model_failed",
-                                format!(
-                                    "the model gave no answer: {}",
-                                    self.redactor.redact(&error)
-                                ),
-                            );
-                            return Some(error_event(&error));
-                        }
-                        return Some((self.chunk)(json!({}), Some("stop"), None));
+                        let error = ApiError::internal("the exchange ended without saying how");
+                        return Some(error_event(&error));
                     }
                 },
                 Phase::Done => {

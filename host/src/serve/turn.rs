@@ -1,6 +1,5 @@
-//! One exchange with a conversation over HTTP: send a message, then follow the
-//! conversation's events until it is idle (answered, its workers and branches reported
-//! back), as a stream of [`TurnItem`]s.
+//! One exchange with a conversation over HTTP: the runtime's [`Exchange`] for a message,
+//! run one at a time per conversation, with the wait for the store bounded.
 //!
 //! Exchanges with one conversation run one at a time, so the replies an exchange returns
 //! are the ones its own message caused. Messages posted without waiting
@@ -8,31 +7,26 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
-use super::hub::{EventHub, Next, Published};
-use crate::agent::{Event, Runtime, Sent};
+use crate::agent::{Exchange, ReplyPart, Runtime};
 use crate::ids::ProcessId;
 
-/// How long an exchange waits for the answer of the host that owns the conversation.
-const FORWARDED_ANSWER_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
-
-/// What an exchange reports, in order; the stream ends when the conversation is idle.
+/// What an exchange reports, in order; the last is an [`ReplyPart::End`], a
+/// [`TurnItem::Refused`] or a [`TurnItem::NotYetStored`].
 #[derive(Debug)]
 pub(crate) enum TurnItem {
-    /// More of the reply's text. The whole reply is every piece in order: replies after
-    /// the first are set off by a blank line.
-    Text(String),
-    /// Something the conversation's processes did: a tool call, a worker or branch
-    /// starting or ending, a denial.
-    Activity(Arc<Published>),
-    /// A model request of the conversation failed.
-    ModelFailed(String),
-    /// Events were lost to the stream (the buffer moved on): the reply may be short.
-    Lost(u64),
-    /// The message could not be sent (the host is shutting down).
+    /// A part of the answer.
+    Part(ReplyPart),
+    /// The message could not be sent (the host is shutting down, its conversation cannot
+    /// be opened): nothing of it is stored.
     Refused(String),
+    /// The store refused the conversation's history and did not take it within
+    /// `limits.unstored_reply_secs`: the answer so far is kept in the host, written once
+    /// the store is back, and the door answers with it marked as not yet stored.
+    NotYetStored(String),
 }
 
 /// One lock per conversation, for exchanges.
@@ -52,143 +46,59 @@ impl TurnLocks {
 }
 
 /// Starts an exchange: `text` to `conversation`, its items on the returned channel. The
-/// exchange runs to the end even if the receiver goes away (the message was sent; its
-/// turn finishes and is stored either way).
+/// exchange holds its conversation's lock to its end even if the receiver goes away (the
+/// message was sent; its turn finishes and is stored either way).
 pub(crate) fn start(
     runtime: Arc<Runtime>,
-    hub: Arc<EventHub>,
     locks: &TurnLocks,
     conversation: ProcessId,
     text: String,
 ) -> mpsc::UnboundedReceiver<TurnItem> {
     let (tx, rx) = mpsc::unbounded_channel();
     let lock = locks.lock_for(&conversation);
+    let store_wait = runtime.config().limits.unstored_reply;
     tokio::spawn(async move {
         let _turn = lock.lock().await;
-        run(runtime, hub, conversation, text, tx).await;
+        match runtime.exchange(&conversation, &text).await {
+            Ok(exchange) => relay(exchange, store_wait, &tx).await,
+            Err(err) => {
+                let _ = tx.send(TurnItem::Refused(err.to_string()));
+            }
+        }
     });
     rx
 }
 
-async fn run(
-    runtime: Arc<Runtime>,
-    hub: Arc<EventHub>,
-    conversation: ProcessId,
-    text: String,
-    tx: mpsc::UnboundedSender<TurnItem>,
-) {
-    // Everything before the message is out of the way: the exchange reads from here.
-    let after = hub.fence().await;
-    let mut events = hub.subscribe(Some(after));
-    match runtime.send_or_forward(&conversation, &text).await {
-        Err(err) => {
-            let _ = tx.send(TurnItem::Refused(err.to_string()));
-            return;
-        }
-        Ok(Sent::Forwarded { number, .. }) => {
-            // Answered on the host that owns the conversation; its events stay there.
-            match runtime
-                .forwarded_answer(number, FORWARDED_ANSWER_LIMIT)
-                .await
-            {
-                Ok(answer) => {
-                    if !answer.reply.is_empty() {
-                        let _ = tx.send(TurnItem::Text(answer.reply));
-                    }
-                    if let Some(error) = answer.error {
-                        let _ = tx.send(TurnItem::ModelFailed(error));
-                    }
-                }
-                Err(err) => {
-                    let _ = tx.send(TurnItem::Refused(err.to_string()));
-                }
-            }
-            return;
-        }
-        Ok(Sent::Here) => {}
-    }
-    let (idle_tx, mut idle) = oneshot::channel();
-    {
-        let (runtime, hub, conversation) = (runtime.clone(), hub.clone(), conversation.clone());
-        tokio::spawn(async move {
-            runtime.wait_conversation_idle(&conversation).await;
-            // Idle now: every event of the exchange was emitted, and is out after this.
-            let _ = idle_tx.send(hub.fence().await);
-        });
-    }
-    let mut reply = ReplyText::default();
-    let mut end: Option<u64> = None;
+/// Passes `exchange`'s parts on until it ends; once the store refused its history, for at
+/// most `store_wait` more before [`TurnItem::NotYetStored`] (the exchange goes on to its
+/// end, holding the conversation's lock).
+async fn relay(mut exchange: Exchange, store_wait: Duration, tx: &mpsc::UnboundedSender<TurnItem>) {
+    let mut deadline = None;
+    let mut told = false;
     loop {
-        if end.is_some_and(|end| events.cursor() >= end) {
-            break;
-        }
-        tokio::select! {
-            biased;
-            next = events.next() => match next {
-                None => break,
-                Some(Next::Lost { count }) => {
-                    let _ = tx.send(TurnItem::Lost(count));
-                }
-                Some(Next::Event(published)) => {
-                    if published.conversation.as_ref() != Some(&conversation) {
+        let next = match deadline {
+            Some(deadline) if !told => {
+                match tokio::time::timeout_at(deadline, exchange.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        told = true;
+                        let error = "the store has not taken the conversation's history yet";
+                        let _ = tx.send(TurnItem::NotYetStored(error.to_owned()));
                         continue;
                     }
-                    for item in reply.take(&published) {
-                        let _ = tx.send(item);
-                    }
                 }
-            },
-            fenced = &mut idle, if end.is_none() => {
-                end = Some(fenced.unwrap_or_else(|_| hub.latest()));
             }
+            _ => exchange.next().await,
+        };
+        let Some(part) = next else { return };
+        if let ReplyPart::NotYetStored { error } = &part
+            && deadline.is_none()
+        {
+            deadline = Some(tokio::time::Instant::now() + store_wait);
+            tracing::warn!("an exchange waits for the store: {error}");
         }
-    }
-}
-
-/// Turns a conversation's events into reply text and activity.
-#[derive(Default)]
-struct ReplyText {
-    /// Whether any reply text was given yet.
-    started: bool,
-    /// Text streamed for the reply in progress.
-    streamed: String,
-}
-
-impl ReplyText {
-    fn take(&mut self, published: &Arc<Published>) -> Vec<TurnItem> {
-        let mut items = Vec::new();
-        match &published.event {
-            Event::Text { text, .. } => {
-                if self.streamed.is_empty() && self.started {
-                    items.push(TurnItem::Text("\n\n".into()));
-                }
-                self.started = true;
-                self.streamed.push_str(text);
-                items.push(TurnItem::Text(text.clone()));
-            }
-            Event::Reply { text, .. } => {
-                let streamed = std::mem::take(&mut self.streamed);
-                if streamed == *text {
-                    // Already given as it streamed.
-                } else if let Some(rest) = text.strip_prefix(streamed.as_str())
-                    && !streamed.is_empty()
-                {
-                    items.push(TurnItem::Text(rest.to_owned()));
-                } else {
-                    if self.started {
-                        items.push(TurnItem::Text("\n\n".into()));
-                    }
-                    self.started = true;
-                    items.push(TurnItem::Text(text.clone()));
-                }
-            }
-            Event::ModelFailed { error, .. } => {
-                items.push(TurnItem::ModelFailed(error.clone()));
-                items.push(TurnItem::Activity(published.clone()));
-            }
-            Event::TurnStarted { .. } | Event::TurnFinished { .. } => {}
-            _ => items.push(TurnItem::Activity(published.clone())),
+        if !told {
+            let _ = tx.send(TurnItem::Part(part));
         }
-        items
     }
 }

@@ -19,6 +19,7 @@ mod dispatch;
 mod dispatch_owner;
 mod escapes;
 mod example_plugin;
+mod exchange;
 mod host_imports;
 mod hosts;
 mod imports;

@@ -1,0 +1,394 @@
+//! [`Exchange`]: the one way a door sends a message to a conversation and receives its
+//! answer, as typed [`ReplyPart`]s ending in a typed [`End`].
+//!
+//! The parts come from the conversation itself, not from the global event stream: the
+//! message carries its exchange's sending end into the conversation, which attaches it to
+//! the conversation's [`Audience`] when a turn takes the message in. From then on what the
+//! conversation and the workers and branches it runs do reaches the exchange, until the
+//! conversation is idle again *and* its history is stored: an exchange ends
+//! [`End::Complete`] only for what is durable. While the store refuses the history the
+//! exchange hears [`ReplyPart::NotYetStored`], and the conversation keeps the history and
+//! writes it again ([`limits.store_retry_ms`](crate::config::AgentLimits::store_retry));
+//! the door decides what to tell its client meanwhile.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+
+use super::events::Event;
+use crate::services::{ForwardId, RunId};
+
+/// One part of a conversation's answer to a message, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReplyPart {
+    /// More text of a reply being written, as the model streams it (redacted).
+    Text(String),
+    /// A whole reply, delivered. `streamed` says its text came before as [`ReplyPart::Text`]
+    /// (a door that showed those has shown it); otherwise it is new.
+    Reply {
+        /// The reply (redacted).
+        text: String,
+        /// Whether its text was streamed as [`ReplyPart::Text`] first.
+        streamed: bool,
+    },
+    /// Something the conversation's processes did: a tool call or denial, a worker or
+    /// branch starting, progressing or ending, a compaction.
+    Activity(Event),
+    /// The store refused the conversation's history: what was answered is kept in the host
+    /// and written again until the store takes it. The exchange ends once it does.
+    NotYetStored {
+        /// The store's error.
+        error: String,
+    },
+    /// The last part: how the exchange ended.
+    End(End),
+}
+
+/// How an exchange ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum End {
+    /// The message was answered, everything it started has reported back, and the
+    /// conversation's history holding all of it is stored.
+    Complete,
+    /// The model gave no answer to the message (its history, with the message, is stored;
+    /// the next turn sees it).
+    Failed {
+        /// Why (redacted).
+        error: String,
+    },
+    /// The host stopped before the work the message started was over; what was done is
+    /// stored.
+    Interrupted,
+    /// What the exchange did could not be stored before the host stopped: the stop
+    /// reports the conversation as not saved.
+    NotStored {
+        /// The store's last error.
+        error: String,
+    },
+    /// The message was not taken in (the host stopped first): nothing of it is stored.
+    Lost,
+    /// The message went to the host that answers the conversation, which took it, but its
+    /// answer did not come while the door waited: it is answered there.
+    Pending {
+        /// The message's number in that host's inbox.
+        message: ForwardId,
+        /// That host's run.
+        owner: RunId,
+        /// Why the answer is not here.
+        reason: String,
+    },
+}
+
+impl End {
+    /// Whether the exchange's work is done and stored (complete, or failed with the
+    /// message stored).
+    pub fn is_stored(&self) -> bool {
+        matches!(
+            self,
+            End::Complete | End::Failed { .. } | End::Interrupted | End::Pending { .. }
+        )
+    }
+}
+
+impl std::fmt::Display for End {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            End::Complete => f.write_str("answered and stored"),
+            End::Failed { error } => write!(f, "the model gave no answer: {error}"),
+            End::Interrupted => f.write_str(
+                "the host stopped before the work the message started was over; what was \
+                 done is stored",
+            ),
+            End::NotStored { error } => write!(
+                f,
+                "answered, but the host stopped before the store took the conversation's \
+                 history: {error}"
+            ),
+            End::Lost => f.write_str("the host stopped before the message was taken in"),
+            End::Pending {
+                message,
+                owner,
+                reason,
+            } => write!(
+                f,
+                "taken by {owner} as {message}, which answers it; the answer is pending: {reason}"
+            ),
+        }
+    }
+}
+
+/// A message's answer as it comes: [`Exchange::next`] until it returns `None`.
+///
+/// Made by [`Runtime::exchange`](super::Runtime::exchange).
+#[derive(Debug)]
+pub struct Exchange {
+    parts: mpsc::UnboundedReceiver<ReplyPart>,
+    ended: bool,
+}
+
+impl Exchange {
+    /// An exchange and the sending end its conversation holds.
+    pub(crate) fn new() -> (Listener, Exchange) {
+        let (tx, parts) = mpsc::unbounded_channel();
+        let listener = Listener {
+            tx,
+            failed: None,
+            replied: false,
+            told_unstored: false,
+        };
+        (
+            listener,
+            Exchange {
+                parts,
+                ended: false,
+            },
+        )
+    }
+
+    /// The next part; [`ReplyPart::End`] is the last, then `None`. An exchange whose
+    /// message was dropped untaken (the host stopped) ends [`End::Lost`].
+    pub async fn next(&mut self) -> Option<ReplyPart> {
+        if self.ended {
+            return None;
+        }
+        let part = self.parts.recv().await.unwrap_or(ReplyPart::End(End::Lost));
+        self.ended = matches!(part, ReplyPart::End(_));
+        Some(part)
+    }
+}
+
+/// An exchange's sending end, held by the conversation from the turn that takes its
+/// message in until it ends.
+#[derive(Debug)]
+pub(crate) struct Listener {
+    tx: mpsc::UnboundedSender<ReplyPart>,
+    /// The model's error, if a turn of the exchange failed.
+    failed: Option<String>,
+    /// Whether a reply was delivered.
+    replied: bool,
+    /// Whether it was told the store refused the history.
+    told_unstored: bool,
+}
+
+impl Listener {
+    /// Sends `part`; an exchange nobody reads any more is no error (its work goes on).
+    pub(crate) fn send(&self, part: ReplyPart) {
+        let _ = self.tx.send(part);
+    }
+
+    /// Ends the exchange with `end`.
+    pub(crate) fn end(self, end: End) {
+        self.send(ReplyPart::End(end));
+    }
+}
+
+/// The exchanges attached to one conversation, and whether its history is stored.
+#[derive(Clone, Default)]
+pub(crate) struct Audience {
+    inner: Arc<Mutex<Attached>>,
+}
+
+#[derive(Default)]
+struct Attached {
+    listeners: Vec<Listener>,
+    /// The store's error while the conversation's history is not stored.
+    unsaved: Option<String>,
+}
+
+impl Audience {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Attached> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Attaches `listener`: from now on it hears what the conversation does.
+    pub(crate) fn attach(&self, listener: Listener) {
+        let mut attached = self.lock();
+        if let Some(error) = &attached.unsaved {
+            let mut listener = listener;
+            listener.told_unstored = true;
+            listener.send(ReplyPart::NotYetStored {
+                error: error.clone(),
+            });
+            attached.listeners.push(listener);
+        } else {
+            attached.listeners.push(listener);
+        }
+    }
+
+    /// Sends `part` to every attached exchange.
+    pub(crate) fn send(&self, part: &ReplyPart) {
+        let attached = self.lock();
+        for listener in &attached.listeners {
+            listener.send(part.clone());
+        }
+    }
+
+    /// Sends a delivered reply to every attached exchange.
+    pub(crate) fn reply(&self, text: &str, streamed: bool) {
+        let mut attached = self.lock();
+        for listener in &mut attached.listeners {
+            listener.replied = true;
+            listener.send(ReplyPart::Reply {
+                text: text.to_owned(),
+                streamed,
+            });
+        }
+    }
+
+    /// Notes that a turn of the attached exchanges got no answer from the model.
+    pub(crate) fn model_failed(&self, error: &str) {
+        let mut attached = self.lock();
+        for listener in &mut attached.listeners {
+            listener.failed = Some(error.to_owned());
+        }
+    }
+
+    /// Notes that the store refused the history: the attached exchanges hear it once.
+    /// Whether the history was stored until now (the refusal is news).
+    pub(crate) fn not_stored(&self, error: &str) -> bool {
+        let mut attached = self.lock();
+        let news = attached.unsaved.replace(error.to_owned()).is_none();
+        for listener in &mut attached.listeners {
+            if !listener.told_unstored {
+                listener.told_unstored = true;
+                listener.send(ReplyPart::NotYetStored {
+                    error: error.to_owned(),
+                });
+            }
+        }
+        news
+    }
+
+    /// Notes that the history is stored; then, if `idle` says nothing is pending, ends
+    /// the attached exchanges.
+    pub(crate) fn stored(&self, idle: impl Fn() -> bool) {
+        self.lock().unsaved = None;
+        self.end_if_settled(idle);
+    }
+
+    /// Ends the attached exchanges if nothing is pending (`idle`, read under the lock, so
+    /// an exchange attached meanwhile is not ended before its own message was handled)
+    /// and the history is stored.
+    pub(crate) fn end_if_settled(&self, idle: impl Fn() -> bool) {
+        let mut attached = self.lock();
+        if attached.unsaved.is_some() || !idle() {
+            return;
+        }
+        for listener in attached.listeners.drain(..) {
+            let end = match (&listener.failed, listener.replied) {
+                (Some(error), false) => End::Failed {
+                    error: error.clone(),
+                },
+                _ => End::Complete,
+            };
+            listener.end(end);
+        }
+    }
+
+    /// Ends every attached exchange: the conversation stopped. `Err` carries the store's
+    /// error if its history could not be stored.
+    pub(crate) fn end_all(&self, stored: Result<(), &str>) {
+        let mut attached = self.lock();
+        for listener in attached.listeners.drain(..) {
+            listener.end(match stored {
+                Ok(()) => End::Interrupted,
+                Err(error) => End::NotStored {
+                    error: error.to_owned(),
+                },
+            });
+        }
+    }
+
+    /// Whether any exchange is attached.
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.lock().listeners.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(exchange: &mut Exchange) -> Vec<ReplyPart> {
+        let mut parts = Vec::new();
+        while let Ok(part) = exchange.parts.try_recv() {
+            parts.push(part);
+        }
+        parts
+    }
+
+    #[test]
+    fn an_exchange_ends_only_once_idle_and_stored() {
+        let audience = Audience::default();
+        let (listener, mut exchange) = Exchange::new();
+        audience.attach(listener);
+        audience.reply("hello", false);
+        audience.not_stored("database down");
+        audience.end_if_settled(|| true);
+        assert_eq!(
+            drain(&mut exchange),
+            [
+                ReplyPart::Reply {
+                    text: "hello".into(),
+                    streamed: false
+                },
+                ReplyPart::NotYetStored {
+                    error: "database down".into()
+                }
+            ],
+            "not ended while the history is not stored"
+        );
+        audience.stored(|| false);
+        assert!(
+            drain(&mut exchange).is_empty(),
+            "not ended while work is pending"
+        );
+        audience.end_if_settled(|| true);
+        assert_eq!(drain(&mut exchange), [ReplyPart::End(End::Complete)]);
+        assert!(audience.is_empty());
+    }
+
+    #[test]
+    fn a_failure_with_no_reply_ends_failed_and_one_with_a_reply_complete() {
+        let audience = Audience::default();
+        let (failed, mut failed_exchange) = Exchange::new();
+        audience.attach(failed);
+        audience.model_failed("timed out");
+        audience.end_if_settled(|| true);
+        let (answered, mut answered_exchange) = Exchange::new();
+        audience.attach(answered);
+        audience.model_failed("timed out");
+        audience.reply("late but here", true);
+        audience.end_if_settled(|| true);
+        assert_eq!(
+            drain(&mut failed_exchange),
+            [ReplyPart::End(End::Failed {
+                error: "timed out".into()
+            })]
+        );
+        assert_eq!(
+            drain(&mut answered_exchange).last(),
+            Some(&ReplyPart::End(End::Complete))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_message_dropped_untaken_ends_lost_and_a_stop_says_what_was_stored() {
+        let (listener, mut exchange) = Exchange::new();
+        drop(listener);
+        assert_eq!(exchange.next().await, Some(ReplyPart::End(End::Lost)));
+        assert_eq!(exchange.next().await, None);
+
+        let audience = Audience::default();
+        let (kept, mut kept_exchange) = Exchange::new();
+        audience.attach(kept);
+        audience.end_all(Err("disk full"));
+        assert_eq!(
+            kept_exchange.next().await,
+            Some(ReplyPart::End(End::NotStored {
+                error: "disk full".into()
+            }))
+        );
+    }
+}

@@ -1,0 +1,368 @@
+//! The exchange: a door's message and its answer, acknowledged only once stored. The
+//! history service of a real SQLite store is put behind a switch that makes it refuse
+//! writes, as a database outage, a full pool or a full disk does.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use capstan_host::agent::{End, Exchange, ReplyPart, Runtime};
+use capstan_host::app::AgentBuilder;
+use capstan_host::config::{Config, ProviderSettings};
+use capstan_host::ids::ProcessId;
+use capstan_host::llm::{Script, ScriptedProvider};
+use capstan_host::serve::Server;
+use capstan_host::services::{ConversationSummary, History, HistoryEntry, ServiceError, Services};
+use capstan_host::store::Store;
+use serde_json::{Value, json};
+use tokio::sync::{Notify, oneshot};
+
+use crate::support::{plugins_dir, test_cache};
+
+const SCRIPT: &str = r#"
+[[step]]
+process = "channel"
+when = "hello"
+repeat = true
+reply = "Hi there."
+
+[[step]]
+process = "channel"
+when = "count the files"
+repeat = true
+tool_calls = [
+  { name = "spawn_worker", arguments = { task = "List the files of the workspace." } },
+  { name = "skip" },
+]
+
+[[step]]
+process = "worker"
+when = "list the files"
+repeat = true
+tool_calls = [{ name = "set_status", arguments = { state = "done", message = "no files" } }]
+
+[[step]]
+process = "channel"
+when = "no files"
+repeat = true
+reply = "The worker found no files."
+"#;
+
+/// A history service that refuses every write while it is down, as a store in an outage.
+struct Outage {
+    inner: Arc<dyn History>,
+    down: AtomicBool,
+    /// Writes refused so far.
+    refused: AtomicUsize,
+    refusal: Notify,
+}
+
+impl Outage {
+    fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+
+    /// Waits until `count` writes in all were refused.
+    async fn refused_at_least(&self, count: usize) {
+        loop {
+            let refused = self.refusal.notified();
+            if self.refused.load(Ordering::SeqCst) >= count {
+                return;
+            }
+            refused.await;
+        }
+    }
+
+    fn refuse(&self) -> Result<(), ServiceError> {
+        if !self.down.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.refused.fetch_add(1, Ordering::SeqCst);
+        self.refusal.notify_waiters();
+        Err(ServiceError::Backend(
+            "the database is down (a test's outage)".into(),
+        ))
+    }
+}
+
+#[async_trait]
+impl History for Outage {
+    fn location(&self) -> String {
+        self.inner.location()
+    }
+
+    async fn load(&self, channel: &str) -> Result<Vec<HistoryEntry>, ServiceError> {
+        self.inner.load(channel).await
+    }
+
+    async fn append(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
+        self.refuse()?;
+        self.inner.append(channel, messages).await
+    }
+
+    async fn replace(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
+        self.refuse()?;
+        self.inner.replace(channel, messages).await
+    }
+
+    async fn conversations(&self) -> Result<Vec<ConversationSummary>, ServiceError> {
+        self.inner.conversations().await
+    }
+}
+
+/// An agent on a SQLite store in `dir` whose history goes through an [`Outage`].
+async fn agent(
+    dir: &std::path::Path,
+    configure: impl FnOnce(&mut Config),
+) -> (capstan_host::app::Agent, Arc<Outage>, Arc<dyn History>) {
+    let mut config = Config::defaults(dir);
+    config.provider = ProviderSettings::Scripted { script: None };
+    config.limits.store_retry = std::time::Duration::from_millis(10);
+    configure(&mut config);
+    std::fs::create_dir_all(&config.agent.workspace).unwrap();
+    let store = Arc::new(Store::open(&config.agent.data_dir).unwrap());
+    let mut services: Services = store.services();
+    let outage = Arc::new(Outage {
+        inner: services.history.clone(),
+        down: AtomicBool::new(false),
+        refused: AtomicUsize::new(0),
+        refusal: Notify::new(),
+    });
+    let stored = services.history.clone();
+    services.history = outage.clone();
+    let provider = ScriptedProvider::new(Script::parse(SCRIPT, "exchange").unwrap(), "exchange");
+    let agent = AgentBuilder::new(config)
+        .plugins_dir(plugins_dir())
+        .cache(test_cache())
+        .provider(Arc::new(provider))
+        .services(services)
+        .build()
+        .await
+        .expect("the agent starts");
+    (agent, outage, stored)
+}
+
+/// The parts of `exchange` up to and including `until`.
+async fn parts_until(
+    exchange: &mut Exchange,
+    until: impl Fn(&ReplyPart) -> bool,
+) -> Vec<ReplyPart> {
+    let mut parts = Vec::new();
+    while let Some(part) = exchange.next().await {
+        let found = until(&part);
+        parts.push(part);
+        if found {
+            return parts;
+        }
+    }
+    panic!("the exchange ended first: {parts:?}");
+}
+
+/// The stored messages of `channel` that hold `text`.
+async fn stored_with(history: &Arc<dyn History>, channel: &str, text: &str) -> usize {
+    let entries = history.load(channel).await.unwrap();
+    entries.iter().filter(|e| e.message.contains(text)).count()
+}
+
+fn main_channel() -> ProcessId {
+    ProcessId::channel("main")
+}
+
+#[tokio::test]
+async fn an_exchange_ends_complete_only_once_the_store_has_taken_its_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, outage, stored) = agent(dir.path(), |_| {}).await;
+    let rt: Arc<Runtime> = agent.runtime;
+    outage.set_down(true);
+    let mut exchange = rt.exchange(&main_channel(), "hello").await.unwrap();
+    let parts = parts_until(&mut exchange, |p| {
+        matches!(p, ReplyPart::NotYetStored { .. })
+    })
+    .await;
+    assert!(
+        parts
+            .iter()
+            .any(|p| matches!(p, ReplyPart::Reply { text, .. } if text == "Hi there.")),
+        "the reply comes before the store takes it: {parts:?}"
+    );
+    // Written again and again while the store is down, and never acknowledged meanwhile.
+    let so_far = outage.refused.load(Ordering::SeqCst);
+    outage.refused_at_least(so_far + 2).await;
+    while let Ok(part) = tokio::time::timeout(std::time::Duration::ZERO, exchange.next()).await {
+        assert!(
+            !matches!(part, None | Some(ReplyPart::End(_))),
+            "no end while the history is not stored: {part:?}"
+        );
+    }
+    assert_eq!(stored_with(&stored, "channel:main", "hello").await, 0);
+
+    outage.set_down(false);
+    assert_eq!(exchange.next().await, Some(ReplyPart::End(End::Complete)));
+    assert_eq!(exchange.next().await, None);
+    // Stored exactly once: the message and the reply.
+    assert_eq!(stored_with(&stored, "channel:main", "hello").await, 1);
+    assert_eq!(stored_with(&stored, "channel:main", "Hi there.").await, 1);
+    assert!(rt.not_saved().is_empty());
+    rt.shutdown();
+}
+
+#[tokio::test]
+async fn an_exchange_carries_the_work_its_message_started_and_ends_when_it_reported_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, _outage, stored) = agent(dir.path(), |_| {}).await;
+    let rt = agent.runtime;
+    let mut exchange = rt
+        .exchange(&main_channel(), "count the files")
+        .await
+        .unwrap();
+    let mut parts = Vec::new();
+    while let Some(part) = exchange.next().await {
+        parts.push(part);
+    }
+    let started = parts.iter().position(|p| {
+        matches!(
+            p,
+            ReplyPart::Activity(capstan_host::agent::Event::WorkerStarted { .. })
+        )
+    });
+    let ended = parts.iter().position(|p| {
+        matches!(
+            p,
+            ReplyPart::Activity(capstan_host::agent::Event::WorkerEnded { .. })
+        )
+    });
+    let replied = parts.iter().position(
+        |p| matches!(p, ReplyPart::Reply { text, .. } if text == "The worker found no files."),
+    );
+    assert!(
+        matches!((started, ended, replied), (Some(s), Some(e), Some(r)) if s < e && e < r),
+        "{parts:?}"
+    );
+    assert_eq!(parts.last(), Some(&ReplyPart::End(End::Complete)));
+    assert_eq!(
+        stored_with(&stored, "channel:main", "The worker found no files.").await,
+        1
+    );
+    rt.shutdown();
+}
+
+#[tokio::test]
+async fn a_stop_with_the_store_still_down_ends_the_exchange_not_stored_and_reports_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, outage, stored) = agent(dir.path(), |_| {}).await;
+    let rt = agent.runtime;
+    outage.set_down(true);
+    let mut exchange = rt.exchange(&main_channel(), "hello").await.unwrap();
+    parts_until(&mut exchange, |p| {
+        matches!(p, ReplyPart::NotYetStored { .. })
+    })
+    .await;
+    rt.interrupt();
+    let end = parts_until(&mut exchange, |p| matches!(p, ReplyPart::End(_))).await;
+    assert!(
+        matches!(end.last(), Some(ReplyPart::End(End::NotStored { error })) if error.contains("database is down")),
+        "{end:?}"
+    );
+    let not_saved = rt.not_saved();
+    assert_eq!(not_saved.len(), 1, "{not_saved:?}");
+    assert_eq!(not_saved[0].0, main_channel());
+    assert_eq!(stored_with(&stored, "channel:main", "hello").await, 0);
+    // A message sent once the host is stopping is refused, and stored nowhere.
+    assert!(rt.exchange(&main_channel(), "hello again").await.is_err());
+}
+
+/// A server on the agent, stopped when the returned sender is dropped.
+async fn serve(agent: capstan_host::app::Agent) -> (String, oneshot::Sender<()>) {
+    let mut settings = agent.runtime.config().serve.clone();
+    settings.addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    let server = Server::bind(&settings, agent.runtime, agent.registry, agent.events)
+        .await
+        .expect("the server binds");
+    let url = format!("http://{}", server.local_addr());
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let _ = server
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    (url, stop)
+}
+
+#[tokio::test]
+async fn the_doors_answer_200_only_for_what_is_stored_and_202_not_yet_stored_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, outage, stored) = agent(dir.path(), |config| {
+        config.limits.unstored_reply = std::time::Duration::ZERO;
+    })
+    .await;
+    let (url, _stop) = serve(agent).await;
+    let client = reqwest::Client::new();
+    let post = |path: &str, body: Value| client.post(format!("{url}{path}")).json(&body).send();
+
+    let answered = post(
+        "/v1/channels/main/messages",
+        json!({"text": "hello", "wait": true}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(answered.status(), 200);
+    let body: Value = answered.json().await.unwrap();
+    assert_eq!(
+        (body["reply"].as_str(), body["outcome"].as_str()),
+        (Some("Hi there."), Some("stored"))
+    );
+    assert_eq!(stored_with(&stored, "channel:main", "Hi there.").await, 1);
+
+    outage.set_down(true);
+    let kept = post(
+        "/v1/channels/main/messages",
+        json!({"text": "hello once more", "wait": true}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(kept.status(), 202);
+    let body: Value = kept.json().await.unwrap();
+    assert_eq!(body["outcome"], "not_yet_stored", "{body}");
+    assert_eq!(body["reply"], "Hi there.");
+    assert!(
+        body["note"]
+            .as_str()
+            .unwrap()
+            .contains("do not send the message again"),
+        "{body}"
+    );
+    let completion = post(
+        "/v1/chat/completions",
+        json!({"model": "capstan", "messages": [{"role": "user", "content": "hello, third"}], "user": "other"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(completion.status(), 202);
+    let body: Value = completion.json().await.unwrap();
+    assert_eq!(body["capstan"]["outcome"], "not_yet_stored", "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], "Hi there.");
+
+    // Back: what was kept is written, in order, once each.
+    outage.set_down(false);
+    crate::support::until("the kept exchanges stored", async || {
+        let counts = (
+            stored_with(&stored, "channel:main", "hello once more").await,
+            stored_with(&stored, "channel:other", "hello, third").await,
+        );
+        (counts == (1, 1))
+            .then_some(())
+            .ok_or(format!("{counts:?}"))
+    })
+    .await;
+    let main = stored.load("channel:main").await.unwrap();
+    let users: Vec<&str> = main
+        .iter()
+        .filter(|e| e.message.contains(r#""role":"user""#))
+        .map(|e| e.message.as_str())
+        .collect();
+    assert_eq!(users.len(), 2, "{users:?}");
+    assert!(users[0].contains("\"hello\"") && users[1].contains("hello once more"));
+}
