@@ -18,6 +18,7 @@ use super::exchange::{Audience, ReplyPart};
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::notifications::NotificationIndex;
 use super::reservations::{Reservation, TaskReservations, task_key};
+use super::stop::StopLedger;
 use super::supervisor::{ShuttingDown, Supervisor, TooManyConversations};
 use super::turn::{Turn, TurnError, Unanswered};
 use crate::config::Config;
@@ -54,7 +55,7 @@ pub(crate) struct Context {
     pub(crate) adopts: std::sync::atomic::AtomicBool,
     /// The conversations whose history the store had not taken when they stopped, with
     /// its last error.
-    not_saved: std::sync::Mutex<Vec<(ProcessId, String)>>,
+    pub(crate) stop: StopLedger,
 }
 
 /// Starts processes: implemented above the process modules (by the runtime), so that
@@ -197,7 +198,7 @@ impl Context {
             run,
             starter,
             adopts: std::sync::atomic::AtomicBool::new(true),
-            not_saved: std::sync::Mutex::default(),
+            stop: StopLedger::default(),
         });
         Ok((ctx, receiver))
     }
@@ -216,12 +217,7 @@ impl Context {
     /// `error`): the stop reports it.
     pub(crate) fn not_saved_at_stop(&self, id: &ProcessId, error: String) {
         tracing::error!(conversation = %id, "the conversation stopped with its history not stored: {error}");
-        self.not_saved.lock().unwrap().push((id.clone(), error));
-    }
-
-    /// The conversations that stopped with their history not stored, and why.
-    pub(crate) fn not_saved(&self) -> Vec<(ProcessId, String)> {
-        self.not_saved.lock().unwrap().clone()
+        self.stop.not_saved(id, error);
     }
 
     /// Reports `event` to the observers of the event stream.

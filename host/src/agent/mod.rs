@@ -29,6 +29,7 @@ mod prompts;
 mod reports;
 mod reservations;
 mod runtime;
+mod stop;
 mod supervisor;
 mod tool_calls;
 mod turn;
@@ -42,3 +43,4 @@ pub use supervisor::{ShuttingDown, TooManyConversations};
 
 pub use host_tools::{HOST_TOOLS, HostTool, host_tool};
 pub use runtime::{Runtime, Sent};
+pub use stop::{NotSaved, StopReport};

@@ -11,6 +11,7 @@ use super::events::Event;
 use super::exchange::{End, Exchange, Listener, ReplyPart};
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::reservations::Reservation;
+use super::stop::{NotSaved, StopReport};
 use super::{branch, channel, forwarding, worker};
 use crate::config::Config;
 use crate::ids::ProcessId;
@@ -235,11 +236,17 @@ impl Runtime {
         Ok(exchange)
     }
 
-    /// The conversations that stopped with their history not stored (the store refused
-    /// it to the end), each with the store's last error: a stop that lists any did not
-    /// save everything it held.
-    pub fn not_saved(&self) -> Vec<(ProcessId, String)> {
-        self.ctx.not_saved()
+    /// The conversations that stopped so far with their history not stored (the store
+    /// refused it to the end), each with the store's last error: a stop that lists any
+    /// did not save everything it held. [`Runtime::stop_report`] waits for them all.
+    pub fn not_saved(&self) -> Vec<NotSaved> {
+        self.ctx.stop.so_far()
+    }
+
+    /// A report of what a stop could not store, read once every process has ended: take
+    /// it before stopping and dropping the runtime.
+    pub fn stop_report(&self) -> StopReport {
+        self.ctx.stop.report()
     }
 
     /// Forwards `text` to the inbox of `owner`, the run that answers conversation `id`.

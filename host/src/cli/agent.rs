@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 
 use super::HostArgs;
 use super::table::print_table;
-use crate::agent::{Event, Runtime};
+use crate::agent::{End, Event, ReplyPart, Runtime};
 use crate::app::{Agent, AgentBuilder};
 use crate::config::{Config, LocationKind, Locations};
 use crate::ids::ProcessId;
@@ -159,7 +159,7 @@ pub(crate) struct Tally {
 /// Exit codes of run, chat and demo beyond 0 (done) and 1 (an error of the host).
 pub(crate) mod exit {
     /// A model request failed or timed out, or a history could not be saved.
-    pub(super) const FAILED: u8 = 2;
+    pub(crate) const FAILED: u8 = 2;
     /// Stopped by SIGINT.
     pub(super) const INTERRUPTED: u8 = 130;
     /// Stopped by SIGTERM.
@@ -300,7 +300,7 @@ async fn until_stopped(runtime: &Arc<Runtime>, work: impl Future<Output = ()>) -
         stop = signals.next() => stop,
     };
     crate::say!(
-        "(stopping: running workers are interrupted and the histories saved; a second \
+        "(stopping: running workers are interrupted and the histories stored; a second \
          signal quits at once)"
     );
     runtime.interrupt();
@@ -322,27 +322,73 @@ pub(crate) fn exit_code_of(stop: Option<Stop>, tally: Tally) -> u8 {
     }
 }
 
-/// Shuts `runtime` down, waits for the event stream to end, and gives the exit code.
+/// Shuts `runtime` down, waits for the event stream to end, reports each conversation
+/// whose history could not be stored, and gives the exit code, counting `failed`
+/// exchanges too.
 async fn finish(
     runtime: Arc<Runtime>,
     printer: tokio::task::JoinHandle<Tally>,
     stop: Option<Stop>,
+    failed: usize,
 ) -> (ExitCode, Tally) {
+    let report = runtime.stop_report();
     runtime.shutdown();
     let services = runtime.services().clone();
     drop(runtime);
-    let tally = printer.await.unwrap_or_default();
+    let mut tally = printer.await.unwrap_or_default();
+    let not_saved = report.ended().await;
+    for lost in &not_saved {
+        crate::say!(
+            "error: {} was not stored: the store refused its history to the end ({}); what \
+             it did since its last stored exchange is lost",
+            lost.conversation,
+            one_line(&lost.error)
+        );
+    }
+    tally.failures += not_saved.len() + failed;
+    if stop.is_some() {
+        match not_saved.len() {
+            0 => crate::say!("(stopped: every conversation's history is stored)"),
+            n => crate::say!("(stopped: {n} conversation(s) not stored, listed above)"),
+        }
+    }
     // The run ended with the runtime; other hosts learn it before this process exits.
     services.ledger.settle().await;
     (ExitCode::from(exit_code_of(stop, tally)), tally)
 }
 
-/// Sends `message` and waits until the conversation is idle: answered, its workers done.
-async fn converse(runtime: &Arc<Runtime>, agent: &AgentArgs, message: &str) -> anyhow::Result<()> {
-    let conversation = agent.conversation();
-    runtime.send_to(&conversation, message).await?;
-    runtime.wait_conversation_idle(&conversation).await;
-    Ok(())
+/// Sends `message` and follows its exchange to its end: answered and stored, its workers
+/// done. The conversation's own work prints from the event stream; the answer of another
+/// host that owns the conversation prints here. Whether the exchange failed (said here,
+/// unless the event stream says it: a model failure of a conversation of this host).
+async fn converse(
+    runtime: &Arc<Runtime>,
+    conversation: &ProcessId,
+    message: &str,
+) -> anyhow::Result<bool> {
+    let mut exchange = runtime.exchange(conversation, message).await?;
+    let mut forwarded = false;
+    let mut end = End::Lost;
+    while let Some(part) = exchange.next().await {
+        match part {
+            ReplyPart::Activity(Event::Forwarded { .. }) => forwarded = true,
+            ReplyPart::Reply { text, .. } if forwarded => {
+                let text = printable(&text).replace('\n', "\n       ");
+                writeln!(crate::secrets::stdout(), "agent> {text}")?;
+            }
+            ReplyPart::End(ended) => end = ended,
+            _ => {}
+        }
+    }
+    let failed = match &end {
+        End::Complete | End::Interrupted => false,
+        End::Failed { .. } => forwarded,
+        End::NotStored { .. } | End::Lost | End::Pending { .. } => true,
+    };
+    if failed {
+        crate::say!("error: {}", one_line(&end.to_string()));
+    }
+    Ok(failed)
 }
 
 #[derive(Debug, Args)]
@@ -358,12 +404,14 @@ impl RunCommand {
         let config = self.agent.launch.host.config()?;
         let (runtime, events) = self.agent.launch.start(config).await?;
         let printer = tokio::spawn(print_events(events));
-        let mut sent = Ok(());
+        let mut sent = Ok(false);
+        let conversation = self.agent.conversation();
         let stop = until_stopped(&runtime, async {
-            sent = converse(&runtime, &self.agent, &self.message).await;
+            sent = converse(&runtime, &conversation, &self.message).await;
         })
         .await;
-        let (code, _) = finish(runtime, printer, stop).await;
+        let failed = matches!(sent, Ok(true));
+        let (code, _) = finish(runtime, printer, stop, usize::from(failed)).await;
         sent?;
         Ok(code)
     }
@@ -399,25 +447,34 @@ impl ChatCommand {
         // worker can be routed to it. Replies print as they come.
         let conversation = self.agent.conversation();
         let mut sent = Ok(());
+        let mut failed = 0;
         let stop = until_stopped(&runtime, async {
+            // Each line's exchange is followed on its own task, so the next line goes in
+            // at once; dropped with this block on a signal.
+            let mut exchanges = tokio::task::JoinSet::new();
             while let Some(line) = lines.recv().await {
-                let line = line.trim();
+                let line = line.trim().to_owned();
                 if line == "/quit" || line == "/exit" {
                     break;
                 }
                 if line.is_empty() {
                     continue;
                 }
-                if let Err(err) = runtime.send_to(&conversation, line).await {
-                    sent = Err(err);
-                    return;
-                }
+                let (runtime, conversation) = (runtime.clone(), conversation.clone());
+                exchanges.spawn(async move { converse(&runtime, &conversation, &line).await });
             }
             crate::say!("(finishing the work in progress)");
-            runtime.wait_conversation_idle(&conversation).await;
+            while let Some(ended) = exchanges.join_next().await {
+                match ended {
+                    Ok(Ok(true)) => failed += 1,
+                    Ok(Ok(false)) => {}
+                    Ok(Err(err)) => sent = Err(err),
+                    Err(err) => sent = Err(anyhow::anyhow!("an exchange's task ended: {err}")),
+                }
+            }
         })
         .await;
-        let (code, _) = finish(runtime, printer, stop).await;
+        let (code, _) = finish(runtime, printer, stop, failed).await;
         sent?;
         Ok(code)
     }
@@ -450,15 +507,21 @@ impl DemoCommand {
         writeln!(out, "  model:     {}\n", runtime.provider_name())?;
         let printer = tokio::spawn(print_events(events));
         let mut sent = Ok(());
+        let mut failed = 0;
+        let conversation = self.agent.conversation();
         let stop = until_stopped(&runtime, async {
             for message in DEMO_CONVERSATION {
                 if let Err(err) = writeln!(crate::secrets::stdout(), "you> {message}") {
                     sent = Err(err.into());
                     return;
                 }
-                sent = converse(&runtime, &self.agent, message).await;
-                if sent.is_err() {
-                    return;
+                match converse(&runtime, &conversation, message).await {
+                    Ok(true) => failed += 1,
+                    Ok(false) => {}
+                    Err(err) => {
+                        sent = Err(err);
+                        return;
+                    }
                 }
                 // Let the last status lines reach the terminal before the next prompt.
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -466,7 +529,7 @@ impl DemoCommand {
             }
         })
         .await;
-        let (code, tally) = finish(runtime, printer, stop).await;
+        let (code, tally) = finish(runtime, printer, stop, failed).await;
         sent?;
         if stop.is_some() {
             return Ok(code);

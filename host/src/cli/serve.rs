@@ -13,6 +13,10 @@ use super::agent::{LEASE_LOST, Launch, StopSignals, exit};
 use crate::config::parse_addr;
 use crate::serve::{Server, openapi_json};
 
+/// How long a stopping server waits for its conversations to store their histories and
+/// end, once the requests are over.
+const STOP_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 #[derive(Debug, Args)]
 pub(crate) struct ServeCommand {
     /// The address to listen on, IP:PORT [default: serve.addr, 127.0.0.1:8787]. Any
@@ -54,6 +58,7 @@ impl ServeCommand {
         let provider = agent.runtime.provider_name();
         let services = agent.runtime.services().clone();
         let runtime = agent.runtime.clone();
+        let report = runtime.stop_report();
         let server = Server::bind(&settings, agent.runtime, agent.registry, agent.events).await?;
         // Caught before the banner: a supervisor may signal as soon as it reads it.
         let mut signals = StopSignals::install();
@@ -67,7 +72,7 @@ impl ServeCommand {
                 tokio::select! {
                     _ = signals.next() => crate::say!(
                         "(stopping: new connections refused, running workers interrupted, \
-                         histories saved; a second signal quits at once)"
+                         histories stored; a second signal quits at once)"
                     ),
                     () = runtime.lease_lost() => {
                         crate::say!("{LEASE_LOST}");
@@ -82,11 +87,38 @@ impl ServeCommand {
             }
         };
         server.run(stop).await?;
+        let not_saved = match report.ended_within(STOP_LIMIT).await {
+            Ok(not_saved) => not_saved,
+            Err(so_far) => {
+                crate::say!(
+                    "error: some conversations had not stopped {} s after the server did; \
+                     their last exchanges may not be stored",
+                    STOP_LIMIT.as_secs()
+                );
+                so_far
+            }
+        };
+        for lost in &not_saved {
+            crate::say!(
+                "error: {} was not stored: the store refused its history to the end ({}); \
+                 what it did since its last stored exchange is lost",
+                lost.conversation,
+                crate::text::one_line(&lost.error)
+            );
+        }
         // The run ended with the runtime; other hosts learn it before this process exits.
         services.ledger.settle().await;
         if lost.load(Ordering::SeqCst) {
             return Ok(ExitCode::from(exit::LEASE_LOST));
         }
+        if !not_saved.is_empty() {
+            crate::say!(
+                "(stopped: {} conversation(s) not stored, listed above)",
+                not_saved.len()
+            );
+            return Ok(ExitCode::from(exit::FAILED));
+        }
+        crate::say!("(stopped: every conversation's history is stored)");
         Ok(ExitCode::SUCCESS)
     }
 }

@@ -266,7 +266,7 @@ async fn a_stop_with_the_store_still_down_ends_the_exchange_not_stored_and_repor
     );
     let not_saved = rt.not_saved();
     assert_eq!(not_saved.len(), 1, "{not_saved:?}");
-    assert_eq!(not_saved[0].0, main_channel());
+    assert_eq!(not_saved[0].conversation, main_channel());
     assert_eq!(stored_with(&stored, "channel:main", "hello").await, 0);
     // A message sent once the host is stopping is refused, and stored nowhere.
     assert!(rt.exchange(&main_channel(), "hello again").await.is_err());

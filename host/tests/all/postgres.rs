@@ -577,3 +577,40 @@ async fn fifty_identical_spawns_across_two_serve_hosts_start_one_worker() {
     let owners = scalar(&db, "SELECT count(DISTINCT owner_run) FROM sessions").await;
     assert_eq!(owners, 2, "the spawns came from both hosts");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capstan_run_on_a_conversation_another_host_answers_prints_that_hosts_answer() {
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database().await;
+    let owner = ServeHost::start(&url, "host-a");
+    let client = reqwest::Client::new();
+    let answered = client
+        .post(format!("{}/v1/channels/main/messages", owner.url))
+        .json(&serde_json::json!({ "text": "hello", "wait": true }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answered.status(), 200, "{}", owner.log());
+    // Another host, at the terminal: the message is forwarded to the owner, whose answer
+    // is printed here, and the exit says how it went.
+    let other = host_dir();
+    let run = capstan_command(other.path(), &["run", "again"])
+        .env("CAPSTAN_TEST_DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}\n{}", stderr(&run), owner.log());
+    assert_eq!(
+        stdout(&run),
+        "agent> reply from host-a\n",
+        "{}",
+        stderr(&run)
+    );
+    assert!(stderr(&run).contains("forwarded"), "{}", stderr(&run));
+    let db = admin(&url).await;
+    let stored = scalar(
+        &db,
+        "SELECT count(*) FROM history WHERE channel = 'channel:main' AND message LIKE '%again%'",
+    )
+    .await;
+    assert_eq!(stored, 1, "stored once, by the owner");
+}

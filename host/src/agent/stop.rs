@@ -1,0 +1,107 @@
+//! [`StopReport`]: what a stopping host could not store, known once every process of it
+//! has ended.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+
+use crate::ids::ProcessId;
+
+/// A conversation that stopped with its history not stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotSaved {
+    /// The conversation.
+    pub conversation: ProcessId,
+    /// The store's last error.
+    pub error: String,
+}
+
+/// What the context keeps for the stop: the conversations not saved, and a sender that
+/// drops with the context, when every process has ended.
+pub(crate) struct StopLedger {
+    not_saved: Arc<Mutex<Vec<NotSaved>>>,
+    ended: watch::Sender<()>,
+}
+
+impl Default for StopLedger {
+    fn default() -> Self {
+        StopLedger {
+            not_saved: Arc::default(),
+            ended: watch::channel(()).0,
+        }
+    }
+}
+
+impl StopLedger {
+    /// Notes `conversation` as stopped with its history not stored.
+    pub(crate) fn not_saved(&self, conversation: &ProcessId, error: String) {
+        let mut list = self.not_saved.lock().unwrap_or_else(|p| p.into_inner());
+        list.push(NotSaved {
+            conversation: conversation.clone(),
+            error,
+        });
+    }
+
+    /// The conversations noted so far.
+    pub(crate) fn so_far(&self) -> Vec<NotSaved> {
+        self.not_saved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// A report on this ledger.
+    pub(crate) fn report(&self) -> StopReport {
+        StopReport {
+            not_saved: self.not_saved.clone(),
+            ended: self.ended.subscribe(),
+        }
+    }
+}
+
+/// What a stop could not store: taken before the runtime is dropped
+/// ([`Runtime::stop_report`](super::Runtime::stop_report)), read once every process has
+/// ended.
+///
+/// ```no_run
+/// # async fn example(runtime: std::sync::Arc<capstan_host::agent::Runtime>) {
+/// let report = runtime.stop_report();
+/// runtime.interrupt();
+/// drop(runtime);
+/// for lost in report.ended().await {
+///     eprintln!("{} was not saved: {}", lost.conversation, lost.error);
+/// }
+/// # }
+/// ```
+pub struct StopReport {
+    not_saved: Arc<Mutex<Vec<NotSaved>>>,
+    ended: watch::Receiver<()>,
+}
+
+impl StopReport {
+    /// Waits until every process of the runtime has ended (the runtime and everything it
+    /// ran are dropped), then returns the conversations whose history was not stored.
+    pub async fn ended(mut self) -> Vec<NotSaved> {
+        while self.ended.changed().await.is_ok() {}
+        self.so_far()
+    }
+
+    /// [`StopReport::ended`], waiting at most `limit`: `Err` with the conversations noted
+    /// so far if some process had not ended by then.
+    pub async fn ended_within(
+        self,
+        limit: std::time::Duration,
+    ) -> Result<Vec<NotSaved>, Vec<NotSaved>> {
+        let not_saved = self.not_saved.clone();
+        tokio::time::timeout(limit, self.ended())
+            .await
+            .map_err(|_| not_saved.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+
+    fn so_far(&self) -> Vec<NotSaved> {
+        self.not_saved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
