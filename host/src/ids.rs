@@ -193,6 +193,76 @@ impl fmt::Display for ToolCallId {
     }
 }
 
+/// A client's idempotency key for a message (HTTP `Idempotency-Key`, the API's
+/// `idempotency_key`): a message sent again with the key of one its conversation already
+/// took is not taken again; the answer it got is given again. Kept with the message in
+/// the conversation's history, so it holds across restarts and hosts. 1 to 255 visible
+/// ASCII characters.
+///
+/// ```
+/// use capstan_host::ids::MessageKey;
+///
+/// let key: MessageKey = "order-7f3a".parse().unwrap();
+/// assert_eq!(key.as_str(), "order-7f3a");
+/// assert!("".parse::<MessageKey>().is_err());
+/// assert!("two words".parse::<MessageKey>().is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct MessageKey(String);
+
+impl MessageKey {
+    /// The most characters a key may have.
+    pub const MAX_LEN: usize = 255;
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for MessageKey {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text.is_empty() || text.len() > Self::MAX_LEN {
+            return Err(format!(
+                "an idempotency key has 1 to {} characters, not {}",
+                Self::MAX_LEN,
+                text.len()
+            ));
+        }
+        if !text.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(
+                "an idempotency key is visible ASCII characters (no spaces or control \
+                 characters), e.g. a UUID"
+                    .into(),
+            );
+        }
+        Ok(MessageKey(text.to_owned()))
+    }
+}
+
+impl TryFrom<String> for MessageKey {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        text.parse()
+    }
+}
+
+impl From<MessageKey> for String {
+    fn from(key: MessageKey) -> String {
+        key.0
+    }
+}
+
+impl fmt::Display for MessageKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

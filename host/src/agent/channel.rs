@@ -13,6 +13,7 @@ use super::host_tools::HostCall;
 use super::inbox::{ChannelHandle, ChannelInput, drain};
 use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
+use super::repeats::{answer_repeated, take_repeated};
 use super::turn::{ToolHandler, ToolOutcome, TurnEnd, Unanswered, repair};
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
@@ -20,7 +21,7 @@ use crate::llm::{AnswerSink, BoxFuture, Delta, Message};
 use crate::plugin::ToolError;
 use crate::policy::ProcessKind;
 use crate::secrets::StreamRedactor;
-use crate::services::Answer;
+use crate::services::{Answer, ForwardId};
 
 /// Retrigger turns (after results) one user message may cause; later results are kept in
 /// the history for the next turn instead.
@@ -114,13 +115,22 @@ pub(crate) async fn run(
     // How much of `history` the store holds, and whether that stored prefix changed.
     let mut saved = history.len();
     let mut rewrite = false;
+    // Whether the store's last refusal may pass (then the history is written again on a
+    // timer; otherwise at the next turn, or the stop).
+    let mut transient = false;
+    // Answers for other hosts' messages, held until the history holding them is stored.
+    let mut held: Vec<(ForwardId, Answer)> = Vec::new();
     loop {
-        let first = match batches.first(rewrite.then_some(retry)).await {
+        let first = match batches.first((rewrite && transient).then_some(retry)).await {
             None => break,
             Some(Next::Input(first)) => first,
             Some(Next::StoreAgain) => {
                 // Kept in memory while the store refused it: written whole, in order.
-                rewrite = ctx.save_history(&name, &handle, &history, 0).await.is_err();
+                let stored = ctx.save_history(&name, &handle, &history, 0).await;
+                (rewrite, transient) = (stored.is_err(), stored.is_err_and(|e| e.is_transient()));
+                if !rewrite {
+                    answer_forwarded(&ctx, std::mem::take(&mut held)).await;
+                }
                 saved = history.len();
                 continue;
             }
@@ -136,12 +146,23 @@ pub(crate) async fn run(
             tokio::time::sleep(ctx.dispatcher.settings().settle).await;
         }
         let mut inputs = batches.rest(first);
+        // A message sent again with a key the conversation took is answered, not taken:
+        // after the batch's own exchanges are attached, so one sent twice at once joins
+        // the first.
+        let repeated = take_repeated(&mut inputs, &history);
         for input in &mut inputs {
             if let ChannelInput::User { exchange, .. } = input
                 && let Some(listener) = exchange.take()
             {
-                audience.attach(listener);
+                audience.attach(*listener);
             }
+        }
+        for input in repeated {
+            answer_repeated(&ctx, audience, &history, input);
+            handle.done_pending();
+        }
+        if inputs.is_empty() {
+            continue;
         }
         let from_user = inputs
             .iter()
@@ -229,14 +250,12 @@ pub(crate) async fn run(
         let from = if rewrite { 0 } else { saved };
         // A failed save is reported; the next one rewrites the whole history.
         let stored = ctx.save_history(&name, &handle, &history, from).await;
-        rewrite = stored.is_err();
-        if let Err(err) = stored {
-            answer
-                .error
-                .get_or_insert(format!("the conversation was not stored: {err}"));
-        }
+        (rewrite, transient) = (stored.is_err(), stored.is_err_and(|e| e.is_transient()));
         saved = history.len();
-        answer_forwarded(&ctx, &inputs, &answer).await;
+        held.extend(forwarded_ids(&inputs).map(|id| (id, answer.clone())));
+        if !rewrite {
+            answer_forwarded(&ctx, std::mem::take(&mut held)).await;
+        }
         for _ in &inputs {
             handle.done_pending();
         }
@@ -253,7 +272,14 @@ pub(crate) async fn run(
     // Noted before the exchanges hear it, so a door that heard it finds it in the report.
     if let Err(error) = &flushed {
         ctx.not_saved_at_stop(&name, error.clone());
+        for (_, answer) in &mut held {
+            answer.error = Some(format!(
+                "answered, but the host stopped before the store took the conversation's \
+                 history: {error}"
+            ));
+        }
     }
+    answer_forwarded(&ctx, held).await;
     audience.end_all(flushed.as_ref().map(drop).map_err(String::as_str));
     // Reports that arrived as the channel closed are kept, not dropped.
     let carried = batches.carried.take();
@@ -306,27 +332,31 @@ async fn flush(
     Err(last)
 }
 
-/// Leaves `answer` for each of `inputs` another host forwarded, while this host may still
-/// act for the conversation; otherwise that host hears nothing, and says so in time.
-async fn answer_forwarded(ctx: &Context, inputs: &[ChannelInput], answer: &Answer) {
-    if !ctx.run().is_live() {
+/// The numbers of the `inputs` another host forwarded.
+fn forwarded_ids(inputs: &[ChannelInput]) -> impl Iterator<Item = ForwardId> + '_ {
+    inputs.iter().filter_map(|input| match input {
+        ChannelInput::User {
+            forwarded: Some(id),
+            ..
+        } => Some(*id),
+        _ => None,
+    })
+}
+
+/// Leaves each answer for the host that forwarded its message, once the history holding
+/// it is stored and while this host may still act for the conversation; otherwise that
+/// host hears nothing, and says so in time.
+async fn answer_forwarded(ctx: &Context, answers: Vec<(ForwardId, Answer)>) {
+    if answers.is_empty() || !ctx.run().is_live() {
         return;
     }
     let redactor = ctx.redactor();
-    let answer = &Answer {
-        reply: redactor.redact(&answer.reply).into_owned(),
-        error: answer
-            .error
-            .as_deref()
-            .map(|e| redactor.redact(e).into_owned()),
-    };
-    for input in inputs {
-        if let ChannelInput::User {
-            forwarded: Some(id),
-            ..
-        } = input
-            && let Err(err) = ctx.services.sessions.answer(*id, answer).await
-        {
+    for (id, answer) in answers {
+        let answer = Answer {
+            reply: redactor.redact(&answer.reply).into_owned(),
+            error: answer.error.map(|e| redactor.redact_owned(e)),
+        };
+        if let Err(err) = ctx.services.sessions.answer(id, &answer).await {
             tracing::warn!(forwarded = %id, "cannot leave the answer for the host that forwarded the message: {err}");
         }
     }

@@ -11,12 +11,63 @@
 //! writes it again ([`limits.store_retry_ms`](crate::config::AgentLimits::store_retry));
 //! the door decides what to tell its client meanwhile.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
 use super::events::Event;
+use crate::ids::MessageKey;
 use crate::services::{ForwardId, RunId};
+
+/// A user's message as a door sends it: its text and, if the client gave one, its
+/// idempotency key.
+///
+/// ```
+/// use capstan_host::agent::UserMessage;
+///
+/// let plain = UserMessage::from("hello");
+/// assert_eq!((plain.text.as_str(), plain.key), ("hello", None));
+/// let keyed = UserMessage::keyed("hello", "retry-7".parse().unwrap());
+/// assert_eq!(keyed.key.unwrap().as_str(), "retry-7");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserMessage {
+    /// What the user says.
+    pub text: String,
+    /// The client's idempotency key: a message sent again with it is answered again, not
+    /// taken again.
+    pub key: Option<MessageKey>,
+}
+
+impl UserMessage {
+    /// `text` with the client's idempotency key `key`.
+    pub fn keyed(text: impl Into<String>, key: MessageKey) -> Self {
+        UserMessage {
+            text: text.into(),
+            key: Some(key),
+        }
+    }
+}
+
+impl From<&str> for UserMessage {
+    fn from(text: &str) -> Self {
+        UserMessage {
+            text: text.to_owned(),
+            key: None,
+        }
+    }
+}
+
+impl From<String> for UserMessage {
+    fn from(text: String) -> Self {
+        UserMessage { text, key: None }
+    }
+}
+
+/// Answers to keyed messages a conversation keeps in memory, most recent last: a message
+/// sent again with a key past these is answered from the stored history instead.
+const ANSWERS_KEPT: usize = 1024;
 
 /// One part of a conversation's answer to a message, in order.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,6 +85,13 @@ pub enum ReplyPart {
     /// Something the conversation's processes did: a tool call or denial, a worker or
     /// branch starting, progressing or ending, a compaction.
     Activity(Event),
+    /// The conversation took a message with this idempotency key before: this one is not
+    /// taken again (nothing new is stored), and the answer that one got follows (the rest
+    /// of it, while it is still being answered).
+    Repeated {
+        /// The key.
+        key: MessageKey,
+    },
     /// The store refused the conversation's history: what was answered is kept in the host
     /// and written again until the store takes it. The exchange ends once it does.
     NotYetStored {
@@ -127,13 +185,15 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    /// An exchange and the sending end its conversation holds.
-    pub(crate) fn new() -> (Listener, Exchange) {
+    /// An exchange for a message with `key` (if any) and the sending end its
+    /// conversation holds.
+    pub(crate) fn new(key: Option<MessageKey>) -> (Listener, Exchange) {
         let (tx, parts) = mpsc::unbounded_channel();
         let listener = Listener {
             tx,
+            key,
             failed: None,
-            replied: false,
+            replies: Vec::new(),
             told_unstored: false,
         };
         (
@@ -162,10 +222,12 @@ impl Exchange {
 #[derive(Debug)]
 pub(crate) struct Listener {
     tx: mpsc::UnboundedSender<ReplyPart>,
+    /// Its message's idempotency key.
+    key: Option<MessageKey>,
     /// The model's error, if a turn of the exchange failed.
     failed: Option<String>,
-    /// Whether a reply was delivered.
-    replied: bool,
+    /// The replies delivered so far.
+    replies: Vec<String>,
     /// Whether it was told the store refused the history.
     told_unstored: bool,
 }
@@ -193,6 +255,29 @@ struct Attached {
     listeners: Vec<Listener>,
     /// The store's error while the conversation's history is not stored.
     unsaved: Option<String>,
+    /// The replies of the last [`ANSWERS_KEPT`] keyed exchanges that ended stored.
+    answered: HashMap<MessageKey, Vec<String>>,
+    /// Their keys, oldest first.
+    answered_order: VecDeque<MessageKey>,
+}
+
+impl Attached {
+    /// Keeps the replies of keyed `listener`, which ended stored.
+    fn keep_answer(&mut self, listener: &Listener) {
+        let Some(key) = &listener.key else { return };
+        if self
+            .answered
+            .insert(key.clone(), listener.replies.clone())
+            .is_none()
+        {
+            self.answered_order.push_back(key.clone());
+        }
+        while self.answered_order.len() > ANSWERS_KEPT {
+            if let Some(old) = self.answered_order.pop_front() {
+                self.answered.remove(&old);
+            }
+        }
+    }
 }
 
 impl Audience {
@@ -223,11 +308,47 @@ impl Audience {
         }
     }
 
+    /// Answers `listener`, whose message has a key the conversation took before: with
+    /// the answer of the exchange of that key still under way (joining it for the rest),
+    /// or kept from one that ended, or else `stored` (read from the history).
+    pub(crate) fn repeat(&self, mut listener: Listener, stored: impl FnOnce() -> Vec<String>) {
+        let Some(key) = listener.key.clone() else {
+            return self.attach(listener);
+        };
+        listener.send(ReplyPart::Repeated { key: key.clone() });
+        let mut attached = self.lock();
+        let under_way = attached
+            .listeners
+            .iter()
+            .find(|l| l.key.as_ref() == Some(&key))
+            .map(|l| (l.replies.clone(), l.failed.clone()));
+        let (replies, ended) = match (under_way, attached.answered.get(&key)) {
+            (Some((replies, failed)), _) => {
+                listener.failed = failed;
+                (replies, false)
+            }
+            (None, Some(replies)) => (replies.clone(), true),
+            (None, None) => (stored(), true),
+        };
+        for text in &replies {
+            listener.send(ReplyPart::Reply {
+                text: text.clone(),
+                streamed: false,
+            });
+        }
+        listener.replies = replies;
+        if ended {
+            listener.end(End::Complete);
+        } else {
+            attached.listeners.push(listener);
+        }
+    }
+
     /// Sends a delivered reply to every attached exchange.
     pub(crate) fn reply(&self, text: &str, streamed: bool) {
         let mut attached = self.lock();
         for listener in &mut attached.listeners {
-            listener.replied = true;
+            listener.replies.push(text.to_owned());
             listener.send(ReplyPart::Reply {
                 text: text.to_owned(),
                 streamed,
@@ -274,9 +395,11 @@ impl Audience {
         if attached.unsaved.is_some() || !idle() {
             return;
         }
-        for listener in attached.listeners.drain(..) {
-            let end = match (&listener.failed, listener.replied) {
-                (Some(error), false) => End::Failed {
+        let ended: Vec<Listener> = attached.listeners.drain(..).collect();
+        for listener in ended {
+            attached.keep_answer(&listener);
+            let end = match (&listener.failed, listener.replies.is_empty()) {
+                (Some(error), true) => End::Failed {
                     error: error.clone(),
                 },
                 _ => End::Complete,
@@ -321,7 +444,7 @@ mod tests {
     #[test]
     fn an_exchange_ends_only_once_idle_and_stored() {
         let audience = Audience::default();
-        let (listener, mut exchange) = Exchange::new();
+        let (listener, mut exchange) = Exchange::new(None);
         audience.attach(listener);
         audience.reply("hello", false);
         audience.not_stored("database down");
@@ -352,11 +475,11 @@ mod tests {
     #[test]
     fn a_failure_with_no_reply_ends_failed_and_one_with_a_reply_complete() {
         let audience = Audience::default();
-        let (failed, mut failed_exchange) = Exchange::new();
+        let (failed, mut failed_exchange) = Exchange::new(None);
         audience.attach(failed);
         audience.model_failed("timed out");
         audience.end_if_settled(|| true);
-        let (answered, mut answered_exchange) = Exchange::new();
+        let (answered, mut answered_exchange) = Exchange::new(None);
         audience.attach(answered);
         audience.model_failed("timed out");
         audience.reply("late but here", true);
@@ -375,13 +498,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_message_dropped_untaken_ends_lost_and_a_stop_says_what_was_stored() {
-        let (listener, mut exchange) = Exchange::new();
+        let (listener, mut exchange) = Exchange::new(None);
         drop(listener);
         assert_eq!(exchange.next().await, Some(ReplyPart::End(End::Lost)));
         assert_eq!(exchange.next().await, None);
 
         let audience = Audience::default();
-        let (kept, mut kept_exchange) = Exchange::new();
+        let (kept, mut kept_exchange) = Exchange::new(None);
         audience.attach(kept);
         audience.end_all(Err("disk full"));
         assert_eq!(

@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::{Notify, Semaphore, mpsc};
 
-use super::exchange::{Audience, Listener};
+use super::exchange::{Audience, Listener, UserMessage};
 use super::notifications::{Notification, NotificationKind};
-use crate::ids::ProcessId;
+use crate::ids::{MessageKey, ProcessId};
 use crate::llm::Message;
 use crate::services::{Epoch, ForwardId, Forwarded};
 
@@ -20,10 +20,12 @@ pub(crate) enum ChannelInput {
     User {
         /// The message.
         text: String,
+        /// The client's idempotency key, if it gave one.
+        key: Option<MessageKey>,
         /// Its number, if another host forwarded it.
         forwarded: Option<ForwardId>,
         /// The exchange waiting for its answer, if a door sent it through one.
-        exchange: Option<Listener>,
+        exchange: Option<Box<Listener>>,
     },
     /// A worker's or branch's report.
     Result {
@@ -46,18 +48,28 @@ impl ChannelInput {
     pub(crate) fn user(text: impl Into<String>) -> Self {
         ChannelInput::User {
             text: text.into(),
+            key: None,
             forwarded: None,
             exchange: None,
         }
     }
 
-    /// A message from the user, sent to this host through an exchange that waits for its
+    /// `message` from the user, sent to this host through an exchange that waits for its
     /// answer.
-    pub(crate) fn exchange(text: impl Into<String>, exchange: Listener) -> Self {
+    pub(crate) fn exchange(message: UserMessage, exchange: Listener) -> Self {
         ChannelInput::User {
-            text: text.into(),
+            text: message.text,
+            key: message.key,
             forwarded: None,
-            exchange: Some(exchange),
+            exchange: Some(Box::new(exchange)),
+        }
+    }
+
+    /// The idempotency key of a user's message, if it has one.
+    pub(crate) fn key(&self) -> Option<&MessageKey> {
+        match self {
+            ChannelInput::User { key, .. } => key.as_ref(),
+            _ => None,
         }
     }
 
@@ -65,8 +77,9 @@ impl ChannelInput {
     /// `number`.
     pub(crate) fn forwarded(number: ForwardId, message: Forwarded) -> Self {
         match message {
-            Forwarded::User { text } => ChannelInput::User {
+            Forwarded::User { text, key } => ChannelInput::User {
                 text,
+                key,
                 forwarded: Some(number),
                 exchange: None,
             },
@@ -94,7 +107,10 @@ impl ChannelInput {
     /// The history message for this input.
     pub(crate) fn message(&self) -> Message {
         match self {
-            ChannelInput::User { text, .. } => Message::user(text.clone()),
+            ChannelInput::User { text, key, .. } => Message {
+                key: key.clone(),
+                ..Message::user(text.clone())
+            },
             ChannelInput::Result { source, text, .. } => {
                 Message::user(format!("[{source}] {text}"))
             }

@@ -26,6 +26,7 @@ mod inbox;
 mod notifications;
 mod process_calls;
 mod prompts;
+mod repeats;
 mod reports;
 mod reservations;
 mod runtime;
@@ -37,7 +38,7 @@ mod worker;
 
 pub use context::{ConversationError, OwnedElsewhere, SpawnOutcome};
 pub use events::{Event, TurnEnding};
-pub use exchange::{End, Exchange, ReplyPart};
+pub use exchange::{End, Exchange, ReplyPart, UserMessage};
 pub use notifications::NotificationKind;
 pub use supervisor::{ShuttingDown, TooManyConversations};
 

@@ -8,7 +8,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::context::{BranchSpec, Context, ConversationError, SpawnOutcome, Starter, WorkerSpec};
 use super::events::Event;
-use super::exchange::{End, Exchange, Listener, ReplyPart};
+use super::exchange::{End, Exchange, Listener, ReplyPart, UserMessage};
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::reservations::Reservation;
 use super::stop::{NotSaved, StopReport};
@@ -170,7 +170,7 @@ impl Runtime {
                 Ok(Sent::Here)
             }
             Err(ConversationError::OwnedElsewhere(elsewhere)) => {
-                let number = self.forward(id, text, elsewhere.owner).await?;
+                let number = self.forward(id, text.into(), elsewhere.owner).await?;
                 Ok(Sent::Forwarded {
                     owner: elsewhere.owner,
                     number,
@@ -211,17 +211,18 @@ impl Runtime {
     pub async fn exchange(
         &self,
         id: &ProcessId,
-        text: &str,
+        message: impl Into<UserMessage>,
     ) -> Result<Exchange, ConversationError> {
-        let (listener, exchange) = Exchange::new();
+        let message = message.into();
+        let (listener, exchange) = Exchange::new(message.key.clone());
         match self.ctx.conversation(id).await {
             Ok(handle) => {
                 // Refused only if the conversation closed meanwhile: the exchange then
                 // ends lost, as its listener drops untaken.
-                handle.send(ChannelInput::exchange(text, listener));
+                handle.send(ChannelInput::exchange(message, listener));
             }
             Err(ConversationError::OwnedElsewhere(elsewhere)) => {
-                let number = self.forward(id, text, elsewhere.owner).await?;
+                let number = self.forward(id, message, elsewhere.owner).await?;
                 listener.send(ReplyPart::Activity(Event::Forwarded {
                     channel: id.clone(),
                     owner: elsewhere.owner,
@@ -249,15 +250,17 @@ impl Runtime {
         self.ctx.stop.report()
     }
 
-    /// Forwards `text` to the inbox of `owner`, the run that answers conversation `id`.
+    /// Forwards `message` to the inbox of `owner`, the run that answers conversation
+    /// `id`.
     async fn forward(
         &self,
         id: &ProcessId,
-        text: &str,
+        message: UserMessage,
         owner: RunId,
     ) -> Result<ForwardId, ConversationError> {
         let message = Forwarded::User {
-            text: text.to_owned(),
+            text: message.text,
+            key: message.key,
         };
         let number = self
             .ctx

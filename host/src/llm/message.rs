@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::ToolCallId;
+use crate::ids::{MessageKey, ToolCallId};
 
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +34,10 @@ pub struct Message {
     /// For a tool message: the call it answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<ToolCallId>,
+    /// For a user's message: the client's idempotency key, kept with it in the history
+    /// so the message is taken once. Never sent to a model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<MessageKey>,
 }
 
 impl Message {
@@ -59,6 +63,7 @@ impl Message {
             content: content.into(),
             tool_calls: Vec::new(),
             tool_call_id: Some(call_id.into()),
+            key: None,
         }
     }
 
@@ -68,6 +73,7 @@ impl Message {
             content: content.into(),
             tool_calls: Vec::new(),
             tool_call_id: None,
+            key: None,
         }
     }
 }

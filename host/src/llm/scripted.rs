@@ -128,6 +128,7 @@ impl Provider for ScriptedProvider {
                     content: step.reply.clone().unwrap_or_default(),
                     tool_calls,
                     tool_call_id: None,
+                    key: None,
                 },
                 tokens: None,
             })

@@ -332,6 +332,7 @@ mod tests {
         for n in 0..3 {
             let message = Forwarded::User {
                 text: n.to_string(),
+                key: None,
             };
             let (_, forwarded) = tokio::join!(
                 a.inbox_wakeup_within(never),

@@ -337,7 +337,10 @@ mod tests {
     use crate::services::{History, Ledger, Run, WorkerState};
 
     fn user(text: &str) -> Forwarded {
-        Forwarded::User { text: text.into() }
+        Forwarded::User {
+            text: text.into(),
+            key: None,
+        }
     }
 
     /// Two hosts on one fresh database, each with a live run.

@@ -70,24 +70,45 @@ impl TestCluster {
                 "--locale=C.UTF-8",
             ],
         );
+        cluster.start_server();
+        cluster
+    }
+
+    /// Starts the server (again, after [`TestCluster::stop`]): an outage ends.
+    pub fn start_server(&self) {
         let options = format!(
             "-c listen_addresses='' -k {} -c fsync=on",
-            cluster.dir.path().display()
+            self.dir.path().display()
         );
-        cluster.run(
+        self.run(
             "pg_ctl",
             &[
                 "-D",
-                &cluster.data().display().to_string(),
+                &self.data().display().to_string(),
                 "-o",
                 &options,
                 "-l",
-                &cluster.dir.path().join("server.log").display().to_string(),
+                &self.dir.path().join("server.log").display().to_string(),
                 "-w",
                 "start",
             ],
         );
-        cluster
+    }
+
+    /// Stops the server with a fast shutdown: every open connection is cut and no new one
+    /// is taken until [`TestCluster::start_server`], as in a database outage.
+    pub fn stop(&self) {
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.data().display().to_string(),
+                "-m",
+                "fast",
+                "-w",
+                "stop",
+            ],
+        );
     }
 
     fn data(&self) -> PathBuf {

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use super::app::App;
+use super::app::{App, user_message};
 use super::auth::Caller;
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
 use crate::agent::HOST_TOOLS;
@@ -145,6 +145,11 @@ pub(crate) struct PostMessage {
     /// reply; by default the message is accepted and the reply follows on `/v1/events`.
     #[serde(default)]
     wait: bool,
+    /// The client's idempotency key (or the `Idempotency-Key` header): a message sent
+    /// again with the key of one the conversation took is not taken again; the answer it
+    /// got is given again, with `repeated`. 1 to 255 visible ASCII characters.
+    #[serde(default)]
+    idempotency_key: Option<String>,
 }
 
 /// A message accepted, or answered.
@@ -170,11 +175,15 @@ pub(crate) struct MessageResult {
     /// What a client should know of an outcome other than `stored`.
     #[serde(skip_serializing_if = "Option::is_none")]
     note: Option<String>,
+    /// With `wait`: true if the message was sent before with its idempotency key (it was
+    /// not taken again; this is the answer it got).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    repeated: bool,
 }
 
 /// `POST /v1/channels/{name}/messages`: says something in a conversation.
 #[utoipa::path(post, path = "/v1/channels/{name}/messages", tag = "chat",
-    params(("name" = String, Path, description = "The conversation's name"), KindQuery),
+    params(("name" = String, Path, description = "The conversation's name"), KindQuery, ("Idempotency-Key" = Option<String>, Header, description = "The message's idempotency key, as `idempotency_key`")),
     request_body = PostMessage,
     responses((status = 202, body = MessageResult, description = "Accepted (the reply follows on /v1/events); with `wait`, answered but not yet stored, interrupted, or pending on another host, as `outcome` says"),
         (status = 200, body = MessageResult, description = "With `wait`: answered, and stored"),
@@ -185,6 +194,7 @@ pub(crate) async fn post_message(
     caller: Caller,
     ApiPath(name): ApiPath<String>,
     ApiQuery(kind): ApiQuery<KindQuery>,
+    headers: axum::http::HeaderMap,
     ApiJson(body): ApiJson<PostMessage>,
 ) -> Result<Response, ApiError> {
     let id = conversation(&name, &kind)?;
@@ -196,9 +206,11 @@ pub(crate) async fn post_message(
     if body.text.trim().is_empty() {
         return Err(ApiError::invalid("`text` is empty").param("text"));
     }
+    let message = user_message(body.text, &headers, body.idempotency_key)?;
     if !body.wait {
+        // The exchange goes on without this request: its answer follows on /v1/events.
         app.runtime
-            .send_to(&id, &body.text)
+            .exchange(&id, message)
             .await
             .map_err(|err| ApiError::unavailable(err.to_string()))?;
         let accepted = MessageResult {
@@ -207,10 +219,11 @@ pub(crate) async fn post_message(
             events: None,
             outcome: None,
             note: None,
+            repeated: false,
         };
         return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
     }
-    let answered = app.exchange(id.clone(), body.text).await?;
+    let answered = app.exchange(id.clone(), message).await?;
     let status = answered.outcome.status();
     let result = MessageResult {
         channel: id.to_string(),
@@ -218,6 +231,7 @@ pub(crate) async fn post_message(
         events: Some(answered.events),
         outcome: Some(answered.outcome.name()),
         note: answered.outcome.note(),
+        repeated: answered.repeated,
     };
     Ok((status, Json(result)).into_response())
 }

@@ -11,8 +11,8 @@ use super::branches::Branches;
 use super::error::ApiError;
 use super::hub::EventHub;
 use super::turn::{self, TurnItem, TurnLocks};
-use crate::agent::{End, ReplyPart, Runtime};
-use crate::ids::ProcessId;
+use crate::agent::{End, ReplyPart, Runtime, UserMessage};
+use crate::ids::{MessageKey, ProcessId};
 use crate::plugin::Registry;
 use crate::secrets::Redactor;
 
@@ -32,6 +32,40 @@ pub(crate) struct App {
     pub(crate) completions: AtomicU64,
 }
 
+/// The header that carries a message's idempotency key.
+pub(crate) const IDEMPOTENCY_HEADER: &str = "idempotency-key";
+
+/// The user's message `text` with the idempotency key a client gave in the
+/// `Idempotency-Key` header or in the body's `idempotency_key` (`field`); both must agree.
+pub(crate) fn user_message(
+    text: String,
+    headers: &axum::http::HeaderMap,
+    field: Option<String>,
+) -> Result<UserMessage, ApiError> {
+    let header = headers
+        .get(IDEMPOTENCY_HEADER)
+        .map(|value| {
+            value
+                .to_str()
+                .map(str::to_owned)
+                .map_err(|_| ApiError::invalid("Idempotency-Key is not visible ASCII"))
+        })
+        .transpose()?;
+    let key = match (header, field) {
+        (Some(header), Some(field)) if header != field => {
+            return Err(ApiError::invalid(
+                "the Idempotency-Key header and `idempotency_key` differ; send one, or the same",
+            )
+            .param("idempotency_key"));
+        }
+        (Some(key), _) | (None, Some(key)) => Some(key.parse::<MessageKey>().map_err(|why| {
+            ApiError::invalid(format!("Idempotency-Key: {why}")).param("idempotency_key")
+        })?),
+        (None, None) => None,
+    };
+    Ok(UserMessage { text, key })
+}
+
 /// A whole exchange: the reply, what happened, and how it ended.
 pub(crate) struct Answered {
     /// Every reply of the exchange, set off by blank lines.
@@ -40,6 +74,9 @@ pub(crate) struct Answered {
     pub(crate) events: Vec<Value>,
     /// Whether what the exchange did is stored.
     pub(crate) outcome: Outcome,
+    /// Whether the message was sent before with its idempotency key: answered again,
+    /// not taken again.
+    pub(crate) repeated: bool,
 }
 
 /// How an answered exchange stands.
@@ -102,13 +139,13 @@ impl Outcome {
 }
 
 impl App {
-    /// Starts an exchange: `text` to `conversation`; its items come on the receiver.
+    /// Starts an exchange: `message` to `conversation`; its items come on the receiver.
     pub(crate) fn start_exchange(
         &self,
         conversation: ProcessId,
-        text: String,
+        message: UserMessage,
     ) -> tokio::sync::mpsc::UnboundedReceiver<TurnItem> {
-        turn::start(self.runtime.clone(), &self.turns, conversation, text)
+        turn::start(self.runtime.clone(), &self.turns, conversation, message)
     }
 
     /// Runs an exchange to its end. Errors say what happened to the message: refused or
@@ -118,11 +155,12 @@ impl App {
     pub(crate) async fn exchange(
         &self,
         conversation: ProcessId,
-        text: String,
+        message: UserMessage,
     ) -> Result<Answered, ApiError> {
-        let mut items = self.start_exchange(conversation, text);
+        let mut items = self.start_exchange(conversation, message);
         let mut replies: Vec<String> = Vec::new();
         let mut events = Vec::new();
+        let mut repeated = false;
         let outcome = loop {
             let Some(item) = items.recv().await else {
                 return Err(ApiError::internal("the exchange ended without saying how"));
@@ -139,6 +177,10 @@ impl App {
                 }
                 ReplyPart::Activity(event) => {
                     events.push(serde_json::to_value(&event).unwrap_or(Value::Null));
+                    continue;
+                }
+                ReplyPart::Repeated { .. } => {
+                    repeated = true;
                     continue;
                 }
                 ReplyPart::Text(_) | ReplyPart::NotYetStored { .. } => continue,
@@ -186,6 +228,7 @@ impl App {
             reply: replies.join("\n\n"),
             events,
             outcome,
+            repeated,
         })
     }
 }

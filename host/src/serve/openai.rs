@@ -22,11 +22,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::ToSchema;
 
-use super::app::App;
+use super::app::{App, user_message};
 use super::auth::Caller;
 use super::error::{ApiError, ApiJson, ErrorBody};
 use super::turn::TurnItem;
-use crate::agent::{End, ReplyPart};
+use crate::agent::{End, ReplyPart, UserMessage};
 use crate::config::TokenScope;
 use crate::ids::ProcessId;
 use crate::policy::ProcessKind;
@@ -200,12 +200,16 @@ pub(crate) struct Activity {
     /// What a client should know of an outcome other than `stored`.
     #[serde(skip_serializing_if = "Option::is_none")]
     note: Option<String>,
+    /// True if the message was sent before with its `Idempotency-Key` header: it was not
+    /// taken again, and this is the answer it got.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    repeated: bool,
 }
 
 /// `POST /v1/chat/completions`: a message to a conversation, and its reply.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
     request_body = ChatRequest,
-    params(("X-Capstan-Conversation" = Option<String>, Header, description = "The conversation")),
+    params(("X-Capstan-Conversation" = Option<String>, Header, description = "The conversation"), ("Idempotency-Key" = Option<String>, Header, description = "The message's idempotency key: sent again with it, the message is answered again, not taken again")),
     responses((status = 200, body = ChatCompletion, description = "The reply; with `stream`, `text/event-stream` of `chat.completion.chunk`s ending in `[DONE]`"),
         (status = 400, body = ErrorBody, description = "Bad input; the message names the field and what it takes"), (status = 404, body = ErrorBody, description = "No such conversation or model"),
         (status = 502, body = ErrorBody, description = "The model failed; the message says how")))]
@@ -263,10 +267,11 @@ pub(crate) async fn chat_completions(
         app.completions.fetch_add(1, Ordering::Relaxed) + 1
     );
     let created = crate::services::now();
+    let message = user_message(text, &headers, None)?;
     if request.stream {
-        return Ok(stream(app, conversation, text, id, request.model, created).into_response());
+        return Ok(stream(app, conversation, message, id, request.model, created).into_response());
     }
-    let answered = app.exchange(conversation.clone(), text).await?;
+    let answered = app.exchange(conversation.clone(), message).await?;
     let status = answered.outcome.status();
     let completion = ChatCompletion {
         id,
@@ -287,6 +292,7 @@ pub(crate) async fn chat_completions(
             events: answered.events,
             outcome: answered.outcome.name(),
             note: answered.outcome.note(),
+            repeated: answered.repeated,
         },
     };
     Ok((status, Json(completion)).into_response())
@@ -297,12 +303,12 @@ pub(crate) async fn chat_completions(
 fn stream(
     app: Arc<App>,
     conversation: ProcessId,
-    text: String,
+    message: UserMessage,
     id: String,
     model: String,
     created: i64,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
-    let items = app.start_exchange(conversation, text);
+    let items = app.start_exchange(conversation, message);
     let chunk = move |delta: Value, finish: Option<&str>, extra: Option<(&str, Value)>| {
         let mut chunk = json!({
             "id": id,
@@ -436,6 +442,14 @@ impl Streaming {
                         ));
                     }
                     Some(TurnItem::Part(ReplyPart::NotYetStored { .. })) => {}
+                    Some(TurnItem::Part(ReplyPart::Repeated { key })) => {
+                        let repeated = json!({"type": "repeated", "key": key});
+                        return Some((self.chunk)(
+                            json!({}),
+                            None,
+                            Some(("capstan_event", repeated)),
+                        ));
+                    }
                     Some(TurnItem::Part(ReplyPart::End(end))) => return Some(self.end(end)),
                     Some(TurnItem::NotYetStored(_)) => {
                         self.phase = Phase::Done;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::agent::{Exchange, ReplyPart, Runtime};
+use crate::agent::{Exchange, ReplyPart, Runtime, UserMessage};
 use crate::ids::ProcessId;
 
 /// What an exchange reports, in order; the last is an [`ReplyPart::End`], a
@@ -45,22 +45,22 @@ impl TurnLocks {
     }
 }
 
-/// Starts an exchange: `text` to `conversation`, its items on the returned channel. The
+/// Starts an exchange: `message` to `conversation`, its items on the returned channel. The
 /// exchange holds its conversation's lock to its end even if the receiver goes away (the
 /// message was sent; its turn finishes and is stored either way).
 pub(crate) fn start(
     runtime: Arc<Runtime>,
     locks: &TurnLocks,
     conversation: ProcessId,
-    text: String,
+    message: UserMessage,
 ) -> mpsc::UnboundedReceiver<TurnItem> {
     let (tx, rx) = mpsc::unbounded_channel();
     let lock = locks.lock_for(&conversation);
     let store_wait = runtime.config().limits.unstored_reply;
     tokio::spawn(async move {
-        let _turn = lock.lock().await;
-        match runtime.exchange(&conversation, &text).await {
-            Ok(exchange) => relay(exchange, store_wait, &tx).await,
+        let turn = lock.lock_owned().await;
+        match runtime.exchange(&conversation, message).await {
+            Ok(exchange) => relay(exchange, store_wait, &tx, turn).await,
             Err(err) => {
                 let _ = tx.send(TurnItem::Refused(err.to_string()));
             }
@@ -70,9 +70,16 @@ pub(crate) fn start(
 }
 
 /// Passes `exchange`'s parts on until it ends; once the store refused its history, for at
-/// most `store_wait` more before [`TurnItem::NotYetStored`] (the exchange goes on to its
-/// end, holding the conversation's lock).
-async fn relay(mut exchange: Exchange, store_wait: Duration, tx: &mpsc::UnboundedSender<TurnItem>) {
+/// most `store_wait` more before [`TurnItem::NotYetStored`]. `turn` (the conversation's
+/// lock) is held until the exchange ends, or until it is told not yet stored: its answer
+/// is whole by then, and the conversation goes on answering while the store is out.
+async fn relay(
+    mut exchange: Exchange,
+    store_wait: Duration,
+    tx: &mpsc::UnboundedSender<TurnItem>,
+    turn: tokio::sync::OwnedMutexGuard<()>,
+) {
+    let mut turn = Some(turn);
     let mut deadline = None;
     let mut told = false;
     loop {
@@ -82,6 +89,7 @@ async fn relay(mut exchange: Exchange, store_wait: Duration, tx: &mpsc::Unbounde
                     Ok(next) => next,
                     Err(_) => {
                         told = true;
+                        turn.take();
                         let error = "the store has not taken the conversation's history yet";
                         let _ = tx.send(TurnItem::NotYetStored(error.to_owned()));
                         continue;

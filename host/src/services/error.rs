@@ -35,3 +35,18 @@ pub enum ServiceError {
     #[error("the {0} operation did not finish: its worker thread stopped")]
     Lost(&'static str),
 }
+
+impl ServiceError {
+    /// Whether the same request may succeed later unchanged: the backend failed (a
+    /// server down, its connection slots taken, a locked or full disk), not the request.
+    ///
+    /// ```
+    /// use capstan_host::services::ServiceError;
+    ///
+    /// assert!(ServiceError::Backend("connection refused".into()).is_transient());
+    /// assert!(!ServiceError::Invalid("fenced".into()).is_transient());
+    /// ```
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ServiceError::Backend(_) | ServiceError::Lost(_))
+    }
+}

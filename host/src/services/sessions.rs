@@ -83,6 +83,9 @@ pub enum Forwarded {
     User {
         /// Its text.
         text: String,
+        /// The client's idempotency key, if it gave one: the owner takes the message once.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<crate::ids::MessageKey>,
     },
     /// A worker of the conversation was lost with its host (killed, or cut off past its
     /// lease): it was marked interrupted and is never run again.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use async_trait::async_trait;
-use capstan_host::agent::{End, Exchange, ReplyPart, Runtime};
+use capstan_host::agent::{End, Exchange, ReplyPart, Runtime, UserMessage};
 use capstan_host::app::AgentBuilder;
 use capstan_host::config::{Config, ProviderSettings};
 use capstan_host::ids::ProcessId;
@@ -365,4 +365,184 @@ async fn the_doors_answer_200_only_for_what_is_stored_and_202_not_yet_stored_oth
         .collect();
     assert_eq!(users.len(), 2, "{users:?}");
     assert!(users[0].contains("\"hello\"") && users[1].contains("hello once more"));
+}
+
+/// The parts of `exchange` to its end.
+async fn all_parts(mut exchange: Exchange) -> Vec<ReplyPart> {
+    let mut parts = Vec::new();
+    while let Some(part) = exchange.next().await {
+        parts.push(part);
+    }
+    parts
+}
+
+fn replies(parts: &[ReplyPart]) -> Vec<&str> {
+    parts
+        .iter()
+        .filter_map(|p| match p {
+            ReplyPart::Reply { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn keyed(text: &str, key: &str) -> UserMessage {
+    UserMessage::keyed(text, key.parse().unwrap())
+}
+
+#[tokio::test]
+async fn a_message_sent_again_with_its_key_is_answered_again_and_taken_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, _outage, stored) = agent(dir.path(), |_| {}).await;
+    let rt = agent.runtime;
+    let first = all_parts(
+        rt.exchange(&main_channel(), keyed("hello", "k-1"))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(replies(&first), ["Hi there."]);
+    assert!(
+        !first
+            .iter()
+            .any(|p| matches!(p, ReplyPart::Repeated { .. }))
+    );
+    // Sent again after its answer: answered again from what the conversation keeps.
+    let again = all_parts(
+        rt.exchange(&main_channel(), keyed("hello", "k-1"))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        again[0],
+        ReplyPart::Repeated {
+            key: "k-1".parse().unwrap()
+        }
+    );
+    assert_eq!(replies(&again), ["Hi there."]);
+    assert_eq!(again.last(), Some(&ReplyPart::End(End::Complete)));
+    // Sent twice at once: one is taken, both are answered.
+    let (a, b) = (
+        rt.exchange(&main_channel(), keyed("hello twice", "k-2"))
+            .await
+            .unwrap(),
+        rt.exchange(&main_channel(), keyed("hello twice", "k-2"))
+            .await
+            .unwrap(),
+    );
+    let (a, b) = tokio::join!(all_parts(a), all_parts(b));
+    assert_eq!(
+        (replies(&a), replies(&b)),
+        (vec!["Hi there."], vec!["Hi there."])
+    );
+    assert_eq!(a.last(), Some(&ReplyPart::End(End::Complete)));
+    assert_eq!(b.last(), Some(&ReplyPart::End(End::Complete)));
+    assert_eq!(stored_with(&stored, "channel:main", "\"hello\"").await, 1);
+    assert_eq!(stored_with(&stored, "channel:main", "hello twice").await, 1);
+    // A new key, or none, is a new message.
+    let plain = all_parts(rt.exchange(&main_channel(), "hello").await.unwrap()).await;
+    assert!(
+        !plain
+            .iter()
+            .any(|p| matches!(p, ReplyPart::Repeated { .. }))
+    );
+    assert_eq!(stored_with(&stored, "channel:main", "\"hello\"").await, 2);
+
+    // After a restart the key is still known: it rests with the message in the history.
+    let report = rt.stop_report();
+    rt.shutdown();
+    drop(rt);
+    drop(agent.registry);
+    drop(agent.events);
+    assert!(report.ended().await.is_empty());
+    let (agent, _outage, stored) = agent_on(dir.path()).await;
+    let rt = agent.runtime;
+    let after = all_parts(
+        rt.exchange(&main_channel(), keyed("hello", "k-1"))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        after[0],
+        ReplyPart::Repeated {
+            key: "k-1".parse().unwrap()
+        }
+    );
+    assert_eq!(replies(&after), ["Hi there."]);
+    assert_eq!(stored_with(&stored, "channel:main", "\"hello\"").await, 2);
+    rt.shutdown();
+}
+
+/// [`agent`] with the default settings, on the store `dir` already holds.
+async fn agent_on(
+    dir: &std::path::Path,
+) -> (capstan_host::app::Agent, Arc<Outage>, Arc<dyn History>) {
+    agent(dir, |_| {}).await
+}
+
+#[tokio::test]
+async fn the_http_doors_take_a_keyed_message_once_and_say_when_an_answer_is_repeated() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, _outage, stored) = agent(dir.path(), |_| {}).await;
+    let (url, _stop) = serve(agent).await;
+    let client = reqwest::Client::new();
+    let send = |key: &'static str| {
+        client
+            .post(format!("{url}/v1/channels/main/messages"))
+            .header("Idempotency-Key", key)
+            .json(&json!({"text": "hello", "wait": true}))
+            .send()
+    };
+    let first: Value = send("abc-1").await.unwrap().json().await.unwrap();
+    let again = send("abc-1").await.unwrap();
+    assert_eq!(again.status(), 200);
+    let again: Value = again.json().await.unwrap();
+    assert_eq!(first["reply"], again["reply"]);
+    assert_eq!(
+        (first.get("repeated"), &again["repeated"]),
+        (None, &json!(true))
+    );
+    assert_eq!(stored_with(&stored, "channel:main", "\"hello\"").await, 1);
+
+    let completion = |key: &'static str| {
+        client
+            .post(format!("{url}/v1/chat/completions"))
+            .header("Idempotency-Key", key)
+            .json(&json!({"model": "capstan", "messages": [{"role": "user", "content": "hello there"}]}))
+            .send()
+    };
+    let first: Value = completion("abc-2").await.unwrap().json().await.unwrap();
+    let again: Value = completion("abc-2").await.unwrap().json().await.unwrap();
+    assert_eq!(first["choices"][0]["message"]["content"], "Hi there.");
+    assert_eq!(again["choices"][0]["message"]["content"], "Hi there.");
+    assert_eq!(again["capstan"]["repeated"], true);
+    assert_eq!(stored_with(&stored, "channel:main", "hello there").await, 1);
+
+    // Two keys that disagree, or a key that is not one, are refused before anything is sent.
+    let refused = client
+        .post(format!("{url}/v1/channels/main/messages"))
+        .header("Idempotency-Key", "one")
+        .json(&json!({"text": "never sent", "idempotency_key": "two"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let body: Value = refused.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("differ"),
+        "{body}"
+    );
+    let refused = client
+        .post(format!("{url}/v1/channels/main/messages"))
+        .json(&json!({"text": "never sent", "idempotency_key": "has a space"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    assert_eq!(stored_with(&stored, "channel:main", "never sent").await, 0);
 }

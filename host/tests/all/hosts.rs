@@ -264,7 +264,10 @@ async fn messages_forwarded_to_a_host_that_went_away_are_answered_by_the_next() 
     let claim = gone.claim("channel:main", run.id()).await.unwrap();
     assert!(matches!(claim, Claim::Owned(_)));
     for text in ["one", "two"] {
-        let message = Forwarded::User { text: text.into() };
+        let message = Forwarded::User {
+            text: text.into(),
+            key: None,
+        };
         gone.forward("channel:main", &message).await.unwrap();
     }
     let terminal_run: i64 = admin(&url)
@@ -419,4 +422,49 @@ async fn a_worker_of_a_host_that_died_is_reported_to_its_conversation_as_failed_
     assert!(b.requests.try_recv().is_err(), "B never ran the worker");
     assert_eq!(b.runtime.live_workers(), 0);
     drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_message_forwarded_twice_is_taken_once_by_the_owner_and_answered_twice() {
+    use capstan_host::agent::{End, ReplyPart, UserMessage};
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database().await;
+    let (mut a, b) = (Host::start(&url).await, Host::start(&url).await);
+    a.answer_first("hi", "A answers hi").await;
+
+    let keyed = || UserMessage::keyed("order it", "order-1".parse().unwrap());
+    let main = ProcessId::channel("main");
+    let answer = async |exchange: capstan_host::agent::Exchange| {
+        let mut exchange = exchange;
+        let mut parts = Vec::new();
+        while let Some(part) = bounded("the forwarded answer", exchange.next()).await {
+            parts.push(part);
+        }
+        parts
+    };
+    let first = b.runtime.exchange(&main, keyed()).await.unwrap();
+    reply(a.request().await, "A orders it");
+    let first = answer(first).await;
+    assert!(
+        first.contains(&ReplyPart::Reply {
+            text: "A orders it".into(),
+            streamed: false
+        }),
+        "{first:?}"
+    );
+    assert_eq!(first.last(), Some(&ReplyPart::End(End::Complete)));
+    // The client retries through B: forwarded again, taken by nobody, answered the same.
+    let again = answer(b.runtime.exchange(&main, keyed()).await.unwrap()).await;
+    assert!(
+        again.contains(&ReplyPart::Reply {
+            text: "A orders it".into(),
+            streamed: false
+        }),
+        "{again:?}"
+    );
+    assert_eq!(again.last(), Some(&ReplyPart::End(End::Complete)));
+    assert!(a.requests.try_recv().is_err(), "A's model was asked once");
+    let stored = history(&url, "channel:main").await;
+    let taken = stored.iter().filter(|m| m.contains("order it")).count();
+    assert_eq!(taken, 1, "{stored:?}");
 }

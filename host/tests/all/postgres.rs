@@ -151,14 +151,20 @@ repeat = true
 
 impl ServeHost {
     fn start(db: &str, name: &str) -> ServeHost {
+        ServeHost::start_with(db, name, "[limits]\nsettle_ms = 0\n")
+    }
+
+    /// [`ServeHost::start`] with `limits` (a `[limits]` table) in its config.
+    fn start_with(db: &str, name: &str, limits: &str) -> ServeHost {
         use std::io::{BufRead, Read};
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("script.toml"), host_script(name)).unwrap();
         std::fs::write(
             dir.path().join("capstan.toml"),
-            "[provider]\nkind = \"scripted\"\nscript = \"script.toml\"\n\n\
-             [limits]\nsettle_ms = 0\n\n\
-             [store]\nkind = \"postgres\"\nurl_env = \"CAPSTAN_TEST_DATABASE_URL\"\n",
+            format!(
+                "[provider]\nkind = \"scripted\"\nscript = \"script.toml\"\n\n{limits}\n\
+                 [store]\nkind = \"postgres\"\nurl_env = \"CAPSTAN_TEST_DATABASE_URL\"\n"
+            ),
         )
         .unwrap();
         let mut child = capstan_command(dir.path(), &["serve", "--addr", "127.0.0.1:0"])
@@ -613,4 +619,110 @@ async fn capstan_run_on_a_conversation_another_host_answers_prints_that_hosts_an
     )
     .await;
     assert_eq!(stored, 1, "stored once, by the owner");
+}
+
+/// How a request of the accounting tests ended, from its client's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Heard {
+    /// 200: answered and stored.
+    Stored,
+    /// 202 `not_yet_stored`: answered, kept, to be stored once the store is back.
+    Pending,
+    /// Refused (503 and the like): nothing stored; retried with the same key.
+    Refused,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_a_database_outage_shorter_than_the_lease_every_acknowledged_message_is_stored_once()
+ {
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database().await;
+    let host = ServeHost::start_with(
+        &url,
+        "host-a",
+        "[limits]\nsettle_ms = 0\nstore_retry_ms = 100\nunstored_reply_secs = 1\n",
+    );
+    let client = reqwest::Client::new();
+    let send = async |i: usize| -> (Heard, String) {
+        let sent = client
+            .post(format!("{}/v1/channels/main/messages", host.url))
+            .header("Idempotency-Key", format!("key-{i}"))
+            .json(&serde_json::json!({ "text": format!("message {i}"), "wait": true }))
+            .send()
+            .await;
+        let Ok(response) = sent else {
+            return (Heard::Refused, "no response".into());
+        };
+        let status = response.status().as_u16();
+        let body: serde_json::Value = response.json().await.unwrap_or_default();
+        let heard = match (status, body["outcome"].as_str()) {
+            (200, Some("stored")) => Heard::Stored,
+            (202, Some("not_yet_stored")) => Heard::Pending,
+            (500.., _) => Heard::Refused,
+            _ => panic!("an answer outside the accounting: {status} {body}"),
+        };
+        (heard, body.to_string())
+    };
+    let mut heard = Vec::new();
+    // Before: every message answered and stored.
+    for i in 0..5 {
+        heard.push(send(i).await);
+    }
+    // The database goes away; messages go on until two were answered without it.
+    cluster.stop();
+    let mut i = 5;
+    while heard.iter().filter(|(h, _)| *h != Heard::Stored).count() < 2 {
+        heard.push(send(i).await);
+        i += 1;
+    }
+    cluster.start_server();
+    let end = i + 5;
+    while i < end {
+        heard.push(send(i).await);
+        i += 1;
+    }
+    // A refused message is sent again with its key until it is answered.
+    for (n, (h, _)) in heard.clone().iter().enumerate() {
+        if *h == Heard::Refused {
+            let (again, body) = send(n).await;
+            assert_eq!(again, Heard::Stored, "{body}");
+        }
+    }
+    let db = admin(&url).await;
+    until("every acknowledged message stored", async || {
+        let stored = conversation(&db).await;
+        let missing: Vec<usize> = (0..i)
+            .filter(|n| {
+                !stored
+                    .iter()
+                    .any(|(role, said)| role == "user" && *said == format!("message {n}"))
+            })
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{missing:?} of {heard:?}"))
+        }
+    })
+    .await;
+    let stored = conversation(&db).await;
+    assert_eq!(heard.len(), i);
+    for (n, (how, _)) in heard.iter().enumerate() {
+        let times = stored
+            .iter()
+            .filter(|(role, said)| role == "user" && *said == format!("message {n}"))
+            .count();
+        assert_eq!(times, 1, "message {n} ({how:?}) stored {times} times");
+    }
+    let mut table = std::collections::BTreeMap::new();
+    for (h, _) in &heard {
+        *table.entry(*h).or_insert(0) += 1;
+    }
+    assert!(
+        table.get(&Heard::Pending).copied().unwrap_or(0)
+            + table.get(&Heard::Refused).copied().unwrap_or(0)
+            >= 2
+    );
+    eprintln!("accounting (outage shorter than the lease): {table:?}, each stored once");
+    assert!(!host.log().contains("panicked"), "{}", host.log());
 }

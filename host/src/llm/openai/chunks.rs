@@ -175,6 +175,7 @@ impl Assembler {
                 content: self.content,
                 tool_calls,
                 tool_call_id: None,
+                key: None,
             },
             tokens: self.tokens,
         })

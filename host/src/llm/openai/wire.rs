@@ -101,6 +101,7 @@ pub(super) fn parse_completion(text: &str) -> Result<Completion, String> {
             content,
             tool_calls,
             tool_call_id: None,
+            key: None,
         },
         tokens,
     })
