@@ -62,3 +62,30 @@ def test_a_token_server_refuses_a_wrong_key_and_answers_the_right_one(server_wit
         model="capstan", messages=[{"role": "user", "content": "hello"}]
     )
     assert answer.choices[0].message.content == "Hi there."
+
+
+def test_a_retry_with_the_same_idempotency_key_is_answered_again_and_stored_once(server):
+    import json
+    import urllib.request
+
+    def ask():
+        return client(server).chat.completions.create(
+            model="capstan",
+            user="keyed",
+            messages=[{"role": "user", "content": "Please count the files."}],
+            extra_headers={"Idempotency-Key": "interop-retry-1"},
+        )
+
+    first = ask()
+    assert first.choices[0].message.content == WORKER_REPLY
+    assert first.model_extra["capstan"]["outcome"] == "stored"
+    assert "repeated" not in first.model_extra["capstan"]
+    # A client that never saw the answer retries, even across a restart of the server.
+    server.restart()
+    again = ask()
+    assert again.choices[0].message.content == WORKER_REPLY
+    assert again.model_extra["capstan"]["repeated"] is True
+    with urllib.request.urlopen(server.url + "/v1/channels/keyed/history") as response:
+        history = json.load(response)["messages"]
+    asked = [m for m in history if m["role"] == "user" and m["content"] == "Please count the files."]
+    assert len(asked) == 1, history
