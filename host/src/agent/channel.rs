@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 use super::compactor::compact_if_needed;
 use super::context::Context;
 use super::events::Event;
-use super::exchange::{Audience, ReplyPart};
+use super::exchange::{Audience, EndsOnDrop, ReplyPart};
 use super::host_tools::HostCall;
 use super::inbox::{ChannelHandle, ChannelInput, drain};
 use super::process_calls::ProcessCalls;
@@ -105,6 +105,8 @@ pub(crate) async fn run(
     // The channel's own plugin instances and audit rows, for its life.
     let calls = Arc::new(ProcessCalls::new(handle.audience.clone()));
     let audience = &handle.audience;
+    // After the loop ends every exchange itself, this finds none; after a panic, the rest.
+    let _ends = EndsOnDrop(audience.clone());
     let retry = ctx.config.limits.store_retry;
     let mut batches = Batches {
         inbox,
@@ -149,7 +151,7 @@ pub(crate) async fn run(
         // A message sent again with a key the conversation took is answered, not taken:
         // after the batch's own exchanges are attached, so one sent twice at once joins
         // the first.
-        let repeated = take_repeated(&mut inputs, &history);
+        let repeated = take_repeated(&mut inputs, &history, audience);
         for input in &mut inputs {
             if let ChannelInput::User { exchange, .. } = input
                 && let Some(listener) = exchange.take()
@@ -273,10 +275,8 @@ pub(crate) async fn run(
     if let Err(error) = &flushed {
         ctx.not_saved_at_stop(&name, error.clone());
         for (_, answer) in &mut held {
-            answer.error = Some(format!(
-                "answered, but the host stopped before the store took the conversation's \
-                 history: {error}"
-            ));
+            answer.error = Some(error.clone());
+            answer.outcome = crate::services::AnswerOutcome::NotStored;
         }
     }
     answer_forwarded(&ctx, held).await;
@@ -355,6 +355,7 @@ async fn answer_forwarded(ctx: &Context, answers: Vec<(ForwardId, Answer)>) {
         let answer = Answer {
             reply: redactor.redact(&answer.reply).into_owned(),
             error: answer.error.map(|e| redactor.redact_owned(e)),
+            outcome: answer.outcome,
         };
         if let Err(err) = ctx.services.sessions.answer(id, &answer).await {
             tracing::warn!(forwarded = %id, "cannot leave the answer for the host that forwarded the message: {err}");

@@ -18,7 +18,8 @@ use tokio::sync::mpsc;
 
 use super::events::Event;
 use crate::ids::MessageKey;
-use crate::services::{ForwardId, RunId};
+use crate::secrets::Redactor;
+use crate::services::{Answer, AnswerOutcome, ForwardId, RunId};
 
 /// A user's message as a door sends it: its text and, if the client gave one, its
 /// idempotency key.
@@ -125,8 +126,9 @@ pub enum End {
     },
     /// The message was not taken in (the host stopped first): nothing of it is stored.
     Lost,
-    /// The message went to the host that answers the conversation, which took it, but its
-    /// answer did not come while the door waited: it is answered there.
+    /// The message went to the host that answers the conversation, but its answer did not
+    /// come while the door waited: that host may answer it yet, or may have stopped first
+    /// (sent again with the same key, the message is answered, never taken twice).
     Pending {
         /// The message's number in that host's inbox.
         message: ForwardId,
@@ -138,13 +140,10 @@ pub enum End {
 }
 
 impl End {
-    /// Whether the exchange's work is done and stored (complete, or failed with the
-    /// message stored).
+    /// Whether what the exchange did is known to be stored (complete, failed or
+    /// interrupted with the message stored); a pending one is not known here.
     pub fn is_stored(&self) -> bool {
-        matches!(
-            self,
-            End::Complete | End::Failed { .. } | End::Interrupted | End::Pending { .. }
-        )
+        matches!(self, End::Complete | End::Failed { .. } | End::Interrupted)
     }
 }
 
@@ -169,9 +168,40 @@ impl std::fmt::Display for End {
                 reason,
             } => write!(
                 f,
-                "taken by {owner} as {message}, which answers it; the answer is pending: {reason}"
+                "forwarded to {owner} as {message}; its answer is pending: {reason}"
             ),
         }
+    }
+}
+
+/// What the owner of a conversation leaves for the host that forwarded a message:
+/// `replies` and how its exchange ended, redacted.
+pub(crate) fn answer_of(replies: &[String], end: &End, redactor: &Redactor) -> Answer {
+    let reply = redactor.redact_owned(replies.join("\n\n"));
+    let (error, outcome) = match end {
+        End::Complete => (None, AnswerOutcome::Stored),
+        End::Failed { error } => (Some(error.clone()), AnswerOutcome::Stored),
+        End::Interrupted => (None, AnswerOutcome::Interrupted),
+        End::NotStored { error } => (Some(error.clone()), AnswerOutcome::NotStored),
+        other => (Some(other.to_string()), AnswerOutcome::NotStored),
+    };
+    Answer {
+        reply,
+        error: error.map(|e| redactor.redact_owned(e)),
+        outcome,
+    }
+}
+
+/// How an exchange whose message was forwarded ends, by the `answer` its owner left.
+pub(crate) fn end_of(answer: &Answer) -> End {
+    let error = answer.error.clone().unwrap_or_default();
+    match answer.outcome {
+        AnswerOutcome::NotStored => End::NotStored { error },
+        AnswerOutcome::Interrupted => End::Interrupted,
+        AnswerOutcome::Stored if answer.error.is_some() && answer.reply.is_empty() => {
+            End::Failed { error }
+        }
+        AnswerOutcome::Stored => End::Complete,
     }
 }
 
@@ -255,8 +285,9 @@ struct Attached {
     listeners: Vec<Listener>,
     /// The store's error while the conversation's history is not stored.
     unsaved: Option<String>,
-    /// The replies of the last [`ANSWERS_KEPT`] keyed exchanges that ended stored.
-    answered: HashMap<MessageKey, Vec<String>>,
+    /// The replies of the last [`ANSWERS_KEPT`] keyed exchanges that ended stored, and
+    /// the model's error if they got none.
+    answered: HashMap<MessageKey, (Vec<String>, Option<String>)>,
     /// Their keys, oldest first.
     answered_order: VecDeque<MessageKey>,
 }
@@ -265,11 +296,8 @@ impl Attached {
     /// Keeps the replies of keyed `listener`, which ended stored.
     fn keep_answer(&mut self, listener: &Listener) {
         let Some(key) = &listener.key else { return };
-        if self
-            .answered
-            .insert(key.clone(), listener.replies.clone())
-            .is_none()
-        {
+        let answer = (listener.replies.clone(), listener.failed.clone());
+        if self.answered.insert(key.clone(), answer).is_none() {
             self.answered_order.push_back(key.clone());
         }
         while self.answered_order.len() > ANSWERS_KEPT {
@@ -308,28 +336,36 @@ impl Audience {
         }
     }
 
-    /// Answers `listener`, whose message has a key the conversation took before: with
-    /// the answer of the exchange of that key still under way (joining it for the rest),
-    /// or kept from one that ended, or else `stored` (read from the history).
+    /// Whether a keyed exchange with `key` is attached, or ended stored lately.
+    pub(crate) fn knows(&self, key: &MessageKey) -> bool {
+        let attached = self.lock();
+        attached.answered.contains_key(key)
+            || attached
+                .listeners
+                .iter()
+                .any(|l| l.key.as_ref() == Some(key))
+    }
+
+    /// Answers `listener`, whose message has a key the conversation took before, with
+    /// the answer that key got so far: that of its exchange still under way, or kept from
+    /// one that ended, or else `stored` (read from the history). Then it is attached like
+    /// any exchange: it hears the rest, and ends only once the conversation is idle and
+    /// its history stored (the first message may still be at work, or not stored yet).
     pub(crate) fn repeat(&self, mut listener: Listener, stored: impl FnOnce() -> Vec<String>) {
         let Some(key) = listener.key.clone() else {
             return self.attach(listener);
         };
         listener.send(ReplyPart::Repeated { key: key.clone() });
-        let mut attached = self.lock();
-        let under_way = attached
-            .listeners
-            .iter()
-            .find(|l| l.key.as_ref() == Some(&key))
-            .map(|l| (l.replies.clone(), l.failed.clone()));
-        let (replies, ended) = match (under_way, attached.answered.get(&key)) {
-            (Some((replies, failed)), _) => {
-                listener.failed = failed;
-                (replies, false)
-            }
-            (None, Some(replies)) => (replies.clone(), true),
-            (None, None) => (stored(), true),
-        };
+        let (replies, failed) = {
+            let attached = self.lock();
+            let under_way = attached
+                .listeners
+                .iter()
+                .find(|l| l.key.as_ref() == Some(&key))
+                .map(|l| (l.replies.clone(), l.failed.clone()));
+            under_way.or_else(|| attached.answered.get(&key).cloned())
+        }
+        .unwrap_or_else(|| (stored(), None));
         for text in &replies {
             listener.send(ReplyPart::Reply {
                 text: text.clone(),
@@ -337,11 +373,8 @@ impl Audience {
             });
         }
         listener.replies = replies;
-        if ended {
-            listener.end(End::Complete);
-        } else {
-            attached.listeners.push(listener);
-        }
+        listener.failed = failed;
+        self.attach(listener);
     }
 
     /// Sends a delivered reply to every attached exchange.
@@ -429,6 +462,18 @@ impl Audience {
     }
 }
 
+/// Ends the exchanges still attached to a conversation when dropped: held by its loop,
+/// so that a loop that stops without ending them (it panicked) leaves none waiting.
+pub(crate) struct EndsOnDrop(pub(crate) Audience);
+
+impl Drop for EndsOnDrop {
+    fn drop(&mut self) {
+        self.0.end_all(Err(
+            "the conversation's loop stopped unexpectedly (see the host's log)",
+        ));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -494,6 +539,68 @@ mod tests {
             drain(&mut answered_exchange).last(),
             Some(&ReplyPart::End(End::Complete))
         );
+    }
+
+    #[test]
+    fn a_forwarded_messages_end_survives_the_trip_through_the_owners_answer() {
+        let redactor = Redactor::default();
+        let ends = [
+            End::Complete,
+            End::Failed {
+                error: "timed out".into(),
+            },
+            End::Interrupted,
+            End::NotStored {
+                error: "disk full".into(),
+            },
+        ];
+        for end in ends {
+            let replies = if matches!(end, End::Failed { .. }) {
+                Vec::new()
+            } else {
+                vec!["hi".to_owned()]
+            };
+            assert_eq!(end_of(&answer_of(&replies, &end, &redactor)), end);
+        }
+        // A message the owner lost is never reported to its sender as stored.
+        let lost = answer_of(&["hi".to_owned()], &End::Lost, &redactor);
+        assert!(!end_of(&lost).is_stored());
+    }
+
+    #[test]
+    fn a_repeat_waits_like_the_first_while_the_history_is_not_stored() {
+        let audience = Audience::default();
+        let key: MessageKey = "k".parse().unwrap();
+        let (first, mut first_exchange) = Exchange::new(Some(key.clone()));
+        audience.attach(first);
+        audience.reply("hello", false);
+        audience.not_stored("database down");
+        // Sent again while the first waits for the store: told the answer so far, and that
+        // it is not stored, and not ended.
+        let (again, mut again_exchange) = Exchange::new(Some(key.clone()));
+        audience.repeat(again, || panic!("the answer under way is used"));
+        audience.end_if_settled(|| true);
+        let parts = drain(&mut again_exchange);
+        assert_eq!(parts[0], ReplyPart::Repeated { key });
+        assert!(parts.contains(&ReplyPart::Reply {
+            text: "hello".into(),
+            streamed: false
+        }));
+        assert!(
+            parts
+                .iter()
+                .any(|p| matches!(p, ReplyPart::NotYetStored { .. }))
+        );
+        assert!(
+            !parts.iter().any(|p| matches!(p, ReplyPart::End(_))),
+            "{parts:?}"
+        );
+        audience.stored(|| true);
+        assert_eq!(
+            drain(&mut first_exchange).last(),
+            Some(&ReplyPart::End(End::Complete))
+        );
+        assert_eq!(drain(&mut again_exchange), [ReplyPart::End(End::Complete)]);
     }
 
     #[tokio::test]

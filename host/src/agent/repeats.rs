@@ -8,23 +8,26 @@
 use std::collections::HashSet;
 
 use super::context::Context;
-use super::exchange::{Audience, End, Exchange, ReplyPart};
+use super::exchange::{Audience, End, Exchange, ReplyPart, answer_of};
 use super::host_tools::HostCall;
 use super::inbox::ChannelInput;
 use crate::ids::MessageKey;
 use crate::llm::{Message, Role};
-use crate::services::Answer;
 
-/// Takes out of `inputs` the messages whose key `history` holds already (or an earlier
-/// input of the batch has), in order.
+/// Takes out of `inputs` the messages whose key `history` holds already, or `audience`
+/// knows (its exchange is under way, or ended lately: its message may have been compacted
+/// since), or an earlier input of the batch has; in order.
 pub(crate) fn take_repeated(
     inputs: &mut Vec<ChannelInput>,
     history: &[Message],
+    audience: &Audience,
 ) -> Vec<ChannelInput> {
     let mut seen: HashSet<MessageKey> = HashSet::new();
     let (repeated, taken) = std::mem::take(inputs).into_iter().partition(|input| {
         let Some(key) = input.key() else { return false };
-        let before = seen.contains(key) || history.iter().any(|m| m.key.as_ref() == Some(key));
+        let before = seen.contains(key)
+            || audience.knows(key)
+            || history.iter().any(|m| m.key.as_ref() == Some(key));
         seen.insert(key.clone());
         before
     });
@@ -49,7 +52,13 @@ pub(crate) fn answer_repeated(
     else {
         return;
     };
-    let stored = || stored_answer(history, &key);
+    // The history in memory is as the model saw it: what is told again is redacted.
+    let stored = || {
+        stored_answer(history, &key)
+            .into_iter()
+            .map(|reply| ctx.redactor().redact_owned(reply))
+            .collect()
+    };
     if let Some(listener) = exchange {
         audience.repeat(*listener, stored);
     }
@@ -60,19 +69,16 @@ pub(crate) fn answer_repeated(
         let sessions = ctx.services.sessions.clone();
         let redactor = ctx.redactor().clone();
         tokio::spawn(async move {
-            let mut answer = Answer::default();
             let mut replies = Vec::new();
+            let mut end = End::Lost;
             while let Some(part) = relay.next().await {
                 match part {
                     ReplyPart::Reply { text, .. } => replies.push(text),
-                    ReplyPart::End(End::Complete) => {}
-                    ReplyPart::End(end) => {
-                        answer.error = Some(redactor.redact_owned(end.to_string()))
-                    }
+                    ReplyPart::End(ended) => end = ended,
                     _ => {}
                 }
             }
-            answer.reply = replies.join("\n\n");
+            let answer = answer_of(&replies, &end, &redactor);
             if let Err(err) = sessions.answer(number, &answer).await {
                 tracing::warn!(forwarded = %number, "cannot leave the answer for the host that forwarded the message again: {err}");
             }
@@ -168,7 +174,7 @@ mod tests {
             input("plain", None),
             input("new again", Some("k2")),
         ];
-        let repeated = take_repeated(&mut inputs, &history);
+        let repeated = take_repeated(&mut inputs, &history, &Audience::default());
         let texts = |inputs: &[ChannelInput]| -> Vec<String> {
             inputs
                 .iter()

@@ -8,7 +8,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::context::{BranchSpec, Context, ConversationError, SpawnOutcome, Starter, WorkerSpec};
 use super::events::Event;
-use super::exchange::{End, Exchange, Listener, ReplyPart, UserMessage};
+use super::exchange::{End, Exchange, Listener, ReplyPart, UserMessage, end_of};
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::reservations::Reservation;
 use super::stop::{NotSaved, StopReport};
@@ -18,7 +18,8 @@ use crate::ids::ProcessId;
 use crate::llm::{Message, Provider, ToolDef};
 use crate::plugin::Registry;
 use crate::policy::ProcessKind;
-use crate::services::{Answer, ForwardId, Forwarded, RunId, ServiceError, Services};
+use crate::secrets::Redactor;
+use crate::services::{Answer, ForwardId, Forwarded, RunId, ServiceError, Services, Sessions};
 
 /// One agent: its config, plugins, services and model, and the channels, workers and branches
 /// running on them.
@@ -227,9 +228,13 @@ impl Runtime {
                     channel: id.clone(),
                     owner: elsewhere.owner,
                 }));
-                let ctx = self.ctx.clone();
+                // Only the sessions: the wait holds nothing of the runtime, so a stop of
+                // this host is never held up by an answer still to come.
+                let sessions = self.ctx.services.sessions.clone();
+                let redactor = self.ctx.redactor().clone();
                 tokio::spawn(async move {
-                    relay_answer(&ctx, listener, number, elsewhere.owner).await;
+                    let owner = elsewhere.owner;
+                    relay_answer(&*sessions, &redactor, listener, number, owner).await;
                 });
             }
             Err(err) => return Err(err),
@@ -283,7 +288,7 @@ impl Runtime {
         number: ForwardId,
         limit: std::time::Duration,
     ) -> Result<Answer, ServiceError> {
-        wait_for_answer(&self.ctx, number, limit).await
+        wait_for_answer(&*self.ctx.services.sessions, number, limit).await
     }
 
     /// Whether this host takes over a conversation whose owner's run is over (its host
@@ -404,11 +409,10 @@ const ANSWER_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 /// (the store is out) is tried again until the limit: the message was taken, so a failure
 /// to read its answer is never reported as the message failing.
 async fn wait_for_answer(
-    ctx: &Context,
+    sessions: &dyn Sessions,
     number: ForwardId,
     limit: std::time::Duration,
 ) -> Result<Answer, ServiceError> {
-    let sessions = &ctx.services.sessions;
     let mut last_error = None;
     let waiting = async {
         loop {
@@ -427,7 +431,8 @@ async fn wait_for_answer(
         Ok(answer) => Ok(answer),
         Err(_) => Err(ServiceError::Invalid(format!(
             "no answer to {number} within {} s{}: the host that answers the conversation \
-             took the message and may still answer it there",
+             may answer it yet, or may have stopped first; send it again with the same \
+             idempotency key to learn its answer",
             limit.as_secs(),
             last_error
                 .map(|e| format!(" (the last look failed: {e})"))
@@ -436,26 +441,29 @@ async fn wait_for_answer(
     }
 }
 
-/// Brings the answer to forwarded message `number` (taken by `owner`) to `listener`.
-async fn relay_answer(ctx: &Context, listener: Listener, number: ForwardId, owner: RunId) {
-    match wait_for_answer(ctx, number, FORWARDED_ANSWER_LIMIT).await {
+/// Brings the answer to forwarded message `number` (sent to `owner`) to `listener`.
+async fn relay_answer(
+    sessions: &dyn Sessions,
+    redactor: &Redactor,
+    listener: Listener,
+    number: ForwardId,
+    owner: RunId,
+) {
+    match wait_for_answer(sessions, number, FORWARDED_ANSWER_LIMIT).await {
         Ok(answer) => {
-            let replied = !answer.reply.is_empty();
-            if replied {
+            let end = end_of(&answer);
+            if !answer.reply.is_empty() {
                 listener.send(ReplyPart::Reply {
                     text: answer.reply,
                     streamed: false,
                 });
             }
-            listener.end(match answer.error {
-                Some(error) if !replied => End::Failed { error },
-                _ => End::Complete,
-            });
+            listener.end(end);
         }
         Err(err) => listener.end(End::Pending {
             message: number,
             owner,
-            reason: err.to_string(),
+            reason: redactor.redact_owned(err.to_string()),
         }),
     }
 }

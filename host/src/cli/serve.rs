@@ -87,15 +87,16 @@ impl ServeCommand {
             }
         };
         server.run(stop).await?;
-        let not_saved = match report.ended_within(STOP_LIMIT).await {
-            Ok(not_saved) => not_saved,
+        let (not_saved, all_ended) = match report.ended_within(STOP_LIMIT).await {
+            Ok(not_saved) => (not_saved, true),
             Err(so_far) => {
                 crate::say!(
-                    "error: some conversations had not stopped {} s after the server did; \
-                     their last exchanges may not be stored",
+                    "error: some conversations had not stopped {} s after the server did \
+                     (their histories may still be on their way to the store): what they \
+                     held since their last stored exchange may be lost",
                     STOP_LIMIT.as_secs()
                 );
-                so_far
+                (so_far, false)
             }
         };
         for lost in &not_saved {
@@ -111,10 +112,11 @@ impl ServeCommand {
         if lost.load(Ordering::SeqCst) {
             return Ok(ExitCode::from(exit::LEASE_LOST));
         }
-        if !not_saved.is_empty() {
+        if !not_saved.is_empty() || !all_ended {
             crate::say!(
-                "(stopped: {} conversation(s) not stored, listed above)",
-                not_saved.len()
+                "(stopped: {} conversation(s) not stored{}, listed above)",
+                not_saved.len(),
+                if all_ended { "" } else { ", others not known" }
             );
             return Ok(ExitCode::from(exit::FAILED));
         }

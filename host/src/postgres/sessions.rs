@@ -653,7 +653,8 @@ mod tests {
         // The owner's answer reaches the host that forwarded, once.
         let answer = Answer {
             reply: "done".into(),
-            error: None,
+            error: Some("the disk is full".into()),
+            outcome: crate::services::AnswerOutcome::NotStored,
         };
         b.answer(ForwardId::new(7), &answer).await.unwrap();
         assert_eq!(

@@ -89,7 +89,8 @@ pub(crate) enum Outcome {
     /// The host stopped before the work the message started was over; what was done is
     /// stored.
     Interrupted,
-    /// The host that answers the conversation took the message; its answer is pending.
+    /// The message went to the host that answers the conversation; its answer did not
+    /// come while the door waited.
     Pending {
         /// The message's number in that host's inbox.
         message: crate::services::ForwardId,
@@ -132,7 +133,7 @@ impl Outcome {
                     .into(),
             ),
             Outcome::Pending { message, reason } => Some(format!(
-                "taken as {message} by the host that answers the conversation; {reason}"
+                "forwarded as {message} to the host that answers the conversation; {reason}"
             )),
         }
     }

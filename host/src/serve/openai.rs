@@ -212,6 +212,8 @@ pub(crate) struct Activity {
     params(("X-Capstan-Conversation" = Option<String>, Header, description = "The conversation"), ("Idempotency-Key" = Option<String>, Header, description = "The message's idempotency key: sent again with it, the message is answered again, not taken again")),
     responses((status = 200, body = ChatCompletion, description = "The reply; with `stream`, `text/event-stream` of `chat.completion.chunk`s ending in `[DONE]`"),
         (status = 400, body = ErrorBody, description = "Bad input; the message names the field and what it takes"), (status = 404, body = ErrorBody, description = "No such conversation or model"),
+        (status = 202, body = ChatCompletion, description = "Answered, but not yet stored, interrupted, or pending on another host: `capstan.outcome` says which"),
+        (status = 503, body = ErrorBody, description = "Not taken (`unavailable`, `not_taken`: nothing stored, send it again), not stored before the host stopped (`not_stored`), or interrupted before any reply (`interrupted`: the message is stored)"),
         (status = 502, body = ErrorBody, description = "The model failed; the message says how")))]
 pub(crate) async fn chat_completions(
     State(app): State<Arc<App>>,
@@ -327,6 +329,7 @@ fn stream(
         chunk: Box::new(chunk),
         phase: Phase::Start,
         replied: false,
+        delivered: false,
         reply_ended: false,
         redactor: app.redactor.clone(),
     };
@@ -345,6 +348,8 @@ struct Streaming {
     phase: Phase,
     /// Whether any reply text went out.
     replied: bool,
+    /// Whether a reply was delivered (not only streamed).
+    delivered: bool,
     /// Whether a reply ended since the last text: the next is set off by a blank line.
     reply_ended: bool,
     redactor: crate::secrets::Redactor,
@@ -375,8 +380,8 @@ impl Streaming {
         self.phase = Phase::Done;
         let outcome = match end {
             End::Complete => "stored",
-            End::Failed { .. } if self.replied => "stored",
-            End::Interrupted if self.replied => "interrupted",
+            End::Failed { .. } if self.delivered => "stored",
+            End::Interrupted if self.delivered => "interrupted",
             End::Pending { .. } => "pending",
             End::Failed { error } => {
                 let error = ApiError::new(
@@ -429,6 +434,7 @@ impl Streaming {
                     Some(TurnItem::Part(ReplyPart::Reply { text, streamed })) => {
                         let shown = (!streamed).then(|| self.text(text));
                         self.reply_ended = true;
+                        self.delivered = true;
                         if let Some(shown) = shown {
                             return Some(shown);
                         }

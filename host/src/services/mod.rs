@@ -52,7 +52,7 @@ pub use memory::{
     DEFAULT_IMPORTANCE, Memory, MemoryItem, NewMemory, RECALL_MAX, check_working_key, expires_at,
     memory_words, recall_terms, recall_words,
 };
-pub use sessions::{Answer, Claim, Epoch, ForwardId, Forwarded, Sessions};
+pub use sessions::{Answer, AnswerOutcome, Claim, Epoch, ForwardId, Forwarded, Sessions};
 pub use tasks::{
     DEFAULT_LIST_LIMIT, NewTask, Priority, Task, TaskBoard, TaskFilter, TaskPatch, TaskStatus,
     check_metadata, checked_title,

@@ -105,9 +105,34 @@ pub enum Forwarded {
 pub struct Answer {
     /// Every reply of the turn, set off by blank lines (empty: the turn said nothing).
     pub reply: String,
-    /// Why the message got no answer, if it did not.
+    /// Why the message got no answer, if it did not (or, with
+    /// [`AnswerOutcome::NotStored`], the store's error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Whether what answered the message is stored.
+    #[serde(default, skip_serializing_if = "AnswerOutcome::is_stored")]
+    pub outcome: AnswerOutcome,
+}
+
+/// Whether the owner stored what answered a forwarded message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AnswerOutcome {
+    /// Answered (or not, as its error says), and the history holding it is stored.
+    #[default]
+    Stored,
+    /// The owner stopped before the work the message started was over; what was done is
+    /// stored.
+    Interrupted,
+    /// The owner stopped before the store took the history holding it.
+    NotStored,
+}
+
+impl AnswerOutcome {
+    /// Whether it is [`AnswerOutcome::Stored`].
+    pub fn is_stored(&self) -> bool {
+        *self == AnswerOutcome::Stored
+    }
 }
 
 /// Session ownership and the inboxes of sessions owned elsewhere.

@@ -468,3 +468,53 @@ async fn a_keyed_message_forwarded_twice_is_taken_once_by_the_owner_and_answered
     let taken = stored.iter().filter(|m| m.contains("order it")).count();
     assert_eq!(taken, 1, "{stored:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_message_forwarded_twice_into_one_turn_is_taken_once_and_both_wait_for_it() {
+    use capstan_host::agent::{End, ReplyPart, UserMessage};
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database().await;
+    let (mut a, b) = (Host::start(&url).await, Host::start(&url).await);
+    a.answer_first("hi", "A answers hi").await;
+    // A is busy: its model holds a request while B forwards the same keyed message twice,
+    // so both copies wait in A's inbox for one turn.
+    a.runtime
+        .send_user_message("main", "hold on")
+        .await
+        .unwrap();
+    let held = a.request().await;
+    let keyed = || UserMessage::keyed("order it", "order-2".parse().unwrap());
+    let main = ProcessId::channel("main");
+    let first = b.runtime.exchange(&main, keyed()).await.unwrap();
+    let second = b.runtime.exchange(&main, keyed()).await.unwrap();
+    reply(held, "A held on");
+    let asked = a.request().await;
+    assert_eq!(
+        asked.count("order it"),
+        1,
+        "the model sees the message once"
+    );
+    reply(asked, "A orders it");
+    for exchange in [first, second] {
+        let mut exchange = exchange;
+        let mut parts = Vec::new();
+        while let Some(part) = bounded("the forwarded answer", exchange.next()).await {
+            parts.push(part);
+        }
+        assert!(
+            parts.contains(&ReplyPart::Reply {
+                text: "A orders it".into(),
+                streamed: false
+            }),
+            "{parts:?}"
+        );
+        assert_eq!(
+            parts.last(),
+            Some(&ReplyPart::End(End::Complete)),
+            "{parts:?}"
+        );
+    }
+    let stored = history(&url, "channel:main").await;
+    let taken = stored.iter().filter(|m| m.contains("order it")).count();
+    assert_eq!(taken, 1, "{stored:?}");
+}

@@ -342,6 +342,15 @@ impl Pending {
         self.request.messages.iter().any(|m| m.content == text)
     }
 
+    /// How many of the request's messages are exactly `text`.
+    pub fn count(&self, text: &str) -> usize {
+        self.request
+            .messages
+            .iter()
+            .filter(|m| m.content == text)
+            .count()
+    }
+
     /// Answers with one call of `tool` with `arguments` (JSON).
     pub fn call(self, tool: &str, arguments: serde_json::Value) {
         let mut message = capstan_host::llm::Message::assistant("");
