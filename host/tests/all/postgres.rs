@@ -726,3 +726,119 @@ async fn through_a_database_outage_shorter_than_the_lease_every_acknowledged_mes
     eprintln!("accounting (outage shorter than the lease): {table:?}, each stored once");
     assert!(!host.log().contains("panicked"), "{}", host.log());
 }
+
+/// `host`'s event stream, from now on.
+async fn events(client: &reqwest::Client, host: &ServeHost) -> reqwest::Response {
+    client
+        .get(format!("{}/v1/events", host.url))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Reads `stream` until an event of type `kind` comes (failing, not hanging, if the stream
+/// ends first or nothing comes for two minutes).
+async fn until_event(stream: &mut reqwest::Response, kind: &str) {
+    let mut seen = String::new();
+    let wanted = [format!("event: {kind}\n"), format!("event:{kind}\n")];
+    while !wanted.iter().any(|w| seen.contains(w)) {
+        let chunk = tokio::time::timeout(std::time::Duration::from_secs(120), stream.chunk())
+            .await
+            .unwrap_or_else(|_| panic!("no {kind} event: {seen}"))
+            .unwrap()
+            .unwrap_or_else(|| panic!("the stream ended before {kind}: {seen}"));
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_mid_turn_answers_the_waiting_client_and_a_forwarded_message_once() {
+    let Served {
+        cluster: _cluster,
+        url: _,
+        db,
+        hosts: (a, b),
+        client,
+    } = Served::two().await;
+    a.post(&client, "hello").await;
+    until_stored(&db, "A's first answer", |s| holds(s, "reply from host-a")).await;
+    // A client waits on a slow turn of A; another waits on a message B forwards to A.
+    let mut a_events = events(&client, &a).await;
+    let waiting = {
+        let (client, url) = (client.clone(), a.url.clone());
+        tokio::spawn(async move {
+            let response = client
+                .post(format!("{url}/v1/channels/main/messages"))
+                .header("Idempotency-Key", "slow-1")
+                .json(&serde_json::json!({ "text": "slow one", "wait": true }))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<serde_json::Value>().await.unwrap())
+        })
+    };
+    until_event(&mut a_events, "turn_started").await;
+    let forwarded = {
+        let (client, url) = (client.clone(), b.url.clone());
+        tokio::spawn(async move {
+            let response = client
+                .post(format!("{url}/v1/channels/main/messages"))
+                .header("Idempotency-Key", "forwarded-1")
+                .json(&serde_json::json!({ "text": "meanwhile", "wait": true }))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<serde_json::Value>().await.unwrap())
+        })
+    };
+    until_scalar(
+        &db,
+        "the forwarded message in A's inbox",
+        "SELECT count(*) FROM inbox",
+        1,
+    )
+    .await;
+    send_signal(a.pid(), "-TERM");
+    let (status, body) = waiting.await.unwrap();
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (200, Some("stored")),
+        "{body}\n{}",
+        a.log()
+    );
+    // Its reply first; the forwarded message, taken before the stop closed the
+    // conversation, may join its exchange while it waits for the conversation to be idle.
+    assert!(
+        body["reply"]
+            .as_str()
+            .unwrap()
+            .starts_with("slow reply from host-a"),
+        "{body}"
+    );
+    let (status, body) = forwarded.await.unwrap();
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (200, Some("stored")),
+        "{body}\n{}",
+        b.log()
+    );
+    let stored = conversation(&db).await;
+    for said in ["slow one", "meanwhile"] {
+        let times = stored
+            .iter()
+            .filter(|(role, s)| role == "user" && s == said)
+            .count();
+        assert_eq!(times, 1, "{said}: {stored:?}");
+    }
+    until("A's stop report", async || {
+        let log = a.log();
+        if log.contains("every conversation's history is stored") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    })
+    .await;
+}
