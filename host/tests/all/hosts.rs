@@ -426,7 +426,7 @@ async fn a_worker_of_a_host_that_died_is_reported_to_its_conversation_as_failed_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keyed_message_forwarded_twice_is_taken_once_by_the_owner_and_answered_twice() {
-    use capstan_host::agent::{End, ReplyPart, UserMessage};
+    use capstan_host::agent::UserMessage;
     let cluster = TestCluster::start();
     let url = cluster.fresh_database().await;
     let (mut a, b) = (Host::start(&url).await, Host::start(&url).await);
@@ -445,24 +445,10 @@ async fn a_keyed_message_forwarded_twice_is_taken_once_by_the_owner_and_answered
     let first = b.runtime.exchange(&main, keyed()).await.unwrap();
     reply(a.request().await, "A orders it");
     let first = answer(first).await;
-    assert!(
-        first.contains(&ReplyPart::Reply {
-            text: "A orders it".into(),
-            streamed: false
-        }),
-        "{first:?}"
-    );
-    assert_eq!(first.last(), Some(&ReplyPart::End(End::Complete)));
+    answered_complete(&first, "A orders it");
     // The client retries through B: forwarded again, taken by nobody, answered the same.
     let again = answer(b.runtime.exchange(&main, keyed()).await.unwrap()).await;
-    assert!(
-        again.contains(&ReplyPart::Reply {
-            text: "A orders it".into(),
-            streamed: false
-        }),
-        "{again:?}"
-    );
-    assert_eq!(again.last(), Some(&ReplyPart::End(End::Complete)));
+    answered_complete(&again, "A orders it");
     assert!(a.requests.try_recv().is_err(), "A's model was asked once");
     let stored = history(&url, "channel:main").await;
     let taken = stored.iter().filter(|m| m.contains("order it")).count();
@@ -471,7 +457,7 @@ async fn a_keyed_message_forwarded_twice_is_taken_once_by_the_owner_and_answered
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keyed_message_forwarded_twice_into_one_turn_is_taken_once_and_both_wait_for_it() {
-    use capstan_host::agent::{End, ReplyPart, UserMessage};
+    use capstan_host::agent::UserMessage;
     let cluster = TestCluster::start();
     let url = cluster.fresh_database().await;
     let (mut a, b) = (Host::start(&url).await, Host::start(&url).await);
@@ -501,20 +487,24 @@ async fn a_keyed_message_forwarded_twice_into_one_turn_is_taken_once_and_both_wa
         while let Some(part) = bounded("the forwarded answer", exchange.next()).await {
             parts.push(part);
         }
-        assert!(
-            parts.contains(&ReplyPart::Reply {
-                text: "A orders it".into(),
-                streamed: false
-            }),
-            "{parts:?}"
-        );
-        assert_eq!(
-            parts.last(),
-            Some(&ReplyPart::End(End::Complete)),
-            "{parts:?}"
-        );
+        answered_complete(&parts, "A orders it");
     }
     let stored = history(&url, "channel:main").await;
     let taken = stored.iter().filter(|m| m.contains("order it")).count();
     assert_eq!(taken, 1, "{stored:?}");
+}
+
+/// Asserts that `parts` hold the reply `text` and end complete.
+fn answered_complete(parts: &[capstan_host::agent::ReplyPart], text: &str) {
+    use capstan_host::agent::{End, ReplyPart};
+    let reply = ReplyPart::Reply {
+        text: text.into(),
+        streamed: false,
+    };
+    assert!(parts.contains(&reply), "{parts:?}");
+    assert_eq!(
+        parts.last(),
+        Some(&ReplyPart::End(End::Complete)),
+        "{parts:?}"
+    );
 }

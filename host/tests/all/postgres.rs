@@ -727,6 +727,25 @@ async fn through_a_database_outage_shorter_than_the_lease_every_acknowledged_mes
     assert!(!host.log().contains("panicked"), "{}", host.log());
 }
 
+/// Posts `text` with idempotency key `key` to conversation `main` of the host at `url`,
+/// waiting for the answer: its status and body.
+async fn post_waiting(
+    client: reqwest::Client,
+    url: String,
+    key: &'static str,
+    text: &'static str,
+) -> (u16, serde_json::Value) {
+    let response = client
+        .post(format!("{url}/v1/channels/main/messages"))
+        .header("Idempotency-Key", key)
+        .json(&serde_json::json!({ "text": text, "wait": true }))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
 /// `host`'s event stream, from now on.
 async fn events(client: &reqwest::Client, host: &ServeHost) -> reqwest::Response {
     client
@@ -764,35 +783,19 @@ async fn a_sigterm_mid_turn_answers_the_waiting_client_and_a_forwarded_message_o
     until_stored(&db, "A's first answer", |s| holds(s, "reply from host-a")).await;
     // A client waits on a slow turn of A; another waits on a message B forwards to A.
     let mut a_events = events(&client, &a).await;
-    let waiting = {
-        let (client, url) = (client.clone(), a.url.clone());
-        tokio::spawn(async move {
-            let response = client
-                .post(format!("{url}/v1/channels/main/messages"))
-                .header("Idempotency-Key", "slow-1")
-                .json(&serde_json::json!({ "text": "slow one", "wait": true }))
-                .send()
-                .await
-                .unwrap();
-            let status = response.status().as_u16();
-            (status, response.json::<serde_json::Value>().await.unwrap())
-        })
-    };
+    let waiting = tokio::spawn(post_waiting(
+        client.clone(),
+        a.url.clone(),
+        "slow-1",
+        "slow one",
+    ));
     until_event(&mut a_events, "turn_started").await;
-    let forwarded = {
-        let (client, url) = (client.clone(), b.url.clone());
-        tokio::spawn(async move {
-            let response = client
-                .post(format!("{url}/v1/channels/main/messages"))
-                .header("Idempotency-Key", "forwarded-1")
-                .json(&serde_json::json!({ "text": "meanwhile", "wait": true }))
-                .send()
-                .await
-                .unwrap();
-            let status = response.status().as_u16();
-            (status, response.json::<serde_json::Value>().await.unwrap())
-        })
-    };
+    let forwarded = tokio::spawn(post_waiting(
+        client.clone(),
+        b.url.clone(),
+        "forwarded-1",
+        "meanwhile",
+    ));
     until_scalar(
         &db,
         "the forwarded message in A's inbox",
