@@ -29,6 +29,10 @@ use crate::plugin::Registry;
 use crate::policy::ProcessKind;
 use crate::services::{Claim, Run, RunId, ServiceError, Services, TaskPatch, WorkerState};
 
+/// The least a save of a history may take before its exchanges hear the store is slow,
+/// whatever `limits.unstored_reply_secs` says: a healthy store never takes this long.
+const SLOW_SAVE_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What the processes of one agent share.
 pub(crate) struct Context {
     pub(crate) config: Config,
@@ -443,10 +447,24 @@ impl Context {
                 row.to_string()
             })
             .collect();
-        let saved = if from == 0 {
-            self.services.history.replace(channel, rows).await
-        } else {
-            self.services.history.append(channel, rows).await
+        let save = async {
+            if from == 0 {
+                self.services.history.replace(channel, rows).await
+            } else {
+                self.services.history.append(channel, rows).await
+            }
+        };
+        // A store that neither takes nor refuses the history (a locked database, a pool
+        // with no free connection) keeps the exchanges waiting no longer than one that
+        // refuses it: they hear it is not yet stored, and the save goes on.
+        let slow_after = self.config.limits.unstored_reply.max(SLOW_SAVE_MIN);
+        tokio::pin!(save);
+        let saved = match tokio::time::timeout(slow_after, &mut save).await {
+            Ok(saved) => saved,
+            Err(_) => {
+                handle.audience.store_slow(slow_after);
+                save.await
+            }
         };
         match &saved {
             Ok(()) => handle.audience.stored(|| handle.is_idle()),

@@ -13,6 +13,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 
@@ -93,11 +94,15 @@ pub enum ReplyPart {
         /// The key.
         key: MessageKey,
     },
-    /// The store refused the conversation's history: what was answered is kept in the host
-    /// and written again until the store takes it. The exchange ends once it does.
+    /// The store refused the conversation's history, or has not answered for a while (a
+    /// locked database, no free connection): what was answered is kept in the host and
+    /// written until the store takes it. The exchange ends once it does.
     NotYetStored {
-        /// The store's error.
+        /// The store's error, or how long it has not answered.
         error: String,
+        /// How long the store had been waited on already when this was said: zero for a
+        /// refusal, the wait so far for a store that does not answer.
+        waited: Duration,
     },
     /// The last part: how the exchange ended.
     End(End),
@@ -285,6 +290,8 @@ struct Attached {
     listeners: Vec<Listener>,
     /// The store's error while the conversation's history is not stored.
     unsaved: Option<String>,
+    /// Whether the store refused it (not only kept it waiting).
+    refused: bool,
     /// The replies of the last [`ANSWERS_KEPT`] keyed exchanges that ended stored, and
     /// the model's error if they got none.
     answered: HashMap<MessageKey, (Vec<String>, Option<String>)>,
@@ -293,6 +300,34 @@ struct Attached {
 }
 
 impl Attached {
+    /// Tells `listener` the history is not stored, if it is not and it was not told.
+    fn tell(&self, listener: &mut Listener) {
+        if let Some(error) = &self.unsaved
+            && !listener.told_unstored
+        {
+            listener.told_unstored = true;
+            listener.send(ReplyPart::NotYetStored {
+                error: error.clone(),
+                waited: Duration::ZERO,
+            });
+        }
+    }
+
+    /// Notes that the history is not stored (`error`, after `waited`) and tells every
+    /// exchange not told yet.
+    fn tell_unstored(&mut self, error: &str, waited: Duration) {
+        self.unsaved = Some(error.to_owned());
+        for listener in &mut self.listeners {
+            if !listener.told_unstored {
+                listener.told_unstored = true;
+                listener.send(ReplyPart::NotYetStored {
+                    error: error.to_owned(),
+                    waited,
+                });
+            }
+        }
+    }
+
     /// Keeps the replies of keyed `listener`, which ended stored.
     fn keep_answer(&mut self, listener: &Listener) {
         let Some(key) = &listener.key else { return };
@@ -314,18 +349,15 @@ impl Audience {
     }
 
     /// Attaches `listener`: from now on it hears what the conversation does.
-    pub(crate) fn attach(&self, listener: Listener) {
+    pub(crate) fn attach(&self, mut listener: Listener) {
         let mut attached = self.lock();
-        if let Some(error) = &attached.unsaved {
-            let mut listener = listener;
-            listener.told_unstored = true;
-            listener.send(ReplyPart::NotYetStored {
-                error: error.clone(),
-            });
-            attached.listeners.push(listener);
-        } else {
-            attached.listeners.push(listener);
-        }
+        attached.tell(&mut listener);
+        attached.listeners.push(listener);
+    }
+
+    /// Tells `listener`, not attached yet, that the history is not stored, if it is not.
+    pub(crate) fn tell_if_unstored(&self, listener: &mut Listener) {
+        self.lock().tell(listener);
     }
 
     /// Sends `part` to every attached exchange.
@@ -398,25 +430,33 @@ impl Audience {
     }
 
     /// Notes that the store refused the history: the attached exchanges hear it once.
-    /// Whether the history was stored until now (the refusal is news).
+    /// Whether the refusal is news (the history was stored, or only slow, until now).
     pub(crate) fn not_stored(&self, error: &str) -> bool {
         let mut attached = self.lock();
-        let news = attached.unsaved.replace(error.to_owned()).is_none();
-        for listener in &mut attached.listeners {
-            if !listener.told_unstored {
-                listener.told_unstored = true;
-                listener.send(ReplyPart::NotYetStored {
-                    error: error.to_owned(),
-                });
-            }
-        }
+        let news = !attached.refused;
+        attached.refused = true;
+        attached.tell_unstored(error, Duration::ZERO);
         news
+    }
+
+    /// Notes that the store has not answered a save of the history for `waited`: the
+    /// attached exchanges hear it once, as they would a refusal.
+    pub(crate) fn store_slow(&self, waited: Duration) {
+        let error = format!(
+            "the store has not answered for {} s (a locked database, or no free connection)",
+            waited.as_secs()
+        );
+        self.lock().tell_unstored(&error, waited);
     }
 
     /// Notes that the history is stored; then, if `idle` says nothing is pending, ends
     /// the attached exchanges.
     pub(crate) fn stored(&self, idle: impl Fn() -> bool) {
-        self.lock().unsaved = None;
+        {
+            let mut attached = self.lock();
+            attached.unsaved = None;
+            attached.refused = false;
+        }
         self.end_if_settled(idle);
     }
 
@@ -502,7 +542,8 @@ mod tests {
                     streamed: false
                 },
                 ReplyPart::NotYetStored {
-                    error: "database down".into()
+                    error: "database down".into(),
+                    waited: Duration::ZERO,
                 }
             ],
             "not ended while the history is not stored"

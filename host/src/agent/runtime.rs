@@ -215,9 +215,12 @@ impl Runtime {
         message: impl Into<UserMessage>,
     ) -> Result<Exchange, ConversationError> {
         let message = message.into();
-        let (listener, exchange) = Exchange::new(message.key.clone());
+        let (mut listener, exchange) = Exchange::new(message.key.clone());
         match self.ctx.conversation(id).await {
             Ok(handle) => {
+                // A conversation whose store is out may not take the message up soon (its
+                // save waits on a locked database): the exchange hears so at once.
+                handle.audience.tell_if_unstored(&mut listener);
                 // Refused only if the conversation closed meanwhile: the exchange then
                 // ends lost, as its listener drops untaken.
                 handle.send(ChannelInput::exchange(message, listener));

@@ -69,8 +69,8 @@ pub(crate) fn start(
     rx
 }
 
-/// Passes `exchange`'s parts on until it ends; once the store refused its history, for at
-/// most `store_wait` more before [`TurnItem::NotYetStored`]. `turn` (the conversation's
+/// Passes `exchange`'s parts on until it ends; once the store refused its history (or did
+/// not answer), for at most `store_wait` in all before [`TurnItem::NotYetStored`]. `turn` (the conversation's
 /// lock) is held until the exchange ends, or until it is told not yet stored: its answer
 /// is whole by then, and the conversation goes on answering while the store is out.
 async fn relay(
@@ -99,10 +99,10 @@ async fn relay(
             _ => exchange.next().await,
         };
         let Some(part) = next else { return };
-        if let ReplyPart::NotYetStored { error } = &part
+        if let ReplyPart::NotYetStored { error, waited } = &part
             && deadline.is_none()
         {
-            deadline = Some(tokio::time::Instant::now() + store_wait);
+            deadline = Some(tokio::time::Instant::now() + store_wait.saturating_sub(*waited));
             tracing::warn!("an exchange waits for the store: {error}");
         }
         if !told {

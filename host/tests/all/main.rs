@@ -31,4 +31,5 @@ mod providers;
 mod reuse;
 mod sandbox;
 mod serve;
+mod sqlite_faults;
 mod taskboard;

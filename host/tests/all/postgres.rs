@@ -1,10 +1,9 @@
 //! The `capstan` binary on a PostgreSQL store: separate processes are separate hosts.
 
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
-
 use capstan_host::postgres::test_cluster::{TestCluster, admin};
 
+use crate::support::accounting::{Accounts, Heard};
+use crate::support::serve_host::{ServeHost, events, post_waiting, until_event};
 use crate::support::{capstan_command, send_signal, stderr, stdout, until};
 
 /// A directory whose config names the database in `CAPSTAN_TEST_DATABASE_URL` and plays a
@@ -110,15 +109,6 @@ async fn two_capstan_processes_share_a_conversation_through_postgres() {
     );
 }
 
-/// A `capstan serve` host on the database at `CAPSTAN_TEST_DATABASE_URL`, in a directory of
-/// its own, answering as `name`; its standard error is kept as it comes.
-struct ServeHost {
-    child: std::process::Child,
-    url: String,
-    log: Arc<Mutex<String>>,
-    _dir: tempfile::TempDir,
-}
-
 /// What every host's scripted model says, naming the host.
 fn host_script(name: &str) -> String {
     format!(
@@ -149,86 +139,25 @@ repeat = true
     )
 }
 
-impl ServeHost {
-    fn start(db: &str, name: &str) -> ServeHost {
-        ServeHost::start_with(db, name, "[limits]\nsettle_ms = 0\n")
-    }
-
-    /// [`ServeHost::start`] with `limits` (a `[limits]` table) in its config.
-    fn start_with(db: &str, name: &str, limits: &str) -> ServeHost {
-        use std::io::{BufRead, Read};
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("script.toml"), host_script(name)).unwrap();
-        std::fs::write(
-            dir.path().join("capstan.toml"),
-            format!(
-                "[provider]\nkind = \"scripted\"\nscript = \"script.toml\"\n\n{limits}\n\
-                 [store]\nkind = \"postgres\"\nurl_env = \"CAPSTAN_TEST_DATABASE_URL\"\n"
-            ),
-        )
-        .unwrap();
-        let mut child = capstan_command(dir.path(), &["serve", "--addr", "127.0.0.1:0"])
-            .env("CAPSTAN_TEST_DATABASE_URL", db)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let mut stderr = child.stderr.take().unwrap();
-        std::thread::spawn({
-            let log = log.clone();
-            move || {
-                let mut chunk = [0u8; 4096];
-                while let Ok(n @ 1..) = stderr.read(&mut chunk) {
-                    log.lock()
-                        .unwrap()
-                        .push_str(&String::from_utf8_lossy(&chunk[..n]));
-                }
-            }
-        });
-        let mut banner = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut banner)
-            .unwrap();
-        let url = banner
-            .trim()
-            .strip_prefix("capstan serve: listening on ")
-            .unwrap_or_else(|| panic!("{banner}\n{}", log.lock().unwrap()))
-            .trim_end_matches('/')
-            .to_owned();
-        ServeHost {
-            child,
-            url,
-            log,
-            _dir: dir,
-        }
-    }
-
-    /// Posts `text` to conversation `main`, without waiting for the reply.
-    async fn post(&self, client: &reqwest::Client, text: &str) {
-        let response = client
-            .post(format!("{}/v1/channels/main/messages", self.url))
-            .json(&serde_json::json!({ "text": text }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 202, "{text}");
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
+/// A `capstan serve` host named `name` on database `db`, with `limits` (a `[limits]` table)
+/// in its config.
+fn pg_host_with(db: &str, name: &str, limits: &str) -> ServeHost {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("script.toml"), host_script(name)).unwrap();
+    std::fs::write(
+        dir.path().join("capstan.toml"),
+        format!(
+            "[provider]\nkind = \"scripted\"\nscript = \"script.toml\"\n\n{limits}\n\
+             [store]\nkind = \"postgres\"\nurl_env = \"CAPSTAN_TEST_DATABASE_URL\"\n"
+        ),
+    )
+    .unwrap();
+    ServeHost::start(dir, &[("CAPSTAN_TEST_DATABASE_URL", db)])
 }
 
-impl Drop for ServeHost {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// [`pg_host_with`] with no limit changed but `settle_ms = 0`.
+fn pg_host(db: &str, name: &str) -> ServeHost {
+    pg_host_with(db, name, "[limits]\nsettle_ms = 0\n")
 }
 
 /// Two `capstan serve` hosts on a fresh database of their own server.
@@ -246,10 +175,7 @@ impl Served {
         let cluster = TestCluster::start();
         let url = cluster.fresh_database().await;
         let db = admin(&url).await;
-        let hosts = (
-            ServeHost::start(&url, "host-a"),
-            ServeHost::start(&url, "host-b"),
-        );
+        let hosts = (pg_host(&url, "host-a"), pg_host(&url, "host-b"));
         Served {
             cluster,
             url,
@@ -421,7 +347,7 @@ async fn a_host_paused_past_its_lease_lands_nothing_after_another_took_over_and_
 
     // A resumes: its slow answer is neither delivered nor stored, and A stops.
     send_signal(a.pid(), "-CONT");
-    let status = a.child.wait().unwrap();
+    let status = a.wait();
     assert_eq!(status.code(), Some(3), "{}", a.log());
     assert!(a.log().contains("lease expired"), "{}", a.log());
     let stored = conversation(&db).await;
@@ -456,7 +382,7 @@ async fn a_killed_hosts_worker_is_reported_lost_by_another_host_and_never_rerun(
     .await;
     let a_run = owner(&db).await;
     send_signal(a.pid(), "-KILL");
-    a.child.wait().unwrap();
+    a.wait();
     until_expired(&db, a_run).await;
 
     // B, looking, marks the worker lost and tells the conversation, which it takes over.
@@ -588,7 +514,7 @@ async fn fifty_identical_spawns_across_two_serve_hosts_start_one_worker() {
 async fn capstan_run_on_a_conversation_another_host_answers_prints_that_hosts_answer() {
     let cluster = TestCluster::start();
     let url = cluster.fresh_database().await;
-    let owner = ServeHost::start(&url, "host-a");
+    let owner = pg_host(&url, "host-a");
     let client = reqwest::Client::new();
     let answered = client
         .post(format!("{}/v1/channels/main/messages", owner.url))
@@ -621,103 +547,49 @@ async fn capstan_run_on_a_conversation_another_host_answers_prints_that_hosts_an
     assert_eq!(stored, 1, "stored once, by the owner");
 }
 
-/// How a request of the accounting tests ended, from its client's side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum Heard {
-    /// 200: answered and stored.
-    Stored,
-    /// 202 `not_yet_stored`: answered, kept, to be stored once the store is back.
-    Pending,
-    /// Refused (503 and the like): nothing stored; retried with the same key.
-    Refused,
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_a_database_outage_shorter_than_the_lease_every_acknowledged_message_is_stored_once()
  {
     let cluster = TestCluster::start();
     let url = cluster.fresh_database().await;
-    let host = ServeHost::start_with(
+    let host = pg_host_with(
         &url,
         "host-a",
         "[limits]\nsettle_ms = 0\nstore_retry_ms = 100\nunstored_reply_secs = 1\n",
     );
     let client = reqwest::Client::new();
-    let send = async |i: usize| -> (Heard, String) {
-        let sent = client
-            .post(format!("{}/v1/channels/main/messages", host.url))
-            .header("Idempotency-Key", format!("key-{i}"))
-            .json(&serde_json::json!({ "text": format!("message {i}"), "wait": true }))
-            .send()
-            .await;
-        let Ok(response) = sent else {
-            return (Heard::Refused, "no response".into());
-        };
-        let status = response.status().as_u16();
-        let body: serde_json::Value = response.json().await.unwrap_or_default();
-        let heard = match (status, body["outcome"].as_str()) {
-            (200, Some("stored")) => Heard::Stored,
-            (202, Some("not_yet_stored")) => Heard::Pending,
-            (500.., _) => Heard::Refused,
-            _ => panic!("an answer outside the accounting: {status} {body}"),
-        };
-        (heard, body.to_string())
-    };
-    let mut heard = Vec::new();
+    let mut accounts = Accounts::default();
     // Before: every message answered and stored.
-    for i in 0..5 {
-        heard.push(send(i).await);
+    for _ in 0..5 {
+        accounts.next(&client, &host.url).await;
     }
     // The database goes away; messages go on until two were answered without it.
     cluster.stop();
-    let mut i = 5;
-    while heard.iter().filter(|(h, _)| *h != Heard::Stored).count() < 2 {
-        heard.push(send(i).await);
-        i += 1;
+    while accounts.not_stored() < 2 {
+        accounts.next(&client, &host.url).await;
     }
     cluster.start_server();
-    let end = i + 5;
-    while i < end {
-        heard.push(send(i).await);
-        i += 1;
+    for _ in 0..5 {
+        accounts.next(&client, &host.url).await;
     }
-    // A refused message is sent again with its key until it is answered.
-    for (n, (h, _)) in heard.clone().iter().enumerate() {
-        if *h == Heard::Refused {
-            let (again, body) = send(n).await;
-            assert_eq!(again, Heard::Stored, "{body}");
-        }
-    }
+    accounts.resend_refused(&client, &host.url).await;
     let db = admin(&url).await;
-    until("every acknowledged message stored", async || {
-        let stored = conversation(&db).await;
-        let missing: Vec<usize> = (0..i)
-            .filter(|n| {
-                !stored
-                    .iter()
-                    .any(|(role, said)| role == "user" && *said == format!("message {n}"))
-            })
-            .collect();
-        if missing.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{missing:?} of {heard:?}"))
-        }
+    let user_messages = async || -> Vec<String> {
+        conversation(&db)
+            .await
+            .into_iter()
+            .filter(|(role, _)| role == "user")
+            .map(|(_, said)| said)
+            .collect()
+    };
+    until("every acknowledged message stored", async || match accounts
+        .missing(&user_messages().await)
+    {
+        missing if missing.is_empty() => Ok(()),
+        missing => Err(format!("{missing:?} of {accounts:?}")),
     })
     .await;
-    let stored = conversation(&db).await;
-    assert_eq!(heard.len(), i);
-    for (n, (how, _)) in heard.iter().enumerate() {
-        let times = stored
-            .iter()
-            .filter(|(role, said)| role == "user" && *said == format!("message {n}"))
-            .count();
-        assert_eq!(times, 1, "message {n} ({how:?}) stored {times} times");
-    }
-    let mut table = std::collections::BTreeMap::new();
-    for (h, _) in &heard {
-        *table.entry(*h).or_insert(0) += 1;
-    }
+    let table = accounts.settle(&user_messages().await);
     assert!(
         table.get(&Heard::Pending).copied().unwrap_or(0)
             + table.get(&Heard::Refused).copied().unwrap_or(0)
@@ -725,49 +597,6 @@ async fn through_a_database_outage_shorter_than_the_lease_every_acknowledged_mes
     );
     eprintln!("accounting (outage shorter than the lease): {table:?}, each stored once");
     assert!(!host.log().contains("panicked"), "{}", host.log());
-}
-
-/// Posts `text` with idempotency key `key` to conversation `main` of the host at `url`,
-/// waiting for the answer: its status and body.
-async fn post_waiting(
-    client: reqwest::Client,
-    url: String,
-    key: &'static str,
-    text: &'static str,
-) -> (u16, serde_json::Value) {
-    let response = client
-        .post(format!("{url}/v1/channels/main/messages"))
-        .header("Idempotency-Key", key)
-        .json(&serde_json::json!({ "text": text, "wait": true }))
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap())
-}
-
-/// `host`'s event stream, from now on.
-async fn events(client: &reqwest::Client, host: &ServeHost) -> reqwest::Response {
-    client
-        .get(format!("{}/v1/events", host.url))
-        .send()
-        .await
-        .unwrap()
-}
-
-/// Reads `stream` until an event of type `kind` comes (failing, not hanging, if the stream
-/// ends first or nothing comes for two minutes).
-async fn until_event(stream: &mut reqwest::Response, kind: &str) {
-    let mut seen = String::new();
-    let wanted = [format!("event: {kind}\n"), format!("event:{kind}\n")];
-    while !wanted.iter().any(|w| seen.contains(w)) {
-        let chunk = tokio::time::timeout(std::time::Duration::from_secs(120), stream.chunk())
-            .await
-            .unwrap_or_else(|_| panic!("no {kind} event: {seen}"))
-            .unwrap()
-            .unwrap_or_else(|| panic!("the stream ended before {kind}: {seen}"));
-        seen.push_str(&String::from_utf8_lossy(&chunk));
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,8 +20,10 @@ use capstan_host::policy::Grants;
 use capstan_host::store::Store;
 use tokio::sync::mpsc;
 
+pub mod accounting;
 mod binary;
 pub mod http_server;
+pub mod serve_host;
 
 pub use binary::*;
 

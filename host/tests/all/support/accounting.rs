@@ -1,0 +1,106 @@
+//! The accounting of the store-fault tests: every request a client sends is heard as
+//! stored, pending or refused, and every message is then found stored exactly once,
+//! whichever it was.
+
+use std::collections::BTreeMap;
+
+/// How a request ended, from its client's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Heard {
+    /// 200: answered and stored.
+    Stored,
+    /// 202 `not_yet_stored`: answered, kept, to be stored once the store is back.
+    Pending,
+    /// Refused (503 and the like) or no answer at all: nothing may be relied on; sent
+    /// again with the same key.
+    Refused,
+}
+
+/// The requests of one test, in the order sent: message `n` is `message {n}`, sent with
+/// idempotency key `key-{n}`.
+#[derive(Debug, Default)]
+pub struct Accounts {
+    heard: Vec<(Heard, String)>,
+}
+
+impl Accounts {
+    /// Sends message `n` to conversation `main` at `url`, waiting for its answer, and
+    /// classifies what came back; an answer outside the accounting fails the test.
+    pub async fn send(client: &reqwest::Client, url: &str, n: usize) -> (Heard, String) {
+        let sent = client
+            .post(format!("{url}/v1/channels/main/messages"))
+            .header("Idempotency-Key", format!("key-{n}"))
+            .json(&serde_json::json!({ "text": format!("message {n}"), "wait": true }))
+            .send()
+            .await;
+        let Ok(response) = sent else {
+            return (Heard::Refused, "no response".into());
+        };
+        let status = response.status().as_u16();
+        let body: serde_json::Value = response.json().await.unwrap_or_default();
+        let heard = match (status, body["outcome"].as_str()) {
+            (200, Some("stored")) => Heard::Stored,
+            (202, Some("not_yet_stored")) => Heard::Pending,
+            (500.., _) => Heard::Refused,
+            _ => panic!("an answer outside the accounting: {status} {body}"),
+        };
+        (heard, body.to_string())
+    }
+
+    /// Sends the next message and keeps what was heard.
+    pub async fn next(&mut self, client: &reqwest::Client, url: &str) -> Heard {
+        let heard = Self::send(client, url, self.heard.len()).await;
+        self.heard.push(heard.clone());
+        heard.0
+    }
+
+    /// How many were sent.
+    pub fn len(&self) -> usize {
+        self.heard.len()
+    }
+
+    /// How many were heard other than stored.
+    pub fn not_stored(&self) -> usize {
+        self.heard
+            .iter()
+            .filter(|(h, _)| *h != Heard::Stored)
+            .count()
+    }
+
+    /// Sends every refused message again with its key; each must now be stored.
+    pub async fn resend_refused(&self, client: &reqwest::Client, url: &str) {
+        for (n, (heard, _)) in self.heard.iter().enumerate() {
+            if *heard == Heard::Refused {
+                let (again, body) = Self::send(client, url, n).await;
+                assert_eq!(again, Heard::Stored, "message {n} sent again: {body}");
+            }
+        }
+    }
+
+    /// The messages not in `stored` (the user messages stored, as text).
+    pub fn missing(&self, stored: &[String]) -> Vec<usize> {
+        (0..self.heard.len())
+            .filter(|n| !stored.contains(&format!("message {n}")))
+            .collect()
+    }
+
+    /// Checks that each message is in `stored` exactly once and returns the table: how
+    /// many were heard each way.
+    pub fn settle(&self, stored: &[String]) -> BTreeMap<Heard, usize> {
+        for (n, (how, body)) in self.heard.iter().enumerate() {
+            let times = stored
+                .iter()
+                .filter(|said| **said == format!("message {n}"))
+                .count();
+            assert_eq!(
+                times, 1,
+                "message {n} ({how:?}: {body}) stored {times} times"
+            );
+        }
+        let mut table = BTreeMap::new();
+        for (heard, _) in &self.heard {
+            *table.entry(*heard).or_insert(0) += 1;
+        }
+        table
+    }
+}
