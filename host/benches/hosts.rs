@@ -112,6 +112,7 @@ fn p50_p99(times: &mut [Duration]) -> (f64, f64) {
 fn postgres(url: &str) -> StoreSettings {
     StoreSettings::Postgres {
         url: DatabaseUrl::Literal(url.to_owned()),
+        lease: capstan_host::postgres::Lease::default().ttl(),
     }
 }
 

@@ -114,12 +114,13 @@ pub(crate) async fn run(
         closing: false,
     };
     let mut retriggers = 0;
-    // How much of `history` the store holds, and whether that stored prefix changed.
+    // How much of `history` the store holds, and whether that stored prefix changed (a
+    // history opened from the spill file is not stored yet, and is written first).
     let mut saved = history.len();
-    let mut rewrite = false;
+    let mut rewrite = audience.is_unsaved();
     // Whether the store's last refusal may pass (then the history is written again on a
     // timer; otherwise at the next turn, or the stop).
-    let mut transient = false;
+    let mut transient = rewrite;
     // Answers for other hosts' messages, held until the history holding them is stored.
     let mut held: Vec<(ForwardId, Answer)> = Vec::new();
     loop {
@@ -307,11 +308,8 @@ pub(crate) async fn run(
     }
 }
 
-/// Attempts of the last save of a history the store refused, as the conversation stops.
-const FLUSH_ATTEMPTS: u32 = 3;
-
 /// Writes `history` whole, as conversation `name` stops after the store refused it: up
-/// to [`FLUSH_ATTEMPTS`] times, `limits.store_retry_ms` apart. The store's last error if
+/// to `limits.stop_flush_attempts` times, `limits.store_retry_ms` apart. The store's last error if
 /// it never took it.
 async fn flush(
     ctx: &Context,
@@ -320,7 +318,7 @@ async fn flush(
     history: &[Message],
 ) -> Result<(), String> {
     let mut last = String::new();
-    for attempt in 0..FLUSH_ATTEMPTS {
+    for attempt in 0..ctx.config.limits.stop_flush_attempts {
         if attempt > 0 {
             tokio::time::sleep(ctx.config.limits.store_retry).await;
         }

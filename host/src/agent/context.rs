@@ -18,7 +18,8 @@ use super::exchange::{Audience, ReplyPart};
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::notifications::NotificationIndex;
 use super::reservations::{Reservation, TaskReservations, task_key};
-use super::stop::StopLedger;
+use super::spill::Spill;
+use super::stop::{NotSaved, StopLedger};
 use super::supervisor::{ShuttingDown, Supervisor, TooManyConversations};
 use super::turn::{Turn, TurnError, Unanswered};
 use crate::config::Config;
@@ -60,6 +61,8 @@ pub(crate) struct Context {
     /// The conversations whose history the store had not taken when they stopped, with
     /// its last error.
     pub(crate) stop: StopLedger,
+    /// `store.spill_file`: where histories the store refused are kept besides memory.
+    pub(crate) spill: Option<Arc<Spill>>,
 }
 
 /// Starts processes: implemented above the process modules (by the runtime), so that
@@ -173,6 +176,15 @@ impl Context {
         provider: Arc<dyn Provider>,
         starter: Box<dyn Starter>,
     ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<Event>), ServiceError> {
+        // Opened before the run begins: a spill file that cannot be used stops the start.
+        let spill = match &config.spill_file {
+            Some(path) => {
+                let spill =
+                    Spill::open(path).map_err(|err| ServiceError::Invalid(err.to_string()))?;
+                Some(Arc::new(spill))
+            }
+            None => None,
+        };
         let run = services.ledger.begin_run().await?;
         let stale = services.ledger.mark_interrupted_workers().await?;
         let (events, receiver) = EventSink::new();
@@ -203,6 +215,7 @@ impl Context {
             starter,
             adopts: std::sync::atomic::AtomicBool::new(true),
             stop: StopLedger::default(),
+            spill,
         });
         Ok((ctx, receiver))
     }
@@ -220,8 +233,28 @@ impl Context {
     /// Notes that conversation `id` stopped with its history not stored (the store's last
     /// `error`): the stop reports it.
     pub(crate) fn not_saved_at_stop(&self, id: &ProcessId, error: String) {
-        tracing::error!(conversation = %id, "the conversation stopped with its history not stored: {error}");
-        self.stop.not_saved(id, error);
+        let spilled = self
+            .spill
+            .as_ref()
+            .filter(|spill| spill.holds(id))
+            .map(|spill| spill.path().to_owned());
+        match &spilled {
+            Some(spill) => tracing::error!(
+                conversation = %id,
+                "the conversation stopped with its history not stored ({error}); it is kept in \
+                 the spill file {} and stored at the next start",
+                spill.display()
+            ),
+            None => tracing::error!(
+                conversation = %id,
+                "the conversation stopped with its history not stored: {error}"
+            ),
+        }
+        self.stop.not_saved(NotSaved {
+            conversation: id.clone(),
+            error,
+            spilled,
+        });
     }
 
     /// Reports `event` to the observers of the event stream.
@@ -374,6 +407,7 @@ impl Context {
             }
         };
         let history = self.services.history.load_as(session.as_str()).await?;
+        let (history, unstored) = self.land_spilled(id, history).await?;
         let limit = self.config.limits.max_open_conversations as usize;
         let handle = self
             .supervisor
@@ -386,6 +420,10 @@ impl Context {
                     limits.max_workers_per_channel as usize,
                     limits.max_branches_per_channel as usize,
                 );
+                if unstored {
+                    // The conversation's loop writes it first.
+                    handle.audience.held_from_spill();
+                }
                 self.starter
                     .channel(self, id.clone(), handle.clone(), receiver, history);
                 Ok(handle)
@@ -432,21 +470,7 @@ impl Context {
     ) -> Result<(), ServiceError> {
         let channel = id.session();
         let channel = channel.as_str();
-        // Stored as it would be served: a value the redactor knows (a user's paste, the
-        // model's echo) never rests in the store. Redacted field by field, so a row stays
-        // a message whatever the value.
-        let rows: Vec<String> = history[from.min(history.len())..]
-            .iter()
-            .map(|m| {
-                let row = serde_json::to_string(m).expect("messages serialize");
-                if matches!(self.redactor().redact(&row), Cow::Borrowed(_)) {
-                    return row;
-                }
-                let mut row = serde_json::to_value(m).expect("messages serialize");
-                self.redactor().redact_json(&mut row);
-                row.to_string()
-            })
-            .collect();
+        let rows = self.stored_rows(&history[from.min(history.len())..]);
         let save = async {
             if from == 0 {
                 self.services.history.replace(channel, rows).await
@@ -462,13 +486,20 @@ impl Context {
         let saved = match tokio::time::timeout(slow_after, &mut save).await {
             Ok(saved) => saved,
             Err(_) => {
+                // Kept on disk before any exchange hears it is not yet stored.
+                self.spill_history(id, history).await;
                 handle.audience.store_slow(slow_after);
                 save.await
             }
         };
         match &saved {
-            Ok(()) => handle.audience.stored(|| handle.is_idle()),
+            Ok(()) => {
+                self.release_spilled(id).await;
+                handle.audience.stored(|| handle.is_idle());
+            }
             Err(err) => {
+                // Kept on disk before any exchange hears it is not yet stored.
+                self.spill_history(id, history).await;
                 let error = self.redactor().redact_owned(err.to_string());
                 // Reported when the store starts refusing, not at every try after.
                 if !handle.audience.not_stored(&error) {
@@ -485,6 +516,24 @@ impl Context {
             }
         }
         saved
+    }
+
+    /// `messages` as the store keeps them: JSON rows, each redacted field by field (so a
+    /// row stays a message whatever the value), since a value the redactor knows (a
+    /// user's paste, the model's echo) never rests in the store.
+    pub(crate) fn stored_rows(&self, messages: &[Message]) -> Vec<String> {
+        messages
+            .iter()
+            .map(|m| {
+                let row = serde_json::to_string(m).expect("messages serialize");
+                if matches!(self.redactor().redact(&row), Cow::Borrowed(_)) {
+                    return row;
+                }
+                let mut row = serde_json::to_value(m).expect("messages serialize");
+                self.redactor().redact_json(&mut row);
+                row.to_string()
+            })
+            .collect()
     }
 
     /// Starts a worker on `task` for conversation `conversation` on behalf of `requester`

@@ -300,19 +300,6 @@ struct Attached {
 }
 
 impl Attached {
-    /// Tells `listener` the history is not stored, if it is not and it was not told.
-    fn tell(&self, listener: &mut Listener) {
-        if let Some(error) = &self.unsaved
-            && !listener.told_unstored
-        {
-            listener.told_unstored = true;
-            listener.send(ReplyPart::NotYetStored {
-                error: error.clone(),
-                waited: Duration::ZERO,
-            });
-        }
-    }
-
     /// Notes that the history is not stored (`error`, after `waited`) and tells every
     /// exchange not told yet.
     fn tell_unstored(&mut self, error: &str, waited: Duration) {
@@ -348,16 +335,11 @@ impl Audience {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Attaches `listener`: from now on it hears what the conversation does.
-    pub(crate) fn attach(&self, mut listener: Listener) {
-        let mut attached = self.lock();
-        attached.tell(&mut listener);
-        attached.listeners.push(listener);
-    }
-
-    /// Tells `listener`, not attached yet, that the history is not stored, if it is not.
-    pub(crate) fn tell_if_unstored(&self, listener: &mut Listener) {
-        self.lock().tell(listener);
+    /// Attaches `listener`: from now on it hears what the conversation does. It is not
+    /// told a refusal that came before it: its own message is in no spill yet, and it hears
+    /// one once its history is written and refused.
+    pub(crate) fn attach(&self, listener: Listener) {
+        self.lock().listeners.push(listener);
     }
 
     /// Sends `part` to every attached exchange.
@@ -406,7 +388,16 @@ impl Audience {
         }
         listener.replies = replies;
         listener.failed = failed;
-        self.attach(listener);
+        let mut attached = self.lock();
+        // What it repeats is already held (in memory and the spill): it hears so now.
+        if let Some(error) = attached.unsaved.clone() {
+            listener.told_unstored = true;
+            listener.send(ReplyPart::NotYetStored {
+                error,
+                waited: Duration::ZERO,
+            });
+        }
+        attached.listeners.push(listener);
     }
 
     /// Sends a delivered reply to every attached exchange.
@@ -447,6 +438,17 @@ impl Audience {
             waited.as_secs()
         );
         self.lock().tell_unstored(&error, waited);
+    }
+
+    /// Notes that the history the conversation opened with is not stored: it came from
+    /// the spill file, and the conversation writes it first.
+    pub(crate) fn held_from_spill(&self) {
+        self.lock().unsaved = Some("the history from the spill file is not stored yet".into());
+    }
+
+    /// Whether the history is not stored.
+    pub(crate) fn is_unsaved(&self) -> bool {
+        self.lock().unsaved.is_some()
     }
 
     /// Notes that the history is stored; then, if `idle` says nothing is pending, ends

@@ -30,6 +30,8 @@ mod repeats;
 mod reports;
 mod reservations;
 mod runtime;
+mod spill;
+mod spilling;
 mod stop;
 mod supervisor;
 mod tool_calls;
@@ -44,4 +46,5 @@ pub use supervisor::{ShuttingDown, TooManyConversations};
 
 pub use host_tools::{HOST_TOOLS, HostTool, host_tool};
 pub use runtime::{Runtime, Sent};
+pub use spill::SpillError;
 pub use stop::{NotSaved, StopReport};

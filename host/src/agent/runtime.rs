@@ -12,7 +12,7 @@ use super::exchange::{End, Exchange, Listener, ReplyPart, UserMessage, end_of};
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::reservations::Reservation;
 use super::stop::{NotSaved, StopReport};
-use super::{branch, channel, forwarding, worker};
+use super::{branch, channel, forwarding, spilling, worker};
 use crate::config::Config;
 use crate::ids::ProcessId;
 use crate::llm::{Message, Provider, ToolDef};
@@ -96,6 +96,7 @@ impl Runtime {
     ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<Event>), ServiceError> {
         let starter = Box::new(Processes);
         let (ctx, events) = Context::new(config, registry, services, provider, starter).await?;
+        spilling::land_spill(&ctx).await;
         let watchers = [
             tokio::spawn(forwarding::take_forwarded(Arc::downgrade(&ctx))),
             tokio::spawn(forwarding::stop_when_lease_lost(Arc::downgrade(&ctx))),
@@ -215,12 +216,9 @@ impl Runtime {
         message: impl Into<UserMessage>,
     ) -> Result<Exchange, ConversationError> {
         let message = message.into();
-        let (mut listener, exchange) = Exchange::new(message.key.clone());
+        let (listener, exchange) = Exchange::new(message.key.clone());
         match self.ctx.conversation(id).await {
             Ok(handle) => {
-                // A conversation whose store is out may not take the message up soon (its
-                // save waits on a locked database): the exchange hears so at once.
-                handle.audience.tell_if_unstored(&mut listener);
                 // Refused only if the conversation closed meanwhile: the exchange then
                 // ends lost, as its listener drops untaken.
                 handle.send(ChannelInput::exchange(message, listener));

@@ -14,6 +14,9 @@ pub struct NotSaved {
     pub conversation: ProcessId,
     /// The store's last error.
     pub error: String,
+    /// The spill file holding its history, written to the store at the next start; `None`:
+    /// what it did since its last stored exchange is lost.
+    pub spilled: Option<std::path::PathBuf>,
 }
 
 /// What the context keeps for the stop: the conversations not saved, and a sender that
@@ -33,13 +36,10 @@ impl Default for StopLedger {
 }
 
 impl StopLedger {
-    /// Notes `conversation` as stopped with its history not stored.
-    pub(crate) fn not_saved(&self, conversation: &ProcessId, error: String) {
+    /// Notes a conversation as stopped with its history not stored.
+    pub(crate) fn not_saved(&self, lost: NotSaved) {
         let mut list = self.not_saved.lock().unwrap_or_else(|p| p.into_inner());
-        list.push(NotSaved {
-            conversation: conversation.clone(),
-            error,
-        });
+        list.push(lost);
     }
 
     /// The conversations noted so far.

@@ -1,7 +1,7 @@
 //! Opening the services the config's `[store]` names.
 
 use crate::config::{Config, StoreSettings};
-use crate::postgres::Postgres;
+use crate::postgres::{Lease, Postgres};
 use crate::services::{ServiceError, Services};
 use crate::store::Store;
 
@@ -20,9 +20,9 @@ use crate::store::Store;
 pub async fn open_services(config: &Config) -> Result<Services, ServiceError> {
     match &config.store {
         StoreSettings::Sqlite => Store::open_services(&config.agent.data_dir).await,
-        StoreSettings::Postgres { url } => {
+        StoreSettings::Postgres { url, lease } => {
             let url = url.value().map_err(ServiceError::Invalid)?;
-            Postgres::open_services(&url).await
+            Postgres::open_services(&url, Lease::new(*lease)).await
         }
     }
 }

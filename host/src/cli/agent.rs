@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 
 use super::HostArgs;
 use super::table::print_table;
-use crate::agent::{End, Event, ReplyPart, Runtime};
+use crate::agent::{End, Event, NotSaved, ReplyPart, Runtime};
 use crate::app::{Agent, AgentBuilder};
 use crate::config::{Config, LocationKind, Locations};
 use crate::ids::ProcessId;
@@ -227,6 +227,26 @@ async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> Tally {
     tally
 }
 
+/// Says that `lost`'s conversation stopped with its history not stored, and where what it
+/// held is (the spill file), or that it is lost.
+pub(crate) fn say_not_saved(lost: &NotSaved) {
+    match &lost.spilled {
+        Some(spill) => crate::say!(
+            "error: {} was not stored: the store refused its history to the end ({}); it is \
+             kept in the spill file {} and stored at the next start",
+            lost.conversation,
+            one_line(&lost.error),
+            spill.display()
+        ),
+        None => crate::say!(
+            "error: {} was not stored: the store refused its history to the end ({}); what it \
+             did since its last stored exchange is lost",
+            lost.conversation,
+            one_line(&lost.error)
+        ),
+    }
+}
+
 /// What stopped a session: a signal, or the loss of the host's run lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stop {
@@ -337,14 +357,7 @@ async fn finish(
     drop(runtime);
     let mut tally = printer.await.unwrap_or_default();
     let not_saved = report.ended().await;
-    for lost in &not_saved {
-        crate::say!(
-            "error: {} was not stored: the store refused its history to the end ({}); what \
-             it did since its last stored exchange is lost",
-            lost.conversation,
-            one_line(&lost.error)
-        );
-    }
+    not_saved.iter().for_each(say_not_saved);
     tally.failures += not_saved.len() + failed;
     if stop.is_some() {
         match not_saved.len() {

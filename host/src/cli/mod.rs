@@ -214,6 +214,9 @@ impl HostArgs {
             locations.add(LocationKind::PluginsDir, dir);
         }
         locations.add(LocationKind::DataDir, &config.agent.data_dir);
+        if let Some(spill) = &config.spill_file {
+            locations.add(LocationKind::SpillFile, spill);
+        }
         let secret_files = config.secrets.iter().map(|s| &s.source);
         for source in secret_files.chain(config.serve.tokens.iter().map(|t| &t.source)) {
             if let SecretSource::File(path) = source {

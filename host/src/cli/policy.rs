@@ -152,6 +152,7 @@ fn print_locations(out: &mut impl Write, locations: &Locations) -> std::io::Resu
         let name = match kind {
             LocationKind::Config | LocationKind::ConfigLookup => "config",
             LocationKind::DataDir => "data dir",
+            LocationKind::SpillFile => "spill file",
             LocationKind::CacheDir => "cache dir",
             LocationKind::PluginsDir => "plugins dir",
             LocationKind::Script => "script",
@@ -205,7 +206,7 @@ fn print_audit(out: &mut impl Write, config: &Config) -> std::io::Result<()> {
             "SQLite at {}",
             config.agent.data_dir.join(DATABASE_FILE).display()
         )),
-        StoreSettings::Postgres { url } => AuditDestination::Kept(match url {
+        StoreSettings::Postgres { url, .. } => AuditDestination::Kept(match url {
             DatabaseUrl::Env(name) => {
                 format!("PostgreSQL at the URL in ${name} (store.url_env)")
             }

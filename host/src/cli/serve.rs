@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Args;
 
-use super::agent::{LEASE_LOST, Launch, StopSignals, exit};
+use super::agent::{LEASE_LOST, Launch, StopSignals, exit, say_not_saved};
 use crate::config::parse_addr;
 use crate::serve::{Server, openapi_json};
 
@@ -99,29 +99,26 @@ impl ServeCommand {
                 (so_far, false)
             }
         };
-        for lost in &not_saved {
-            crate::say!(
-                "error: {} was not stored: the store refused its history to the end ({}); \
-                 what it did since its last stored exchange is lost",
-                lost.conversation,
-                crate::text::one_line(&lost.error)
-            );
-        }
+        not_saved.iter().for_each(say_not_saved);
         // The run ended with the runtime; other hosts learn it before this process exits.
         services.ledger.settle().await;
-        if lost.load(Ordering::SeqCst) {
-            return Ok(ExitCode::from(exit::LEASE_LOST));
-        }
-        if !not_saved.is_empty() || !all_ended {
+        let whole = not_saved.is_empty() && all_ended;
+        if whole {
+            crate::say!("(stopped: every conversation's history is stored)");
+        } else {
             crate::say!(
                 "(stopped: {} conversation(s) not stored{}, listed above)",
                 not_saved.len(),
                 if all_ended { "" } else { ", others not known" }
             );
-            return Ok(ExitCode::from(exit::FAILED));
         }
-        crate::say!("(stopped: every conversation's history is stored)");
-        Ok(ExitCode::SUCCESS)
+        Ok(if lost.load(Ordering::SeqCst) {
+            ExitCode::from(exit::LEASE_LOST)
+        } else if whole {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(exit::FAILED)
+        })
     }
 }
 

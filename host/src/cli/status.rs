@@ -31,7 +31,7 @@ impl StatusCommand {
                 writeln!(out, "store: SQLite, {} (one host)", file.display())?;
                 return Ok(ExitCode::SUCCESS);
             }
-            StoreSettings::Postgres { url } => url.value().map_err(anyhow::Error::msg)?,
+            StoreSettings::Postgres { url, .. } => url.value().map_err(anyhow::Error::msg)?,
         };
         let db = Postgres::connect_as_is(&url).await?;
         writeln!(out, "store: PostgreSQL, {}", db.location())?;

@@ -73,6 +73,7 @@ impl ToolCommand {
             Some(dir) => dir,
             None => std::env::current_dir().context("reading the current directory")?,
         };
+        crate::config::check_workspace(&workspace)?;
         let locations = host.check_call_locations(&config, &workspace, &grants)?;
         let args_json = read_args(&args_json)?;
         let registry = host

@@ -26,6 +26,9 @@ pub enum LocationKind {
     ConfigLookup,
     /// `agent.data_dir`: the database.
     DataDir,
+    /// `store.spill_file`: the histories the store refused, written to it at the next
+    /// start.
+    SpillFile,
     /// The precompiled-component cache.
     CacheDir,
     /// The plugins directory.
@@ -48,6 +51,7 @@ impl LocationKind {
             LocationKind::Config => "the config file",
             LocationKind::ConfigLookup => "the config lookup path (no file there yet)",
             LocationKind::DataDir => "the data dir",
+            LocationKind::SpillFile => "the spill file",
             LocationKind::CacheDir => "the component cache dir",
             LocationKind::PluginsDir => "the plugins dir",
             LocationKind::Script => "the provider script",
@@ -75,6 +79,7 @@ impl LocationKind {
                  workspace elsewhere (--workspace DIR, agent.workspace)"
             }
             LocationKind::DataDir => "set agent.data_dir to a directory outside the workspace",
+            LocationKind::SpillFile => "set store.spill_file to a file outside the workspace",
             LocationKind::SecretFile => {
                 "keep the file outside the workspace (`file` in [secrets.NAME] or \
                  [serve.tokens.NAME]), or read the value from `env` instead"

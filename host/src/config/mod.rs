@@ -37,7 +37,7 @@ pub use overrides::Override;
 pub use resolve::resolve;
 pub use serve::{ServeSettings, TokenScope, TokenSpec, parse_addr};
 pub use store::{DatabaseUrl, StoreSettings};
-pub use workspace::{WorkspaceError, make_workspace};
+pub use workspace::{WorkspaceError, check_workspace, make_workspace};
 pub use writable_workspaces::{RecordError, WRITABLE_WORKSPACES_FILE, WritableWorkspaces};
 
 use std::path::{Path, PathBuf};
@@ -85,6 +85,10 @@ pub struct Config {
     pub serve: ServeSettings,
     /// `[store]`: where the services keep what they keep.
     pub store: StoreSettings,
+    /// `store.spill_file`: where a history the store refused is kept besides memory, so
+    /// a stop or a crash during an outage loses none of it; it is written to the store at
+    /// the next start.
+    pub spill_file: Option<PathBuf>,
     /// `[secrets.NAME]`: the secrets plugins may use, and where their values come from.
     pub secrets: Vec<SecretSpec>,
     /// `[mcp.NAME]`: external MCP servers whose tools profiles may name (`NAME.*`).
@@ -140,6 +144,9 @@ pub struct AgentLimits {
     /// How long a door waits, once the store refused an exchange's history, before it
     /// answers with the reply marked as not yet stored (`limits.unstored_reply_secs`).
     pub unstored_reply: Duration,
+    /// How many times a conversation that stops writes a history the store refused,
+    /// `store_retry` apart, before it reports it not stored (`limits.stop_flush_attempts`).
+    pub stop_flush_attempts: u32,
 }
 
 /// `[provider]`.

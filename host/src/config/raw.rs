@@ -58,6 +58,7 @@ struct RawLimits {
     mcp_message_kib: u32,
     store_retry_ms: u64,
     unstored_reply_secs: u64,
+    stop_flush_attempts: u32,
     max_workers_per_channel: u32,
     max_branches_per_channel: u32,
     max_open_conversations: u32,
@@ -161,7 +162,7 @@ impl RawConfig {
         let provider = self.provider.check(&resolve)?;
         let net = self.net.check(limits.tool.deadline)?;
         let serve = self.serve.check(&resolve)?;
-        let store = self.store.check()?;
+        let (store, spill_file) = self.store.check(resolve)?;
         let secrets = check_secrets(self.secrets, &resolve)?;
         let policy = check_profiles(self.profiles, &secrets, reuse)?;
         let mcp = check_mcp(self.mcp, &secrets, &resolve)?;
@@ -174,6 +175,7 @@ impl RawConfig {
             net,
             serve,
             store,
+            spill_file,
             secrets,
             mcp,
             policy,
@@ -310,6 +312,12 @@ impl RawLimits {
                 format!("must be 10 to 60000 ms, got {}", self.store_retry_ms),
             ));
         }
+        if !(1..=100).contains(&self.stop_flush_attempts) {
+            return Err(key_error(
+                "limits.stop_flush_attempts",
+                format!("must be 1 to 100, got {}", self.stop_flush_attempts),
+            ));
+        }
         if self.unstored_reply_secs > 3600 {
             return Err(key_error(
                 "limits.unstored_reply_secs",
@@ -355,6 +363,7 @@ impl RawLimits {
             mcp_message_bytes: (self.mcp_message_kib as usize) << 10,
             store_retry: Duration::from_millis(self.store_retry_ms),
             unstored_reply: Duration::from_secs(self.unstored_reply_secs),
+            stop_flush_attempts: self.stop_flush_attempts,
         })
     }
 }

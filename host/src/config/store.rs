@@ -1,5 +1,8 @@
 //! `[store]`: where tasks, memories, history, worker records and the audit log are kept.
 
+use std::path::PathBuf;
+use std::time::Duration;
+
 use serde::Deserialize;
 
 use super::error::{KeyError, key_error};
@@ -14,6 +17,10 @@ pub enum StoreSettings {
     Postgres {
         /// Where the URL comes from.
         url: DatabaseUrl,
+        /// How long a host's run lease lasts unrenewed (`lease_secs`): how long a host
+        /// cut off from the database goes on serving, and how soon another host may
+        /// answer its conversations after it died.
+        lease: Duration,
     },
 }
 
@@ -67,10 +74,56 @@ pub(super) struct RawStore {
     kind: String,
     url: Option<String>,
     url_env: Option<String>,
+    lease_secs: Option<u64>,
+    spill_file: Option<PathBuf>,
 }
 
+/// The run lease unless `lease_secs` says otherwise.
+const DEFAULT_LEASE_SECS: u64 = 15;
+/// What `lease_secs` may be: long enough to renew it thrice with room for a slow
+/// statement, short enough that a dead host's conversations are not held for long.
+const LEASE_SECS: std::ops::RangeInclusive<u64> = 6..=600;
+
 impl RawStore {
-    pub(super) fn check(self) -> Result<StoreSettings, KeyError> {
+    /// The backend, and the spill file (`spill_file`, resolved with `resolve`).
+    pub(super) fn check(
+        mut self,
+        resolve: impl Fn(PathBuf) -> PathBuf,
+    ) -> Result<(StoreSettings, Option<PathBuf>), KeyError> {
+        if self
+            .spill_file
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Err(key_error(
+                "store.spill_file",
+                "must not be empty: a file's path, or leave the key out",
+            ));
+        }
+        let spill = self.spill_file.take().map(resolve);
+        Ok((self.backend()?, spill))
+    }
+
+    fn backend(self) -> Result<StoreSettings, KeyError> {
+        let lease = match self.lease_secs {
+            Some(_) if self.kind != "postgres" => {
+                return Err(key_error(
+                    "store.lease_secs",
+                    "is for kind = \"postgres\"; a SQLite store has one host and no lease",
+                ));
+            }
+            Some(secs) if !LEASE_SECS.contains(&secs) => {
+                return Err(key_error(
+                    "store.lease_secs",
+                    format!(
+                        "must be {} to {} seconds, got {secs}",
+                        LEASE_SECS.start(),
+                        LEASE_SECS.end()
+                    ),
+                ));
+            }
+            secs => Duration::from_secs(secs.unwrap_or(DEFAULT_LEASE_SECS)),
+        };
         match (self.kind.as_str(), self.url, self.url_env) {
             ("sqlite", None, None) => Ok(StoreSettings::Sqlite),
             ("sqlite", _, _) => Err(key_error(
@@ -86,11 +139,13 @@ impl RawStore {
                 }
                 Ok(StoreSettings::Postgres {
                     url: DatabaseUrl::Literal(url),
+                    lease,
                 })
             }
             ("postgres", None, Some(name)) if !name.trim().is_empty() => {
                 Ok(StoreSettings::Postgres {
                     url: DatabaseUrl::Env(name),
+                    lease,
                 })
             }
             ("postgres", Some(_), Some(_)) => Err(key_error(
@@ -131,19 +186,22 @@ mod tests {
         assert_eq!(
             literal,
             StoreSettings::Postgres {
-                url: DatabaseUrl::Literal(url.into())
+                url: DatabaseUrl::Literal(url.into()),
+                lease: Duration::from_secs(15),
             }
         );
-        let env = store("[store]\nkind = \"postgres\"\nurl_env = \"DB_URL\"").unwrap();
+        let env =
+            store("[store]\nkind = \"postgres\"\nurl_env = \"DB_URL\"\nlease_secs = 30").unwrap();
         assert_eq!(
             env,
             StoreSettings::Postgres {
-                url: DatabaseUrl::Env("DB_URL".into())
+                url: DatabaseUrl::Env("DB_URL".into()),
+                lease: Duration::from_secs(30),
             }
         );
         assert_eq!(
             format!("{literal:?}"),
-            "Postgres { url: Literal(..) }",
+            "Postgres { url: Literal(..), lease: 15s }",
             "no URL in logs"
         );
     }
@@ -172,6 +230,12 @@ mod tests {
                 "store.url",
                 "data_dir",
             ),
+            (
+                "[store]\nkind = \"postgres\"\nurl_env = \"X\"\nlease_secs = 2",
+                "store.lease_secs",
+                "6 to 600 seconds, got 2",
+            ),
+            ("[store]\nlease_secs = 30", "store.lease_secs", "no lease"),
             (
                 "[store]\nkind = \"sqlite\"\nhost = \"db\"",
                 "host",

@@ -40,11 +40,7 @@ pub enum WorkspaceError {
 /// capstan_host::config::make_workspace(&dir.path().join("ws")).unwrap();
 /// ```
 pub fn make_workspace(path: &Path) -> Result<(), WorkspaceError> {
-    if path.exists() && !path.is_dir() {
-        return Err(WorkspaceError::NotADirectory {
-            path: path.to_owned(),
-        });
-    }
+    check_workspace(path)?;
     std::fs::create_dir_all(path).map_err(|source| match source.kind() {
         // A parent on the way that is a file.
         std::io::ErrorKind::NotADirectory | std::io::ErrorKind::AlreadyExists => {
@@ -57,4 +53,24 @@ pub fn make_workspace(path: &Path) -> Result<(), WorkspaceError> {
             source,
         },
     })
+}
+
+/// Refuses a workspace `path` that is there but is not a directory, as every command that
+/// works in one does before it starts, whether or not it creates a missing one.
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// let file = dir.path().join("notes.txt");
+/// std::fs::write(&file, "not a directory").unwrap();
+/// let err = capstan_host::config::check_workspace(&file).unwrap_err();
+/// assert!(err.to_string().contains("is a file, not a directory"));
+/// capstan_host::config::check_workspace(dir.path()).unwrap();
+/// ```
+pub fn check_workspace(path: &Path) -> Result<(), WorkspaceError> {
+    if path.exists() && !path.is_dir() {
+        return Err(WorkspaceError::NotADirectory {
+            path: path.to_owned(),
+        });
+    }
+    Ok(())
 }

@@ -88,8 +88,15 @@ pub(super) fn describe(err: &tokio_postgres::Error) -> String {
     text
 }
 
-/// `err` and each of its causes, joined.
+/// `err` and each of its causes, joined; a server's error anywhere in it is described with
+/// its advice ([`describe`]), whether it came wrapped (the pool's first connection) or
+/// not (a connection of its own, made later), so each path says the same.
 pub(super) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    if let Some(pg) = err.downcast_ref::<tokio_postgres::Error>()
+        && pg.as_db_error().is_some()
+    {
+        return describe(pg);
+    }
     let mut text = err.to_string();
     let mut cause = err.source();
     while let Some(next) = cause {

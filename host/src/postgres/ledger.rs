@@ -1,13 +1,13 @@
 //! Runs, process numbers and worker records.
 //!
-//! A run is a lease row: its host renews `expires_at` every [`LEASE_PERIOD`] on a
+//! A run is a lease row: its host renews `expires_at` every [`Lease::period`] on a
 //! connection of its own, so a saturated pool cannot starve the renewal. A run is over
 //! when its host ended it (the [`Run`] dropped) or when its lease expired by the
 //! database's clock (the host died, or stopped renewing): only then are its workers
 //! marked interrupted, by whichever host looks first.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use tokio::sync::oneshot;
@@ -15,27 +15,11 @@ use tokio_postgres::{Client, NoTls, Row};
 
 use super::inbox::forward_on;
 use super::sessions::{Owner, run_is_live};
-use super::{Ending, Postgres, now};
+use super::{Ending, Lease, Postgres, now};
 use crate::services::{
     Forwarded, LeaseClock, Ledger, Run, RunId, ServiceError, WorkerRecord, WorkerState,
     interrupted_outcome, worker_already_recorded, worker_has_ended,
 };
-
-/// How often a run's lease is renewed.
-const LEASE_PERIOD: Duration = Duration::from_secs(5);
-
-/// How long a lease lasts unrenewed: three periods, so one slow renewal loses nothing.
-const LEASE_TTL_SECONDS: f64 = 15.0;
-
-/// How much sooner than the database the host itself counts its lease over: what the two
-/// clocks may drift apart within a lease, many times over.
-const LEASE_MARGIN: Duration = Duration::from_secs(1);
-
-/// The end of a lease renewed by a statement sent at `sent`, by this host's clock: the
-/// database set it [`LEASE_TTL_SECONDS`] after it ran the statement, which is later.
-fn local_term(sent: Instant) -> Instant {
-    sent + Duration::from_secs_f64(LEASE_TTL_SECONDS) - LEASE_MARGIN
-}
 
 /// Keeps a run's lease while held; dropping it ends the run.
 struct RunLease {
@@ -71,6 +55,7 @@ impl Drop for RunLease {
 /// The connection a run's lease is renewed on: its own, made again when it is lost.
 struct LeaseConnection {
     config: tokio_postgres::Config,
+    lease: Lease,
     location: String,
     client: Option<Client>,
 }
@@ -95,13 +80,14 @@ impl LeaseConnection {
     /// was. A lease that expired stays expired (the host's workers may have been marked
     /// interrupted by another host already).
     async fn renew(&mut self, id: i64) -> Result<bool, tokio_postgres::Error> {
+        let ttl = self.lease.ttl_seconds();
         let renewed = self
             .client()
             .await?
             .execute(
                 "UPDATE runs SET expires_at = now() + make_interval(secs => $2)
                  WHERE id = $1 AND ended_at IS NULL AND expires_at > now()",
-                &[&id, &LEASE_TTL_SECONDS],
+                &[&id, &ttl],
             )
             .await;
         if renewed.is_err() {
@@ -121,52 +107,73 @@ impl LeaseConnection {
     }
 }
 
-/// Renews run `id`'s lease every [`LEASE_PERIOD`] until `stop`, then writes its end. Each
+/// Renews run `id`'s lease every [`Lease::period`] until `stop`, then writes its end. Each
 /// renewal, a new connection included, gets one period: a connection that hangs is
-/// dropped and made again, and `stop` is heard meanwhile.
+/// dropped and made again, and `stop` is heard meanwhile. A lease not renewed by `term`
+/// (this host's clock) is over: the database may have been unreachable all along, and
+/// once it is back other hosts may take this host's conversations.
 async fn renew(
     mut lease: LeaseConnection,
     id: i64,
     clock: LeaseClock,
+    mut term: Instant,
     mut stop: oneshot::Receiver<()>,
     ending: Arc<Ending>,
 ) {
-    let mut tick = tokio::time::interval(LEASE_PERIOD);
+    let terms = lease.lease;
+    let period = terms.period();
+    let mut tick = tokio::time::interval(period);
     tick.tick().await;
     let location = lease.location.clone();
+    let lost = |why: String| {
+        clock.lose();
+        tracing::error!(
+            database = %location,
+            run = id,
+            "this host's run lease is over: {why}; other hosts may have marked its workers \
+             interrupted and may answer its conversations, so it lands nothing more and stops"
+        );
+    };
     loop {
         tokio::select! {
             _ = &mut stop => break,
+            _ = tokio::time::sleep_until(term.into()) => {
+                return lost(format!(
+                    "it could not be renewed for {} s (the database unreachable)",
+                    terms.ttl().as_secs()
+                ));
+            }
             _ = tick.tick() => {}
         }
         let sent = Instant::now();
         let renewed = tokio::select! {
             _ = &mut stop => break,
-            renewed = tokio::time::timeout(LEASE_PERIOD, lease.renew(id)) => renewed,
+            // A renewal that hangs past the term does not hold the loss back.
+            _ = tokio::time::sleep_until(term.into()) => continue,
+            renewed = tokio::time::timeout(period, lease.renew(id)) => renewed,
         };
         match renewed {
-            Ok(Ok(true)) => clock.renewed(local_term(sent)),
+            Ok(Ok(true)) => {
+                term = terms.local_term(sent);
+                clock.renewed(term);
+            }
             Ok(Ok(false)) => {
-                clock.lose();
-                tracing::error!(
-                    database = %location,
-                    run = id,
-                    "this host's run lease expired before it was renewed (the host was paused \
-                     or cut off for longer than {LEASE_TTL_SECONDS} s): other hosts may have \
-                     marked its workers interrupted, and no new worker starts under it"
-                );
-                return;
+                return lost(format!(
+                    "it expired before it was renewed (the host was paused or cut off for \
+                     longer than {} s)",
+                    terms.ttl().as_secs()
+                ));
             }
             Ok(Err(err)) => {
                 tracing::warn!(database = %location, run = id, "cannot renew the run's lease: {err}");
             }
             Err(_) => {
                 lease.client = None;
-                tracing::warn!(database = %location, run = id, "renewing the run's lease took longer than {} s; connecting again", LEASE_PERIOD.as_secs());
+                tracing::warn!(database = %location, run = id, "renewing the run's lease took longer than {} s; connecting again", period.as_secs());
             }
         }
     }
-    match tokio::time::timeout(LEASE_PERIOD, lease.end(id)).await {
+    match tokio::time::timeout(period, lease.end(id)).await {
         // Written: the database says it for every host now.
         Ok(Ok(())) => {
             ending.runs.lock().unwrap().remove(&id);
@@ -316,6 +323,7 @@ impl Ledger for Postgres {
     async fn begin_run(&self) -> Result<Run, ServiceError> {
         let mut lease = LeaseConnection {
             config: self.config.clone(),
+            lease: self.lease,
             location: self.location.clone(),
             client: None,
         };
@@ -328,18 +336,20 @@ impl Ledger for Postgres {
                 &[
                     &host_name(),
                     &i64::from(std::process::id()),
-                    &LEASE_TTL_SECONDS,
+                    &self.lease.ttl_seconds(),
                 ],
             )
             .await
             .map_err(|err| self.failed("ledger.begin_run", err))?;
         let id: i64 = row.get(0);
         let (stop, stopped) = oneshot::channel();
-        let clock = LeaseClock::new(local_term(sent));
+        let term = self.lease.local_term(sent);
+        let clock = LeaseClock::new(term);
         tokio::spawn(renew(
             lease,
             id,
             clock.clone(),
+            term,
             stopped,
             self.ending.clone(),
         ));
@@ -484,7 +494,7 @@ impl Ledger for Postgres {
 
     async fn settle(&self) {
         // Each end is written within one period, or given up on (the lease expires).
-        let deadline = tokio::time::Instant::now() + 2 * LEASE_PERIOD;
+        let deadline = tokio::time::Instant::now() + 2 * self.lease.period();
         loop {
             let written = self.ending.written.notified();
             tokio::pin!(written);
@@ -577,6 +587,7 @@ mod tests {
     fn lease_on(url: &str, host: &Postgres) -> LeaseConnection {
         LeaseConnection {
             config: url.parse().unwrap(),
+            lease: host.lease,
             location: host.location.clone(),
             client: None,
         }

@@ -31,6 +31,7 @@ mod audit;
 mod error;
 mod history;
 mod inbox;
+mod lease;
 mod ledger;
 mod memory;
 mod reservations;
@@ -51,6 +52,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
 pub use error::PgError;
+pub use lease::Lease;
 pub use status::{RunStatus, SessionStatus};
 
 use crate::services::{ServiceError, Services};
@@ -60,9 +62,6 @@ const POOL_SIZE: usize = 16;
 
 /// How long making a connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long a transaction may sit idle or wait for a lock: under a lease's life.
-const TRANSACTION_LIMIT: Duration = Duration::from_secs(10);
 
 /// How long a call waits for a pooled connection when all are in use.
 const POOL_WAIT: Duration = Duration::from_secs(30);
@@ -74,6 +73,8 @@ pub struct Postgres {
     config: tokio_postgres::Config,
     /// The database as errors name it (no password).
     location: String,
+    /// How long this host's run leases last.
+    lease: Lease,
     /// Runs this host ended whose end may not be written yet: over already.
     ending: Arc<Ending>,
     /// The run this host writes sessions under, and the sessions it owns.
@@ -84,9 +85,15 @@ pub struct Postgres {
 }
 
 impl Postgres {
-    /// Connects to the database at `url` and brings its schema up to date.
+    /// Connects to the database at `url` and brings its schema up to date; its runs take
+    /// the default [`Lease`].
     pub async fn connect(url: &str) -> Result<Arc<Postgres>, PgError> {
-        let postgres = Postgres::connect_as_is(url).await?;
+        Postgres::connect_with(url, Lease::default()).await
+    }
+
+    /// [`Postgres::connect`], its runs taking leases of `lease`.
+    pub async fn connect_with(url: &str, lease: Lease) -> Result<Arc<Postgres>, PgError> {
+        let postgres = Postgres::open(url, lease).await?;
         let mut client = postgres.client().await?;
         schema::migrate(&mut client, &postgres.location).await?;
         drop(client);
@@ -96,6 +103,11 @@ impl Postgres {
     /// Connects to the database at `url` and changes nothing: for reading what the hosts
     /// wrote (`capstan status`), whatever schema version a newer host left.
     pub async fn connect_as_is(url: &str) -> Result<Arc<Postgres>, PgError> {
+        Postgres::open(url, Lease::default()).await
+    }
+
+    /// Connects to the database at `url`, its runs taking leases of `lease`.
+    async fn open(url: &str, lease: Lease) -> Result<Arc<Postgres>, PgError> {
         let mut config: tokio_postgres::Config = url.parse().map_err(|err| PgError::Url {
             reason: error::chain(&err),
         })?;
@@ -112,7 +124,7 @@ impl Postgres {
         let options = format!(
             "{} -c idle_in_transaction_session_timeout={ms} -c lock_timeout={ms}",
             config.get_options().unwrap_or(""),
-            ms = TRANSACTION_LIMIT.as_millis()
+            ms = lease.transaction_limit().as_millis()
         );
         config.options(options.trim());
         let location = location_of(&config);
@@ -138,6 +150,7 @@ impl Postgres {
             pool,
             config,
             location,
+            lease,
             ending: Arc::default(),
             owner: Arc::default(),
             hints: std::sync::OnceLock::new(),
@@ -147,9 +160,11 @@ impl Postgres {
         Ok(Arc::new(postgres))
     }
 
-    /// The services on the database at `url`.
-    pub async fn open_services(url: &str) -> Result<Services, ServiceError> {
-        Ok(Services::all_from(Postgres::connect(url).await?))
+    /// The services on the database at `url`, this host's runs taking leases of `lease`.
+    pub async fn open_services(url: &str, lease: Lease) -> Result<Services, ServiceError> {
+        Ok(Services::all_from(
+            Postgres::connect_with(url, lease).await?,
+        ))
     }
 
     /// The database `url` names, as errors name it (user, host, port and database, never a
@@ -251,7 +266,9 @@ mod tests {
         let cluster = TestCluster::start();
         conformance::check_all(async || {
             let url = cluster.fresh_database().await;
-            Postgres::open_services(&url).await.unwrap()
+            Postgres::open_services(&url, Lease::default())
+                .await
+                .unwrap()
         })
         .await;
     }
@@ -503,6 +520,7 @@ tool_calls = [{ name = "reply", arguments = { text = "hello from postgres" } }]
         config.provider = ProviderSettings::Scripted { script: None };
         config.store = StoreSettings::Postgres {
             url: DatabaseUrl::Literal(url.clone()),
+            lease: super::Lease::default().ttl(),
         };
         let provider = ScriptedProvider::new(Script::parse(HELLO, "test").unwrap(), "test");
         let mut agent = AgentBuilder::new(config)

@@ -14,6 +14,7 @@
 //! the queue is empty.
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use rusqlite::Transaction;
 use tokio::sync::oneshot;
@@ -38,6 +39,8 @@ pub(super) struct GroupCommit<T> {
     write: WriteRows<T>,
     /// Names the write in the error a lost writer gives.
     what: &'static str,
+    /// How long a writer thread retries a batch while the database is busy.
+    retry_for: Duration,
     pending: Mutex<Pending<T>>,
 }
 
@@ -59,12 +62,24 @@ enum Writing {
 }
 
 impl<T: Send + 'static> GroupCommit<T> {
-    /// A writer of `T` rows into `store` with `write`.
+    /// A writer of `T` rows into `store` with `write`, retrying a batch while the database
+    /// is busy as every write does.
     pub(super) fn new(store: Arc<Store>, what: &'static str, write: WriteRows<T>) -> Arc<Self> {
+        Self::with_retry(store, what, write, super::retry::RETRY_FOR)
+    }
+
+    /// [`GroupCommit::new`], retrying a batch for at most `retry_for`.
+    pub(super) fn with_retry(
+        store: Arc<Store>,
+        what: &'static str,
+        write: WriteRows<T>,
+        retry_for: Duration,
+    ) -> Arc<Self> {
         Arc::new(GroupCommit {
             store,
             write,
             what,
+            retry_for,
             pending: Mutex::new(Pending {
                 queue: Vec::new(),
                 writing: Writing::Idle,
@@ -202,7 +217,8 @@ impl<T: Send + 'static> GroupCommit<T> {
             // A write that panics fails its batch, not the writer: the rows after it still
             // have one (SQLite rolls the transaction back; the connection stays good).
             let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.store.write(|tx| (self.write)(tx, &rows))
+                self.store
+                    .write_within(self.retry_for, |tx| (self.write)(tx, &rows))
             }));
             self.answer(waiters, written);
         }

@@ -102,9 +102,11 @@ impl Store {
             .collect()
     }
 
-    /// Replaces `channel`'s whole history (after compaction or a rollback), atomically.
+    /// Replaces `channel`'s whole history (after compaction or a rollback), atomically. It
+    /// waits for a database another process holds busy for one busy timeout at most (the
+    /// conversation writes it again later).
     pub fn replace_history(&self, channel: &str, messages: &[String]) -> Result<(), StoreError> {
-        self.write(|tx| {
+        self.write_within(super::retry::HISTORY_RETRY_FOR, |tx| {
             tx.execute("DELETE FROM history WHERE channel = ?1", [channel])?;
             let mut insert = tx.prepare_cached(
                 "INSERT INTO history (channel, seq, message) VALUES (?1, ?2, ?3)",

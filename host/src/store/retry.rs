@@ -18,6 +18,12 @@ pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a write keeps retrying while the database stays busy, in all.
 pub(crate) const RETRY_FOR: Duration = Duration::from_secs(120);
 
+/// How long a write of a conversation's history waits while the database stays busy: one
+/// busy timeout. A conversation keeps a history the store refused in memory (and in the
+/// spill file) and writes it again, so it goes on answering rather than wait on a lock
+/// another process keeps; a busy write has written nothing, so nothing lands twice.
+pub(crate) const HISTORY_RETRY_FOR: Duration = BUSY_TIMEOUT;
+
 /// The longest pause between two attempts.
 const MAX_PAUSE: Duration = Duration::from_millis(200);
 
@@ -34,14 +40,20 @@ pub(crate) fn is_busy(err: &StoreError) -> bool {
 
 /// Runs `op` until it succeeds, fails with something other than busy, or [`RETRY_FOR`]
 /// has passed.
-pub(crate) fn retry_busy<T>(
+pub(crate) fn retry_busy<T>(op: impl FnMut() -> Result<T, StoreError>) -> Result<T, StoreError> {
+    retry_busy_for(RETRY_FOR, op)
+}
+
+/// [`retry_busy`] for at most `limit`.
+pub(crate) fn retry_busy_for<T>(
+    limit: Duration,
     mut op: impl FnMut() -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
     let started = Instant::now();
     let mut pause = Duration::from_millis(1);
     loop {
         match op() {
-            Err(err) if is_busy(&err) && started.elapsed() < RETRY_FOR => {
+            Err(err) if is_busy(&err) && started.elapsed() < limit => {
                 // Jitter from the clock keeps processes that collided from colliding again.
                 let jitter =
                     Duration::from_micros(u64::from(started.elapsed().subsec_micros()) % 1000);
@@ -53,13 +65,18 @@ pub(crate) fn retry_busy<T>(
     }
 }
 
-/// Runs `body` in an immediate transaction on `conn` and commits it, retrying the whole
-/// transaction while the database is busy. `body` may run more than once.
-pub(crate) fn write<T>(
-    conn: &mut Connection,
+/// Runs `body` in an immediate transaction on the connection `conn` gives and commits it,
+/// retrying the whole transaction while the database is busy, for at most `limit`. The
+/// connection is taken anew for each attempt, so a write waiting on another process's
+/// lock leaves it to this process's other writers between attempts. `body` may run more
+/// than once.
+pub(crate) fn write<C: std::ops::DerefMut<Target = Connection>, T>(
+    mut conn: impl FnMut() -> C,
+    limit: Duration,
     mut body: impl FnMut(&Transaction<'_>) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
-    retry_busy(|| {
+    retry_busy_for(limit, || {
+        let mut conn = conn();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let value = body(&tx)?;
         tx.commit()?;

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use super::audit::StampedCall;
 use super::group_commit::GroupCommit;
 use super::{Store, StoreError};
-use super::{audit, history};
+use super::{audit, history, retry};
 use crate::services::{
     AuditDestination, AuditEntry, AuditRecord, AuditSink, Committing, ConversationSummary, History,
     HistoryEntry, Ledger, Memory, MemoryItem, NewMemory, NewTask, RequestEntry, RequestRecord, Run,
@@ -41,7 +41,12 @@ impl Store {
                 "audit.record_request",
                 audit::insert_requests,
             ),
-            appends: GroupCommit::new(self.clone(), "history.append", history::append_all),
+            appends: GroupCommit::with_retry(
+                self.clone(),
+                "history.append",
+                history::append_all,
+                retry::HISTORY_RETRY_FOR,
+            ),
             store: self,
         }))
     }

@@ -58,11 +58,19 @@ impl Store {
         &self,
         body: impl FnMut(&Transaction<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let mut conn = self.conn();
+        self.write_within(retry::RETRY_FOR, body)
+    }
+
+    /// [`Store::write`], retrying while the database is busy for at most `limit`.
+    pub(crate) fn write_within<T>(
+        &self,
+        limit: Duration,
+        body: impl FnMut(&Transaction<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         WAL_PAGES.set(0);
-        let value = retry::write(&mut conn, body)?;
+        let value = retry::write(|| self.conn(), limit, body)?;
         if checkpoint_due() {
-            checkpoint_on(&conn, self);
+            checkpoint_on(&self.conn(), self);
         }
         Ok(value)
     }

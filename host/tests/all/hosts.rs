@@ -31,6 +31,7 @@ impl Host {
         config.provider = ProviderSettings::Scripted { script: None };
         config.store = StoreSettings::Postgres {
             url: DatabaseUrl::Literal(url.to_owned()),
+            lease: Duration::from_secs(15),
         };
         config.limits.dispatch.settle = Duration::ZERO;
         let (provider, requests) = Gated::new();

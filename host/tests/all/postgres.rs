@@ -1,5 +1,9 @@
 //! The `capstan` binary on a PostgreSQL store: separate processes are separate hosts.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use capstan_host::postgres::test_cluster::{TestCluster, admin};
 
 use crate::support::accounting::{Accounts, Heard};
@@ -139,20 +143,30 @@ repeat = true
     )
 }
 
-/// A `capstan serve` host named `name` on database `db`, with `limits` (a `[limits]` table)
-/// in its config.
-fn pg_host_with(db: &str, name: &str, limits: &str) -> ServeHost {
+/// The directory of a `capstan serve` host named `name` on the database in
+/// `CAPSTAN_TEST_DATABASE_URL`, with `limits` (a `[limits]` table) in its config and
+/// `store` added to its `[store]` table.
+fn pg_dir(name: &str, limits: &str, store: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("script.toml"), host_script(name)).unwrap();
     std::fs::write(
         dir.path().join("capstan.toml"),
         format!(
             "[provider]\nkind = \"scripted\"\nscript = \"script.toml\"\n\n{limits}\n\
-             [store]\nkind = \"postgres\"\nurl_env = \"CAPSTAN_TEST_DATABASE_URL\"\n"
+             [store]\nkind = \"postgres\"\nurl_env = \"CAPSTAN_TEST_DATABASE_URL\"\n{store}\n"
         ),
     )
     .unwrap();
-    ServeHost::start(dir, &[("CAPSTAN_TEST_DATABASE_URL", db)])
+    dir
+}
+
+/// A `capstan serve` host named `name` on database `db`, with `limits` (a `[limits]` table)
+/// in its config.
+fn pg_host_with(db: &str, name: &str, limits: &str) -> ServeHost {
+    ServeHost::start(
+        pg_dir(name, limits, ""),
+        &[("CAPSTAN_TEST_DATABASE_URL", db)],
+    )
 }
 
 /// [`pg_host_with`] with no limit changed but `settle_ms = 0`.
@@ -574,22 +588,7 @@ async fn through_a_database_outage_shorter_than_the_lease_every_acknowledged_mes
     }
     accounts.resend_refused(&client, &host.url).await;
     let db = admin(&url).await;
-    let user_messages = async || -> Vec<String> {
-        conversation(&db)
-            .await
-            .into_iter()
-            .filter(|(role, _)| role == "user")
-            .map(|(_, said)| said)
-            .collect()
-    };
-    until("every acknowledged message stored", async || match accounts
-        .missing(&user_messages().await)
-    {
-        missing if missing.is_empty() => Ok(()),
-        missing => Err(format!("{missing:?} of {accounts:?}")),
-    })
-    .await;
-    let table = accounts.settle(&user_messages().await);
+    let table = settled(&accounts, &db).await;
     assert!(
         table.get(&Heard::Pending).copied().unwrap_or(0)
             + table.get(&Heard::Refused).copied().unwrap_or(0)
@@ -597,6 +596,239 @@ async fn through_a_database_outage_shorter_than_the_lease_every_acknowledged_mes
     );
     eprintln!("accounting (outage shorter than the lease): {table:?}, each stored once");
     assert!(!host.log().contains("panicked"), "{}", host.log());
+}
+
+/// The user messages stored in conversation `main`.
+async fn user_messages(db: &tokio_postgres::Client) -> Vec<String> {
+    conversation(db)
+        .await
+        .into_iter()
+        .filter(|(role, _)| role == "user")
+        .map(|(_, said)| said)
+        .collect()
+}
+
+/// Waits until every message of `accounts` is stored, then checks each is stored once: the
+/// table of what the clients heard.
+async fn settled(accounts: &Accounts, db: &tokio_postgres::Client) -> BTreeMap<Heard, usize> {
+    until("every acknowledged message stored", async || match accounts
+        .missing(&user_messages(db).await)
+    {
+        missing if missing.is_empty() => Ok(()),
+        missing => Err(format!("{missing:?} of {accounts:?}")),
+    })
+    .await;
+    accounts.settle(&user_messages(db).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_a_database_outage_longer_than_the_lease_the_host_stops_with_3_and_the_next_start_stores_its_spill()
+ {
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database().await;
+    let env = [("CAPSTAN_TEST_DATABASE_URL", url.as_str())];
+    let dir = pg_dir(
+        "host-a",
+        "[limits]\nsettle_ms = 0\nstore_retry_ms = 100\nunstored_reply_secs = 1\n",
+        "lease_secs = 6\nspill_file = \"spill.json\"",
+    );
+    let spill = dir.path().join("spill.json");
+    let mut host = ServeHost::start(dir, &env);
+    let client = reqwest::Client::new();
+    let mut accounts = Accounts::default();
+    for _ in 0..3 {
+        let heard = accounts.next(&client, &host.url).await;
+        assert_eq!(heard, Heard::Stored, "{}", host.log());
+    }
+    // The database goes away for longer than the lease: two messages are answered as not
+    // yet stored, kept in memory and in the spill file.
+    cluster.stop();
+    while accounts.not_stored() < 2 {
+        accounts.next(&client, &host.url).await;
+    }
+    assert!(spill.exists(), "spilled before the client was told");
+    // Its lease over by its own clock, the host stops of itself, saying so and naming
+    // what it could not store and where that is kept.
+    let status = host.wait();
+    let log = host.log();
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(log.contains("lease is over"), "{log}");
+    assert!(
+        log.contains("channel:main was not stored") && log.contains("spill.json"),
+        "{log}"
+    );
+    // The database is back; the next start on the same directory stores what the spill
+    // file held once the stopped run's lease has ended by the database's clock too, before
+    // the messages sent meanwhile (they wait for that run's lease, then are answered here).
+    cluster.start_server();
+    let host = host.restart(&env);
+    for _ in 0..3 {
+        let heard = accounts.next(&client, &host.url).await;
+        assert_eq!(heard, Heard::Stored, "{}", host.log());
+    }
+    let db = admin(&url).await;
+    let table = settled(&accounts, &db).await;
+    assert!(
+        !spill.exists(),
+        "the spill is stored and emptied: {}",
+        host.log()
+    );
+    eprintln!("accounting (outage longer than the lease): {table:?}, each stored once");
+    assert_eq!(table.get(&Heard::Pending), Some(&2), "{table:?}");
+    let in_order: Vec<String> = (0..accounts.len())
+        .map(|n| format!("message {n}"))
+        .collect();
+    assert_eq!(
+        user_messages(&db).await,
+        in_order,
+        "stored in the order sent"
+    );
+    one_answer_per_batch(&conversation(&db).await);
+}
+
+/// What the test's own connections call themselves, so the host's can be told apart.
+const SLOT_HOLDER: &str = "capstan-test-slot-holder";
+
+/// Connections to `url` opened until the server refuses one for want of a slot: every slot
+/// taken (the test's user is a superuser, so its connections take the reserved ones too).
+async fn take_every_slot(url: &str) -> Vec<tokio_postgres::Client> {
+    let url = format!("{url}?application_name={SLOT_HOLDER}");
+    let mut held = Vec::new();
+    loop {
+        match tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+            Ok((client, connection)) => {
+                tokio::spawn(connection);
+                held.push(client);
+            }
+            Err(err) => {
+                let code = err.as_db_error().map(|db| db.code().code().to_owned());
+                assert_eq!(code.as_deref(), Some("53300"), "{err}");
+                return held;
+            }
+        }
+        assert!(held.len() < 1000, "the server never ran out of slots");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_connection_slot_taken_every_acknowledged_message_is_stored_once_and_a_new_host_is_told_the_fix()
+ {
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database().await;
+    let env = [("CAPSTAN_TEST_DATABASE_URL", url.as_str())];
+    let limits = "[limits]\nsettle_ms = 0\nstore_retry_ms = 100\nunstored_reply_secs = 1\n";
+    let host = ServeHost::start(pg_dir("host-a", limits, "lease_secs = 60"), &env);
+    let client = reqwest::Client::new();
+    let mut accounts = Accounts::default();
+    for _ in 0..3 {
+        let heard = accounts.next(&client, &host.url).await;
+        assert_eq!(heard, Heard::Stored, "{}", host.log());
+    }
+    // Every slot is taken, then the host's own connections are cut: it needs new ones,
+    // and the server has none left.
+    // The host reconnects as its connections are cut and may win a freed slot back, so
+    // this goes on until the server is full with none of the host's connections left.
+    let mut held: Vec<tokio_postgres::Client> = Vec::new();
+    let theirs = format!(
+        "FROM pg_stat_activity WHERE backend_type = 'client backend' \
+         AND application_name <> '{SLOT_HOLDER}'"
+    );
+    until("every slot held, none by the host", async || {
+        held.extend(take_every_slot(&url).await);
+        let count = format!("SELECT count(*) {theirs}");
+        let left: i64 = held[0].query_one(&count, &[]).await.unwrap().get(0);
+        if left == 0 {
+            return Ok(());
+        }
+        let cut = format!("SELECT count(pg_terminate_backend(pid)) {theirs}");
+        held[0].query_one(&cut, &[]).await.unwrap();
+        Err(format!("{left} of the host's connections left"))
+    })
+    .await;
+    while accounts.not_stored() < 2 {
+        accounts.next(&client, &host.url).await;
+        assert!(accounts.len() < 50, "{}", host.log());
+    }
+    // A host starting now is told why it cannot, and what to do.
+    let started = capstan_command(
+        pg_dir("host-b", limits, "").path(),
+        &["serve", "--addr", "127.0.0.1:0"],
+    )
+    .envs(env)
+    .output()
+    .unwrap();
+    assert!(!started.status.success());
+    assert!(
+        stderr(&started).contains("raise max_connections"),
+        "{}",
+        stderr(&started)
+    );
+    drop(held);
+    for _ in 0..3 {
+        accounts.next(&client, &host.url).await;
+    }
+    accounts.resend_refused(&client, &host.url).await;
+    let db = admin(&url).await;
+    let table = settled(&accounts, &db).await;
+    eprintln!("accounting (every connection slot taken): {table:?}, each stored once");
+    assert!(!host.log().contains("panicked"), "{}", host.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_database_restarts_under_traffic_through_three_hosts_store_every_acknowledged_message_once()
+ {
+    const PER_HOST: usize = 12;
+    let cluster = TestCluster::start();
+    let url = cluster.fresh_database().await;
+    let limits = "[limits]\nsettle_ms = 0\nstore_retry_ms = 100\nunstored_reply_secs = 1\n";
+    let hosts = ["host-a", "host-b", "host-c"].map(|name| pg_host_with(&url, name, limits));
+    let client = reqwest::Client::new();
+    // The first message makes host-a the conversation's owner; the others forward to it.
+    let mut accounts = Accounts::default();
+    let first = accounts.next(&client, &hosts[0].url).await;
+    assert_eq!(first, Heard::Stored, "{}", hosts[0].log());
+    let sent = Arc::new(AtomicUsize::new(0));
+    let traffic: Vec<_> = hosts
+        .iter()
+        .enumerate()
+        .map(|(h, host)| {
+            let (client, url, sent) = (client.clone(), host.url.clone(), sent.clone());
+            tokio::spawn(async move {
+                let mut heard = Vec::new();
+                for i in 0..PER_HOST {
+                    let n = 1 + h * PER_HOST + i;
+                    heard.push((n, Accounts::send(&client, &url, n).await));
+                    sent.fetch_add(1, Ordering::SeqCst);
+                }
+                heard
+            })
+        })
+        .collect();
+    // Three restarts of the server, a quarter, half and three quarters of the way in.
+    for quarter in 1..=3 {
+        let due = quarter * hosts.len() * PER_HOST / 4;
+        until("the traffic to go on", async || {
+            match sent.load(Ordering::SeqCst) {
+                done if done >= due => Ok(()),
+                done => Err(format!("{done} of {due} sent")),
+            }
+        })
+        .await;
+        cluster.restart();
+    }
+    for heard in futures_util::future::join_all(traffic).await {
+        for (n, heard) in heard.unwrap() {
+            accounts.record(n, heard);
+        }
+    }
+    accounts.resend_refused(&client, &hosts[0].url).await;
+    let db = admin(&url).await;
+    let table = settled(&accounts, &db).await;
+    eprintln!("accounting (three restarts through three hosts): {table:?}, each stored once");
+    one_answer_per_batch(&conversation(&db).await);
+    for host in &hosts {
+        assert!(!host.log().contains("panicked"), "{}", host.log());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,6 +13,11 @@ use crate::support::until;
 /// A `capstan serve` on SQLite that answers every message with a reply and is told not
 /// yet stored after a second; `agent` is added to its `[agent]` table.
 fn sqlite_host(dir: tempfile::TempDir, agent: &str) -> ServeHost {
+    sqlite_host_with(dir, agent, "")
+}
+
+/// [`sqlite_host`] with `store` as its `[store]` table's keys.
+fn sqlite_host_with(dir: tempfile::TempDir, agent: &str, store: &str) -> ServeHost {
     std::fs::write(
         dir.path().join("script.toml"),
         r#"
@@ -27,7 +32,8 @@ repeat = true
         dir.path().join("capstan.toml"),
         format!(
             "[agent]\n{agent}\n[provider]\nkind = \"scripted\"\nscript = \"script.toml\"\n\
-             [limits]\nsettle_ms = 0\nstore_retry_ms = 100\nunstored_reply_secs = 1\n"
+             [limits]\nsettle_ms = 0\nstore_retry_ms = 100\nunstored_reply_secs = 1\n\
+             [store]\n{store}\n"
         ),
     )
     .unwrap();
@@ -197,4 +203,53 @@ async fn a_full_disk_under_sqlite_answers_not_yet_stored_then_stores_each_messag
     eprintln!("accounting (SQLite, full disk): {table:?}, each stored once");
     assert!(!host.log().contains("panicked"), "{}", host.log());
     drop(host);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_killed_while_its_sqlite_database_is_locked_stores_its_spill_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = dir.path().join("spill.json");
+    let host = sqlite_host_with(dir, "", "spill_file = \"spill.json\"");
+    let data_dir = host.dir().join(".capstan");
+    let client = reqwest::Client::new();
+    let mut accounts = Accounts::default();
+    for _ in 0..2 {
+        let heard = accounts.next(&client, &host.url).await;
+        assert_eq!(heard, Heard::Stored, "{}", host.log());
+    }
+    let lock = rusqlite::Connection::open(data_dir.join("capstan.db")).unwrap();
+    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+    for _ in 0..2 {
+        let heard = accounts.next(&client, &host.url).await;
+        assert_eq!(heard, Heard::Pending, "{}", host.log());
+    }
+    // Told "not yet stored" only once it was on disk: a kill -9 now loses none of it.
+    assert!(spill.exists(), "{}", host.log());
+    let killed = host.log();
+    lock.execute_batch("COMMIT").unwrap();
+    drop(lock);
+    // The next start opens the conversation with the spilled history and writes it first.
+    let host = host.restart(&[]);
+    accounts.next(&client, &host.url).await;
+    let table = settled(&accounts, &data_dir).await;
+    until("the spill file emptied", async || match spill.exists() {
+        false => Ok(()),
+        true => Err(format!("{killed}\n{}", host.log())),
+    })
+    .await;
+    eprintln!("accounting (SQLite locked, host killed): {table:?}, each stored once");
+    assert_eq!(table.get(&Heard::Pending), Some(&2));
+    let stored = capstan_host::store::Store::open(&data_dir)
+        .unwrap()
+        .load_history_as::<capstan_host::llm::Message>("channel:main")
+        .unwrap();
+    let users: Vec<String> = stored
+        .into_iter()
+        .map(|m| m.content)
+        .filter(|said| said.starts_with("message "))
+        .collect();
+    let in_order: Vec<String> = (0..accounts.len())
+        .map(|n| format!("message {n}"))
+        .collect();
+    assert_eq!(users, in_order, "stored in the order sent");
 }

@@ -16,11 +16,11 @@ pub enum Heard {
     Refused,
 }
 
-/// The requests of one test, in the order sent: message `n` is `message {n}`, sent with
-/// idempotency key `key-{n}`.
+/// The requests of one test: message `n` is `message {n}`, sent with idempotency key
+/// `key-{n}`.
 #[derive(Debug, Default)]
 pub struct Accounts {
-    heard: Vec<(Heard, String)>,
+    heard: BTreeMap<usize, (Heard, String)>,
 }
 
 impl Accounts {
@@ -40,7 +40,7 @@ impl Accounts {
         let body: serde_json::Value = response.json().await.unwrap_or_default();
         let heard = match (status, body["outcome"].as_str()) {
             (200, Some("stored")) => Heard::Stored,
-            (202, Some("not_yet_stored")) => Heard::Pending,
+            (202, Some("not_yet_stored" | "pending")) => Heard::Pending,
             (500.., _) => Heard::Refused,
             _ => panic!("an answer outside the accounting: {status} {body}"),
         };
@@ -49,9 +49,15 @@ impl Accounts {
 
     /// Sends the next message and keeps what was heard.
     pub async fn next(&mut self, client: &reqwest::Client, url: &str) -> Heard {
-        let heard = Self::send(client, url, self.heard.len()).await;
-        self.heard.push(heard.clone());
+        let n = self.heard.len();
+        let heard = Self::send(client, url, n).await;
+        self.record(n, heard.clone());
         heard.0
+    }
+
+    /// Keeps what was heard of message `n`, sent by the test itself.
+    pub fn record(&mut self, n: usize, heard: (Heard, String)) {
+        assert!(self.heard.insert(n, heard).is_none(), "message {n} twice");
     }
 
     /// How many were sent.
@@ -62,24 +68,33 @@ impl Accounts {
     /// How many were heard other than stored.
     pub fn not_stored(&self) -> usize {
         self.heard
-            .iter()
+            .values()
             .filter(|(h, _)| *h != Heard::Stored)
             .count()
     }
 
-    /// Sends every refused message again with its key; each must now be stored.
+    /// Sends every refused message again with its key; each must now be taken (it was not
+    /// before) and stored.
     pub async fn resend_refused(&self, client: &reqwest::Client, url: &str) {
-        for (n, (heard, _)) in self.heard.iter().enumerate() {
+        for (n, (heard, _)) in &self.heard {
             if *heard == Heard::Refused {
-                let (again, body) = Self::send(client, url, n).await;
+                let (again, body) = Self::send(client, url, *n).await;
                 assert_eq!(again, Heard::Stored, "message {n} sent again: {body}");
+                // Refused means not taken: the retry is taken, not answered as a repeat.
+                let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+                assert_ne!(
+                    body["repeated"], true,
+                    "message {n} was refused, yet taken: {body}"
+                );
             }
         }
     }
 
     /// The messages not in `stored` (the user messages stored, as text).
     pub fn missing(&self, stored: &[String]) -> Vec<usize> {
-        (0..self.heard.len())
+        self.heard
+            .keys()
+            .copied()
             .filter(|n| !stored.contains(&format!("message {n}")))
             .collect()
     }
@@ -87,7 +102,7 @@ impl Accounts {
     /// Checks that each message is in `stored` exactly once and returns the table: how
     /// many were heard each way.
     pub fn settle(&self, stored: &[String]) -> BTreeMap<Heard, usize> {
-        for (n, (how, body)) in self.heard.iter().enumerate() {
+        for (n, (how, body)) in &self.heard {
             let times = stored
                 .iter()
                 .filter(|said| **said == format!("message {n}"))
@@ -98,7 +113,7 @@ impl Accounts {
             );
         }
         let mut table = BTreeMap::new();
-        for (heard, _) in &self.heard {
+        for (heard, _) in self.heard.values() {
             *table.entry(*heard).or_insert(0) += 1;
         }
         table

@@ -86,9 +86,19 @@ impl ServeHost {
         self.log.lock().unwrap().clone()
     }
 
-    /// Waits for it to exit (after a signal the test sent): its exit status.
+    /// Waits for it to exit (after a signal the test sent, or of itself): its exit
+    /// status.
     pub fn wait(&mut self) -> std::process::ExitStatus {
-        self.child.wait().unwrap()
+        tokio::task::block_in_place(|| self.child.wait().unwrap())
+    }
+
+    /// Kills it if it still runs, then starts `capstan serve` again in the same directory
+    /// with `env` set.
+    pub fn restart(mut self, env: &[(&str, &str)]) -> ServeHost {
+        let _ = self.child.kill();
+        self.wait();
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
+        ServeHost::start(dir, env)
     }
 }
 
