@@ -274,7 +274,7 @@ pub(crate) async fn run(
     };
     // Noted before the exchanges hear it, so a door that heard it finds it in the report.
     if let Err(error) = &flushed {
-        ctx.not_saved_at_stop(&name, error.clone());
+        ctx.not_saved_at_stop(&name, &history, error.clone());
         for (_, answer) in &mut held {
             answer.error = Some(error.clone());
             answer.outcome = crate::services::AnswerOutcome::NotStored;

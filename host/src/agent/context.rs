@@ -230,13 +230,13 @@ impl Context {
         &self.run
     }
 
-    /// Notes that conversation `id` stopped with its history not stored (the store's last
-    /// `error`): the stop reports it.
-    pub(crate) fn not_saved_at_stop(&self, id: &ProcessId, error: String) {
+    /// Notes that conversation `id` stopped with `history` not stored (the store's last
+    /// `error`): the stop reports it, and whether the spill file holds it.
+    pub(crate) fn not_saved_at_stop(&self, id: &ProcessId, history: &[Message], error: String) {
         let spilled = self
             .spill
             .as_ref()
-            .filter(|spill| spill.holds(id))
+            .filter(|_| self.spilled_as_is(id, history))
             .map(|spill| spill.path().to_owned());
         match &spilled {
             Some(spill) => tracing::error!(
@@ -487,8 +487,9 @@ impl Context {
             Ok(saved) => saved,
             Err(_) => {
                 // Kept on disk before any exchange hears it is not yet stored.
-                self.spill_history(id, history).await;
-                handle.audience.store_slow(slow_after);
+                if self.spill_history(id, history).await {
+                    handle.audience.store_slow(slow_after);
+                }
                 save.await
             }
         };
@@ -499,10 +500,10 @@ impl Context {
             }
             Err(err) => {
                 // Kept on disk before any exchange hears it is not yet stored.
-                self.spill_history(id, history).await;
+                let kept = self.spill_history(id, history).await;
                 let error = self.redactor().redact_owned(err.to_string());
                 // Reported when the store starts refusing, not at every try after.
-                if !handle.audience.not_stored(&error) {
+                if !handle.audience.not_stored(&error, kept) {
                     tracing::debug!(conversation = %id, "the store still refuses the history: {error}");
                     return saved;
                 }

@@ -370,16 +370,22 @@ impl Audience {
             return self.attach(listener);
         };
         listener.send(ReplyPart::Repeated { key: key.clone() });
-        let (replies, failed) = {
+        // Whether what it repeats is held as the store's refusal is told: its first
+        // exchange, still under way, was told so (its message may not be held yet); or it
+        // ended, or is in the history, held with it.
+        let (replies, failed, held) = {
             let attached = self.lock();
             let under_way = attached
                 .listeners
                 .iter()
                 .find(|l| l.key.as_ref() == Some(&key))
-                .map(|l| (l.replies.clone(), l.failed.clone()));
-            under_way.or_else(|| attached.answered.get(&key).cloned())
+                .map(|l| (l.replies.clone(), l.failed.clone(), l.told_unstored));
+            under_way.or_else(|| {
+                let (replies, failed) = attached.answered.get(&key).cloned()?;
+                Some((replies, failed, true))
+            })
         }
-        .unwrap_or_else(|| (stored(), None));
+        .unwrap_or_else(|| (stored(), None, true));
         for text in &replies {
             listener.send(ReplyPart::Reply {
                 text: text.clone(),
@@ -390,7 +396,7 @@ impl Audience {
         listener.failed = failed;
         let mut attached = self.lock();
         // What it repeats is already held (in memory and the spill): it hears so now.
-        if let Some(error) = attached.unsaved.clone() {
+        if let Some(error) = attached.unsaved.clone().filter(|_| held) {
             listener.told_unstored = true;
             listener.send(ReplyPart::NotYetStored {
                 error,
@@ -420,13 +426,19 @@ impl Audience {
         }
     }
 
-    /// Notes that the store refused the history: the attached exchanges hear it once.
-    /// Whether the refusal is news (the history was stored, or only slow, until now).
-    pub(crate) fn not_stored(&self, error: &str) -> bool {
+    /// Notes that the store refused the history: if `kept` (it is held as the config
+    /// says: in the spill file, if there is one), the attached exchanges hear it once;
+    /// otherwise they wait for the store. Whether the refusal is news (the history was
+    /// stored, or only slow, until now).
+    pub(crate) fn not_stored(&self, error: &str, kept: bool) -> bool {
         let mut attached = self.lock();
         let news = !attached.refused;
         attached.refused = true;
-        attached.tell_unstored(error, Duration::ZERO);
+        if kept {
+            attached.tell_unstored(error, Duration::ZERO);
+        } else {
+            attached.unsaved = Some(error.to_owned());
+        }
         news
     }
 
@@ -534,7 +546,7 @@ mod tests {
         let (listener, mut exchange) = Exchange::new(None);
         audience.attach(listener);
         audience.reply("hello", false);
-        audience.not_stored("database down");
+        audience.not_stored("database down", true);
         audience.end_if_settled(|| true);
         assert_eq!(
             drain(&mut exchange),
@@ -617,7 +629,7 @@ mod tests {
         let (first, mut first_exchange) = Exchange::new(Some(key.clone()));
         audience.attach(first);
         audience.reply("hello", false);
-        audience.not_stored("database down");
+        audience.not_stored("database down", true);
         // Sent again while the first waits for the store: told the answer so far, and that
         // it is not stored, and not ended.
         let (again, mut again_exchange) = Exchange::new(Some(key.clone()));

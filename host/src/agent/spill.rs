@@ -92,8 +92,12 @@ pub(crate) struct Spill {
     path: PathBuf,
     dir: Dir,
     name: String,
-    /// What the file holds.
-    held: Mutex<Contents>,
+    /// What the file holds: read on async threads, so it is locked only to be read or
+    /// swapped, never across the disk work.
+    held: Mutex<BTreeMap<ProcessId, Spilled>>,
+    /// Taken by each change for its whole course (read, write the file, swap), so changes
+    /// go one at a time.
+    writing: Mutex<()>,
     /// The lock that keeps other processes off the file, held for this one's life.
     _lock: File,
 }
@@ -183,7 +187,8 @@ impl Spill {
             path: path.to_owned(),
             dir,
             name,
-            held: Mutex::new(held),
+            held: Mutex::new(held.conversations),
+            writing: Mutex::new(()),
             _lock: lock,
         })
     }
@@ -193,18 +198,39 @@ impl Spill {
         &self.path
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Contents> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<ProcessId, Spilled>> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The conversations it holds a history of.
     pub(crate) fn conversations(&self) -> Vec<ProcessId> {
-        self.lock().conversations.keys().cloned().collect()
+        self.lock().keys().cloned().collect()
     }
 
     /// The history it holds of `conversation`.
     pub(crate) fn history(&self, conversation: &ProcessId) -> Option<Spilled> {
-        self.lock().conversations.get(conversation).cloned()
+        self.lock().get(conversation).cloned()
+    }
+
+    /// Whether the file holds a history of `conversation` (it cannot be stored now).
+    pub(crate) fn holds(&self, conversation: &ProcessId) -> bool {
+        self.lock().contains_key(conversation)
+    }
+
+    /// Changes what the file holds with `change` (which says whether it changed anything):
+    /// the file is written first, and what is in memory follows only once it is.
+    fn change(
+        &self,
+        change: impl FnOnce(&mut BTreeMap<ProcessId, Spilled>) -> bool,
+    ) -> Result<(), SpillError> {
+        let _writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = self.lock().clone();
+        if !change(&mut next) {
+            return Ok(());
+        }
+        self.write(&next)?;
+        *self.lock() = next;
+        Ok(())
     }
 
     /// Keeps `rows`, `conversation`'s whole history, in the file, as spilled by `run`.
@@ -215,59 +241,38 @@ impl Spill {
         run: RunId,
         rows: Vec<String>,
     ) -> Result<(), SpillError> {
-        let mut held = self.lock();
         let spilled = Spilled { run, rows };
-        if held.conversations.get(conversation) == Some(&spilled) {
-            return Ok(());
-        }
-        let mut next = held.conversations.clone();
-        next.insert(conversation.clone(), spilled);
-        self.write(&next)?;
-        held.conversations = next;
-        Ok(())
+        self.change(|held| {
+            if held.get(conversation) == Some(&spilled) {
+                return false;
+            }
+            held.insert(conversation.clone(), spilled);
+            true
+        })
     }
 
     /// Drops `conversation`'s history from the file: the store holds it. Blocks on the
     /// disk when the file holds it: call it off the async threads.
     pub(crate) fn release(&self, conversation: &ProcessId) -> Result<(), SpillError> {
-        let mut held = self.lock();
-        if !held.conversations.contains_key(conversation) {
-            return Ok(());
-        }
-        let mut next = held.conversations.clone();
-        next.remove(conversation);
-        self.write(&next)?;
-        held.conversations = next;
-        Ok(())
-    }
-
-    /// Whether the file holds a history of `conversation` (it cannot be stored now).
-    pub(crate) fn holds(&self, conversation: &ProcessId) -> bool {
-        self.lock().conversations.contains_key(conversation)
+        self.change(|held| held.remove(conversation).is_some())
     }
 
     /// Moves `conversation`'s history out of the file into a file of its own beside it,
     /// which is returned: it cannot be written to the store, and is kept for the operator.
     pub(crate) fn set_aside(&self, conversation: &ProcessId) -> Result<PathBuf, SpillError> {
-        let mut held = self.lock();
-        let Some(spilled) = held.conversations.get(conversation).cloned() else {
+        let Some(spilled) = self.history(conversation) else {
             return Ok(self.path.clone());
         };
-        let stamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis();
-        let aside = format!(
-            "{}.{}.{stamp}.unstored",
+        let name = format!(
+            "{}.{}.{}.unstored",
             self.name,
-            conversation.to_string().replace(['/', ':'], "_")
+            conversation.to_string().replace(['/', ':'], "_"),
+            self.random_suffix()?
         );
-        self.replace(&aside, &BTreeMap::from([(conversation.clone(), spilled)]))?;
-        let mut next = held.conversations.clone();
-        next.remove(conversation);
-        self.write(&next)?;
-        held.conversations = next;
-        Ok(self.path.with_file_name(aside))
+        // Written there before it leaves the spill file: a crash between keeps both.
+        self.replace(&name, &BTreeMap::from([(conversation.clone(), spilled)]))?;
+        self.release(conversation)?;
+        Ok(self.path.with_file_name(name))
     }
 
     /// Whether `spilled` begins with `stored`, message by message (compared as JSON, so a
@@ -306,10 +311,7 @@ impl Spill {
         name: &str,
         conversations: &BTreeMap<ProcessId, Spilled>,
     ) -> Result<(), SpillError> {
-        let mut random = [0u8; 8];
-        getrandom::fill(&mut random).map_err(|err| self.io(std::io::Error::other(err)))?;
-        let suffix: String = random.iter().map(|b| format!("{b:02x}")).collect();
-        let tmp = format!(".{name}.tmp-{suffix}");
+        let tmp = format!(".{name}.tmp-{}", self.random_suffix()?);
         let text = serde_json::to_vec(&Contents {
             version: VERSION,
             conversations: conversations.clone(),
@@ -331,6 +333,13 @@ impl Spill {
             let _ = self.dir.remove_file(&tmp);
         }
         written.map_err(|err| self.io(err))
+    }
+
+    /// Sixteen random hex digits, for names no one can plant in advance.
+    fn random_suffix(&self) -> Result<String, SpillError> {
+        let mut random = [0u8; 8];
+        getrandom::fill(&mut random).map_err(|err| self.io(std::io::Error::other(err)))?;
+        Ok(random.iter().map(|b| format!("{b:02x}")).collect())
     }
 
     fn sync_dir(&self) -> std::io::Result<()> {

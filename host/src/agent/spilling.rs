@@ -14,18 +14,31 @@ use crate::services::{RunId, ServiceError};
 
 impl Context {
     /// Keeps conversation `id`'s whole `history` in the spill file, if there is one: the
-    /// store has not taken it. A spill file that cannot be written is logged; the history
-    /// is still kept in memory, and a stop says it is not in the spill.
-    pub(crate) async fn spill_history(&self, id: &ProcessId, history: &[Message]) {
+    /// store has not taken it. Whether it is kept as the config says (in the spill file if
+    /// there is one, else in memory only): a spill file that cannot be written is logged,
+    /// and no exchange may then hear its message is kept.
+    pub(crate) async fn spill_history(&self, id: &ProcessId, history: &[Message]) -> bool {
         let Some(spill) = self.spill.clone() else {
-            return;
+            return true;
         };
         let rows = self.stored_rows(history);
         let (run, conversation) = (self.run_id(), id.clone());
         let kept = blocking(move || spill.keep(&conversation, run, rows)).await;
-        if let Err(err) = kept {
-            tracing::error!(conversation = %id, "the history is kept in memory only: {err}");
+        if let Err(err) = &kept {
+            tracing::error!(
+                conversation = %id,
+                "the history is in memory only, and its exchanges wait for the store: {err}"
+            );
         }
+        kept.is_ok()
+    }
+
+    /// Whether the spill file holds `history`, conversation `id`'s whole history, as it is.
+    pub(crate) fn spilled_as_is(&self, id: &ProcessId, history: &[Message]) -> bool {
+        self.spill
+            .as_ref()
+            .and_then(|spill| spill.history(id))
+            .is_some_and(|spilled| spilled.rows == self.stored_rows(history))
     }
 
     /// Drops conversation `id`'s history from the spill file: the store took it.
@@ -58,6 +71,11 @@ impl Context {
             .iter()
             .map(|m| serde_json::to_string(m).expect("messages serialize"))
             .collect();
+        if Spill::extends(&as_stored, &spilled.rows) {
+            // Stored already (the save went in, dropping it from the spill did not).
+            self.release_spilled(id).await;
+            return Ok((stored, false));
+        }
         let messages: Option<Vec<Message>> = spilled
             .rows
             .iter()
@@ -65,7 +83,8 @@ impl Context {
             .collect();
         match messages.filter(|_| Spill::extends(&spilled.rows, &as_stored)) {
             Some(messages) => {
-                tracing::info!(
+                // Said at the default level: the operator learns a crash was made good.
+                tracing::warn!(
                     conversation = %id,
                     "opens with the {} messages the spill file held past what is stored; \
                      they are written to the store now",
@@ -160,7 +179,7 @@ async fn land(ctx: &Arc<Context>, id: &ProcessId) -> Option<RunId> {
 /// Tries [`land`] again every [`LAND_RETRY`] until `spiller`'s lease has ended and the
 /// conversation opens here, or the runtime is gone.
 async fn land_after(ctx: Weak<Context>, id: ProcessId, spiller: RunId) {
-    tracing::info!(
+    tracing::warn!(
         conversation = %id,
         "the conversation's spilled history waits for the lease of {spiller} (which spilled \
          it) to end"

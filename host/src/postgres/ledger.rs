@@ -125,6 +125,12 @@ async fn renew(
     let mut tick = tokio::time::interval(period);
     tick.tick().await;
     let location = lease.location.clone();
+    let out_of_term = || {
+        format!(
+            "it could not be renewed for {} s (the database unreachable)",
+            terms.ttl().as_secs()
+        )
+    };
     let lost = |why: String| {
         clock.lose();
         tracing::error!(
@@ -138,10 +144,7 @@ async fn renew(
         tokio::select! {
             _ = &mut stop => break,
             _ = tokio::time::sleep_until(term.into()) => {
-                return lost(format!(
-                    "it could not be renewed for {} s (the database unreachable)",
-                    terms.ttl().as_secs()
-                ));
+                return lost(out_of_term());
             }
             _ = tick.tick() => {}
         }
@@ -149,7 +152,9 @@ async fn renew(
         let renewed = tokio::select! {
             _ = &mut stop => break,
             // A renewal that hangs past the term does not hold the loss back.
-            _ = tokio::time::sleep_until(term.into()) => continue,
+            _ = tokio::time::sleep_until(term.into()) => {
+                return lost(out_of_term());
+            }
             renewed = tokio::time::timeout(period, lease.renew(id)) => renewed,
         };
         match renewed {

@@ -16,12 +16,11 @@
 //! transaction pooling from PgBouncer 1.21 with `max_prepared_statements` set).
 //!
 //! ```no_run
-//! use capstan_host::postgres::Postgres;
+//! use capstan_host::postgres::{Lease, Postgres};
 //!
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
-//! let services = Postgres::open_services("postgres://capstan@127.0.0.1:5432/capstan")
-//!     .await
-//!     .unwrap();
+//! let url = "postgres://capstan@127.0.0.1:5432/capstan";
+//! let services = Postgres::open_services(url, Lease::default()).await.unwrap();
 //! let run = services.ledger.begin_run().await.unwrap();
 //! # drop(run);
 //! # });

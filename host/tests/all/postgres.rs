@@ -1,6 +1,5 @@
 //! The `capstan` binary on a PostgreSQL store: separate processes are separate hosts.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -588,7 +587,9 @@ async fn through_a_database_outage_shorter_than_the_lease_every_acknowledged_mes
     }
     accounts.resend_refused(&client, &host.url).await;
     let db = admin(&url).await;
-    let table = settled(&accounts, &db).await;
+    let table = accounts
+        .settled(&client, &host.url, async || user_messages(&db).await)
+        .await;
     assert!(
         table.get(&Heard::Pending).copied().unwrap_or(0)
             + table.get(&Heard::Refused).copied().unwrap_or(0)
@@ -608,19 +609,6 @@ async fn user_messages(db: &tokio_postgres::Client) -> Vec<String> {
         .collect()
 }
 
-/// Waits until every message of `accounts` is stored, then checks each is stored once: the
-/// table of what the clients heard.
-async fn settled(accounts: &Accounts, db: &tokio_postgres::Client) -> BTreeMap<Heard, usize> {
-    until("every acknowledged message stored", async || match accounts
-        .missing(&user_messages(db).await)
-    {
-        missing if missing.is_empty() => Ok(()),
-        missing => Err(format!("{missing:?} of {accounts:?}")),
-    })
-    .await;
-    accounts.settle(&user_messages(db).await)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_a_database_outage_longer_than_the_lease_the_host_stops_with_3_and_the_next_start_stores_its_spill()
  {
@@ -630,7 +618,7 @@ async fn through_a_database_outage_longer_than_the_lease_the_host_stops_with_3_a
     let dir = pg_dir(
         "host-a",
         "[limits]\nsettle_ms = 0\nstore_retry_ms = 100\nunstored_reply_secs = 1\n",
-        "lease_secs = 6\nspill_file = \"spill.json\"",
+        "lease_secs = 10\nspill_file = \"spill.json\"",
     );
     let spill = dir.path().join("spill.json");
     let mut host = ServeHost::start(dir, &env);
@@ -666,23 +654,28 @@ async fn through_a_database_outage_longer_than_the_lease_the_host_stops_with_3_a
         let heard = accounts.next(&client, &host.url).await;
         assert_eq!(heard, Heard::Stored, "{}", host.log());
     }
+    // One sent as the host was stopping may have had no answer: sent again, it is taken.
+    accounts.resend_refused(&client, &host.url).await;
     let db = admin(&url).await;
-    let table = settled(&accounts, &db).await;
+    let table = accounts
+        .settled(&client, &host.url, async || user_messages(&db).await)
+        .await;
     assert!(
         !spill.exists(),
         "the spill is stored and emptied: {}",
         host.log()
     );
     eprintln!("accounting (outage longer than the lease): {table:?}, each stored once");
-    assert_eq!(table.get(&Heard::Pending), Some(&2), "{table:?}");
-    let in_order: Vec<String> = (0..accounts.len())
-        .map(|n| format!("message {n}"))
+    assert!(table.get(&Heard::Pending) >= Some(&1), "{table:?}");
+    // In the order sent, but for any refused and sent again later.
+    let refused = accounts.refused();
+    let order: Vec<usize> = user_messages(&db)
+        .await
+        .iter()
+        .filter_map(|said| said.strip_prefix("message ")?.parse().ok())
+        .filter(|n| !refused.contains(n))
         .collect();
-    assert_eq!(
-        user_messages(&db).await,
-        in_order,
-        "stored in the order sent"
-    );
+    assert!(order.is_sorted(), "stored in the order sent: {order:?}");
     one_answer_per_batch(&conversation(&db).await);
 }
 
@@ -769,7 +762,9 @@ async fn with_every_connection_slot_taken_every_acknowledged_message_is_stored_o
     }
     accounts.resend_refused(&client, &host.url).await;
     let db = admin(&url).await;
-    let table = settled(&accounts, &db).await;
+    let table = accounts
+        .settled(&client, &host.url, async || user_messages(&db).await)
+        .await;
     eprintln!("accounting (every connection slot taken): {table:?}, each stored once");
     assert!(!host.log().contains("panicked"), "{}", host.log());
 }
@@ -823,7 +818,10 @@ async fn three_database_restarts_under_traffic_through_three_hosts_store_every_a
     }
     accounts.resend_refused(&client, &hosts[0].url).await;
     let db = admin(&url).await;
-    let table = settled(&accounts, &db).await;
+    // Every message sent again through a host that forwards to the owner.
+    let table = accounts
+        .settled(&client, &hosts[1].url, async || user_messages(&db).await)
+        .await;
     eprintln!("accounting (three restarts through three hosts): {table:?}, each stored once");
     one_answer_per_batch(&conversation(&db).await);
     for host in &hosts {

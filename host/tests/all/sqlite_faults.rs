@@ -40,29 +40,17 @@ repeat = true
     ServeHost::start(dir, &[])
 }
 
-/// Waits until every message of `accounts` is stored in `data_dir`, then checks each is
-/// stored once: the table of what the clients heard.
-async fn settled(accounts: &Accounts, data_dir: &Path) -> std::collections::BTreeMap<Heard, usize> {
-    let stored = || {
-        // The data dir's store, read as `capstan` reads it.
-        let store = capstan_host::store::Store::open(data_dir).expect("opening the store");
-        store
-            .load_history_as::<capstan_host::llm::Message>("channel:main")
-            .expect("reading the history")
-            .into_iter()
-            .map(|m| m.content)
-            .filter(|said| said.starts_with("message "))
-            .collect::<Vec<_>>()
-    };
-    until(
-        "every acknowledged message stored",
-        async || match accounts.missing(&stored()) {
-            missing if missing.is_empty() => Ok(()),
-            missing => Err(format!("{missing:?} of {accounts:?}")),
-        },
-    )
-    .await;
-    accounts.settle(&stored())
+/// The user messages stored in `data_dir`'s conversation `main`, read as `capstan` reads
+/// them.
+fn stored_messages(data_dir: &Path) -> Vec<String> {
+    capstan_host::store::Store::open(data_dir)
+        .expect("opening the store")
+        .load_history_as::<capstan_host::llm::Message>("channel:main")
+        .expect("reading the history")
+        .into_iter()
+        .map(|m| m.content)
+        .filter(|said| said.starts_with("message "))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,9 +85,12 @@ async fn a_sqlite_database_another_process_keeps_locked_answers_not_yet_stored_t
         true,
         "{body}"
     );
-    let table = settled(&accounts, &data_dir).await;
+    let table = accounts
+        .settled(&client, &host.url, async || stored_messages(&data_dir))
+        .await;
     eprintln!("accounting (SQLite locked): {table:?}, each stored once");
-    assert_eq!(table.get(&Heard::Pending), Some(&3));
+    // The three sent while it was locked, and perhaps one after, still slow to store.
+    assert!(table.get(&Heard::Pending) >= Some(&3), "{table:?}");
     assert!(!host.log().contains("panicked"), "{}", host.log());
 }
 
@@ -199,7 +190,9 @@ async fn a_full_disk_under_sqlite_answers_not_yet_stored_then_stores_each_messag
         accounts.next(&client, &host.url).await;
     }
     accounts.resend_refused(&client, &host.url).await;
-    let table = settled(&accounts, &data_dir).await;
+    let table = accounts
+        .settled(&client, &host.url, async || stored_messages(&data_dir))
+        .await;
     eprintln!("accounting (SQLite, full disk): {table:?}, each stored once");
     assert!(!host.log().contains("panicked"), "{}", host.log());
     drop(host);
@@ -225,29 +218,32 @@ async fn a_host_killed_while_its_sqlite_database_is_locked_stores_its_spill_at_t
     }
     // Told "not yet stored" only once it was on disk: a kill -9 now loses none of it.
     assert!(spill.exists(), "{}", host.log());
+    // Killed while the database is still locked: only the spill file has the two.
+    let mut host = host;
+    host.kill();
     let killed = host.log();
     lock.execute_batch("COMMIT").unwrap();
     drop(lock);
     // The next start opens the conversation with the spilled history and writes it first.
     let host = host.restart(&[]);
     accounts.next(&client, &host.url).await;
-    let table = settled(&accounts, &data_dir).await;
+    let table = accounts
+        .settled(&client, &host.url, async || stored_messages(&data_dir))
+        .await;
     until("the spill file emptied", async || match spill.exists() {
         false => Ok(()),
         true => Err(format!("{killed}\n{}", host.log())),
     })
     .await;
+    assert!(
+        host.log()
+            .contains("the spill file held past what is stored"),
+        "{}",
+        host.log()
+    );
     eprintln!("accounting (SQLite locked, host killed): {table:?}, each stored once");
     assert_eq!(table.get(&Heard::Pending), Some(&2));
-    let stored = capstan_host::store::Store::open(&data_dir)
-        .unwrap()
-        .load_history_as::<capstan_host::llm::Message>("channel:main")
-        .unwrap();
-    let users: Vec<String> = stored
-        .into_iter()
-        .map(|m| m.content)
-        .filter(|said| said.starts_with("message "))
-        .collect();
+    let users = stored_messages(&data_dir);
     let in_order: Vec<String> = (0..accounts.len())
         .map(|n| format!("message {n}"))
         .collect();

@@ -65,6 +65,15 @@ impl Accounts {
         self.heard.len()
     }
 
+    /// The messages refused when first sent.
+    pub fn refused(&self) -> Vec<usize> {
+        self.heard
+            .iter()
+            .filter(|(_, (heard, _))| *heard == Heard::Refused)
+            .map(|(n, _)| *n)
+            .collect()
+    }
+
     /// How many were heard other than stored.
     pub fn not_stored(&self) -> usize {
         self.heard
@@ -87,6 +96,27 @@ impl Accounts {
                     "message {n} was refused, yet taken: {body}"
                 );
             }
+        }
+    }
+
+    /// Sends every message again with its key, as a client that never heard back would:
+    /// each is answered as a repeat, and taken no second time ([`Accounts::settle`] then
+    /// finds it stored once).
+    pub async fn resend_all(&self, client: &reqwest::Client, url: &str) {
+        for n in self.heard.keys() {
+            let (again, body) = Self::send(client, url, *n).await;
+            assert_eq!(again, Heard::Stored, "message {n} sent again: {body}");
+            let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+            // A door says so of a repeat it answers itself; one the owner answers for a
+            // forwarding host is not marked (that it was taken once is checked in the
+            // store, by `settle`).
+            let forwarded = body["events"]
+                .as_array()
+                .is_some_and(|events| events.iter().any(|e| e["type"] == "forwarded"));
+            assert!(
+                forwarded || body["repeated"] == true,
+                "message {n} not answered as a repeat: {body}"
+            );
         }
     }
 
@@ -117,5 +147,25 @@ impl Accounts {
             *table.entry(*heard).or_insert(0) += 1;
         }
         table
+    }
+
+    /// Waits until every message is in what `stored` reads (the user messages stored, as
+    /// text), sends every one again with its key through `url` ([`Accounts::resend_all`]),
+    /// then checks each is stored once: the table of what the clients heard.
+    pub async fn settled(
+        &self,
+        client: &reqwest::Client,
+        url: &str,
+        mut stored: impl AsyncFnMut() -> Vec<String>,
+    ) -> BTreeMap<Heard, usize> {
+        super::until("every acknowledged message stored", async || {
+            match self.missing(&stored().await) {
+                missing if missing.is_empty() => Ok(()),
+                missing => Err(format!("{missing:?} of {self:?}")),
+            }
+        })
+        .await;
+        self.resend_all(client, url).await;
+        self.settle(&stored().await)
     }
 }

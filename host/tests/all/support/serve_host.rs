@@ -92,11 +92,16 @@ impl ServeHost {
         tokio::task::block_in_place(|| self.child.wait().unwrap())
     }
 
+    /// Kills it (SIGKILL, as `kill -9`) if it still runs, and waits for it to exit.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        self.wait();
+    }
+
     /// Kills it if it still runs, then starts `capstan serve` again in the same directory
     /// with `env` set.
     pub fn restart(mut self, env: &[(&str, &str)]) -> ServeHost {
-        let _ = self.child.kill();
-        self.wait();
+        self.kill();
         let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
         ServeHost::start(dir, env)
     }
