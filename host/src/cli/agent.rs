@@ -320,8 +320,8 @@ async fn until_stopped(runtime: &Arc<Runtime>, work: impl Future<Output = ()>) -
         stop = signals.next() => stop,
     };
     crate::say!(
-        "(stopping: running workers are interrupted and the histories stored; a second \
-         signal quits at once)"
+        "(stopping: running workers are interrupted and the histories written to the \
+         store; the last line says whether all are stored; a second signal quits at once)"
     );
     runtime.interrupt();
     tokio::spawn(async move {

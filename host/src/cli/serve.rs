@@ -72,7 +72,8 @@ impl ServeCommand {
                 tokio::select! {
                     _ = signals.next() => crate::say!(
                         "(stopping: new connections refused, running workers interrupted, \
-                         histories stored; a second signal quits at once)"
+                         histories written to the store; the last line says whether all \
+                         are stored; a second signal quits at once)"
                     ),
                     () = runtime.lease_lost() => {
                         crate::say!("{LEASE_LOST}");
