@@ -355,10 +355,43 @@ async fn answer_forwarded(ctx: &Context, answers: Vec<(ForwardId, Answer)>) {
             error: answer.error.map(|e| redactor.redact_owned(e)),
             outcome: answer.outcome,
         };
-        if let Err(err) = ctx.services.sessions.answer(id, &answer).await {
-            tracing::warn!(forwarded = %id, "cannot leave the answer for the host that forwarded the message: {err}");
+        match ctx.services.sessions.answer(id, &answer).await {
+            Ok(()) => {}
+            // The forwarding host waits for it: left again until the store takes it.
+            Err(err) if err.is_transient() => {
+                tracing::warn!(forwarded = %id, "cannot leave the answer for the host that forwarded the message yet (trying again): {err}");
+                let sessions = ctx.services.sessions.clone();
+                let retry = ctx.config.limits.store_retry;
+                tokio::spawn(leave_answer(sessions, retry, id, answer));
+            }
+            Err(err) => {
+                tracing::warn!(forwarded = %id, "cannot leave the answer for the host that forwarded the message: {err}");
+            }
         }
     }
+}
+
+/// Leaves `answer` for forwarded message `id` every `retry` until the store takes it,
+/// refuses it for good, or the forwarding host has long stopped waiting for it.
+async fn leave_answer(
+    sessions: Arc<dyn crate::services::Sessions>,
+    retry: std::time::Duration,
+    id: ForwardId,
+    answer: Answer,
+) {
+    let give_up = tokio::time::Instant::now() + super::exchange::FORWARDED_ANSWER_LIMIT;
+    while tokio::time::Instant::now() < give_up {
+        tokio::time::sleep(retry).await;
+        match sessions.answer(id, &answer).await {
+            Ok(()) => return,
+            Err(err) if err.is_transient() => continue,
+            Err(err) => {
+                tracing::warn!(forwarded = %id, "cannot leave the answer for the host that forwarded the message: {err}");
+                return;
+            }
+        }
+    }
+    tracing::warn!(forwarded = %id, "gave up leaving the answer for the host that forwarded the message: the store refused it throughout");
 }
 
 /// Passes the text of a channel's answer on as [`Event::Text`] while the model streams

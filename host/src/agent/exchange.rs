@@ -108,6 +108,9 @@ pub enum ReplyPart {
     End(End),
 }
 
+/// How long an exchange waits for the answer of the host that owns its conversation.
+pub(crate) const FORWARDED_ANSWER_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// How an exchange ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum End {

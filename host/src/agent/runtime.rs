@@ -8,7 +8,9 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::context::{BranchSpec, Context, ConversationError, SpawnOutcome, Starter, WorkerSpec};
 use super::events::Event;
-use super::exchange::{End, Exchange, Listener, ReplyPart, UserMessage, end_of};
+use super::exchange::{
+    End, Exchange, FORWARDED_ANSWER_LIMIT, Listener, ReplyPart, UserMessage, end_of,
+};
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::reservations::Reservation;
 use super::stop::{NotSaved, StopReport};
@@ -399,9 +401,6 @@ impl Runtime {
         self.ctx.tool_defs(kind)
     }
 }
-
-/// How long an exchange waits for the answer of the host that owns its conversation.
-const FORWARDED_ANSWER_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// How long a failed look for a forwarded message's answer waits before the next.
 const ANSWER_RETRY: std::time::Duration = std::time::Duration::from_millis(500);

@@ -36,8 +36,14 @@ impl Postgres {
                 .await
                 .map_err(failed)?
                 .map_or(0, |row| row.get(0));
+            // After a write of its own that was never answered (the server restarting as
+            // it committed), which may have landed, a replace of this host's whole copy
+            // (which holds it) may follow under the same epoch: no other host wrote since.
+            let own_write_unanswered = matches!(write, Write::Replace)
+                && fence.is_some_and(|f| self.was_unanswered(channel, &f));
             if let Some(known) = self.known_length(channel)
                 && known != stored
+                && !own_write_unanswered
             {
                 return Err(ServiceError::Invalid(format!(
                     "{channel}'s history changed since this host read it ({known} messages \
@@ -55,7 +61,12 @@ impl Postgres {
             Write::Append => self.append_in(&tx, channel, messages).await?,
             Write::Replace => self.replace_in(&tx, channel, messages).await?,
         }
-        tx.commit().await.map_err(failed)?;
+        if let Err(err) = tx.commit().await {
+            if let Some(fence) = fence {
+                self.note_unanswered(channel, &fence);
+            }
+            return Err(failed(err).into());
+        }
         if let Some(length) = length {
             self.note_length(channel, length);
         }

@@ -226,6 +226,7 @@ impl Postgres {
     /// Notes that `channel`'s history holds `length` messages, as this host knows it.
     pub(super) fn note_length(&self, channel: &str, length: i64) {
         let mut owner = self.owner.lock().unwrap();
+        owner.unanswered.remove(channel);
         if owner.run.is_some() {
             owner.lengths.insert(channel.to_owned(), length);
         }
@@ -238,7 +239,24 @@ impl Postgres {
 
     /// Forgets the epoch this host claimed `channel` under.
     pub(super) fn forget_epoch(&self, channel: &str) {
-        self.owner.lock().unwrap().epochs.remove(channel);
+        let mut owner = self.owner.lock().unwrap();
+        owner.epochs.remove(channel);
+        owner.unanswered.remove(channel);
+    }
+
+    /// Notes that a write to `channel` under `fence`'s epoch was never answered: it may
+    /// have landed.
+    pub(super) fn note_unanswered(&self, channel: &str, fence: &Fence) {
+        let epoch = fence.epoch;
+        let mut owner = self.owner.lock().unwrap();
+        if owner.epochs.get(channel) == Some(&epoch) {
+            owner.unanswered.insert(channel.to_owned(), epoch);
+        }
+    }
+
+    /// Whether a write to `channel` under `fence`'s epoch was never answered.
+    pub(super) fn was_unanswered(&self, channel: &str, fence: &Fence) -> bool {
+        self.owner.lock().unwrap().unanswered.get(channel) == Some(&fence.epoch)
     }
 }
 
@@ -320,6 +338,11 @@ pub(super) struct Owner {
     /// it: a write to a history that changed since is refused, so a host never writes
     /// from (or over) a copy another host's writes made stale.
     pub(super) lengths: HashMap<String, i64>,
+    /// Channels whose last write under this epoch was never answered (the connection
+    /// went down as it committed): it may have landed, so the length noted is not known
+    /// to be right, and only a replace of this host's whole copy may follow, under the
+    /// same epoch.
+    pub(super) unanswered: HashMap<String, Epoch>,
 }
 
 fn run_over(run: RunId) -> ServiceError {

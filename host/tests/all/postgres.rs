@@ -805,7 +805,14 @@ async fn three_database_restarts_under_traffic_through_three_hosts_store_every_a
         until("the traffic to go on", async || {
             match sent.load(Ordering::SeqCst) {
                 done if done >= due => Ok(()),
-                done => Err(format!("{done} of {due} sent")),
+                done => Err(format!(
+                    "{done} of {due} sent\n{}",
+                    hosts
+                        .iter()
+                        .map(|h| h.log())
+                        .collect::<Vec<_>>()
+                        .join("\n----\n")
+                )),
             }
         })
         .await;
