@@ -33,3 +33,4 @@ pub mod serve;
 pub mod services;
 pub mod store;
 pub mod text;
+pub mod tools;

@@ -5,18 +5,19 @@ use std::sync::Arc;
 
 use super::context::{BranchSpec, Context};
 use super::events::Event;
-use super::host_tools::HostCall;
 use super::inbox::ChannelHandle;
 use super::notifications::NotificationKind;
 use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
 use super::supervisor::supervise;
-use super::turn::{ToolHandler, ToolOutcome, TurnEnd, TurnError};
+use super::tool_calls::{HostTools, ProcessTools};
+use super::turn::{ToolOutcome, TurnEnd, TurnError};
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, Message};
 use crate::plugin::ToolError;
 use crate::policy::ProcessKind;
+use crate::tools::HostCall;
 
 /// Starts a branch for `channel`, supervised: it is reported to its channel on every
 /// path (it concludes, its model fails, or it panics), and its channel's pending count is
@@ -74,12 +75,14 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
     history.push(Message::user(format!("Branch question: {question}")));
     let tools = ctx.tool_defs(ProcessKind::Branch);
     let system = system_prompt(ProcessKind::Branch, &ctx.config.agent.name);
-    let handler = BranchTools {
+    let host_tools = BranchTools {
         ctx: ctx.clone(),
         id: id.clone(),
-        calls: ProcessCalls::new(channel.audience.clone()),
         channel_name: channel_name.clone(),
     };
+    // The branch's own plugin instances and audit rows, for its life.
+    let calls = ProcessCalls::new(channel.audience.clone());
+    let handler = ProcessTools::new(&ctx, &id, &calls, &host_tools);
     let conclusion = match ctx.lease_loop(&id) {
         Err(held) => format!("(could not think: {held})"),
         Ok(lease) => {
@@ -123,50 +126,27 @@ fn conclude(ctx: &Context, end: Result<TurnEnd, TurnError>) -> String {
     }
 }
 
-/// A branch's tools: plugins with the branch profile, and `spawn_worker` on its channel.
+/// The host tool a branch runs: `spawn_worker`, on its channel.
 struct BranchTools {
     ctx: Arc<Context>,
     id: ProcessId,
-    /// The branch's own plugin instances and audit rows, for its life.
-    calls: ProcessCalls,
     channel_name: ProcessId,
 }
 
-impl BranchTools {
-    /// Runs host tool `call`: `None` if it is not one of a branch's.
-    async fn run(&self, call: HostCall) -> Option<Result<ToolOutcome, ToolError>> {
-        match call {
-            HostCall::SpawnWorker(args) => Some(
-                self.ctx
+impl HostTools for BranchTools {
+    fn run(&self, call: HostCall) -> BoxFuture<'_, Result<ToolOutcome, ToolError>> {
+        Box::pin(async move {
+            match call {
+                HostCall::SpawnWorker(args) => self
+                    .ctx
                     .spawn_worker_tool(&self.channel_name, Some(&self.id), args)
                     .await
                     .map(ToolOutcome::Continue),
-            ),
-            _ => None,
-        }
-    }
-}
-
-/// The host tools this process runs itself.
-const BRANCH_TOOLS: &[&str] = &["spawn_worker"];
-
-impl ToolHandler for BranchTools {
-    fn calls(&self) -> Option<&ProcessCalls> {
-        Some(&self.calls)
-    }
-
-    fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
-        Box::pin(self.ctx.refuse(&self.id, &self.calls, name, arguments))
-    }
-
-    fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
-        Box::pin(self.ctx.answer(
-            &self.id,
-            &self.calls,
-            name,
-            arguments,
-            BRANCH_TOOLS,
-            |call| self.run(call),
-        ))
+                other => Err(ToolError::Denied(format!(
+                    "`{}` is not a branch's tool",
+                    other.tool()
+                ))),
+            }
+        })
     }
 }

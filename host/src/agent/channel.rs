@@ -9,12 +9,12 @@ use super::compactor::compact_if_needed;
 use super::context::Context;
 use super::events::Event;
 use super::exchange::{Audience, EndsOnDrop, ReplyPart};
-use super::host_tools::HostCall;
 use super::inbox::{ChannelHandle, ChannelInput, drain};
 use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
 use super::repeats::{answer_repeated, take_repeated};
-use super::turn::{ToolHandler, ToolOutcome, TurnEnd, Unanswered, repair};
+use super::tool_calls::{HostTools, ProcessTools};
+use super::turn::{ToolOutcome, TurnEnd, Unanswered, repair};
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
 use crate::llm::{AnswerSink, BoxFuture, Delta, Message};
@@ -22,6 +22,7 @@ use crate::plugin::ToolError;
 use crate::policy::ProcessKind;
 use crate::secrets::StreamRedactor;
 use crate::services::{Answer, ForwardId};
+use crate::tools::HostCall;
 
 /// Retrigger turns (after results) one user message may cause; later results are kept in
 /// the history for the next turn instead.
@@ -200,14 +201,14 @@ pub(crate) async fn run(
                 // Anything but appending since the last save means a rewrite of the stored copy.
                 rewrite |= repair(&mut history);
                 rewrite |= compact_if_needed(&ctx, &name, audience, &mut history).await;
-                let tools_handler = ChannelTools {
+                let host_tools = ChannelTools {
                     ctx: ctx.clone(),
                     channel: name.clone(),
-                    calls: calls.clone(),
                     handle: handle.clone(),
                     fork: history.clone(),
                     delivered: Mutex::default(),
                 };
+                let tools_handler = ProcessTools::new(&ctx, &name, &calls, &host_tools);
                 let text_out = StreamedText {
                     ctx: &ctx,
                     channel: &name,
@@ -223,7 +224,7 @@ pub(crate) async fn run(
                     Ok(TurnEnd::Text(text)) if !text.trim().is_empty() => {
                         let streamed = text_out.streamed();
                         if let Some(text) = ctx.deliver_reply(&name, audience, text, streamed) {
-                            tools_handler.delivered.lock().unwrap().push(text);
+                            host_tools.delivered.lock().unwrap().push(text);
                         }
                     }
                     Ok(_) => {}
@@ -244,7 +245,7 @@ pub(crate) async fn run(
                         }
                     }
                 }
-                answer.reply = tools_handler.delivered.into_inner().unwrap().join("\n\n");
+                answer.reply = host_tools.delivered.into_inner().unwrap().join("\n\n");
             }
             _ => {}
         }
@@ -446,11 +447,10 @@ impl AnswerSink for StreamedText<'_> {
     }
 }
 
-/// The channel's host tools.
+/// The host tools a conversation (channel or cortex) runs.
 struct ChannelTools {
     ctx: Arc<Context>,
     channel: ProcessId,
-    calls: Arc<ProcessCalls>,
     handle: ChannelHandle,
     /// The history a branch forks from.
     fork: Vec<Message>,
@@ -467,12 +467,11 @@ fn worker_id(text: &str) -> Option<ProcessId> {
 }
 
 impl ChannelTools {
-    /// Runs host tool `call`: `None` if it is not one of a channel's.
-    async fn run(&self, call: HostCall) -> Option<Result<ToolOutcome, ToolError>> {
+    async fn answer(&self, call: HostCall) -> Result<ToolOutcome, ToolError> {
         let ctx = &self.ctx;
         let supervisor = &ctx.supervisor;
         let answer = |value: serde_json::Value| Ok(ToolOutcome::Continue(value.to_string()));
-        Some(match call {
+        match call {
             HostCall::Reply(args) => {
                 let audience = &self.handle.audience;
                 if let Some(text) =
@@ -529,31 +528,15 @@ impl ChannelTools {
                     }))
                 }
             }
-            HostCall::SetStatus(_) => return None,
-        })
+            HostCall::SetStatus(_) => Err(ToolError::Denied(
+                "`set_status` is a worker's tool, not a conversation's".into(),
+            )),
+        }
     }
 }
 
-/// The host tools this process runs itself.
-const CHANNEL_TOOLS: &[&str] = &["reply", "skip", "spawn_worker", "branch", "route", "cancel"];
-
-impl ToolHandler for ChannelTools {
-    fn calls(&self) -> Option<&ProcessCalls> {
-        Some(&self.calls)
-    }
-
-    fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
-        Box::pin(self.ctx.refuse(&self.channel, &self.calls, name, arguments))
-    }
-
-    fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
-        Box::pin(self.ctx.answer(
-            &self.channel,
-            &self.calls,
-            name,
-            arguments,
-            CHANNEL_TOOLS,
-            |call| self.run(call),
-        ))
+impl HostTools for ChannelTools {
+    fn run(&self, call: HostCall) -> BoxFuture<'_, Result<ToolOutcome, ToolError>> {
+        Box::pin(self.answer(call))
     }
 }

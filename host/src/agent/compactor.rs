@@ -9,10 +9,11 @@ use super::events::Event;
 use super::exchange::Audience;
 use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
-use super::turn::{ToolHandler, ToolOutcome, TurnEnd, TurnError};
+use super::tool_calls::{NoHostTools, ProcessTools};
+use super::turn::{TurnEnd, TurnError};
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
-use crate::llm::{BoxFuture, Message, Role};
+use crate::llm::{Message, Role};
 use crate::policy::ProcessKind;
 
 /// The prefix of the message that replaces compacted history.
@@ -84,11 +85,9 @@ pub(crate) async fn compact_if_needed(
     ))];
     let tools = ctx.tool_defs(ProcessKind::Compactor);
     let system = system_prompt(ProcessKind::Compactor, &ctx.config.agent.name);
-    let handler = CompactorTools {
-        ctx: ctx.clone(),
-        id: id.clone(),
-        calls: ProcessCalls::new(audience.clone()),
-    };
+    // The compactor's own plugin instances and audit rows, for its life.
+    let calls = ProcessCalls::new(audience.clone());
+    let handler = ProcessTools::new(ctx, &id, &calls, &NoHostTools);
     let end = match ctx.lease_loop(&id) {
         Ok(lease) => {
             let turn = ctx.turn(&id, lease.ticket(), Route::Compaction, &system, &tools);
@@ -135,32 +134,4 @@ pub(crate) async fn compact_if_needed(
     };
     ctx.release_process(&id);
     compacted
-}
-
-/// The compactor's tools: plugins with the compactor profile (memory_save by default).
-struct CompactorTools {
-    ctx: Arc<Context>,
-    id: ProcessId,
-    /// The compactor's own plugin instances and audit rows, for its life.
-    calls: ProcessCalls,
-}
-
-impl ToolHandler for CompactorTools {
-    fn calls(&self) -> Option<&ProcessCalls> {
-        Some(&self.calls)
-    }
-
-    fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
-        Box::pin(self.ctx.refuse(&self.id, &self.calls, name, arguments))
-    }
-
-    fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
-        // No host tool is the compactor's.
-        Box::pin(
-            self.ctx
-                .answer(&self.id, &self.calls, name, arguments, &[], |_| async {
-                    None
-                }),
-        )
-    }
 }

@@ -29,6 +29,7 @@ use crate::llm::{Message, Provider, ToolDef};
 use crate::plugin::Registry;
 use crate::policy::ProcessKind;
 use crate::services::{Claim, Run, RunId, ServiceError, Services, TaskPatch, WorkerState};
+use crate::tools::{ToolCatalog, ToolRouter};
 
 /// The least a save of a history may take before its exchanges hear the store is slow,
 /// whatever `limits.unstored_reply_secs` says: a healthy store never takes this long.
@@ -37,7 +38,8 @@ const SLOW_SAVE_MIN: std::time::Duration = std::time::Duration::from_secs(1);
 /// What the processes of one agent share.
 pub(crate) struct Context {
     pub(crate) config: Config,
-    pub(crate) registry: Arc<Registry>,
+    /// Where each tool call goes, and which tools each kind is offered.
+    pub(crate) router: Arc<ToolRouter>,
     pub(crate) services: Services,
     pub(crate) dispatcher: Dispatcher,
     /// Which processes are alive.
@@ -46,8 +48,6 @@ pub(crate) struct Context {
     /// Task descriptions held by live workers.
     pub(crate) reservations: Arc<TaskReservations>,
     pub(crate) notification_index: NotificationIndex,
-    /// The tools each kind of process is offered, in [`ProcessKind::ALL`]'s order.
-    pub(crate) tool_defs: [Arc<[ToolDef]>; ProcessKind::ALL.len()],
     /// Held while a conversation is opened: its history is read before it is registered,
     /// and no other caller may open it from a read of its own in between.
     opening: tokio::sync::Mutex<()>,
@@ -198,18 +198,18 @@ impl Context {
             }
         }
         let dispatcher = Dispatcher::new(provider, config.limits.dispatch.clone());
-        let tool_defs =
-            ProcessKind::ALL.map(|kind| Context::offered_tools(&config, &registry, kind));
+        let catalog = Arc::new(ToolCatalog::new(&registry, &config.policy));
+        let workspace = config.agent.workspace.clone();
+        let router = Arc::new(ToolRouter::new(registry, catalog, workspace));
         let ctx = Arc::new(Context {
             config,
-            registry,
+            router,
             services,
             dispatcher,
             supervisor: Arc::default(),
             events,
             reservations: Arc::default(),
             notification_index: NotificationIndex::default(),
-            tool_defs,
             opening: tokio::sync::Mutex::default(),
             run,
             starter,
@@ -273,7 +273,7 @@ impl Context {
     /// What hides every value the host holds (secrets, tokens, the provider's key) in what
     /// it tells anyone: events, replies, answers left for other hosts.
     pub(crate) fn redactor(&self) -> &crate::secrets::Redactor {
-        self.registry.host().network().secrets().redactor()
+        self.router.registry().host().network().secrets().redactor()
     }
 
     /// Delivers `text` as `channel`'s reply (to the exchanges waiting on `to`, `streamed`

@@ -21,7 +21,6 @@ mod context;
 mod events;
 mod exchange;
 mod forwarding;
-mod host_tools;
 mod inbox;
 mod notifications;
 mod process_calls;
@@ -44,7 +43,6 @@ pub use exchange::{End, Exchange, ReplyPart, UserMessage};
 pub use notifications::NotificationKind;
 pub use supervisor::{ShuttingDown, TooManyConversations};
 
-pub use host_tools::{HOST_TOOLS, HostTool, host_tool};
 pub use runtime::{Runtime, Sent};
 pub use spill::SpillError;
 pub use stop::{NotSaved, StopReport};

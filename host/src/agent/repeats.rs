@@ -9,10 +9,10 @@ use std::collections::HashSet;
 
 use super::context::Context;
 use super::exchange::{Audience, End, Exchange, ReplyPart, answer_of};
-use super::host_tools::HostCall;
 use super::inbox::ChannelInput;
 use crate::ids::MessageKey;
 use crate::llm::{Message, Role};
+use crate::tools::HostCall;
 
 /// Takes out of `inputs` the messages whose key `history` holds already, or `audience`
 /// knows (its exchange is under way, or ended lately: its message may have been compacted

@@ -22,6 +22,7 @@ use crate::plugin::Registry;
 use crate::policy::ProcessKind;
 use crate::secrets::Redactor;
 use crate::services::{Answer, ForwardId, Forwarded, RunId, ServiceError, Services, Sessions};
+use crate::tools::ToolRouter;
 
 /// One agent: its config, plugins, services and model, and the channels, workers and branches
 /// running on them.
@@ -399,6 +400,12 @@ impl Runtime {
     /// those its profile names and grants the capabilities of.
     pub fn tool_defs(&self, kind: ProcessKind) -> Arc<[ToolDef]> {
         self.ctx.tool_defs(kind)
+    }
+
+    /// Where this agent's tool calls go, and its catalog of tools: a door to the tools
+    /// alone (MCP) calls them through it, with the agent's policy.
+    pub fn router(&self) -> &Arc<ToolRouter> {
+        &self.ctx.router
     }
 }
 

@@ -12,20 +12,21 @@ use tokio::sync::{Mutex as AsyncMutex, Notify, mpsc};
 
 use super::context::{Context, WorkerSpec};
 use super::events::Event;
-use super::host_tools::{HostCall, ReportedState};
 use super::inbox::{ChannelHandle, drain};
 use super::notifications::NotificationKind;
 use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
 use super::reservations::Reservation;
 use super::supervisor::{Pending, WorkerHandle, supervise};
-use super::turn::{ToolHandler, ToolOutcome, TurnEnd};
+use super::tool_calls::{HostTools, ProcessTools};
+use super::turn::{ToolOutcome, TurnEnd};
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, Message};
 use crate::plugin::ToolError;
 use crate::policy::ProcessKind;
 use crate::services::WorkerState;
+use crate::tools::{HostCall, ReportedState};
 
 /// The re-prompt after routed messages were added to a worker's history.
 const CONTINUE_HINT: &str = "Continue with the messages above in mind.";
@@ -272,19 +273,20 @@ async fn work(
     // The worker's own plugin instances and audit rows, for its life.
     let calls = ProcessCalls::new(channel.audience.clone());
     loop {
-        let handler = WorkerTools {
+        let host_tools = WorkerTools {
             ctx,
             id: spec.id.clone(),
             calls: &calls,
             reported: Mutex::new(None),
             inbox,
         };
+        let handler = ProcessTools::new(ctx, &spec.id, &calls, &host_tools);
         let turn = ctx.turn(&spec.id, lease.ticket(), route, &system, &tools);
         let end = turn.run(&mut history, &handler).await;
         if !matches!(&end, Err(err) if err.answered == 0) {
             unanswered.clear();
         }
-        let reported = handler.reported.lock().unwrap().take();
+        let reported = host_tools.reported.lock().unwrap().take();
         let (state, message) = match (end, reported) {
             (Err(err), _) => {
                 ctx.model_failed(&channel.audience, &spec.id, &err);
@@ -392,10 +394,12 @@ struct WorkerTools<'w> {
 }
 
 impl WorkerTools<'_> {
-    /// Runs host tool `call`: `None` if it is not one of a worker's.
-    fn run(&self, call: HostCall) -> Option<Result<ToolOutcome, ToolError>> {
+    fn answer(&self, call: HostCall) -> Result<ToolOutcome, ToolError> {
         let HostCall::SetStatus(args) = call else {
-            return None;
+            return Err(ToolError::Denied(format!(
+                "`{}` is not a worker's tool",
+                call.tool()
+            )));
         };
         let state = match args.state {
             ReportedState::Progress => {
@@ -406,27 +410,20 @@ impl WorkerTools<'_> {
                         message: args.message,
                     },
                 );
-                return Some(Ok(ToolOutcome::Continue("noted".into())));
+                return Ok(ToolOutcome::Continue("noted".into()));
             }
             ReportedState::Waiting => WorkerState::WaitingForInput,
             ReportedState::Done => WorkerState::Done,
             ReportedState::Failed => WorkerState::Failed,
         };
         *self.reported.lock().unwrap() = Some((state, args.message));
-        Some(Ok(ToolOutcome::EndTurn("status recorded".into())))
+        Ok(ToolOutcome::EndTurn("status recorded".into()))
     }
 }
 
-/// The host tools this process runs itself.
-const WORKER_TOOLS: &[&str] = &["set_status"];
-
-impl ToolHandler for WorkerTools<'_> {
-    fn calls(&self) -> Option<&ProcessCalls> {
-        Some(self.calls)
-    }
-
-    fn refuse<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, String> {
-        Box::pin(self.ctx.refuse(&self.id, self.calls, name, arguments))
+impl HostTools for WorkerTools<'_> {
+    fn run(&self, call: HostCall) -> BoxFuture<'_, Result<ToolOutcome, ToolError>> {
+        Box::pin(std::future::ready(self.answer(call)))
     }
 
     fn injected(&self) -> Vec<String> {
@@ -435,16 +432,5 @@ impl ToolHandler for WorkerTools<'_> {
             Ok(mut inbox) => drain(&mut inbox),
             Err(_) => Vec::new(),
         }
-    }
-
-    fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome> {
-        Box::pin(self.ctx.answer(
-            &self.id,
-            self.calls,
-            name,
-            arguments,
-            WORKER_TOOLS,
-            |call| async { self.run(call) },
-        ))
     }
 }

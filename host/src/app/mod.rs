@@ -5,10 +5,8 @@ mod builder;
 mod error;
 mod secrets;
 mod services;
-mod tools;
 
 pub use builder::{Agent, AgentBuilder};
 pub use error::BuildError;
 pub use secrets::{hide_readable_values, load_secrets};
 pub use services::open_services;
-pub use tools::tool_needs;

@@ -11,6 +11,7 @@ use rmcp::ServiceExt as _;
 use super::HostArgs;
 use crate::mcp::ToolServer;
 use crate::policy::ProcessKind;
+use crate::tools::{ToolCatalog, ToolRouter};
 
 #[derive(Debug, Args)]
 pub(crate) struct McpCommand {
@@ -47,7 +48,9 @@ impl McpCommand {
                 .registry_on(&config, host, Some(crate::mcp::Servers::Named))
                 .await?,
         );
-        let server = ToolServer::new(registry.clone(), config.policy, self.profile, workspace)
+        let catalog = Arc::new(ToolCatalog::new(&registry, &config.policy));
+        let router = Arc::new(ToolRouter::new(registry.clone(), catalog, workspace));
+        let server = ToolServer::new(router, self.profile)
             .with_max_message_bytes(config.limits.mcp_message_bytes);
         let tools = server.tools().len();
         crate::say!(

@@ -307,8 +307,9 @@ impl HostArgs {
     }
 }
 
-/// Warns of every plugin `registry` refused and every MCP server or tool it could not
-/// add, one line each.
+/// Warns of every plugin `registry` refused, every MCP server or tool it could not add,
+/// and every plugin tool the catalog leaves out for taking a host tool's name, one line
+/// each.
 pub(crate) fn warn_refused(registry: &Registry) {
     for refused in registry.refused() {
         crate::say!(
@@ -318,6 +319,9 @@ pub(crate) fn warn_refused(registry: &Registry) {
     }
     for problem in registry.external_problems() {
         crate::say!("warning: {}", crate::text::one_line(problem));
+    }
+    for clash in crate::tools::ToolCatalog::clashes(registry) {
+        crate::say!("warning: {}", crate::text::one_line(&clash));
     }
 }
 

@@ -8,15 +8,15 @@ use capstan_caps::Capability;
 
 use crate::config::Config;
 use crate::net::{GrantSource, NetScope, target_of};
-use crate::plugin::Registry;
-use crate::policy::{Decision, ProcessKind, ToolNeeds};
+use crate::policy::{Decision, ProcessKind};
+use crate::tools::ToolCatalog;
 
 /// Prints, per process kind, the network rules and secrets it is granted, and for each
 /// tool offered to it that declares `net:`, what its calls may reach.
 pub(super) fn print_network(
     out: &mut impl Write,
     config: &Config,
-    registry: &Registry,
+    catalog: &ToolCatalog,
 ) -> std::io::Result<()> {
     writeln!(out, "\nnetwork:")?;
     for kind in ProcessKind::ALL {
@@ -34,41 +34,33 @@ pub(super) fn print_network(
             or_none(&rules.join(", ")),
             or_none(&secrets.join(", "))
         )?;
-        for plugin in registry.plugins() {
-            for tool in plugin.tools() {
-                let needs = ToolNeeds {
-                    name: &tool.name,
-                    capabilities: &tool.capabilities,
-                };
-                let declares_net = tool
-                    .capabilities
-                    .iter()
-                    .any(|c| matches!(c, Capability::Net(_)));
-                if !declares_net
-                    || config.policy.decide(kind, &tool.name, Some(needs)) != Decision::Offered
-                {
-                    continue;
-                }
-                let grants = profile.grants_for(&tool.name);
-                let Ok(effective) = grants.effective(&tool.name, &tool.capabilities) else {
-                    continue;
-                };
-                let (mut reach, mut keys) = (Vec::new(), Vec::new());
-                for cap in &effective {
-                    match cap {
-                        Capability::Net(rule) => reach.push(expanded(rule)),
-                        Capability::Secret(name) => keys.push(name.as_str()),
-                        _ => {}
-                    }
-                }
-                writeln!(
-                    out,
-                    "    {:<18}reaches {}; secrets {}",
-                    tool.name,
-                    reach.join(", "),
-                    or_none(&keys.join(", "))
-                )?;
+        for tool in catalog.tools() {
+            let declares_net = tool
+                .capabilities
+                .iter()
+                .any(|c| matches!(c, Capability::Net(_)));
+            if !declares_net || !catalog.is_offered(kind, tool.name()) {
+                continue;
             }
+            let grants = profile.grants_for(tool.name());
+            let Ok(effective) = grants.effective(tool.name(), &tool.capabilities) else {
+                continue;
+            };
+            let (mut reach, mut keys) = (Vec::new(), Vec::new());
+            for cap in &effective {
+                match cap {
+                    Capability::Net(rule) => reach.push(expanded(rule)),
+                    Capability::Secret(name) => keys.push(name.as_str()),
+                    _ => {}
+                }
+            }
+            writeln!(
+                out,
+                "    {:<18}reaches {}; secrets {}",
+                tool.name(),
+                reach.join(", "),
+                or_none(&keys.join(", "))
+            )?;
         }
     }
     if !config.secrets.is_empty() {
@@ -117,7 +109,7 @@ fn or_none(text: &str) -> &str {
 pub(super) async fn explain(
     out: &mut impl Write,
     config: &Config,
-    registry: &Registry,
+    catalog: &ToolCatalog,
     why: &[String],
     method: &str,
 ) -> anyhow::Result<ExitCode> {
@@ -141,14 +133,10 @@ pub(super) async fn explain(
         Err(why) => return refuse(out, format!("the URL is not accepted: {why}")),
     };
     writeln!(out, "request: {target}")?;
-    let Some((_, info)) = registry.tool(tool) else {
+    let Some(info) = catalog.tool(tool) else {
         return refuse(out, format!("no tool `{tool}` is loaded"));
     };
-    let needs = ToolNeeds {
-        name: &info.name,
-        capabilities: &info.capabilities,
-    };
-    match config.policy.decide(kind, tool, Some(needs)) {
+    match catalog.decide(kind, tool) {
         Decision::Offered => writeln!(out, "tool:    `{tool}` is offered to {kind}")?,
         other => {
             return refuse(

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 
-use crate::plugin::contract::RESERVED_TOOL_NAMES;
+use crate::tools::HostTool;
 
 /// The longest plugin name: it is also the name of its first tool.
 const MAX_NAME: usize = 48;
@@ -238,7 +238,7 @@ const RESERVED_NAMES: &[&str] = &[
 ];
 
 fn check_name(name: &str) -> anyhow::Result<()> {
-    if RESERVED_TOOL_NAMES.contains(&name) {
+    if HostTool::named(name).is_some() {
         bail!("`{name}` is the name of a host tool; a plugin's tools may not take it");
     }
     if RESERVED_NAMES.contains(&name) {
@@ -269,7 +269,7 @@ fn suggest(name: &str) -> String {
         out.insert_str(0, "tool_");
         out.truncate(MAX_NAME);
     }
-    if RESERVED_NAMES.contains(&out.as_str()) || RESERVED_TOOL_NAMES.contains(&out.as_str()) {
+    if RESERVED_NAMES.contains(&out.as_str()) || HostTool::named(&out).is_some() {
         out.push_str("_tool");
     }
     out

@@ -7,7 +7,6 @@ use clap::Args;
 
 use super::HostArgs;
 use super::table::print_table;
-use crate::app::tool_needs;
 use crate::config::{
     Config, DatabaseUrl, LocationKind, Locations, McpTransport, StoreSettings, resolve,
 };
@@ -16,6 +15,7 @@ use crate::policy::{Decision, InstanceReuse, ProcessKind};
 use crate::postgres::Postgres;
 use crate::services::{AuditDestination, NO_STORE};
 use crate::store::DATABASE_FILE;
+use crate::tools::{MatrixRow, ToolCatalog};
 
 #[derive(Debug, Args)]
 pub(crate) struct PolicyCommand {
@@ -28,6 +28,13 @@ pub(crate) struct PolicyCommand {
     /// The request's method, for --why.
     #[arg(long, default_value = "GET", requires = "why")]
     method: String,
+    /// Checks the policy for what an operator would change: tools named but never offered
+    /// (dead cells), kinds that start workers with nothing to work with, loaded tools no
+    /// profile names, grants no offered tool uses, and one process given untrusted input
+    /// and an external effect at once. Each finding names the config line; exits 1 on
+    /// any.
+    #[arg(long, conflicts_with = "why")]
+    lint: bool,
 }
 
 impl PolicyCommand {
@@ -41,19 +48,21 @@ impl PolicyCommand {
                 Some(crate::mcp::Servers::Named),
             )
             .await?;
+        let catalog = ToolCatalog::new(&registry, &config.policy);
+        if self.lint {
+            return print_lint(&config, &catalog);
+        }
         if let Some(why) = &self.why {
             let mut out = crate::secrets::stdout();
-            return super::network::explain(&mut out, &config, &registry, why, &self.method).await;
+            return super::network::explain(&mut out, &config, &catalog, why, &self.method).await;
         }
-        let tools = tool_needs(&registry);
         let header: Vec<&str> = std::iter::once("TOOL")
             .chain(ProcessKind::ALL.iter().map(|kind| kind.as_str()))
             .collect();
-        let rows: Vec<Vec<String>> = config
-            .policy
-            .matrix(&tools)
+        let rows: Vec<Vec<String>> = catalog
+            .matrix()
             .into_iter()
-            .map(|(tool, cells)| {
+            .map(|MatrixRow { tool, cells }| {
                 std::iter::once(tool)
                     .chain(cells.iter().map(cell))
                     .collect()
@@ -67,11 +76,51 @@ impl PolicyCommand {
         print_table(&mut out, &header, &rows)?;
         print_mcp(&mut out, &config, &registry)?;
         print_reuse(&mut out, &config, &registry)?;
-        super::network::print_network(&mut out, &config, &registry)?;
+        super::network::print_network(&mut out, &config, &catalog)?;
         print_locations(&mut out, &self.host.agent_locations(&config)?)?;
         print_audit(&mut out, &config)?;
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// `--lint`: each finding, then each note, with where the key is written; exits 1 on a
+/// finding.
+fn print_lint(config: &Config, catalog: &ToolCatalog) -> anyhow::Result<ExitCode> {
+    let lint = crate::tools::lint::lint(catalog);
+    let text = match &config.source {
+        Some(path) => Some((path, crate::text::read_text(path)?)),
+        None => None,
+    };
+    // Where to change a key: its line in the config, or the config itself when the key
+    // comes from the built-in defaults.
+    let place = |key: &str| match &text {
+        Some((path, text)) => match crate::text::toml_key_line(text, key) {
+            Some(line) => format!("{}:{line}: ", path.display()),
+            None => format!("{} (a default; set it there): ", path.display()),
+        },
+        None => String::new(),
+    };
+    let mut out = crate::secrets::stdout();
+    match &config.source {
+        Some(path) => writeln!(out, "policy from {}", path.display())?,
+        None => writeln!(
+            out,
+            "policy from the built-in defaults (a key named below is set in capstan.toml)"
+        )?,
+    }
+    for finding in &lint.findings {
+        writeln!(out, "{}{finding}", place(&finding.key))?;
+    }
+    for note in &lint.notes {
+        writeln!(out, "{}{note}", place(&note.key))?;
+    }
+    let count = lint.findings.len();
+    if count == 0 {
+        writeln!(out, "no findings")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    writeln!(out, "{count} finding(s)")?;
+    Ok(ExitCode::from(1))
 }
 
 /// Each `[mcp.NAME]` server: how it is reached, the process kinds whose profile names its
@@ -194,6 +243,7 @@ fn cell(decision: &Decision) -> String {
         Decision::NotInProfile => "- not in profile".into(),
         Decision::NotGranted(cap) => format!("- {cap} not granted"),
         Decision::NotLoaded => "- not loaded".into(),
+        Decision::NotRunByKind => "- not run by this kind".into(),
     }
 }
 

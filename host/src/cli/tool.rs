@@ -3,6 +3,7 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Subcommand;
@@ -10,6 +11,7 @@ use clap::Subcommand;
 use super::HostArgs;
 use crate::plugin::{CallRequest, ToolError};
 use crate::policy::{Grants, ProcessKind};
+use crate::tools::{HostTool, ToolCatalog, ToolRouter};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ToolCommand {
@@ -87,18 +89,30 @@ impl ToolCommand {
         if registry.tool_info(&name).is_some() {
             super::record_if_writable(locations)?;
         }
-        let caller = as_profile.map_or("cli", ProcessKind::as_str);
-        let request = CallRequest {
-            tool: &name,
-            args_json: &args_json,
-            grants: &grants,
-            workspace: Some(&workspace),
-            caller,
-            instances: None,
-        };
         let result = match as_profile {
-            Some(kind) => registry.call_as(&config.policy, kind, request).await,
-            None => registry.call(request).await,
+            // Offered, granted and refused exactly as to an agent's process of that kind.
+            Some(kind) => {
+                let catalog = Arc::new(ToolCatalog::new(&registry, &config.policy));
+                let router = ToolRouter::new(Arc::new(registry), catalog, workspace);
+                let pending = std::future::pending();
+                let ran = router.run(kind, kind.as_str(), None, &name, &args_json, pending);
+                ran.await.committed().await
+            }
+            None if HostTool::named(&name).is_some() => Err(ToolError::Denied(format!(
+                "`{name}` is a host tool: it acts on a running agent's processes, so only an \
+                 agent runs it (`capstan run`, `capstan chat`)"
+            ))),
+            None => {
+                let request = CallRequest {
+                    tool: &name,
+                    args_json: &args_json,
+                    grants: &grants,
+                    workspace: Some(&workspace),
+                    caller: "cli",
+                    instances: None,
+                };
+                registry.call(request).await
+            }
         };
         let mut out = crate::secrets::stdout();
         if json {

@@ -1,6 +1,5 @@
 //! [`ToolServer`]: one profile's tools as an MCP server.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use rmcp::model::{
@@ -12,51 +11,46 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 
 use super::fit::{DEFAULT_MESSAGE_BYTES, fit_message};
-use crate::agent::HOST_TOOLS;
-use crate::plugin::{CallRequest, Registry, ToolError};
-use crate::policy::{Decision, Policy, ProcessKind, ToolNeeds};
+use crate::plugin::ToolError;
+use crate::policy::ProcessKind;
+use crate::tools::{ToolOrigin, ToolRouter};
 
-/// The plugin tools `policy` offers to processes of one kind, served over MCP with that
-/// kind's grants, in `workspace`.
+/// The plugin and MCP tools the catalog offers to processes of one kind, served over MCP
+/// with that kind's grants, in the router's workspace.
 ///
 /// Host tools (delegation, tasks as the runtime keeps them) need a running agent and are
 /// not served.
 ///
 /// ```no_run
 /// # async fn serve(registry: std::sync::Arc<capstan_host::plugin::Registry>) -> anyhow::Result<()> {
+/// use std::sync::Arc;
 /// use capstan_host::config::Config;
 /// use capstan_host::mcp::ToolServer;
 /// use capstan_host::policy::ProcessKind;
+/// use capstan_host::tools::{ToolCatalog, ToolRouter};
 /// use rmcp::ServiceExt;
 ///
 /// let config = Config::defaults(std::path::Path::new("."));
-/// let server = ToolServer::new(registry, config.policy, ProcessKind::Worker, ".".into());
+/// let catalog = Arc::new(ToolCatalog::new(&registry, &config.policy));
+/// let router = Arc::new(ToolRouter::new(registry, catalog, ".".into()));
+/// let server = ToolServer::new(router, ProcessKind::Worker);
 /// server.serve(rmcp::transport::stdio()).await?.waiting().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct ToolServer {
-    registry: Arc<Registry>,
-    policy: Arc<Policy>,
+    router: Arc<ToolRouter>,
     kind: ProcessKind,
-    workspace: Arc<PathBuf>,
     /// The largest message a result is sent in ([`fit_message`]).
     max_message: usize,
 }
 
 impl ToolServer {
-    /// Serves the tools `policy` offers to `kind`, run in `workspace`.
-    pub fn new(
-        registry: Arc<Registry>,
-        policy: Policy,
-        kind: ProcessKind,
-        workspace: PathBuf,
-    ) -> Self {
+    /// Serves the tools `router`'s catalog offers to `kind`.
+    pub fn new(router: Arc<ToolRouter>, kind: ProcessKind) -> Self {
         ToolServer {
-            registry,
-            policy: Arc::new(policy),
+            router,
             kind,
-            workspace: Arc::new(workspace),
             max_message: DEFAULT_MESSAGE_BYTES,
         }
     }
@@ -68,24 +62,21 @@ impl ToolServer {
         self
     }
 
-    /// The tools served: every plugin tool the policy offers to the kind, in load order.
+    /// The tools served: every plugin and MCP tool the catalog offers to the kind, in
+    /// load order. Host tools act on a running agent's processes and are not served.
     pub fn tools(&self) -> Vec<Tool> {
-        self.registry
+        let catalog = self.router.catalog();
+        catalog
             .tools()
-            .filter(|tool| !HOST_TOOLS.iter().any(|host| host.name == tool.name))
-            .filter(|tool| {
-                let needs = ToolNeeds {
-                    name: &tool.name,
-                    capabilities: &tool.capabilities,
-                };
-                self.policy.decide(self.kind, &tool.name, Some(needs)) == Decision::Offered
-            })
+            .iter()
+            .filter(|tool| !matches!(tool.origin, ToolOrigin::Host(_)))
+            .filter(|tool| catalog.is_offered(self.kind, tool.name()))
             .map(|tool| {
-                let schema = match &tool.args_schema {
+                let schema = match &tool.def.parameters {
                     serde_json::Value::Object(object) => object.clone(),
                     _ => serde_json::Map::new(),
                 };
-                Tool::new(tool.name.clone(), tool.description.clone(), schema)
+                Tool::new(tool.def.name.clone(), tool.def.description.clone(), schema)
             })
             .collect()
     }
@@ -101,18 +92,10 @@ impl ToolServer {
             Some(arguments) => serde_json::Value::Object(arguments.clone()).to_string(),
             None => "{}".to_owned(),
         };
-        let grants = self.policy.profile(self.kind).grants_for(&params.name);
-        let request = CallRequest {
-            tool: &params.name,
-            args_json: &args_json,
-            grants: &grants,
-            workspace: Some(&self.workspace),
-            caller,
-            instances: None,
-        };
-        self.registry
-            .call_as_until(&self.policy, self.kind, request, cancelled)
-            .await
+        let ran = self
+            .router
+            .run(self.kind, caller, None, &params.name, &args_json, cancelled);
+        ran.await.committed().await
     }
 }
 

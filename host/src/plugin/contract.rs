@@ -12,19 +12,6 @@ pub const WIT_VERSION: &str = "0.2.1";
 /// The interface a plugin must export.
 pub const TOOL_INTERFACE: &str = "tool";
 
-/// Tool names the host keeps for its own tools (a channel's delegation, a worker's
-/// status): a plugin declaring one is refused, so it can neither shadow a host tool nor
-/// put its own description of one in front of the model.
-pub const RESERVED_TOOL_NAMES: &[&str] = &[
-    "reply",
-    "skip",
-    "spawn_worker",
-    "branch",
-    "route",
-    "cancel",
-    "set_status",
-];
-
 /// Interfaces a plugin may import, each by its exact `namespace:package/interface` name.
 ///
 /// Everything else is refused at load, before the component is compiled: nothing that

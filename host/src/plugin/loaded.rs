@@ -8,7 +8,6 @@ use capstan_caps::Capability;
 use super::bindings::PluginPre;
 use super::bindings::exports::capstan::plugin::tool::ToolSpec;
 use super::cache::CacheOutcome;
-use super::contract::RESERVED_TOOL_NAMES;
 use super::error::LoadError;
 use super::sandbox::Sandbox;
 use super::schema::check_args_schema;
@@ -139,11 +138,6 @@ impl ToolInfo {
                     "invalid name; use 1 to {MAX_TOOL_NAME} lowercase ASCII letters, digits and \
                      `_`, starting with a letter"
                 )));
-            }
-            if RESERVED_TOOL_NAMES.contains(&spec.name.as_str()) {
-                return Err(bad(
-                    "the name of a host tool; plugins may not declare it (rename the tool)".into(),
-                ));
             }
             if tools.iter().any(|t| t.name == spec.name) {
                 return Err(bad("declared twice by this plugin".into()));
@@ -286,8 +280,6 @@ mod tests {
                 "not a valid JSON Schema",
             ),
             (spec("a", "{}", &["fs.root"]), "fs.root"),
-            (spec("reply", "{}", &[]), "the name of a host tool"),
-            (spec("set_status", "{}", &[]), "the name of a host tool"),
         ] {
             let err = ToolInfo::from_specs(path, vec![bad])
                 .unwrap_err()

@@ -63,6 +63,14 @@ impl Recorded {
         result
     }
 
+    /// A call refused before it reached the registry, with no audit row.
+    pub(crate) fn unaudited(result: Result<String, ToolError>) -> Self {
+        Recorded {
+            result,
+            audit: None,
+        }
+    }
+
     /// The result now, and the audit row's commit, to wait for ([`committed`]) before
     /// the result leaves the host.
     pub fn into_parts(self) -> (Result<String, ToolError>, Option<Committing>) {
@@ -351,6 +359,13 @@ impl Registry {
     pub fn tools(&self) -> impl Iterator<Item = &ToolInfo> {
         let plugins = self.plugins.iter().flat_map(|plugin| plugin.tools());
         plugins.chain(self.external.iter().map(|tool| &tool.info))
+    }
+
+    /// Every external source's tools, each with its source's name, in the order added.
+    pub fn external_tools(&self) -> impl Iterator<Item = (&str, &ToolInfo)> {
+        self.external
+            .iter()
+            .map(|tool| (tool.source.name(), &tool.info))
     }
 
     /// A tool by name, a plugin's or an external source's.

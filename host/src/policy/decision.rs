@@ -27,6 +27,9 @@ pub enum Decision {
     NotGranted(Capability),
     /// The profile names the tool, but no plugin or host tool provides it.
     NotLoaded,
+    /// A host tool that processes of this kind do not run (a worker's `set_status` for a
+    /// channel): naming it in the profile offers nothing.
+    NotRunByKind,
 }
 
 impl fmt::Display for Decision {
@@ -36,6 +39,7 @@ impl fmt::Display for Decision {
             Decision::NotInProfile => f.write_str("not in the profile"),
             Decision::NotGranted(cap) => write!(f, "capability {cap} not granted"),
             Decision::NotLoaded => f.write_str("tool not loaded"),
+            Decision::NotRunByKind => f.write_str("a host tool this kind does not run"),
         }
     }
 }
@@ -99,50 +103,5 @@ impl Policy {
             Some(cap) => Decision::NotGranted(cap),
             None => Decision::Offered,
         }
-    }
-
-    /// The names of the tools offered to `kind`, in the order given.
-    pub fn offered<'a>(
-        &self,
-        kind: ProcessKind,
-        tools: impl IntoIterator<Item = ToolNeeds<'a>>,
-    ) -> Vec<&'a str> {
-        tools
-            .into_iter()
-            .filter(|tool| self.decide(kind, tool.name, Some(*tool)) == Decision::Offered)
-            .map(|tool| tool.name)
-            .collect()
-    }
-
-    /// The tool x process matrix over `tools`, plus a row for each tool a profile names
-    /// exactly (not by glob) that is not among them.
-    pub fn matrix<'a>(&self, tools: &[ToolNeeds<'a>]) -> Vec<(String, Vec<Decision>)> {
-        let mut rows: Vec<(String, Vec<Decision>)> = tools
-            .iter()
-            .map(|tool| {
-                let cells = ProcessKind::ALL
-                    .iter()
-                    .map(|kind| self.decide(*kind, tool.name, Some(*tool)))
-                    .collect();
-                (tool.name.to_owned(), cells)
-            })
-            .collect();
-        let mut missing: Vec<&str> = self
-            .profiles
-            .values()
-            .flat_map(|profile| profile.tool_patterns())
-            .filter(|name| !name.contains(['*', '?', '[']))
-            .filter(|name| !tools.iter().any(|tool| tool.name == *name))
-            .collect();
-        missing.sort_unstable();
-        missing.dedup();
-        for name in missing {
-            let cells = ProcessKind::ALL
-                .iter()
-                .map(|kind| self.decide(*kind, name, None))
-                .collect();
-            rows.push((name.to_owned(), cells));
-        }
-        rows
     }
 }

@@ -14,12 +14,11 @@ use utoipa::{IntoParams, ToSchema};
 use super::app::{App, user_message};
 use super::auth::Caller;
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
-use crate::agent::HOST_TOOLS;
-use crate::app::tool_needs;
 use crate::config::TokenScope;
 use crate::ids::ProcessId;
 use crate::policy::{Decision, ProcessKind};
 use crate::services::{TaskFilter, TaskStatus};
+use crate::tools::MatrixRow;
 
 /// The most rows one list returns.
 const MAX_PAGE: u32 = 1000;
@@ -356,12 +355,13 @@ pub(crate) struct PolicyMatrix {
     responses((status = 200, body = PolicyMatrix, description = "The matrix")))]
 pub(crate) async fn policy(State(app): State<Arc<App>>) -> Json<PolicyMatrix> {
     let config = app.runtime.config();
-    let tools = tool_needs(&app.registry);
-    let rows = config
-        .policy
-        .matrix(&tools)
+    let rows = app
+        .runtime
+        .router()
+        .catalog()
+        .matrix()
         .into_iter()
-        .map(|(tool, cells)| PolicyRow {
+        .map(|MatrixRow { tool, cells }| PolicyRow {
             tool,
             kinds: ProcessKind::ALL
                 .iter()
@@ -516,31 +516,21 @@ pub(crate) struct ToolList {
 #[utoipa::path(get, path = "/v1/tools", tag = "state",
     responses((status = 200, body = ToolList, description = "The tools")))]
 pub(crate) async fn tools(State(app): State<Arc<App>>) -> Json<ToolList> {
-    let offered_to = |name: &str| -> Vec<String> {
-        ProcessKind::ALL
-            .iter()
-            .filter(|kind| app.runtime.tool_defs(**kind).iter().any(|d| d.name == name))
-            .map(ToString::to_string)
-            .collect()
-    };
-    let host = HOST_TOOLS.iter().map(|tool| {
-        let def = tool.def();
-        ToolView {
-            offered_to: offered_to(tool.name),
-            name: def.name,
-            description: def.description,
-            capabilities: Vec::new(),
-            args_schema: def.parameters,
-        }
-    });
-    let plugins = app.registry.tools().map(|tool| ToolView {
-        offered_to: offered_to(&tool.name),
-        name: tool.name.clone(),
-        description: tool.description.clone(),
-        capabilities: tool.capabilities.iter().map(ToString::to_string).collect(),
-        args_schema: tool.args_schema.clone(),
-    });
-    Json(ToolList {
-        tools: host.chain(plugins).collect(),
-    })
+    let catalog = app.runtime.router().catalog();
+    let tools = catalog
+        .tools()
+        .iter()
+        .map(|tool| ToolView {
+            offered_to: catalog
+                .offered_to(tool.name())
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            name: tool.def.name.clone(),
+            description: tool.def.description.clone(),
+            capabilities: tool.capabilities.iter().map(ToString::to_string).collect(),
+            args_schema: tool.def.parameters.clone(),
+        })
+        .collect();
+    Json(ToolList { tools })
 }

@@ -37,13 +37,8 @@ pub(crate) fn routes(
     let config = app.runtime.config();
     let mut routes = Router::new();
     for kind in ProcessKind::ALL {
-        let server = ToolServer::new(
-            app.registry.clone(),
-            config.policy.clone(),
-            kind,
-            config.agent.workspace.clone(),
-        )
-        .with_max_message_bytes(config.limits.mcp_message_bytes);
+        let server = ToolServer::new(app.runtime.router().clone(), kind)
+            .with_max_message_bytes(config.limits.mcp_message_bytes);
         let transport = StreamableHttpServerConfig::default()
             // The service's own Host check (loopback names on an open server) already ran.
             .disable_allowed_hosts()

@@ -3,7 +3,7 @@
 
 mod source;
 
-pub use source::{SourceError, read_text, toml_error_message};
+pub use source::{SourceError, read_text, toml_error_message, toml_key_line};
 
 /// The longest prefix of `text` within `max` bytes, ending on a character boundary.
 ///

@@ -90,6 +90,33 @@ pub fn toml_error_message(text: &str, err: &toml::de::Error) -> String {
     }
 }
 
+/// The 1-based line where dotted `key` (`profiles.worker.net`) is written in TOML `text`:
+/// the line of its last part, in a table header or as a key. `None` if the text does not
+/// parse or does not write it.
+///
+/// ```
+/// let text = "[agent]\nname = \"x\"\n\n[profiles.worker]\ntools = []\nnet = []\n";
+/// assert_eq!(capstan_host::text::toml_key_line(text, "profiles.worker.net"), Some(6));
+/// assert_eq!(capstan_host::text::toml_key_line(text, "profiles.worker"), Some(4));
+/// assert_eq!(capstan_host::text::toml_key_line(text, "profiles.channel.net"), None);
+/// ```
+pub fn toml_key_line(text: &str, key: &str) -> Option<usize> {
+    let parsed = toml::de::DeTable::parse(text).ok()?;
+    let mut table = parsed.get_ref();
+    let mut parts = key.split('.').peekable();
+    while let Some(part) = parts.next() {
+        let (name, value) = table.iter().find(|(name, _)| *name.get_ref() == part)?;
+        if parts.peek().is_none() {
+            return Some(line_and_column(text.as_bytes(), name.span().start).0);
+        }
+        match value.get_ref() {
+            toml::de::DeValue::Table(inner) => table = inner,
+            _ => return None,
+        }
+    }
+    None
+}
+
 /// The 1-based line and column (in characters, or bytes past invalid UTF-8) of `offset`.
 fn line_and_column(bytes: &[u8], offset: usize) -> (usize, usize) {
     let before = &bytes[..offset.min(bytes.len())];

@@ -1,11 +1,13 @@
-//! Host-native tools: they act on the orchestration (replies, delegation, status), so they
+//! The host tools: they act on the orchestration (replies, delegation, status), so they
 //! run in the trusted host rather than in a plugin. Profiles grant them by name like any
 //! other tool; they declare no capability.
 //!
-//! Each tool is defined once, in [`host_tools!`]: its name, its description and its
-//! argument type. The schema the model is shown is derived from the argument type
-//! (`schemars`), the arguments are parsed into it, and a call is dispatched by matching
-//! on [`HostCall`], so the three cannot drift apart.
+//! Each tool is defined once, in the `host_tools!` list below: its name, its description,
+//! its argument type and the process kinds that run it. The schema the model is shown is
+//! derived from the argument type (`schemars`), the arguments are parsed into it, and a
+//! call reaches its process as a typed [`HostCall`], so the four cannot drift apart.
+//! Adding a host tool is one line here, its argument type, and its arm in the process
+//! that runs it.
 
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -14,34 +16,7 @@ use serde_json::Value;
 
 use crate::llm::ToolDef;
 use crate::plugin::ToolError;
-
-/// A host tool's name, description and argument schema.
-#[derive(Debug, Clone, Copy)]
-pub struct HostTool {
-    /// The name profiles grant.
-    pub name: &'static str,
-    /// For the model.
-    pub description: &'static str,
-    schema: fn() -> Value,
-}
-
-impl HostTool {
-    /// The tool as offered to a model.
-    ///
-    /// ```
-    /// use capstan_host::agent::host_tool;
-    ///
-    /// let reply = host_tool("reply").unwrap().def();
-    /// assert_eq!(reply.parameters["required"], serde_json::json!(["text"]));
-    /// ```
-    pub fn def(&self) -> ToolDef {
-        ToolDef {
-            name: self.name.to_owned(),
-            description: self.description.to_owned(),
-            parameters: (self.schema)(),
-        }
-    }
-}
+use crate::policy::ProcessKind;
 
 /// The JSON Schema of `A`, as a model is shown it: without the `$schema` and `title`
 /// keys, which only name the Rust type, and with `properties` even when there are none
@@ -73,28 +48,59 @@ trait HostArgs: DeserializeOwned + JsonSchema {
     }
 }
 
-/// Defines every host tool from one list: `Variant(Args) = "name": "description"`.
+/// Defines every host tool from one list:
+/// `Variant(Args) = "name" for [kinds]: "description"`.
 macro_rules! host_tools {
-    ($( $(#[$doc:meta])* $variant:ident($args:ty) = $name:literal: $description:literal; )*) => {
+    ($( $(#[$doc:meta])* $variant:ident($args:ty) = $name:literal for [$($kind:ident),*]: $description:literal; )*) => {
+        /// A host tool.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum HostTool {
+            $( $(#[$doc])* $variant, )*
+        }
+
         /// A call of a host tool, with its arguments parsed.
         #[derive(Debug, Clone, PartialEq, Eq)]
-        pub(crate) enum HostCall {
+        pub enum HostCall {
             $( $(#[$doc])* $variant($args), )*
         }
 
-        /// Every host tool, in the order a model is offered them.
-        pub const HOST_TOOLS: &[HostTool] = &[
-            $( HostTool { name: $name, description: $description, schema: schema_of::<$args> }, )*
-        ];
+        impl HostTool {
+            /// Every host tool, in the order a model is offered them.
+            pub const ALL: &[HostTool] = &[ $( HostTool::$variant, )* ];
+
+            /// The name profiles grant and the model calls.
+            pub const fn name(self) -> &'static str {
+                match self { $( HostTool::$variant => $name, )* }
+            }
+
+            /// What the model is told the tool does.
+            pub const fn description(self) -> &'static str {
+                match self { $( HostTool::$variant => $description, )* }
+            }
+
+            /// Whether a process of `kind` runs this tool.
+            pub const fn is_run_by(self, kind: ProcessKind) -> bool {
+                match self { $( HostTool::$variant => matches!(kind, $(ProcessKind::$kind)|*), )* }
+            }
+
+            fn schema(self) -> Value {
+                match self { $( HostTool::$variant => schema_of::<$args>(), )* }
+            }
+        }
 
         impl HostCall {
             /// Parses a call of tool `name`: `None` if it is not a host tool, an error
             /// naming the tool and the field if the arguments do not fit.
-            pub(crate) fn parse(name: &str, arguments: &str) -> Option<Result<HostCall, ToolError>> {
+            pub fn parse(name: &str, arguments: &str) -> Option<Result<HostCall, ToolError>> {
                 match name {
                     $( $name => Some(<$args as HostArgs>::parse(name, arguments).map(HostCall::$variant)), )*
                     _ => None,
                 }
+            }
+
+            /// The tool called.
+            pub fn tool(&self) -> HostTool {
+                match self { $( HostCall::$variant(_) => HostTool::$variant, )* }
             }
         }
     };
@@ -102,33 +108,90 @@ macro_rules! host_tools {
 
 host_tools! {
     /// `reply`.
-    Reply(ReplyArgs) = "reply": "Sends a message to the user and ends this turn.";
+    Reply(ReplyArgs) = "reply" for [Channel, Cortex]:
+        "Sends a message to the user and ends this turn.";
     /// `skip`.
-    Skip(SkipArgs) = "skip": "Ends this turn without replying.";
+    Skip(SkipArgs) = "skip" for [Channel, Cortex]: "Ends this turn without replying.";
     /// `spawn_worker`.
-    SpawnWorker(SpawnArgs) = "spawn_worker":
+    SpawnWorker(SpawnArgs) = "spawn_worker" for [Channel, Cortex, Branch]:
         "Starts a worker on a task. It works with a fresh prompt, its own tools and the task \
          text only, and reports back when done.";
     /// `branch`.
-    Branch(BranchArgs) = "branch":
+    Branch(BranchArgs) = "branch" for [Channel, Cortex]:
         "Forks this conversation into a branch that thinks about a question with memory, \
          tasks and read-only files, and returns a conclusion.";
     /// `route`.
-    Route(RouteArgs) = "route": "Sends a message to a running worker.";
+    Route(RouteArgs) = "route" for [Channel, Cortex]: "Sends a message to a running worker.";
     /// `cancel`.
-    Cancel(CancelArgs) = "cancel": "Stops a running worker.";
+    Cancel(CancelArgs) = "cancel" for [Channel, Cortex]: "Stops a running worker.";
     /// `set_status`.
-    SetStatus(StatusArgs) = "set_status":
+    SetStatus(StatusArgs) = "set_status" for [Worker]:
         "Reports this worker's state: progress (keeps working), waiting (asks for input), \
          done or failed (ends the work, with the result).";
+}
+
+impl HostTool {
+    /// The host tool named `name`.
+    ///
+    /// ```
+    /// use capstan_host::tools::HostTool;
+    ///
+    /// assert_eq!(HostTool::named("reply"), Some(HostTool::Reply));
+    /// assert_eq!(HostTool::named("file_read"), None);
+    /// ```
+    pub fn named(name: &str) -> Option<HostTool> {
+        HostTool::ALL
+            .iter()
+            .copied()
+            .find(|tool| tool.name() == name)
+    }
+
+    /// The tool as offered to a model, its schema derived from its argument type.
+    ///
+    /// ```
+    /// use capstan_host::tools::HostTool;
+    ///
+    /// let reply = HostTool::Reply.def();
+    /// assert_eq!(reply.parameters["required"], serde_json::json!(["text"]));
+    /// ```
+    pub fn def(self) -> ToolDef {
+        ToolDef {
+            name: self.name().to_owned(),
+            description: self.description().to_owned(),
+            parameters: self.schema(),
+        }
+    }
+
+    /// The host tools a process of `kind` runs, in the order a model is offered them.
+    ///
+    /// ```
+    /// use capstan_host::policy::ProcessKind;
+    /// use capstan_host::tools::HostTool;
+    ///
+    /// let worker: Vec<_> = HostTool::run_by(ProcessKind::Worker).collect();
+    /// assert_eq!(worker, [HostTool::SetStatus]);
+    /// assert_eq!(HostTool::run_by(ProcessKind::Compactor).count(), 0);
+    /// ```
+    pub fn run_by(kind: ProcessKind) -> impl Iterator<Item = HostTool> {
+        HostTool::ALL
+            .iter()
+            .copied()
+            .filter(move |tool| tool.is_run_by(kind))
+    }
+}
+
+impl std::fmt::Display for HostTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// The arguments of `reply`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
-pub(crate) struct ReplyArgs {
+pub struct ReplyArgs {
     /// The message for the user.
-    pub(crate) text: String,
+    pub text: String,
 }
 
 impl HostArgs for ReplyArgs {}
@@ -136,7 +199,7 @@ impl HostArgs for ReplyArgs {}
 /// The arguments of `skip`: none.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
-pub(crate) struct SkipArgs {}
+pub struct SkipArgs {}
 
 impl HostArgs for SkipArgs {
     /// Whatever came with it: a model that means to skip is not sent back to fix its
@@ -149,16 +212,16 @@ impl HostArgs for SkipArgs {
 /// The arguments of `spawn_worker`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
-pub(crate) struct SpawnArgs {
+pub struct SpawnArgs {
     /// What to do, self-contained.
-    pub(crate) task: String,
+    pub task: String,
     /// Keep it open for follow-up input.
     #[serde(default)]
-    pub(crate) interactive: bool,
+    pub interactive: bool,
     /// Assign it to this task on the board, so it may update it.
     #[serde(default)]
     #[schemars(with = "u64")]
-    pub(crate) task_number: Option<u64>,
+    pub task_number: Option<u64>,
 }
 
 impl HostArgs for SpawnArgs {}
@@ -166,9 +229,9 @@ impl HostArgs for SpawnArgs {}
 /// The arguments of `branch`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
-pub(crate) struct BranchArgs {
+pub struct BranchArgs {
     /// The question to think about.
-    pub(crate) question: String,
+    pub question: String,
 }
 
 impl HostArgs for BranchArgs {}
@@ -176,11 +239,11 @@ impl HostArgs for BranchArgs {}
 /// The arguments of `route`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
-pub(crate) struct RouteArgs {
+pub struct RouteArgs {
     /// The worker's id, e.g. `worker:3`.
-    pub(crate) worker: String,
+    pub worker: String,
     /// The message for it.
-    pub(crate) message: String,
+    pub message: String,
 }
 
 impl HostArgs for RouteArgs {}
@@ -188,9 +251,9 @@ impl HostArgs for RouteArgs {}
 /// The arguments of `cancel`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
-pub(crate) struct CancelArgs {
+pub struct CancelArgs {
     /// The worker's id, e.g. `worker:3`.
-    pub(crate) worker: String,
+    pub worker: String,
 }
 
 impl HostArgs for CancelArgs {}
@@ -198,11 +261,11 @@ impl HostArgs for CancelArgs {}
 /// The arguments of `set_status`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
 #[schemars(deny_unknown_fields)]
-pub(crate) struct StatusArgs {
+pub struct StatusArgs {
     /// The worker's state.
-    pub(crate) state: ReportedState,
+    pub state: ReportedState,
     /// The progress note, the question, or the result.
-    pub(crate) message: String,
+    pub message: String,
 }
 
 impl HostArgs for StatusArgs {}
@@ -212,7 +275,7 @@ impl HostArgs for StatusArgs {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 #[schemars(inline)]
-pub(crate) enum ReportedState {
+pub enum ReportedState {
     // Still working; the message is a progress note.
     Progress,
     // Asks for input; the message is the question.
@@ -223,29 +286,34 @@ pub(crate) enum ReportedState {
     Failed,
 }
 
-/// The host tool named `name`.
-pub fn host_tool(name: &str) -> Option<&'static HostTool> {
-    HOST_TOOLS.iter().find(|t| t.name == name)
-}
-
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::plugin::contract::RESERVED_TOOL_NAMES;
 
     #[test]
-    fn every_host_tool_name_is_reserved_from_plugins() {
-        for tool in HOST_TOOLS {
-            assert!(RESERVED_TOOL_NAMES.contains(&tool.name), "{}", tool.name);
+    fn each_kind_runs_the_host_tools_its_process_answers() {
+        use ProcessKind::*;
+        let names = |kind| {
+            HostTool::run_by(kind)
+                .map(HostTool::name)
+                .collect::<Vec<_>>()
+        };
+        let conversation = ["reply", "skip", "spawn_worker", "branch", "route", "cancel"];
+        assert_eq!(names(Channel), conversation);
+        assert_eq!(names(Cortex), conversation);
+        assert_eq!(names(Branch), ["spawn_worker"]);
+        assert_eq!(names(Worker), ["set_status"]);
+        assert!(names(Compactor).is_empty());
+        for tool in HostTool::ALL {
+            assert_eq!(HostTool::named(tool.name()), Some(*tool));
         }
-        assert_eq!(RESERVED_TOOL_NAMES.len(), HOST_TOOLS.len());
     }
 
     #[test]
     fn the_schema_a_model_is_shown_is_the_one_derived_from_the_arguments() {
-        let shown = |name: &str| host_tool(name).unwrap().def().parameters;
+        let shown = |name: &str| HostTool::named(name).unwrap().def().parameters;
         assert_eq!(shown("reply"), schema_of::<ReplyArgs>());
         assert_eq!(shown("set_status"), schema_of::<StatusArgs>());
         assert_eq!(
@@ -276,7 +344,7 @@ mod tests {
             "{spawn:#}"
         );
         assert_eq!(shown("skip")["properties"], json!({}));
-        for tool in HOST_TOOLS {
+        for tool in HostTool::ALL {
             let schema = tool.def().parameters.to_string();
             assert!(
                 !schema.contains("$ref") && !schema.contains("$defs"),
@@ -287,7 +355,7 @@ mod tests {
 
     #[test]
     fn every_host_tool_parses_what_its_schema_allows_and_names_what_it_refuses() {
-        for tool in HOST_TOOLS {
+        for tool in HostTool::ALL {
             let schema = tool.def().parameters;
             let minimal: serde_json::Map<String, Value> = schema["required"]
                 .as_array()
@@ -303,8 +371,8 @@ mod tests {
                     (field.to_owned(), value)
                 })
                 .collect();
-            let call = HostCall::parse(tool.name, &Value::Object(minimal).to_string());
-            assert!(matches!(call, Some(Ok(_))), "{}: {call:?}", tool.name);
+            let call = HostCall::parse(tool.name(), &Value::Object(minimal).to_string());
+            assert!(matches!(call, Some(Ok(_))), "{}: {call:?}", tool.name());
         }
         for anything in ["", "null", "{\"reason\":\"done\"}", "{\"trunc"] {
             assert_eq!(

@@ -1,0 +1,23 @@
+//! The tools room: every tool an agent knows and where a call of one goes. It sits between
+//! [`crate::agent`] (the processes, which run the host tools) and [`crate::plugin`] (the
+//! sandboxes, which run the rest).
+//!
+//! - [`host`]: the host tools, each defined once (name, description, argument type, the
+//!   process kinds that run it).
+//! - [`catalog`]: [`ToolCatalog`], host, plugin and MCP tools with what each needs, and
+//!   which kinds the policy offers each.
+//! - [`lint`]: what `capstan policy --lint` finds in a policy, from the catalog.
+//! - [`router`]: [`ToolRouter`], a model's call to its host tool as a typed [`HostCall`],
+//!   or to the registry, or refused with the policy's reason.
+
+pub mod catalog;
+pub mod host;
+pub mod lint;
+pub mod router;
+
+pub use catalog::{CatalogTool, MatrixRow, ToolCatalog, ToolOrigin};
+pub use host::{
+    BranchArgs, CancelArgs, HostCall, HostTool, ReplyArgs, ReportedState, RouteArgs, SkipArgs,
+    SpawnArgs, StatusArgs,
+};
+pub use router::{Routed, ToolRouter};

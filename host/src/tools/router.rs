@@ -1,0 +1,151 @@
+//! [`ToolRouter`]: where a tool call goes. A host tool reaches the process that runs it as a
+//! typed [`HostCall`]; a plugin or MCP tool goes to the registry with the caller kind's
+//! grants; anything the caller was not offered is refused with the policy's reason.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::catalog::ToolCatalog;
+use super::host::{HostCall, HostTool};
+use crate::ids::ProcessId;
+use crate::plugin::{CallRequest, ProcessInstances, Recorded, Registry, ToolError};
+use crate::policy::{Decision, ProcessKind};
+
+/// Where a call went.
+#[derive(Debug)]
+#[must_use = "a host call must be run, and a plugin call's audit row waited for"]
+pub enum Routed {
+    /// A host tool the caller's kind runs, its arguments parsed: the process runs it.
+    Host(HostCall),
+    /// Refused before anything ran: not offered, or arguments that do not fit.
+    Refused(ToolError),
+    /// A plugin or MCP tool, run (or refused, audited) by the registry.
+    Ran(Recorded),
+}
+
+/// Routes the tool calls of one agent (or one door to its tools) by its catalog.
+///
+/// ```no_run
+/// # async fn demo(router: capstan_host::tools::ToolRouter) {
+/// use capstan_host::policy::ProcessKind;
+///
+/// let recorded = router
+///     .run(ProcessKind::Worker, "example", None, "file_read", r#"{"path":"README.md"}"#, std::future::pending())
+///     .await;
+/// println!("{:?}", recorded.committed().await);
+/// # }
+/// ```
+pub struct ToolRouter {
+    catalog: Arc<ToolCatalog>,
+    registry: Arc<Registry>,
+    workspace: PathBuf,
+}
+
+impl ToolRouter {
+    /// A router over `registry`'s tools as `catalog` offers them, whose file capabilities
+    /// apply to `workspace`.
+    pub fn new(registry: Arc<Registry>, catalog: Arc<ToolCatalog>, workspace: PathBuf) -> Self {
+        ToolRouter {
+            catalog,
+            registry,
+            workspace,
+        }
+    }
+
+    /// The catalog it routes by.
+    pub fn catalog(&self) -> &Arc<ToolCatalog> {
+        &self.catalog
+    }
+
+    /// The registry plugin calls go to.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// The directory file capabilities apply to.
+    pub fn workspace(&self) -> &Path {
+        &self.workspace
+    }
+
+    /// Routes a model's call of tool `name` made by `caller`, with `arguments` as the
+    /// model wrote them: a host tool its kind is offered comes back parsed, to be run by
+    /// the caller; any other host tool is refused with the policy's reason; everything
+    /// else is run by the registry (which refuses, audited, what the kind is not offered),
+    /// in the caller's `instances` where its profile keeps the plugin's.
+    pub async fn route(
+        &self,
+        caller: &ProcessId,
+        instances: Option<&ProcessInstances>,
+        name: &str,
+        arguments: &str,
+    ) -> Routed {
+        let kind = caller.kind();
+        if HostTool::named(name).is_some() {
+            return match self.catalog.decide(kind, name) {
+                Decision::Offered => match HostCall::parse(name, arguments) {
+                    Some(Ok(call)) => Routed::Host(call),
+                    Some(Err(err)) => Routed::Refused(err),
+                    None => unreachable!("`{name}` is a host tool"),
+                },
+                decision => Routed::Refused(not_offered(name, kind, &decision)),
+            };
+        }
+        let caller = caller.to_string();
+        let pending = std::future::pending();
+        Routed::Ran(
+            self.run(kind, &caller, instances, name, arguments, pending)
+                .await,
+        )
+    }
+
+    /// Runs plugin or MCP tool `name` for a caller of `kind` named `caller` (`worker:3`,
+    /// `mcp:ci`), with the kind's grants, stopped when `cancelled` completes first. A host
+    /// tool is refused: it acts on a running agent's processes, which no door outside
+    /// the agent has.
+    pub async fn run(
+        &self,
+        kind: ProcessKind,
+        caller: &str,
+        instances: Option<&ProcessInstances>,
+        name: &str,
+        arguments: &str,
+        cancelled: impl Future<Output = ()>,
+    ) -> Recorded {
+        if let Some(tool) = HostTool::named(name) {
+            return Recorded::unaudited(Err(ToolError::Denied(format!(
+                "`{name}` is a host tool: it runs only inside an agent's {} process",
+                kinds_running(tool)
+            ))));
+        }
+        let policy = self.catalog.policy();
+        let grants = policy.profile(kind).grants_for(name);
+        let request = CallRequest {
+            tool: name,
+            args_json: arguments,
+            grants: &grants,
+            workspace: Some(&self.workspace),
+            caller,
+            instances,
+        };
+        self.registry
+            .call_as_recorded(policy, kind, request, cancelled)
+            .await
+    }
+}
+
+/// The refusal of host tool `name` to a `kind` process, with the policy's reason.
+fn not_offered(name: &str, kind: ProcessKind, decision: &Decision) -> ToolError {
+    ToolError::Denied(format!(
+        "tool `{name}` is not offered to a {kind} process: {decision}"
+    ))
+}
+
+/// The kinds that run host tool `tool`, as words: `channel or cortex`.
+fn kinds_running(tool: HostTool) -> String {
+    let kinds: Vec<&str> = ProcessKind::ALL
+        .into_iter()
+        .filter(|kind| tool.is_run_by(*kind))
+        .map(ProcessKind::as_str)
+        .collect();
+    kinds.join(" or ")
+}
