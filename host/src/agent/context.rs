@@ -63,6 +63,9 @@ pub(crate) struct Context {
     pub(crate) stop: StopLedger,
     /// `store.spill_file`: where histories the store refused are kept besides memory.
     pub(crate) spill: Option<Arc<Spill>>,
+    /// What the start found of runs that ended before it (their workers, interrupted):
+    /// no exchange waits on it, so a door shows it as it starts.
+    pub(crate) found_at_start: Vec<Event>,
 }
 
 /// Starts processes: implemented above the process modules (by the runtime), so that
@@ -188,13 +191,16 @@ impl Context {
         let run = services.ledger.begin_run().await?;
         let stale = services.ledger.mark_interrupted_workers().await?;
         let (events, receiver) = EventSink::new();
+        let mut found_at_start = Vec::new();
         for worker in stale {
             if let Ok(id) = worker.id.parse::<ProcessId>() {
-                events.emit(Event::WorkerEnded {
+                let ended = Event::WorkerEnded {
                     worker: id,
                     state: WorkerState::Interrupted,
                     outcome: "the host running it stopped before it ended".into(),
-                });
+                };
+                found_at_start.push(ended.clone());
+                events.emit(ended);
             }
         }
         let dispatcher = Dispatcher::new(provider, config.limits.dispatch.clone());
@@ -216,6 +222,7 @@ impl Context {
             adopts: std::sync::atomic::AtomicBool::new(true),
             stop: StopLedger::default(),
             spill,
+            found_at_start,
         });
         Ok((ctx, receiver))
     }
@@ -288,13 +295,16 @@ impl Context {
         streamed: bool,
     ) -> Option<String> {
         if !self.run.is_live() {
-            self.emit(Event::TurnSuppressed {
-                process: channel.clone(),
-                reason: format!(
-                    "a reply was not delivered: this host's {} lease is not live",
-                    self.run.id()
-                ),
-            });
+            self.emit_to(
+                to,
+                Event::TurnSuppressed {
+                    process: channel.clone(),
+                    reason: format!(
+                        "a reply was not delivered: this host's {} lease is not live",
+                        self.run.id()
+                    ),
+                },
+            );
             return None;
         }
         let text = self.redactor().redact_owned(text);

@@ -213,12 +213,23 @@ pub(crate) fn end_of(answer: &Answer) -> End {
     }
 }
 
+/// Where a part of an answer sits among everything its conversation sent its exchanges.
+///
+/// A part every exchange attached to the conversation hears (text, a reply, activity, the
+/// store's refusal) is numbered in the order the conversation sent it; a part of one
+/// exchange alone (its repeat, its end) is not. A door that follows several exchanges of
+/// one conversation at once (a chat whose lines go in as they are typed, so a follow-up
+/// reaches a busy worker) shows each numbered part once: the first time it sees its
+/// number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PartNumber(u64);
+
 /// A message's answer as it comes: [`Exchange::next`] until it returns `None`.
 ///
 /// Made by [`Runtime::exchange`](super::Runtime::exchange).
 #[derive(Debug)]
 pub struct Exchange {
-    parts: mpsc::UnboundedReceiver<ReplyPart>,
+    parts: mpsc::UnboundedReceiver<(Option<PartNumber>, ReplyPart)>,
     ended: bool,
 }
 
@@ -246,12 +257,22 @@ impl Exchange {
     /// The next part; [`ReplyPart::End`] is the last, then `None`. An exchange whose
     /// message was dropped untaken (the host stopped) ends [`End::Lost`].
     pub async fn next(&mut self) -> Option<ReplyPart> {
+        self.next_numbered().await.map(|(_, part)| part)
+    }
+
+    /// The next part with its number among the parts its conversation sent every
+    /// attached exchange (`None`: a part of this exchange alone).
+    pub async fn next_numbered(&mut self) -> Option<(Option<PartNumber>, ReplyPart)> {
         if self.ended {
             return None;
         }
-        let part = self.parts.recv().await.unwrap_or(ReplyPart::End(End::Lost));
+        let (number, part) = self
+            .parts
+            .recv()
+            .await
+            .unwrap_or((None, ReplyPart::End(End::Lost)));
         self.ended = matches!(part, ReplyPart::End(_));
-        Some(part)
+        Some((number, part))
     }
 }
 
@@ -259,7 +280,7 @@ impl Exchange {
 /// message in until it ends.
 #[derive(Debug)]
 pub(crate) struct Listener {
-    tx: mpsc::UnboundedSender<ReplyPart>,
+    tx: mpsc::UnboundedSender<(Option<PartNumber>, ReplyPart)>,
     /// Its message's idempotency key.
     key: Option<MessageKey>,
     /// The model's error, if a turn of the exchange failed.
@@ -271,9 +292,15 @@ pub(crate) struct Listener {
 }
 
 impl Listener {
-    /// Sends `part`; an exchange nobody reads any more is no error (its work goes on).
+    /// Sends `part`, its own; an exchange nobody reads any more is no error (its work
+    /// goes on).
     pub(crate) fn send(&self, part: ReplyPart) {
-        let _ = self.tx.send(part);
+        let _ = self.tx.send((None, part));
+    }
+
+    /// Sends `part`, which every exchange attached to the conversation hears, as `number`.
+    fn send_shared(&self, number: PartNumber, part: ReplyPart) {
+        let _ = self.tx.send((Some(number), part));
     }
 
     /// Ends the exchange with `end`.
@@ -291,6 +318,8 @@ pub(crate) struct Audience {
 #[derive(Default)]
 struct Attached {
     listeners: Vec<Listener>,
+    /// The parts sent to every attached exchange so far.
+    sent: u64,
     /// The store's error while the conversation's history is not stored.
     unsaved: Option<String>,
     /// Whether the store refused it (not only kept it waiting).
@@ -303,17 +332,27 @@ struct Attached {
 }
 
 impl Attached {
+    /// The number of the next part every attached exchange hears.
+    fn number(&mut self) -> PartNumber {
+        self.sent += 1;
+        PartNumber(self.sent)
+    }
+
     /// Notes that the history is not stored (`error`, after `waited`) and tells every
     /// exchange not told yet.
     fn tell_unstored(&mut self, error: &str, waited: Duration) {
         self.unsaved = Some(error.to_owned());
+        let number = self.number();
         for listener in &mut self.listeners {
             if !listener.told_unstored {
                 listener.told_unstored = true;
-                listener.send(ReplyPart::NotYetStored {
-                    error: error.to_owned(),
-                    waited,
-                });
+                listener.send_shared(
+                    number,
+                    ReplyPart::NotYetStored {
+                        error: error.to_owned(),
+                        waited,
+                    },
+                );
             }
         }
     }
@@ -347,9 +386,10 @@ impl Audience {
 
     /// Sends `part` to every attached exchange.
     pub(crate) fn send(&self, part: &ReplyPart) {
-        let attached = self.lock();
+        let mut attached = self.lock();
+        let number = attached.number();
         for listener in &attached.listeners {
-            listener.send(part.clone());
+            listener.send_shared(number, part.clone());
         }
     }
 
@@ -412,12 +452,11 @@ impl Audience {
     /// Sends a delivered reply to every attached exchange.
     pub(crate) fn reply(&self, text: &str, streamed: bool) {
         let mut attached = self.lock();
+        let number = attached.number();
         for listener in &mut attached.listeners {
             listener.replies.push(text.to_owned());
-            listener.send(ReplyPart::Reply {
-                text: text.to_owned(),
-                streamed,
-            });
+            let text = text.to_owned();
+            listener.send_shared(number, ReplyPart::Reply { text, streamed });
         }
     }
 
@@ -537,7 +576,7 @@ mod tests {
 
     fn drain(exchange: &mut Exchange) -> Vec<ReplyPart> {
         let mut parts = Vec::new();
-        while let Ok(part) = exchange.parts.try_recv() {
+        while let Ok((_, part)) = exchange.parts.try_recv() {
             parts.push(part);
         }
         parts

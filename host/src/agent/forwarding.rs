@@ -80,6 +80,9 @@ async fn mark_lost_workers(ctx: &Context) {
         Ok(lost) => {
             for worker in lost {
                 if let Ok(id) = worker.id.parse::<ProcessId>() {
+                    // No exchange waits on it here: its host is gone. Its conversation
+                    // hears of it through the store.
+                    tracing::warn!(worker = %id, "a worker of a host that stopped is marked {}", worker.state);
                     ctx.emit(Event::WorkerEnded {
                         worker: id,
                         state: worker.state,

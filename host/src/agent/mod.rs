@@ -39,7 +39,7 @@ mod worker;
 
 pub use context::{ConversationError, OwnedElsewhere, SpawnOutcome};
 pub use events::{Event, TurnEnding};
-pub use exchange::{End, Exchange, ReplyPart, UserMessage};
+pub use exchange::{End, Exchange, PartNumber, ReplyPart, UserMessage};
 pub use notifications::NotificationKind;
 pub use supervisor::{ShuttingDown, TooManyConversations};
 

@@ -85,13 +85,19 @@ impl Context {
                 tracing::error!(%source, "cannot save a late report in working memory: {err}");
             }
         }
-        self.emit(Event::NotificationFolded {
+        let folded = Event::NotificationFolded {
             channel: channel.clone(),
             source: source.clone(),
             requester: requester.clone(),
             kind,
             key: key.clone(),
-        });
+        };
+        let handle = self.supervisor.channel(channel);
+        // The exchanges waiting on the conversation hear of it, as of its other work.
+        match &handle {
+            Some(handle) => self.emit_to(&handle.audience, folded),
+            None => self.emit(folded),
+        }
         let note = Notification {
             source: source.clone(),
             requester: requester.clone(),
@@ -99,10 +105,8 @@ impl Context {
             key,
             text: text.to_owned(),
         };
-        let told = self
-            .supervisor
-            .channel(channel)
-            .is_some_and(|handle| handle.send(ChannelInput::Notification(note.clone())));
+        let told =
+            handle.is_some_and(|handle| handle.send(ChannelInput::Notification(note.clone())));
         if !told {
             tracing::warn!(
                 %channel,

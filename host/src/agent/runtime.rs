@@ -402,6 +402,13 @@ impl Runtime {
         self.ctx.tool_defs(kind)
     }
 
+    /// What the start found of runs that ended before it (as [`Event::WorkerEnded`], one
+    /// per worker they left running, now interrupted), also on the event stream: no
+    /// exchange waits on it, so a door shows it as it starts.
+    pub fn found_at_start(&self) -> &[Event] {
+        &self.ctx.found_at_start
+    }
+
     /// Where this agent's tool calls go, and its catalog of tools: a door to the tools
     /// alone (MCP) calls them through it, with the agent's policy.
     pub fn router(&self) -> &Arc<ToolRouter> {

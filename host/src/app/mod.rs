@@ -5,8 +5,10 @@ mod builder;
 mod error;
 mod secrets;
 mod services;
+mod store;
 
 pub use builder::{Agent, AgentBuilder};
 pub use error::BuildError;
 pub use secrets::{hide_readable_values, load_secrets};
 pub use services::open_services;
+pub use store::{StoreStatus, sqlite_file, store_location, store_status};

@@ -10,14 +10,15 @@ use clap::Args;
 use tokio::sync::mpsc;
 
 use super::HostArgs;
+use super::follow::{Session, Tally};
 use super::table::print_table;
-use crate::agent::{End, Event, NotSaved, ReplyPart, Runtime};
+use crate::agent::{Event, NotSaved, Runtime};
 use crate::app::{Agent, AgentBuilder};
 use crate::config::{Config, LocationKind, Locations};
 use crate::ids::ProcessId;
 use crate::policy::ProcessKind;
-use crate::store::{Store, TaskFilter};
-use crate::text::{one_line, printable};
+use crate::services::TaskFilter;
+use crate::text::one_line;
 
 /// The built-in demo script, played when the scripted provider has no script file.
 const DEMO_SCRIPT: &str = include_str!("../../../examples/demo/script.toml");
@@ -75,6 +76,9 @@ impl Launch {
     ) -> anyhow::Result<(Arc<Runtime>, mpsc::UnboundedReceiver<Event>)> {
         let agent = self.start_agent(config).await?;
         agent.runtime.adopt_conversations(false);
+        for event in agent.runtime.found_at_start() {
+            crate::say!("  {}", one_line(&event.to_string()));
+        }
         Ok((agent.runtime, agent.events))
     }
 
@@ -147,15 +151,6 @@ impl AgentArgs {
     }
 }
 
-/// How a session of the agent went, from its events.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Tally {
-    workers: usize,
-    branches: usize,
-    /// Model requests that got no answer, and histories not saved.
-    failures: usize,
-}
-
 /// Exit codes of run, chat and demo beyond 0 (done) and 1 (an error of the host).
 pub(crate) mod exit {
     /// A model request failed or timed out, or a history could not be saved.
@@ -168,63 +163,11 @@ pub(crate) mod exit {
     pub(crate) const LEASE_LOST: u8 = 3;
 }
 
-/// Prints events as they come: replies on stdout, status lines and failures on stderr.
-/// Returns the tally once the stream ends.
-async fn print_events(mut events: mpsc::UnboundedReceiver<Event>) -> Tally {
-    let mut tally = Tally::default();
-    // The text of the answer streamed so far, already on the screen.
-    let mut streamed = String::new();
-    while let Some(event) = events.recv().await {
-        if matches!(
-            event,
-            Event::TurnStarted { .. } | Event::TurnFinished { .. }
-        ) {
-            // Every turn has these; the lines a person reads are the steps within.
-            continue;
-        }
-        if !streamed.is_empty() && !matches!(event, Event::Text { .. } | Event::Reply { .. }) {
-            // Whatever comes next starts on a line of its own.
-            let _ = writeln!(crate::secrets::stdout());
-            streamed.clear();
-        }
-        match &event {
-            Event::Text { text, .. } => {
-                let mut out = crate::secrets::stdout();
-                if streamed.is_empty() {
-                    let _ = write!(out, "agent> ");
-                }
-                let _ = write!(out, "{}", printable(text).replace('\n', "\n       "));
-                let _ = out.flush();
-                streamed.push_str(text);
-            }
-            Event::Reply { text, .. } if !streamed.is_empty() && *text == streamed => {
-                // Already shown as it streamed: end its line.
-                let _ = writeln!(crate::secrets::stdout());
-                streamed.clear();
-            }
-            Event::Reply { text, .. } => {
-                let mut out = crate::secrets::stdout();
-                if !streamed.is_empty() {
-                    let _ = writeln!(out);
-                    streamed.clear();
-                }
-                let _ = writeln!(out, "agent> {}", printable(text).replace('\n', "\n       "));
-            }
-            Event::ModelFailed { .. } | Event::HistoryNotSaved { .. } => {
-                tally.failures += 1;
-                crate::say!("error: {}", one_line(&event.to_string()));
-            }
-            _ => {
-                match event {
-                    Event::WorkerStarted { .. } => tally.workers += 1,
-                    Event::BranchStarted { .. } => tally.branches += 1,
-                    _ => {}
-                }
-                crate::say!("  {}", one_line(&event.to_string()));
-            }
-        }
-    }
-    tally
+/// Reads the runtime's event stream to its end, which comes once every process has
+/// finished: what the session shows comes from its exchanges; this stream is for
+/// observers (`capstan serve`'s `/v1/events`).
+async fn events_ended(mut events: mpsc::UnboundedReceiver<Event>) {
+    while events.recv().await.is_some() {}
 }
 
 /// Says that `lost`'s conversation stopped with its history not stored, and where what it
@@ -342,23 +285,24 @@ pub(crate) fn exit_code_of(stop: Option<Stop>, tally: Tally) -> u8 {
     }
 }
 
-/// Shuts `runtime` down, waits for the event stream to end, reports each conversation
-/// whose history could not be stored, and gives the exit code, counting `failed`
-/// exchanges too.
+/// Shuts `runtime` down, waits for its processes to finish and for `session`'s exchanges
+/// to be shown, reports each conversation whose history could not be stored, and gives
+/// the exit code with how the session went.
 async fn finish(
     runtime: Arc<Runtime>,
-    printer: tokio::task::JoinHandle<Tally>,
+    events: tokio::task::JoinHandle<()>,
     stop: Option<Stop>,
-    failed: usize,
-) -> (ExitCode, Tally) {
+    session: Session,
+) -> anyhow::Result<(ExitCode, Tally)> {
     let report = runtime.stop_report();
     runtime.shutdown();
     let services = runtime.services().clone();
     drop(runtime);
-    let mut tally = printer.await.unwrap_or_default();
+    let _ = events.await;
+    let (mut tally, error) = session.end().await;
     let not_saved = report.ended().await;
     not_saved.iter().for_each(say_not_saved);
-    tally.failures += not_saved.len() + failed;
+    tally.failures += not_saved.len();
     if stop.is_some() {
         match not_saved.len() {
             0 => crate::say!("(stopped: every conversation's history is stored)"),
@@ -367,41 +311,10 @@ async fn finish(
     }
     // The run ended with the runtime; other hosts learn it before this process exits.
     services.ledger.settle().await;
-    (ExitCode::from(exit_code_of(stop, tally)), tally)
-}
-
-/// Sends `message` and follows its exchange to its end: answered and stored, its workers
-/// done. The conversation's own work prints from the event stream; the answer of another
-/// host that owns the conversation prints here. Whether the exchange failed (said here,
-/// unless the event stream says it: a model failure of a conversation of this host).
-async fn converse(
-    runtime: &Arc<Runtime>,
-    conversation: &ProcessId,
-    message: &str,
-) -> anyhow::Result<bool> {
-    let mut exchange = runtime.exchange(conversation, message).await?;
-    let mut forwarded = false;
-    let mut end = End::Lost;
-    while let Some(part) = exchange.next().await {
-        match part {
-            ReplyPart::Activity(Event::Forwarded { .. }) => forwarded = true,
-            ReplyPart::Reply { text, .. } if forwarded => {
-                let text = printable(&text).replace('\n', "\n       ");
-                writeln!(crate::secrets::stdout(), "agent> {text}")?;
-            }
-            ReplyPart::End(ended) => end = ended,
-            _ => {}
-        }
+    if let Some(error) = error {
+        return Err(error);
     }
-    let failed = match &end {
-        End::Complete | End::Interrupted => false,
-        End::Failed { .. } => forwarded,
-        End::NotStored { .. } | End::Lost | End::Pending { .. } => true,
-    };
-    if failed {
-        crate::say!("error: {}", one_line(&end.to_string()));
-    }
-    Ok(failed)
+    Ok((ExitCode::from(exit_code_of(stop, tally)), tally))
 }
 
 #[derive(Debug, Args)]
@@ -416,16 +329,16 @@ impl RunCommand {
     pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
         let config = self.agent.launch.host.config()?;
         let (runtime, events) = self.agent.launch.start(config).await?;
-        let printer = tokio::spawn(print_events(events));
-        let mut sent = Ok(false);
+        let events = tokio::spawn(events_ended(events));
+        let session = Session::start();
         let conversation = self.agent.conversation();
         let stop = until_stopped(&runtime, async {
-            sent = converse(&runtime, &conversation, &self.message).await;
+            session
+                .converse(&runtime, &conversation, self.message)
+                .await;
         })
         .await;
-        let failed = matches!(sent, Ok(true));
-        let (code, _) = finish(runtime, printer, stop, usize::from(failed)).await;
-        sent?;
+        let (code, _) = finish(runtime, events, stop, session).await?;
         Ok(code)
     }
 }
@@ -440,7 +353,7 @@ impl ChatCommand {
     pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
         let config = self.agent.launch.host.config()?;
         let (runtime, events) = self.agent.launch.start(config).await?;
-        let printer = tokio::spawn(print_events(events));
+        let events = tokio::spawn(events_ended(events));
         crate::say!(
             "capstan chat on channel `{}`: type messages (they go in as you type, even while \
              workers run), or /quit",
@@ -457,38 +370,25 @@ impl ChatCommand {
             }
         });
         // Each line goes in as it is typed, even while workers run: a follow-up for a busy
-        // worker can be routed to it. Replies print as they come.
+        // worker can be routed to it. Replies show as they come, each message's after the
+        // earlier ones'.
         let conversation = self.agent.conversation();
-        let mut sent = Ok(());
-        let mut failed = 0;
+        let session = Session::start();
         let stop = until_stopped(&runtime, async {
-            // Each line's exchange is followed on its own task, so the next line goes in
-            // at once; dropped with this block on a signal.
-            let mut exchanges = tokio::task::JoinSet::new();
             while let Some(line) = lines.recv().await {
                 let line = line.trim().to_owned();
                 if line == "/quit" || line == "/exit" {
                     break;
                 }
-                if line.is_empty() {
-                    continue;
+                if !line.is_empty() {
+                    session.send(&runtime, &conversation, line);
                 }
-                let (runtime, conversation) = (runtime.clone(), conversation.clone());
-                exchanges.spawn(async move { converse(&runtime, &conversation, &line).await });
             }
             crate::say!("(finishing the work in progress)");
-            while let Some(ended) = exchanges.join_next().await {
-                match ended {
-                    Ok(Ok(true)) => failed += 1,
-                    Ok(Ok(false)) => {}
-                    Ok(Err(err)) => sent = Err(err),
-                    Err(err) => sent = Err(anyhow::anyhow!("an exchange's task ended: {err}")),
-                }
-            }
+            session.settled().await;
         })
         .await;
-        let (code, _) = finish(runtime, printer, stop, failed).await;
-        sent?;
+        let (code, _) = finish(runtime, events, stop, session).await?;
         Ok(code)
     }
 }
@@ -509,7 +409,10 @@ impl DemoCommand {
             .launch
             .demo_config(self.dir.as_deref(), "capstan demo")?;
         let workspace = config.agent.workspace.clone();
-        let database = config.agent.data_dir.join(crate::store::DATABASE_FILE);
+        let database = crate::app::sqlite_file(&config)
+            .context("the demo keeps its store in SQLite, in its own directory")?;
+        // The tasks are read back from the store after the run, as `capstan tasks` would.
+        let demo_config = config.clone();
         // Written with errors returned, not println!: a reader that stops early
         // (`capstan demo | head`) ends the demo quietly instead of a panic.
         let mut out = crate::secrets::stdout();
@@ -518,31 +421,23 @@ impl DemoCommand {
         writeln!(out, "  database:  {}", database.display())?;
         let (runtime, events) = self.agent.launch.start(config).await?;
         writeln!(out, "  model:     {}\n", runtime.provider_name())?;
-        let printer = tokio::spawn(print_events(events));
-        let mut sent = Ok(());
-        let mut failed = 0;
+        let events = tokio::spawn(events_ended(events));
+        let session = Session::start();
         let conversation = self.agent.conversation();
+        let mut sent = Ok(());
         let stop = until_stopped(&runtime, async {
             for message in DEMO_CONVERSATION {
                 if let Err(err) = writeln!(crate::secrets::stdout(), "you> {message}") {
-                    sent = Err(err.into());
+                    sent = Err(err);
                     return;
                 }
-                match converse(&runtime, &conversation, message).await {
-                    Ok(true) => failed += 1,
-                    Ok(false) => {}
-                    Err(err) => {
-                        sent = Err(err);
-                        return;
-                    }
-                }
-                // Let the last status lines reach the terminal before the next prompt.
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                let message = (*message).to_owned();
+                session.converse(&runtime, &conversation, message).await;
                 let _ = writeln!(crate::secrets::stdout());
             }
         })
         .await;
-        let (code, tally) = finish(runtime, printer, stop, failed).await;
+        let (code, tally) = finish(runtime, events, stop, session).await?;
         sent?;
         if stop.is_some() {
             return Ok(code);
@@ -560,8 +455,7 @@ impl DemoCommand {
             workspace.join("analysis.md").display()
         )?;
         writeln!(out, "\ntasks, read back from {}:", database.display())?;
-        let store = Store::open(database.parent().unwrap_or(Path::new(".")))?;
-        print_tasks(&Arc::new(store).services()).await?;
+        print_tasks(&crate::app::open_services(&demo_config).await?).await?;
         Ok(code)
     }
 }

@@ -1,6 +1,7 @@
 //! The `capstan` command line.
 
 mod agent;
+mod follow;
 mod init;
 mod mcp;
 mod network;

@@ -7,14 +7,10 @@ use clap::Args;
 
 use super::HostArgs;
 use super::table::print_table;
-use crate::config::{
-    Config, DatabaseUrl, LocationKind, Locations, McpTransport, StoreSettings, resolve,
-};
+use crate::config::{Config, LocationKind, Locations, McpTransport, resolve};
 use crate::plugin::Registry;
 use crate::policy::{Decision, InstanceReuse, ProcessKind};
-use crate::postgres::Postgres;
 use crate::services::{AuditDestination, NO_STORE};
-use crate::store::DATABASE_FILE;
 use crate::tools::{MatrixRow, ToolCatalog};
 
 #[derive(Debug, Args)]
@@ -251,21 +247,7 @@ fn cell(decision: &Decision) -> String {
 /// the explicit disabled sink for `tool call`, which opens none. Nothing is connected to:
 /// the store is named as the config gives it.
 fn print_audit(out: &mut impl Write, config: &Config) -> std::io::Result<()> {
-    let store = match &config.store {
-        StoreSettings::Sqlite => AuditDestination::Kept(format!(
-            "SQLite at {}",
-            config.agent.data_dir.join(DATABASE_FILE).display()
-        )),
-        StoreSettings::Postgres { url, .. } => AuditDestination::Kept(match url {
-            DatabaseUrl::Env(name) => {
-                format!("PostgreSQL at the URL in ${name} (store.url_env)")
-            }
-            DatabaseUrl::Literal(url) => match Postgres::location_of_url(url) {
-                Ok(location) => format!("PostgreSQL at {location}"),
-                Err(_) => "PostgreSQL at store.url (which does not parse)".to_owned(),
-            },
-        }),
-    };
+    let store = AuditDestination::Kept(crate::app::store_location(config));
     let tool_call = AuditDestination::Disabled(NO_STORE);
     writeln!(out, "\naudit log of every tool call and request:")?;
     // The demo runs on the built-in defaults in a directory of its own, whatever the config.

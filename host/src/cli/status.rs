@@ -9,8 +9,7 @@ use clap::Args;
 
 use super::HostArgs;
 use super::table::print_table;
-use crate::config::StoreSettings;
-use crate::postgres::Postgres;
+use crate::app::{StoreStatus, store_status};
 
 /// The most runs listed.
 const RUNS_SHOWN: u32 = 20;
@@ -25,20 +24,20 @@ impl StatusCommand {
     pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
         let config = self.host.config()?;
         let mut out = crate::secrets::stdout();
-        let url = match &config.store {
-            StoreSettings::Sqlite => {
-                let file = config.agent.data_dir.join(crate::store::DATABASE_FILE);
+        let (location, runs, sessions) = match store_status(&config, RUNS_SHOWN).await? {
+            StoreStatus::Sqlite { file } => {
                 writeln!(out, "store: SQLite, {} (one host)", file.display())?;
                 return Ok(ExitCode::SUCCESS);
             }
-            StoreSettings::Postgres { url, .. } => url.value().map_err(anyhow::Error::msg)?,
+            StoreStatus::Postgres {
+                location,
+                runs,
+                sessions,
+            } => (location, runs, sessions),
         };
-        let db = Postgres::connect_as_is(&url).await?;
-        writeln!(out, "store: PostgreSQL, {}", db.location())?;
+        writeln!(out, "store: PostgreSQL, {location}")?;
         let now = SystemTime::now();
-        let runs: Vec<Vec<String>> = db
-            .runs(RUNS_SHOWN)
-            .await?
+        let runs: Vec<Vec<String>> = runs
             .into_iter()
             .map(|run| {
                 let lease = match (run.live, run.ended_at) {
@@ -51,9 +50,7 @@ impl StatusCommand {
             .collect();
         writeln!(out, "\nruns, newest first:")?;
         print_table(&mut out, &["RUN", "HOST", "PID", "LEASE"], &runs)?;
-        let sessions: Vec<Vec<String>> = db
-            .sessions()
-            .await?
+        let sessions: Vec<Vec<String>> = sessions
             .into_iter()
             .map(|s| vec![s.channel, s.owner.to_string(), s.epoch.get().to_string()])
             .collect();
