@@ -14,12 +14,12 @@
 
 mod decision;
 mod grants;
-mod process;
 mod profile;
 mod reuse;
 
+/// The kinds of process, each with its own profile; they live with the ids.
+pub use crate::ids::ProcessKind;
 pub use decision::{Decision, Policy, ToolNeeds};
 pub use grants::{Denial, Grants, ToolGrants};
-pub use process::ProcessKind;
 pub use profile::Profile;
 pub use reuse::{InstanceReuse, ReuseRules};

@@ -275,6 +275,9 @@ impl HostArgs for StatusArgs {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 #[schemars(inline)]
+// The cases are documented in comments: a doc comment would give each a description in
+// the schema, and the model a `oneOf` instead of the plain enum.
+#[allow(missing_docs)]
 pub enum ReportedState {
     // Still working; the message is a progress note.
     Progress,

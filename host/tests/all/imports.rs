@@ -495,6 +495,87 @@ fn the_agent_core_is_layered_processes_below_the_runtime() {
     }
 }
 
+/// What each room must never reach, and why: the rules that keep the next door and the next
+/// tool a one-room change.
+const NEVER: &[(&str, &[&str], &str)] = &[
+    (
+        "cli",
+        &["store", "postgres"],
+        "the CLI names no backend: it opens the configured store through `app`",
+    ),
+    (
+        "serve",
+        &["store", "postgres"],
+        "a door names no backend: it reaches the store through the agent and `app`",
+    ),
+    (
+        "mcp",
+        &["agent", "store", "postgres"],
+        "a door to the tools alone learns them from the tools room (`tools::ToolCatalog`) and \
+         calls them through `tools::ToolRouter`",
+    ),
+    (
+        "tools",
+        &["agent", "app", "cli", "serve", "mcp", "store", "postgres"],
+        "the tools room sits below the processes and the doors, above the sandboxes",
+    ),
+    (
+        "plugin",
+        &[
+            "tools", "agent", "app", "cli", "serve", "mcp", "dispatch", "llm", "store", "postgres",
+        ],
+        "the sandboxes know nothing of how tools are offered, of processes or of prompts",
+    ),
+    (
+        "llm",
+        &["plugin", "tools", "agent", "config", "net"],
+        "a provider knows nothing of tools' sandboxes or the config",
+    ),
+    (
+        "ids",
+        &[
+            "agent", "app", "cli", "config", "dispatch", "llm", "mcp", "net", "plugin", "policy",
+            "postgres", "secrets", "serve", "services", "store", "tools",
+        ],
+        "the ids sit below everything: every room may name them",
+    ),
+    (
+        "services",
+        &[
+            "agent", "app", "cli", "serve", "mcp", "tools", "plugin", "store", "postgres",
+        ],
+        "the service traits know no backend and no caller",
+    ),
+];
+
+#[test]
+fn no_room_reaches_what_it_must_never_import() {
+    let krate = Crate::read();
+    let top = krate.graph(&[]);
+    let mut broken = Vec::new();
+    for (room, never, why) in NEVER {
+        for (to, reference) in top.get(*room).into_iter().flatten() {
+            if never.contains(&to.as_str()) {
+                broken.push(format!(
+                    "{}:{} names {to}: {room} must never import {to} ({why})",
+                    reference.file.display(),
+                    reference.line
+                ));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+    // The rules name rooms that exist.
+    for (room, never, _) in NEVER {
+        for name in std::iter::once(room).chain(never.iter()) {
+            assert!(
+                krate.files.contains_key(&vec![(*name).to_owned()]),
+                "no room `{name}`"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_cycle_is_found_and_named() {
     let reference = |to: &str, line| Reference {

@@ -26,7 +26,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::policy::ProcessKind;
+mod kind;
+
+pub use kind::ProcessKind;
 
 /// One process of the agent: its kind and its name within the kind.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
