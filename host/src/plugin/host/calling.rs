@@ -1,0 +1,384 @@
+//! Calling a tool: a fresh or kept instance, its sandbox, the deadline and the limits,
+//! and the failure explained.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use capstan_caps::Capability;
+use wasmtime::{Store, UpdateDeadline};
+
+use super::PluginHost;
+use crate::net::{CallNet, Egress, GrantSource, NetScope};
+use crate::plugin::bindings::capstan::plugin::types::CallContext;
+use crate::plugin::bindings::exports::capstan::plugin::tool::ToolError as WitToolError;
+use crate::plugin::bindings::{Plugin, PluginPre};
+use crate::plugin::contract::WIT_VERSION;
+use crate::plugin::error::ToolError;
+use crate::plugin::failure;
+use crate::plugin::loaded::LoadedPlugin;
+use crate::plugin::offline::NotLinked;
+use crate::plugin::sandbox::{CallScope, Sandbox};
+use crate::plugin::warm::{ProcessInstances, WarmInstance, WarmKey};
+use crate::text::{one_line, truncate};
+
+/// One call as the host runs it.
+pub(crate) struct Invocation<'a> {
+    pub(crate) tool: &'a str,
+    pub(crate) args_json: &'a str,
+    pub(crate) caller: &'a str,
+    pub(crate) call_id: String,
+    pub(crate) capabilities: Vec<Capability>,
+    pub(crate) workspace: Option<&'a Path>,
+    /// What the tool declares and the caller holds of the network, and where the grant
+    /// comes from: the call's requests are checked against them.
+    pub(crate) declared: &'a [Capability],
+    pub(crate) granted: Vec<capstan_caps::NetRule>,
+    pub(crate) grant_source: GrantSource,
+    /// The calling process's own instances, when its policy reuses this plugin's.
+    pub(crate) instances: Option<&'a ProcessInstances>,
+}
+
+/// The deadline callback's error, found again in the trap's error chain.
+#[derive(Debug)]
+struct DeadlineExceeded;
+
+impl std::fmt::Display for DeadlineExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("deadline exceeded")
+    }
+}
+
+impl std::error::Error for DeadlineExceeded {}
+
+impl PluginHost {
+    /// Runs one tool call in a fresh instance of `plugin`, or in the calling process's own
+    /// when it reuses them and the call holds no network grant (a request belongs to the
+    /// call that made it, so such a call always starts fresh). What leaves the call (its
+    /// output or error) has every secret value redacted.
+    pub(crate) async fn invoke(
+        &self,
+        plugin: &LoadedPlugin,
+        call: Invocation<'_>,
+    ) -> Result<String, ToolError> {
+        let scope = NetScope::new(
+            call.tool,
+            &call.capabilities,
+            call.declared,
+            &call.granted,
+            call.grant_source.clone(),
+        );
+        let call_net = scope.map(|scope| {
+            let secrets = call
+                .capabilities
+                .iter()
+                .filter_map(|cap| match cap {
+                    Capability::Secret(name) => Some(name.clone()),
+                    _ => None,
+                })
+                .collect();
+            Arc::new(CallNet::new(
+                self.network.clone(),
+                call.caller.to_owned(),
+                scope,
+                secrets,
+                self.audit.clone(),
+            ))
+        });
+        let context = CallContext {
+            caller: call.caller.to_owned(),
+            call_id: call.call_id,
+            capabilities: call.capabilities.iter().map(ToString::to_string).collect(),
+        };
+        let pre = plugin.pre(call_net.is_some());
+        let egress = Egress::new(call_net.clone());
+        // Built only for a fresh instance: a kept one has its sandbox already.
+        let sandbox = || {
+            let scope = CallScope {
+                plugin: plugin.name.clone(),
+                contract: plugin.wit_version.clone(),
+                tool: call.tool.to_owned(),
+                caller: call.caller.to_owned(),
+                capabilities: call.capabilities.clone(),
+                services: self.services.clone(),
+                network: self.network.clone(),
+                log_lines: 0,
+            };
+            Sandbox::new(&self.limits, scope, call.workspace, egress)
+        };
+        let run_tool = async |instance: &Plugin, store: &mut Store<Sandbox>| {
+            instance
+                .capstan_plugin_tool()
+                .call_call(store, call.tool, call.args_json, &context)
+                .await
+        };
+        let result = match call.instances.filter(|_| call_net.is_none()) {
+            Some(instances) => {
+                let key = WarmKey::new(
+                    plugin.serial,
+                    call.caller,
+                    &call.capabilities,
+                    call.workspace,
+                );
+                self.run_kept(instances, key, pre, call.tool, sandbox, run_tool)
+                    .await
+            }
+            None => self.run(pre, sandbox()?, run_tool).await,
+        };
+        // The store is gone, and with it every response body: each request's row is
+        // written, so the call's audit is complete when it returns.
+        if let Some(call_net) = &call_net {
+            call_net.flush().await;
+        }
+        // An error's message is the guest's text as much as a result is: redacted and
+        // capped alike.
+        let redactor = self.network.secrets().redactor();
+        let clean = |text: String| self.cap_output(redactor.redact_owned(text));
+        match result {
+            Ok(Ok(output)) => Ok(clean(output)),
+            Ok(Err(err)) => Err(from_wit(err).map_message(clean)),
+            Err(err) => Err(err.map_message(clean)),
+        }
+    }
+
+    /// Instantiates `pre` in a new store holding `sandbox`, bounded by the deadline and the
+    /// memory limit, and runs `f` on the instance. A trap, deadline or refused memory growth
+    /// becomes [`ToolError::Failed`] naming the cause.
+    pub(super) async fn run<R>(
+        &self,
+        pre: &PluginPre<Sandbox>,
+        sandbox: Sandbox,
+        f: impl AsyncFnOnce(&Plugin, &mut Store<Sandbox>) -> wasmtime::Result<R>,
+    ) -> Result<R, ToolError> {
+        let _slot = self.call_slot().await;
+        let mut store = self.new_store(sandbox);
+        self.arm_deadline(&mut store);
+        let call = async {
+            let instance = pre.instantiate_async(&mut store).await?;
+            f(&instance, &mut store).await
+        };
+        let outcome = self.within_deadline(call).await;
+        outcome.map_err(|err| self.explain_failure(&store, &err))
+    }
+
+    /// [`PluginHost::run`] in the instance `instances` keeps for `key`, or in a fresh one
+    /// (its sandbox from `sandbox`) that is kept after the call if a warm slot is free.
+    /// Only a call that returned gives its instance back; any failure drops it.
+    async fn run_kept<R>(
+        &self,
+        instances: &ProcessInstances,
+        key: WarmKey,
+        pre: &PluginPre<Sandbox>,
+        tool: &str,
+        sandbox: impl FnOnce() -> Result<Sandbox, ToolError>,
+        f: impl AsyncFnOnce(&Plugin, &mut Store<Sandbox>) -> wasmtime::Result<R>,
+    ) -> Result<R, ToolError> {
+        let _slot = self.call_slot().await;
+        let (mut store, kept) = match self.warm.take(instances, &key) {
+            Some(warm) => {
+                let WarmInstance {
+                    mut store,
+                    instance,
+                    resources,
+                    slot,
+                    ..
+                } = warm;
+                store.data_mut().begin_call(tool, Egress::default());
+                (store, Some((instance, resources, slot)))
+            }
+            None => (self.new_store(sandbox()?), None),
+        };
+        self.arm_deadline(&mut store);
+        let call = async {
+            let (instance, was_kept) = match kept {
+                Some((instance, resources, slot)) => (instance, Some((resources, slot))),
+                None => (pre.instantiate_async(&mut store).await?, None),
+            };
+            let output = f(&instance, &mut store).await?;
+            Ok((instance, was_kept, output))
+        };
+        match self.within_deadline(call).await {
+            Ok((instance, was_kept, output)) => {
+                // What the instance holds now would be there for the process's next call.
+                // It is kept only if the guest was refused no memory (one that recovered
+                // from a refusal sits at its limit), holds no file and no directory but the
+                // workspace (see `Sandbox::holds_only_the_workspace`), and no more resources
+                // (streams) than after its first call, and few: a plugin that leaves some
+                // open each time would hold them for the life of the process.
+                let held = store.data_mut().resources_held();
+                let clean = store.data().limiter.refused_growth.is_none()
+                    && store.data_mut().holds_only_the_workspace();
+                let kept = match was_kept {
+                    Some((baseline, slot)) if clean && held <= baseline => Some((baseline, slot)),
+                    Some(_) => None,
+                    None if clean && held <= MAX_KEPT_RESOURCES => {
+                        self.warm.slot().map(|slot| (held, slot))
+                    }
+                    None => None,
+                };
+                if let Some((resources, slot)) = kept {
+                    let warm = WarmInstance::new(store, instance, resources, slot);
+                    self.warm.keep(instances, key, warm);
+                }
+                Ok(output)
+            }
+            Err(err) => Err(self.explain_failure(&store, &err)),
+        }
+    }
+
+    /// A permit to run one call: calls beyond [`Limits::max_concurrent_calls`] wait here.
+    async fn call_slot(&self) -> tokio::sync::SemaphorePermit<'_> {
+        self.slots
+            .acquire()
+            .await
+            .expect("the slot semaphore is never closed")
+    }
+
+    /// A store holding `sandbox`, its memory bounded by the sandbox's limiter.
+    fn new_store(&self, sandbox: Sandbox) -> Store<Sandbox> {
+        let mut store = Store::new(&self.engine, sandbox);
+        store.limiter(|s| &mut s.limiter);
+        store
+    }
+
+    /// Starts the deadline of the next call on `store`, counted from now: the epoch
+    /// callback makes a guest that computes yield at every tick and stops it once the
+    /// deadline has passed.
+    fn arm_deadline(&self, store: &mut Store<Sandbox>) {
+        let started = Instant::now();
+        let deadline = self.limits.deadline;
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            if started.elapsed() >= deadline {
+                Err(wasmtime::Error::new(DeadlineExceeded))
+            } else {
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+    }
+
+    /// Awaits `call` until the deadline: this stops a guest that waits in a host call (a
+    /// sleep, a read that never returns, a slow import). Dropping the call's future
+    /// unwinds its fiber; the store, and with it the pool slot, go right after.
+    async fn within_deadline<R>(
+        &self,
+        call: impl Future<Output = wasmtime::Result<R>>,
+    ) -> wasmtime::Result<R> {
+        match tokio::time::timeout(self.limits.deadline, call).await {
+            Ok(outcome) => outcome,
+            Err(_elapsed) => Err(wasmtime::Error::new(DeadlineExceeded)),
+        }
+    }
+
+    /// Turns a trap or host error from a call into a message naming its cause. Guest text
+    /// quoted in it is put on one line with its control characters escaped.
+    fn explain_failure(&self, store: &Store<Sandbox>, err: &wasmtime::Error) -> ToolError {
+        let scope = &store.data().scope;
+        let who = format!("tool `{}` (plugin {})", scope.tool, one_line(&scope.plugin));
+        if err.downcast_ref::<DeadlineExceeded>().is_some() {
+            return ToolError::Failed(format!(
+                "{who} ran past its {:.1} s deadline and was stopped",
+                self.limits.deadline.as_secs_f64()
+            ));
+        }
+        if let Some(not_linked) = err.downcast_ref::<NotLinked>() {
+            return ToolError::Failed(format!(
+                "{who} was stopped: {not_linked}. A tool that makes requests declares \
+                 `net:HOST` in describe(), and its process's profile grants it (`net = \
+                 [\"HOST\"]`); `capstan policy --why KIND TOOL URL` shows what is missing"
+            ));
+        }
+        if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
+            return ToolError::Failed(format!(
+                "{who} exited with status {} instead of returning a result",
+                exit.0
+            ));
+        }
+        if let Some(asked) = store.data().limiter.refused_growth {
+            return ToolError::Failed(format!(
+                "{who} ran out of memory: it asked for {} MiB, over its {} MiB limit",
+                asked.div_ceil(1 << 20),
+                self.limits.memory_bytes >> 20
+            ));
+        }
+        if let Some(cause) = failure::pool_limit(err, &self.limits) {
+            return ToolError::Failed(format!("{who} cannot be instantiated: {cause}"));
+        }
+        if let Some(how) = failure::stack_overflow(err) {
+            return ToolError::Failed(format!(
+                "{who} was stopped by a stack overflow ({how}); recursion too deep or frames \
+                 too large"
+            ));
+        }
+        let said = store.data().captured_output();
+        let said = one_line(said.trim());
+        if let Some(panic) = said.find("panicked at") {
+            return ToolError::Failed(format!("{who} panicked: {}", &said[panic..]));
+        }
+        let trap = match err.downcast_ref::<wasmtime::Trap>() {
+            Some(trap) => format!("trapped: {trap}"),
+            // Not a trap: the host could not take a value the guest passed it (an enum
+            // value no WIT enum has), which a plugin built for another contract does.
+            None => {
+                let cause = one_line(err.root_cause().to_string().trim()).into_owned();
+                let cause = if cause.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({cause})")
+                };
+                let theirs = &scope.contract;
+                if *theirs == WIT_VERSION {
+                    format!(
+                        "was stopped: the host could not take a value it passed{cause}; it \
+                         was built for this host's capstan:plugin@{WIT_VERSION}, so the \
+                         plugin (or its SDK) passed a value its contract has no place for"
+                    )
+                } else {
+                    format!(
+                        "was stopped: the host could not take a value it passed{cause}; it \
+                         was built for capstan:plugin@{theirs} and this host speaks \
+                         capstan:plugin@{WIT_VERSION}: rebuild it with a capstan-sdk for \
+                         {WIT_VERSION}"
+                    )
+                }
+            }
+        };
+        if said.is_empty() {
+            ToolError::Failed(format!("{who} {trap}"))
+        } else {
+            ToolError::Failed(format!("{who} {trap}; it wrote: {said}"))
+        }
+    }
+
+    /// Cuts `output` to [`Limits::max_output_bytes`], saying so at the end.
+    pub(crate) fn cap_output(&self, output: String) -> String {
+        let max = self.limits.max_output_bytes;
+        if output.len() <= max {
+            return output;
+        }
+        let total = output.len();
+        let mut kept = truncate(&output, max).to_owned();
+        kept.push_str(&format!(
+            "\n[output cut by the host: {total} bytes, over the {} KiB of limits.tool_output_kib; \
+             ask for less]",
+            max >> 10
+        ));
+        kept
+    }
+}
+
+/// The guest's error, its message on one line (it reaches logs and terminals).
+fn from_wit(err: WitToolError) -> ToolError {
+    let line = |m: String| one_line(&m).into_owned();
+    match err {
+        WitToolError::InvalidArgs(m) => ToolError::InvalidArgs(line(m)),
+        WitToolError::Denied(m) => ToolError::Denied(line(m)),
+        WitToolError::NotFound(m) => ToolError::NotFound(line(m)),
+        WitToolError::Failed(m) => ToolError::Failed(line(m)),
+    }
+}
+
+/// Resources (open files, streams) a kept instance may hold between calls; past it the
+/// instance is dropped after its call, as a fresh one would be. An SDK plugin holds its
+/// stdio streams and the workspace's preopen.
+const MAX_KEPT_RESOURCES: usize = 8;

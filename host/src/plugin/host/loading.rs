@@ -1,0 +1,285 @@
+//! Loading a component: its file read and checked, compiled (or taken from the cache),
+//! linked, and its tools described (or taken from the cache, sealed).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::PluginHost;
+use crate::net::Egress;
+use crate::plugin::bindings::PluginPre;
+use crate::plugin::bindings::exports::capstan::plugin::tool::ToolSpec;
+use crate::plugin::cache::{CacheKey, CacheOutcome};
+use crate::plugin::contract::WIT_VERSION;
+use crate::plugin::error::LoadError;
+use crate::plugin::failure;
+use crate::plugin::inspect::{check_exports, check_header, check_imports, outline};
+use crate::plugin::loaded::{LoadedPlugin, RawToolSpec, ToolInfo};
+use crate::plugin::offline::{imports_http, link_http_as_traps};
+use crate::plugin::sandbox::{CallScope, Sandbox};
+
+impl PluginHost {
+    /// Loads and checks one component file: it must be a component exporting
+    /// `capstan:plugin/tool` at a supported version, import only what plugins may import,
+    /// link, and describe valid tools.
+    pub async fn load(&self, path: &Path) -> Result<LoadedPlugin, LoadError> {
+        let prepared = self.prepare(path)?;
+        self.finish(prepared).await
+    }
+
+    /// The blocking half of [`PluginHost::load`]: reads and checks the file, compiles it
+    /// (or takes its artifact from the cache), links it, and finds its cached tool list.
+    /// Nothing of the plugin runs.
+    pub(crate) fn prepare(&self, path: &Path) -> Result<Prepared, LoadError> {
+        let bytes = read_plugin_file(path)?;
+        check_header(path, &bytes)?;
+        let started = Instant::now();
+        // What it imports and exports is checked before anything is compiled.
+        let outline = outline(path, &bytes)?;
+        check_imports(path, &outline)?;
+        let wit_version = check_exports(path, &outline)?;
+        let (component, cache, key) = self.cache.load_keyed(&self.engine, &bytes).map_err(
+            |err| match failure::pool_limit(&err, &self.limits) {
+                Some(reason) => LoadError::OverLimit {
+                    path: path.to_owned(),
+                    reason,
+                },
+                None => LoadError::Invalid {
+                    path: path.to_owned(),
+                    reason: format!("{err:#}"),
+                },
+            },
+        )?;
+        let link_error = |err: wasmtime::Error| LoadError::Link {
+            path: path.to_owned(),
+            reason: format!("{err:#}"),
+        };
+        // A component importing wasi:http links twice: with traps in its place for calls
+        // without a network grant, and with it for calls that hold one.
+        let (pre, online_pre) = if imports_http(&outline.imports) {
+            let mut offline = self.linker.clone();
+            link_http_as_traps(&mut offline, &self.engine, &component).map_err(link_error)?;
+            let online = self
+                .online_linker
+                .instantiate_pre(&component)
+                .map_err(link_error)?;
+            (offline, Some(PluginPre::new(online).map_err(link_error)?))
+        } else {
+            (self.linker.clone(), None)
+        };
+        let pre = pre.instantiate_pre(&component).map_err(link_error)?;
+        let pre = PluginPre::new(pre).map_err(link_error)?;
+        // What describe() said of these very bytes on this engine, if the cache kept it
+        // sealed: the plugin need not be instantiated to start.
+        let cached_tools = self
+            .cache
+            .tools::<CachedTools>(&key)
+            .filter(|cached| cached.described_by == self.describing_host())
+            .map(|cached| cached.tools);
+        Ok(Prepared {
+            path: path.to_owned(),
+            wit_version,
+            imports: outline.imports,
+            cache,
+            key,
+            cached_tools,
+            pre,
+            online_pre,
+            started,
+        })
+    }
+
+    /// The rest of [`PluginHost::load`]: the tool list, from the cache or from a
+    /// `describe()` call (then kept), checked either way; a list that fails the checks is
+    /// never kept.
+    pub(crate) async fn finish(&self, prepared: Prepared) -> Result<LoadedPlugin, LoadError> {
+        let Prepared {
+            path,
+            wit_version,
+            imports,
+            cache,
+            key,
+            cached_tools,
+            pre,
+            online_pre,
+            started,
+        } = prepared;
+        let name: Arc<str> = plugin_name(&path).into();
+        let tools_cached = cached_tools.is_some();
+        let tools = match cached_tools {
+            Some(cached) => {
+                ToolInfo::from_specs(&path, cached.into_iter().map(ToolSpec::from).collect())?
+            }
+            None => {
+                let specs = self
+                    .describe(&pre, &name, &wit_version)
+                    .await
+                    .map_err(|reason| LoadError::Describe {
+                        path: path.clone(),
+                        reason,
+                    })?;
+                let raw = specs.iter().cloned().map(RawToolSpec::from).collect();
+                let tools = ToolInfo::from_specs(&path, specs)?;
+                let kept = CachedTools {
+                    described_by: self.describing_host(),
+                    tools: raw,
+                };
+                self.cache.store_tools(&key, &kept);
+                tools
+            }
+        };
+        tracing::debug!(
+            plugin = %path.display(),
+            ?cache,
+            tools_cached,
+            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+            "plugin loaded"
+        );
+        Ok(LoadedPlugin {
+            serial: NEXT_PLUGIN_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            path,
+            name,
+            wit_version,
+            imports,
+            tools,
+            cache,
+            tools_cached,
+            pre,
+            online_pre,
+        })
+    }
+
+    /// What a cached tool list must have been made under to stand for a `describe()` here:
+    /// this host's version and contract, and the memory limit a describe() instantiates
+    /// under (a plugin that would not fit now is loaded only by running it again).
+    fn describing_host(&self) -> String {
+        format!(
+            "capstan {} capstan:plugin@{WIT_VERSION} memory {}",
+            env!("CARGO_PKG_VERSION"),
+            self.limits.memory_bytes
+        )
+    }
+
+    /// Runs `describe()` in a sandbox without capabilities.
+    async fn describe(
+        &self,
+        pre: &PluginPre<Sandbox>,
+        plugin: &Arc<str>,
+        contract: &str,
+    ) -> Result<Vec<crate::plugin::bindings::exports::capstan::plugin::tool::ToolSpec>, String>
+    {
+        let scope = CallScope {
+            plugin: plugin.clone(),
+            contract: contract.to_owned(),
+            tool: "describe".into(),
+            caller: "host".into(),
+            capabilities: Vec::new(),
+            services: None,
+            network: self.network.clone(),
+            log_lines: 0,
+        };
+        let sandbox = Sandbox::new(&self.limits, scope, None, Egress::default())
+            .map_err(|e| e.to_string())?;
+        self.run(pre, sandbox, async |instance, store| {
+            instance.capstan_plugin_tool().call_describe(store).await
+        })
+        .await
+        .map_err(|err| err.message().to_owned())
+    }
+}
+
+/// Reads a plugin file without ever blocking in `open()`: the file is opened non-blocking
+/// (a FIFO would otherwise wait for a writer) and refused unless it is a regular file (a
+/// device such as `/dev/zero` would never end).
+fn read_plugin_file(path: &Path) -> Result<Vec<u8>, LoadError> {
+    use std::io::Read;
+    let read_error = |source| LoadError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+    let file = options.open(path).map_err(read_error)?;
+    let file_type = file.metadata().map_err(read_error)?.file_type();
+    if !file_type.is_file() {
+        return Err(LoadError::NotAFile {
+            path: path.to_owned(),
+            kind: describe_file_type(file_type),
+        });
+    }
+    // Read one byte past the cap, so a file that grows while it is read is caught too.
+    let mut bytes = Vec::new();
+    file.take(MAX_PLUGIN_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_error)?;
+    if bytes.len() as u64 > MAX_PLUGIN_BYTES {
+        return Err(LoadError::OverLimit {
+            path: path.to_owned(),
+            reason: format!(
+                "the file is larger than {} MiB, the most a plugin may be",
+                MAX_PLUGIN_BYTES >> 20
+            ),
+        });
+    }
+    Ok(bytes)
+}
+
+/// A plugin compiled, checked and linked, not yet described: [`PluginHost::prepare`].
+pub(crate) struct Prepared {
+    path: PathBuf,
+    wit_version: String,
+    imports: Vec<String>,
+    cache: CacheOutcome,
+    key: CacheKey,
+    cached_tools: Option<Vec<RawToolSpec>>,
+    pre: PluginPre<Sandbox>,
+    online_pre: Option<PluginPre<Sandbox>>,
+    started: Instant,
+}
+
+/// A tool list as the artifact cache keeps it, with the host it was described under.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CachedTools {
+    described_by: String,
+    tools: Vec<RawToolSpec>,
+}
+/// Each loaded plugin's identity, for the instances processes keep of it.
+static NEXT_PLUGIN_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The largest plugin file read: components are a few MiB; a bigger file is refused
+/// before it fills memory or ties up the compiler.
+const MAX_PLUGIN_BYTES: u64 = 64 << 20;
+
+/// What a file that is not a regular file is, for the refusal.
+fn describe_file_type(file_type: std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if file_type.is_fifo() {
+            return "a FIFO (named pipe)";
+        }
+        if file_type.is_char_device() {
+            return "a character device";
+        }
+        if file_type.is_block_device() {
+            return "a block device";
+        }
+        if file_type.is_socket() {
+            return "a socket";
+        }
+    }
+    if file_type.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// A plugin's name: its file name without `.wasm`.
+fn plugin_name(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| PathBuf::from(path).display().to_string())
+}
