@@ -215,9 +215,9 @@ pub(crate) fn end_of(answer: &Answer) -> End {
 
 /// Where a part of an answer sits among everything its conversation sent its exchanges.
 ///
-/// A part every exchange attached to the conversation hears (text, a reply, activity, the
-/// store's refusal) is numbered in the order the conversation sent it; a part of one
-/// exchange alone (its repeat, its end) is not. A door that follows several exchanges of
+/// A part every exchange attached to the conversation hears (text, a reply, activity) is
+/// numbered in the order the conversation sent it; a part of one exchange alone (its
+/// repeat, its notice that the store has not taken the history, its end) is not. A door that follows several exchanges of
 /// one conversation at once (a chat whose lines go in as they are typed, so a follow-up
 /// reaches a busy worker) shows each numbered part once: the first time it sees its
 /// number.
@@ -342,17 +342,14 @@ impl Attached {
     /// exchange not told yet.
     fn tell_unstored(&mut self, error: &str, waited: Duration) {
         self.unsaved = Some(error.to_owned());
-        let number = self.number();
+        // Each exchange's own notice, unnumbered: only those not told yet hear it.
         for listener in &mut self.listeners {
             if !listener.told_unstored {
                 listener.told_unstored = true;
-                listener.send_shared(
-                    number,
-                    ReplyPart::NotYetStored {
-                        error: error.to_owned(),
-                        waited,
-                    },
-                );
+                listener.send(ReplyPart::NotYetStored {
+                    error: error.to_owned(),
+                    waited,
+                });
             }
         }
     }

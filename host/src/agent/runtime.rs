@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::context::{BranchSpec, Context, ConversationError, SpawnOutcome, Starter, WorkerSpec};
@@ -29,13 +30,16 @@ use crate::tools::ToolRouter;
 ///
 /// The orchestration lives here, in the trusted host: plugins only ever see the sandbox of
 /// one tool call. Each process's tool list comes from its profile ([`Runtime::tool_defs`]),
-/// and each plugin call it makes goes through the same policy decision
-/// ([`Registry::call_as`]).
+/// and each call it makes goes through the same catalog and policy decision
+/// ([`ToolRouter`](crate::tools::ToolRouter)).
 pub struct Runtime {
     ctx: Arc<Context>,
     /// The tasks that take what other hosts forward and watch the run's lease: they hold
     /// the context weakly, and end with the runtime.
     _watchers: [AbortOnDropHandle<()>; 2],
+    /// Cancelled by [`Runtime::shutdown`]: what waits on another host for a forwarded
+    /// message's answer stops waiting, so a stop is never held up by it.
+    stopping: CancellationToken,
 }
 
 /// Where [`Runtime::send_or_forward`] sent a message.
@@ -108,6 +112,7 @@ impl Runtime {
             Arc::new(Runtime {
                 ctx,
                 _watchers: watchers.map(AbortOnDropHandle::new),
+                stopping: CancellationToken::new(),
             }),
             events,
         ))
@@ -236,9 +241,21 @@ impl Runtime {
                 // this host is never held up by an answer still to come.
                 let sessions = self.ctx.services.sessions.clone();
                 let redactor = self.ctx.redactor().clone();
+                let stopping = self.stopping.clone();
                 tokio::spawn(async move {
                     let owner = elsewhere.owner;
-                    relay_answer(&*sessions, &redactor, listener, number, owner).await;
+                    let relayed = relay_answer(&*sessions, &redactor, &listener, number);
+                    let end = tokio::select! {
+                        end = relayed => end,
+                        () = stopping.cancelled() => Err(
+                            "this host stopped before the answer came".to_owned()
+                        ),
+                    };
+                    listener.end(end.unwrap_or_else(|reason| End::Pending {
+                        message: number,
+                        owner,
+                        reason,
+                    }));
                 });
             }
             Err(err) => return Err(err),
@@ -392,6 +409,7 @@ impl Runtime {
     /// Stops the channels (their loops end once their inboxes close) and cancels running
     /// workers, so the event stream ends once the last process has finished.
     pub fn shutdown(&self) {
+        self.stopping.cancel();
         self.ctx.supervisor.close_channels();
         self.ctx.supervisor.stop_workers(false);
     }
@@ -455,14 +473,14 @@ async fn wait_for_answer(
     }
 }
 
-/// Brings the answer to forwarded message `number` (sent to `owner`) to `listener`.
+/// Brings the answer to forwarded message `number` to `listener`: how its exchange ends,
+/// or why the answer is pending (redacted).
 async fn relay_answer(
     sessions: &dyn Sessions,
     redactor: &Redactor,
-    listener: Listener,
+    listener: &Listener,
     number: ForwardId,
-    owner: RunId,
-) {
+) -> Result<End, String> {
     match wait_for_answer(sessions, number, FORWARDED_ANSWER_LIMIT).await {
         Ok(answer) => {
             let end = end_of(&answer);
@@ -472,12 +490,8 @@ async fn relay_answer(
                     streamed: false,
                 });
             }
-            listener.end(end);
+            Ok(end)
         }
-        Err(err) => listener.end(End::Pending {
-            message: number,
-            owner,
-            reason: redactor.redact_owned(err.to_string()),
-        }),
+        Err(err) => Err(redactor.redact_owned(err.to_string())),
     }
 }

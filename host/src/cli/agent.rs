@@ -298,8 +298,9 @@ async fn finish(
     runtime.shutdown();
     let services = runtime.services().clone();
     drop(runtime);
+    // The session's opener holds the runtime: it ends first, then the event stream can.
+    let mut tally = session.end().await;
     let _ = events.await;
-    let (mut tally, error) = session.end().await;
     let not_saved = report.ended().await;
     not_saved.iter().for_each(say_not_saved);
     tally.failures += not_saved.len();
@@ -311,9 +312,6 @@ async fn finish(
     }
     // The run ended with the runtime; other hosts learn it before this process exits.
     services.ledger.settle().await;
-    if let Some(error) = error {
-        return Err(error);
-    }
     Ok((ExitCode::from(exit_code_of(stop, tally)), tally))
 }
 
@@ -330,12 +328,9 @@ impl RunCommand {
         let config = self.agent.launch.host.config()?;
         let (runtime, events) = self.agent.launch.start(config).await?;
         let events = tokio::spawn(events_ended(events));
-        let session = Session::start();
-        let conversation = self.agent.conversation();
+        let session = Session::start(&runtime, &self.agent.conversation());
         let stop = until_stopped(&runtime, async {
-            session
-                .converse(&runtime, &conversation, self.message)
-                .await;
+            session.converse(self.message).await;
         })
         .await;
         let (code, _) = finish(runtime, events, stop, session).await?;
@@ -372,8 +367,7 @@ impl ChatCommand {
         // Each line goes in as it is typed, even while workers run: a follow-up for a busy
         // worker can be routed to it. Replies show as they come, each message's after the
         // earlier ones'.
-        let conversation = self.agent.conversation();
-        let session = Session::start();
+        let session = Session::start(&runtime, &self.agent.conversation());
         let stop = until_stopped(&runtime, async {
             while let Some(line) = lines.recv().await {
                 let line = line.trim().to_owned();
@@ -381,7 +375,7 @@ impl ChatCommand {
                     break;
                 }
                 if !line.is_empty() {
-                    session.send(&runtime, &conversation, line);
+                    session.send(line);
                 }
             }
             crate::say!("(finishing the work in progress)");
@@ -422,8 +416,7 @@ impl DemoCommand {
         let (runtime, events) = self.agent.launch.start(config).await?;
         writeln!(out, "  model:     {}\n", runtime.provider_name())?;
         let events = tokio::spawn(events_ended(events));
-        let session = Session::start();
-        let conversation = self.agent.conversation();
+        let session = Session::start(&runtime, &self.agent.conversation());
         let mut sent = Ok(());
         let stop = until_stopped(&runtime, async {
             for message in DEMO_CONVERSATION {
@@ -432,7 +425,7 @@ impl DemoCommand {
                     return;
                 }
                 let message = (*message).to_owned();
-                session.converse(&runtime, &conversation, message).await;
+                session.converse(message).await;
                 let _ = writeln!(crate::secrets::stdout());
             }
         })

@@ -27,107 +27,113 @@ pub(crate) struct Tally {
     pub(crate) failures: usize,
 }
 
-/// What the follower takes next.
-enum Queued {
-    /// An exchange being opened, and who hears once it is followed to its end.
-    Exchange(
-        JoinHandle<anyhow::Result<Exchange>>,
-        Option<oneshot::Sender<()>>,
-    ),
-    /// Who hears once every exchange queued before is followed to its end.
+/// What the opener takes next.
+enum Outgoing {
+    /// A message to send, and who hears once its exchange has been shown to its end.
+    Message(String, Option<oneshot::Sender<()>>),
+    /// Who hears once every exchange of a message sent before is shown to its end.
     Mark(oneshot::Sender<()>),
 }
 
-/// The exchanges of one session, followed in the order their messages were sent.
+/// What the follower takes next.
+enum Queued {
+    /// An exchange (or why it could not be opened), and who hears once it is shown.
+    Exchange(anyhow::Result<Exchange>, Option<oneshot::Sender<()>>),
+    /// Who hears once every exchange queued before is shown to its end.
+    Mark(oneshot::Sender<()>),
+}
+
+/// The exchanges of one session with one conversation, opened and followed in the order
+/// their messages were sent.
 pub(crate) struct Session {
-    queue: mpsc::UnboundedSender<Queued>,
-    follower: JoinHandle<(Tally, Option<anyhow::Error>)>,
+    outgoing: mpsc::UnboundedSender<Outgoing>,
+    opener: JoinHandle<()>,
+    follower: JoinHandle<Tally>,
 }
 
 impl Session {
-    /// A session showing what its exchanges say as they say it.
-    pub(crate) fn start() -> Session {
+    /// A session with `conversation` of `runtime`, showing what its exchanges say as they
+    /// say it.
+    pub(crate) fn start(runtime: &Arc<Runtime>, conversation: &ProcessId) -> Session {
+        let (outgoing, mut messages) = mpsc::unbounded_channel::<Outgoing>();
         let (queue, mut queued) = mpsc::unbounded_channel::<Queued>();
+        let (runtime, conversation) = (runtime.clone(), conversation.clone());
+        // One message at a time, in the order sent: the conversation takes them in that
+        // order, so it attaches their exchanges in the order they are followed.
+        let opener = tokio::spawn(async move {
+            while let Some(outgoing) = messages.recv().await {
+                let queued = match outgoing {
+                    Outgoing::Message(message, done) => {
+                        let opened = runtime.exchange(&conversation, message).await;
+                        Queued::Exchange(opened.map_err(Into::into), done)
+                    }
+                    Outgoing::Mark(done) => Queued::Mark(done),
+                };
+                let _ = queue.send(queued);
+            }
+        });
         let follower = tokio::spawn(async move {
             let mut shown = Shown::default();
-            let mut error = None;
             while let Some(item) = queued.recv().await {
-                let (opening, done) = match item {
-                    Queued::Exchange(opening, done) => (opening, done),
+                match item {
+                    Queued::Exchange(Ok(exchange), done) => {
+                        shown.follow(exchange).await;
+                        done.map(|done| done.send(()));
+                    }
+                    Queued::Exchange(Err(err), done) => {
+                        // Not sent: nothing of it is stored; said now, counted as failed.
+                        shown.end_line();
+                        shown.tally.failures += 1;
+                        crate::say!("error: {}", one_line(&format!("{err:#}")));
+                        done.map(|done| done.send(()));
+                    }
                     Queued::Mark(done) => {
                         let _ = done.send(());
-                        continue;
                     }
-                };
-                match opening.await {
-                    Ok(Ok(exchange)) => shown.follow(exchange).await,
-                    Ok(Err(err)) => error = Some(err),
-                    Err(err) => error = Some(anyhow::anyhow!("an exchange's task ended: {err}")),
-                }
-                if let Some(done) = done {
-                    let _ = done.send(());
                 }
             }
             shown.end_line();
-            (shown.tally, error)
+            shown.tally
         });
-        Session { queue, follower }
+        Session {
+            outgoing,
+            opener,
+            follower,
+        }
     }
 
-    /// Sends `message` to `conversation` at once (it goes in even while earlier messages'
-    /// work runs); what it causes is shown after the earlier messages' exchanges end.
-    pub(crate) fn send(&self, runtime: &Arc<Runtime>, conversation: &ProcessId, message: String) {
-        let opening = open(runtime, conversation, message);
-        let _ = self.queue.send(Queued::Exchange(opening, None));
+    /// Sends `message` at once (it goes in even while earlier messages' work runs); what
+    /// it causes is shown after what the earlier messages caused.
+    pub(crate) fn send(&self, message: String) {
+        let _ = self.outgoing.send(Outgoing::Message(message, None));
     }
 
     /// Returns once every exchange sent so far has ended and been shown.
     pub(crate) async fn settled(&self) {
         let (done, settled) = oneshot::channel();
-        if self.queue.send(Queued::Mark(done)).is_ok() {
+        if self.outgoing.send(Outgoing::Mark(done)).is_ok() {
             let _ = settled.await;
         }
     }
 
-    /// Sends `message` to `conversation` and returns once its exchange has ended and been
-    /// shown.
-    pub(crate) async fn converse(
-        &self,
-        runtime: &Arc<Runtime>,
-        conversation: &ProcessId,
-        message: String,
-    ) {
+    /// Sends `message` and returns once its exchange has ended and been shown.
+    pub(crate) async fn converse(&self, message: String) {
         let (done, shown) = oneshot::channel();
-        let opening = open(runtime, conversation, message);
         if self
-            .queue
-            .send(Queued::Exchange(opening, Some(done)))
+            .outgoing
+            .send(Outgoing::Message(message, Some(done)))
             .is_ok()
         {
             let _ = shown.await;
         }
     }
 
-    /// Waits for every exchange sent to end and be shown: how they went, and the first
-    /// error that kept a message from being sent.
-    pub(crate) async fn end(self) -> (Tally, Option<anyhow::Error>) {
-        drop(self.queue);
-        self.follower.await.unwrap_or_else(|err| {
-            let error = anyhow::anyhow!("following the exchanges failed: {err}");
-            (Tally::default(), Some(error))
-        })
+    /// Waits for every exchange sent to end and be shown: how they went.
+    pub(crate) async fn end(self) -> Tally {
+        drop(self.outgoing);
+        let _ = self.opener.await;
+        self.follower.await.unwrap_or_default()
     }
-}
-
-/// Opens the exchange of `message` to `conversation` on a task of its own, so that
-/// opening the conversation (reading its history) holds up no other line.
-fn open(
-    runtime: &Arc<Runtime>,
-    conversation: &ProcessId,
-    message: String,
-) -> JoinHandle<anyhow::Result<Exchange>> {
-    let (runtime, conversation) = (runtime.clone(), conversation.clone());
-    tokio::spawn(async move { Ok(runtime.exchange(&conversation, message).await?) })
 }
 
 /// What has been shown on the terminal.
@@ -137,6 +143,9 @@ struct Shown {
     last: Option<PartNumber>,
     /// Whether a reply is being written on the current line, as it streams.
     streaming: bool,
+    /// Whether text streamed since the last reply: a reply that says it was streamed was
+    /// shown already, even if something else took its line meanwhile.
+    streamed: bool,
     tally: Tally,
 }
 
@@ -195,10 +204,15 @@ impl Shown {
                 let _ = write!(out, "{}", printable(&text).replace('\n', "\n       "));
                 let _ = out.flush();
                 self.streaming = true;
+                self.streamed = true;
             }
             // Shown as it streamed: its line ends.
-            ReplyPart::Reply { streamed: true, .. } if self.streaming => self.end_line(),
+            ReplyPart::Reply { streamed: true, .. } if self.streamed => {
+                self.streamed = false;
+                self.end_line();
+            }
             ReplyPart::Reply { text, .. } => {
+                self.streamed = false;
                 self.end_line();
                 let text = printable(&text).replace('\n', "\n       ");
                 let _ = writeln!(crate::secrets::stdout(), "agent> {text}");

@@ -63,14 +63,6 @@ impl Recorded {
         result
     }
 
-    /// A call refused before it reached the registry, with no audit row.
-    pub(crate) fn unaudited(result: Result<String, ToolError>) -> Self {
-        Recorded {
-            result,
-            audit: None,
-        }
-    }
-
     /// The result now, and the audit row's commit, to wait for ([`committed`]) before
     /// the result leaves the host.
     pub fn into_parts(self) -> (Result<String, ToolError>, Option<Committing>) {
@@ -392,36 +384,14 @@ impl Registry {
     }
 
     /// Runs one call for a process of `kind`: refused with `denied` unless `policy` offers
-    /// the tool to that kind (the same decision that builds the process's tool list), so a
-    /// call the model was never offered cannot slip through. `request.grants` should be
-    /// the kind's profile grants.
-    pub async fn call_as(
-        &self,
-        policy: &Policy,
-        kind: ProcessKind,
-        request: CallRequest<'_>,
-    ) -> Result<String, ToolError> {
-        self.call_as_until(policy, kind, request, std::future::pending())
-            .await
-    }
-
-    /// [`Registry::call_as`], stopped when `cancelled` completes first: the call's
-    /// instance is dropped, and the call fails (and is audited) as cancelled by its caller.
-    pub async fn call_as_until(
-        &self,
-        policy: &Policy,
-        kind: ProcessKind,
-        request: CallRequest<'_>,
-        cancelled: impl Future<Output = ()>,
-    ) -> Result<String, ToolError> {
-        self.call_as_recorded(policy, kind, request, cancelled)
-            .await
-            .committed()
-            .await
-    }
-
-    /// [`Registry::call_as_until`], returning as soon as the call has ended and its audit
-    /// row is handed to the store: the row may not be committed yet. The result must not
+    /// the tool to that kind, so a call the model was never offered cannot slip through;
+    /// `request.grants` should be the kind's profile grants. Stopped when `cancelled`
+    /// completes first: the call's instance is dropped, and the call fails (and is
+    /// audited) as cancelled by its caller. Called through
+    /// [`ToolRouter`](crate::tools::ToolRouter), which answers host tools first.
+    ///
+    /// It returns as soon as the call has ended and its audit row is handed to the store:
+    /// the row may not be committed yet. The result must not
     /// leave the host before [`Recorded::committed`] (or the row's own wait) returns;
     /// rows of calls made one after another and waited for together share a commit.
     ///
@@ -429,7 +399,7 @@ impl Registry {
     /// committed: a call that may have changed something (a file, a task, a memory, a
     /// request sent, an external server's tool) is in the log when it returns, so a crash
     /// before the round's commit loses no record of a change.
-    pub async fn call_as_recorded(
+    pub(crate) async fn call_as_recorded(
         &self,
         policy: &Policy,
         kind: ProcessKind,
@@ -483,6 +453,12 @@ impl Registry {
     fn only_reads(&self, tool: &str) -> bool {
         self.tool(tool)
             .is_some_and(|(_, info)| info.capabilities.iter().all(Capability::only_reads))
+    }
+
+    /// Records `request` as refused with `err` before anything of it ran (a host tool's
+    /// name asked of a door that runs none), like any refusal: audited.
+    pub(crate) async fn refuse_call(&self, request: CallRequest<'_>, err: ToolError) -> Recorded {
+        self.audited(&request, async { Err(err) }).await
     }
 
     /// Awaits `run` and records the outcome: a tracing event, and a row handed to the

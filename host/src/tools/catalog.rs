@@ -94,6 +94,8 @@ pub struct ToolCatalog {
     tools: Vec<CatalogTool>,
     /// The tools offered to each kind, in [`ProcessKind::ALL`]'s order.
     offered: [Arc<[ToolDef]>; ProcessKind::ALL.len()],
+    /// The plugin tools left out for taking a host tool's name, a line each.
+    left_out: Vec<String>,
 }
 
 impl ToolCatalog {
@@ -131,6 +133,7 @@ impl ToolCatalog {
             policy,
             tools,
             offered,
+            left_out: ToolCatalog::clashes(registry),
         }
     }
 
@@ -208,6 +211,12 @@ impl ToolCatalog {
         missing.sort_unstable();
         missing.dedup();
         missing
+    }
+
+    /// The plugin tools left out of this catalog for taking a host tool's name, a line
+    /// each ([`ToolCatalog::clashes`]).
+    pub fn left_out(&self) -> &[String] {
+        &self.left_out
     }
 
     /// The plugin tools of `registry` a catalog leaves out because they take a host tool's

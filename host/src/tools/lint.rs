@@ -25,6 +25,11 @@ pub enum FindingKind {
     /// MCP server) and a tool with an effect outside the host: a prompt injected into the
     /// first can drive the second.
     UntrustedInputWithEffect,
+    /// A profile names (exactly) a tool that nothing provides: a typo, or a plugin missing
+    /// from the plugins directory.
+    UnknownTool,
+    /// A plugin declares a tool with a host tool's name: it is left out.
+    HostNameClash,
 }
 
 impl FindingKind {
@@ -36,6 +41,8 @@ impl FindingKind {
             FindingKind::OfferedToNobody => "offered-to-nobody",
             FindingKind::UnusedGrant => "unused-grant",
             FindingKind::UntrustedInputWithEffect => "untrusted-input-with-effect",
+            FindingKind::UnknownTool => "unknown-tool",
+            FindingKind::HostNameClash => "host-name-clash",
         }
     }
 }
@@ -98,6 +105,14 @@ pub struct Lint {
 pub fn lint(catalog: &ToolCatalog) -> Lint {
     let mut lint = Lint::default();
     dead_cells(catalog, &mut lint);
+    unknown_tools(catalog, &mut lint);
+    for clash in catalog.left_out() {
+        lint.findings.push(Finding {
+            kind: FindingKind::HostNameClash,
+            key: "agent.plugins_dir".to_owned(),
+            message: clash.clone(),
+        });
+    }
     delegation_dead_ends(catalog, &mut lint);
     offered_to_nobody(catalog, &mut lint);
     unused_grants(catalog, &mut lint);
@@ -166,6 +181,29 @@ fn dead_cells(catalog: &ToolCatalog, lint: &mut Lint) {
                 }),
                 _ => {}
             }
+        }
+    }
+}
+
+/// Tools a profile names by their exact name that nothing provides. An MCP server's tools
+/// (`server.tool`) are left to the server's own check when it starts.
+fn unknown_tools(catalog: &ToolCatalog, lint: &mut Lint) {
+    let missing = catalog.missing();
+    for kind in ProcessKind::ALL {
+        let profile = catalog.policy().profile(kind);
+        for name in &missing {
+            if name.contains('.') || !names_exactly(profile, name) {
+                continue;
+            }
+            lint.findings.push(Finding {
+                kind: FindingKind::UnknownTool,
+                key: profile_key(kind, "tools"),
+                message: format!(
+                    "`{name}` is named, but no plugin, MCP server or host tool provides it (a \
+                     typo, or a plugin missing from the plugins directory); `capstan plugins \
+                     list` shows the tools loaded"
+                ),
+            });
         }
     }
 }
@@ -308,12 +346,16 @@ fn reach(catalog: &ToolCatalog, kind: ProcessKind, tool: &CatalogTool) -> Reach 
     let mut reach = Reach::default();
     for cap in &effective {
         if let Capability::Net(rule) = cap {
-            reach.untrusted_input = true;
-            let reads_only = rule
+            // A host the operator named is one it chose to trust; any other host's answer
+            // is what anyone may have written.
+            let named_host = rule.names_host_exactly();
+            reach.untrusted_input |= !named_host;
+            let reads = rule
                 .method
                 .as_deref()
                 .is_some_and(|method| matches!(method, "GET" | "HEAD" | "OPTIONS"));
-            reach.external_effect |= !reads_only;
+            // A read of a host nobody named can still carry data out in its URL.
+            reach.external_effect |= !reads || !named_host;
         }
     }
     reach
@@ -323,6 +365,8 @@ fn untrusted_input_with_effect(catalog: &ToolCatalog, lint: &mut Lint) {
     for kind in ProcessKind::ALL {
         let mut inputs = Vec::new();
         let mut effects = Vec::new();
+        // A tool of the kind's own that is both: a request to any host, any method.
+        let mut both = Vec::new();
         for def in catalog.offered(kind).iter() {
             let Some(tool) = catalog.tool(&def.name) else {
                 continue;
@@ -334,8 +378,17 @@ fn untrusted_input_with_effect(catalog: &ToolCatalog, lint: &mut Lint) {
             if reach.external_effect {
                 effects.push(tool.name().to_owned());
             }
+            if reach.untrusted_input
+                && reach.external_effect
+                && !matches!(tool.origin, ToolOrigin::Mcp { .. })
+            {
+                both.push(tool.name().to_owned());
+            }
         }
-        if inputs.is_empty() || effects.is_empty() {
+        let apart = inputs
+            .iter()
+            .any(|input| effects.iter().any(|effect| effect != input));
+        if !apart && both.is_empty() {
             continue;
         }
         lint.findings.push(Finding {
@@ -344,7 +397,7 @@ fn untrusted_input_with_effect(catalog: &ToolCatalog, lint: &mut Lint) {
             message: format!(
                 "one {kind} reads what outsiders wrote ({}) and acts outside the host ({}): \
                  text injected into the first can drive the second; give them to different \
-                 kinds, or narrow profiles.{kind}.net to GET rules",
+                 kinds, or narrow profiles.{kind}.net to hosts you name",
                 inputs.join(", "),
                 effects.join(", ")
             ),

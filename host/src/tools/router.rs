@@ -111,12 +111,6 @@ impl ToolRouter {
         arguments: &str,
         cancelled: impl Future<Output = ()>,
     ) -> Recorded {
-        if let Some(tool) = HostTool::named(name) {
-            return Recorded::unaudited(Err(ToolError::Denied(format!(
-                "`{name}` is a host tool: it runs only inside an agent's {} process",
-                kinds_running(tool)
-            ))));
-        }
         let policy = self.catalog.policy();
         let grants = policy.profile(kind).grants_for(name);
         let request = CallRequest {
@@ -127,6 +121,13 @@ impl ToolRouter {
             caller,
             instances,
         };
+        if let Some(tool) = HostTool::named(name) {
+            let refusal = ToolError::Denied(format!(
+                "`{name}` is a host tool: it runs only inside an agent's {} process",
+                kinds_running(tool)
+            ));
+            return self.registry.refuse_call(request, refusal).await;
+        }
         self.registry
             .call_as_recorded(policy, kind, request, cancelled)
             .await

@@ -108,6 +108,14 @@ async fn a_plugin_tool_named_like_a_host_tool_is_never_offered_served_or_run() {
         .await;
     let err = ran.unwrap_err();
     assert_eq!(err.kind(), "denied", "{err}");
+    // Refused like any call a door is refused: with its audit row.
+    let audit = crate::support::stored(&rt).audit_log(50).unwrap();
+    assert!(
+        audit
+            .iter()
+            .any(|row| row.tool == "reply" && row.process == "mcp:test" && row.outcome == "denied"),
+        "{audit:?}"
+    );
     assert!(
         err.message().contains(
             "`reply` is a host tool: it runs only inside an agent's channel or cortex process"
@@ -142,6 +150,17 @@ fn the_cli_warns_of_a_plugin_tool_named_like_a_host_tool_and_runs_none() {
         "one row, the host's: {text}"
     );
     assert!(text.lines().any(|l| l.starts_with("shadow_ok ")), "{text}");
+    // And the lint fails on it, for CI.
+    let out = capstan(
+        dir.path(),
+        &["policy", "--lint", "--plugins-dir", plugins_dir],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("host-name-clash: agent.plugins_dir: plugin describe_host_name ("),
+        "{}",
+        stdout(&out)
+    );
 
     let workspace = tempfile::tempdir().unwrap();
     let workspace = workspace.path().to_str().unwrap();

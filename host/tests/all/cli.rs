@@ -597,6 +597,29 @@ fn chat_reads_messages_from_stdin_and_shows_status_lines() {
     );
 }
 
+/// Lines pasted at once go in as typed, one exchange each, opened in order: whether the
+/// conversation answers them in one turn or two, each reply shown is shown once, and the
+/// last one always.
+#[test]
+fn chat_shows_each_reply_of_pasted_lines_once() {
+    use std::io::Write as _;
+    let script = "[[step]]\nprocess = \"channel\"\nwhen = \"first\"\nreply = \"reply to first\"\n\
+                  [[step]]\nprocess = \"channel\"\nwhen = \"second\"\nreply = \"reply to second\"\n";
+    let dir = crate::support::agent_dir(script, "");
+    let mut chat = spawn_capstan(dir.path(), &["chat"]);
+    chat.stdin
+        .take()
+        .unwrap()
+        .write_all(b"first\nsecond\n/quit\n")
+        .unwrap();
+    let out = chat.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let count = |reply: &str| text.matches(&format!("agent> {reply}")).count();
+    assert_eq!(count("reply to second"), 1, "{text}");
+    assert!(count("reply to first") <= 1, "{text}");
+}
+
 /// Tried as a new user would: start a job in `capstan chat`, then, while its worker runs,
 /// type a follow-up. The channel routes it, and the running worker gets it at its next
 /// turn boundary.

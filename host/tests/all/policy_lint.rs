@@ -61,7 +61,7 @@ fn each_finding_names_the_line_to_change_and_the_lint_exits_1() {
          [profiles.worker]\n\
          tools = [\"file_read\", \"file_write\", \"set_status\", \"web_fetch\", \"http_request\"]\n\
          capabilities = [\"fs.read\"]\n\
-         net = [\"api.example.com\"]\n\
+         net = [\"*\"]\n\
          {QUIET}"
     );
     let (code, lines) = lint(&config);
@@ -123,7 +123,7 @@ fn a_worker_with_nothing_to_work_with_and_tools_no_profile_names_are_found() {
          [profiles.worker]\n\
          tools = [\"set_status\"]\n\
          capabilities = []\n\
-         [profiles.branch]\ntools = [\"memory_*\"]\ncapabilities = [\"memory.read\", \"memory.write\"]\n\
+         [profiles.branch]\ntools = [\"memory_*\", \"file_reed\"]\ncapabilities = [\"memory.read\", \"memory.write\"]\n\
          [profiles.compactor]\ntools = []\ncapabilities = []\n\
          [profiles.cortex]\ntools = [\"reply\"]\ncapabilities = []\n";
     let (code, lines) = lint(config);
@@ -151,5 +151,14 @@ fn a_worker_with_nothing_to_work_with_and_tools_no_profile_names_are_found() {
     assert!(
         !lines.iter().any(|l| l.contains("`memory_save`")),
         "the branch names the memory tools by a glob: {lines:#?}"
+    );
+    // A name nothing provides.
+    assert!(
+        line(
+            &lines,
+            "capstan.toml:8: unknown-tool: profiles.branch.tools: `file_reed`"
+        )
+        .contains("no plugin, MCP server or host tool provides it"),
+        "{lines:#?}"
     );
 }

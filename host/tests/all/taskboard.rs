@@ -382,32 +382,31 @@ async fn the_task_tools_show_the_model_every_status_and_priority() {
 #[tokio::test]
 async fn a_call_that_may_change_something_is_logged_when_it_returns_and_a_read_with_its_round() {
     use capstan_host::config::Config;
-    use capstan_host::plugin::{CallRequest, committed};
+    use capstan_host::plugin::committed;
     use capstan_host::policy::ProcessKind;
+    use capstan_host::tools::{ToolCatalog, ToolRouter};
 
     let data = tempfile::tempdir().unwrap();
     let store = Arc::new(Store::open(data.path()).unwrap());
-    let registry = registry_with_store(store.clone()).await;
+    let registry = Arc::new(registry_with_store(store.clone()).await);
     let ws = Workspace::new();
     let config = Config::defaults(data.path());
+    let catalog = Arc::new(ToolCatalog::new(&registry, &config.policy));
+    let router = ToolRouter::new(registry, catalog, ws.path().to_owned());
     let call = |tool: &'static str, args: Value| {
-        let (registry, policy, ws) = (&registry, &config.policy, ws.path());
+        let router = &router;
         async move {
-            let grants = policy
-                .profile(ProcessKind::Worker)
-                .grants_for(tool)
-                .into_owned();
-            let request = CallRequest {
-                tool,
-                args_json: &args.to_string(),
-                grants: &grants,
-                workspace: Some(&ws),
-                caller: "worker:1",
-                instances: None,
-            };
             let pending = std::future::pending();
-            let recorded = registry
-                .call_as_recorded(policy, ProcessKind::Worker, request, pending)
+            let arguments = args.to_string();
+            let recorded = router
+                .run(
+                    ProcessKind::Worker,
+                    "worker:1",
+                    None,
+                    tool,
+                    &arguments,
+                    pending,
+                )
                 .await;
             recorded.into_parts()
         }
