@@ -180,6 +180,23 @@ impl HostTool {
     }
 }
 
+impl HostTool {
+    /// The names of the kinds that run this tool, in [`ProcessKind::ALL`]'s order.
+    ///
+    /// ```
+    /// use capstan_host::tools::HostTool;
+    ///
+    /// assert_eq!(HostTool::SetStatus.kinds_running(), ["worker"]);
+    /// ```
+    pub fn kinds_running(self) -> Vec<&'static str> {
+        ProcessKind::ALL
+            .into_iter()
+            .filter(|kind| self.is_run_by(*kind))
+            .map(ProcessKind::as_str)
+            .collect()
+    }
+}
+
 impl std::fmt::Display for HostTool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())

@@ -170,15 +170,19 @@ fn dead_cells(catalog: &ToolCatalog, lint: &mut Lint) {
                         key,
                     });
                 }
-                Decision::NotRunByKind => lint.findings.push(Finding {
-                    kind: FindingKind::DeadCell,
-                    key: profile_key(kind, "tools"),
-                    message: format!(
-                        "`{name}` is a host tool a {kind} does not run (only {}), so naming \
-                         it offers nothing; drop it",
-                        runners(tool)
-                    ),
-                }),
+                Decision::NotRunByKind => {
+                    if let ToolOrigin::Host(host) = tool.origin {
+                        lint.findings.push(Finding {
+                            kind: FindingKind::DeadCell,
+                            key: profile_key(kind, "tools"),
+                            message: format!(
+                                "`{name}` is a host tool a {kind} does not run (only {}), so \
+                                 naming it offers nothing; drop it",
+                                host.kinds_running().join(", ")
+                            ),
+                        });
+                    }
+                }
                 _ => {}
             }
         }
@@ -220,19 +224,6 @@ fn grant_key(kind: ProcessKind, profile: &Profile, name: &str, missing: &Capabil
         _ => "capabilities",
     };
     profile_key(kind, field)
-}
-
-/// The kinds that run host tool `tool`, as words.
-fn runners(tool: &CatalogTool) -> String {
-    let ToolOrigin::Host(host) = tool.origin else {
-        return String::new();
-    };
-    let kinds: Vec<&str> = ProcessKind::ALL
-        .into_iter()
-        .filter(|kind| host.is_run_by(*kind))
-        .map(ProcessKind::as_str)
-        .collect();
-    kinds.join(", ")
 }
 
 fn delegation_dead_ends(catalog: &ToolCatalog, lint: &mut Lint) {

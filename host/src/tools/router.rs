@@ -124,7 +124,7 @@ impl ToolRouter {
         if let Some(tool) = HostTool::named(name) {
             let refusal = ToolError::Denied(format!(
                 "`{name}` is a host tool: it runs only inside an agent's {} process",
-                kinds_running(tool)
+                tool.kinds_running().join(" or ")
             ));
             return self.registry.refuse_call(request, refusal).await;
         }
@@ -139,14 +139,4 @@ fn not_offered(name: &str, kind: ProcessKind, decision: &Decision) -> ToolError 
     ToolError::Denied(format!(
         "tool `{name}` is not offered to a {kind} process: {decision}"
     ))
-}
-
-/// The kinds that run host tool `tool`, as words: `channel or cortex`.
-fn kinds_running(tool: HostTool) -> String {
-    let kinds: Vec<&str> = ProcessKind::ALL
-        .into_iter()
-        .filter(|kind| tool.is_run_by(*kind))
-        .map(ProcessKind::as_str)
-        .collect();
-    kinds.join(" or ")
 }
