@@ -26,7 +26,7 @@ use super::bindings::capstan::plugin::types::HostError;
 use super::bindings::capstan::plugin::{log, memory, secrets, tasks, types};
 use super::limits::{LOG_LINE_BYTES, LOG_LINES_PER_CALL};
 use super::sandbox::Sandbox;
-use crate::services::{self, ServiceError, Services};
+use crate::services::{self, Operation, ServiceError, Services};
 use crate::text::{echo_name, one_line, truncate};
 
 impl types::Host for Sandbox {}
@@ -99,7 +99,7 @@ impl Sandbox {
     }
 
     /// Refuses unless the call runs with one of `caps`; `what` names the import function.
-    fn require(&self, what: &str, caps: &[Capability]) -> Result<(), HostError> {
+    fn require(&self, what: Operation, caps: &[Capability]) -> Result<(), HostError> {
         if self.scope.has_any(caps) {
             return Ok(());
         }
@@ -113,9 +113,9 @@ impl Sandbox {
     }
 
     /// The services, after checking the call may use `what`.
-    fn services_for(&self, what: &str, caps: &[Capability]) -> Result<&Services, HostError> {
+    fn services_for(&self, what: Operation, caps: &[Capability]) -> Result<&Services, HostError> {
         self.require(what, caps)?;
-        let interface = what.split('.').next().unwrap_or(what);
+        let interface = what.service();
         self.scope.services.as_ref().ok_or_else(|| {
             HostError::Denied(format!(
                 "the {interface} store is not available in this host"
@@ -223,7 +223,7 @@ const MEMORY_WRITE: &[Capability] = &[Capability::MemoryWrite];
 
 impl tasks::Host for Sandbox {
     async fn create(&mut self, task: NewTask) -> Result<Task, HostError> {
-        let services = self.services_for("tasks.create", TASKS_WRITE)?;
+        let services = self.services_for(Operation::TasksCreate, TASKS_WRITE)?;
         let new = services::NewTask {
             title: task.title,
             description: task.description,
@@ -237,13 +237,13 @@ impl tasks::Host for Sandbox {
     }
 
     async fn get(&mut self, number: u64) -> Result<Task, HostError> {
-        let services = self.services_for("tasks.get", TASKS_READ)?;
+        let services = self.services_for(Operation::TasksGet, TASKS_READ)?;
         let task = services.tasks.get(number).await;
         task.map(to_wit_task).map_err(host_error)
     }
 
     async fn list(&mut self, filter: TaskFilter) -> Result<Vec<Task>, HostError> {
-        let services = self.services_for("tasks.list", TASKS_READ)?;
+        let services = self.services_for(Operation::TasksList, TASKS_READ)?;
         let filter = services::TaskFilter {
             status: filter.status.map(from_wit_status),
             parent: None,
@@ -254,7 +254,7 @@ impl tasks::Host for Sandbox {
     }
 
     async fn update(&mut self, number: u64, patch: TaskPatch) -> Result<Task, HostError> {
-        let services = self.services_for("tasks.update", TASKS_WRITE)?;
+        let services = self.services_for(Operation::TasksUpdate, TASKS_WRITE)?;
         let patch = services::TaskPatch {
             title: patch.title,
             description: patch.description,
@@ -276,7 +276,7 @@ impl tasks::Host for Sandbox {
 
 impl memory::Host for Sandbox {
     async fn save(&mut self, item: NewMemory) -> Result<MemoryItem, HostError> {
-        let services = self.services_for("memory.save", MEMORY_WRITE)?;
+        let services = self.services_for(Operation::MemorySave, MEMORY_WRITE)?;
         let new = services::NewMemory {
             kind: item.kind,
             content: item.content,
@@ -287,7 +287,7 @@ impl memory::Host for Sandbox {
     }
 
     async fn recall(&mut self, query: String, limit: u32) -> Result<Vec<MemoryItem>, HostError> {
-        let services = self.services_for("memory.recall", MEMORY_READ)?;
+        let services = self.services_for(Operation::MemoryRecall, MEMORY_READ)?;
         let found = services.memory.recall(&query, limit).await;
         Ok(found
             .map_err(host_error)?
@@ -297,7 +297,7 @@ impl memory::Host for Sandbox {
     }
 
     async fn delete(&mut self, id: String) -> Result<(), HostError> {
-        let services = self.services_for("memory.delete", MEMORY_WRITE)?;
+        let services = self.services_for(Operation::MemoryDelete, MEMORY_WRITE)?;
         let id: u64 = id.parse().map_err(|_| {
             HostError::Invalid(format!(
                 "memory id `{}` is not a number",
@@ -308,7 +308,7 @@ impl memory::Host for Sandbox {
     }
 
     async fn working_get(&mut self, key: String) -> Result<Option<String>, HostError> {
-        let services = self.services_for("memory.working-get", MEMORY_READ)?;
+        let services = self.services_for(Operation::MemoryWorkingGet, MEMORY_READ)?;
         services.memory.working_get(&key).await.map_err(host_error)
     }
 
@@ -318,7 +318,7 @@ impl memory::Host for Sandbox {
         value: String,
         ttl_seconds: Option<u64>,
     ) -> Result<(), HostError> {
-        let services = self.services_for("memory.working-set", MEMORY_WRITE)?;
+        let services = self.services_for(Operation::MemoryWorkingSet, MEMORY_WRITE)?;
         let set = services.memory.working_set(&key, &value, ttl_seconds);
         set.await.map_err(host_error)
     }

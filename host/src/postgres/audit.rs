@@ -4,6 +4,7 @@ use async_trait::async_trait;
 
 use super::sessions::live_run;
 use super::{Postgres, now};
+use crate::services::Operation;
 use crate::services::{
     AuditDestination, AuditEntry, AuditRecord, AuditSink, RequestDecision, RequestEntry,
     RequestRecord, ServiceError, redact,
@@ -35,7 +36,7 @@ impl AuditSink for Postgres {
                 ],
             )
             .await
-            .map_err(|err| self.failed("audit.record", err))?;
+            .map_err(|err| self.failed(Operation::AuditRecord, err))?;
         if written == 0 {
             let what = format!("the audit row of {}'s {} call", call.process, call.tool);
             return Err(self.dropped(&what));
@@ -53,7 +54,7 @@ impl AuditSink for Postgres {
                 &[&before, &i64::from(limit)],
             )
             .await
-            .map_err(|err| self.failed("audit.page", err))?;
+            .map_err(|err| self.failed(Operation::AuditPage, err))?;
         Ok(rows
             .iter()
             .map(|row| AuditEntry {
@@ -102,7 +103,7 @@ impl AuditSink for Postgres {
                 ],
             )
             .await
-            .map_err(|err| self.failed("audit.record_request", err))?;
+            .map_err(|err| self.failed(Operation::AuditRecordRequest, err))?;
         if written == 0 {
             let what = format!("the audit row of {}'s request to {}", r.process, r.host);
             return Err(self.dropped(&what));
@@ -120,7 +121,7 @@ impl AuditSink for Postgres {
                 &[&i64::from(limit)],
             )
             .await
-            .map_err(|err| self.failed("audit.recent_requests", err))?;
+            .map_err(|err| self.failed(Operation::AuditRecentRequests, err))?;
         Ok(rows
             .iter()
             .map(|row| {

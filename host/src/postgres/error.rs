@@ -1,5 +1,6 @@
 //! What can go wrong talking to PostgreSQL, each naming the database and what to do.
 
+use crate::services::Operation;
 use crate::services::ServiceError;
 
 /// An error of the PostgreSQL services.
@@ -29,7 +30,7 @@ pub enum PgError {
         /// The database.
         location: String,
         /// The operation, e.g. `history.append`.
-        what: &'static str,
+        what: Operation,
         /// The server's or the connection's error.
         source: tokio_postgres::Error,
     },

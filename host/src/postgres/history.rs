@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use deadpool_postgres::Transaction;
 
 use super::Postgres;
+use crate::services::Operation;
 use crate::services::{ConversationSummary, History, HistoryEntry, ServiceError};
 
 impl Postgres {
@@ -80,7 +81,7 @@ impl Postgres {
         channel: &str,
         messages: &[String],
     ) -> Result<(), ServiceError> {
-        let failed = |err| self.failed("history.replace", err);
+        let failed = |err| self.failed(Operation::HistoryReplace, err);
         let count = messages.len() as i64;
         tx.execute(
             "INSERT INTO history_heads (channel, next) VALUES ($1, $2)
@@ -92,7 +93,7 @@ impl Postgres {
         tx.execute("DELETE FROM history WHERE channel = $1", &[&channel])
             .await
             .map_err(failed)?;
-        self.insert_messages(tx, "history.replace", channel, 0, messages)
+        self.insert_messages(tx, Operation::HistoryReplace, channel, 0, messages)
             .await
     }
 
@@ -116,9 +117,9 @@ impl Postgres {
                 &[&channel, &count],
             )
             .await
-            .map_err(|err| self.failed("history.append", err))?
+            .map_err(|err| self.failed(Operation::HistoryAppend, err))?
             .get(0);
-        self.insert_messages(tx, "history.append", channel, first, messages)
+        self.insert_messages(tx, Operation::HistoryAppend, channel, first, messages)
             .await
     }
 
@@ -126,7 +127,7 @@ impl Postgres {
     async fn insert_messages(
         &self,
         tx: &Transaction<'_>,
-        what: &'static str,
+        what: Operation,
         channel: &str,
         first: i64,
         messages: &[String],
@@ -156,7 +157,7 @@ impl History for Postgres {
                 &[&channel],
             )
             .await
-            .map_err(|err| self.failed("history.load", err))?;
+            .map_err(|err| self.failed(Operation::HistoryLoad, err))?;
         // One statement, one snapshot: the history is 0..len, as its head row says.
         self.note_length(channel, rows.len() as i64);
         rows.iter()
@@ -192,7 +193,7 @@ impl History for Postgres {
                 &[],
             )
             .await
-            .map_err(|err| self.failed("history.conversations", err))?;
+            .map_err(|err| self.failed(Operation::HistoryConversations, err))?;
         Ok(rows
             .iter()
             .map(|row| ConversationSummary {
@@ -211,10 +212,10 @@ enum Write {
 }
 
 impl Write {
-    fn what(self) -> &'static str {
+    fn what(self) -> Operation {
         match self {
-            Write::Append => "history.append",
-            Write::Replace => "history.replace",
+            Write::Append => Operation::HistoryAppend,
+            Write::Replace => Operation::HistoryReplace,
         }
     }
 }

@@ -12,6 +12,7 @@ use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::sessions::run_is_live;
 use super::{Postgres, now};
+use crate::services::Operation;
 use crate::services::{Answer, Epoch, ForwardId, Forwarded, RunId, ServiceError};
 
 /// The channel of the wake-up hint for forwarded messages.
@@ -54,7 +55,7 @@ impl Postgres {
         let client = self.client().await?;
         Ok(forward_on(&client, channel, message)
             .await
-            .map_err(|err| self.failed("inbox.forward", err))?)
+            .map_err(|err| self.failed(Operation::SessionsForward, err))?)
     }
 
     /// Leaves `answer` for forwarded message `id`, and wakes the hosts; drops the answers
@@ -64,7 +65,7 @@ impl Postgres {
         id: ForwardId,
         answer: &Answer,
     ) -> Result<(), ServiceError> {
-        let failed = |err| self.failed("inbox.answer", err);
+        let failed = |err| self.failed(Operation::SessionsAnswer, err);
         let reply = serde_json::to_string(answer).expect("an answer serializes");
         let mut client = self.client().await?;
         // The message is answered: its row goes with the answer's coming, in one step.
@@ -103,7 +104,7 @@ impl Postgres {
                 &[&(id.get() as i64)],
             )
             .await
-            .map_err(|err| self.failed("inbox.take_answer", err))?;
+            .map_err(|err| self.failed(Operation::SessionsTakeAnswer, err))?;
         let Some(row) = row else { return Ok(None) };
         let text: String = row.get(0);
         serde_json::from_str(&text).map(Some).map_err(|err| {
@@ -130,7 +131,7 @@ impl Postgres {
                 &[&(run.get() as i64)],
             )
             .await
-            .map_err(|err| self.failed("inbox.sessions", err))?;
+            .map_err(|err| self.failed(Operation::SessionsForwardedSessions, err))?;
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
@@ -141,7 +142,7 @@ impl Postgres {
         run: RunId,
         epoch: Epoch,
     ) -> Result<Vec<(ForwardId, Forwarded)>, ServiceError> {
-        let failed = |err| self.failed("inbox.take", err);
+        let failed = |err| self.failed(Operation::SessionsTakeForwarded, err);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(failed)?;
         self.check_fence(&tx, channel, run, epoch).await?;

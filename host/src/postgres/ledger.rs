@@ -16,6 +16,7 @@ use tokio_postgres::{Client, NoTls, Row};
 use super::inbox::forward_on;
 use super::sessions::{Owner, run_is_live};
 use super::{Ending, Lease, Postgres, now};
+use crate::services::Operation;
 use crate::services::{
     Forwarded, LeaseClock, Ledger, Run, RunId, ServiceError, WorkerRecord, WorkerState,
     interrupted_outcome, worker_already_recorded, worker_has_ended,
@@ -234,7 +235,7 @@ impl Postgres {
             other => other,
         };
         let fence = self.fence(channel, Some(run)).await.map_err(refused)?;
-        let failed = |err| self.failed("ledger.worker_started", err);
+        let failed = |err| self.failed(Operation::LedgerWorkerStarted, err);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(failed)?;
         self.hold(&tx, channel, fence).await.map_err(refused)?;
@@ -290,7 +291,7 @@ impl Postgres {
         channel: &str,
         limit: u32,
     ) -> Result<(), ServiceError> {
-        let failed = |err| self.failed("ledger.admit_worker", err);
+        let failed = |err| self.failed(Operation::LedgerAdmitWorker, err);
         tx.execute(
             "SELECT pg_advisory_xact_lock(hashtext('capstan.workers:' || $1))",
             &[&channel],
@@ -345,7 +346,7 @@ impl Ledger for Postgres {
                 ],
             )
             .await
-            .map_err(|err| self.failed("ledger.begin_run", err))?;
+            .map_err(|err| self.failed(Operation::LedgerBeginRun, err))?;
         let id: i64 = row.get(0);
         let (stop, stopped) = oneshot::channel();
         let term = self.lease.local_term(sent);
@@ -400,7 +401,7 @@ impl Ledger for Postgres {
                 &[&kind],
             )
             .await
-            .map_err(|err| self.failed("ledger.next_process_number", err))?;
+            .map_err(|err| self.failed(Operation::LedgerNextProcessNumber, err))?;
         Ok(row.get::<_, i64>(0) as u64)
     }
 
@@ -432,7 +433,7 @@ impl Ledger for Postgres {
         state: WorkerState,
         outcome: Option<&str>,
     ) -> Result<(), ServiceError> {
-        let failed = |err| self.failed("ledger.set_worker_state", err);
+        let failed = |err| self.failed(Operation::LedgerSetWorkerState, err);
         // A worker's channel never changes: read first, and let go of the connection, so
         // the fence's claim never waits for a second one while holding the first.
         let channel: String = match self
@@ -480,7 +481,7 @@ impl Ledger for Postgres {
                 &[&id],
             )
             .await
-            .map_err(|err| self.failed("ledger.worker", err))?;
+            .map_err(|err| self.failed(Operation::LedgerWorker, err))?;
         row.as_ref().map(worker_from).transpose()
     }
 
@@ -493,7 +494,7 @@ impl Ledger for Postgres {
                 &[&i64::from(limit)],
             )
             .await
-            .map_err(|err| self.failed("ledger.workers", err))?;
+            .map_err(|err| self.failed(Operation::LedgerWorkers, err))?;
         rows.iter().map(worker_from).collect()
     }
 
@@ -521,7 +522,7 @@ impl Ledger for Postgres {
             WorkerState::Running.as_str(),
             WorkerState::WaitingForInput.as_str(),
         ];
-        let failed = |err| self.failed("ledger.mark_interrupted_workers", err);
+        let failed = |err| self.failed(Operation::LedgerMarkInterruptedWorkers, err);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(failed)?;
         let over = tx

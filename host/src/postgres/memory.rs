@@ -6,6 +6,7 @@ use async_trait::async_trait;
 
 use super::sessions::live_run;
 use super::{Postgres, now};
+use crate::services::Operation;
 use crate::services::{
     Memory, MemoryItem, NewMemory, RECALL_MAX, ServiceError, check_working_key, expires_at,
     memory_words, recall_terms,
@@ -31,7 +32,7 @@ impl Memory for Postgres {
                 ],
             )
             .await
-            .map_err(|err| self.failed("memory.save", err))?;
+            .map_err(|err| self.failed(Operation::MemorySave, err))?;
         Ok(MemoryItem {
             id: row.get::<_, i64>(0) as u64,
             kind: kind.to_owned(),
@@ -61,7 +62,7 @@ impl Memory for Postgres {
                 &[&terms, &limit],
             )
             .await
-            .map_err(|err| self.failed("memory.recall", err))?;
+            .map_err(|err| self.failed(Operation::MemoryRecall, err))?;
         Ok(rows
             .iter()
             .map(|row| MemoryItem {
@@ -80,7 +81,7 @@ impl Memory for Postgres {
         let n = client
             .execute("DELETE FROM memories WHERE id = $1", &[&(id as i64)])
             .await
-            .map_err(|err| self.failed("memory.delete", err))?;
+            .map_err(|err| self.failed(Operation::MemoryDelete, err))?;
         if n == 0 {
             return Err(ServiceError::NotFound(format!(
                 "memory {id} does not exist"
@@ -98,7 +99,7 @@ impl Memory for Postgres {
                 &[&key, &now()],
             )
             .await
-            .map_err(|err| self.failed("memory.working_get", err))?;
+            .map_err(|err| self.failed(Operation::MemoryWorkingGet, err))?;
         Ok(row.map(|row| row.get(0)))
     }
 
@@ -124,7 +125,7 @@ impl Memory for Postgres {
         let written = client
             .execute(&sql, &[&key, &value, &expires, &at, &self.writer_run()])
             .await
-            .map_err(|err| self.failed("memory.working_set", err))?;
+            .map_err(|err| self.failed(Operation::MemoryWorkingSet, err))?;
         if written == 0 {
             return Err(self.dropped(&format!("working memory `{key}`")));
         }
@@ -142,7 +143,7 @@ impl Memory for Postgres {
                 &[&prefix, &now()],
             )
             .await
-            .map_err(|err| self.failed("memory.working_keys", err))?;
+            .map_err(|err| self.failed(Operation::MemoryWorkingKeys, err))?;
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 }

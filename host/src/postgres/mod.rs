@@ -54,6 +54,7 @@ pub use error::PgError;
 pub use lease::Lease;
 pub use status::{RunStatus, SessionStatus};
 
+use crate::services::Operation;
 use crate::services::{ServiceError, Services};
 
 /// The most connections a host's pool opens; each run lease has one of its own besides.
@@ -204,7 +205,7 @@ impl Postgres {
     }
 
     /// The error of `what` failing with `source`.
-    fn failed(&self, what: &'static str, source: tokio_postgres::Error) -> PgError {
+    fn failed(&self, what: Operation, source: tokio_postgres::Error) -> PgError {
         PgError::Query {
             location: self.location.clone(),
             what,

@@ -4,6 +4,7 @@
 
 use super::Postgres;
 use super::sessions::run_is_live;
+use crate::services::Operation;
 use crate::services::{RunId, ServiceError};
 
 impl Postgres {
@@ -14,7 +15,7 @@ impl Postgres {
         key: &str,
         worker: &str,
     ) -> Result<Option<String>, ServiceError> {
-        let failed = |err| self.failed("ledger.reserve_task", err);
+        let failed = |err| self.failed(Operation::LedgerReserveTask, err);
         loop {
             let client = self.client().await?;
             // One statement: a holder that ended, or whose run is over, is replaced under
@@ -62,7 +63,7 @@ impl Postgres {
                 &[&key, &worker],
             )
             .await
-            .map_err(|err| self.failed("ledger.release_task", err))?;
+            .map_err(|err| self.failed(Operation::LedgerReleaseTask, err))?;
         Ok(())
     }
 }

@@ -6,6 +6,7 @@
 use deadpool_postgres::Object;
 
 use super::PgError;
+use crate::services::Operation;
 
 /// The advisory lock key of migrations: "capstan" in ASCII.
 const MIGRATION_LOCK: i64 = 0x0063_6170_7374_616e;
@@ -168,7 +169,7 @@ pub(super) const VERSION: i64 = MIGRATIONS.len() as i64;
 pub(super) async fn migrate(client: &mut Object, location: &str) -> Result<(), PgError> {
     let failed = |source| PgError::Query {
         location: location.to_owned(),
-        what: "schema migration",
+        what: Operation::StoreMigrate,
         source,
     };
     let tx = client.transaction().await.map_err(failed)?;

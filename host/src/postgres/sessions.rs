@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use deadpool_postgres::Transaction;
 
 use super::Postgres;
+use crate::services::Operation;
 use crate::services::{Answer, Claim, Epoch, ForwardId, Forwarded, RunId, ServiceError, Sessions};
 
 /// SQL that holds when run `id` (an SQL expression) is live: not ended, and its lease
@@ -26,7 +27,7 @@ pub(super) fn run_is_live(id: &str) -> String {
 impl Postgres {
     /// The claim of session `channel` for `run`, in the database ([`Sessions::claim`]).
     async fn claim_row(&self, channel: &str, run: RunId) -> Result<Claim, ServiceError> {
-        let failed = |err| self.failed("sessions.claim", err);
+        let failed = |err| self.failed(Operation::SessionsClaim, err);
         let client = self.client().await?;
         let run_id = run.get() as i64;
         // One statement: the owner's liveness is judged under the row's lock, so two
@@ -95,7 +96,7 @@ impl Postgres {
         epoch: Epoch,
         messages: Vec<String>,
     ) -> Result<(), ServiceError> {
-        let failed = |err| self.failed("history.append", err);
+        let failed = |err| self.failed(Operation::HistoryAppend, err);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(failed)?;
         self.check_fence(&tx, channel, run, epoch).await?;
@@ -123,7 +124,7 @@ impl Postgres {
                 &[&channel, &(run.get() as i64)],
             )
             .await
-            .map_err(|err| self.failed("sessions.fence", err))?;
+            .map_err(|err| self.failed(Operation::SessionsFence, err))?;
         let fenced = |why: String| {
             ServiceError::Invalid(format!(
                 "{run} may not write to {channel} under {epoch}: {why}; the write is dropped"

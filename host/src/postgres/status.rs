@@ -5,6 +5,7 @@ use std::time::SystemTime;
 
 use super::Postgres;
 use crate::services::Epoch;
+use crate::services::Operation;
 use crate::services::{RunId, ServiceError};
 
 /// One host's run and its lease.
@@ -47,7 +48,7 @@ impl Postgres {
                 &[&i64::from(limit)],
             )
             .await
-            .map_err(|err| self.failed("status.runs", err))?;
+            .map_err(|err| self.failed(Operation::StatusRuns, err))?;
         Ok(rows
             .iter()
             .map(|row| RunStatus {
@@ -70,7 +71,7 @@ impl Postgres {
                 &[],
             )
             .await
-            .map_err(|err| self.failed("status.sessions", err))?;
+            .map_err(|err| self.failed(Operation::StatusSessions, err))?;
         Ok(rows
             .iter()
             .map(|row| SessionStatus {

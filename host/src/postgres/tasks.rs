@@ -7,6 +7,7 @@ use tokio_postgres::Row;
 
 use super::sessions::live_run;
 use super::{Postgres, now};
+use crate::services::Operation;
 use crate::services::{
     DEFAULT_LIST_LIMIT, NewTask, Priority, ServiceError, Task, TaskBoard, TaskFilter, TaskPatch,
     TaskStatus,
@@ -47,7 +48,7 @@ impl Postgres {
         let row = client
             .query_opt(&sql, &[&(number as i64)])
             .await
-            .map_err(|err| self.failed("tasks.get", err))?;
+            .map_err(|err| self.failed(Operation::TasksGet, err))?;
         task_from(&row.ok_or_else(|| not_found(number))?)
     }
 }
@@ -56,7 +57,7 @@ impl Postgres {
 impl TaskBoard for Postgres {
     async fn create(&self, creator: &str, task: NewTask) -> Result<Task, ServiceError> {
         task.check()?;
-        let failed = |err| self.failed("tasks.create", err);
+        let failed = |err| self.failed(Operation::TasksCreate, err);
         let client = self.client().await?;
         if let Some(parent) = task.parent {
             let exists = client
@@ -122,13 +123,13 @@ impl TaskBoard for Postgres {
                 ],
             )
             .await
-            .map_err(|err| self.failed("tasks.list", err))?;
+            .map_err(|err| self.failed(Operation::TasksList, err))?;
         rows.iter().map(task_from).collect()
     }
 
     async fn update(&self, number: u64, patch: TaskPatch) -> Result<Task, ServiceError> {
         patch.check()?;
-        let failed = |err| self.failed("tasks.update", err);
+        let failed = |err| self.failed(Operation::TasksUpdate, err);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(failed)?;
         let task = self.read_task(&tx, number, "FOR UPDATE").await?;

@@ -33,7 +33,7 @@ pub enum ServiceError {
     Backend(Box<dyn std::error::Error + Send + Sync>),
     /// The backend's work was lost before it answered (its thread panicked).
     #[error("the {0} operation did not finish: its worker thread stopped")]
-    Lost(&'static str),
+    Lost(super::Operation),
 }
 
 impl ServiceError {

@@ -28,6 +28,7 @@ mod history;
 mod in_memory;
 mod ledger;
 mod memory;
+mod operation;
 mod sessions;
 mod tasks;
 
@@ -52,6 +53,7 @@ pub use memory::{
     DEFAULT_IMPORTANCE, Memory, MemoryItem, NewMemory, RECALL_MAX, check_working_key, expires_at,
     memory_words, recall_terms, recall_words,
 };
+pub use operation::Operation;
 pub use sessions::{Answer, AnswerOutcome, Claim, Epoch, ForwardId, Forwarded, Sessions};
 pub use tasks::{
     DEFAULT_LIST_LIMIT, NewTask, Priority, Task, TaskBoard, TaskFilter, TaskPatch, TaskStatus,

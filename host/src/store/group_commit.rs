@@ -20,6 +20,7 @@ use rusqlite::Transaction;
 use tokio::sync::oneshot;
 
 use super::{Store, StoreError};
+use crate::services::Operation;
 use crate::services::ServiceError;
 
 /// The most rows one transaction takes; the rest wait for the next.
@@ -38,7 +39,7 @@ pub(super) struct GroupCommit<T> {
     /// Writes one batch; the caller commits.
     write: WriteRows<T>,
     /// Names the write in the error a lost writer gives.
-    what: &'static str,
+    what: Operation,
     /// How long a writer thread retries a batch while the database is busy.
     retry_for: Duration,
     pending: Mutex<Pending<T>>,
@@ -64,14 +65,14 @@ enum Writing {
 impl<T: Send + 'static> GroupCommit<T> {
     /// A writer of `T` rows into `store` with `write`, retrying a batch while the database
     /// is busy as every write does.
-    pub(super) fn new(store: Arc<Store>, what: &'static str, write: WriteRows<T>) -> Arc<Self> {
+    pub(super) fn new(store: Arc<Store>, what: Operation, write: WriteRows<T>) -> Arc<Self> {
         Self::with_retry(store, what, write, super::retry::RETRY_FOR)
     }
 
     /// [`GroupCommit::new`], retrying a batch for at most `retry_for`.
     pub(super) fn with_retry(
         store: Arc<Store>,
-        what: &'static str,
+        what: Operation,
         write: WriteRows<T>,
         retry_for: Duration,
     ) -> Arc<Self> {
@@ -354,7 +355,7 @@ mod tests {
         static BATCHES: AtomicUsize = AtomicUsize::new(0);
         let (_dir, store) = temp_store();
         let path = store.path().to_owned();
-        let writer = GroupCommit::new(Arc::new(store), "audit.record", |tx, rows| {
+        let writer = GroupCommit::new(Arc::new(store), Operation::AuditRecord, |tx, rows| {
             BATCHES.fetch_add(1, Ordering::SeqCst);
             insert_calls(tx, rows)
         });
@@ -402,7 +403,7 @@ mod tests {
         static BATCHES: AtomicUsize = AtomicUsize::new(0);
         let (_dir, store) = temp_store();
         let path = store.path().to_owned();
-        let writer = GroupCommit::new(Arc::new(store), "audit.record", |tx, rows| {
+        let writer = GroupCommit::new(Arc::new(store), Operation::AuditRecord, |tx, rows| {
             BATCHES.fetch_add(1, Ordering::SeqCst);
             insert_calls(tx, rows)
         });
@@ -425,7 +426,7 @@ mod tests {
     async fn a_row_dropped_unwaited_is_written_all_the_same() {
         let (_dir, store) = temp_store();
         let path = store.path().to_owned();
-        let writer = GroupCommit::new(Arc::new(store), "audit.record", insert_calls);
+        let writer = GroupCommit::new(Arc::new(store), Operation::AuditRecord, insert_calls);
         drop(writer.enqueue(row(7)));
         until(|| {
             let pending = writer.lock();
@@ -439,9 +440,10 @@ mod tests {
     async fn a_failed_write_reaches_every_caller_with_the_database_named() {
         let (_dir, store) = temp_store();
         let path = store.path().to_owned();
-        let writer = GroupCommit::<AuditRecord>::new(Arc::new(store), "audit.record", |_, _| {
-            Err(StoreError::Sqlite(rusqlite::Error::InvalidQuery))
-        });
+        let writer =
+            GroupCommit::<AuditRecord>::new(Arc::new(store), Operation::AuditRecord, |_, _| {
+                Err(StoreError::Sqlite(rusqlite::Error::InvalidQuery))
+            });
         let (a, b) = tokio::join!(writer.submit(row(1)), writer.submit(row(2)));
         for err in [a.unwrap_err(), b.unwrap_err()] {
             assert!(
@@ -456,7 +458,7 @@ mod tests {
         static PANICKED: AtomicBool = AtomicBool::new(false);
         let (_dir, store) = temp_store();
         let path = store.path().to_owned();
-        let writer = GroupCommit::new(Arc::new(store), "audit.record", |tx, rows| {
+        let writer = GroupCommit::new(Arc::new(store), Operation::AuditRecord, |tx, rows| {
             if !PANICKED.swap(true, Ordering::SeqCst) {
                 panic!("a write that panics");
             }
@@ -464,7 +466,7 @@ mod tests {
         });
         let failed = writer.submit(row(1)).await.unwrap_err().to_string();
         assert!(
-            failed.contains("audit.record") && failed.contains("(a bug)"),
+            failed.contains(Operation::AuditRecord.as_str()) && failed.contains("(a bug)"),
             "{failed}"
         );
         writer.submit(row(2)).await.unwrap();
@@ -476,7 +478,7 @@ mod tests {
         let (_dir, store) = temp_store();
         let path = store.path().to_owned();
         let store = Arc::new(store);
-        let writer = GroupCommit::new(store.clone(), "audit.record", insert_calls);
+        let writer = GroupCommit::new(store.clone(), Operation::AuditRecord, insert_calls);
         // A runtime shut down: its blocking pool drops the writer's task unrun. The
         // connection is in use, so the row cannot be written at once and needs the writer.
         let dying = tokio::runtime::Builder::new_current_thread()
@@ -487,7 +489,10 @@ mod tests {
         let in_use = store.conn();
         let lost = handle.block_on(writer.submit(row(1))).unwrap_err();
         drop(in_use);
-        assert!(matches!(lost, ServiceError::Lost("audit.record")), "{lost}");
+        assert!(
+            matches!(lost, ServiceError::Lost(Operation::AuditRecord)),
+            "{lost}"
+        );
         assert!(
             writer.lock().writing == Writing::Idle,
             "no writer is left marked as running"
@@ -505,7 +510,7 @@ mod tests {
         static WRITER: Mutex<Option<std::thread::ThreadId>> = Mutex::new(None);
         let (_dir, store) = temp_store();
         let path = store.path().to_owned();
-        let writer = GroupCommit::new(Arc::new(store), "audit.record", |tx, rows| {
+        let writer = GroupCommit::new(Arc::new(store), Operation::AuditRecord, |tx, rows| {
             *WRITER.lock().unwrap() = Some(std::thread::current().id());
             insert_calls(tx, rows)
         });
@@ -528,7 +533,7 @@ mod tests {
         let (_dir, store) = temp_store();
         let path = store.path().to_owned();
         let store = Arc::new(store);
-        let writer = GroupCommit::new(store.clone(), "audit.record", |tx, rows| {
+        let writer = GroupCommit::new(store.clone(), Operation::AuditRecord, |tx, rows| {
             *WRITER.lock().unwrap() = Some(std::thread::current().id());
             insert_calls(tx, rows)
         });
@@ -566,7 +571,7 @@ mod tests {
     fn writes_on_the_callers_thread_leave_the_log_to_a_checkpoint_off_it() {
         let (_dir, store) = temp_store();
         let store = Arc::new(store);
-        let writer = GroupCommit::new(store.clone(), "audit.record", insert_calls);
+        let writer = GroupCommit::new(store.clone(), Operation::AuditRecord, insert_calls);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();

@@ -11,6 +11,7 @@ use super::audit::StampedCall;
 use super::group_commit::GroupCommit;
 use super::{Store, StoreError};
 use super::{audit, history, retry};
+use crate::services::Operation;
 use crate::services::{
     AuditDestination, AuditEntry, AuditRecord, AuditSink, Committing, ConversationSummary, History,
     HistoryEntry, Ledger, Memory, MemoryItem, NewMemory, NewTask, RequestEntry, RequestRecord, Run,
@@ -35,15 +36,15 @@ impl Store {
     /// ```
     pub fn services(self: Arc<Self>) -> Services {
         Services::all_from(Arc::new(Sqlite {
-            calls: GroupCommit::new(self.clone(), "audit.record", audit::insert_stamped),
+            calls: GroupCommit::new(self.clone(), Operation::AuditRecord, audit::insert_stamped),
             requests: GroupCommit::new(
                 self.clone(),
-                "audit.record_request",
+                Operation::AuditRecordRequest,
                 audit::insert_requests,
             ),
             appends: GroupCommit::with_retry(
                 self.clone(),
-                "history.append",
+                Operation::HistoryAppend,
                 history::append_all,
                 retry::HISTORY_RETRY_FOR,
             ),
@@ -56,7 +57,7 @@ impl Store {
     pub async fn open_services(data_dir: &std::path::Path) -> Result<Services, ServiceError> {
         let dir = data_dir.to_owned();
         let opened = tokio::task::spawn_blocking(move || Store::open(&dir)).await;
-        let store = opened.map_err(|_| ServiceError::Lost("store open"))??;
+        let store = opened.map_err(|_| ServiceError::Lost(Operation::StoreOpen))??;
         Ok(Arc::new(store).services())
     }
 }
@@ -75,7 +76,7 @@ impl Sqlite {
     /// Runs `work` on a blocking thread and waits for it without holding the executor.
     async fn run<T: Send + 'static>(
         &self,
-        what: &'static str,
+        what: Operation,
         work: impl FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, ServiceError> {
         let store = self.store.clone();
@@ -90,21 +91,27 @@ impl Sqlite {
 impl TaskBoard for Sqlite {
     async fn create(&self, creator: &str, task: NewTask) -> Result<Task, ServiceError> {
         let creator = creator.to_owned();
-        self.run("tasks.create", move |s| s.create_task(&creator, &task))
-            .await
+        self.run(Operation::TasksCreate, move |s| {
+            s.create_task(&creator, &task)
+        })
+        .await
     }
 
     async fn get(&self, number: u64) -> Result<Task, ServiceError> {
-        self.run("tasks.get", move |s| s.get_task(number)).await
+        self.run(Operation::TasksGet, move |s| s.get_task(number))
+            .await
     }
 
     async fn list(&self, filter: TaskFilter) -> Result<Vec<Task>, ServiceError> {
-        self.run("tasks.list", move |s| s.list_tasks(&filter)).await
+        self.run(Operation::TasksList, move |s| s.list_tasks(&filter))
+            .await
     }
 
     async fn update(&self, number: u64, patch: TaskPatch) -> Result<Task, ServiceError> {
-        self.run("tasks.update", move |s| s.update_task(number, &patch))
-            .await
+        self.run(Operation::TasksUpdate, move |s| {
+            s.update_task(number, &patch)
+        })
+        .await
     }
 }
 
@@ -112,24 +119,26 @@ impl TaskBoard for Sqlite {
 impl Memory for Sqlite {
     async fn save(&self, source: &str, memory: NewMemory) -> Result<MemoryItem, ServiceError> {
         let source = source.to_owned();
-        self.run("memory.save", move |s| s.save_memory(&source, &memory))
-            .await
+        self.run(Operation::MemorySave, move |s| {
+            s.save_memory(&source, &memory)
+        })
+        .await
     }
 
     async fn recall(&self, query: &str, limit: u32) -> Result<Vec<MemoryItem>, ServiceError> {
         let query = query.to_owned();
-        self.run("memory.recall", move |s| s.recall(&query, limit))
+        self.run(Operation::MemoryRecall, move |s| s.recall(&query, limit))
             .await
     }
 
     async fn delete(&self, id: u64) -> Result<(), ServiceError> {
-        self.run("memory.delete", move |s| s.delete_memory(id))
+        self.run(Operation::MemoryDelete, move |s| s.delete_memory(id))
             .await
     }
 
     async fn working_get(&self, key: &str) -> Result<Option<String>, ServiceError> {
         let key = key.to_owned();
-        self.run("memory.working-get", move |s| s.working_get(&key))
+        self.run(Operation::MemoryWorkingGet, move |s| s.working_get(&key))
             .await
     }
 
@@ -140,7 +149,7 @@ impl Memory for Sqlite {
         ttl_seconds: Option<u64>,
     ) -> Result<(), ServiceError> {
         let (key, value) = (key.to_owned(), value.to_owned());
-        self.run("memory.working-set", move |s| {
+        self.run(Operation::MemoryWorkingSet, move |s| {
             s.working_set(&key, &value, ttl_seconds)
         })
         .await
@@ -148,8 +157,10 @@ impl Memory for Sqlite {
 
     async fn working_keys(&self, prefix: &str) -> Result<Vec<String>, ServiceError> {
         let prefix = prefix.to_owned();
-        self.run("memory.working-keys", move |s| s.working_keys(&prefix))
-            .await
+        self.run(Operation::MemoryWorkingKeys, move |s| {
+            s.working_keys(&prefix)
+        })
+        .await
     }
 }
 
@@ -161,7 +172,7 @@ impl History for Sqlite {
 
     async fn load(&self, channel: &str) -> Result<Vec<HistoryEntry>, ServiceError> {
         let channel = channel.to_owned();
-        self.run("history.load", move |s| s.load_history(&channel))
+        self.run(Operation::HistoryLoad, move |s| s.load_history(&channel))
             .await
     }
 
@@ -171,14 +182,14 @@ impl History for Sqlite {
 
     async fn replace(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
         let channel = channel.to_owned();
-        self.run("history.replace", move |s| {
+        self.run(Operation::HistoryReplace, move |s| {
             s.replace_history(&channel, &messages)
         })
         .await
     }
 
     async fn conversations(&self) -> Result<Vec<ConversationSummary>, ServiceError> {
-        self.run("history.conversations", Store::conversations)
+        self.run(Operation::HistoryConversations, Store::conversations)
             .await
     }
 }
@@ -194,7 +205,7 @@ impl AuditSink for Sqlite {
     }
 
     async fn page(&self, before: Option<u64>, limit: u32) -> Result<Vec<AuditEntry>, ServiceError> {
-        self.run("audit.page", move |s| s.audit_page(before, limit))
+        self.run(Operation::AuditPage, move |s| s.audit_page(before, limit))
             .await
     }
 
@@ -203,8 +214,10 @@ impl AuditSink for Sqlite {
     }
 
     async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestEntry>, ServiceError> {
-        self.run("audit.recent_requests", move |s| s.request_log(limit))
-            .await
+        self.run(Operation::AuditRecentRequests, move |s| {
+            s.request_log(limit)
+        })
+        .await
     }
 
     fn destination(&self) -> AuditDestination {
@@ -219,13 +232,15 @@ impl Sessions for Sqlite {}
 #[async_trait]
 impl Ledger for Sqlite {
     async fn begin_run(&self) -> Result<Run, ServiceError> {
-        let guard = self.run("ledger.begin-run", Store::begin_run).await?;
+        let guard = self
+            .run(Operation::LedgerBeginRun, Store::begin_run)
+            .await?;
         Ok(Run::new(guard.id(), guard))
     }
 
     async fn next_process_number(&self, kind: &str) -> Result<u64, ServiceError> {
         let kind = kind.to_owned();
-        self.run("ledger.next-process-number", move |s| {
+        self.run(Operation::LedgerNextProcessNumber, move |s| {
             s.next_process_number(&kind)
         })
         .await
@@ -239,7 +254,7 @@ impl Ledger for Sqlite {
         task: &str,
     ) -> Result<(), ServiceError> {
         let (id, channel, task) = (id.to_owned(), channel.to_owned(), task.to_owned());
-        self.run("ledger.worker-started", move |s| {
+        self.run(Operation::LedgerWorkerStarted, move |s| {
             s.insert_worker_in_run(run, &id, &channel, &task)
         })
         .await
@@ -252,7 +267,7 @@ impl Ledger for Sqlite {
         outcome: Option<&str>,
     ) -> Result<(), ServiceError> {
         let (id, outcome) = (id.to_owned(), outcome.map(str::to_owned));
-        self.run("ledger.set-worker-state", move |s| {
+        self.run(Operation::LedgerSetWorkerState, move |s| {
             s.set_worker_state(&id, state, outcome.as_deref())
         })
         .await
@@ -260,17 +275,18 @@ impl Ledger for Sqlite {
 
     async fn worker(&self, id: &str) -> Result<Option<WorkerRecord>, ServiceError> {
         let id = id.to_owned();
-        self.run("ledger.worker", move |s| s.get_worker(&id)).await
+        self.run(Operation::LedgerWorker, move |s| s.get_worker(&id))
+            .await
     }
 
     async fn workers(&self, limit: u32) -> Result<Vec<WorkerRecord>, ServiceError> {
-        self.run("ledger.workers", move |s| s.list_workers(limit))
+        self.run(Operation::LedgerWorkers, move |s| s.list_workers(limit))
             .await
     }
 
     async fn mark_interrupted_workers(&self) -> Result<Vec<WorkerRecord>, ServiceError> {
         self.run(
-            "ledger.mark-interrupted-workers",
+            Operation::LedgerMarkInterruptedWorkers,
             Store::mark_interrupted_workers,
         )
         .await
