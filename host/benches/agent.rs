@@ -137,7 +137,12 @@ impl TurnAgent {
     fn check_and_stop(self, tokio: &Tokio) {
         // Unless a filter left this benchmark out.
         if self.turns >= 20 {
-            let history = tokio.block_on(self.rt.services().history.load("channel:c1"));
+            let history = tokio.block_on(
+                self.rt
+                    .services()
+                    .history
+                    .load(&capstan_host::ids::ProcessId::channel("c1").session()),
+            );
             let stored = history.unwrap().len();
             assert!(stored >= 20, "every turn was stored: {stored}");
         }

@@ -61,7 +61,7 @@ fn call(rt: &Runtime, registry: &Registry, tool: &str, workspace: &Path) -> Resu
         args_json: r#"{"path": "notes.txt", "top": 3}"#,
         grants: &grants,
         workspace: Some(workspace),
-        caller: "bench",
+        caller: &capstan_host::ids::Caller::client("bench", None),
         instances: None,
     }))
     .map_err(|err| err.to_string())

@@ -87,7 +87,7 @@ impl Paths {
                 args_json: &self.args,
                 grants: &self.grants,
                 workspace: None,
-                caller: "worker:1",
+                caller: &capstan_host::ids::Caller::client("worker:1", None),
                 instances: None,
             })
             .await

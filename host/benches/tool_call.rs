@@ -79,7 +79,7 @@ impl Ours {
                 args_json: ARGS,
                 grants: &self.grants,
                 workspace: None,
-                caller: "bench",
+                caller: &capstan_host::ids::Caller::client("bench", None),
                 instances,
             })
             .await

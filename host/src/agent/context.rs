@@ -193,15 +193,13 @@ impl Context {
         let (events, receiver) = EventSink::new();
         let mut found_at_start = Vec::new();
         for worker in stale {
-            if let Ok(id) = worker.id.parse::<ProcessId>() {
-                let ended = Event::WorkerEnded {
-                    worker: id,
-                    state: WorkerState::Interrupted,
-                    outcome: "the host running it stopped before it ended".into(),
-                };
-                found_at_start.push(ended.clone());
-                events.emit(ended);
-            }
+            let ended = Event::WorkerEnded {
+                worker: worker.id,
+                state: WorkerState::Interrupted,
+                outcome: "the host running it stopped before it ended".into(),
+            };
+            found_at_start.push(ended.clone());
+            events.emit(ended);
         }
         let dispatcher = Dispatcher::new(provider, config.limits.dispatch.clone());
         let catalog = Arc::new(ToolCatalog::new(&registry, &config.policy));
@@ -334,11 +332,7 @@ impl Context {
     /// A fresh id such as `worker:3`, numbered by the ledger's persisted counter, so no
     /// id repeats across runs or across hosts sharing the services.
     pub(crate) async fn new_id(&self, kind: ProcessKind) -> Result<ProcessId, ServiceError> {
-        let number = self
-            .services
-            .ledger
-            .next_process_number(kind.as_str())
-            .await?;
+        let number = self.services.ledger.next_process_number(kind).await?;
         Ok(ProcessId::numbered(kind, number))
     }
 
@@ -403,7 +397,7 @@ impl Context {
         let claim = self
             .services
             .sessions
-            .claim(session.as_str(), self.run.id())
+            .claim(&session, self.run.id())
             .await
             .map_err(ConversationError::Session)?;
         let epoch = match claim {
@@ -416,7 +410,7 @@ impl Context {
                 .into());
             }
         };
-        let history = self.services.history.load_as(session.as_str()).await?;
+        let history = self.services.history.load_as(&session).await?;
         let (history, unstored) = self.land_spilled(id, history).await?;
         let limit = self.config.limits.max_open_conversations as usize;
         let handle = self
@@ -450,7 +444,7 @@ impl Context {
         let taken = self
             .services
             .sessions
-            .take_forwarded(session.as_str(), self.run.id(), handle.epoch)
+            .take_forwarded(&session, self.run.id(), handle.epoch)
             .await;
         match taken {
             Ok(messages) => {
@@ -478,8 +472,7 @@ impl Context {
         history: &[Message],
         from: usize,
     ) -> Result<(), ServiceError> {
-        let channel = id.session();
-        let channel = channel.as_str();
+        let channel = &id.session();
         let rows = self.stored_rows(&history[from.min(history.len())..]);
         let save = async {
             if from == 0 {
@@ -576,35 +569,31 @@ impl Context {
         // Among the hosts sharing the store first: a worker of another host may hold it.
         // Only a worker whose reservation the store granted is named to anyone.
         let key = task_key(task);
-        let worker = id.to_string();
         let elsewhere = self
             .services
             .ledger
-            .reserve_task(self.run_id(), &key, &worker)
+            .reserve_task(self.run_id(), &key, &id)
             .await
             .map_err(|err| format!("cannot reserve the task among the hosts: {err}"))?;
         if let Some(existing) = elsewhere {
-            let existing = existing
-                .parse()
-                .map_err(|err| format!("the task is held by a worker named oddly: {err}"))?;
             return Ok(SpawnOutcome::Duplicate { existing });
         }
         let reservation = match self.reservations.reserve(task, &id) {
             Ok(reservation) => reservation,
             Err(existing) => {
-                let _ = self.services.ledger.release_task(&key, &worker).await;
+                let _ = self.services.ledger.release_task(&key, &id).await;
                 return Ok(SpawnOutcome::Duplicate { existing });
             }
         };
         if let Some(number) = task_number {
             let patch = TaskPatch {
-                assigned_worker: Some(id.to_string()),
+                assigned_worker: Some(id.clone()),
                 ..TaskPatch::default()
             };
             let assigned = self.services.tasks.update(number, patch).await;
             if let Err(err) = assigned {
                 // Nothing starts: the task is free again on every host.
-                let _ = self.services.ledger.release_task(&key, &worker).await;
+                let _ = self.services.ledger.release_task(&key, &id).await;
                 return Err(format!("cannot assign task #{number}: {err}"));
             }
         }

@@ -41,18 +41,18 @@ pub(crate) async fn take_forwarded(ctx: Weak<Context>) {
             }
         };
         for session in waiting {
-            match session.parse::<ProcessId>() {
-                Ok(id) if id.kind().is_conversation() => {
-                    // A host that adopts nothing delivers only to its open conversations.
-                    let adopts = ctx.adopts.load(std::sync::atomic::Ordering::Relaxed);
-                    if adopts || ctx.supervisor.channel(&id).is_some() {
-                        deliver(&ctx, &id).await;
-                    }
-                }
-                _ => tracing::warn!(
+            let id = session.process();
+            if !id.kind().is_conversation() {
+                tracing::warn!(
                     session = %session,
                     "messages were forwarded to a session that is no conversation; they stay in the inbox"
-                ),
+                );
+                continue;
+            }
+            // A host that adopts nothing delivers only to its open conversations.
+            let adopts = ctx.adopts.load(std::sync::atomic::Ordering::Relaxed);
+            if adopts || ctx.supervisor.channel(&id).is_some() {
+                deliver(&ctx, &id).await;
             }
         }
     }
@@ -79,16 +79,14 @@ async fn mark_lost_workers(ctx: &Context) {
     match ctx.services.ledger.mark_interrupted_workers().await {
         Ok(lost) => {
             for worker in lost {
-                if let Ok(id) = worker.id.parse::<ProcessId>() {
-                    // No exchange waits on it here: its host is gone. Its conversation
-                    // hears of it through the store.
-                    tracing::warn!(worker = %id, "a worker of a host that stopped is marked {}", worker.state);
-                    ctx.emit(Event::WorkerEnded {
-                        worker: id,
-                        state: worker.state,
-                        outcome: worker.outcome.unwrap_or_default(),
-                    });
-                }
+                // No exchange waits on it here: its host is gone. Its conversation hears
+                // of it through the store.
+                tracing::warn!(worker = %worker.id, "a worker of a host that stopped is marked {}", worker.state);
+                ctx.emit(Event::WorkerEnded {
+                    worker: worker.id,
+                    state: worker.state,
+                    outcome: worker.outcome.unwrap_or_default(),
+                });
             }
         }
         Err(err) => {

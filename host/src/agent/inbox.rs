@@ -92,13 +92,10 @@ impl ChannelInput {
                     "failed: the host running it was lost before it ended ({outcome}); \
                      its task `{task}` is not run again"
                 );
-                match worker.parse::<ProcessId>() {
-                    Ok(source) => ChannelInput::Result {
-                        source,
-                        kind: NotificationKind::Error,
-                        text,
-                    },
-                    Err(_) => ChannelInput::user(format!("[{worker}] {text}")),
+                ChannelInput::Result {
+                    source: worker,
+                    kind: NotificationKind::Error,
+                    text,
                 }
             }
         }

@@ -292,7 +292,7 @@ impl Runtime {
             .ctx
             .services
             .sessions
-            .forward(id.session().as_str(), &message)
+            .forward(&id.session(), &message)
             .await
             .map_err(ConversationError::Session)?;
         self.ctx.emit(Event::Forwarded {

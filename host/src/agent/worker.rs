@@ -106,11 +106,11 @@ async fn run(
             pending: pending.clone(),
         },
     );
-    let (id, channel_id) = (spec.id.to_string(), spec.channel.to_string());
+    let (id, channel_id) = (&spec.id, &spec.channel);
     let ledger = &ctx.services.ledger;
     // Admitted here by the host's own count, and by the store's among the hosts.
     let limit = ctx.config.limits.max_workers_per_channel;
-    let recorded = ledger.admit_worker(ctx.run_id(), &id, &channel_id, &spec.task, limit);
+    let recorded = ledger.admit_worker(ctx.run_id(), id, channel_id, &spec.task, limit);
     let recorded = recorded.await;
     ctx.emit_to(
         &channel.audience,
@@ -135,7 +135,7 @@ async fn run(
         )
         .await;
         // The task is free again on every host: no worker of it ever ran.
-        let _ = ledger.release_task(reservation.key(), &id).await;
+        let _ = ledger.release_task(reservation.key(), id).await;
         return;
     }
 
@@ -168,7 +168,7 @@ async fn run(
     };
     finish(&ctx, &spec, &channel, ended, undelivered).await;
     // Free for a worker of any host now, not only once the end is seen.
-    if let Err(err) = ledger.release_task(reservation.key(), &id).await {
+    if let Err(err) = ledger.release_task(reservation.key(), id).await {
         tracing::warn!(worker = %spec.id, "cannot release the worker's task among the hosts (it is free anyway once its end is stored): {err}");
     }
 }
@@ -208,9 +208,8 @@ async fn finish(
         recorded,
     } = ended;
     if recorded {
-        let id = spec.id.to_string();
         let ledger = &ctx.services.ledger;
-        let stored = ledger.set_worker_state(&id, state, Some(&outcome));
+        let stored = ledger.set_worker_state(&spec.id, state, Some(&outcome));
         if let Err(err) = stored.await {
             tracing::error!(worker = %spec.id, "cannot record the worker's end: {err}");
         }
@@ -333,9 +332,11 @@ async fn work(
                 },
             );
             if routed.is_empty() {
-                let id = spec.id.to_string();
                 let waiting = WorkerState::WaitingForInput;
-                let recorded = ctx.services.ledger.set_worker_state(&id, waiting, None);
+                let recorded = ctx
+                    .services
+                    .ledger
+                    .set_worker_state(&spec.id, waiting, None);
                 if let Err(err) = recorded.await {
                     tracing::error!(worker = %spec.id, "cannot record the worker's state: {err}");
                 }
@@ -361,9 +362,11 @@ async fn work(
                     Some(input) => routed.push(input),
                     None => return (WorkerState::Cancelled, "its channel closed".into()),
                 }
-                let id = spec.id.to_string();
                 let running = WorkerState::Running;
-                let recorded = ctx.services.ledger.set_worker_state(&id, running, None);
+                let recorded = ctx
+                    .services
+                    .ledger
+                    .set_worker_state(&spec.id, running, None);
                 if let Err(err) = recorded.await {
                     tracing::error!(worker = %spec.id, "cannot record the worker's state: {err}");
                 }

@@ -514,7 +514,7 @@ async fn print_tasks(services: &crate::services::Services) -> anyhow::Result<()>
                 t.status.to_string(),
                 t.priority.as_str().to_owned(),
                 one_line(&t.title).into_owned(),
-                one_line(&t.creator).into_owned(),
+                one_line(&t.creator.to_string()).into_owned(),
             ]
         })
         .collect();

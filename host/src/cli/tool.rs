@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use clap::Subcommand;
 
 use super::HostArgs;
+use crate::ids::Caller;
 use crate::plugin::{CallRequest, ToolError};
 use crate::policy::{Grants, ProcessKind};
 use crate::tools::{HostTool, ToolCatalog, ToolRouter};
@@ -95,7 +96,8 @@ impl ToolCommand {
                 let catalog = Arc::new(ToolCatalog::new(&registry, &config.policy));
                 let router = ToolRouter::new(Arc::new(registry), catalog, workspace);
                 let pending = std::future::pending();
-                let ran = router.run(kind, kind.as_str(), None, &name, &args_json, pending);
+                let caller = Caller::client("cli", Some(kind.as_str()));
+                let ran = router.run(kind, &caller, None, &name, &args_json, pending);
                 ran.await.committed().await
             }
             None if HostTool::named(&name).is_some() => Err(ToolError::Denied(format!(
@@ -108,7 +110,7 @@ impl ToolCommand {
                     args_json: &args_json,
                     grants: &grants,
                     workspace: Some(&workspace),
-                    caller: "cli",
+                    caller: &Caller::client("cli", None),
                     instances: None,
                 };
                 registry.call(request).await

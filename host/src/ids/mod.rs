@@ -1,5 +1,5 @@
-//! Typed identities: which process, which session a prompt goes to, and which tool call a
-//! result answers.
+//! Typed identities: which process, who a tool call runs for, which session a prompt goes
+//! to, and which tool call a result answers.
 //!
 //! A process is named by its kind and, for a conversation, the name the user gave it
 //! (`channel:main`, `cortex:main`) or, for a branch, worker or compactor run, a number
@@ -26,8 +26,10 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+mod caller;
 mod kind;
 
+pub use caller::{Caller, ParseCallerError};
 pub use kind::ProcessKind;
 
 /// One process of the agent: its kind and its name within the kind.
@@ -139,6 +141,16 @@ impl<'de> Deserialize<'de> for ProcessId {
 
 /// The key of one conversation session: what the prompt gate reserves and what the
 /// history is stored under. One per process; see [`ProcessId::session`].
+///
+/// ```
+/// use capstan_host::ids::{ProcessId, SessionKey};
+///
+/// let key = ProcessId::channel("main").session();
+/// assert_eq!(key.as_str(), "channel:main");
+/// assert_eq!("channel:main".parse::<SessionKey>().unwrap(), key);
+/// assert_eq!(key.process(), ProcessId::channel("main"));
+/// assert!("main".parse::<SessionKey>().is_err());
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SessionKey(String);
 
@@ -146,6 +158,28 @@ impl SessionKey {
     /// The key as text, e.g. `channel:main`.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The process whose session this is.
+    pub fn process(&self) -> ProcessId {
+        self.0
+            .parse()
+            .expect("a session key is made from a process id")
+    }
+}
+
+impl FromStr for SessionKey {
+    type Err = ParseProcessIdError;
+
+    /// The session of the process `text` names, e.g. `channel:main`, as a store keeps it.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        text.parse::<ProcessId>().map(|id| id.session())
+    }
+}
+
+impl Serialize for SessionKey {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
     }
 }
 
@@ -262,6 +296,28 @@ impl From<MessageKey> for String {
 impl fmt::Display for MessageKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+/// Ids from text, for tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::{Caller, ProcessId, SessionKey};
+
+    /// The caller `text` names.
+    pub(crate) fn by(text: &str) -> Caller {
+        text.parse().unwrap()
+    }
+
+    /// The process `text` names.
+    pub(crate) fn pid(text: &str) -> ProcessId {
+        text.parse().unwrap()
+    }
+
+    /// The session of `text`: a process id, or a channel's name.
+    pub(crate) fn key(text: &str) -> SessionKey {
+        text.parse()
+            .unwrap_or_else(|_| ProcessId::channel(text).session())
     }
 }
 

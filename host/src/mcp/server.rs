@@ -11,6 +11,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 
 use super::fit::{DEFAULT_MESSAGE_BYTES, fit_message};
+use crate::ids::Caller;
 use crate::plugin::ToolError;
 use crate::policy::ProcessKind;
 use crate::tools::{ToolOrigin, ToolRouter};
@@ -84,7 +85,7 @@ impl ToolServer {
     /// Runs one call from `client`, stopped if `cancelled` completes first.
     async fn call(
         &self,
-        caller: &str,
+        caller: &Caller,
         params: &CallToolRequestParams,
         cancelled: impl Future<Output = ()>,
     ) -> Result<String, ToolError> {
@@ -107,15 +108,15 @@ pub struct Principal(pub String);
 
 /// The caller an audit row names: `mcp:CLIENT`, with `@PRINCIPAL` when the transport
 /// authenticated one.
-fn caller(context: &RequestContext<RoleServer>) -> String {
+fn caller(context: &RequestContext<RoleServer>) -> Caller {
     let client = client_name(context);
     let principal = context
         .extensions
         .get::<axum::http::request::Parts>()
         .and_then(|parts| parts.extensions.get::<Principal>());
     match principal {
-        Some(Principal(name)) => format!("mcp:{client}@{name}"),
-        None => format!("mcp:{client}"),
+        Some(Principal(name)) => Caller::client("mcp", Some(&format!("{client}@{name}"))),
+        None => Caller::client("mcp", Some(&client)),
     }
 }
 

@@ -26,6 +26,7 @@ use super::bindings::capstan::plugin::types::HostError;
 use super::bindings::capstan::plugin::{log, memory, secrets, tasks, types};
 use super::limits::{LOG_LINE_BYTES, LOG_LINES_PER_CALL};
 use super::sandbox::Sandbox;
+use crate::ids::Caller;
 use crate::services::{self, Operation, ServiceError, Services};
 use crate::text::{echo_name, one_line, truncate};
 
@@ -125,9 +126,15 @@ impl Sandbox {
 }
 
 /// Under `tasks.write-own` only (`write_any` false), refuses a task `caller` neither created
-/// nor is assigned.
-fn check_task_scope(write_any: bool, caller: &str, task: &services::Task) -> Result<(), HostError> {
-    if write_any || task.creator == caller || task.assigned_worker.as_deref() == Some(caller) {
+/// nor is assigned. Ids are compared, not their text.
+fn check_task_scope(
+    write_any: bool,
+    caller: &Caller,
+    task: &services::Task,
+) -> Result<(), HostError> {
+    let assigned =
+        task.assigned_worker.is_some() && task.assigned_worker.as_ref() == caller.process();
+    if write_any || task.creator == *caller || assigned {
         return Ok(());
     }
     Err(HostError::Denied(format!(
@@ -195,8 +202,8 @@ fn to_wit_task(task: services::Task) -> Task {
         description: task.description,
         status: to_wit_status(task.status),
         priority: to_wit_priority(task.priority),
-        creator: task.creator,
-        assigned_worker: task.assigned_worker,
+        creator: task.creator.to_string(),
+        assigned_worker: task.assigned_worker.as_ref().map(ToString::to_string),
         parent: task.parent,
         metadata: task.metadata,
     }
@@ -321,5 +328,44 @@ impl memory::Host for Sandbox {
         let services = self.services_for(Operation::MemoryWorkingSet, MEMORY_WRITE)?;
         let set = services.memory.working_set(&key, &value, ttl_seconds);
         set.await.map_err(host_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_task_scope;
+    use crate::ids::testing::{by, pid};
+    use crate::services::{Priority, Task, TaskStatus};
+
+    fn task(creator: &str, assigned: Option<&str>) -> Task {
+        Task {
+            number: 7,
+            title: "t".into(),
+            description: String::new(),
+            status: TaskStatus::Ready,
+            priority: Priority::Normal,
+            creator: by(creator),
+            assigned_worker: assigned.map(pid),
+            parent: None,
+            metadata: "{}".into(),
+        }
+    }
+
+    #[test]
+    fn write_own_compares_ids_so_no_label_passes_for_a_process() {
+        let own = |caller: &str, task: &Task| check_task_scope(false, &by(caller), task).is_ok();
+        let mine = task("worker:3", None);
+        assert!(own("worker:3", &mine));
+        assert!(!own("worker:30", &mine));
+        // A client at a door naming itself after a process is still a client.
+        assert!(!own("mcp:worker:3", &mine));
+        let assigned = task("branch:1", Some("worker:3"));
+        assert!(own("worker:3", &assigned));
+        assert!(!own("branch:2", &assigned));
+        // An unassigned task is nobody's by assignment, a client's included.
+        let unassigned = task("branch:1", None);
+        assert!(!own("mcp:ci", &unassigned));
+        assert!(own("mcp:ci", &task("mcp:ci", None)));
+        assert!(check_task_scope(true, &by("mcp:ci"), &unassigned).is_ok());
     }
 }

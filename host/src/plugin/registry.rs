@@ -15,6 +15,7 @@ use super::host::{Invocation, PluginHost};
 use super::loaded::{LoadedPlugin, ToolInfo};
 use super::settle::{Preferences, Shadowed, settle};
 use super::warm::ProcessInstances;
+use crate::ids::Caller;
 use crate::net::GrantSource;
 use crate::policy::{Decision, Grants, InstanceReuse, Policy, ProcessKind, ToolNeeds};
 use crate::services::{AuditRecord, Committing};
@@ -36,7 +37,7 @@ pub struct CallRequest<'a> {
     /// The directory file capabilities apply to.
     pub workspace: Option<&'a Path>,
     /// Who is calling, e.g. `cli` or `worker:7`; passed to the tool and logged.
-    pub caller: &'a str,
+    pub caller: &'a Caller,
     /// The calling process's own instances: given, a plugin whose instances the process
     /// reuses ([`Registry::call_as`] asks the policy; [`Registry::call`] reuses every
     /// plugin's) runs in the one kept there. `None`: a fresh instance.
@@ -81,6 +82,7 @@ pub async fn committed(audit: Committing) {
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use capstan_host::ids::Caller;
 /// use std::path::Path;
 /// use capstan_host::plugin::{ArtifactCache, CallRequest, Limits, PluginHost, Registry};
 /// use capstan_host::policy::Grants;
@@ -94,7 +96,7 @@ pub async fn committed(audit: Committing) {
 ///         args_json: r#"{"path": "README.md"}"#,
 ///         grants: &grants,
 ///         workspace: Some(Path::new(".")),
-///         caller: "example",
+///         caller: &Caller::client("example", None),
 ///         instances: None,
 ///     })
 ///     .await?;
@@ -492,7 +494,7 @@ impl Registry {
         tracing::info!(
             target: "capstan::audit",
             tool = request.tool,
-            caller = request.caller,
+            caller = %request.caller,
             grants = %request.grants,
             effective,
             outcome,
@@ -502,7 +504,7 @@ impl Registry {
         // The sink keeps the executor free (it never waits for SQLite's lock here), so a
         // database another process holds locked delays this call's audit entry only.
         let call = AuditRecord {
-            process: request.caller.to_owned(),
+            process: request.caller.to_string(),
             tool: request.tool.to_owned(),
             grants: effective,
             arguments: self

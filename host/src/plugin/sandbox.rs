@@ -29,6 +29,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use super::capture::OutputCapture;
 use super::error::ToolError;
 use super::limits::{CallLimiter, Limits, MAX_RESOURCES, STDERR_CAPTURE_BYTES};
+use crate::ids::Caller;
 use crate::net::{Egress, NetHost};
 use crate::services::Services;
 
@@ -58,7 +59,7 @@ pub(crate) struct CallScope {
     pub(crate) tool: String,
     /// The calling process, e.g. `worker:3`: the creator of tasks it makes, and the owner
     /// `tasks.write-own` checks against.
-    pub(crate) caller: String,
+    pub(crate) caller: Caller,
     pub(crate) capabilities: Vec<Capability>,
     /// What the `tasks` and `memory` imports answer from; `None`: they answer "not
     /// available in this host".

@@ -28,6 +28,7 @@ use wasmtime::Store;
 
 use super::bindings::Plugin;
 use super::sandbox::{Sandbox, opens_workspace};
+use crate::ids::Caller;
 
 /// The instances one agent process (a worker, a branch, a channel) keeps for its calls of
 /// plugins that reuse them. It belongs to that process alone: dropping it, when the
@@ -68,7 +69,7 @@ struct IdleInstances(Mutex<HashMap<WarmKey, WarmInstance>>);
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct WarmKey {
     plugin: u64,
-    caller: String,
+    caller: Caller,
     capabilities: Vec<Capability>,
     workspace: Option<PathBuf>,
 }
@@ -78,7 +79,7 @@ impl WarmKey {
     /// in `workspace`; the workspace counts only where the capabilities open it.
     pub(crate) fn new(
         plugin: u64,
-        caller: &str,
+        caller: &Caller,
         capabilities: &[Capability],
         workspace: Option<&Path>,
     ) -> Self {
@@ -90,7 +91,7 @@ impl WarmKey {
             .map(Path::to_owned);
         WarmKey {
             plugin,
-            caller: caller.to_owned(),
+            caller: caller.clone(),
             capabilities,
             workspace,
         }

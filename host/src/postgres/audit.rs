@@ -7,7 +7,7 @@ use super::{Postgres, now};
 use crate::services::Operation;
 use crate::services::{
     AuditDestination, AuditEntry, AuditRecord, AuditSink, RequestDecision, RequestEntry,
-    RequestRecord, ServiceError, redact,
+    RequestRecord, ServiceError,
 };
 
 #[async_trait]
@@ -28,7 +28,7 @@ impl AuditSink for Postgres {
                     &call.process,
                     &call.tool,
                     &call.grants,
-                    &redact(&call.arguments),
+                    &call.arguments,
                     &call.outcome,
                     &call.detail,
                     &(call.duration_us as i64),

@@ -6,6 +6,8 @@ use async_trait::async_trait;
 use deadpool_postgres::Transaction;
 
 use super::Postgres;
+use super::rows::parsed;
+use crate::ids::SessionKey;
 use crate::services::Operation;
 use crate::services::{ConversationSummary, History, HistoryEntry, ServiceError};
 
@@ -149,7 +151,8 @@ impl History for Postgres {
         self.location.clone()
     }
 
-    async fn load(&self, channel: &str) -> Result<Vec<HistoryEntry>, ServiceError> {
+    async fn load(&self, channel: &SessionKey) -> Result<Vec<HistoryEntry>, ServiceError> {
+        let channel = channel.as_str();
         let client = self.client().await?;
         let rows = client
             .query(
@@ -177,12 +180,22 @@ impl History for Postgres {
             .collect()
     }
 
-    async fn append(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
-        self.write_history(channel, Write::Append, &messages).await
+    async fn append(
+        &self,
+        channel: &SessionKey,
+        messages: Vec<String>,
+    ) -> Result<(), ServiceError> {
+        self.write_history(channel.as_str(), Write::Append, &messages)
+            .await
     }
 
-    async fn replace(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
-        self.write_history(channel, Write::Replace, &messages).await
+    async fn replace(
+        &self,
+        channel: &SessionKey,
+        messages: Vec<String>,
+    ) -> Result<(), ServiceError> {
+        self.write_history(channel.as_str(), Write::Replace, &messages)
+            .await
     }
 
     async fn conversations(&self) -> Result<Vec<ConversationSummary>, ServiceError> {
@@ -194,13 +207,14 @@ impl History for Postgres {
             )
             .await
             .map_err(|err| self.failed(Operation::HistoryConversations, err))?;
-        Ok(rows
-            .iter()
-            .map(|row| ConversationSummary {
-                channel: row.get(0),
-                messages: row.get::<_, i64>(1) as u64,
+        rows.iter()
+            .map(|row| {
+                Ok(ConversationSummary {
+                    channel: parsed(row, 0)?,
+                    messages: row.get::<_, i64>(1) as u64,
+                })
             })
-            .collect())
+            .collect()
     }
 }
 

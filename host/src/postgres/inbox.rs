@@ -10,8 +10,10 @@ use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, NoTls};
 
+use super::rows::parsed;
 use super::sessions::run_is_live;
 use super::{Postgres, now};
+use crate::ids::SessionKey;
 use crate::services::Operation;
 use crate::services::{Answer, Epoch, ForwardId, Forwarded, RunId, ServiceError};
 
@@ -115,7 +117,10 @@ impl Postgres {
     }
 
     /// The channels with rows waiting that `run` owns or may take over.
-    pub(super) async fn forwarded_channels(&self, run: RunId) -> Result<Vec<String>, ServiceError> {
+    pub(super) async fn forwarded_channels(
+        &self,
+        run: RunId,
+    ) -> Result<Vec<SessionKey>, ServiceError> {
         let rows = self
             .client()
             .await?
@@ -132,7 +137,7 @@ impl Postgres {
             )
             .await
             .map_err(|err| self.failed(Operation::SessionsForwardedSessions, err))?;
-        Ok(rows.iter().map(|row| row.get(0)).collect())
+        rows.iter().map(|row| parsed(row, 0)).collect()
     }
 
     /// Takes `channel`'s rows, oldest first, under the fence of `run` at `epoch`.
@@ -335,10 +340,9 @@ mod tests {
                 text: n.to_string(),
                 key: None,
             };
-            let (_, forwarded) = tokio::join!(
-                a.inbox_wakeup_within(never),
-                b.forward("channel:main", &message)
-            );
+            let main = crate::ids::testing::key("channel:main");
+            let (_, forwarded) =
+                tokio::join!(a.inbox_wakeup_within(never), b.forward(&main, &message));
             forwarded.unwrap();
         }
     }

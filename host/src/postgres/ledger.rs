@@ -14,8 +14,10 @@ use tokio::sync::oneshot;
 use tokio_postgres::{Client, NoTls, Row};
 
 use super::inbox::forward_on;
+use super::rows::parsed;
 use super::sessions::{Owner, run_is_live};
 use super::{Ending, Lease, Postgres, now};
+use crate::ids::{ProcessId, ProcessKind};
 use crate::services::Operation;
 use crate::services::{
     Forwarded, LeaseClock, Ledger, Run, RunId, ServiceError, WorkerRecord, WorkerState,
@@ -198,12 +200,11 @@ async fn renew(
 }
 
 fn worker_from(row: &Row) -> Result<WorkerRecord, ServiceError> {
-    let state: String = row.get(3);
     Ok(WorkerRecord {
-        id: row.get(0),
-        channel: row.get(1),
+        id: parsed(row, 0)?,
+        channel: parsed(row, 1)?,
         task: row.get(2),
-        state: state.parse()?,
+        state: parsed(row, 3)?,
         outcome: row.get(4),
     })
 }
@@ -221,11 +222,13 @@ impl Postgres {
     async fn record_worker(
         &self,
         run: RunId,
-        id: &str,
-        channel: &str,
+        worker: &ProcessId,
+        channel: &ProcessId,
         task: &str,
         limit: Option<u32>,
     ) -> Result<(), ServiceError> {
+        let (id, channel) = (worker.to_string(), channel.to_string());
+        let channel = channel.as_str();
         // The run must own the worker's channel: a worker started for a conversation
         // another host took over would report to nobody.
         let refused = |err: ServiceError| match err {
@@ -274,7 +277,7 @@ impl Postgres {
             .await
             .map_err(failed)?;
         match exists {
-            Some(_) => Err(worker_already_recorded(id)),
+            Some(_) => Err(worker_already_recorded(worker)),
             None => Err(ServiceError::Invalid(format!(
                 "{run} is over (ended, or its lease expired): worker {id} cannot start under it; \
                  the host must start a new run"
@@ -377,21 +380,17 @@ impl Ledger for Postgres {
         &self,
         run: RunId,
         key: &str,
-        worker: &str,
-    ) -> Result<Option<String>, ServiceError> {
+        worker: &ProcessId,
+    ) -> Result<Option<ProcessId>, ServiceError> {
         self.reserve_task_row(run, key, worker).await
     }
 
-    async fn release_task(&self, key: &str, worker: &str) -> Result<(), ServiceError> {
+    async fn release_task(&self, key: &str, worker: &ProcessId) -> Result<(), ServiceError> {
         self.release_task_row(key, worker).await
     }
 
-    async fn next_process_number(&self, kind: &str) -> Result<u64, ServiceError> {
-        if kind.is_empty() {
-            return Err(ServiceError::Invalid(
-                "a process-number kind must not be empty".into(),
-            ));
-        }
+    async fn next_process_number(&self, kind: ProcessKind) -> Result<u64, ServiceError> {
+        let kind = kind.as_str();
         let client = self.client().await?;
         let row = client
             .query_one(
@@ -408,8 +407,8 @@ impl Ledger for Postgres {
     async fn worker_started(
         &self,
         run: RunId,
-        id: &str,
-        channel: &str,
+        id: &ProcessId,
+        channel: &ProcessId,
         task: &str,
     ) -> Result<(), ServiceError> {
         self.record_worker(run, id, channel, task, None).await
@@ -418,8 +417,8 @@ impl Ledger for Postgres {
     async fn admit_worker(
         &self,
         run: RunId,
-        id: &str,
-        channel: &str,
+        id: &ProcessId,
+        channel: &ProcessId,
         task: &str,
         limit: u32,
     ) -> Result<(), ServiceError> {
@@ -429,11 +428,13 @@ impl Ledger for Postgres {
 
     async fn set_worker_state(
         &self,
-        id: &str,
+        id: &ProcessId,
         state: WorkerState,
         outcome: Option<&str>,
     ) -> Result<(), ServiceError> {
         let failed = |err| self.failed(Operation::LedgerSetWorkerState, err);
+        let ended = |current| worker_has_ended(id, current);
+        let id = id.to_string();
         // A worker's channel never changes: read first, and let go of the connection, so
         // the fence's claim never waits for a second one while holding the first.
         let channel: String = match self
@@ -461,7 +462,7 @@ impl Ledger for Postgres {
             .map_err(failed)?;
         let current: WorkerState = current.get::<_, String>(0).parse()?;
         if current.is_terminal() && state != current {
-            return Err(worker_has_ended(id, current));
+            return Err(ended(current));
         }
         tx.execute(
             "UPDATE workers SET state = $2, outcome = COALESCE($3, outcome), updated_at = $4
@@ -473,7 +474,8 @@ impl Ledger for Postgres {
         Ok(tx.commit().await.map_err(failed)?)
     }
 
-    async fn worker(&self, id: &str) -> Result<Option<WorkerRecord>, ServiceError> {
+    async fn worker(&self, id: &ProcessId) -> Result<Option<WorkerRecord>, ServiceError> {
+        let id = id.to_string();
         let client = self.client().await?;
         let row = client
             .query_opt(
@@ -572,7 +574,7 @@ impl Ledger for Postgres {
                     task: worker.task.clone(),
                     outcome: worker.outcome.clone().unwrap_or_default(),
                 };
-                forward_on(&tx, &worker.channel, &lost)
+                forward_on(&tx, worker.channel.session().as_str(), &lost)
                     .await
                     .map_err(failed)?;
                 marked.push(worker);
@@ -625,7 +627,12 @@ mod tests {
         assert!(!lease.renew(id).await.unwrap(), "reported lost");
         assert!(expires_in_past(&db, id).await, "and left expired");
         let refused = host
-            .worker_started(run.id(), "worker:1", "channel:main", "t")
+            .worker_started(
+                run.id(),
+                &crate::ids::testing::pid("worker:1"),
+                &crate::ids::testing::pid("channel:main"),
+                "t",
+            )
             .await
             .unwrap_err()
             .to_string();
@@ -633,7 +640,12 @@ mod tests {
             refused.contains("is over") && refused.contains("worker:1"),
             "{refused}"
         );
-        assert_eq!(host.worker("worker:1").await.unwrap(), None);
+        assert_eq!(
+            host.worker(&crate::ids::testing::pid("worker:1"))
+                .await
+                .unwrap(),
+            None
+        );
         // The host's own renewer finds the lease lost at its next tick, and says so.
         assert!(
             run.is_live(),

@@ -4,18 +4,19 @@
 
 use async_trait::async_trait;
 
+use super::rows::parsed;
 use super::sessions::live_run;
 use super::{Postgres, now};
+use crate::ids::Caller;
 use crate::services::Operation;
 use crate::services::{
-    Memory, MemoryItem, NewMemory, RECALL_MAX, ServiceError, check_working_key, expires_at,
-    memory_words, recall_terms,
+    Memory, MemoryItem, NewMemory, RECALL_MAX, ServiceError, expires_at, memory_words, recall_terms,
 };
 
 #[async_trait]
 impl Memory for Postgres {
-    async fn save(&self, source: &str, memory: NewMemory) -> Result<MemoryItem, ServiceError> {
-        let (kind, importance) = memory.check()?;
+    async fn save(&self, source: &Caller, memory: NewMemory) -> Result<MemoryItem, ServiceError> {
+        let (kind, importance) = (memory.kind.as_str(), memory.importance());
         let at = now();
         let client = self.client().await?;
         let row = client
@@ -26,7 +27,7 @@ impl Memory for Postgres {
                     &kind,
                     &memory.content,
                     &importance,
-                    &source,
+                    &source.to_string(),
                     &at,
                     &memory_words(kind, &memory.content),
                 ],
@@ -38,7 +39,7 @@ impl Memory for Postgres {
             kind: kind.to_owned(),
             content: memory.content.clone(),
             importance,
-            source: source.to_owned(),
+            source: source.clone(),
             created_at: at,
         })
     }
@@ -63,17 +64,18 @@ impl Memory for Postgres {
             )
             .await
             .map_err(|err| self.failed(Operation::MemoryRecall, err))?;
-        Ok(rows
-            .iter()
-            .map(|row| MemoryItem {
-                id: row.get::<_, i64>(0) as u64,
-                kind: row.get(1),
-                content: row.get(2),
-                importance: row.get(3),
-                source: row.get(4),
-                created_at: row.get(5),
+        rows.iter()
+            .map(|row| {
+                Ok(MemoryItem {
+                    id: row.get::<_, i64>(0) as u64,
+                    kind: row.get(1),
+                    content: row.get(2),
+                    importance: row.get(3),
+                    source: parsed(row, 4)?,
+                    created_at: row.get(5),
+                })
             })
-            .collect())
+            .collect()
     }
 
     async fn delete(&self, id: u64) -> Result<(), ServiceError> {
@@ -109,7 +111,6 @@ impl Memory for Postgres {
         value: &str,
         ttl_seconds: Option<u64>,
     ) -> Result<(), ServiceError> {
-        check_working_key(key)?;
         let at = now();
         let expires = expires_at(at, ttl_seconds);
         let client = self.client().await?;

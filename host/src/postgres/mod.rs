@@ -34,6 +34,7 @@ mod lease;
 mod ledger;
 mod memory;
 mod reservations;
+mod rows;
 mod schema;
 mod sessions;
 mod status;
@@ -365,14 +366,18 @@ mod hosts {
                 let host = if n % 2 == 0 { a.clone() } else { b.clone() };
                 tokio::spawn(async move {
                     let pair = vec![format!("[{n},0]"), format!("[{n},1]")];
-                    History::append(&*host, "channel:main", pair).await.unwrap();
+                    History::append(&*host, &crate::ids::testing::key("channel:main"), pair)
+                        .await
+                        .unwrap();
                 })
             })
             .collect();
         for append in appends {
             append.await.unwrap();
         }
-        let entries = History::load(&*a, "channel:main").await.unwrap();
+        let entries = History::load(&*a, &crate::ids::testing::key("channel:main"))
+            .await
+            .unwrap();
         let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
         assert_eq!(seqs, (0..200).collect::<Vec<u64>>(), "no gap, no double");
         let pairs: Vec<(u32, u32)> = entries
@@ -404,9 +409,11 @@ mod hosts {
                     let a = Postgres::connect(&url).await.unwrap();
                     let run = a.begin_run().await.unwrap();
                     for id in ["worker:1", "worker:2"] {
-                        a.worker_started(run.id(), id, "channel:main", "t")
-                            .await
-                            .unwrap();
+                        let (id, main) = (
+                            crate::ids::testing::pid(id),
+                            crate::ids::testing::pid("channel:main"),
+                        );
+                        a.worker_started(run.id(), &id, &main, "t").await.unwrap();
                     }
                     let id = run.id();
                     std::mem::forget(run);
@@ -421,9 +428,14 @@ mod hosts {
             Postgres::connect(&url).await.unwrap(),
         );
         let alive = b.begin_run().await.unwrap();
-        b.worker_started(alive.id(), "worker:3", "channel:other", "t")
-            .await
-            .unwrap();
+        b.worker_started(
+            alive.id(),
+            &crate::ids::testing::pid("worker:3"),
+            &crate::ids::testing::pid("channel:other"),
+            "t",
+        )
+        .await
+        .unwrap();
         assert!(
             b.mark_interrupted_workers().await.unwrap().is_empty(),
             "a lease not yet expired is a live run"
@@ -442,13 +454,21 @@ mod hosts {
             .unwrap()
             .into_iter()
             .chain(by_c.unwrap())
-            .map(|w| w.id)
+            .map(|w| w.id.to_string())
             .collect();
         marked.sort();
         assert_eq!(marked, ["worker:1", "worker:2"], "each once, by one host");
-        let live = b.worker("worker:3").await.unwrap().unwrap();
+        let live = b
+            .worker(&crate::ids::testing::pid("worker:3"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(live.state, WorkerState::Running);
-        let dead = c.worker("worker:1").await.unwrap().unwrap();
+        let dead = c
+            .worker(&crate::ids::testing::pid("worker:1"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(dead.state, WorkerState::Interrupted);
         drop(alive);
     }
@@ -542,7 +562,10 @@ tool_calls = [{ name = "reply", arguments = { text = "hello from postgres" } }]
         );
         // Another host on the database reads the conversation back.
         let other = super::Postgres::connect(&url).await.unwrap();
-        let history = other.load("channel:main").await.unwrap();
+        let history = other
+            .load(&crate::ids::testing::key("channel:main"))
+            .await
+            .unwrap();
         assert!(
             history
                 .iter()

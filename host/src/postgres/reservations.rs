@@ -3,7 +3,9 @@
 //! description at once meet at the row's primary key: one inserts, the other finds it.
 
 use super::Postgres;
+use super::rows::parsed;
 use super::sessions::run_is_live;
+use crate::ids::ProcessId;
 use crate::services::Operation;
 use crate::services::{RunId, ServiceError};
 
@@ -13,8 +15,9 @@ impl Postgres {
         &self,
         run: RunId,
         key: &str,
-        worker: &str,
-    ) -> Result<Option<String>, ServiceError> {
+        worker: &ProcessId,
+    ) -> Result<Option<ProcessId>, ServiceError> {
+        let worker = worker.to_string();
         let failed = |err| self.failed(Operation::LedgerReserveTask, err);
         loop {
             let client = self.client().await?;
@@ -44,7 +47,7 @@ impl Postgres {
                 .await
                 .map_err(failed)?;
             if let Some(row) = holder {
-                return Ok(Some(row.get(0)));
+                return parsed(&row, 0).map(Some);
             }
             // Released between the two statements: reserve again.
         }
@@ -54,8 +57,9 @@ impl Postgres {
     pub(super) async fn release_task_row(
         &self,
         key: &str,
-        worker: &str,
+        worker: &ProcessId,
     ) -> Result<(), ServiceError> {
+        let worker = worker.to_string();
         self.client()
             .await?
             .execute(
@@ -91,7 +95,7 @@ mod tests {
                     (b.clone(), run_b.id())
                 };
                 tokio::spawn(async move {
-                    let worker = format!("worker:{n}");
+                    let worker = crate::ids::testing::pid(&format!("worker:{n}"));
                     let held = host.reserve_task(run, "sort the files", &worker).await;
                     (worker, held.unwrap())
                 })
@@ -113,7 +117,11 @@ mod tests {
         // While its worker runs, nobody else gets the description.
         let holder = winners[0].clone();
         let (host, run) = if a
-            .reserve_task(run_a.id(), "sort the files", "worker:x")
+            .reserve_task(
+                run_a.id(),
+                "sort the files",
+                &crate::ids::testing::pid("worker:x"),
+            )
             .await
             .unwrap()
             .is_none()
@@ -135,7 +143,8 @@ mod tests {
                 (b.clone(), run_b.id())
             }
         };
-        host.worker_started(run, &holder, "channel:main", "sort the files")
+        let main = crate::ids::testing::pid("channel:main");
+        host.worker_started(run, &holder, &main, "sort the files")
             .await
             .unwrap();
         host.set_worker_state(&holder, WorkerState::Done, Some("sorted"))
@@ -143,19 +152,27 @@ mod tests {
             .unwrap();
         // It ended: the description is free, released or not.
         assert_eq!(
-            b.reserve_task(run_b.id(), "sort the files", "worker:100")
-                .await
-                .unwrap(),
+            b.reserve_task(
+                run_b.id(),
+                "sort the files",
+                &crate::ids::testing::pid("worker:100")
+            )
+            .await
+            .unwrap(),
             None,
             "an ended holder is replaced"
         );
-        b.release_task("sort the files", "worker:100")
+        b.release_task("sort the files", &crate::ids::testing::pid("worker:100"))
             .await
             .unwrap();
         assert_eq!(
-            a.reserve_task(run_a.id(), "sort the files", "worker:101")
-                .await
-                .unwrap(),
+            a.reserve_task(
+                run_a.id(),
+                "sort the files",
+                &crate::ids::testing::pid("worker:101")
+            )
+            .await
+            .unwrap(),
             None,
             "a released description is free"
         );
@@ -163,9 +180,13 @@ mod tests {
         drop(run_a);
         a.settle().await;
         assert_eq!(
-            b.reserve_task(run_b.id(), "sort the files", "worker:102")
-                .await
-                .unwrap(),
+            b.reserve_task(
+                run_b.id(),
+                "sort the files",
+                &crate::ids::testing::pid("worker:102")
+            )
+            .await
+            .unwrap(),
             None
         );
     }
@@ -180,8 +201,9 @@ mod tests {
             .map(|n| {
                 let (host, run) = (host.clone(), run.id());
                 tokio::spawn(async move {
-                    let id = format!("worker:{n}");
-                    host.admit_worker(run, &id, "channel:main", "t", 3).await
+                    let id = crate::ids::testing::pid(&format!("worker:{n}"));
+                    let main = crate::ids::testing::pid("channel:main");
+                    host.admit_worker(run, &id, &main, "t", 3).await
                 })
             })
             .collect();
@@ -204,20 +226,42 @@ mod tests {
             .await
             .unwrap()
             .get(0);
-        host.set_worker_state(&working, WorkerState::Done, Some("done"))
-            .await
-            .unwrap();
-        host.admit_worker(run.id(), "worker:50", "channel:main", "t", 3)
-            .await
-            .unwrap();
+        host.set_worker_state(
+            &crate::ids::testing::pid(&working),
+            WorkerState::Done,
+            Some("done"),
+        )
+        .await
+        .unwrap();
+        host.admit_worker(
+            run.id(),
+            &crate::ids::testing::pid("worker:50"),
+            &crate::ids::testing::pid("channel:main"),
+            "t",
+            3,
+        )
+        .await
+        .unwrap();
         assert!(
-            host.admit_worker(run.id(), "worker:51", "channel:main", "t", 3)
-                .await
-                .is_err()
+            host.admit_worker(
+                run.id(),
+                &crate::ids::testing::pid("worker:51"),
+                &crate::ids::testing::pid("channel:main"),
+                "t",
+                3
+            )
+            .await
+            .is_err()
         );
         // Another channel counts for itself.
-        host.admit_worker(run.id(), "worker:52", "channel:other", "t", 3)
-            .await
-            .unwrap();
+        host.admit_worker(
+            run.id(),
+            &crate::ids::testing::pid("worker:52"),
+            &crate::ids::testing::pid("channel:other"),
+            "t",
+            3,
+        )
+        .await
+        .unwrap();
     }
 }

@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use deadpool_postgres::Transaction;
 
 use super::Postgres;
+use crate::ids::SessionKey;
 use crate::services::Operation;
 use crate::services::{Answer, Claim, Epoch, ForwardId, Forwarded, RunId, ServiceError, Sessions};
 
@@ -76,13 +77,15 @@ impl Postgres {
     /// current owner and epoch, and appends nothing.
     ///
     /// ```no_run
+    /// use capstan_host::ids::ProcessId;
     /// use capstan_host::postgres::Postgres;
     /// use capstan_host::services::{Claim, Ledger, Sessions};
     ///
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let host = Postgres::connect("postgres://capstan@db:5432/capstan").await.unwrap();
     /// let run = host.begin_run().await.unwrap();
-    /// if let Claim::Owned(epoch) = host.claim("channel:main", run.id()).await.unwrap() {
+    /// let main = ProcessId::channel("main").session();
+    /// if let Claim::Owned(epoch) = host.claim(&main, run.id()).await.unwrap() {
     ///     host.append_fenced("channel:main", run.id(), epoch, vec!["\"hi\"".into()])
     ///         .await
     ///         .unwrap();
@@ -210,12 +213,25 @@ impl Postgres {
         ))
     }
 
+    /// [`Sessions::claim`] of session `session`.
+    async fn claim_session(&self, session: &str, run: RunId) -> Result<Claim, ServiceError> {
+        let claim = self.claim_row(session, run).await?;
+        if let Claim::Owned(epoch) = claim {
+            // The epoch this host's writes to the session are fenced with.
+            let mut owner = self.owner.lock().unwrap();
+            if owner.run == Some(run) {
+                owner.epochs.insert(session.to_owned(), epoch);
+            }
+        }
+        Ok(claim)
+    }
+
     /// The epoch `run` owns `channel` under: the one it claimed before, or a new claim.
     pub(super) async fn epoch_for(&self, channel: &str, run: RunId) -> Result<Epoch, ServiceError> {
         if let Some(epoch) = self.owner.lock().unwrap().epochs.get(channel) {
             return Ok(*epoch);
         }
-        match Sessions::claim(self, channel, run).await? {
+        match self.claim_session(channel, run).await? {
             Claim::Owned(epoch) => Ok(epoch),
             Claim::OwnedElsewhere(other) => Err(ServiceError::Invalid(format!(
                 "{channel} is owned by {other}, a run of another host: this host ({run}) may not \
@@ -263,33 +279,29 @@ impl Postgres {
 
 #[async_trait]
 impl Sessions for Postgres {
-    async fn claim(&self, session: &str, run: RunId) -> Result<Claim, ServiceError> {
-        let claim = self.claim_row(session, run).await?;
-        if let Claim::Owned(epoch) = claim {
-            // The epoch this host's writes to the session are fenced with.
-            let mut owner = self.owner.lock().unwrap();
-            if owner.run == Some(run) {
-                owner.epochs.insert(session.to_owned(), epoch);
-            }
-        }
-        Ok(claim)
+    async fn claim(&self, session: &SessionKey, run: RunId) -> Result<Claim, ServiceError> {
+        self.claim_session(session.as_str(), run).await
     }
 
-    async fn forward(&self, session: &str, message: &Forwarded) -> Result<ForwardId, ServiceError> {
-        self.forward_row(session, message).await
+    async fn forward(
+        &self,
+        session: &SessionKey,
+        message: &Forwarded,
+    ) -> Result<ForwardId, ServiceError> {
+        self.forward_row(session.as_str(), message).await
     }
 
-    async fn forwarded_sessions(&self, run: RunId) -> Result<Vec<String>, ServiceError> {
+    async fn forwarded_sessions(&self, run: RunId) -> Result<Vec<SessionKey>, ServiceError> {
         self.forwarded_channels(run).await
     }
 
     async fn take_forwarded(
         &self,
-        session: &str,
+        session: &SessionKey,
         run: RunId,
         epoch: Epoch,
     ) -> Result<Vec<(ForwardId, Forwarded)>, ServiceError> {
-        self.take_rows(session, run, epoch).await
+        self.take_rows(session.as_str(), run, epoch).await
     }
 
     async fn forwarded_wakeup(&self) {
@@ -397,15 +409,21 @@ mod tests {
         let (url, [(a, run_a), (b, run_b)]) = two_hosts(&cluster).await;
         let one = Epoch::new(1);
         assert_eq!(
-            a.claim("channel:main", run_a.id()).await.unwrap(),
+            a.claim(&crate::ids::testing::key("channel:main"), run_a.id())
+                .await
+                .unwrap(),
             Claim::Owned(one)
         );
         assert_eq!(
-            a.claim("channel:main", run_a.id()).await.unwrap(),
+            a.claim(&crate::ids::testing::key("channel:main"), run_a.id())
+                .await
+                .unwrap(),
             Claim::Owned(one)
         );
         assert_eq!(
-            b.claim("channel:main", run_b.id()).await.unwrap(),
+            b.claim(&crate::ids::testing::key("channel:main"), run_b.id())
+                .await
+                .unwrap(),
             Claim::OwnedElsewhere(run_a.id())
         );
         a.append_fenced("channel:main", run_a.id(), one, vec!["1".into()])
@@ -416,7 +434,9 @@ mod tests {
         expire(&url, run_a.id()).await;
         let two = Epoch::new(2);
         assert_eq!(
-            b.claim("channel:main", run_b.id()).await.unwrap(),
+            b.claim(&crate::ids::testing::key("channel:main"), run_b.id())
+                .await
+                .unwrap(),
             Claim::Owned(two)
         );
         // A resumes: its late append lands nowhere, and it says why.
@@ -429,13 +449,19 @@ mod tests {
             late.contains(&run_b.id().to_string()) && late.contains("epoch 2"),
             "{late}"
         );
-        let stale = a.claim("channel:main", run_a.id()).await.unwrap_err();
+        let stale = a
+            .claim(&crate::ids::testing::key("channel:main"), run_a.id())
+            .await
+            .unwrap_err();
         assert!(stale.to_string().contains("is over"), "{stale}");
         b.append_fenced("channel:main", run_b.id(), two, vec!["3".into()])
             .await
             .unwrap();
         let history: Arc<dyn History> = b.clone();
-        let kept: Vec<u32> = history.load_as("channel:main").await.unwrap();
+        let kept: Vec<u32> = history
+            .load_as(&crate::ids::testing::key("channel:main"))
+            .await
+            .unwrap();
         assert_eq!(kept, [1, 3], "the fenced-out append left nothing");
         // The new owner's own stale epoch is refused too.
         let wrong = b
@@ -455,7 +481,14 @@ mod tests {
                 } else {
                     (b.clone(), run_b.id())
                 };
-                tokio::spawn(async move { (run, host.claim("channel:x", run).await.unwrap()) })
+                tokio::spawn(async move {
+                    (
+                        run,
+                        host.claim(&crate::ids::testing::key("channel:x"), run)
+                            .await
+                            .unwrap(),
+                    )
+                })
             })
             .collect();
         let mut owners = std::collections::HashSet::new();
@@ -478,10 +511,8 @@ mod tests {
         expire(&url, owner).await;
         let third = a.begin_run().await.unwrap();
         let fourth = b.begin_run().await.unwrap();
-        let (x, y) = tokio::join!(
-            a.claim("channel:x", third.id()),
-            b.claim("channel:x", fourth.id())
-        );
+        let x = crate::ids::testing::key("channel:x");
+        let (x, y) = tokio::join!(a.claim(&x, third.id()), b.claim(&x, fourth.id()));
         let mut outcomes = [x.unwrap(), y.unwrap()];
         outcomes.sort_by_key(|c| matches!(c, Claim::OwnedElsewhere(_)));
         assert_eq!(outcomes[0], Claim::Owned(Epoch::new(2)), "{outcomes:?}");
@@ -497,7 +528,13 @@ mod tests {
         let (url, [(a, run_a), (b, run_b)]) = two_hosts(&cluster).await;
         let append = |host: &Arc<Postgres>, n: u32| {
             let host: Arc<dyn History> = host.clone();
-            async move { host.append("channel:main", vec![n.to_string()]).await }
+            async move {
+                host.append(
+                    &crate::ids::testing::key("channel:main"),
+                    vec![n.to_string()],
+                )
+                .await
+            }
         };
         append(&a, 1).await.unwrap();
         let refused = append(&b, 2).await.unwrap_err().to_string();
@@ -517,11 +554,15 @@ mod tests {
         assert!(again.contains("is over"), "{again}");
         let replaced = {
             let a: Arc<dyn History> = a.clone();
-            a.replace("channel:main", vec!["9".into()]).await
+            a.replace(&crate::ids::testing::key("channel:main"), vec!["9".into()])
+                .await
         };
         assert!(replaced.is_err(), "a replace is fenced too");
         let history: Arc<dyn History> = b.clone();
-        let kept: Vec<u32> = history.load_as("channel:main").await.unwrap();
+        let kept: Vec<u32> = history
+            .load_as(&crate::ids::testing::key("channel:main"))
+            .await
+            .unwrap();
         assert_eq!(kept, [1, 3]);
         drop((run_a, run_b));
     }
@@ -530,16 +571,31 @@ mod tests {
     async fn worker_records_are_fenced_by_their_conversations_owner() {
         let cluster = TestCluster::start();
         let (url, [(a, run_a), (b, run_b)]) = two_hosts(&cluster).await;
-        a.worker_started(run_a.id(), "worker:1", "channel:main", "t")
-            .await
-            .unwrap();
+        a.worker_started(
+            run_a.id(),
+            &crate::ids::testing::pid("worker:1"),
+            &crate::ids::testing::pid("channel:main"),
+            "t",
+        )
+        .await
+        .unwrap();
         let elsewhere = b
-            .worker_started(run_b.id(), "worker:2", "channel:main", "t")
+            .worker_started(
+                run_b.id(),
+                &crate::ids::testing::pid("worker:2"),
+                &crate::ids::testing::pid("channel:main"),
+                "t",
+            )
             .await
             .unwrap_err()
             .to_string();
         assert!(elsewhere.contains("another host"), "{elsewhere}");
-        assert_eq!(b.worker("worker:2").await.unwrap(), None);
+        assert_eq!(
+            b.worker(&crate::ids::testing::pid("worker:2"))
+                .await
+                .unwrap(),
+            None
+        );
 
         // A is paused past its lease; B marks its worker interrupted.
         expire(&url, run_a.id()).await;
@@ -547,20 +603,35 @@ mod tests {
         assert_eq!(marked.len(), 1);
         // A resumes with its worker's result: it lands nothing, and says why.
         let late = a
-            .set_worker_state("worker:1", WorkerState::Done, Some("late result"))
+            .set_worker_state(
+                &crate::ids::testing::pid("worker:1"),
+                WorkerState::Done,
+                Some("late result"),
+            )
             .await
             .unwrap_err()
             .to_string();
         assert!(late.contains("dropped"), "{late}");
-        let record = b.worker("worker:1").await.unwrap().unwrap();
+        let record = b
+            .worker(&crate::ids::testing::pid("worker:1"))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(record.state, WorkerState::Interrupted);
         assert_ne!(record.outcome.as_deref(), Some("late result"));
         // B takes the conversation over with its next worker.
-        b.worker_started(run_b.id(), "worker:3", "channel:main", "t")
-            .await
-            .unwrap();
+        b.worker_started(
+            run_b.id(),
+            &crate::ids::testing::pid("worker:3"),
+            &crate::ids::testing::pid("channel:main"),
+            "t",
+        )
+        .await
+        .unwrap();
         assert_eq!(
-            b.claim("channel:main", run_b.id()).await.unwrap(),
+            b.claim(&crate::ids::testing::key("channel:main"), run_b.id())
+                .await
+                .unwrap(),
             Claim::Owned(Epoch::new(2))
         );
     }
@@ -571,23 +642,47 @@ mod tests {
         let (url, [(a, run_a), (b, run_b)]) = two_hosts(&cluster).await;
         let (ha, hb): (Arc<dyn History>, Arc<dyn History>) = (a.clone(), b.clone());
         // Both hosts open the conversation; A answers first.
-        assert!(ha.load("channel:main").await.unwrap().is_empty());
-        assert!(hb.load("channel:main").await.unwrap().is_empty());
-        ha.append("channel:main", vec!["1".into()]).await.unwrap();
-        assert!(hb.append("channel:main", vec!["2".into()]).await.is_err());
+        assert!(
+            ha.load(&crate::ids::testing::key("channel:main"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            hb.load(&crate::ids::testing::key("channel:main"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        ha.append(&crate::ids::testing::key("channel:main"), vec!["1".into()])
+            .await
+            .unwrap();
+        assert!(
+            hb.append(&crate::ids::testing::key("channel:main"), vec!["2".into()])
+                .await
+                .is_err()
+        );
         // A goes away; B, which never saw A's message, tries to rewrite from its copy.
         expire(&url, run_a.id()).await;
         let stale = hb
-            .replace("channel:main", vec!["2".into()])
+            .replace(&crate::ids::testing::key("channel:main"), vec!["2".into()])
             .await
             .unwrap_err()
             .to_string();
         assert!(stale.contains("changed since this host read it"), "{stale}");
-        let kept: Vec<u32> = hb.load_as("channel:main").await.unwrap();
+        let kept: Vec<u32> = hb
+            .load_as(&crate::ids::testing::key("channel:main"))
+            .await
+            .unwrap();
         assert_eq!(kept, [1], "A's message survives");
         // Having read it, B writes on.
-        hb.append("channel:main", vec!["3".into()]).await.unwrap();
-        let kept: Vec<u32> = hb.load_as("channel:main").await.unwrap();
+        hb.append(&crate::ids::testing::key("channel:main"), vec!["3".into()])
+            .await
+            .unwrap();
+        let kept: Vec<u32> = hb
+            .load_as(&crate::ids::testing::key("channel:main"))
+            .await
+            .unwrap();
         assert_eq!(kept, [1, 3]);
         drop((run_a, run_b));
     }
@@ -596,38 +691,54 @@ mod tests {
     async fn forwarded_messages_are_taken_once_in_order_by_the_owner_only() {
         let cluster = TestCluster::start();
         let (url, [(a, run_a), (b, run_b)]) = two_hosts(&cluster).await;
-        let Claim::Owned(epoch) = a.claim("channel:main", run_a.id()).await.unwrap() else {
+        let Claim::Owned(epoch) = a
+            .claim(&crate::ids::testing::key("channel:main"), run_a.id())
+            .await
+            .unwrap()
+        else {
             panic!("nobody owned it");
         };
         let forwards: Vec<_> = (0..20)
             .map(|n| {
                 let b = b.clone();
-                async move { b.forward("channel:main", &user(&n.to_string())).await }
+                async move {
+                    b.forward(
+                        &crate::ids::testing::key("channel:main"),
+                        &user(&n.to_string()),
+                    )
+                    .await
+                }
             })
             .collect();
         let mut numbers = Vec::new();
         for forward in forwards {
             numbers.push(forward.await.unwrap());
         }
-        b.forward("channel:other", &user("elsewhere"))
-            .await
-            .unwrap();
+        b.forward(
+            &crate::ids::testing::key("channel:other"),
+            &user("elsewhere"),
+        )
+        .await
+        .unwrap();
         // B sees the unowned session only; A sees both.
         assert_eq!(
             b.forwarded_sessions(run_b.id()).await.unwrap(),
-            ["channel:other"]
+            [crate::ids::testing::key("channel:other")]
         );
         assert_eq!(
             a.forwarded_sessions(run_a.id()).await.unwrap(),
-            ["channel:main", "channel:other"]
+            [
+                crate::ids::testing::key("channel:main"),
+                crate::ids::testing::key("channel:other")
+            ]
         );
         let refused = b
-            .take_forwarded("channel:main", run_b.id(), epoch)
+            .take_forwarded(&crate::ids::testing::key("channel:main"), run_b.id(), epoch)
             .await
             .unwrap_err();
         assert!(refused.to_string().contains("dropped"), "{refused}");
         let taken = a
-            .take_forwarded("channel:main", run_a.id(), epoch)
+            .take_forwarded(&crate::ids::testing::key("channel:main"), run_a.id(), epoch)
             .await
             .unwrap();
         let expected: Vec<_> = numbers
@@ -636,7 +747,7 @@ mod tests {
             .collect();
         assert_eq!(taken, expected, "all of them, in the order forwarded");
         assert!(
-            a.take_forwarded("channel:main", run_a.id(), epoch)
+            a.take_forwarded(&crate::ids::testing::key("channel:main"), run_a.id(), epoch)
                 .await
                 .unwrap()
                 .is_empty(),
@@ -650,22 +761,35 @@ mod tests {
         // With one more message waiting, B may take the session over, and with it every
         // message A took and never answered (A stopped before storing them); A's stale
         // epoch takes nothing.
-        b.forward("channel:main", &user("late")).await.unwrap();
+        b.forward(&crate::ids::testing::key("channel:main"), &user("late"))
+            .await
+            .unwrap();
         expire(&url, run_a.id()).await;
         assert_eq!(
             b.forwarded_sessions(run_b.id()).await.unwrap(),
-            ["channel:main", "channel:other"]
+            [
+                crate::ids::testing::key("channel:main"),
+                crate::ids::testing::key("channel:other")
+            ]
         );
         assert!(
-            a.take_forwarded("channel:main", run_a.id(), epoch)
+            a.take_forwarded(&crate::ids::testing::key("channel:main"), run_a.id(), epoch)
                 .await
                 .is_err()
         );
-        let Claim::Owned(taken_over) = b.claim("channel:main", run_b.id()).await.unwrap() else {
+        let Claim::Owned(taken_over) = b
+            .claim(&crate::ids::testing::key("channel:main"), run_b.id())
+            .await
+            .unwrap()
+        else {
             panic!("the expired owner kept it");
         };
         let late: Vec<Forwarded> = b
-            .take_forwarded("channel:main", run_b.id(), taken_over)
+            .take_forwarded(
+                &crate::ids::testing::key("channel:main"),
+                run_b.id(),
+                taken_over,
+            )
             .await
             .unwrap()
             .into_iter()
@@ -692,7 +816,11 @@ mod tests {
     async fn a_forwarded_row_this_host_cannot_read_is_left_for_one_that_can() {
         let cluster = TestCluster::start();
         let (url, [(a, run_a), _]) = two_hosts(&cluster).await;
-        let Claim::Owned(epoch) = a.claim("channel:main", run_a.id()).await.unwrap() else {
+        let Claim::Owned(epoch) = a
+            .claim(&crate::ids::testing::key("channel:main"), run_a.id())
+            .await
+            .unwrap()
+        else {
             panic!("nobody owned it");
         };
         admin(&url)
@@ -705,7 +833,7 @@ mod tests {
             .await
             .unwrap();
         let err = a
-            .take_forwarded("channel:main", run_a.id(), epoch)
+            .take_forwarded(&crate::ids::testing::key("channel:main"), run_a.id(), epoch)
             .await
             .unwrap_err()
             .to_string();
@@ -724,7 +852,13 @@ mod tests {
         use crate::services::{AuditRecord, AuditSink, NewTask, TaskBoard, TaskPatch};
         let cluster = TestCluster::start();
         let (url, [(a, run_a), (b, _run_b)]) = two_hosts(&cluster).await;
-        let task = a.create("worker:1", NewTask::titled("kept")).await.unwrap();
+        let task = a
+            .create(
+                &crate::ids::testing::by("worker:1"),
+                NewTask::titled("kept"),
+            )
+            .await
+            .unwrap();
         let call = || AuditRecord {
             process: "worker:1".into(),
             tool: "file_read".into(),
@@ -739,9 +873,12 @@ mod tests {
         // A is paused past its lease: whatever it writes now is refused, and says so.
         expire(&url, run_a.id()).await;
         let refused = [
-            a.create("worker:1", NewTask::titled("late"))
-                .await
-                .map(drop),
+            a.create(
+                &crate::ids::testing::by("worker:1"),
+                NewTask::titled("late"),
+            )
+            .await
+            .map(drop),
             a.update(
                 task.number,
                 TaskPatch {
@@ -779,7 +916,10 @@ mod tests {
         b.record(call()).await.unwrap();
         let command = Postgres::connect(&url).await.unwrap();
         command
-            .create("cli", NewTask::titled("from a command"))
+            .create(
+                &crate::ids::testing::by("cli"),
+                NewTask::titled("from a command"),
+            )
             .await
             .unwrap();
     }

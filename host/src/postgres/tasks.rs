@@ -5,8 +5,10 @@ use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
+use super::rows::{parsed, parsed_opt};
 use super::sessions::live_run;
 use super::{Postgres, now};
+use crate::ids::Caller;
 use crate::services::Operation;
 use crate::services::{
     DEFAULT_LIST_LIMIT, NewTask, Priority, ServiceError, Task, TaskBoard, TaskFilter, TaskPatch,
@@ -17,16 +19,14 @@ const COLUMNS: &str =
     "number, title, description, status, priority, creator, assigned_worker, parent, metadata";
 
 fn task_from(row: &Row) -> Result<Task, ServiceError> {
-    let status: String = row.get(3);
-    let priority: String = row.get(4);
     Ok(Task {
         number: row.get::<_, i64>(0) as u64,
         title: row.get(1),
         description: row.get(2),
-        status: status.parse()?,
-        priority: priority.parse()?,
-        creator: row.get(5),
-        assigned_worker: row.get(6),
+        status: parsed(row, 3)?,
+        priority: parsed(row, 4)?,
+        creator: parsed(row, 5)?,
+        assigned_worker: parsed_opt(row, 6)?,
         parent: row.get::<_, Option<i64>>(7).map(|n| n as u64),
         metadata: row.get(8),
     })
@@ -55,8 +55,7 @@ impl Postgres {
 
 #[async_trait]
 impl TaskBoard for Postgres {
-    async fn create(&self, creator: &str, task: NewTask) -> Result<Task, ServiceError> {
-        task.check()?;
+    async fn create(&self, creator: &Caller, task: NewTask) -> Result<Task, ServiceError> {
         let failed = |err| self.failed(Operation::TasksCreate, err);
         let client = self.client().await?;
         if let Some(parent) = task.parent {
@@ -80,12 +79,12 @@ impl TaskBoard for Postgres {
             .query_opt(
                 &sql,
                 &[
-                    &task.title.trim(),
+                    &task.title,
                     &task.description,
                     &TaskStatus::Backlog.as_str(),
                     &task.priority.unwrap_or(Priority::Normal).as_str(),
-                    &creator,
-                    &task.assigned_worker,
+                    &creator.to_string(),
+                    &task.assigned_worker.as_ref().map(ToString::to_string),
                     &task.parent.map(|n| n as i64),
                     &task.metadata.as_deref().unwrap_or("{}"),
                     &now(),
@@ -128,7 +127,6 @@ impl TaskBoard for Postgres {
     }
 
     async fn update(&self, number: u64, patch: TaskPatch) -> Result<Task, ServiceError> {
-        patch.check()?;
         let failed = |err| self.failed(Operation::TasksUpdate, err);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(failed)?;
@@ -153,12 +151,12 @@ impl TaskBoard for Postgres {
                 &sql,
                 &[
                     &(number as i64),
-                    &patch.title.as_deref().map(str::trim),
+                    &patch.title,
                     &patch.description,
                     &patch.status.map(TaskStatus::as_str),
                     &patch.priority.map(Priority::as_str),
                     &patch.metadata,
-                    &patch.assigned_worker,
+                    &patch.assigned_worker.as_ref().map(ToString::to_string),
                     &now(),
                     &self.writer_run(),
                 ],

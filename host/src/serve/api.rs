@@ -49,14 +49,14 @@ pub(crate) async fn channels(State(app): State<Arc<App>>) -> Result<Json<Channel
     let all = app.runtime.services().history.conversations().await?;
     let channels = all
         .into_iter()
-        .filter_map(|c| {
-            let id: ProcessId = c.channel.parse().ok()?;
-            Some(ChannelView {
+        .map(|c| {
+            let id = c.channel.process();
+            ChannelView {
                 id: id.to_string(),
                 kind: id.kind().to_string(),
                 name: id.name().to_owned(),
                 messages: c.messages,
-            })
+            }
         })
         .collect();
     Ok(Json(ChannelList { channels }))
@@ -110,12 +110,7 @@ pub(crate) async fn history(
     if id.kind() == ProcessKind::Cortex {
         caller.require(TokenScope::Admin)?;
     }
-    let entries = app
-        .runtime
-        .services()
-        .history
-        .load(id.session().as_str())
-        .await?;
+    let entries = app.runtime.services().history.load(&id.session()).await?;
     if entries.is_empty() {
         return Err(ApiError::not_found(format!(
             "no conversation `{id}` has a stored history; GET /v1/channels lists them"

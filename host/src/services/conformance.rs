@@ -3,9 +3,11 @@
 //! module. A new backend passes them before anything uses it.
 
 use super::{
-    AuditRecord, NewMemory, NewTask, Priority, REDACTED, ServiceError, Services, TaskFilter,
-    TaskPatch, TaskStatus, WorkerState,
+    Answer, AuditRecord, Claim, ForwardId, Forwarded, NewMemory, NewTask, Priority, REDACTED,
+    ServiceError, Services, TaskFilter, TaskPatch, TaskStatus, WorkerState,
 };
+use crate::ids::ProcessKind;
+use crate::ids::testing::{by, key, pid};
 
 /// Runs every check, each on fresh services from `fresh`.
 pub(crate) async fn check_all(fresh: impl AsyncFn() -> Services) {
@@ -21,6 +23,7 @@ pub(crate) async fn check_all(fresh: impl AsyncFn() -> Services) {
     a_long_ttl_is_a_long_life(&fresh().await).await;
     a_worker_is_recorded_once_and_its_end_is_final(&fresh().await).await;
     conversations_workers_and_audit_pages_list_what_is_stored(&fresh().await).await;
+    a_run_owns_the_sessions_it_claims_and_forwarded_messages_are_taken_once(&fresh().await).await;
 }
 
 fn status(to: TaskStatus) -> TaskPatch {
@@ -33,7 +36,7 @@ fn status(to: TaskStatus) -> TaskPatch {
 async fn tasks_are_numbered_listed_and_filtered(s: &Services) {
     let a = s
         .tasks
-        .create("worker:1", NewTask::titled(" a "))
+        .create(&by("worker:1"), NewTask::titled(" a "))
         .await
         .unwrap();
     let b = NewTask {
@@ -43,7 +46,7 @@ async fn tasks_are_numbered_listed_and_filtered(s: &Services) {
         metadata: Some(r#"{"source":"notes.md"}"#.into()),
         ..NewTask::default()
     };
-    let b = s.tasks.create("branch:2", b).await.unwrap();
+    let b = s.tasks.create(&by("branch:2"), b).await.unwrap();
     assert_eq!(
         (a.number, a.title.as_str()),
         (1, "a"),
@@ -51,7 +54,7 @@ async fn tasks_are_numbered_listed_and_filtered(s: &Services) {
     );
     assert_eq!(b.number, 2);
     assert_eq!(
-        (b.status, b.priority, b.creator.as_str()),
+        (b.status, b.priority, b.creator.to_string().as_str()),
         (TaskStatus::Backlog, Priority::High, "branch:2")
     );
     assert_eq!((a.priority, a.metadata.as_str()), (Priority::Normal, "{}"));
@@ -74,17 +77,21 @@ async fn tasks_are_numbered_listed_and_filtered(s: &Services) {
     };
     assert_eq!(s.tasks.list(one).await.unwrap().len(), 1);
     let assign = TaskPatch {
-        assigned_worker: Some("worker:7".into()),
+        assigned_worker: Some(pid("worker:7")),
         ..TaskPatch::default()
     };
     let assigned = s.tasks.update(2, assign).await.unwrap();
-    assert_eq!(assigned.assigned_worker.as_deref(), Some("worker:7"));
+    assert_eq!(assigned.assigned_worker, Some(pid("worker:7")));
     assert_eq!(assigned.title, "b", "fields not in the patch stay");
     assert_eq!(s.tasks.get(2).await.unwrap(), assigned);
 }
 
 async fn status_changes_follow_the_allowed_transitions(s: &Services) {
-    let t = s.tasks.create("w", NewTask::titled("t")).await.unwrap();
+    let t = s
+        .tasks
+        .create(&by("w"), NewTask::titled("t"))
+        .await
+        .unwrap();
     let err = s.tasks.update(t.number, status(TaskStatus::Done)).await;
     let err = err.unwrap_err().to_string();
     assert!(
@@ -117,19 +124,24 @@ async fn status_changes_follow_the_allowed_transitions(s: &Services) {
 }
 
 async fn bad_tasks_are_refused_with_a_reason(s: &Services) {
-    let blank = s.tasks.create("w", NewTask::titled(" ")).await;
+    let blank = s.tasks.create(&by("w"), NewTask::titled(" ")).await;
     assert!(matches!(blank, Err(ServiceError::Invalid(_))), "{blank:?}");
     let bad_meta = NewTask {
         metadata: Some("[1]".into()),
         ..NewTask::titled("t")
     };
-    let err = s.tasks.create("w", bad_meta).await.unwrap_err().to_string();
+    let err = s
+        .tasks
+        .create(&by("w"), bad_meta)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("JSON object"), "{err}");
     let orphan = NewTask {
         parent: Some(99),
         ..NewTask::titled("t")
     };
-    let err = s.tasks.create("w", orphan).await.unwrap_err();
+    let err = s.tasks.create(&by("w"), orphan).await.unwrap_err();
     assert!(
         matches!(&err, ServiceError::NotFound(m) if m.contains("#99")),
         "{err}"
@@ -140,7 +152,11 @@ async fn bad_tasks_are_refused_with_a_reason(s: &Services) {
     ));
     let missing = s.tasks.update(7, status(TaskStatus::Ready)).await;
     assert!(matches!(missing, Err(ServiceError::NotFound(_))));
-    let t = s.tasks.create("w", NewTask::titled("t")).await.unwrap();
+    let t = s
+        .tasks
+        .create(&by("w"), NewTask::titled("t"))
+        .await
+        .unwrap();
     let blank_title = TaskPatch {
         title: Some("  ".into()),
         ..TaskPatch::default()
@@ -160,21 +176,24 @@ fn note(kind: &str, content: &str, importance: f32) -> NewMemory {
 
 async fn recall_finds_by_words_ranks_by_importance_and_forgets_deleted(s: &Services) {
     let m = &s.memory;
-    m.save("branch:1", note("fact", "The release ships on Friday", 0.2))
-        .await
-        .unwrap();
+    m.save(
+        &by("branch:1"),
+        note("fact", "The release ships on Friday", 0.2),
+    )
+    .await
+    .unwrap();
     let key = m
         .save(
-            "branch:1",
+            &by("branch:1"),
             note("decision", "Release notes go in CHANGES.md", 0.9),
         )
         .await
         .unwrap();
-    m.save("branch:1", note("", "Lunch is at noon", 0.5))
+    m.save(&by("branch:1"), note("", "Lunch is at noon", 0.5))
         .await
         .unwrap();
     assert_eq!(
-        (key.kind.as_str(), key.source.as_str()),
+        (key.kind.as_str(), key.source.to_string().as_str()),
         ("decision", "branch:1")
     );
     let found = m.recall("when is the release?", 10).await.unwrap();
@@ -196,9 +215,9 @@ async fn recall_finds_by_words_ranks_by_importance_and_forgets_deleted(s: &Servi
         m.delete(key.id).await,
         Err(ServiceError::NotFound(_))
     ));
-    let empty = m.save("b", note("fact", " ", 0.5)).await;
+    let empty = m.save(&by("b"), note("fact", " ", 0.5)).await;
     assert!(matches!(empty, Err(ServiceError::Invalid(_))));
-    let heavy = m.save("b", note("fact", "x", 1.5)).await.unwrap_err();
+    let heavy = m.save(&by("b"), note("fact", "x", 1.5)).await.unwrap_err();
     assert!(heavy.to_string().contains("between 0.0 and 1.0"), "{heavy}");
 }
 
@@ -234,31 +253,35 @@ async fn working_memory_expires_and_lists_by_prefix(s: &Services) {
 
 async fn history_appends_in_order_replaces_and_refuses_to_load_short(s: &Services) {
     let h = &s.history;
-    h.append("c", vec!["1".into(), "2".into()]).await.unwrap();
-    h.append("c", vec!["3".into()]).await.unwrap();
-    h.append("other", vec![r#""x""#.into()]).await.unwrap();
-    let numbers: Vec<u32> = h.load_as("c").await.unwrap();
-    assert_eq!(numbers, [1, 2, 3]);
-    h.replace("c", vec![r#""summary""#.into(), "3".into()])
+    h.append(&key("c"), vec!["1".into(), "2".into()])
         .await
         .unwrap();
-    let entries = h.load("c").await.unwrap();
+    h.append(&key("c"), vec!["3".into()]).await.unwrap();
+    h.append(&key("other"), vec![r#""x""#.into()])
+        .await
+        .unwrap();
+    let numbers: Vec<u32> = h.load_as(&key("c")).await.unwrap();
+    assert_eq!(numbers, [1, 2, 3]);
+    h.replace(&key("c"), vec![r#""summary""#.into(), "3".into()])
+        .await
+        .unwrap();
+    let entries = h.load(&key("c")).await.unwrap();
     assert_eq!(
         (entries[0].seq, entries[0].message.as_str(), entries.len()),
         (0, r#""summary""#, 2)
     );
-    assert_eq!(h.load("other").await.unwrap().len(), 1);
-    assert!(h.load("never").await.unwrap().is_empty());
-    let err = h.load_as::<u32>("c").await.unwrap_err();
+    assert_eq!(h.load(&key("other")).await.unwrap().len(), 1);
+    assert!(h.load(&key("never")).await.unwrap().is_empty());
+    let err = h.load_as::<u32>(&key("c")).await.unwrap_err();
     assert!(
-        matches!(&err, ServiceError::UnreadableHistory { channel, seq: 0, .. } if channel == "c"),
+        matches!(&err, ServiceError::UnreadableHistory { channel, seq: 0, .. } if channel == "channel:c"),
         "{err}"
     );
     assert!(err.to_string().contains(&h.location()), "{err}");
-    h.append("broken", vec!["1".into(), "{".into()])
+    h.append(&key("broken"), vec!["1".into(), "{".into()])
         .await
         .unwrap();
-    let err = h.load("broken").await.unwrap_err();
+    let err = h.load(&key("broken")).await.unwrap_err();
     assert!(
         matches!(&err, ServiceError::UnreadableHistory { seq: 1, .. }),
         "not returned short: {err}"
@@ -300,14 +323,17 @@ async fn audit_redacts_and_lists_newest_first(s: &Services) {
 async fn conversations_workers_and_audit_pages_list_what_is_stored(s: &Services) {
     assert!(s.history.conversations().await.unwrap().is_empty());
     s.history
-        .append("channel:b", vec!["1".into(), "2".into()])
+        .append(&key("channel:b"), vec!["1".into(), "2".into()])
         .await
         .unwrap();
     s.history
-        .append("channel:a", vec!["1".into()])
+        .append(&key("channel:a"), vec!["1".into()])
         .await
         .unwrap();
-    s.history.replace("channel:gone", Vec::new()).await.unwrap();
+    s.history
+        .replace(&key("channel:gone"), Vec::new())
+        .await
+        .unwrap();
     let all = s.history.conversations().await.unwrap();
     let listed: Vec<(&str, u64)> = all
         .iter()
@@ -319,22 +345,24 @@ async fn conversations_workers_and_audit_pages_list_what_is_stored(s: &Services)
     for n in 1..=3 {
         let id = format!("worker:{n}");
         s.ledger
-            .worker_started(run.id(), &id, "channel:a", &format!("task {n}"))
+            .worker_started(run.id(), &pid(&id), &pid("channel:a"), &format!("task {n}"))
             .await
             .unwrap();
     }
     s.ledger
-        .set_worker_state("worker:2", WorkerState::Done, Some("ok"))
+        .set_worker_state(&pid("worker:2"), WorkerState::Done, Some("ok"))
         .await
         .unwrap();
     let workers = s.ledger.workers(2).await.unwrap();
-    let listed: Vec<(&str, WorkerState)> =
-        workers.iter().map(|w| (w.id.as_str(), w.state)).collect();
+    let listed: Vec<(String, WorkerState)> = workers
+        .iter()
+        .map(|w| (w.id.to_string(), w.state))
+        .collect();
     assert_eq!(
         listed,
         [
-            ("worker:3", WorkerState::Running),
-            ("worker:2", WorkerState::Done)
+            ("worker:3".to_owned(), WorkerState::Running),
+            ("worker:2".to_owned(), WorkerState::Done)
         ],
         "newest first, in their state"
     );
@@ -366,25 +394,21 @@ async fn conversations_workers_and_audit_pages_list_what_is_stored(s: &Services)
 
 async fn the_ledger_numbers_processes_and_interrupts_the_workers_of_ended_runs(s: &Services) {
     let l = &s.ledger;
-    assert_eq!(l.next_process_number("worker").await.unwrap(), 1);
-    assert_eq!(l.next_process_number("worker").await.unwrap(), 2);
-    assert_eq!(l.next_process_number("branch").await.unwrap(), 1);
-    assert!(matches!(
-        l.next_process_number("").await,
-        Err(ServiceError::Invalid(_))
-    ));
+    assert_eq!(l.next_process_number(ProcessKind::Worker).await.unwrap(), 1);
+    assert_eq!(l.next_process_number(ProcessKind::Worker).await.unwrap(), 2);
+    assert_eq!(l.next_process_number(ProcessKind::Branch).await.unwrap(), 1);
     let ended = l.begin_run().await.unwrap();
     let alive = l.begin_run().await.unwrap();
     assert_ne!(ended.id(), alive.id());
     for (run, id) in [(ended.id(), "worker:1"), (ended.id(), "worker:2")] {
-        l.worker_started(run, id, "channel:main", "sort")
+        l.worker_started(run, &pid(id), &pid("channel:main"), "sort")
             .await
             .unwrap();
     }
-    l.worker_started(alive.id(), "worker:3", "channel:main", "file")
+    l.worker_started(alive.id(), &pid("worker:3"), &pid("channel:main"), "file")
         .await
         .unwrap();
-    l.set_worker_state("worker:2", WorkerState::Done, Some("3 items"))
+    l.set_worker_state(&pid("worker:2"), WorkerState::Done, Some("3 items"))
         .await
         .unwrap();
     assert!(l.mark_interrupted_workers().await.unwrap().is_empty());
@@ -393,25 +417,25 @@ async fn the_ledger_numbers_processes_and_interrupts_the_workers_of_ended_runs(s
     let marked = l.mark_interrupted_workers().await.unwrap();
     assert_eq!(marked.len(), 1, "{marked:?}");
     assert_eq!(
-        (marked[0].id.as_str(), marked[0].state),
+        (marked[0].id.to_string().as_str(), marked[0].state),
         ("worker:1", WorkerState::Interrupted)
     );
     let outcome = marked[0].outcome.clone().unwrap();
     assert!(outcome.contains(&ended_id.to_string()), "{outcome}");
-    let done = l.worker("worker:2").await.unwrap().unwrap();
+    let done = l.worker(&pid("worker:2")).await.unwrap().unwrap();
     assert_eq!(
         (done.state, done.outcome.as_deref(), done.task.as_str()),
         (WorkerState::Done, Some("3 items"), "sort")
     );
-    let live = l.worker("worker:3").await.unwrap().unwrap();
+    let live = l.worker(&pid("worker:3")).await.unwrap().unwrap();
     assert_eq!(
         live.state,
         WorkerState::Running,
         "a live run's worker is left alone"
     );
-    assert_eq!(l.worker("worker:9").await.unwrap(), None);
+    assert_eq!(l.worker(&pid("worker:9")).await.unwrap(), None);
     let missing = l
-        .set_worker_state("worker:9", WorkerState::Done, None)
+        .set_worker_state(&pid("worker:9"), WorkerState::Done, None)
         .await;
     assert!(matches!(missing, Err(ServiceError::NotFound(_))));
     drop(alive);
@@ -419,7 +443,7 @@ async fn the_ledger_numbers_processes_and_interrupts_the_workers_of_ended_runs(s
 
 async fn recall_matches_whole_words_of_kind_and_content_whatever_their_case(s: &Services) {
     let m = &s.memory;
-    m.save("b", note("decision", "We fly to İstanbul", 0.5))
+    m.save(&by("b"), note("decision", "We fly to İstanbul", 0.5))
         .await
         .unwrap();
     for query in ["İstanbul", "we FLY", "decision"] {
@@ -431,7 +455,7 @@ async fn recall_matches_whole_words_of_kind_and_content_whatever_their_case(s: &
         "whole words only"
     );
     m.save(
-        "b",
+        &by("b"),
         note(
             "fact",
             "Notes in CHANGES.md; ask bob@example.com about v1.2",
@@ -461,33 +485,108 @@ async fn a_long_ttl_is_a_long_life(s: &Services) {
 async fn a_worker_is_recorded_once_and_its_end_is_final(s: &Services) {
     let l = &s.ledger;
     let run = l.begin_run().await.unwrap();
-    l.worker_started(run.id(), "worker:1", "channel:main", "t")
+    l.worker_started(run.id(), &pid("worker:1"), &pid("channel:main"), "t")
         .await
         .unwrap();
     let again = l
-        .worker_started(run.id(), "worker:1", "channel:main", "t")
+        .worker_started(run.id(), &pid("worker:1"), &pid("channel:main"), "t")
         .await;
     assert!(
         matches!(&again, Err(ServiceError::Invalid(m)) if m.contains("worker:1")),
         "{again:?}"
     );
-    l.set_worker_state("worker:1", WorkerState::WaitingForInput, None)
+    l.set_worker_state(&pid("worker:1"), WorkerState::WaitingForInput, None)
         .await
         .unwrap();
-    l.set_worker_state("worker:1", WorkerState::Done, Some("ok"))
+    l.set_worker_state(&pid("worker:1"), WorkerState::Done, Some("ok"))
         .await
         .unwrap();
     let revived = l
-        .set_worker_state("worker:1", WorkerState::Running, None)
+        .set_worker_state(&pid("worker:1"), WorkerState::Running, None)
         .await;
     assert!(
         matches!(revived, Err(ServiceError::Invalid(_))),
         "{revived:?}"
     );
-    let record = l.worker("worker:1").await.unwrap().unwrap();
+    let record = l.worker(&pid("worker:1")).await.unwrap().unwrap();
     assert_eq!(
         (record.state, record.outcome.as_deref()),
         (WorkerState::Done, Some("ok"))
     );
     drop(run);
+}
+
+/// Every backend: a live run owns what it claims, under an epoch that holds while it
+/// does. A backend one host uses alone refuses to forward (that host owns every
+/// session); one hosts share takes each forwarded message once, by the owner, and hands
+/// each answer back once.
+async fn a_run_owns_the_sessions_it_claims_and_forwarded_messages_are_taken_once(s: &Services) {
+    let sessions = &s.sessions;
+    let run = s.ledger.begin_run().await.unwrap();
+    let main = key("channel:main");
+    let Claim::Owned(epoch) = sessions.claim(&main, run.id()).await.unwrap() else {
+        panic!("a live run claiming a session nobody owns owns it");
+    };
+    assert_eq!(
+        sessions.claim(&main, run.id()).await.unwrap(),
+        Claim::Owned(epoch),
+        "a run keeps the session it owns, under the same epoch"
+    );
+    assert!(matches!(
+        sessions.claim(&key("cortex:main"), run.id()).await.unwrap(),
+        Claim::Owned(_)
+    ));
+    assert!(
+        sessions
+            .forwarded_sessions(run.id())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let nothing = sessions
+        .take_forwarded(&main, run.id(), epoch)
+        .await
+        .unwrap();
+    assert!(nothing.is_empty(), "{nothing:?}");
+    assert_eq!(sessions.take_answer(ForwardId::new(1)).await.unwrap(), None);
+
+    let message = Forwarded::User {
+        text: "hello".into(),
+        key: None,
+    };
+    match sessions.forward(&main, &message).await {
+        // One host alone owns every session: there is nowhere to forward to.
+        Err(ServiceError::Invalid(why)) => assert!(why.contains("channel:main"), "{why}"),
+        Err(other) => panic!("a refused forward is Invalid, naming the session: {other}"),
+        Ok(id) => {
+            assert_eq!(
+                sessions.forwarded_sessions(run.id()).await.unwrap(),
+                [main.clone()]
+            );
+            let taken = sessions.take_forwarded(&main, run.id(), epoch).await;
+            assert_eq!(taken.unwrap(), [(id, message)]);
+            let again = sessions.take_forwarded(&main, run.id(), epoch).await;
+            assert!(again.unwrap().is_empty(), "a message is taken once");
+            let answer = Answer {
+                reply: "hi".into(),
+                ..Answer::default()
+            };
+            sessions.answer(id, &answer).await.unwrap();
+            assert_eq!(sessions.take_answer(id).await.unwrap(), Some(answer));
+            assert_eq!(
+                sessions.take_answer(id).await.unwrap(),
+                None,
+                "an answer is taken once"
+            );
+            // A run that is over claims nothing.
+            let over = run.id();
+            drop(run);
+            s.ledger.settle().await;
+            let refused = sessions.claim(&key("channel:other"), over).await;
+            assert!(
+                matches!(refused, Err(ServiceError::Invalid(_))),
+                "{refused:?}"
+            );
+        }
+    }
 }

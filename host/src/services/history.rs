@@ -4,16 +4,19 @@ use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 
 use super::ServiceError;
+use crate::ids::SessionKey;
 
 /// Where each conversation's messages are kept between turns and runs.
 ///
 /// ```
 /// use capstan_host::services::Services;
+/// use capstan_host::ids::ProcessId;
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let services = Services::in_memory();
-/// services.history.append("main", vec!["1".into(), "2".into()]).await.unwrap();
-/// let numbers: Vec<u32> = services.history.load_as("main").await.unwrap();
+/// let main = ProcessId::channel("main").session();
+/// services.history.append(&main, vec!["1".into(), "2".into()]).await.unwrap();
+/// let numbers: Vec<u32> = services.history.load_as(&main).await.unwrap();
 /// assert_eq!(numbers, [1, 2]);
 /// # });
 /// ```
@@ -24,14 +27,19 @@ pub trait History: Send + Sync {
 
     /// `channel`'s whole history, in order. Fails with [`ServiceError::UnreadableHistory`]
     /// if any stored message is not JSON text, rather than return it short.
-    async fn load(&self, channel: &str) -> Result<Vec<HistoryEntry>, ServiceError>;
+    async fn load(&self, channel: &SessionKey) -> Result<Vec<HistoryEntry>, ServiceError>;
 
     /// Appends `messages` (JSON) to `channel`'s history, all or none. Appends to one
     /// channel from several hosts at once lose no message.
-    async fn append(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError>;
+    async fn append(&self, channel: &SessionKey, messages: Vec<String>)
+    -> Result<(), ServiceError>;
 
     /// Replaces `channel`'s whole history (after compaction or a rollback), all or none.
-    async fn replace(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError>;
+    async fn replace(
+        &self,
+        channel: &SessionKey,
+        messages: Vec<String>,
+    ) -> Result<(), ServiceError>;
 
     /// Every conversation with a stored message, sorted by name, with how many it holds.
     async fn conversations(&self) -> Result<Vec<ConversationSummary>, ServiceError>;
@@ -43,7 +51,7 @@ impl dyn History {
     /// rather than return the history without it.
     pub async fn load_as<T: DeserializeOwned>(
         &self,
-        channel: &str,
+        channel: &SessionKey,
     ) -> Result<Vec<T>, ServiceError> {
         self.load(channel)
             .await?
@@ -52,7 +60,7 @@ impl dyn History {
                 serde_json::from_str(&entry.message).map_err(|err| {
                     ServiceError::UnreadableHistory {
                         location: self.location(),
-                        channel: channel.to_owned(),
+                        channel: channel.to_string(),
                         seq: entry.seq,
                         reason: format!("not a valid message: {err}"),
                     }
@@ -66,7 +74,7 @@ impl dyn History {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ConversationSummary {
     /// Its session key, e.g. `channel:main`.
-    pub channel: String,
+    pub channel: SessionKey,
     /// Messages stored.
     pub messages: u64,
 }

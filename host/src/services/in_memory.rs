@@ -9,15 +9,15 @@ use super::{
     AuditDestination, AuditEntry, AuditRecord, AuditSink, ConversationSummary, DEFAULT_LIST_LIMIT,
     History, HistoryEntry, Ledger, Memory, MemoryItem, NewMemory, NewTask, Priority, RECALL_MAX,
     RequestEntry, RequestRecord, Run, RunId, ServiceError, Sessions, Task, TaskBoard, TaskFilter,
-    TaskPatch, TaskStatus, WorkerRecord, WorkerState, check_working_key, expires_at,
-    interrupted_outcome, memory_words, now, recall_terms, redact, worker_already_recorded,
-    worker_has_ended,
+    TaskPatch, TaskStatus, WorkerRecord, WorkerState, expires_at, interrupted_outcome,
+    memory_words, now, recall_terms, worker_already_recorded, worker_has_ended,
 };
+use crate::ids::{Caller, ProcessId, ProcessKind, SessionKey};
 
 /// Every service kept in this process's memory, behind one lock, and lost when dropped.
 ///
-/// It applies the same rules as the SQLite store (they live with the types) and passes the
-/// same conformance checks, so tests and embedders that keep nothing can use it in its
+/// It stores what the rules in front of it let through, as the SQLite store does, and
+/// passes the same conformance checks, so tests and embedders that keep nothing can use it in its
 /// place. Recall matches whole words of a memory's kind and content, whatever their case,
 /// and ranks by how many of the query's words a memory holds, weighted by its importance.
 /// SQLite ranks by BM25 and also matches words that differ only in accents (`cafe` finds
@@ -34,15 +34,15 @@ struct State {
     next_memory: u64,
     /// Key to value and expiry (Unix seconds).
     working: HashMap<String, (String, Option<i64>)>,
-    history: HashMap<String, Vec<String>>,
+    history: HashMap<SessionKey, Vec<String>>,
     audit: Vec<AuditEntry>,
     requests: Vec<RequestEntry>,
     /// Each run's liveness token: the run is over once its token is gone.
     runs: Vec<Weak<()>>,
-    counters: HashMap<String, u64>,
-    workers: BTreeMap<String, (RunId, WorkerRecord)>,
+    counters: HashMap<ProcessKind, u64>,
+    workers: BTreeMap<ProcessId, (RunId, WorkerRecord)>,
     /// Worker ids in the order they started.
-    worker_order: Vec<String>,
+    worker_order: Vec<ProcessId>,
 }
 
 impl InMemory {
@@ -61,8 +61,7 @@ fn no_task(number: u64) -> ServiceError {
 
 #[async_trait]
 impl TaskBoard for InMemory {
-    async fn create(&self, creator: &str, task: NewTask) -> Result<Task, ServiceError> {
-        task.check()?;
+    async fn create(&self, creator: &Caller, task: NewTask) -> Result<Task, ServiceError> {
         let mut state = self.state();
         if let Some(parent) = task.parent
             && !state.tasks.contains_key(&parent)
@@ -74,11 +73,11 @@ impl TaskBoard for InMemory {
         let number = state.tasks.keys().next_back().map_or(1, |last| last + 1);
         let created = Task {
             number,
-            title: task.title.trim().to_owned(),
+            title: task.title,
             description: task.description,
             status: TaskStatus::Backlog,
             priority: task.priority.unwrap_or(Priority::Normal),
-            creator: creator.to_owned(),
+            creator: creator.clone(),
             assigned_worker: task.assigned_worker,
             parent: task.parent,
             metadata: task.metadata.unwrap_or_else(|| "{}".into()),
@@ -109,7 +108,6 @@ impl TaskBoard for InMemory {
     }
 
     async fn update(&self, number: u64, patch: TaskPatch) -> Result<Task, ServiceError> {
-        patch.check()?;
         let mut state = self.state();
         let task = state
             .tasks
@@ -120,7 +118,7 @@ impl TaskBoard for InMemory {
             task.status = to;
         }
         if let Some(title) = patch.title {
-            task.title = title.trim().to_owned();
+            task.title = title;
         }
         if let Some(description) = patch.description {
             task.description = description;
@@ -145,17 +143,16 @@ fn live(expires: Option<i64>, at: i64) -> bool {
 
 #[async_trait]
 impl Memory for InMemory {
-    async fn save(&self, source: &str, memory: NewMemory) -> Result<MemoryItem, ServiceError> {
-        let (kind, importance) = memory.check()?;
-        let kind = kind.to_owned();
+    async fn save(&self, source: &Caller, memory: NewMemory) -> Result<MemoryItem, ServiceError> {
+        let importance = memory.importance();
         let mut state = self.state();
         state.next_memory += 1;
         let item = MemoryItem {
             id: state.next_memory,
-            kind,
+            kind: memory.kind,
             content: memory.content,
             importance,
-            source: source.to_owned(),
+            source: source.clone(),
             created_at: now(),
         };
         state.memories.insert(item.id, item.clone());
@@ -207,7 +204,6 @@ impl Memory for InMemory {
         value: &str,
         ttl_seconds: Option<u64>,
     ) -> Result<(), ServiceError> {
-        check_working_key(key)?;
         let expires = expires_at(now(), ttl_seconds);
         self.state()
             .working
@@ -235,7 +231,7 @@ impl History for InMemory {
         "the in-memory history".into()
     }
 
-    async fn load(&self, channel: &str) -> Result<Vec<HistoryEntry>, ServiceError> {
+    async fn load(&self, channel: &SessionKey) -> Result<Vec<HistoryEntry>, ServiceError> {
         let state = self.state();
         let messages = state.history.get(channel).map(Vec::as_slice).unwrap_or(&[]);
         messages
@@ -245,7 +241,7 @@ impl History for InMemory {
                 serde_json::from_str::<serde::de::IgnoredAny>(message).map_err(|err| {
                     ServiceError::UnreadableHistory {
                         location: self.location(),
-                        channel: channel.to_owned(),
+                        channel: channel.to_string(),
                         seq: seq as u64,
                         reason: format!("not valid JSON: {err}"),
                     }
@@ -258,17 +254,25 @@ impl History for InMemory {
             .collect()
     }
 
-    async fn append(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
+    async fn append(
+        &self,
+        channel: &SessionKey,
+        messages: Vec<String>,
+    ) -> Result<(), ServiceError> {
         self.state()
             .history
-            .entry(channel.to_owned())
+            .entry(channel.clone())
             .or_default()
             .extend(messages);
         Ok(())
     }
 
-    async fn replace(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
-        self.state().history.insert(channel.to_owned(), messages);
+    async fn replace(
+        &self,
+        channel: &SessionKey,
+        messages: Vec<String>,
+    ) -> Result<(), ServiceError> {
+        self.state().history.insert(channel.clone(), messages);
         Ok(())
     }
 
@@ -295,7 +299,7 @@ impl AuditSink for InMemory {
         let entry = AuditEntry {
             id: state.audit.len() as u64 + 1,
             at: now(),
-            arguments: redact(&call.arguments),
+            arguments: call.arguments,
             process: call.process,
             tool: call.tool,
             grants: call.grants,
@@ -355,14 +359,9 @@ impl Ledger for InMemory {
         Ok(Run::new(RunId::new(state.runs.len() as u64), alive))
     }
 
-    async fn next_process_number(&self, kind: &str) -> Result<u64, ServiceError> {
-        if kind.is_empty() {
-            return Err(ServiceError::Invalid(
-                "a process-number kind must not be empty".into(),
-            ));
-        }
+    async fn next_process_number(&self, kind: ProcessKind) -> Result<u64, ServiceError> {
         let mut state = self.state();
-        let last = state.counters.entry(kind.to_owned()).or_default();
+        let last = state.counters.entry(kind).or_default();
         *last += 1;
         Ok(*last)
     }
@@ -370,8 +369,8 @@ impl Ledger for InMemory {
     async fn worker_started(
         &self,
         run: RunId,
-        id: &str,
-        channel: &str,
+        id: &ProcessId,
+        channel: &ProcessId,
         task: &str,
     ) -> Result<(), ServiceError> {
         let mut state = self.state();
@@ -379,20 +378,20 @@ impl Ledger for InMemory {
             return Err(worker_already_recorded(id));
         }
         let record = WorkerRecord {
-            id: id.to_owned(),
-            channel: channel.to_owned(),
+            id: id.clone(),
+            channel: channel.clone(),
             task: task.to_owned(),
             state: WorkerState::Running,
             outcome: None,
         };
-        state.workers.insert(id.to_owned(), (run, record));
-        state.worker_order.push(id.to_owned());
+        state.workers.insert(id.clone(), (run, record));
+        state.worker_order.push(id.clone());
         Ok(())
     }
 
     async fn set_worker_state(
         &self,
-        id: &str,
+        id: &ProcessId,
         to: WorkerState,
         outcome: Option<&str>,
     ) -> Result<(), ServiceError> {
@@ -411,7 +410,7 @@ impl Ledger for InMemory {
         Ok(())
     }
 
-    async fn worker(&self, id: &str) -> Result<Option<WorkerRecord>, ServiceError> {
+    async fn worker(&self, id: &ProcessId) -> Result<Option<WorkerRecord>, ServiceError> {
         Ok(self.state().workers.get(id).map(|(_, r)| r.clone()))
     }
 

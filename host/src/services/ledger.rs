@@ -13,17 +13,21 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::ServiceError;
+use crate::ids::{ProcessId, ProcessKind};
 
 /// Runs, process numbers and worker records.
 ///
 /// ```
+/// use capstan_host::ids::{ProcessId, ProcessKind};
 /// use capstan_host::services::{Services, WorkerState};
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let services = Services::in_memory();
 /// let run = services.ledger.begin_run().await.unwrap();
-/// let n = services.ledger.next_process_number("worker").await.unwrap();
-/// services.ledger.worker_started(run.id(), "worker:1", "channel:main", "sort").await.unwrap();
+/// let n = services.ledger.next_process_number(ProcessKind::Worker).await.unwrap();
+/// let worker = ProcessId::numbered(ProcessKind::Worker, n);
+/// let main = ProcessId::channel("main");
+/// services.ledger.worker_started(run.id(), &worker, &main, "sort").await.unwrap();
 /// // This run is alive: its worker is left alone.
 /// assert!(services.ledger.mark_interrupted_workers().await.unwrap().is_empty());
 /// drop(run);
@@ -37,16 +41,16 @@ pub trait Ledger: Send + Sync {
     /// host dies.
     async fn begin_run(&self) -> Result<Run, ServiceError>;
 
-    /// The next number of `kind` (e.g. `"worker"`): 1 the first time, then one more than
+    /// The next number of `kind` (e.g. a worker): 1 the first time, then one more than
     /// the last number any run or host drew, so no two draws ever share a number.
-    async fn next_process_number(&self, kind: &str) -> Result<u64, ServiceError>;
+    async fn next_process_number(&self, kind: ProcessKind) -> Result<u64, ServiceError>;
 
     /// Records a new running worker `id` of `run`, spawned by `channel` on `task`.
     async fn worker_started(
         &self,
         run: RunId,
-        id: &str,
-        channel: &str,
+        id: &ProcessId,
+        channel: &ProcessId,
         task: &str,
     ) -> Result<(), ServiceError>;
 
@@ -58,8 +62,8 @@ pub trait Ledger: Send + Sync {
     async fn admit_worker(
         &self,
         run: RunId,
-        id: &str,
-        channel: &str,
+        id: &ProcessId,
+        channel: &ProcessId,
         task: &str,
         limit: u32,
     ) -> Result<(), ServiceError> {
@@ -72,13 +76,13 @@ pub trait Ledger: Send + Sync {
     /// terminal state is refused ([`worker_has_ended`]), so a late write cannot revive it.
     async fn set_worker_state(
         &self,
-        id: &str,
+        id: &ProcessId,
         state: WorkerState,
         outcome: Option<&str>,
     ) -> Result<(), ServiceError>;
 
     /// Worker `id`'s record.
-    async fn worker(&self, id: &str) -> Result<Option<WorkerRecord>, ServiceError>;
+    async fn worker(&self, id: &ProcessId) -> Result<Option<WorkerRecord>, ServiceError>;
 
     /// The `limit` workers started last, in any state, newest first.
     async fn workers(&self, limit: u32) -> Result<Vec<WorkerRecord>, ServiceError>;
@@ -96,15 +100,15 @@ pub trait Ledger: Send + Sync {
         &self,
         run: RunId,
         key: &str,
-        worker: &str,
-    ) -> Result<Option<String>, ServiceError> {
+        worker: &ProcessId,
+    ) -> Result<Option<ProcessId>, ServiceError> {
         let _ = (run, key, worker);
         Ok(None)
     }
 
     /// Releases `worker`'s reservation of task `key`, once it ended. A reservation whose
     /// worker ended or whose run is over is free anyway; releasing only makes it so sooner.
-    async fn release_task(&self, key: &str, worker: &str) -> Result<(), ServiceError> {
+    async fn release_task(&self, key: &str, worker: &ProcessId) -> Result<(), ServiceError> {
         let _ = (key, worker);
         Ok(())
     }
@@ -253,14 +257,14 @@ impl LeaseClock {
 }
 
 /// The refusal of changing worker `id`, which has ended in `state`.
-pub fn worker_has_ended(id: &str, state: WorkerState) -> ServiceError {
+pub fn worker_has_ended(id: &ProcessId, state: WorkerState) -> ServiceError {
     ServiceError::Invalid(format!(
         "worker {id} has ended ({state}); its record is final"
     ))
 }
 
 /// The refusal of recording worker `id` a second time.
-pub fn worker_already_recorded(id: &str) -> ServiceError {
+pub fn worker_already_recorded(id: &ProcessId) -> ServiceError {
     ServiceError::Invalid(format!(
         "worker {id} is already recorded; worker ids come from next_process_number and are never reused"
     ))
@@ -344,9 +348,11 @@ impl FromStr for WorkerState {
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct WorkerRecord {
     /// e.g. `worker:3`.
-    pub id: String,
+    #[schema(value_type = String)]
+    pub id: ProcessId,
     /// The channel that spawned it.
-    pub channel: String,
+    #[schema(value_type = String)]
+    pub channel: ProcessId,
     /// The task description it was given.
     pub task: String,
     /// Where it stands.

@@ -7,16 +7,19 @@ use async_trait::async_trait;
 use serde::Serialize;
 
 use super::ServiceError;
+use crate::ids::Caller;
 
 /// Long-term memories and the working memory every process and plugin shares.
 ///
 /// ```
+/// use capstan_host::ids::{Caller, ProcessId, ProcessKind};
 /// use capstan_host::services::{NewMemory, Services};
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let services = Services::in_memory();
 /// let note = NewMemory { kind: "fact".into(), content: "The release ships on Friday".into(), importance: None };
-/// services.memory.save("branch:1", note).await.unwrap();
+/// let who = Caller::from(ProcessId::numbered(ProcessKind::Branch, 1));
+/// services.memory.save(&who, note).await.unwrap();
 /// let found = services.memory.recall("when is the release?", 5).await.unwrap();
 /// assert_eq!(found[0].content, "The release ships on Friday");
 /// # });
@@ -25,7 +28,7 @@ use super::ServiceError;
 pub trait Memory: Send + Sync {
     /// Saves a memory from `source`; refuses empty content and importance out of 0..=1
     /// ([`NewMemory::check`]).
-    async fn save(&self, source: &str, memory: NewMemory) -> Result<MemoryItem, ServiceError>;
+    async fn save(&self, source: &Caller, memory: NewMemory) -> Result<MemoryItem, ServiceError>;
 
     /// At most `limit` (clamped to 1..=100) memories matching any of `query`'s
     /// [`recall_words`], best first: text relevance weighted by importance.
@@ -60,8 +63,8 @@ pub struct MemoryItem {
     pub content: String,
     /// 0.0 to 1.0.
     pub importance: f32,
-    /// The process that saved it.
-    pub source: String,
+    /// Who saved it, e.g. `worker:3`.
+    pub source: Caller,
     /// Unix seconds.
     pub created_at: i64,
 }
@@ -84,9 +87,9 @@ pub const DEFAULT_IMPORTANCE: f32 = 0.5;
 pub const RECALL_MAX: u32 = 100;
 
 impl NewMemory {
-    /// Checks the memory as [`Memory::save`] must, and returns its kind (`fact` when
-    /// blank, trimmed otherwise) and importance.
-    pub fn check(&self) -> Result<(&str, f32), ServiceError> {
+    /// The memory as [`Memory::save`] stores it: with content, its kind trimmed (`fact`
+    /// when blank) and its importance ([`DEFAULT_IMPORTANCE`] when none) in range.
+    pub fn checked(mut self) -> Result<Self, ServiceError> {
         if self.content.trim().is_empty() {
             return Err(ServiceError::Invalid("a memory needs content".into()));
         }
@@ -96,11 +99,17 @@ impl NewMemory {
                 "importance must be between 0.0 and 1.0, got {importance}"
             )));
         }
-        let kind = match self.kind.trim() {
-            "" => "fact",
-            kind => kind,
+        self.kind = match self.kind.trim() {
+            "" => "fact".to_owned(),
+            kind => kind.to_owned(),
         };
-        Ok((kind, importance))
+        self.importance = Some(importance);
+        Ok(self)
+    }
+
+    /// Its importance, [`DEFAULT_IMPORTANCE`] when none was given.
+    pub fn importance(&self) -> f32 {
+        self.importance.unwrap_or(DEFAULT_IMPORTANCE)
     }
 }
 

@@ -6,23 +6,27 @@
 //! ([`Store::services`](crate::store::Store::services)) is one implementation, whose
 //! blocking calls run off the async executor; [`InMemory`] is another, for tests and
 //! embedders that keep nothing; [`Postgres`](crate::postgres::Postgres) is the third, for
-//! hosts sharing one database. A new backend implements the six traits (a store one host uses alone takes
-//! [`Sessions`]' defaults), applies the
-//! rules that live here with the types ([`NewTask::check`], [`TaskStatus::check_move`],
-//! [`NewMemory::check`], [`redact`]), and passes the same conformance checks the three
-//! backends pass.
+//! hosts sharing one database. A new backend implements the six traits (a store one host
+//! uses alone takes [`Sessions`]' defaults), applies the rules that need what it stores
+//! ([`TaskStatus::check_move`], [`worker_has_ended`]) in the same transaction as the
+//! write, and passes the same conformance checks the three backends pass. The rules on
+//! what goes in ([`NewTask::checked`], [`NewMemory::checked`], [`redact`]) are applied in
+//! front of every backend by [`Services::all_from`].
 //!
 //! ```
 //! use capstan_host::services::{NewTask, Services};
+//! use capstan_host::ids::{Caller, ProcessId, ProcessKind};
 //!
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! let services = Services::in_memory();
-//! let task = services.tasks.create("worker:1", NewTask::titled("Write the report")).await.unwrap();
+//! let who = Caller::from(ProcessId::numbered(ProcessKind::Worker, 1));
+//! let task = services.tasks.create(&who, NewTask::titled("Write the report")).await.unwrap();
 //! assert_eq!(services.tasks.get(task.number).await.unwrap().title, "Write the report");
 //! # });
 //! ```
 
 mod audit;
+mod checked;
 mod error;
 mod history;
 mod in_memory;
@@ -78,16 +82,17 @@ pub struct Services {
 }
 
 impl Services {
-    /// Every service answered by `backend`.
+    /// Every service answered by `backend`, behind the rules on what goes in (checked
+    /// tasks and memories, redacted audit arguments), so a backend applies none of them.
     pub fn all_from<B>(backend: Arc<B>) -> Self
     where
         B: TaskBoard + Memory + History + AuditSink + Ledger + Sessions + 'static,
     {
         Services {
-            tasks: backend.clone(),
-            memory: backend.clone(),
+            tasks: Arc::new(checked::CheckedTasks(backend.clone())),
+            memory: Arc::new(checked::CheckedMemory(backend.clone())),
             history: backend.clone(),
-            audit: backend.clone(),
+            audit: Arc::new(checked::RedactedAudit(backend.clone())),
             ledger: backend.clone(),
             sessions: backend,
         }

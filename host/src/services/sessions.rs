@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::{RunId, ServiceError};
+use crate::ids::{ProcessId, SessionKey};
 
 /// How many times a session changed owner: a takeover makes it one more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -91,7 +92,7 @@ pub enum Forwarded {
     /// lease): it was marked interrupted and is never run again.
     WorkerLost {
         /// e.g. `worker:3`.
-        worker: String,
+        worker: ProcessId,
         /// Its task.
         task: String,
         /// What its record says now.
@@ -139,12 +140,14 @@ impl AnswerOutcome {
 ///
 /// ```
 /// use capstan_host::services::{Claim, Epoch, Services};
+/// use capstan_host::ids::ProcessId;
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// // One host alone owns every session it claims.
 /// let services = Services::in_memory();
 /// let run = services.ledger.begin_run().await.unwrap();
-/// let claim = services.sessions.claim("channel:main", run.id()).await.unwrap();
+/// let main = ProcessId::channel("main").session();
+/// let claim = services.sessions.claim(&main, run.id()).await.unwrap();
 /// assert_eq!(claim, Claim::Owned(Epoch::FIRST));
 /// # });
 /// ```
@@ -153,14 +156,18 @@ pub trait Sessions: Send + Sync {
     /// Claims `session` for `run`: keeps it if the run owns it already, takes it if
     /// nobody owns it or its owner's run is over (a new epoch), and otherwise names the
     /// live run that owns it. A run that is over is refused.
-    async fn claim(&self, session: &str, run: RunId) -> Result<Claim, ServiceError> {
+    async fn claim(&self, session: &SessionKey, run: RunId) -> Result<Claim, ServiceError> {
         let _ = (session, run);
         Ok(Claim::Owned(Epoch::FIRST))
     }
 
     /// Queues `message` for whichever run owns `session`, now or later: it is taken once,
     /// by the owner, in the order forwarded. Returns the number its answer is found by.
-    async fn forward(&self, session: &str, message: &Forwarded) -> Result<ForwardId, ServiceError> {
+    async fn forward(
+        &self,
+        session: &SessionKey,
+        message: &Forwarded,
+    ) -> Result<ForwardId, ServiceError> {
         let _ = message;
         Err(ServiceError::Invalid(format!(
             "{session} cannot be forwarded to: this store serves one host, which owns every session"
@@ -169,7 +176,7 @@ pub trait Sessions: Send + Sync {
 
     /// The sessions with forwarded messages waiting that `run` owns, or may take over
     /// (their owner's run is over, or nobody owns them).
-    async fn forwarded_sessions(&self, run: RunId) -> Result<Vec<String>, ServiceError> {
+    async fn forwarded_sessions(&self, run: RunId) -> Result<Vec<SessionKey>, ServiceError> {
         let _ = run;
         Ok(Vec::new())
     }
@@ -178,7 +185,7 @@ pub trait Sessions: Send + Sync {
     /// `epoch` (and its run is live); otherwise refuses and takes nothing.
     async fn take_forwarded(
         &self,
-        session: &str,
+        session: &SessionKey,
         run: RunId,
         epoch: Epoch,
     ) -> Result<Vec<(ForwardId, Forwarded)>, ServiceError> {

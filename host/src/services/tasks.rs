@@ -11,15 +11,18 @@ use async_trait::async_trait;
 use serde::Serialize;
 
 use super::ServiceError;
+use crate::ids::{Caller, ProcessId};
 
 /// The taskboard every process and plugin shares.
 ///
 /// ```
+/// use capstan_host::ids::{Caller, ProcessId, ProcessKind};
 /// use capstan_host::services::{NewTask, Services, TaskPatch, TaskStatus};
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let services = Services::in_memory();
-/// let task = services.tasks.create("worker:1", NewTask::titled("Sort the inbox")).await.unwrap();
+/// let who = Caller::from(ProcessId::numbered(ProcessKind::Worker, 1));
+/// let task = services.tasks.create(&who, NewTask::titled("Sort the inbox")).await.unwrap();
 /// let started = TaskPatch { status: Some(TaskStatus::InProgress), ..TaskPatch::default() };
 /// let task = services.tasks.update(task.number, started).await.unwrap();
 /// assert_eq!(task.status, TaskStatus::InProgress);
@@ -29,7 +32,7 @@ use super::ServiceError;
 pub trait TaskBoard: Send + Sync {
     /// Creates a task in the backlog, recording `creator`. Refuses an empty title,
     /// metadata that is not a JSON object and a parent that does not exist.
-    async fn create(&self, creator: &str, task: NewTask) -> Result<Task, ServiceError>;
+    async fn create(&self, creator: &Caller, task: NewTask) -> Result<Task, ServiceError>;
 
     /// Task `number`, or [`ServiceError::NotFound`].
     async fn get(&self, number: u64) -> Result<Task, ServiceError>;
@@ -186,10 +189,12 @@ pub struct Task {
     pub status: TaskStatus,
     /// How urgent.
     pub priority: Priority,
-    /// The process that created it, e.g. `worker:3`.
-    pub creator: String,
+    /// Who created it, e.g. `worker:3`.
+    #[schema(value_type = String)]
+    pub creator: Caller,
     /// The worker it is assigned to, if any.
-    pub assigned_worker: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub assigned_worker: Option<ProcessId>,
     /// The task it is a subtask of.
     pub parent: Option<u64>,
     /// A JSON object.
@@ -210,7 +215,7 @@ pub struct NewTask {
     /// A JSON object; default `{}`.
     pub metadata: Option<String>,
     /// Assign it to this worker.
-    pub assigned_worker: Option<String>,
+    pub assigned_worker: Option<ProcessId>,
 }
 
 impl NewTask {
@@ -222,10 +227,14 @@ impl NewTask {
         }
     }
 
-    /// Checks the task as [`TaskBoard::create`] must, before anything is written.
-    pub fn check(&self) -> Result<(), ServiceError> {
-        checked_title(&self.title)?;
-        check_metadata(self.metadata.as_deref().unwrap_or("{}"))
+    /// The task as [`TaskBoard::create`] stores it: its title checked and trimmed, its
+    /// metadata (`{}` when none) a JSON object.
+    pub fn checked(mut self) -> Result<Self, ServiceError> {
+        self.title = checked_title(&self.title)?.to_owned();
+        let metadata = self.metadata.take().unwrap_or_else(|| "{}".into());
+        check_metadata(&metadata)?;
+        self.metadata = Some(metadata);
+        Ok(self)
     }
 }
 
@@ -243,7 +252,7 @@ pub struct TaskPatch {
     /// New metadata (a JSON object).
     pub metadata: Option<String>,
     /// New assignee.
-    pub assigned_worker: Option<String>,
+    pub assigned_worker: Option<ProcessId>,
 }
 
 /// Which tasks to list.
@@ -280,14 +289,15 @@ pub fn check_metadata(metadata: &str) -> Result<(), ServiceError> {
 }
 
 impl TaskPatch {
-    /// Checks the fields a patch can get wrong on its own, before anything is written.
-    pub fn check(&self) -> Result<(), ServiceError> {
+    /// The patch with the fields it can get wrong on its own checked, before anything is
+    /// written: a new title trimmed and not blank, new metadata a JSON object.
+    pub fn checked(mut self) -> Result<Self, ServiceError> {
         if let Some(title) = &self.title {
-            checked_title(title)?;
+            self.title = Some(checked_title(title)?.to_owned());
         }
         if let Some(metadata) = &self.metadata {
             check_metadata(metadata)?;
         }
-        Ok(())
+        Ok(self)
     }
 }

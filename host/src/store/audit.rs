@@ -1,12 +1,10 @@
-//! The audit log in SQLite, one row per call. The types and the redaction are the
-//! services' (`services::audit`).
+//! The audit log in SQLite, one row per call. The types are the services' (`services::audit`),
+//! and the arguments arrive redacted (`services::checked`).
 
 use rusqlite::{Transaction, params};
 
 use super::{Store, StoreError, now};
-use crate::services::{
-    AuditEntry, AuditRecord, RequestDecision, RequestEntry, RequestRecord, redact,
-};
+use crate::services::{AuditEntry, AuditRecord, RequestDecision, RequestEntry, RequestRecord};
 
 impl Store {
     /// Records one call.
@@ -141,7 +139,7 @@ fn insert_each<'r>(
             record.process,
             record.tool,
             record.grants,
-            redact(&record.arguments),
+            record.arguments,
             record.outcome,
             record.detail,
             record.duration_us as i64

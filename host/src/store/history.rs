@@ -9,6 +9,7 @@ use rusqlite::params;
 use rusqlite::types::ValueRef;
 use serde::de::DeserializeOwned;
 
+use super::rows::parsed;
 use super::{Store, StoreError};
 use crate::services::{ConversationSummary, HistoryEntry};
 
@@ -31,7 +32,7 @@ impl Store {
         )?;
         let rows = stmt.query_map([], |row| {
             Ok(ConversationSummary {
-                channel: row.get(0)?,
+                channel: parsed(row, 0)?,
                 messages: row.get::<_, i64>(1)? as u64,
             })
         })?;

@@ -3,31 +3,35 @@
 
 use rusqlite::{OptionalExtension, params};
 
+use super::rows::parsed;
 use super::{Store, StoreError, now};
-use crate::services::{
-    MemoryItem, NewMemory, RECALL_MAX, check_working_key, expires_at, recall_words,
-};
+use crate::ids::Caller;
+use crate::services::{MemoryItem, NewMemory, RECALL_MAX, expires_at, recall_words};
 
 impl Store {
     /// Saves a memory from `source`.
-    pub fn save_memory(&self, source: &str, memory: &NewMemory) -> Result<MemoryItem, StoreError> {
-        let (kind, importance) = memory.check()?;
+    pub fn save_memory(
+        &self,
+        source: &Caller,
+        memory: &NewMemory,
+    ) -> Result<MemoryItem, StoreError> {
+        let (kind, importance) = (&memory.kind, memory.importance());
         let at = now();
         // The insert and its FTS trigger, and the row id read back, in one transaction.
         let id = self.write(|tx| {
             tx.execute(
                 "INSERT INTO memories (kind, content, importance, source, created_at)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![kind, memory.content, importance, source, at],
+                params![kind, memory.content, importance, source.to_string(), at],
             )?;
             Ok(tx.last_insert_rowid() as u64)
         })?;
         Ok(MemoryItem {
             id,
-            kind: kind.to_owned(),
+            kind: kind.clone(),
             content: memory.content.clone(),
             importance,
-            source: source.to_owned(),
+            source: source.clone(),
             created_at: at,
         })
     }
@@ -51,7 +55,7 @@ impl Store {
                 kind: row.get(1)?,
                 content: row.get(2)?,
                 importance: row.get(3)?,
-                source: row.get(4)?,
+                source: parsed(row, 4)?,
                 created_at: row.get(5)?,
             })
         })?;
@@ -88,7 +92,6 @@ impl Store {
         value: &str,
         ttl_seconds: Option<u64>,
     ) -> Result<(), StoreError> {
-        check_working_key(key)?;
         let at = now();
         let expires = expires_at(at, ttl_seconds);
         self.write(|tx| {

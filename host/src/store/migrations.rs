@@ -230,11 +230,16 @@ mod tests {
         assert_eq!(store.load_history("channel:main").unwrap().len(), 1);
         assert!(store.load_history("main").unwrap().is_empty());
         assert_eq!(
-            store.get_worker("worker:7").unwrap().unwrap().channel,
-            "channel:main"
+            store
+                .get_worker(&crate::ids::testing::pid("worker:7"))
+                .unwrap()
+                .unwrap()
+                .channel,
+            crate::ids::testing::pid("channel:main")
         );
         // The old counter reached 9 (branch:9): every kind goes on past it.
-        for kind in ["worker", "branch", "compactor"] {
+        use crate::ids::ProcessKind::{Branch, Compactor, Worker};
+        for kind in [Worker, Branch, Compactor] {
             assert_eq!(store.next_process_number(kind).unwrap(), 10, "{kind}");
         }
     }

@@ -16,11 +16,13 @@
 //! it was.
 //!
 //! ```
+//! use capstan_host::ids::{Caller, ProcessId, ProcessKind};
 //! use capstan_host::store::{NewTask, Store};
 //!
 //! let dir = tempfile::tempdir().unwrap();
 //! let store = Store::open(dir.path()).unwrap();
-//! let task = store.create_task("worker:1", &NewTask::titled("Write the report")).unwrap();
+//! let worker = Caller::from(ProcessId::numbered(ProcessKind::Worker, 1));
+//! let task = store.create_task(&worker, &NewTask::titled("Write the report")).unwrap();
 //! assert_eq!(store.get_task(task.number).unwrap().title, "Write the report");
 //! ```
 
@@ -35,6 +37,7 @@ mod memory;
 mod migrations;
 mod open_lock;
 mod retry;
+mod rows;
 mod runs;
 mod services;
 mod tasks;
@@ -181,14 +184,19 @@ pub(crate) mod tests {
             assert_eq!(store.journal_mode().unwrap(), "wal");
             assert_eq!(store.schema_version().unwrap(), migrations::SCHEMA_VERSION);
             store
-                .create_task("worker:1", &NewTask::titled("persist me"))
+                .create_task(
+                    &crate::ids::testing::by("worker:1"),
+                    &NewTask::titled("persist me"),
+                )
                 .unwrap();
             let memory = NewMemory {
                 kind: "fact".into(),
                 content: "sqlite keeps this".into(),
                 importance: None,
             };
-            store.save_memory("branch:1", &memory).unwrap();
+            store
+                .save_memory(&crate::ids::testing::by("branch:1"), &memory)
+                .unwrap();
             store
                 .append_history(
                     "channel:main",
@@ -196,17 +204,28 @@ pub(crate) mod tests {
                 )
                 .unwrap();
             store
-                .insert_worker("worker:1", "channel:main", "gather items")
+                .insert_worker(
+                    &crate::ids::testing::pid("worker:1"),
+                    &crate::ids::testing::pid("channel:main"),
+                    "gather items",
+                )
                 .unwrap();
             store
-                .set_worker_state("worker:1", WorkerState::Done, Some("3 items"))
+                .set_worker_state(
+                    &crate::ids::testing::pid("worker:1"),
+                    WorkerState::Done,
+                    Some("3 items"),
+                )
                 .unwrap();
         }
         let store = Store::open(dir.path()).unwrap();
         assert_eq!(store.get_task(1).unwrap().title, "persist me");
         assert_eq!(store.recall("sqlite", 5).unwrap().len(), 1);
         assert_eq!(store.load_history("channel:main").unwrap().len(), 1);
-        let worker = store.get_worker("worker:1").unwrap().unwrap();
+        let worker = store
+            .get_worker(&crate::ids::testing::pid("worker:1"))
+            .unwrap()
+            .unwrap();
         assert_eq!(
             (worker.state, worker.outcome.as_deref()),
             (WorkerState::Done, Some("3 items"))

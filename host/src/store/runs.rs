@@ -52,12 +52,15 @@ impl Store {
     /// Starts a run of this process: records it and takes its lock.
     ///
     /// ```
+    /// use capstan_host::ids::{ProcessId, ProcessKind};
     /// use capstan_host::store::{Store, WorkerState};
     ///
     /// let dir = tempfile::tempdir().unwrap();
     /// let store = Store::open(dir.path()).unwrap();
     /// let run = store.begin_run().unwrap();
-    /// store.insert_worker_in_run(run.id(), "worker:1", "channel:main", "sort").unwrap();
+    /// let worker = ProcessId::numbered(ProcessKind::Worker, 1);
+    /// let main = ProcessId::channel("main");
+    /// store.insert_worker_in_run(run.id(), &worker, &main, "sort").unwrap();
     /// // This run is alive: its worker is left alone.
     /// assert!(store.mark_interrupted_workers().unwrap().is_empty());
     /// drop(run);

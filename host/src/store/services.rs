@@ -11,6 +11,7 @@ use super::audit::StampedCall;
 use super::group_commit::GroupCommit;
 use super::{Store, StoreError};
 use super::{audit, history, retry};
+use crate::ids::{Caller, ProcessId, ProcessKind, SessionKey};
 use crate::services::Operation;
 use crate::services::{
     AuditDestination, AuditEntry, AuditRecord, AuditSink, Committing, ConversationSummary, History,
@@ -25,12 +26,14 @@ impl Store {
     /// ```
     /// use std::sync::Arc;
     /// use capstan_host::services::NewTask;
+    /// use capstan_host::ids::{Caller, ProcessId, ProcessKind};
     /// use capstan_host::store::Store;
     ///
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let dir = tempfile::tempdir().unwrap();
     /// let services = Arc::new(Store::open(dir.path()).unwrap()).services();
-    /// let task = services.tasks.create("worker:1", NewTask::titled("Sort")).await.unwrap();
+    /// let who = Caller::from(ProcessId::numbered(ProcessKind::Worker, 1));
+    /// let task = services.tasks.create(&who, NewTask::titled("Sort")).await.unwrap();
     /// assert_eq!(task.number, 1);
     /// # });
     /// ```
@@ -89,8 +92,8 @@ impl Sqlite {
 
 #[async_trait]
 impl TaskBoard for Sqlite {
-    async fn create(&self, creator: &str, task: NewTask) -> Result<Task, ServiceError> {
-        let creator = creator.to_owned();
+    async fn create(&self, creator: &Caller, task: NewTask) -> Result<Task, ServiceError> {
+        let creator = creator.clone();
         self.run(Operation::TasksCreate, move |s| {
             s.create_task(&creator, &task)
         })
@@ -117,8 +120,8 @@ impl TaskBoard for Sqlite {
 
 #[async_trait]
 impl Memory for Sqlite {
-    async fn save(&self, source: &str, memory: NewMemory) -> Result<MemoryItem, ServiceError> {
-        let source = source.to_owned();
+    async fn save(&self, source: &Caller, memory: NewMemory) -> Result<MemoryItem, ServiceError> {
+        let source = source.clone();
         self.run(Operation::MemorySave, move |s| {
             s.save_memory(&source, &memory)
         })
@@ -170,18 +173,28 @@ impl History for Sqlite {
         self.store.path().display().to_string()
     }
 
-    async fn load(&self, channel: &str) -> Result<Vec<HistoryEntry>, ServiceError> {
-        let channel = channel.to_owned();
+    async fn load(&self, channel: &SessionKey) -> Result<Vec<HistoryEntry>, ServiceError> {
+        let channel = channel.as_str().to_owned();
         self.run(Operation::HistoryLoad, move |s| s.load_history(&channel))
             .await
     }
 
-    async fn append(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
-        self.appends.submit((channel.to_owned(), messages)).await
+    async fn append(
+        &self,
+        channel: &SessionKey,
+        messages: Vec<String>,
+    ) -> Result<(), ServiceError> {
+        self.appends
+            .submit((channel.as_str().to_owned(), messages))
+            .await
     }
 
-    async fn replace(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
-        let channel = channel.to_owned();
+    async fn replace(
+        &self,
+        channel: &SessionKey,
+        messages: Vec<String>,
+    ) -> Result<(), ServiceError> {
+        let channel = channel.as_str().to_owned();
         self.run(Operation::HistoryReplace, move |s| {
             s.replace_history(&channel, &messages)
         })
@@ -238,10 +251,9 @@ impl Ledger for Sqlite {
         Ok(Run::new(guard.id(), guard))
     }
 
-    async fn next_process_number(&self, kind: &str) -> Result<u64, ServiceError> {
-        let kind = kind.to_owned();
+    async fn next_process_number(&self, kind: ProcessKind) -> Result<u64, ServiceError> {
         self.run(Operation::LedgerNextProcessNumber, move |s| {
-            s.next_process_number(&kind)
+            s.next_process_number(kind)
         })
         .await
     }
@@ -249,11 +261,11 @@ impl Ledger for Sqlite {
     async fn worker_started(
         &self,
         run: RunId,
-        id: &str,
-        channel: &str,
+        id: &ProcessId,
+        channel: &ProcessId,
         task: &str,
     ) -> Result<(), ServiceError> {
-        let (id, channel, task) = (id.to_owned(), channel.to_owned(), task.to_owned());
+        let (id, channel, task) = (id.clone(), channel.clone(), task.to_owned());
         self.run(Operation::LedgerWorkerStarted, move |s| {
             s.insert_worker_in_run(run, &id, &channel, &task)
         })
@@ -262,19 +274,19 @@ impl Ledger for Sqlite {
 
     async fn set_worker_state(
         &self,
-        id: &str,
+        id: &ProcessId,
         state: WorkerState,
         outcome: Option<&str>,
     ) -> Result<(), ServiceError> {
-        let (id, outcome) = (id.to_owned(), outcome.map(str::to_owned));
+        let (id, outcome) = (id.clone(), outcome.map(str::to_owned));
         self.run(Operation::LedgerSetWorkerState, move |s| {
             s.set_worker_state(&id, state, outcome.as_deref())
         })
         .await
     }
 
-    async fn worker(&self, id: &str) -> Result<Option<WorkerRecord>, ServiceError> {
-        let id = id.to_owned();
+    async fn worker(&self, id: &ProcessId) -> Result<Option<WorkerRecord>, ServiceError> {
+        let id = id.clone();
         self.run(Operation::LedgerWorker, move |s| s.get_worker(&id))
             .await
     }
@@ -315,7 +327,10 @@ mod tests {
             let (services, started) = (services.clone(), started.clone());
             async move {
                 started.store(true, std::sync::atomic::Ordering::SeqCst);
-                services.history.append("main", vec!["1".into()]).await
+                services
+                    .history
+                    .append(&crate::ids::testing::key("main"), vec!["1".into()])
+                    .await
             }
         });
         while !started.load(std::sync::atomic::Ordering::SeqCst) {
@@ -327,7 +342,7 @@ mod tests {
         );
         holder.execute_batch("ROLLBACK").unwrap();
         append.await.unwrap().unwrap();
-        assert_eq!(store.load_history("main").unwrap().len(), 1);
+        assert_eq!(store.load_history("channel:main").unwrap().len(), 1);
     }
 
     #[tokio::test]

@@ -2,28 +2,25 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
+use super::rows::{parsed, parsed_opt};
 use super::{Store, StoreError, now};
+use crate::ids::Caller;
 use crate::services::{
-    DEFAULT_LIST_LIMIT, NewTask, Priority, ServiceError, Task, TaskFilter, TaskPatch, TaskStatus,
+    DEFAULT_LIST_LIMIT, NewTask, Priority, Task, TaskFilter, TaskPatch, TaskStatus,
 };
 
 const COLUMNS: &str =
     "number, title, description, status, priority, creator, assigned_worker, parent, metadata";
 
 fn task_from_row(row: &Row<'_>) -> rusqlite::Result<Task> {
-    let status: String = row.get(3)?;
-    let priority: String = row.get(4)?;
-    let parse_err = |i, e: ServiceError| {
-        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
-    };
     Ok(Task {
         number: row.get::<_, i64>(0)? as u64,
         title: row.get(1)?,
         description: row.get(2)?,
-        status: status.parse().map_err(|e| parse_err(3, e))?,
-        priority: priority.parse().map_err(|e| parse_err(4, e))?,
-        creator: row.get(5)?,
-        assigned_worker: row.get(6)?,
+        status: parsed(row, 3)?,
+        priority: parsed(row, 4)?,
+        creator: parsed(row, 5)?,
+        assigned_worker: parsed_opt(row, 6)?,
         parent: row.get::<_, Option<i64>>(7)?.map(|n| n as u64),
         metadata: row.get(8)?,
     })
@@ -31,8 +28,7 @@ fn task_from_row(row: &Row<'_>) -> rusqlite::Result<Task> {
 
 impl Store {
     /// Creates a task in the backlog, recording `creator`.
-    pub fn create_task(&self, creator: &str, task: &NewTask) -> Result<Task, StoreError> {
-        task.check()?;
+    pub fn create_task(&self, creator: &Caller, task: &NewTask) -> Result<Task, StoreError> {
         let metadata = task.metadata.as_deref().unwrap_or("{}");
         let at = now();
         // The parent check, the insert and the read-back hold the write lock together, so
@@ -55,12 +51,12 @@ impl Store {
                                     parent, metadata, created_at, updated_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
                 params![
-                    task.title.trim(),
+                    task.title,
                     task.description,
                     TaskStatus::Backlog.as_str(),
                     task.priority.unwrap_or(Priority::Normal).as_str(),
-                    creator,
-                    task.assigned_worker,
+                    creator.to_string(),
+                    task.assigned_worker.as_ref().map(ToString::to_string),
                     task.parent.map(|n| n as i64),
                     metadata,
                     at
@@ -96,7 +92,6 @@ impl Store {
 
     /// Applies `patch` to task `number`; a status change must be an allowed transition.
     pub fn update_task(&self, number: u64, patch: &TaskPatch) -> Result<Task, StoreError> {
-        patch.check()?;
         // The transition is checked against the status read under the write lock, so two
         // processes moving one task cannot both pass the check on the same old status.
         self.write(|tx| update_in(tx, number, patch))
@@ -121,12 +116,12 @@ fn update_in(tx: &Connection, number: u64, patch: &TaskPatch) -> Result<Task, St
              WHERE number = ?1",
         params![
             number as i64,
-            patch.title.as_deref().map(str::trim),
+            patch.title,
             patch.description,
             patch.status.map(TaskStatus::as_str),
             patch.priority.map(Priority::as_str),
             patch.metadata,
-            patch.assigned_worker,
+            patch.assigned_worker.as_ref().map(ToString::to_string),
             now()
         ],
     )?;

@@ -5,6 +5,7 @@ use rusqlite::{OptionalExtension, Transaction, params};
 
 use super::runs::run_is_over;
 use super::{Store, StoreError, now};
+use crate::ids::ProcessId;
 use crate::services::{
     RunId, WorkerRecord, WorkerState, interrupted_outcome, worker_already_recorded,
     worker_has_ended,
@@ -14,7 +15,12 @@ impl Store {
     /// Records a new running worker that belongs to no run, so
     /// [`Store::mark_interrupted_workers`] never touches it; prefer
     /// [`Store::insert_worker_in_run`].
-    pub fn insert_worker(&self, id: &str, channel: &str, task: &str) -> Result<(), StoreError> {
+    pub fn insert_worker(
+        &self,
+        id: &ProcessId,
+        channel: &ProcessId,
+        task: &str,
+    ) -> Result<(), StoreError> {
         self.insert_worker_row(None, id, channel, task)
     }
 
@@ -23,8 +29,8 @@ impl Store {
     pub fn insert_worker_in_run(
         &self,
         run: RunId,
-        id: &str,
-        channel: &str,
+        id: &ProcessId,
+        channel: &ProcessId,
         task: &str,
     ) -> Result<(), StoreError> {
         self.insert_worker_row(Some(run), id, channel, task)
@@ -33,8 +39,8 @@ impl Store {
     fn insert_worker_row(
         &self,
         run: Option<RunId>,
-        id: &str,
-        channel: &str,
+        id: &ProcessId,
+        channel: &ProcessId,
         task: &str,
     ) -> Result<(), StoreError> {
         self.write(|tx| insert_worker_in(tx, run, id, channel, task))
@@ -43,7 +49,7 @@ impl Store {
     /// Sets a worker's state and, if given, its outcome.
     pub fn set_worker_state(
         &self,
-        id: &str,
+        id: &ProcessId,
         state: WorkerState,
         outcome: Option<&str>,
     ) -> Result<(), StoreError> {
@@ -51,12 +57,12 @@ impl Store {
     }
 
     /// Worker `id`'s record.
-    pub fn get_worker(&self, id: &str) -> Result<Option<WorkerRecord>, StoreError> {
+    pub fn get_worker(&self, id: &ProcessId) -> Result<Option<WorkerRecord>, StoreError> {
         let conn = self.conn();
         let row = conn
             .query_row(
                 "SELECT id, channel, task, state, outcome FROM workers WHERE id = ?1",
-                [id],
+                [id.to_string()],
                 worker_columns,
             )
             .optional()?;
@@ -123,6 +129,9 @@ impl Store {
         })?;
         let mut records = Vec::with_capacity(ids.len());
         for id in ids {
+            let id: ProcessId = id
+                .parse()
+                .map_err(|err| StoreError::Invalid(format!("a stored worker record: {err}")))?;
             records.extend(self.get_worker(&id)?);
         }
         records.sort_by(|a, b| a.id.cmp(&b.id));
@@ -144,11 +153,15 @@ fn worker_columns(row: &rusqlite::Row<'_>) -> rusqlite::Result<WorkerColumns> {
 }
 
 fn worker_record(
-    (id, channel, task, state, outcome): WorkerColumns,
+    (id_text, channel, task, state, outcome): WorkerColumns,
 ) -> Result<WorkerRecord, StoreError> {
+    let id = |text: String| {
+        text.parse::<ProcessId>()
+            .map_err(|err| StoreError::Invalid(format!("a stored worker record: {err}")))
+    };
     Ok(WorkerRecord {
-        id,
-        channel,
+        id: id(id_text)?,
+        channel: id(channel)?,
         task,
         state: state.parse()?,
         outcome,
@@ -159,13 +172,13 @@ fn worker_record(
 fn insert_worker_in(
     tx: &Transaction<'_>,
     run: Option<RunId>,
-    id: &str,
-    channel: &str,
+    id: &ProcessId,
+    channel: &ProcessId,
     task: &str,
 ) -> Result<(), StoreError> {
     let exists: bool = tx
         .prepare_cached("SELECT EXISTS(SELECT 1 FROM workers WHERE id = ?1)")?
-        .query_row([id], |row| row.get(0))?;
+        .query_row([id.to_string()], |row| row.get(0))?;
     if exists {
         return Err(worker_already_recorded(id).into());
     }
@@ -175,8 +188,8 @@ fn insert_worker_in(
          VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)",
     )?
     .execute(params![
-        id,
-        channel,
+        id.to_string(),
+        channel.to_string(),
         task,
         WorkerState::Running.as_str(),
         at,
@@ -189,13 +202,13 @@ fn insert_worker_in(
 /// ended keeps its end.
 fn set_state_in(
     tx: &Transaction<'_>,
-    id: &str,
+    id: &ProcessId,
     state: WorkerState,
     outcome: Option<&str>,
 ) -> Result<(), StoreError> {
     let current: Option<String> = tx
         .prepare_cached("SELECT state FROM workers WHERE id = ?1")?
-        .query_row([id], |row| row.get(0))
+        .query_row([id.to_string()], |row| row.get(0))
         .optional()?;
     let Some(current) = current else {
         return Err(StoreError::NotFound(format!("worker {id} does not exist")));
@@ -207,6 +220,6 @@ fn set_state_in(
     tx.prepare_cached(
         "UPDATE workers SET state = ?2, outcome = COALESCE(?3, outcome), updated_at = ?4 WHERE id = ?1",
     )?
-    .execute(params![id, state.as_str(), outcome, now()])?;
+    .execute(params![id.to_string(), state.as_str(), outcome, now()])?;
     Ok(())
 }

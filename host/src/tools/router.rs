@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::catalog::ToolCatalog;
 use super::host::{HostCall, HostTool};
-use crate::ids::ProcessId;
+use crate::ids::{Caller, ProcessId};
 use crate::plugin::{CallRequest, ProcessInstances, Recorded, Registry, ToolError};
 use crate::policy::{Decision, ProcessKind};
 
@@ -27,10 +27,12 @@ pub enum Routed {
 ///
 /// ```no_run
 /// # async fn demo(router: capstan_host::tools::ToolRouter) {
+/// use capstan_host::ids::Caller;
 /// use capstan_host::policy::ProcessKind;
 ///
+/// let caller = Caller::client("example", None);
 /// let recorded = router
-///     .run(ProcessKind::Worker, "example", None, "file_read", r#"{"path":"README.md"}"#, std::future::pending())
+///     .run(ProcessKind::Worker, &caller, None, "file_read", r#"{"path":"README.md"}"#, std::future::pending())
 ///     .await;
 /// println!("{:?}", recorded.committed().await);
 /// # }
@@ -90,7 +92,7 @@ impl ToolRouter {
                 decision => Routed::Refused(not_offered(name, kind, &decision)),
             };
         }
-        let caller = caller.to_string();
+        let caller = Caller::from(caller.clone());
         let pending = std::future::pending();
         Routed::Ran(
             self.run(kind, &caller, instances, name, arguments, pending)
@@ -105,7 +107,7 @@ impl ToolRouter {
     pub async fn run(
         &self,
         kind: ProcessKind,
-        caller: &str,
+        caller: &Caller,
         instances: Option<&ProcessInstances>,
         name: &str,
         arguments: &str,

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::support::ids::pid;
 use crate::support::{agent_runtime, plugins_dir, repo_root, stored, test_cache};
 use capstan_host::agent::{Event, Runtime};
 use capstan_host::app::AgentBuilder;
@@ -211,7 +212,7 @@ async fn the_demo_scenario_runs_through_real_plugins_and_sqlite() {
     let tasks = store.list_tasks(&TaskFilter::default()).unwrap();
     let titles: Vec<_> = tasks
         .iter()
-        .map(|t| (t.title.as_str(), t.priority.as_str(), t.creator.as_str()))
+        .map(|t| (t.title.as_str(), t.priority.as_str(), t.creator.to_string()))
         .collect();
     assert_eq!(
         titles,
@@ -219,14 +220,22 @@ async fn the_demo_scenario_runs_through_real_plugins_and_sqlite() {
             (
                 "Accept passwords longer than 64 characters on the login page",
                 "high",
-                "worker:2"
+                "worker:2".to_owned()
             ),
-            ("Fix the failing nightly backup job", "high", "worker:2"),
-            ("Write the 0.3 upgrade guide", "normal", "worker:2"),
+            (
+                "Fix the failing nightly backup job",
+                "high",
+                "worker:2".to_owned()
+            ),
+            (
+                "Write the 0.3 upgrade guide",
+                "normal",
+                "worker:2".to_owned()
+            ),
         ]
     );
     for worker in ["worker:1", "worker:2"] {
-        let record = store.get_worker(worker).unwrap().unwrap();
+        let record = store.get_worker(&pid(worker)).unwrap().unwrap();
         assert_eq!(record.state, WorkerState::Done, "{record:?}");
     }
     let denied = store
@@ -421,7 +430,10 @@ async fn an_interactive_worker_waits_for_routed_input_then_finishes() {
         }),
         "{first:#?}"
     );
-    let record = stored(&rt).get_worker("worker:1").unwrap().unwrap();
+    let record = stored(&rt)
+        .get_worker(&crate::support::ids::pid("worker:1"))
+        .unwrap()
+        .unwrap();
     assert_eq!(record.state, WorkerState::WaitingForInput);
 
     rt.send_user_message("main", "Tell it to use data.txt")
@@ -436,7 +448,10 @@ async fn an_interactive_worker_waits_for_routed_input_then_finishes() {
         }),
         "{second:#?}"
     );
-    let record = stored(&rt).get_worker("worker:1").unwrap().unwrap();
+    let record = stored(&rt)
+        .get_worker(&crate::support::ids::pid("worker:1"))
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (record.state, record.outcome.as_deref()),
         (WorkerState::Done, Some("Used data.txt as told."))
@@ -524,8 +539,8 @@ async fn a_worker_updates_its_assigned_task_but_not_another() {
     let store = stored(&rt);
     let first = store.get_task(1).unwrap();
     assert_eq!(first.status, capstan_host::store::TaskStatus::InProgress);
-    assert_eq!(first.assigned_worker.as_deref(), Some("worker:1"));
-    assert_eq!(first.creator, "branch:1");
+    assert_eq!(first.assigned_worker, Some(pid("worker:1")));
+    assert_eq!(first.creator.to_string(), "branch:1");
     assert_eq!(
         store.get_task(2).unwrap().status,
         capstan_host::store::TaskStatus::Backlog
@@ -538,7 +553,10 @@ async fn a_worker_updates_its_assigned_task_but_not_another() {
         .expect("a denial");
     assert_eq!(refusal.process, "worker:1");
     assert!(refusal.detail.contains("task #2"), "{}", refusal.detail);
-    let worker = store.get_worker("worker:1").unwrap().unwrap();
+    let worker = store
+        .get_worker(&crate::support::ids::pid("worker:1"))
+        .unwrap()
+        .unwrap();
     assert_eq!(
         worker.outcome.as_deref(),
         Some("started #1; #2 is not mine")
@@ -573,10 +591,14 @@ async fn an_agent_runs_on_in_memory_services_and_writes_no_database() {
     assert_eq!(
         (
             first.status,
-            first.assigned_worker.as_deref(),
-            first.creator.as_str()
+            first.assigned_worker,
+            first.creator.to_string()
         ),
-        (TaskStatus::InProgress, Some("worker:1"), "branch:1")
+        (
+            TaskStatus::InProgress,
+            Some(pid("worker:1")),
+            "branch:1".to_owned()
+        )
     );
     assert_eq!(
         services.tasks.get(2).await.unwrap().status,
@@ -588,9 +610,18 @@ async fn an_agent_runs_on_in_memory_services_and_writes_no_database() {
         .find(|a| a.outcome == "denied")
         .expect("a denial");
     assert!(refusal.detail.contains("task #2"), "{}", refusal.detail);
-    let worker = services.ledger.worker("worker:1").await.unwrap().unwrap();
+    let worker = services
+        .ledger
+        .worker(&crate::support::ids::pid("worker:1"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(worker.state, WorkerState::Done);
-    let history = services.history.load("channel:main").await.unwrap();
+    let history = services
+        .history
+        .load(&crate::support::ids::key("channel:main"))
+        .await
+        .unwrap();
     assert!(!history.is_empty(), "the channel's history is kept");
     assert!(
         !data_dir.join("capstan.db").exists(),
@@ -699,11 +730,7 @@ async fn a_cancelled_worker_releases_its_task() {
     crate::support::eventually("the cancel releases the task", || rt.reserved_tasks() == 0).await;
     rt.wait_idle("main").await;
     assert_eq!(
-        stored(&rt)
-            .get_worker(&worker.to_string())
-            .unwrap()
-            .unwrap()
-            .state,
+        stored(&rt).get_worker(&worker).unwrap().unwrap().state,
         WorkerState::Cancelled
     );
     assert!(!rt.cancel_worker(&worker), "gone");
@@ -848,15 +875,15 @@ impl capstan_host::services::Ledger for RefusingWorkers {
         self.0.ledger.begin_run().await
     }
 
-    async fn next_process_number(&self, kind: &str) -> Result<u64, ServiceError> {
+    async fn next_process_number(&self, kind: ProcessKind) -> Result<u64, ServiceError> {
         self.0.ledger.next_process_number(kind).await
     }
 
     async fn worker_started(
         &self,
         _run: capstan_host::services::RunId,
-        id: &str,
-        _channel: &str,
+        id: &ProcessId,
+        _channel: &ProcessId,
         _task: &str,
     ) -> Result<(), ServiceError> {
         Err(ServiceError::Invalid(format!("{id} refused by the test")))
@@ -864,7 +891,7 @@ impl capstan_host::services::Ledger for RefusingWorkers {
 
     async fn set_worker_state(
         &self,
-        id: &str,
+        id: &ProcessId,
         state: WorkerState,
         outcome: Option<&str>,
     ) -> Result<(), ServiceError> {
@@ -873,7 +900,7 @@ impl capstan_host::services::Ledger for RefusingWorkers {
 
     async fn worker(
         &self,
-        id: &str,
+        id: &ProcessId,
     ) -> Result<Option<capstan_host::services::WorkerRecord>, ServiceError> {
         self.0.ledger.worker(id).await
     }

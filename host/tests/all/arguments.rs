@@ -16,7 +16,7 @@ async fn raw_call(args_json: &str) -> Result<String, capstan_host::plugin::ToolE
             args_json,
             grants: &grants,
             workspace: Some(&ws.path()),
-            caller: "test",
+            caller: &crate::support::ids::by("test"),
             instances: None,
         })
         .await

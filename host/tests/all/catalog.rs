@@ -97,7 +97,7 @@ async fn a_plugin_tool_named_like_a_host_tool_is_never_offered_served_or_run() {
         .router()
         .run(
             ProcessKind::Cortex,
-            "mcp:test",
+            &crate::support::ids::by("mcp:test"),
             None,
             "reply",
             "{}",

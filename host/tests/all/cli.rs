@@ -294,7 +294,11 @@ fn a_command_that_loads_no_secret_still_prints_none() {
         .unwrap();
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let task = capstan_host::services::NewTask::titled(&format!("rotate {key} tonight"));
-        services.tasks.create("worker:1", task).await.unwrap();
+        services
+            .tasks
+            .create(&crate::support::ids::by("worker:1"), task)
+            .await
+            .unwrap();
     });
     drop(services);
     let out = capstan_command(dir.path(), &["tasks", "--config", "capstan.toml"])

@@ -138,10 +138,7 @@ async fn a_message_routed_during_a_long_tool_call_reaches_the_next_request() {
         (Role::User, "Continue with the messages above in mind.")
     );
     assert_eq!(next[n - 3].0, Role::Tool, "the tool's result came first");
-    let record = stored(&rt)
-        .get_worker(&worker.to_string())
-        .unwrap()
-        .unwrap();
+    let record = stored(&rt).get_worker(&worker).unwrap().unwrap();
     assert_eq!(
         (record.state, record.outcome.as_deref()),
         (WorkerState::Done, Some("done, with the routed note"))
@@ -309,10 +306,7 @@ async fn distinct_spawns_never_exceed_the_worker_limit_and_all_finish() {
     let most = sampler.await.unwrap();
     assert!(most <= 5, "{most} workers alive at once, limit 5");
     for worker in &workers {
-        let record = stored(&rt)
-            .get_worker(&worker.to_string())
-            .unwrap()
-            .unwrap();
+        let record = stored(&rt).get_worker(worker).unwrap().unwrap();
         assert_eq!(record.state, WorkerState::Done, "{worker}");
     }
     assert_eq!(rt.live_workers(), 0);
@@ -375,7 +369,7 @@ async fn no_reservation_outlives_any_terminal_path() {
         if state == WorkerState::Cancelled {
             eventually("the worker waits", || {
                 store
-                    .get_worker(&worker.to_string())
+                    .get_worker(&worker)
                     .unwrap()
                     .is_some_and(|r| r.state == WorkerState::WaitingForInput)
             })
@@ -385,13 +379,13 @@ async fn no_reservation_outlives_any_terminal_path() {
         eventually(&format!("{task}: the worker ends"), || {
             rt.live_workers() == 0
                 && store
-                    .get_worker(&worker.to_string())
+                    .get_worker(&worker)
                     .unwrap()
                     .is_some_and(|r| r.state == state)
         })
         .await;
         rt.wait_idle("main").await;
-        let record = store.get_worker(&worker.to_string()).unwrap().unwrap();
+        let record = store.get_worker(&worker).unwrap().unwrap();
         assert!(
             record.outcome.as_deref().unwrap_or("").contains(outcome),
             "{task}: {record:?}"
@@ -748,10 +742,7 @@ async fn each_route_outcome_is_forced_by_gates() {
             .iter()
             .all(|m| !m.contains("m-delivered") && !m.contains("m-refused"))
     );
-    let record = stored(&rt)
-        .get_worker(&worker.to_string())
-        .unwrap()
-        .unwrap();
+    let record = stored(&rt).get_worker(&worker).unwrap().unwrap();
     assert_eq!(record.state, WorkerState::Failed);
     rt.shutdown();
     drop(rt);

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use capstan_host::agent::{End, Exchange, ReplyPart, Runtime, UserMessage};
 use capstan_host::app::AgentBuilder;
 use capstan_host::config::{Config, ProviderSettings};
-use capstan_host::ids::ProcessId;
+use capstan_host::ids::{ProcessId, SessionKey};
 use capstan_host::llm::{Script, ScriptedProvider};
 use capstan_host::serve::Server;
 use capstan_host::services::{ConversationSummary, History, HistoryEntry, ServiceError, Services};
@@ -92,16 +92,24 @@ impl History for Outage {
         self.inner.location()
     }
 
-    async fn load(&self, channel: &str) -> Result<Vec<HistoryEntry>, ServiceError> {
+    async fn load(&self, channel: &SessionKey) -> Result<Vec<HistoryEntry>, ServiceError> {
         self.inner.load(channel).await
     }
 
-    async fn append(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
+    async fn append(
+        &self,
+        channel: &SessionKey,
+        messages: Vec<String>,
+    ) -> Result<(), ServiceError> {
         self.refuse()?;
         self.inner.append(channel, messages).await
     }
 
-    async fn replace(&self, channel: &str, messages: Vec<String>) -> Result<(), ServiceError> {
+    async fn replace(
+        &self,
+        channel: &SessionKey,
+        messages: Vec<String>,
+    ) -> Result<(), ServiceError> {
         self.refuse()?;
         self.inner.replace(channel, messages).await
     }
@@ -161,7 +169,10 @@ async fn parts_until(
 
 /// The stored messages of `channel` that hold `text`.
 async fn stored_with(history: &Arc<dyn History>, channel: &str, text: &str) -> usize {
-    let entries = history.load(channel).await.unwrap();
+    let entries = history
+        .load(&crate::support::ids::key(channel))
+        .await
+        .unwrap();
     entries.iter().filter(|e| e.message.contains(text)).count()
 }
 
@@ -357,7 +368,10 @@ async fn the_doors_answer_200_only_for_what_is_stored_and_202_not_yet_stored_oth
             .ok_or(format!("{counts:?}"))
     })
     .await;
-    let main = stored.load("channel:main").await.unwrap();
+    let main = stored
+        .load(&crate::support::ids::key("channel:main"))
+        .await
+        .unwrap();
     let users: Vec<&str> = main
         .iter()
         .filter(|e| e.message.contains(r#""role":"user""#))

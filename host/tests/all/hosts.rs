@@ -262,14 +262,19 @@ async fn messages_forwarded_to_a_host_that_went_away_are_answered_by_the_next() 
     // A host that claimed the conversation, had messages forwarded to it, and died.
     let gone = Postgres::connect(&url).await.unwrap();
     let run = gone.begin_run().await.unwrap();
-    let claim = gone.claim("channel:main", run.id()).await.unwrap();
+    let claim = gone
+        .claim(&crate::support::ids::key("channel:main"), run.id())
+        .await
+        .unwrap();
     assert!(matches!(claim, Claim::Owned(_)));
     for text in ["one", "two"] {
         let message = Forwarded::User {
             text: text.into(),
             key: None,
         };
-        gone.forward("channel:main", &message).await.unwrap();
+        gone.forward(&crate::support::ids::key("channel:main"), &message)
+            .await
+            .unwrap();
     }
     let terminal_run: i64 = admin(&url)
         .await

@@ -61,7 +61,7 @@ impl Net {
                 args_json: &args.to_string(),
                 grants: &grants,
                 workspace: None,
-                caller: "worker:1",
+                caller: &crate::support::ids::by("worker:1"),
                 instances: None,
             })
             .await
@@ -620,7 +620,7 @@ async fn a_component_importing_sockets_and_http_like_a_python_runtime_loads_and_
             args_json: "{}",
             grants: &Grants::none(),
             workspace: None,
-            caller: "cli",
+            caller: &crate::support::ids::by("cli"),
             instances: None,
         })
         .await

@@ -27,7 +27,7 @@ async fn call_in(
             args_json: &args.to_string(),
             grants: &grants,
             workspace: Some(&workspace),
-            caller: "worker:1",
+            caller: &crate::support::ids::by("worker:1"),
             instances,
         })
         .await
@@ -333,7 +333,7 @@ async fn another_caller_or_workspace_gets_another_instance() {
                 args_json: &json!({ "text": text }).to_string(),
                 grants: &grants,
                 workspace: Some(&workspace),
-                caller,
+                caller: &crate::support::ids::by(caller),
                 instances: Some(&mine),
             })
             .await

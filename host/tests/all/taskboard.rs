@@ -401,7 +401,7 @@ async fn a_call_that_may_change_something_is_logged_when_it_returns_and_a_read_w
             let recorded = router
                 .run(
                     ProcessKind::Worker,
-                    "worker:1",
+                    &crate::support::ids::by("worker:1"),
                     None,
                     tool,
                     &arguments,

@@ -9,6 +9,7 @@ use capstan_caps::Capability;
 use wasmtime::{Store, UpdateDeadline};
 
 use super::PluginHost;
+use crate::ids::Caller;
 use crate::net::{CallNet, Egress, GrantSource, NetScope};
 use crate::plugin::bindings::capstan::plugin::types::CallContext;
 use crate::plugin::bindings::exports::capstan::plugin::tool::ToolError as WitToolError;
@@ -26,7 +27,7 @@ use crate::text::{one_line, truncate};
 pub(crate) struct Invocation<'a> {
     pub(crate) tool: &'a str,
     pub(crate) args_json: &'a str,
-    pub(crate) caller: &'a str,
+    pub(crate) caller: &'a Caller,
     pub(crate) call_id: String,
     pub(crate) capabilities: Vec<Capability>,
     pub(crate) workspace: Option<&'a Path>,
@@ -79,14 +80,14 @@ impl PluginHost {
                 .collect();
             Arc::new(CallNet::new(
                 self.network.clone(),
-                call.caller.to_owned(),
+                call.caller.to_string(),
                 scope,
                 secrets,
                 self.audit.clone(),
             ))
         });
         let context = CallContext {
-            caller: call.caller.to_owned(),
+            caller: call.caller.to_string(),
             call_id: call.call_id,
             capabilities: call.capabilities.iter().map(ToString::to_string).collect(),
         };
@@ -98,7 +99,7 @@ impl PluginHost {
                 plugin: plugin.name.clone(),
                 contract: plugin.wit_version.clone(),
                 tool: call.tool.to_owned(),
-                caller: call.caller.to_owned(),
+                caller: call.caller.clone(),
                 capabilities: call.capabilities.clone(),
                 services: self.services.clone(),
                 network: self.network.clone(),

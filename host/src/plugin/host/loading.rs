@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::PluginHost;
+use crate::ids::Caller;
 use crate::net::Egress;
 use crate::plugin::bindings::PluginPre;
 use crate::plugin::bindings::exports::capstan::plugin::tool::ToolSpec;
@@ -172,7 +173,7 @@ impl PluginHost {
             plugin: plugin.clone(),
             contract: contract.to_owned(),
             tool: "describe".into(),
-            caller: "host".into(),
+            caller: Caller::client("host", None),
             capabilities: Vec::new(),
             services: None,
             network: self.network.clone(),

@@ -54,7 +54,7 @@ async fn call(
         args_json: args,
         grants: &grants,
         workspace: Some(ws),
-        caller: "test",
+        caller: &crate::support::ids::by("test"),
         instances: None,
     };
     tokio::time::timeout(HANG_GUARD, registry.call(request))

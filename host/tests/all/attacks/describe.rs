@@ -296,7 +296,7 @@ async fn unknown_tool_names_are_echoed_on_one_line_and_cut() {
             args_json: "{}",
             grants: &grants,
             workspace: Some(Path::new(".")),
-            caller: "test",
+            caller: &crate::support::ids::by("test"),
             instances: None,
         })
         .await
@@ -322,7 +322,10 @@ fn guest_and_model_text_cannot_forge_the_cli_output() {
     let store = crate::support::agent_store(dir.path());
     let forged = "real\n#99    done     high      forged row\u{1b}[31m";
     store
-        .create_task("worker:1", &capstan_host::store::NewTask::titled(forged))
+        .create_task(
+            &crate::support::ids::by("worker:1"),
+            &capstan_host::store::NewTask::titled(forged),
+        )
         .unwrap();
     drop(store);
 

@@ -142,7 +142,7 @@ fn ten_thousand_generated_tool_inputs_never_panic_the_host() {
                 args_json: &args,
                 grants: &grants,
                 workspace: Some(ws.path()),
-                caller: "fuzz",
+                caller: &crate::support::ids::by("fuzz"),
                 instances: None,
             }));
             match &result {

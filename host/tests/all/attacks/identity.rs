@@ -49,13 +49,19 @@ fn a_second_run_gets_new_ids_and_cannot_act_as_the_first_runs_worker() {
         assert!(out.status.success(), "{message}: {}", stderr(&out));
     }
     let store = agent_store(dir.path());
-    let first = store.get_worker("worker:1").unwrap().expect("worker:1");
-    let second = store.get_worker("worker:2").unwrap().expect("worker:2");
+    let first = store
+        .get_worker(&crate::support::ids::pid("worker:1"))
+        .unwrap()
+        .expect("worker:1");
+    let second = store
+        .get_worker(&crate::support::ids::pid("worker:2"))
+        .unwrap()
+        .expect("worker:2");
     assert_eq!(first.task, "create the release task", "not overwritten");
     assert_eq!(second.task, "close the release task");
 
     let task = store.get_task(1).unwrap();
-    assert_eq!(task.creator, "worker:1");
+    assert_eq!(task.creator.to_string(), "worker:1");
     assert_ne!(
         task.status.as_str(),
         "done",

@@ -56,7 +56,7 @@ fn start_long_job(dir: &std::path::Path) -> std::process::Child {
 
 fn worker_state(dir: &std::path::Path, id: &str) -> WorkerState {
     agent_store(dir)
-        .get_worker(id)
+        .get_worker(&crate::support::ids::pid(id))
         .expect("reading the worker")
         .unwrap_or_else(|| panic!("{id} is recorded"))
         .state

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::ids::pid;
 use capstan_host::store::{
     DATABASE_FILE, DataDirProblem, SCHEMA_VERSION, Store, StoreError, WorkerState,
 };
@@ -52,7 +53,12 @@ fn store_child() {
             let store = Store::open(&dir).unwrap();
             pass_gate(&gate, index);
             for _ in 0..count {
-                println!("NUMBER {}", store.next_process_number("worker").unwrap());
+                println!(
+                    "NUMBER {}",
+                    store
+                        .next_process_number(capstan_host::ids::ProcessKind::Worker)
+                        .unwrap()
+                );
             }
         }
         "append" => {
@@ -67,7 +73,12 @@ fn store_child() {
             let store = Store::open(&dir).unwrap();
             let run = store.begin_run().unwrap();
             store
-                .insert_worker_in_run(run.id(), &format!("worker:{index}"), "main", "work")
+                .insert_worker_in_run(
+                    run.id(),
+                    &crate::support::ids::pid(&format!("worker:{index}")),
+                    &crate::support::ids::pid("channel:main"),
+                    "work",
+                )
                 .unwrap();
             // Ready only once the worker is recorded and the run's lock is held.
             touch(&gate.join(format!("ready-{index}")));
@@ -216,7 +227,11 @@ fn process_numbers_are_unique_across_threads_and_processes() {
                 let store = Store::open(&dir).unwrap();
                 pass_gate(&gate, i);
                 (0..DRAWS)
-                    .map(|_| store.next_process_number("worker").unwrap())
+                    .map(|_| {
+                        store
+                            .next_process_number(capstan_host::ids::ProcessKind::Worker)
+                            .unwrap()
+                    })
                     .collect::<Vec<u64>>()
             })
         })
@@ -242,10 +257,17 @@ fn process_numbers_are_unique_across_threads_and_processes() {
     // A later run goes on from there.
     let store = Store::open(dir.path()).unwrap();
     assert_eq!(
-        store.next_process_number("worker").unwrap(),
+        store
+            .next_process_number(capstan_host::ids::ProcessKind::Worker)
+            .unwrap(),
         4 * DRAWS as u64 + 1
     );
-    assert_eq!(store.next_process_number("branch").unwrap(), 1);
+    assert_eq!(
+        store
+            .next_process_number(capstan_host::ids::ProcessKind::Branch)
+            .unwrap(),
+        1
+    );
 }
 
 #[test]
@@ -542,18 +564,27 @@ fn a_killed_runs_workers_are_interrupted_and_a_live_runs_are_not() {
     // A live run in this process, through another handle on the database.
     let here = Store::open(dir.path()).unwrap();
     let run = here.begin_run().unwrap();
-    here.insert_worker_in_run(run.id(), "worker:here", "main", "work")
-        .unwrap();
+    here.insert_worker_in_run(
+        run.id(),
+        &crate::support::ids::pid("worker:here"),
+        &crate::support::ids::pid("channel:main"),
+        "work",
+    )
+    .unwrap();
     // And a worker recorded without a run, which nothing can prove dead.
     store
-        .insert_worker("worker:unowned", "main", "work")
+        .insert_worker(
+            &crate::support::ids::pid("worker:unowned"),
+            &crate::support::ids::pid("channel:main"),
+            "work",
+        )
         .unwrap();
 
     killed.kill().unwrap(); // SIGKILL: no destructor runs, the lock file stays.
     killed.wait().unwrap();
 
     let marked = store.mark_interrupted_workers().unwrap();
-    let ids: Vec<&str> = marked.iter().map(|w| w.id.as_str()).collect();
+    let ids: Vec<String> = marked.iter().map(|w| w.id.to_string()).collect();
     assert_eq!(ids, ["worker:0"]);
     assert_eq!(marked[0].state, WorkerState::Interrupted);
     assert!(
@@ -564,7 +595,7 @@ fn a_killed_runs_workers_are_interrupted_and_a_live_runs_are_not() {
             .contains("interrupted")
     );
     for id in ["worker:1", "worker:here", "worker:unowned"] {
-        let worker = store.get_worker(id).unwrap().unwrap();
+        let worker = store.get_worker(&pid(id)).unwrap().unwrap();
         assert_eq!(worker.state, WorkerState::Running, "{id}");
     }
     // Nothing more to mark while the others live.
@@ -578,11 +609,11 @@ fn a_killed_runs_workers_are_interrupted_and_a_live_runs_are_not() {
         .mark_interrupted_workers()
         .unwrap()
         .into_iter()
-        .map(|w| w.id)
+        .map(|w| w.id.to_string())
         .collect();
     assert_eq!(ids, ["worker:1", "worker:here"]);
     let reopened = Store::open(dir.path()).unwrap();
-    let state = |id| reopened.get_worker(id).unwrap().unwrap().state;
+    let state = |id| reopened.get_worker(&pid(id)).unwrap().unwrap().state;
     assert_eq!(state("worker:0"), WorkerState::Interrupted);
     assert!(WorkerState::Interrupted.is_terminal());
     assert_eq!(state("worker:unowned"), WorkerState::Running);

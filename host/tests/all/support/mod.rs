@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 pub mod accounting;
 mod binary;
 pub mod http_server;
+pub mod ids;
 pub mod serve_host;
 
 pub use binary::*;
@@ -195,7 +196,7 @@ pub async fn call_by(
             args_json: &args.to_string(),
             grants: &grants,
             workspace: Some(workspace),
-            caller,
+            caller: &ids::by(caller),
             instances: None,
         })
         .await

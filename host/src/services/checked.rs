@@ -1,0 +1,120 @@
+//! The services' rules on what goes in, applied once in front of any backend.
+//!
+//! [`Services::all_from`](super::Services::all_from) puts these in front of the backend it
+//! is given, so a backend stores what it is handed: a task's title is checked and trimmed,
+//! its metadata is a JSON object, a memory has content, a kind and an importance in range,
+//! a working-memory key is not empty, and an audited call's arguments are
+//! [`redact`](super::redact)ed. Rules that need what is stored (a task's status moves, an
+//! ended worker's record) stay with the backend, in the same transaction as the write.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::{
+    AuditDestination, AuditEntry, AuditRecord, AuditSink, Committing, Memory, MemoryItem,
+    NewMemory, NewTask, RequestEntry, RequestRecord, ServiceError, Task, TaskBoard, TaskFilter,
+    TaskPatch, check_working_key, redact,
+};
+use crate::ids::Caller;
+
+/// A [`TaskBoard`] that checks each new task and patch before its backend sees it.
+pub(super) struct CheckedTasks(pub(super) Arc<dyn TaskBoard>);
+
+#[async_trait]
+impl TaskBoard for CheckedTasks {
+    async fn create(&self, creator: &Caller, task: NewTask) -> Result<Task, ServiceError> {
+        let task = task.checked()?;
+        self.0.create(creator, task).await
+    }
+
+    async fn get(&self, number: u64) -> Result<Task, ServiceError> {
+        self.0.get(number).await
+    }
+
+    async fn list(&self, filter: TaskFilter) -> Result<Vec<Task>, ServiceError> {
+        self.0.list(filter).await
+    }
+
+    async fn update(&self, number: u64, patch: TaskPatch) -> Result<Task, ServiceError> {
+        let patch = patch.checked()?;
+        self.0.update(number, patch).await
+    }
+}
+
+/// A [`Memory`] that checks each memory and working-memory key before its backend sees it.
+pub(super) struct CheckedMemory(pub(super) Arc<dyn Memory>);
+
+#[async_trait]
+impl Memory for CheckedMemory {
+    async fn save(&self, source: &Caller, memory: NewMemory) -> Result<MemoryItem, ServiceError> {
+        let memory = memory.checked()?;
+        self.0.save(source, memory).await
+    }
+
+    async fn recall(&self, query: &str, limit: u32) -> Result<Vec<MemoryItem>, ServiceError> {
+        self.0.recall(query, limit).await
+    }
+
+    async fn delete(&self, id: u64) -> Result<(), ServiceError> {
+        self.0.delete(id).await
+    }
+
+    async fn working_get(&self, key: &str) -> Result<Option<String>, ServiceError> {
+        check_working_key(key)?;
+        self.0.working_get(key).await
+    }
+
+    async fn working_set(
+        &self,
+        key: &str,
+        value: &str,
+        ttl_seconds: Option<u64>,
+    ) -> Result<(), ServiceError> {
+        check_working_key(key)?;
+        self.0.working_set(key, value, ttl_seconds).await
+    }
+
+    async fn working_keys(&self, prefix: &str) -> Result<Vec<String>, ServiceError> {
+        self.0.working_keys(prefix).await
+    }
+}
+
+/// An [`AuditSink`] that redacts each call's arguments before its backend sees them.
+pub(super) struct RedactedAudit(pub(super) Arc<dyn AuditSink>);
+
+fn redacted(mut call: AuditRecord) -> AuditRecord {
+    call.arguments = redact(&call.arguments);
+    call
+}
+
+#[async_trait]
+impl AuditSink for RedactedAudit {
+    async fn record(&self, call: AuditRecord) -> Result<(), ServiceError> {
+        self.0.record(redacted(call)).await
+    }
+
+    async fn record_soon(&self, call: AuditRecord) -> Committing {
+        self.0.record_soon(redacted(call)).await
+    }
+
+    async fn recent(&self, limit: u32) -> Result<Vec<AuditEntry>, ServiceError> {
+        self.0.recent(limit).await
+    }
+
+    async fn page(&self, before: Option<u64>, limit: u32) -> Result<Vec<AuditEntry>, ServiceError> {
+        self.0.page(before, limit).await
+    }
+
+    async fn record_request(&self, request: RequestRecord) -> Result<(), ServiceError> {
+        self.0.record_request(request).await
+    }
+
+    async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestEntry>, ServiceError> {
+        self.0.recent_requests(limit).await
+    }
+
+    fn destination(&self) -> AuditDestination {
+        self.0.destination()
+    }
+}
