@@ -561,7 +561,7 @@ async fn a_run_owns_the_sessions_it_claims_and_forwarded_messages_are_taken_once
         Ok(id) => {
             assert_eq!(
                 sessions.forwarded_sessions(run.id()).await.unwrap(),
-                [main.clone()]
+                std::slice::from_ref(&main)
             );
             let taken = sessions.take_forwarded(&main, run.id(), epoch).await;
             assert_eq!(taken.unwrap(), [(id, message)]);
