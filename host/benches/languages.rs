@@ -49,7 +49,13 @@ fn registry(rt: &Runtime, file: &Path, limits: Limits, cache: ArtifactCache) -> 
     let host = Arc::new(PluginHost::new(limits, cache).unwrap());
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(file, dir.path().join(file.file_name().unwrap())).unwrap();
-    let registry = rt.block_on(Registry::load_dir(host, dir.path())).unwrap();
+    let registry = rt
+        .block_on(Registry::load_dir(
+            host,
+            capstan_host::plugin::CallLog::disabled(),
+            dir.path(),
+        ))
+        .unwrap();
     assert!(registry.refused().is_empty(), "{:?}", registry.refused());
     registry
 }
@@ -77,7 +83,13 @@ fn least_memory(rt: &Runtime, file: &Path, tool: &str, workspace: &Path, cache: 
         let host = Arc::new(PluginHost::new(limits, ArtifactCache::new(cache)).unwrap());
         let dir = tempfile::tempdir().unwrap();
         std::fs::copy(file, dir.path().join(file.file_name().unwrap())).unwrap();
-        let registry = rt.block_on(Registry::load_dir(host, dir.path())).unwrap();
+        let registry = rt
+            .block_on(Registry::load_dir(
+                host,
+                capstan_host::plugin::CallLog::disabled(),
+                dir.path(),
+            ))
+            .unwrap();
         registry.refused().is_empty() && call(rt, &registry, tool, workspace).is_ok()
     };
     let (mut low, mut high) = (1, 64);

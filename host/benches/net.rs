@@ -115,7 +115,7 @@ fn setup(rt: &Runtime) -> Paths {
                 },
                 Secrets::none(),
             ));
-        let mut registry = Registry::new(Arc::new(host));
+        let mut registry = Registry::new(Arc::new(host), capstan_host::plugin::CallLog::disabled());
         registry
             .add_file(&root.join("target/plugins/web.wasm"))
             .await

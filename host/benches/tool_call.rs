@@ -52,7 +52,7 @@ struct Ours {
 impl Ours {
     async fn new(cache: ArtifactCache) -> Self {
         let host = Arc::new(PluginHost::new(Limits::default(), cache).unwrap());
-        let mut registry = Registry::new(host);
+        let mut registry = Registry::new(host, capstan_host::plugin::CallLog::disabled());
         registry
             .add_file(&component_path("fixtures", "probe"))
             .await

@@ -10,7 +10,7 @@ use crate::agent::{Event, Runtime};
 use crate::config::{Config, ProviderSettings};
 use crate::llm::{OpenAiProvider, Provider, Recorder, Script, ScriptedProvider};
 use crate::net::NetHost;
-use crate::plugin::{ArtifactCache, PluginHost, Registry};
+use crate::plugin::{ArtifactCache, CallLog, PluginHost, Registry};
 use crate::services::Services;
 
 /// Assembles an agent from its [`Config`]: creates the workspace, opens the SQLite store
@@ -131,14 +131,15 @@ impl AgentBuilder {
             .with_services(services.clone())
             .with_network(NetHost::new(config.net.clone(), secrets));
         let host = Arc::new(host);
+        let log = CallLog::new(services.audit.clone(), redactor.clone());
         let mut registry = match self
             .plugins_dir
             .or_else(|| config.agent.plugins_dir.clone())
         {
-            Some(dir) => Registry::load_dir_preferring(host, &dir, &config.prefer)
+            Some(dir) => Registry::load_dir_preferring(host, log, &dir, &config.prefer)
                 .await
                 .map_err(|source| BuildError::Plugins { dir, source })?,
-            None => Registry::new(host),
+            None => Registry::new(host, log),
         };
         for path in self.plugin_files {
             if let Err(err) = registry.add_file(&path).await {

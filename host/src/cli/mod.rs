@@ -28,7 +28,7 @@ use crate::config::{
 };
 use crate::mcp::Servers;
 use crate::net::NetHost;
-use crate::plugin::{ArtifactCache, Limits, PluginHost, Registry};
+use crate::plugin::{ArtifactCache, CallLog, Limits, PluginHost, Registry};
 use crate::policy::{Grants, ProcessKind};
 use crate::secrets::SecretSource;
 
@@ -297,7 +297,13 @@ impl HostArgs {
         servers: Option<Servers<'_>>,
     ) -> anyhow::Result<Registry> {
         let dir = self.plugins_dir(config)?;
-        let mut registry = Registry::load_dir_preferring(Arc::new(host), &dir, &config.prefer)
+        // Calls are recorded where the host's services keep them (nowhere, for a host
+        // without), redacted by the host's secrets.
+        let log = CallLog::new(
+            host.audit().clone(),
+            host.network().secrets().redactor().clone(),
+        );
+        let mut registry = Registry::load_dir_preferring(Arc::new(host), log, &dir, &config.prefer)
             .await
             .with_context(|| format!("loading plugins from {}", dir.display()))?;
         if let Some(servers) = servers {

@@ -12,6 +12,7 @@
 
 mod bindings;
 mod cache;
+mod call_log;
 mod capture;
 pub mod contract;
 mod engine;
@@ -33,6 +34,7 @@ mod special_files;
 mod warm;
 
 pub use cache::{ArtifactCache, CacheError, CacheOutcome};
+pub use call_log::CallLog;
 pub use error::{HostError, LoadError, PREFER_KEY, ToolError};
 pub use external::ExternalTools;
 pub use host::PluginHost;

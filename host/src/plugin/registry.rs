@@ -9,6 +9,7 @@ use std::time::Instant;
 use capstan_caps::Capability;
 use serde::de::IgnoredAny;
 
+use super::call_log::CallLog;
 use super::error::{HostError, LoadError, ToolError};
 use super::external::ExternalTools;
 use super::host::{Invocation, PluginHost};
@@ -82,13 +83,14 @@ pub async fn committed(audit: Committing) {
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use capstan_host::ids::Caller;
 /// use std::path::Path;
-/// use capstan_host::plugin::{ArtifactCache, CallRequest, Limits, PluginHost, Registry};
+/// use capstan_host::ids::Caller;
+/// use capstan_host::plugin::{ArtifactCache, CallLog, CallRequest, Limits, PluginHost, Registry};
 /// use capstan_host::policy::Grants;
 ///
 /// let host = PluginHost::new(Limits::default(), ArtifactCache::disabled())?;
-/// let registry = Registry::load_dir(host.into(), Path::new("target/plugins")).await?;
+/// let log = CallLog::disabled();
+/// let registry = Registry::load_dir(host.into(), log, Path::new("target/plugins")).await?;
 /// let grants: Grants = "fs.read".parse()?;
 /// let text = registry
 ///     .call(CallRequest {
@@ -106,6 +108,8 @@ pub async fn committed(audit: Committing) {
 /// ```
 pub struct Registry {
     host: Arc<PluginHost>,
+    /// Where each call is recorded, its arguments redacted.
+    log: CallLog,
     plugins: Vec<Arc<LoadedPlugin>>,
     /// Tool name -> (plugin, index into its tools).
     tools: HashMap<String, (Arc<LoadedPlugin>, usize)>,
@@ -133,10 +137,11 @@ struct ExternalTool {
 }
 
 impl Registry {
-    /// An empty registry on `host`.
-    pub fn new(host: Arc<PluginHost>) -> Self {
+    /// An empty registry whose calls run on `host` and are recorded in `log`.
+    pub fn new(host: Arc<PluginHost>, log: CallLog) -> Self {
         Registry {
             host,
+            log,
             plugins: Vec::new(),
             tools: HashMap::new(),
             refused: Vec::new(),
@@ -153,8 +158,12 @@ impl Registry {
     /// [`Registry::refused`]) and the others still load; only an unreadable directory is an
     /// error. A tool name several plugins declare refuses each of them (see
     /// [`Registry::load_dir_preferring`] to settle it).
-    pub async fn load_dir(host: Arc<PluginHost>, dir: &Path) -> Result<Self, HostError> {
-        Registry::load_dir_preferring(host, dir, &Preferences::new()).await
+    pub async fn load_dir(
+        host: Arc<PluginHost>,
+        log: CallLog,
+        dir: &Path,
+    ) -> Result<Self, HostError> {
+        Registry::load_dir_preferring(host, log, dir, &Preferences::new()).await
     }
 
     /// Loads every `*.wasm` file in `dir`, then settles the tool names several plugins
@@ -164,10 +173,11 @@ impl Registry {
     /// config key. Entries that are not regular files are refused with what they are.
     pub async fn load_dir_preferring(
         host: Arc<PluginHost>,
+        log: CallLog,
         dir: &Path,
         prefer: &Preferences,
     ) -> Result<Self, HostError> {
-        let mut registry = Registry::new(host);
+        let mut registry = Registry::new(host, log);
         let list_error = |source| HostError::PluginsDir {
             path: dir.to_owned(),
             source,
@@ -464,7 +474,7 @@ impl Registry {
     }
 
     /// Awaits `run` and records the outcome: a tracing event, and a row handed to the
-    /// host's [`audit`](PluginHost::audit) sink (which may be the explicit disabled one).
+    /// [`CallLog`]'s audit sink (which may be the explicit disabled one).
     /// Denials are recorded like any other outcome.
     async fn audited(
         &self,
@@ -507,18 +517,12 @@ impl Registry {
             process: request.caller.to_string(),
             tool: request.tool.to_owned(),
             grants: effective,
-            arguments: self
-                .host
-                .network()
-                .secrets()
-                .redactor()
-                .redact(request.args_json)
-                .into_owned(),
+            arguments: self.log.redactor().redact(request.args_json).into_owned(),
             outcome: outcome.to_owned(),
             detail: detail.to_owned(),
             duration_us,
         };
-        let audit = Some(self.host.audit().record_soon(call).await);
+        let audit = Some(self.log.audit().record_soon(call).await);
         Recorded { result, audit }
     }
 
@@ -574,7 +578,7 @@ impl Registry {
             .effective(&tool.info.name, &tool.info.capabilities)
             .map_err(|denial| ToolError::Denied(denial.to_string()))?;
         check_args_object(request.tool, request.args_json)?;
-        let redactor = self.host.network().secrets().redactor();
+        let redactor = self.log.redactor();
         let clean = |text: String| self.host.cap_output(redactor.redact_owned(text));
         let deadline = self.host.limits().deadline;
         let started = tokio::time::Instant::now();

@@ -75,13 +75,13 @@ pub struct MatrixRow {
 /// # async fn demo() -> anyhow::Result<()> {
 /// use std::path::Path;
 /// use capstan_host::config::Config;
-/// use capstan_host::plugin::{ArtifactCache, Limits, PluginHost, Registry};
+/// use capstan_host::plugin::{ArtifactCache, CallLog, Limits, PluginHost, Registry};
 /// use capstan_host::policy::ProcessKind;
 /// use capstan_host::tools::ToolCatalog;
 ///
 /// let config = Config::defaults(Path::new("."));
 /// let host = PluginHost::new(Limits::default(), ArtifactCache::disabled())?;
-/// let registry = Registry::load_dir(host.into(), Path::new("target/plugins")).await?;
+/// let registry = Registry::load_dir(host.into(), CallLog::disabled(), Path::new("target/plugins")).await?;
 /// let catalog = ToolCatalog::new(&registry, &config.policy);
 /// for tool in catalog.offered(ProcessKind::Worker).iter() {
 ///     println!("{}", tool.name);

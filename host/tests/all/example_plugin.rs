@@ -9,7 +9,7 @@ use serde_json::json;
 #[tokio::test]
 async fn the_word_count_example_counts_under_fs_read() {
     let host = Arc::new(PluginHost::new(Limits::default(), test_cache()).unwrap());
-    let mut registry = Registry::new(host);
+    let mut registry = Registry::new(host, capstan_host::plugin::CallLog::disabled());
     registry
         .add_file(&component("examples", "word_count"))
         .await

@@ -53,7 +53,13 @@ async fn bad_components_are_refused_by_name_and_the_rest_still_load() {
             std::fs::read(component("fixtures", "wit_v1")).unwrap(),
         ),
     ]);
-    let registry = Registry::load_dir(host(), dir.path()).await.unwrap();
+    let registry = Registry::load_dir(
+        host(),
+        capstan_host::plugin::CallLog::disabled(),
+        dir.path(),
+    )
+    .await
+    .unwrap();
 
     let core = refusal(&registry, "core-module.wasm").to_string();
     assert!(
@@ -181,7 +187,13 @@ async fn a_second_plugin_with_a_taken_tool_name_is_refused() {
     // Name order no longer decides: neither plugin shadows the other, both are refused
     // naming each other, until `plugins.prefer` settles it.
     let dir = plugins_with(&[("files2.wasm", files)]);
-    let registry = Registry::load_dir(host(), dir.path()).await.unwrap();
+    let registry = Registry::load_dir(
+        host(),
+        capstan_host::plugin::CallLog::disabled(),
+        dir.path(),
+    )
+    .await
+    .unwrap();
     let err = refusal(&registry, "files2.wasm").to_string();
     assert!(
         err.contains("also declared by") && err.contains("files.wasm"),
@@ -194,16 +206,26 @@ async fn a_second_plugin_with_a_taken_tool_name_is_refused() {
 
 #[tokio::test]
 async fn a_missing_plugins_directory_is_an_error_naming_it() {
-    let err = Registry::load_dir(host(), Path::new("/nonexistent/capstan-plugins"))
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = Registry::load_dir(
+        host(),
+        capstan_host::plugin::CallLog::disabled(),
+        Path::new("/nonexistent/capstan-plugins"),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("/nonexistent/capstan-plugins"), "{err}");
 }
 
 #[tokio::test]
 async fn loaded_plugins_report_version_imports_and_tools() {
-    let registry = Registry::load_dir(host(), &plugins_dir()).await.unwrap();
+    let registry = Registry::load_dir(
+        host(),
+        capstan_host::plugin::CallLog::disabled(),
+        &plugins_dir(),
+    )
+    .await
+    .unwrap();
     let (plugin, tool) = registry.tool("file_write").unwrap();
     assert_eq!(plugin.wit_version(), "0.2.1");
     assert_eq!(plugin.name(), "files");
@@ -393,4 +415,44 @@ async fn a_tool_list_that_fails_the_checks_is_never_cached() {
         })
         .count();
     assert_eq!(lists, 0);
+}
+
+/// The registry records each call in the log it was given, its arguments redacted by that
+/// log's redactor, whatever the host it runs on holds: here a host with no services (its
+/// own sink keeps nothing) and no secrets.
+#[tokio::test]
+async fn calls_are_recorded_in_the_registrys_own_log_redacted_by_its_redactor() {
+    use capstan_host::plugin::CallLog;
+    use capstan_host::secrets::Redactor;
+    use capstan_host::services::{AuditDestination, Services};
+
+    let canary = "canary-7f3a9c1e5b";
+    let services = Services::in_memory();
+    let redactor = Redactor::new([("CANARY".parse().unwrap(), canary.into())]);
+    let host = host();
+    assert!(matches!(
+        host.audit().destination(),
+        AuditDestination::Disabled(_)
+    ));
+    let log = CallLog::new(services.audit.clone(), redactor);
+    let registry = Registry::load_dir(host, log, &plugins_dir()).await.unwrap();
+    let ws = crate::support::Workspace::new();
+    let path = format!("{canary}.txt");
+    let _ = crate::support::call(
+        &registry,
+        "file_read",
+        serde_json::json!({ "path": path }),
+        "fs.read",
+        &ws.path(),
+    )
+    .await;
+    let rows = services.audit.recent(10).await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].tool, "file_read");
+    assert!(!rows[0].arguments.contains(canary), "{}", rows[0].arguments);
+    assert!(
+        rows[0].arguments.contains("[redacted secret CANARY]"),
+        "{}",
+        rows[0].arguments
+    );
 }

@@ -594,7 +594,7 @@ async fn a_guest_socket_never_connects() {
 #[tokio::test]
 async fn a_component_importing_sockets_and_http_like_a_python_runtime_loads_and_runs() {
     let host = Arc::new(PluginHost::new(Limits::default(), test_cache()).unwrap());
-    let mut registry = Registry::new(host);
+    let mut registry = Registry::new(host, capstan_host::plugin::CallLog::disabled());
     registry
         .add_file(&crate::support::component("fixtures", "python_style"))
         .await

@@ -31,7 +31,8 @@ async fn registry(deadline: Duration, store: Option<Arc<Store>>) -> Arc<Registry
     if let Some(store) = store {
         host = host.with_services(store.services());
     }
-    let mut registry = Registry::load_dir(Arc::new(host), &plugins_dir())
+    let log = crate::support::call_log_of(&host);
+    let mut registry = Registry::load_dir(Arc::new(host), log, &plugins_dir())
         .await
         .unwrap();
     registry
@@ -218,7 +219,7 @@ async fn every_pool_slot_freed_by_a_deadline_serves_the_next_calls() {
         ..Limits::default()
     };
     let host = PluginHost::new(limits, ArtifactCache::new(test_cache_dir())).unwrap();
-    let mut registry = Registry::new(Arc::new(host));
+    let mut registry = Registry::new(Arc::new(host), capstan_host::plugin::CallLog::disabled());
     registry
         .add_file(&component("fixtures", "probe"))
         .await

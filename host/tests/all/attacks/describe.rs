@@ -37,9 +37,13 @@ async fn a_copy_of_files_under_any_name_never_shadows_it_and_both_are_named() {
     for copy in ["aaa", "zzz"] {
         let file = format!("{copy}.wasm");
         let dir = plugins_with(&[(&file, files.clone())]);
-        let registry = Registry::load_dir(host(Limits::default()), dir.path())
-            .await
-            .unwrap();
+        let registry = Registry::load_dir(
+            host(Limits::default()),
+            capstan_host::plugin::CallLog::disabled(),
+            dir.path(),
+        )
+        .await
+        .unwrap();
         for tool in FILE_TOOLS {
             assert_eq!(provider(&registry, tool), None, "{copy}: {tool} was taken");
         }
@@ -66,10 +70,14 @@ async fn the_configured_plugin_provides_a_shared_tool_name_in_either_order() {
         for winner in ["files", copy] {
             let dir = plugins_with(&[(&file, files.clone())]);
             let prefer: Preferences = FILE_TOOLS.iter().map(|t| (*t, winner)).collect();
-            let registry =
-                Registry::load_dir_preferring(host(Limits::default()), dir.path(), &prefer)
-                    .await
-                    .unwrap();
+            let registry = Registry::load_dir_preferring(
+                host(Limits::default()),
+                capstan_host::plugin::CallLog::disabled(),
+                dir.path(),
+                &prefer,
+            )
+            .await
+            .unwrap();
             assert!(registry.refused().is_empty(), "{:?}", registry.refused());
             for tool in FILE_TOOLS {
                 assert_eq!(provider(&registry, tool), Some(winner), "{copy}: {tool}");
@@ -155,9 +163,13 @@ async fn oversized_and_invalid_describe_output_is_refused_and_the_rest_load() {
         .collect();
     let extra: Vec<(&str, PathBuf)> = extra.iter().map(|(n, p)| (n.as_str(), p.clone())).collect();
     let dir = plugins_with(&extra);
-    let registry = Registry::load_dir(host(Limits::default()), dir.path())
-        .await
-        .unwrap();
+    let registry = Registry::load_dir(
+        host(Limits::default()),
+        capstan_host::plugin::CallLog::disabled(),
+        dir.path(),
+    )
+    .await
+    .unwrap();
 
     let many = refusal(&registry, "describe_many.wasm");
     assert!(
@@ -285,9 +297,13 @@ fn guest_text_cannot_forge_log_lines_or_terminal_output() {
 
 #[tokio::test]
 async fn unknown_tool_names_are_echoed_on_one_line_and_cut() {
-    let registry = Registry::load_dir(host(Limits::default()), &plugins_dir())
-        .await
-        .unwrap();
+    let registry = Registry::load_dir(
+        host(Limits::default()),
+        capstan_host::plugin::CallLog::disabled(),
+        &plugins_dir(),
+    )
+    .await
+    .unwrap();
     let name = format!("evil\n\u{1b}[2J{}", "x".repeat(10_000));
     let grants = capstan_host::policy::Grants::none();
     let err = registry

@@ -117,9 +117,13 @@ fn ten_thousand_generated_tool_inputs_never_panic_the_host() {
     let registry = runtime.block_on(async {
         let host =
             PluginHost::new(Limits::default(), ArtifactCache::new(test_cache_dir())).unwrap();
-        let mut registry = Registry::load_dir(Arc::new(host), &plugins_dir())
-            .await
-            .unwrap();
+        let mut registry = Registry::load_dir(
+            Arc::new(host),
+            capstan_host::plugin::CallLog::disabled(),
+            &plugins_dir(),
+        )
+        .await
+        .unwrap();
         registry
             .add_file(&component("fixtures", "probe"))
             .await

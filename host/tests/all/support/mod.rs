@@ -15,7 +15,9 @@ use capstan_host::llm::{
     AnswerSink, BoxFuture, Completion, CompletionRequest, Provider, ProviderError, Script,
     ScriptedProvider,
 };
-use capstan_host::plugin::{ArtifactCache, CallRequest, Limits, PluginHost, Registry, ToolError};
+use capstan_host::plugin::{
+    ArtifactCache, CallLog, CallRequest, Limits, PluginHost, Registry, ToolError,
+};
 use capstan_host::policy::Grants;
 use capstan_host::store::Store;
 use tokio::sync::mpsc;
@@ -77,10 +79,20 @@ pub fn stored(rt: &Runtime) -> Store {
     Store::open(&rt.config().agent.data_dir).expect("the runtime's database opens")
 }
 
-/// `host` with the first-party plugins and the probe fixture loaded.
+/// Where calls on `host` are recorded as the agent records them: with the host's services
+/// (nowhere, for a host without), redacted by its secrets.
+pub fn call_log_of(host: &PluginHost) -> CallLog {
+    CallLog::new(
+        host.audit().clone(),
+        host.network().secrets().redactor().clone(),
+    )
+}
+
+/// `host` with the first-party plugins and the probe fixture loaded, its calls recorded
+/// by [`call_log_of`].
 pub async fn registry_on(host: PluginHost) -> Registry {
-    let host = Arc::new(host);
-    let mut registry = Registry::load_dir(host, &plugins_dir())
+    let log = call_log_of(&host);
+    let mut registry = Registry::load_dir(Arc::new(host), log, &plugins_dir())
         .await
         .expect("plugins dir");
     registry
