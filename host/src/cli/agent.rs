@@ -141,13 +141,14 @@ impl Launch {
 impl AgentArgs {
     /// The conversation the messages go to: the channel, or the admin chat with
     /// `--cortex`, which is a process of its own.
-    fn conversation(&self) -> ProcessId {
+    fn conversation(&self) -> anyhow::Result<ProcessId> {
         let kind = if self.cortex {
             ProcessKind::Cortex
         } else {
             ProcessKind::Channel
         };
-        ProcessId::named(kind, &self.channel)
+        ProcessId::conversation(kind, &self.channel)
+            .map_err(|why| anyhow::anyhow!("--channel: {why}"))
     }
 }
 
@@ -325,10 +326,11 @@ pub(crate) struct RunCommand {
 
 impl RunCommand {
     pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
+        let conversation = self.agent.conversation()?;
         let config = self.agent.launch.host.config()?;
         let (runtime, events) = self.agent.launch.start(config).await?;
         let events = tokio::spawn(events_ended(events));
-        let session = Session::start(&runtime, &self.agent.conversation());
+        let session = Session::start(&runtime, &conversation);
         let stop = until_stopped(&runtime, async {
             session.converse(self.message).await;
         })
@@ -346,6 +348,7 @@ pub(crate) struct ChatCommand {
 
 impl ChatCommand {
     pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
+        let conversation = self.agent.conversation()?;
         let config = self.agent.launch.host.config()?;
         let (runtime, events) = self.agent.launch.start(config).await?;
         let events = tokio::spawn(events_ended(events));
@@ -367,7 +370,7 @@ impl ChatCommand {
         // Each line goes in as it is typed, even while workers run: a follow-up for a busy
         // worker can be routed to it. Replies show as they come, each message's after the
         // earlier ones'.
-        let session = Session::start(&runtime, &self.agent.conversation());
+        let session = Session::start(&runtime, &conversation);
         let stop = until_stopped(&runtime, async {
             while let Some(line) = lines.recv().await {
                 let line = line.trim().to_owned();
@@ -398,6 +401,7 @@ pub(crate) struct DemoCommand {
 
 impl DemoCommand {
     pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
+        let conversation = self.agent.conversation()?;
         let config = self
             .agent
             .launch
@@ -416,7 +420,7 @@ impl DemoCommand {
         let (runtime, events) = self.agent.launch.start(config).await?;
         writeln!(out, "  model:     {}\n", runtime.provider_name())?;
         let events = tokio::spawn(events_ended(events));
-        let session = Session::start(&runtime, &self.agent.conversation());
+        let session = Session::start(&runtime, &conversation);
         let mut sent = Ok(());
         let stop = until_stopped(&runtime, async {
             for message in DEMO_CONVERSATION {

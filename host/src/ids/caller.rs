@@ -32,20 +32,38 @@ pub enum Caller {
     /// A process of the agent.
     Process(ProcessId),
     /// A client at a door, by its label (`mcp:ci@alice`, `cli`).
-    Client(String),
+    Client(ClientLabel),
+}
+
+/// A client's label: its door, then what the door knows of it (`mcp:ci@alice`). Made only
+/// by [`Caller::client`] and by reading a caller back, so it never reads as a process.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClientLabel(String);
+
+impl ClientLabel {
+    /// The label as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 impl Caller {
     /// A client at `door` (`mcp`, `cli`), named `name` when the door knows one.
+    ///
+    /// # Panics
+    ///
+    /// If `door` is empty, holds a `:`, or is a process kind: its callers would read back
+    /// as processes. Doors are the host's own names, never a client's.
     pub fn client(door: &str, name: Option<&str>) -> Self {
-        debug_assert!(
-            door.parse::<super::ProcessKind>().is_err() && !door.is_empty(),
-            "a door is not a process kind: {door}"
+        assert!(
+            !door.is_empty() && !door.contains(':') && door.parse::<super::ProcessKind>().is_err(),
+            "`{door}` cannot name a door: it is empty, holds a colon, or is a process kind"
         );
-        match name {
-            Some(name) => Caller::Client(format!("{door}:{name}")),
-            None => Caller::Client(door.to_owned()),
-        }
+        let label = match name {
+            Some(name) => format!("{door}:{name}"),
+            None => door.to_owned(),
+        };
+        Caller::Client(ClientLabel(label))
     }
 
     /// The process, if the caller is one.
@@ -67,7 +85,7 @@ impl fmt::Display for Caller {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Caller::Process(id) => id.fmt(f),
-            Caller::Client(label) => f.write_str(label),
+            Caller::Client(label) => f.write_str(&label.0),
         }
     }
 }
@@ -87,7 +105,7 @@ impl FromStr for Caller {
         }
         Ok(match text.parse::<ProcessId>() {
             Ok(id) => Caller::Process(id),
-            Err(_) => Caller::Client(text.to_owned()),
+            Err(_) => Caller::Client(ClientLabel(text.to_owned())),
         })
     }
 }

@@ -29,7 +29,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 mod caller;
 mod kind;
 
-pub use caller::{Caller, ParseCallerError};
+pub use caller::{Caller, ClientLabel, ParseCallerError};
 pub use kind::ProcessKind;
 
 /// One process of the agent: its kind and its name within the kind.
@@ -117,11 +117,10 @@ impl FromStr for ProcessId {
         let bad = || ParseProcessIdError {
             text: crate::text::truncate(text, 64).to_owned(),
         };
+        // Every id's text reads back as that id, `channel:` (a name left empty by an
+        // embedder) included: what a store keeps is always found again.
         let (kind, name) = text.split_once(':').ok_or_else(bad)?;
         let kind: ProcessKind = kind.parse().map_err(|_| bad())?;
-        if name.is_empty() {
-            return Err(bad());
-        }
         Ok(ProcessId::named(kind, name))
     }
 }
@@ -336,8 +335,13 @@ mod tests {
             .map(|kind| ProcessId::named(*kind, "main").session())
             .collect();
         assert_eq!(sessions.len(), ProcessKind::ALL.len());
-        for bad in ["", "worker", "worker:", "robot:1", ":1"] {
+        for bad in ["", "worker", "robot:1", ":1", "mcp:worker:3"] {
             assert!(bad.parse::<ProcessId>().is_err(), "{bad}");
+        }
+        for odd in ["", "a:b", " ", "\u{1b}[2J"] {
+            let id = ProcessId::named(ProcessKind::Channel, odd);
+            assert_eq!(id.to_string().parse::<ProcessId>().unwrap(), id, "{odd:?}");
+            assert_eq!(id.session().process(), id);
         }
         let json = serde_json::to_string(&ProcessId::numbered(ProcessKind::Branch, 4)).unwrap();
         assert_eq!(json, "\"branch:4\"");

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use deadpool_postgres::Transaction;
 
 use super::Postgres;
-use super::rows::parsed;
+use super::rows::{parsed, readable};
 use crate::ids::SessionKey;
 use crate::services::Operation;
 use crate::services::{ConversationSummary, History, HistoryEntry, ServiceError};
@@ -207,14 +207,12 @@ impl History for Postgres {
             )
             .await
             .map_err(|err| self.failed(Operation::HistoryConversations, err))?;
-        rows.iter()
-            .map(|row| {
-                Ok(ConversationSummary {
-                    channel: parsed(row, 0)?,
-                    messages: row.get::<_, i64>(1) as u64,
-                })
+        Ok(readable("a conversation", &rows, |row| {
+            Ok(ConversationSummary {
+                channel: parsed(row, 0)?,
+                messages: row.get::<_, i64>(1) as u64,
             })
-            .collect()
+        }))
     }
 }
 

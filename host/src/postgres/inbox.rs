@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, NoTls};
 
-use super::rows::parsed;
+use super::rows::{parsed, readable};
 use super::sessions::run_is_live;
 use super::{Postgres, now};
 use crate::ids::SessionKey;
@@ -137,7 +137,13 @@ impl Postgres {
             )
             .await
             .map_err(|err| self.failed(Operation::SessionsForwardedSessions, err))?;
-        rows.iter().map(|row| parsed(row, 0)).collect()
+        // A session that cannot be read keeps its messages in the inbox, for a host that
+        // can read it; the others are delivered all the same.
+        Ok(readable(
+            "a session with forwarded messages",
+            &rows,
+            |row| parsed(row, 0),
+        ))
     }
 
     /// Takes `channel`'s rows, oldest first, under the fence of `run` at `epoch`.

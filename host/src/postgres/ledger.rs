@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use tokio_postgres::{Client, NoTls, Row};
 
 use super::inbox::forward_on;
-use super::rows::parsed;
+use super::rows::{parsed, readable};
 use super::sessions::{Owner, run_is_live};
 use super::{Ending, Lease, Postgres, now};
 use crate::ids::{ProcessId, ProcessKind};
@@ -497,7 +497,7 @@ impl Ledger for Postgres {
             )
             .await
             .map_err(|err| self.failed(Operation::LedgerWorkers, err))?;
-        rows.iter().map(worker_from).collect()
+        Ok(readable("a worker record", &rows, worker_from))
     }
 
     async fn settle(&self) {
@@ -566,7 +566,15 @@ impl Ledger for Postgres {
                 .await
                 .map_err(failed)?;
             for row in &rows {
-                let worker = worker_from(row)?;
+                // Marked all the same; one whose record does not read back is only not
+                // reported, and never stops the others' being marked.
+                let worker = match worker_from(row) {
+                    Ok(worker) => worker,
+                    Err(err) => {
+                        tracing::warn!("a worker marked interrupted is not reported: {err}");
+                        continue;
+                    }
+                };
                 // Its conversation hears of it from whichever host answers it, even if
                 // this one dies before saying anything.
                 let lost = Forwarded::WorkerLost {

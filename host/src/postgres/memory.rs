@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 
-use super::rows::parsed;
+use super::rows::{parsed, readable};
 use super::sessions::live_run;
 use super::{Postgres, now};
 use crate::ids::Caller;
@@ -64,18 +64,16 @@ impl Memory for Postgres {
             )
             .await
             .map_err(|err| self.failed(Operation::MemoryRecall, err))?;
-        rows.iter()
-            .map(|row| {
-                Ok(MemoryItem {
-                    id: row.get::<_, i64>(0) as u64,
-                    kind: row.get(1),
-                    content: row.get(2),
-                    importance: row.get(3),
-                    source: parsed(row, 4)?,
-                    created_at: row.get(5),
-                })
+        Ok(readable("a memory", &rows, |row| {
+            Ok(MemoryItem {
+                id: row.get::<_, i64>(0) as u64,
+                kind: row.get(1),
+                content: row.get(2),
+                importance: row.get(3),
+                source: parsed(row, 4)?,
+                created_at: row.get(5),
             })
-            .collect()
+        }))
     }
 
     async fn delete(&self, id: u64) -> Result<(), ServiceError> {

@@ -41,3 +41,22 @@ fn unreadable<T, E: std::fmt::Display>(
         ))
     })
 }
+
+/// `rows` read by `read` (`what` each is), leaving out, with a warning naming why, a row
+/// whose text does not read back: one damaged row (or one a newer host wrote) never hides
+/// the others, nor stops a host that lists them.
+pub(super) fn readable<T>(
+    what: &str,
+    rows: &[Row],
+    read: impl Fn(&Row) -> Result<T, ServiceError>,
+) -> Vec<T> {
+    rows.iter()
+        .filter_map(|row| match read(row) {
+            Ok(item) => Some(item),
+            Err(err) => {
+                tracing::warn!("{what} is left out: {err}");
+                None
+            }
+        })
+        .collect()
+}

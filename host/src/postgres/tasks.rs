@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
-use super::rows::{parsed, parsed_opt};
+use super::rows::{parsed, parsed_opt, readable};
 use super::sessions::live_run;
 use super::{Postgres, now};
 use crate::ids::Caller;
@@ -123,7 +123,7 @@ impl TaskBoard for Postgres {
             )
             .await
             .map_err(|err| self.failed(Operation::TasksList, err))?;
-        rows.iter().map(task_from).collect()
+        Ok(readable("a task", &rows, task_from))
     }
 
     async fn update(&self, number: u64, patch: TaskPatch) -> Result<Task, ServiceError> {

@@ -7,13 +7,15 @@ use super::{Store, StoreError, now};
 use crate::services::{AuditEntry, AuditRecord, RequestDecision, RequestEntry, RequestRecord};
 
 impl Store {
-    /// Records one call.
-    pub fn record_call(&self, record: &AuditRecord) -> Result<(), StoreError> {
+    /// Records one call as given (the services redact its arguments before it gets here).
+    #[cfg(test)]
+    pub(crate) fn record_call(&self, record: &AuditRecord) -> Result<(), StoreError> {
         self.record_calls(std::slice::from_ref(record))
     }
 
     /// Records calls, all in one transaction.
-    pub fn record_calls(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
+    #[cfg(test)]
+    pub(crate) fn record_calls(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
         self.write(|tx| insert_calls(tx, records))
     }
 
@@ -95,6 +97,7 @@ impl Store {
 }
 
 /// Inserts `records` inside `tx`.
+#[cfg(test)]
 pub(super) fn insert_calls(
     tx: &Transaction<'_>,
     records: &[AuditRecord],

@@ -9,7 +9,7 @@ use rusqlite::params;
 use rusqlite::types::ValueRef;
 use serde::de::DeserializeOwned;
 
-use super::rows::parsed;
+use super::rows::{parsed, readable};
 use super::{Store, StoreError};
 use crate::services::{ConversationSummary, HistoryEntry};
 
@@ -36,7 +36,7 @@ impl Store {
                 messages: row.get::<_, i64>(1)? as u64,
             })
         })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        Ok(readable("a conversation", rows)?)
     }
 
     /// `channel`'s whole history, in order. Fails with

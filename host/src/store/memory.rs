@@ -3,14 +3,14 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use super::rows::parsed;
+use super::rows::{parsed, readable};
 use super::{Store, StoreError, now};
 use crate::ids::Caller;
 use crate::services::{MemoryItem, NewMemory, RECALL_MAX, expires_at, recall_words};
 
 impl Store {
     /// Saves a memory from `source`.
-    pub fn save_memory(
+    pub(crate) fn save_memory(
         &self,
         source: &Caller,
         memory: &NewMemory,
@@ -59,7 +59,7 @@ impl Store {
                 created_at: row.get(5)?,
             })
         })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        Ok(readable("a memory", rows)?)
     }
 
     /// Deletes memory `id`.
@@ -86,7 +86,7 @@ impl Store {
     }
 
     /// Writes working-memory entry `key`, expiring after `ttl_seconds` if given.
-    pub fn working_set(
+    pub(crate) fn working_set(
         &self,
         key: &str,
         value: &str,

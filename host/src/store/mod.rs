@@ -16,14 +16,19 @@
 //! it was.
 //!
 //! ```
+//! use std::sync::Arc;
 //! use capstan_host::ids::{Caller, ProcessId, ProcessKind};
 //! use capstan_host::store::{NewTask, Store};
 //!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! let dir = tempfile::tempdir().unwrap();
-//! let store = Store::open(dir.path()).unwrap();
+//! let store = Arc::new(Store::open(dir.path()).unwrap());
+//! // Written through the services, which check what goes in; read back from the file.
 //! let worker = Caller::from(ProcessId::numbered(ProcessKind::Worker, 1));
-//! let task = store.create_task(&worker, &NewTask::titled("Write the report")).unwrap();
+//! let services = store.clone().services();
+//! let task = services.tasks.create(&worker, NewTask::titled("Write the report")).await.unwrap();
 //! assert_eq!(store.get_task(task.number).unwrap().title, "Write the report");
+//! # });
 //! ```
 
 mod audit;

@@ -31,3 +31,23 @@ where
     })
     .transpose()
 }
+
+/// The rows of a listing (`what` each is), leaving out, with a warning naming why, a row
+/// whose text does not read back: one damaged row never hides the others. Any other
+/// error fails the listing.
+pub(super) fn readable<T>(
+    what: &str,
+    rows: impl Iterator<Item = rusqlite::Result<T>>,
+) -> rusqlite::Result<Vec<T>> {
+    let mut kept = Vec::new();
+    for row in rows {
+        match row {
+            Ok(row) => kept.push(row),
+            Err(rusqlite::Error::FromSqlConversionFailure(column, _, err)) => {
+                tracing::warn!("{what} is left out: its column {column} cannot be read ({err})");
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(kept)
+}

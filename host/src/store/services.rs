@@ -312,6 +312,61 @@ mod tests {
     use crate::services::conformance;
     use crate::store::Store;
 
+    /// Rows whose ids do not read back (a channel named before ids were typed, with a
+    /// colon in it; a kind a newer host knows) are left out of every listing, with a
+    /// warning, and never stop the others being listed, marked or started.
+    #[tokio::test]
+    async fn a_row_whose_id_does_not_read_back_hides_nothing_else() {
+        use crate::ids::testing::{key, pid};
+        use crate::services::WorkerState;
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path()).unwrap());
+        let services = store.clone().services();
+        let run = services.ledger.begin_run().await.unwrap();
+        let main = pid("channel:main");
+        services
+            .ledger
+            .worker_started(run.id(), &pid("worker:1"), &main, "t")
+            .await
+            .unwrap();
+        services
+            .history
+            .append(&key("channel:main"), vec!["1".into()])
+            .await
+            .unwrap();
+        let raw = rusqlite::Connection::open(store.path()).unwrap();
+        raw.execute(
+            "INSERT INTO workers (id, channel, task, state, started_at, updated_at, run)
+             VALUES ('robot:1', 'old:name', 't', 'running', 0, 0, ?1)",
+            [run.id().get() as i64],
+        )
+        .unwrap();
+        raw.execute(
+            "INSERT INTO history (channel, seq, message) VALUES ('old:name', 0, '1')",
+            [],
+        )
+        .unwrap();
+        drop(run);
+
+        let marked = services.ledger.mark_interrupted_workers().await.unwrap();
+        let marked: Vec<_> = marked.iter().map(|w| (w.id.to_string(), w.state)).collect();
+        assert_eq!(marked, [("worker:1".to_owned(), WorkerState::Interrupted)]);
+        let listed = services.ledger.workers(10).await.unwrap();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        let conversations = services.history.conversations().await.unwrap();
+        let names: Vec<_> = conversations.iter().map(|c| c.channel.as_str()).collect();
+        assert_eq!(names, ["channel:main"]);
+        let state: String = raw
+            .query_row(
+                "SELECT state FROM workers WHERE id = 'robot:1'",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert_eq!(state, "interrupted", "marked all the same");
+    }
+
     /// One thread runs this test's runtime. Had the history append waited for SQLite's
     /// lock on it, the task would have ended (after the busy retries ran out) before this
     /// test ran again; instead it waits off the executor until the lock is let go.

@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use super::rows::{parsed, parsed_opt};
+use super::rows::{parsed, parsed_opt, readable};
 use super::{Store, StoreError, now};
 use crate::ids::Caller;
 use crate::services::{
@@ -28,7 +28,7 @@ fn task_from_row(row: &Row<'_>) -> rusqlite::Result<Task> {
 
 impl Store {
     /// Creates a task in the backlog, recording `creator`.
-    pub fn create_task(&self, creator: &Caller, task: &NewTask) -> Result<Task, StoreError> {
+    pub(crate) fn create_task(&self, creator: &Caller, task: &NewTask) -> Result<Task, StoreError> {
         let metadata = task.metadata.as_deref().unwrap_or("{}");
         let at = now();
         // The parent check, the insert and the read-back hold the write lock together, so
@@ -87,11 +87,11 @@ impl Store {
             ],
             task_from_row,
         )?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        Ok(readable("a task", rows)?)
     }
 
     /// Applies `patch` to task `number`; a status change must be an allowed transition.
-    pub fn update_task(&self, number: u64, patch: &TaskPatch) -> Result<Task, StoreError> {
+    pub(crate) fn update_task(&self, number: u64, patch: &TaskPatch) -> Result<Task, StoreError> {
         // The transition is checked against the status read under the write lock, so two
         // processes moving one task cannot both pass the check on the same old status.
         self.write(|tx| update_in(tx, number, patch))

@@ -3,6 +3,7 @@
 
 use rusqlite::{OptionalExtension, Transaction, params};
 
+use super::rows::{parsed, readable};
 use super::runs::run_is_over;
 use super::{Store, StoreError, now};
 use crate::ids::ProcessId;
@@ -63,10 +64,10 @@ impl Store {
             .query_row(
                 "SELECT id, channel, task, state, outcome FROM workers WHERE id = ?1",
                 [id.to_string()],
-                worker_columns,
+                worker_record,
             )
             .optional()?;
-        row.map(worker_record).transpose()
+        Ok(row)
     }
 
     /// The `limit` workers started last, newest first.
@@ -76,8 +77,8 @@ impl Store {
             "SELECT id, channel, task, state, outcome FROM workers
              ORDER BY started_at DESC, rowid DESC LIMIT ?1",
         )?;
-        let rows = stmt.query_map([limit], worker_columns)?;
-        rows.map(|row| worker_record(row?)).collect()
+        let rows = stmt.query_map([limit], worker_record)?;
+        Ok(readable("a worker record", rows)?)
     }
 
     /// Marks every running or waiting worker whose run is over (its lock is free: its
@@ -128,43 +129,29 @@ impl Store {
             Ok(marked)
         })?;
         let mut records = Vec::with_capacity(ids.len());
-        for id in ids {
-            let id: ProcessId = id
-                .parse()
-                .map_err(|err| StoreError::Invalid(format!("a stored worker record: {err}")))?;
-            records.extend(self.get_worker(&id)?);
+        for text in ids {
+            // Marked all the same; one whose id does not read back is only not reported.
+            match text.parse::<ProcessId>() {
+                Ok(id) => records.extend(self.get_worker(&id)?),
+                Err(err) => tracing::warn!(
+                    database = %self.path().display(),
+                    "a worker marked interrupted has a stored id that cannot be read, so it is not reported: {err}"
+                ),
+            }
         }
         records.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(records)
     }
 }
 
-/// The columns of a worker row: id, channel, task, state, outcome.
-type WorkerColumns = (String, String, String, String, Option<String>);
-
-fn worker_columns(row: &rusqlite::Row<'_>) -> rusqlite::Result<WorkerColumns> {
-    Ok((
-        row.get(0)?,
-        row.get(1)?,
-        row.get(2)?,
-        row.get(3)?,
-        row.get(4)?,
-    ))
-}
-
-fn worker_record(
-    (id_text, channel, task, state, outcome): WorkerColumns,
-) -> Result<WorkerRecord, StoreError> {
-    let id = |text: String| {
-        text.parse::<ProcessId>()
-            .map_err(|err| StoreError::Invalid(format!("a stored worker record: {err}")))
-    };
+/// A worker row (id, channel, task, state, outcome) read back typed.
+fn worker_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<WorkerRecord> {
     Ok(WorkerRecord {
-        id: id(id_text)?,
-        channel: id(channel)?,
-        task,
-        state: state.parse()?,
-        outcome,
+        id: parsed(row, 0)?,
+        channel: parsed(row, 1)?,
+        task: row.get(2)?,
+        state: parsed(row, 3)?,
+        outcome: row.get(4)?,
     })
 }
 

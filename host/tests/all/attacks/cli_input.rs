@@ -100,6 +100,22 @@ fn numeric_flags_out_of_range_are_refused_naming_the_limit() {
     assert_eq!(stdout(&out), "alpha\n");
 }
 
+/// A conversation name the doors would refuse is refused on the command line too, before
+/// anything is stored under it (an empty name wrote a session key no store reads back).
+#[test]
+fn a_channel_name_the_doors_refuse_is_refused_before_anything_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["", "a b", "x:y"] {
+        let out = capstan(dir.path(), &["run", "--channel", name, "hello"]);
+        assert_refused(&out, &["--channel", "not a conversation name"]);
+    }
+    assert!(
+        !dir.path().join(".capstan").exists(),
+        "nothing was stored: {:?}",
+        std::fs::read_dir(dir.path()).unwrap().collect::<Vec<_>>()
+    );
+}
+
 #[test]
 fn numeric_config_keys_out_of_range_are_refused_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();

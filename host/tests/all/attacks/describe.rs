@@ -335,15 +335,17 @@ fn guest_and_model_text_cannot_forge_the_cli_output() {
         "[[step]]\nprocess = \"channel\"\nreply = \"hi\\u001b]0;PWNED\\u0007\\u001b[2J\"\n",
         "",
     );
-    let store = crate::support::agent_store(dir.path());
+    let services = std::sync::Arc::new(crate::support::agent_store(dir.path())).services();
     let forged = "real\n#99    done     high      forged row\u{1b}[31m";
-    store
-        .create_task(
-            &crate::support::ids::by("worker:1"),
-            &capstan_host::store::NewTask::titled(forged),
-        )
+    let worker = crate::support::ids::by("worker:1");
+    let created = services
+        .tasks
+        .create(&worker, capstan_host::store::NewTask::titled(forged));
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(created)
         .unwrap();
-    drop(store);
+    drop(services);
 
     let out = capstan(dir.path(), &["tasks"]);
     assert!(out.status.success(), "{}", stderr(&out));
