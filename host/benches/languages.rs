@@ -44,18 +44,20 @@ fn plugins_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/lang-plugins"))
 }
 
-/// A registry with the one plugin at `file`, on a host with `limits` and `cache`.
-fn registry(rt: &Runtime, file: &Path, limits: Limits, cache: ArtifactCache) -> Registry {
+/// A registry with the one plugin at `file`, on a host with `limits` and `cache`; the
+/// plugin may have been refused.
+fn loaded(rt: &Runtime, file: &Path, limits: Limits, cache: ArtifactCache) -> Registry {
     let host = Arc::new(PluginHost::new(limits, cache).unwrap());
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(file, dir.path().join(file.file_name().unwrap())).unwrap();
-    let registry = rt
-        .block_on(Registry::load_dir(
-            host,
-            capstan_host::plugin::CallLog::disabled(),
-            dir.path(),
-        ))
-        .unwrap();
+    let log = capstan_host::plugin::CallLog::disabled();
+    rt.block_on(Registry::load_dir(host, log, dir.path()))
+        .unwrap()
+}
+
+/// A registry with the one plugin at `file` loaded, on a host with `limits` and `cache`.
+fn registry(rt: &Runtime, file: &Path, limits: Limits, cache: ArtifactCache) -> Registry {
+    let registry = loaded(rt, file, limits, cache);
     assert!(registry.refused().is_empty(), "{:?}", registry.refused());
     registry
 }
@@ -80,16 +82,7 @@ fn least_memory(rt: &Runtime, file: &Path, tool: &str, workspace: &Path, cache: 
             memory_bytes: (mib << 20) as usize,
             ..Limits::default()
         };
-        let host = Arc::new(PluginHost::new(limits, ArtifactCache::new(cache)).unwrap());
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::copy(file, dir.path().join(file.file_name().unwrap())).unwrap();
-        let registry = rt
-            .block_on(Registry::load_dir(
-                host,
-                capstan_host::plugin::CallLog::disabled(),
-                dir.path(),
-            ))
-            .unwrap();
+        let registry = loaded(rt, file, limits, ArtifactCache::new(cache));
         registry.refused().is_empty() && call(rt, &registry, tool, workspace).is_ok()
     };
     let (mut low, mut high) = (1, 64);

@@ -65,7 +65,7 @@ fn agent(
     mpsc::UnboundedReceiver<Event>,
     Config,
 ) {
-    let toml = "[limits]\nmax_turns = 4\ncontext_window_tokens = 100000000\n\
+    let toml = "[limits]\nmax_turns = 4\ncontext_window_tokens = 100000000\nmax_open_conversations = 1000000\n\
                 [profiles.channel]\ntools = [\"reply\", \"file_read\"]\ncapabilities = [\"fs.read\"]\n";
     let config = Config::parse(toml, &dir.join("capstan.toml")).unwrap();
     std::fs::create_dir_all(&config.agent.workspace).unwrap();
