@@ -294,7 +294,7 @@ async fn finish(
     events: tokio::task::JoinHandle<()>,
     stop: Option<Stop>,
     session: Session,
-) -> anyhow::Result<(ExitCode, Tally)> {
+) -> (ExitCode, Tally) {
     let report = runtime.stop_report();
     runtime.shutdown();
     let services = runtime.services().clone();
@@ -313,7 +313,7 @@ async fn finish(
     }
     // The run ended with the runtime; other hosts learn it before this process exits.
     services.ledger.settle().await;
-    Ok((ExitCode::from(exit_code_of(stop, tally)), tally))
+    (ExitCode::from(exit_code_of(stop, tally)), tally)
 }
 
 #[derive(Debug, Args)]
@@ -335,7 +335,7 @@ impl RunCommand {
             session.converse(self.message).await;
         })
         .await;
-        let (code, _) = finish(runtime, events, stop, session).await?;
+        let (code, _) = finish(runtime, events, stop, session).await;
         Ok(code)
     }
 }
@@ -385,7 +385,7 @@ impl ChatCommand {
             session.settled().await;
         })
         .await;
-        let (code, _) = finish(runtime, events, stop, session).await?;
+        let (code, _) = finish(runtime, events, stop, session).await;
         Ok(code)
     }
 }
@@ -434,7 +434,7 @@ impl DemoCommand {
             }
         })
         .await;
-        let (code, tally) = finish(runtime, events, stop, session).await?;
+        let (code, tally) = finish(runtime, events, stop, session).await;
         sent?;
         if stop.is_some() {
             return Ok(code);

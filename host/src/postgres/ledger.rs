@@ -238,7 +238,11 @@ impl Postgres {
             other => other,
         };
         let fence = self.fence(channel, Some(run)).await.map_err(refused)?;
-        let failed = |err| self.failed(Operation::LedgerWorkerStarted, err);
+        let what = match limit {
+            Some(_) => Operation::LedgerAdmitWorker,
+            None => Operation::LedgerWorkerStarted,
+        };
+        let failed = |err| self.failed(what, err);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(failed)?;
         self.hold(&tx, channel, fence).await.map_err(refused)?;

@@ -37,10 +37,12 @@ fn not_found(number: u64) -> ServiceError {
 }
 
 impl Postgres {
-    /// Task `number`, read on `client` (`FOR UPDATE` locks it for the transaction).
+    /// Task `number`, read on `client` for operation `what` (`FOR UPDATE` locks it for the
+    /// transaction).
     async fn read_task(
         &self,
         client: &impl GenericClient,
+        what: Operation,
         number: u64,
         lock: &str,
     ) -> Result<Task, ServiceError> {
@@ -48,7 +50,7 @@ impl Postgres {
         let row = client
             .query_opt(&sql, &[&(number as i64)])
             .await
-            .map_err(|err| self.failed(Operation::TasksGet, err))?;
+            .map_err(|err| self.failed(what, err))?;
         task_from(&row.ok_or_else(|| not_found(number))?)
     }
 }
@@ -101,7 +103,8 @@ impl TaskBoard for Postgres {
 
     async fn get(&self, number: u64) -> Result<Task, ServiceError> {
         let client = self.client().await?;
-        self.read_task(&client, number, "").await
+        self.read_task(&client, Operation::TasksGet, number, "")
+            .await
     }
 
     async fn list(&self, filter: TaskFilter) -> Result<Vec<Task>, ServiceError> {
@@ -130,7 +133,9 @@ impl TaskBoard for Postgres {
         let failed = |err| self.failed(Operation::TasksUpdate, err);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(failed)?;
-        let task = self.read_task(&tx, number, "FOR UPDATE").await?;
+        let task = self
+            .read_task(&tx, Operation::TasksUpdate, number, "FOR UPDATE")
+            .await?;
         if let Some(to) = patch.status {
             task.status.check_move(number, to)?;
         }

@@ -205,7 +205,7 @@ impl std::fmt::Display for HostTool {
 
 /// The arguments of `reply`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
-#[schemars(deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct ReplyArgs {
     /// The message for the user.
     pub text: String,
@@ -215,7 +215,7 @@ impl HostArgs for ReplyArgs {}
 
 /// The arguments of `skip`: none.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
-#[schemars(deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct SkipArgs {}
 
 impl HostArgs for SkipArgs {
@@ -228,7 +228,7 @@ impl HostArgs for SkipArgs {
 
 /// The arguments of `spawn_worker`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
-#[schemars(deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct SpawnArgs {
     /// What to do, self-contained.
     pub task: String,
@@ -245,7 +245,7 @@ impl HostArgs for SpawnArgs {}
 
 /// The arguments of `branch`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
-#[schemars(deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct BranchArgs {
     /// The question to think about.
     pub question: String,
@@ -255,7 +255,7 @@ impl HostArgs for BranchArgs {}
 
 /// The arguments of `route`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
-#[schemars(deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct RouteArgs {
     /// The worker's id, e.g. `worker:3`.
     pub worker: String,
@@ -267,7 +267,7 @@ impl HostArgs for RouteArgs {}
 
 /// The arguments of `cancel`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
-#[schemars(deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct CancelArgs {
     /// The worker's id, e.g. `worker:3`.
     pub worker: String,
@@ -277,7 +277,7 @@ impl HostArgs for CancelArgs {}
 
 /// The arguments of `set_status`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
-#[schemars(deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct StatusArgs {
     /// The worker's state.
     pub state: ReportedState,
@@ -402,6 +402,12 @@ mod tests {
             );
         }
         assert_eq!(HostCall::parse("file_read", "{}"), None);
+        // What the schema shows (`additionalProperties: false`) is what parsing holds to.
+        let extra = HostCall::parse("reply", r#"{"text":"hi","tone":"loud"}"#);
+        let Some(Err(err)) = extra else {
+            panic!("{extra:?}")
+        };
+        assert!(err.for_model().contains("unknown field `tone`"), "{err}");
         let bad = HostCall::parse("set_status", r#"{"state":"asleep","message":"zz"}"#);
         let Some(Err(err)) = bad else {
             panic!("{bad:?}")
