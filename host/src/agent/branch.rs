@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::audience::Scope;
 use super::context::{BranchSpec, Context};
 use super::events::Event;
 use super::inbox::ChannelHandle;
@@ -30,7 +31,7 @@ pub(crate) fn start(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle)
         move |why: String| async move {
             ctx.release_process(&id);
             ctx.emit_to(
-                &channel.audience,
+                &channel.audience.of(&id),
                 Event::BranchFailed {
                     branch: id.clone(),
                     error: why.clone(),
@@ -64,8 +65,9 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
         .await
         .expect("never closed");
     let alive = ctx.supervisor.branch_started(&id);
+    let scope = channel.audience.of(&id);
     ctx.emit_to(
-        &channel.audience,
+        &scope,
         Event::BranchStarted {
             branch: id.clone(),
             channel: channel_name.clone(),
@@ -79,17 +81,18 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
         ctx: ctx.clone(),
         id: id.clone(),
         channel_name: channel_name.clone(),
+        scope: scope.clone(),
     };
     // The branch's own plugin instances and audit rows, for its life.
-    let calls = ProcessCalls::new(channel.audience.clone());
-    let handler = ProcessTools::new(&ctx, &id, &calls, &host_tools);
+    let calls = ProcessCalls::new();
+    let handler = ProcessTools::new(&ctx, &id, &calls, &scope, &host_tools);
     let conclusion = match ctx.lease_loop(&id) {
         Err(held) => format!("(could not think: {held})"),
         Ok(lease) => {
             let turn = ctx.turn(&id, lease.ticket(), Route::Branch, &system, &tools);
             let end = turn.run(&mut history, &handler).await;
             if let Err(err) = &end {
-                ctx.model_failed(&channel.audience, &id, err);
+                ctx.model_failed(&scope, &id, err);
             }
             conclude(&ctx, end)
         }
@@ -97,7 +100,7 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
     drop(alive);
     ctx.release_process(&id);
     ctx.emit_to(
-        &channel.audience,
+        &scope,
         Event::BranchConcluded {
             branch: id.clone(),
             conclusion: conclusion.clone(),
@@ -131,6 +134,8 @@ struct BranchTools {
     ctx: Arc<Context>,
     id: ProcessId,
     channel_name: ProcessId,
+    /// The branch's work: the workers it starts are part of it.
+    scope: Scope,
 }
 
 impl HostTools for BranchTools {
@@ -139,7 +144,7 @@ impl HostTools for BranchTools {
             match call {
                 HostCall::SpawnWorker(args) => self
                     .ctx
-                    .spawn_worker_tool(&self.channel_name, Some(&self.id), args)
+                    .spawn_worker_tool(&self.channel_name, Some(&self.id), &self.scope, args)
                     .await
                     .map(ToolOutcome::Continue),
                 other => Err(ToolError::Denied(format!(

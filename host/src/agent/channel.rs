@@ -5,10 +5,11 @@ use std::sync::{Arc, Mutex};
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use super::audience::{EndsOnDrop, Scope};
 use super::compactor::compact_if_needed;
 use super::context::Context;
 use super::events::Event;
-use super::exchange::{Audience, EndsOnDrop, ReplyPart};
+use super::exchange::ReplyPart;
 use super::inbox::{ChannelHandle, ChannelInput, drain};
 use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
@@ -104,7 +105,7 @@ pub(crate) async fn run(
     let tools = ctx.tool_defs(kind);
     let system = system_prompt(kind, &ctx.config.agent.name);
     // The channel's own plugin instances and audit rows, for its life.
-    let calls = Arc::new(ProcessCalls::new(handle.audience.clone()));
+    let calls = Arc::new(ProcessCalls::new());
     let audience = &handle.audience;
     // After the loop ends every exchange itself, this finds none; after a panic, the rest.
     let _ends = EndsOnDrop(audience.clone());
@@ -154,11 +155,19 @@ pub(crate) async fn run(
         // after the batch's own exchanges are attached, so one sent twice at once joins
         // the first.
         let repeated = take_repeated(&mut inputs, &history, audience);
+        // The turn's work: the exchanges of its messages follow it, and those that
+        // followed a worker or branch whose report it takes in follow it from now on.
+        let turn = audience.next_turn();
         for input in &mut inputs {
-            if let ChannelInput::User { exchange, .. } = input
-                && let Some(listener) = exchange.take()
-            {
-                audience.attach(*listener);
+            match input {
+                ChannelInput::User { exchange, .. } => {
+                    if let Some(listener) = exchange.take() {
+                        turn.attach(*listener);
+                    }
+                }
+                ChannelInput::Result { source, .. } => turn.took_report(source),
+                ChannelInput::Notification(note) => turn.took_report(&note.source),
+                ChannelInput::Close => {}
             }
         }
         for input in repeated {
@@ -187,9 +196,9 @@ pub(crate) async fn run(
                 let error = format!(
                     "not answered yet ({held}); the message is in the conversation's history"
                 );
-                audience.model_failed(&error);
+                turn.model_failed(&error);
                 ctx.emit_to(
-                    audience,
+                    &turn,
                     Event::TurnSuppressed {
                         process: name.clone(),
                         reason: held.to_string(),
@@ -200,30 +209,31 @@ pub(crate) async fn run(
             Ok(lease) if allowed => {
                 // Anything but appending since the last save means a rewrite of the stored copy.
                 rewrite |= repair(&mut history);
-                rewrite |= compact_if_needed(&ctx, &name, audience, &mut history).await;
+                rewrite |= compact_if_needed(&ctx, &name, &turn, &mut history).await;
                 let host_tools = ChannelTools {
                     ctx: ctx.clone(),
                     channel: name.clone(),
                     handle: handle.clone(),
+                    turn: turn.clone(),
                     fork: history.clone(),
                     delivered: Mutex::default(),
                 };
-                let tools_handler = ProcessTools::new(&ctx, &name, &calls, &host_tools);
+                let tools_handler = ProcessTools::new(&ctx, &name, &calls, &turn, &host_tools);
                 let text_out = StreamedText {
                     ctx: &ctx,
                     channel: &name,
-                    audience,
+                    turn: &turn,
                     redactor: Mutex::new(ctx.redactor().steady_stream()),
                     streamed: std::sync::atomic::AtomicBool::new(false),
                 };
-                let mut turn = ctx.turn(&name, lease.ticket(), route, &system, &tools);
-                turn.deltas = &text_out;
-                let ran = turn.run(&mut history, &tools_handler).await;
+                let mut prompt = ctx.turn(&name, lease.ticket(), route, &system, &tools);
+                prompt.deltas = &text_out;
+                let ran = prompt.run(&mut history, &tools_handler).await;
                 text_out.finish();
                 match ran {
                     Ok(TurnEnd::Text(text)) if !text.trim().is_empty() => {
                         let streamed = text_out.streamed();
-                        if let Some(text) = ctx.deliver_reply(&name, audience, text, streamed) {
+                        if let Some(text) = ctx.deliver_reply(&name, &turn, text, streamed) {
                             host_tools.delivered.lock().unwrap().push(text);
                         }
                     }
@@ -231,17 +241,17 @@ pub(crate) async fn run(
                     // Suppressed: whoever holds the session answers; not a reason to retry.
                     Err(err) => {
                         let error = ctx.redactor().redact_owned(err.to_string());
-                        audience.model_failed(&error);
+                        turn.model_failed(&error);
                         answer.error = Some(error);
                         match err.reason {
                             Unanswered::Suppressed(reason) => ctx.emit_to(
-                                audience,
+                                &turn,
                                 Event::TurnSuppressed {
                                     process: name.clone(),
                                     reason,
                                 },
                             ),
-                            _ => ctx.model_failed(audience, &name, &err),
+                            _ => ctx.model_failed(&turn, &name, &err),
                         }
                     }
                 }
@@ -256,6 +266,8 @@ pub(crate) async fn run(
         let stored = ctx.save_history(&name, &handle, &history, from).await;
         (rewrite, transient) = (stored.is_err(), stored.is_err_and(|e| e.is_transient()));
         saved = history.len();
+        // Its exchanges end now if the store took the history, else once it does.
+        turn.over();
         held.extend(forwarded_ids(&inputs).map(|id| (id, answer.clone())));
         if !rewrite {
             answer_forwarded(&ctx, std::mem::take(&mut held)).await;
@@ -403,8 +415,8 @@ async fn leave_answer(
 struct StreamedText<'a> {
     ctx: &'a Context,
     channel: &'a ProcessId,
-    /// The exchanges waiting for the reply.
-    audience: &'a Audience,
+    /// The turn whose exchanges wait for the reply.
+    turn: &'a Scope,
     redactor: Mutex<StreamRedactor>,
     /// Whether any text went out.
     streamed: std::sync::atomic::AtomicBool,
@@ -419,7 +431,7 @@ impl StreamedText<'_> {
         let text = String::from_utf8_lossy(&text).into_owned();
         self.streamed
             .store(true, std::sync::atomic::Ordering::Relaxed);
-        self.audience.send(&ReplyPart::Text(text.clone()));
+        self.turn.send(&ReplyPart::Text(text.clone()));
         self.ctx.emit(Event::Text {
             channel: self.channel.clone(),
             text,
@@ -452,6 +464,9 @@ struct ChannelTools {
     ctx: Arc<Context>,
     channel: ProcessId,
     handle: ChannelHandle,
+    /// The turn: the workers and branches it starts, and those it routes messages to,
+    /// are part of its work.
+    turn: Scope,
     /// The history a branch forks from.
     fork: Vec<Message>,
     /// The replies delivered in this turn.
@@ -473,9 +488,8 @@ impl ChannelTools {
         let answer = |value: serde_json::Value| Ok(ToolOutcome::Continue(value.to_string()));
         match call {
             HostCall::Reply(args) => {
-                let audience = &self.handle.audience;
-                if let Some(text) =
-                    ctx.deliver_reply(&self.channel, audience, args.text.clone(), false)
+                let turn = &self.turn;
+                if let Some(text) = ctx.deliver_reply(&self.channel, turn, args.text.clone(), false)
                 {
                     self.delivered.lock().unwrap().push(text);
                     Ok(ToolOutcome::Delivered(args.text))
@@ -487,13 +501,14 @@ impl ChannelTools {
             }
             HostCall::Skip(_) => Ok(ToolOutcome::EndTurn("skipped".into())),
             HostCall::SpawnWorker(args) => ctx
-                .spawn_worker_tool(&self.channel, None, args)
+                .spawn_worker_tool(&self.channel, None, &self.turn, args)
                 .await
                 .map(ToolOutcome::Continue),
             HostCall::Branch(args) => {
                 let branched = ctx.spawn_branch(
                     &self.channel,
                     &self.handle,
+                    &self.turn,
                     args.question,
                     self.fork.clone(),
                 );
@@ -505,9 +520,16 @@ impl ChannelTools {
                 }
             }
             HostCall::Route(args) => {
-                if worker_id(&args.worker)
-                    .is_some_and(|id| supervisor.route_to_worker(&id, &args.message))
-                {
+                // Who waits on this turn hears what the worker does with the message: a
+                // worker a route reaches has not reported its end yet.
+                let routed = |id: ProcessId| {
+                    let routed = supervisor.route_to_worker(&id, &args.message);
+                    if routed {
+                        self.turn.include(&id);
+                    }
+                    routed
+                };
+                if worker_id(&args.worker).is_some_and(routed) {
                     answer(json!({ "routed": true, "worker": args.worker }))
                 } else {
                     answer(json!({

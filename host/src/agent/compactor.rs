@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
+use super::audience::Scope;
 use super::context::Context;
 use super::events::Event;
-use super::exchange::Audience;
 use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
 use super::tool_calls::{NoHostTools, ProcessTools};
@@ -46,7 +46,7 @@ fn cut_point(history: &[Message]) -> Option<usize> {
 pub(crate) async fn compact_if_needed(
     ctx: &Arc<Context>,
     channel: &ProcessId,
-    audience: &Audience,
+    turn: &Scope,
     history: &mut Vec<Message>,
 ) -> bool {
     let limits = &ctx.config.limits;
@@ -66,7 +66,7 @@ pub(crate) async fn compact_if_needed(
         }
     };
     ctx.emit_to(
-        audience,
+        turn,
         Event::CompactionStarted {
             compactor: id.clone(),
             channel: channel.clone(),
@@ -86,8 +86,8 @@ pub(crate) async fn compact_if_needed(
     let tools = ctx.tool_defs(ProcessKind::Compactor);
     let system = system_prompt(ProcessKind::Compactor, &ctx.config.agent.name);
     // The compactor's own plugin instances and audit rows, for its life.
-    let calls = ProcessCalls::new(audience.clone());
-    let handler = ProcessTools::new(ctx, &id, &calls, &NoHostTools);
+    let calls = ProcessCalls::new();
+    let handler = ProcessTools::new(ctx, &id, &calls, turn, &NoHostTools);
     let end = match ctx.lease_loop(&id) {
         Ok(lease) => {
             let turn = ctx.turn(&id, lease.ticket(), Route::Compaction, &system, &tools);
@@ -102,7 +102,7 @@ pub(crate) async fn compact_if_needed(
                 [Message::user(format!("{SUMMARY_PREFIX} {summary}"))],
             );
             ctx.emit_to(
-                audience,
+                turn,
                 Event::Compacted {
                     compactor: id.clone(),
                     messages: history.len(),
@@ -112,7 +112,7 @@ pub(crate) async fn compact_if_needed(
         }
         Ok(_) => {
             ctx.emit_to(
-                audience,
+                turn,
                 Event::CompactionSkipped {
                     compactor: id.clone(),
                     reason: "no summary produced".into(),
@@ -121,9 +121,9 @@ pub(crate) async fn compact_if_needed(
             false
         }
         Err(err) => {
-            ctx.model_failed(audience, &id, &err);
+            ctx.model_failed(turn, &id, &err);
             ctx.emit_to(
-                audience,
+                turn,
                 Event::CompactionSkipped {
                     compactor: id.clone(),
                     reason: format!("the model failed: {err}"),

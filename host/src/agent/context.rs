@@ -13,8 +13,9 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
+use super::audience::Scope;
 use super::events::{Event, EventSink};
-use super::exchange::{Audience, ReplyPart};
+use super::exchange::ReplyPart;
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::notifications::NotificationIndex;
 use super::reservations::{Reservation, TaskReservations, task_key};
@@ -268,8 +269,8 @@ impl Context {
     }
 
     /// Reports `event` of a conversation's work: to the observers, and to the exchanges
-    /// waiting for the conversation's answers (`to`).
-    pub(crate) fn emit_to(&self, to: &Audience, event: Event) {
+    /// that follow that work (`to`).
+    pub(crate) fn emit_to(&self, to: &Scope, event: Event) {
         let event = event.redacted(self.redactor());
         to.send(&ReplyPart::Activity(event.clone()));
         self.events.emit(event);
@@ -281,14 +282,14 @@ impl Context {
         self.router.registry().host().network().secrets().redactor()
     }
 
-    /// Delivers `text` as `channel`'s reply (to the exchanges waiting on `to`, `streamed`
-    /// saying whether they had its text as it was written), unless this host's lease is
+    /// Delivers `text` as `channel`'s reply (to the exchanges that follow the turn `to`,
+    /// `streamed` saying whether they had its text as it was written), unless this host's lease is
     /// not live: then another host may answer the conversation, and a reply from here
     /// would contradict it. The text delivered (redacted), if it was.
     pub(crate) fn deliver_reply(
         &self,
         channel: &ProcessId,
-        to: &Audience,
+        to: &Scope,
         text: String,
         streamed: bool,
     ) -> Option<String> {
@@ -314,9 +315,9 @@ impl Context {
         Some(text)
     }
 
-    /// Reports that a request of `process` (working for the exchanges on `to`) got no
-    /// answer (a suppressed turn is not a failure: someone else answers).
-    pub(crate) fn model_failed(&self, to: &Audience, process: &ProcessId, err: &TurnError) {
+    /// Reports that a request of `process` (whose work `to` is) got no answer (a
+    /// suppressed turn is not a failure: someone else answers).
+    pub(crate) fn model_failed(&self, to: &Scope, process: &ProcessId, err: &TurnError) {
         if matches!(err.reason, Unanswered::Suppressed(_)) {
             return;
         }
@@ -511,7 +512,7 @@ impl Context {
                     return saved;
                 }
                 self.emit_to(
-                    &handle.audience,
+                    &handle.audience.everyone(),
                     Event::HistoryNotSaved {
                         channel: id.clone(),
                         error,
@@ -541,7 +542,8 @@ impl Context {
     }
 
     /// Starts a worker on `task` for conversation `conversation` on behalf of `requester`
-    /// (the branch that asked; `None`: the conversation did), unless a live worker already
+    /// (the branch that asked; `None`: the conversation did), as part of the work `origin`
+    /// (if any: its exchanges follow the worker), unless a live worker already
     /// has the same task (compared normalized), in which case nothing starts and the
     /// existing worker is named. With `task_number`, the worker is assigned that task on
     /// the board. Its report is late, and folded back, if the branch has ended.
@@ -549,6 +551,7 @@ impl Context {
         self: &Arc<Self>,
         conversation: &ProcessId,
         requester: Option<&ProcessId>,
+        origin: Option<&Scope>,
         task: &str,
         interactive: bool,
         task_number: Option<u64>,
@@ -604,16 +607,20 @@ impl Context {
             interactive,
             requester: requester.cloned(),
         };
+        if let Some(origin) = origin {
+            origin.include(&id);
+        }
         self.starter.worker(self, spec, handle, reservation);
         Ok(SpawnOutcome::Spawned { worker: id })
     }
 
     /// Starts a branch of conversation `channel` (through `handle`) on `question`, forked
-    /// from `history`.
+    /// from `history`, as part of the turn `origin` (its exchanges follow the branch).
     pub(crate) async fn spawn_branch(
         self: &Arc<Self>,
         channel: &ProcessId,
         handle: &ChannelHandle,
+        origin: &Scope,
         question: String,
         history: Vec<Message>,
     ) -> Result<ProcessId, ServiceError> {
@@ -624,6 +631,7 @@ impl Context {
             question,
             history,
         };
+        origin.include(&id);
         self.starter.branch(self, spec, handle.clone());
         Ok(id)
     }

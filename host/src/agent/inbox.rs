@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::{Notify, Semaphore, mpsc};
 
-use super::exchange::{Audience, Listener, UserMessage};
+use super::audience::Audience;
+use super::exchange::{Listener, UserMessage};
 use super::notifications::{Notification, NotificationKind};
 use crate::ids::{MessageKey, ProcessId};
 use crate::llm::Message;

@@ -14,6 +14,7 @@
 //! ended is kept in working memory and told in a notification turn of its own. Every
 //! prompt goes through [`crate::dispatch`].
 
+mod audience;
 mod branch;
 mod channel;
 mod compactor;

@@ -3,7 +3,6 @@
 
 use std::sync::Mutex;
 
-use super::exchange::Audience;
 use crate::plugin::{ProcessInstances, committed};
 use crate::services::Committing;
 
@@ -13,17 +12,14 @@ use crate::services::Committing;
 pub(crate) struct ProcessCalls {
     pub(crate) instances: ProcessInstances,
     audits: Mutex<Vec<Committing>>,
-    /// The exchanges the process works for: they hear of its calls.
-    pub(crate) audience: Audience,
 }
 
 impl ProcessCalls {
-    /// The calls of a process working for the exchanges on `audience`.
-    pub(crate) fn new(audience: Audience) -> Self {
+    /// The calls of a process, none made yet.
+    pub(crate) fn new() -> Self {
         ProcessCalls {
             instances: ProcessInstances::default(),
             audits: Mutex::default(),
-            audience,
         }
     }
 

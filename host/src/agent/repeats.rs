@@ -7,8 +7,9 @@
 
 use std::collections::HashSet;
 
+use super::audience::Audience;
 use super::context::Context;
-use super::exchange::{Audience, End, Exchange, ReplyPart, answer_of};
+use super::exchange::{End, Exchange, ReplyPart, answer_of};
 use super::inbox::ChannelInput;
 use crate::ids::MessageKey;
 use crate::llm::{Message, Role};

@@ -93,9 +93,9 @@ impl Context {
             key: key.clone(),
         };
         let handle = self.supervisor.channel(channel);
-        // The exchanges waiting on the conversation hear of it, as of its other work.
+        // The exchanges that follow `source` hear of it, as of its other work.
         match &handle {
-            Some(handle) => self.emit_to(&handle.audience, folded),
+            Some(handle) => self.emit_to(&handle.audience.of(source), folded),
             None => self.emit(folded),
         }
         let note = Notification {

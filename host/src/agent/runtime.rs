@@ -191,8 +191,10 @@ impl Runtime {
     }
 
     /// Sends `text` to conversation `id` (opened on first use) and returns the
-    /// [`Exchange`] that brings its answer: the parts of the turns that take it in and of
-    /// the work they start, ending once the conversation is idle and its history stored.
+    /// [`Exchange`] that brings its answer: the parts of the turn that takes it in, of the
+    /// workers and branches that turn starts or routes to, and of the turns that take
+    /// their reports in, ending once that work is over and the history stored. Messages
+    /// the conversation takes in together (they arrived while it was busy) share a turn.
     /// When another host answers the conversation the message is forwarded there and
     /// the exchange brings that host's answer, or ends [`End::Pending`] if it does not
     /// come within five minutes.
@@ -365,7 +367,7 @@ impl Runtime {
     ) -> Result<SpawnOutcome, String> {
         let channel = ProcessId::channel(channel);
         self.ctx
-            .spawn_worker(&channel, None, task, interactive, task_number)
+            .spawn_worker(&channel, None, None, task, interactive, task_number)
             .await
     }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
+use super::audience::Scope;
 use super::context::{Context, SpawnOutcome};
 use super::events::Event;
 use super::process_calls::ProcessCalls;
@@ -44,26 +45,30 @@ impl HostTools for NoHostTools {
 }
 
 /// The tool calls of one process: routed by the agent's [`ToolRouter`](crate::tools::ToolRouter),
-/// host tools run by `host`.
+/// host tools run by `host`, each outcome told to the exchanges that follow `scope`.
 pub(crate) struct ProcessTools<'a> {
     ctx: &'a Context,
     caller: &'a ProcessId,
     calls: &'a ProcessCalls,
+    scope: &'a Scope,
     host: &'a dyn HostTools,
 }
 
 impl<'a> ProcessTools<'a> {
-    /// The calls of process `caller`, sharing `calls`, its host tools run by `host`.
+    /// The calls of process `caller`, sharing `calls`, as part of the work `scope`, its
+    /// host tools run by `host`.
     pub(crate) fn new(
         ctx: &'a Context,
         caller: &'a ProcessId,
         calls: &'a ProcessCalls,
+        scope: &'a Scope,
         host: &'a dyn HostTools,
     ) -> Self {
         ProcessTools {
             ctx,
             caller,
             calls,
+            scope,
             host,
         }
     }
@@ -94,7 +99,7 @@ impl<'a> ProcessTools<'a> {
                         process: self.caller.clone(),
                         tool: name.to_owned(),
                     };
-                    self.ctx.emit_to(&self.calls.audience, called);
+                    self.ctx.emit_to(self.scope, called);
                 })
             }
         };
@@ -118,7 +123,7 @@ impl<'a> ProcessTools<'a> {
                 error,
             },
         };
-        self.ctx.emit_to(&self.calls.audience, event);
+        self.ctx.emit_to(self.scope, event);
         shown
     }
 }
@@ -154,17 +159,20 @@ impl Context {
     }
 
     /// Runs the `spawn_worker` host tool for `channel`, on behalf of `requester` (a branch;
-    /// `None`: the channel): the outcome as JSON for the model.
+    /// `None`: the channel), as part of the work `origin`: the outcome as JSON for the
+    /// model.
     pub(crate) async fn spawn_worker_tool(
         self: &Arc<Self>,
         channel: &ProcessId,
         requester: Option<&ProcessId>,
+        origin: &Scope,
         args: SpawnArgs,
     ) -> Result<String, ToolError> {
         let outcome = self
             .spawn_worker(
                 channel,
                 requester,
+                Some(origin),
                 &args.task,
                 args.interactive,
                 args.task_number,

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Mutex as AsyncMutex, Notify, mpsc};
 
+use super::audience::Scope;
 use super::context::{Context, WorkerSpec};
 use super::events::Event;
 use super::inbox::{ChannelHandle, drain};
@@ -113,7 +114,7 @@ async fn run(
     let recorded = ledger.admit_worker(ctx.run_id(), id, channel_id, &spec.task, limit);
     let recorded = recorded.await;
     ctx.emit_to(
-        &channel.audience,
+        &channel.audience.of(&spec.id),
         Event::WorkerStarted {
             worker: spec.id.clone(),
             channel: spec.channel.clone(),
@@ -215,7 +216,7 @@ async fn finish(
         }
     }
     ctx.emit_to(
-        &channel.audience,
+        &channel.audience.of(&spec.id),
         Event::WorkerEnded {
             worker: spec.id.clone(),
             state,
@@ -270,16 +271,17 @@ async fn work(
     let mut history = vec![Message::user(spec.task.clone())];
     let mut route = Route::Task;
     // The worker's own plugin instances and audit rows, for its life.
-    let calls = ProcessCalls::new(channel.audience.clone());
+    let calls = ProcessCalls::new();
+    let scope = channel.audience.of(&spec.id);
     loop {
         let host_tools = WorkerTools {
             ctx,
             id: spec.id.clone(),
-            calls: &calls,
+            scope: &scope,
             reported: Mutex::new(None),
             inbox,
         };
-        let handler = ProcessTools::new(ctx, &spec.id, &calls, &host_tools);
+        let handler = ProcessTools::new(ctx, &spec.id, &calls, &scope, &host_tools);
         let turn = ctx.turn(&spec.id, lease.ticket(), route, &system, &tools);
         let end = turn.run(&mut history, &handler).await;
         if !matches!(&end, Err(err) if err.answered == 0) {
@@ -288,14 +290,14 @@ async fn work(
         let reported = host_tools.reported.lock().unwrap().take();
         let (state, message) = match (end, reported) {
             (Err(err), _) => {
-                ctx.model_failed(&channel.audience, &spec.id, &err);
+                ctx.model_failed(&scope, &spec.id, &err);
                 return (WorkerState::Failed, format!("the model failed: {err}"));
             }
             (Ok(TurnEnd::Injected(messages)), _) => {
                 // Stopped at a boundary with every call answered: add the messages and go
                 // on. Not a retry, so it uses no budget of any kind.
                 ctx.emit_to(
-                    &channel.audience,
+                    &scope,
                     Event::InjectionDelivered {
                         worker: spec.id.clone(),
                         messages: messages.len(),
@@ -325,7 +327,7 @@ async fn work(
                 );
             }
             ctx.emit_to(
-                &channel.audience,
+                &scope,
                 Event::WorkerWaiting {
                     worker: spec.id.clone(),
                     question: message.clone(),
@@ -391,7 +393,8 @@ fn continue_with(history: &mut Vec<Message>, messages: Vec<String>) -> Vec<Strin
 struct WorkerTools<'w> {
     ctx: &'w Context,
     id: ProcessId,
-    calls: &'w ProcessCalls,
+    /// The worker's work, whose exchanges hear its progress.
+    scope: &'w Scope,
     reported: Mutex<Option<(WorkerState, String)>>,
     inbox: &'w Inbox,
 }
@@ -407,7 +410,7 @@ impl WorkerTools<'_> {
         let state = match args.state {
             ReportedState::Progress => {
                 self.ctx.emit_to(
-                    &self.calls.audience,
+                    self.scope,
                     Event::WorkerProgress {
                         worker: self.id.clone(),
                         message: args.message,

@@ -1,11 +1,14 @@
 //! What `run`, `chat` and `demo` show of a conversation: the parts of each message's
-//! exchange, in the order the messages were sent, each part once.
+//! exchange as the conversation sends them, each part once.
 //!
-//! A chat's lines go in as they are typed, so two exchanges of one conversation may be
-//! under way at once, and a part the conversation sends while both are attached reaches
-//! both. Such parts are numbered ([`PartNumber`]); the exchanges are followed one after
-//! another, and a part whose number was shown already is not shown again.
+//! A chat's lines go in as they are typed, so several exchanges of one conversation may be
+//! under way at once: a line that only asks something is answered while an earlier line's
+//! worker still works. Each exchange hears its own message's work, and messages the
+//! conversation took in together share a turn, whose parts reach each of them. Such parts
+//! are numbered ([`PartNumber`]); every exchange under way is followed at once, and a part
+//! whose number was shown already is not shown again.
 
+use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::sync::Arc;
 
@@ -56,10 +59,10 @@ impl Session {
     /// say it.
     pub(crate) fn start(runtime: &Arc<Runtime>, conversation: &ProcessId) -> Session {
         let (outgoing, mut messages) = mpsc::unbounded_channel::<Outgoing>();
-        let (queue, mut queued) = mpsc::unbounded_channel::<Queued>();
+        let (queue, queued) = mpsc::unbounded_channel::<Queued>();
         let (runtime, conversation) = (runtime.clone(), conversation.clone());
         // One message at a time, in the order sent: the conversation takes them in that
-        // order, so it attaches their exchanges in the order they are followed.
+        // order.
         let opener = tokio::spawn(async move {
             while let Some(outgoing) = messages.recv().await {
                 let queued = match outgoing {
@@ -72,29 +75,7 @@ impl Session {
                 let _ = queue.send(queued);
             }
         });
-        let follower = tokio::spawn(async move {
-            let mut shown = Shown::default();
-            while let Some(item) = queued.recv().await {
-                match item {
-                    Queued::Exchange(Ok(exchange), done) => {
-                        shown.follow(exchange).await;
-                        done.map(|done| done.send(()));
-                    }
-                    Queued::Exchange(Err(err), done) => {
-                        // Not sent: nothing of it is stored; said now, counted as failed.
-                        shown.end_line();
-                        shown.tally.failures += 1;
-                        crate::say!("error: {}", one_line(&format!("{err:#}")));
-                        done.map(|done| done.send(()));
-                    }
-                    Queued::Mark(done) => {
-                        let _ = done.send(());
-                    }
-                }
-            }
-            shown.end_line();
-            shown.tally
-        });
+        let follower = tokio::spawn(follow(queued));
         Session {
             outgoing,
             opener,
@@ -103,7 +84,7 @@ impl Session {
     }
 
     /// Sends `message` at once (it goes in even while earlier messages' work runs); what
-    /// it causes is shown after what the earlier messages caused.
+    /// it causes is shown as it comes, beside what the earlier messages still cause.
     pub(crate) fn send(&self, message: String) {
         let _ = self.outgoing.send(Outgoing::Message(message, None));
     }
@@ -136,11 +117,66 @@ impl Session {
     }
 }
 
+/// An exchange being followed.
+struct Following {
+    /// Who hears once it is shown to its end.
+    done: Option<oneshot::Sender<()>>,
+    /// Whether its message went to another host.
+    forwarded: bool,
+}
+
+/// Shows the exchanges `queued` as their parts come, until the queue closes and each
+/// has ended: how they went.
+async fn follow(mut queued: mpsc::UnboundedReceiver<Queued>) -> Tally {
+    let mut shown = Shown::default();
+    let (parts_tx, mut parts) = mpsc::unbounded_channel();
+    // Under way, by the order their messages were sent.
+    let mut open: BTreeMap<usize, Following> = BTreeMap::new();
+    // Who waits for every exchange before a place in that order.
+    let mut marks: Vec<(usize, oneshot::Sender<()>)> = Vec::new();
+    let mut sent = 0;
+    let mut queue_open = true;
+    while queue_open || !open.is_empty() {
+        tokio::select! {
+            item = queued.recv(), if queue_open => match item {
+                None => queue_open = false,
+                Some(Queued::Exchange(Ok(mut exchange), done)) => {
+                    let (number, parts_tx) = (sent, parts_tx.clone());
+                    sent += 1;
+                    open.insert(number, Following { done, forwarded: false });
+                    tokio::spawn(async move {
+                        while let Some(part) = exchange.next_numbered().await {
+                            let _ = parts_tx.send((number, part));
+                        }
+                    });
+                }
+                Some(Queued::Exchange(Err(err), done)) => {
+                    // Not sent: nothing of it is stored; said now, counted as failed.
+                    shown.end_line();
+                    shown.tally.failures += 1;
+                    crate::say!("error: {}", one_line(&format!("{err:#}")));
+                    done.map(|done| done.send(()));
+                }
+                Some(Queued::Mark(done)) => marks.push((sent, done)),
+            },
+            Some((number, (part_number, part))) = parts.recv() => {
+                shown.take(&mut open, number, part_number, part);
+            }
+        }
+        let oldest = open.keys().next().copied().unwrap_or(sent);
+        for (_, done) in marks.extract_if(.., |(before, _)| *before <= oldest) {
+            let _ = done.send(());
+        }
+    }
+    shown.end_line();
+    shown.tally
+}
+
 /// What has been shown on the terminal.
 #[derive(Default)]
 struct Shown {
-    /// The last numbered part shown.
-    last: Option<PartNumber>,
+    /// The numbered parts shown, while any exchange is under way.
+    numbers: HashSet<PartNumber>,
     /// Whether a reply is being written on the current line, as it streams.
     streaming: bool,
     /// Whether text streamed since the last reply: a reply that says it was streamed was
@@ -150,29 +186,41 @@ struct Shown {
 }
 
 impl Shown {
-    /// Shows what `exchange` says that was not shown, to its end, and counts a failure of
-    /// the exchange itself.
-    async fn follow(&mut self, mut exchange: Exchange) {
-        let mut forwarded = false;
-        let mut end = End::Lost;
-        while let Some((number, part)) = exchange.next_numbered().await {
-            if let Some(number) = number {
-                if self.last.is_some_and(|last| number <= last) {
-                    continue;
-                }
-                self.last = Some(number);
+    /// Shows `part` of exchange `number` among those `open`, unless it was shown (its
+    /// `part_number` was); an end closes it.
+    fn take(
+        &mut self,
+        open: &mut BTreeMap<usize, Following>,
+        number: usize,
+        part_number: Option<PartNumber>,
+        part: ReplyPart,
+    ) {
+        let Some(following) = open.get_mut(&number) else {
+            return;
+        };
+        if let ReplyPart::End(end) = part {
+            self.end_line();
+            self.ended(&end, following.forwarded);
+            if let Some(done) = open.remove(&number).and_then(|f| f.done) {
+                let _ = done.send(());
             }
-            match part {
-                ReplyPart::End(ended) => end = ended,
-                ReplyPart::Activity(Event::Forwarded { .. }) => {
-                    forwarded = true;
-                    self.show(part);
-                }
-                part => self.show(part),
+            if open.is_empty() {
+                // No part sent from now on reaches an exchange that ended.
+                self.numbers.clear();
             }
+            return;
         }
-        self.end_line();
-        let failed = match &end {
+        if part_number.is_some_and(|n| !self.numbers.insert(n)) {
+            return;
+        }
+        following.forwarded |= matches!(part, ReplyPart::Activity(Event::Forwarded { .. }));
+        self.show(part);
+    }
+
+    /// Counts and says how an exchange ended, if it failed (`forwarded`: its message went
+    /// to another host).
+    fn ended(&mut self, end: &End, forwarded: bool) {
+        let failed = match end {
             End::Complete | End::Interrupted => false,
             // A model failure of this host's conversation was shown, and counted, as it
             // happened; another host's is known only from its answer.

@@ -135,8 +135,8 @@ pub(crate) async fn history(
 pub(crate) struct PostMessage {
     /// What the user says.
     text: String,
-    /// Wait until the conversation is idle (answered, its workers done) and return the
-    /// reply; by default the message is accepted and the reply follows on `/v1/events`.
+    /// Wait until the message's work is over (answered, the workers it started done) and
+    /// stored, and return the reply; by default the message is accepted and the reply follows on `/v1/events`.
     #[serde(default)]
     wait: bool,
     /// The client's idempotency key (or the `Idempotency-Key` header): a message sent

@@ -10,7 +10,7 @@ use super::auth::Access;
 use super::branches::Branches;
 use super::error::ApiError;
 use super::hub::EventHub;
-use super::turn::{self, TurnItem, TurnLocks};
+use super::turn::{self, TurnItem};
 use crate::agent::{End, ReplyPart, Runtime, UserMessage};
 use crate::ids::{MessageKey, ProcessId};
 use crate::plugin::Registry;
@@ -25,7 +25,6 @@ pub(crate) struct App {
     pub(crate) access: Access,
     /// Every secret's and token's value: nothing served may hold one.
     pub(crate) redactor: Redactor,
-    pub(crate) turns: TurnLocks,
     /// When the server started, Unix seconds.
     pub(crate) started: i64,
     /// Chat completions answered, for their ids.
@@ -146,7 +145,7 @@ impl App {
         conversation: ProcessId,
         message: UserMessage,
     ) -> tokio::sync::mpsc::UnboundedReceiver<TurnItem> {
-        turn::start(self.runtime.clone(), &self.turns, conversation, message)
+        turn::start(self.runtime.clone(), conversation, message)
     }
 
     /// Runs an exchange to its end. Errors say what happened to the message: refused or

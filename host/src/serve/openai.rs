@@ -4,8 +4,8 @@
 //! The model name picks the agent: `capstan` is a channel, `capstan-cortex` the admin chat.
 //! The conversation is the `X-Capstan-Conversation` header, else the `user` field, else
 //! `main`. A conversation keeps its own history, so only the last user message of the
-//! request is sent; the reply is everything the conversation answered once it was idle
-//! (its tools, workers and branches done). Tool activity rides along in a `capstan` field
+//! request is sent; the reply is everything the message's own work answered (its tools,
+//! and the workers and branches its turn started, done). Tool activity rides along in a `capstan` field
 //! (non-streaming) or in chunks with an empty delta and a `capstan_event` (streaming),
 //! which OpenAI clients ignore; every event is on `/v1/events`.
 
@@ -135,7 +135,7 @@ impl Content {
     }
 }
 
-/// A `chat.completion`: the conversation's reply once it is idle.
+/// A `chat.completion`: the conversation's reply, once the message's work is over.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct ChatCompletion {
     /// `chatcmpl-N`.

@@ -20,7 +20,6 @@ use super::auth::{Access, TokenError};
 use super::branches::Branches;
 use super::error::BodyCap;
 use super::hub::EventHub;
-use super::turn::TurnLocks;
 use super::{api, mcp, openai, openapi, page, stream};
 use crate::agent::{Event, Runtime};
 use crate::config::ServeSettings;
@@ -119,7 +118,6 @@ impl Server {
             branches,
             access,
             redactor,
-            turns: TurnLocks::default(),
             started: crate::services::now(),
             completions: AtomicU64::new(0),
         });

@@ -1,12 +1,7 @@
 //! One exchange with a conversation over HTTP: the runtime's [`Exchange`] for a message,
-//! run one at a time per conversation, with the wait for the store bounded.
-//!
-//! Exchanges with one conversation run one at a time, so the replies an exchange returns
-//! are the ones its own message caused. Messages posted without waiting
-//! (`POST /v1/channels/{name}/messages`) are not queued behind them.
+//! with the wait for the store bounded.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -29,38 +24,20 @@ pub(crate) enum TurnItem {
     NotYetStored(String),
 }
 
-/// One lock per conversation, for exchanges.
-#[derive(Default)]
-pub(crate) struct TurnLocks {
-    locks: Mutex<HashMap<ProcessId, Arc<tokio::sync::Mutex<()>>>>,
-}
-
-impl TurnLocks {
-    fn lock_for(&self, conversation: &ProcessId) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        // Locks nobody holds or waits for are dropped, so the map stays as small as the
-        // exchanges in progress.
-        locks.retain(|_, lock| Arc::strong_count(lock) > 1);
-        locks.entry(conversation.clone()).or_default().clone()
-    }
-}
-
-/// Starts an exchange: `message` to `conversation`, its items on the returned channel. The
-/// exchange holds its conversation's lock to its end even if the receiver goes away (the
-/// message was sent; its turn finishes and is stored either way).
+/// Starts an exchange: `message` to `conversation`, its items on the returned channel.
+/// Its answer is its own message's work: exchanges with one conversation run side by
+/// side, and one whose message the conversation takes in with others (they arrived while
+/// it was busy) shares that turn's answer with them.
 pub(crate) fn start(
     runtime: Arc<Runtime>,
-    locks: &TurnLocks,
     conversation: ProcessId,
     message: UserMessage,
 ) -> mpsc::UnboundedReceiver<TurnItem> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let lock = locks.lock_for(&conversation);
     let store_wait = runtime.config().limits.unstored_reply;
     tokio::spawn(async move {
-        let turn = lock.lock_owned().await;
         match runtime.exchange(&conversation, message).await {
-            Ok(exchange) => relay(exchange, store_wait, &tx, turn).await,
+            Ok(exchange) => relay(exchange, store_wait, &tx).await,
             Err(err) => {
                 let _ = tx.send(TurnItem::Refused(err.to_string()));
             }
@@ -70,33 +47,22 @@ pub(crate) fn start(
 }
 
 /// Passes `exchange`'s parts on until it ends; once the store refused its history (or did
-/// not answer), for at most `store_wait` in all before [`TurnItem::NotYetStored`]. `turn` (the conversation's
-/// lock) is held until the exchange ends, or until it is told not yet stored: its answer
-/// is whole by then, and the conversation goes on answering while the store is out.
-async fn relay(
-    mut exchange: Exchange,
-    store_wait: Duration,
-    tx: &mpsc::UnboundedSender<TurnItem>,
-    turn: tokio::sync::OwnedMutexGuard<()>,
-) {
-    let mut turn = Some(turn);
+/// not answer), for at most `store_wait` in all before [`TurnItem::NotYetStored`]: its
+/// answer is whole by then, and the conversation goes on answering while the store is
+/// out.
+async fn relay(mut exchange: Exchange, store_wait: Duration, tx: &mpsc::UnboundedSender<TurnItem>) {
     let mut deadline = None;
-    let mut told = false;
     loop {
         let next = match deadline {
-            Some(deadline) if !told => {
-                match tokio::time::timeout_at(deadline, exchange.next()).await {
-                    Ok(next) => next,
-                    Err(_) => {
-                        told = true;
-                        turn.take();
-                        let error = "the store has not taken the conversation's history yet";
-                        let _ = tx.send(TurnItem::NotYetStored(error.to_owned()));
-                        continue;
-                    }
+            Some(deadline) => match tokio::time::timeout_at(deadline, exchange.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    let error = "the store has not taken the conversation's history yet";
+                    let _ = tx.send(TurnItem::NotYetStored(error.to_owned()));
+                    return;
                 }
-            }
-            _ => exchange.next().await,
+            },
+            None => exchange.next().await,
         };
         let Some(part) = next else { return };
         if let ReplyPart::NotYetStored { error, waited } = &part
@@ -105,8 +71,6 @@ async fn relay(
             deadline = Some(tokio::time::Instant::now() + store_wait.saturating_sub(*waited));
             tracing::warn!("an exchange waits for the store: {error}");
         }
-        if !told {
-            let _ = tx.send(TurnItem::Part(part));
-        }
+        let _ = tx.send(TurnItem::Part(part));
     }
 }

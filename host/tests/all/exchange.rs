@@ -560,3 +560,115 @@ async fn the_http_doors_take_a_keyed_message_once_and_say_when_an_answer_is_repe
     assert_eq!(refused.status(), 400);
     assert_eq!(stored_with(&stored, "channel:main", "never sent").await, 0);
 }
+
+#[tokio::test]
+async fn two_messages_at_once_through_the_doors_each_get_their_own_answer_and_neither_waits_for_the_others_worker()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::defaults(dir.path());
+    config.provider = ProviderSettings::Scripted { script: None };
+    std::fs::create_dir_all(&config.agent.workspace).unwrap();
+    let (provider, mut held) = crate::support::Gated::new();
+    let agent = AgentBuilder::new(config)
+        .plugins_dir(plugins_dir())
+        .cache(test_cache())
+        .provider(provider)
+        .build()
+        .await
+        .expect("the agent starts");
+    let (url, _stop) = serve(agent).await;
+    let client = reqwest::Client::new();
+
+    // The first message starts a worker, which the model then keeps waiting.
+    let first = tokio::spawn({
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let body = json!({"text": "start the long job", "wait": true});
+            let answered = client
+                .post(format!("{url}/v1/channels/main/messages"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (answered.status(), answered.json::<Value>().await.unwrap())
+        }
+    });
+    let asked = held.recv().await.unwrap();
+    assert!(asked.holds("start the long job"), "{:?}", asked.request);
+    asked.call("spawn_worker", json!({"task": "the long job"}));
+    // Then the worker and the turn ask the model, in either order.
+    let (mut worker, mut turn) = (None, None);
+    for _ in 0..2 {
+        let pending = held.recv().await.unwrap();
+        if pending.holds("the long job") {
+            worker = Some(pending);
+        } else {
+            turn = Some(pending);
+        }
+    }
+    let (worker, turn) = (worker.unwrap(), turn.unwrap());
+    assert!(turn.holds("start the long job"), "{:?}", turn.request);
+    turn.reply("Started the long job.");
+
+    // The second message, through the OpenAI door, while that worker works: answered
+    // and stored on its own, with none of the worker's doing in its answer.
+    let second = client
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&json!({"model": "capstan", "user": "main",
+            "messages": [{"role": "user", "content": "hello meanwhile"}]}))
+        .send();
+    let reply = async {
+        let pending = held.recv().await.unwrap();
+        assert!(pending.holds("hello meanwhile"), "{:?}", pending.request);
+        pending.reply("Hi, the job is still running.");
+    };
+    // Bounded only so that a door that queued it behind the first fails, not hangs.
+    let both = tokio::time::timeout(std::time::Duration::from_secs(120), async {
+        tokio::join!(second, reply)
+    });
+    let (second, ()) = both
+        .await
+        .expect("the second message is not held behind the first one's worker");
+    let second = second.unwrap();
+    assert_eq!(second.status(), 200);
+    let body: Value = second.json().await.unwrap();
+    assert_eq!(
+        body["choices"][0]["message"]["content"], "Hi, the job is still running.",
+        "{body}"
+    );
+    assert_eq!(body["capstan"]["outcome"], "stored", "{body}");
+    assert!(
+        !body.to_string().contains("worker:") && !body.to_string().contains("Started"),
+        "the first message's work is not the second's: {body}"
+    );
+    assert!(!first.is_finished(), "the first waits for its worker");
+
+    // The worker ends; its report's turn answers the first message.
+    worker.call(
+        "set_status",
+        json!({"state": "done", "message": "the long job is done"}),
+    );
+    let told = held.recv().await.unwrap();
+    let report =
+        told.request.messages.iter().any(|m| {
+            m.content.starts_with("[worker:") && m.content.ends_with("the long job is done")
+        });
+    assert!(report, "{:?}", told.request);
+    told.reply("The long job finished.");
+    let (status, body) = first.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["outcome"], "stored", "{body}");
+    assert_eq!(
+        body["reply"], "Started the long job.\n\nThe long job finished.",
+        "{body}"
+    );
+    assert!(
+        !body["reply"].as_str().unwrap().contains("still running"),
+        "the second message's answer is not the first's: {body}"
+    );
+    let events = body["events"].to_string();
+    assert!(
+        events.contains("worker_started") && events.contains("worker_ended"),
+        "{body}"
+    );
+}

@@ -1119,7 +1119,8 @@ async fn two_hundred_streams_lose_nothing_while_a_thousand_completions_run() {
     const CLIENTS: usize = 200;
     const COMPLETIONS: usize = 1000;
     const CONVERSATIONS: usize = 50;
-    // Each completion is three events (a turn started, its reply, the turn finished).
+    // Each completion is at most three events (a turn started, its reply, the turn
+    // finished).
     let served = serve(|settings, _| {
         settings.requests_per_minute = 1_000_000;
         settings.event_buffer = 3 * COMPLETIONS + 64;
@@ -1130,20 +1131,25 @@ async fn two_hundred_streams_lose_nothing_while_a_thousand_completions_run() {
     for _ in 0..CLIENTS {
         readers.push(SseReader::open(&served.client, &url, None).await);
     }
+    // Read until the reply to a last message, sent once every completion was answered.
     let followers: Vec<_> = readers
         .into_iter()
         .map(|mut reader| {
             tokio::spawn(async move {
                 let (mut last, mut replies) = (0u64, 0usize);
-                while replies < COMPLETIONS {
-                    let (id, event, _) = reader.next().await.expect("the stream goes on");
+                loop {
+                    let (id, event, data) = reader.next().await.expect("the stream goes on");
                     assert_ne!(event, "lost", "a connected client lost events");
                     let id = id.expect("every event has an id");
                     assert_eq!(id, last + 1, "events in order, none skipped");
                     last = id;
-                    replies += usize::from(event == "reply");
+                    if event == "reply" {
+                        replies += 1;
+                        if data.to_string().contains("channel:load-end") {
+                            return (last, replies);
+                        }
+                    }
                 }
-                last
             })
         })
         .collect();
@@ -1165,12 +1171,18 @@ async fn two_hundred_streams_lose_nothing_while_a_thousand_completions_run() {
         })
         .buffer_unordered(CONVERSATIONS);
     chats.collect::<Vec<()>>().await;
+    let end = json!({"model": "capstan", "user": "load-end",
+                     "messages": [{"role": "user", "content": "hello"}]});
+    let (status, body) = served.post("/v1/chat/completions", end).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
     let mut ends = Vec::new();
     for follower in followers {
         ends.push(follower.await.unwrap());
     }
-    // Each completion is at least a turn started and a reply.
-    assert!(ends.iter().all(|&end| end >= COMPLETIONS as u64 * 2));
+    // Every reader saw every event, in the same order. Messages a conversation took in
+    // together share a turn, so there is a reply for each conversation at least.
+    assert!(ends.iter().all(|&end| end == ends[0]), "{ends:?}");
+    assert!(ends[0].1 > CONVERSATIONS, "{ends:?}");
     served.stop().await;
 }
 

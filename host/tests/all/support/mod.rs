@@ -380,6 +380,14 @@ impl Pending {
         }));
     }
 
+    /// Answers with the text `reply`.
+    pub fn reply(self, reply: &str) {
+        let _ = self.answer.send(Ok(Completion {
+            message: capstan_host::llm::Message::assistant(reply),
+            tokens: None,
+        }));
+    }
+
     /// Fails the request, as an unreachable model would.
     pub fn fail(self, why: &str) {
         let _ = self
