@@ -8,7 +8,10 @@
 //! An exchange ends once nothing it follows is under way *and* the conversation's history
 //! is stored; so two messages sent at once each get their own answer, unless the
 //! conversation took them in together (they arrived while it was busy): then that turn's
-//! answer is the answer to both.
+//! answer is the answer to both. A report that arrives with a message joins that turn
+//! likewise: who waits on the report, and who waits on the message, hear the turn and
+//! what it starts. Once the conversation is idle every exchange ends, whatever it
+//! followed.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -190,33 +193,33 @@ impl Audience {
         let Some(key) = listener.key.clone() else {
             return self.attach(listener, HashSet::new(), true);
         };
+        // Under one lock: what it follows cannot grow between the copy and the attach.
+        let mut attached = self.lock();
         listener.send(ReplyPart::Repeated { key: key.clone() });
         // Whether what it repeats is held as the store's refusal is told: its first
         // exchange, still under way, was told so (its message may not be held yet); or it
         // ended, or is in the history, held with it.
-        let (replies, failed, held, follows, whole) = {
-            let attached = self.lock();
-            let under_way = attached
-                .followers
-                .iter()
-                .find(|f| f.listener.key.as_ref() == Some(&key))
-                .map(|f| {
-                    let l = &f.listener;
-                    let follows = f.follows.clone();
-                    (
-                        l.replies.clone(),
-                        l.failed.clone(),
-                        l.told_unstored,
-                        follows,
-                        f.whole,
-                    )
-                });
-            under_way.or_else(|| {
+        let under_way = attached
+            .followers
+            .iter()
+            .find(|f| f.listener.key.as_ref() == Some(&key))
+            .map(|f| {
+                let l = &f.listener;
+                let follows = f.follows.clone();
+                (
+                    l.replies.clone(),
+                    l.failed.clone(),
+                    l.told_unstored,
+                    follows,
+                    f.whole,
+                )
+            });
+        let (replies, failed, held, follows, whole) = under_way
+            .or_else(|| {
                 let (replies, failed) = attached.answered.get(&key).cloned()?;
                 Some((replies, failed, true, HashSet::new(), false))
             })
-        }
-        .unwrap_or_else(|| (stored(), None, true, HashSet::new(), true));
+            .unwrap_or_else(|| (stored(), None, true, HashSet::new(), true));
         for text in &replies {
             listener.send(ReplyPart::Reply {
                 text: text.clone(),
@@ -225,7 +228,6 @@ impl Audience {
         }
         listener.replies = replies;
         listener.failed = failed;
-        let mut attached = self.lock();
         // What it repeats is already held (in memory and the spill): it hears so now.
         if let Some(error) = attached.unsaved.clone().filter(|_| held) {
             listener.told_unstored = true;
@@ -373,9 +375,10 @@ impl Scope {
         }
     }
 
-    /// Includes worker or branch `process` in this work (it starts it, or routes it a
-    /// message): who follows this work follows it, until its report is taken in
-    /// ([`Scope::took_report`]). Called before it starts, so they hear all it does.
+    /// Includes worker or branch `process` in this work (it starts it, routes it a
+    /// message, or asks for one it already runs): who follows this work follows it, until
+    /// its last report is taken in ([`Scope::took_report`]). Called before it starts, or
+    /// under the registry lock before the message goes, so they hear all it does.
     pub(crate) fn include(&self, process: &ProcessId) {
         let child = Work::Process(process.clone());
         let mut attached = self.audience.lock();
@@ -384,14 +387,20 @@ impl Scope {
         }
     }
 
-    /// Notes that this turn takes in the report of `process`: who followed it follows the
-    /// turn instead.
-    pub(crate) fn took_report(&self, process: &ProcessId) {
+    /// Notes that this turn takes in a report of `process`: who follows it follows the
+    /// turn too, and, if it is the process's `last` report, no longer the process (a worker
+    /// that asks for input goes on, and reports again).
+    pub(crate) fn took_report(&self, process: &ProcessId, last: bool) {
         let Some(turn) = &self.work else { return };
         let reported = Work::Process(process.clone());
         let mut attached = self.audience.lock();
         for follower in &mut attached.followers {
-            if follower.follows.remove(&reported) {
+            let followed = if last {
+                follower.follows.remove(&reported)
+            } else {
+                follower.follows.contains(&reported)
+            };
+            if followed {
                 follower.follows.insert(turn.clone());
             }
         }
@@ -487,7 +496,7 @@ mod tests {
         // The worker's report is taken into a turn: the first exchange follows it, and
         // ends with it.
         let three = audience.next_turn();
-        three.took_report(&worker);
+        three.took_report(&worker, true);
         three.reply("the worker is done", false);
         assert_eq!(
             first_exchange.sent_so_far(),
@@ -500,6 +509,31 @@ mod tests {
             [ReplyPart::End(End::Complete)]
         );
         assert!(audience.is_empty());
+    }
+
+    #[test]
+    fn a_worker_that_asks_for_input_is_still_followed_until_its_last_report() {
+        let audience = Audience::default();
+        let worker = pid("worker:1");
+        let (first, mut first_exchange) = Exchange::new(None);
+        let one = audience.next_turn();
+        one.attach(first);
+        one.include(&worker);
+        one.over();
+        // The question is taken in; the worker goes on once answered.
+        let two = audience.next_turn();
+        two.took_report(&worker, false);
+        two.over();
+        let progress = ReplyPart::Text("the worker goes on".into());
+        audience.of(&worker).send(&progress);
+        assert_eq!(first_exchange.sent_so_far(), [progress]);
+        let three = audience.next_turn();
+        three.took_report(&worker, true);
+        three.over();
+        assert_eq!(
+            first_exchange.sent_so_far(),
+            [ReplyPart::End(End::Complete)]
+        );
     }
 
     #[test]

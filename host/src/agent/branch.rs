@@ -30,21 +30,22 @@ pub(crate) fn start(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle)
         let (id, channel_name) = (spec.id.clone(), spec.channel.clone());
         move |why: String| async move {
             ctx.release_process(&id);
-            ctx.emit_to(
+            ctx.reporter.emit_to(
                 &channel.audience.of(&id),
                 Event::BranchFailed {
                     branch: id.clone(),
                     error: why.clone(),
                 },
             );
-            ctx.report(
-                &channel_name,
-                &channel,
-                &id,
-                NotificationKind::Error,
-                format!("failed: {why}"),
-            )
-            .await;
+            ctx.reporter
+                .report(
+                    &channel_name,
+                    &channel,
+                    &id,
+                    NotificationKind::Error,
+                    format!("failed: {why}"),
+                )
+                .await;
         }
     };
     supervise(&channel, |_| run(ctx, spec, channel.clone()), failed);
@@ -66,7 +67,7 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
         .expect("never closed");
     let alive = ctx.supervisor.branch_started(&id);
     let scope = channel.audience.of(&id);
-    ctx.emit_to(
+    ctx.reporter.emit_to(
         &scope,
         Event::BranchStarted {
             branch: id.clone(),
@@ -92,28 +93,29 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
             let turn = ctx.turn(&id, lease.ticket(), Route::Branch, &system, &tools);
             let end = turn.run(&mut history, &handler).await;
             if let Err(err) = &end {
-                ctx.model_failed(&scope, &id, err);
+                ctx.reporter.model_failed(&scope, &id, err);
             }
             conclude(&ctx, end)
         }
     };
     drop(alive);
     ctx.release_process(&id);
-    ctx.emit_to(
+    ctx.reporter.emit_to(
         &scope,
         Event::BranchConcluded {
             branch: id.clone(),
             conclusion: conclusion.clone(),
         },
     );
-    ctx.report(
-        &channel_name,
-        &channel,
-        &id,
-        NotificationKind::Result,
-        format!("concluded: {conclusion}"),
-    )
-    .await;
+    ctx.reporter
+        .report(
+            &channel_name,
+            &channel,
+            &id,
+            NotificationKind::Result,
+            format!("concluded: {conclusion}"),
+        )
+        .await;
 }
 
 /// A branch's conclusion from how its turn ended.

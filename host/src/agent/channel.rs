@@ -134,7 +134,9 @@ pub(crate) async fn run(
                 let stored = ctx.save_history(&name, &handle, &history, 0).await;
                 (rewrite, transient) = (stored.is_err(), stored.is_err_and(|e| e.is_transient()));
                 if !rewrite {
-                    answer_forwarded(&ctx, std::mem::take(&mut held)).await;
+                    ctx.reporter
+                        .answer_forwarded(std::mem::take(&mut held))
+                        .await;
                 }
                 saved = history.len();
                 continue;
@@ -152,8 +154,8 @@ pub(crate) async fn run(
         }
         let mut inputs = batches.rest(first);
         // A message sent again with a key the conversation took is answered, not taken:
-        // after the batch's own exchanges are attached, so one sent twice at once joins
-        // the first.
+        // one sent twice in this batch is taken once, and its repeat (answered after the
+        // first is attached) follows the first.
         let repeated = take_repeated(&mut inputs, &history, audience);
         // The turn's work: the exchanges of its messages follow it, and those that
         // followed a worker or branch whose report it takes in follow it from now on.
@@ -165,8 +167,12 @@ pub(crate) async fn run(
                         turn.attach(*listener);
                     }
                 }
-                ChannelInput::Result { source, .. } => turn.took_report(source),
-                ChannelInput::Notification(note) => turn.took_report(&note.source),
+                ChannelInput::Result { source, kind, .. } => {
+                    turn.took_report(source, kind.is_last());
+                }
+                ChannelInput::Notification(note) => {
+                    turn.took_report(&note.source, note.kind.is_last());
+                }
                 ChannelInput::Close => {}
             }
         }
@@ -197,7 +203,7 @@ pub(crate) async fn run(
                     "not answered yet ({held}); the message is in the conversation's history"
                 );
                 turn.model_failed(&error);
-                ctx.emit_to(
+                ctx.reporter.emit_to(
                     &turn,
                     Event::TurnSuppressed {
                         process: name.clone(),
@@ -223,7 +229,7 @@ pub(crate) async fn run(
                     ctx: &ctx,
                     channel: &name,
                     turn: &turn,
-                    redactor: Mutex::new(ctx.redactor().steady_stream()),
+                    redactor: Mutex::new(ctx.reporter.redactor().steady_stream()),
                     streamed: std::sync::atomic::AtomicBool::new(false),
                 };
                 let mut prompt = ctx.turn(&name, lease.ticket(), route, &system, &tools);
@@ -233,25 +239,26 @@ pub(crate) async fn run(
                 match ran {
                     Ok(TurnEnd::Text(text)) if !text.trim().is_empty() => {
                         let streamed = text_out.streamed();
-                        if let Some(text) = ctx.deliver_reply(&name, &turn, text, streamed) {
+                        if let Some(text) = ctx.reporter.deliver_reply(&name, &turn, text, streamed)
+                        {
                             host_tools.delivered.lock().unwrap().push(text);
                         }
                     }
                     Ok(_) => {}
                     // Suppressed: whoever holds the session answers; not a reason to retry.
                     Err(err) => {
-                        let error = ctx.redactor().redact_owned(err.to_string());
+                        let error = ctx.reporter.redactor().redact_owned(err.to_string());
                         turn.model_failed(&error);
                         answer.error = Some(error);
                         match err.reason {
-                            Unanswered::Suppressed(reason) => ctx.emit_to(
+                            Unanswered::Suppressed(reason) => ctx.reporter.emit_to(
                                 &turn,
                                 Event::TurnSuppressed {
                                     process: name.clone(),
                                     reason,
                                 },
                             ),
-                            _ => ctx.model_failed(&turn, &name, &err),
+                            _ => ctx.reporter.model_failed(&turn, &name, &err),
                         }
                     }
                 }
@@ -270,7 +277,9 @@ pub(crate) async fn run(
         turn.over();
         held.extend(forwarded_ids(&inputs).map(|id| (id, answer.clone())));
         if !rewrite {
-            answer_forwarded(&ctx, std::mem::take(&mut held)).await;
+            ctx.reporter
+                .answer_forwarded(std::mem::take(&mut held))
+                .await;
         }
         for _ in &inputs {
             handle.done_pending();
@@ -293,7 +302,7 @@ pub(crate) async fn run(
             answer.outcome = crate::services::AnswerOutcome::NotStored;
         }
     }
-    answer_forwarded(&ctx, held).await;
+    ctx.reporter.answer_forwarded(held).await;
     audience.end_all(flushed.as_ref().map(drop).map_err(String::as_str));
     // Reports that arrived as the channel closed are kept, not dropped.
     let carried = batches.carried.take();
@@ -304,7 +313,9 @@ pub(crate) async fn run(
     for input in left {
         match input {
             ChannelInput::Result { source, kind, text } => {
-                ctx.fold_back(&name, &source, &name, kind, &text).await;
+                ctx.reporter
+                    .fold_back(&name, &source, &name, kind, &text)
+                    .await;
             }
             ChannelInput::Notification(note) => tracing::warn!(
                 channel = %name,
@@ -337,7 +348,7 @@ async fn flush(
         }
         match ctx.save_history(name, handle, history, 0).await {
             Ok(()) => return Ok(()),
-            Err(err) => last = ctx.redactor().redact_owned(err.to_string()),
+            Err(err) => last = ctx.reporter.redactor().redact_owned(err.to_string()),
         }
     }
     Err(last)
@@ -352,59 +363,6 @@ fn forwarded_ids(inputs: &[ChannelInput]) -> impl Iterator<Item = ForwardId> + '
         } => Some(*id),
         _ => None,
     })
-}
-
-/// Leaves each answer for the host that forwarded its message, once the history holding
-/// it is stored and while this host may still act for the conversation; otherwise that
-/// host hears nothing, and says so in time.
-async fn answer_forwarded(ctx: &Context, answers: Vec<(ForwardId, Answer)>) {
-    if answers.is_empty() || !ctx.run().is_live() {
-        return;
-    }
-    let redactor = ctx.redactor();
-    for (id, answer) in answers {
-        let answer = Answer {
-            reply: redactor.redact(&answer.reply).into_owned(),
-            error: answer.error.map(|e| redactor.redact_owned(e)),
-            outcome: answer.outcome,
-        };
-        match ctx.services.sessions.answer(id, &answer).await {
-            Ok(()) => {}
-            // The forwarding host waits for it: left again until the store takes it.
-            Err(err) if err.is_transient() => {
-                tracing::warn!(forwarded = %id, "cannot leave the answer for the host that forwarded the message yet (trying again): {err}");
-                let sessions = ctx.services.sessions.clone();
-                let retry = ctx.config.limits.store_retry;
-                tokio::spawn(leave_answer(sessions, retry, id, answer));
-            }
-            Err(err) => {
-                tracing::warn!(forwarded = %id, "cannot leave the answer for the host that forwarded the message: {err}");
-            }
-        }
-    }
-}
-
-/// Leaves `answer` for forwarded message `id` every `retry` until the store takes it,
-/// refuses it for good, or the forwarding host has long stopped waiting for it.
-async fn leave_answer(
-    sessions: Arc<dyn crate::services::Sessions>,
-    retry: std::time::Duration,
-    id: ForwardId,
-    answer: Answer,
-) {
-    let give_up = tokio::time::Instant::now() + super::exchange::FORWARDED_ANSWER_LIMIT;
-    while tokio::time::Instant::now() < give_up {
-        tokio::time::sleep(retry).await;
-        match sessions.answer(id, &answer).await {
-            Ok(()) => return,
-            Err(err) if err.is_transient() => continue,
-            Err(err) => {
-                tracing::warn!(forwarded = %id, "cannot leave the answer for the host that forwarded the message: {err}");
-                return;
-            }
-        }
-    }
-    tracing::warn!(forwarded = %id, "gave up leaving the answer for the host that forwarded the message: the store refused it throughout");
 }
 
 /// Passes the text of a channel's answer on as [`Event::Text`] while the model streams
@@ -425,14 +383,14 @@ struct StreamedText<'a> {
 impl StreamedText<'_> {
     fn send(&self, text: Vec<u8>) {
         // Not even in part from a host that may no longer answer the conversation.
-        if text.is_empty() || !self.ctx.run().is_live() {
+        if text.is_empty() || !self.ctx.reporter.is_live() {
             return;
         }
         let text = String::from_utf8_lossy(&text).into_owned();
         self.streamed
             .store(true, std::sync::atomic::Ordering::Relaxed);
         self.turn.send(&ReplyPart::Text(text.clone()));
-        self.ctx.emit(Event::Text {
+        self.ctx.reporter.emit(Event::Text {
             channel: self.channel.clone(),
             text,
         });
@@ -489,7 +447,9 @@ impl ChannelTools {
         match call {
             HostCall::Reply(args) => {
                 let turn = &self.turn;
-                if let Some(text) = ctx.deliver_reply(&self.channel, turn, args.text.clone(), false)
+                if let Some(text) =
+                    ctx.reporter
+                        .deliver_reply(&self.channel, turn, args.text.clone(), false)
                 {
                     self.delivered.lock().unwrap().push(text);
                     Ok(ToolOutcome::Delivered(args.text))
@@ -523,11 +483,8 @@ impl ChannelTools {
                 // Who waits on this turn hears what the worker does with the message: a
                 // worker a route reaches has not reported its end yet.
                 let routed = |id: ProcessId| {
-                    let routed = supervisor.route_to_worker(&id, &args.message);
-                    if routed {
-                        self.turn.include(&id);
-                    }
-                    routed
+                    let following = || self.turn.include(&id);
+                    supervisor.route_from(&self.channel, &id, &args.message, following)
                 };
                 if worker_id(&args.worker).is_some_and(routed) {
                     answer(json!({ "routed": true, "worker": args.worker }))
@@ -540,7 +497,9 @@ impl ChannelTools {
                 }
             }
             HostCall::Cancel(args) => {
-                if worker_id(&args.worker).is_some_and(|id| supervisor.cancel_worker(&id)) {
+                if worker_id(&args.worker)
+                    .is_some_and(|id| supervisor.cancel_from(&self.channel, &id))
+                {
                     answer(json!({ "cancelled": true, "worker": args.worker }))
                 } else {
                     answer(json!({

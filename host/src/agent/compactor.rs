@@ -65,7 +65,7 @@ pub(crate) async fn compact_if_needed(
             return false;
         }
     };
-    ctx.emit_to(
+    ctx.reporter.emit_to(
         turn,
         Event::CompactionStarted {
             compactor: id.clone(),
@@ -101,7 +101,7 @@ pub(crate) async fn compact_if_needed(
                 ..cut,
                 [Message::user(format!("{SUMMARY_PREFIX} {summary}"))],
             );
-            ctx.emit_to(
+            ctx.reporter.emit_to(
                 turn,
                 Event::Compacted {
                     compactor: id.clone(),
@@ -111,7 +111,7 @@ pub(crate) async fn compact_if_needed(
             true
         }
         Ok(_) => {
-            ctx.emit_to(
+            ctx.reporter.emit_to(
                 turn,
                 Event::CompactionSkipped {
                     compactor: id.clone(),
@@ -121,8 +121,8 @@ pub(crate) async fn compact_if_needed(
             false
         }
         Err(err) => {
-            ctx.model_failed(turn, &id, &err);
-            ctx.emit_to(
+            ctx.reporter.model_failed(turn, &id, &err);
+            ctx.reporter.emit_to(
                 turn,
                 Event::CompactionSkipped {
                     compactor: id.clone(),

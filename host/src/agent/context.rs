@@ -15,14 +15,14 @@ use tokio::sync::mpsc;
 
 use super::audience::Scope;
 use super::events::{Event, EventSink};
-use super::exchange::ReplyPart;
 use super::inbox::{ChannelHandle, ChannelInput};
-use super::notifications::NotificationIndex;
+use super::reporter::{Reporter, ReporterParts};
 use super::reservations::{Reservation, TaskReservations, task_key};
 use super::spill::Spill;
 use super::stop::{NotSaved, StopLedger};
 use super::supervisor::{ShuttingDown, Supervisor, TooManyConversations};
-use super::turn::{Turn, TurnError, Unanswered};
+use super::turn::Turn;
+use super::worker_records::WorkerRecords;
 use crate::config::Config;
 use crate::dispatch::{Dispatcher, Lease, Reserved, Route, Ticket};
 use crate::ids::ProcessId;
@@ -45,16 +45,18 @@ pub(crate) struct Context {
     pub(crate) dispatcher: Dispatcher,
     /// Which processes are alive.
     pub(crate) supervisor: Arc<Supervisor>,
-    events: EventSink,
+    /// How processes tell what they do.
+    pub(crate) reporter: Arc<Reporter>,
+    /// What workers write of themselves in the ledger.
+    pub(crate) workers: WorkerRecords,
     /// Task descriptions held by live workers.
     pub(crate) reservations: Arc<TaskReservations>,
-    pub(crate) notification_index: NotificationIndex,
     /// Held while a conversation is opened: its history is read before it is registered,
     /// and no other caller may open it from a read of its own in between.
     opening: tokio::sync::Mutex<()>,
     /// This host's run in the ledger: owns the worker records it writes, and tells a later
     /// start whether this run is still alive.
-    run: Run,
+    run: Arc<Run>,
     starter: Box<dyn Starter>,
     /// Whether this host takes over conversations whose owner's run is over, with what
     /// was forwarded to them.
@@ -189,7 +191,7 @@ impl Context {
             }
             None => None,
         };
-        let run = services.ledger.begin_run().await?;
+        let run = Arc::new(services.ledger.begin_run().await?);
         let stale = services.ledger.mark_interrupted_workers().await?;
         let (events, receiver) = EventSink::new();
         let mut found_at_start = Vec::new();
@@ -205,16 +207,29 @@ impl Context {
         let dispatcher = Dispatcher::new(provider, config.limits.dispatch.clone());
         let catalog = Arc::new(ToolCatalog::new(&registry, &config.policy));
         let workspace = config.agent.workspace.clone();
+        let redactor = registry.host().network().secrets().redactor().clone();
         let router = Arc::new(ToolRouter::new(registry, catalog, workspace));
+        let supervisor = Arc::<Supervisor>::default();
+        let reporter = Arc::new(Reporter::new(ReporterParts {
+            events,
+            redactor,
+            run: run.clone(),
+            supervisor: supervisor.clone(),
+            memory: services.memory.clone(),
+            sessions: services.sessions.clone(),
+            store_retry: config.limits.store_retry,
+        }));
+        let limit = config.limits.max_workers_per_channel;
+        let workers = WorkerRecords::new(services.ledger.clone(), run.id(), limit);
         let ctx = Arc::new(Context {
             config,
             router,
             services,
             dispatcher,
-            supervisor: Arc::default(),
-            events,
+            supervisor,
+            reporter,
+            workers,
             reservations: Arc::default(),
-            notification_index: NotificationIndex::default(),
             opening: tokio::sync::Mutex::default(),
             run,
             starter,
@@ -263,73 +278,6 @@ impl Context {
         });
     }
 
-    /// Reports `event` to the observers of the event stream.
-    pub(crate) fn emit(&self, event: Event) {
-        self.events.emit(event.redacted(self.redactor()));
-    }
-
-    /// Reports `event` of a conversation's work: to the observers, and to the exchanges
-    /// that follow that work (`to`).
-    pub(crate) fn emit_to(&self, to: &Scope, event: Event) {
-        let event = event.redacted(self.redactor());
-        to.send(&ReplyPart::Activity(event.clone()));
-        self.events.emit(event);
-    }
-
-    /// What hides every value the host holds (secrets, tokens, the provider's key) in what
-    /// it tells anyone: events, replies, answers left for other hosts.
-    pub(crate) fn redactor(&self) -> &crate::secrets::Redactor {
-        self.router.registry().host().network().secrets().redactor()
-    }
-
-    /// Delivers `text` as `channel`'s reply (to the exchanges that follow the turn `to`,
-    /// `streamed` saying whether they had its text as it was written), unless this host's lease is
-    /// not live: then another host may answer the conversation, and a reply from here
-    /// would contradict it. The text delivered (redacted), if it was.
-    pub(crate) fn deliver_reply(
-        &self,
-        channel: &ProcessId,
-        to: &Scope,
-        text: String,
-        streamed: bool,
-    ) -> Option<String> {
-        if !self.run.is_live() {
-            self.emit_to(
-                to,
-                Event::TurnSuppressed {
-                    process: channel.clone(),
-                    reason: format!(
-                        "a reply was not delivered: this host's {} lease is not live",
-                        self.run.id()
-                    ),
-                },
-            );
-            return None;
-        }
-        let text = self.redactor().redact_owned(text);
-        to.reply(&text, streamed);
-        self.emit(Event::Reply {
-            channel: channel.clone(),
-            text: text.clone(),
-        });
-        Some(text)
-    }
-
-    /// Reports that a request of `process` (whose work `to` is) got no answer (a
-    /// suppressed turn is not a failure: someone else answers).
-    pub(crate) fn model_failed(&self, to: &Scope, process: &ProcessId, err: &TurnError) {
-        if matches!(err.reason, Unanswered::Suppressed(_)) {
-            return;
-        }
-        self.emit_to(
-            to,
-            Event::ModelFailed {
-                process: process.clone(),
-                error: err.to_string(),
-            },
-        );
-    }
-
     /// A fresh id such as `worker:3`, numbered by the ledger's persisted counter, so no
     /// id repeats across runs or across hosts sharing the services.
     pub(crate) async fn new_id(&self, kind: ProcessKind) -> Result<ProcessId, ServiceError> {
@@ -359,7 +307,7 @@ impl Context {
             ticket,
             route,
             process: id,
-            events: &self.events,
+            events: self.reporter.events(),
             system,
             tools,
             max_turns: self.config.limits.max_turns,
@@ -505,13 +453,13 @@ impl Context {
             Err(err) => {
                 // Kept on disk before any exchange hears it is not yet stored.
                 let kept = self.spill_history(id, history).await;
-                let error = self.redactor().redact_owned(err.to_string());
+                let error = self.reporter.redactor().redact_owned(err.to_string());
                 // Reported when the store starts refusing, not at every try after.
                 if !handle.audience.not_stored(&error, kept) {
                     tracing::debug!(conversation = %id, "the store still refuses the history: {error}");
                     return saved;
                 }
-                self.emit_to(
+                self.reporter.emit_to(
                     &handle.audience.everyone(),
                     Event::HistoryNotSaved {
                         channel: id.clone(),
@@ -531,11 +479,11 @@ impl Context {
             .iter()
             .map(|m| {
                 let row = serde_json::to_string(m).expect("messages serialize");
-                if matches!(self.redactor().redact(&row), Cow::Borrowed(_)) {
+                if matches!(self.reporter.redactor().redact(&row), Cow::Borrowed(_)) {
                     return row;
                 }
                 let mut row = serde_json::to_value(m).expect("messages serialize");
-                self.redactor().redact_json(&mut row);
+                self.reporter.redactor().redact_json(&mut row);
                 row.to_string()
             })
             .collect()

@@ -82,7 +82,7 @@ async fn mark_lost_workers(ctx: &Context) {
                 // No exchange waits on it here: its host is gone. Its conversation hears
                 // of it through the store.
                 tracing::warn!(worker = %worker.id, "a worker of a host that stopped is marked {}", worker.state);
-                ctx.emit(Event::WorkerEnded {
+                ctx.reporter.emit(Event::WorkerEnded {
                     worker: worker.id,
                     state: worker.state,
                     outcome: worker.outcome.unwrap_or_default(),

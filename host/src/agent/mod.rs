@@ -27,7 +27,7 @@ mod notifications;
 mod process_calls;
 mod prompts;
 mod repeats;
-mod reports;
+mod reporter;
 mod reservations;
 mod runtime;
 mod spill;
@@ -37,6 +37,7 @@ mod supervisor;
 mod tool_calls;
 mod turn;
 mod worker;
+mod worker_records;
 
 pub use context::{ConversationError, OwnedElsewhere, SpawnOutcome};
 pub use events::{Event, TurnEnding};

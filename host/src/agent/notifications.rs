@@ -36,6 +36,12 @@ impl NotificationKind {
             NotificationKind::InputRequired => "input-required",
         }
     }
+
+    /// Whether a report of this kind is its process's last: a worker that asks for input
+    /// goes on, and reports again.
+    pub(crate) fn is_last(self) -> bool {
+        self != NotificationKind::InputRequired
+    }
 }
 
 impl fmt::Display for NotificationKind {

@@ -57,7 +57,7 @@ pub(crate) fn answer_repeated(
     let stored = || {
         stored_answer(history, &key)
             .into_iter()
-            .map(|reply| ctx.redactor().redact_owned(reply))
+            .map(|reply| ctx.reporter.redactor().redact_owned(reply))
             .collect()
     };
     if let Some(listener) = exchange {
@@ -67,8 +67,7 @@ pub(crate) fn answer_repeated(
         // The host that forwarded it waits for an answer, as for the first.
         let (listener, mut relay) = Exchange::new(Some(key.clone()));
         audience.repeat(listener, stored);
-        let sessions = ctx.services.sessions.clone();
-        let redactor = ctx.redactor().clone();
+        let reporter = ctx.reporter.clone();
         tokio::spawn(async move {
             let mut replies = Vec::new();
             let mut end = End::Lost;
@@ -79,10 +78,8 @@ pub(crate) fn answer_repeated(
                     _ => {}
                 }
             }
-            let answer = answer_of(&replies, &end, &redactor);
-            if let Err(err) = sessions.answer(number, &answer).await {
-                tracing::warn!(forwarded = %number, "cannot leave the answer for the host that forwarded the message again: {err}");
-            }
+            let answer = answer_of(&replies, &end, reporter.redactor());
+            reporter.answer_forwarded(vec![(number, answer)]).await;
         });
     }
 }

@@ -242,7 +242,7 @@ impl Runtime {
                 // Only the sessions: the wait holds nothing of the runtime, so a stop of
                 // this host is never held up by an answer still to come.
                 let sessions = self.ctx.services.sessions.clone();
-                let redactor = self.ctx.redactor().clone();
+                let redactor = self.ctx.reporter.redactor().clone();
                 let stopping = self.stopping.clone();
                 tokio::spawn(async move {
                     let owner = elsewhere.owner;
@@ -297,7 +297,7 @@ impl Runtime {
             .forward(&id.session(), &message)
             .await
             .map_err(ConversationError::Session)?;
-        self.ctx.emit(Event::Forwarded {
+        self.ctx.reporter.emit(Event::Forwarded {
             channel: id.clone(),
             owner,
         });
@@ -358,6 +358,8 @@ impl Runtime {
     /// Starts a worker on `task` for channel `channel`, unless a live worker already has
     /// the same task (compared normalized), in which case nothing starts and the existing
     /// worker is named. With `task_number`, the worker is assigned that task on the board.
+    /// No exchange follows it: its report goes into a turn of the channel's own, seen on
+    /// the event stream and in the history.
     pub async fn spawn_worker(
         &self,
         channel: &str,
@@ -389,7 +391,8 @@ impl Runtime {
     /// Sends `message` to worker `id`: a waiting worker takes it as its answer, a running
     /// one at its next turn boundary. False if no such worker is running; a message
     /// accepted here is delivered, or reported to the channel as not delivered if the
-    /// worker ends first.
+    /// worker ends first. Any conversation's worker: this is the operator's way in (a
+    /// conversation's model reaches only its own workers).
     pub fn route_to_worker(&self, id: &ProcessId, message: &str) -> bool {
         self.ctx.supervisor.route_to_worker(id, message)
     }

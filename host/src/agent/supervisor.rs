@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, mpsc};
 
 use super::inbox::{ChannelHandle, ChannelInput};
-use crate::ids::ProcessId;
+use crate::ids::{ProcessId, ProcessKind};
 
 /// The processes alive now, by id.
 #[derive(Default)]
@@ -49,6 +49,8 @@ pub struct TooManyConversations {
 
 /// The way into a running worker.
 pub(crate) struct WorkerHandle {
+    /// The conversation it works for.
+    pub(crate) channel: ProcessId,
     pub(crate) inbox: mpsc::UnboundedSender<String>,
     pub(crate) cancel: Arc<Notify>,
     /// Set before `cancel` is notified when the host is stopping rather than the
@@ -121,17 +123,65 @@ impl Supervisor {
 
     /// Sends `message` to worker `id`; false if no such worker is running.
     pub(crate) fn route_to_worker(&self, id: &ProcessId, message: &str) -> bool {
+        self.route(id, message, |_| true)
+    }
+
+    /// Sends `message` to worker `id` of conversation `from` (any conversation's if `from`
+    /// is the admin chat), first calling `routing`, so that who follows the routing turn
+    /// hears all the worker does with it; false if no such worker is running.
+    pub(crate) fn route_from(
+        &self,
+        from: &ProcessId,
+        id: &ProcessId,
+        message: &str,
+        routing: impl FnOnce(),
+    ) -> bool {
+        self.route(id, message, |worker| {
+            let reached = reaches(from, worker);
+            if reached {
+                routing();
+            }
+            reached
+        })
+    }
+
+    /// Sends `message` to worker `id` if `admit` admits it.
+    fn route(
+        &self,
+        id: &ProcessId,
+        message: &str,
+        admit: impl FnOnce(&WorkerHandle) -> bool,
+    ) -> bool {
         // Under the registry lock: a worker leaves the registry before it drains its
         // inbox, so every accepted message is either taken or drained.
         // A waiting worker counts again from the moment its answer is queued.
         let workers = self.workers.lock().unwrap();
-        workers.get(id).is_some_and(|worker| {
-            let sent = worker.inbox.send(message.to_owned()).is_ok();
-            if sent {
-                worker.pending.resume();
-            }
-            sent
-        })
+        workers
+            .get(id)
+            .filter(|worker| admit(worker))
+            .is_some_and(|worker| {
+                let sent = worker.inbox.send(message.to_owned()).is_ok();
+                if sent {
+                    worker.pending.resume();
+                }
+                sent
+            })
+    }
+
+    /// Calls `follow` if worker `id` of conversation `of` is running (under the registry
+    /// lock, so it reports after the call); whether it was.
+    pub(crate) fn follow_worker(
+        &self,
+        of: &ProcessId,
+        id: &ProcessId,
+        follow: impl FnOnce(),
+    ) -> bool {
+        let workers = self.workers.lock().unwrap();
+        let running = workers.get(id).is_some_and(|worker| &worker.channel == of);
+        if running {
+            follow();
+        }
+        running
     }
 
     /// Pauses a waiting worker's `pending` count unless a message is already queued in its
@@ -150,7 +200,17 @@ impl Supervisor {
 
     /// Cancels worker `id`; false if no such worker is running.
     pub(crate) fn cancel_worker(&self, id: &ProcessId) -> bool {
-        match self.workers.lock().unwrap().get(id) {
+        self.cancel(id, |_| true)
+    }
+
+    /// Cancels worker `id` of conversation `from` (any conversation's if `from` is the
+    /// admin chat); false if no such worker is running.
+    pub(crate) fn cancel_from(&self, from: &ProcessId, id: &ProcessId) -> bool {
+        self.cancel(id, |worker| reaches(from, worker))
+    }
+
+    fn cancel(&self, id: &ProcessId, admit: impl FnOnce(&WorkerHandle) -> bool) -> bool {
+        match self.workers.lock().unwrap().get(id).filter(|w| admit(w)) {
             Some(worker) => {
                 worker.cancel.notify_one();
                 true
@@ -217,6 +277,12 @@ impl Pending {
             self.channel.add_pending();
         }
     }
+}
+
+/// Whether conversation `from` may route to or cancel `worker`: its own workers, or any
+/// worker for the admin chat. A channel never reaches another conversation's work.
+fn reaches(from: &ProcessId, worker: &WorkerHandle) -> bool {
+    &worker.channel == from || from.kind() == ProcessKind::Cortex
 }
 
 /// Runs the process `start` makes, for `channel`, in a task of its own. It counts in the

@@ -99,7 +99,7 @@ impl<'a> ProcessTools<'a> {
                         process: self.caller.clone(),
                         tool: name.to_owned(),
                     };
-                    self.ctx.emit_to(self.scope, called);
+                    self.ctx.reporter.emit_to(self.scope, called);
                 })
             }
         };
@@ -123,7 +123,7 @@ impl<'a> ProcessTools<'a> {
                 error,
             },
         };
-        self.ctx.emit_to(self.scope, event);
+        self.ctx.reporter.emit_to(self.scope, event);
         shown
     }
 }
@@ -183,11 +183,17 @@ impl Context {
             SpawnOutcome::Spawned { worker } => {
                 json!({ "spawned": true, "worker": worker, "task_number": args.task_number })
             }
-            SpawnOutcome::Duplicate { existing } => json!({
+            SpawnOutcome::Duplicate { existing } => {
+                // Who waits on this work hears that worker's end too, if it is this
+                // conversation's and still running here.
+                let following = || origin.include(&existing);
+                self.supervisor.follow_worker(channel, &existing, following);
+                json!({
                 "spawned": false,
                 "existing_worker": existing,
                 "hint": format!("{existing} is already on this task; use route to send it more input"),
-            }),
+                })
+            }
         }
         .to_string())
     }

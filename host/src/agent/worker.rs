@@ -101,19 +101,17 @@ async fn run(
     ctx.supervisor.worker_started(
         &spec.id,
         WorkerHandle {
+            channel: spec.channel.clone(),
             inbox: inbox_tx,
             cancel: cancel.clone(),
             interrupted: interrupted.clone(),
             pending: pending.clone(),
         },
     );
-    let (id, channel_id) = (&spec.id, &spec.channel);
-    let ledger = &ctx.services.ledger;
+    let (id, records) = (&spec.id, &ctx.workers);
     // Admitted here by the host's own count, and by the store's among the hosts.
-    let limit = ctx.config.limits.max_workers_per_channel;
-    let recorded = ledger.admit_worker(ctx.run_id(), id, channel_id, &spec.task, limit);
-    let recorded = recorded.await;
-    ctx.emit_to(
+    let recorded = records.admit(id, &spec.channel, &spec.task).await;
+    ctx.reporter.emit_to(
         &channel.audience.of(&spec.id),
         Event::WorkerStarted {
             worker: spec.id.clone(),
@@ -136,7 +134,7 @@ async fn run(
         )
         .await;
         // The task is free again on every host: no worker of it ever ran.
-        let _ = ledger.release_task(reservation.key(), id).await;
+        let _ = records.release_task(reservation.key(), id).await;
         return;
     }
 
@@ -169,7 +167,7 @@ async fn run(
     };
     finish(&ctx, &spec, &channel, ended, undelivered).await;
     // Free for a worker of any host now, not only once the end is seen.
-    if let Err(err) = ledger.release_task(reservation.key(), id).await {
+    if let Err(err) = records.release_task(reservation.key(), id).await {
         tracing::warn!(worker = %spec.id, "cannot release the worker's task among the hosts (it is free anyway once its end is stored): {err}");
     }
 }
@@ -209,13 +207,12 @@ async fn finish(
         recorded,
     } = ended;
     if recorded {
-        let ledger = &ctx.services.ledger;
-        let stored = ledger.set_worker_state(&spec.id, state, Some(&outcome));
+        let stored = ctx.workers.set_state(&spec.id, state, Some(&outcome));
         if let Err(err) = stored.await {
             tracing::error!(worker = %spec.id, "cannot record the worker's end: {err}");
         }
     }
-    ctx.emit_to(
+    ctx.reporter.emit_to(
         &channel.audience.of(&spec.id),
         Event::WorkerEnded {
             worker: spec.id.clone(),
@@ -249,7 +246,8 @@ async fn tell(
     text: String,
 ) {
     let requester = spec.requester.as_ref();
-    ctx.tell(&spec.channel, channel, &spec.id, requester, kind, text)
+    ctx.reporter
+        .tell(&spec.channel, channel, &spec.id, requester, kind, text)
         .await;
 }
 
@@ -290,13 +288,13 @@ async fn work(
         let reported = host_tools.reported.lock().unwrap().take();
         let (state, message) = match (end, reported) {
             (Err(err), _) => {
-                ctx.model_failed(&scope, &spec.id, &err);
+                ctx.reporter.model_failed(&scope, &spec.id, &err);
                 return (WorkerState::Failed, format!("the model failed: {err}"));
             }
             (Ok(TurnEnd::Injected(messages)), _) => {
                 // Stopped at a boundary with every call answered: add the messages and go
                 // on. Not a retry, so it uses no budget of any kind.
-                ctx.emit_to(
+                ctx.reporter.emit_to(
                     &scope,
                     Event::InjectionDelivered {
                         worker: spec.id.clone(),
@@ -326,7 +324,7 @@ async fn work(
                     format!("asked for input, but is not interactive: {message}"),
                 );
             }
-            ctx.emit_to(
+            ctx.reporter.emit_to(
                 &scope,
                 Event::WorkerWaiting {
                     worker: spec.id.clone(),
@@ -335,10 +333,7 @@ async fn work(
             );
             if routed.is_empty() {
                 let waiting = WorkerState::WaitingForInput;
-                let recorded = ctx
-                    .services
-                    .ledger
-                    .set_worker_state(&spec.id, waiting, None);
+                let recorded = ctx.workers.set_state(&spec.id, waiting, None);
                 if let Err(err) = recorded.await {
                     tracing::error!(worker = %spec.id, "cannot record the worker's state: {err}");
                 }
@@ -365,10 +360,7 @@ async fn work(
                     None => return (WorkerState::Cancelled, "its channel closed".into()),
                 }
                 let running = WorkerState::Running;
-                let recorded = ctx
-                    .services
-                    .ledger
-                    .set_worker_state(&spec.id, running, None);
+                let recorded = ctx.workers.set_state(&spec.id, running, None);
                 if let Err(err) = recorded.await {
                     tracing::error!(worker = %spec.id, "cannot record the worker's state: {err}");
                 }
@@ -409,7 +401,7 @@ impl WorkerTools<'_> {
         };
         let state = match args.state {
             ReportedState::Progress => {
-                self.ctx.emit_to(
+                self.ctx.reporter.emit_to(
                     self.scope,
                     Event::WorkerProgress {
                         worker: self.id.clone(),

@@ -368,8 +368,8 @@ impl ChatCommand {
             }
         });
         // Each line goes in as it is typed, even while workers run: a follow-up for a busy
-        // worker can be routed to it. Replies show as they come, each message's after the
-        // earlier ones'.
+        // worker can be routed to it. Replies show as they come, whichever message's work
+        // they are.
         let session = Session::start(&runtime, &conversation);
         let stop = until_stopped(&runtime, async {
             while let Some(line) = lines.recv().await {

@@ -46,8 +46,8 @@ enum Queued {
     Mark(oneshot::Sender<()>),
 }
 
-/// The exchanges of one session with one conversation, opened and followed in the order
-/// their messages were sent.
+/// The exchanges of one session with one conversation, opened in the order their messages
+/// were sent and followed all at once.
 pub(crate) struct Session {
     outgoing: mpsc::UnboundedSender<Outgoing>,
     opener: JoinHandle<()>,
@@ -123,6 +123,8 @@ struct Following {
     done: Option<oneshot::Sender<()>>,
     /// Whether its message went to another host.
     forwarded: bool,
+    /// The last numbered part it brought.
+    last: Option<PartNumber>,
 }
 
 /// Shows the exchanges `queued` as their parts come, until the queue closes and each
@@ -143,7 +145,7 @@ async fn follow(mut queued: mpsc::UnboundedReceiver<Queued>) -> Tally {
                 Some(Queued::Exchange(Ok(mut exchange), done)) => {
                     let (number, parts_tx) = (sent, parts_tx.clone());
                     sent += 1;
-                    open.insert(number, Following { done, forwarded: false });
+                    open.insert(number, Following { done, forwarded: false, last: None });
                     tokio::spawn(async move {
                         while let Some(part) = exchange.next_numbered().await {
                             let _ = parts_tx.send((number, part));
@@ -177,6 +179,9 @@ async fn follow(mut queued: mpsc::UnboundedReceiver<Queued>) -> Tally {
 struct Shown {
     /// The numbered parts shown, while any exchange is under way.
     numbers: HashSet<PartNumber>,
+    /// The store's refusal last said: each exchange under way hears it, and it is said
+    /// once.
+    unstored: Option<String>,
     /// Whether a reply is being written on the current line, as it streams.
     streaming: bool,
     /// Whether text streamed since the last reply: a reply that says it was streamed was
@@ -199,6 +204,10 @@ impl Shown {
             return;
         };
         if let ReplyPart::End(end) = part {
+            if end == End::Complete {
+                // The store took the history: a refusal from now on is news.
+                self.unstored = None;
+            }
             self.end_line();
             self.ended(&end, following.forwarded);
             if let Some(done) = open.remove(&number).and_then(|f| f.done) {
@@ -210,11 +219,29 @@ impl Shown {
             }
             return;
         }
-        if part_number.is_some_and(|n| !self.numbers.insert(n)) {
-            return;
+        if let Some(n) = part_number {
+            following.last = Some(n);
+            if !self.numbers.insert(n) {
+                return;
+            }
         }
         following.forwarded |= matches!(part, ReplyPart::Activity(Event::Forwarded { .. }));
+        if part_number.is_some() {
+            self.forget_past(open);
+        }
         self.show(part);
+    }
+
+    /// Forgets the numbers no exchange under way can bring again (each brings its parts
+    /// in order), once there are many.
+    fn forget_past(&mut self, open: &BTreeMap<usize, Following>) {
+        if self.numbers.len() < 4096 {
+            return;
+        }
+        let floor = open.values().map(|f| f.last).min().flatten();
+        if let Some(floor) = floor {
+            self.numbers.retain(|&n| n > floor);
+        }
     }
 
     /// Counts and says how an exchange ended, if it failed (`forwarded`: its message went
@@ -284,6 +311,10 @@ impl Shown {
                 crate::say!("  sent before with key {key}: its answer follows");
             }
             ReplyPart::NotYetStored { error, .. } => {
+                if self.unstored.as_ref() == Some(&error) {
+                    return;
+                }
+                self.unstored = Some(error.clone());
                 self.end_line();
                 crate::say!(
                     "  not yet stored: {}; the host keeps it and writes it again",

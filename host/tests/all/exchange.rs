@@ -672,3 +672,76 @@ async fn two_messages_at_once_through_the_doors_each_get_their_own_answer_and_ne
         "{body}"
     );
 }
+
+#[tokio::test]
+async fn the_answer_to_a_workers_question_is_followed_to_the_workers_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::defaults(dir.path());
+    config.provider = ProviderSettings::Scripted { script: None };
+    let (provider, requests) = crate::support::Gated::new();
+    let (rt, _events) = crate::support::agent_runtime(config, provider, false).await;
+    let mut held = crate::support::Held::new(requests);
+
+    // The first message starts an interactive worker, which asks a question.
+    let first = rt
+        .exchange(&main_channel(), "run the survey")
+        .await
+        .unwrap();
+    let first = tokio::spawn(all_parts(first));
+    held.next_where(|p| p.holds("run the survey")).await.call(
+        "spawn_worker",
+        json!({"task": "the survey", "interactive": true}),
+    );
+    held.next_where(|p| p.holds("the survey")).await.call(
+        "set_status",
+        json!({"state": "waiting", "message": "Which color?"}),
+    );
+    held.next_where(|p| p.holds("run the survey"))
+        .await
+        .reply("The survey has started.");
+    held.next_where(|p| p.mentions("Which color?"))
+        .await
+        .reply("The survey asks: which color?");
+    // Its exchange ends once the conversation waits on the user.
+    let first = first.await.unwrap();
+    assert_eq!(
+        replies(&first),
+        ["The survey has started.", "The survey asks: which color?"]
+    );
+    assert_eq!(first.last(), Some(&ReplyPart::End(End::Complete)));
+
+    // The answer, routed to the worker: its exchange follows the worker to its end.
+    let second = rt.exchange(&main_channel(), "blue").await.unwrap();
+    let second = tokio::spawn(all_parts(second));
+    held.next_where(|p| p.holds("blue") && !p.holds("the survey"))
+        .await
+        .call("route", json!({"worker": "worker:1", "message": "blue"}));
+    held.next_where(|p| p.holds("the survey") && p.holds("blue"))
+        .await
+        .call(
+            "set_status",
+            json!({"state": "done", "message": "the color is blue"}),
+        );
+    held.next_where(|p| {
+        p.holds("blue") && !p.holds("the survey") && !p.mentions("the color is blue")
+    })
+    .await
+    .reply("Passed on.");
+    held.next_where(|p| p.mentions("the color is blue") && !p.holds("the survey"))
+        .await
+        .reply("The survey is done: blue.");
+    let second = second.await.unwrap();
+    assert_eq!(
+        replies(&second),
+        ["Passed on.", "The survey is done: blue."]
+    );
+    assert_eq!(second.last(), Some(&ReplyPart::End(End::Complete)));
+    assert!(
+        second.iter().any(|p| matches!(
+            p,
+            ReplyPart::Activity(capstan_host::agent::Event::WorkerEnded { .. })
+        )),
+        "{second:?}"
+    );
+    rt.shutdown();
+}

@@ -6,6 +6,7 @@
 
 mod cache;
 mod cli_input;
+mod conversations;
 mod deadline;
 mod describe;
 mod fuzz;

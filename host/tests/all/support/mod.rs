@@ -357,6 +357,14 @@ impl Pending {
         self.request.messages.iter().any(|m| m.content == text)
     }
 
+    /// Whether any of the request's messages contains `text`.
+    pub fn mentions(&self, text: &str) -> bool {
+        self.request
+            .messages
+            .iter()
+            .any(|m| m.content.contains(text))
+    }
+
     /// How many of the request's messages are exactly `text`.
     pub fn count(&self, text: &str) -> usize {
         self.request
@@ -393,6 +401,41 @@ impl Pending {
         let _ = self
             .answer
             .send(Err(ProviderError::ScriptExhausted(why.to_owned())));
+    }
+}
+
+/// The requests a [`Gated`] provider holds, taken in the order a test wants them rather
+/// than the order they came in (two processes asking at once come in either order).
+pub struct Held {
+    requests: mpsc::UnboundedReceiver<Pending>,
+    stash: Vec<Pending>,
+}
+
+impl Held {
+    /// The requests that come in on `requests`.
+    pub fn new(requests: mpsc::UnboundedReceiver<Pending>) -> Self {
+        Held {
+            requests,
+            stash: Vec::new(),
+        }
+    }
+
+    /// The first request held that `matches`, waiting for it; the others stay held.
+    pub async fn next_where(&mut self, matches: impl Fn(&Pending) -> bool) -> Pending {
+        if let Some(at) = self.stash.iter().position(&matches) {
+            return self.stash.remove(at);
+        }
+        loop {
+            let pending = self
+                .requests
+                .recv()
+                .await
+                .expect("the agent asks the model");
+            if matches(&pending) {
+                return pending;
+            }
+            self.stash.push(pending);
+        }
     }
 }
 
