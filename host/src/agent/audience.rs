@@ -469,16 +469,23 @@ mod tests {
         assert!(audience.is_empty());
     }
 
-    #[test]
-    fn an_exchange_follows_the_workers_its_turn_started_into_the_turn_that_takes_their_report() {
+    /// An audience whose first turn took a message in, started `worker` and replied
+    /// `replied`: the audience and that message's exchange.
+    fn started(worker: &ProcessId, replied: &str) -> (Audience, Exchange) {
         let audience = Audience::default();
-        let worker = pid("worker:1");
-        let (first, mut first_exchange) = Exchange::new(None);
+        let (first, first_exchange) = Exchange::new(None);
         let one = audience.next_turn();
         one.attach(first);
-        one.include(&worker);
-        one.reply("on it", false);
+        one.include(worker);
+        one.reply(replied, false);
         one.over();
+        (audience, first_exchange)
+    }
+
+    #[test]
+    fn an_exchange_follows_the_workers_its_turn_started_into_the_turn_that_takes_their_report() {
+        let worker = pid("worker:1");
+        let (audience, mut first_exchange) = started(&worker, "on it");
         // A second message, while the first one's worker works: its own turn, its own
         // answer, none of the worker's activity, and it ends while the worker goes on.
         let (second, mut second_exchange) = Exchange::new(None);
@@ -513,13 +520,9 @@ mod tests {
 
     #[test]
     fn a_worker_that_asks_for_input_is_still_followed_until_its_last_report() {
-        let audience = Audience::default();
         let worker = pid("worker:1");
-        let (first, mut first_exchange) = Exchange::new(None);
-        let one = audience.next_turn();
-        one.attach(first);
-        one.include(&worker);
-        one.over();
+        let (audience, mut first_exchange) = started(&worker, "on it");
+        assert_eq!(first_exchange.sent_so_far(), [reply("on it")]);
         // The question is taken in; the worker goes on once answered.
         let two = audience.next_turn();
         two.took_report(&worker, false);

@@ -131,7 +131,10 @@ pub(crate) async fn run(
             Some(Next::Input(first)) => first,
             Some(Next::StoreAgain) => {
                 // Kept in memory while the store refused it: written whole, in order.
-                let stored = ctx.save_history(&name, &handle, &history, 0).await;
+                let stored = ctx
+                    .conversations
+                    .save_history(&name, &handle, &history, 0)
+                    .await;
                 (rewrite, transient) = (stored.is_err(), stored.is_err_and(|e| e.is_transient()));
                 if !rewrite {
                     ctx.reporter
@@ -270,7 +273,10 @@ pub(crate) async fn run(
         rewrite |= history.len() < saved;
         let from = if rewrite { 0 } else { saved };
         // A failed save is reported; the next one rewrites the whole history.
-        let stored = ctx.save_history(&name, &handle, &history, from).await;
+        let stored = ctx
+            .conversations
+            .save_history(&name, &handle, &history, from)
+            .await;
         (rewrite, transient) = (stored.is_err(), stored.is_err_and(|e| e.is_transient()));
         saved = history.len();
         // Its exchanges end now if the store took the history, else once it does.
@@ -296,7 +302,8 @@ pub(crate) async fn run(
     };
     // Noted before the exchanges hear it, so a door that heard it finds it in the report.
     if let Err(error) = &flushed {
-        ctx.not_saved_at_stop(&name, &history, error.clone());
+        ctx.conversations
+            .not_saved_at_stop(&name, &history, error.clone());
         for (_, answer) in &mut held {
             answer.error = Some(error.clone());
             answer.outcome = crate::services::AnswerOutcome::NotStored;
@@ -346,7 +353,11 @@ async fn flush(
         if attempt > 0 {
             tokio::time::sleep(ctx.config.limits.store_retry).await;
         }
-        match ctx.save_history(name, handle, history, 0).await {
+        match ctx
+            .conversations
+            .save_history(name, handle, history, 0)
+            .await
+        {
             Ok(()) => return Ok(()),
             Err(err) => last = ctx.reporter.redactor().redact_owned(err.to_string()),
         }

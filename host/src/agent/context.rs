@@ -1,6 +1,8 @@
 //! [`Context`]: what the processes of one agent share, and everything a process may ask of
-//! the runtime: its config, the model gate, the services and the event stream; starting,
-//! reaching and reporting to other processes.
+//! the runtime: its config, the model gate, the tool router; its handles for telling what
+//! it does ([`Reporter`]), for its conversation's store ([`Conversations`]) and for a
+//! worker's records ([`WorkerRecords`]); starting and reaching other processes. No process
+//! reaches into the services behind the handles.
 //!
 //! Processes (channel, branch, worker, compactor) depend on this module and on the modules
 //! below it, never on each other's modules (but for the channel running the compactor
@@ -8,18 +10,17 @@
 //! process is the one thing that needs the process modules; the runtime hands the context
 //! a [`Starter`] that does it.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
 use super::audience::Scope;
+use super::conversations::Conversations;
 use super::events::{Event, EventSink};
 use super::inbox::{ChannelHandle, ChannelInput};
-use super::reporter::{Reporter, ReporterParts};
+use super::reporter::{Audiences, Reporter};
 use super::reservations::{Reservation, TaskReservations, task_key};
 use super::spill::Spill;
-use super::stop::{NotSaved, StopLedger};
 use super::supervisor::{ShuttingDown, Supervisor, TooManyConversations};
 use super::turn::Turn;
 use super::worker_records::WorkerRecords;
@@ -29,18 +30,16 @@ use crate::ids::ProcessId;
 use crate::llm::{Message, Provider, ToolDef};
 use crate::plugin::Registry;
 use crate::policy::ProcessKind;
-use crate::services::{Claim, Run, RunId, ServiceError, Services, TaskPatch, WorkerState};
+use crate::services::{Run, RunId, ServiceError, Services, TaskPatch, WorkerState};
 use crate::tools::{ToolCatalog, ToolRouter};
-
-/// The least a save of a history may take before its exchanges hear the store is slow,
-/// whatever `limits.unstored_reply_secs` says: a healthy store never takes this long.
-const SLOW_SAVE_MIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the processes of one agent share.
 pub(crate) struct Context {
     pub(crate) config: Config,
     /// Where each tool call goes, and which tools each kind is offered.
     pub(crate) router: Arc<ToolRouter>,
+    /// The services, for starting processes and for the runtime; processes use the
+    /// handles below.
     pub(crate) services: Services,
     pub(crate) dispatcher: Dispatcher,
     /// Which processes are alive.
@@ -49,6 +48,8 @@ pub(crate) struct Context {
     pub(crate) reporter: Arc<Reporter>,
     /// What workers write of themselves in the ledger.
     pub(crate) workers: WorkerRecords,
+    /// What conversations ask of the store.
+    pub(crate) conversations: Conversations,
     /// Task descriptions held by live workers.
     pub(crate) reservations: Arc<TaskReservations>,
     /// Held while a conversation is opened: its history is read before it is registered,
@@ -61,11 +62,6 @@ pub(crate) struct Context {
     /// Whether this host takes over conversations whose owner's run is over, with what
     /// was forwarded to them.
     pub(crate) adopts: std::sync::atomic::AtomicBool,
-    /// The conversations whose history the store had not taken when they stopped, with
-    /// its last error.
-    pub(crate) stop: StopLedger,
-    /// `store.spill_file`: where histories the store refused are kept besides memory.
-    pub(crate) spill: Option<Arc<Spill>>,
     /// What the start found of runs that ended before it (their workers, interrupted):
     /// no exchange waits on it, so a door shows it as it starts.
     pub(crate) found_at_start: Vec<Event>,
@@ -210,17 +206,20 @@ impl Context {
         let redactor = registry.host().network().secrets().redactor().clone();
         let router = Arc::new(ToolRouter::new(registry, catalog, workspace));
         let supervisor = Arc::<Supervisor>::default();
-        let reporter = Arc::new(Reporter::new(ReporterParts {
+        let audiences = Audiences {
             events,
-            redactor,
-            run: run.clone(),
             supervisor: supervisor.clone(),
             memory: services.memory.clone(),
             sessions: services.sessions.clone(),
-            store_retry: config.limits.store_retry,
-        }));
+        };
+        let retry = config.limits.store_retry;
+        let reporter = Arc::new(Reporter::new(audiences, redactor, run.clone(), retry));
         let limit = config.limits.max_workers_per_channel;
         let workers = WorkerRecords::new(services.ledger.clone(), run.id(), limit);
+        let stores = (services.history.clone(), services.sessions.clone());
+        let unstored_reply = config.limits.unstored_reply;
+        let conversations =
+            Conversations::new(stores, reporter.clone(), run.clone(), unstored_reply, spill);
         let ctx = Arc::new(Context {
             config,
             router,
@@ -229,13 +228,12 @@ impl Context {
             supervisor,
             reporter,
             workers,
+            conversations,
             reservations: Arc::default(),
             opening: tokio::sync::Mutex::default(),
             run,
             starter,
             adopts: std::sync::atomic::AtomicBool::new(true),
-            stop: StopLedger::default(),
-            spill,
             found_at_start,
         });
         Ok((ctx, receiver))
@@ -249,33 +247,6 @@ impl Context {
     /// This host's run in the ledger.
     pub(crate) fn run(&self) -> &Run {
         &self.run
-    }
-
-    /// Notes that conversation `id` stopped with `history` not stored (the store's last
-    /// `error`): the stop reports it, and whether the spill file holds it.
-    pub(crate) fn not_saved_at_stop(&self, id: &ProcessId, history: &[Message], error: String) {
-        let spilled = self
-            .spill
-            .as_ref()
-            .filter(|_| self.spilled_as_is(id, history))
-            .map(|spill| spill.path().to_owned());
-        match &spilled {
-            Some(spill) => tracing::error!(
-                conversation = %id,
-                "the conversation stopped with its history not stored ({error}); it is kept in \
-                 the spill file {} and stored at the next start",
-                spill.display()
-            ),
-            None => tracing::error!(
-                conversation = %id,
-                "the conversation stopped with its history not stored: {error}"
-            ),
-        }
-        self.stop.not_saved(NotSaved {
-            conversation: id.clone(),
-            error,
-            spilled,
-        });
     }
 
     /// A fresh id such as `worker:3`, numbered by the ledger's persisted counter, so no
@@ -340,27 +311,7 @@ impl Context {
         if let Some(handle) = self.supervisor.channel(id) {
             return Ok(handle);
         }
-        let session = id.session();
-        // Claimed before its history is read: the history of a session this host owns
-        // changes only through this host.
-        let claim = self
-            .services
-            .sessions
-            .claim(&session, self.run.id())
-            .await
-            .map_err(ConversationError::Session)?;
-        let epoch = match claim {
-            Claim::Owned(epoch) => epoch,
-            Claim::OwnedElsewhere(owner) => {
-                return Err(OwnedElsewhere {
-                    conversation: id.clone(),
-                    owner,
-                }
-                .into());
-            }
-        };
-        let history = self.services.history.load_as(&session).await?;
-        let (history, unstored) = self.land_spilled(id, history).await?;
+        let (epoch, history, unstored) = self.conversations.claim(id).await?;
         let limit = self.config.limits.max_open_conversations as usize;
         let handle = self
             .supervisor
@@ -382,111 +333,8 @@ impl Context {
                 Ok(handle)
             })?;
         // What waited for the conversation goes in before anything sent with its opening.
-        self.take_forwarded(id, &handle).await;
+        self.conversations.take_forwarded(id, &handle).await;
         Ok(handle)
-    }
-
-    /// Sends into conversation `id` (through `handle`) what other hosts forwarded to it,
-    /// oldest first. A failure is logged; the next look at the inbox tries again.
-    pub(crate) async fn take_forwarded(&self, id: &ProcessId, handle: &ChannelHandle) {
-        let session = id.session();
-        let taken = self
-            .services
-            .sessions
-            .take_forwarded(&session, self.run.id(), handle.epoch)
-            .await;
-        match taken {
-            Ok(messages) => {
-                for (number, message) in messages {
-                    handle.send(ChannelInput::forwarded(number, message));
-                }
-            }
-            Err(err) => tracing::warn!(
-                conversation = %id,
-                "cannot take what was forwarded to the conversation (trying again soon): {err}"
-            ),
-        }
-    }
-
-    /// Stores `history` of conversation `id` (through `handle`), each message redacted:
-    /// only the messages from `from` on are appended when the store already holds the
-    /// rest; `from == 0` rewrites it all. A failure is reported as
-    /// [`Event::HistoryNotSaved`], told to the exchanges waiting (which end only once a
-    /// save succeeds) and returned, so the caller rewrites the whole history at its next
-    /// save.
-    pub(crate) async fn save_history(
-        &self,
-        id: &ProcessId,
-        handle: &ChannelHandle,
-        history: &[Message],
-        from: usize,
-    ) -> Result<(), ServiceError> {
-        let channel = &id.session();
-        let rows = self.stored_rows(&history[from.min(history.len())..]);
-        let save = async {
-            if from == 0 {
-                self.services.history.replace(channel, rows).await
-            } else {
-                self.services.history.append(channel, rows).await
-            }
-        };
-        // A store that neither takes nor refuses the history (a locked database, a pool
-        // with no free connection) keeps the exchanges waiting no longer than one that
-        // refuses it: they hear it is not yet stored, and the save goes on.
-        let slow_after = self.config.limits.unstored_reply.max(SLOW_SAVE_MIN);
-        tokio::pin!(save);
-        let saved = match tokio::time::timeout(slow_after, &mut save).await {
-            Ok(saved) => saved,
-            Err(_) => {
-                // Kept on disk before any exchange hears it is not yet stored.
-                if self.spill_history(id, history).await {
-                    handle.audience.store_slow(slow_after);
-                }
-                save.await
-            }
-        };
-        match &saved {
-            Ok(()) => {
-                self.release_spilled(id).await;
-                handle.audience.stored(|| handle.is_idle());
-            }
-            Err(err) => {
-                // Kept on disk before any exchange hears it is not yet stored.
-                let kept = self.spill_history(id, history).await;
-                let error = self.reporter.redactor().redact_owned(err.to_string());
-                // Reported when the store starts refusing, not at every try after.
-                if !handle.audience.not_stored(&error, kept) {
-                    tracing::debug!(conversation = %id, "the store still refuses the history: {error}");
-                    return saved;
-                }
-                self.reporter.emit_to(
-                    &handle.audience.everyone(),
-                    Event::HistoryNotSaved {
-                        channel: id.clone(),
-                        error,
-                    },
-                );
-            }
-        }
-        saved
-    }
-
-    /// `messages` as the store keeps them: JSON rows, each redacted field by field (so a
-    /// row stays a message whatever the value), since a value the redactor knows (a
-    /// user's paste, the model's echo) never rests in the store.
-    pub(crate) fn stored_rows(&self, messages: &[Message]) -> Vec<String> {
-        messages
-            .iter()
-            .map(|m| {
-                let row = serde_json::to_string(m).expect("messages serialize");
-                if matches!(self.reporter.redactor().redact(&row), Cow::Borrowed(_)) {
-                    return row;
-                }
-                let mut row = serde_json::to_value(m).expect("messages serialize");
-                self.reporter.redactor().redact_json(&mut row);
-                row.to_string()
-            })
-            .collect()
     }
 
     /// Starts a worker on `task` for conversation `conversation` on behalf of `requester`

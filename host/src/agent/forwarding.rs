@@ -70,7 +70,7 @@ async fn deliver(ctx: &std::sync::Arc<Context>, id: &ProcessId) {
             return;
         }
     };
-    ctx.take_forwarded(id, &handle).await;
+    ctx.conversations.take_forwarded(id, &handle).await;
 }
 
 /// Marks the workers of runs that are over (their hosts died) as interrupted, and

@@ -19,6 +19,7 @@ mod branch;
 mod channel;
 mod compactor;
 mod context;
+mod conversations;
 mod events;
 mod exchange;
 mod forwarding;

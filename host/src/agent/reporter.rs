@@ -38,36 +38,34 @@ pub(crate) struct Reporter {
     notification_index: NotificationIndex,
 }
 
-/// What a [`Reporter`] is made of.
-pub(crate) struct ReporterParts {
+/// Where a [`Reporter`] tells what it tells.
+pub(crate) struct Audiences {
+    /// The event stream's sink.
     pub(crate) events: EventSink,
-    pub(crate) redactor: Redactor,
-    pub(crate) run: Arc<Run>,
+    /// Which conversations and branches are alive.
     pub(crate) supervisor: Arc<Supervisor>,
+    /// Where late reports are kept.
     pub(crate) memory: Arc<dyn Memory>,
+    /// Where the answers of forwarded messages are left.
     pub(crate) sessions: Arc<dyn Sessions>,
-    pub(crate) store_retry: Duration,
 }
 
 impl Reporter {
-    /// A reporter of `parts`.
-    pub(crate) fn new(parts: ReporterParts) -> Self {
-        let ReporterParts {
-            events,
-            redactor,
-            run,
-            supervisor,
-            memory,
-            sessions,
-            store_retry,
-        } = parts;
+    /// A reporter telling `to`, through `redactor`, while `run` is live, leaving an answer
+    /// the store refused for now again every `store_retry`.
+    pub(crate) fn new(
+        to: Audiences,
+        redactor: Redactor,
+        run: Arc<Run>,
+        store_retry: Duration,
+    ) -> Self {
         Reporter {
-            events,
+            events: to.events,
             redactor,
             run,
-            supervisor,
-            memory,
-            sessions,
+            supervisor: to.supervisor,
+            memory: to.memory,
+            sessions: to.sessions,
             store_retry,
             notification_index: NotificationIndex::default(),
         }

@@ -269,13 +269,13 @@ impl Runtime {
     /// refused it to the end), each with the store's last error: a stop that lists any
     /// did not save everything it held. [`Runtime::stop_report`] waits for them all.
     pub fn not_saved(&self) -> Vec<NotSaved> {
-        self.ctx.stop.so_far()
+        self.ctx.conversations.stop.so_far()
     }
 
     /// A report of what a stop could not store, read once every process has ended: take
     /// it before stopping and dropping the runtime.
     pub fn stop_report(&self) -> StopReport {
-        self.ctx.stop.report()
+        self.ctx.conversations.stop.report()
     }
 
     /// Forwards `message` to the inbox of `owner`, the run that answers conversation

@@ -7,12 +7,13 @@
 use std::sync::{Arc, Weak};
 
 use super::context::{Context, ConversationError};
+use super::conversations::Conversations;
 use super::spill::{Spill, SpillError};
 use crate::ids::ProcessId;
 use crate::llm::Message;
 use crate::services::{RunId, ServiceError};
 
-impl Context {
+impl Conversations {
     /// Keeps conversation `id`'s whole `history` in the spill file, if there is one: the
     /// store has not taken it. Whether it is kept as the config says (in the spill file if
     /// there is one, else in memory only): a spill file that cannot be written is logged,
@@ -22,7 +23,7 @@ impl Context {
             return true;
         };
         let rows = self.stored_rows(history);
-        let (run, conversation) = (self.run_id(), id.clone());
+        let (run, conversation) = (self.run.id(), id.clone());
         let kept = blocking(move || spill.keep(&conversation, run, rows)).await;
         if let Err(err) = &kept {
             tracing::error!(
@@ -105,7 +106,7 @@ impl Context {
 
     /// Moves conversation `id`'s spilled history aside (it cannot be stored: `why`) and
     /// reports where it is kept.
-    async fn set_aside(&self, id: &ProcessId, why: &str) -> Result<(), SpillError> {
+    pub(super) async fn set_aside(&self, id: &ProcessId, why: &str) -> Result<(), SpillError> {
         let Some(spill) = self.spill.clone() else {
             return Ok(());
         };
@@ -133,12 +134,14 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Opens every conversation the spill file holds a history of, so that each is written to
-/// the store before this host answers it (see [`Context::land_spilled`]). One that another
+/// the store before this host answers it (see [`Conversations::land_spilled`]). One that another
 /// host answers now is set aside and reported. One still held by the run that spilled it
 /// (a host that stopped before its lease ended) is opened once that lease ends, by a task
 /// of its own; one that cannot be opened yet stays in the spill file for its next opening.
 pub(crate) async fn land_spill(ctx: &Arc<Context>) {
-    let Some(spill) = &ctx.spill else { return };
+    let Some(spill) = &ctx.conversations.spill else {
+        return;
+    };
     for id in spill.conversations() {
         if let Some(spiller) = land(ctx, &id).await {
             tokio::spawn(land_after(Arc::downgrade(ctx), id, spiller));
@@ -149,7 +152,7 @@ pub(crate) async fn land_spill(ctx: &Arc<Context>) {
 /// Opens conversation `id` to land its spilled history; the run that spilled it if that
 /// run still holds it.
 async fn land(ctx: &Arc<Context>, id: &ProcessId) -> Option<RunId> {
-    let spiller = ctx.spill.as_ref()?.history(id)?.run;
+    let spiller = ctx.conversations.spill.as_ref()?.history(id)?.run;
     match ctx.conversation(id).await {
         Ok(_) => None,
         Err(ConversationError::OwnedElsewhere(elsewhere)) if elsewhere.owner == spiller => {
@@ -160,7 +163,7 @@ async fn land(ctx: &Arc<Context>, id: &ProcessId) -> Option<RunId> {
                 "cannot be stored: {} answers the conversation now",
                 elsewhere.owner
             );
-            if let Err(err) = ctx.set_aside(id, &why).await {
+            if let Err(err) = ctx.conversations.set_aside(id, &why).await {
                 tracing::error!(conversation = %id, "the spilled history {why}; it stays in the spill file ({err})");
             }
             None

@@ -486,6 +486,20 @@ fn the_agent_core_is_layered_processes_below_the_runtime() {
             "compactor imports {process}"
         );
     }
+    // Processes ask the context's handles (conversations, the reporter, worker records),
+    // never the services behind them.
+    for process in processes
+        .iter()
+        .chain(&["compactor", "repeats", "tool_calls"])
+    {
+        let file = src_dir().join(format!("agent/{process}.rs"));
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(
+            !text.contains(".services"),
+            "{} reaches into the services",
+            file.display()
+        );
+    }
     // Only the runtime knows the processes.
     for module in agent.keys().filter(|m| *m != "runtime") {
         let reached = names(module);
