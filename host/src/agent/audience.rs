@@ -154,7 +154,7 @@ impl Audience {
     }
 
     /// The scope of worker or branch `process`: the exchanges that follow it are those
-    /// that followed the work that started it ([`Scope::started`]).
+    /// that followed the work that started it ([`Scope::include`]).
     pub(crate) fn of(&self, process: &ProcessId) -> Scope {
         self.scope(Some(Work::Process(process.clone())))
     }

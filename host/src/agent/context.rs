@@ -15,13 +15,13 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::audience::Scope;
-use super::conversations::Conversations;
+use super::conversations::{ConversationError, Conversations};
 use super::events::{Event, EventSink};
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::reporter::{Audiences, Reporter};
 use super::reservations::{Reservation, TaskReservations, task_key};
 use super::spill::Spill;
-use super::supervisor::{ShuttingDown, Supervisor, TooManyConversations};
+use super::supervisor::{ShuttingDown, Supervisor};
 use super::turn::Turn;
 use super::worker_records::WorkerRecords;
 use crate::config::Config;
@@ -112,41 +112,6 @@ pub(crate) struct BranchSpec {
     pub(crate) question: String,
     /// The conversation's history at the fork.
     pub(crate) history: Vec<Message>,
-}
-
-/// Why a conversation could not be opened.
-#[derive(Debug, thiserror::Error)]
-pub enum ConversationError {
-    /// The host is shutting down ([`Runtime::shutdown`](super::Runtime::shutdown) or
-    /// [`Runtime::interrupt`](super::Runtime::interrupt) was called).
-    #[error(transparent)]
-    ShuttingDown(#[from] ShuttingDown),
-    /// Its stored history could not be read: it does not start rather than start from
-    /// an empty or partial history.
-    #[error(transparent)]
-    History(#[from] ServiceError),
-    /// As many conversations as the limit allows are open.
-    #[error(transparent)]
-    TooMany(#[from] TooManyConversations),
-    /// Another host answers it: what is sent to it is forwarded there.
-    #[error(transparent)]
-    OwnedElsewhere(#[from] OwnedElsewhere),
-    /// Which host answers it could not be settled (the store failed).
-    #[error("cannot settle which host answers the conversation: {0}")]
-    Session(ServiceError),
-}
-
-/// A conversation another host's run answers.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{conversation} is answered by {owner}, a run of another host sharing the store: \
-     send it messages (they are forwarded), or use that host"
-)]
-pub struct OwnedElsewhere {
-    /// The conversation.
-    pub conversation: ProcessId,
-    /// The run that owns it.
-    pub owner: RunId,
 }
 
 /// What a request for a worker did.

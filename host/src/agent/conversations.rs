@@ -6,19 +6,54 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::context::{ConversationError, OwnedElsewhere};
 use super::events::Event;
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::reporter::Reporter;
 use super::spill::Spill;
 use super::stop::{NotSaved, StopLedger};
+use super::supervisor::{ShuttingDown, TooManyConversations};
 use crate::ids::ProcessId;
 use crate::llm::Message;
-use crate::services::{Claim, Epoch, History, Run, ServiceError, Sessions};
+use crate::services::{Claim, Epoch, History, Run, RunId, ServiceError, Sessions};
 
 /// The least a save of a history may take before its exchanges hear the store is slow,
 /// whatever `limits.unstored_reply_secs` says: a healthy store never takes this long.
 const SLOW_SAVE_MIN: Duration = Duration::from_secs(1);
+
+/// Why a conversation could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ConversationError {
+    /// The host is shutting down ([`Runtime::shutdown`](super::Runtime::shutdown) or
+    /// [`Runtime::interrupt`](super::Runtime::interrupt) was called).
+    #[error(transparent)]
+    ShuttingDown(#[from] ShuttingDown),
+    /// Its stored history could not be read: it does not start rather than start from
+    /// an empty or partial history.
+    #[error(transparent)]
+    History(#[from] ServiceError),
+    /// As many conversations as the limit allows are open.
+    #[error(transparent)]
+    TooMany(#[from] TooManyConversations),
+    /// Another host answers it: what is sent to it is forwarded there.
+    #[error(transparent)]
+    OwnedElsewhere(#[from] OwnedElsewhere),
+    /// Which host answers it could not be settled (the store failed).
+    #[error("cannot settle which host answers the conversation: {0}")]
+    Session(ServiceError),
+}
+
+/// A conversation another host's run answers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{conversation} is answered by {owner}, a run of another host sharing the store: \
+     send it messages (they are forwarded), or use that host"
+)]
+pub struct OwnedElsewhere {
+    /// The conversation.
+    pub conversation: ProcessId,
+    /// The run that owns it.
+    pub owner: RunId,
+}
 
 /// What conversations ask of the store; see the [module](self).
 pub(crate) struct Conversations {

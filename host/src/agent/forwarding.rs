@@ -14,7 +14,8 @@
 
 use std::sync::Weak;
 
-use super::context::{Context, ConversationError};
+use super::context::Context;
+use super::conversations::ConversationError;
 use super::events::Event;
 use crate::ids::ProcessId;
 

@@ -40,7 +40,8 @@ mod turn;
 mod worker;
 mod worker_records;
 
-pub use context::{ConversationError, OwnedElsewhere, SpawnOutcome};
+pub use context::SpawnOutcome;
+pub use conversations::{ConversationError, OwnedElsewhere};
 pub use events::{Event, TurnEnding};
 pub use exchange::{End, Exchange, PartNumber, ReplyPart, UserMessage};
 pub use notifications::NotificationKind;

@@ -1,6 +1,6 @@
 //! Late reports: a worker's or branch's report that arrives after its requester ended is
 //! kept in working memory and told to the channel in a turn of its own (see
-//! [`Context::fold_back`](super::context::Context::fold_back)).
+//! [`Reporter::fold_back`](super::reporter::Reporter::fold_back)).
 //!
 //! The entry is `notifications/<kind>/<source>` and a line is added to
 //! `notifications/index`, so the report survives even when no channel is left to tell.

@@ -3,7 +3,9 @@
 //! worker's or branch's report, or a late one folded back into working memory), and to the
 //! hosts waiting for the answer to a message they forwarded.
 //!
-//! Everything it tells passes the redactor first.
+//! What it tells a person or another host (events, parts, replies, answers) passes the
+//! redactor first; a report told to a conversation, or kept for it in working memory, is
+//! the conversation's own and stays as it is (the history is redacted when it is stored).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -261,7 +263,15 @@ impl Reporter {
     /// it is stored); otherwise that host hears nothing, and says so in time. An answer the
     /// store refuses for now is left again until it takes it.
     pub(crate) async fn answer_forwarded(&self, answers: Vec<(ForwardId, Answer)>) {
-        if answers.is_empty() || !self.run.is_live() {
+        if answers.is_empty() {
+            return;
+        }
+        if !self.run.is_live() {
+            tracing::warn!(
+                answers = answers.len(),
+                "answers for hosts that forwarded messages are not left: this host's lease is \
+                 not live (they say so when their wait ends)"
+            );
             return;
         }
         let redactor = &self.redactor;

@@ -7,7 +7,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::context::{BranchSpec, Context, ConversationError, SpawnOutcome, Starter, WorkerSpec};
+use super::context::{BranchSpec, Context, SpawnOutcome, Starter, WorkerSpec};
+use super::conversations::ConversationError;
 use super::events::Event;
 use super::exchange::{
     End, Exchange, FORWARDED_ANSWER_LIMIT, Listener, ReplyPart, UserMessage, end_of,
@@ -31,7 +32,7 @@ use crate::tools::ToolRouter;
 /// The orchestration lives here, in the trusted host: plugins only ever see the sandbox of
 /// one tool call. Each process's tool list comes from its profile ([`Runtime::tool_defs`]),
 /// and each call it makes goes through the same catalog and policy decision
-/// ([`ToolRouter`](crate::tools::ToolRouter)).
+/// ([`ToolRouter`]).
 pub struct Runtime {
     ctx: Arc<Context>,
     /// The tasks that take what other hosts forward and watch the run's lease: they hold

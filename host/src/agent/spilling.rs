@@ -6,8 +6,8 @@
 
 use std::sync::{Arc, Weak};
 
-use super::context::{Context, ConversationError};
-use super::conversations::Conversations;
+use super::context::Context;
+use super::conversations::{ConversationError, Conversations};
 use super::spill::{Spill, SpillError};
 use crate::ids::ProcessId;
 use crate::llm::Message;

@@ -169,19 +169,22 @@ impl Supervisor {
     }
 
     /// Calls `follow` if worker `id` of conversation `of` is running (under the registry
-    /// lock, so it reports after the call); whether it was.
+    /// lock, so it reports after the call); where it runs.
     pub(crate) fn follow_worker(
         &self,
         of: &ProcessId,
         id: &ProcessId,
         follow: impl FnOnce(),
-    ) -> bool {
-        let workers = self.workers.lock().unwrap();
-        let running = workers.get(id).is_some_and(|worker| &worker.channel == of);
-        if running {
-            follow();
+    ) -> Holder {
+        match self.workers.lock().unwrap().get(id) {
+            Some(worker) if &worker.channel == of => {
+                follow();
+                Holder::Own
+            }
+            Some(worker) if !reaches(of, worker) => Holder::OtherConversation,
+            // The admin chat reaches it, but hears its work only through its conversation.
+            _ => Holder::NotHere,
         }
-        running
     }
 
     /// Pauses a waiting worker's `pending` count unless a message is already queued in its
@@ -277,6 +280,18 @@ impl Pending {
             self.channel.add_pending();
         }
     }
+}
+
+/// Where a worker already on a task runs, for a conversation that asks for it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holder {
+    /// Here, for the conversation that asks.
+    Own,
+    /// Here, for another conversation: the one that asks cannot reach it.
+    OtherConversation,
+    /// Not on this host (another host's, or it just ended), or another conversation's
+    /// that the asking one (the admin chat) may still reach.
+    NotHere,
 }
 
 /// Whether conversation `from` may route to or cancel `worker`: its own workers, or any

@@ -11,6 +11,7 @@ use super::audience::Scope;
 use super::context::{Context, SpawnOutcome};
 use super::events::Event;
 use super::process_calls::ProcessCalls;
+use super::supervisor::Holder;
 use super::turn::{ToolHandler, ToolOutcome};
 use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, ToolDef};
@@ -187,7 +188,16 @@ impl Context {
                 // Who waits on this work hears that worker's end too, if it is this
                 // conversation's and still running here.
                 let following = || origin.include(&existing);
-                self.supervisor.follow_worker(channel, &existing, following);
+                let holder = self.supervisor.follow_worker(channel, &existing, following);
+                if holder == Holder::OtherConversation {
+                    // Neither its id nor its work is this conversation's to know.
+                    return Ok(json!({
+                        "spawned": false,
+                        "reason": "a worker of another conversation is on this task; its \
+                                   result goes to that conversation",
+                    })
+                    .to_string());
+                }
                 json!({
                 "spawned": false,
                 "existing_worker": existing,

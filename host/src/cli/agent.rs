@@ -82,7 +82,7 @@ impl Launch {
         Ok((agent.runtime, agent.events))
     }
 
-    /// [`AgentArgs::start`], with the registry.
+    /// `start`, with the registry.
     pub(crate) async fn start_agent(&self, config: Config) -> anyhow::Result<Agent> {
         let locations = self.locations(&config)?;
         locations.check()?;

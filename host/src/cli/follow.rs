@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -61,12 +62,16 @@ impl Session {
         let (outgoing, mut messages) = mpsc::unbounded_channel::<Outgoing>();
         let (queue, queued) = mpsc::unbounded_channel::<Queued>();
         let (runtime, conversation) = (runtime.clone(), conversation.clone());
+        // Exchanges opened but not yet followed: they may hear parts already shown.
+        let opening = Arc::new(AtomicUsize::new(0));
+        let follower = tokio::spawn(follow(queued, opening.clone()));
         // One message at a time, in the order sent: the conversation takes them in that
         // order.
         let opener = tokio::spawn(async move {
             while let Some(outgoing) = messages.recv().await {
                 let queued = match outgoing {
                     Outgoing::Message(message, done) => {
+                        opening.fetch_add(1, Ordering::SeqCst);
                         let opened = runtime.exchange(&conversation, message).await;
                         Queued::Exchange(opened.map_err(Into::into), done)
                     }
@@ -75,7 +80,6 @@ impl Session {
                 let _ = queue.send(queued);
             }
         });
-        let follower = tokio::spawn(follow(queued));
         Session {
             outgoing,
             opener,
@@ -117,6 +121,9 @@ impl Session {
     }
 }
 
+/// The numbers kept at least before any is forgotten.
+const FORGET_AT: usize = 4096;
+
 /// An exchange being followed.
 struct Following {
     /// Who hears once it is shown to its end.
@@ -129,8 +136,11 @@ struct Following {
 
 /// Shows the exchanges `queued` as their parts come, until the queue closes and each
 /// has ended: how they went.
-async fn follow(mut queued: mpsc::UnboundedReceiver<Queued>) -> Tally {
-    let mut shown = Shown::default();
+async fn follow(mut queued: mpsc::UnboundedReceiver<Queued>, opening: Arc<AtomicUsize>) -> Tally {
+    let mut shown = Shown {
+        opening,
+        ..Shown::default()
+    };
     let (parts_tx, mut parts) = mpsc::unbounded_channel();
     // Under way, by the order their messages were sent.
     let mut open: BTreeMap<usize, Following> = BTreeMap::new();
@@ -143,6 +153,7 @@ async fn follow(mut queued: mpsc::UnboundedReceiver<Queued>) -> Tally {
             item = queued.recv(), if queue_open => match item {
                 None => queue_open = false,
                 Some(Queued::Exchange(Ok(mut exchange), done)) => {
+                    shown.opening.fetch_sub(1, Ordering::SeqCst);
                     let (number, parts_tx) = (sent, parts_tx.clone());
                     sent += 1;
                     open.insert(number, Following { done, forwarded: false, last: None });
@@ -153,6 +164,7 @@ async fn follow(mut queued: mpsc::UnboundedReceiver<Queued>) -> Tally {
                     });
                 }
                 Some(Queued::Exchange(Err(err), done)) => {
+                    shown.opening.fetch_sub(1, Ordering::SeqCst);
                     // Not sent: nothing of it is stored; said now, counted as failed.
                     shown.end_line();
                     shown.tally.failures += 1;
@@ -179,6 +191,10 @@ async fn follow(mut queued: mpsc::UnboundedReceiver<Queued>) -> Tally {
 struct Shown {
     /// The numbered parts shown, while any exchange is under way.
     numbers: HashSet<PartNumber>,
+    /// How many numbers are kept before those no exchange can bring again are forgotten.
+    forget_at: usize,
+    /// Exchanges opened but not yet followed: they may bring any number.
+    opening: Arc<AtomicUsize>,
     /// The store's refusal last said: each exchange under way hears it, and it is said
     /// once.
     unstored: Option<String>,
@@ -213,7 +229,7 @@ impl Shown {
             if let Some(done) = open.remove(&number).and_then(|f| f.done) {
                 let _ = done.send(());
             }
-            if open.is_empty() {
+            if open.is_empty() && self.opening.load(Ordering::SeqCst) == 0 {
                 // No part sent from now on reaches an exchange that ended.
                 self.numbers.clear();
             }
@@ -235,13 +251,17 @@ impl Shown {
     /// Forgets the numbers no exchange under way can bring again (each brings its parts
     /// in order), once there are many.
     fn forget_past(&mut self, open: &BTreeMap<usize, Following>) {
-        if self.numbers.len() < 4096 {
+        if self.numbers.len() < self.forget_at.max(FORGET_AT)
+            || self.opening.load(Ordering::SeqCst) > 0
+        {
             return;
         }
         let floor = open.values().map(|f| f.last).min().flatten();
         if let Some(floor) = floor {
             self.numbers.retain(|&n| n > floor);
         }
+        // An exchange that brings nothing holds the floor: not tried again at every part.
+        self.forget_at = 2 * self.numbers.len();
     }
 
     /// Counts and says how an exchange ended, if it failed (`forwarded`: its message went

@@ -1,5 +1,5 @@
 //! The configuration as serde reads it ([`RawConfig`]), and the checks that turn it into a
-//! [`Config`](super::Config): each failure names the dotted key and what would be right.
+//! [`Config`]: each failure names the dotted key and what would be right.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -149,8 +149,8 @@ impl McpClient {
 
     /// Starts the server and lists its tools, named `SERVER.tool`, each with the tool's
     /// own name. The tools a plugin could not offer are left out, each with why (the
-    /// second list), as are those past [`MAX_TOOLS_PER_SERVER`]; at most
-    /// [`MAX_LIST_PAGES`] pages of the list are read.
+    /// second list), as are those past `MAX_TOOLS_PER_SERVER`; at most
+    /// `MAX_LIST_PAGES` pages of the list are read.
     pub async fn list_tools(&self) -> Result<(Vec<(String, ToolInfo)>, Vec<String>), String> {
         let inner = &self.inner;
         let name = &inner.spec.name;

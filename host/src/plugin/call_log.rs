@@ -32,7 +32,7 @@ impl CallLog {
         CallLog { audit, redactor }
     }
 
-    /// No rows kept ([`AuditSink::disabled`], which says so), nothing to redact.
+    /// No rows kept (`AuditSink::disabled`, which says so), nothing to redact.
     pub fn disabled() -> Self {
         CallLog::new(<dyn AuditSink>::disabled(), Redactor::default())
     }

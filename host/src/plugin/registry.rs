@@ -40,13 +40,13 @@ pub struct CallRequest<'a> {
     /// Who is calling, e.g. `cli` or `worker:7`; passed to the tool and logged.
     pub caller: &'a Caller,
     /// The calling process's own instances: given, a plugin whose instances the process
-    /// reuses ([`Registry::call_as`] asks the policy; [`Registry::call`] reuses every
+    /// reuses (`Registry::call_as` asks the policy; [`Registry::call`] reuses every
     /// plugin's) runs in the one kept there. `None`: a fresh instance.
     pub instances: Option<&'a ProcessInstances>,
 }
 
 /// A call that has ended, whose audit row may not be committed yet
-/// ([`Registry::call_as_recorded`]).
+/// (`Registry::call_as_recorded`).
 #[derive(Debug)]
 #[must_use = "the result may leave the host only once its audit row is committed"]
 pub struct Recorded {

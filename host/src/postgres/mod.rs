@@ -5,7 +5,7 @@
 //! SQLite stays the embedded default. What differs from SQLite:
 //!
 //! - the schema is migrated under a transaction-scoped advisory lock, so hosts starting
-//!   at once apply each migration exactly once between them ([`schema`]);
+//!   at once apply each migration exactly once between them (`schema`);
 //! - a run is a lease row renewed on a connection of its own, outside the pool, and it is
 //!   over when its host ends it or when it expired by the database's clock (`ledger.rs`);
 //!   a lease that expired is never renewed, and no worker starts under it;

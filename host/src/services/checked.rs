@@ -4,7 +4,7 @@
 //! is given, so a backend stores what it is handed: a task's title is checked and trimmed,
 //! its metadata is a JSON object, a memory has content, a kind and an importance in range,
 //! a working-memory key is not empty, and an audited call's arguments are
-//! [`redact`](super::redact)ed. Rules that need what is stored (a task's status moves, an
+//! [`redact`]ed. Rules that need what is stored (a task's status moves, an
 //! ended worker's record) stay with the backend, in the same transaction as the write.
 //! The SQLite store's own writes of tasks, memories and audit rows are crate-private, so
 //! its way in from outside is this one.

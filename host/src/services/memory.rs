@@ -27,7 +27,7 @@ use crate::ids::Caller;
 #[async_trait]
 pub trait Memory: Send + Sync {
     /// Saves a memory from `source`; refuses empty content and importance out of 0..=1
-    /// ([`NewMemory::check`]).
+    /// ([`NewMemory::checked`]).
     async fn save(&self, source: &Caller, memory: NewMemory) -> Result<MemoryItem, ServiceError>;
 
     /// At most `limit` (clamped to 1..=100) memories matching any of `query`'s

@@ -227,7 +227,7 @@ impl PluginHost {
         }
     }
 
-    /// A permit to run one call: calls beyond [`Limits::max_concurrent_calls`] wait here.
+    /// A permit to run one call: calls beyond [`Limits::max_concurrent_calls`](crate::plugin::Limits::max_concurrent_calls) wait here.
     async fn call_slot(&self) -> tokio::sync::SemaphorePermit<'_> {
         self.slots
             .acquire()
@@ -351,7 +351,7 @@ impl PluginHost {
         }
     }
 
-    /// Cuts `output` to [`Limits::max_output_bytes`], saying so at the end.
+    /// Cuts `output` to [`Limits::max_output_bytes`](crate::plugin::Limits::max_output_bytes), saying so at the end.
     pub(crate) fn cap_output(&self, output: String) -> String {
         let max = self.limits.max_output_bytes;
         if output.len() <= max {

@@ -46,7 +46,7 @@ pub struct PluginHost {
     /// Backs the `tasks` and `memory` imports; without it they answer "not available".
     services: Option<Services>,
     /// Where every call is recorded: the services' log, or an explicit
-    /// [`AuditSink::disabled`](crate::services::AuditSink) that says it keeps nothing.
+    /// `AuditSink::disabled`(crate::services::AuditSink) that says it keeps nothing.
     audit: Arc<dyn AuditSink>,
     /// The limits and secrets of outbound requests.
     network: Arc<NetHost>,
@@ -93,7 +93,7 @@ impl PluginHost {
     }
 
     /// Backs the `tasks` and `memory` imports, and the audit log of calls, with
-    /// `services`. Without them, calls are recorded by an [`AuditSink::disabled`], which
+    /// `services`. Without them, calls are recorded by an `AuditSink::disabled`, which
     /// [`PluginHost::audit`] shows.
     pub fn with_services(mut self, services: Services) -> Self {
         self.audit = services.audit.clone();

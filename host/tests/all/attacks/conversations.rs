@@ -1,6 +1,7 @@
 //! One conversation's model against another conversation's work: worker ids are small
 //! numbers anyone can guess, so a channel's `route` and `cancel` reach only its own
-//! workers (the admin chat reaches all of them). Each step is held at a [`Gated`]
+//! workers (the admin chat reaches all of them), and asking for a task another
+//! conversation's worker is on names neither the worker nor a way to reach it. Each step is held at a [`Gated`]
 //! provider, so every interleaving is forced, not timed.
 
 use std::sync::Arc;
@@ -71,6 +72,16 @@ async fn a_channel_cannot_route_to_or_cancel_another_conversations_worker() {
         refused.mentions(r#""routed":false"#),
         "{:?}",
         refused.request.messages
+    );
+    // Asking for the same task names neither that worker nor a way to reach it.
+    refused.call("spawn_worker", json!({"task": "the payroll run"}));
+    let refused = held.next_where(|p| p.holds("cancel worker:1")).await;
+    let told = refused.request.messages.last().unwrap().content.clone();
+    assert!(
+        told.contains(r#""spawned":false"#)
+            && told.contains("another conversation")
+            && !told.contains("worker:"),
+        "{told}"
     );
     refused.reply("I cannot reach that worker.");
     let (replies, end) = ended(attacker).await;
