@@ -29,7 +29,7 @@ pub(crate) fn start(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle)
         let channel = channel.clone();
         let (id, channel_name) = (spec.id.clone(), spec.channel.clone());
         move |why: String| async move {
-            ctx.release_process(&id);
+            ctx.gate.release_process(&id);
             ctx.reporter.emit_to(
                 &channel.audience.of(&id),
                 Event::BranchFailed {
@@ -76,7 +76,7 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
         },
     );
     history.push(Message::user(format!("Branch question: {question}")));
-    let tools = ctx.tool_defs(ProcessKind::Branch);
+    let tools = ctx.gate.tool_defs(ProcessKind::Branch);
     let system = system_prompt(ProcessKind::Branch, &ctx.config.agent.name);
     let host_tools = BranchTools {
         ctx: ctx.clone(),
@@ -87,10 +87,12 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
     // The branch's own plugin instances and audit rows, for its life.
     let calls = ProcessCalls::new();
     let handler = ProcessTools::new(&ctx, &id, &calls, &scope, &host_tools);
-    let conclusion = match ctx.lease_loop(&id) {
+    let conclusion = match ctx.gate.lease_loop(&id) {
         Err(held) => format!("(could not think: {held})"),
         Ok(lease) => {
-            let turn = ctx.turn(&id, lease.ticket(), Route::Branch, &system, &tools);
+            let turn = ctx
+                .gate
+                .turn(&id, lease.ticket(), Route::Branch, &system, &tools);
             let end = turn.run(&mut history, &handler).await;
             if let Err(err) = &end {
                 ctx.reporter.model_failed(&scope, &id, err);
@@ -99,7 +101,7 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
         }
     };
     drop(alive);
-    ctx.release_process(&id);
+    ctx.gate.release_process(&id);
     ctx.reporter.emit_to(
         &scope,
         Event::BranchConcluded {

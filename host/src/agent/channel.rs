@@ -102,7 +102,7 @@ pub(crate) async fn run(
     mut history: Vec<Message>,
 ) {
     let kind = name.kind();
-    let tools = ctx.tool_defs(kind);
+    let tools = ctx.gate.tool_defs(kind);
     let system = system_prompt(kind, &ctx.config.agent.name);
     // The channel's own plugin instances and audit rows, for its life.
     let calls = Arc::new(ProcessCalls::new());
@@ -151,9 +151,9 @@ pub(crate) async fn run(
             _ => Route::Retrigger,
         };
         // Reserved before the settle wait, so no other route can take this idle edge.
-        let lease = ctx.lease_loop(&name);
+        let lease = ctx.gate.lease_loop(&name);
         if route != Route::User {
-            tokio::time::sleep(ctx.dispatcher.settings().settle).await;
+            tokio::time::sleep(ctx.gate.dispatcher().settings().settle).await;
         }
         let mut inputs = batches.rest(first);
         // A message sent again with a key the conversation took is answered, not taken:
@@ -235,7 +235,7 @@ pub(crate) async fn run(
                     redactor: Mutex::new(ctx.reporter.redactor().steady_stream()),
                     streamed: std::sync::atomic::AtomicBool::new(false),
                 };
-                let mut prompt = ctx.turn(&name, lease.ticket(), route, &system, &tools);
+                let mut prompt = ctx.gate.turn(&name, lease.ticket(), route, &system, &tools);
                 prompt.deltas = &text_out;
                 let ran = prompt.run(&mut history, &tools_handler).await;
                 text_out.finish();
@@ -292,7 +292,7 @@ pub(crate) async fn run(
         }
     }
     // Nothing this loop reserved outlives it.
-    ctx.release_process(&name);
+    ctx.gate.release_process(&name);
     // What the store refused is written once more before the conversation stops; what
     // still does not go in is reported, never dropped in silence.
     let flushed = if rewrite {

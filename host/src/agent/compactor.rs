@@ -83,14 +83,16 @@ pub(crate) async fn compact_if_needed(
     let mut work = vec![Message::user(format!(
         "Summarize this conversation excerpt:\n\n{excerpt}"
     ))];
-    let tools = ctx.tool_defs(ProcessKind::Compactor);
+    let tools = ctx.gate.tool_defs(ProcessKind::Compactor);
     let system = system_prompt(ProcessKind::Compactor, &ctx.config.agent.name);
     // The compactor's own plugin instances and audit rows, for its life.
     let calls = ProcessCalls::new();
     let handler = ProcessTools::new(ctx, &id, &calls, turn, &NoHostTools);
-    let end = match ctx.lease_loop(&id) {
+    let end = match ctx.gate.lease_loop(&id) {
         Ok(lease) => {
-            let turn = ctx.turn(&id, lease.ticket(), Route::Compaction, &system, &tools);
+            let turn = ctx
+                .gate
+                .turn(&id, lease.ticket(), Route::Compaction, &system, &tools);
             turn.run(&mut work, &handler).await
         }
         Err(held) => Err(TurnError::suppressed(held.to_string())),
@@ -132,6 +134,6 @@ pub(crate) async fn compact_if_needed(
             false
         }
     };
-    ctx.release_process(&id);
+    ctx.gate.release_process(&id);
     compacted
 }

@@ -1,7 +1,8 @@
 //! [`Context`]: what the processes of one agent share, and everything a process may ask of
-//! the runtime: its config, the model gate, the tool router; its handles for telling what
-//! it does ([`Reporter`]), for its conversation's store ([`Conversations`]) and for a
-//! worker's records ([`WorkerRecords`]); starting and reaching other processes. No process
+//! the runtime: its config and the tool router; its handles for asking the model
+//! ([`ModelGate`]), for telling what it does ([`Reporter`]), for its conversation's store
+//! ([`Conversations`]) and for a worker's records ([`WorkerRecords`]); starting and
+//! reaching other processes. No process
 //! reaches into the services behind the handles.
 //!
 //! Processes (channel, branch, worker, compactor) depend on this module and on the modules
@@ -18,16 +19,16 @@ use super::audience::Scope;
 use super::conversations::{ConversationError, Conversations};
 use super::events::{Event, EventSink};
 use super::inbox::{ChannelHandle, ChannelInput};
+use super::model_gate::ModelGate;
 use super::reporter::{Audiences, Reporter};
 use super::reservations::{Reservation, TaskReservations, task_key};
 use super::spill::Spill;
 use super::supervisor::{ShuttingDown, Supervisor};
-use super::turn::Turn;
 use super::worker_records::WorkerRecords;
 use crate::config::Config;
-use crate::dispatch::{Dispatcher, Lease, Reserved, Route, Ticket};
+use crate::dispatch::Dispatcher;
 use crate::ids::ProcessId;
-use crate::llm::{Message, Provider, ToolDef};
+use crate::llm::{Message, Provider};
 use crate::plugin::Registry;
 use crate::policy::ProcessKind;
 use crate::services::{Run, RunId, ServiceError, Services, TaskPatch, WorkerState};
@@ -41,7 +42,8 @@ pub(crate) struct Context {
     /// The services, for starting processes and for the runtime; processes use the
     /// handles below.
     pub(crate) services: Services,
-    pub(crate) dispatcher: Dispatcher,
+    /// How processes ask the model.
+    pub(crate) gate: Arc<ModelGate>,
     /// Which processes are alive.
     pub(crate) supervisor: Arc<Supervisor>,
     /// How processes tell what they do.
@@ -185,11 +187,19 @@ impl Context {
         let unstored_reply = config.limits.unstored_reply;
         let conversations =
             Conversations::new(stores, reporter.clone(), run.clone(), unstored_reply, spill);
+        let max_turns = config.limits.max_turns;
+        let gate = ModelGate::new(
+            dispatcher,
+            router.clone(),
+            reporter.clone(),
+            run.clone(),
+            max_turns,
+        );
         let ctx = Arc::new(Context {
             config,
             router,
             services,
-            dispatcher,
+            gate: Arc::new(gate),
             supervisor,
             reporter,
             workers,
@@ -219,42 +229,6 @@ impl Context {
     pub(crate) async fn new_id(&self, kind: ProcessKind) -> Result<ProcessId, ServiceError> {
         let number = self.services.ledger.next_process_number(kind).await?;
         Ok(ProcessId::numbered(kind, number))
-    }
-
-    /// Reserves the session of process `id` for its loop (owner `<id>:loop`) at the gate;
-    /// see [`Dispatcher::lease_loop`].
-    pub(crate) fn lease_loop(&self, id: &ProcessId) -> Result<Lease<'_>, Reserved> {
-        self.dispatcher
-            .lease_loop(id.session().as_str(), &id.to_string())
-    }
-
-    /// A turn of process `id`, through the gate with `ticket`, sent for `route`, with the
-    /// config's turn budget; its answer is not streamed anywhere until `deltas` is set.
-    pub(crate) fn turn<'a>(
-        &'a self,
-        id: &'a ProcessId,
-        ticket: &'a Ticket,
-        route: Route,
-        system: &'a str,
-        tools: &'a Arc<[ToolDef]>,
-    ) -> Turn<'a> {
-        Turn {
-            dispatcher: &self.dispatcher,
-            ticket,
-            route,
-            process: id,
-            events: self.reporter.events(),
-            system,
-            tools,
-            max_turns: self.config.limits.max_turns,
-            deltas: &(),
-            run: &self.run,
-        }
-    }
-
-    /// Releases everything process `id` holds at the gate, when it ends.
-    pub(crate) fn release_process(&self, id: &ProcessId) {
-        self.dispatcher.release_process(&id.to_string());
     }
 
     /// The handle of conversation `id` (a channel or an admin session), starting it (with

@@ -24,6 +24,7 @@ mod events;
 mod exchange;
 mod forwarding;
 mod inbox;
+mod model_gate;
 mod notifications;
 mod process_calls;
 mod prompts;

@@ -131,7 +131,7 @@ impl Runtime {
 
     /// The model provider's name, e.g. `scripted:demo`.
     pub fn provider_name(&self) -> String {
-        self.ctx.dispatcher.provider_name()
+        self.ctx.gate.dispatcher().provider_name()
     }
 
     /// Sends a user message to channel `name` (opened on first use, with its stored
@@ -386,7 +386,7 @@ impl Runtime {
 
     /// Reservations held at the prompt gate now.
     pub fn gate_reservations(&self) -> usize {
-        self.ctx.dispatcher.gate().reservations()
+        self.ctx.gate.dispatcher().gate().reservations()
     }
 
     /// Sends `message` to worker `id`: a waiting worker takes it as its answer, a running
@@ -423,7 +423,7 @@ impl Runtime {
     /// The tools a `kind` process is offered, host tools and plugin tools alike: exactly
     /// those its profile names and grants the capabilities of.
     pub fn tool_defs(&self, kind: ProcessKind) -> Arc<[ToolDef]> {
-        self.ctx.tool_defs(kind)
+        self.ctx.gate.tool_defs(kind)
     }
 
     /// What the start found of runs that ended before it (as [`Event::WorkerEnded`], one

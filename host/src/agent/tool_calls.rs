@@ -14,9 +14,8 @@ use super::process_calls::ProcessCalls;
 use super::supervisor::Holder;
 use super::turn::{ToolHandler, ToolOutcome};
 use crate::ids::ProcessId;
-use crate::llm::{BoxFuture, ToolDef};
+use crate::llm::BoxFuture;
 use crate::plugin::ToolError;
-use crate::policy::ProcessKind;
 use crate::tools::{HostCall, Routed, SpawnArgs};
 
 /// What a process does with the host tools its kind runs
@@ -154,11 +153,6 @@ impl ToolHandler for ProcessTools<'_> {
 }
 
 impl Context {
-    /// The tools a `kind` process is offered ([`ToolCatalog::offered`](crate::tools::ToolCatalog::offered)).
-    pub(crate) fn tool_defs(&self, kind: ProcessKind) -> Arc<[ToolDef]> {
-        self.router.catalog().offered(kind)
-    }
-
     /// Runs the `spawn_worker` host tool for `channel`, on behalf of `requester` (a branch;
     /// `None`: the channel), as part of the work `origin`: the outcome as JSON for the
     /// model.

@@ -200,7 +200,7 @@ async fn finish(
     ended: Ended,
     undelivered: Vec<String>,
 ) {
-    ctx.release_process(&spec.id);
+    ctx.gate.release_process(&spec.id);
     let Ended {
         state,
         outcome,
@@ -260,9 +260,9 @@ async fn work(
     inbox: &Inbox,
     unanswered: &mut Vec<String>,
 ) -> (WorkerState, String) {
-    let tools = ctx.tool_defs(ProcessKind::Worker);
+    let tools = ctx.gate.tool_defs(ProcessKind::Worker);
     let system = system_prompt(ProcessKind::Worker, &ctx.config.agent.name);
-    let lease = match ctx.lease_loop(&spec.id) {
+    let lease = match ctx.gate.lease_loop(&spec.id) {
         Ok(lease) => lease,
         Err(held) => return (WorkerState::Failed, format!("cannot prompt: {held}")),
     };
@@ -280,7 +280,9 @@ async fn work(
             inbox,
         };
         let handler = ProcessTools::new(ctx, &spec.id, &calls, &scope, &host_tools);
-        let turn = ctx.turn(&spec.id, lease.ticket(), route, &system, &tools);
+        let turn = ctx
+            .gate
+            .turn(&spec.id, lease.ticket(), route, &system, &tools);
         let end = turn.run(&mut history, &handler).await;
         if !matches!(&end, Err(err) if err.answered == 0) {
             unanswered.clear();

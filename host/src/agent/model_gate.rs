@@ -1,0 +1,93 @@
+//! [`ModelGate`]: how a process asks the model: its loop's session reserved at the prompt
+//! gate, its turns through the gate, everything it holds there released when it ends, and
+//! the tools its kind is offered.
+
+use std::sync::Arc;
+
+use super::reporter::Reporter;
+use super::turn::Turn;
+use crate::dispatch::{Dispatcher, Lease, Reserved, Route, Ticket};
+use crate::ids::{ProcessId, ProcessKind};
+use crate::llm::ToolDef;
+use crate::services::Run;
+use crate::tools::ToolRouter;
+
+/// How processes ask the model; see the [module](self).
+pub(crate) struct ModelGate {
+    dispatcher: Dispatcher,
+    /// Which tools each kind is offered.
+    router: Arc<ToolRouter>,
+    /// Where a turn's start and end are told.
+    reporter: Arc<Reporter>,
+    /// No request goes out while this host's lease is not live.
+    run: Arc<Run>,
+    /// `limits.max_turns`: the model requests one turn may make.
+    max_turns: u32,
+}
+
+impl ModelGate {
+    /// Asks through `dispatcher`, offering the tools `router` offers each kind, telling
+    /// through `reporter`, while `run` is live, at most `max_turns` requests a turn.
+    pub(crate) fn new(
+        dispatcher: Dispatcher,
+        router: Arc<ToolRouter>,
+        reporter: Arc<Reporter>,
+        run: Arc<Run>,
+        max_turns: u32,
+    ) -> Self {
+        ModelGate {
+            dispatcher,
+            router,
+            reporter,
+            run,
+            max_turns,
+        }
+    }
+
+    /// The dispatcher, for what the runtime reports of it (the provider, the gate's
+    /// reservations, its timings).
+    pub(crate) fn dispatcher(&self) -> &Dispatcher {
+        &self.dispatcher
+    }
+
+    /// The tools a `kind` process is offered ([`ToolCatalog::offered`](crate::tools::ToolCatalog::offered)).
+    pub(crate) fn tool_defs(&self, kind: ProcessKind) -> Arc<[ToolDef]> {
+        self.router.catalog().offered(kind)
+    }
+
+    /// Reserves the session of process `id` for its loop (owner `<id>:loop`) at the gate;
+    /// see [`Dispatcher::lease_loop`].
+    pub(crate) fn lease_loop(&self, id: &ProcessId) -> Result<Lease<'_>, Reserved> {
+        self.dispatcher
+            .lease_loop(id.session().as_str(), &id.to_string())
+    }
+
+    /// A turn of process `id`, through the gate with `ticket`, sent for `route`, with the
+    /// config's turn budget; its answer is not streamed anywhere until `deltas` is set.
+    pub(crate) fn turn<'a>(
+        &'a self,
+        id: &'a ProcessId,
+        ticket: &'a Ticket,
+        route: Route,
+        system: &'a str,
+        tools: &'a Arc<[ToolDef]>,
+    ) -> Turn<'a> {
+        Turn {
+            dispatcher: &self.dispatcher,
+            ticket,
+            route,
+            process: id,
+            events: self.reporter.events(),
+            system,
+            tools,
+            max_turns: self.max_turns,
+            deltas: &(),
+            run: &self.run,
+        }
+    }
+
+    /// Releases everything process `id` holds at the gate, when it ends.
+    pub(crate) fn release_process(&self, id: &ProcessId) {
+        self.dispatcher.release_process(&id.to_string());
+    }
+}
