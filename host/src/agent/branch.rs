@@ -1,15 +1,14 @@
 //! A branch: a fork of the channel's history that thinks about one question and returns a
 //! conclusion.
 
-use std::sync::Arc;
-
 use super::audience::Scope;
-use super::context::{BranchSpec, Context};
 use super::events::Event;
 use super::inbox::ChannelHandle;
 use super::notifications::NotificationKind;
 use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
+use super::spawning::BranchKit;
+use super::spawning::BranchSpec;
 use super::supervisor::supervise;
 use super::tool_calls::{HostTools, ProcessTools};
 use super::turn::{ToolOutcome, TurnEnd, TurnError};
@@ -23,21 +22,21 @@ use crate::tools::HostCall;
 /// Starts a branch for `channel`, supervised: it is reported to its channel on every
 /// path (it concludes, its model fails, or it panics), and its channel's pending count is
 /// released, so `wait_idle` never hangs on a branch that died.
-pub(crate) fn start(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
+pub(crate) fn start(kit: BranchKit, spec: BranchSpec, channel: ChannelHandle) {
     let failed = {
-        let ctx = ctx.clone();
+        let kit = kit.clone();
         let channel = channel.clone();
         let (id, channel_name) = (spec.id.clone(), spec.channel.clone());
         move |why: String| async move {
-            ctx.gate.release_process(&id);
-            ctx.reporter.emit_to(
+            kit.gate.release_process(&id);
+            kit.reporter.emit_to(
                 &channel.audience.of(&id),
                 Event::BranchFailed {
                     branch: id.clone(),
                     error: why.clone(),
                 },
             );
-            ctx.reporter
+            kit.reporter
                 .report(
                     &channel_name,
                     &channel,
@@ -48,11 +47,11 @@ pub(crate) fn start(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle)
                 .await;
         }
     };
-    supervise(&channel, |_| run(ctx, spec, channel.clone()), failed);
+    supervise(&channel, |_| run(kit, spec, channel.clone()), failed);
 }
 
 /// The branch's life: think, then send the conclusion to the channel it came from.
-async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
+async fn run(kit: BranchKit, spec: BranchSpec, channel: ChannelHandle) {
     let BranchSpec {
         id,
         channel: channel_name,
@@ -65,9 +64,9 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
         .acquire_owned()
         .await
         .expect("never closed");
-    let alive = ctx.supervisor.branch_started(&id);
+    let alive = kit.supervisor.branch_started(&id);
     let scope = channel.audience.of(&id);
-    ctx.reporter.emit_to(
+    kit.reporter.emit_to(
         &scope,
         Event::BranchStarted {
             branch: id.clone(),
@@ -76,40 +75,40 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
         },
     );
     history.push(Message::user(format!("Branch question: {question}")));
-    let tools = ctx.gate.tool_defs(ProcessKind::Branch);
-    let system = system_prompt(ProcessKind::Branch, &ctx.config.agent.name);
+    let tools = kit.gate.tool_defs(ProcessKind::Branch);
+    let system = system_prompt(ProcessKind::Branch, &kit.settings.agent_name);
     let host_tools = BranchTools {
-        ctx: ctx.clone(),
+        kit: kit.clone(),
         id: id.clone(),
         channel_name: channel_name.clone(),
         scope: scope.clone(),
     };
     // The branch's own plugin instances and audit rows, for its life.
     let calls = ProcessCalls::new();
-    let handler = ProcessTools::new(&ctx, &id, &calls, &scope, &host_tools);
-    let conclusion = match ctx.gate.lease_loop(&id) {
+    let handler = ProcessTools::new(&kit.gate, &kit.reporter, &id, &calls, &scope, &host_tools);
+    let conclusion = match kit.gate.lease_loop(&id) {
         Err(held) => format!("(could not think: {held})"),
         Ok(lease) => {
-            let turn = ctx
+            let turn = kit
                 .gate
                 .turn(&id, lease.ticket(), Route::Branch, &system, &tools);
             let end = turn.run(&mut history, &handler).await;
             if let Err(err) = &end {
-                ctx.reporter.model_failed(&scope, &id, err);
+                kit.reporter.model_failed(&scope, &id, err);
             }
-            conclude(&ctx, end)
+            conclude(&kit, end)
         }
     };
     drop(alive);
-    ctx.gate.release_process(&id);
-    ctx.reporter.emit_to(
+    kit.gate.release_process(&id);
+    kit.reporter.emit_to(
         &scope,
         Event::BranchConcluded {
             branch: id.clone(),
             conclusion: conclusion.clone(),
         },
     );
-    ctx.reporter
+    kit.reporter
         .report(
             &channel_name,
             &channel,
@@ -121,13 +120,13 @@ async fn run(ctx: Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
 }
 
 /// A branch's conclusion from how its turn ended.
-fn conclude(ctx: &Context, end: Result<TurnEnd, TurnError>) -> String {
+fn conclude(kit: &BranchKit, end: Result<TurnEnd, TurnError>) -> String {
     match end {
         Ok(TurnEnd::Text(text) | TurnEnd::Delivered(text)) => text,
         Ok(TurnEnd::Ended | TurnEnd::Injected(_)) => "(ended without a conclusion)".into(),
         Ok(TurnEnd::MaxTurns) => format!(
             "(no conclusion within {} turns)",
-            ctx.config.limits.max_turns
+            kit.settings.limits.max_turns
         ),
         Err(err) => format!("(the model failed: {err})"),
     }
@@ -135,7 +134,7 @@ fn conclude(ctx: &Context, end: Result<TurnEnd, TurnError>) -> String {
 
 /// The host tool a branch runs: `spawn_worker`, on its channel.
 struct BranchTools {
-    ctx: Arc<Context>,
+    kit: BranchKit,
     id: ProcessId,
     channel_name: ProcessId,
     /// The branch's work: the workers it starts are part of it.
@@ -147,7 +146,8 @@ impl HostTools for BranchTools {
         Box::pin(async move {
             match call {
                 HostCall::SpawnWorker(args) => self
-                    .ctx
+                    .kit
+                    .spawner
                     .spawn_worker_tool(&self.channel_name, Some(&self.id), &self.scope, args)
                     .await
                     .map(ToolOutcome::Continue),

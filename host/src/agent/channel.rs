@@ -7,13 +7,14 @@ use tokio::sync::mpsc;
 
 use super::audience::{EndsOnDrop, Scope};
 use super::compactor::compact_if_needed;
-use super::context::Context;
 use super::events::Event;
 use super::exchange::ReplyPart;
 use super::inbox::{ChannelHandle, ChannelInput, drain};
 use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
 use super::repeats::{answer_repeated, take_repeated};
+use super::reporter::Reporter;
+use super::spawning::ChannelKit;
 use super::tool_calls::{HostTools, ProcessTools};
 use super::turn::{ToolOutcome, TurnEnd, Unanswered, repair};
 use crate::dispatch::Route;
@@ -95,21 +96,21 @@ impl Batches {
 /// `<kind>:<name>:loop`) before the settle wait, so nothing else can prompt the session
 /// while it answers, and releases it (the hold still runs) once the turn is over.
 pub(crate) async fn run(
-    ctx: Arc<Context>,
+    kit: ChannelKit,
     name: ProcessId,
     handle: ChannelHandle,
     inbox: mpsc::UnboundedReceiver<ChannelInput>,
     mut history: Vec<Message>,
 ) {
     let kind = name.kind();
-    let tools = ctx.gate.tool_defs(kind);
-    let system = system_prompt(kind, &ctx.config.agent.name);
+    let tools = kit.gate.tool_defs(kind);
+    let system = system_prompt(kind, &kit.settings.agent_name);
     // The channel's own plugin instances and audit rows, for its life.
     let calls = Arc::new(ProcessCalls::new());
     let audience = &handle.audience;
     // After the loop ends every exchange itself, this finds none; after a panic, the rest.
     let _ends = EndsOnDrop(audience.clone());
-    let retry = ctx.config.limits.store_retry;
+    let retry = kit.settings.limits.store_retry;
     let mut batches = Batches {
         inbox,
         carried: None,
@@ -131,13 +132,13 @@ pub(crate) async fn run(
             Some(Next::Input(first)) => first,
             Some(Next::StoreAgain) => {
                 // Kept in memory while the store refused it: written whole, in order.
-                let stored = ctx
+                let stored = kit
                     .conversations
                     .save_history(&name, &handle, &history, 0)
                     .await;
                 (rewrite, transient) = (stored.is_err(), stored.is_err_and(|e| e.is_transient()));
                 if !rewrite {
-                    ctx.reporter
+                    kit.reporter
                         .answer_forwarded(std::mem::take(&mut held))
                         .await;
                 }
@@ -151,9 +152,9 @@ pub(crate) async fn run(
             _ => Route::Retrigger,
         };
         // Reserved before the settle wait, so no other route can take this idle edge.
-        let lease = ctx.gate.lease_loop(&name);
+        let lease = kit.gate.lease_loop(&name);
         if route != Route::User {
-            tokio::time::sleep(ctx.gate.dispatcher().settings().settle).await;
+            tokio::time::sleep(kit.gate.dispatcher().settings().settle).await;
         }
         let mut inputs = batches.rest(first);
         // A message sent again with a key the conversation took is answered, not taken:
@@ -180,7 +181,7 @@ pub(crate) async fn run(
             }
         }
         for input in repeated {
-            answer_repeated(&ctx, audience, &history, input);
+            answer_repeated(&kit.reporter, audience, &history, input);
             handle.done_pending();
         }
         if inputs.is_empty() {
@@ -206,7 +207,7 @@ pub(crate) async fn run(
                     "not answered yet ({held}); the message is in the conversation's history"
                 );
                 turn.model_failed(&error);
-                ctx.reporter.emit_to(
+                kit.reporter.emit_to(
                     &turn,
                     Event::TurnSuppressed {
                         process: name.clone(),
@@ -218,31 +219,32 @@ pub(crate) async fn run(
             Ok(lease) if allowed => {
                 // Anything but appending since the last save means a rewrite of the stored copy.
                 rewrite |= repair(&mut history);
-                rewrite |= compact_if_needed(&ctx, &name, &turn, &mut history).await;
+                rewrite |= compact_if_needed(&kit.compactor, &name, &turn, &mut history).await;
                 let host_tools = ChannelTools {
-                    ctx: ctx.clone(),
+                    kit: kit.clone(),
                     channel: name.clone(),
                     handle: handle.clone(),
                     turn: turn.clone(),
                     fork: history.clone(),
                     delivered: Mutex::default(),
                 };
-                let tools_handler = ProcessTools::new(&ctx, &name, &calls, &turn, &host_tools);
+                let tools_handler =
+                    ProcessTools::new(&kit.gate, &kit.reporter, &name, &calls, &turn, &host_tools);
                 let text_out = StreamedText {
-                    ctx: &ctx,
+                    reporter: &kit.reporter,
                     channel: &name,
                     turn: &turn,
-                    redactor: Mutex::new(ctx.reporter.redactor().steady_stream()),
+                    redactor: Mutex::new(kit.reporter.redactor().steady_stream()),
                     streamed: std::sync::atomic::AtomicBool::new(false),
                 };
-                let mut prompt = ctx.gate.turn(&name, lease.ticket(), route, &system, &tools);
+                let mut prompt = kit.gate.turn(&name, lease.ticket(), route, &system, &tools);
                 prompt.deltas = &text_out;
                 let ran = prompt.run(&mut history, &tools_handler).await;
                 text_out.finish();
                 match ran {
                     Ok(TurnEnd::Text(text)) if !text.trim().is_empty() => {
                         let streamed = text_out.streamed();
-                        if let Some(text) = ctx.reporter.deliver_reply(&name, &turn, text, streamed)
+                        if let Some(text) = kit.reporter.deliver_reply(&name, &turn, text, streamed)
                         {
                             host_tools.delivered.lock().unwrap().push(text);
                         }
@@ -250,18 +252,18 @@ pub(crate) async fn run(
                     Ok(_) => {}
                     // Suppressed: whoever holds the session answers; not a reason to retry.
                     Err(err) => {
-                        let error = ctx.reporter.redactor().redact_owned(err.to_string());
+                        let error = kit.reporter.redactor().redact_owned(err.to_string());
                         turn.model_failed(&error);
                         answer.error = Some(error);
                         match err.reason {
-                            Unanswered::Suppressed(reason) => ctx.reporter.emit_to(
+                            Unanswered::Suppressed(reason) => kit.reporter.emit_to(
                                 &turn,
                                 Event::TurnSuppressed {
                                     process: name.clone(),
                                     reason,
                                 },
                             ),
-                            _ => ctx.reporter.model_failed(&turn, &name, &err),
+                            _ => kit.reporter.model_failed(&turn, &name, &err),
                         }
                     }
                 }
@@ -273,7 +275,7 @@ pub(crate) async fn run(
         rewrite |= history.len() < saved;
         let from = if rewrite { 0 } else { saved };
         // A failed save is reported; the next one rewrites the whole history.
-        let stored = ctx
+        let stored = kit
             .conversations
             .save_history(&name, &handle, &history, from)
             .await;
@@ -283,7 +285,7 @@ pub(crate) async fn run(
         turn.over();
         held.extend(forwarded_ids(&inputs).map(|id| (id, answer.clone())));
         if !rewrite {
-            ctx.reporter
+            kit.reporter
                 .answer_forwarded(std::mem::take(&mut held))
                 .await;
         }
@@ -292,24 +294,24 @@ pub(crate) async fn run(
         }
     }
     // Nothing this loop reserved outlives it.
-    ctx.gate.release_process(&name);
+    kit.gate.release_process(&name);
     // What the store refused is written once more before the conversation stops; what
     // still does not go in is reported, never dropped in silence.
     let flushed = if rewrite {
-        flush(&ctx, &name, &handle, &history).await
+        flush(&kit, &name, &handle, &history).await
     } else {
         Ok(())
     };
     // Noted before the exchanges hear it, so a door that heard it finds it in the report.
     if let Err(error) = &flushed {
-        ctx.conversations
+        kit.conversations
             .not_saved_at_stop(&name, &history, error.clone());
         for (_, answer) in &mut held {
             answer.error = Some(error.clone());
             answer.outcome = crate::services::AnswerOutcome::NotStored;
         }
     }
-    ctx.reporter.answer_forwarded(held).await;
+    kit.reporter.answer_forwarded(held).await;
     audience.end_all(flushed.as_ref().map(drop).map_err(String::as_str));
     // Reports that arrived as the channel closed are kept, not dropped.
     let carried = batches.carried.take();
@@ -320,7 +322,7 @@ pub(crate) async fn run(
     for input in left {
         match input {
             ChannelInput::Result { source, kind, text } => {
-                ctx.reporter
+                kit.reporter
                     .fold_back(&name, &source, &name, kind, &text)
                     .await;
             }
@@ -343,23 +345,23 @@ pub(crate) async fn run(
 /// to `limits.stop_flush_attempts` times, `limits.store_retry_ms` apart. The store's last error if
 /// it never took it.
 async fn flush(
-    ctx: &Context,
+    kit: &ChannelKit,
     name: &ProcessId,
     handle: &ChannelHandle,
     history: &[Message],
 ) -> Result<(), String> {
     let mut last = String::new();
-    for attempt in 0..ctx.config.limits.stop_flush_attempts {
+    for attempt in 0..kit.settings.limits.stop_flush_attempts {
         if attempt > 0 {
-            tokio::time::sleep(ctx.config.limits.store_retry).await;
+            tokio::time::sleep(kit.settings.limits.store_retry).await;
         }
-        match ctx
+        match kit
             .conversations
             .save_history(name, handle, history, 0)
             .await
         {
             Ok(()) => return Ok(()),
-            Err(err) => last = ctx.reporter.redactor().redact_owned(err.to_string()),
+            Err(err) => last = kit.reporter.redactor().redact_owned(err.to_string()),
         }
     }
     Err(last)
@@ -382,7 +384,7 @@ fn forwarded_ids(inputs: &[ChannelInput]) -> impl Iterator<Item = ForwardId> + '
 /// (always the last few bytes, as many as the longest value less one) tells a user who
 /// asks the model to repeat a guess nothing of any value.
 struct StreamedText<'a> {
-    ctx: &'a Context,
+    reporter: &'a Reporter,
     channel: &'a ProcessId,
     /// The turn whose exchanges wait for the reply.
     turn: &'a Scope,
@@ -394,14 +396,14 @@ struct StreamedText<'a> {
 impl StreamedText<'_> {
     fn send(&self, text: Vec<u8>) {
         // Not even in part from a host that may no longer answer the conversation.
-        if text.is_empty() || !self.ctx.reporter.is_live() {
+        if text.is_empty() || !self.reporter.is_live() {
             return;
         }
         let text = String::from_utf8_lossy(&text).into_owned();
         self.streamed
             .store(true, std::sync::atomic::Ordering::Relaxed);
         self.turn.send(&ReplyPart::Text(text.clone()));
-        self.ctx.reporter.emit(Event::Text {
+        self.reporter.emit(Event::Text {
             channel: self.channel.clone(),
             text,
         });
@@ -430,7 +432,7 @@ impl AnswerSink for StreamedText<'_> {
 
 /// The host tools a conversation (channel or cortex) runs.
 struct ChannelTools {
-    ctx: Arc<Context>,
+    kit: ChannelKit,
     channel: ProcessId,
     handle: ChannelHandle,
     /// The turn: the workers and branches it starts, and those it routes messages to,
@@ -452,14 +454,14 @@ fn worker_id(text: &str) -> Option<ProcessId> {
 
 impl ChannelTools {
     async fn answer(&self, call: HostCall) -> Result<ToolOutcome, ToolError> {
-        let ctx = &self.ctx;
-        let supervisor = &ctx.supervisor;
+        let kit = &self.kit;
+        let supervisor = &kit.supervisor;
         let answer = |value: serde_json::Value| Ok(ToolOutcome::Continue(value.to_string()));
         match call {
             HostCall::Reply(args) => {
                 let turn = &self.turn;
                 if let Some(text) =
-                    ctx.reporter
+                    kit.reporter
                         .deliver_reply(&self.channel, turn, args.text.clone(), false)
                 {
                     self.delivered.lock().unwrap().push(text);
@@ -471,12 +473,13 @@ impl ChannelTools {
                 }
             }
             HostCall::Skip(_) => Ok(ToolOutcome::EndTurn("skipped".into())),
-            HostCall::SpawnWorker(args) => ctx
+            HostCall::SpawnWorker(args) => kit
+                .spawner
                 .spawn_worker_tool(&self.channel, None, &self.turn, args)
                 .await
                 .map(ToolOutcome::Continue),
             HostCall::Branch(args) => {
-                let branched = ctx.spawn_branch(
+                let branched = kit.spawner.spawn_branch(
                     &self.channel,
                     &self.handle,
                     &self.turn,

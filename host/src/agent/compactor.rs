@@ -2,13 +2,11 @@
 //! part is summarized (by a compactor process, which may save memories) and replaced by
 //! the summary.
 
-use std::sync::Arc;
-
 use super::audience::Scope;
-use super::context::Context;
 use super::events::Event;
 use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
+use super::spawning::CompactorKit;
 use super::tool_calls::{NoHostTools, ProcessTools};
 use super::turn::{TurnEnd, TurnError};
 use crate::dispatch::Route;
@@ -44,12 +42,12 @@ fn cut_point(history: &[Message]) -> Option<usize> {
 
 /// Compacts `history` in place if it is over the threshold; returns whether it did.
 pub(crate) async fn compact_if_needed(
-    ctx: &Arc<Context>,
+    kit: &CompactorKit,
     channel: &ProcessId,
     turn: &Scope,
     history: &mut Vec<Message>,
 ) -> bool {
-    let limits = &ctx.config.limits;
+    let limits = &kit.settings.limits;
     let threshold = (limits.context_window_tokens as f64 * limits.compaction_threshold) as usize;
     let tokens = estimate_tokens(history);
     if tokens <= threshold {
@@ -58,14 +56,14 @@ pub(crate) async fn compact_if_needed(
     let Some(cut) = cut_point(history) else {
         return false;
     };
-    let id = match ctx.new_id(ProcessKind::Compactor).await {
+    let id = match kit.ids.next(ProcessKind::Compactor).await {
         Ok(id) => id,
         Err(err) => {
             tracing::error!("cannot number a compactor run, history kept: {err}");
             return false;
         }
     };
-    ctx.reporter.emit_to(
+    kit.reporter.emit_to(
         turn,
         Event::CompactionStarted {
             compactor: id.clone(),
@@ -83,14 +81,14 @@ pub(crate) async fn compact_if_needed(
     let mut work = vec![Message::user(format!(
         "Summarize this conversation excerpt:\n\n{excerpt}"
     ))];
-    let tools = ctx.gate.tool_defs(ProcessKind::Compactor);
-    let system = system_prompt(ProcessKind::Compactor, &ctx.config.agent.name);
+    let tools = kit.gate.tool_defs(ProcessKind::Compactor);
+    let system = system_prompt(ProcessKind::Compactor, &kit.settings.agent_name);
     // The compactor's own plugin instances and audit rows, for its life.
     let calls = ProcessCalls::new();
-    let handler = ProcessTools::new(ctx, &id, &calls, turn, &NoHostTools);
-    let end = match ctx.gate.lease_loop(&id) {
+    let handler = ProcessTools::new(&kit.gate, &kit.reporter, &id, &calls, turn, &NoHostTools);
+    let end = match kit.gate.lease_loop(&id) {
         Ok(lease) => {
-            let turn = ctx
+            let turn = kit
                 .gate
                 .turn(&id, lease.ticket(), Route::Compaction, &system, &tools);
             turn.run(&mut work, &handler).await
@@ -103,7 +101,7 @@ pub(crate) async fn compact_if_needed(
                 ..cut,
                 [Message::user(format!("{SUMMARY_PREFIX} {summary}"))],
             );
-            ctx.reporter.emit_to(
+            kit.reporter.emit_to(
                 turn,
                 Event::Compacted {
                     compactor: id.clone(),
@@ -113,7 +111,7 @@ pub(crate) async fn compact_if_needed(
             true
         }
         Ok(_) => {
-            ctx.reporter.emit_to(
+            kit.reporter.emit_to(
                 turn,
                 Event::CompactionSkipped {
                     compactor: id.clone(),
@@ -123,8 +121,8 @@ pub(crate) async fn compact_if_needed(
             false
         }
         Err(err) => {
-            ctx.reporter.model_failed(turn, &id, &err);
-            ctx.reporter.emit_to(
+            kit.reporter.model_failed(turn, &id, &err);
+            kit.reporter.emit_to(
                 turn,
                 Event::CompactionSkipped {
                     compactor: id.clone(),
@@ -134,6 +132,6 @@ pub(crate) async fn compact_if_needed(
             false
         }
     };
-    ctx.gate.release_process(&id);
+    kit.gate.release_process(&id);
     compacted
 }

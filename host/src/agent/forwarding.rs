@@ -62,7 +62,7 @@ pub(crate) async fn take_forwarded(ctx: Weak<Context>) {
 /// Opens conversation `id` here (taking it over if its owner's run is over) and sends in
 /// what was forwarded to it.
 async fn deliver(ctx: &std::sync::Arc<Context>, id: &ProcessId) {
-    let handle = match ctx.conversation(id).await {
+    let handle = match ctx.spawner.conversation(id).await {
         Ok(handle) => handle,
         // Another host took it first: it takes the messages too.
         Err(ConversationError::OwnedElsewhere(_) | ConversationError::ShuttingDown(_)) => return,

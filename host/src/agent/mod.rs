@@ -27,11 +27,13 @@ mod inbox;
 mod model_gate;
 mod notifications;
 mod process_calls;
+mod process_ids;
 mod prompts;
 mod repeats;
 mod reporter;
 mod reservations;
 mod runtime;
+mod spawning;
 mod spill;
 mod spilling;
 mod stop;
@@ -41,11 +43,11 @@ mod turn;
 mod worker;
 mod worker_records;
 
-pub use context::SpawnOutcome;
 pub use conversations::{ConversationError, OwnedElsewhere};
 pub use events::{Event, TurnEnding};
 pub use exchange::{End, Exchange, PartNumber, ReplyPart, UserMessage};
 pub use notifications::NotificationKind;
+pub use spawning::SpawnOutcome;
 pub use supervisor::{ShuttingDown, TooManyConversations};
 
 pub use runtime::{Runtime, Sent};

@@ -50,6 +50,11 @@ impl ModelGate {
         &self.dispatcher
     }
 
+    /// Where each tool call goes.
+    pub(crate) fn router(&self) -> &ToolRouter {
+        &self.router
+    }
+
     /// The tools a `kind` process is offered ([`ToolCatalog::offered`](crate::tools::ToolCatalog::offered)).
     pub(crate) fn tool_defs(&self, kind: ProcessKind) -> Arc<[ToolDef]> {
         self.router.catalog().offered(kind)

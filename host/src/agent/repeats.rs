@@ -6,11 +6,12 @@
 //! reads the same history.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use super::audience::Audience;
-use super::context::Context;
 use super::exchange::{End, Exchange, ReplyPart, answer_of};
 use super::inbox::ChannelInput;
+use super::reporter::Reporter;
 use crate::ids::MessageKey;
 use crate::llm::{Message, Role};
 use crate::tools::HostCall;
@@ -39,7 +40,7 @@ pub(crate) fn take_repeated(
 /// Answers `input`, a message sent again with a key its conversation took: its exchange,
 /// or the host that forwarded it, gets the answer that key got.
 pub(crate) fn answer_repeated(
-    ctx: &Context,
+    reporter: &Arc<Reporter>,
     audience: &Audience,
     history: &[Message],
     input: ChannelInput,
@@ -57,7 +58,7 @@ pub(crate) fn answer_repeated(
     let stored = || {
         stored_answer(history, &key)
             .into_iter()
-            .map(|reply| ctx.reporter.redactor().redact_owned(reply))
+            .map(|reply| reporter.redactor().redact_owned(reply))
             .collect()
     };
     if let Some(listener) = exchange {
@@ -67,7 +68,7 @@ pub(crate) fn answer_repeated(
         // The host that forwarded it waits for an answer, as for the first.
         let (listener, mut relay) = Exchange::new(Some(key.clone()));
         audience.repeat(listener, stored);
-        let reporter = ctx.reporter.clone();
+        let reporter = reporter.clone();
         tokio::spawn(async move {
             let mut replies = Vec::new();
             let mut end = End::Lost;

@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::context::{BranchSpec, Context, SpawnOutcome, Starter, WorkerSpec};
+use super::context::Context;
 use super::conversations::ConversationError;
 use super::events::Event;
 use super::exchange::{
@@ -15,6 +15,9 @@ use super::exchange::{
 };
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::reservations::Reservation;
+use super::spawning::{
+    BranchKit, BranchSpec, ChannelKit, SpawnOutcome, Starter, WorkerKit, WorkerSpec,
+};
 use super::stop::{NotSaved, StopReport};
 use super::{branch, channel, forwarding, spilling, worker};
 use crate::config::Config;
@@ -63,27 +66,27 @@ struct Processes;
 impl Starter for Processes {
     fn channel(
         &self,
-        ctx: &Arc<Context>,
+        kit: ChannelKit,
         id: ProcessId,
         handle: ChannelHandle,
         inbox: mpsc::UnboundedReceiver<ChannelInput>,
         history: Vec<Message>,
     ) {
-        tokio::spawn(channel::run(ctx.clone(), id, handle, inbox, history));
+        tokio::spawn(channel::run(kit, id, handle, inbox, history));
     }
 
     fn worker(
         &self,
-        ctx: &Arc<Context>,
+        kit: WorkerKit,
         spec: WorkerSpec,
         channel: ChannelHandle,
         reservation: Reservation,
     ) {
-        worker::start(ctx.clone(), spec, channel, reservation);
+        worker::start(kit, spec, channel, reservation);
     }
 
-    fn branch(&self, ctx: &Arc<Context>, spec: BranchSpec, channel: ChannelHandle) {
-        branch::start(ctx.clone(), spec, channel);
+    fn branch(&self, kit: BranchKit, spec: BranchSpec, channel: ChannelHandle) {
+        branch::start(kit, spec, channel);
     }
 }
 
@@ -175,7 +178,7 @@ impl Runtime {
         id: &ProcessId,
         text: &str,
     ) -> Result<Sent, ConversationError> {
-        match self.ctx.conversation(id).await {
+        match self.ctx.spawner.conversation(id).await {
             Ok(handle) => {
                 handle.send(ChannelInput::user(text));
                 Ok(Sent::Here)
@@ -228,7 +231,7 @@ impl Runtime {
     ) -> Result<Exchange, ConversationError> {
         let message = message.into();
         let (listener, exchange) = Exchange::new(message.key.clone());
-        match self.ctx.conversation(id).await {
+        match self.ctx.spawner.conversation(id).await {
             Ok(handle) => {
                 // Refused only if the conversation closed meanwhile: the exchange then
                 // ends lost, as its listener drops untaken.
@@ -370,13 +373,14 @@ impl Runtime {
     ) -> Result<SpawnOutcome, String> {
         let channel = ProcessId::channel(channel);
         self.ctx
+            .spawner
             .spawn_worker(&channel, None, None, task, interactive, task_number)
             .await
     }
 
     /// Task descriptions reserved by live workers.
     pub fn reserved_tasks(&self) -> usize {
-        self.ctx.reservations.len()
+        self.ctx.spawner.reserved_tasks()
     }
 
     /// Workers running now (admitted, not yet ended).

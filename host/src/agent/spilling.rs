@@ -153,7 +153,7 @@ pub(crate) async fn land_spill(ctx: &Arc<Context>) {
 /// run still holds it.
 async fn land(ctx: &Arc<Context>, id: &ProcessId) -> Option<RunId> {
     let spiller = ctx.conversations.spill.as_ref()?.history(id)?.run;
-    match ctx.conversation(id).await {
+    match ctx.spawner.conversation(id).await {
         Ok(_) => None,
         Err(ConversationError::OwnedElsewhere(elsewhere)) if elsewhere.owner == spiller => {
             Some(spiller)

@@ -3,20 +3,16 @@
 //! the registry with the kind's grants, and refuses the rest. Each outcome is reported as
 //! an event to the exchanges the process works for.
 
-use std::sync::Arc;
-
-use serde_json::json;
-
 use super::audience::Scope;
-use super::context::{Context, SpawnOutcome};
 use super::events::Event;
+use super::model_gate::ModelGate;
 use super::process_calls::ProcessCalls;
-use super::supervisor::Holder;
+use super::reporter::Reporter;
 use super::turn::{ToolHandler, ToolOutcome};
 use crate::ids::ProcessId;
 use crate::llm::BoxFuture;
 use crate::plugin::ToolError;
-use crate::tools::{HostCall, Routed, SpawnArgs};
+use crate::tools::{HostCall, Routed, ToolRouter};
 
 /// What a process does with the host tools its kind runs
 /// ([`HostTool::run_by`](crate::tools::HostTool::run_by)): the router hands it only those.
@@ -44,10 +40,11 @@ impl HostTools for NoHostTools {
     }
 }
 
-/// The tool calls of one process: routed by the agent's [`ToolRouter`](crate::tools::ToolRouter),
+/// The tool calls of one process: routed by the agent's [`ToolRouter`] (the gate's),
 /// host tools run by `host`, each outcome told to the exchanges that follow `scope`.
 pub(crate) struct ProcessTools<'a> {
-    ctx: &'a Context,
+    router: &'a ToolRouter,
+    reporter: &'a Reporter,
     caller: &'a ProcessId,
     calls: &'a ProcessCalls,
     scope: &'a Scope,
@@ -55,17 +52,20 @@ pub(crate) struct ProcessTools<'a> {
 }
 
 impl<'a> ProcessTools<'a> {
-    /// The calls of process `caller`, sharing `calls`, as part of the work `scope`, its
-    /// host tools run by `host`.
+    /// The calls of process `caller`, routed by `gate`'s router and told through
+    /// `reporter`, sharing `calls`, as part of the work `scope`, its host tools run by
+    /// `host`.
     pub(crate) fn new(
-        ctx: &'a Context,
+        gate: &'a ModelGate,
+        reporter: &'a Reporter,
         caller: &'a ProcessId,
         calls: &'a ProcessCalls,
         scope: &'a Scope,
         host: &'a dyn HostTools,
     ) -> Self {
         ProcessTools {
-            ctx,
+            router: gate.router(),
+            reporter,
             caller,
             calls,
             scope,
@@ -75,7 +75,6 @@ impl<'a> ProcessTools<'a> {
 
     async fn answer(&self, name: &str, arguments: &str) -> ToolOutcome {
         let routed = self
-            .ctx
             .router
             .route(self.caller, Some(&self.calls.instances), name, arguments)
             .await;
@@ -99,7 +98,7 @@ impl<'a> ProcessTools<'a> {
                         process: self.caller.clone(),
                         tool: name.to_owned(),
                     };
-                    self.ctx.reporter.emit_to(self.scope, called);
+                    self.reporter.emit_to(self.scope, called);
                 })
             }
         };
@@ -123,7 +122,7 @@ impl<'a> ProcessTools<'a> {
                 error,
             },
         };
-        self.ctx.reporter.emit_to(self.scope, event);
+        self.reporter.emit_to(self.scope, event);
         shown
     }
 }
@@ -149,56 +148,5 @@ impl ToolHandler for ProcessTools<'_> {
 
     fn handle<'b>(&'b self, name: &'b str, arguments: &'b str) -> BoxFuture<'b, ToolOutcome> {
         Box::pin(self.answer(name, arguments))
-    }
-}
-
-impl Context {
-    /// Runs the `spawn_worker` host tool for `channel`, on behalf of `requester` (a branch;
-    /// `None`: the channel), as part of the work `origin`: the outcome as JSON for the
-    /// model.
-    pub(crate) async fn spawn_worker_tool(
-        self: &Arc<Self>,
-        channel: &ProcessId,
-        requester: Option<&ProcessId>,
-        origin: &Scope,
-        args: SpawnArgs,
-    ) -> Result<String, ToolError> {
-        let outcome = self
-            .spawn_worker(
-                channel,
-                requester,
-                Some(origin),
-                &args.task,
-                args.interactive,
-                args.task_number,
-            )
-            .await
-            .map_err(|err| ToolError::InvalidArgs(format!("spawn_worker: {err}")))?;
-        Ok(match outcome {
-            SpawnOutcome::Spawned { worker } => {
-                json!({ "spawned": true, "worker": worker, "task_number": args.task_number })
-            }
-            SpawnOutcome::Duplicate { existing } => {
-                // Who waits on this work hears that worker's end too, if it is this
-                // conversation's and still running here.
-                let following = || origin.include(&existing);
-                let holder = self.supervisor.follow_worker(channel, &existing, following);
-                if holder == Holder::OtherConversation {
-                    // Neither its id nor its work is this conversation's to know.
-                    return Ok(json!({
-                        "spawned": false,
-                        "reason": "a worker of another conversation is on this task; its \
-                                   result goes to that conversation",
-                    })
-                    .to_string());
-                }
-                json!({
-                "spawned": false,
-                "existing_worker": existing,
-                "hint": format!("{existing} is already on this task; use route to send it more input"),
-                })
-            }
-        }
-        .to_string())
     }
 }

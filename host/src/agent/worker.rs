@@ -11,13 +11,14 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Mutex as AsyncMutex, Notify, mpsc};
 
 use super::audience::Scope;
-use super::context::{Context, WorkerSpec};
 use super::events::Event;
 use super::inbox::{ChannelHandle, drain};
 use super::notifications::NotificationKind;
 use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
+use super::reporter::Reporter;
 use super::reservations::Reservation;
+use super::spawning::{WorkerKit, WorkerSpec};
 use super::supervisor::{Pending, WorkerHandle, supervise};
 use super::tool_calls::{HostTools, ProcessTools};
 use super::turn::{ToolOutcome, TurnEnd};
@@ -39,7 +40,7 @@ type Inbox = Arc<AsyncMutex<mpsc::UnboundedReceiver<String>>>;
 /// entry goes, and its reservation (the task description) and admission permit are
 /// released.
 pub(crate) fn start(
-    ctx: Arc<Context>,
+    kit: WorkerKit,
     spec: WorkerSpec,
     channel: ChannelHandle,
     reservation: Reservation,
@@ -48,24 +49,24 @@ pub(crate) fn start(
     let inbox: Inbox = Arc::new(AsyncMutex::new(inbox));
     let spec = Arc::new(spec);
     let failed = {
-        let (ctx, spec, channel, inbox) =
-            (ctx.clone(), spec.clone(), channel.clone(), inbox.clone());
+        let (kit, spec, channel, inbox) =
+            (kit.clone(), spec.clone(), channel.clone(), inbox.clone());
         move |why| async move {
-            ctx.supervisor.worker_ended(&spec.id);
+            kit.supervisor.worker_ended(&spec.id);
             let undelivered = drain(&mut *inbox.lock().await);
             let ended = Ended {
                 state: WorkerState::Failed,
                 outcome: why,
                 recorded: true,
             };
-            finish(&ctx, &spec, &channel, ended, undelivered).await;
+            finish(&kit, &spec, &channel, ended, undelivered).await;
         }
     };
     supervise(
         &channel,
         |pending| {
             run(
-                ctx,
+                kit,
                 spec,
                 channel.clone(),
                 reservation,
@@ -81,7 +82,7 @@ pub(crate) fn start(
 /// The worker's life, in its own task so that a panic is caught by its supervisor.
 /// `_reservation` and the admission permit drop with this future, however it ends.
 async fn run(
-    ctx: Arc<Context>,
+    kit: WorkerKit,
     spec: Arc<WorkerSpec>,
     channel: ChannelHandle,
     reservation: Reservation,
@@ -98,7 +99,7 @@ async fn run(
         .expect("never closed");
     let cancel = Arc::new(Notify::new());
     let interrupted = Arc::new(AtomicBool::new(false));
-    ctx.supervisor.worker_started(
+    kit.supervisor.worker_started(
         &spec.id,
         WorkerHandle {
             channel: spec.channel.clone(),
@@ -108,10 +109,10 @@ async fn run(
             pending: pending.clone(),
         },
     );
-    let (id, records) = (&spec.id, &ctx.workers);
+    let (id, records) = (&spec.id, &kit.records);
     // Admitted here by the host's own count, and by the store's among the hosts.
     let recorded = records.admit(id, &spec.channel, &spec.task).await;
-    ctx.reporter.emit_to(
+    kit.reporter.emit_to(
         &channel.audience.of(&spec.id),
         Event::WorkerStarted {
             worker: spec.id.clone(),
@@ -123,10 +124,10 @@ async fn run(
         // A worker the store does not know of would be invisible to every other host,
         // and never marked lost if this one died: it does not work, and the channel hears
         // why.
-        ctx.supervisor.worker_ended(&spec.id);
+        kit.supervisor.worker_ended(&spec.id);
         let outcome = format!("not started: the store refused to record it ({err})");
         finish(
-            &ctx,
+            &kit,
             &spec,
             &channel,
             Ended::unrecorded(outcome),
@@ -138,12 +139,12 @@ async fn run(
         return;
     }
 
-    let limit = ctx.config.limits.worker_timeout;
+    let limit = kit.settings.limits.worker_timeout;
     // Routed messages added to the history that no model answer has covered yet: if the
     // worker ends now (its request failed, it was cancelled or timed out mid-request),
     // they are reported as not delivered with the rest.
     let mut unanswered = Vec::new();
-    let working = work(&ctx, &spec, &channel, &pending, &inbox, &mut unanswered);
+    let working = work(&kit, &spec, &channel, &pending, &inbox, &mut unanswered);
     let (state, outcome) = tokio::select! {
         ended = tokio::time::timeout(limit, working) => {
             ended.unwrap_or_else(|_| {
@@ -157,7 +158,7 @@ async fn run(
         },
     };
     // Out of the registry first: from here on a route is refused, not queued.
-    ctx.supervisor.worker_ended(&spec.id);
+    kit.supervisor.worker_ended(&spec.id);
     let mut undelivered = unanswered;
     undelivered.extend(drain(&mut *inbox.lock().await));
     let ended = Ended {
@@ -165,7 +166,7 @@ async fn run(
         outcome,
         recorded: true,
     };
-    finish(&ctx, &spec, &channel, ended, undelivered).await;
+    finish(&kit, &spec, &channel, ended, undelivered).await;
     // Free for a worker of any host now, not only once the end is seen.
     if let Err(err) = records.release_task(reservation.key(), id).await {
         tracing::warn!(worker = %spec.id, "cannot release the worker's task among the hosts (it is free anyway once its end is stored): {err}");
@@ -194,25 +195,25 @@ impl Ended {
 /// Records the worker's end and reports it: to its channel, or, when the branch that
 /// asked for it has ended, as a late notification.
 async fn finish(
-    ctx: &Context,
+    kit: &WorkerKit,
     spec: &WorkerSpec,
     channel: &ChannelHandle,
     ended: Ended,
     undelivered: Vec<String>,
 ) {
-    ctx.gate.release_process(&spec.id);
+    kit.gate.release_process(&spec.id);
     let Ended {
         state,
         outcome,
         recorded,
     } = ended;
     if recorded {
-        let stored = ctx.workers.set_state(&spec.id, state, Some(&outcome));
+        let stored = kit.records.set_state(&spec.id, state, Some(&outcome));
         if let Err(err) = stored.await {
             tracing::error!(worker = %spec.id, "cannot record the worker's end: {err}");
         }
     }
-    ctx.reporter.emit_to(
+    kit.reporter.emit_to(
         &channel.audience.of(&spec.id),
         Event::WorkerEnded {
             worker: spec.id.clone(),
@@ -234,35 +235,35 @@ async fn finish(
         WorkerState::WaitingForInput => NotificationKind::InputRequired,
         WorkerState::Failed | WorkerState::Running => NotificationKind::Error,
     };
-    tell(ctx, spec, channel, kind, report).await;
+    tell(kit, spec, channel, kind, report).await;
 }
 
 /// Sends `text` to the worker's channel, or folds it back if its requester has ended.
 async fn tell(
-    ctx: &Context,
+    kit: &WorkerKit,
     spec: &WorkerSpec,
     channel: &ChannelHandle,
     kind: NotificationKind,
     text: String,
 ) {
     let requester = spec.requester.as_ref();
-    ctx.reporter
+    kit.reporter
         .tell(&spec.channel, channel, &spec.id, requester, kind, text)
         .await;
 }
 
 /// The worker's turns: the task, then any routed follow-ups, until it reports an end.
 async fn work(
-    ctx: &Context,
+    kit: &WorkerKit,
     spec: &WorkerSpec,
     channel: &ChannelHandle,
     pending: &Pending,
     inbox: &Inbox,
     unanswered: &mut Vec<String>,
 ) -> (WorkerState, String) {
-    let tools = ctx.gate.tool_defs(ProcessKind::Worker);
-    let system = system_prompt(ProcessKind::Worker, &ctx.config.agent.name);
-    let lease = match ctx.gate.lease_loop(&spec.id) {
+    let tools = kit.gate.tool_defs(ProcessKind::Worker);
+    let system = system_prompt(ProcessKind::Worker, &kit.settings.agent_name);
+    let lease = match kit.gate.lease_loop(&spec.id) {
         Ok(lease) => lease,
         Err(held) => return (WorkerState::Failed, format!("cannot prompt: {held}")),
     };
@@ -273,14 +274,21 @@ async fn work(
     let scope = channel.audience.of(&spec.id);
     loop {
         let host_tools = WorkerTools {
-            ctx,
+            reporter: &kit.reporter,
             id: spec.id.clone(),
             scope: &scope,
             reported: Mutex::new(None),
             inbox,
         };
-        let handler = ProcessTools::new(ctx, &spec.id, &calls, &scope, &host_tools);
-        let turn = ctx
+        let handler = ProcessTools::new(
+            &kit.gate,
+            &kit.reporter,
+            &spec.id,
+            &calls,
+            &scope,
+            &host_tools,
+        );
+        let turn = kit
             .gate
             .turn(&spec.id, lease.ticket(), route, &system, &tools);
         let end = turn.run(&mut history, &handler).await;
@@ -290,13 +298,13 @@ async fn work(
         let reported = host_tools.reported.lock().unwrap().take();
         let (state, message) = match (end, reported) {
             (Err(err), _) => {
-                ctx.reporter.model_failed(&scope, &spec.id, &err);
+                kit.reporter.model_failed(&scope, &spec.id, &err);
                 return (WorkerState::Failed, format!("the model failed: {err}"));
             }
             (Ok(TurnEnd::Injected(messages)), _) => {
                 // Stopped at a boundary with every call answered: add the messages and go
                 // on. Not a retry, so it uses no budget of any kind.
-                ctx.reporter.emit_to(
+                kit.reporter.emit_to(
                     &scope,
                     Event::InjectionDelivered {
                         worker: spec.id.clone(),
@@ -312,7 +320,7 @@ async fn work(
             (Ok(TurnEnd::MaxTurns), None) => {
                 return (
                     WorkerState::Failed,
-                    format!("ran out of its {} turns", ctx.config.limits.max_turns),
+                    format!("ran out of its {} turns", kit.settings.limits.max_turns),
                 );
             }
             (Ok(TurnEnd::Ended), None) => (WorkerState::Done, String::new()),
@@ -326,7 +334,7 @@ async fn work(
                     format!("asked for input, but is not interactive: {message}"),
                 );
             }
-            ctx.reporter.emit_to(
+            kit.reporter.emit_to(
                 &scope,
                 Event::WorkerWaiting {
                     worker: spec.id.clone(),
@@ -335,14 +343,14 @@ async fn work(
             );
             if routed.is_empty() {
                 let waiting = WorkerState::WaitingForInput;
-                let recorded = ctx.workers.set_state(&spec.id, waiting, None);
+                let recorded = kit.records.set_state(&spec.id, waiting, None);
                 if let Err(err) = recorded.await {
                     tracing::error!(worker = %spec.id, "cannot record the worker's state: {err}");
                 }
                 // The user hears the question; while it waits, the worker does not keep its
                 // channel busy.
                 tell(
-                    ctx,
+                    kit,
                     spec,
                     channel,
                     NotificationKind::InputRequired,
@@ -353,7 +361,7 @@ async fn work(
                 // Paused only if nothing was routed meanwhile; a route resumes it (both
                 // under the registry lock), so the channel is never idle with an answer
                 // on its way to this worker.
-                ctx.supervisor.pause_while_waiting(&waiting, pending);
+                kit.supervisor.pause_while_waiting(&waiting, pending);
                 let input = waiting.recv().await;
                 drop(waiting);
                 pending.resume();
@@ -362,7 +370,7 @@ async fn work(
                     None => return (WorkerState::Cancelled, "its channel closed".into()),
                 }
                 let running = WorkerState::Running;
-                let recorded = ctx.workers.set_state(&spec.id, running, None);
+                let recorded = kit.records.set_state(&spec.id, running, None);
                 if let Err(err) = recorded.await {
                     tracing::error!(worker = %spec.id, "cannot record the worker's state: {err}");
                 }
@@ -385,7 +393,7 @@ fn continue_with(history: &mut Vec<Message>, messages: Vec<String>) -> Vec<Strin
 
 /// The worker's host tool `set_status`; everything else goes to the plugins.
 struct WorkerTools<'w> {
-    ctx: &'w Context,
+    reporter: &'w Reporter,
     id: ProcessId,
     /// The worker's work, whose exchanges hear its progress.
     scope: &'w Scope,
@@ -403,7 +411,7 @@ impl WorkerTools<'_> {
         };
         let state = match args.state {
             ReportedState::Progress => {
-                self.ctx.reporter.emit_to(
+                self.reporter.emit_to(
                     self.scope,
                     Event::WorkerProgress {
                         worker: self.id.clone(),

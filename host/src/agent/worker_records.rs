@@ -42,6 +42,16 @@ impl WorkerRecords {
         self.ledger.set_worker_state(id, state, outcome).await
     }
 
+    /// Reserves the task `key` for worker `id` among the hosts sharing the store; the
+    /// worker that holds it already, if another does.
+    pub(crate) async fn reserve_task(
+        &self,
+        key: &str,
+        id: &ProcessId,
+    ) -> Result<Option<ProcessId>, ServiceError> {
+        self.ledger.reserve_task(self.run, key, id).await
+    }
+
     /// Frees the task `key` worker `id` held, for a worker of any host.
     pub(crate) async fn release_task(&self, key: &str, id: &ProcessId) -> Result<(), ServiceError> {
         self.ledger.release_task(key, id).await

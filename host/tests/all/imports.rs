@@ -463,7 +463,8 @@ fn the_agent_core_is_layered_processes_below_the_runtime() {
             .map(|(to, _)| to.clone())
             .collect()
     };
-    // Processes reach each other only through the context, never by module.
+    // Processes reach each other only through the spawner (which hands each its kit),
+    // never by module.
     let processes = ["channel", "branch", "worker"];
     for process in processes {
         let reached = names(process);
@@ -477,7 +478,16 @@ fn the_agent_core_is_layered_processes_below_the_runtime() {
             !reached.contains("runtime"),
             "{process} imports the runtime"
         );
-        assert!(reached.contains("context"), "{process}: {reached:?}");
+        assert!(reached.contains("spawning"), "{process}: {reached:?}");
+    }
+    // No process, nor what it runs, holds the runtime's context: each is handed the
+    // handles of its kit, and the spawner builds those from handles, not from the context.
+    for module in processes
+        .iter()
+        .chain(&["compactor", "repeats", "tool_calls", "spawning"])
+    {
+        let reached = names(module);
+        assert!(!reached.contains("context"), "{module} imports the context");
     }
     // The compactor is run inside the channel's turn, and imports no process.
     for process in processes {
@@ -486,7 +496,7 @@ fn the_agent_core_is_layered_processes_below_the_runtime() {
             "compactor imports {process}"
         );
     }
-    // Processes ask the context's handles (conversations, the reporter, worker records),
+    // Processes ask their kits' handles (conversations, the reporter, worker records),
     // never the services behind them.
     for process in processes
         .iter()

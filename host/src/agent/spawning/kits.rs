@@ -1,0 +1,145 @@
+//! What each kind of process is started with: the handles its work needs and no other.
+//!
+//! A process never holds the runtime's [`Context`](crate::agent::context::Context): a worker gets
+//! no way to start processes or open conversations, a branch none to save a conversation,
+//! the compactor none to reach any process. The [`Spawner`] hands each process its kit as
+//! it starts it, from the one set of [`Handles`] the runtime built.
+//!
+//! | kit | model | reporter | supervisor | conversations | spawner | worker records | ids |
+//! |-----|-------|----------|------------|---------------|---------|----------------|-----|
+//! | [`ChannelKit`] | yes | yes | yes | yes | yes | | (its compactor's) |
+//! | [`BranchKit`] | yes | yes | yes | | yes | | |
+//! | [`WorkerKit`] | yes | yes | yes | | | yes | |
+//! | [`CompactorKit`] | yes | yes | | | | | yes |
+
+use std::sync::Arc;
+
+use super::Spawner;
+use crate::agent::conversations::Conversations;
+use crate::agent::model_gate::ModelGate;
+use crate::agent::process_ids::ProcessIds;
+use crate::agent::reporter::Reporter;
+use crate::agent::supervisor::Supervisor;
+use crate::agent::worker_records::WorkerRecords;
+use crate::config::AgentLimits;
+
+/// What every process's prompt and bounds are made of: the agent's name and its limits.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    /// `agent.name`, in every system prompt.
+    pub(crate) agent_name: String,
+    /// `[limits]`.
+    pub(crate) limits: AgentLimits,
+}
+
+/// Every handle some kind of process is given, built once by the runtime; each kit takes
+/// its share.
+#[derive(Clone)]
+pub(crate) struct Handles {
+    pub(crate) gate: Arc<ModelGate>,
+    pub(crate) reporter: Arc<Reporter>,
+    pub(crate) supervisor: Arc<Supervisor>,
+    pub(crate) conversations: Arc<Conversations>,
+    pub(crate) records: Arc<WorkerRecords>,
+    pub(crate) ids: ProcessIds,
+    pub(crate) settings: Arc<Settings>,
+}
+
+/// What a conversation (channel or cortex) is started with.
+#[derive(Clone)]
+pub(crate) struct ChannelKit {
+    /// How it asks the model.
+    pub(crate) gate: Arc<ModelGate>,
+    /// How it tells what it does, and delivers its replies.
+    pub(crate) reporter: Arc<Reporter>,
+    /// Its own workers, which it routes messages to and cancels.
+    pub(crate) supervisor: Arc<Supervisor>,
+    /// Its history's store.
+    pub(crate) conversations: Arc<Conversations>,
+    /// How it starts workers and branches.
+    pub(crate) spawner: Arc<Spawner>,
+    /// What its compactor runs with, inside its turn.
+    pub(crate) compactor: CompactorKit,
+    pub(crate) settings: Arc<Settings>,
+}
+
+/// What a branch is started with.
+#[derive(Clone)]
+pub(crate) struct BranchKit {
+    pub(crate) gate: Arc<ModelGate>,
+    pub(crate) reporter: Arc<Reporter>,
+    /// Where it says it is alive.
+    pub(crate) supervisor: Arc<Supervisor>,
+    /// How it starts workers (its one host tool).
+    pub(crate) spawner: Arc<Spawner>,
+    pub(crate) settings: Arc<Settings>,
+}
+
+/// What a worker is started with.
+#[derive(Clone)]
+pub(crate) struct WorkerKit {
+    pub(crate) gate: Arc<ModelGate>,
+    pub(crate) reporter: Arc<Reporter>,
+    /// Where it says it is alive, waiting or over.
+    pub(crate) supervisor: Arc<Supervisor>,
+    /// What it writes of itself in the ledger.
+    pub(crate) records: Arc<WorkerRecords>,
+    pub(crate) settings: Arc<Settings>,
+}
+
+/// What the compactor runs with.
+#[derive(Clone)]
+pub(crate) struct CompactorKit {
+    pub(crate) gate: Arc<ModelGate>,
+    pub(crate) reporter: Arc<Reporter>,
+    /// Numbers each compactor run.
+    pub(crate) ids: ProcessIds,
+    pub(crate) settings: Arc<Settings>,
+}
+
+impl Handles {
+    /// A conversation's kit, starting processes through `spawner`.
+    pub(crate) fn channel(&self, spawner: &Arc<Spawner>) -> ChannelKit {
+        ChannelKit {
+            gate: self.gate.clone(),
+            reporter: self.reporter.clone(),
+            supervisor: self.supervisor.clone(),
+            conversations: self.conversations.clone(),
+            spawner: spawner.clone(),
+            compactor: self.compactor(),
+            settings: self.settings.clone(),
+        }
+    }
+
+    /// A branch's kit, starting workers through `spawner`.
+    pub(crate) fn branch(&self, spawner: &Arc<Spawner>) -> BranchKit {
+        BranchKit {
+            gate: self.gate.clone(),
+            reporter: self.reporter.clone(),
+            supervisor: self.supervisor.clone(),
+            spawner: spawner.clone(),
+            settings: self.settings.clone(),
+        }
+    }
+
+    /// A worker's kit.
+    pub(crate) fn worker(&self) -> WorkerKit {
+        WorkerKit {
+            gate: self.gate.clone(),
+            reporter: self.reporter.clone(),
+            supervisor: self.supervisor.clone(),
+            records: self.records.clone(),
+            settings: self.settings.clone(),
+        }
+    }
+
+    /// The compactor's kit.
+    pub(crate) fn compactor(&self) -> CompactorKit {
+        CompactorKit {
+            gate: self.gate.clone(),
+            reporter: self.reporter.clone(),
+            ids: self.ids.clone(),
+            settings: self.settings.clone(),
+        }
+    }
+}
