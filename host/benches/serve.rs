@@ -56,15 +56,7 @@ repeat = true
 "#;
 
 /// An agent in `dir` playing [`SCRIPT`], its channel offered `file_read`.
-fn agent(
-    tokio: &Tokio,
-    dir: &Path,
-) -> (
-    Arc<Runtime>,
-    Arc<capstan_host::plugin::Registry>,
-    mpsc::UnboundedReceiver<Event>,
-    Config,
-) {
+fn agent(tokio: &Tokio, dir: &Path) -> (Arc<Runtime>, mpsc::UnboundedReceiver<Event>, Config) {
     let toml = "[limits]\nmax_turns = 4\ncontext_window_tokens = 100000000\nmax_open_conversations = 1000000\n\
                 [profiles.channel]\ntools = [\"reply\", \"file_read\"]\ncapabilities = [\"fs.read\"]\n";
     let config = Config::parse(toml, &dir.join("capstan.toml")).unwrap();
@@ -85,7 +77,7 @@ fn agent(
                 .build(),
         )
         .expect("the agent starts");
-    (built.runtime, built.registry, built.events, config)
+    (built.runtime, built.events, config)
 }
 
 struct Paths {
@@ -132,15 +124,15 @@ impl Paths {
 }
 
 fn setup(tokio: &Tokio, local_dir: &Path, served_dir: &Path) -> Paths {
-    let (local, _, mut local_events, _) = agent(tokio, local_dir);
+    let (local, mut local_events, _) = agent(tokio, local_dir);
     // Nobody reads the in-process events: drained so they do not pile up.
     tokio.spawn(async move { while local_events.recv().await.is_some() {} });
-    let (runtime, registry, events, config) = agent(tokio, served_dir);
+    let (runtime, events, config) = agent(tokio, served_dir);
     let mut settings = config.serve.clone();
     settings.addr = SocketAddr::from(([127, 0, 0, 1], 0));
     settings.requests_per_minute = u32::MAX;
     let server = tokio
-        .block_on(Server::bind(&settings, runtime, registry, events))
+        .block_on(Server::bind(&settings, runtime, events))
         .unwrap();
     let url = format!("http://{}/v1/chat/completions", server.local_addr());
     tokio.spawn(server.run(std::future::pending()));

@@ -442,6 +442,23 @@ impl Runtime {
     pub fn router(&self) -> &Arc<ToolRouter> {
         &self.ctx.router
     }
+
+    /// What hides the values of the configured secrets in what leaves the host: every
+    /// event, reply and result this runtime tells is passed through it, and a door
+    /// passes what it writes through it again ([`OutboundBody`](crate::secrets::OutboundBody)).
+    ///
+    /// ```
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use capstan_host::app::AgentBuilder;
+    /// use capstan_host::config::Config;
+    ///
+    /// let agent = AgentBuilder::new(Config::default()).build().await?;
+    /// assert_eq!(agent.runtime.redactor().redact("nothing secret"), "nothing secret");
+    /// # Ok(()) }
+    /// ```
+    pub fn redactor(&self) -> &Redactor {
+        self.ctx.reporter.redactor()
+    }
 }
 
 /// How long a failed look for a forwarded message's answer waits before the next.

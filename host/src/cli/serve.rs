@@ -59,7 +59,7 @@ impl ServeCommand {
         let services = agent.runtime.services().clone();
         let runtime = agent.runtime.clone();
         let report = runtime.stop_report();
-        let server = Server::bind(&settings, agent.runtime, agent.registry, agent.events).await?;
+        let server = Server::bind(&settings, agent.runtime, agent.events).await?;
         // Caught before the banner: a supervisor may signal as soon as it reads it.
         let mut signals = StopSignals::install();
         // The first line is for programs too: the URL, with the port the system chose. A

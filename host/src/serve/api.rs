@@ -15,8 +15,7 @@ use super::app::{App, user_message};
 use super::auth::Caller;
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, ErrorBody};
 use crate::config::TokenScope;
-use crate::ids::ProcessId;
-use crate::policy::{Decision, ProcessKind};
+use crate::ids::{ProcessId, ProcessKind};
 use crate::services::{TaskFilter, TaskStatus};
 use crate::tools::MatrixRow;
 
@@ -361,13 +360,7 @@ pub(crate) async fn policy(State(app): State<Arc<App>>) -> Json<PolicyMatrix> {
             kinds: ProcessKind::ALL
                 .iter()
                 .zip(cells)
-                .map(|(kind, decision)| {
-                    let text = match decision {
-                        Decision::Offered => "on".to_owned(),
-                        other => other.to_string(),
-                    };
-                    (kind.to_string(), Value::String(text))
-                })
+                .map(|(kind, decision)| (kind.to_string(), Value::String(decision.to_string())))
                 .collect(),
         })
         .collect();
@@ -467,8 +460,8 @@ pub(crate) struct PluginList {
 #[utoipa::path(get, path = "/v1/plugins", tag = "state",
     responses((status = 200, body = PluginList, description = "The plugins")))]
 pub(crate) async fn plugins(State(app): State<Arc<App>>) -> Json<PluginList> {
-    let loaded = app
-        .registry
+    let registry = app.runtime.router().registry();
+    let loaded = registry
         .plugins()
         .iter()
         .map(|p| PluginView {
@@ -478,12 +471,7 @@ pub(crate) async fn plugins(State(app): State<Arc<App>>) -> Json<PluginList> {
             imports: p.imports().to_vec(),
         })
         .collect();
-    let refused = app
-        .registry
-        .refused()
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    let refused = registry.refused().iter().map(ToString::to_string).collect();
     Json(PluginList { loaded, refused })
 }
 

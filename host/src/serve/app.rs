@@ -13,13 +13,11 @@ use super::hub::EventHub;
 use super::turn::{self, TurnItem};
 use crate::agent::{End, ReplyPart, Runtime, UserMessage};
 use crate::ids::{MessageKey, ProcessId};
-use crate::plugin::Registry;
 use crate::secrets::Redactor;
 
 /// What every handler shares.
 pub(crate) struct App {
     pub(crate) runtime: Arc<Runtime>,
-    pub(crate) registry: Arc<Registry>,
     pub(crate) hub: Arc<EventHub>,
     pub(crate) branches: Arc<Branches>,
     pub(crate) access: Access,

@@ -386,7 +386,7 @@ impl Subscription {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::ProcessKind;
+    use crate::ids::ProcessKind;
 
     fn reply(n: usize) -> Event {
         Event::Reply {

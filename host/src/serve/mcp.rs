@@ -21,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::app::App;
 use crate::config::{ServeSettings, TokenScope};
+use crate::ids::ProcessKind;
 use crate::mcp::{Principal, ToolServer};
-use crate::policy::ProcessKind;
 
 /// The profile `/mcp` serves.
 pub(crate) const DEFAULT_PROFILE: ProcessKind = ProcessKind::Worker;

@@ -28,8 +28,7 @@ use super::error::{ApiError, ApiJson, ErrorBody};
 use super::turn::TurnItem;
 use crate::agent::{End, ReplyPart, UserMessage};
 use crate::config::TokenScope;
-use crate::ids::ProcessId;
-use crate::policy::ProcessKind;
+use crate::ids::{ProcessId, ProcessKind};
 
 /// The model that talks in a channel.
 pub(crate) const CHANNEL_MODEL: &str = "capstan";

@@ -23,7 +23,6 @@ use super::hub::EventHub;
 use super::{api, mcp, openai, openapi, page, stream};
 use crate::agent::{Event, Runtime};
 use crate::config::ServeSettings;
-use crate::plugin::Registry;
 
 /// How long a stopping server waits for requests in progress (a turn finishing, a model
 /// request timing out) before it returns anyway.
@@ -68,7 +67,7 @@ pub enum ServeError {
 /// let config = Config::load_or_default()?;
 /// let settings = config.serve.clone();
 /// let agent = AgentBuilder::new(config).build().await?;
-/// let server = Server::bind(&settings, agent.runtime, agent.registry, agent.events).await?;
+/// let server = Server::bind(&settings, agent.runtime, agent.events).await?;
 /// println!("listening on http://{}", server.local_addr());
 /// server.run(async { let _ = tokio::signal::ctrl_c().await; }).await?;
 /// # Ok(()) }
@@ -87,7 +86,6 @@ impl Server {
     pub async fn bind(
         settings: &ServeSettings,
         runtime: Arc<Runtime>,
-        registry: Arc<Registry>,
         events: tokio::sync::mpsc::UnboundedReceiver<Event>,
     ) -> Result<Server, ServeError> {
         let access = Access::load(settings)?;
@@ -99,12 +97,7 @@ impl Server {
         let listener = TcpListener::bind(settings.addr)
             .await
             .map_err(|err| listen_error(settings.addr, &err))?;
-        let redactor = registry
-            .host()
-            .network()
-            .secrets()
-            .redactor()
-            .with(access.values());
+        let redactor = runtime.redactor().with(access.values());
         let hub = EventHub::start(events, settings.event_buffer, redactor.clone());
         let branches = Arc::new(Branches::default());
         {
@@ -113,7 +106,6 @@ impl Server {
         }
         let app = Arc::new(App {
             runtime,
-            registry,
             hub,
             branches,
             access,

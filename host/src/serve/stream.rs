@@ -18,8 +18,7 @@ use super::auth::Caller;
 use super::error::{ApiError, ApiQuery, ErrorBody};
 use super::hub::{EventHub, EventId, Next, Published, ResetReason, Subscription};
 use crate::config::TokenScope;
-use crate::ids::ProcessId;
-use crate::policy::ProcessKind;
+use crate::ids::{ProcessId, ProcessKind};
 
 /// Which events.
 #[derive(Debug, Deserialize, IntoParams)]

@@ -287,7 +287,7 @@ async fn a_stop_with_the_store_still_down_ends_the_exchange_not_stored_and_repor
 async fn serve(agent: capstan_host::app::Agent) -> (String, oneshot::Sender<()>) {
     let mut settings = agent.runtime.config().serve.clone();
     settings.addr = SocketAddr::from(([127, 0, 0, 1], 0));
-    let server = Server::bind(&settings, agent.runtime, agent.registry, agent.events)
+    let server = Server::bind(&settings, agent.runtime, agent.events)
         .await
         .expect("the server binds");
     let url = format!("http://{}", server.local_addr());

@@ -529,8 +529,12 @@ const NEVER: &[(&str, &[&str], &str)] = &[
     ),
     (
         "serve",
-        &["store", "postgres"],
-        "a door names no backend: it reaches the store through the agent and `app`",
+        &[
+            "store", "postgres", "app", "plugin", "policy", "dispatch", "llm",
+        ],
+        "a door names no backend, no sandbox, no policy and no model: it sends through the \
+         exchange (`agent`), writes through the one outbound type (`secrets`), and reads the \
+         tools through the runtime's router",
     ),
     (
         "mcp",

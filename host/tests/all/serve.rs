@@ -181,7 +181,7 @@ async fn serve_on(
         .build()
         .await
         .expect("the agent starts");
-    let server = Server::bind(&settings, agent.runtime, agent.registry, agent.events)
+    let server = Server::bind(&settings, agent.runtime, agent.events)
         .await
         .expect("the server binds");
     let url = format!("http://{}", server.local_addr());
@@ -996,7 +996,7 @@ async fn a_public_address_without_a_token_and_a_busy_port_are_refused_by_name() 
                 .build()
                 .await
                 .unwrap();
-            Server::bind(&settings, agent.runtime, agent.registry, agent.events).await
+            Server::bind(&settings, agent.runtime, agent.events).await
         }
     };
     let public = ServeSettings {
