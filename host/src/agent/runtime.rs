@@ -447,13 +447,14 @@ impl Runtime {
     /// event, reply and result this runtime tells is passed through it, and a door
     /// passes what it writes through it again ([`OutboundBody`](crate::secrets::OutboundBody)).
     ///
-    /// ```
+    /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// use capstan_host::app::AgentBuilder;
     /// use capstan_host::config::Config;
     ///
-    /// let agent = AgentBuilder::new(Config::default()).build().await?;
-    /// assert_eq!(agent.runtime.redactor().redact("nothing secret"), "nothing secret");
+    /// let agent = AgentBuilder::new(Config::load_or_default()?).build().await?;
+    /// let shown = agent.runtime.redactor().redact("what a tool printed");
+    /// println!("{shown}");
     /// # Ok(()) }
     /// ```
     pub fn redactor(&self) -> &Redactor {
