@@ -18,7 +18,7 @@ use super::settle::{Preferences, Shadowed, settle};
 use super::warm::ProcessInstances;
 use crate::ids::Caller;
 use crate::net::GrantSource;
-use crate::policy::{Decision, Grants, InstanceReuse, Policy, ProcessKind, ToolNeeds};
+use crate::policy::{Grants, InstanceReuse};
 use crate::services::{AuditRecord, Committing};
 use crate::text::{echo_name, one_line};
 
@@ -40,13 +40,14 @@ pub struct CallRequest<'a> {
     /// Who is calling, e.g. `cli` or `worker:7`; passed to the tool and logged.
     pub caller: &'a Caller,
     /// The calling process's own instances: given, a plugin whose instances the process
-    /// reuses (`Registry::call_as` asks the policy; [`Registry::call`] reuses every
+    /// reuses (as its caller's policy says, for a call the
+    /// [`ToolRouter`](crate::tools::ToolRouter) sends; [`Registry::call`] reuses every
     /// plugin's) runs in the one kept there. `None`: a fresh instance.
     pub instances: Option<&'a ProcessInstances>,
 }
 
 /// A call that has ended, whose audit row may not be committed yet
-/// (`Registry::call_as_recorded`).
+/// (`Registry::call_offered`, `Registry::refuse_call`).
 #[derive(Debug)]
 #[must_use = "the result may leave the host only once its audit row is committed"]
 pub struct Recorded {
@@ -395,12 +396,13 @@ impl Registry {
             .await
     }
 
-    /// Runs one call for a process of `kind`: refused with `denied` unless `policy` offers
-    /// the tool to that kind, so a call the model was never offered cannot slip through;
-    /// `request.grants` should be the kind's profile grants. Stopped when `cancelled`
-    /// completes first: the call's instance is dropped, and the call fails (and is
-    /// audited) as cancelled by its caller. Called through
-    /// [`ToolRouter`](crate::tools::ToolRouter), which answers host tools first.
+    /// Runs one call its caller's policy offers: the
+    /// [`ToolRouter`](crate::tools::ToolRouter) decided it (the one place a call is
+    /// decided), and refuses through [`Registry::refuse_call`] what is not offered.
+    /// `request.grants` are the kind's profile grants, named by `source` in a refusal of
+    /// the network; `reuse` says which plugins' instances the caller keeps. Stopped when
+    /// `cancelled` completes first: the call's instance is dropped, and the call fails
+    /// (and is audited) as cancelled by its caller.
     ///
     /// It returns as soon as the call has ended and its audit row is handed to the store:
     /// the row may not be committed yet. The result must not
@@ -411,33 +413,14 @@ impl Registry {
     /// committed: a call that may have changed something (a file, a task, a memory, a
     /// request sent, an external server's tool) is in the log when it returns, so a crash
     /// before the round's commit loses no record of a change.
-    pub(crate) async fn call_as_recorded(
+    pub(crate) async fn call_offered(
         &self,
-        policy: &Policy,
-        kind: ProcessKind,
         request: CallRequest<'_>,
+        source: GrantSource,
+        reuse: impl Fn(&str) -> InstanceReuse,
         cancelled: impl Future<Output = ()>,
     ) -> Recorded {
-        let needs = self.tool_info(request.tool).map(|tool| ToolNeeds {
-            name: &tool.name,
-            capabilities: &tool.capabilities,
-        });
-        let decision = policy.decide(kind, request.tool, needs);
-        let source = GrantSource::profile(kind, policy.profile(kind), request.tool);
-        let run = async {
-            match decision {
-                Decision::Offered => {
-                    let reuse = |plugin: &str| policy.reuse().decide(kind, plugin);
-                    self.run_call(&request, source, reuse).await
-                }
-                Decision::NotLoaded => Err(self.unknown_tool(request.tool)),
-                refused => Err(ToolError::Denied(format!(
-                    "tool `{}` is not offered to a {kind} process: {}",
-                    echo_name(request.tool, MAX_ECHOED_NAME),
-                    one_line(&refused.to_string())
-                ))),
-            }
-        };
+        let run = self.run_call(&request, source, reuse);
         let run = async {
             tokio::select! {
                 result = run => result,
@@ -602,7 +585,9 @@ impl Registry {
         }
     }
 
-    fn unknown_tool(&self, name: &str) -> ToolError {
+    /// The error for a call of `name`, which no plugin or external server provides:
+    /// why its server is down if it is an external server's, else the tools loaded.
+    pub(crate) fn unknown_tool(&self, name: &str) -> ToolError {
         if let Some(why) = name
             .split_once('.')
             .and_then(|(source, _)| self.sources_down.get(source))

@@ -8,8 +8,10 @@ use std::sync::Arc;
 use super::catalog::ToolCatalog;
 use super::host::{HostCall, HostTool};
 use crate::ids::{Caller, ProcessId};
+use crate::net::GrantSource;
 use crate::plugin::{CallRequest, ProcessInstances, Recorded, Registry, ToolError};
 use crate::policy::{Decision, ProcessKind};
+use crate::text::{echo_name, one_line};
 
 /// Where a call went.
 #[derive(Debug)]
@@ -72,8 +74,8 @@ impl ToolRouter {
     /// Routes a model's call of tool `name` made by `caller`, with `arguments` as the
     /// model wrote them: a host tool its kind is offered comes back parsed, to be run by
     /// the caller; any other host tool is refused with the policy's reason; everything
-    /// else is run by the registry (which refuses, audited, what the kind is not offered),
-    /// in the caller's `instances` where its profile keeps the plugin's.
+    /// else goes as [`ToolRouter::run`] sends it, in the caller's `instances` where its
+    /// profile keeps the plugin's.
     pub async fn route(
         &self,
         caller: &ProcessId,
@@ -101,9 +103,10 @@ impl ToolRouter {
     }
 
     /// Runs plugin or MCP tool `name` for a caller of `kind` named `caller` (`worker:3`,
-    /// `mcp:ci`), with the kind's grants, stopped when `cancelled` completes first. A host
-    /// tool is refused: it acts on a running agent's processes, which no door outside
-    /// the agent has.
+    /// `mcp:ci`), with the kind's grants, stopped when `cancelled` completes first. The
+    /// call is decided here, once, by the catalog: the registry runs an offered call and
+    /// records a refused one (audited, with the policy's reason). A host tool is refused:
+    /// it acts on a running agent's processes, which no door outside the agent has.
     pub async fn run(
         &self,
         kind: ProcessKind,
@@ -114,7 +117,8 @@ impl ToolRouter {
         cancelled: impl Future<Output = ()>,
     ) -> Recorded {
         let policy = self.catalog.policy();
-        let grants = policy.profile(kind).grants_for(name);
+        let profile = policy.profile(kind);
+        let grants = profile.grants_for(name);
         let request = CallRequest {
             tool: name,
             args_json: arguments,
@@ -130,15 +134,36 @@ impl ToolRouter {
             ));
             return self.registry.refuse_call(request, refusal).await;
         }
-        self.registry
-            .call_as_recorded(policy, kind, request, cancelled)
-            .await
+        // The one decision of the call: the registry runs what it is handed.
+        match self.catalog.decide(kind, name) {
+            Decision::Offered => {
+                let source = GrantSource::profile(kind, profile, name);
+                let reuse = |plugin: &str| policy.reuse().decide(kind, plugin);
+                self.registry
+                    .call_offered(request, source, reuse, cancelled)
+                    .await
+            }
+            Decision::NotLoaded => {
+                let unknown = self.registry.unknown_tool(name);
+                self.registry.refuse_call(request, unknown).await
+            }
+            refused => {
+                let refusal = not_offered(name, kind, &refused);
+                self.registry.refuse_call(request, refusal).await
+            }
+        }
     }
 }
 
-/// The refusal of host tool `name` to a `kind` process, with the policy's reason.
+/// The refusal of tool `name` to a `kind` process, with the policy's reason.
 fn not_offered(name: &str, kind: ProcessKind, decision: &Decision) -> ToolError {
     ToolError::Denied(format!(
-        "tool `{name}` is not offered to a {kind} process: {decision}"
+        "tool `{}` is not offered to a {kind} process: {}",
+        echo_name(name, MAX_ECHOED_NAME),
+        one_line(&decision.to_string())
     ))
 }
+
+/// The longest tool name a refusal echoes back to the model; longer ones are cut with a
+/// marker, so a model cannot make the host repeat a megabyte of its own text.
+const MAX_ECHOED_NAME: usize = 64;
