@@ -18,6 +18,7 @@ use super::process_ids::ProcessIds;
 use super::reporter::{Audiences, Reporter};
 use super::spawning::{Handles, Settings, Spawner, Starter};
 use super::spill::Spill;
+use super::stop::StopLedger;
 use super::supervisor::Supervisor;
 use super::worker_records::WorkerRecords;
 use crate::config::Config;
@@ -30,30 +31,30 @@ use crate::tools::{ToolCatalog, ToolRouter};
 /// What the runtime holds of one agent: its config and services, and the handles it built
 /// for the processes.
 pub(crate) struct Context {
-    pub(crate) config: Config,
+    pub(super) config: Config,
     /// Where each tool call goes, and which tools each kind is offered.
-    pub(crate) router: Arc<ToolRouter>,
+    pub(super) router: Arc<ToolRouter>,
     /// The services, for the runtime; processes use the handles of their kits.
-    pub(crate) services: Services,
+    pub(super) services: Services,
     /// How processes ask the model.
-    pub(crate) gate: Arc<ModelGate>,
+    pub(super) gate: Arc<ModelGate>,
     /// Which processes are alive.
-    pub(crate) supervisor: Arc<Supervisor>,
+    pub(super) supervisor: Arc<Supervisor>,
     /// How processes tell what they do.
-    pub(crate) reporter: Arc<Reporter>,
+    pub(super) reporter: Arc<Reporter>,
     /// What conversations ask of the store.
-    pub(crate) conversations: Arc<Conversations>,
+    pub(super) conversations: Arc<Conversations>,
     /// Opens conversations and starts workers and branches.
-    pub(crate) spawner: Arc<Spawner>,
+    pub(super) spawner: Arc<Spawner>,
     /// This host's run in the ledger: owns the worker records it writes, and tells a later
     /// start whether this run is still alive.
     run: Arc<Run>,
     /// Whether this host takes over conversations whose owner's run is over, with what
     /// was forwarded to them.
-    pub(crate) adopts: std::sync::atomic::AtomicBool,
+    pub(super) adopts: std::sync::atomic::AtomicBool,
     /// What the start found of runs that ended before it (their workers, interrupted):
     /// no exchange waits on it, so a door shows it as it starts.
-    pub(crate) found_at_start: Vec<Event>,
+    pub(super) found_at_start: Vec<Event>,
 }
 
 impl Context {
@@ -108,10 +109,16 @@ impl Context {
         let reporter = Arc::new(Reporter::new(audiences, redactor, run.clone(), retry));
         let limit = config.limits.max_workers_per_channel;
         let records = WorkerRecords::new(services.ledger.clone(), run.id(), limit);
-        let stores = (services.history.clone(), services.sessions.clone());
-        let unstored_reply = config.limits.unstored_reply;
-        let conversations =
-            Conversations::new(stores, reporter.clone(), run.clone(), unstored_reply, spill);
+        let (stop, running) = StopLedger::new();
+        let conversations = Conversations::new(
+            services.history.clone(),
+            services.sessions.clone(),
+            reporter.clone(),
+            run.clone(),
+            config.limits.unstored_reply,
+            spill,
+            stop,
+        );
         let conversations = Arc::new(conversations);
         let max_turns = config.limits.max_turns;
         let gate = ModelGate::new(
@@ -134,6 +141,7 @@ impl Context {
             records: Arc::new(records),
             ids: ProcessIds::new(services.ledger.clone()),
             settings: Arc::new(settings),
+            running,
         };
         let spawner = Spawner::new(handles, services.tasks.clone(), starter);
         let ctx = Arc::new(Context {

@@ -74,13 +74,16 @@ pub(crate) struct Conversations {
 
 impl Conversations {
     /// Conversations stored in `history`, claimed in `sessions` under `run`, telling
-    /// through `reporter`, keeping what the store refuses in `spill` (if any).
+    /// through `reporter`, keeping what the store refuses in `spill` (if any) and what a
+    /// stop could not save in `stop`.
     pub(crate) fn new(
-        (history, sessions): (Arc<dyn History>, Arc<dyn Sessions>),
+        history: Arc<dyn History>,
+        sessions: Arc<dyn Sessions>,
         reporter: Arc<Reporter>,
         run: Arc<Run>,
         unstored_reply: Duration,
         spill: Option<Arc<Spill>>,
+        stop: StopLedger,
     ) -> Self {
         Conversations {
             history,
@@ -89,7 +92,7 @@ impl Conversations {
             run,
             unstored_reply,
             spill,
-            stop: StopLedger::default(),
+            stop,
         }
     }
 

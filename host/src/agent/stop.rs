@@ -19,23 +19,34 @@ pub struct NotSaved {
     pub spilled: Option<std::path::PathBuf>,
 }
 
-/// What the context keeps for the stop: the conversations not saved, and a sender that
-/// drops with the context, when every process has ended.
-pub(crate) struct StopLedger {
-    not_saved: Arc<Mutex<Vec<NotSaved>>>,
-    ended: watch::Sender<()>,
+/// Held by the runtime and by every process it runs (each kit carries one): once the last
+/// is dropped, every process has ended, and the [`StopReport`] says what was not saved.
+#[derive(Clone)]
+pub(crate) struct Running {
+    _ended_on_drop: Arc<watch::Sender<()>>,
 }
 
-impl Default for StopLedger {
-    fn default() -> Self {
-        StopLedger {
-            not_saved: Arc::default(),
-            ended: watch::channel(()).0,
-        }
-    }
+/// What the runtime keeps for the stop: the conversations not saved, and the end of the
+/// last process that was [`Running`].
+pub(crate) struct StopLedger {
+    not_saved: Arc<Mutex<Vec<NotSaved>>>,
+    ended: watch::Receiver<()>,
 }
 
 impl StopLedger {
+    /// A ledger, and the token whose last clone's drop ends its reports' wait.
+    pub(crate) fn new() -> (Self, Running) {
+        let (sender, ended) = watch::channel(());
+        let ledger = StopLedger {
+            not_saved: Arc::default(),
+            ended,
+        };
+        let running = Running {
+            _ended_on_drop: Arc::new(sender),
+        };
+        (ledger, running)
+    }
+
     /// Notes a conversation as stopped with its history not stored.
     pub(crate) fn not_saved(&self, lost: NotSaved) {
         let mut list = self.not_saved.lock().unwrap_or_else(|p| p.into_inner());
@@ -54,7 +65,7 @@ impl StopLedger {
     pub(crate) fn report(&self) -> StopReport {
         StopReport {
             not_saved: self.not_saved.clone(),
-            ended: self.ended.subscribe(),
+            ended: self.ended.clone(),
         }
     }
 }

@@ -34,4 +34,5 @@ mod reuse;
 mod sandbox;
 mod serve;
 mod sqlite_faults;
+mod stop;
 mod taskboard;

@@ -19,6 +19,7 @@ use crate::agent::conversations::Conversations;
 use crate::agent::model_gate::ModelGate;
 use crate::agent::process_ids::ProcessIds;
 use crate::agent::reporter::Reporter;
+use crate::agent::stop::Running;
 use crate::agent::supervisor::Supervisor;
 use crate::agent::worker_records::WorkerRecords;
 use crate::config::AgentLimits;
@@ -43,6 +44,8 @@ pub(crate) struct Handles {
     pub(crate) records: Arc<WorkerRecords>,
     pub(crate) ids: ProcessIds,
     pub(crate) settings: Arc<Settings>,
+    /// Held by every process while it runs, so a stop report waits for the last.
+    pub(crate) running: Running,
 }
 
 /// What a conversation (channel or cortex) is started with.
@@ -61,6 +64,7 @@ pub(crate) struct ChannelKit {
     /// What its compactor runs with, inside its turn.
     pub(crate) compactor: CompactorKit,
     pub(crate) settings: Arc<Settings>,
+    _running: Running,
 }
 
 /// What a branch is started with.
@@ -73,6 +77,7 @@ pub(crate) struct BranchKit {
     /// How it starts workers (its one host tool).
     pub(crate) spawner: Arc<Spawner>,
     pub(crate) settings: Arc<Settings>,
+    _running: Running,
 }
 
 /// What a worker is started with.
@@ -85,6 +90,7 @@ pub(crate) struct WorkerKit {
     /// What it writes of itself in the ledger.
     pub(crate) records: Arc<WorkerRecords>,
     pub(crate) settings: Arc<Settings>,
+    _running: Running,
 }
 
 /// What the compactor runs with.
@@ -95,6 +101,7 @@ pub(crate) struct CompactorKit {
     /// Numbers each compactor run.
     pub(crate) ids: ProcessIds,
     pub(crate) settings: Arc<Settings>,
+    _running: Running,
 }
 
 impl Handles {
@@ -108,6 +115,7 @@ impl Handles {
             spawner: spawner.clone(),
             compactor: self.compactor(),
             settings: self.settings.clone(),
+            _running: self.running.clone(),
         }
     }
 
@@ -119,6 +127,7 @@ impl Handles {
             supervisor: self.supervisor.clone(),
             spawner: spawner.clone(),
             settings: self.settings.clone(),
+            _running: self.running.clone(),
         }
     }
 
@@ -130,6 +139,7 @@ impl Handles {
             supervisor: self.supervisor.clone(),
             records: self.records.clone(),
             settings: self.settings.clone(),
+            _running: self.running.clone(),
         }
     }
 
@@ -140,6 +150,7 @@ impl Handles {
             reporter: self.reporter.clone(),
             ids: self.ids.clone(),
             settings: self.settings.clone(),
+            _running: self.running.clone(),
         }
     }
 }
