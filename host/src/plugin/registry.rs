@@ -20,10 +20,7 @@ use crate::ids::Caller;
 use crate::net::GrantSource;
 use crate::policy::{Grants, InstanceReuse};
 use crate::services::{AuditRecord, Committing};
-use crate::text::{echo_name, one_line};
-
-/// The longest tool name echoed back in an error; longer ones are cut with a marker.
-const MAX_ECHOED_NAME: usize = 64;
+use crate::text::{MAX_ECHOED_NAME, echo_name, one_line};
 
 /// One tool call: which tool, its arguments, and the caller's grants.
 #[derive(Debug, Clone, Copy)]
@@ -450,8 +447,10 @@ impl Registry {
             .is_some_and(|(_, info)| info.capabilities.iter().all(Capability::only_reads))
     }
 
-    /// Records `request` as refused with `err` before anything of it ran (a host tool's
-    /// name asked of a door that runs none), like any refusal: audited.
+    /// Records `request` as refused with `err` before anything of it ran (a tool its
+    /// caller is not offered, or a host tool's name asked of a door that runs none), like
+    /// any refusal: audited. Returns as soon as the row is handed to the store: wait for
+    /// [`Recorded::committed`] before the refusal leaves the host.
     pub(crate) async fn refuse_call(&self, request: CallRequest<'_>, err: ToolError) -> Recorded {
         self.audited(&request, async { Err(err) }).await
     }

@@ -87,6 +87,10 @@ fn needs_escape(c: char) -> bool {
         || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
+/// The longest tool name an error echoes back (with [`echo_name`]): longer ones are cut
+/// with a marker, so a caller cannot make the host repeat a megabyte of its own text.
+pub const MAX_ECHOED_NAME: usize = 64;
+
 /// A name from a guest or a user, fit to echo in a message: on one line (see [`one_line`])
 /// and cut to `max` bytes with a marker saying how long it was.
 ///

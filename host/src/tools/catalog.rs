@@ -3,6 +3,7 @@
 //! process offered": the agent's requests, the MCP door, `/v1/tools`, `/v1/policy` and
 //! `capstan policy` all read it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use capstan_caps::Capability;
@@ -92,6 +93,9 @@ pub struct MatrixRow {
 pub struct ToolCatalog {
     policy: Arc<Policy>,
     tools: Vec<CatalogTool>,
+    /// Where each name is in `tools` (its first, as a call finds it), for the decision
+    /// every call asks.
+    by_name: HashMap<String, usize>,
     /// The tools offered to each kind, in [`ProcessKind::ALL`]'s order.
     offered: [Arc<[ToolDef]>; ProcessKind::ALL.len()],
     /// The plugin tools left out for taking a host tool's name, a line each.
@@ -129,9 +133,14 @@ impl ToolCatalog {
                 .map(|tool| tool.def.clone())
                 .collect()
         });
+        let mut by_name = HashMap::with_capacity(tools.len());
+        for (index, tool) in tools.iter().enumerate() {
+            by_name.entry(tool.name().to_owned()).or_insert(index);
+        }
         ToolCatalog {
             policy,
             tools,
+            by_name,
             offered,
             left_out: ToolCatalog::clashes(registry),
         }
@@ -149,7 +158,7 @@ impl ToolCatalog {
 
     /// The tool named `name`.
     pub fn tool(&self, name: &str) -> Option<&CatalogTool> {
-        self.tools.iter().find(|tool| tool.name() == name)
+        self.by_name.get(name).map(|index| &self.tools[*index])
     }
 
     /// The tools a `kind` process is offered, host tools and plugin tools alike: exactly

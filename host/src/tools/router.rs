@@ -11,7 +11,7 @@ use crate::ids::{Caller, ProcessId};
 use crate::net::GrantSource;
 use crate::plugin::{CallRequest, ProcessInstances, Recorded, Registry, ToolError};
 use crate::policy::{Decision, ProcessKind};
-use crate::text::{echo_name, one_line};
+use crate::text::{MAX_ECHOED_NAME, echo_name, one_line};
 
 /// Where a call went.
 #[derive(Debug)]
@@ -107,6 +107,9 @@ impl ToolRouter {
     /// call is decided here, once, by the catalog: the registry runs an offered call and
     /// records a refused one (audited, with the policy's reason). A host tool is refused:
     /// it acts on a running agent's processes, which no door outside the agent has.
+    ///
+    /// A refusal, like any failure, may come back before its audit row is committed:
+    /// wait for [`Recorded::committed`] before its text leaves the host.
     pub async fn run(
         &self,
         kind: ProcessKind,
@@ -163,7 +166,3 @@ fn not_offered(name: &str, kind: ProcessKind, decision: &Decision) -> ToolError 
         one_line(&decision.to_string())
     ))
 }
-
-/// The longest tool name a refusal echoes back to the model; longer ones are cut with a
-/// marker, so a model cannot make the host repeat a megabyte of its own text.
-const MAX_ECHOED_NAME: usize = 64;

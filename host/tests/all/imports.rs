@@ -625,3 +625,25 @@ fn a_cycle_is_found_and_named() {
     graph.get_mut("c").unwrap().clear();
     assert!(find_cycle(&graph).is_none());
 }
+
+#[test]
+fn a_tool_call_is_decided_in_one_place() {
+    // The registry runs an offered call without asking the policy: only the router,
+    // which asks the catalog's decision first, may hand it one.
+    let mut files = Vec::new();
+    rust_files(&src_dir(), &mut files);
+    let callers: Vec<PathBuf> = files
+        .into_iter()
+        .filter(|path| !path.ends_with("plugin/registry.rs"))
+        .filter(|path| {
+            std::fs::read_to_string(path)
+                .unwrap()
+                .contains("call_offered(")
+        })
+        .collect();
+    assert_eq!(
+        callers,
+        [src_dir().join("tools/router.rs")],
+        "only the router hands the registry a decided call"
+    );
+}
