@@ -15,8 +15,7 @@ use super::table::print_table;
 use crate::agent::{Event, NotSaved, Runtime};
 use crate::app::{Agent, AgentBuilder};
 use crate::config::{Config, LocationKind, Locations};
-use crate::ids::ProcessId;
-use crate::policy::ProcessKind;
+use crate::ids::{ProcessId, ProcessKind};
 use crate::services::TaskFilter;
 use crate::text::one_line;
 

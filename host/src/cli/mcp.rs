@@ -9,8 +9,8 @@ use clap::Args;
 use rmcp::ServiceExt as _;
 
 use super::HostArgs;
+use crate::ids::ProcessKind;
 use crate::mcp::ToolServer;
-use crate::policy::ProcessKind;
 use crate::tools::{ToolCatalog, ToolRouter};
 
 #[derive(Debug, Args)]

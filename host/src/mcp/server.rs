@@ -11,9 +11,8 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 
 use super::fit::{DEFAULT_MESSAGE_BYTES, fit_message};
-use crate::ids::Caller;
+use crate::ids::{Caller, ProcessKind};
 use crate::plugin::ToolError;
-use crate::policy::ProcessKind;
 use crate::tools::{ToolOrigin, ToolRouter};
 
 /// The plugin and MCP tools the catalog offers to processes of one kind, served over MCP
