@@ -538,9 +538,9 @@ const NEVER: &[(&str, &[&str], &str)] = &[
     ),
     (
         "mcp",
-        &["agent", "store", "postgres"],
+        &["agent", "policy", "store", "postgres"],
         "a door to the tools alone learns them from the tools room (`tools::ToolCatalog`) and \
-         calls them through `tools::ToolRouter`",
+         calls them through `tools::ToolRouter`, which decides each call",
     ),
     (
         "tools",
