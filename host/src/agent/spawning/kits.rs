@@ -1,9 +1,11 @@
 //! What each kind of process is started with: the handles its work needs and no other.
 //!
-//! A process never holds the runtime's [`Context`](crate::agent::context::Context): a worker gets
-//! no way to start processes or open conversations, a branch none to save a conversation,
-//! the compactor none to reach any process. The [`Spawner`] hands each process its kit as
-//! it starts it, from the one set of [`Handles`] the runtime built.
+//! A process never holds the runtime's [`Context`](crate::agent::context::Context): a
+//! worker gets no way to start processes or open conversations, a branch none to save a
+//! conversation, the compactor none to reach any process. The [`Spawner`] hands each
+//! process its kit as it starts it, from the one set of [`Handles`] the runtime built.
+//! Every kit also carries the runtime's [`Running`] token, so a stop report waits for the
+//! last process to end.
 //!
 //! | kit | model | reporter | supervisor | conversations | spawner | worker records | ids |
 //! |-----|-------|----------|------------|---------------|---------|----------------|-----|
