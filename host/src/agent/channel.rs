@@ -488,9 +488,7 @@ impl ChannelTools {
                 );
                 match branched.await {
                     Ok(id) => answer(json!({ "branched": true, "branch": id })),
-                    Err(err) => Err(ToolError::Failed(format!(
-                        "branch: cannot number a new branch: {err}"
-                    ))),
+                    Err(why) => Err(ToolError::Failed(format!("branch: {why}"))),
                 }
             }
             HostCall::Route(args) => {

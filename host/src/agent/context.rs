@@ -141,9 +141,8 @@ impl Context {
             records: Arc::new(records),
             ids: ProcessIds::new(services.ledger.clone()),
             settings: Arc::new(settings),
-            running,
         };
-        let spawner = Spawner::new(handles, services.tasks.clone(), starter);
+        let spawner = Spawner::new(handles, services.tasks.clone(), starter, running);
         let ctx = Arc::new(Context {
             config,
             router,

@@ -422,6 +422,8 @@ impl Runtime {
         self.stopping.cancel();
         self.ctx.supervisor.close_channels();
         self.ctx.supervisor.stop_workers(false);
+        // What still holds the runtime (a connection a server left open) holds no process.
+        self.ctx.spawner.stop();
     }
 
     /// The tools a `kind` process is offered, host tools and plugin tools alike: exactly

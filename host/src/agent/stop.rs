@@ -19,8 +19,9 @@ pub struct NotSaved {
     pub spilled: Option<std::path::PathBuf>,
 }
 
-/// Held by the runtime and by every process it runs (each kit carries one): once the last
-/// is dropped, every process has ended, and the [`StopReport`] says what was not saved.
+/// Held by the spawner until the runtime shuts down, and by every process it runs (each
+/// kit carries one): once the last is dropped, every process has ended, and the
+/// [`StopReport`] says what was not saved.
 #[derive(Clone)]
 pub(crate) struct Running {
     _ended_on_drop: Arc<watch::Sender<()>>,

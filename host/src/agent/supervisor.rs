@@ -28,6 +28,12 @@ pub(crate) struct Supervisor {
     /// Set by [`Supervisor::close_channels`]: no conversation opens after it, so the event
     /// stream ends once the last process has.
     closed: AtomicBool,
+    /// Set by [`Supervisor::stop_workers`], under the workers' lock: a worker that
+    /// registers later (it waited for a free slot, or was starting as the host stopped)
+    /// is stopped as it registers.
+    workers_stopped: AtomicBool,
+    /// Whether that stop interrupts (the host stops) rather than cancels.
+    workers_interrupted: AtomicBool,
 }
 
 /// A conversation could not be opened: the host is shutting down.
@@ -106,9 +112,16 @@ impl Supervisor {
         }
     }
 
-    /// Registers running worker `id`.
+    /// Registers running worker `id`; once the workers were stopped, it is stopped as it
+    /// registers, so none runs on after a stop.
     pub(crate) fn worker_started(&self, id: &ProcessId, handle: WorkerHandle) {
-        self.workers.lock().unwrap().insert(id.clone(), handle);
+        let mut workers = self.workers.lock().unwrap();
+        if self.workers_stopped.load(Ordering::SeqCst) {
+            let interrupted = self.workers_interrupted.load(Ordering::SeqCst);
+            handle.interrupted.store(interrupted, Ordering::SeqCst);
+            handle.cancel.notify_one();
+        }
+        workers.insert(id.clone(), handle);
     }
 
     /// Unregisters worker `id`: from here on a route to it is refused, not queued.
@@ -222,9 +235,15 @@ impl Supervisor {
         }
     }
 
-    /// Stops every running worker: `interrupted` (the host is stopping) or cancelled.
+    /// Stops every running worker, and every one that registers from now on: `interrupted`
+    /// (the host is stopping) or cancelled.
     pub(crate) fn stop_workers(&self, interrupted: bool) {
-        for worker in self.workers.lock().unwrap().values() {
+        let workers = self.workers.lock().unwrap();
+        self.workers_stopped.store(true, Ordering::SeqCst);
+        if interrupted {
+            self.workers_interrupted.store(true, Ordering::SeqCst);
+        }
+        for worker in workers.values() {
             if interrupted {
                 worker.interrupted.store(true, Ordering::SeqCst);
             }

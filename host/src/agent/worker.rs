@@ -146,16 +146,19 @@ async fn run(
     let mut unanswered = Vec::new();
     let working = work(&kit, &spec, &channel, &pending, &inbox, &mut unanswered);
     let (state, outcome) = tokio::select! {
-        ended = tokio::time::timeout(limit, working) => {
-            ended.unwrap_or_else(|_| {
-                (WorkerState::Failed, format!("timed out after {} s", limit.as_secs()))
-            })
-        }
+        // A worker stopped before it began (the host stopped while it waited for a slot)
+        // never asks the model.
+        biased;
         () = cancel.notified() => if interrupted.load(Ordering::SeqCst) {
             (WorkerState::Interrupted, "the host was stopped".to_owned())
         } else {
             (WorkerState::Cancelled, "cancelled on request".to_owned())
         },
+        ended = tokio::time::timeout(limit, working) => {
+            ended.unwrap_or_else(|_| {
+                (WorkerState::Failed, format!("timed out after {} s", limit.as_secs()))
+            })
+        }
     };
     // Out of the registry first: from here on a route is refused, not queued.
     kit.supervisor.worker_ended(&spec.id);

@@ -179,3 +179,103 @@ async fn a_stop_report_ends_only_after_an_interrupted_worker_has_recorded_its_en
     assert_eq!(record.state, WorkerState::Interrupted, "{record:?}");
     drop(worker);
 }
+
+/// An agent on a SQLite store in `dir` asking a [`Gated`] model, with at most `workers`
+/// workers per channel: its runtime, and the model's requests.
+async fn gated_agent(
+    dir: &std::path::Path,
+    workers: u32,
+) -> (std::sync::Arc<capstan_host::agent::Runtime>, Held) {
+    let mut config = Config::defaults(dir);
+    config.provider = ProviderSettings::Scripted { script: None };
+    config.limits.max_workers_per_channel = workers;
+    std::fs::create_dir_all(&config.agent.workspace).unwrap();
+    let (provider, held) = Gated::new();
+    let agent = AgentBuilder::new(config)
+        .plugins_dir(plugins_dir())
+        .cache(test_cache())
+        .provider(provider)
+        .build()
+        .await
+        .expect("the agent starts");
+    (agent.runtime, Held::new(held))
+}
+
+/// Bounds a wait that must end, so that one that does not fails rather than hangs.
+async fn bounded<T>(what: &str, wait: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(std::time::Duration::from_secs(120), wait)
+        .await
+        .unwrap_or_else(|_| panic!("{what} never came"))
+}
+
+#[tokio::test]
+async fn a_stop_report_ends_once_the_processes_have_though_a_client_still_holds_the_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, mut held) = gated_agent(dir.path(), 4).await;
+    let mut exchange = rt
+        .exchange(&ProcessId::channel("main"), "hello")
+        .await
+        .unwrap();
+    held.next_where(|p| p.holds("hello")).await.reply("Hi.");
+    while exchange.next().await.is_some() {}
+
+    // A connection the server left open (a client trickling a body) holds the runtime.
+    let client = rt.clone();
+    let report = rt.stop_report();
+    rt.shutdown();
+    drop(rt);
+    let not_saved = bounded("the end of the stop report", report.ended()).await;
+    assert!(not_saved.is_empty(), "{not_saved:?}");
+    // Nothing starts any more through what the client holds.
+    let refused = client.spawn_worker("main", "a late job", false, None).await;
+    assert!(refused.is_err(), "{refused:?}");
+}
+
+#[tokio::test]
+async fn a_worker_waiting_for_a_slot_when_the_host_stops_is_interrupted_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, mut held) = gated_agent(dir.path(), 1).await;
+    let spawned = |p: &crate::support::Pending| {
+        p.request
+            .messages
+            .iter()
+            .filter(|m| m.content.contains("\"spawned\":true"))
+            .count()
+    };
+    let _exchange = rt
+        .exchange(&ProcessId::channel("main"), "start two jobs")
+        .await
+        .unwrap();
+    held.next_where(|p| p.holds("start two jobs") && spawned(p) == 0)
+        .await
+        .call("spawn_worker", json!({"task": "job one"}));
+    // The first worker takes the one slot, and the model keeps it waiting.
+    let first = held.next_where(|p| p.holds("job one")).await;
+    held.next_where(|p| p.holds("start two jobs") && spawned(p) == 1)
+        .await
+        .call("spawn_worker", json!({"task": "job two"}));
+    // The second is started, and waits for the slot.
+    held.next_where(|p| p.holds("start two jobs") && spawned(p) == 2)
+        .await
+        .reply("Both jobs are on their way.");
+
+    let report = rt.stop_report();
+    rt.interrupt();
+    let services = rt.services().clone();
+    drop(rt);
+    let not_saved = bounded("the end of the stop report", report.ended()).await;
+    assert!(not_saved.is_empty(), "{not_saved:?}");
+    let workers = services.ledger.workers(10).await.unwrap();
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    for worker in &workers {
+        assert_eq!(worker.state, WorkerState::Interrupted, "{workers:?}");
+    }
+    // The second never asked the model: it was stopped as it took the slot.
+    let asked: Vec<_> = held
+        .rest()
+        .into_iter()
+        .filter(|p| p.holds("job two"))
+        .collect();
+    assert!(asked.is_empty(), "a worker ran after the host stopped");
+    drop(first);
+}

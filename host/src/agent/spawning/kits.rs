@@ -4,7 +4,7 @@
 //! worker gets no way to start processes or open conversations, a branch none to save a
 //! conversation, the compactor none to reach any process. The [`Spawner`] hands each
 //! process its kit as it starts it, from the one set of [`Handles`] the runtime built.
-//! Every kit also carries the runtime's [`Running`] token, so a stop report waits for the
+//! Every kit also carries the spawner's [`Running`] token, so a stop report waits for the
 //! last process to end.
 //!
 //! | kit | model | reporter | supervisor | conversations | spawner | worker records | ids |
@@ -46,8 +46,6 @@ pub(crate) struct Handles {
     pub(crate) records: Arc<WorkerRecords>,
     pub(crate) ids: ProcessIds,
     pub(crate) settings: Arc<Settings>,
-    /// Held by every process while it runs, so a stop report waits for the last.
-    pub(crate) running: Running,
 }
 
 /// What a conversation (channel or cortex) is started with.
@@ -107,52 +105,52 @@ pub(crate) struct CompactorKit {
 }
 
 impl Handles {
-    /// A conversation's kit, starting processes through `spawner`.
-    pub(crate) fn channel(&self, spawner: &Arc<Spawner>) -> ChannelKit {
+    /// A conversation's kit, starting processes through `spawner`, holding `running`.
+    pub(crate) fn channel(&self, spawner: &Arc<Spawner>, running: Running) -> ChannelKit {
         ChannelKit {
             gate: self.gate.clone(),
             reporter: self.reporter.clone(),
             supervisor: self.supervisor.clone(),
             conversations: self.conversations.clone(),
             spawner: spawner.clone(),
-            compactor: self.compactor(),
+            compactor: self.compactor(running.clone()),
             settings: self.settings.clone(),
-            _running: self.running.clone(),
+            _running: running,
         }
     }
 
-    /// A branch's kit, starting workers through `spawner`.
-    pub(crate) fn branch(&self, spawner: &Arc<Spawner>) -> BranchKit {
+    /// A branch's kit, starting workers through `spawner`, holding `running`.
+    pub(crate) fn branch(&self, spawner: &Arc<Spawner>, running: Running) -> BranchKit {
         BranchKit {
             gate: self.gate.clone(),
             reporter: self.reporter.clone(),
             supervisor: self.supervisor.clone(),
             spawner: spawner.clone(),
             settings: self.settings.clone(),
-            _running: self.running.clone(),
+            _running: running,
         }
     }
 
-    /// A worker's kit.
-    pub(crate) fn worker(&self) -> WorkerKit {
+    /// A worker's kit, holding `running`.
+    pub(crate) fn worker(&self, running: Running) -> WorkerKit {
         WorkerKit {
             gate: self.gate.clone(),
             reporter: self.reporter.clone(),
             supervisor: self.supervisor.clone(),
             records: self.records.clone(),
             settings: self.settings.clone(),
-            _running: self.running.clone(),
+            _running: running,
         }
     }
 
-    /// The compactor's kit.
-    pub(crate) fn compactor(&self) -> CompactorKit {
+    /// The compactor's kit, holding `running`.
+    pub(crate) fn compactor(&self, running: Running) -> CompactorKit {
         CompactorKit {
             gate: self.gate.clone(),
             reporter: self.reporter.clone(),
             ids: self.ids.clone(),
             settings: self.settings.clone(),
-            _running: self.running.clone(),
+            _running: running,
         }
     }
 }

@@ -20,11 +20,12 @@ use super::audience::Scope;
 use super::conversations::ConversationError;
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::reservations::{Reservation, TaskReservations, task_key};
+use super::stop::Running;
 use super::supervisor::{Holder, ShuttingDown};
 use crate::ids::{ProcessId, ProcessKind};
 use crate::llm::Message;
 use crate::plugin::ToolError;
-use crate::services::{ServiceError, TaskBoard, TaskPatch};
+use crate::services::{TaskBoard, TaskPatch};
 use crate::tools::SpawnArgs;
 
 pub(crate) use kits::{BranchKit, ChannelKit, CompactorKit, Handles, Settings, WorkerKit};
@@ -102,15 +103,20 @@ pub(crate) struct Spawner {
     /// and no other caller may open it from a read of its own in between.
     opening: tokio::sync::Mutex<()>,
     starter: Box<dyn Starter>,
+    /// The token every process it starts holds; given up by [`Spawner::stop`], after
+    /// which nothing starts, so the stop report waits for processes, not for whoever
+    /// still holds the runtime (an HTTP connection the server left open).
+    running: std::sync::Mutex<Option<Running>>,
 }
 
 impl Spawner {
-    /// A spawner giving processes their share of `handles`, assigning tasks on `tasks`,
-    /// running each process with `starter`.
+    /// A spawner giving processes their share of `handles` and a clone of `running`,
+    /// assigning tasks on `tasks`, running each process with `starter`.
     pub(crate) fn new(
         handles: Handles,
         tasks: Arc<dyn TaskBoard>,
         starter: Box<dyn Starter>,
+        running: Running,
     ) -> Self {
         Spawner {
             handles,
@@ -118,7 +124,20 @@ impl Spawner {
             reservations: Arc::default(),
             opening: tokio::sync::Mutex::default(),
             starter,
+            running: std::sync::Mutex::new(Some(running)),
         }
+    }
+
+    /// Starts nothing from now on, and gives up the spawner's [`Running`] token: the
+    /// stop report ends once the last process has.
+    pub(crate) fn stop(&self) {
+        self.running.lock().unwrap().take();
+    }
+
+    /// The token a process started now holds; [`ShuttingDown`] once [`Spawner::stop`]
+    /// was called.
+    fn running(&self) -> Result<Running, ShuttingDown> {
+        self.running.lock().unwrap().clone().ok_or(ShuttingDown)
     }
 
     /// How many task descriptions this host's live workers hold.
@@ -162,11 +181,11 @@ impl Spawner {
                 limits.max_workers_per_channel as usize,
                 limits.max_branches_per_channel as usize,
             );
+            let kit = self.handles.channel(self, self.running()?);
             if unstored {
                 // The conversation's loop writes it first.
                 handle.audience.held_from_spill();
             }
-            let kit = self.handles.channel(self);
             self.starter
                 .channel(kit, id.clone(), handle.clone(), receiver, history);
             Ok(handle)
@@ -200,6 +219,9 @@ impl Spawner {
             .conversation(conversation)
             .await
             .map_err(|err| format!("cannot open {conversation}: {err}"))?;
+        // Taken before anything is reserved: a worker started from here on is stopped as it
+        // registers if the host stops meanwhile (`Supervisor::worker_started`).
+        let running = self.running().map_err(|err| err.to_string())?;
         let id = self
             .handles
             .ids
@@ -245,7 +267,7 @@ impl Spawner {
         if let Some(origin) = origin {
             origin.include(&id);
         }
-        let kit = self.handles.worker();
+        let kit = self.handles.worker(running);
         self.starter.worker(kit, spec, handle, reservation);
         Ok(SpawnOutcome::Spawned { worker: id })
     }
@@ -309,8 +331,14 @@ impl Spawner {
         origin: &Scope,
         question: String,
         history: Vec<Message>,
-    ) -> Result<ProcessId, ServiceError> {
-        let id = self.handles.ids.next(ProcessKind::Branch).await?;
+    ) -> Result<ProcessId, String> {
+        let running = self.running().map_err(|err| err.to_string())?;
+        let id = self
+            .handles
+            .ids
+            .next(ProcessKind::Branch)
+            .await
+            .map_err(|err| format!("cannot number a new branch: {err}"))?;
         let spec = BranchSpec {
             id: id.clone(),
             channel: channel.clone(),
@@ -318,7 +346,7 @@ impl Spawner {
             history,
         };
         origin.include(&id);
-        let kit = self.handles.branch(self);
+        let kit = self.handles.branch(self, running);
         self.starter.branch(kit, spec, handle.clone());
         Ok(id)
     }

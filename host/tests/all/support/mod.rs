@@ -437,6 +437,14 @@ impl Held {
             self.stash.push(pending);
         }
     }
+
+    /// Every request held now and not taken yet.
+    pub fn rest(mut self) -> Vec<Pending> {
+        while let Ok(pending) = self.requests.try_recv() {
+            self.stash.push(pending);
+        }
+        self.stash
+    }
 }
 
 impl Provider for Gated {
