@@ -17,7 +17,7 @@ use capstan_host::store::Store;
 use serde_json::json;
 use tokio::sync::{Semaphore, mpsc};
 
-use crate::support::{Gated, Held, plugins_dir, test_cache};
+use crate::support::{Gated, Held, agent_runtime, plugins_dir, test_cache};
 
 /// A ledger whose record of a worker's end waits until the test lets it through, and
 /// says when one is waiting.
@@ -191,14 +191,8 @@ async fn gated_agent(
     config.limits.max_workers_per_channel = workers;
     std::fs::create_dir_all(&config.agent.workspace).unwrap();
     let (provider, held) = Gated::new();
-    let agent = AgentBuilder::new(config)
-        .plugins_dir(plugins_dir())
-        .cache(test_cache())
-        .provider(provider)
-        .build()
-        .await
-        .expect("the agent starts");
-    (agent.runtime, Held::new(held))
+    let (rt, _events) = agent_runtime(config, provider, false).await;
+    (rt, Held::new(held))
 }
 
 /// Bounds a wait that must end, so that one that does not fails rather than hangs.
