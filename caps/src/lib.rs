@@ -30,12 +30,14 @@
 //! ```
 
 mod address;
+mod effect;
 mod net;
 
 use std::fmt;
 use std::str::FromStr;
 
 pub use address::{AddressClass, AddressRange, METADATA_V4, METADATA_V6};
+pub use effect::{EFFECT_PREFIX, Effect, ParseEffectError};
 pub use net::{
     HostRule, METHODS, NetRule, NetTarget, ParseNetRuleError, PortRule, Scheme, SchemeRule,
     TargetHost, canonical_ip,

@@ -6,7 +6,8 @@
 //! - [`plugin`] loads components and runs each tool call in a fresh instance whose sandbox
 //!   holds only the capabilities the tool declares and the caller grants.
 //! - [`policy`] decides which tools each process kind is offered and which capabilities a
-//!   call runs with.
+//!   call runs with; [`flow`] labels what the host passes on and decides, at the sink,
+//!   what data may drive a call.
 //! - [`services`] are the taskboard, memory, history, audit log and ledger, behind traits;
 //!   [`store`] implements them in SQLite.
 //! - [`llm`] talks to models: the provider trait, an OpenAI-compatible client, and a
@@ -21,6 +22,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod dispatch;
+pub mod flow;
 pub mod ids;
 pub mod llm;
 pub mod mcp;

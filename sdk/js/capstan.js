@@ -144,10 +144,15 @@ export class Toolbox {
 
   /** Registers `run(args, context)` as a tool: `name` (lowercase letters, digits, `_`),
    * `description` (for the model), `needs` (capabilities it declares: `fs.read`,
-   * `fs.write`, `tasks.read`, `net:api.example.com`, ...) and `args` (JSON Schema
-   * properties; `optional: true` on one that may be left out). */
-  tool({ name, description, needs = [], args = {} }, run) {
+   * `fs.write`, `tasks.read`, `net:api.example.com`, ...), `args` (JSON Schema
+   * properties; `optional: true` on one that may be left out) and `effect` (what a call
+   * does: `read`, `write-local` or `send`, for the host's data-flow rules, which take the
+   * higher of it and what the capabilities imply). */
+  tool({ name, description, needs = [], args = {}, effect }, run) {
     if (!/^[a-z][a-z0-9_]*$/.test(name ?? '')) throw new TypeError(`tool name ${name} must be lowercase letters, digits and _`);
+    if (effect !== undefined && !['read', 'write-local', 'send'].includes(effect)) {
+      throw new TypeError(`tool ${name}: effect ${effect} is not read, write-local or send`);
+    }
     if (this.tools.has(name)) throw new TypeError(`tool ${name} is registered twice`);
     if (!description) throw new TypeError(`tool ${name} needs a description`);
     const properties = {};
@@ -158,7 +163,9 @@ export class Toolbox {
     }
     const schema = { type: 'object', properties, additionalProperties: false };
     if (required.length) schema.required = required;
-    this.tools.set(name, { name, description, needs: [...needs], schema, run });
+    // The effect travels as an entry of the capability list: the contract's record stays.
+    const declared = effect === undefined ? [...needs] : [...needs, `effect:${effect}`];
+    this.tools.set(name, { name, description, needs: declared, schema, run });
     return this;
   }
 

@@ -267,17 +267,27 @@ class Toolbox:
     def __init__(self):
         self._tools: dict[str, _Tool] = {}
 
-    def tool(self, function=None, *, name=None, description=None, needs=(), schema=None):
+    def tool(self, function=None, *, name=None, description=None, needs=(), schema=None, effect=None):
         """Registers a function as a tool. `name` defaults to the function's name,
         `description` to its docstring's first paragraph, `schema` to one derived from its
         signature; `needs` lists the capabilities it declares (`fs.read`, `fs.write`,
-        `tasks.read`, `memory.write`, `net:api.example.com`, ...)."""
+        `tasks.read`, `memory.write`, `net:api.example.com`, ...); `effect` declares what a
+        call does, `"read"`, `"write-local"` or `"send"` (it reaches a person or a program
+        outside the host), for the host's data-flow rules, which take the higher of it and
+        what the capabilities imply."""
+        if effect not in (None, "read", "write-local", "send"):
+            raise ValueError(f"capstan_sdk: effect {effect!r} is not read, write-local or send")
 
         def register(fn):
             tool_name = name or fn.__name__
             if tool_name in self._tools:
                 raise ValueError(f"capstan_sdk: tool `{tool_name}` is registered twice")
-            self._tools[tool_name] = _Tool(fn, tool_name, description, needs, schema)
+            tool = _Tool(fn, tool_name, description, needs, schema)
+            # The effect travels as an entry of the capability list: the contract's record
+            # stays as it is.
+            if effect is not None:
+                tool.needs.append(f"effect:{effect}")
+            self._tools[tool_name] = tool
             return fn
 
         return register(function) if function is not None else register

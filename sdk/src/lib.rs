@@ -86,7 +86,7 @@ pub mod runtime;
 mod task_enums;
 mod tool;
 
-pub use capstan_caps::Capability;
+pub use capstan_caps::{Capability, Effect};
 pub use context::Context;
 pub use error::ToolError;
 pub use output::{IntoOutput, Json};

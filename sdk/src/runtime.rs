@@ -3,7 +3,7 @@
 
 use crate::bindings::capstan::plugin::types::CallContext;
 use crate::bindings::exports::capstan::plugin::tool::{ToolError as WitToolError, ToolSpec};
-use crate::{Context, Toolbox};
+use crate::{Context, Effect, Toolbox};
 
 /// Answers `describe()`.
 pub fn describe(tools: &Toolbox) -> Vec<ToolSpec> {
@@ -13,7 +13,13 @@ pub fn describe(tools: &Toolbox) -> Vec<ToolSpec> {
             name: t.name.clone(),
             description: t.description.clone(),
             args_schema: (t.schema)(),
-            capabilities: t.capabilities.iter().map(|c| c.to_string()).collect(),
+            // The effect travels as an entry of the list, so the contract's record is unchanged.
+            capabilities: t
+                .capabilities
+                .iter()
+                .map(|c| c.to_string())
+                .chain(t.effect.map(Effect::declaration))
+                .collect(),
         })
         .collect()
 }

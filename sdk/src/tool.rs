@@ -1,6 +1,6 @@
 //! Tools and the toolbox a plugin exports.
 
-use capstan_caps::Capability;
+use capstan_caps::{Capability, Effect};
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 
@@ -18,6 +18,7 @@ pub struct Tool {
     pub(crate) name: String,
     pub(crate) description: String,
     pub(crate) capabilities: Vec<Capability>,
+    pub(crate) effect: Option<Effect>,
     pub(crate) schema: fn() -> String,
     pub(crate) handler: Handler,
 }
@@ -38,6 +39,7 @@ impl Tool {
             name: name.to_owned(),
             description: description.to_owned(),
             capabilities: Vec::new(),
+            effect: None,
             schema: schema_of::<A>,
             handler: Box::new(move |args_json, ctx| {
                 let args = parse_args::<A>(&tool_name, args_json)?;
@@ -53,6 +55,25 @@ impl Tool {
         if !self.capabilities.contains(&capability) {
             self.capabilities.push(capability);
         }
+        self
+    }
+
+    /// Declares what a call of the tool does: [`Effect::Send`] for a tool that reaches a
+    /// person or a program outside the host (a message, a payment, a post), so the host's
+    /// data-flow rules park it for approval when the process calling it has read untrusted
+    /// data. The host takes the higher of this and what the capabilities imply (`fs.write`
+    /// writes locally; a `net:` rule for a method other than GET or HEAD sends), so a
+    /// declaration can only raise the effect.
+    ///
+    /// ```
+    /// use capstan_sdk::{Effect, Tool};
+    ///
+    /// let tool = Tool::new("notify", "Sends a message.", |_: serde_json::Value, _| Ok("sent"))
+    ///     .effect(Effect::Send);
+    /// # let _ = tool;
+    /// ```
+    pub fn effect(mut self, effect: Effect) -> Self {
+        self.effect = Some(effect);
         self
     }
 }

@@ -11,8 +11,9 @@ use super::spawning::BranchKit;
 use super::spawning::BranchSpec;
 use super::supervisor::supervise;
 use super::tool_calls::{HostTools, ProcessTools};
-use super::turn::{ToolOutcome, TurnEnd, TurnError};
+use super::turn::{ToolOutcome, TurnEnd, TurnError, context_label};
 use crate::dispatch::Route;
+use crate::flow::Label;
 use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, Message};
 use crate::plugin::ToolError;
@@ -43,6 +44,8 @@ pub(crate) fn start(kit: BranchKit, spec: BranchSpec, channel: ChannelHandle) {
                     &id,
                     NotificationKind::Error,
                     format!("failed: {why}"),
+                    // The host's own words.
+                    Label::trusted(),
                 )
                 .await;
         }
@@ -99,6 +102,8 @@ async fn run(kit: BranchKit, spec: BranchSpec, channel: ChannelHandle) {
             conclude(&kit, end)
         }
     };
+    // Its conclusion carries what it read, the channel's history it forked from included.
+    let read = context_label(&history);
     drop(alive);
     kit.gate.release_process(&id);
     kit.reporter.emit_to(
@@ -115,6 +120,7 @@ async fn run(kit: BranchKit, spec: BranchSpec, channel: ChannelHandle) {
             &id,
             NotificationKind::Result,
             format!("concluded: {conclusion}"),
+            read,
         )
         .await;
 }
@@ -142,13 +148,23 @@ struct BranchTools {
 }
 
 impl HostTools for BranchTools {
-    fn run(&self, call: HostCall) -> BoxFuture<'_, Result<ToolOutcome, ToolError>> {
+    fn run<'a>(
+        &'a self,
+        call: HostCall,
+        context: &'a Label,
+    ) -> BoxFuture<'a, Result<ToolOutcome, ToolError>> {
         Box::pin(async move {
             match call {
                 HostCall::SpawnWorker(args) => self
                     .kit
                     .spawner
-                    .spawn_worker_tool(&self.channel_name, Some(&self.id), &self.scope, args)
+                    .spawn_worker_tool(
+                        &self.channel_name,
+                        Some(&self.id),
+                        &self.scope,
+                        args,
+                        context,
+                    )
                     .await
                     .map(ToolOutcome::Continue),
                 other => Err(ToolError::Denied(format!(

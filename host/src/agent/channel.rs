@@ -18,6 +18,7 @@ use super::spawning::ChannelKit;
 use super::tool_calls::{HostTools, ProcessTools};
 use super::turn::{ToolOutcome, TurnEnd, Unanswered, repair};
 use crate::dispatch::Route;
+use crate::flow::Label;
 use crate::ids::ProcessId;
 use crate::llm::{AnswerSink, BoxFuture, Delta, Message};
 use crate::plugin::ToolError;
@@ -321,9 +322,14 @@ pub(crate) async fn run(
         .collect();
     for input in left {
         match input {
-            ChannelInput::Result { source, kind, text } => {
+            ChannelInput::Result {
+                source,
+                kind,
+                text,
+                label,
+            } => {
                 kit.reporter
-                    .fold_back(&name, &source, &name, kind, &text)
+                    .fold_back(&name, &source, &name, kind, &text, &label)
                     .await;
             }
             ChannelInput::Notification(note) => tracing::warn!(
@@ -453,7 +459,7 @@ fn worker_id(text: &str) -> Option<ProcessId> {
 }
 
 impl ChannelTools {
-    async fn answer(&self, call: HostCall) -> Result<ToolOutcome, ToolError> {
+    async fn answer(&self, call: HostCall, context: &Label) -> Result<ToolOutcome, ToolError> {
         let kit = &self.kit;
         let supervisor = &kit.supervisor;
         let answer = |value: serde_json::Value| Ok(ToolOutcome::Continue(value.to_string()));
@@ -475,7 +481,7 @@ impl ChannelTools {
             HostCall::Skip(_) => Ok(ToolOutcome::EndTurn("skipped".into())),
             HostCall::SpawnWorker(args) => kit
                 .spawner
-                .spawn_worker_tool(&self.channel, None, &self.turn, args)
+                .spawn_worker_tool(&self.channel, None, &self.turn, args, context)
                 .await
                 .map(ToolOutcome::Continue),
             HostCall::Branch(args) => {
@@ -529,7 +535,11 @@ impl ChannelTools {
 }
 
 impl HostTools for ChannelTools {
-    fn run(&self, call: HostCall) -> BoxFuture<'_, Result<ToolOutcome, ToolError>> {
-        Box::pin(self.answer(call))
+    fn run<'a>(
+        &'a self,
+        call: HostCall,
+        context: &'a Label,
+    ) -> BoxFuture<'a, Result<ToolOutcome, ToolError>> {
+        Box::pin(self.answer(call, context))
     }
 }

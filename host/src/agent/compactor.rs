@@ -8,7 +8,7 @@ use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
 use super::spawning::CompactorKit;
 use super::tool_calls::{NoHostTools, ProcessTools};
-use super::turn::{TurnEnd, TurnError};
+use super::turn::{TurnEnd, TurnError, context_label};
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
 use crate::llm::{Message, Role};
@@ -78,9 +78,13 @@ pub(crate) async fn compact_if_needed(
         .iter()
         .map(|m| format!("{:?}: {}\n", m.role, m.content))
         .collect();
-    let mut work = vec![Message::user(format!(
-        "Summarize this conversation excerpt:\n\n{excerpt}"
-    ))];
+    // The compactor reads what the excerpt's messages were labelled, and its summary
+    // stands for them in the history: both carry their labels.
+    let excerpt_label = context_label(&history[..cut]);
+    let mut work = vec![
+        Message::user(format!("Summarize this conversation excerpt:\n\n{excerpt}"))
+            .labelled(excerpt_label),
+    ];
     let tools = kit.gate.tool_defs(ProcessKind::Compactor);
     let system = system_prompt(ProcessKind::Compactor, &kit.settings.agent_name);
     // The compactor's own plugin instances and audit rows, for its life.
@@ -97,10 +101,8 @@ pub(crate) async fn compact_if_needed(
     };
     let compacted = match end {
         Ok(TurnEnd::Text(summary)) if !summary.trim().is_empty() => {
-            history.splice(
-                ..cut,
-                [Message::user(format!("{SUMMARY_PREFIX} {summary}"))],
-            );
+            let summary = Message::user(format!("{SUMMARY_PREFIX} {summary}"));
+            history.splice(..cut, [summary.labelled(context_label(&work))]);
             kit.reporter.emit_to(
                 turn,
                 Event::Compacted {

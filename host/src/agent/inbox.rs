@@ -9,6 +9,7 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use super::audience::Audience;
 use super::exchange::{Listener, UserMessage};
 use super::notifications::{Notification, NotificationKind};
+use crate::flow::Label;
 use crate::ids::{MessageKey, ProcessId};
 use crate::llm::Message;
 use crate::services::{Epoch, ForwardId, Forwarded};
@@ -36,10 +37,12 @@ pub(crate) enum ChannelInput {
         kind: NotificationKind,
         /// What it reports.
         text: String,
+        /// What its source had read.
+        label: Label,
     },
     /// A report that arrived after its requester ended, saved in working memory; told in
     /// a turn of its own.
-    Notification(Notification),
+    Notification(Box<Notification>),
     /// Stop after the inputs before this one.
     Close,
 }
@@ -97,6 +100,8 @@ impl ChannelInput {
                     source: worker,
                     kind: NotificationKind::Error,
                     text,
+                    // The host's own words.
+                    label: Label::trusted(),
                 }
             }
         }
@@ -109,10 +114,15 @@ impl ChannelInput {
                 key: key.clone(),
                 ..Message::user(text.clone())
             },
-            ChannelInput::Result { source, text, .. } => {
-                Message::user(format!("[{source}] {text}"))
+            ChannelInput::Result {
+                source,
+                text,
+                label,
+                ..
+            } => Message::user(format!("[{source}] {text}")).labelled(label.clone()),
+            ChannelInput::Notification(note) => {
+                Message::user(note.message()).labelled(note.label.clone())
             }
-            ChannelInput::Notification(note) => Message::user(note.message()),
             ChannelInput::Close => unreachable!("Close ends the loop before it is batched"),
         }
     }

@@ -61,6 +61,8 @@ pub(crate) struct Notification {
     /// Its working-memory key.
     pub(crate) key: String,
     pub(crate) text: String,
+    /// What its source had read.
+    pub(crate) label: crate::flow::Label,
 }
 
 impl Notification {

@@ -17,6 +17,7 @@ use super::inbox::{ChannelHandle, ChannelInput};
 use super::notifications::{Notification, NotificationIndex, NotificationKind};
 use super::supervisor::Supervisor;
 use super::turn::{TurnError, Unanswered};
+use crate::flow::Label;
 use crate::ids::ProcessId;
 use crate::secrets::Redactor;
 use crate::services::{Answer, ForwardId, Memory, Run, Sessions};
@@ -153,6 +154,7 @@ impl Reporter {
     /// Sends `source`'s report `text` to conversation `channel`, or folds it back (see
     /// [`Reporter::fold_back`]) when `requester` (the branch that asked; `None`: the
     /// channel did) has ended.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn tell(
         &self,
         channel: &ProcessId,
@@ -161,19 +163,23 @@ impl Reporter {
         requester: Option<&ProcessId>,
         kind: NotificationKind,
         text: String,
+        label: Label,
     ) {
         match requester.filter(|branch| !self.supervisor.branch_alive(branch)) {
             Some(requester) => {
-                self.fold_back(channel, source, requester, kind, &text)
+                self.fold_back(channel, source, requester, kind, &text, &label)
                     .await;
             }
-            None => self.report(channel, handle, source, kind, text).await,
+            None => {
+                self.report(channel, handle, source, kind, text, label)
+                    .await
+            }
         }
     }
 
-    /// Sends `source`'s report `text` to conversation `channel` (through `handle`) as a
-    /// result; if the channel is gone, keeps it as a notification instead (see
-    /// [`Reporter::fold_back`]).
+    /// Sends `source`'s report `text`, labelled `label` (what `source` had read), to
+    /// conversation `channel` (through `handle`) as a result; if the channel is gone, keeps
+    /// it as a notification instead (see [`Reporter::fold_back`]).
     pub(crate) async fn report(
         &self,
         channel: &ProcessId,
@@ -181,14 +187,17 @@ impl Reporter {
         source: &ProcessId,
         kind: NotificationKind,
         text: String,
+        label: Label,
     ) {
         let input = ChannelInput::Result {
             source: source.clone(),
             kind,
             text,
+            label,
         };
-        if let Err(ChannelInput::Result { text, .. }) = handle.try_send(input) {
-            self.fold_back(channel, source, channel, kind, &text).await;
+        if let Err(ChannelInput::Result { text, label, .. }) = handle.try_send(input) {
+            self.fold_back(channel, source, channel, kind, &text, &label)
+                .await;
         }
     }
 
@@ -203,6 +212,7 @@ impl Reporter {
         requester: &ProcessId,
         kind: NotificationKind,
         text: &str,
+        label: &Label,
     ) -> Notification {
         let key = format!("notifications/{kind}/{source}");
         let line = format!("{kind} {source} (for {requester}): {}", truncate(text, 120));
@@ -244,9 +254,10 @@ impl Reporter {
             kind,
             key,
             text: text.to_owned(),
+            label: label.clone(),
         };
-        let told =
-            handle.is_some_and(|handle| handle.send(ChannelInput::Notification(note.clone())));
+        let told = handle
+            .is_some_and(|handle| handle.send(ChannelInput::Notification(Box::new(note.clone()))));
         if !told {
             tracing::warn!(
                 %channel,

@@ -16,11 +16,12 @@ use super::exchange::{
 use super::inbox::{ChannelHandle, ChannelInput};
 use super::reservations::Reservation;
 use super::spawning::{
-    BranchKit, BranchSpec, ChannelKit, SpawnOutcome, Starter, WorkerKit, WorkerSpec,
+    BranchKit, BranchSpec, ChannelKit, SpawnOutcome, Starter, WorkerKit, WorkerSpec, WorkerTask,
 };
 use super::stop::{NotSaved, StopReport};
 use super::{branch, channel, forwarding, spilling, worker};
 use crate::config::Config;
+use crate::flow::Label;
 use crate::ids::ProcessId;
 use crate::llm::{Message, Provider, ToolDef};
 use crate::plugin::Registry;
@@ -374,7 +375,18 @@ impl Runtime {
         let channel = ProcessId::channel(channel);
         self.ctx
             .spawner
-            .spawn_worker(&channel, None, None, task, interactive, task_number)
+            .spawn_worker(
+                &channel,
+                None,
+                None,
+                WorkerTask {
+                    text: task,
+                    // A person's (or a client's) own words.
+                    label: &Label::trusted(),
+                    interactive,
+                    number: task_number,
+                },
+            )
             .await
     }
 

@@ -9,6 +9,7 @@ use super::model_gate::ModelGate;
 use super::process_calls::ProcessCalls;
 use super::reporter::Reporter;
 use super::turn::{ToolHandler, ToolOutcome};
+use crate::flow::Label;
 use crate::ids::ProcessId;
 use crate::llm::BoxFuture;
 use crate::plugin::ToolError;
@@ -17,8 +18,13 @@ use crate::tools::{HostCall, Routed, ToolRouter};
 /// What a process does with the host tools its kind runs
 /// ([`HostTool::run_by`](crate::tools::HostTool::run_by)): the router hands it only those.
 pub(crate) trait HostTools: Send + Sync {
-    /// Runs host tool `call`.
-    fn run(&self, call: HostCall) -> BoxFuture<'_, Result<ToolOutcome, ToolError>>;
+    /// Runs host tool `call`, made by a model that had read what is labelled `context`
+    /// (what it hands another process, a task or a routed message, carries it).
+    fn run<'a>(
+        &'a self,
+        call: HostCall,
+        context: &'a Label,
+    ) -> BoxFuture<'a, Result<ToolOutcome, ToolError>>;
 
     /// Messages that arrived for the process while it worked, taken at a turn boundary.
     fn injected(&self) -> Vec<String> {
@@ -30,7 +36,11 @@ pub(crate) trait HostTools: Send + Sync {
 pub(crate) struct NoHostTools;
 
 impl HostTools for NoHostTools {
-    fn run(&self, call: HostCall) -> BoxFuture<'_, Result<ToolOutcome, ToolError>> {
+    fn run<'a>(
+        &'a self,
+        call: HostCall,
+        _: &'a Label,
+    ) -> BoxFuture<'a, Result<ToolOutcome, ToolError>> {
         let tool = call.tool();
         Box::pin(async move {
             Err(ToolError::Denied(format!(
@@ -73,18 +83,30 @@ impl<'a> ProcessTools<'a> {
         }
     }
 
-    async fn answer(&self, name: &str, arguments: &str) -> ToolOutcome {
+    async fn answer(&self, name: &str, arguments: &str, context: &Label) -> (ToolOutcome, Label) {
         let routed = self
             .router
-            .route(self.caller, Some(&self.calls.instances), name, arguments)
+            .route(
+                self.caller,
+                Some(&self.calls.instances),
+                name,
+                arguments,
+                context,
+            )
             .await;
+        // A failure's text is the host's or the tool's; it is labelled as its result would be.
+        let mut label = Label::trusted();
         let result = match routed {
-            Routed::Host(call) => match self.host.run(call).await {
-                Ok(outcome) => return outcome,
+            Routed::Host(call) => match self.host.run(call, context).await {
+                Ok(outcome) => return (outcome, label),
                 Err(err) => Err(err),
             },
             Routed::Refused(err) => Err(err),
-            Routed::Ran(recorded) => {
+            Routed::Ran {
+                recorded,
+                label: labelled,
+            } => {
+                label = labelled;
                 let (result, audit) = recorded.into_parts();
                 self.calls.note_audits(audit);
                 if result.is_err() {
@@ -102,7 +124,8 @@ impl<'a> ProcessTools<'a> {
                 })
             }
         };
-        ToolOutcome::Continue(result.unwrap_or_else(|err| self.failed(name, err)))
+        let text = result.unwrap_or_else(|err| self.failed(name, err));
+        (ToolOutcome::Continue(text), label)
     }
 
     /// Reports `err` from tool `name`, and returns the text the model is shown.
@@ -134,7 +157,8 @@ impl ToolHandler for ProcessTools<'_> {
 
     fn refuse<'b>(&'b self, name: &'b str, arguments: &'b str) -> BoxFuture<'b, String> {
         Box::pin(async move {
-            match self.answer(name, arguments).await {
+            // Not offered, so the router refuses it before anything reads the context.
+            match self.answer(name, arguments, &Label::trusted()).await.0 {
                 ToolOutcome::Continue(text) => text,
                 // Not offered, so the router refused it; nothing else can come back.
                 ToolOutcome::EndTurn(text) | ToolOutcome::Delivered(text) => text,
@@ -146,7 +170,12 @@ impl ToolHandler for ProcessTools<'_> {
         self.host.injected()
     }
 
-    fn handle<'b>(&'b self, name: &'b str, arguments: &'b str) -> BoxFuture<'b, ToolOutcome> {
-        Box::pin(self.answer(name, arguments))
+    fn handle<'b>(
+        &'b self,
+        name: &'b str,
+        arguments: &'b str,
+        context: &'b Label,
+    ) -> BoxFuture<'b, (ToolOutcome, Label)> {
+        Box::pin(self.answer(name, arguments, context))
     }
 }

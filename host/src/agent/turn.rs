@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::events::{Event, EventSink, TurnEnding};
 use super::process_calls::ProcessCalls;
 use crate::dispatch::{DispatchError, DispatchOutcome, Dispatcher, Route, Ticket, TooSlow};
+use crate::flow::Label;
 use crate::ids::{ProcessId, ToolCallId};
 use crate::llm::{AnswerSink, BoxFuture, CompletionRequest, Message, Role, ToolChoice, ToolDef};
 use crate::services::Run;
@@ -25,8 +26,14 @@ pub(crate) enum ToolOutcome {
 
 /// Runs the tools a process calls.
 pub(crate) trait ToolHandler: Send + Sync {
-    /// Runs tool `name` with `arguments` (as the model wrote them).
-    fn handle<'a>(&'a self, name: &'a str, arguments: &'a str) -> BoxFuture<'a, ToolOutcome>;
+    /// Runs tool `name` with `arguments` (as the model wrote them), called by a model that
+    /// had read what is labelled `context`: the outcome, and the label of its text.
+    fn handle<'a>(
+        &'a self,
+        name: &'a str,
+        arguments: &'a str,
+        context: &'a Label,
+    ) -> BoxFuture<'a, (ToolOutcome, Label)>;
 
     /// Answers a call of a tool this process was not offered (the model made it up, or
     /// forced it): a denial naming why, never a run.
@@ -154,8 +161,10 @@ impl Turn<'_> {
         });
         match ended {
             Ok(TurnEnd::Delivered(text)) => {
+                // The reply stands for what the turn read: it keeps the turn's labels.
+                let read = Label::join_all(history[before..].iter().map(|m| &m.label));
                 history.truncate(before);
-                history.push(Message::assistant(text.clone()));
+                history.push(Message::assistant(text.clone()).labelled(read));
                 Ok(TurnEnd::Delivered(text))
             }
             Ok(end) => Ok(end),
@@ -234,13 +243,17 @@ impl Turn<'_> {
             let mut ended = None;
             let process_calls = handler.calls();
             let working = process_calls.map(|calls| calls.instances.working());
+            // What the model had read when it wrote these calls: every one of them is
+            // checked against it, whatever the others return.
+            let context = context_label(history);
             for call in &calls {
-                let outcome = {
+                let (outcome, label) = {
                     let _running = self.dispatcher.gate().tool_running(self.ticket.session());
                     if self.tools.iter().any(|t| t.name == call.name) {
-                        handler.handle(&call.name, &call.arguments).await
+                        handler.handle(&call.name, &call.arguments, &context).await
                     } else {
-                        ToolOutcome::Continue(handler.refuse(&call.name, &call.arguments).await)
+                        let refused = handler.refuse(&call.name, &call.arguments).await;
+                        (ToolOutcome::Continue(refused), Label::trusted())
                     }
                 };
                 let result = match outcome {
@@ -254,7 +267,7 @@ impl Turn<'_> {
                         "delivered".to_owned()
                     }
                 };
-                history.push(Message::tool_result(call.id.clone(), result));
+                history.push(Message::tool_result(call.id.clone(), result).labelled(label));
             }
             drop(working);
             if let Some(calls) = process_calls {
@@ -270,6 +283,12 @@ impl Turn<'_> {
         }
         Ok(TurnEnd::MaxTurns)
     }
+}
+
+/// What a process has read: the join of the labels of its history (the system prompt
+/// is the operator's, trusted).
+pub(crate) fn context_label(history: &[Message]) -> Label {
+    Label::join_all(history.iter().map(|m| &m.label))
 }
 
 /// Drops tool calls without results and results without calls, so every request the model
@@ -290,6 +309,8 @@ pub(crate) fn repair(history: &mut Vec<Message>) -> bool {
     let mut called = HashSet::new();
     let mut kept = Vec::with_capacity(original_len);
     let mut dropped_calls = false;
+    // What a dropped message was labelled stays in the context: the model may have read it.
+    let mut dropped = Label::trusted();
     for mut message in history.drain(..) {
         match message.role {
             Role::Assistant if !message.tool_calls.is_empty() => {
@@ -298,6 +319,7 @@ pub(crate) fn repair(history: &mut Vec<Message>) -> bool {
                 dropped_calls |= message.tool_calls.len() != before;
                 called.extend(message.tool_calls.iter().map(|c| c.id.clone()));
                 if message.tool_calls.is_empty() && message.content.is_empty() {
+                    dropped.join(&message.label);
                     continue;
                 }
                 kept.push(message);
@@ -309,10 +331,15 @@ pub(crate) fn repair(history: &mut Vec<Message>) -> bool {
                     .is_some_and(|id| called.contains(id))
                 {
                     kept.push(message);
+                } else {
+                    dropped.join(&message.label);
                 }
             }
             _ => kept.push(message),
         }
+    }
+    if let Some(first) = kept.first_mut() {
+        first.label.join(&dropped);
     }
     let changed = dropped_calls || kept.len() != original_len;
     *history = kept;
@@ -505,14 +532,19 @@ mod properties {
     }
 
     impl ToolHandler for Tools {
-        fn handle<'a>(&'a self, name: &'a str, _: &'a str) -> BoxFuture<'a, ToolOutcome> {
+        fn handle<'a>(
+            &'a self,
+            name: &'a str,
+            _: &'a str,
+            _: &'a Label,
+        ) -> BoxFuture<'a, (ToolOutcome, Label)> {
             let outcome = match name {
                 "go" => ToolOutcome::Continue("went".into()),
                 "stop" => ToolOutcome::EndTurn("stopped".into()),
                 "reply" => ToolOutcome::Delivered("the reply".into()),
                 other => unreachable!("{other} is not offered"),
             };
-            Box::pin(async move { outcome })
+            Box::pin(async move { (outcome, Label::trusted()) })
         }
 
         fn refuse<'a>(&'a self, name: &'a str, _: &'a str) -> BoxFuture<'a, String> {

@@ -21,8 +21,9 @@ use super::reservations::Reservation;
 use super::spawning::{WorkerKit, WorkerSpec};
 use super::supervisor::{Pending, WorkerHandle, supervise};
 use super::tool_calls::{HostTools, ProcessTools};
-use super::turn::{ToolOutcome, TurnEnd};
+use super::turn::{ToolOutcome, TurnEnd, context_label};
 use crate::dispatch::Route;
+use crate::flow::Label;
 use crate::ids::ProcessId;
 use crate::llm::{BoxFuture, Message};
 use crate::plugin::ToolError;
@@ -58,6 +59,8 @@ pub(crate) fn start(
                 state: WorkerState::Failed,
                 outcome: why,
                 recorded: true,
+                // The host's words about a failure, and the messages routed to it.
+                read: spec.task_label.clone(),
             };
             finish(&kit, &spec, &channel, ended, undelivered).await;
         }
@@ -144,7 +147,17 @@ async fn run(
     // worker ends now (its request failed, it was cancelled or timed out mid-request),
     // they are reported as not delivered with the rest.
     let mut unanswered = Vec::new();
-    let working = work(&kit, &spec, &channel, &pending, &inbox, &mut unanswered);
+    // What the worker has read so far: its report carries it, however it ends.
+    let read = Mutex::new(spec.task_label.clone());
+    let working = work(
+        &kit,
+        &spec,
+        &channel,
+        &pending,
+        &inbox,
+        &mut unanswered,
+        &read,
+    );
     let (state, outcome) = tokio::select! {
         // A worker stopped before it began (the host stopped while it waited for a slot)
         // never asks the model.
@@ -168,6 +181,9 @@ async fn run(
         state,
         outcome,
         recorded: true,
+        read: read
+            .into_inner()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()),
     };
     finish(&kit, &spec, &channel, ended, undelivered).await;
     // Free for a worker of any host now, not only once the end is seen.
@@ -182,6 +198,8 @@ struct Ended {
     outcome: String,
     /// Whether the store has a record of the worker to update.
     recorded: bool,
+    /// What it had read: the label its report carries.
+    read: Label,
 }
 
 impl Ended {
@@ -191,6 +209,7 @@ impl Ended {
             state: WorkerState::Failed,
             outcome,
             recorded: false,
+            read: Label::trusted(),
         }
     }
 }
@@ -209,6 +228,7 @@ async fn finish(
         state,
         outcome,
         recorded,
+        read,
     } = ended;
     if recorded {
         let stored = kit.records.set_state(&spec.id, state, Some(&outcome));
@@ -238,20 +258,30 @@ async fn finish(
         WorkerState::WaitingForInput => NotificationKind::InputRequired,
         WorkerState::Failed | WorkerState::Running => NotificationKind::Error,
     };
-    tell(kit, spec, channel, kind, report).await;
+    tell(kit, spec, channel, kind, report, read).await;
 }
 
-/// Sends `text` to the worker's channel, or folds it back if its requester has ended.
+/// Sends `text`, labelled `label`, to the worker's channel, or folds it back if its
+/// requester has ended.
 async fn tell(
     kit: &WorkerKit,
     spec: &WorkerSpec,
     channel: &ChannelHandle,
     kind: NotificationKind,
     text: String,
+    label: Label,
 ) {
     let requester = spec.requester.as_ref();
     kit.reporter
-        .tell(&spec.channel, channel, &spec.id, requester, kind, text)
+        .tell(
+            &spec.channel,
+            channel,
+            &spec.id,
+            requester,
+            kind,
+            text,
+            label,
+        )
         .await;
 }
 
@@ -263,6 +293,7 @@ async fn work(
     pending: &Pending,
     inbox: &Inbox,
     unanswered: &mut Vec<String>,
+    read: &Mutex<Label>,
 ) -> (WorkerState, String) {
     let tools = kit.gate.tool_defs(ProcessKind::Worker);
     let system = system_prompt(ProcessKind::Worker, &kit.settings.agent_name);
@@ -270,7 +301,7 @@ async fn work(
         Ok(lease) => lease,
         Err(held) => return (WorkerState::Failed, format!("cannot prompt: {held}")),
     };
-    let mut history = vec![Message::user(spec.task.clone())];
+    let mut history = vec![Message::user(spec.task.clone()).labelled(spec.task_label.clone())];
     let mut route = Route::Task;
     // The worker's own plugin instances and audit rows, for its life.
     let calls = ProcessCalls::new();
@@ -295,6 +326,7 @@ async fn work(
             .gate
             .turn(&spec.id, lease.ticket(), route, &system, &tools);
         let end = turn.run(&mut history, &handler).await;
+        *read.lock().unwrap() = context_label(&history);
         if !matches!(&end, Err(err) if err.answered == 0) {
             unanswered.clear();
         }
@@ -352,12 +384,14 @@ async fn work(
                 }
                 // The user hears the question; while it waits, the worker does not keep its
                 // channel busy.
+                let label = read.lock().unwrap().clone();
                 tell(
                     kit,
                     spec,
                     channel,
                     NotificationKind::InputRequired,
                     format!("needs input (route your answer to {}): {message}", spec.id),
+                    label,
                 )
                 .await;
                 let mut waiting = inbox.lock().await;
@@ -433,7 +467,12 @@ impl WorkerTools<'_> {
 }
 
 impl HostTools for WorkerTools<'_> {
-    fn run(&self, call: HostCall) -> BoxFuture<'_, Result<ToolOutcome, ToolError>> {
+    // Its report carries the whole history's label, whatever the call had read.
+    fn run<'a>(
+        &'a self,
+        call: HostCall,
+        _: &'a Label,
+    ) -> BoxFuture<'a, Result<ToolOutcome, ToolError>> {
         Box::pin(std::future::ready(self.answer(call)))
     }
 

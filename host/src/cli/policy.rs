@@ -8,6 +8,7 @@ use clap::Args;
 use super::HostArgs;
 use super::table::print_table;
 use crate::config::{Config, LocationKind, Locations, McpTransport, resolve};
+use crate::flow::{Effect, FlowRule};
 use crate::plugin::Registry;
 use crate::policy::{Decision, InstanceReuse, ProcessKind};
 use crate::services::{AuditDestination, NO_STORE};
@@ -72,6 +73,7 @@ impl PolicyCommand {
         print_table(&mut out, &header, &rows)?;
         print_mcp(&mut out, &config, &registry)?;
         print_reuse(&mut out, &config, &registry)?;
+        print_flow(&mut out, &config, &catalog)?;
         super::network::print_network(&mut out, &config, &catalog)?;
         print_locations(&mut out, &self.host.agent_locations(&config)?)?;
         print_audit(&mut out, &config)?;
@@ -179,6 +181,44 @@ fn print_reuse(out: &mut impl Write, config: &Config, registry: &Registry) -> st
                 .join(", ")
         };
         writeln!(out, "  {:<14}{text}", plugin.name())?;
+    }
+    Ok(())
+}
+
+/// Each kind's flow rules, and which tools write locally or send.
+fn print_flow(out: &mut impl Write, config: &Config, catalog: &ToolCatalog) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "\ndata flow ([profiles.KIND.flow]: what a call that read data could drive where it \
+         should not go meets; refuse, approve or allow):"
+    )?;
+    let header: Vec<&str> = std::iter::once("KIND")
+        .chain(FlowRule::ALL.iter().map(|rule| rule.key()))
+        .collect();
+    let rows: Vec<Vec<String>> = ProcessKind::ALL
+        .iter()
+        .map(|kind| {
+            let rules = config.policy.profile(*kind).flow();
+            std::iter::once(kind.to_string())
+                .chain(
+                    FlowRule::ALL
+                        .iter()
+                        .map(|rule| rules.action(*rule).to_string()),
+                )
+                .collect()
+        })
+        .collect();
+    print_table(out, &header, &rows)?;
+    for effect in [Effect::Send, Effect::WriteLocal] {
+        let tools: Vec<&str> = catalog
+            .tools()
+            .iter()
+            .filter(|tool| tool.effect() == effect)
+            .map(|tool| tool.name())
+            .collect();
+        if !tools.is_empty() {
+            writeln!(out, "  {:<13}{}", format!("{effect}:"), tools.join(", "))?;
+        }
     }
     Ok(())
 }

@@ -19,6 +19,7 @@ use super::{
     ProviderSettings,
 };
 use crate::dispatch::GateSettings;
+use crate::flow::{FlowRule, FlowRules};
 use crate::plugin::Limits;
 use crate::policy::{Grants, InstanceReuse, Policy, ProcessKind, Profile, ReuseRules, ToolGrants};
 use crate::secrets::SecretSpec;
@@ -109,6 +110,9 @@ struct RawProfile {
     tool: BTreeMap<String, RawToolGrants>,
     /// `call` or `process`: for every plugin this kind calls, over `[plugins]`'s choice.
     instance_reuse: Option<String>,
+    /// `[profiles.KIND.flow]`: the action for each flow rule, by its key.
+    #[serde(default)]
+    flow: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -469,9 +473,31 @@ fn check_profiles(
                 },
             );
         }
-        profiles.insert(kind, checked);
+        let flow = check_flow(&name, &profile.flow)?;
+        profiles.insert(kind, checked.with_flow(flow));
     }
     Ok(Policy::new(profiles).with_reuse(reuse))
+}
+
+/// `[profiles.NAME.flow]`: each key a rule, each value an action; the rest default.
+fn check_flow(name: &str, raw: &BTreeMap<String, String>) -> Result<FlowRules, KeyError> {
+    let mut rules = FlowRules::default();
+    for (key, text) in raw {
+        let at = format!("profiles.{name}.flow.{key}");
+        let rule = FlowRule::ALL
+            .into_iter()
+            .find(|rule| rule.key() == key)
+            .ok_or_else(|| {
+                let keys: Vec<&str> = FlowRule::ALL.iter().map(|r| r.key()).collect();
+                key_error(
+                    &at,
+                    format!("not a flow rule; the rules are {}", keys.join(", ")),
+                )
+            })?;
+        let action = text.parse().map_err(|msg: String| key_error(&at, msg))?;
+        rules.set(rule, action);
+    }
+    Ok(rules)
 }
 
 /// Every name in `names` must be a declared secret.

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::flow::Label;
 use crate::ids::{MessageKey, ToolCallId};
 
 /// Who wrote a message.
@@ -38,6 +39,12 @@ pub struct Message {
     /// so the message is taken once. Never sent to a model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<MessageKey>,
+    /// What the host knows of where its text came from and who may read it: a tool
+    /// result's origin, a worker report's. Kept with it in the history; never sent to a
+    /// model. Trusted and public (left out when stored) for the user's words and the
+    /// model's.
+    #[serde(default, skip_serializing_if = "Label::is_clear")]
+    pub label: Label,
 }
 
 impl Message {
@@ -64,7 +71,13 @@ impl Message {
             tool_calls: Vec::new(),
             tool_call_id: Some(call_id.into()),
             key: None,
+            label: Label::default(),
         }
+    }
+
+    /// This message, labelled `label`.
+    pub fn labelled(self, label: Label) -> Self {
+        Message { label, ..self }
     }
 
     fn text(role: Role, content: impl Into<String>) -> Self {
@@ -74,6 +87,7 @@ impl Message {
             tool_calls: Vec::new(),
             tool_call_id: None,
             key: None,
+            label: Label::default(),
         }
     }
 }

@@ -129,6 +129,7 @@ impl Provider for ScriptedProvider {
                     tool_calls,
                     tool_call_id: None,
                     key: None,
+                    label: Default::default(),
                 },
                 tokens: None,
             })

@@ -1,6 +1,7 @@
 //! An external server's tools as the host sees them: checked as a plugin's are when listed
 //! (names, descriptions, schemas, how many), and their results read back as text.
 
+use capstan_caps::Effect;
 use rmcp::model::{CallToolResult, Tool};
 
 use crate::plugin::{
@@ -36,11 +37,22 @@ pub(super) fn tool_info(server: &str, tool: &Tool) -> Result<ToolInfo, String> {
     check_description(description).map_err(left_out)?;
     let schema = serde_json::Value::Object((*tool.input_schema).clone()).to_string();
     let args_schema = parse_args_schema(&schema).map_err(left_out)?;
+    // The MCP default for a tool without `readOnlyHint` is one that may change the world.
+    let read_only = tool
+        .annotations
+        .as_ref()
+        .and_then(|a| a.read_only_hint)
+        .unwrap_or(false);
     Ok(ToolInfo {
         name,
         description: description.to_owned(),
         args_schema,
         capabilities: Vec::new(),
+        effect: Some(if read_only {
+            Effect::Read
+        } else {
+            Effect::Send
+        }),
     })
 }
 

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use capstan_caps::Capability;
+use capstan_caps::{Capability, Effect};
 
 use super::bindings::PluginPre;
 use super::bindings::exports::capstan::plugin::tool::ToolSpec;
@@ -110,6 +110,10 @@ pub struct ToolInfo {
     pub args_schema: serde_json::Value,
     /// What the tool needs to run.
     pub capabilities: Vec<Capability>,
+    /// The effect the tool declares (`effect:send` in a plugin's list; an MCP tool's
+    /// `readOnlyHint`), if it declares one; the host takes the higher of it and what
+    /// the capabilities imply.
+    pub effect: Option<Effect>,
 }
 
 impl ToolInfo {
@@ -144,17 +148,33 @@ impl ToolInfo {
             }
             check_description(&spec.description).map_err(bad)?;
             let args_schema = parse_args_schema(&spec.args_schema).map_err(bad)?;
-            let capabilities = spec
-                .capabilities
-                .iter()
-                .map(|c| c.parse::<Capability>())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|err| bad(one_line(&err.to_string()).into_owned()))?;
+            let mut capabilities = Vec::with_capacity(spec.capabilities.len());
+            let mut effect = None;
+            for entry in &spec.capabilities {
+                match Effect::declared(entry) {
+                    Some(Ok(declared)) => {
+                        if effect.is_some_and(|e| e != declared) {
+                            return Err(bad(format!(
+                                "declares two effects (`{}` and `{entry}`); declare one",
+                                effect.map(Effect::declaration).unwrap_or_default()
+                            )));
+                        }
+                        effect = Some(declared);
+                    }
+                    Some(Err(err)) => return Err(bad(one_line(&err.to_string()).into_owned())),
+                    None => capabilities.push(
+                        entry
+                            .parse::<Capability>()
+                            .map_err(|err| bad(one_line(&err.to_string()).into_owned()))?,
+                    ),
+                }
+            }
             tools.push(ToolInfo {
                 name: spec.name,
                 description: spec.description,
                 args_schema,
                 capabilities,
+                effect,
             });
         }
         Ok(tools)
@@ -288,5 +308,31 @@ mod tests {
         }
         let twice = vec![spec("a", "{}", &[]), spec("a", "{}", &[])];
         assert!(ToolInfo::from_specs(path, twice).is_err());
+    }
+
+    #[test]
+    fn an_effect_is_read_from_the_list_and_is_no_capability() {
+        let path = Path::new("x.wasm");
+        let mailer = spec("mail_send", "{}", &["effect:send", "secret:MAIL"]);
+        let tools = ToolInfo::from_specs(path, vec![mailer]).unwrap();
+        assert_eq!(tools[0].effect, Some(Effect::Send));
+        assert_eq!(
+            tools[0].capabilities,
+            vec![Capability::Secret("MAIL".into())]
+        );
+        let plain = ToolInfo::from_specs(path, vec![spec("a", "{}", &["fs.read"])]).unwrap();
+        assert_eq!(plain[0].effect, None);
+        for (caps, why) in [
+            (
+                &["effect:launch"][..],
+                "`launch` is not an effect; use read, write-local or send",
+            ),
+            (&["effect:read", "effect:send"][..], "declares two effects"),
+        ] {
+            let err = ToolInfo::from_specs(path, vec![spec("a", "{}", caps)])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(why) && err.contains("x.wasm"), "{err}");
+        }
     }
 }

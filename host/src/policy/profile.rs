@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use capstan_caps::Capability;
 
 use super::{Grants, ToolGrants};
+use crate::flow::FlowRules;
 
 /// The tools a process kind may be offered (names or globs such as `file_*`) and the
 /// capabilities it holds.
@@ -23,6 +24,8 @@ pub struct Profile {
     grants: Grants,
     /// `[profiles.KIND.tool.NAME]`: narrower network and secret grants for one tool.
     per_tool: BTreeMap<String, ToolGrants>,
+    /// `[profiles.KIND.flow]`: what data may drive its calls.
+    flow: FlowRules,
 }
 
 #[derive(Debug, Clone)]
@@ -61,6 +64,7 @@ impl Profile {
             tools,
             grants,
             per_tool: BTreeMap::new(),
+            flow: FlowRules::default(),
         })
     }
 
@@ -69,6 +73,17 @@ impl Profile {
     pub fn with_tool_grants(mut self, name: impl Into<String>, grants: ToolGrants) -> Self {
         self.per_tool.insert(name.into(), grants);
         self
+    }
+
+    /// Sets what data may drive its calls.
+    pub fn with_flow(mut self, flow: FlowRules) -> Self {
+        self.flow = flow;
+        self
+    }
+
+    /// What data may drive its calls (`[profiles.KIND.flow]`).
+    pub fn flow(&self) -> &FlowRules {
+        &self.flow
     }
 
     /// The narrower grants of each tool that has some.

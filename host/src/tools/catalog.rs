@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use capstan_caps::Capability;
+use capstan_caps::{Capability, Effect};
 
 use super::host::HostTool;
 use crate::llm::ToolDef;
@@ -37,6 +37,8 @@ pub struct CatalogTool {
     pub def: ToolDef,
     /// The capabilities it declares (none for a host tool).
     pub capabilities: Vec<Capability>,
+    /// The effect it declares, if any ([`CatalogTool::effect`] is the one that counts).
+    pub declared_effect: Option<Effect>,
     /// Where it comes from.
     pub origin: ToolOrigin,
 }
@@ -110,6 +112,7 @@ impl ToolCatalog {
             .map(|tool| CatalogTool {
                 def: tool.def(),
                 capabilities: Vec::new(),
+                declared_effect: None,
                 origin: ToolOrigin::Host(*tool),
             })
             .collect();
@@ -280,6 +283,7 @@ fn from_info(tool: &ToolInfo, origin: ToolOrigin) -> CatalogTool {
             parameters: tool.args_schema.clone(),
         },
         capabilities: tool.capabilities.clone(),
+        declared_effect: tool.effect,
         origin,
     }
 }

@@ -6,11 +6,14 @@
 //!   process kinds that run it).
 //! - [`catalog`]: [`ToolCatalog`], host, plugin and MCP tools with what each needs, and
 //!   which kinds the policy offers each.
+//! - `flow`: what the flow check knows of each catalog tool (its effect, where a call's
+//!   arguments go, the label of its result).
 //! - [`lint`]: what `capstan policy --lint` finds in a policy, from the catalog.
 //! - [`router`]: [`ToolRouter`], a model's call to its host tool as a typed [`HostCall`],
 //!   or to the registry, or refused with the policy's reason.
 
 pub mod catalog;
+mod flow;
 pub mod host;
 pub mod lint;
 pub mod router;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::catalog::ToolCatalog;
 use super::host::{HostCall, HostTool};
+use crate::flow::{self, Action, FlowCall, Label, Sink};
 use crate::ids::{Caller, ProcessId};
 use crate::net::GrantSource;
 use crate::plugin::{CallRequest, ProcessInstances, Recorded, Registry, ToolError};
@@ -22,7 +23,12 @@ pub enum Routed {
     /// Refused before anything ran: not offered, or arguments that do not fit.
     Refused(ToolError),
     /// A plugin or MCP tool, run (or refused, audited) by the registry.
-    Ran(Recorded),
+    Ran {
+        /// The call's result and its audit row.
+        recorded: Recorded,
+        /// The label of what it returns, from what the host knows of the call.
+        label: Label,
+    },
 }
 
 /// Routes the tool calls of one agent (or one door to its tools) by its catalog.
@@ -72,22 +78,30 @@ impl ToolRouter {
     }
 
     /// Routes a model's call of tool `name` made by `caller`, with `arguments` as the
-    /// model wrote them: a host tool its kind is offered comes back parsed, to be run by
-    /// the caller; any other host tool is refused with the policy's reason; everything
-    /// else goes as [`ToolRouter::run`] sends it, in the caller's `instances` where its
-    /// profile keeps the plugin's.
+    /// model wrote them, after the model read what is labelled `context`: a host tool its
+    /// kind is offered comes back parsed, to be run by the caller; any other host tool is
+    /// refused with the policy's reason; everything else goes as [`ToolRouter::run`]
+    /// sends it, in the caller's `instances` where its profile keeps the plugin's. Every
+    /// call passes the profile's flow rules first ([`crate::flow::check`]).
     pub async fn route(
         &self,
         caller: &ProcessId,
         instances: Option<&ProcessInstances>,
         name: &str,
         arguments: &str,
+        context: &Label,
     ) -> Routed {
         let kind = caller.kind();
-        if HostTool::named(name).is_some() {
+        if let Some(tool) = HostTool::named(name) {
             return match self.catalog.decide(kind, name) {
                 Decision::Offered => match HostCall::parse(name, arguments) {
-                    Some(Ok(call)) => Routed::Host(call),
+                    Some(Ok(call)) => {
+                        let sink = Sink::local(tool.effect());
+                        match self.flow(kind, name, context, &sink) {
+                            Some(refusal) => Routed::Refused(refusal),
+                            None => Routed::Host(call),
+                        }
+                    }
                     Some(Err(err)) => Routed::Refused(err),
                     None => unreachable!("`{name}` is a host tool"),
                 },
@@ -96,10 +110,54 @@ impl ToolRouter {
         }
         let caller = Caller::from(caller.clone());
         let pending = std::future::pending();
-        Routed::Ran(
-            self.run(kind, &caller, instances, name, arguments, pending)
-                .await,
-        )
+        let (recorded, started) = self
+            .run_in(kind, &caller, instances, name, arguments, context, pending)
+            .await;
+        // A refusal is the host's own words; what a tool that ran returns is labelled by
+        // what the call could read.
+        let label = match started {
+            Started::Yes => self.result_label(kind, name),
+            Started::No => Label::trusted(),
+        };
+        Routed::Ran { recorded, label }
+    }
+
+    /// The label of what tool `name` returns to a `kind` process: see
+    /// [`CatalogTool::result_label`](super::CatalogTool::result_label).
+    pub fn result_label(&self, kind: ProcessKind, name: &str) -> Label {
+        let Some(tool) = self.catalog.tool(name) else {
+            return Label::trusted();
+        };
+        let grants = self.catalog.policy().profile(kind).grants_for(name);
+        let effective = grants
+            .effective(name, &tool.capabilities)
+            .unwrap_or_default();
+        tool.result_label(&effective)
+    }
+
+    /// The flow check of a call of `name` by a `kind` process that read `context`, to
+    /// `sink`: `None` if it may run, else its refusal.
+    fn flow(
+        &self,
+        kind: ProcessKind,
+        name: &str,
+        context: &Label,
+        sink: &Sink,
+    ) -> Option<ToolError> {
+        let rules = self.catalog.policy().profile(kind).flow();
+        let call = FlowCall {
+            kind,
+            tool: name,
+            context,
+            arguments: &Label::trusted(),
+            sink,
+        };
+        let decision = flow::check(rules, &call);
+        match decision.action {
+            Action::Allow => None,
+            // Until a call can be parked, one that needs approval is refused, saying so.
+            Action::Approve | Action::Refuse => Some(ToolError::Denied(decision.to_string())),
+        }
     }
 
     /// Runs plugin or MCP tool `name` for a caller of `kind` named `caller` (`worker:3`,
@@ -107,6 +165,9 @@ impl ToolRouter {
     /// call is decided here, once, by the catalog: the registry runs an offered call and
     /// records a refused one (audited, with the policy's reason). A host tool is refused:
     /// it acts on a running agent's processes, which no door outside the agent has.
+    ///
+    /// This is a door's call: the client is the principal, so what it sends is trusted
+    /// and only the flow rules about private data apply.
     ///
     /// A refusal, like any failure, may come back before its audit row is committed:
     /// wait for [`Recorded::committed`] before its text leaves the host.
@@ -119,6 +180,27 @@ impl ToolRouter {
         arguments: &str,
         cancelled: impl Future<Output = ()>,
     ) -> Recorded {
+        let trusted = Label::trusted();
+        self.run_in(
+            kind, caller, instances, name, arguments, &trusted, cancelled,
+        )
+        .await
+        .0
+    }
+
+    /// [`ToolRouter::run`], for a process that has read what is labelled `context`; and
+    /// whether the tool was started (else the host refused the call).
+    #[allow(clippy::too_many_arguments)]
+    async fn run_in(
+        &self,
+        kind: ProcessKind,
+        caller: &Caller,
+        instances: Option<&ProcessInstances>,
+        name: &str,
+        arguments: &str,
+        context: &Label,
+        cancelled: impl Future<Output = ()>,
+    ) -> (Recorded, Started) {
         let policy = self.catalog.policy();
         let profile = policy.profile(kind);
         let grants = profile.grants_for(name);
@@ -135,27 +217,57 @@ impl ToolRouter {
                 "`{name}` is a host tool: it runs only inside an agent's {} process",
                 tool.kinds_running().join(" or ")
             ));
-            return self.registry.refuse_call(request, refusal).await;
+            return (
+                self.registry.refuse_call(request, refusal).await,
+                Started::No,
+            );
         }
         // The one decision of the call: the registry runs what it is handed.
         match self.catalog.decide(kind, name) {
             Decision::Offered => {
+                if let Some(tool) = self.catalog.tool(name) {
+                    let effective = grants
+                        .effective(name, &tool.capabilities)
+                        .unwrap_or_default();
+                    let sink = tool.sink(&effective);
+                    if let Some(refusal) = self.flow(kind, name, context, &sink) {
+                        return (
+                            self.registry.refuse_call(request, refusal).await,
+                            Started::No,
+                        );
+                    }
+                }
                 let source = GrantSource::profile(kind, profile, name);
                 let reuse = |plugin: &str| policy.reuse().decide(kind, plugin);
-                self.registry
+                let recorded = self
+                    .registry
                     .call_offered(request, source, reuse, cancelled)
-                    .await
+                    .await;
+                (recorded, Started::Yes)
             }
             Decision::NotLoaded => {
                 let unknown = self.registry.unknown_tool(name);
-                self.registry.refuse_call(request, unknown).await
+                (
+                    self.registry.refuse_call(request, unknown).await,
+                    Started::No,
+                )
             }
             refused => {
                 let refusal = not_offered(name, kind, &refused);
-                self.registry.refuse_call(request, refusal).await
+                (
+                    self.registry.refuse_call(request, refusal).await,
+                    Started::No,
+                )
             }
         }
     }
+}
+
+/// Whether a call's tool was started, or the host refused the call before it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Started {
+    Yes,
+    No,
 }
 
 /// The refusal of tool `name` to a `kind` process, with the policy's reason.

@@ -217,6 +217,7 @@ async fn an_external_error_after_the_deadline_is_reported_as_the_deadline() {
         description: "holds".into(),
         args_schema: json!({"type": "object"}),
         capabilities: Vec::new(),
+        effect: None,
     };
     registry.add_external(
         std::sync::Arc::new(Overrunning { hold: deadline }),

@@ -21,6 +21,7 @@ mod dispatch_owner;
 mod escapes;
 mod example_plugin;
 mod exchange;
+mod flow;
 mod host_imports;
 mod hosts;
 mod imports;

@@ -29,6 +29,20 @@ fn internal_hosts() -> Capability {
     "net:*://{internal}:*".parse().expect("`net:*://{internal}:*` is a capability")
 }
 
+/// [`public_hosts`] for `GET` alone: what `web_fetch` does. A tool that only reads is a
+/// read to the host's data-flow rules, so a worker that read an untrusted page may still
+/// fetch the next one.
+fn public_gets() -> Capability {
+    "net:GET *://*:*".parse().expect("`net:GET *://*:*` is a capability")
+}
+
+/// [`internal_hosts`] for `GET` alone; see [`public_gets`].
+fn internal_gets() -> Capability {
+    "net:GET *://{internal}:*"
+        .parse()
+        .expect("`net:GET *://{internal}:*` is a capability")
+}
+
 /// `secret:*`: any secret the caller grants, none required. The host injects them; the
 /// tool never reads them.
 fn any_secret() -> Capability {
@@ -49,8 +63,8 @@ fn tools() -> Toolbox {
                  credentials a site needs itself: never put API keys or passwords in the URL.",
                 fetch::web_fetch,
             )
-            .needs(public_hosts())
-            .needs(internal_hosts())
+            .needs(public_gets())
+            .needs(internal_gets())
             .needs(any_secret()),
         )
         .tool(

@@ -22,6 +22,7 @@ use super::inbox::{ChannelHandle, ChannelInput};
 use super::reservations::{Reservation, TaskReservations, task_key};
 use super::stop::Running;
 use super::supervisor::{Holder, ShuttingDown};
+use crate::flow::Label;
 use crate::ids::{ProcessId, ProcessKind};
 use crate::llm::Message;
 use crate::plugin::ToolError;
@@ -62,9 +63,23 @@ pub(crate) struct WorkerSpec {
     /// The conversation it reports to.
     pub(crate) channel: ProcessId,
     pub(crate) task: String,
+    /// What the process that asked for it had read: its task carries it.
+    pub(crate) task_label: Label,
     pub(crate) interactive: bool,
     /// The branch that spawned it, if a branch did (else its channel did).
     pub(crate) requester: Option<ProcessId>,
+}
+
+/// What a worker is asked to do.
+pub(crate) struct WorkerTask<'a> {
+    /// The task, as the model (or a person) wrote it.
+    pub(crate) text: &'a str,
+    /// What the process that asked for it had read: the worker's task carries it.
+    pub(crate) label: &'a Label,
+    /// Whether it may ask for input and wait for it.
+    pub(crate) interactive: bool,
+    /// The board's task it is assigned, if any.
+    pub(crate) number: Option<u64>,
 }
 
 /// What a branch is started with.
@@ -199,17 +214,21 @@ impl Spawner {
     /// (the branch that asked; `None`: the conversation did), as part of the work `origin`
     /// (if any: its exchanges follow the worker), unless a live worker already
     /// has the same task (compared normalized), in which case nothing starts and the
-    /// existing worker is named. With `task_number`, the worker is assigned that task on
+    /// existing worker is named. With a task number, the worker is assigned that task on
     /// the board. Its report is late, and folded back, if the branch has ended.
     pub(crate) async fn spawn_worker(
         self: &Arc<Self>,
         conversation: &ProcessId,
         requester: Option<&ProcessId>,
         origin: Option<&Scope>,
-        task: &str,
-        interactive: bool,
-        task_number: Option<u64>,
+        task: WorkerTask<'_>,
     ) -> Result<SpawnOutcome, String> {
+        let WorkerTask {
+            text: task,
+            label: task_label,
+            interactive,
+            number: task_number,
+        } = task;
         // A duplicate is answered before a number is drawn, so it costs no write; the
         // reservation below still settles a race between two first spawns.
         if let Some(existing) = self.reservations.holder(task) {
@@ -261,6 +280,7 @@ impl Spawner {
             id: id.clone(),
             channel: conversation.clone(),
             task: task.to_owned(),
+            task_label: task_label.clone(),
             interactive,
             requester: requester.cloned(),
         };
@@ -273,23 +293,28 @@ impl Spawner {
     }
 
     /// Runs the `spawn_worker` host tool for `channel`, on behalf of `requester` (a branch;
-    /// `None`: the channel), as part of the work `origin`: the outcome as JSON for the
-    /// model.
+    /// `None`: the channel), as part of the work `origin`, called by a model that had read
+    /// what is labelled `context` (the worker's task carries it): the outcome as JSON for
+    /// the model.
     pub(crate) async fn spawn_worker_tool(
         self: &Arc<Self>,
         channel: &ProcessId,
         requester: Option<&ProcessId>,
         origin: &Scope,
         args: SpawnArgs,
+        context: &Label,
     ) -> Result<String, ToolError> {
         let outcome = self
             .spawn_worker(
                 channel,
                 requester,
                 Some(origin),
-                &args.task,
-                args.interactive,
-                args.task_number,
+                WorkerTask {
+                    text: &args.task,
+                    label: context,
+                    interactive: args.interactive,
+                    number: args.task_number,
+                },
             )
             .await
             .map_err(|err| ToolError::InvalidArgs(format!("spawn_worker: {err}")))?;

@@ -176,6 +176,7 @@ impl Assembler {
                 tool_calls,
                 tool_call_id: None,
                 key: None,
+                label: Default::default(),
             },
             tokens: self.tokens,
         })

@@ -102,6 +102,7 @@ pub(super) fn parse_completion(text: &str) -> Result<Completion, String> {
             tool_calls,
             tool_call_id: None,
             key: None,
+            label: Default::default(),
         },
         tokens,
     })

@@ -1,0 +1,25 @@
+//! Data flow: what data may drive which call. Grants say which tools a process may call;
+//! labels say what the data it has read may make it do.
+//!
+//! - [`Label`]: a datum's integrity (trusted, or untrusted from some [`Origin`]s the host
+//!   knows: a plugin, a host a request reached, an MCP server, a file) and its
+//!   confidentiality (public, private to some [`Scope`]s, or derived from secrets).
+//!   The host sets labels from facts it holds, never from what a tool says; they are
+//!   kept with every history message, and a process's context label is the join of the
+//!   labels of what it reads.
+//! - [`Effect`] and [`Sink`]: what a call does (read, write locally, send) and who outside
+//!   the host reads its arguments.
+//! - [`FlowRules`] (`[profiles.NAME.flow]`) and [`check`]: at the sink, a call is allowed,
+//!   parked for a person's approval, or refused, with the reason and the key that
+//!   changes it.
+
+mod check;
+mod effect;
+mod label;
+mod rules;
+
+pub use capstan_caps::{Effect, ParseEffectError};
+pub use check::{Caught, FlowCall, FlowDecision, check};
+pub use effect::{Outside, Sink};
+pub use label::{Label, MAX_NAMED, Origin, ParseLabelError, Scope};
+pub use rules::{Action, FlowRule, FlowRules};

@@ -1,0 +1,146 @@
+//! What the flow check knows of a tool, from facts the host holds: where a call's
+//! arguments go ([`Sink`]) and the label of what it returns. Never from the tool's own word
+//! about its data: a plugin's result is labelled by the capabilities it ran with, an MCP
+//! server's by the server.
+
+use capstan_caps::{Capability, Effect};
+
+use super::catalog::{CatalogTool, ToolOrigin};
+use super::host::HostTool;
+use crate::flow::{Label, Origin, Scope, Sink};
+
+impl CatalogTool {
+    /// The tool's effect: the higher of what it declares and what its declared
+    /// capabilities imply (an MCP tool that does not say it is read-only may change the
+    /// world).
+    pub fn effect(&self) -> Effect {
+        match &self.origin {
+            ToolOrigin::Host(tool) => tool.effect(),
+            ToolOrigin::Plugin { .. } => {
+                Effect::derived(&self.capabilities).max(self.declared_effect.unwrap_or_default())
+            }
+            ToolOrigin::Mcp { .. } => self.declared_effect.unwrap_or(Effect::Send),
+        }
+    }
+
+    /// Where a call's arguments go, for a call that runs with `effective` capabilities
+    /// (declared and granted).
+    pub fn sink(&self, effective: &[Capability]) -> Sink {
+        match &self.origin {
+            ToolOrigin::Host(tool) => Sink::local(tool.effect()),
+            ToolOrigin::Plugin { .. } => Sink::plugin(effective, self.declared_effect),
+            ToolOrigin::Mcp { server } => Sink::mcp(server, self.effect()),
+        }
+    }
+
+    /// The label of what a call returns, for a call that runs with `effective`
+    /// capabilities: an MCP server's answer is untrusted and private to that server; a
+    /// plugin's result is untrusted if the call could read anything beyond its arguments
+    /// (files, tasks, memory, the network), and private to each store it could read, or
+    /// secret if it held a secret. A host tool's result is the host's own words.
+    pub fn result_label(&self, effective: &[Capability]) -> Label {
+        match &self.origin {
+            ToolOrigin::Host(_) => Label::trusted(),
+            ToolOrigin::Mcp { server } => Label::untrusted(Origin::Mcp(server.clone()))
+                .joined(&Label::private(Scope::Mcp(server.clone()))),
+            ToolOrigin::Plugin { plugin } => {
+                let mut label = Label::trusted();
+                let mut reads = false;
+                for cap in effective {
+                    let part = match cap {
+                        Capability::FsRead | Capability::FsWrite => {
+                            Some(Label::private(Scope::Workspace))
+                        }
+                        Capability::TasksRead
+                        | Capability::TasksWrite
+                        | Capability::TasksWriteOwn => Some(Label::private(Scope::Tasks)),
+                        Capability::MemoryRead => Some(Label::private(Scope::Memory)),
+                        Capability::Secret(name) => Some(Label::secret(name.clone())),
+                        Capability::Net(_) => Some(Label::trusted()),
+                        // Saving a memory reads nothing back.
+                        Capability::MemoryWrite => None,
+                    };
+                    if let Some(part) = part {
+                        reads |= !matches!(cap, Capability::Secret(_));
+                        label.join(&part);
+                    }
+                }
+                if reads {
+                    label.join(&Label::untrusted(Origin::Plugin(plugin.clone())));
+                }
+                label
+            }
+        }
+    }
+}
+
+impl HostTool {
+    /// What a call of it does: a reply or a report goes to the process's own audience; a
+    /// worker, branch, routed message or cancel acts on another process, which carries
+    /// the caller's label.
+    pub fn effect(self) -> Effect {
+        match self {
+            HostTool::Reply | HostTool::Skip | HostTool::SetStatus => Effect::Read,
+            HostTool::SpawnWorker | HostTool::Branch | HostTool::Route | HostTool::Cancel => {
+                Effect::WriteLocal
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::ToolDef;
+
+    fn tool(origin: ToolOrigin, capabilities: &[&str], declared: Option<Effect>) -> CatalogTool {
+        CatalogTool {
+            def: ToolDef {
+                name: "t".into(),
+                description: String::new(),
+                parameters: serde_json::json!({"type": "object"}),
+            },
+            capabilities: capabilities.iter().map(|c| c.parse().unwrap()).collect(),
+            declared_effect: declared,
+            origin,
+        }
+    }
+
+    #[test]
+    fn a_plugin_s_result_is_labelled_by_what_the_call_could_read() {
+        let plugin = || ToolOrigin::Plugin {
+            plugin: "files".into(),
+        };
+        let files = tool(plugin(), &["fs.read"], None);
+        let label = files.result_label(&files.capabilities);
+        assert_eq!(
+            label.to_string(),
+            "untrusted(plugin:files), private(workspace)"
+        );
+        let pure = tool(plugin(), &[], None);
+        assert!(pure.result_label(&[]).is_clear());
+        let saver = tool(plugin(), &["memory.write"], None);
+        assert!(saver.result_label(&saver.capabilities).is_clear());
+        assert_eq!(saver.effect(), Effect::WriteLocal);
+        // A declaration raises the effect, never lowers it.
+        let declared = tool(plugin(), &["fs.write"], Some(Effect::Read));
+        assert_eq!(declared.effect(), Effect::WriteLocal);
+        let mailer = tool(plugin(), &[], Some(Effect::Send));
+        assert_eq!(mailer.effect(), Effect::Send);
+    }
+
+    #[test]
+    fn an_mcp_tool_sends_unless_it_says_it_only_reads() {
+        let mcp = || ToolOrigin::Mcp {
+            server: "bank".into(),
+        };
+        assert_eq!(tool(mcp(), &[], None).effect(), Effect::Send);
+        let reader = tool(mcp(), &[], Some(Effect::Read));
+        assert_eq!(reader.effect(), Effect::Read);
+        assert_eq!(
+            reader.result_label(&[]).to_string(),
+            "untrusted(mcp:bank), private(mcp:bank)"
+        );
+        assert!(reader.sink(&[]).outside.is_some());
+    }
+}
