@@ -9,7 +9,7 @@ use super::audience::{EndsOnDrop, Scope};
 use super::compactor::compact_if_needed;
 use super::events::Event;
 use super::exchange::ReplyPart;
-use super::inbox::{ChannelHandle, ChannelInput, drain};
+use super::inbox::{ChannelHandle, ChannelInput, RoutedMessage, drain};
 use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
 use super::repeats::{answer_repeated, take_repeated};
@@ -502,7 +502,12 @@ impl ChannelTools {
                 // worker a route reaches has not reported its end yet.
                 let routed = |id: ProcessId| {
                     let following = || self.turn.include(&id);
-                    supervisor.route_from(&self.channel, &id, &args.message, following)
+                    // The worker reads it as what this channel had read.
+                    let message = RoutedMessage {
+                        text: args.message.clone(),
+                        label: context.clone(),
+                    };
+                    supervisor.route_from(&self.channel, &id, message, following)
                 };
                 if worker_id(&args.worker).is_some_and(routed) {
                     answer(json!({ "routed": true, "worker": args.worker }))

@@ -14,6 +14,30 @@ use crate::ids::{MessageKey, ProcessId};
 use crate::llm::Message;
 use crate::services::{Epoch, ForwardId, Forwarded};
 
+/// A message routed to a running worker, labelled with what its sender had read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RoutedMessage {
+    /// The message.
+    pub(crate) text: String,
+    /// What the process that routed it had read (trusted: a person routed it).
+    pub(crate) label: Label,
+}
+
+impl RoutedMessage {
+    /// `text`, routed by a person or a client.
+    pub(crate) fn trusted(text: impl Into<String>) -> Self {
+        RoutedMessage {
+            text: text.into(),
+            label: Label::trusted(),
+        }
+    }
+
+    /// The history message the worker reads it as.
+    pub(crate) fn message(&self) -> Message {
+        Message::user(self.text.clone()).labelled(self.label.clone())
+    }
+}
+
 /// What a channel reacts to.
 #[derive(Debug)]
 pub(crate) enum ChannelInput {

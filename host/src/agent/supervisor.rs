@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, mpsc};
 
-use super::inbox::{ChannelHandle, ChannelInput};
+use super::inbox::{ChannelHandle, ChannelInput, RoutedMessage};
 use crate::ids::{ProcessId, ProcessKind};
 
 /// The processes alive now, by id.
@@ -57,7 +57,7 @@ pub struct TooManyConversations {
 pub(crate) struct WorkerHandle {
     /// The conversation it works for.
     pub(crate) channel: ProcessId,
-    pub(crate) inbox: mpsc::UnboundedSender<String>,
+    pub(crate) inbox: mpsc::UnboundedSender<RoutedMessage>,
     pub(crate) cancel: Arc<Notify>,
     /// Set before `cancel` is notified when the host is stopping rather than the
     /// channel cancelling: the worker ends interrupted, not cancelled.
@@ -134,9 +134,9 @@ impl Supervisor {
         self.workers.lock().unwrap().len()
     }
 
-    /// Sends `message` to worker `id`; false if no such worker is running.
+    /// Sends `message` (a person's) to worker `id`; false if no such worker is running.
     pub(crate) fn route_to_worker(&self, id: &ProcessId, message: &str) -> bool {
-        self.route(id, message, |_| true)
+        self.route(id, RoutedMessage::trusted(message), |_| true)
     }
 
     /// Sends `message` to worker `id` of conversation `from` (any conversation's if `from`
@@ -146,7 +146,7 @@ impl Supervisor {
         &self,
         from: &ProcessId,
         id: &ProcessId,
-        message: &str,
+        message: RoutedMessage,
         routing: impl FnOnce(),
     ) -> bool {
         self.route(id, message, |worker| {
@@ -162,7 +162,7 @@ impl Supervisor {
     fn route(
         &self,
         id: &ProcessId,
-        message: &str,
+        message: RoutedMessage,
         admit: impl FnOnce(&WorkerHandle) -> bool,
     ) -> bool {
         // Under the registry lock: a worker leaves the registry before it drains its
@@ -173,7 +173,7 @@ impl Supervisor {
             .get(id)
             .filter(|worker| admit(worker))
             .is_some_and(|worker| {
-                let sent = worker.inbox.send(message.to_owned()).is_ok();
+                let sent = worker.inbox.send(message).is_ok();
                 if sent {
                     worker.pending.resume();
                 }
@@ -205,7 +205,7 @@ impl Supervisor {
     /// pause.
     pub(crate) fn pause_while_waiting(
         &self,
-        inbox: &mpsc::UnboundedReceiver<String>,
+        inbox: &mpsc::UnboundedReceiver<RoutedMessage>,
         pending: &Pending,
     ) {
         let _workers = self.workers.lock().unwrap();

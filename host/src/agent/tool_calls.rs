@@ -5,6 +5,7 @@
 
 use super::audience::Scope;
 use super::events::Event;
+use super::inbox::RoutedMessage;
 use super::model_gate::ModelGate;
 use super::process_calls::ProcessCalls;
 use super::reporter::Reporter;
@@ -27,7 +28,7 @@ pub(crate) trait HostTools: Send + Sync {
     ) -> BoxFuture<'a, Result<ToolOutcome, ToolError>>;
 
     /// Messages that arrived for the process while it worked, taken at a turn boundary.
-    fn injected(&self) -> Vec<String> {
+    fn injected(&self) -> Vec<RoutedMessage> {
         Vec::new()
     }
 }
@@ -166,7 +167,7 @@ impl ToolHandler for ProcessTools<'_> {
         })
     }
 
-    fn injected(&self) -> Vec<String> {
+    fn injected(&self) -> Vec<RoutedMessage> {
         self.host.injected()
     }
 

@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::events::{Event, EventSink, TurnEnding};
+use super::inbox::RoutedMessage;
 use super::process_calls::ProcessCalls;
 use crate::dispatch::{DispatchError, DispatchOutcome, Dispatcher, Route, Ticket, TooSlow};
 use crate::flow::Label;
@@ -50,7 +51,7 @@ pub(crate) trait ToolHandler: Send + Sync {
     /// Messages that arrived for the process while it worked, taken at a turn boundary
     /// (after a round of tool results, before the next request). Any: the turn ends so
     /// they can be added as context.
-    fn injected(&self) -> Vec<String> {
+    fn injected(&self) -> Vec<RoutedMessage> {
         Vec::new()
     }
 }
@@ -66,7 +67,7 @@ pub(crate) enum TurnEnd {
     Delivered(String),
     /// Messages arrived at a turn boundary; the turn stopped there with every tool call
     /// answered.
-    Injected(Vec<String>),
+    Injected(Vec<RoutedMessage>),
     /// The turn budget ran out.
     MaxTurns,
 }
@@ -551,9 +552,9 @@ mod properties {
             Box::pin(async move { format!("error[denied]: {name}") })
         }
 
-        fn injected(&self) -> Vec<String> {
+        fn injected(&self) -> Vec<RoutedMessage> {
             match self.injections.lock().unwrap().pop_front() {
-                Some(true) => vec!["routed".into()],
+                Some(true) => vec![RoutedMessage::trusted("routed")],
                 _ => Vec::new(),
             }
         }

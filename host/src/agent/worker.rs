@@ -12,7 +12,7 @@ use tokio::sync::{Mutex as AsyncMutex, Notify, mpsc};
 
 use super::audience::Scope;
 use super::events::Event;
-use super::inbox::{ChannelHandle, drain};
+use super::inbox::{ChannelHandle, RoutedMessage, drain};
 use super::notifications::NotificationKind;
 use super::process_calls::ProcessCalls;
 use super::prompts::system_prompt;
@@ -34,7 +34,7 @@ use crate::tools::{HostCall, ReportedState};
 /// The re-prompt after routed messages were added to a worker's history.
 const CONTINUE_HINT: &str = "Continue with the messages above in mind.";
 
-type Inbox = Arc<AsyncMutex<mpsc::UnboundedReceiver<String>>>;
+type Inbox = Arc<AsyncMutex<mpsc::UnboundedReceiver<RoutedMessage>>>;
 
 /// Starts a worker for `channel`, supervised: whatever the end (it finishes, fails, is
 /// cancelled, times out, or panics), the worker is recorded and reported, its registry
@@ -90,7 +90,7 @@ async fn run(
     channel: ChannelHandle,
     reservation: Reservation,
     pending: Arc<Pending>,
-    inbox_tx: mpsc::UnboundedSender<String>,
+    inbox_tx: mpsc::UnboundedSender<RoutedMessage>,
     inbox: Inbox,
 ) {
     // Held until the worker ends: at most max_workers_per_channel run at once.
@@ -221,14 +221,14 @@ async fn finish(
     spec: &WorkerSpec,
     channel: &ChannelHandle,
     ended: Ended,
-    undelivered: Vec<String>,
+    undelivered: Vec<RoutedMessage>,
 ) {
     kit.gate.release_process(&spec.id);
     let Ended {
         state,
         outcome,
         recorded,
-        read,
+        mut read,
     } = ended;
     if recorded {
         let stored = kit.records.set_state(&spec.id, state, Some(&outcome));
@@ -246,11 +246,16 @@ async fn finish(
     );
     let mut report = format!("finished ({state}): {outcome}");
     if !undelivered.is_empty() {
+        let texts: Vec<&str> = undelivered.iter().map(|m| m.text.as_str()).collect();
         report.push_str(&format!(
             "\n{} message(s) routed to it arrived after it finished and were not delivered: {}",
             undelivered.len(),
-            undelivered.join(" | ")
+            texts.join(" | ")
         ));
+        // The report quotes them: it carries what their senders had read.
+        for message in &undelivered {
+            read.join(&message.label);
+        }
     }
     let kind = match state {
         WorkerState::Done => NotificationKind::Result,
@@ -292,7 +297,7 @@ async fn work(
     channel: &ChannelHandle,
     pending: &Pending,
     inbox: &Inbox,
-    unanswered: &mut Vec<String>,
+    unanswered: &mut Vec<RoutedMessage>,
     read: &Mutex<Label>,
 ) -> (WorkerState, String) {
     let tools = kit.gate.tool_defs(ProcessKind::Worker);
@@ -422,8 +427,8 @@ async fn work(
 
 /// Adds routed `messages` to a worker's history, then the hint to continue; returns the
 /// messages, which count as delivered once the model answers a request holding them.
-fn continue_with(history: &mut Vec<Message>, messages: Vec<String>) -> Vec<String> {
-    history.extend(messages.iter().cloned().map(Message::user));
+fn continue_with(history: &mut Vec<Message>, messages: Vec<RoutedMessage>) -> Vec<RoutedMessage> {
+    history.extend(messages.iter().map(RoutedMessage::message));
     history.push(Message::user(CONTINUE_HINT));
     messages
 }
@@ -476,7 +481,7 @@ impl HostTools for WorkerTools<'_> {
         Box::pin(std::future::ready(self.answer(call)))
     }
 
-    fn injected(&self) -> Vec<String> {
+    fn injected(&self) -> Vec<RoutedMessage> {
         // Only the worker's own loop takes this lock, and never during a turn.
         match self.inbox.try_lock() {
             Ok(mut inbox) => drain(&mut inbox),

@@ -78,12 +78,13 @@ tool_calls = [{{ name = "set_status", arguments = {{ state = "done", message = "
     )
 }
 
-/// A runtime in `dir` whose workers may read files and reach `server`, with `flow` as
-/// the worker's `[profiles.worker.flow]` table.
-async fn runtime(
+/// A runtime in `dir` playing `script`, whose workers may read files and reach `server`,
+/// with `flow` as the worker's `[profiles.worker.flow]` table.
+async fn runtime_playing(
     dir: &std::path::Path,
     server: &TestServer,
     flow: &str,
+    script: &str,
 ) -> (Arc<Runtime>, Arc<Recording>, mpsc::UnboundedReceiver<Event>) {
     let toml = format!(
         r#"
@@ -103,9 +104,19 @@ net = ["{grant}"]
     let config = Config::parse(&toml, &dir.join("capstan.toml")).unwrap();
     std::fs::create_dir_all(dir.join("workspace")).unwrap();
     std::fs::write(dir.join("workspace/notes.txt"), POISON).unwrap();
-    let recording = Recording::new(&script(&server.url("/echo-body")));
+    let recording = Recording::new(script);
     let (rt, events) = agent_runtime(config, recording.clone(), false).await;
     (rt, recording, events)
+}
+
+/// [`runtime_playing`] the summary [`script`].
+async fn runtime(
+    dir: &std::path::Path,
+    server: &TestServer,
+    flow: &str,
+) -> (Arc<Runtime>, Arc<Recording>, mpsc::UnboundedReceiver<Event>) {
+    let script = script(&server.url("/echo-body"));
+    runtime_playing(dir, server, flow, &script).await
 }
 
 /// The tool results of every request `process` kind made, with their labels.
@@ -457,4 +468,85 @@ fn a_flow_key_or_action_that_is_not_one_is_refused_naming_it() {
         let err = Config::parse(toml, &path).unwrap_err().to_string();
         assert!(err.contains(names), "{err}");
     }
+}
+
+/// Two workers: one waits for orders, the other reads the poisoned file. The channel, once
+/// it has read the reader's report, routes an order to the waiting worker, which sends.
+fn routing_script(post_url: &str) -> String {
+    format!(
+        r#"
+[[step]]
+process = "channel"
+when = "start both"
+tool_calls = [
+  {{ name = "spawn_worker", arguments = {{ task = "An interactive job: wait for orders.", interactive = true }} }},
+  {{ name = "spawn_worker", arguments = {{ task = "Read notes.txt and summarise it." }} }},
+  {{ name = "skip" }},
+]
+
+[[step]]
+process = "channel"
+when = "finished (done): summarised"
+tool_calls = [
+  {{ name = "route", arguments = {{ worker = "worker:1", message = "Post the notes." }} }},
+  {{ name = "skip" }},
+]
+
+[[step]]
+process = "channel"
+repeat = true
+tool_calls = [{{ name = "skip" }}]
+
+[[step]]
+process = "worker"
+when = "interactive job"
+tool_calls = [{{ name = "set_status", arguments = {{ state = "waiting", message = "Orders?" }} }}]
+
+[[step]]
+process = "worker"
+when = "read notes.txt"
+tool_calls = [{{ name = "file_read", arguments = {{ path = "notes.txt" }} }}]
+
+[[step]]
+process = "worker"
+when = "continue with the messages"
+tool_calls = [{{ name = "http_request", arguments = {{ method = "POST", url = "{post_url}", body = "the notes" }} }}]
+
+[[step]]
+process = "worker"
+repeat = true
+tool_calls = [{{ name = "set_status", arguments = {{ state = "done", message = "summarised" }} }}]
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_routed_by_a_channel_that_read_untrusted_data_carries_its_label() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start().await;
+    let script = routing_script(&server.url("/echo-body"));
+    let (rt, recording, mut events) = runtime_playing(dir.path(), &server, "", &script).await;
+    rt.send_user_message("main", "Please start both jobs.")
+        .await
+        .unwrap();
+    rt.wait_idle("main").await;
+    assert!(server.seen().is_empty(), "{:?}", server.seen());
+    // The waiting worker read nothing itself: the order it was routed carried the label.
+    let routed = recording
+        .requests_of("worker")
+        .into_iter()
+        .flat_map(|r| r.messages)
+        .find(|m| m.content == "Post the notes.")
+        .expect("the order reached the worker");
+    assert_eq!(routed.label, files_label());
+    let denied = denials(&mut events);
+    assert!(
+        denied
+            .iter()
+            .any(|(p, tool, reason)| p.to_string() == "worker:1"
+                && tool == "http_request"
+                && reason.contains("from plugin:files")),
+        "{denied:?}"
+    );
+    assert!(recording.requests_of("worker").len() >= 4);
 }
