@@ -8,7 +8,7 @@ use clap::Args;
 use super::HostArgs;
 use super::table::print_table;
 use crate::config::{Config, LocationKind, Locations, McpTransport, resolve};
-use crate::flow::{Effect, FlowRule};
+use crate::flow::{Effect, FlowRule, Label, Origin, Scope};
 use crate::plugin::Registry;
 use crate::policy::{Decision, InstanceReuse, ProcessKind};
 use crate::services::{AuditDestination, NO_STORE};
@@ -19,12 +19,19 @@ pub(crate) struct PolicyCommand {
     #[command(flatten)]
     host: HostArgs,
     /// Explains whether a process kind's tool may make a request, and what would allow it:
-    /// `--why worker http_request https://api.example.com/v1`. Exits 1 when refused.
-    #[arg(long, num_args = 3, value_names = ["KIND", "TOOL", "URL"])]
+    /// `--why worker http_request https://api.example.com/v1`. Without a URL, explains
+    /// the flow rules a call of the tool meets: `--why worker bank.send_money`, after
+    /// reading what `--read` names. Exits 1 when refused.
+    #[arg(long, num_args = 2..=3, value_names = ["KIND", "TOOL", "URL"])]
     why: Option<Vec<String>>,
     /// The request's method, for --why.
     #[arg(long, default_value = "GET", requires = "why")]
     method: String,
+    /// What the process has read, for --why without a URL, one part at a time:
+    /// `untrusted:mcp:bank`, `untrusted:net:example.com`, `private:workspace`,
+    /// `secret:NAME`. Unset: the decision after reading each kind of data.
+    #[arg(long, value_name = "LABEL", requires = "why")]
+    read: Vec<String>,
     /// Checks the policy for what an operator would change: tools named but never offered
     /// (dead cells), kinds that start workers with nothing to work with, loaded tools no
     /// profile names, grants no offered tool uses, and one process given untrusted input
@@ -51,6 +58,9 @@ impl PolicyCommand {
         }
         if let Some(why) = &self.why {
             let mut out = crate::secrets::stdout();
+            if let [kind, tool] = &why[..] {
+                return explain_flow(&mut out, &catalog, kind, tool, &self.read);
+            }
             return super::network::explain(&mut out, &config, &catalog, why, &self.method).await;
         }
         let header: Vec<&str> = std::iter::once("TOOL")
@@ -183,6 +193,68 @@ fn print_reuse(out: &mut impl Write, config: &Config, registry: &Registry) -> st
         writeln!(out, "  {:<14}{text}", plugin.name())?;
     }
     Ok(())
+}
+
+/// `--why KIND TOOL`: what a call of the tool does, where its arguments go, how its result
+/// is labelled, and the flow decision after reading `read` (each part of a label), or
+/// after reading each kind of data. Exits 1 if the decision for `read` is not to allow.
+fn explain_flow(
+    out: &mut impl Write,
+    catalog: &ToolCatalog,
+    kind: &str,
+    tool: &str,
+    read: &[String],
+) -> anyhow::Result<ExitCode> {
+    let kind: ProcessKind = kind.parse().map_err(anyhow::Error::msg)?;
+    let Some(facts) = catalog.flow_facts(kind, tool) else {
+        anyhow::bail!(
+            "no tool `{tool}` is loaded; `capstan policy` lists the tools (an MCP server's \
+             as SERVER.tool)"
+        );
+    };
+    let offered = catalog.decide(kind, tool);
+    writeln!(out, "{tool} for a {kind} process:")?;
+    if offered != Decision::Offered {
+        writeln!(out, "  not offered: {offered}")?;
+    }
+    writeln!(out, "  effect: {}", facts.sink.effect)?;
+    match &facts.sink.outside {
+        Some(outside) => writeln!(out, "  its arguments reach {}", outside.reaches)?,
+        None => writeln!(out, "  its arguments stay in the host")?,
+    }
+    writeln!(out, "  what it returns is labelled {}", facts.result)?;
+    let decide = |context: &Label| catalog.decide_flow(kind, tool, context, &facts.sink);
+    if !read.is_empty() {
+        let mut context = Label::trusted();
+        for part in read {
+            let part: Label = part
+                .parse()
+                .map_err(|err| anyhow::anyhow!("--read {part}: {err}"))?;
+            context.join(&part);
+        }
+        let decision = decide(&context);
+        writeln!(out, "  after reading {context}: {decision}")?;
+        return Ok(if decision.allows() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
+    let examples = [
+        Label::trusted(),
+        Label::untrusted(Origin::Net("example.com".into())),
+        facts.result.clone(),
+        Label::private(Scope::Workspace),
+    ];
+    let mut seen = Vec::new();
+    for context in examples {
+        if seen.contains(&context) {
+            continue;
+        }
+        writeln!(out, "  after reading {context}: {}", decide(&context))?;
+        seen.push(context);
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Each kind's flow rules, and which tools write locally or send.

@@ -411,6 +411,38 @@ impl FromStr for Scope {
     }
 }
 
+impl FromStr for Label {
+    type Err = ParseLabelError;
+
+    /// One part of a label, as a person writes it: `untrusted:ORIGIN` (e.g.
+    /// `untrusted:mcp:bank`), `private:SCOPE`, `secret:NAME`, or `trusted`.
+    ///
+    /// ```
+    /// use capstan_host::flow::Label;
+    ///
+    /// let bank: Label = "untrusted:mcp:bank".parse().unwrap();
+    /// assert_eq!(bank.to_string(), "untrusted(mcp:bank), public");
+    /// assert!("private:workspace".parse::<Label>().unwrap().is_private());
+    /// assert!("somewhere".parse::<Label>().is_err());
+    /// ```
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text == "trusted" {
+            return Ok(Label::trusted());
+        }
+        match text.split_once(':') {
+            Some(("untrusted", origin)) => origin.parse().map(Label::untrusted),
+            Some(("private", scope)) => scope.parse().map(Label::private),
+            Some(("secret", name)) if !name.is_empty() => Ok(Label::secret(name)),
+            _ => Err(ParseLabelError {
+                text: text.to_owned(),
+                expected: "a label: untrusted:ORIGIN (plugin:NAME, net:HOST, mcp:SERVER, \
+                           file:PATH), private:SCOPE (workspace, memory, tasks, mcp:SERVER), \
+                           secret:NAME or trusted",
+            }),
+        }
+    }
+}
+
 /// How a label is stored with a message, a memory or a task: each part a list of its
 /// names, left out when empty, so a trusted public label is `{}`.
 #[derive(Serialize, Deserialize, Default)]

@@ -5,9 +5,55 @@
 
 use capstan_caps::{Capability, Effect};
 
-use super::catalog::{CatalogTool, ToolOrigin};
+use super::catalog::{CatalogTool, ToolCatalog, ToolOrigin};
 use super::host::HostTool;
-use crate::flow::{Label, Origin, Scope, Sink};
+use crate::flow::{self, FlowCall, FlowDecision, Label, Origin, Scope, Sink};
+use crate::policy::ProcessKind;
+
+/// What the flow check knows of one tool called by one kind of process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowFacts {
+    /// Where a call's arguments go, and what it does.
+    pub sink: Sink,
+    /// The label of what a call returns.
+    pub result: Label,
+}
+
+impl ToolCatalog {
+    /// What the flow check knows of tool `name` called by a `kind` process, with the
+    /// kind's grants (narrowed for the tool), or as the tool declares itself if the kind
+    /// does not grant it: `None` if the catalog has no such tool.
+    pub fn flow_facts(&self, kind: ProcessKind, name: &str) -> Option<FlowFacts> {
+        let tool = self.tool(name)?;
+        let grants = self.policy().profile(kind).grants_for(name);
+        let effective = grants
+            .effective(name, &tool.capabilities)
+            .unwrap_or_else(|_| tool.capabilities.clone());
+        Some(FlowFacts {
+            sink: tool.sink(&effective),
+            result: tool.result_label(&effective),
+        })
+    }
+
+    /// The flow decision for a call of a tool going to `sink` by a `kind` process that
+    /// read what is labelled `context`, by the kind's `[profiles.KIND.flow]`.
+    pub fn decide_flow(
+        &self,
+        kind: ProcessKind,
+        name: &str,
+        context: &Label,
+        sink: &Sink,
+    ) -> FlowDecision {
+        let call = FlowCall {
+            kind,
+            tool: name,
+            context,
+            arguments: &Label::trusted(),
+            sink,
+        };
+        flow::check(self.policy().profile(kind).flow(), &call)
+    }
+}
 
 impl CatalogTool {
     /// The tool's effect: the higher of what it declares and what its declared

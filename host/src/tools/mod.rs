@@ -19,6 +19,7 @@ pub mod lint;
 pub mod router;
 
 pub use catalog::{CatalogTool, MatrixRow, ToolCatalog, ToolOrigin};
+pub use flow::FlowFacts;
 pub use host::{
     BranchArgs, CancelArgs, HostCall, HostTool, ReplyArgs, ReportedState, RouteArgs, SkipArgs,
     SpawnArgs, StatusArgs,

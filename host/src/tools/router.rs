@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::catalog::ToolCatalog;
 use super::host::{HostCall, HostTool};
-use crate::flow::{self, Action, FlowCall, Label, Sink};
+use crate::flow::{Action, Label, Sink};
 use crate::ids::{Caller, ProcessId};
 use crate::net::GrantSource;
 use crate::plugin::{CallRequest, ProcessInstances, Recorded, Registry, ToolError};
@@ -125,14 +125,9 @@ impl ToolRouter {
     /// The label of what tool `name` returns to a `kind` process: see
     /// [`CatalogTool::result_label`](super::CatalogTool::result_label).
     pub fn result_label(&self, kind: ProcessKind, name: &str) -> Label {
-        let Some(tool) = self.catalog.tool(name) else {
-            return Label::trusted();
-        };
-        let grants = self.catalog.policy().profile(kind).grants_for(name);
-        let effective = grants
-            .effective(name, &tool.capabilities)
-            .unwrap_or_default();
-        tool.result_label(&effective)
+        self.catalog
+            .flow_facts(kind, name)
+            .map_or_else(Label::trusted, |facts| facts.result)
     }
 
     /// The flow check of a call of `name` by a `kind` process that read `context`, to
@@ -144,15 +139,7 @@ impl ToolRouter {
         context: &Label,
         sink: &Sink,
     ) -> Option<ToolError> {
-        let rules = self.catalog.policy().profile(kind).flow();
-        let call = FlowCall {
-            kind,
-            tool: name,
-            context,
-            arguments: &Label::trusted(),
-            sink,
-        };
-        let decision = flow::check(rules, &call);
+        let decision = self.catalog.decide_flow(kind, name, context, sink);
         match decision.action {
             Action::Allow => None,
             // Until a call can be parked, one that needs approval is refused, saying so.
@@ -225,17 +212,11 @@ impl ToolRouter {
         // The one decision of the call: the registry runs what it is handed.
         match self.catalog.decide(kind, name) {
             Decision::Offered => {
-                if let Some(tool) = self.catalog.tool(name) {
-                    let effective = grants
-                        .effective(name, &tool.capabilities)
-                        .unwrap_or_default();
-                    let sink = tool.sink(&effective);
-                    if let Some(refusal) = self.flow(kind, name, context, &sink) {
-                        return (
-                            self.registry.refuse_call(request, refusal).await,
-                            Started::No,
-                        );
-                    }
+                if let Some(facts) = self.catalog.flow_facts(kind, name)
+                    && let Some(refusal) = self.flow(kind, name, context, &facts.sink)
+                {
+                    let refused = self.registry.refuse_call(request, refusal).await;
+                    return (refused, Started::No);
                 }
                 let source = GrantSource::profile(kind, profile, name);
                 let reuse = |plugin: &str| policy.reuse().decide(kind, plugin);

@@ -550,3 +550,54 @@ async fn a_message_routed_by_a_channel_that_read_untrusted_data_carries_its_labe
     );
     assert!(recording.requests_of("worker").len() >= 4);
 }
+
+#[test]
+fn policy_why_explains_a_flow_decision_and_exits_1_when_it_is_not_to_allow() {
+    use crate::support::{capstan, stderr, stdout};
+
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = crate::support::plugins_dir();
+    let why = |args: &[&str]| {
+        let mut all = vec![
+            "policy",
+            "--plugins-dir",
+            plugins.to_str().unwrap(),
+            "--why",
+        ];
+        all.extend_from_slice(args);
+        capstan(dir.path(), &all)
+    };
+    let out = why(&[
+        "worker",
+        "http_request",
+        "--read",
+        "untrusted:net:example.com",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stdout(&out);
+    for part in [
+        "effect: send",
+        "its arguments reach the network",
+        "what it returns is labelled untrusted(plugin:web)",
+        "after reading untrusted(net:example.com), public: `http_request`",
+        "needs a person's approval for a worker process",
+        "untrusted_send = \"approve\"",
+    ] {
+        assert!(text.contains(part), "{part}: {text}");
+    }
+    let out = why(&[
+        "worker",
+        "file_write",
+        "--read",
+        "untrusted:net:example.com",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("is allowed"), "{}", stdout(&out));
+    let out = why(&["worker", "file_read", "--read", "somewhere"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("`somewhere` is not a label: untrusted:ORIGIN"),
+        "{}",
+        stderr(&out)
+    );
+}
