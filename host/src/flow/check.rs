@@ -7,7 +7,7 @@ use super::Effect;
 use super::effect::Sink;
 use super::label::Label;
 use super::rules::{Action, FlowRule, FlowRules};
-use crate::policy::ProcessKind;
+use crate::ids::ProcessKind;
 use crate::text::{MAX_ECHOED_NAME, echo_name};
 
 /// A call about to run, as the flow check sees it.

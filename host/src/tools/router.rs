@@ -110,9 +110,15 @@ impl ToolRouter {
         }
         let caller = Caller::from(caller.clone());
         let pending = std::future::pending();
-        let (recorded, started) = self
-            .run_in(kind, &caller, instances, name, arguments, context, pending)
-            .await;
+        let call = Call {
+            kind,
+            caller: &caller,
+            instances,
+            name,
+            arguments,
+            context,
+        };
+        let (recorded, started) = self.run_in(call, pending).await;
         // A refusal is the host's own words; what a tool that ran returns is labelled by
         // what the call could read.
         let label = match started {
@@ -167,27 +173,32 @@ impl ToolRouter {
         arguments: &str,
         cancelled: impl Future<Output = ()>,
     ) -> Recorded {
-        let trusted = Label::trusted();
-        self.run_in(
-            kind, caller, instances, name, arguments, &trusted, cancelled,
-        )
-        .await
-        .0
+        let call = Call {
+            kind,
+            caller,
+            instances,
+            name,
+            arguments,
+            context: &Label::trusted(),
+        };
+        self.run_in(call, cancelled).await.0
     }
 
-    /// [`ToolRouter::run`], for a process that has read what is labelled `context`; and
-    /// whether the tool was started (else the host refused the call).
-    #[allow(clippy::too_many_arguments)]
+    /// [`ToolRouter::run`] of `call`; and whether the tool was started (else the host
+    /// refused the call).
     async fn run_in(
         &self,
-        kind: ProcessKind,
-        caller: &Caller,
-        instances: Option<&ProcessInstances>,
-        name: &str,
-        arguments: &str,
-        context: &Label,
+        call: Call<'_>,
         cancelled: impl Future<Output = ()>,
     ) -> (Recorded, Started) {
+        let Call {
+            kind,
+            caller,
+            instances,
+            name,
+            arguments,
+            context,
+        } = call;
         let policy = self.catalog.policy();
         let profile = policy.profile(kind);
         let grants = profile.grants_for(name);
@@ -242,6 +253,16 @@ impl ToolRouter {
             }
         }
     }
+}
+
+/// A call as the router runs it: who calls, what, and what the caller had read.
+struct Call<'a> {
+    kind: ProcessKind,
+    caller: &'a Caller,
+    instances: Option<&'a ProcessInstances>,
+    name: &'a str,
+    arguments: &'a str,
+    context: &'a Label,
 }
 
 /// Whether a call's tool was started, or the host refused the call before it was.

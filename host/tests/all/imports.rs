@@ -574,6 +574,15 @@ const NEVER: &[(&str, &[&str], &str)] = &[
         ],
         "the service traits know no backend and no caller",
     ),
+    (
+        "flow",
+        &[
+            "agent", "app", "cli", "config", "dispatch", "llm", "mcp", "net", "plugin", "policy",
+            "postgres", "secrets", "serve", "services", "store", "tools",
+        ],
+        "labels and the check at the sink are vocabulary below every room that labels or \
+         decides: they name only ids and text",
+    ),
 ];
 
 #[test]
