@@ -59,6 +59,7 @@ async fn run(kit: BranchKit, spec: BranchSpec, channel: ChannelHandle) {
         id,
         channel: channel_name,
         question,
+        question_label,
         mut history,
     } = spec;
     let _slot = channel
@@ -77,7 +78,7 @@ async fn run(kit: BranchKit, spec: BranchSpec, channel: ChannelHandle) {
             question: question.clone(),
         },
     );
-    history.push(Message::user(format!("Branch question: {question}")));
+    history.push(Message::user(format!("Branch question: {question}")).labelled(question_label));
     let tools = kit.gate.tool_defs(ProcessKind::Branch);
     let system = system_prompt(ProcessKind::Branch, &kit.settings.agent_name);
     let host_tools = BranchTools {

@@ -491,6 +491,7 @@ impl ChannelTools {
                     &self.turn,
                     args.question,
                     self.fork.clone(),
+                    context,
                 );
                 match branched.await {
                     Ok(id) => answer(json!({ "branched": true, "branch": id })),

@@ -233,7 +233,8 @@ fn explain_flow(
             context.join(&part);
         }
         let decision = decide(&context);
-        writeln!(out, "  after reading {context}: {decision}")?;
+        let why = decision.explained(tool, &facts.sink);
+        writeln!(out, "  after reading {context}: {why}")?;
         return Ok(if decision.allows() {
             ExitCode::SUCCESS
         } else {
@@ -251,7 +252,9 @@ fn explain_flow(
         if seen.contains(&context) {
             continue;
         }
-        writeln!(out, "  after reading {context}: {}", decide(&context))?;
+        let decision = decide(&context);
+        let why = decision.explained(tool, &facts.sink);
+        writeln!(out, "  after reading {context}: {why}")?;
         seen.push(context);
     }
     Ok(ExitCode::SUCCESS)
@@ -289,7 +292,12 @@ fn print_flow(out: &mut impl Write, config: &Config, catalog: &ToolCatalog) -> s
             .map(|tool| tool.name())
             .collect();
         if !tools.is_empty() {
-            writeln!(out, "  {:<13}{}", format!("{effect}:"), tools.join(", "))?;
+            writeln!(
+                out,
+                "  {:<13}{} (as they declare themselves)",
+                format!("{effect}:"),
+                tools.join(", ")
+            )?;
         }
     }
     Ok(())

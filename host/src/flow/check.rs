@@ -1,6 +1,7 @@
 //! The check at the sink: whether a call may run given what its process has read and
 //! where its arguments go.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use super::Effect;
@@ -29,8 +30,12 @@ pub struct FlowCall<'a> {
 
 impl FlowCall<'_> {
     /// What the arguments may carry: anything the process read, and any handle's value.
-    pub fn carried(&self) -> Label {
-        self.context.clone().joined(self.arguments)
+    pub fn carried(&self) -> Cow<'_, Label> {
+        if self.arguments.is_clear() {
+            Cow::Borrowed(self.context)
+        } else {
+            Cow::Owned(self.context.clone().joined(self.arguments))
+        }
     }
 }
 
@@ -54,8 +59,6 @@ pub struct FlowDecision {
     /// The rules it met, allowed ones included (each is an audit fact).
     pub caught: Vec<Caught>,
     kind: ProcessKind,
-    tool: String,
-    sink: Sink,
 }
 
 impl FlowDecision {
@@ -63,6 +66,24 @@ impl FlowDecision {
     pub fn allows(&self) -> bool {
         self.action == Action::Allow
     }
+
+    /// Why, as the model and a person read it, for the call of `tool` to `sink` it
+    /// decided: the tool, its effect, what it met, and the key that changes it.
+    pub fn explained<'a>(&'a self, tool: &'a str, sink: &'a Sink) -> Explained<'a> {
+        Explained {
+            decision: self,
+            tool,
+            sink,
+        }
+    }
+}
+
+/// A [`FlowDecision`] with the call it decided, to display.
+#[derive(Debug, Clone, Copy)]
+pub struct Explained<'a> {
+    decision: &'a FlowDecision,
+    tool: &'a str,
+    sink: &'a Sink,
 }
 
 /// Decides call `call` by `rules`.
@@ -82,7 +103,8 @@ impl FlowDecision {
 /// };
 /// let decision = check(&FlowRules::default(), &call);
 /// assert_eq!(decision.action, Action::Approve);
-/// assert!(decision.to_string().contains("untrusted_send"), "{decision}");
+/// let why = decision.explained("mail.send", &send).to_string();
+/// assert!(why.contains("untrusted_send"), "{why}");
 /// assert!(check(&FlowRules::off(), &call).allows());
 /// ```
 pub fn check(rules: &FlowRules, call: &FlowCall<'_>) -> FlowDecision {
@@ -95,10 +117,20 @@ pub fn check(rules: &FlowRules, call: &FlowCall<'_>) -> FlowDecision {
         });
     };
     let untrusted = !call.context.is_trusted() || !call.arguments.is_trusted();
+    if call.context.is_clear() && call.arguments.is_clear() {
+        // The usual call: nothing read but the user's words; nothing to catch.
+        return FlowDecision {
+            action: Action::Allow,
+            caught: Vec::new(),
+            kind: call.kind,
+        };
+    }
+    let carried = call.carried();
     if untrusted {
-        let read = call.carried().integrity();
+        let read = carried.integrity();
         if call.sink.effect == Effect::Send || call.sink.outside.is_some() {
-            // Reading from an outside program is a send too: the arguments reach it.
+            // A read from outside is no send (only the leak rule guards its arguments),
+            // unless its arguments carry an untrusted handle's value.
             if call.sink.effect != Effect::Read || !call.arguments.is_trusted() {
                 catch(FlowRule::UntrustedSend, read);
             }
@@ -106,7 +138,7 @@ pub fn check(rules: &FlowRules, call: &FlowCall<'_>) -> FlowDecision {
             catch(FlowRule::UntrustedWrite, read);
         }
     }
-    if let Some(leaked) = call.sink.leaked(&call.carried()) {
+    if let Some(leaked) = call.sink.leaked(&carried) {
         catch(FlowRule::Leak, leaked);
     }
     let action = caught
@@ -122,29 +154,34 @@ pub fn check(rules: &FlowRules, call: &FlowCall<'_>) -> FlowDecision {
         action,
         caught,
         kind: call.kind,
-        tool: call.tool.to_owned(),
-        sink: call.sink.clone(),
     }
 }
 
-impl fmt::Display for FlowDecision {
-    /// Why, as the model and a person read it: the tool, its effect, what it met, and the
-    /// key that changes it.
+impl fmt::Display for Explained<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let tool = echo_name(&self.tool, MAX_ECHOED_NAME);
-        let kind = self.kind;
-        let what = match self.action {
+        let Explained {
+            decision,
+            tool,
+            sink,
+        } = *self;
+        let tool = echo_name(tool, MAX_ECHOED_NAME);
+        let kind = decision.kind;
+        let what = match decision.action {
             Action::Allow => "is allowed",
             Action::Approve => "needs a person's approval",
             Action::Refuse => "is refused",
         };
-        write!(f, "`{tool}` ({}", self.sink.effect)?;
-        if let Some(outside) = &self.sink.outside {
+        write!(f, "`{tool}` ({}", sink.effect)?;
+        if let Some(outside) = &sink.outside {
             write!(f, ", to {}", outside.reaches)?;
         }
         write!(f, ") {what} for a {kind} process")?;
         let mut first = true;
-        for caught in self.caught.iter().filter(|c| c.action == self.action) {
+        for caught in decision
+            .caught
+            .iter()
+            .filter(|c| c.action == decision.action)
+        {
             let sep = if first { ": " } else { "; " };
             first = false;
             match caught.rule {
@@ -258,6 +295,26 @@ mod tests {
     }
 
     #[test]
+    fn secret_data_has_no_reader_outside_even_for_a_tool_holding_the_secret() {
+        let caps: Vec<capstan_caps::Capability> = ["net:GET *", "secret:API_KEY"]
+            .iter()
+            .map(|c| c.parse().unwrap())
+            .collect();
+        let fetch = Sink::plugin(&caps, None);
+        assert_eq!(fetch.effect, Effect::Read);
+        let derived = Label::secret("API_KEY");
+        let clear = Label::default();
+        assert_eq!(
+            decide(&FlowRules::default(), &derived, &clear, &fetch),
+            Action::Approve
+        );
+        assert_eq!(
+            fetch.leaked(&derived).unwrap().confidentiality_text(),
+            "secret(API_KEY)"
+        );
+    }
+
+    #[test]
     fn the_strictest_rule_met_decides_and_its_key_is_named() {
         let rules = FlowRules {
             leak: Action::Refuse,
@@ -276,7 +333,7 @@ mod tests {
         assert_eq!(decision.action, Action::Refuse);
         assert_eq!(decision.caught.len(), 2);
         assert_eq!(
-            decision.to_string(),
+            decision.explained(call.tool, call.sink).to_string(),
             "`bank.send_money` (send, to the MCP server `bank`) is refused for a worker \
              process: its arguments could carry private(workspace) data to readers \
              outside its own ([profiles.worker.flow] leak = \"refuse\")"

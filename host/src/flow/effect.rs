@@ -1,7 +1,5 @@
 //! [`Sink`]: where a call's arguments can end up, and what the call does ([`Effect`]).
 
-use std::collections::BTreeSet;
-
 use capstan_caps::{Capability, Effect};
 
 use super::label::{Label, Scope};
@@ -30,8 +28,6 @@ pub struct Sink {
 pub struct Outside {
     /// The MCP server the call goes to, which may read back what it sent.
     pub server: Option<String>,
-    /// The secrets the call holds: data derived from them may go where they go.
-    pub secrets: BTreeSet<String>,
     /// What the arguments reach, as a person reads it (`mcp:bank`, `the network`).
     pub reaches: String,
 }
@@ -51,7 +47,6 @@ impl Sink {
             effect,
             outside: Some(Outside {
                 server: Some(server.to_owned()),
-                secrets: BTreeSet::new(),
                 reaches: format!("the MCP server `{server}`"),
             }),
         }
@@ -72,18 +67,10 @@ impl Sink {
             return Sink::local(effect);
         }
         let rules: Vec<String> = net.collect();
-        let secrets = capabilities
-            .iter()
-            .filter_map(|cap| match cap {
-                Capability::Secret(name) => Some(name.clone()),
-                _ => None,
-            })
-            .collect();
         Sink {
             effect,
             outside: Some(Outside {
                 server: None,
-                secrets,
                 reaches: format!("the network ({})", rules.join(", ")),
             }),
         }
@@ -91,6 +78,10 @@ impl Sink {
 
     /// The part of `label` this sink may not carry: the private scopes and secrets of data
     /// that would reach readers it is not meant for. `None`: nothing leaks.
+    ///
+    /// Data derived from a secret has no reader outside the host: holding the secret is
+    /// no sign of where its data may go (a tool granted a secret for one API may reach
+    /// other hosts too).
     pub fn leaked(&self, label: &Label) -> Option<Label> {
         let outside = self.outside.as_ref()?;
         let mut leaked = Label::default();
@@ -102,9 +93,7 @@ impl Sink {
             }
         }
         for secret in label.secrets() {
-            if !outside.secrets.contains(secret) {
-                leaked.join(&Label::secret(secret));
-            }
+            leaked.join(&Label::secret(secret));
         }
         if label.names_fewer_than_it_holds() && leaked.is_clear() {
             // Unnamed scopes may be anything: the sink is not known to be among them.

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -49,8 +50,9 @@ pub enum Scope {
     Mcp(String),
 }
 
-/// A bounded set of names (origins, scopes, secrets): at most [`MAX_NAMED`], and how many
-/// more were left out.
+/// A bounded set of names (origins, scopes, secrets): at most [`MAX_NAMED`], and at least
+/// how many more were left out (a count, not names: joining it again may count one twice,
+/// never lose one).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Named<T: Ord> {
     set: BTreeSet<T>,
@@ -79,7 +81,7 @@ impl<T: Ord + Clone> Named<T> {
     }
 
     fn join(&mut self, other: &Named<T>) {
-        self.more = self.more.saturating_add(other.more);
+        self.more = self.more.max(other.more);
         for item in &other.set {
             if self.set.contains(item) {
                 continue;
@@ -92,8 +94,17 @@ impl<T: Ord + Clone> Named<T> {
         }
     }
 
-    fn covers(&self, other: &Named<T>) -> bool {
+    /// Whether joining `other` would change nothing.
+    fn holds(&self, other: &Named<T>) -> bool {
         self.more >= other.more && other.set.is_subset(&self.set)
+    }
+
+    fn covers(&self, other: &Named<T>) -> bool {
+        // What `other` left unnamed could be anything: only the same set is known to hold it.
+        if other.more > 0 && self != other {
+            return false;
+        }
+        other.set.is_subset(&self.set)
     }
 }
 
@@ -107,7 +118,7 @@ impl<T: Ord + fmt::Display> fmt::Display for Named<T> {
         }
         if self.more > 0 {
             let sep = if self.set.is_empty() { "" } else { ", " };
-            write!(f, "{sep}{} more", self.more)?;
+            write!(f, "{sep}at least {} more", self.more)?;
         }
         Ok(())
     }
@@ -136,10 +147,11 @@ impl<T: Ord + fmt::Display> fmt::Display for Named<T> {
 /// assert_eq!(Label::default().to_string(), "trusted, public");
 /// ```
 ///
-/// A trusted, public label (every user message, every model answer) is one null pointer:
-/// only a label that says something is allocated.
+/// A trusted, public label (every user message, every model answer) is one null pointer,
+/// and any other is shared: cloning a label never copies it, and joining a label into
+/// one that already holds it changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Label(Option<Box<Parts>>);
+pub struct Label(Option<Arc<Parts>>);
 
 /// What a label that is not clear says.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -147,6 +159,15 @@ struct Parts {
     untrusted: Named<Origin>,
     private: Named<Scope>,
     secret: Named<String>,
+}
+
+impl Parts {
+    /// Whether joining `other` into these parts would change nothing.
+    fn holds(&self, other: &Parts) -> bool {
+        self.untrusted.holds(&other.untrusted)
+            && self.private.holds(&other.private)
+            && self.secret.holds(&other.secret)
+    }
 }
 
 /// The parts of the clear label.
@@ -169,7 +190,7 @@ impl Label {
     fn from_parts(parts: Parts) -> Label {
         let clear =
             parts.untrusted.is_empty() && parts.private.is_empty() && parts.secret.is_empty();
-        Label((!clear).then(|| Box::new(parts)))
+        Label((!clear).then(|| Arc::new(parts)))
     }
 
     fn parts(&self) -> &Parts {
@@ -247,12 +268,15 @@ impl Label {
 
     /// Joins `other` into this label: it becomes as untrusted and as confidential as both.
     pub fn join(&mut self, other: &Label) {
-        let Some(theirs) = other.0.as_deref() else {
+        let Some(theirs) = &other.0 else {
             return;
         };
         match &mut self.0 {
-            None => self.0 = Some(Box::new(theirs.clone())),
+            None => self.0 = Some(theirs.clone()),
+            // The usual case in a history: the same label again, shared or equal.
+            Some(ours) if Arc::ptr_eq(ours, theirs) || ours.holds(theirs) => {}
             Some(ours) => {
+                let ours = Arc::make_mut(ours);
                 ours.untrusted.join(&theirs.untrusted);
                 ours.private.join(&theirs.private);
                 ours.secret.join(&theirs.secret);
@@ -539,7 +563,9 @@ mod tests {
             label.join(&Label::untrusted(Origin::File(format!("f{i}"))));
         }
         assert_eq!(label.origins().count(), MAX_NAMED);
-        assert!(label.to_string().contains(", 5 more)"), "{label}");
+        assert!(label.to_string().contains(", at least 5 more)"), "{label}");
+        // Joining it again names nothing new and loses nothing.
+        assert_eq!(label.clone().joined(&label), label);
         assert!(!label.is_trusted());
     }
 

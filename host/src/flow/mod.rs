@@ -19,7 +19,7 @@ mod label;
 mod rules;
 
 pub use capstan_caps::{Effect, ParseEffectError};
-pub use check::{Caught, FlowCall, FlowDecision, check};
+pub use check::{Caught, Explained, FlowCall, FlowDecision, check};
 pub use effect::{Outside, Sink};
 pub use label::{Label, MAX_NAMED, Origin, ParseLabelError, Scope};
 pub use rules::{Action, FlowRule, FlowRules};

@@ -56,8 +56,10 @@ pub enum FlowRule {
     /// A call that writes what the host keeps (files, tasks, memory) from a process that
     /// has read untrusted data.
     UntrustedWrite,
-    /// A call that sends outside the host, or whose arguments an outside program reads,
-    /// from a process that has read untrusted data.
+    /// A call that sends (its effect is `send`), or writes with arguments that reach an
+    /// outside program, from a process that has read untrusted data. A read that reaches
+    /// outside (a GET, an MCP tool its server marks read-only) is not one: only
+    /// [`FlowRule::Leak`] guards what its arguments carry.
     UntrustedSend,
     /// A call that would carry private or secret data to readers outside its own.
     Leak,
@@ -100,8 +102,8 @@ impl fmt::Display for FlowRule {
 ///
 /// The default keeps the rule of two: a process that has read untrusted data never sends,
 /// and private or secret data never reaches a reader outside its own, without a person's
-/// approval. A local write after untrusted data is allowed: what it writes carries the
-/// writer's label, so whoever reads it is as untrusted as the writer was.
+/// approval. A local write after untrusted data is allowed: whoever reads what it wrote
+/// back through a plugin reads it as untrusted, by that plugin's label.
 ///
 /// ```
 /// use capstan_host::flow::{Action, FlowRule, FlowRules};

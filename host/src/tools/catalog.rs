@@ -6,57 +6,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use capstan_caps::{Capability, Effect};
-
+use super::flow::FlowFacts;
 use super::host::HostTool;
+pub use super::tool::{CatalogTool, ToolOrigin};
+use crate::flow::{self, FlowCall, FlowDecision, Label, Sink};
 use crate::llm::ToolDef;
 use crate::plugin::{Registry, ToolInfo};
-use crate::policy::{Decision, Policy, ProcessKind, ToolNeeds};
-
-/// Where a tool comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ToolOrigin {
-    /// Run by the host itself, on the orchestration.
-    Host(HostTool),
-    /// A component's tool, run in a sandbox.
-    Plugin {
-        /// The plugin's name.
-        plugin: String,
-    },
-    /// A tool of the `[mcp.NAME]` server `server`, named `server.tool`.
-    Mcp {
-        /// The server's name.
-        server: String,
-    },
-}
-
-/// One tool of the catalog.
-#[derive(Debug, Clone)]
-pub struct CatalogTool {
-    /// The tool as a model is shown it.
-    pub def: ToolDef,
-    /// The capabilities it declares (none for a host tool).
-    pub capabilities: Vec<Capability>,
-    /// The effect it declares, if any ([`CatalogTool::effect`] is the one that counts).
-    pub declared_effect: Option<Effect>,
-    /// Where it comes from.
-    pub origin: ToolOrigin,
-}
-
-impl CatalogTool {
-    /// The tool's name.
-    pub fn name(&self) -> &str {
-        &self.def.name
-    }
-
-    /// The tool as policy sees it.
-    pub fn needs(&self) -> ToolNeeds<'_> {
-        ToolNeeds {
-            name: &self.def.name,
-            capabilities: &self.capabilities,
-        }
-    }
-}
+use crate::policy::{Decision, Policy, ProcessKind};
 
 /// A row of the policy matrix: a tool and the decision for each kind, in
 /// [`ProcessKind::ALL`]'s order.
@@ -102,6 +58,9 @@ pub struct ToolCatalog {
     offered: [Arc<[ToolDef]>; ProcessKind::ALL.len()],
     /// The plugin tools left out for taking a host tool's name, a line each.
     left_out: Vec<String>,
+    /// What the flow check knows of each tool, for each kind in [`ProcessKind::ALL`]'s
+    /// order, in `tools`' order: every call reads it, so it is worked out once.
+    facts: Vec<[FlowFacts; ProcessKind::ALL.len()]>,
 }
 
 impl ToolCatalog {
@@ -136,6 +95,10 @@ impl ToolCatalog {
                 .map(|tool| tool.def.clone())
                 .collect()
         });
+        let facts = tools
+            .iter()
+            .map(|tool| ProcessKind::ALL.map(|kind| FlowFacts::of(&policy, kind, tool)))
+            .collect();
         let mut by_name = HashMap::with_capacity(tools.len());
         for (index, tool) in tools.iter().enumerate() {
             by_name.entry(tool.name().to_owned()).or_insert(index);
@@ -146,7 +109,36 @@ impl ToolCatalog {
             by_name,
             offered,
             left_out: ToolCatalog::clashes(registry),
+            facts,
         }
+    }
+
+    /// What the flow check knows of tool `name` called by a `kind` process: where its
+    /// arguments go and how its result is labelled, with the kind's grants (or as the tool
+    /// declares itself, if the kind does not grant it); `None` if there is no such tool.
+    pub fn flow_facts(&self, kind: ProcessKind, name: &str) -> Option<&FlowFacts> {
+        self.by_name
+            .get(name)
+            .map(|index| &self.facts[*index][kind_index(kind)])
+    }
+
+    /// The flow decision for a call of a tool going to `sink` by a `kind` process that
+    /// read what is labelled `context`, by the kind's `[profiles.KIND.flow]`.
+    pub fn decide_flow(
+        &self,
+        kind: ProcessKind,
+        name: &str,
+        context: &Label,
+        sink: &Sink,
+    ) -> FlowDecision {
+        let call = FlowCall {
+            kind,
+            tool: name,
+            context,
+            arguments: &Label::trusted(),
+            sink,
+        };
+        flow::check(self.policy().profile(kind).flow(), &call)
     }
 
     /// The policy the catalog decides with.

@@ -5,10 +5,10 @@
 
 use capstan_caps::{Capability, Effect};
 
-use super::catalog::{CatalogTool, ToolCatalog, ToolOrigin};
 use super::host::HostTool;
-use crate::flow::{self, FlowCall, FlowDecision, Label, Origin, Scope, Sink};
-use crate::policy::ProcessKind;
+use super::tool::{CatalogTool, ToolOrigin};
+use crate::flow::{Label, Origin, Scope, Sink};
+use crate::policy::{Policy, ProcessKind};
 
 /// What the flow check knows of one tool called by one kind of process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,39 +19,20 @@ pub struct FlowFacts {
     pub result: Label,
 }
 
-impl ToolCatalog {
-    /// What the flow check knows of tool `name` called by a `kind` process, with the
-    /// kind's grants (narrowed for the tool), or as the tool declares itself if the kind
-    /// does not grant it: `None` if the catalog has no such tool.
-    pub fn flow_facts(&self, kind: ProcessKind, name: &str) -> Option<FlowFacts> {
-        let tool = self.tool(name)?;
-        let grants = self.policy().profile(kind).grants_for(name);
+impl FlowFacts {
+    /// What the flow check knows of `tool` called by a `kind` process under `policy`, with
+    /// the kind's grants (narrowed for the tool), or as the tool declares itself if the
+    /// kind does not grant it. Worked out once, when the catalog is built.
+    pub(super) fn of(policy: &Policy, kind: ProcessKind, tool: &CatalogTool) -> FlowFacts {
+        let name = tool.name();
+        let grants = policy.profile(kind).grants_for(name);
         let effective = grants
             .effective(name, &tool.capabilities)
             .unwrap_or_else(|_| tool.capabilities.clone());
-        Some(FlowFacts {
+        FlowFacts {
             sink: tool.sink(&effective),
             result: tool.result_label(&effective),
-        })
-    }
-
-    /// The flow decision for a call of a tool going to `sink` by a `kind` process that
-    /// read what is labelled `context`, by the kind's `[profiles.KIND.flow]`.
-    pub fn decide_flow(
-        &self,
-        kind: ProcessKind,
-        name: &str,
-        context: &Label,
-        sink: &Sink,
-    ) -> FlowDecision {
-        let call = FlowCall {
-            kind,
-            tool: name,
-            context,
-            arguments: &Label::trusted(),
-            sink,
-        };
-        flow::check(self.policy().profile(kind).flow(), &call)
+        }
     }
 }
 

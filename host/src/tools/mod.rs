@@ -6,6 +6,7 @@
 //!   process kinds that run it).
 //! - [`catalog`]: [`ToolCatalog`], host, plugin and MCP tools with what each needs, and
 //!   which kinds the policy offers each.
+//! - `tool`: [`CatalogTool`], one tool of the catalog, and its [`ToolOrigin`].
 //! - `flow`: what the flow check knows of each catalog tool (its effect, where a call's
 //!   arguments go, the label of its result).
 //! - [`lint`]: what `capstan policy --lint` finds in a policy, from the catalog.
@@ -17,6 +18,7 @@ mod flow;
 pub mod host;
 pub mod lint;
 pub mod router;
+mod tool;
 
 pub use catalog::{CatalogTool, MatrixRow, ToolCatalog, ToolOrigin};
 pub use flow::FlowFacts;

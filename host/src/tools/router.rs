@@ -133,7 +133,7 @@ impl ToolRouter {
     pub fn result_label(&self, kind: ProcessKind, name: &str) -> Label {
         self.catalog
             .flow_facts(kind, name)
-            .map_or_else(Label::trusted, |facts| facts.result)
+            .map_or_else(Label::trusted, |facts| facts.result.clone())
     }
 
     /// The flow check of a call of `name` by a `kind` process that read `context`, to
@@ -149,7 +149,9 @@ impl ToolRouter {
         match decision.action {
             Action::Allow => None,
             // Until a call can be parked, one that needs approval is refused, saying so.
-            Action::Approve | Action::Refuse => Some(ToolError::Denied(decision.to_string())),
+            Action::Approve | Action::Refuse => Some(ToolError::Denied(
+                decision.explained(name, sink).to_string(),
+            )),
         }
     }
 

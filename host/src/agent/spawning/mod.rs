@@ -88,6 +88,9 @@ pub(crate) struct BranchSpec {
     /// The conversation it forks and reports to.
     pub(crate) channel: ProcessId,
     pub(crate) question: String,
+    /// What the process that asked had read when it wrote the question: the turn's own
+    /// tool results, which the fork (taken before the turn) does not hold.
+    pub(crate) question_label: Label,
     /// The conversation's history at the fork.
     pub(crate) history: Vec<Message>,
 }
@@ -348,7 +351,8 @@ impl Spawner {
     }
 
     /// Starts a branch of conversation `channel` (through `handle`) on `question`, forked
-    /// from `history`, as part of the turn `origin` (its exchanges follow the branch).
+    /// from `history`, as part of the turn `origin` (its exchanges follow the branch); the
+    /// question carries `context`, what the channel had read when it asked.
     pub(crate) async fn spawn_branch(
         self: &Arc<Self>,
         channel: &ProcessId,
@@ -356,6 +360,7 @@ impl Spawner {
         origin: &Scope,
         question: String,
         history: Vec<Message>,
+        context: &Label,
     ) -> Result<ProcessId, String> {
         let running = self.running().map_err(|err| err.to_string())?;
         let id = self
@@ -368,6 +373,7 @@ impl Spawner {
             id: id.clone(),
             channel: channel.clone(),
             question,
+            question_label: context.clone(),
             history,
         };
         origin.include(&id);
