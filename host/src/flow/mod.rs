@@ -9,7 +9,7 @@
 //!   labels of what it reads.
 //! - [`Effect`] and [`Sink`]: what a call does (read, write locally, send) and who outside
 //!   the host reads its arguments.
-//! - [`FlowRules`] (`[profiles.NAME.flow]`) and [`check`]: at the sink, a call is allowed,
+//! - [`FlowRules`] (`[profiles.NAME.flow]`) and [`check()`]: at the sink, a call is allowed,
 //!   parked for a person's approval, or refused, with the reason and the key that
 //!   changes it.
 
