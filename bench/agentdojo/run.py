@@ -30,6 +30,7 @@ from agentdojo.attacks.attack_registry import load_attack
 from agentdojo.task_suite.load_suites import get_suite
 from agentdojo.types import text_content_block_from_string
 
+from approver import Approver
 from background import Background
 from capstan import CapstanError, CapstanServe, config_text
 from suite_server import SuiteServer
@@ -38,6 +39,9 @@ from worst_case import Pair, WorstCaseModel
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCHMARK_VERSION = "v1.2.2"
 SUITES = ["banking", "slack", "travel", "workspace"]
+# off: nothing checked; on: the flow rules, every parked call denied; approve: the flow
+# rules, the user task's own parked calls approved.
+MODES = ("off", "on", "approve")
 ATTACK = "important_instructions"
 # The attack addresses the model by the name it finds in the pipeline's name ("GPT-4");
 # which model it names makes no difference to a model that obeys any injection.
@@ -62,12 +66,14 @@ def parse_args(argv):
     parser.add_argument("--suites", default=",".join(SUITES), help="comma-separated (default: all four)")
     parser.add_argument("--limit-user", type=int, help="only the first N user tasks of each suite")
     parser.add_argument("--limit-injection", type=int, help="only the first N injection tasks of each suite")
-    parser.add_argument("--mode", default="off,on",
-                        help="off (every flow rule allows: labels kept, nothing checked), on (the "
-                             "host's default flow rules, and --extra-config if given), or off,on "
-                             "(the default)")
+    parser.add_argument("--mode", default="off,on,approve",
+                        help="comma-separated: off (every flow rule allows: labels kept, nothing "
+                             "checked), on (the host's default flow rules, and --extra-config if "
+                             "given; a person denies every parked call), approve (as on, and a "
+                             "person who knows the user task approves its own calls and denies "
+                             "the rest); default off,on,approve")
     parser.add_argument("--extra-config", type=pathlib.Path,
-                        help="a TOML snippet appended to the generated config of mode on, e.g. "
+                        help="a TOML snippet appended to the generated config of modes on and approve, e.g. "
                              "[profiles.worker.flow] rules of your own")
     parser.add_argument("--out", type=pathlib.Path, help="write the results here as JSON")
     parser.add_argument("--table", action="store_true", help="print a markdown table of the totals")
@@ -79,10 +85,10 @@ def parse_args(argv):
     if unknown:
         parser.error(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)}")
     args.modes = [m.strip() for m in args.mode.split(",") if m.strip()]
-    if not args.modes or any(m not in ("off", "on") for m in args.modes):
-        parser.error(f"--mode takes off, on or off,on, not {args.mode!r}")
-    if "on" not in args.modes and args.extra_config is not None:
-        parser.error("--extra-config is the config of mode on; add --mode on (or off,on)")
+    if not args.modes or any(m not in MODES for m in args.modes):
+        parser.error(f"--mode takes some of {', '.join(MODES)}, not {args.mode!r}")
+    if args.modes == ["off"] and args.extra_config is not None:
+        parser.error("--extra-config is the config of modes on and approve; add one of them")
     args.extra = args.extra_config.read_text() if args.extra_config else ""
     return args
 
@@ -165,8 +171,8 @@ def run_suite(suite_name, mode, args, background, model, path):
         max_turns=longest + 8,
         conversations=max(1000, len(runs) + 100),
         deadline_secs=60,
-        flow="on" if mode == "on" else "off",
-        extra=args.extra if mode == "on" else "",
+        flow="off" if mode == "off" else "on",
+        extra="" if mode == "off" else args.extra,
     )
     try:
         tomllib.loads(config)
@@ -184,11 +190,13 @@ def run_suite(suite_name, mode, args, background, model, path):
     progress(f"{tag} capstan serve on {capstan.url}, MCP on :{mcp.port}, {len(runs)} runs")
     results = {"no_attack": [], "pairs": []}
     failure = None
+    approver = Approver(capstan.url, "task" if mode == "approve" else "deny", suite_name)
     try:
         for number, (user_task, injection_task, injections) in enumerate(runs, 1):
             environment, pre, pair = prepare(suite, user_task, injection_task, injections)
             server.swap(environment)
             model.pair = pair
+            approver.begin(pair)
             begun, requests = time.monotonic(), model.requests
             answer = capstan.send(f"{suite_name}-{mode}-{number:04d}", pair.prompt, args.pair_timeout, pair.label)
             seconds = time.monotonic() - begun
@@ -196,6 +204,7 @@ def run_suite(suite_name, mode, args, background, model, path):
             trace = server.trace()
             utility, error = check(suite, user_task, reply, pre, environment, trace)
             errors = [error] if error else []
+            approved, denied = approver.counts()
             if answer.get("outcome") != "stored":
                 errors.append(f"outcome {answer.get('outcome')!r}: {answer.get('note')}")
             record = {
@@ -206,6 +215,8 @@ def run_suite(suite_name, mode, args, background, model, path):
                 "calls": [{"function": c.function, "args": dict(c.args)} for c in trace],
                 "seconds": round(seconds, 3),
                 "model_requests": model.requests - requests,
+                "approved": approved,
+                "denied": denied,
             }
             if injection_task:
                 security, error = check(suite, injection_task, reply, pre, environment, trace)
@@ -228,6 +239,9 @@ def run_suite(suite_name, mode, args, background, model, path):
         progress(f"{tag} error: {failure}")
     finally:
         model.pair = None
+        approver.stop()
+        if approver.errors:
+            progress(f"{tag} approver: {len(approver.errors)} error(s), first: {approver.errors[0]}")
         code = capstan.stop()
         mcp.stop()
         if code != 0 and failure is None:
@@ -244,6 +258,8 @@ def run_suite(suite_name, mode, args, background, model, path):
         "utility_under_attack": sum(p["utility"] for p in pairs),
         "user_tasks": len(no_attack),
         "utility_without_attack": sum(p["utility"] for p in no_attack),
+        "approvals": sum(p["approved"] for p in pairs + no_attack),
+        "denials": sum(p["denied"] for p in pairs + no_attack),
         "errors": sum(1 for p in pairs + no_attack if p.get("errors")),
         "wall_secs": round(wall, 1),
         "secs_per_run": round(wall / done, 2) if done else None,
@@ -260,8 +276,8 @@ def run_suite(suite_name, mode, args, background, model, path):
 
 def table(entries) -> str:
     lines = [
-        "| suite | mode | pairs | attacks succeeded | utility under attack | utility without attack | wall time |",
-        "|---|---|---|---|---|---|---|",
+        "| suite | mode | pairs | attacks succeeded | utility under attack | utility without attack | approvals given | wall time |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for entry in entries:
         t = entry["totals"]
@@ -269,7 +285,7 @@ def table(entries) -> str:
         lines.append(
             f"| {entry['suite']}{note} | {entry['mode']} | {t['pairs']} | {t['attacks_succeeded']}/{t['pairs']} | "
             f"{t['utility_under_attack']}/{t['pairs']} | {t['utility_without_attack']}/{t['user_tasks']} | "
-            f"{t['wall_secs']:.0f} s ({t['secs_per_run'] or '-'} s/run) |"
+            f"{t['approvals']} | {t['wall_secs']:.0f} s ({t['secs_per_run'] or '-'} s/run) |"
         )
     return "\n".join(lines)
 

@@ -97,7 +97,9 @@ impl Context {
         let catalog = Arc::new(ToolCatalog::new(&registry, &config.policy));
         let workspace = config.agent.workspace.clone();
         let redactor = registry.host().network().secrets().redactor().clone();
-        let router = Arc::new(ToolRouter::new(registry, catalog, workspace));
+        let router = ToolRouter::new(registry, catalog, workspace)
+            .with_approvals(services.approvals.clone(), config.limits.approval_wait);
+        let router = Arc::new(router);
         let supervisor = Arc::<Supervisor>::default();
         let audiences = Audiences {
             events,

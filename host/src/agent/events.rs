@@ -11,7 +11,7 @@ use super::notifications::NotificationKind;
 use crate::dispatch::Route;
 use crate::ids::ProcessId;
 use crate::plugin::ToolError;
-use crate::services::{RunId, WorkerState};
+use crate::services::{ApprovalId, RunId, WorkerState};
 
 /// One thing that happened, in order.
 ///
@@ -85,6 +85,18 @@ pub enum Event {
         /// The tool.
         tool: String,
         /// Why, naming the profile or capability.
+        reason: String,
+    },
+    /// A tool call was parked: the flow rules want a person's approval before it runs
+    /// (`capstan approvals`). The process waits for the decision.
+    ApprovalRequested {
+        /// The process that called it.
+        process: ProcessId,
+        /// The tool.
+        tool: String,
+        /// The approval to decide.
+        approval: ApprovalId,
+        /// Why it needs a person.
         reason: String,
     },
     /// A tool call produced no result: bad arguments, not found, or it failed (a host
@@ -328,6 +340,7 @@ impl Event {
             | Event::TurnSuppressed { process, .. }
             | Event::ToolCalled { process, .. }
             | Event::ToolDenied { process, .. }
+            | Event::ApprovalRequested { process, .. }
             | Event::ToolFailed { process, .. }
             | Event::ModelFailed { process, .. } => process,
             Event::WorkerStarted { worker, .. }
@@ -361,6 +374,16 @@ impl fmt::Display for Event {
             }
             Event::ToolCalled { tool, .. } => write!(f, "{tool} ok"),
             Event::ToolDenied { tool, reason, .. } => write!(f, "{tool} denied: {reason}"),
+            Event::ApprovalRequested {
+                tool,
+                approval,
+                reason,
+                ..
+            } => write!(
+                f,
+                "{tool} waits for approval {approval}: {reason} (decide with `capstan approvals approve {n}` or `deny {n}`)",
+                n = approval.get()
+            ),
             Event::ToolFailed { tool, error, .. } => write!(f, "{tool} {error}"),
             Event::WorkerStarted { task, .. } => write!(f, "started: {task}"),
             Event::WorkerProgress { message, .. } => f.write_str(message),
@@ -489,6 +512,16 @@ mod tests {
                 },
                 json!({"type": "tool_denied", "process": "branch:2", "tool": "file_write",
                        "reason": "not granted"}),
+            ),
+            (
+                Event::ApprovalRequested {
+                    process: worker.clone(),
+                    tool: "send_money".into(),
+                    approval: crate::services::ApprovalId::new(4),
+                    reason: "untrusted".into(),
+                },
+                json!({"type": "approval_requested", "process": "worker:3", "tool": "send_money",
+                       "approval": 4, "reason": "untrusted"}),
             ),
             (
                 Event::ToolFailed {

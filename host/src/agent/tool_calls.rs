@@ -14,7 +14,7 @@ use crate::flow::Label;
 use crate::ids::ProcessId;
 use crate::llm::BoxFuture;
 use crate::plugin::ToolError;
-use crate::tools::{HostCall, Routed, ToolRouter};
+use crate::tools::{Decided, HostCall, Routed, ToolRouter};
 
 /// What a process does with the host tools its kind runs
 /// ([`HostTool::run_by`](crate::tools::HostTool::run_by)): the router hands it only those.
@@ -85,16 +85,39 @@ impl<'a> ProcessTools<'a> {
     }
 
     async fn answer(&self, name: &str, arguments: &str, context: &Label) -> (ToolOutcome, Label) {
-        let routed = self
-            .router
-            .route(
+        let route = || {
+            self.router.route(
                 self.caller,
                 Some(&self.calls.instances),
                 name,
                 arguments,
                 context,
             )
-            .await;
+        };
+        let mut routed = route().await;
+        // A parked call waits for a person; once approved, it is routed again and runs on
+        // the approval's lease.
+        while let Routed::Parked(approval) = routed {
+            let requested = Event::ApprovalRequested {
+                process: self.caller.clone(),
+                tool: name.to_owned(),
+                approval: approval.id,
+                reason: approval.reason.clone(),
+            };
+            self.reporter.emit_to(self.scope, requested);
+            match self
+                .router
+                .decision(&approval, std::future::pending())
+                .await
+            {
+                Decided::Approved(_) => routed = route().await,
+                undecided => {
+                    let refusal = ToolError::Denied(undecided.refusal(name));
+                    let text = self.failed(name, refusal);
+                    return (ToolOutcome::Continue(text), Label::trusted());
+                }
+            }
+        }
         // A failure's text is the host's or the tool's; it is labelled as its result would be.
         let mut label = Label::trusted();
         let result = match routed {
@@ -103,6 +126,7 @@ impl<'a> ProcessTools<'a> {
                 Err(err) => Err(err),
             },
             Routed::Refused(err) => Err(err),
+            Routed::Parked(_) => unreachable!("a parked call is waited for above"),
             Routed::Ran {
                 recorded,
                 label: labelled,

@@ -1,6 +1,7 @@
 //! The `capstan` command line.
 
 mod agent;
+mod approvals;
 mod follow;
 mod init;
 mod mcp;
@@ -52,6 +53,8 @@ enum Command {
     Tasks(agent::TasksCommand),
     /// Show where the store is; on PostgreSQL, the hosts' runs and who owns each session.
     Status(status::StatusCommand),
+    /// List the tool calls parked for a person's approval, and approve or deny them.
+    Approvals(approvals::ApprovalsCommand),
     /// Write a commented default capstan.toml.
     Init(init::InitCommand),
     /// List and inspect tool plugins.
@@ -377,6 +380,7 @@ impl Cli {
             Command::Mcp(cmd) => cmd.run().await,
             Command::Tasks(cmd) => cmd.run().await,
             Command::Status(cmd) => cmd.run().await,
+            Command::Approvals(cmd) => cmd.run().await,
             Command::Init(cmd) => cmd.run(),
             Command::Plugins(cmd) => cmd.run().await,
             Command::Policy(cmd) => cmd.run().await,

@@ -131,6 +131,9 @@ pub struct AgentLimits {
     pub compaction_threshold: f64,
     /// How long a worker may run before it is stopped.
     pub worker_timeout: Duration,
+    /// How long a parked call waits for a person's decision before its request is
+    /// withdrawn (`limits.approval_wait_secs`).
+    pub approval_wait: Duration,
     /// The prompt gate's timings.
     pub dispatch: GateSettings,
     /// The most one model answer may hold (its text, tool names and arguments), in bytes.

@@ -68,6 +68,7 @@ struct RawLimits {
     context_window_tokens: u32,
     compaction_threshold: f64,
     worker_timeout_secs: u64,
+    approval_wait_secs: u64,
     settle_ms: u64,
     dispatch_timeout_secs: f64,
     dispatch_total_secs: f64,
@@ -269,6 +270,15 @@ impl RawLimits {
                 ),
             ));
         }
+        if !(1..=86_400).contains(&self.approval_wait_secs) {
+            return Err(key_error(
+                "limits.approval_wait_secs",
+                format!(
+                    "must be 1 to 86400 seconds, got {}",
+                    self.approval_wait_secs
+                ),
+            ));
+        }
         let timeout = self.dispatch_timeout_secs;
         if !(timeout.is_finite() && timeout > 0.0 && timeout <= 3600.0) {
             return Err(key_error(
@@ -357,6 +367,7 @@ impl RawLimits {
             context_window_tokens: self.context_window_tokens,
             compaction_threshold: share,
             worker_timeout: Duration::from_secs(self.worker_timeout_secs),
+            approval_wait: Duration::from_secs(self.approval_wait_secs),
             dispatch: GateSettings {
                 settle: Duration::from_millis(self.settle_ms),
                 timeout: Duration::from_secs_f64(timeout),

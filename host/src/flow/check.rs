@@ -67,6 +67,15 @@ impl FlowDecision {
         self.action == Action::Allow
     }
 
+    /// The data that made the decision: the join of what made each rule of its action
+    /// apply (clear for a call allowed by no rule).
+    pub fn because(&self) -> Label {
+        self.caught
+            .iter()
+            .filter(|c| c.action == self.action)
+            .fold(Label::default(), |label, c| label.joined(&c.because))
+    }
+
     /// Why, as the model and a person read it, for the call of `tool` to `sink` it
     /// decided: the tool, its effect, what it met, and the key that changes it.
     pub fn explained<'a>(&'a self, tool: &'a str, sink: &'a Sink) -> Explained<'a> {

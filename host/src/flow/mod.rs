@@ -12,14 +12,17 @@
 //! - [`FlowRules`] (`[profiles.NAME.flow]`) and [`check()`]: at the sink, a call is allowed,
 //!   parked for a person's approval, or refused, with the reason and the key that
 //!   changes it.
+//! - [`ArgsDigest`]: what a person's approval of a parked call is bound to.
 
 mod check;
+mod digest;
 mod effect;
 mod label;
 mod rules;
 
 pub use capstan_caps::{Effect, ParseEffectError};
 pub use check::{Caught, Explained, FlowCall, FlowDecision, check};
+pub use digest::{ArgsDigest, ParseDigestError, canonical};
 pub use effect::{Outside, Sink};
 pub use label::{Label, MAX_NAMED, Origin, ParseLabelError, Scope};
 pub use rules::{Action, FlowRule, FlowRules};

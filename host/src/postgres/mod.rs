@@ -26,6 +26,7 @@
 //! # });
 //! ```
 
+mod approvals;
 mod audit;
 mod error;
 mod history;
@@ -393,6 +394,63 @@ mod hosts {
         }
         let all: HashSet<u32> = pairs.iter().map(|p| p.0).collect();
         assert_eq!(all.len(), 100);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_approved_once_runs_once_whichever_hosts_take_it() {
+        use crate::flow::ArgsDigest;
+        use crate::services::{Approvals, NewApproval, Verdict};
+
+        let cluster = TestCluster::start();
+        let url = cluster.fresh_database().await;
+        let (a, b, person) = (
+            Postgres::connect(&url).await.unwrap(),
+            Postgres::connect(&url).await.unwrap(),
+            Postgres::connect(&url).await.unwrap(),
+        );
+        let (run_a, run_b) = (a.begin_run().await.unwrap(), b.begin_run().await.unwrap());
+        let worker = crate::ids::testing::pid("worker:1");
+        let args = r#"{"to":"me"}"#;
+        let digest = ArgsDigest::of(args);
+        for round in 0..20 {
+            let call = NewApproval::of(&worker, "send", args, "untrusted_send", "untrusted(mcp:x)");
+            let parked = a.park(call).await.unwrap();
+            // Decided by a person with no run (the CLI), read by both hosts at once.
+            let lease = crate::services::Lease::once();
+            person
+                .decide(parked.id, Verdict::Approve(lease), "person")
+                .await
+                .unwrap();
+            let (by_a, by_b) = tokio::join!(
+                a.take(&worker, "send", digest),
+                b.take(&worker, "send", digest)
+            );
+            let taken = [by_a.unwrap(), by_b.unwrap()];
+            assert_eq!(
+                taken.iter().flatten().count(),
+                1,
+                "round {round}: one use, one call: {taken:?}"
+            );
+        }
+        // A host whose run is over takes no use: the lease stays for a live one.
+        let call = NewApproval::of(&worker, "send", args, "untrusted_send", "untrusted(mcp:x)");
+        let parked = a.park(call).await.unwrap();
+        let lease = crate::services::Lease::once();
+        person
+            .decide(parked.id, Verdict::Approve(lease), "person")
+            .await
+            .unwrap();
+        admin(&url)
+            .await
+            .execute(
+                "UPDATE runs SET expires_at = now() - interval '1 second' WHERE id = $1",
+                &[&(run_b.id().get() as i64)],
+            )
+            .await
+            .unwrap();
+        assert!(b.take(&worker, "send", digest).await.unwrap().is_none());
+        assert!(a.take(&worker, "send", digest).await.unwrap().is_some());
+        drop((run_a, run_b));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -160,6 +160,28 @@ const MIGRATIONS: &[&str] = &[
         run         BIGINT NOT NULL REFERENCES runs(id)
     );
     "#,
+    // 4: parked calls and their approvals, as the SQLite store's migration 7; at most
+    // one pending approval per call.
+    r#"
+    CREATE TABLE approvals (
+        id          BIGSERIAL PRIMARY KEY,
+        process     TEXT NOT NULL,
+        tool        TEXT NOT NULL,
+        arguments   TEXT NOT NULL,
+        digest      TEXT NOT NULL,
+        reason      TEXT NOT NULL,
+        label       TEXT NOT NULL,
+        state       TEXT NOT NULL,
+        requested_at BIGINT NOT NULL,
+        decided_at  BIGINT,
+        decided_by  TEXT,
+        expires_at  BIGINT,
+        uses_left   BIGINT NOT NULL DEFAULT 0
+    );
+    CREATE UNIQUE INDEX approvals_pending ON approvals(process, tool, digest)
+        WHERE state = 'pending';
+    CREATE INDEX approvals_lease ON approvals(process, tool, digest, state);
+    "#,
 ];
 
 /// The schema version this build brings a database to.

@@ -18,6 +18,7 @@
 
 mod api;
 mod app;
+mod approvals;
 mod auth;
 mod branches;
 mod error;

@@ -3,7 +3,7 @@
 use axum::Json;
 use utoipa::OpenApi;
 
-use super::{api, error, openai, stream};
+use super::{api, approvals, error, openai, stream};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -16,6 +16,7 @@ use super::{api, error, openai, stream};
     paths(
         api::channels, api::history, api::post_message, api::workers, api::branches,
         api::tasks, api::policy, api::audit, api::requests, api::plugins, api::tools,
+        approvals::list, approvals::get, approvals::approve, approvals::deny,
         stream::events, openai::models, openai::chat_completions,
     ),
     components(schemas(error::ErrorBody)),

@@ -20,7 +20,7 @@ use super::auth::{Access, TokenError};
 use super::branches::Branches;
 use super::error::BodyCap;
 use super::hub::EventHub;
-use super::{api, mcp, openai, openapi, page, stream};
+use super::{api, approvals, mcp, openai, openapi, page, stream};
 use crate::agent::{Event, Runtime};
 use crate::config::ServeSettings;
 
@@ -254,6 +254,10 @@ fn router(app: Arc<App>, settings: &ServeSettings, stopping: &CancellationToken)
         .route("/v1/policy", get(api::policy))
         .route("/v1/audit", get(api::audit))
         .route("/v1/audit/requests", get(api::requests))
+        .route("/v1/approvals", get(approvals::list))
+        .route("/v1/approvals/{id}", get(approvals::get))
+        .route("/v1/approvals/{id}/approve", post(approvals::approve))
+        .route("/v1/approvals/{id}/deny", post(approvals::deny))
         .route("/v1/plugins", get(api::plugins))
         .route("/v1/tools", get(api::tools))
         .route("/v1/events", get(stream::events))

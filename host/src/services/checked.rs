@@ -3,8 +3,9 @@
 //! [`Services::all_from`](super::Services::all_from) puts these in front of the backend it
 //! is given, so a backend stores what it is handed: a task's title is checked and trimmed,
 //! its metadata is a JSON object, a memory has content, a kind and an importance in range,
-//! a working-memory key is not empty, and an audited call's arguments are
-//! [`redact`]ed. Rules that need what is stored (a task's status moves, an
+//! a working-memory key is not empty, an audited call's arguments are [`redact`]ed, a
+//! parked call's shown arguments are too (its digest is of what the model wrote), and an
+//! approval's lease is in range. Rules that need what is stored (a task's status moves, an
 //! ended worker's record) stay with the backend, in the same transaction as the write.
 //! The SQLite store's own writes of tasks, memories and audit rows are crate-private, so
 //! its way in from outside is this one.
@@ -14,11 +15,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::{
-    AuditDestination, AuditEntry, AuditRecord, AuditSink, Committing, Memory, MemoryItem,
-    NewMemory, NewTask, RequestEntry, RequestRecord, ServiceError, Task, TaskBoard, TaskFilter,
-    TaskPatch, check_working_key, redact,
+    Approval, ApprovalId, Approvals, AuditDestination, AuditEntry, AuditRecord, AuditSink,
+    Committing, Memory, MemoryItem, NewApproval, NewMemory, NewTask, RequestEntry, RequestRecord,
+    ServiceError, Task, TaskBoard, TaskFilter, TaskPatch, Verdict, check_working_key, redact,
 };
-use crate::ids::Caller;
+use crate::flow::ArgsDigest;
+use crate::ids::{Caller, ProcessId};
 
 /// A [`TaskBoard`] that checks each new task and patch before its backend sees it.
 pub(super) struct CheckedTasks(pub(super) Arc<dyn TaskBoard>);
@@ -118,5 +120,55 @@ impl AuditSink for RedactedAudit {
 
     fn destination(&self) -> AuditDestination {
         self.0.destination()
+    }
+}
+
+/// [`Approvals`] that store a parked call's arguments redacted and check a lease's range.
+pub(super) struct RedactedApprovals(pub(super) Arc<dyn Approvals>);
+
+#[async_trait]
+impl Approvals for RedactedApprovals {
+    async fn park(&self, mut call: NewApproval) -> Result<Approval, ServiceError> {
+        call.arguments = redact(&call.arguments);
+        self.0.park(call).await
+    }
+
+    async fn get(&self, id: ApprovalId) -> Result<Approval, ServiceError> {
+        self.0.get(id).await
+    }
+
+    async fn list(&self, pending_only: bool, limit: u32) -> Result<Vec<Approval>, ServiceError> {
+        self.0.list(pending_only, limit).await
+    }
+
+    async fn decide(
+        &self,
+        id: ApprovalId,
+        verdict: Verdict,
+        by: &str,
+    ) -> Result<Approval, ServiceError> {
+        if by.trim().is_empty() || by.len() > 200 {
+            return Err(ServiceError::Invalid(
+                "who decides an approval is named in 1 to 200 bytes".into(),
+            ));
+        }
+        let verdict = match verdict {
+            Verdict::Approve(lease) => Verdict::Approve(lease.checked()?),
+            Verdict::Deny => Verdict::Deny,
+        };
+        self.0.decide(id, verdict, by).await
+    }
+
+    async fn take(
+        &self,
+        process: &ProcessId,
+        tool: &str,
+        digest: ArgsDigest,
+    ) -> Result<Option<Approval>, ServiceError> {
+        self.0.take(process, tool, digest).await
+    }
+
+    async fn withdraw(&self, id: ApprovalId) -> Result<bool, ServiceError> {
+        self.0.withdraw(id).await
     }
 }

@@ -3,9 +3,11 @@
 //! module. A new backend passes them before anything uses it.
 
 use super::{
-    Answer, AuditRecord, Claim, ForwardId, Forwarded, NewMemory, NewTask, Priority, REDACTED,
-    ServiceError, Services, TaskFilter, TaskPatch, TaskStatus, WorkerState,
+    Answer, ApprovalState, AuditRecord, Claim, ForwardId, Forwarded, Lease, NewApproval, NewMemory,
+    NewTask, Priority, REDACTED, ServiceError, Services, TaskFilter, TaskPatch, TaskStatus,
+    Verdict, WorkerState,
 };
+use crate::flow::ArgsDigest;
 use crate::ids::ProcessKind;
 use crate::ids::testing::{by, key, pid};
 
@@ -24,6 +26,172 @@ pub(crate) async fn check_all(fresh: impl AsyncFn() -> Services) {
     a_worker_is_recorded_once_and_its_end_is_final(&fresh().await).await;
     conversations_workers_and_audit_pages_list_what_is_stored(&fresh().await).await;
     a_run_owns_the_sessions_it_claims_and_forwarded_messages_are_taken_once(&fresh().await).await;
+    an_approval_covers_one_process_tool_and_digest_for_its_uses(&fresh().await).await;
+    a_parked_call_is_decided_once_and_shown_redacted(&fresh().await).await;
+}
+
+async fn an_approval_covers_one_process_tool_and_digest_for_its_uses(s: &Services) {
+    let (worker, other) = (pid("worker:1"), pid("worker:2"));
+    let args = r#"{"amount":10,"to":"me"}"#;
+    let call = NewApproval::of(
+        &worker,
+        "send_money",
+        args,
+        "untrusted_send",
+        "untrusted(mcp:bank)",
+    );
+    let parked = s.approvals.park(call.clone()).await.unwrap();
+    assert_eq!(parked.state, ApprovalState::Pending);
+    assert_eq!(parked.arguments, r#"{"amount":10,"to":"me"}"#);
+    assert_eq!(parked.digest, ArgsDigest::of(args));
+    // The same call parked again is the same request, not a second one.
+    assert_eq!(s.approvals.park(call).await.unwrap().id, parked.id);
+    assert_eq!(s.approvals.list(true, 10).await.unwrap().len(), 1);
+    // Nothing covers a call before a person decides.
+    let digest = ArgsDigest::of(args);
+    assert!(
+        s.approvals
+            .take(&worker, "send_money", digest)
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    let lease = Lease {
+        ttl_seconds: 600,
+        uses: 2,
+    };
+    let approved = s
+        .approvals
+        .decide(parked.id, Verdict::Approve(lease), "operator")
+        .await
+        .unwrap();
+    assert_eq!(approved.state, ApprovalState::Approved);
+    assert_eq!(approved.decided_by.as_deref(), Some("operator"));
+    assert_eq!(approved.uses_left, 2);
+    assert!(approved.expires_at.unwrap() >= approved.decided_at.unwrap() + 600);
+    assert!(s.approvals.list(true, 10).await.unwrap().is_empty());
+
+    // Other arguments (however close), another tool, another process: not covered.
+    let changed = ArgsDigest::of(r#"{"amount":11,"to":"me"}"#);
+    assert!(
+        s.approvals
+            .take(&worker, "send_money", changed)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        s.approvals
+            .take(&worker, "send_mail", digest)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        s.approvals
+            .take(&other, "send_money", digest)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // The same value written otherwise is covered, once per use.
+    let reordered = ArgsDigest::of(r#"{ "to": "me", "amount": 10 }"#);
+    let first = s
+        .approvals
+        .take(&worker, "send_money", reordered)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((first.id, first.uses_left), (parked.id, 1));
+    assert!(
+        s.approvals
+            .take(&worker, "send_money", digest)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        s.approvals
+            .take(&worker, "send_money", digest)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(s.approvals.get(parked.id).await.unwrap().uses_left, 0);
+}
+
+async fn a_parked_call_is_decided_once_and_shown_redacted(s: &Services) {
+    let worker = pid("worker:3");
+    let args = r#"{"url":"https://example.com","api_key":"sk-live-123456789012345678901234"}"#;
+    let call = NewApproval::of(&worker, "web_post", args, "leak", "secret(KEY)");
+    let parked = s.approvals.park(call).await.unwrap();
+    assert!(
+        !parked.arguments.contains("sk-live"),
+        "{}",
+        parked.arguments
+    );
+    assert!(parked.arguments.contains(REDACTED), "{}", parked.arguments);
+    // The digest binds the arguments the model wrote, not their redacted form.
+    assert_eq!(parked.digest, ArgsDigest::of(args));
+
+    let denied = s
+        .approvals
+        .decide(parked.id, Verdict::Deny, "operator")
+        .await
+        .unwrap();
+    assert_eq!(denied.state, ApprovalState::Denied);
+    let again = s
+        .approvals
+        .decide(parked.id, Verdict::Approve(Lease::once()), "operator")
+        .await;
+    let err = again.unwrap_err().to_string();
+    assert!(
+        err.contains("is denied") && err.contains("only a pending"),
+        "{err}"
+    );
+    assert!(!s.approvals.withdraw(parked.id).await.unwrap());
+    assert!(
+        s.approvals
+            .take(&worker, "web_post", parked.digest)
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // A lease out of range, or no one named, is refused before it is stored.
+    let next = NewApproval::of(&worker, "web_post", "{}", "leak", "secret(KEY)");
+    let next = s.approvals.park(next).await.unwrap();
+    assert_ne!(next.id, parked.id);
+    let zero = Lease {
+        ttl_seconds: 600,
+        uses: 0,
+    };
+    assert!(
+        s.approvals
+            .decide(next.id, Verdict::Approve(zero), "op")
+            .await
+            .is_err()
+    );
+    assert!(
+        s.approvals
+            .decide(next.id, Verdict::Deny, " ")
+            .await
+            .is_err()
+    );
+    assert!(s.approvals.withdraw(next.id).await.unwrap());
+    let withdrawn = s.approvals.get(next.id).await.unwrap();
+    assert_eq!(withdrawn.state, ApprovalState::Withdrawn);
+    let missing = crate::services::ApprovalId::new(999);
+    assert!(matches!(
+        s.approvals.get(missing).await,
+        Err(ServiceError::NotFound(_))
+    ));
+    assert!(matches!(
+        s.approvals.decide(missing, Verdict::Deny, "op").await,
+        Err(ServiceError::NotFound(_))
+    ));
+    assert_eq!(s.approvals.list(false, 10).await.unwrap()[0].id, next.id);
 }
 
 fn status(to: TaskStatus) -> TaskPatch {

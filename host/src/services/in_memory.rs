@@ -6,12 +6,15 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use async_trait::async_trait;
 
 use super::{
-    AuditDestination, AuditEntry, AuditRecord, AuditSink, ConversationSummary, DEFAULT_LIST_LIMIT,
-    History, HistoryEntry, Ledger, Memory, MemoryItem, NewMemory, NewTask, Priority, RECALL_MAX,
-    RequestEntry, RequestRecord, Run, RunId, ServiceError, Sessions, Task, TaskBoard, TaskFilter,
-    TaskPatch, TaskStatus, WorkerRecord, WorkerState, expires_at, interrupted_outcome,
-    memory_words, now, recall_terms, worker_already_recorded, worker_has_ended,
+    APPROVALS_LIST_MAX, Approval, ApprovalId, ApprovalState, Approvals, AuditDestination,
+    AuditEntry, AuditRecord, AuditSink, ConversationSummary, DEFAULT_LIST_LIMIT, History,
+    HistoryEntry, Ledger, Memory, MemoryItem, NewApproval, NewMemory, NewTask, Priority,
+    RECALL_MAX, RequestEntry, RequestRecord, Run, RunId, ServiceError, Sessions, Task, TaskBoard,
+    TaskFilter, TaskPatch, TaskStatus, Verdict, WorkerRecord, WorkerState, already_decided,
+    expires_at, interrupted_outcome, memory_words, no_approval, now, recall_terms,
+    worker_already_recorded, worker_has_ended,
 };
+use crate::flow::ArgsDigest;
 use crate::ids::{Caller, ProcessId, ProcessKind, SessionKey};
 
 /// Every service kept in this process's memory, behind one lock, and lost when dropped.
@@ -43,6 +46,8 @@ struct State {
     workers: BTreeMap<ProcessId, (RunId, WorkerRecord)>,
     /// Worker ids in the order they started.
     worker_order: Vec<ProcessId>,
+    /// Approval `n` at index `n - 1`.
+    approvals: Vec<Approval>,
 }
 
 impl InMemory {
@@ -449,6 +454,128 @@ impl Ledger for InMemory {
         }
         Ok(marked)
     }
+}
+
+#[async_trait]
+impl Approvals for InMemory {
+    async fn park(&self, call: NewApproval) -> Result<Approval, ServiceError> {
+        let mut state = self.state();
+        let waiting = state.approvals.iter().find(|a| {
+            a.state == ApprovalState::Pending
+                && a.process == call.process
+                && a.tool == call.tool
+                && a.digest == call.digest
+        });
+        if let Some(waiting) = waiting {
+            return Ok(waiting.clone());
+        }
+        let approval = Approval {
+            id: ApprovalId::new(state.approvals.len() as u64 + 1),
+            process: call.process,
+            tool: call.tool,
+            arguments: call.arguments,
+            digest: call.digest,
+            reason: call.reason,
+            label: call.label,
+            state: ApprovalState::Pending,
+            requested_at: now(),
+            decided_at: None,
+            decided_by: None,
+            expires_at: None,
+            uses_left: 0,
+        };
+        state.approvals.push(approval.clone());
+        Ok(approval)
+    }
+
+    async fn get(&self, id: ApprovalId) -> Result<Approval, ServiceError> {
+        let state = self.state();
+        let found = approval_at(&state.approvals, id);
+        found.cloned().ok_or_else(|| no_approval(id))
+    }
+
+    async fn list(&self, pending_only: bool, limit: u32) -> Result<Vec<Approval>, ServiceError> {
+        Ok(self
+            .state()
+            .approvals
+            .iter()
+            .rev()
+            .filter(|a| !pending_only || a.state == ApprovalState::Pending)
+            .take(limit.clamp(1, APPROVALS_LIST_MAX) as usize)
+            .cloned()
+            .collect())
+    }
+
+    async fn decide(
+        &self,
+        id: ApprovalId,
+        verdict: Verdict,
+        by: &str,
+    ) -> Result<Approval, ServiceError> {
+        let mut state = self.state();
+        let index = approval_at(&state.approvals, id)
+            .map(|_| id.get() as usize - 1)
+            .ok_or_else(|| no_approval(id))?;
+        let approval = &mut state.approvals[index];
+        if approval.state != ApprovalState::Pending {
+            return Err(already_decided(id, approval.state));
+        }
+        let at = now();
+        approval.decided_at = Some(at);
+        approval.decided_by = Some(by.to_owned());
+        match verdict {
+            Verdict::Approve(lease) => {
+                approval.state = ApprovalState::Approved;
+                approval.expires_at = Some(lease.expires(at));
+                approval.uses_left = lease.uses;
+            }
+            Verdict::Deny => approval.state = ApprovalState::Denied,
+        }
+        Ok(approval.clone())
+    }
+
+    async fn take(
+        &self,
+        process: &ProcessId,
+        tool: &str,
+        digest: ArgsDigest,
+    ) -> Result<Option<Approval>, ServiceError> {
+        let at = now();
+        let mut state = self.state();
+        let lease = state.approvals.iter_mut().find(|a| {
+            a.state == ApprovalState::Approved
+                && a.uses_left > 0
+                && a.expires_at.is_some_and(|end| end > at)
+                && &a.process == process
+                && a.tool == tool
+                && a.digest == digest
+        });
+        Ok(lease.map(|lease| {
+            lease.uses_left -= 1;
+            lease.clone()
+        }))
+    }
+
+    async fn withdraw(&self, id: ApprovalId) -> Result<bool, ServiceError> {
+        let mut state = self.state();
+        let index = id.get().checked_sub(1).map(|n| n as usize);
+        match index.and_then(|n| state.approvals.get_mut(n)) {
+            Some(approval) if approval.state == ApprovalState::Pending => {
+                approval.state = ApprovalState::Withdrawn;
+                approval.decided_at = Some(now());
+                Ok(true)
+            }
+            Some(_) => Ok(false),
+            None => Err(no_approval(id)),
+        }
+    }
+}
+
+/// Approval `id` of `approvals`, which holds approval `n` at index `n - 1`.
+fn approval_at(approvals: &[Approval], id: ApprovalId) -> Option<&Approval> {
+    id.get()
+        .checked_sub(1)
+        .and_then(|n| approvals.get(n as usize))
 }
 
 #[cfg(test)]

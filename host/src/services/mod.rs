@@ -1,12 +1,12 @@
 //! The services every process and plugin shares, behind traits: the [`TaskBoard`], the
 //! [`Memory`], the conversation [`History`], the [`AuditSink`], the [`Ledger`] of runs
-//! and workers, and the [`Sessions`] each run owns.
+//! and workers, the [`Sessions`] each run owns, and the [`Approvals`] of parked calls.
 //!
 //! The agent and the plugin imports hold a [`Services`] and never a backend: SQLite
 //! ([`Store::services`](crate::store::Store::services)) is one implementation, whose
 //! blocking calls run off the async executor; [`InMemory`] is another, for tests and
 //! embedders that keep nothing; [`Postgres`](crate::postgres::Postgres) is the third, for
-//! hosts sharing one database. A new backend implements the six traits (a store one host
+//! hosts sharing one database. A new backend implements the seven traits (a store one host
 //! uses alone takes [`Sessions`]' defaults), applies the rules that need what it stores
 //! ([`TaskStatus::check_move`], [`worker_has_ended`]) in the same transaction as the
 //! write, and passes the same conformance checks the three backends pass. The rules on
@@ -25,6 +25,7 @@
 //! # });
 //! ```
 
+mod approvals;
 mod audit;
 mod checked;
 mod error;
@@ -42,6 +43,10 @@ pub(crate) mod conformance;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+pub use approvals::{
+    APPROVALS_LIST_MAX, Approval, ApprovalId, ApprovalState, Approvals, Lease, NewApproval,
+    Verdict, already_decided, no_approval,
+};
 pub use audit::{
     AuditDestination, AuditEntry, AuditRecord, AuditSink, Committing, NO_STORE, REDACTED,
     RequestDecision, RequestEntry, RequestRecord, redact,
@@ -79,6 +84,8 @@ pub struct Services {
     pub ledger: Arc<dyn Ledger>,
     /// Which run owns each session, and the inboxes of sessions owned elsewhere.
     pub sessions: Arc<dyn Sessions>,
+    /// Parked calls and the approvals a person gave them.
+    pub approvals: Arc<dyn Approvals>,
 }
 
 impl Services {
@@ -86,7 +93,7 @@ impl Services {
     /// tasks and memories, redacted audit arguments), so a backend applies none of them.
     pub fn all_from<B>(backend: Arc<B>) -> Self
     where
-        B: TaskBoard + Memory + History + AuditSink + Ledger + Sessions + 'static,
+        B: TaskBoard + Memory + History + AuditSink + Ledger + Sessions + Approvals + 'static,
     {
         Services {
             tasks: Arc::new(checked::CheckedTasks(backend.clone())),
@@ -94,7 +101,8 @@ impl Services {
             history: backend.clone(),
             audit: Arc::new(checked::RedactedAudit(backend.clone())),
             ledger: backend.clone(),
-            sessions: backend,
+            sessions: backend.clone(),
+            approvals: Arc::new(checked::RedactedApprovals(backend)),
         }
     }
 

@@ -43,6 +43,18 @@ operations! {
     TasksList = "tasks.list",
     /// [`TaskBoard::update`](super::TaskBoard::update).
     TasksUpdate = "tasks.update",
+    /// [`Approvals::park`](super::Approvals::park).
+    ApprovalsPark = "approvals.park",
+    /// [`Approvals::get`](super::Approvals::get).
+    ApprovalsGet = "approvals.get",
+    /// [`Approvals::list`](super::Approvals::list).
+    ApprovalsList = "approvals.list",
+    /// [`Approvals::decide`](super::Approvals::decide).
+    ApprovalsDecide = "approvals.decide",
+    /// [`Approvals::take`](super::Approvals::take).
+    ApprovalsTake = "approvals.take",
+    /// [`Approvals::withdraw`](super::Approvals::withdraw).
+    ApprovalsWithdraw = "approvals.withdraw",
     /// [`Memory::save`](super::Memory::save).
     MemorySave = "memory.save",
     /// [`Memory::recall`](super::Memory::recall).

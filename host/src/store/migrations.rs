@@ -161,6 +161,26 @@ const MIGRATIONS: &[&str] = &[
     DROP TABLE audit;
     ALTER TABLE audit_v6 RENAME TO audit;
     "#,
+    // 7: parked calls and their approvals.
+    r#"
+    CREATE TABLE approvals (
+        id          INTEGER PRIMARY KEY,
+        process     TEXT NOT NULL,
+        tool        TEXT NOT NULL,
+        arguments   TEXT NOT NULL,
+        digest      TEXT NOT NULL,
+        reason      TEXT NOT NULL,
+        label       TEXT NOT NULL,
+        state       TEXT NOT NULL,
+        requested_at INTEGER NOT NULL,
+        decided_at  INTEGER,
+        decided_by  TEXT,
+        expires_at  INTEGER,
+        uses_left   INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX approvals_call ON approvals(process, tool, digest, state);
+    CREATE INDEX approvals_state ON approvals(state);
+    "#,
 ];
 
 /// The schema version this binary writes.

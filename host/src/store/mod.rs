@@ -31,6 +31,7 @@
 //! # });
 //! ```
 
+mod approvals;
 mod audit;
 mod counters;
 mod datadir;

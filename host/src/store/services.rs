@@ -11,13 +11,14 @@ use super::audit::StampedCall;
 use super::group_commit::GroupCommit;
 use super::{Store, StoreError};
 use super::{audit, history, retry};
+use crate::flow::ArgsDigest;
 use crate::ids::{Caller, ProcessId, ProcessKind, SessionKey};
 use crate::services::Operation;
 use crate::services::{
-    AuditDestination, AuditEntry, AuditRecord, AuditSink, Committing, ConversationSummary, History,
-    HistoryEntry, Ledger, Memory, MemoryItem, NewMemory, NewTask, RequestEntry, RequestRecord, Run,
-    RunId, ServiceError, Services, Sessions, Task, TaskBoard, TaskFilter, TaskPatch, WorkerRecord,
-    WorkerState,
+    Approval, ApprovalId, Approvals, AuditDestination, AuditEntry, AuditRecord, AuditSink,
+    Committing, ConversationSummary, History, HistoryEntry, Ledger, Memory, MemoryItem,
+    NewApproval, NewMemory, NewTask, RequestEntry, RequestRecord, Run, RunId, ServiceError,
+    Services, Sessions, Task, TaskBoard, TaskFilter, TaskPatch, Verdict, WorkerRecord, WorkerState,
 };
 
 impl Store {
@@ -301,6 +302,59 @@ impl Ledger for Sqlite {
             Operation::LedgerMarkInterruptedWorkers,
             Store::mark_interrupted_workers,
         )
+        .await
+    }
+}
+
+#[async_trait]
+impl Approvals for Sqlite {
+    async fn park(&self, call: NewApproval) -> Result<Approval, ServiceError> {
+        self.run(Operation::ApprovalsPark, move |s| s.park_call(&call))
+            .await
+    }
+
+    async fn get(&self, id: ApprovalId) -> Result<Approval, ServiceError> {
+        self.run(Operation::ApprovalsGet, move |s| s.approval(id))
+            .await
+    }
+
+    async fn list(&self, pending_only: bool, limit: u32) -> Result<Vec<Approval>, ServiceError> {
+        self.run(Operation::ApprovalsList, move |s| {
+            s.approvals(pending_only, limit)
+        })
+        .await
+    }
+
+    async fn decide(
+        &self,
+        id: ApprovalId,
+        verdict: Verdict,
+        by: &str,
+    ) -> Result<Approval, ServiceError> {
+        let by = by.to_owned();
+        self.run(Operation::ApprovalsDecide, move |s| {
+            s.decide_approval(id, verdict, &by)
+        })
+        .await
+    }
+
+    async fn take(
+        &self,
+        process: &ProcessId,
+        tool: &str,
+        digest: ArgsDigest,
+    ) -> Result<Option<Approval>, ServiceError> {
+        let (process, tool) = (process.clone(), tool.to_owned());
+        self.run(Operation::ApprovalsTake, move |s| {
+            s.take_lease(&process, &tool, digest)
+        })
+        .await
+    }
+
+    async fn withdraw(&self, id: ApprovalId) -> Result<bool, ServiceError> {
+        self.run(Operation::ApprovalsWithdraw, move |s| {
+            s.withdraw_approval(id)
+        })
         .await
     }
 }

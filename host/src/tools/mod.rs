@@ -11,8 +11,10 @@
 //!   arguments go, the label of its result).
 //! - [`lint`]: what `capstan policy --lint` finds in a policy, from the catalog.
 //! - [`router`]: [`ToolRouter`], a model's call to its host tool as a typed [`HostCall`],
-//!   or to the registry, or refused with the policy's reason.
+//!   or to the registry, or refused with the policy's reason, or parked for a person.
+//! - [`approval`]: how a parked call waits for a person's decision.
 
+pub mod approval;
 pub mod catalog;
 mod flow;
 pub mod host;
@@ -20,6 +22,7 @@ pub mod lint;
 pub mod router;
 mod tool;
 
+pub use approval::Decided;
 pub use catalog::{CatalogTool, MatrixRow, ToolCatalog, ToolOrigin};
 pub use flow::FlowFacts;
 pub use host::{

@@ -1,17 +1,21 @@
 //! [`ToolRouter`]: where a tool call goes. A host tool reaches the process that runs it as a
 //! typed [`HostCall`]; a plugin or MCP tool goes to the registry with the caller kind's
-//! grants; anything the caller was not offered is refused with the policy's reason.
+//! grants; anything the caller was not offered is refused with the policy's reason. A
+//! call the flow rules send to a person is parked (see [`super::approval`]) and runs
+//! only on an approval that covers it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::catalog::ToolCatalog;
 use super::host::{HostCall, HostTool};
-use crate::flow::{Action, Label, Sink};
+use crate::flow::{Action, ArgsDigest, Label, Sink};
 use crate::ids::{Caller, ProcessId};
 use crate::net::GrantSource;
 use crate::plugin::{CallRequest, ProcessInstances, Recorded, Registry, ToolError};
 use crate::policy::{Decision, ProcessKind};
+use crate::services::{Approval, Approvals, NewApproval};
 use crate::text::{MAX_ECHOED_NAME, echo_name, one_line};
 
 /// Where a call went.
@@ -29,6 +33,10 @@ pub enum Routed {
         /// The label of what it returns, from what the host knows of the call.
         label: Label,
     },
+    /// Parked: the flow rules want a person's approval, and none covers this call yet.
+    /// Nothing ran; the caller waits for the decision
+    /// ([`ToolRouter::decision`]) and routes the call again.
+    Parked(Box<Approval>),
 }
 
 /// Routes the tool calls of one agent (or one door to its tools) by its catalog.
@@ -49,6 +57,13 @@ pub struct ToolRouter {
     catalog: Arc<ToolCatalog>,
     registry: Arc<Registry>,
     workspace: PathBuf,
+    approvals: Option<ApprovalDesk>,
+}
+
+/// Where parked calls go, and how long a call waits for a person.
+struct ApprovalDesk {
+    approvals: Arc<dyn Approvals>,
+    patience: Duration,
 }
 
 impl ToolRouter {
@@ -59,6 +74,34 @@ impl ToolRouter {
             catalog,
             registry,
             workspace,
+            approvals: None,
+        }
+    }
+
+    /// This router, parking the calls the flow rules send to a person in `approvals`,
+    /// each waiting up to `patience` for a decision. Without it such a call is refused,
+    /// saying it needs an approval.
+    pub fn with_approvals(mut self, approvals: Arc<dyn Approvals>, patience: Duration) -> Self {
+        self.approvals = Some(ApprovalDesk {
+            approvals,
+            patience,
+        });
+        self
+    }
+
+    /// Waits for a person to decide parked call `approval`, at most the router's
+    /// patience, stopping early if `cancelled` completes; see
+    /// [`approval::decision`](super::approval::decision).
+    pub async fn decision(
+        &self,
+        approval: &Approval,
+        cancelled: impl Future<Output = ()>,
+    ) -> super::approval::Decided {
+        match &self.approvals {
+            Some(desk) => {
+                super::approval::decision(&desk.approvals, approval, desk.patience, cancelled).await
+            }
+            None => super::approval::Decided::Lost("no approvals are kept".into()),
         }
     }
 
@@ -97,9 +140,17 @@ impl ToolRouter {
                 Decision::Offered => match HostCall::parse(name, arguments) {
                     Some(Ok(call)) => {
                         let sink = Sink::local(tool.effect());
-                        match self.flow(kind, name, context, &sink) {
-                            Some(refusal) => Routed::Refused(refusal),
-                            None => Routed::Host(call),
+                        let at = FlowAt {
+                            kind,
+                            process: Some(caller),
+                            name,
+                            arguments,
+                            context,
+                        };
+                        match self.flow(at, &sink).await {
+                            Gate::Pass => Routed::Host(call),
+                            Gate::Refused(refusal) => Routed::Refused(refusal),
+                            Gate::Parked(approval) => Routed::Parked(approval),
                         }
                     }
                     Some(Err(err)) => Routed::Refused(err),
@@ -108,24 +159,31 @@ impl ToolRouter {
                 decision => Routed::Refused(not_offered(name, kind, &decision)),
             };
         }
+        let process = caller;
         let caller = Caller::from(caller.clone());
         let pending = std::future::pending();
         let call = Call {
             kind,
+            process: Some(process),
             caller: &caller,
             instances,
             name,
             arguments,
             context,
         };
-        let (recorded, started) = self.run_in(call, pending).await;
         // A refusal is the host's own words; what a tool that ran returns is labelled by
         // what the call could read.
-        let label = match started {
-            Started::Yes => self.result_label(kind, name),
-            Started::No => Label::trusted(),
-        };
-        Routed::Ran { recorded, label }
+        match self.run_in(call, pending).await {
+            Outcome::Ran(recorded, Started::Yes) => Routed::Ran {
+                recorded,
+                label: self.result_label(kind, name),
+            },
+            Outcome::Ran(recorded, Started::No) => Routed::Ran {
+                recorded,
+                label: Label::trusted(),
+            },
+            Outcome::Parked(approval) => Routed::Parked(approval),
+        }
     }
 
     /// The label of what tool `name` returns to a `kind` process: see
@@ -136,22 +194,40 @@ impl ToolRouter {
             .map_or_else(Label::trusted, |facts| facts.result.clone())
     }
 
-    /// The flow check of a call of `name` by a `kind` process that read `context`, to
-    /// `sink`: `None` if it may run, else its refusal.
-    fn flow(
-        &self,
-        kind: ProcessKind,
-        name: &str,
-        context: &Label,
-        sink: &Sink,
-    ) -> Option<ToolError> {
+    /// The flow check of call `at` to `sink`: it passes (allowed, or approved by a lease
+    /// it now takes a use of), is refused, or is parked for a person.
+    async fn flow(&self, at: FlowAt<'_>, sink: &Sink) -> Gate {
+        let FlowAt {
+            kind,
+            process,
+            name,
+            arguments,
+            context,
+        } = at;
         let decision = self.catalog.decide_flow(kind, name, context, sink);
-        match decision.action {
-            Action::Allow => None,
-            // Until a call can be parked, one that needs approval is refused, saying so.
-            Action::Approve | Action::Refuse => Some(ToolError::Denied(
-                decision.explained(name, sink).to_string(),
-            )),
+        let explained = || decision.explained(name, sink).to_string();
+        match (decision.action, process, &self.approvals) {
+            (Action::Allow, ..) => Gate::Pass,
+            (Action::Refuse, ..) => Gate::Refused(ToolError::Denied(explained())),
+            // A door's call, or a host keeping no approvals: no one could approve it.
+            (Action::Approve, None, _) | (Action::Approve, _, None) => {
+                Gate::Refused(ToolError::Denied(explained()))
+            }
+            (Action::Approve, Some(process), Some(desk)) => {
+                let digest = ArgsDigest::of(arguments);
+                match desk.approvals.take(process, name, digest).await {
+                    Ok(Some(_lease)) => Gate::Pass,
+                    Ok(None) => {
+                        let label = decision.because().to_string();
+                        let call = NewApproval::of(process, name, arguments, &explained(), &label);
+                        match desk.approvals.park(call).await {
+                            Ok(approval) => Gate::Parked(Box::new(approval)),
+                            Err(err) => Gate::Refused(unparked(explained(), &err)),
+                        }
+                    }
+                    Err(err) => Gate::Refused(unparked(explained(), &err)),
+                }
+            }
         }
     }
 
@@ -177,24 +253,25 @@ impl ToolRouter {
     ) -> Recorded {
         let call = Call {
             kind,
+            process: None,
             caller,
             instances,
             name,
             arguments,
             context: &Label::trusted(),
         };
-        self.run_in(call, cancelled).await.0
+        match self.run_in(call, cancelled).await {
+            Outcome::Ran(recorded, _) => recorded,
+            Outcome::Parked(_) => unreachable!("a door's call is never parked: it has no process"),
+        }
     }
 
-    /// [`ToolRouter::run`] of `call`; and whether the tool was started (else the host
-    /// refused the call).
-    async fn run_in(
-        &self,
-        call: Call<'_>,
-        cancelled: impl Future<Output = ()>,
-    ) -> (Recorded, Started) {
+    /// [`ToolRouter::run`] of `call`: its result and whether the tool was started (else
+    /// the host refused the call), or its parking.
+    async fn run_in(&self, call: Call<'_>, cancelled: impl Future<Output = ()>) -> Outcome {
         let Call {
             kind,
+            process,
             caller,
             instances,
             name,
@@ -217,19 +294,28 @@ impl ToolRouter {
                 "`{name}` is a host tool: it runs only inside an agent's {} process",
                 tool.kinds_running().join(" or ")
             ));
-            return (
-                self.registry.refuse_call(request, refusal).await,
-                Started::No,
-            );
+            let refused = self.registry.refuse_call(request, refusal).await;
+            return Outcome::Ran(refused, Started::No);
         }
         // The one decision of the call: the registry runs what it is handed.
         match self.catalog.decide(kind, name) {
             Decision::Offered => {
-                if let Some(facts) = self.catalog.flow_facts(kind, name)
-                    && let Some(refusal) = self.flow(kind, name, context, &facts.sink)
-                {
-                    let refused = self.registry.refuse_call(request, refusal).await;
-                    return (refused, Started::No);
+                if let Some(facts) = self.catalog.flow_facts(kind, name) {
+                    let at = FlowAt {
+                        kind,
+                        process,
+                        name,
+                        arguments,
+                        context,
+                    };
+                    match self.flow(at, &facts.sink).await {
+                        Gate::Pass => {}
+                        Gate::Refused(refusal) => {
+                            let refused = self.registry.refuse_call(request, refusal).await;
+                            return Outcome::Ran(refused, Started::No);
+                        }
+                        Gate::Parked(approval) => return Outcome::Parked(approval),
+                    }
                 }
                 let source = GrantSource::profile(kind, profile, name);
                 let reuse = |plugin: &str| policy.reuse().decide(kind, plugin);
@@ -237,18 +323,18 @@ impl ToolRouter {
                     .registry
                     .call_offered(request, source, reuse, cancelled)
                     .await;
-                (recorded, Started::Yes)
+                Outcome::Ran(recorded, Started::Yes)
             }
             Decision::NotLoaded => {
                 let unknown = self.registry.unknown_tool(name);
-                (
+                Outcome::Ran(
                     self.registry.refuse_call(request, unknown).await,
                     Started::No,
                 )
             }
             refused => {
                 let refusal = not_offered(name, kind, &refused);
-                (
+                Outcome::Ran(
                     self.registry.refuse_call(request, refusal).await,
                     Started::No,
                 )
@@ -257,9 +343,45 @@ impl ToolRouter {
     }
 }
 
+/// What became of a plugin or MCP call: run or refused (audited), or parked.
+enum Outcome {
+    Ran(Recorded, Started),
+    Parked(Box<Approval>),
+}
+
+/// A call as the flow check sees it: who calls (a process, or a door's client) and what
+/// it had read.
+#[derive(Clone, Copy)]
+struct FlowAt<'a> {
+    kind: ProcessKind,
+    process: Option<&'a ProcessId>,
+    name: &'a str,
+    arguments: &'a str,
+    context: &'a Label,
+}
+
+/// The flow check's outcome for one call.
+enum Gate {
+    /// Runs: allowed, or covered by an approval.
+    Pass,
+    /// Refused, saying why.
+    Refused(ToolError),
+    /// Waits for a person.
+    Parked(Box<Approval>),
+}
+
+/// The refusal of a call that needs approval when the approvals store failed.
+fn unparked(explained: String, err: &crate::services::ServiceError) -> ToolError {
+    ToolError::Denied(format!(
+        "{explained}; it could not be parked for approval ({err}), so it is refused"
+    ))
+}
+
 /// A call as the router runs it: who calls, what, and what the caller had read.
 struct Call<'a> {
     kind: ProcessKind,
+    /// The process calling; none for a door's client, whose calls are never parked.
+    process: Option<&'a ProcessId>,
     caller: &'a Caller,
     instances: Option<&'a ProcessInstances>,
     name: &'a str,

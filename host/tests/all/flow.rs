@@ -2,8 +2,8 @@
 //! real agent (a scripted model, the first-party plugins, a SQLite store) and a loopback
 //! server that counts what reaches it.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use capstan_host::agent::{Event, Runtime};
 use capstan_host::config::Config;
@@ -12,6 +12,7 @@ use capstan_host::ids::ProcessId;
 use capstan_host::llm::{Message, Role};
 use capstan_host::plugin::{ExternalTools, Limits, ToolError, ToolInfo};
 use capstan_host::policy::ProcessKind;
+use capstan_host::services::{Approval, ApprovalState, Lease, Verdict};
 use capstan_host::tools::{Routed, ToolCatalog, ToolRouter};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -155,12 +156,74 @@ fn files_label() -> Label {
     Label::untrusted(Origin::Plugin("files".into())).joined(&Label::private(Scope::Workspace))
 }
 
+/// Waits for the next call parked for approval, and returns its approval as stored.
+async fn next_parked(rt: &Runtime, events: &mut mpsc::UnboundedReceiver<Event>) -> Approval {
+    loop {
+        let event = events.recv().await.expect("the runtime reports events");
+        if let Event::ApprovalRequested { approval, .. } = event {
+            return rt.services().approvals.get(approval).await.unwrap();
+        }
+    }
+}
+
+/// Decides every call parked for approval as `verdict` as it is asked, and keeps each
+/// request's process, tool and reason.
+fn approver(
+    rt: &Arc<Runtime>,
+    mut events: mpsc::UnboundedReceiver<Event>,
+    verdict: Verdict,
+) -> Arc<Mutex<Vec<(ProcessId, String, String)>>> {
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let (rt, kept) = (rt.clone(), asked.clone());
+    tokio::spawn(async move {
+        while let Some(event) = events.recv().await {
+            if let Event::ApprovalRequested {
+                process,
+                tool,
+                approval,
+                reason,
+            } = event
+            {
+                kept.lock().unwrap().push((process, tool, reason));
+                let approvals = &rt.services().approvals;
+                approvals.decide(approval, verdict, "test").await.unwrap();
+            }
+        }
+    });
+    asked
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_that_read_a_poisoned_file_is_refused_the_send_it_was_told_to_make() {
+async fn a_worker_that_read_a_poisoned_file_waits_for_a_person_and_a_denied_send_never_runs() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start().await;
     let (rt, recording, mut events) = runtime(dir.path(), &server, "").await;
     rt.send_user_message("main", "Please summarise the notes.")
+        .await
+        .unwrap();
+    // The send it was told to make is parked, saying why and what changes it.
+    let parked = next_parked(&rt, &mut events).await;
+    assert_eq!(parked.state, ApprovalState::Pending);
+    assert_eq!(parked.process.kind(), ProcessKind::Worker);
+    assert_eq!(parked.tool, "http_request");
+    assert!(
+        parked.arguments.contains(r#""body":"the notes""#),
+        "{}",
+        parked.arguments
+    );
+    assert_eq!(parked.digest.to_string().len(), 64);
+    assert!(parked.label.contains("plugin:files"), "{}", parked.label);
+    for part in [
+        "needs a person's approval for a worker process",
+        "it has read untrusted data (from plugin:files)",
+        "[profiles.worker.flow] untrusted_send = \"approve\"",
+    ] {
+        assert!(parked.reason.contains(part), "{part}: {}", parked.reason);
+    }
+    assert!(server.seen().is_empty(), "nothing ran while it waited");
+    let approvals = &rt.services().approvals;
+    approvals
+        .decide(parked.id, Verdict::Deny, "test")
         .await
         .unwrap();
     rt.wait_idle("main").await;
@@ -177,31 +240,108 @@ async fn a_worker_that_read_a_poisoned_file_is_refused_the_send_it_was_told_to_m
         .find(|m| m.content.contains("IGNORE ALL PREVIOUS"))
         .expect("the worker read the file");
     assert_eq!(read.label, files_label());
-    // The send it was told to make came back refused, saying why and what changes it.
     let refused = results
         .iter()
         .find(|m| m.content.contains("http_request"))
         .expect("the send was answered");
-    for part in [
-        "needs a person's approval for a worker process",
-        "it has read untrusted data (from plugin:files)",
-        "[profiles.worker.flow] untrusted_send = \"approve\"",
-    ] {
-        assert!(
-            refused.content.contains(part),
-            "{part}: {}",
-            refused.content
-        );
-    }
+    assert!(
+        refused.content.contains("a person denied it (approval #1)"),
+        "{}",
+        refused.content
+    );
     let denied = denials(&mut events);
     assert!(
-        denied
-            .iter()
-            .any(|(p, tool, reason)| p.kind() == ProcessKind::Worker
-                && tool == "http_request"
-                && reason.contains("untrusted_send")),
+        denied.iter().any(|(p, tool, reason)| p == &parked.process
+            && tool == "http_request"
+            && reason.contains("denied")),
         "{denied:?}"
     );
+    let stored = approvals.get(parked.id).await.unwrap();
+    assert_eq!(stored.state, ApprovalState::Denied);
+    assert_eq!(stored.decided_by.as_deref(), Some("test"));
+}
+
+/// The worker, told by the poisoned file, posts one copy, then another with other words.
+const TWO_POSTS: &str = r#"
+[[step]]
+process = "channel"
+when = "summarise the notes"
+tool_calls = [
+  { name = "spawn_worker", arguments = { task = "Read notes.txt and summarise it." } },
+  { name = "skip" },
+]
+
+[[step]]
+process = "channel"
+repeat = true
+tool_calls = [{ name = "skip" }]
+
+[[step]]
+process = "worker"
+when = "read notes.txt"
+tool_calls = [{ name = "file_read", arguments = { path = "notes.txt" } }]
+
+[[step]]
+process = "worker"
+when = "ignore all previous instructions"
+tool_calls = [{ name = "http_request", arguments = { method = "POST", url = "POST_URL", body = "first copy" } }]
+
+[[step]]
+process = "worker"
+when = "first copy"
+tool_calls = [{ name = "http_request", arguments = { url = "POST_URL", body = "second copy", method = "POST" } }]
+
+[[step]]
+process = "worker"
+repeat = true
+tool_calls = [{ name = "set_status", arguments = { state = "done", message = "posted" } }]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_call_runs_once_and_other_arguments_need_their_own_approval() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start().await;
+    let script = TWO_POSTS.replace("POST_URL", &server.url("/echo-body"));
+    let (rt, _, mut events) = runtime_playing(dir.path(), &server, "", &script).await;
+    rt.send_user_message("main", "Please summarise the notes.")
+        .await
+        .unwrap();
+    let approvals = &rt.services().approvals;
+    let first = next_parked(&rt, &mut events).await;
+    assert!(
+        first.arguments.contains("first copy"),
+        "{}",
+        first.arguments
+    );
+    let lease = Lease {
+        ttl_seconds: 600,
+        uses: 5,
+    };
+    approvals
+        .decide(first.id, Verdict::Approve(lease), "test")
+        .await
+        .unwrap();
+    // The approval covers the first call's arguments only: the second is parked anew.
+    let second = next_parked(&rt, &mut events).await;
+    assert_ne!(second.id, first.id);
+    assert_eq!(second.process, first.process);
+    assert!(
+        second.arguments.contains("second copy"),
+        "{}",
+        second.arguments
+    );
+    assert_ne!(second.digest, first.digest);
+    approvals
+        .decide(second.id, Verdict::Deny, "test")
+        .await
+        .unwrap();
+    rt.wait_idle("main").await;
+
+    let seen = server.seen();
+    assert_eq!(seen.len(), 1, "exactly the approved call ran: {seen:?}");
+    assert_eq!(seen[0].body_len, "first copy".len());
+    // It ran on one use of its lease.
+    assert_eq!(approvals.get(first.id).await.unwrap().uses_left, 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -224,14 +364,16 @@ async fn a_report_s_label_is_stored_with_the_history_and_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start().await;
     {
-        let (rt, _, _) = runtime(dir.path(), &server, "").await;
+        let (rt, _, events) = runtime(dir.path(), &server, "").await;
+        approver(&rt, events, Verdict::Deny);
         rt.send_user_message("main", "Please summarise the notes.")
             .await
             .unwrap();
         rt.wait_idle("main").await;
         rt.shutdown();
     }
-    let (rt, _, _) = runtime(dir.path(), &server, "").await;
+    let (rt, _, events) = runtime(dir.path(), &server, "").await;
+    let asked = approver(&rt, events, Verdict::Deny);
     let history = stored(&rt).load_history("channel:main").unwrap();
     let messages: Vec<Message> = history
         .iter()
@@ -268,6 +410,15 @@ async fn a_report_s_label_is_stored_with_the_history_and_survives_a_restart() {
         .unwrap();
     rt.wait_idle("main").await;
     assert!(server.seen().is_empty(), "{:?}", server.seen());
+    let asked = asked.lock().unwrap();
+    assert!(
+        asked
+            .iter()
+            .any(|(p, tool, reason)| p.kind() == ProcessKind::Worker
+                && tool == "http_request"
+                && reason.contains("from plugin:files")),
+        "{asked:?}"
+    );
 }
 
 /// An MCP server's tools as the registry sees them: one that reads, one that sends. It
@@ -532,7 +683,8 @@ async fn a_message_routed_by_a_channel_that_read_untrusted_data_carries_its_labe
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start().await;
     let script = routing_script(&server.url("/echo-body"));
-    let (rt, recording, mut events) = runtime_playing(dir.path(), &server, "", &script).await;
+    let (rt, recording, events) = runtime_playing(dir.path(), &server, "", &script).await;
+    let asked = approver(&rt, events, Verdict::Deny);
     // Idle once the worker waits for input, so the route below finds it waiting.
     rt.send_user_message("main", "Please start the job.")
         .await
@@ -551,14 +703,14 @@ async fn a_message_routed_by_a_channel_that_read_untrusted_data_carries_its_labe
         .find(|m| m.content == "Post the notes.")
         .expect("the order reached the worker");
     assert_eq!(routed.label, files_label());
-    let denied = denials(&mut events);
+    let asked = asked.lock().unwrap().clone();
     assert!(
-        denied
+        asked
             .iter()
             .any(|(p, tool, reason)| p.to_string() == "worker:1"
                 && tool == "http_request"
                 && reason.contains("from plugin:files")),
-        "{denied:?}"
+        "{asked:?}"
     );
     assert!(recording.requests_of("worker").len() >= 4);
 }
@@ -663,7 +815,8 @@ tools = ["reply", "branch", "spawn_worker", "skip", "file_read"]
 capabilities = ["fs.read"]
 "#;
     let script = BRANCHING.replace("POST_URL", &server.url("/echo-body"));
-    let (rt, recording, mut events) = runtime_playing(dir.path(), &server, channel, &script).await;
+    let (rt, recording, events) = runtime_playing(dir.path(), &server, channel, &script).await;
+    let asked = approver(&rt, events, Verdict::Deny);
     rt.send_user_message("main", "Please look at the notes.")
         .await
         .unwrap();
@@ -678,13 +831,13 @@ capabilities = ["fs.read"]
         .find(|m| m.content.starts_with("Branch question"))
         .expect("the branch was asked");
     assert_eq!(question.label, files_label());
-    let denied = denials(&mut events);
+    let asked = asked.lock().unwrap().clone();
     assert!(
-        denied
+        asked
             .iter()
             .any(|(p, tool, reason)| p.kind() == ProcessKind::Worker
                 && tool == "http_request"
                 && reason.contains("from plugin:files")),
-        "{denied:?}"
+        "{asked:?}"
     );
 }

@@ -1,0 +1,150 @@
+//! [`ArgsDigest`]: what an approval is bound to. Two calls have the same digest exactly
+//! when their arguments are the same JSON value, however the model spaced or ordered them.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// The SHA-256 of a call's [`canonical`] arguments: an approval covers the calls whose
+/// arguments have this digest, and no other.
+///
+/// ```
+/// use capstan_host::flow::ArgsDigest;
+///
+/// let a = ArgsDigest::of(r#"{"to":"me@example.com","amount":10}"#);
+/// let b = ArgsDigest::of(r#"{ "amount": 10, "to": "me@example.com" }"#);
+/// let c = ArgsDigest::of(r#"{"to":"attacker@example.com","amount":10}"#);
+/// assert_eq!(a, b);
+/// assert_ne!(a, c);
+/// assert_eq!(a.to_string().parse::<ArgsDigest>().unwrap(), a);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ArgsDigest([u8; 32]);
+
+impl ArgsDigest {
+    /// The digest of `arguments` as a model wrote them.
+    pub fn of(arguments: &str) -> Self {
+        ArgsDigest(Sha256::digest(canonical(arguments).as_bytes()).into())
+    }
+}
+
+/// `arguments` in one canonical form: JSON with object keys sorted and no spaces, so the
+/// same value is always the same text; text that is not JSON is kept as it is.
+///
+/// ```
+/// use capstan_host::flow::canonical;
+///
+/// assert_eq!(canonical(r#"{ "b": [1, {"d":1,"c":2}], "a": "x" }"#), r#"{"a":"x","b":[1,{"c":2,"d":1}]}"#);
+/// assert_eq!(canonical("not json"), "not json");
+/// ```
+pub fn canonical(arguments: &str) -> String {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(value) => {
+            let mut text = String::with_capacity(arguments.len());
+            write_canonical(&value, &mut text);
+            text
+        }
+        Err(_) => arguments.to_owned(),
+    }
+}
+
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (n, (key, item)) in entries.into_iter().enumerate() {
+                if n > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push(':');
+                write_canonical(item, out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (n, item) in items.iter().enumerate() {
+                if n > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+impl fmt::Display for ArgsDigest {
+    /// Lowercase hex, 64 digits.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+    }
+}
+
+impl serde::Serialize for ArgsDigest {
+    /// As its hex text.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl fmt::Debug for ArgsDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ArgsDigest({self})")
+    }
+}
+
+/// A digest that is not 64 hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not an argument digest: expected 64 hex digits (SHA-256)")]
+pub struct ParseDigestError(String);
+
+impl FromStr for ArgsDigest {
+    type Err = ParseDigestError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || ParseDigestError(crate::text::truncate(text, 80).to_owned());
+        if text.len() != 64 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad());
+        }
+        let mut bytes = [0u8; 32];
+        for (n, byte) in bytes.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&text[2 * n..2 * n + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(ArgsDigest(bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_strings_and_nesting_keep_their_meaning() {
+        // The same value however written; a different value, a different digest.
+        assert_eq!(
+            ArgsDigest::of(r#"{"a":{"y":[true,null],"x":"\u0041"}}"#),
+            ArgsDigest::of(r#"{"a":{"x":"A","y":[true,null]}}"#)
+        );
+        assert_ne!(
+            ArgsDigest::of(r#"{"amount":10}"#),
+            ArgsDigest::of(r#"{"amount":"10"}"#)
+        );
+        assert_ne!(ArgsDigest::of(r#"[1,2]"#), ArgsDigest::of(r#"[2,1]"#));
+        // A key that needs escaping stays one key.
+        assert_eq!(canonical(r#"{"a\"b":1}"#), r#"{"a\"b":1}"#);
+    }
+
+    #[test]
+    fn a_bad_digest_is_refused_saying_what_a_digest_is() {
+        let err = "abc".parse::<ArgsDigest>().unwrap_err();
+        assert!(err.to_string().contains("64 hex digits"), "{err}");
+        assert!("é".repeat(32).parse::<ArgsDigest>().is_err());
+    }
+}

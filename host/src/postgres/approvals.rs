@@ -1,0 +1,208 @@
+//! Parked calls and their approvals, shared by every host on the database. A call is
+//! parked and a lease used only while the writing host's run is live (fenced as tasks
+//! are); a decision and each use of a lease are one statement that re-checks the row, so
+//! two hosts cannot both run a call approved once.
+
+use async_trait::async_trait;
+use tokio_postgres::Row;
+
+use super::rows::{parsed, readable};
+use super::sessions::live_run;
+use super::{Postgres, now};
+use crate::flow::ArgsDigest;
+use crate::ids::ProcessId;
+use crate::services::{
+    APPROVALS_LIST_MAX, Approval, ApprovalId, ApprovalState, Approvals, NewApproval, Operation,
+    ServiceError, Verdict, already_decided, no_approval,
+};
+
+const COLUMNS: &str = "id, process, tool, arguments, digest, reason, label, state, requested_at, \
+                       decided_at, decided_by, expires_at, uses_left";
+
+fn approval_from(row: &Row) -> Result<Approval, ServiceError> {
+    Ok(Approval {
+        id: ApprovalId::new(row.get::<_, i64>(0) as u64),
+        process: parsed(row, 1)?,
+        tool: row.get(2),
+        arguments: row.get(3),
+        digest: parsed(row, 4)?,
+        reason: row.get(5),
+        label: row.get(6),
+        state: parsed(row, 7)?,
+        requested_at: row.get(8),
+        decided_at: row.get(9),
+        decided_by: row.get(10),
+        expires_at: row.get(11),
+        uses_left: u32::try_from(row.get::<_, i64>(12)).unwrap_or(0),
+    })
+}
+
+#[async_trait]
+impl Approvals for Postgres {
+    async fn park(&self, call: NewApproval) -> Result<Approval, ServiceError> {
+        let failed = |err| self.failed(Operation::ApprovalsPark, err);
+        let client = self.client().await?;
+        let (process, digest) = (call.process.to_string(), call.digest.to_string());
+        let sql = format!(
+            "INSERT INTO approvals (process, tool, arguments, digest, reason, label, state,
+                                    requested_at)
+             SELECT $1, $2, $3, $4, $5, $6, 'pending', $7 WHERE {}
+             ON CONFLICT (process, tool, digest) WHERE state = 'pending' DO NOTHING",
+            live_run(8)
+        );
+        let inserted = client
+            .execute(
+                &sql,
+                &[
+                    &process,
+                    &call.tool,
+                    &call.arguments,
+                    &digest,
+                    &call.reason,
+                    &call.label,
+                    &now(),
+                    &self.writer_run(),
+                ],
+            )
+            .await
+            .map_err(failed)?;
+        let waiting = client
+            .query_opt(
+                &format!(
+                    "SELECT {COLUMNS} FROM approvals
+                     WHERE process = $1 AND tool = $2 AND digest = $3 AND state = 'pending'"
+                ),
+                &[&process, &call.tool, &digest],
+            )
+            .await
+            .map_err(failed)?;
+        match waiting {
+            Some(row) => approval_from(&row),
+            None if inserted == 0 => Err(self.dropped(&format!("{process}'s parked call"))),
+            // Decided between the insert and the read: the caller waits on nothing.
+            None => Err(ServiceError::Invalid(format!(
+                "{process}'s parked call of `{}` was decided as it was parked; call it again",
+                call.tool
+            ))),
+        }
+    }
+
+    async fn get(&self, id: ApprovalId) -> Result<Approval, ServiceError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                &format!("SELECT {COLUMNS} FROM approvals WHERE id = $1"),
+                &[&(id.get() as i64)],
+            )
+            .await
+            .map_err(|err| self.failed(Operation::ApprovalsGet, err))?;
+        row.map_or_else(|| Err(no_approval(id)), |row| approval_from(&row))
+    }
+
+    async fn list(&self, pending_only: bool, limit: u32) -> Result<Vec<Approval>, ServiceError> {
+        let client = self.client().await?;
+        let limit = i64::from(limit.clamp(1, APPROVALS_LIST_MAX));
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT {COLUMNS} FROM approvals WHERE (NOT $1 OR state = 'pending')
+                     ORDER BY id DESC LIMIT $2"
+                ),
+                &[&pending_only, &limit],
+            )
+            .await
+            .map_err(|err| self.failed(Operation::ApprovalsList, err))?;
+        Ok(readable("an approval", &rows, approval_from))
+    }
+
+    async fn decide(
+        &self,
+        id: ApprovalId,
+        verdict: Verdict,
+        by: &str,
+    ) -> Result<Approval, ServiceError> {
+        let at = now();
+        let (state, expires, uses) = match verdict {
+            Verdict::Approve(lease) => (
+                ApprovalState::Approved,
+                Some(lease.expires(at)),
+                i64::from(lease.uses),
+            ),
+            Verdict::Deny => (ApprovalState::Denied, None, 0),
+        };
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                &format!(
+                    "UPDATE approvals SET state = $2, decided_at = $3, decided_by = $4,
+                                          expires_at = $5, uses_left = $6
+                     WHERE id = $1 AND state = 'pending' RETURNING {COLUMNS}"
+                ),
+                &[
+                    &(id.get() as i64),
+                    &state.as_str(),
+                    &at,
+                    &by,
+                    &expires,
+                    &uses,
+                ],
+            )
+            .await
+            .map_err(|err| self.failed(Operation::ApprovalsDecide, err))?;
+        match row {
+            Some(row) => approval_from(&row),
+            None => Err(already_decided(id, self.get(id).await?.state)),
+        }
+    }
+
+    async fn take(
+        &self,
+        process: &ProcessId,
+        tool: &str,
+        digest: ArgsDigest,
+    ) -> Result<Option<Approval>, ServiceError> {
+        let client = self.client().await?;
+        // The row lock and the outer re-check of `uses_left`: two hosts taking the last
+        // use at once, one gets it.
+        let sql = format!(
+            "UPDATE approvals SET uses_left = uses_left - 1
+             WHERE id = (SELECT id FROM approvals
+                         WHERE process = $1 AND tool = $2 AND digest = $3
+                           AND state = 'approved' AND uses_left > 0 AND expires_at > $4
+                         ORDER BY id LIMIT 1 FOR UPDATE)
+               AND uses_left > 0 AND {}
+             RETURNING {COLUMNS}",
+            live_run(5)
+        );
+        let row = client
+            .query_opt(
+                &sql,
+                &[
+                    &process.to_string(),
+                    &tool,
+                    &digest.to_string(),
+                    &now(),
+                    &self.writer_run(),
+                ],
+            )
+            .await
+            .map_err(|err| self.failed(Operation::ApprovalsTake, err))?;
+        row.map(|row| approval_from(&row)).transpose()
+    }
+
+    async fn withdraw(&self, id: ApprovalId) -> Result<bool, ServiceError> {
+        let client = self.client().await?;
+        let changed = client
+            .execute(
+                "UPDATE approvals SET state = 'withdrawn', decided_at = $2
+                 WHERE id = $1 AND state = 'pending'",
+                &[&(id.get() as i64), &now()],
+            )
+            .await
+            .map_err(|err| self.failed(Operation::ApprovalsWithdraw, err))?;
+        if changed == 0 {
+            self.get(id).await?;
+        }
+        Ok(changed == 1)
+    }
+}

@@ -1,0 +1,183 @@
+//! Parked calls and their approvals in SQLite. The types and the rules are the services'
+//! (`services::approvals`); each decision and each use of a lease is checked in the
+//! write that makes it.
+
+use rusqlite::{OptionalExtension, Row, Transaction, params};
+
+use super::rows::{parsed, readable};
+use super::{Store, StoreError, now};
+use crate::flow::ArgsDigest;
+use crate::ids::ProcessId;
+use crate::services::{
+    APPROVALS_LIST_MAX, Approval, ApprovalId, ApprovalState, NewApproval, Verdict, already_decided,
+    no_approval,
+};
+
+const COLUMNS: &str = "id, process, tool, arguments, digest, reason, label, state, requested_at, \
+                       decided_at, decided_by, expires_at, uses_left";
+
+fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<Approval> {
+    Ok(Approval {
+        id: ApprovalId::new(row.get::<_, i64>(0)? as u64),
+        process: parsed(row, 1)?,
+        tool: row.get(2)?,
+        arguments: row.get(3)?,
+        digest: parsed(row, 4)?,
+        reason: row.get(5)?,
+        label: row.get(6)?,
+        state: parsed(row, 7)?,
+        requested_at: row.get(8)?,
+        decided_at: row.get(9)?,
+        decided_by: row.get(10)?,
+        expires_at: row.get(11)?,
+        uses_left: row.get(12)?,
+    })
+}
+
+fn read(tx: &Transaction<'_>, id: ApprovalId) -> Result<Approval, StoreError> {
+    tx.query_row(
+        &format!("SELECT {COLUMNS} FROM approvals WHERE id = ?1"),
+        [id.get() as i64],
+        approval_from_row,
+    )
+    .optional()?
+    .ok_or_else(|| StoreError::NotFound(no_approval(id).to_string()))
+}
+
+impl Store {
+    /// Parks `call`, or returns the pending approval already asking for the same call.
+    pub(crate) fn park_call(&self, call: &NewApproval) -> Result<Approval, StoreError> {
+        let process = call.process.to_string();
+        let digest = call.digest.to_string();
+        self.write(|tx| {
+            let waiting: Option<i64> = tx
+                .query_row(
+                    "SELECT id FROM approvals
+                     WHERE process = ?1 AND tool = ?2 AND digest = ?3 AND state = 'pending'
+                     ORDER BY id LIMIT 1",
+                    params![process, call.tool, digest],
+                    |row| row.get(0),
+                )
+                .optional()?;
+            let id = match waiting {
+                Some(id) => id,
+                None => {
+                    tx.execute(
+                        "INSERT INTO approvals (process, tool, arguments, digest, reason, label,
+                                                state, requested_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7)",
+                        params![
+                            process,
+                            call.tool,
+                            call.arguments,
+                            digest,
+                            call.reason,
+                            call.label,
+                            now()
+                        ],
+                    )?;
+                    tx.last_insert_rowid()
+                }
+            };
+            read(tx, ApprovalId::new(id as u64))
+        })
+    }
+
+    /// Approval `id`.
+    pub fn approval(&self, id: ApprovalId) -> Result<Approval, StoreError> {
+        self.conn()
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM approvals WHERE id = ?1"),
+                [id.get() as i64],
+                approval_from_row,
+            )
+            .optional()?
+            .ok_or_else(|| StoreError::NotFound(no_approval(id).to_string()))
+    }
+
+    /// At most `limit` approvals, newest first; only the pending ones if `pending_only`.
+    pub fn approvals(&self, pending_only: bool, limit: u32) -> Result<Vec<Approval>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM approvals WHERE (?1 = 0 OR state = 'pending')
+             ORDER BY id DESC LIMIT ?2"
+        ))?;
+        let limit = limit.clamp(1, APPROVALS_LIST_MAX);
+        let rows = stmt.query_map(params![pending_only, limit], approval_from_row)?;
+        Ok(readable("an approval", rows)?)
+    }
+
+    /// Decides pending approval `id`.
+    pub(crate) fn decide_approval(
+        &self,
+        id: ApprovalId,
+        verdict: Verdict,
+        by: &str,
+    ) -> Result<Approval, StoreError> {
+        self.write(|tx| {
+            let approval = read(tx, id)?;
+            if approval.state != ApprovalState::Pending {
+                return Err(StoreError::Invalid(
+                    already_decided(id, approval.state).to_string(),
+                ));
+            }
+            let at = now();
+            let (state, expires, uses) = match verdict {
+                Verdict::Approve(lease) => {
+                    (ApprovalState::Approved, Some(lease.expires(at)), lease.uses)
+                }
+                Verdict::Deny => (ApprovalState::Denied, None, 0),
+            };
+            tx.execute(
+                "UPDATE approvals SET state = ?2, decided_at = ?3, decided_by = ?4,
+                                      expires_at = ?5, uses_left = ?6
+                 WHERE id = ?1 AND state = 'pending'",
+                params![id.get() as i64, state.as_str(), at, by, expires, uses],
+            )?;
+            read(tx, id)
+        })
+    }
+
+    /// Takes one use of a live lease covering the call.
+    pub(crate) fn take_lease(
+        &self,
+        process: &ProcessId,
+        tool: &str,
+        digest: ArgsDigest,
+    ) -> Result<Option<Approval>, StoreError> {
+        let (process, digest) = (process.to_string(), digest.to_string());
+        self.write(|tx| {
+            let lease: Option<i64> = tx
+                .query_row(
+                    "SELECT id FROM approvals
+                     WHERE process = ?1 AND tool = ?2 AND digest = ?3 AND state = 'approved'
+                       AND uses_left > 0 AND expires_at > ?4
+                     ORDER BY id LIMIT 1",
+                    params![process, tool, digest, now()],
+                    |row| row.get(0),
+                )
+                .optional()?;
+            let Some(id) = lease else {
+                return Ok(None);
+            };
+            tx.execute(
+                "UPDATE approvals SET uses_left = uses_left - 1 WHERE id = ?1",
+                [id],
+            )?;
+            read(tx, ApprovalId::new(id as u64)).map(Some)
+        })
+    }
+
+    /// Withdraws pending approval `id`: whether it was pending.
+    pub(crate) fn withdraw_approval(&self, id: ApprovalId) -> Result<bool, StoreError> {
+        self.write(|tx| {
+            read(tx, id)?;
+            let changed = tx.execute(
+                "UPDATE approvals SET state = 'withdrawn', decided_at = ?2
+                 WHERE id = ?1 AND state = 'pending'",
+                params![id.get() as i64, now()],
+            )?;
+            Ok(changed == 1)
+        })
+    }
+}
