@@ -219,7 +219,11 @@ impl ToolRouter {
                     Ok(Some(_lease)) => Gate::Pass,
                     Ok(None) => {
                         let label = decision.because().to_string();
-                        let call = NewApproval::of(process, name, arguments, &explained(), &label);
+                        let mut call =
+                            NewApproval::of(process, name, arguments, &explained(), &label);
+                        // Kept at rest and shown to people: no configured secret's value.
+                        let secrets = self.registry.host().network().secrets().redactor();
+                        call.arguments = secrets.redact(&call.arguments).into_owned();
                         match desk.approvals.park(call).await {
                             Ok(approval) => Gate::Parked(Box::new(approval)),
                             Err(err) => Gate::Refused(unparked(explained(), &err)),

@@ -100,6 +100,8 @@ const QUOTED_SECRET: &str = r#"pass"word\0123456789"#;
 /// A running server and what a test needs to talk to it.
 struct Served {
     url: String,
+    /// The agent's services, to plant what a test walks.
+    services: capstan_host::services::Services,
     client: reqwest::Client,
     stop: Option<oneshot::Sender<()>>,
     done: Option<tokio::task::JoinHandle<()>>,
@@ -181,6 +183,7 @@ async fn serve_on(
         .build()
         .await
         .expect("the agent starts");
+    let services = agent.runtime.services().clone();
     let server = Server::bind(&settings, agent.runtime, agent.events)
         .await
         .expect("the server binds");
@@ -196,6 +199,7 @@ async fn serve_on(
     });
     Served {
         url,
+        services,
         client: reqwest::Client::new(),
         stop: Some(stop),
         done: Some(done),
@@ -725,7 +729,7 @@ async fn chat_completions_answer_after_the_tools_ran_streaming_or_not() {
 /// Every route of `capstan serve`, by the path it is declared with. Each is searched for
 /// secrets and tokens by `every_route_serves_no_secret_and_no_token` (here) and
 /// `tests/interop/test_one_way_out.py` (through real clients, every byte).
-const ROUTES: [&str; 21] = [
+const ROUTES: [&str; 25] = [
     "/v1/channels",
     "/v1/channels/{name}/history",
     "/v1/channels/{name}/messages",
@@ -735,6 +739,10 @@ const ROUTES: [&str; 21] = [
     "/v1/policy",
     "/v1/audit",
     "/v1/audit/requests",
+    "/v1/approvals",
+    "/v1/approvals/{id}",
+    "/v1/approvals/{id}/approve",
+    "/v1/approvals/{id}/deny",
     "/v1/plugins",
     "/v1/tools",
     "/v1/events",
@@ -859,8 +867,56 @@ async fn every_route_serves_no_secret_and_no_token() {
     }
     bytes.extend_from_slice(&stream);
     drop(events);
+    // A call parked for approval whose arguments and reason hold both values: listed,
+    // shown and decided, they leave redacted.
+    let worker =
+        capstan_host::ids::ProcessId::numbered(capstan_host::policy::ProcessKind::Worker, 9);
+    let arguments = json!({"url": "https://api.example.com/", "body": text}).to_string();
+    let reason = format!("because {token_value}");
+    let parked = capstan_host::services::NewApproval::of(
+        &worker,
+        "http_request",
+        &arguments,
+        &reason,
+        "secret(API_KEY)",
+    );
+    let parked = served.services.approvals.park(parked).await.unwrap();
+    let second = capstan_host::services::NewApproval::of(
+        &worker,
+        "http_request",
+        "{}",
+        &reason,
+        "secret(API_KEY)",
+    );
+    let second = served.services.approvals.park(second).await.unwrap();
+    for (path, body) in [
+        (
+            format!("/v1/approvals/{}/approve", parked.id.get()),
+            json!({"uses": 2}),
+        ),
+        (format!("/v1/approvals/{}/deny", second.id.get()), json!({})),
+    ] {
+        let response = client
+            .post(served.at(&path))
+            .json(&body)
+            .header("authorization", &auth)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        bytes.extend(headers(&response));
+        bytes.extend_from_slice(&response.bytes().await.unwrap());
+    }
     for route in ROUTES {
-        let path = route.replace("{name}", "main").replace("{kind}", "worker");
+        let path = route
+            .replace("{name}", "main")
+            .replace("{kind}", "worker")
+            .replace("{id}", &parked.id.get().to_string());
+        let path = if route.starts_with("/v1/approvals") && !route.contains('{') {
+            format!("{path}?all=true")
+        } else {
+            path
+        };
         let response = client
             .get(served.at(&path))
             .header("authorization", &auth)
@@ -872,6 +928,21 @@ async fn every_route_serves_no_secret_and_no_token() {
             bytes.extend_from_slice(&response.bytes().await.unwrap());
         }
     }
+    let shown = client
+        .get(served.at(&format!("/v1/approvals/{}", parked.id.get())))
+        .header("authorization", &auth)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        shown.contains("[redacted secret API_KEY]")
+            && shown.contains("[redacted secret token.ops]"),
+        "the approval is shown, redacted: {shown}"
+    );
+    bytes.extend_from_slice(shown.as_bytes());
     // A path that is a token's value: the refusal does not quote it (nor, redacted, tell
     // that it is one).
     let response = client
