@@ -97,8 +97,11 @@ impl Context {
         let catalog = Arc::new(ToolCatalog::new(&registry, &config.policy));
         let workspace = config.agent.workspace.clone();
         let redactor = registry.host().network().secrets().redactor().clone();
-        let router = ToolRouter::new(registry, catalog, workspace)
-            .with_approvals(services.approvals.clone(), config.limits.approval_wait);
+        let router = ToolRouter::new(registry, catalog, workspace).with_approvals(
+            services.approvals.clone(),
+            services.chain.clone(),
+            config.limits.approval_wait,
+        );
         let router = Arc::new(router);
         let supervisor = Arc::<Supervisor>::default();
         let audiences = Audiences {

@@ -2,6 +2,7 @@
 
 mod agent;
 mod approvals;
+mod audit;
 mod follow;
 mod init;
 mod mcp;
@@ -55,6 +56,8 @@ enum Command {
     Status(status::StatusCommand),
     /// List the tool calls parked for a person's approval, and approve or deny them.
     Approvals(approvals::ApprovalsCommand),
+    /// Verify the signed audit chain of approvals and refusals, or print this host's key.
+    Audit(audit::AuditCommand),
     /// Write a commented default capstan.toml.
     Init(init::InitCommand),
     /// List and inspect tool plugins.
@@ -381,6 +384,7 @@ impl Cli {
             Command::Tasks(cmd) => cmd.run().await,
             Command::Status(cmd) => cmd.run().await,
             Command::Approvals(cmd) => cmd.run().await,
+            Command::Audit(cmd) => cmd.run().await,
             Command::Init(cmd) => cmd.run(),
             Command::Plugins(cmd) => cmd.run().await,
             Command::Policy(cmd) => cmd.run().await,

@@ -1,7 +1,10 @@
-//! Parked calls and their approvals, shared by every host on the database. A call is
+//! Parked calls and their approvals, and the signed audit chain of decisions, shared by
+//! every host on the database. A call is
 //! parked and a lease used only while the writing host's run is live (fenced as tasks
 //! are); a decision and each use of a lease are one statement that re-checks the row, so
 //! two hosts cannot both run a call approved once.
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use tokio_postgres::Row;
@@ -12,8 +15,9 @@ use super::{Postgres, now};
 use crate::flow::ArgsDigest;
 use crate::ids::ProcessId;
 use crate::services::{
-    APPROVALS_LIST_MAX, Approval, ApprovalId, ApprovalState, Approvals, NewApproval, Operation,
-    ServiceError, Verdict, already_decided, no_approval,
+    APPROVALS_LIST_MAX, Approval, ApprovalId, ApprovalState, Approvals, ChainEntry, ChainRecord,
+    ChainStore, GENESIS, HostKey, NewApproval, Operation, ServiceError, Verdict, already_decided,
+    hash_bytes, no_approval, sealed,
 };
 
 const COLUMNS: &str = "id, process, tool, arguments, digest, reason, label, state, requested_at, \
@@ -204,5 +208,107 @@ impl Approvals for Postgres {
             self.get(id).await?;
         }
         Ok(changed == 1)
+    }
+}
+
+/// The advisory lock the chain's appends take, one at a time across hosts: "capchain".
+const CHAIN_LOCK: i64 = 0x6361_7063_6861_696e;
+
+const CHAIN_COLUMNS: &str =
+    "seq, at, event, process, tool, digest, approval, by_whom, detail, key, prev, hash, signature";
+
+fn chain_entry_from(row: &Row) -> Result<ChainEntry, ServiceError> {
+    Ok(ChainEntry {
+        seq: row.get::<_, i64>(0) as u64,
+        at: row.get(1),
+        event: parsed(row, 2)?,
+        process: row.get(3),
+        tool: row.get(4),
+        digest: row.get(5),
+        approval: row.get::<_, Option<i64>>(6).map(|n| n as u64),
+        by: row.get(7),
+        detail: row.get(8),
+        key: row.get(9),
+        prev: row.get(10),
+        hash: row.get(11),
+        signature: row.get(12),
+    })
+}
+
+#[async_trait]
+impl ChainStore for Postgres {
+    async fn append(
+        &self,
+        record: ChainRecord,
+        key: Arc<HostKey>,
+    ) -> Result<ChainEntry, ServiceError> {
+        let failed = |err| self.failed(Operation::ChainAppend, err);
+        let mut client = self.client().await?;
+        // One append at a time across hosts: the lock is held to the commit, and the
+        // primary key refuses a second row at one place regardless.
+        let tx = client.transaction().await.map_err(failed)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHAIN_LOCK])
+            .await
+            .map_err(failed)?;
+        let last = tx
+            .query_opt(
+                "SELECT seq, hash FROM audit_chain ORDER BY seq DESC LIMIT 1",
+                &[],
+            )
+            .await
+            .map_err(failed)?;
+        let (seq, prev) = match last {
+            Some(row) => {
+                let (seq, hash): (i64, String) = (row.get(0), row.get(1));
+                let prev = hash_bytes(&hash).ok_or_else(|| {
+                    ServiceError::Invalid(format!(
+                        "audit chain row {seq} has a damaged hash; `capstan audit verify` shows \
+                         where the chain breaks"
+                    ))
+                })?;
+                (seq as u64 + 1, prev)
+            }
+            None => (1, GENESIS),
+        };
+        let entry = sealed(&prev, seq, now(), record, &key);
+        tx.execute(
+            &format!(
+                "INSERT INTO audit_chain ({CHAIN_COLUMNS})
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+            ),
+            &[
+                &(entry.seq as i64),
+                &entry.at,
+                &entry.event.as_str(),
+                &entry.process,
+                &entry.tool,
+                &entry.digest,
+                &entry.approval.map(|n| n as i64),
+                &entry.by,
+                &entry.detail,
+                &entry.key,
+                &entry.prev,
+                &entry.hash,
+                &entry.signature,
+            ],
+        )
+        .await
+        .map_err(failed)?;
+        tx.commit().await.map_err(failed)?;
+        Ok(entry)
+    }
+
+    async fn entries(&self, after: u64, limit: u32) -> Result<Vec<ChainEntry>, ServiceError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT {CHAIN_COLUMNS} FROM audit_chain WHERE seq > $1 ORDER BY seq LIMIT $2"
+                ),
+                &[&(after as i64), &i64::from(limit.clamp(1, 1000))],
+            )
+            .await
+            .map_err(|err| self.failed(Operation::ChainEntries, err))?;
+        rows.iter().map(chain_entry_from).collect()
     }
 }

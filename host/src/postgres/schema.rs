@@ -160,8 +160,8 @@ const MIGRATIONS: &[&str] = &[
         run         BIGINT NOT NULL REFERENCES runs(id)
     );
     "#,
-    // 4: parked calls and their approvals, as the SQLite store's migration 7; at most
-    // one pending approval per call.
+    // 4: parked calls and their approvals, as the SQLite store's migration 7 (at most
+    // one pending approval per call), and the signed chain of decisions.
     r#"
     CREATE TABLE approvals (
         id          BIGSERIAL PRIMARY KEY,
@@ -181,6 +181,22 @@ const MIGRATIONS: &[&str] = &[
     CREATE UNIQUE INDEX approvals_pending ON approvals(process, tool, digest)
         WHERE state = 'pending';
     CREATE INDEX approvals_lease ON approvals(process, tool, digest, state);
+
+    CREATE TABLE audit_chain (
+        seq         BIGINT PRIMARY KEY,
+        at          BIGINT NOT NULL,
+        event       TEXT NOT NULL,
+        process     TEXT NOT NULL,
+        tool        TEXT NOT NULL,
+        digest      TEXT NOT NULL,
+        approval    BIGINT,
+        by_whom     TEXT NOT NULL,
+        detail      TEXT NOT NULL,
+        key         TEXT NOT NULL,
+        prev        TEXT NOT NULL,
+        hash        TEXT NOT NULL,
+        signature   TEXT NOT NULL
+    );
     "#,
 ];
 

@@ -15,9 +15,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::{
-    Approval, ApprovalId, Approvals, AuditDestination, AuditEntry, AuditRecord, AuditSink,
-    Committing, Memory, MemoryItem, NewApproval, NewMemory, NewTask, RequestEntry, RequestRecord,
-    ServiceError, Task, TaskBoard, TaskFilter, TaskPatch, Verdict, check_working_key, redact,
+    Approval, ApprovalId, Approvals, AuditChain, AuditDestination, AuditEntry, AuditRecord,
+    AuditSink, ChainEvent, ChainRecord, Committing, Memory, MemoryItem, NewApproval, NewMemory,
+    NewTask, RequestEntry, RequestRecord, ServiceError, Task, TaskBoard, TaskFilter, TaskPatch,
+    Verdict, check_working_key, redact,
 };
 use crate::flow::ArgsDigest;
 use crate::ids::{Caller, ProcessId};
@@ -123,22 +124,26 @@ impl AuditSink for RedactedAudit {
     }
 }
 
-/// [`Approvals`] that store a parked call's arguments redacted and check a lease's range.
-pub(super) struct RedactedApprovals(pub(super) Arc<dyn Approvals>);
+/// [`Approvals`] that store a parked call's arguments redacted, check a lease's range,
+/// and add each decision to the audit chain.
+pub(super) struct RedactedApprovals {
+    pub(super) approvals: Arc<dyn Approvals>,
+    pub(super) chain: AuditChain,
+}
 
 #[async_trait]
 impl Approvals for RedactedApprovals {
     async fn park(&self, mut call: NewApproval) -> Result<Approval, ServiceError> {
         call.arguments = redact(&call.arguments);
-        self.0.park(call).await
+        self.approvals.park(call).await
     }
 
     async fn get(&self, id: ApprovalId) -> Result<Approval, ServiceError> {
-        self.0.get(id).await
+        self.approvals.get(id).await
     }
 
     async fn list(&self, pending_only: bool, limit: u32) -> Result<Vec<Approval>, ServiceError> {
-        self.0.list(pending_only, limit).await
+        self.approvals.list(pending_only, limit).await
     }
 
     async fn decide(
@@ -152,11 +157,21 @@ impl Approvals for RedactedApprovals {
                 "who decides an approval is named in 1 to 200 bytes".into(),
             ));
         }
-        let verdict = match verdict {
-            Verdict::Approve(lease) => Verdict::Approve(lease.checked()?),
-            Verdict::Deny => Verdict::Deny,
+        let (verdict, event, detail) = match verdict {
+            Verdict::Approve(lease) => {
+                let lease = lease.checked()?;
+                let detail = format!("{} use(s), {} s", lease.uses, lease.ttl_seconds);
+                (Verdict::Approve(lease), ChainEvent::Approved, detail)
+            }
+            Verdict::Deny => (Verdict::Deny, ChainEvent::Denied, String::new()),
         };
-        self.0.decide(id, verdict, by).await
+        let decided = self.approvals.decide(id, verdict, by).await?;
+        // The decision stands once made; a chain that cannot record it says so, and
+        // `capstan audit verify` finds the decision without its row.
+        self.chain
+            .record(ChainRecord::of_approval(&decided, event, by, &detail))
+            .await?;
+        Ok(decided)
     }
 
     async fn take(
@@ -165,10 +180,22 @@ impl Approvals for RedactedApprovals {
         tool: &str,
         digest: ArgsDigest,
     ) -> Result<Option<Approval>, ServiceError> {
-        self.0.take(process, tool, digest).await
+        let taken = self.approvals.take(process, tool, digest).await?;
+        if let Some(lease) = &taken {
+            let left = format!("{} use(s) left", lease.uses_left);
+            let used = ChainRecord::of_approval(lease, ChainEvent::Used, "host", &left);
+            self.chain.record(used).await?;
+        }
+        Ok(taken)
     }
 
     async fn withdraw(&self, id: ApprovalId) -> Result<bool, ServiceError> {
-        self.0.withdraw(id).await
+        let withdrawn = self.approvals.withdraw(id).await?;
+        if withdrawn {
+            let approval = self.approvals.get(id).await?;
+            let record = ChainRecord::of_approval(&approval, ChainEvent::Withdrawn, "host", "");
+            self.chain.record(record).await?;
+        }
+        Ok(withdrawn)
     }
 }

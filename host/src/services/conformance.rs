@@ -28,6 +28,76 @@ pub(crate) async fn check_all(fresh: impl AsyncFn() -> Services) {
     a_run_owns_the_sessions_it_claims_and_forwarded_messages_are_taken_once(&fresh().await).await;
     an_approval_covers_one_process_tool_and_digest_for_its_uses(&fresh().await).await;
     a_parked_call_is_decided_once_and_shown_redacted(&fresh().await).await;
+    every_decision_is_a_row_of_one_signed_chain(&fresh().await).await;
+}
+
+async fn every_decision_is_a_row_of_one_signed_chain(s: &Services) {
+    use super::{ChainEvent, ChainRecord, verify};
+    let worker = pid("worker:1");
+    let call = NewApproval::of(
+        &worker,
+        "send",
+        r#"{"a":1}"#,
+        "untrusted_send",
+        "untrusted(mcp:x)",
+    );
+    let parked = s.approvals.park(call).await.unwrap();
+    let lease = Lease {
+        ttl_seconds: 600,
+        uses: 1,
+    };
+    s.approvals
+        .decide(parked.id, Verdict::Approve(lease), "person")
+        .await
+        .unwrap();
+    s.approvals
+        .take(&worker, "send", parked.digest)
+        .await
+        .unwrap()
+        .unwrap();
+    let call = NewApproval::of(
+        &worker,
+        "send",
+        r#"{"a":2}"#,
+        "untrusted_send",
+        "untrusted(mcp:x)",
+    );
+    let second = s.approvals.park(call).await.unwrap();
+    s.approvals.withdraw(second.id).await.unwrap();
+    // Appends at once, from many tasks: one line, no place taken twice.
+    let appends = (0..12).map(|n| {
+        s.chain.record(ChainRecord {
+            event: ChainEvent::Refused,
+            process: format!("worker:{n}"),
+            tool: "send".into(),
+            digest: String::new(),
+            approval: None,
+            by: "host".into(),
+            detail: "untrusted_send".into(),
+        })
+    });
+    for appended in futures_util::future::join_all(appends).await {
+        appended.unwrap();
+    }
+    let rows = s.chain.entries(0, 100).await.unwrap();
+    assert_eq!(rows.len(), 15);
+    let events: Vec<ChainEvent> = rows.iter().take(3).map(|r| r.event).collect();
+    assert_eq!(
+        events,
+        [
+            ChainEvent::Approved,
+            ChainEvent::Used,
+            ChainEvent::Withdrawn
+        ]
+    );
+    assert_eq!(rows[0].by, "person");
+    assert_eq!(rows[0].approval, Some(parked.id.get()));
+    assert_eq!(rows[0].digest, parked.digest.to_string());
+    let checked = verify(&rows, &[s.chain.public_key()], None).unwrap();
+    assert_eq!((checked.rows, checked.keys.len()), (15, 1));
+    // Paged reads meet where they should.
+    let tail = s.chain.entries(10, 100).await.unwrap();
+    assert_eq!(tail.first().map(|r| r.seq), Some(11));
 }
 
 async fn an_approval_covers_one_process_tool_and_digest_for_its_uses(s: &Services) {

@@ -14,6 +14,7 @@ use super::{
     expires_at, interrupted_outcome, memory_words, no_approval, now, recall_terms,
     worker_already_recorded, worker_has_ended,
 };
+use super::{ChainEntry, ChainRecord, ChainStore, GENESIS, HostKey, hash_bytes, sealed};
 use crate::flow::ArgsDigest;
 use crate::ids::{Caller, ProcessId, ProcessKind, SessionKey};
 
@@ -48,6 +49,8 @@ struct State {
     worker_order: Vec<ProcessId>,
     /// Approval `n` at index `n - 1`.
     approvals: Vec<Approval>,
+    /// Audit chain row `n` at index `n - 1`.
+    chain: Vec<ChainEntry>,
 }
 
 impl InMemory {
@@ -568,6 +571,36 @@ impl Approvals for InMemory {
             Some(_) => Ok(false),
             None => Err(no_approval(id)),
         }
+    }
+}
+
+#[async_trait]
+impl ChainStore for InMemory {
+    async fn append(
+        &self,
+        record: ChainRecord,
+        key: Arc<HostKey>,
+    ) -> Result<ChainEntry, ServiceError> {
+        let mut state = self.state();
+        let prev = state
+            .chain
+            .last()
+            .and_then(|last| hash_bytes(&last.hash))
+            .unwrap_or(GENESIS);
+        let entry = sealed(&prev, state.chain.len() as u64 + 1, now(), record, &key);
+        state.chain.push(entry.clone());
+        Ok(entry)
+    }
+
+    async fn entries(&self, after: u64, limit: u32) -> Result<Vec<ChainEntry>, ServiceError> {
+        Ok(self
+            .state()
+            .chain
+            .iter()
+            .skip(after as usize)
+            .take(limit.clamp(1, 1000) as usize)
+            .cloned()
+            .collect())
     }
 }
 

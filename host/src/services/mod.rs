@@ -1,12 +1,13 @@
 //! The services every process and plugin shares, behind traits: the [`TaskBoard`], the
 //! [`Memory`], the conversation [`History`], the [`AuditSink`], the [`Ledger`] of runs
-//! and workers, the [`Sessions`] each run owns, and the [`Approvals`] of parked calls.
+//! and workers, the [`Sessions`] each run owns, the [`Approvals`] of parked calls and the
+//! signed [`AuditChain`] of decisions.
 //!
 //! The agent and the plugin imports hold a [`Services`] and never a backend: SQLite
 //! ([`Store::services`](crate::store::Store::services)) is one implementation, whose
 //! blocking calls run off the async executor; [`InMemory`] is another, for tests and
 //! embedders that keep nothing; [`Postgres`](crate::postgres::Postgres) is the third, for
-//! hosts sharing one database. A new backend implements the seven traits (a store one host
+//! hosts sharing one database. A new backend implements the eight traits (a store one host
 //! uses alone takes [`Sessions`]' defaults), applies the rules that need what it stores
 //! ([`TaskStatus::check_move`], [`worker_has_ended`]) in the same transaction as the
 //! write, and passes the same conformance checks the three backends pass. The rules on
@@ -27,6 +28,7 @@
 
 mod approvals;
 mod audit;
+mod chain;
 mod checked;
 mod error;
 mod history;
@@ -50,6 +52,10 @@ pub use approvals::{
 pub use audit::{
     AuditDestination, AuditEntry, AuditRecord, AuditSink, Committing, NO_STORE, REDACTED,
     RequestDecision, RequestEntry, RequestRecord, redact,
+};
+pub use chain::{
+    AuditChain, ChainBreak, ChainEntry, ChainEvent, ChainRecord, ChainStore, GENESIS, HostKey,
+    Verified, entry_hash, hash_bytes, hex, sealed, unhex, verify,
 };
 pub use error::ServiceError;
 pub use history::{ConversationSummary, History, HistoryEntry};
@@ -86,6 +92,8 @@ pub struct Services {
     pub sessions: Arc<dyn Sessions>,
     /// Parked calls and the approvals a person gave them.
     pub approvals: Arc<dyn Approvals>,
+    /// The signed chain of approvals, denials and flow refusals.
+    pub chain: AuditChain,
 }
 
 impl Services {
@@ -93,8 +101,17 @@ impl Services {
     /// tasks and memories, redacted audit arguments), so a backend applies none of them.
     pub fn all_from<B>(backend: Arc<B>) -> Self
     where
-        B: TaskBoard + Memory + History + AuditSink + Ledger + Sessions + Approvals + 'static,
+        B: TaskBoard
+            + Memory
+            + History
+            + AuditSink
+            + Ledger
+            + Sessions
+            + Approvals
+            + ChainStore
+            + 'static,
     {
+        let chain = AuditChain::new(backend.clone());
         Services {
             tasks: Arc::new(checked::CheckedTasks(backend.clone())),
             memory: Arc::new(checked::CheckedMemory(backend.clone())),
@@ -102,8 +119,18 @@ impl Services {
             audit: Arc::new(checked::RedactedAudit(backend.clone())),
             ledger: backend.clone(),
             sessions: backend.clone(),
-            approvals: Arc::new(checked::RedactedApprovals(backend)),
+            approvals: Arc::new(checked::RedactedApprovals {
+                approvals: backend,
+                chain: chain.clone(),
+            }),
+            chain,
         }
+    }
+
+    /// These services, their audit chain signed with `key` from now on.
+    pub fn signed_by(self, key: HostKey) -> Self {
+        self.chain.sign_with(key);
+        self
     }
 
     /// Fresh services that keep everything in this process's memory, and lose it when

@@ -55,6 +55,10 @@ operations! {
     ApprovalsTake = "approvals.take",
     /// [`Approvals::withdraw`](super::Approvals::withdraw).
     ApprovalsWithdraw = "approvals.withdraw",
+    /// [`ChainStore::append`](super::ChainStore::append).
+    ChainAppend = "chain.append",
+    /// [`ChainStore::entries`](super::ChainStore::entries).
+    ChainEntries = "chain.entries",
     /// [`Memory::save`](super::Memory::save).
     MemorySave = "memory.save",
     /// [`Memory::recall`](super::Memory::recall).

@@ -1,4 +1,4 @@
-//! Parked calls and their approvals in SQLite. The types and the rules are the services'
+//! Parked calls and their approvals, and the signed audit chain of decisions, in SQLite. The types and the rules are the services'
 //! (`services::approvals`); each decision and each use of a lease is checked in the
 //! write that makes it.
 
@@ -12,6 +12,7 @@ use crate::services::{
     APPROVALS_LIST_MAX, Approval, ApprovalId, ApprovalState, NewApproval, Verdict, already_decided,
     no_approval,
 };
+use crate::services::{ChainEntry, ChainRecord, GENESIS, HostKey, hash_bytes, sealed};
 
 const COLUMNS: &str = "id, process, tool, arguments, digest, reason, label, state, requested_at, \
                        decided_at, decided_by, expires_at, uses_left";
@@ -179,5 +180,92 @@ impl Store {
             )?;
             Ok(changed == 1)
         })
+    }
+}
+
+const CHAIN_COLUMNS: &str =
+    "seq, at, event, process, tool, digest, approval, by_whom, detail, key, prev, hash, signature";
+
+fn chain_entry_from_row(row: &Row<'_>) -> rusqlite::Result<ChainEntry> {
+    Ok(ChainEntry {
+        seq: row.get::<_, i64>(0)? as u64,
+        at: row.get(1)?,
+        event: parsed(row, 2)?,
+        process: row.get(3)?,
+        tool: row.get(4)?,
+        digest: row.get(5)?,
+        approval: row.get::<_, Option<i64>>(6)?.map(|n| n as u64),
+        by: row.get(7)?,
+        detail: row.get(8)?,
+        key: row.get(9)?,
+        prev: row.get(10)?,
+        hash: row.get(11)?,
+        signature: row.get(12)?,
+    })
+}
+
+impl Store {
+    /// Appends `record` to the audit chain, signed by `key`, after the last row, in one
+    /// write transaction.
+    pub(crate) fn append_chain(
+        &self,
+        record: &ChainRecord,
+        key: &HostKey,
+    ) -> Result<ChainEntry, StoreError> {
+        self.write(|tx| {
+            let last: Option<(i64, String)> = tx
+                .query_row(
+                    "SELECT seq, hash FROM audit_chain ORDER BY seq DESC LIMIT 1",
+                    [],
+                    |row| Ok((row.get(0)?, row.get(1)?)),
+                )
+                .optional()?;
+            let (seq, prev) = match last {
+                Some((seq, hash)) => {
+                    let prev = hash_bytes(&hash).ok_or_else(|| {
+                        StoreError::Invalid(format!(
+                            "audit chain row {seq} has a damaged hash; `capstan audit verify` \
+                             shows where the chain breaks"
+                        ))
+                    })?;
+                    (seq as u64 + 1, prev)
+                }
+                None => (1, GENESIS),
+            };
+            let entry = sealed(&prev, seq, now(), record.clone(), key);
+            tx.execute(
+                &format!("INSERT INTO audit_chain ({CHAIN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"),
+                params![
+                    entry.seq as i64,
+                    entry.at,
+                    entry.event.as_str(),
+                    entry.process,
+                    entry.tool,
+                    entry.digest,
+                    entry.approval.map(|n| n as i64),
+                    entry.by,
+                    entry.detail,
+                    entry.key,
+                    entry.prev,
+                    entry.hash,
+                    entry.signature
+                ],
+            )?;
+            Ok(entry)
+        })
+    }
+
+    /// At most `limit` audit chain rows after `after`, oldest first.
+    pub fn chain_entries(&self, after: u64, limit: u32) -> Result<Vec<ChainEntry>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {CHAIN_COLUMNS} FROM audit_chain WHERE seq > ?1 ORDER BY seq LIMIT ?2"
+        ))?;
+        let rows = stmt.query_map(
+            params![after as i64, limit.clamp(1, 1000)],
+            chain_entry_from_row,
+        )?;
+        // Every row, damaged ones included: the verifier says where the chain breaks.
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 }

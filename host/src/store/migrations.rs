@@ -161,7 +161,7 @@ const MIGRATIONS: &[&str] = &[
     DROP TABLE audit;
     ALTER TABLE audit_v6 RENAME TO audit;
     "#,
-    // 7: parked calls and their approvals.
+    // 7: parked calls and their approvals, and the signed chain of decisions.
     r#"
     CREATE TABLE approvals (
         id          INTEGER PRIMARY KEY,
@@ -180,6 +180,22 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX approvals_call ON approvals(process, tool, digest, state);
     CREATE INDEX approvals_state ON approvals(state);
+
+    CREATE TABLE audit_chain (
+        seq         INTEGER PRIMARY KEY,
+        at          INTEGER NOT NULL,
+        event       TEXT NOT NULL,
+        process     TEXT NOT NULL,
+        tool        TEXT NOT NULL,
+        digest      TEXT NOT NULL,
+        approval    INTEGER,
+        by_whom     TEXT NOT NULL,
+        detail      TEXT NOT NULL,
+        key         TEXT NOT NULL,
+        prev        TEXT NOT NULL,
+        hash        TEXT NOT NULL,
+        signature   TEXT NOT NULL
+    );
     "#,
 ];
 

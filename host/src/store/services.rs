@@ -20,6 +20,7 @@ use crate::services::{
     NewApproval, NewMemory, NewTask, RequestEntry, RequestRecord, Run, RunId, ServiceError,
     Services, Sessions, Task, TaskBoard, TaskFilter, TaskPatch, Verdict, WorkerRecord, WorkerState,
 };
+use crate::services::{ChainEntry, ChainRecord, ChainStore, HostKey};
 
 impl Store {
     /// Every service, answered by this store.
@@ -354,6 +355,27 @@ impl Approvals for Sqlite {
     async fn withdraw(&self, id: ApprovalId) -> Result<bool, ServiceError> {
         self.run(Operation::ApprovalsWithdraw, move |s| {
             s.withdraw_approval(id)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl ChainStore for Sqlite {
+    async fn append(
+        &self,
+        record: ChainRecord,
+        key: Arc<HostKey>,
+    ) -> Result<ChainEntry, ServiceError> {
+        self.run(Operation::ChainAppend, move |s| {
+            s.append_chain(&record, &key)
+        })
+        .await
+    }
+
+    async fn entries(&self, after: u64, limit: u32) -> Result<Vec<ChainEntry>, ServiceError> {
+        self.run(Operation::ChainEntries, move |s| {
+            s.chain_entries(after, limit)
         })
         .await
     }

@@ -15,7 +15,7 @@ use crate::ids::{Caller, ProcessId};
 use crate::net::GrantSource;
 use crate::plugin::{CallRequest, ProcessInstances, Recorded, Registry, ToolError};
 use crate::policy::{Decision, ProcessKind};
-use crate::services::{Approval, Approvals, NewApproval};
+use crate::services::{Approval, Approvals, AuditChain, ChainEvent, ChainRecord, NewApproval};
 use crate::text::{MAX_ECHOED_NAME, echo_name, one_line};
 
 /// Where a call went.
@@ -63,6 +63,7 @@ pub struct ToolRouter {
 /// Where parked calls go, and how long a call waits for a person.
 struct ApprovalDesk {
     approvals: Arc<dyn Approvals>,
+    chain: AuditChain,
     patience: Duration,
 }
 
@@ -79,11 +80,17 @@ impl ToolRouter {
     }
 
     /// This router, parking the calls the flow rules send to a person in `approvals`,
-    /// each waiting up to `patience` for a decision. Without it such a call is refused,
-    /// saying it needs an approval.
-    pub fn with_approvals(mut self, approvals: Arc<dyn Approvals>, patience: Duration) -> Self {
+    /// each waiting up to `patience` for a decision, and adding each flow refusal to
+    /// `chain`. Without it such a call is refused, saying it needs an approval.
+    pub fn with_approvals(
+        mut self,
+        approvals: Arc<dyn Approvals>,
+        chain: AuditChain,
+        patience: Duration,
+    ) -> Self {
         self.approvals = Some(ApprovalDesk {
             approvals,
+            chain,
             patience,
         });
         self
@@ -206,8 +213,8 @@ impl ToolRouter {
         } = at;
         let decision = self.catalog.decide_flow(kind, name, context, sink);
         let explained = || decision.explained(name, sink).to_string();
-        match (decision.action, process, &self.approvals) {
-            (Action::Allow, ..) => Gate::Pass,
+        let gate = match (decision.action, process, &self.approvals) {
+            (Action::Allow, ..) => return Gate::Pass,
             (Action::Refuse, ..) => Gate::Refused(ToolError::Denied(explained())),
             // A door's call, or a host keeping no approvals: no one could approve it.
             (Action::Approve, None, _) | (Action::Approve, _, None) => {
@@ -232,7 +239,24 @@ impl ToolRouter {
                     Err(err) => Gate::Refused(unparked(explained(), &err)),
                 }
             }
+        };
+        if let (Gate::Refused(ToolError::Denied(reason)), Some(desk)) = (&gate, &self.approvals) {
+            let refused = ChainRecord {
+                event: ChainEvent::Refused,
+                process: process.map_or_else(|| format!("{kind} door"), ToString::to_string),
+                tool: name.to_owned(),
+                digest: ArgsDigest::of(arguments).to_string(),
+                approval: None,
+                by: "host".into(),
+                detail: reason.clone(),
+            };
+            // The refusal stands whether or not the chain takes its row: a call is never
+            // let through because the record of refusing it failed.
+            if let Err(err) = desk.chain.record(refused).await {
+                tracing::warn!("the refusal of `{name}` is not in the audit chain: {err}");
+            }
         }
+        gate
     }
 
     /// Runs plugin or MCP tool `name` for a caller of `kind` named `caller` (`worker:3`,

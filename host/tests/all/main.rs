@@ -12,6 +12,7 @@
 mod support;
 
 mod agent;
+mod approvals;
 mod arguments;
 mod attacks;
 mod catalog;

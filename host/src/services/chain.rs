@@ -1,0 +1,529 @@
+//! The audit chain: every approval, denial, withdrawal, use of an approval and flow
+//! refusal, as a row that holds the hash of the row before it, signed with the host's
+//! Ed25519 key. Anyone with the rows and the hosts' public keys can check, offline, that no
+//! row was changed, dropped, reordered or added by someone without a key
+//! ([`verify`], `capstan audit verify`).
+
+use std::fmt;
+use std::sync::{Arc, RwLock};
+
+use async_trait::async_trait;
+use ring::rand::SystemRandom;
+use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::ServiceError;
+
+/// What a chain row records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ChainEvent {
+    /// A person approved a parked call.
+    Approved,
+    /// A person denied a parked call.
+    Denied,
+    /// A parked call stopped waiting before anyone decided.
+    Withdrawn,
+    /// A call ran on a use of an approval.
+    Used,
+    /// A call was refused by the flow rules.
+    Refused,
+}
+
+impl ChainEvent {
+    const ALL: [ChainEvent; 5] = [
+        ChainEvent::Approved,
+        ChainEvent::Denied,
+        ChainEvent::Withdrawn,
+        ChainEvent::Used,
+        ChainEvent::Refused,
+    ];
+
+    /// The name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChainEvent::Approved => "approved",
+            ChainEvent::Denied => "denied",
+            ChainEvent::Withdrawn => "withdrawn",
+            ChainEvent::Used => "used",
+            ChainEvent::Refused => "refused",
+        }
+    }
+}
+
+impl fmt::Display for ChainEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ChainEvent {
+    type Err = ServiceError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        ChainEvent::ALL
+            .into_iter()
+            .find(|e| e.as_str() == text)
+            .ok_or_else(|| ServiceError::Invalid(format!("`{text}` is not a chain event")))
+    }
+}
+
+/// A row to add to the chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainRecord {
+    /// What happened.
+    pub event: ChainEvent,
+    /// The process whose call it was, e.g. `worker:3`.
+    pub process: String,
+    /// The tool.
+    pub tool: String,
+    /// The digest of the call's canonical arguments, in hex.
+    pub digest: String,
+    /// The approval it concerns, if any.
+    pub approval: Option<u64>,
+    /// Who decided: a person's name or token, or `host` for the host's own refusals.
+    pub by: String,
+    /// Why, or the lease given.
+    pub detail: String,
+}
+
+impl ChainRecord {
+    /// The row of `event` about `approval`, by `by`.
+    pub fn of_approval(
+        approval: &super::Approval,
+        event: ChainEvent,
+        by: &str,
+        detail: &str,
+    ) -> Self {
+        ChainRecord {
+            event,
+            process: approval.process.to_string(),
+            tool: approval.tool.clone(),
+            digest: approval.digest.to_string(),
+            approval: Some(approval.id.get()),
+            by: by.to_owned(),
+            detail: detail.to_owned(),
+        }
+    }
+}
+
+/// A stored chain row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct ChainEntry {
+    /// Its place: 1, 2, ... with no gap.
+    pub seq: u64,
+    /// Unix seconds.
+    pub at: i64,
+    /// What happened.
+    pub event: ChainEvent,
+    /// The process whose call it was.
+    pub process: String,
+    /// The tool.
+    pub tool: String,
+    /// The digest of the call's canonical arguments, in hex.
+    pub digest: String,
+    /// The approval it concerns.
+    pub approval: Option<u64>,
+    /// Who decided.
+    pub by: String,
+    /// Why, or the lease given.
+    pub detail: String,
+    /// The public key of the host that signed it, in hex.
+    pub key: String,
+    /// The hash of the row before it (64 zeros for the first), in hex.
+    pub prev: String,
+    /// This row's hash, in hex: [`entry_hash`].
+    pub hash: String,
+    /// The Ed25519 signature of the hash by `key`, in hex.
+    pub signature: String,
+}
+
+/// The hash of the row at `seq`, made at `at`, of `record`, signed by `key`, after the row
+/// whose hash is `prev`: SHA-256 over `prev` and each field, each length-prefixed, so no
+/// two different rows hash alike.
+pub fn entry_hash(prev: &[u8; 32], seq: u64, at: i64, record: &ChainRecord, key: &str) -> [u8; 32] {
+    let mut hash = Sha256::new();
+    hash.update(b"capstan-audit-chain-v1");
+    hash.update(prev);
+    hash.update(seq.to_be_bytes());
+    hash.update(at.to_be_bytes());
+    let approval = record.approval.map(|n| n.to_string()).unwrap_or_default();
+    for field in [
+        record.event.as_str(),
+        &record.process,
+        &record.tool,
+        &record.digest,
+        &approval,
+        &record.by,
+        &record.detail,
+        key,
+    ] {
+        hash.update((field.len() as u64).to_be_bytes());
+        hash.update(field.as_bytes());
+    }
+    hash.finalize().into()
+}
+
+/// The entry the backend stores for `record` at `seq` and `at` after `prev`, signed by
+/// `key`: the one way every backend makes a row.
+pub fn sealed(
+    prev: &[u8; 32],
+    seq: u64,
+    at: i64,
+    record: ChainRecord,
+    key: &HostKey,
+) -> ChainEntry {
+    let public = key.public_hex();
+    let hash = entry_hash(prev, seq, at, &record, &public);
+    let signature = key.sign(&hash);
+    ChainEntry {
+        seq,
+        at,
+        event: record.event,
+        process: record.process,
+        tool: record.tool,
+        digest: record.digest,
+        approval: record.approval,
+        by: record.by,
+        detail: record.detail,
+        key: public,
+        prev: hex(prev),
+        hash: hex(&hash),
+        signature: hex(&signature),
+    }
+}
+
+/// The hash a chain starts from.
+pub const GENESIS: [u8; 32] = [0; 32];
+
+/// A host's signing key: Ed25519.
+pub struct HostKey {
+    pair: Ed25519KeyPair,
+}
+
+impl HostKey {
+    /// A new random key, as PKCS#8 bytes to keep, and the key.
+    pub fn generate() -> Result<(Vec<u8>, HostKey), ServiceError> {
+        let pkcs8 = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new())
+            .map_err(|_| ServiceError::Invalid("no randomness to make a host key from".into()))?;
+        let key = HostKey::from_pkcs8(pkcs8.as_ref())?;
+        Ok((pkcs8.as_ref().to_vec(), key))
+    }
+
+    /// A key that lives as long as this process: for services that keep nothing.
+    pub fn ephemeral() -> HostKey {
+        HostKey::generate()
+            .expect("the system has randomness for a key")
+            .1
+    }
+
+    /// The key in PKCS#8 `bytes`.
+    pub fn from_pkcs8(bytes: &[u8]) -> Result<HostKey, ServiceError> {
+        Ed25519KeyPair::from_pkcs8(bytes)
+            .map(|pair| HostKey { pair })
+            .map_err(|err| ServiceError::Invalid(format!("not an Ed25519 PKCS#8 key ({err})")))
+    }
+
+    /// The public key, in hex.
+    pub fn public_hex(&self) -> String {
+        hex(self.pair.public_key().as_ref())
+    }
+
+    fn sign(&self, hash: &[u8; 32]) -> Vec<u8> {
+        self.pair.sign(hash).as_ref().to_vec()
+    }
+}
+
+impl fmt::Debug for HostKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HostKey({})", self.public_hex())
+    }
+}
+
+/// Where the chain's rows are kept: each backend appends a row in one transaction that
+/// reads the last row, so rows from several hosts make one line.
+#[async_trait]
+pub trait ChainStore: Send + Sync {
+    /// Appends `record`, sealed by `key` ([`sealed`]) after the last row.
+    async fn append(
+        &self,
+        record: ChainRecord,
+        key: Arc<HostKey>,
+    ) -> Result<ChainEntry, ServiceError>;
+
+    /// At most `limit` (1..=1000) rows after `after`, oldest first.
+    async fn entries(&self, after: u64, limit: u32) -> Result<Vec<ChainEntry>, ServiceError>;
+}
+
+/// The audit chain of one host: its rows' store, and the key it signs with.
+///
+/// ```
+/// use capstan_host::services::{ChainEvent, ChainRecord, Services, verify};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let services = Services::in_memory();
+/// let refused = ChainRecord {
+///     event: ChainEvent::Refused,
+///     process: "worker:1".into(),
+///     tool: "send_money".into(),
+///     digest: String::new(),
+///     approval: None,
+///     by: "host".into(),
+///     detail: "untrusted_send".into(),
+/// };
+/// services.chain.record(refused).await.unwrap();
+/// let rows = services.chain.entries(0, 100).await.unwrap();
+/// let checked = verify(&rows, &[services.chain.public_key()], None).unwrap();
+/// assert_eq!(checked.rows, 1);
+/// # });
+/// ```
+#[derive(Clone)]
+pub struct AuditChain {
+    store: Arc<dyn ChainStore>,
+    key: Arc<RwLock<Arc<HostKey>>>,
+}
+
+impl AuditChain {
+    /// The chain kept by `store`, signed by a key of this process only until
+    /// [`AuditChain::sign_with`] gives it the host's.
+    pub fn new(store: Arc<dyn ChainStore>) -> Self {
+        AuditChain {
+            store,
+            key: Arc::new(RwLock::new(Arc::new(HostKey::ephemeral()))),
+        }
+    }
+
+    /// Signs from now on with `key`, in every clone of this chain.
+    pub fn sign_with(&self, key: HostKey) {
+        *self.key.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(key);
+    }
+
+    /// The public key it signs with, in hex.
+    pub fn public_key(&self) -> String {
+        self.current().public_hex()
+    }
+
+    fn current(&self) -> Arc<HostKey> {
+        self.key.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Appends `record`, signed.
+    pub async fn record(&self, record: ChainRecord) -> Result<ChainEntry, ServiceError> {
+        self.store.append(record, self.current()).await
+    }
+
+    /// At most `limit` rows after `after`, oldest first.
+    pub async fn entries(&self, after: u64, limit: u32) -> Result<Vec<ChainEntry>, ServiceError> {
+        self.store.entries(after, limit).await
+    }
+}
+
+impl fmt::Debug for AuditChain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AuditChain({})", self.public_key())
+    }
+}
+
+/// What [`verify`] found intact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    /// The rows checked.
+    pub rows: u64,
+    /// The hash of the last row (where the next page starts from).
+    pub head: [u8; 32],
+    /// The keys that signed them.
+    pub keys: Vec<String>,
+}
+
+/// Where a chain is broken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the audit chain is broken at row {seq}: {why}")]
+pub struct ChainBreak {
+    /// The first row that does not hold.
+    pub seq: u64,
+    /// Why.
+    pub why: String,
+}
+
+/// Checks `rows` (in order, from the chain's start, or after the row whose hash is
+/// `from.1` at seq `from.0`): each follows the one before (seq and hash), its hash is its
+/// content's, and its signature is valid by a key in `trusted`.
+pub fn verify(
+    rows: &[ChainEntry],
+    trusted: &[String],
+    from: Option<(u64, [u8; 32])>,
+) -> Result<Verified, ChainBreak> {
+    let (mut seq, mut prev) = from.unwrap_or((0, GENESIS));
+    let mut keys: Vec<String> = Vec::new();
+    for row in rows {
+        let broken = |why: String| ChainBreak { seq: row.seq, why };
+        if row.seq != seq + 1 {
+            return Err(ChainBreak {
+                seq: seq + 1,
+                why: format!(
+                    "row {} comes next: a row is missing or out of order",
+                    row.seq
+                ),
+            });
+        }
+        if row.prev != hex(&prev) {
+            return Err(broken(
+                "it does not follow the row before (its `prev` differs)".into(),
+            ));
+        }
+        let record = ChainRecord {
+            event: row.event,
+            process: row.process.clone(),
+            tool: row.tool.clone(),
+            digest: row.digest.clone(),
+            approval: row.approval,
+            by: row.by.clone(),
+            detail: row.detail.clone(),
+        };
+        let hash = entry_hash(&prev, row.seq, row.at, &record, &row.key);
+        if row.hash != hex(&hash) {
+            return Err(broken(
+                "its content does not match its hash: it was changed".into(),
+            ));
+        }
+        if !trusted.contains(&row.key) {
+            return Err(broken(format!(
+                "it is signed by key {}, which is not trusted (add it with --trust if it is \
+                 one of your hosts')",
+                row.key
+            )));
+        }
+        let (Some(key), Some(signature)) = (unhex(&row.key), unhex(&row.signature)) else {
+            return Err(broken("its key or signature is not hex".into()));
+        };
+        if UnparsedPublicKey::new(&ED25519, key)
+            .verify(&hash, &signature)
+            .is_err()
+        {
+            return Err(broken("its signature is not valid for its key".into()));
+        }
+        if !keys.contains(&row.key) {
+            keys.push(row.key.clone());
+        }
+        (seq, prev) = (row.seq, hash);
+    }
+    Ok(Verified {
+        rows: seq,
+        head: prev,
+        keys,
+    })
+}
+
+/// `bytes` in lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
+            let _ = write!(out, "{b:02x}");
+            out
+        })
+}
+
+/// The bytes of lowercase or uppercase hex `text`.
+pub fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) || !text.is_ascii() {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).ok())
+        .collect()
+}
+
+/// The hash (hex `text`) of a stored row, as bytes.
+pub fn hash_bytes(text: &str) -> Option<[u8; 32]> {
+    unhex(text).and_then(|bytes| bytes.try_into().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(n: u64) -> ChainRecord {
+        ChainRecord {
+            event: ChainEvent::Refused,
+            process: "worker:1".into(),
+            tool: "send".into(),
+            digest: String::new(),
+            approval: Some(n),
+            by: "host".into(),
+            detail: format!("row {n}"),
+        }
+    }
+
+    fn chain(key: &HostKey, n: u64) -> Vec<ChainEntry> {
+        let mut rows: Vec<ChainEntry> = Vec::new();
+        for seq in 1..=n {
+            let prev = rows
+                .last()
+                .and_then(|r| hash_bytes(&r.hash))
+                .unwrap_or(GENESIS);
+            rows.push(sealed(&prev, seq, 1_700_000_000, record(seq), key));
+        }
+        rows
+    }
+
+    #[test]
+    fn a_changed_dropped_reordered_or_foreign_row_breaks_the_chain_where_it_is() {
+        let key = HostKey::ephemeral();
+        let trusted = [key.public_hex()];
+        let rows = chain(&key, 5);
+        assert_eq!(verify(&rows, &trusted, None).unwrap().rows, 5);
+
+        let mut changed = rows.clone();
+        changed[2].detail = "row 3, rewritten".into();
+        let broken = verify(&changed, &trusted, None).unwrap_err();
+        assert_eq!(broken.seq, 3);
+        assert!(broken.why.contains("was changed"), "{broken}");
+
+        let mut dropped = rows.clone();
+        dropped.remove(1);
+        assert_eq!(verify(&dropped, &trusted, None).unwrap_err().seq, 2);
+
+        let mut swapped = rows.clone();
+        swapped.swap(3, 4);
+        assert_eq!(verify(&swapped, &trusted, None).unwrap_err().seq, 4);
+
+        // Rewritten whole from row 3 by someone with another key: the hashes hold, the
+        // key is not trusted.
+        let forger = HostKey::ephemeral();
+        let mut forged = rows[..2].to_vec();
+        let mut prev = hash_bytes(&forged[1].hash).unwrap();
+        for seq in 3..=5 {
+            let row = sealed(&prev, seq, 1_700_000_000, record(seq + 10), &forger);
+            prev = hash_bytes(&row.hash).unwrap();
+            forged.push(row);
+        }
+        let broken = verify(&forged, &trusted, None).unwrap_err();
+        assert_eq!(broken.seq, 3);
+        assert!(broken.why.contains("not trusted"), "{broken}");
+        // The forger naming the host's key, with its own signature: invalid.
+        let mut claimed = forged.clone();
+        claimed[2].key = key.public_hex();
+        let record = ChainRecord {
+            approval: Some(13),
+            detail: "row 13".into(),
+            ..record(13)
+        };
+        claimed[2].hash = hex(&entry_hash(
+            &hash_bytes(&claimed[1].hash).unwrap(),
+            3,
+            1_700_000_000,
+            &record,
+            &key.public_hex(),
+        ));
+        let broken = verify(&claimed[..3], &trusted, None).unwrap_err();
+        assert!(broken.why.contains("signature is not valid"), "{broken}");
+        // Pages verify one after the other.
+        let first = verify(&rows[..2], &trusted, None).unwrap();
+        let rest = verify(&rows[2..], &trusted, Some((first.rows, first.head))).unwrap();
+        assert_eq!(rest.rows, 5);
+    }
+}
