@@ -1,11 +1,13 @@
 """The page `capstan serve` embeds, in headless Chromium (Debian's chromium and
 chromium-driver, driven by Selenium): send a message and see the streamed reply, see a
-worker appear and finish in the live panel, see a denial in the audit view; a screenshot
-of each is kept in target/interop/."""
+worker appear and finish in the live panel, see a denial in the audit view, deny and
+approve calls parked for approval; a screenshot of each is kept in target/interop/."""
 
 import os
 import pathlib
 import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from selenium import webdriver
@@ -14,7 +16,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ready
 from selenium.webdriver.support.ui import WebDriverWait
 
-from conftest import ROOT, WORKER_REPLY
+from conftest import ROOT, WORKER_REPLY, Server
 
 SHOTS = ROOT / "target" / "interop"
 CHROMIUM = os.environ.get("CAPSTAN_CHROMIUM", "/usr/bin/chromium")
@@ -103,3 +105,63 @@ def test_the_page_fits_a_narrow_screen(server, browser):
     viewport = browser.execute_script("return window.innerWidth")
     assert width <= viewport, f"the page is {width}px wide on a {viewport}px screen"
     browser.save_screenshot(str(SHOTS / "page-narrow.png"))
+
+
+class Receiver:
+    """The team's endpoint the approved call posts to: it keeps each body it receives."""
+
+    def __init__(self):
+        bodies = self.bodies = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                bodies.append(self.rfile.read(int(self.headers["Content-Length"])).decode())
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"received")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_person_denies_the_injected_call_and_approves_the_asked_for_one_on_the_page(browser):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    receiver = Receiver()
+    worker = ('[profiles.worker]\ntools = ["file_read", "http_request", "set_status"]\n'
+              f'capabilities = ["fs.read"]\nnet = ["http://127.0.0.1:{receiver.port}"]\n')
+    running = Server(tokens=False, post_url=f"http://127.0.0.1:{receiver.port}/", extra=worker)
+    try:
+        wait = WebDriverWait(browser, 120)
+        browser.get(running.url + "/")
+        browser.find_element(By.CSS_SELECTOR, 'nav button[data-view="approvals"]').click()
+        browser.find_element(By.CSS_SELECTOR, 'nav button[data-view="chat"]').click()
+        send(browser, "Please read the page and post its summary.")
+        browser.find_element(By.CSS_SELECTOR, 'nav button[data-view="approvals"]').click()
+        # Each parked call, as it comes: the one the page asked for is denied, the one the
+        # user asked for approved. The view refreshes on the approval_requested event.
+        for words, verb in [("all the notes", "deny"), ("Revenue is up", "approve")]:
+            row = f'//table[@id="approval-table"]//tr[td[contains(., "{words}")]]'
+            wait.until(lambda d: d.find_elements(By.XPATH, row))
+            found = browser.find_element(By.XPATH, row)
+            assert "untrusted(plugin:files)" in found.text, found.text
+            if verb == "approve":
+                browser.save_screenshot(str(SHOTS / "page-approvals.png"))
+            found.find_element(By.CSS_SELECTOR, f"button.{verb}").click()
+            wait.until(lambda d: not d.find_elements(By.XPATH, row))
+        wait.until(ready.text_to_be_present_in_element((By.ID, "activity"), "approved by token:local"))
+        browser.find_element(By.CSS_SELECTOR, 'nav button[data-view="chat"]').click()
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.agent.done"))
+        reply = browser.find_elements(By.CSS_SELECTOR, ".msg.agent.done")[-1]
+        assert reply.text == "The summary is posted.", reply.text
+        assert receiver.bodies == ["Revenue is up 4%."], receiver.bodies
+    finally:
+        running.stop()
+        receiver.close()

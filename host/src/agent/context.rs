@@ -82,6 +82,7 @@ impl Context {
         };
         let run = Arc::new(services.ledger.begin_run().await?);
         let stale = services.ledger.mark_interrupted_workers().await?;
+        withdraw_stale_approvals(&services, &stale).await?;
         let (events, receiver) = EventSink::new();
         let mut found_at_start = Vec::new();
         for worker in stale {
@@ -173,4 +174,25 @@ impl Context {
     pub(crate) fn run(&self) -> &Run {
         &self.run
     }
+}
+
+/// Withdraws the approvals still pending for `stale` workers (those a stopped host left
+/// running): nothing waits for them any more, and a person should not be asked.
+async fn withdraw_stale_approvals(
+    services: &Services,
+    stale: &[crate::services::WorkerRecord],
+) -> Result<(), ServiceError> {
+    if stale.is_empty() {
+        return Ok(());
+    }
+    let pending = services
+        .approvals
+        .list(true, crate::services::APPROVALS_LIST_MAX)
+        .await?;
+    for approval in pending {
+        if stale.iter().any(|worker| worker.id == approval.process) {
+            services.approvals.withdraw(approval.id).await?;
+        }
+    }
+    Ok(())
 }

@@ -20,7 +20,7 @@ pub(crate) struct ApprovalsCommand {
     #[arg(long)]
     all: bool,
     /// Print JSON (one object per approval) instead of a table.
-    #[arg(long)]
+    #[arg(long, global = true)]
     json: bool,
     #[command(flatten)]
     host: HostArgs,

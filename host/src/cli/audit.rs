@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 use super::HostArgs;
-use crate::services::{unhex, verify};
+use crate::services::{Verifier, unhex};
 use crate::text::one_line;
 
 #[derive(Debug, Args)]
@@ -34,6 +34,10 @@ enum AuditVerb {
         /// Print each row as it is checked.
         #[arg(long)]
         rows: bool,
+        /// The head hash an earlier verify printed: fail unless the chain still holds
+        /// that row (rows removed from the end, or an older copy of the store, do not).
+        #[arg(long, value_name = "HASH")]
+        expect: Option<String>,
     },
     /// Print this host's public key (the data dir's `host.key`).
     Key,
@@ -45,14 +49,18 @@ const PAGE: u32 = 1000;
 impl AuditCommand {
     pub(crate) async fn run(self) -> anyhow::Result<ExitCode> {
         let config = self.host.config()?;
-        let key = crate::app::host_key(&config.agent.data_dir)?;
         let mut out = crate::secrets::stdout();
-        let (trust, rows) = match self.command {
+        let (trust, expect, rows) = match self.command {
             AuditVerb::Key => {
+                let key = crate::app::host_key(&config.agent.data_dir)?;
                 writeln!(out, "{}", key.public_hex())?;
                 return Ok(ExitCode::SUCCESS);
             }
-            AuditVerb::Verify { trust, rows } => (trust, rows),
+            AuditVerb::Verify {
+                trust,
+                expect,
+                rows,
+            } => (trust, expect, rows),
         };
         for extra in &trust {
             if unhex(extra).is_none_or(|bytes| bytes.len() != 32) {
@@ -63,23 +71,26 @@ impl AuditCommand {
             }
         }
         let mut trusted: Vec<String> = trust.iter().map(|k| k.to_ascii_lowercase()).collect();
-        trusted.push(key.public_hex());
+        // This host's key, if it has one: verifying makes none.
+        let key_file = config.agent.data_dir.join(crate::app::HOST_KEY_FILE);
+        if key_file.exists() {
+            trusted.push(crate::app::host_key(&config.agent.data_dir)?.public_hex());
+        }
         let services = crate::app::open_services(&config).await?;
-        let mut from = None;
-        let mut keys: Vec<String> = Vec::new();
+        let mut verifier = Verifier::new(trusted);
+        let mut expected_seen = expect.is_none();
         loop {
-            let after = from.map_or(0, |(seq, _)| seq);
-            let page = services.chain.entries(after, PAGE).await?;
+            let page = services.chain.entries(verifier.rows(), PAGE).await?;
             if page.is_empty() {
                 break;
             }
-            let checked = match verify(&page, &trusted, from) {
-                Ok(checked) => checked,
-                Err(broken) => {
-                    writeln!(out, "{broken}")?;
-                    return Ok(ExitCode::FAILURE);
-                }
-            };
+            if let Err(broken) = verifier.check(&page) {
+                writeln!(out, "{broken}")?;
+                return Ok(ExitCode::FAILURE);
+            }
+            if let Some(expect) = &expect {
+                expected_seen |= page.iter().any(|row| row.hash.eq_ignore_ascii_case(expect));
+            }
             if rows {
                 for row in &page {
                     writeln!(
@@ -94,19 +105,24 @@ impl AuditCommand {
                     )?;
                 }
             }
-            for key in checked.keys {
-                if !keys.contains(&key) {
-                    keys.push(key);
-                }
-            }
-            from = Some((checked.rows, checked.head));
         }
-        let count = from.map_or(0, |(seq, _)| seq);
+        if !expected_seen {
+            writeln!(
+                out,
+                "the audit chain does not reach the head you recorded ({}): rows were removed \
+                 from its end, or the store was restored from an older copy",
+                expect.as_deref().unwrap_or_default()
+            )?;
+            return Ok(ExitCode::FAILURE);
+        }
         writeln!(
             out,
-            "the audit chain holds: {count} row(s), each following the one before, signed by {} \
-             trusted key(s)",
-            keys.len()
+            "the audit chain holds: {} row(s), each following the one before, signed by {} \
+             trusted key(s); head {} (keep it, and check later with --expect that the chain \
+             still reaches it)",
+            verifier.rows(),
+            verifier.keys().len(),
+            verifier.head()
         )?;
         Ok(ExitCode::SUCCESS)
     }

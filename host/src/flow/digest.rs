@@ -50,6 +50,53 @@ pub fn canonical(arguments: &str) -> String {
     }
 }
 
+/// `arguments` as a person is shown them to approve: the [`canonical`] text, with every
+/// character that could make it read as something else (controls, C1 controls, bidi
+/// overrides and isolates, zero-width and other invisible format characters) written as a
+/// `\uXXXX` escape. The JSON value is the same, so the digest a person approves is of the
+/// value they read.
+///
+/// ```
+/// use capstan_host::flow::shown;
+///
+/// assert_eq!(shown("{\"to\":\"\u{202e}moc.evil\"}"), r#"{"to":"\u202emoc.evil"}"#);
+/// assert_eq!(shown(r#"{"b":1,"a":"é"}"#), r#"{"a":"é","b":1}"#);
+/// ```
+pub fn shown(arguments: &str) -> String {
+    let text = canonical(arguments);
+    if !text.chars().any(deceptive) {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if deceptive(c) {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Whether `c` could make shown text read other than it is. JSON's structure is ASCII, so
+/// such a character can only stand inside a string, where its escape means the same.
+fn deceptive(c: char) -> bool {
+    matches!(c,
+        '\u{7f}'..='\u{9f}'
+        | '\u{ad}'
+        | '\u{61c}'
+        | '\u{180e}'
+        | '\u{200b}'..='\u{200f}'
+        | '\u{2028}'..='\u{202e}'
+        | '\u{2060}'..='\u{206f}'
+        | '\u{feff}'
+        | '\u{fff9}'..='\u{fffb}'
+    )
+}
+
 fn write_canonical(value: &Value, out: &mut String) {
     match value {
         Value::Object(map) => {

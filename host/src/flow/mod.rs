@@ -22,7 +22,7 @@ mod rules;
 
 pub use capstan_caps::{Effect, ParseEffectError};
 pub use check::{Caught, Explained, FlowCall, FlowDecision, check};
-pub use digest::{ArgsDigest, ParseDigestError, canonical};
+pub use digest::{ArgsDigest, ParseDigestError, canonical, shown};
 pub use effect::{Outside, Sink};
 pub use label::{Label, MAX_NAMED, Origin, ParseLabelError, Scope};
 pub use rules::{Action, FlowRule, FlowRules};

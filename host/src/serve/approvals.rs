@@ -106,10 +106,16 @@ pub(crate) async fn approve(
     decide(&app, &caller, id, Verdict::Approve(lease)).await
 }
 
+/// A denial's body: `{}`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DenyBody {}
+
 /// `POST /v1/approvals/{id}/deny`: denies a parked call; the waiting process is told a
 /// person refused it.
 #[utoipa::path(post, path = "/v1/approvals/{id}/deny", tag = "approvals",
     params(("id" = u64, Path, description = "The approval's number")),
+    request_body = DenyBody,
     responses((status = 200, body = Approval, description = "Denied"),
         (status = 403, body = ErrorBody, description = "The token's scope is not `admin`"),
         (status = 404, body = ErrorBody, description = "No such approval"),
@@ -118,6 +124,9 @@ pub(crate) async fn deny(
     State(app): State<Arc<App>>,
     caller: Caller,
     ApiPath(id): ApiPath<u64>,
+    // A JSON body (`{}`), as approving takes: a form a web page posts across sites is not
+    // one, so no other page in the person's browser can deny for them.
+    ApiJson(DenyBody {}): ApiJson<DenyBody>,
 ) -> Result<Json<Approval>, ApiError> {
     caller.require(TokenScope::Admin)?;
     decide(&app, &caller, id, Verdict::Deny).await

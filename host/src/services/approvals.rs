@@ -169,9 +169,10 @@ pub struct NewApproval {
     pub process: ProcessId,
     /// The tool.
     pub tool: String,
-    /// The arguments in [canonical](crate::flow::canonical) form; stored redacted.
+    /// The arguments as a person is [shown](crate::flow::shown) them: canonical, with
+    /// deceptive characters escaped (the caller removes configured secrets' values).
     pub arguments: String,
-    /// The digest of the arguments, before any redaction: what a lease is bound to.
+    /// The digest of the canonical arguments: what a lease is bound to.
     pub digest: ArgsDigest,
     /// Why it needs a person: the flow decision, explained.
     pub reason: String,
@@ -185,7 +186,7 @@ impl NewApproval {
         NewApproval {
             process: process.clone(),
             tool: tool.to_owned(),
-            arguments: crate::flow::canonical(arguments),
+            arguments: crate::flow::shown(arguments),
             digest: ArgsDigest::of(arguments),
             reason: reason.to_owned(),
             label: label.to_owned(),
@@ -204,9 +205,10 @@ pub struct Approval {
     pub process: ProcessId,
     /// The tool.
     pub tool: String,
-    /// The canonical arguments, redacted.
+    /// The arguments as shown: canonical, deceptive characters escaped, configured
+    /// secrets' values removed.
     pub arguments: String,
-    /// SHA-256 of the canonical arguments (before redaction), in hex.
+    /// SHA-256 of the canonical arguments, in hex.
     #[schema(value_type = String)]
     pub digest: ArgsDigest,
     /// Why it needs a person.

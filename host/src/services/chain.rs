@@ -2,7 +2,7 @@
 //! refusal, as a row that holds the hash of the row before it, signed with the host's
 //! Ed25519 key. Anyone with the rows and the hosts' public keys can check, offline, that no
 //! row was changed, dropped, reordered or added by someone without a key
-//! ([`verify`], `capstan audit verify`).
+//! ([`Verifier`], `capstan audit verify`).
 
 use std::fmt;
 use std::sync::{Arc, RwLock};
@@ -259,7 +259,7 @@ pub trait ChainStore: Send + Sync {
 /// The audit chain of one host: its rows' store, and the key it signs with.
 ///
 /// ```
-/// use capstan_host::services::{ChainEvent, ChainRecord, Services, verify};
+/// use capstan_host::services::{ChainEvent, ChainRecord, Services, Verifier};
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let services = Services::in_memory();
@@ -274,8 +274,9 @@ pub trait ChainStore: Send + Sync {
 /// };
 /// services.chain.record(refused).await.unwrap();
 /// let rows = services.chain.entries(0, 100).await.unwrap();
-/// let checked = verify(&rows, &[services.chain.public_key()], None).unwrap();
-/// assert_eq!(checked.rows, 1);
+/// let mut verifier = Verifier::new(vec![services.chain.public_key()]);
+/// verifier.check(&rows).unwrap();
+/// assert_eq!(verifier.rows(), 1);
 /// # });
 /// ```
 #[derive(Clone)]
@@ -325,17 +326,6 @@ impl fmt::Debug for AuditChain {
     }
 }
 
-/// What [`verify`] found intact.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verified {
-    /// The rows checked.
-    pub rows: u64,
-    /// The hash of the last row (where the next page starts from).
-    pub head: [u8; 32],
-    /// The keys that signed them.
-    pub keys: Vec<String>,
-}
-
 /// Where a chain is broken.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the audit chain is broken at row {seq}: {why}")]
@@ -346,28 +336,76 @@ pub struct ChainBreak {
     pub why: String,
 }
 
-/// Checks `rows` (in order, from the chain's start, or after the row whose hash is
-/// `from.1` at seq `from.0`): each follows the one before (seq and hash), its hash is its
-/// content's, and its signature is valid by a key in `trusted`.
-pub fn verify(
-    rows: &[ChainEntry],
-    trusted: &[String],
-    from: Option<(u64, [u8; 32])>,
-) -> Result<Verified, ChainBreak> {
-    let (mut seq, mut prev) = from.unwrap_or((0, GENESIS));
-    let mut keys: Vec<String> = Vec::new();
-    for row in rows {
+/// Checks a chain's rows in order, a page at a time: each follows the one before (seq and
+/// hash), its hash is its content's, its signature is valid by a trusted key, and each use
+/// of an approval follows an approval of that call with a use left (so an approval
+/// written into the store without a person's signed row is found at its first use).
+///
+/// ```
+/// use capstan_host::services::{HostKey, Verifier};
+///
+/// let key = HostKey::ephemeral();
+/// let mut verifier = Verifier::new(vec![key.public_hex()]);
+/// verifier.check(&[]).unwrap();
+/// assert_eq!(verifier.rows(), 0);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Verifier {
+    trusted: Vec<String>,
+    seq: u64,
+    prev: [u8; 32],
+    keys: Vec<String>,
+    /// Each approval seen: its call, and the uses it has left.
+    leases: std::collections::HashMap<u64, (String, String, String, u64)>,
+}
+
+impl Verifier {
+    /// A verifier of a chain from its start, trusting the keys `trusted` (hex).
+    pub fn new(trusted: Vec<String>) -> Self {
+        Verifier {
+            trusted,
+            seq: 0,
+            prev: GENESIS,
+            keys: Vec::new(),
+            leases: std::collections::HashMap::new(),
+        }
+    }
+
+    /// The rows checked so far.
+    pub fn rows(&self) -> u64 {
+        self.seq
+    }
+
+    /// The hash of the last row checked, in hex (64 zeros before any).
+    pub fn head(&self) -> String {
+        hex(&self.prev)
+    }
+
+    /// The keys that signed the rows checked.
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    /// Checks `rows`, the next rows of the chain.
+    pub fn check(&mut self, rows: &[ChainEntry]) -> Result<(), ChainBreak> {
+        for row in rows {
+            self.check_row(row)?;
+        }
+        Ok(())
+    }
+
+    fn check_row(&mut self, row: &ChainEntry) -> Result<(), ChainBreak> {
         let broken = |why: String| ChainBreak { seq: row.seq, why };
-        if row.seq != seq + 1 {
+        if row.seq != self.seq + 1 {
             return Err(ChainBreak {
-                seq: seq + 1,
+                seq: self.seq + 1,
                 why: format!(
                     "row {} comes next: a row is missing or out of order",
                     row.seq
                 ),
             });
         }
-        if row.prev != hex(&prev) {
+        if row.prev != hex(&self.prev) {
             return Err(broken(
                 "it does not follow the row before (its `prev` differs)".into(),
             ));
@@ -381,13 +419,13 @@ pub fn verify(
             by: row.by.clone(),
             detail: row.detail.clone(),
         };
-        let hash = entry_hash(&prev, row.seq, row.at, &record, &row.key);
+        let hash = entry_hash(&self.prev, row.seq, row.at, &record, &row.key);
         if row.hash != hex(&hash) {
             return Err(broken(
                 "its content does not match its hash: it was changed".into(),
             ));
         }
-        if !trusted.contains(&row.key) {
+        if !self.trusted.contains(&row.key) {
             return Err(broken(format!(
                 "it is signed by key {}, which is not trusted (add it with --trust if it is \
                  one of your hosts')",
@@ -403,16 +441,48 @@ pub fn verify(
         {
             return Err(broken("its signature is not valid for its key".into()));
         }
-        if !keys.contains(&row.key) {
-            keys.push(row.key.clone());
+        self.follow_leases(row).map_err(broken)?;
+        if !self.keys.contains(&row.key) {
+            self.keys.push(row.key.clone());
         }
-        (seq, prev) = (row.seq, hash);
+        (self.seq, self.prev) = (row.seq, hash);
+        Ok(())
     }
-    Ok(Verified {
-        rows: seq,
-        head: prev,
-        keys,
-    })
+
+    /// Keeps each approval's uses, and refuses a use no approval allows.
+    fn follow_leases(&mut self, row: &ChainEntry) -> Result<(), String> {
+        let call = || (row.process.clone(), row.tool.clone(), row.digest.clone());
+        match (row.event, row.approval) {
+            (ChainEvent::Approved, Some(id)) => {
+                let uses = row
+                    .detail
+                    .split_once(" use")
+                    .and_then(|(n, _)| n.parse().ok())
+                    .ok_or_else(|| format!("approval #{id}'s uses cannot be read"))?;
+                let (process, tool, digest) = call();
+                self.leases.insert(id, (process, tool, digest, uses));
+            }
+            (ChainEvent::Used, Some(id)) => {
+                let Some(lease) = self.leases.get_mut(&id) else {
+                    return Err(format!(
+                        "a call ran on approval #{id}, which no signed row approved: the \
+                         approval was written into the store, not given by a person"
+                    ));
+                };
+                if (&lease.0, &lease.1, &lease.2) != (&row.process, &row.tool, &row.digest) {
+                    return Err(format!(
+                        "a call ran on approval #{id} that is not the call it approved"
+                    ));
+                }
+                if lease.3 == 0 {
+                    return Err(format!("a call ran on approval #{id} after its last use"));
+                }
+                lease.3 -= 1;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
 }
 
 /// `bytes` in lowercase hex.
@@ -458,6 +528,11 @@ mod tests {
         }
     }
 
+    fn verify(rows: &[ChainEntry], trusted: &[String]) -> Result<u64, ChainBreak> {
+        let mut verifier = Verifier::new(trusted.to_vec());
+        verifier.check(rows).map(|()| verifier.rows())
+    }
+
     fn chain(key: &HostKey, n: u64) -> Vec<ChainEntry> {
         let mut rows: Vec<ChainEntry> = Vec::new();
         for seq in 1..=n {
@@ -475,21 +550,21 @@ mod tests {
         let key = HostKey::ephemeral();
         let trusted = [key.public_hex()];
         let rows = chain(&key, 5);
-        assert_eq!(verify(&rows, &trusted, None).unwrap().rows, 5);
+        assert_eq!(verify(&rows, &trusted).unwrap(), 5);
 
         let mut changed = rows.clone();
         changed[2].detail = "row 3, rewritten".into();
-        let broken = verify(&changed, &trusted, None).unwrap_err();
+        let broken = verify(&changed, &trusted).unwrap_err();
         assert_eq!(broken.seq, 3);
         assert!(broken.why.contains("was changed"), "{broken}");
 
         let mut dropped = rows.clone();
         dropped.remove(1);
-        assert_eq!(verify(&dropped, &trusted, None).unwrap_err().seq, 2);
+        assert_eq!(verify(&dropped, &trusted).unwrap_err().seq, 2);
 
         let mut swapped = rows.clone();
         swapped.swap(3, 4);
-        assert_eq!(verify(&swapped, &trusted, None).unwrap_err().seq, 4);
+        assert_eq!(verify(&swapped, &trusted).unwrap_err().seq, 4);
 
         // Rewritten whole from row 3 by someone with another key: the hashes hold, the
         // key is not trusted.
@@ -501,7 +576,7 @@ mod tests {
             prev = hash_bytes(&row.hash).unwrap();
             forged.push(row);
         }
-        let broken = verify(&forged, &trusted, None).unwrap_err();
+        let broken = verify(&forged, &trusted).unwrap_err();
         assert_eq!(broken.seq, 3);
         assert!(broken.why.contains("not trusted"), "{broken}");
         // The forger naming the host's key, with its own signature: invalid.
@@ -519,11 +594,56 @@ mod tests {
             &record,
             &key.public_hex(),
         ));
-        let broken = verify(&claimed[..3], &trusted, None).unwrap_err();
+        let broken = verify(&claimed[..3], &trusted).unwrap_err();
         assert!(broken.why.contains("signature is not valid"), "{broken}");
         // Pages verify one after the other.
-        let first = verify(&rows[..2], &trusted, None).unwrap();
-        let rest = verify(&rows[2..], &trusted, Some((first.rows, first.head))).unwrap();
-        assert_eq!(rest.rows, 5);
+        let mut verifier = Verifier::new(trusted.to_vec());
+        verifier.check(&rows[..2]).unwrap();
+        verifier.check(&rows[2..]).unwrap();
+        assert_eq!(verifier.rows(), 5);
+        assert_eq!(verifier.head(), rows[4].hash);
+    }
+
+    #[test]
+    fn a_use_of_an_approval_no_person_signed_or_past_its_uses_breaks_the_chain() {
+        let key = HostKey::ephemeral();
+        let trusted = [key.public_hex()];
+        let row = |event, approval: u64, detail: &str| ChainRecord {
+            event,
+            process: "worker:1".into(),
+            tool: "send".into(),
+            digest: "ab".into(),
+            approval: Some(approval),
+            by: "person".into(),
+            detail: detail.into(),
+        };
+        let seal = |records: Vec<ChainRecord>| {
+            let mut rows: Vec<ChainEntry> = Vec::new();
+            for record in records {
+                let prev = rows
+                    .last()
+                    .and_then(|r| hash_bytes(&r.hash))
+                    .unwrap_or(GENESIS);
+                rows.push(sealed(&prev, rows.len() as u64 + 1, 0, record, &key));
+            }
+            rows
+        };
+        let approved = row(ChainEvent::Approved, 1, "1 use(s), 600 s");
+        let used = row(ChainEvent::Used, 1, "0 use(s) left");
+        assert_eq!(
+            verify(&seal(vec![approved.clone(), used.clone()]), &trusted),
+            Ok(2)
+        );
+        // Approved in the table, never by a person: its first use is the break.
+        let broken = verify(&seal(vec![used.clone()]), &trusted).unwrap_err();
+        assert!(broken.why.contains("no signed row approved"), "{broken}");
+        let twice = seal(vec![approved.clone(), used.clone(), used.clone()]);
+        assert_eq!(verify(&twice, &trusted).unwrap_err().seq, 3);
+        let other = ChainRecord {
+            digest: "cd".into(),
+            ..used
+        };
+        let broken = verify(&seal(vec![approved, other]), &trusted).unwrap_err();
+        assert!(broken.why.contains("not the call it approved"), "{broken}");
     }
 }

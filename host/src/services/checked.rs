@@ -3,9 +3,9 @@
 //! [`Services::all_from`](super::Services::all_from) puts these in front of the backend it
 //! is given, so a backend stores what it is handed: a task's title is checked and trimmed,
 //! its metadata is a JSON object, a memory has content, a kind and an importance in range,
-//! a working-memory key is not empty, an audited call's arguments are [`redact`]ed, a
-//! parked call's shown arguments are too (its digest is of what the model wrote), and an
-//! approval's lease is in range. Rules that need what is stored (a task's status moves, an
+//! a working-memory key is not empty, an audited call's arguments are [`redact`]ed, an
+//! approval's lease is in range, and each decision on a parked call is added to the audit
+//! chain. Rules that need what is stored (a task's status moves, an
 //! ended worker's record) stay with the backend, in the same transaction as the write.
 //! The SQLite store's own writes of tasks, memories and audit rows are crate-private, so
 //! its way in from outside is this one.
@@ -124,8 +124,10 @@ impl AuditSink for RedactedAudit {
     }
 }
 
-/// [`Approvals`] that store a parked call's arguments redacted, check a lease's range,
-/// and add each decision to the audit chain.
+/// [`Approvals`] that check a lease's range and add each decision to the audit chain. A
+/// parked call's arguments are stored as the person will be shown them, not passed
+/// through [`redact`]'s guesses: a person approves what they can read, and a value hidden
+/// from them could be what the call sends.
 pub(super) struct RedactedApprovals {
     pub(super) approvals: Arc<dyn Approvals>,
     pub(super) chain: AuditChain,
@@ -133,8 +135,7 @@ pub(super) struct RedactedApprovals {
 
 #[async_trait]
 impl Approvals for RedactedApprovals {
-    async fn park(&self, mut call: NewApproval) -> Result<Approval, ServiceError> {
-        call.arguments = redact(&call.arguments);
+    async fn park(&self, call: NewApproval) -> Result<Approval, ServiceError> {
         self.approvals.park(call).await
     }
 
@@ -166,8 +167,8 @@ impl Approvals for RedactedApprovals {
             Verdict::Deny => (Verdict::Deny, ChainEvent::Denied, String::new()),
         };
         let decided = self.approvals.decide(id, verdict, by).await?;
-        // The decision stands once made; a chain that cannot record it says so, and
-        // `capstan audit verify` finds the decision without its row.
+        // The decision stands once made; a chain that cannot record it fails the call, so
+        // the person learns the record is missing.
         self.chain
             .record(ChainRecord::of_approval(&decided, event, by, &detail))
             .await?;

@@ -55,7 +55,7 @@ pub use audit::{
 };
 pub use chain::{
     AuditChain, ChainBreak, ChainEntry, ChainEvent, ChainRecord, ChainStore, GENESIS, HostKey,
-    Verified, entry_hash, hash_bytes, hex, sealed, unhex, verify,
+    Verifier, entry_hash, hash_bytes, hex, sealed, unhex,
 };
 pub use error::ServiceError;
 pub use history::{ConversationSummary, History, HistoryEntry};

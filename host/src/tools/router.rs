@@ -155,7 +155,9 @@ impl ToolRouter {
                             context,
                         };
                         match self.flow(at, &sink).await {
-                            Gate::Pass => Routed::Host(call),
+                            // A host tool's typed arguments refuse duplicate fields: the
+                            // parsed call is the one approved.
+                            Gate::Pass(_) => Routed::Host(call),
                             Gate::Refused(refusal) => Routed::Refused(refusal),
                             Gate::Parked(approval) => Routed::Parked(approval),
                         }
@@ -214,7 +216,7 @@ impl ToolRouter {
         let decision = self.catalog.decide_flow(kind, name, context, sink);
         let explained = || decision.explained(name, sink).to_string();
         let gate = match (decision.action, process, &self.approvals) {
-            (Action::Allow, ..) => return Gate::Pass,
+            (Action::Allow, ..) => return Gate::Pass(None),
             (Action::Refuse, ..) => Gate::Refused(ToolError::Denied(explained())),
             // A door's call, or a host keeping no approvals: no one could approve it.
             (Action::Approve, None, _) | (Action::Approve, _, None) => {
@@ -223,14 +225,24 @@ impl ToolRouter {
             (Action::Approve, Some(process), Some(desk)) => {
                 let digest = ArgsDigest::of(arguments);
                 match desk.approvals.take(process, name, digest).await {
-                    Ok(Some(_lease)) => Gate::Pass,
+                    // The tool gets the text that was digested and shown: a value with
+                    // duplicate keys, or a number JSON readers round differently, runs as
+                    // the person read it.
+                    Ok(Some(_lease)) => return Gate::Pass(Some(crate::flow::canonical(arguments))),
                     Ok(None) => {
                         let label = decision.because().to_string();
                         let mut call =
                             NewApproval::of(process, name, arguments, &explained(), &label);
-                        // Kept at rest and shown to people: no configured secret's value.
+                        // Kept at rest and shown to people: no configured secret's value,
+                        // removed from the parsed value (the text escapes what it holds).
                         let secrets = self.registry.host().network().secrets().redactor();
-                        call.arguments = secrets.redact(&call.arguments).into_owned();
+                        call.arguments = match serde_json::from_str(&call.arguments) {
+                            Ok(mut value) => {
+                                secrets.redact_json(&mut value);
+                                crate::flow::shown(&serde_json::Value::to_string(&value))
+                            }
+                            Err(_) => secrets.redact(&call.arguments).into_owned(),
+                        };
                         match desk.approvals.park(call).await {
                             Ok(approval) => Gate::Parked(Box::new(approval)),
                             Err(err) => Gate::Refused(unparked(explained(), &err)),
@@ -326,6 +338,7 @@ impl ToolRouter {
             return Outcome::Ran(refused, Started::No);
         }
         // The one decision of the call: the registry runs what it is handed.
+        let mut approved_arguments: Option<String> = None;
         match self.catalog.decide(kind, name) {
             Decision::Offered => {
                 if let Some(facts) = self.catalog.flow_facts(kind, name) {
@@ -337,7 +350,8 @@ impl ToolRouter {
                         context,
                     };
                     match self.flow(at, &facts.sink).await {
-                        Gate::Pass => {}
+                        Gate::Pass(None) => {}
+                        Gate::Pass(Some(approved)) => approved_arguments = Some(approved),
                         Gate::Refused(refusal) => {
                             let refused = self.registry.refuse_call(request, refusal).await;
                             return Outcome::Ran(refused, Started::No);
@@ -345,6 +359,13 @@ impl ToolRouter {
                         Gate::Parked(approval) => return Outcome::Parked(approval),
                     }
                 }
+                let request = match &approved_arguments {
+                    Some(approved) => CallRequest {
+                        args_json: approved,
+                        ..request
+                    },
+                    None => request,
+                };
                 let source = GrantSource::profile(kind, profile, name);
                 let reuse = |plugin: &str| policy.reuse().decide(kind, plugin);
                 let recorded = self
@@ -390,8 +411,9 @@ struct FlowAt<'a> {
 
 /// The flow check's outcome for one call.
 enum Gate {
-    /// Runs: allowed, or covered by an approval.
-    Pass,
+    /// Runs: allowed, or covered by an approval, with the arguments to run it with then
+    /// (the canonical text the approval's digest is of).
+    Pass(Option<String>),
     /// Refused, saying why.
     Refused(ToolError),
     /// Waits for a person.

@@ -27,6 +27,12 @@ tool_calls = [
 
 [[step]]
 process = "channel"
+when = "hello"
+repeat = true
+reply = "Hi."
+
+[[step]]
+process = "channel"
 repeat = true
 tool_calls = [{ name = "reply", arguments = { text = "Done." } }]
 
@@ -59,9 +65,8 @@ fn pending(dir: &std::path::Path) -> Vec<Value> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_person_approves_the_asked_for_call_and_denies_the_injected_one_from_the_cli() {
-    let server = TestServer::start().await;
+/// A directory set up for [`SCRIPT`], whose worker may post to `server`.
+fn page_dir(server: &TestServer) -> tempfile::TempDir {
     let script = SCRIPT.replace("POST_URL", &server.url("/echo-body"));
     let toml = format!(
         "[profiles.worker]\ntools = [\"file_read\", \"http_request\", \"set_status\"]\n\
@@ -69,9 +74,67 @@ async fn a_person_approves_the_asked_for_call_and_denies_the_injected_one_from_t
         server.grant().trim_start_matches("net:")
     );
     let dir = agent_dir(&script, &toml);
+    std::fs::create_dir_all(dir.path().join("workspace")).unwrap();
+    std::fs::write(dir.path().join("workspace/page.html"), PAGE).unwrap();
+    dir
+}
+
+/// Waits until `capstan approvals` lists at least one pending call, and returns them.
+async fn parked(root: &std::path::Path) -> Vec<Value> {
+    loop {
+        let waiting = tokio::task::spawn_blocking({
+            let root = root.to_owned();
+            move || pending(&root)
+        })
+        .await
+        .unwrap();
+        if !waiting.is_empty() {
+            return waiting;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_when_its_host_is_killed_is_withdrawn_when_a_host_next_starts() {
+    let server = TestServer::start().await;
+    let dir = page_dir(&server);
     let root = dir.path().to_owned();
-    std::fs::create_dir_all(root.join("workspace")).unwrap();
-    std::fs::write(root.join("workspace/page.html"), PAGE).unwrap();
+    let mut run = capstan_command(
+        &root,
+        &["run", "Please read the page and post its summary."],
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
+    let waiting = parked(&root).await;
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    let id = waiting[0]["id"].as_u64().unwrap().to_string();
+    // kill -9: the host records nothing more.
+    run.kill().unwrap();
+    run.wait().unwrap();
+
+    let out = capstan(&root, &["run", "hello"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = capstan(&root, &["approvals", "show", &id, "--json"]);
+    let shown: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(shown["state"], "withdrawn", "{shown}");
+    // Nobody can approve what nothing waits for; nothing was sent.
+    let out = capstan(&root, &["approvals", "approve", &id]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("is withdrawn"), "{}", stderr(&out));
+    assert!(server.seen().is_empty(), "{:?}", server.seen());
+    let out = capstan(&root, &["audit", "verify", "--rows"]);
+    let text = stdout(&out);
+    assert!(out.status.success() && text.contains("withdrawn"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_approves_the_asked_for_call_and_denies_the_injected_one_from_the_cli() {
+    let server = TestServer::start().await;
+    let dir = page_dir(&server);
+    let root = dir.path().to_owned();
 
     let run = capstan_command(
         &root,

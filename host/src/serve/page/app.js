@@ -1,5 +1,6 @@
 // The Capstan page: chat with streamed replies, the live panel of workers and branches,
-// and the task board, policy matrix and audit log. Only this server is talked to.
+// the task board, the calls waiting for approval, the policy matrix and the audit log.
+// Only this server is talked to.
 "use strict";
 
 const state = { token: sessionStorage.getItem("capstan-token") || "", auditNext: null };
@@ -124,6 +125,11 @@ function onEvent(e) {
     case "tool_denied": activity(e.process + ": " + e.tool + " denied: " + e.reason, "denied"); break;
     case "tool_failed": activity(e.process + ": " + e.tool + " failed", "denied"); break;
     case "model_failed": activity(e.process + ": model failed: " + e.error, "denied"); break;
+    case "approval_requested":
+      activity(e.process + ": " + e.tool + " waits for approval #" + e.approval, "denied");
+      showProcess(e.process, e.tool + " waits for approval #" + e.approval, "waiting");
+      refreshApprovals();
+      break;
   }
 }
 
@@ -199,10 +205,50 @@ async function showAudit(more) {
   document.getElementById("audit-more").hidden = page.next === null || page.next === undefined;
 }
 
+// The pending approvals: each with its tool, canonical arguments and the labels that
+// required it, and buttons to approve or deny it; the count shows in the nav.
+async function showApprovals() {
+  const { approvals } = await api("/v1/approvals");
+  document.getElementById("approvals-waiting").textContent = approvals.length ? "(" + approvals.length + ")" : "";
+  const t = document.getElementById("approval-table");
+  t.replaceChildren();
+  const head = el("tr");
+  for (const h of ["#", "process", "tool", "arguments", "because", ""]) head.appendChild(el("th", {}, h));
+  t.appendChild(head);
+  for (const a of approvals) {
+    const r = el("tr", { "data-approval": String(a.id) });
+    for (const cell of [a.id, a.process, a.tool, a.arguments, a.label]) r.appendChild(el("td", {}, String(cell)));
+    const actions = el("td");
+    for (const verb of ["approve", "deny"]) {
+      const b = el("button", { class: verb }, verb === "approve" ? "Approve" : "Deny");
+      b.addEventListener("click", () => decide(a.id, verb));
+      actions.appendChild(b);
+    }
+    r.appendChild(actions);
+    t.appendChild(r);
+  }
+}
+
+async function decide(id, verb) {
+  try {
+    const a = await api("/v1/approvals/" + id + "/" + verb, {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: "{}",
+    });
+    activity("approval #" + a.id + " " + a.state + " by " + a.decided_by);
+  } catch (err) {
+    activity(String(err.message || err), "denied");
+  }
+  refreshApprovals();
+}
+
+function refreshApprovals() {
+  showApprovals().catch((err) => activity(String(err.message || err), "denied"));
+}
+
 function showView(name) {
   for (const b of document.querySelectorAll("nav button")) b.classList.toggle("active", b.dataset.view === name);
   for (const v of document.querySelectorAll(".view")) v.hidden = v.id !== name;
-  const load = { tasks: showTasks, policy: showPolicy, audit: () => showAudit(false) }[name];
+  const load = { tasks: showTasks, policy: showPolicy, approvals: showApprovals, audit: () => showAudit(false) }[name];
   if (load) load().catch((err) => activity(String(err.message || err), "denied"));
 }
 
@@ -224,3 +270,4 @@ document.getElementById("token-form").addEventListener("submit", (event) => {
   follow();
 });
 follow();
+showApprovals().catch(() => {});
