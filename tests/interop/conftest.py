@@ -117,6 +117,18 @@ repeat = true
 tool_calls = [{ name = "set_status", arguments = { state = "done", message = "posted the summary" } }]
 
 [[step]]
+process = "worker"
+when = "did not run"
+repeat = true
+tool_calls = [{ name = "set_status", arguments = { state = "done", message = "nothing was posted" } }]
+
+[[step]]
+process = "channel"
+when = "nothing was posted"
+repeat = true
+reply = "Nothing was posted."
+
+[[step]]
 process = "channel"
 when = "posted the summary"
 repeat = true

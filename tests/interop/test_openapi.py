@@ -9,7 +9,9 @@ import urllib.request
 import jsonschema
 from openapi_spec_validator import validate as validate_spec
 
-from conftest import TOKEN, WORKER_REPLY
+import pytest
+
+from conftest import TOKEN, WORKER_REPLY, Server
 
 
 def fetch(url, method="GET", body=None, token=None):
@@ -51,20 +53,45 @@ def test_the_served_document_is_valid_openapi_3_1(server):
     validate_spec(document)
 
 
-def test_every_json_route_answers_as_its_schema_says(server):
+# A worker that may post, and waits a second for an approval no one gives: its parked
+# calls are withdrawn and it goes on.
+PATIENT_WORKER = """
+[limits]
+approval_wait_secs = 1
+
+[profiles.worker]
+tools = ["file_read", "file_list", "task_create", "http_request", "set_status"]
+capabilities = ["fs.read", "tasks.write"]
+net = ["http://127.0.0.1:9"]
+"""
+
+
+@pytest.fixture
+def stateful_server():
+    running = Server(tokens=False, extra=PATIENT_WORKER)
+    yield running
+    running.stop()
+
+
+def test_every_json_route_answers_as_its_schema_says(stateful_server):
+    server = stateful_server
     _, document = fetch(server.url + "/v1/openapi.json")
     # State for every list to hold rows: a worker that ran a tool, a task it put on the
-    # board, a denial in the audit log.
+    # board, a denial in the audit log, calls parked for approval.
     assert say(server, "Please count the files.")["reply"] == WORKER_REPLY
     assert say(server, "Please put a task on the board.")["reply"] == "A task is on the board."
     assert say(server, "Please read it yourself.", "denied")["reply"] == "I may not read files."
+    say(server, "Please read the page and post its summary.", "page")
+    _, listed = fetch(server.url + "/v1/approvals?all=true")
+    assert listed["approvals"], "no approval row was checked"
+    approval = str(listed["approvals"][0]["id"])
 
     answers = {}
     for path, item in document["paths"].items():
         schema = json_schema(document, path, "get", 200) if "get" in item else None
         if schema is None:
             continue  # the event stream is not JSON
-        status, body = fetch(server.url + path.replace("{name}", "main"))
+        status, body = fetch(server.url + path.replace("{name}", "main").replace("{id}", approval))
         assert status == 200, (path, body)
         conforms(document, schema, body)
         answers[path] = body
@@ -74,10 +101,14 @@ def test_every_json_route_answers_as_its_schema_says(server):
     assert [e for e in answers["/v1/audit"]["entries"] if e["outcome"] == "denied"]
     assert answers["/v1/channels/{name}/history"]["messages"]
     for path in ["/v1/channels", "/v1/channels/{name}/history", "/v1/workers", "/v1/tasks",
-                 "/v1/policy", "/v1/audit", "/v1/plugins", "/v1/tools", "/v1/models"]:
+                 "/v1/policy", "/v1/audit", "/v1/plugins", "/v1/tools", "/v1/models",
+                 "/v1/approvals", "/v1/approvals/{id}"]:
         assert path in answers, f"{path} is not in the document as a JSON GET"
 
-    # The answers of POST routes, and a refusal.
+    # The answers of POST routes, and refusals: a decision on a withdrawn call.
+    status, body = fetch(server.url + f"/v1/approvals/{approval}/deny", "POST", {})
+    assert status == 409, body
+    conforms(document, json_schema(document, "/v1/approvals/{id}/deny", "post", 409), body)
     status, body = fetch(server.url + "/v1/channels/main/messages", "POST",
                          {"text": "hello", "wait": True})
     conforms(document, json_schema(document, "/v1/channels/{name}/messages", "post", 200), body)
