@@ -10,7 +10,8 @@ import threading
 
 import httpx
 
-# The provider reads its key from this variable; the worst-case model ignores it.
+# The provider reads its key from this variable: a real model's key (--model-key-env), or
+# nothing the worst-case model reads.
 KEY_VARIABLE = "CAPSTAN_AGENTDOJO_MODEL_KEY"
 
 
@@ -33,7 +34,8 @@ leak = "allow"
 
 
 def config_text(suite: str, model_url: str, mcp_url: str, max_turns: int, conversations: int,
-                deadline_secs: int, flow: str = "on", extra: str = "") -> str:
+                deadline_secs: int, flow: str = "on", extra: str = "",
+                model_name: str = "worst-case") -> str:
     """The config of one run. Every key not set here keeps its default (see `capstan init`
     or host/src/config/default.toml): with `flow` "on" the host's default flow rules, with
     "off" rules that allow everything. `extra` is appended as is, so it may add tables and
@@ -60,7 +62,7 @@ tool_deadline_secs = {deadline_secs}
 kind = "openai"
 base_url = "{model_url}"
 api_key_env = "{KEY_VARIABLE}"
-model = "worst-case"
+model = "{model_name}"
 
 [mcp.{suite}]
 url = "{mcp_url}"
@@ -83,7 +85,7 @@ capabilities = []
 class CapstanServe:
     """A running `capstan serve` on a loopback port the system picks."""
 
-    def __init__(self, binary: pathlib.Path, config: str, label: str):
+    def __init__(self, binary: pathlib.Path, config: str, label: str, model_key: str = "unused"):
         self.label = label
         self.dir = tempfile.TemporaryDirectory(prefix="capstan-agentdojo-")
         base = pathlib.Path(self.dir.name)
@@ -94,7 +96,7 @@ class CapstanServe:
         self.log_path = base / "serve.log"
         env = dict(os.environ)
         env.pop("RUST_BACKTRACE", None)
-        env[KEY_VARIABLE] = "unused"
+        env[KEY_VARIABLE] = model_key
         env["CAPSTAN_STATE_DIR"] = str(base / "state")
         env["CAPSTAN_CACHE_DIR"] = str(base / "cache")
         self.log = open(self.log_path, "w")

@@ -77,6 +77,14 @@ def parse_args(argv):
                              "[profiles.worker.flow] rules of your own")
     parser.add_argument("--out", type=pathlib.Path, help="write the results here as JSON")
     parser.add_argument("--table", action="store_true", help="print a markdown table of the totals")
+    parser.add_argument("--model-url",
+                        help="a real OpenAI-compatible model instead of the worst-case one: its "
+                             "base URL, e.g. https://api.openai.com/v1")
+    parser.add_argument("--model", default="gpt-4o-2024-05-13",
+                        help="with --model-url: the model's name (default gpt-4o-2024-05-13)")
+    parser.add_argument("--model-key-env", default="OPENAI_API_KEY",
+                        help="with --model-url: the environment variable holding its key "
+                             "(default OPENAI_API_KEY)")
     parser.add_argument("--pair-timeout", type=float, default=300.0,
                         help="seconds one run may take before the benchmark stops (default 300)")
     args = parser.parse_args(argv)
@@ -90,6 +98,12 @@ def parse_args(argv):
     if args.modes == ["off"] and args.extra_config is not None:
         parser.error("--extra-config is the config of modes on and approve; add one of them")
     args.extra = args.extra_config.read_text() if args.extra_config else ""
+    args.model_key = "unused"
+    if args.model_url:
+        args.model_key = os.environ.get(args.model_key_env, "")
+        if not args.model_key:
+            parser.error(f"--model-url needs the model's key in ${args.model_key_env} "
+                         f"(or name another variable with --model-key-env)")
     return args
 
 
@@ -166,7 +180,8 @@ def run_suite(suite_name, mode, args, background, model, path):
     mcp = background.serve(server.app(), f"{suite_name} MCP")
     config = config_text(
         suite=suite_name,
-        model_url=f"http://127.0.0.1:{model.port}/v1",
+        model_url=args.model_url or f"http://127.0.0.1:{model.port}/v1",
+        model_name=args.model if args.model_url else "worst-case",
         mcp_url=f"http://127.0.0.1:{mcp.port}/mcp",
         max_turns=longest + 8,
         conversations=max(1000, len(runs) + 100),
@@ -183,7 +198,7 @@ def run_suite(suite_name, mode, args, background, model, path):
                          f"bench/agentdojo/capstan.py") from err
     tag = f"[{suite_name} {mode}]"
     try:
-        capstan = CapstanServe(path, config, f"{suite_name}, mode {mode}")
+        capstan = CapstanServe(path, config, f"{suite_name}, mode {mode}", args.model_key)
     except CapstanError as err:
         mcp.stop()
         raise SystemExit(f"error: {err}") from err
@@ -292,6 +307,9 @@ def table(entries) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv if argv is not None else sys.argv[1:])
+    if args.model_url:
+        # The attack addresses the model by the name it finds here.
+        Target.name = f"capstan-{args.model}"
     path = binary()
     # AgentDojo warns about things that do not concern this harness (e.g. optional
     # providers' SDKs); the progress lines are what matters.

@@ -7,7 +7,7 @@ use crate::store::Store;
 
 /// The services of `config`: the SQLite store in `agent.data_dir`, or the PostgreSQL
 /// database `[store]` names (its schema brought up to date), their audit chain signed by
-/// the host's key in `agent.data_dir` ([`host_key`](super::host_key)).
+/// the host's key in `agent.data_dir` ([`host_key`](super::host_key())).
 ///
 /// ```no_run
 /// use capstan_host::config::Config;
