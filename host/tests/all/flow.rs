@@ -425,6 +425,8 @@ async fn a_report_s_label_is_stored_with_the_history_and_survives_a_restart() {
 /// counts the calls that reach it.
 struct Bank {
     calls: AtomicUsize,
+    /// The arguments of each call that reached it.
+    received: Mutex<Vec<String>>,
 }
 
 #[async_trait::async_trait]
@@ -433,8 +435,9 @@ impl ExternalTools for Bank {
         "bank"
     }
 
-    async fn call(&self, tool: &str, _args: &str) -> Result<String, ToolError> {
+    async fn call(&self, tool: &str, args: &str) -> Result<String, ToolError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        self.received.lock().unwrap().push(args.to_owned());
         Ok(format!("{tool} ran"))
     }
 
@@ -455,6 +458,7 @@ async fn an_mcp_server_s_tools_meet_the_same_rules() {
     };
     let bank = Arc::new(Bank {
         calls: AtomicUsize::new(0),
+        received: Mutex::default(),
     });
     registry.add_external(
         bank.clone(),
@@ -510,6 +514,93 @@ capabilities = []
         "{leaked}"
     );
     assert_eq!(bank.calls.load(Ordering::SeqCst), 2);
+}
+
+/// The bank's tools, `send_money` sending, for a worker, routed with approvals kept in
+/// `services`.
+async fn bank_router(
+    services: &capstan_host::services::Services,
+) -> (ToolRouter, Arc<Bank>, tempfile::TempDir) {
+    let mut registry = registry(Limits::default()).await;
+    let bank = Arc::new(Bank {
+        calls: AtomicUsize::new(0),
+        received: Mutex::default(),
+    });
+    let send = ToolInfo {
+        name: "bank.send_money".into(),
+        description: "send".into(),
+        args_schema: json!({"type": "object"}),
+        capabilities: Vec::new(),
+        effect: Some(Effect::Send),
+    };
+    registry.add_external(bank.clone(), vec![("send_money".into(), send)]);
+    let dir = tempfile::tempdir().unwrap();
+    let toml = "[profiles.worker]\ntools = [\"bank.*\"]\ncapabilities = []\n";
+    let config = Config::parse(toml, &dir.path().join("capstan.toml")).unwrap();
+    let registry = Arc::new(registry);
+    let catalog = Arc::new(ToolCatalog::new(&registry, &config.policy));
+    let router = ToolRouter::new(registry, catalog, dir.path().to_owned()).with_approvals(
+        services.approvals.clone(),
+        services.chain.clone(),
+        std::time::Duration::from_secs(600),
+    );
+    (router, bank, dir)
+}
+
+#[tokio::test]
+async fn an_approved_call_reaches_the_tool_as_the_person_read_it() {
+    let services = capstan_host::services::Services::in_memory();
+    let (router, bank, _dir) = bank_router(&services).await;
+    let worker = ProcessId::numbered(ProcessKind::Worker, 1);
+    let read = Label::untrusted(Origin::Mcp("bank".into()));
+    // Two values for one key, and a number beyond what a double holds exactly: JSON
+    // readers differ on both, so the person must see, and the tool get, one reading.
+    let written = r#"{"iban":"DE00 mine","amount":100000000000000000001,"iban":"GB99 attacker"}"#;
+    let Routed::Parked(parked) = router
+        .route(&worker, None, "bank.send_money", written, &read)
+        .await
+    else {
+        panic!("the send was not parked");
+    };
+    assert_eq!(bank.calls.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        parked.arguments,
+        r#"{"amount":1e+20,"iban":"GB99 attacker"}"#
+    );
+    let lease = Lease {
+        ttl_seconds: 600,
+        uses: 1,
+    };
+    services
+        .approvals
+        .decide(parked.id, Verdict::Approve(lease), "test")
+        .await
+        .unwrap();
+    match router
+        .route(&worker, None, "bank.send_money", written, &read)
+        .await
+    {
+        Routed::Ran { recorded, .. } => assert!(recorded.committed().await.is_ok()),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        bank.received.lock().unwrap().as_slice(),
+        [r#"{"amount":1e+20,"iban":"GB99 attacker"}"#]
+    );
+    // Used once: the same call again is parked anew.
+    let again = router
+        .route(&worker, None, "bank.send_money", written, &read)
+        .await;
+    assert!(
+        matches!(again, Routed::Parked(ref next) if next.id != parked.id),
+        "{again:?}"
+    );
+    // The chain: approved, used; a verifier trusting the host's key reads both.
+    let rows = services.chain.entries(0, 10).await.unwrap();
+    let events: Vec<_> = rows.iter().map(|r| r.event.as_str()).collect();
+    assert_eq!(events, ["approved", "used"]);
+    let mut verifier = capstan_host::services::Verifier::new(vec![services.chain.public_key()]);
+    verifier.check(&rows).unwrap();
 }
 
 #[tokio::test]
