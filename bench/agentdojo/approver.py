@@ -18,7 +18,7 @@ import httpx
 
 # The text the host stores in place of a value it redacts (services::REDACTED).
 REDACTED = "[redacted]"
-POLL_SECS = 0.05
+POLL_SECS = 0.05  # a person at the CLI is slower; the runs only wait less
 
 
 def _same_arguments(shown: dict, expected: dict) -> bool:
@@ -73,7 +73,9 @@ class Approver:
     def _run(self):
         while not self.stopping.is_set():
             try:
-                listed = self.client.get("/v1/approvals").json()["approvals"]
+                answer = self.client.get("/v1/approvals")
+                answer.raise_for_status()
+                listed = answer.json()["approvals"]
                 for approval in listed:
                     with self.lock:
                         approve = self._approves(approval)

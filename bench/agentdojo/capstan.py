@@ -58,6 +58,10 @@ max_open_conversations = {conversations}
 # on a busy machine a call may wait a moment, which must not fail it.
 tool_deadline_secs = {deadline_secs}
 
+[serve]
+# The runner and its person (approver.py, polling /v1/approvals) are one loopback client.
+requests_per_minute = 1000000
+
 [provider]
 kind = "openai"
 base_url = "{model_url}"
