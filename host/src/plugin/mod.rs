@@ -43,6 +43,6 @@ pub use loaded::{LoadedPlugin, ToolInfo};
 pub(crate) use loaded::{MAX_TOOLS_PER_PLUGIN, check_description, parse_args_schema};
 #[doc(hidden)]
 pub use loaded::{RawToolSpec, check_describe_output};
-pub use registry::{CallRequest, Recorded, Registry, committed};
+pub use registry::{CallRequest, Recorded, Registry, check_args_object, committed};
 pub use settle::{Preferences, Shadowed};
 pub use warm::{ProcessInstances, Working};

@@ -612,7 +612,9 @@ impl Registry {
 }
 
 /// Refuses arguments that are not one JSON object, before any instance is created.
-fn check_args_object(tool: &str, args_json: &str) -> Result<(), ToolError> {
+/// Refuses arguments that are not one JSON object, naming `tool`: every plugin and MCP
+/// tool takes an object.
+pub fn check_args_object(tool: &str, args_json: &str) -> Result<(), ToolError> {
     if let Err(err) = serde_json::from_str::<IgnoredAny>(args_json) {
         return Err(ToolError::InvalidArgs(format!(
             "{tool}: arguments are not valid JSON: {err}"

@@ -13,7 +13,9 @@ use super::host::{HostCall, HostTool};
 use crate::flow::{Action, ArgsDigest, Label, Sink};
 use crate::ids::{Caller, ProcessId};
 use crate::net::GrantSource;
-use crate::plugin::{CallRequest, ProcessInstances, Recorded, Registry, ToolError};
+use crate::plugin::{
+    CallRequest, ProcessInstances, Recorded, Registry, ToolError, check_args_object,
+};
 use crate::policy::{Decision, ProcessKind};
 use crate::services::{Approval, Approvals, AuditChain, ChainEvent, ChainRecord, NewApproval};
 use crate::text::{MAX_ECHOED_NAME, echo_name, one_line};
@@ -222,34 +224,18 @@ impl ToolRouter {
             (Action::Approve, None, _) | (Action::Approve, _, None) => {
                 Gate::Refused(ToolError::Denied(explained()))
             }
+            // Arguments no tool takes are refused as the registry would: a person is not
+            // asked about them, and no approval's use is spent on them.
+            (Action::Approve, Some(_), Some(_))
+                if HostTool::named(name).is_none()
+                    && let Err(err) = check_args_object(name, arguments) =>
+            {
+                return Gate::Refused(err);
+            }
             (Action::Approve, Some(process), Some(desk)) => {
-                let digest = ArgsDigest::of(arguments);
-                match desk.approvals.take(process, name, digest).await {
-                    // The tool gets the text that was digested and shown: a value with
-                    // duplicate keys, or a number JSON readers round differently, runs as
-                    // the person read it.
-                    Ok(Some(_lease)) => return Gate::Pass(Some(crate::flow::canonical(arguments))),
-                    Ok(None) => {
-                        let label = decision.because().to_string();
-                        let mut call =
-                            NewApproval::of(process, name, arguments, &explained(), &label);
-                        // Kept at rest and shown to people: no configured secret's value,
-                        // removed from the parsed value (the text escapes what it holds).
-                        let secrets = self.registry.host().network().secrets().redactor();
-                        call.arguments = match serde_json::from_str(&call.arguments) {
-                            Ok(mut value) => {
-                                secrets.redact_json(&mut value);
-                                crate::flow::shown(&serde_json::Value::to_string(&value))
-                            }
-                            Err(_) => secrets.redact(&call.arguments).into_owned(),
-                        };
-                        match desk.approvals.park(call).await {
-                            Ok(approval) => Gate::Parked(Box::new(approval)),
-                            Err(err) => Gate::Refused(unparked(explained(), &err)),
-                        }
-                    }
-                    Err(err) => Gate::Refused(unparked(explained(), &err)),
-                }
+                let because = decision.because().to_string();
+                self.ask(desk, process, name, arguments, explained(), because)
+                    .await
             }
         };
         if let (Gate::Refused(ToolError::Denied(reason)), Some(desk)) = (&gate, &self.approvals) {
@@ -269,6 +255,46 @@ impl ToolRouter {
             }
         }
         gate
+    }
+
+    /// A call that needs a person: it passes on a lease that covers it (taking a use),
+    /// else it is parked, as `explained`, because of the data labelled `because`.
+    async fn ask(
+        &self,
+        desk: &ApprovalDesk,
+        process: &ProcessId,
+        name: &str,
+        arguments: &str,
+        explained: String,
+        because: String,
+    ) -> Gate {
+        match desk
+            .approvals
+            .take(process, name, ArgsDigest::of(arguments))
+            .await
+        {
+            // The tool gets the text that was digested and shown: a value with duplicate
+            // keys, or a number JSON readers round differently, runs as the person read it.
+            Ok(Some(_lease)) => Gate::Pass(Some(crate::flow::canonical(arguments))),
+            Ok(None) => {
+                let mut call = NewApproval::of(process, name, arguments, &explained, &because);
+                // Kept at rest and shown to people: no configured secret's value, removed
+                // from the parsed value (the text escapes what it holds).
+                let secrets = self.registry.host().network().secrets().redactor();
+                call.arguments = match serde_json::from_str(&call.arguments) {
+                    Ok(mut value) => {
+                        secrets.redact_json(&mut value);
+                        crate::flow::shown(&serde_json::Value::to_string(&value))
+                    }
+                    Err(_) => secrets.redact(&call.arguments).into_owned(),
+                };
+                match desk.approvals.park(call).await {
+                    Ok(approval) => Gate::Parked(Box::new(approval)),
+                    Err(err) => Gate::Refused(unparked(explained, &err)),
+                }
+            }
+            Err(err) => Gate::Refused(unparked(explained, &err)),
+        }
     }
 
     /// Runs plugin or MCP tool `name` for a caller of `kind` named `caller` (`worker:3`,

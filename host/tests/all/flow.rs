@@ -595,6 +595,22 @@ async fn an_approved_call_reaches_the_tool_as_the_person_read_it() {
         matches!(again, Routed::Parked(ref next) if next.id != parked.id),
         "{again:?}"
     );
+    // Arguments no tool takes are refused as the registry refuses them: no one is asked.
+    let asked = services.approvals.list(false, 100).await.unwrap().len();
+    match router
+        .route(&worker, None, "bank.send_money", "[1, 2]", &read)
+        .await
+    {
+        Routed::Ran { recorded, .. } => {
+            let err = recorded.committed().await.unwrap_err().to_string();
+            assert!(err.contains("must be a JSON object"), "{err}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        services.approvals.list(false, 100).await.unwrap().len(),
+        asked
+    );
     // The chain: approved, used; a verifier trusting the host's key reads both.
     let rows = services.chain.entries(0, 10).await.unwrap();
     let events: Vec<_> = rows.iter().map(|r| r.event.as_str()).collect();
