@@ -2,6 +2,8 @@
 //! them, and their checks.
 
 use std::collections::BTreeMap;
+
+use capstan_caps::Effect;
 use std::path::PathBuf;
 
 use capstan_caps::NetTarget;
@@ -24,6 +26,9 @@ pub struct McpServerSpec {
     pub name: String,
     /// How the host reaches it.
     pub transport: McpTransport,
+    /// The operator's word on what some of its tools do (`effects = { TOOL = "read" }`),
+    /// by the tool's own name: it replaces what the server's `readOnlyHint` says.
+    pub effects: BTreeMap<String, Effect>,
 }
 
 /// How the host reaches an MCP server.
@@ -65,6 +70,8 @@ pub(super) struct RawMcpServer {
     url: Option<String>,
     #[serde(default)]
     secrets: Vec<String>,
+    #[serde(default)]
+    effects: BTreeMap<String, String>,
 }
 
 /// Checks every `[mcp.NAME]` table; `secrets` are the config's `[secrets.NAME]`.
@@ -86,6 +93,7 @@ impl RawMcpServer {
         resolve: &impl Fn(PathBuf) -> PathBuf,
     ) -> Result<McpServerSpec, KeyError> {
         let table = format!("mcp.{name}");
+        let effects = check_effects(&table, self.effects)?;
         if !is_server_name(&name) {
             return Err(key_error(
                 &table,
@@ -122,7 +130,11 @@ impl RawMcpServer {
                     ));
                 }
                 let transport = check_url(&table, &url, self.secrets, secrets)?;
-                return Ok(McpServerSpec { name, transport });
+                return Ok(McpServerSpec {
+                    name,
+                    transport,
+                    effects,
+                });
             }
             (Some(command), None) => command,
         };
@@ -178,8 +190,34 @@ impl RawMcpServer {
                 cwd: self.cwd.map(resolve),
                 secrets: self.secrets,
             },
+            effects,
         })
     }
+}
+
+/// The `effects` table of `table`: each key a tool name as the server lists it, each value
+/// an effect.
+fn check_effects(
+    table: &str,
+    raw: BTreeMap<String, String>,
+) -> Result<BTreeMap<String, Effect>, KeyError> {
+    raw.into_iter()
+        .map(|(tool, effect)| {
+            let key = format!("{table}.effects.{tool}");
+            let plain = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+            if tool.is_empty() || !tool.chars().all(plain) || tool.contains('.') {
+                return Err(key_error(
+                    &key,
+                    "name the tool as the server lists it, without the server's prefix \
+                     (letters, digits, `_` and `-`)",
+                ));
+            }
+            let effect = effect
+                .parse::<Effect>()
+                .map_err(|err| key_error(&key, err.to_string()))?;
+            Ok((tool, effect))
+        })
+        .collect()
 }
 
 /// Checks a server's URL and the secrets its requests carry: each one declared in
@@ -283,6 +321,31 @@ mod tests {
         assert_eq!(args, &["server.py", "-v"]);
         assert_eq!(env.get("LANG").map(String::as_str), Some("C"));
         assert_eq!(cwd.as_deref(), Some(std::path::Path::new("/base/srv")));
+    }
+
+    #[test]
+    fn an_operator_names_a_tool_s_effect_by_its_own_name() {
+        let specs = check(
+            "[search]\nurl = \"https://mcp.example.com/mcp\"\n\
+             effects = { lookup = \"read\", book = \"send\" }\n",
+        )
+        .unwrap();
+        assert_eq!(specs[0].effects.get("lookup"), Some(&Effect::Read));
+        assert_eq!(specs[0].effects.get("book"), Some(&Effect::Send));
+        let (key, message) = check(
+            "[search]\nurl = \"https://mcp.example.com/mcp\"\neffects = { lookup = \"peek\" }\n",
+        )
+        .unwrap_err();
+        assert_eq!(key, "mcp.search.effects.lookup");
+        assert!(
+            message.contains("use read, write-local or send"),
+            "{message}"
+        );
+        let (key, message) =
+            check("[search]\ncommand = [\"x\"]\neffects = { \"search.lookup\" = \"read\" }\n")
+                .unwrap_err();
+        assert_eq!(key, "mcp.search.effects.search.lookup");
+        assert!(message.contains("without the server's prefix"), "{message}");
     }
 
     #[test]

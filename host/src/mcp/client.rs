@@ -205,7 +205,7 @@ impl McpClient {
                 ));
                 continue;
             }
-            match tool_info(name, &tool) {
+            match tool_info(name, &tool, &self.inner.spec.effects) {
                 Ok(info) => tools.push((tool.name.to_string(), info)),
                 Err(why) => skipped.push(why),
             }

@@ -1,6 +1,8 @@
 //! An external server's tools as the host sees them: checked as a plugin's are when listed
 //! (names, descriptions, schemas, how many), and their results read back as text.
 
+use std::collections::BTreeMap;
+
 use capstan_caps::Effect;
 use rmcp::model::{CallToolResult, Tool};
 
@@ -16,9 +18,14 @@ pub(super) const MAX_TOOLS_PER_SERVER: usize = MAX_TOOLS_PER_PLUGIN;
 pub(super) const MAX_LIST_PAGES: usize = 16;
 
 /// `tool` of `server`, named `SERVER.tool`, with the checks a plugin's tools pass: the
-/// name a model accepts, a description of text, a valid JSON Schema of an object. `Err`
-/// says why it is left out.
-pub(super) fn tool_info(server: &str, tool: &Tool) -> Result<ToolInfo, String> {
+/// name a model accepts, a description of text, a valid JSON Schema of an object. Its
+/// effect is the operator's (`effects`, by the tool's own name) if given, else what the
+/// server's `readOnlyHint` says. `Err` says why it is left out.
+pub(super) fn tool_info(
+    server: &str,
+    tool: &Tool,
+    effects: &BTreeMap<String, Effect>,
+) -> Result<ToolInfo, String> {
     let name = format!("{server}.{}", tool.name);
     let shown = crate::text::echo_name(&name, MAX_NAMESPACED_NAME);
     let left_out = |why: String| format!("tool `{shown}` is left out: {why}");
@@ -43,16 +50,18 @@ pub(super) fn tool_info(server: &str, tool: &Tool) -> Result<ToolInfo, String> {
         .as_ref()
         .and_then(|a| a.read_only_hint)
         .unwrap_or(false);
+    let hinted = if read_only {
+        Effect::Read
+    } else {
+        Effect::Send
+    };
+    let effect = effects.get(tool.name.as_ref()).copied().unwrap_or(hinted);
     Ok(ToolInfo {
         name,
         description: description.to_owned(),
         args_schema,
         capabilities: Vec::new(),
-        effect: Some(if read_only {
-            Effect::Read
-        } else {
-            Effect::Send
-        }),
+        effect: Some(effect),
     })
 }
 
@@ -95,9 +104,13 @@ mod tests {
     fn a_server_s_tools_pass_a_plugin_s_checks() {
         let object = serde_json::json!({"type": "object"});
         assert_eq!(
-            tool_info("notes", &tool("search", "Finds notes.", object.clone()))
-                .unwrap()
-                .name,
+            tool_info(
+                "notes",
+                &tool("search", "Finds notes.", object.clone()),
+                &BTreeMap::new()
+            )
+            .unwrap()
+            .name,
             "notes.search"
         );
         for (name, description, schema, why) in [
@@ -107,8 +120,32 @@ mod tests {
             ("s", "x", serde_json::json!({"type": "string"}), "must be"),
             ("s", &"x".repeat(5000), object.clone(), "over the limit"),
         ] {
-            let err = tool_info("notes", &tool(name, description, schema)).unwrap_err();
+            let err =
+                tool_info("notes", &tool(name, description, schema), &BTreeMap::new()).unwrap_err();
             assert!(err.contains("is left out") && err.contains(why), "{err}");
         }
+    }
+
+    #[test]
+    fn the_operator_s_word_on_a_tool_s_effect_replaces_the_server_s_hint() {
+        let object = serde_json::json!({"type": "object"});
+        let mut marked = tool("lookup", "Looks up.", object.clone());
+        marked.annotations = Some(rmcp::model::ToolAnnotations::new().read_only(true));
+        let plain = tool("search", "Finds.", object);
+        let none = BTreeMap::new();
+        let effect = |tool: &Tool, effects: &BTreeMap<String, Effect>| {
+            tool_info("notes", tool, effects).unwrap().effect
+        };
+        // The server's word: read-only when it says so, else a send.
+        assert_eq!(effect(&marked, &none), Some(Effect::Read));
+        assert_eq!(effect(&plain, &none), Some(Effect::Send));
+        // The operator's, either way, by the tool's own name.
+        let operator: BTreeMap<String, Effect> = [
+            ("lookup".to_owned(), Effect::Send),
+            ("search".to_owned(), Effect::Read),
+        ]
+        .into();
+        assert_eq!(effect(&marked, &operator), Some(Effect::Send));
+        assert_eq!(effect(&plain, &operator), Some(Effect::Read));
     }
 }
