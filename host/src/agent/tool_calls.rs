@@ -125,7 +125,6 @@ impl<'a> ProcessTools<'a> {
                 Ok(outcome) => return (outcome, label),
                 Err(err) => Err(err),
             },
-            Routed::Refused(err) => Err(err),
             Routed::Parked(_) => unreachable!("a parked call is waited for above"),
             Routed::Ran {
                 recorded,

@@ -26,9 +26,8 @@ use crate::text::{MAX_ECHOED_NAME, echo_name, one_line};
 pub enum Routed {
     /// A host tool the caller's kind runs, its arguments parsed: the process runs it.
     Host(HostCall),
-    /// Refused before anything ran: not offered, or arguments that do not fit.
-    Refused(ToolError),
-    /// A plugin or MCP tool, run (or refused, audited) by the registry.
+    /// A plugin or MCP tool, run (or refused) by the registry; or a host tool refused
+    /// (not offered, arguments that do not fit, the flow rules). Audited either way.
     Ran {
         /// The call's result and its audit row.
         recorded: Recorded,
@@ -145,7 +144,7 @@ impl ToolRouter {
     ) -> Routed {
         let kind = caller.kind();
         if let Some(tool) = HostTool::named(name) {
-            return match self.catalog.decide(kind, name) {
+            let refusal = match self.catalog.decide(kind, name) {
                 Decision::Offered => match HostCall::parse(name, arguments) {
                     Some(Ok(call)) => {
                         let sink = Sink::local(tool.effect());
@@ -159,15 +158,30 @@ impl ToolRouter {
                         match self.flow(at, &sink).await {
                             // A host tool's typed arguments refuse duplicate fields: the
                             // parsed call is the one approved.
-                            Gate::Pass(_) => Routed::Host(call),
-                            Gate::Refused(refusal) => Routed::Refused(refusal),
-                            Gate::Parked(approval) => Routed::Parked(approval),
+                            Gate::Pass(_) => return Routed::Host(call),
+                            Gate::Refused(refusal) => refusal,
+                            Gate::Parked(approval) => return Routed::Parked(approval),
                         }
                     }
-                    Some(Err(err)) => Routed::Refused(err),
+                    Some(Err(err)) => err,
                     None => unreachable!("`{name}` is a host tool"),
                 },
-                decision => Routed::Refused(not_offered(name, kind, &decision)),
+                decision => not_offered(name, kind, &decision),
+            };
+            // Audited as a plugin tool's refusal is.
+            let grants = self.catalog.policy().profile(kind).grants_for(name);
+            let request = CallRequest {
+                tool: name,
+                args_json: arguments,
+                grants: &grants,
+                workspace: Some(&self.workspace),
+                caller: &Caller::from(caller.clone()),
+                instances: None,
+            };
+            let recorded = self.registry.refuse_call(request, refusal).await;
+            return Routed::Ran {
+                recorded,
+                label: Label::trusted(),
             };
         }
         let process = caller;

@@ -631,7 +631,8 @@ capabilities = []
 untrusted_write = "refuse"
 "#;
     let config = Config::parse(toml, &dir.path().join("capstan.toml")).unwrap();
-    let registry = Arc::new(registry(Limits::default()).await);
+    let store = Arc::new(capstan_host::store::Store::open(&dir.path().join("data")).unwrap());
+    let registry = Arc::new(crate::support::registry_with_store(store.clone()).await);
     let catalog = Arc::new(ToolCatalog::new(&registry, &config.policy));
     let router = ToolRouter::new(registry, catalog, dir.path().to_owned());
     let channel = ProcessId::named(ProcessKind::Channel, "main");
@@ -641,8 +642,10 @@ untrusted_write = "refuse"
         .route(&channel, None, "spawn_worker", args, &report)
         .await
     {
-        Routed::Refused(err) => {
-            let text = err.to_string();
+        Routed::Ran { recorded, label } => {
+            // The host's own words, and an audit row, as a plugin tool's refusal.
+            assert!(label.is_clear(), "{label:?}");
+            let text = recorded.committed().await.unwrap_err().to_string();
             assert!(
                 text.contains("is refused for a channel process")
                     && text.contains("net:example.com")
@@ -652,6 +655,14 @@ untrusted_write = "refuse"
         }
         other => panic!("{other:?}"),
     }
+    let rows = store.services().audit.recent(10).await.unwrap();
+    assert!(
+        rows.iter().any(|row| row.tool == "spawn_worker"
+            && row.process == "channel:main"
+            && row.outcome == "denied"
+            && row.detail.contains("untrusted_write")),
+        "{rows:?}"
+    );
     // A reply goes to the conversation's own reader: no rule stands in its way.
     let reply = router
         .route(&channel, None, "reply", r#"{"text": "hi"}"#, &report)
