@@ -154,7 +154,11 @@ def test_a_person_denies_the_injected_call_and_approves_the_asked_for_one_on_the
             assert "untrusted(plugin:files)" in found.text, found.text
             if verb == "approve":
                 browser.save_screenshot(str(SHOTS / "page-approvals.png"))
-            found.find_element(By.CSS_SELECTOR, f"button.{verb}").click()
+            button = found.find_element(By.CSS_SELECTOR, f"button.{verb}")
+            # In sight without scrolling, however long the arguments.
+            width = browser.execute_script("return window.innerWidth")
+            assert button.rect["x"] + button.rect["width"] <= width, (button.rect, width)
+            button.click()
             wait.until(lambda d: not d.find_elements(By.XPATH, row))
         wait.until(ready.text_to_be_present_in_element((By.ID, "activity"), "approved by token:local"))
         browser.find_element(By.CSS_SELECTOR, 'nav button[data-view="chat"]').click()
