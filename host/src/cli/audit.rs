@@ -9,8 +9,9 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 use super::HostArgs;
-use crate::services::{Verifier, unhex};
+use crate::services::Verifier;
 use crate::text::one_line;
+use crate::text::unhex;
 
 #[derive(Debug, Args)]
 pub(crate) struct AuditCommand {

@@ -130,7 +130,7 @@ fn write_canonical(value: &Value, out: &mut String) {
 impl fmt::Display for ArgsDigest {
     /// Lowercase hex, 64 digits.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+        f.write_str(&crate::text::hex(&self.0))
     }
 }
 
@@ -156,14 +156,9 @@ impl FromStr for ArgsDigest {
     type Err = ParseDigestError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let bad = || ParseDigestError(crate::text::truncate(text, 80).to_owned());
-        if text.len() != 64 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(bad());
-        }
-        let mut bytes = [0u8; 32];
-        for (n, byte) in bytes.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&text[2 * n..2 * n + 2], 16).map_err(|_| bad())?;
-        }
+        let bytes = crate::text::unhex(text)
+            .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
+            .ok_or_else(|| ParseDigestError(crate::text::truncate(text, 80).to_owned()))?;
         Ok(ArgsDigest(bytes))
     }
 }

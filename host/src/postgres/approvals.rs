@@ -15,9 +15,9 @@ use super::{Postgres, now};
 use crate::flow::ArgsDigest;
 use crate::ids::ProcessId;
 use crate::services::{
-    APPROVALS_LIST_MAX, Approval, ApprovalId, ApprovalState, Approvals, ChainEntry, ChainRecord,
-    ChainStore, GENESIS, HostKey, NewApproval, Operation, ServiceError, Verdict, already_decided,
-    hash_bytes, no_approval, sealed,
+    APPROVALS_LIST_MAX, Approval, ApprovalId, Approvals, ChainEntry, ChainRecord, ChainStore,
+    GENESIS, HostKey, NewApproval, Operation, ServiceError, Verdict, already_decided, hash_bytes,
+    no_approval, sealed,
 };
 
 const COLUMNS: &str = "id, process, tool, arguments, digest, reason, label, state, requested_at, \
@@ -126,14 +126,8 @@ impl Approvals for Postgres {
         by: &str,
     ) -> Result<Approval, ServiceError> {
         let at = now();
-        let (state, expires, uses) = match verdict {
-            Verdict::Approve(lease) => (
-                ApprovalState::Approved,
-                Some(lease.expires(at)),
-                i64::from(lease.uses),
-            ),
-            Verdict::Deny => (ApprovalState::Denied, None, 0),
-        };
+        let (state, expires, uses) = verdict.outcome(at);
+        let uses = i64::from(uses);
         let client = self.client().await?;
         let row = client
             .query_opt(

@@ -238,6 +238,19 @@ pub enum Verdict {
     Deny,
 }
 
+impl Verdict {
+    /// What a decision made at `at` (Unix seconds) leaves: the approval's state, when its
+    /// lease expires and the uses it covers. Every backend writes these.
+    pub fn outcome(self, at: i64) -> (ApprovalState, Option<i64>, u32) {
+        match self {
+            Verdict::Approve(lease) => {
+                (ApprovalState::Approved, Some(lease.expires(at)), lease.uses)
+            }
+            Verdict::Deny => (ApprovalState::Denied, None, 0),
+        }
+    }
+}
+
 /// How long, and for how many calls, an approval holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lease {

@@ -526,14 +526,7 @@ impl Approvals for InMemory {
         let at = now();
         approval.decided_at = Some(at);
         approval.decided_by = Some(by.to_owned());
-        match verdict {
-            Verdict::Approve(lease) => {
-                approval.state = ApprovalState::Approved;
-                approval.expires_at = Some(lease.expires(at));
-                approval.uses_left = lease.uses;
-            }
-            Verdict::Deny => approval.state = ApprovalState::Denied,
-        }
+        (approval.state, approval.expires_at, approval.uses_left) = verdict.outcome(at);
         Ok(approval.clone())
     }
 

@@ -55,7 +55,7 @@ pub use audit::{
 };
 pub use chain::{
     AuditChain, ChainBreak, ChainEntry, ChainEvent, ChainRecord, ChainStore, GENESIS, HostKey,
-    Verifier, entry_hash, hash_bytes, hex, sealed, unhex,
+    Verifier, entry_hash, hash_bytes, sealed,
 };
 pub use error::ServiceError;
 pub use history::{ConversationSummary, History, HistoryEntry};

@@ -123,12 +123,7 @@ impl Store {
                 ));
             }
             let at = now();
-            let (state, expires, uses) = match verdict {
-                Verdict::Approve(lease) => {
-                    (ApprovalState::Approved, Some(lease.expires(at)), lease.uses)
-                }
-                Verdict::Deny => (ApprovalState::Denied, None, 0),
-            };
+            let (state, expires, uses) = verdict.outcome(at);
             tx.execute(
                 "UPDATE approvals SET state = ?2, decided_at = ?3, decided_by = ?4,
                                       expires_at = ?5, uses_left = ?6

@@ -1,8 +1,10 @@
 //! Small text helpers shared across the host, and reading the text files a person writes
 //! ([`read_text`]).
 
+mod hex;
 mod source;
 
+pub use hex::{hex, unhex};
 pub use source::{SourceError, read_text, toml_error_message, toml_key_line};
 
 /// The longest prefix of `text` within `max` bytes, ending on a character boundary.

@@ -79,7 +79,9 @@ fn page_dir(server: &TestServer) -> tempfile::TempDir {
     dir
 }
 
-/// Waits until `capstan approvals` lists at least one pending call, and returns them.
+/// Waits until `capstan approvals` lists at least one pending call, and returns them. It
+/// reads the list again and again, a pause apart so as not to spin, for however long the
+/// worker takes: nothing assumes it gets there within a delay.
 async fn parked(root: &std::path::Path) -> Vec<Value> {
     loop {
         let waiting = tokio::task::spawn_blocking({
@@ -149,12 +151,7 @@ async fn a_person_approves_the_asked_for_call_and_denies_the_injected_one_from_t
     // would send. Nothing here assumes how long the worker takes to get there.
     let mut decided = Vec::new();
     while decided.len() < 2 {
-        let waiting = tokio::task::spawn_blocking({
-            let root = root.clone();
-            move || pending(&root)
-        })
-        .await
-        .unwrap();
+        let waiting = parked(&root).await;
         for approval in waiting {
             let id = approval["id"].as_u64().unwrap().to_string();
             let arguments = approval["arguments"].as_str().unwrap().to_owned();
@@ -173,7 +170,6 @@ async fn a_person_approves_the_asked_for_call_and_denies_the_injected_one_from_t
             assert!(out.status.success(), "{}", stderr(&out));
             decided.push((verb, arguments));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let finished = tokio::task::spawn_blocking(move || run.wait_with_output())
         .await

@@ -45,7 +45,7 @@ impl ArtifactId {
         key.update(DOMAIN);
         key.update(self.component);
         key.update(self.engine);
-        format!("{}.{}", hex(&key.finalize()), kind.extension())
+        format!("{}.{}", crate::text::hex(&key.finalize()), kind.extension())
     }
 }
 
@@ -222,11 +222,7 @@ fn create_key(dir: &PrivateDir) -> std::io::Result<Option<[u8; KEY_BYTES]>> {
 pub(super) fn random_hex(bytes: usize) -> std::io::Result<String> {
     let mut buf = vec![0u8; bytes];
     getrandom::fill(&mut buf).map_err(std::io::Error::other)?;
-    Ok(hex(&buf))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    Ok(crate::text::hex(&buf))
 }
 
 #[cfg(test)]
