@@ -27,7 +27,7 @@ use capstan_host::ids::ProcessId;
 use capstan_host::llm::Message;
 use capstan_host::plugin::{ArtifactCache, CallLog, Limits, PluginHost, Registry};
 use capstan_host::policy::ProcessKind;
-use capstan_host::tools::{Routed, ToolCatalog, ToolRouter};
+use capstan_host::tools::{Read, Routed, ToolCatalog, ToolRouter};
 use criterion::Criterion;
 
 fn main() {
@@ -77,6 +77,7 @@ fn main() {
                 ProcessKind::Worker,
                 "file_write",
                 black_box(&context),
+                &Label::trusted(),
                 &facts.sink,
             )
         })
@@ -95,7 +96,7 @@ fn main() {
                         None,
                         "file_read",
                         r#"{"path":"data.txt"}"#,
-                        &context,
+                        Read::context(&context),
                     )
                     .await;
                 match routed {

@@ -536,6 +536,10 @@ impl ChannelTools {
             HostCall::SetStatus(_) => Err(ToolError::Denied(
                 "`set_status` is a worker's tool, not a conversation's".into(),
             )),
+            // Answered by the process's tool calls, which hold its handles.
+            HostCall::AskAbout(_) => Err(ToolError::Failed(
+                "`ask_about` reached the conversation instead of its handles".into(),
+            )),
         }
     }
 }

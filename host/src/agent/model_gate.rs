@@ -6,11 +6,19 @@ use std::sync::Arc;
 
 use super::reporter::Reporter;
 use super::turn::Turn;
-use crate::dispatch::{Dispatcher, Lease, Reserved, Route, Ticket};
+use serde_json::Value;
+
+use crate::dispatch::{DispatchOutcome, Dispatcher, Lease, Reserved, Route, Ticket};
+use crate::flow::Question;
 use crate::ids::{ProcessId, ProcessKind};
-use crate::llm::ToolDef;
+use crate::llm::{CompletionRequest, Message, ToolChoice, ToolDef};
+use crate::plugin::ToolError;
 use crate::services::Run;
 use crate::tools::ToolRouter;
+
+/// What a quarantined question's request names as its process (scripts answer it by
+/// this name).
+pub(crate) const QUESTION_PROCESS: &str = "question";
 
 /// How processes ask the model; see the [module](self).
 pub(crate) struct ModelGate {
@@ -88,6 +96,58 @@ impl ModelGate {
             max_turns: self.max_turns,
             deltas: &(),
             run: &self.run,
+        }
+    }
+
+    /// Asks `question` about `value` for process `id`, in quarantine: a request of its
+    /// own, with no tools and no history, under a session of its own at the gate (the
+    /// process's is busy with the turn that asked). The answer, if it is of the type
+    /// asked; never the model's text otherwise.
+    pub(crate) async fn ask_quarantined(
+        &self,
+        id: &ProcessId,
+        question: &Question,
+        value: &str,
+    ) -> Result<Value, ToolError> {
+        if !self.run.is_live() {
+            return Err(ToolError::Failed(format!(
+                "this host's {} lease is not live, so the question was not asked",
+                self.run.id()
+            )));
+        }
+        let (system, user) = question.prompt(value);
+        let request = CompletionRequest {
+            process: QUESTION_PROCESS.to_owned(),
+            messages: vec![Message::system(system), Message::user(user)],
+            tools: Arc::from([]),
+            tool_choice: ToolChoice::None,
+        };
+        let session = format!("{id}:question");
+        let owner = format!("{session}:ask");
+        let outcome = match self.dispatcher.reserve(&session, &owner) {
+            Ok(ticket) => {
+                self.dispatcher
+                    .send(&ticket, Route::Question, &request)
+                    .await
+            }
+            Err(Reserved { by }) => DispatchOutcome::Reserved { by },
+        };
+        self.dispatcher.release_process(&session);
+        let failed = |why: String| Err(ToolError::Failed(format!("ask_about: {why}")));
+        match outcome {
+            DispatchOutcome::Dispatched(answer) => question
+                .read(&answer.message.content)
+                .map_err(|why| ToolError::Failed(format!("ask_about: {why}"))),
+            DispatchOutcome::TimedOut(late) => failed(format!("the model did not answer: {late}")),
+            DispatchOutcome::Failed { error, .. } => {
+                // A provider's error may quote the request (the value) or the answer: the
+                // asking model is told only that it failed.
+                tracing::warn!(process = %id, "ask_about: the model failed: {error}");
+                failed("the model failed to answer; the host's log says why".into())
+            }
+            DispatchOutcome::Active | DispatchOutcome::Reserved { .. } => {
+                failed("another question of this process is being asked; ask again".into())
+            }
         }
     }
 

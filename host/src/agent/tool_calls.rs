@@ -10,11 +10,11 @@ use super::model_gate::ModelGate;
 use super::process_calls::ProcessCalls;
 use super::reporter::Reporter;
 use super::turn::{ToolHandler, ToolOutcome};
-use crate::flow::Label;
+use crate::flow::{HandleId, Handles, Label};
 use crate::ids::ProcessId;
 use crate::llm::BoxFuture;
 use crate::plugin::ToolError;
-use crate::tools::{Decided, HostCall, Routed, ToolRouter};
+use crate::tools::{AskArgs, Decided, HostCall, HostTool, Read, Routed, ToolRouter};
 
 /// What a process does with the host tools its kind runs
 /// ([`HostTool::run_by`](crate::tools::HostTool::run_by)): the router hands it only those.
@@ -54,6 +54,7 @@ impl HostTools for NoHostTools {
 /// The tool calls of one process: routed by the agent's [`ToolRouter`] (the gate's),
 /// host tools run by `host`, each outcome told to the exchanges that follow `scope`.
 pub(crate) struct ProcessTools<'a> {
+    gate: &'a ModelGate,
     router: &'a ToolRouter,
     reporter: &'a Reporter,
     caller: &'a ProcessId,
@@ -75,6 +76,7 @@ impl<'a> ProcessTools<'a> {
         host: &'a dyn HostTools,
     ) -> Self {
         ProcessTools {
+            gate,
             router: gate.router(),
             reporter,
             caller,
@@ -84,14 +86,61 @@ impl<'a> ProcessTools<'a> {
         }
     }
 
-    async fn answer(&self, name: &str, arguments: &str, context: &Label) -> (ToolOutcome, Label) {
+    async fn answer(
+        &self,
+        name: &str,
+        arguments: &str,
+        context: &Label,
+        handles: &Handles,
+    ) -> (ToolOutcome, Label) {
+        let asking = name == HostTool::AskAbout.name();
+        // A handle's value goes in where the model named it, and the call carries its
+        // label; `ask_about` names the handle it asks about, which stays a name.
+        let substituted = if asking || handles.is_empty() {
+            Ok(None)
+        } else {
+            handles.substitute(arguments)
+        };
+        let substituted = match substituted {
+            Ok(substituted) => substituted,
+            Err(unknown) => {
+                let refusal = ToolError::InvalidArgs(format!("{name}: {unknown}"));
+                let recorded = self
+                    .router
+                    .refuse(self.caller, name, arguments, refusal)
+                    .await;
+                let (result, audit) = recorded.into_parts();
+                self.calls.note_audits(audit);
+                self.calls.committed().await;
+                let text = result.unwrap_or_else(|err| self.failed(name, err));
+                return (ToolOutcome::Continue(text), Label::trusted());
+            }
+        };
+        let (arguments, carried) = match &substituted {
+            Some(substituted) => (substituted.arguments.as_str(), &substituted.label),
+            None => (arguments, Read::context(context).carried),
+        };
+        let read = Read { context, carried };
+        self.run_routed(name, arguments, read, handles).await
+    }
+
+    /// [`ProcessTools::answer`] of a call whose arguments hold the values of the handles
+    /// named in them.
+    async fn run_routed(
+        &self,
+        name: &str,
+        arguments: &str,
+        read: Read<'_>,
+        handles: &Handles,
+    ) -> (ToolOutcome, Label) {
+        let Read { context, carried } = read;
         let route = || {
             self.router.route(
                 self.caller,
                 Some(&self.calls.instances),
                 name,
                 arguments,
-                context,
+                read,
             )
         };
         let mut routed = route().await;
@@ -111,6 +160,7 @@ impl<'a> ProcessTools<'a> {
                 .await
             {
                 Decided::Approved(_) => routed = route().await,
+                // The host's own words, quoting no argument.
                 undecided => {
                     let refusal = ToolError::Denied(undecided.refusal(name));
                     let text = self.failed(name, refusal);
@@ -121,10 +171,28 @@ impl<'a> ProcessTools<'a> {
         // A failure's text is the host's or the tool's; it is labelled as its result would be.
         let mut label = Label::trusted();
         let result = match routed {
-            Routed::Host(call) => match self.host.run(call, context).await {
-                Ok(outcome) => return (outcome, label),
+            Routed::Host(HostCall::AskAbout(args)) => match self.ask_about(&args, handles).await {
+                Ok((text, answered)) => {
+                    label = answered;
+                    self.reporter.emit_to(
+                        self.scope,
+                        Event::ToolCalled {
+                            process: self.caller.clone(),
+                            tool: name.to_owned(),
+                        },
+                    );
+                    Ok(text)
+                }
                 Err(err) => Err(err),
             },
+            Routed::Host(call) => {
+                // What the process hands on carries what it read and the handles it passed.
+                let handed = context.clone().joined(carried);
+                match self.host.run(call, &handed).await {
+                    Ok(outcome) => return (outcome, label.joined(carried)),
+                    Err(err) => Err(err),
+                }
+            }
             Routed::Parked(_) => unreachable!("a parked call is waited for above"),
             Routed::Ran {
                 recorded,
@@ -148,8 +216,40 @@ impl<'a> ProcessTools<'a> {
                 })
             }
         };
+        // Whatever else comes back (a result, an error quoting the arguments, a reply or a
+        // report made of them) may hold the values put in: it carries their label, and a
+        // result the profile holds is held again. A denial is the host's words (the flow
+        // rules, the grants), which quote no argument, so the model reads why.
+        if !matches!(result, Err(ToolError::Denied(_))) {
+            label.join(carried);
+        }
         let text = result.unwrap_or_else(|err| self.failed(name, err));
         (ToolOutcome::Continue(text), label)
+    }
+
+    /// Answers `ask_about`: the question put to a quarantined model about the handle's
+    /// value, and the answer, labelled as the value is.
+    async fn ask_about(
+        &self,
+        args: &AskArgs,
+        handles: &Handles,
+    ) -> Result<(String, Label), ToolError> {
+        let invalid = |msg: String| ToolError::InvalidArgs(format!("ask_about: {msg}"));
+        let question = args.question()?;
+        let id: HandleId = args
+            .handle
+            .trim()
+            .parse()
+            .map_err(|err| invalid(format!("{err}")))?;
+        let (value, label) = handles
+            .get(id)
+            .ok_or_else(|| invalid(handles.unknown(id)))?;
+        let answer = self
+            .gate
+            .ask_quarantined(self.caller, &question, value)
+            .await?;
+        let text = serde_json::json!({ "handle": id.to_string(), "answer": answer }).to_string();
+        Ok((text, label.clone()))
     }
 
     /// Reports `err` from tool `name`, and returns the text the model is shown.
@@ -182,7 +282,12 @@ impl ToolHandler for ProcessTools<'_> {
     fn refuse<'b>(&'b self, name: &'b str, arguments: &'b str) -> BoxFuture<'b, String> {
         Box::pin(async move {
             // Not offered, so the router refuses it before anything reads the context.
-            match self.answer(name, arguments, &Label::trusted()).await.0 {
+            let none = Handles::default();
+            match self
+                .answer(name, arguments, &Label::trusted(), &none)
+                .await
+                .0
+            {
                 ToolOutcome::Continue(text) => text,
                 // Not offered, so the router refused it; nothing else can come back.
                 ToolOutcome::EndTurn(text) | ToolOutcome::Delivered(text) => text,
@@ -199,7 +304,20 @@ impl ToolHandler for ProcessTools<'_> {
         name: &'b str,
         arguments: &'b str,
         context: &'b Label,
+        handles: &'b Handles,
     ) -> BoxFuture<'b, (ToolOutcome, Label)> {
-        Box::pin(self.answer(name, arguments, context))
+        Box::pin(self.answer(name, arguments, context, handles))
+    }
+
+    fn holds(&self, name: &str, text: &str, label: &Label) -> bool {
+        // A host tool's result is the host's own words (an answer to `ask_about` is typed).
+        HostTool::named(name).is_none()
+            && self
+                .router
+                .catalog()
+                .policy()
+                .profile(self.caller.kind())
+                .holding()
+                .holds(text, label)
     }
 }

@@ -8,7 +8,7 @@ use super::events::{Event, EventSink, TurnEnding};
 use super::inbox::RoutedMessage;
 use super::process_calls::ProcessCalls;
 use crate::dispatch::{DispatchError, DispatchOutcome, Dispatcher, Route, Ticket, TooSlow};
-use crate::flow::Label;
+use crate::flow::{HandleId, Handles, Held, Label};
 use crate::ids::{ProcessId, ToolCallId};
 use crate::llm::{AnswerSink, BoxFuture, CompletionRequest, Message, Role, ToolChoice, ToolDef};
 use crate::services::Run;
@@ -28,13 +28,21 @@ pub(crate) enum ToolOutcome {
 /// Runs the tools a process calls.
 pub(crate) trait ToolHandler: Send + Sync {
     /// Runs tool `name` with `arguments` (as the model wrote them), called by a model that
-    /// had read what is labelled `context`: the outcome, and the label of its text.
+    /// had read what is labelled `context`, while the process holds `handles`: the
+    /// outcome, and the label of its text.
     fn handle<'a>(
         &'a self,
         name: &'a str,
         arguments: &'a str,
         context: &'a Label,
+        handles: &'a Handles,
     ) -> BoxFuture<'a, (ToolOutcome, Label)>;
+
+    /// Whether the result `text` of tool `name`, labelled `label`, is held back from the
+    /// model as a handle (`[profiles.KIND.handles]`).
+    fn holds(&self, _name: &str, _text: &str, _label: &Label) -> bool {
+        false
+    }
 
     /// Answers a call of a tool this process was not offered (the model made it up, or
     /// forced it): a denial naming why, never a run.
@@ -163,7 +171,7 @@ impl Turn<'_> {
         match ended {
             Ok(TurnEnd::Delivered(text)) => {
                 // The reply stands for what the turn read: it keeps the turn's labels.
-                let read = Label::join_all(history[before..].iter().map(|m| &m.label));
+                let read = Label::join_all(history[before..].iter().map(Message::read_label));
                 history.truncate(before);
                 history.push(Message::assistant(text.clone()).labelled(read));
                 Ok(TurnEnd::Delivered(text))
@@ -247,11 +255,16 @@ impl Turn<'_> {
             // What the model had read when it wrote these calls: every one of them is
             // checked against it, whatever the others return.
             let context = context_label(history);
+            let handles = handles(history);
+            // Worked out at the first result held: it reads the whole history.
+            let mut next_handle: Option<HandleId> = None;
             for call in &calls {
                 let (outcome, label) = {
                     let _running = self.dispatcher.gate().tool_running(self.ticket.session());
                     if self.tools.iter().any(|t| t.name == call.name) {
-                        handler.handle(&call.name, &call.arguments, &context).await
+                        handler
+                            .handle(&call.name, &call.arguments, &context, &handles)
+                            .await
                     } else {
                         let refused = handler.refuse(&call.name, &call.arguments).await;
                         (ToolOutcome::Continue(refused), Label::trusted())
@@ -268,7 +281,23 @@ impl Turn<'_> {
                         "delivered".to_owned()
                     }
                 };
-                history.push(Message::tool_result(call.id.clone(), result).labelled(label));
+                let message = if handler.holds(&call.name, &result, &label) {
+                    let handle = *next_handle.get_or_insert_with(|| {
+                        handles.next_id(history.iter().flat_map(|m| {
+                            let calls = m.tool_calls.iter().map(|c| c.arguments.as_str());
+                            std::iter::once(m.content.as_str()).chain(calls)
+                        }))
+                    });
+                    next_handle = Some(handle.next());
+                    let held = Held {
+                        handle,
+                        value: result.into(),
+                    };
+                    Message::held_result(call.id.clone(), held, label)
+                } else {
+                    Message::tool_result(call.id.clone(), result).labelled(label)
+                };
+                history.push(message);
             }
             drop(working);
             if let Some(calls) = process_calls {
@@ -287,9 +316,17 @@ impl Turn<'_> {
 }
 
 /// What a process has read: the join of the labels of its history (the system prompt
-/// is the operator's, trusted).
+/// is the operator's, trusted), but for the held results it was not shown.
 pub(crate) fn context_label(history: &[Message]) -> Label {
-    Label::join_all(history.iter().map(|m| &m.label))
+    Label::join_all(history.iter().map(Message::read_label))
+}
+
+/// The handles a process holds: the held results of its history.
+pub(crate) fn handles(history: &[Message]) -> Handles {
+    Handles::new(history.iter().filter_map(|message| {
+        let held = message.held.as_ref()?;
+        Some((held.handle, held.value.clone(), message.label.clone()))
+    }))
 }
 
 /// Drops tool calls without results and results without calls, so every request the model
@@ -320,7 +357,7 @@ pub(crate) fn repair(history: &mut Vec<Message>) -> bool {
                 dropped_calls |= message.tool_calls.len() != before;
                 called.extend(message.tool_calls.iter().map(|c| c.id.clone()));
                 if message.tool_calls.is_empty() && message.content.is_empty() {
-                    dropped.join(&message.label);
+                    dropped.join(message.read_label());
                     continue;
                 }
                 kept.push(message);
@@ -333,7 +370,7 @@ pub(crate) fn repair(history: &mut Vec<Message>) -> bool {
                 {
                     kept.push(message);
                 } else {
-                    dropped.join(&message.label);
+                    dropped.join(message.read_label());
                 }
             }
             _ => kept.push(message),
@@ -538,6 +575,7 @@ mod properties {
             name: &'a str,
             _: &'a str,
             _: &'a Label,
+            _: &'a Handles,
         ) -> BoxFuture<'a, (ToolOutcome, Label)> {
             let outcome = match name {
                 "go" => ToolOutcome::Continue("went".into()),

@@ -472,7 +472,8 @@ impl WorkerTools<'_> {
 }
 
 impl HostTools for WorkerTools<'_> {
-    // Its report carries the whole history's label, whatever the call had read.
+    // Its report carries the whole history's label, whatever the call had read: the
+    // result of `set_status` included, which carries the handles its message named.
     fn run<'a>(
         &'a self,
         call: HostCall,

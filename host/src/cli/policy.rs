@@ -8,7 +8,7 @@ use clap::Args;
 use super::HostArgs;
 use super::table::print_table;
 use crate::config::{Config, LocationKind, Locations, McpTransport, resolve};
-use crate::flow::{Effect, FlowRule, Label, Origin, Scope};
+use crate::flow::{Effect, FlowRule, Holding, Label, Origin, Scope};
 use crate::plugin::Registry;
 use crate::policy::{Decision, InstanceReuse, ProcessKind};
 use crate::services::{AuditDestination, NO_STORE};
@@ -223,7 +223,8 @@ fn explain_flow(
         None => writeln!(out, "  its arguments stay in the host")?,
     }
     writeln!(out, "  what it returns is labelled {}", facts.result)?;
-    let decide = |context: &Label| catalog.decide_flow(kind, tool, context, &facts.sink);
+    let decide =
+        |context: &Label| catalog.decide_flow(kind, tool, context, &Label::trusted(), &facts.sink);
     if !read.is_empty() {
         let mut context = Label::trusted();
         for part in read {
@@ -269,17 +270,20 @@ fn print_flow(out: &mut impl Write, config: &Config, catalog: &ToolCatalog) -> s
     )?;
     let header: Vec<&str> = std::iter::once("KIND")
         .chain(FlowRule::ALL.iter().map(|rule| rule.key()))
+        .chain(["handles"])
         .collect();
     let rows: Vec<Vec<String>> = ProcessKind::ALL
         .iter()
         .map(|kind| {
-            let rules = config.policy.profile(*kind).flow();
+            let profile = config.policy.profile(*kind);
+            let rules = profile.flow();
             std::iter::once(kind.to_string())
                 .chain(
                     FlowRule::ALL
                         .iter()
                         .map(|rule| rules.action(*rule).to_string()),
                 )
+                .chain([held_results(profile.holding())])
                 .collect()
         })
         .collect();
@@ -301,6 +305,16 @@ fn print_flow(out: &mut impl Write, config: &Config, catalog: &ToolCatalog) -> s
         }
     }
     Ok(())
+}
+
+/// Which results a kind holds back as handles (`[profiles.KIND.handles]`), in a word or two.
+fn held_results(holding: &Holding) -> String {
+    match (holding.untrusted, holding.above_bytes) {
+        (false, None) => "off".into(),
+        (true, None) => "untrusted".into(),
+        (false, Some(above)) => format!("above {above} B"),
+        (true, Some(above)) => format!("untrusted, above {above} B"),
+    }
 }
 
 /// Where the host's own files and the workspace are, whether plugins may write the

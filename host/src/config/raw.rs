@@ -19,7 +19,7 @@ use super::{
     ProviderSettings,
 };
 use crate::dispatch::GateSettings;
-use crate::flow::{FlowRule, FlowRules};
+use crate::flow::{FlowRule, FlowRules, Holding};
 use crate::plugin::Limits;
 use crate::policy::{Grants, InstanceReuse, Policy, ProcessKind, Profile, ReuseRules, ToolGrants};
 use crate::secrets::SecretSpec;
@@ -114,6 +114,20 @@ struct RawProfile {
     /// `[profiles.KIND.flow]`: the action for each flow rule, by its key.
     #[serde(default)]
     flow: BTreeMap<String, String>,
+    /// `[profiles.KIND.handles]`: which tool results are held back as handles.
+    #[serde(default)]
+    handles: RawHandles,
+}
+
+/// `[profiles.KIND.handles]`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawHandles {
+    /// Hold every result labelled untrusted.
+    #[serde(default)]
+    untrusted: bool,
+    /// Hold every result longer than this many bytes.
+    above_bytes: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -485,7 +499,11 @@ fn check_profiles(
             );
         }
         let flow = check_flow(&name, &profile.flow)?;
-        profiles.insert(kind, checked.with_flow(flow));
+        let holding = Holding {
+            untrusted: profile.handles.untrusted,
+            above_bytes: profile.handles.above_bytes,
+        };
+        profiles.insert(kind, checked.with_flow(flow).with_holding(holding));
     }
     Ok(Policy::new(profiles).with_reuse(reuse))
 }

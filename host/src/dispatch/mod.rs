@@ -52,6 +52,8 @@ pub enum Route {
     Branch,
     /// A summary of old history.
     Compaction,
+    /// A typed question about a held result, asked in quarantine (`ask_about`).
+    Question,
 }
 
 impl Route {
@@ -67,6 +69,7 @@ impl Route {
             Route::Continuation => "continuation",
             Route::Branch => "branch",
             Route::Compaction => "compaction",
+            Route::Question => "question",
         }
     }
 }

@@ -200,8 +200,8 @@ impl Label {
 
 impl Label {
     /// Trusted and public: the user's words, the operator's.
-    pub fn trusted() -> Self {
-        Label::default()
+    pub const fn trusted() -> Self {
+        Label(None)
     }
 
     /// Untrusted data from `origin`, public.

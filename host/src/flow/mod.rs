@@ -13,16 +13,22 @@
 //!   parked for a person's approval, or refused, with the reason and the key that
 //!   changes it.
 //! - [`ArgsDigest`]: what a person's approval of a parked call is bound to.
+//! - [`Handles`] and [`Question`]: a result held back from the model, passed on by name
+//!   or asked a typed question about, so untrusted text can be used without being read.
 
 mod check;
 mod digest;
 mod effect;
+mod handle;
 mod label;
+mod question;
 mod rules;
 
 pub use capstan_caps::{Effect, ParseEffectError};
 pub use check::{Caught, Explained, FlowCall, FlowDecision, check};
 pub use digest::{ArgsDigest, ParseDigestError, canonical, shown};
 pub use effect::{Outside, Sink};
+pub use handle::{HandleId, Handles, Held, Holding, MAX_PUT_IN, ParseHandleError, Substituted};
 pub use label::{Label, MAX_NAMED, Origin, ParseLabelError, Scope};
+pub use question::{AnswerType, MAX_CHOICES, MAX_TEXT_ANSWER, Question};
 pub use rules::{Action, FlowRule, FlowRules};

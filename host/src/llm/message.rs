@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::flow::Label;
+use crate::flow::{Held, Label};
 use crate::ids::{MessageKey, ToolCallId};
 
 /// Who wrote a message.
@@ -45,6 +45,11 @@ pub struct Message {
     /// model's.
     #[serde(default, skip_serializing_if = "Label::is_clear")]
     pub label: Label,
+    /// For a tool result the host holds back as a handle: the result's text, while
+    /// `content` is the line the model is shown instead. Kept with it in the history;
+    /// never sent to a model, and its label is not part of what the process has read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<Held>,
 }
 
 impl Message {
@@ -72,12 +77,34 @@ impl Message {
             tool_call_id: Some(call_id.into()),
             key: None,
             label: Label::default(),
+            held: None,
         }
     }
 
     /// This message, labelled `label`.
     pub fn labelled(self, label: Label) -> Self {
         Message { label, ..self }
+    }
+
+    /// A tool result answering call `call_id` held back as `held`: the model is shown
+    /// [`Held::shown`], and the value keeps `label`.
+    pub fn held_result(call_id: impl Into<ToolCallId>, held: Held, label: Label) -> Self {
+        let shown = Held::shown(held.handle, &held.value, &label);
+        Message {
+            held: Some(held),
+            ..Message::tool_result(call_id, shown).labelled(label)
+        }
+    }
+
+    /// The label of what a model that is shown this message reads: none for a held
+    /// result, whose value it is not shown.
+    pub fn read_label(&self) -> &Label {
+        static NOTHING: Label = Label::trusted();
+        if self.held.is_some() {
+            &NOTHING
+        } else {
+            &self.label
+        }
     }
 
     fn text(role: Role, content: impl Into<String>) -> Self {
@@ -88,6 +115,7 @@ impl Message {
             tool_call_id: None,
             key: None,
             label: Label::default(),
+            held: None,
         }
     }
 }

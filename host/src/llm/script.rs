@@ -33,7 +33,8 @@ pub struct Script {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScriptStep {
-    /// The process kind it answers: channel, branch, worker, compactor or cortex.
+    /// The process kind it answers: channel, branch, worker, compactor or cortex; or
+    /// `question`, a quarantined question about a held result.
     pub process: String,
     /// Answer only when the incoming message (the last one of the request) contains this
     /// text, compared case-insensitively. Unset: any message.
@@ -96,7 +97,15 @@ impl Script {
             ProviderError::Script(format!("{origin}: `{key}`: {}", err.into_inner().message()))
         })?;
         for (i, step) in script.steps.iter().enumerate() {
-            const KINDS: [&str; 5] = ["channel", "branch", "worker", "compactor", "cortex"];
+            // `question`: a quarantined question about a held result (`ask_about`).
+            const KINDS: [&str; 6] = [
+                "channel",
+                "branch",
+                "worker",
+                "compactor",
+                "cortex",
+                "question",
+            ];
             if !KINDS.contains(&step.process.as_str()) {
                 return Err(ProviderError::Script(format!(
                     "{origin}: `step[{i}].process`: unknown process kind `{}`; expected one of {}",

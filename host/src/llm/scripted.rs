@@ -130,6 +130,7 @@ impl Provider for ScriptedProvider {
                     tool_call_id: None,
                     key: None,
                     label: Default::default(),
+                    held: None,
                 },
                 tokens: None,
             })

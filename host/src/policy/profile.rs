@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use capstan_caps::Capability;
 
 use super::{Grants, ToolGrants};
-use crate::flow::FlowRules;
+use crate::flow::{FlowRules, Holding};
 
 /// The tools a process kind may be offered (names or globs such as `file_*`) and the
 /// capabilities it holds.
@@ -26,6 +26,8 @@ pub struct Profile {
     per_tool: BTreeMap<String, ToolGrants>,
     /// `[profiles.KIND.flow]`: what data may drive its calls.
     flow: FlowRules,
+    /// `[profiles.KIND.handles]`: which tool results are held back as handles.
+    holding: Holding,
 }
 
 #[derive(Debug, Clone)]
@@ -65,6 +67,7 @@ impl Profile {
             grants,
             per_tool: BTreeMap::new(),
             flow: FlowRules::default(),
+            holding: Holding::default(),
         })
     }
 
@@ -79,6 +82,17 @@ impl Profile {
     pub fn with_flow(mut self, flow: FlowRules) -> Self {
         self.flow = flow;
         self
+    }
+
+    /// Holds back the tool results `holding` says as handles.
+    pub fn with_holding(mut self, holding: Holding) -> Self {
+        self.holding = holding;
+        self
+    }
+
+    /// Which tool results it holds back as handles (`[profiles.KIND.handles]`).
+    pub fn holding(&self) -> &Holding {
+        &self.holding
     }
 
     /// What data may drive its calls (`[profiles.KIND.flow]`).

@@ -123,19 +123,21 @@ impl ToolCatalog {
     }
 
     /// The flow decision for a call of a tool going to `sink` by a `kind` process that
-    /// read what is labelled `context`, by the kind's `[profiles.KIND.flow]`.
+    /// read what is labelled `context`, its arguments carrying handles' values labelled
+    /// `carried` (clear for none), by the kind's `[profiles.KIND.flow]`.
     pub fn decide_flow(
         &self,
         kind: ProcessKind,
         name: &str,
         context: &Label,
+        carried: &Label,
         sink: &Sink,
     ) -> FlowDecision {
         let call = FlowCall {
             kind,
             tool: name,
             context,
-            arguments: &Label::trusted(),
+            arguments: carried,
             sink,
         };
         flow::check(self.policy().profile(kind).flow(), &call)

@@ -107,7 +107,10 @@ impl HostTool {
     /// the caller's label.
     pub fn effect(self) -> Effect {
         match self {
-            HostTool::Reply | HostTool::Skip | HostTool::SetStatus => Effect::Read,
+            // A question goes to the model, as every result does.
+            HostTool::Reply | HostTool::Skip | HostTool::SetStatus | HostTool::AskAbout => {
+                Effect::Read
+            }
             HostTool::SpawnWorker | HostTool::Branch | HostTool::Route | HostTool::Cancel => {
                 Effect::WriteLocal
             }

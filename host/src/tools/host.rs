@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::flow::{AnswerType, Question};
 use crate::llm::ToolDef;
 use crate::plugin::ToolError;
 use crate::policy::ProcessKind;
@@ -128,6 +129,12 @@ host_tools! {
     SetStatus(StatusArgs) = "set_status" for [Worker]:
         "Reports this worker's state: progress (keeps working), waiting (asks for input), \
          done or failed (ends the work, with the result).";
+    /// `ask_about`.
+    AskAbout(AskArgs) = "ask_about" for [Channel, Cortex, Branch, Worker]:
+        "Asks a question about a result the host holds back as a handle ($h1, $h2, ...), \
+         answered from its text alone by a model with no tools: a boolean, a number, one of \
+         `choices`, or a short text the whole of which matches `pattern`. The answer carries \
+         the handle's labels.";
 }
 
 impl HostTool {
@@ -169,7 +176,7 @@ impl HostTool {
     /// use capstan_host::tools::HostTool;
     ///
     /// let worker: Vec<_> = HostTool::run_by(ProcessKind::Worker).collect();
-    /// assert_eq!(worker, [HostTool::SetStatus]);
+    /// assert_eq!(worker, [HostTool::SetStatus, HostTool::AskAbout]);
     /// assert_eq!(HostTool::run_by(ProcessKind::Compactor).count(), 0);
     /// ```
     pub fn run_by(kind: ProcessKind) -> impl Iterator<Item = HostTool> {
@@ -287,6 +294,66 @@ pub struct StatusArgs {
 
 impl HostArgs for StatusArgs {}
 
+/// The arguments of `ask_about`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AskArgs {
+    /// The handle asked about, e.g. `$h3`.
+    pub handle: String,
+    /// The question, about the handle's text alone.
+    pub question: String,
+    /// The type of the answer.
+    pub answer: AnswerKind,
+    /// For `choice`: the answers it may be, 1 to 32.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub choices: Vec<String>,
+    /// For `text`: a regular expression the whole answer must match (at most 200
+    /// characters), e.g. `[A-Z]{2}[0-9]{2}[A-Z0-9]{10,30}`.
+    #[serde(default)]
+    pub pattern: Option<String>,
+}
+
+impl HostArgs for AskArgs {}
+
+impl AskArgs {
+    /// The question asked, with its answer's type checked, or what is wrong with it.
+    pub fn question(&self) -> Result<Question, ToolError> {
+        let invalid = |msg: String| ToolError::InvalidArgs(format!("ask_about: {msg}"));
+        let answer = match (self.answer, &self.pattern) {
+            (AnswerKind::Boolean, _) => AnswerType::Boolean,
+            (AnswerKind::Number, _) => AnswerType::Number,
+            (AnswerKind::Choice, _) => AnswerType::choice(self.choices.clone()).map_err(invalid)?,
+            (AnswerKind::Text, Some(pattern)) => AnswerType::text(pattern).map_err(invalid)?,
+            (AnswerKind::Text, None) => {
+                return Err(invalid(
+                    "a `text` answer needs a `pattern` the whole answer must match".into(),
+                ));
+            }
+        };
+        Ok(Question {
+            text: self.question.clone(),
+            answer,
+        })
+    }
+}
+
+/// The type of answer `ask_about` takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+#[schemars(inline)]
+// Documented in comments, for the plain enum of strings (as `ReportedState`).
+#[allow(missing_docs)]
+pub enum AnswerKind {
+    // true or false.
+    Boolean,
+    // A number.
+    Number,
+    // One of `choices`.
+    Choice,
+    // A short text matching `pattern`.
+    Text,
+}
+
 /// A state a worker reports with `set_status`. Inlined, with no description per case, so
 /// that the model is shown a plain `enum` of strings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
@@ -320,11 +387,19 @@ mod tests {
                 .map(HostTool::name)
                 .collect::<Vec<_>>()
         };
-        let conversation = ["reply", "skip", "spawn_worker", "branch", "route", "cancel"];
+        let conversation = [
+            "reply",
+            "skip",
+            "spawn_worker",
+            "branch",
+            "route",
+            "cancel",
+            "ask_about",
+        ];
         assert_eq!(names(Channel), conversation);
         assert_eq!(names(Cortex), conversation);
-        assert_eq!(names(Branch), ["spawn_worker"]);
-        assert_eq!(names(Worker), ["set_status"]);
+        assert_eq!(names(Branch), ["spawn_worker", "ask_about"]);
+        assert_eq!(names(Worker), ["set_status", "ask_about"]);
         assert!(names(Compactor).is_empty());
         for tool in HostTool::ALL {
             assert_eq!(HostTool::named(tool.name()), Some(*tool));
@@ -383,10 +458,10 @@ mod tests {
                 .flatten()
                 .filter_map(Value::as_str)
                 .map(|field| {
-                    let value = if field == "state" {
-                        json!("done")
-                    } else {
-                        json!("x")
+                    let value = match field {
+                        "state" => json!("done"),
+                        "answer" => json!("boolean"),
+                        _ => json!("x"),
                     };
                     (field.to_owned(), value)
                 })
@@ -408,6 +483,14 @@ mod tests {
             panic!("{extra:?}")
         };
         assert!(err.for_model().contains("unknown field `tone`"), "{err}");
+        let Some(Ok(HostCall::AskAbout(ask))) = HostCall::parse(
+            "ask_about",
+            r#"{"handle":"$h1","question":"q","answer":"text"}"#,
+        ) else {
+            panic!("a text question parses; its pattern is checked when asked")
+        };
+        let err = ask.question().unwrap_err().for_model();
+        assert!(err.contains("needs a `pattern`"), "{err}");
         let bad = HostCall::parse("set_status", r#"{"state":"asleep","message":"zz"}"#);
         let Some(Err(err)) = bad else {
             panic!("{bad:?}")

@@ -26,7 +26,7 @@ pub use approval::Decided;
 pub use catalog::{CatalogTool, MatrixRow, ToolCatalog, ToolOrigin};
 pub use flow::FlowFacts;
 pub use host::{
-    BranchArgs, CancelArgs, HostCall, HostTool, ReplyArgs, ReportedState, RouteArgs, SkipArgs,
-    SpawnArgs, StatusArgs,
+    AnswerKind, AskArgs, BranchArgs, CancelArgs, HostCall, HostTool, ReplyArgs, ReportedState,
+    RouteArgs, SkipArgs, SpawnArgs, StatusArgs,
 };
-pub use router::{Routed, ToolRouter};
+pub use router::{Read, Routed, ToolRouter};

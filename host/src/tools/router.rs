@@ -129,19 +129,21 @@ impl ToolRouter {
     }
 
     /// Routes a model's call of tool `name` made by `caller`, with `arguments` as the
-    /// model wrote them, after the model read what is labelled `context`: a host tool its
+    /// model wrote them (with handles' values put in): a host tool its
     /// kind is offered comes back parsed, to be run by the caller; any other host tool is
     /// refused with the policy's reason; everything else goes as [`ToolRouter::run`]
     /// sends it, in the caller's `instances` where its profile keeps the plugin's. Every
-    /// call passes the profile's flow rules first ([`crate::flow::check`]).
+    /// call passes the profile's flow rules first ([`crate::flow::check`]), with what the
+    /// model had `read` and what the host put into its arguments.
     pub async fn route(
         &self,
         caller: &ProcessId,
         instances: Option<&ProcessInstances>,
         name: &str,
         arguments: &str,
-        context: &Label,
+        read: Read<'_>,
     ) -> Routed {
+        let Read { context, carried } = read;
         let kind = caller.kind();
         if let Some(tool) = HostTool::named(name) {
             let refusal = match self.catalog.decide(kind, name) {
@@ -154,6 +156,7 @@ impl ToolRouter {
                             name,
                             arguments,
                             context,
+                            carried,
                         };
                         match self.flow(at, &sink).await {
                             // A host tool's typed arguments refuse duplicate fields: the
@@ -169,16 +172,7 @@ impl ToolRouter {
                 decision => not_offered(name, kind, &decision),
             };
             // Audited as a plugin tool's refusal is.
-            let grants = self.catalog.policy().profile(kind).grants_for(name);
-            let request = CallRequest {
-                tool: name,
-                args_json: arguments,
-                grants: &grants,
-                workspace: Some(&self.workspace),
-                caller: &Caller::from(caller.clone()),
-                instances: None,
-            };
-            let recorded = self.registry.refuse_call(request, refusal).await;
+            let recorded = self.refuse(caller, name, arguments, refusal).await;
             return Routed::Ran {
                 recorded,
                 label: Label::trusted(),
@@ -195,6 +189,7 @@ impl ToolRouter {
             name,
             arguments,
             context,
+            carried,
         };
         // A refusal is the host's own words; what a tool that ran returns is labelled by
         // what the call could read.
@@ -209,6 +204,31 @@ impl ToolRouter {
             },
             Outcome::Parked(approval) => Routed::Parked(approval),
         }
+    }
+
+    /// Refuses process `caller`'s call of tool `name` with `arguments` before it is
+    /// routed, saying `refusal`: audited as any refused call is.
+    pub async fn refuse(
+        &self,
+        caller: &ProcessId,
+        name: &str,
+        arguments: &str,
+        refusal: ToolError,
+    ) -> Recorded {
+        let grants = self
+            .catalog
+            .policy()
+            .profile(caller.kind())
+            .grants_for(name);
+        let request = CallRequest {
+            tool: name,
+            args_json: arguments,
+            grants: &grants,
+            workspace: Some(&self.workspace),
+            caller: &Caller::from(caller.clone()),
+            instances: None,
+        };
+        self.registry.refuse_call(request, refusal).await
     }
 
     /// The label of what tool `name` returns to a `kind` process: see
@@ -228,8 +248,9 @@ impl ToolRouter {
             name,
             arguments,
             context,
+            carried,
         } = at;
-        let decision = self.catalog.decide_flow(kind, name, context, sink);
+        let decision = self.catalog.decide_flow(kind, name, context, carried, sink);
         let explained = || decision.explained(name, sink).to_string();
         let gate = match (decision.action, process, &self.approvals) {
             (Action::Allow, ..) => return Gate::Pass(None),
@@ -339,6 +360,7 @@ impl ToolRouter {
             name,
             arguments,
             context: &Label::trusted(),
+            carried: &Label::trusted(),
         };
         match self.run_in(call, cancelled).await {
             Outcome::Ran(recorded, _) => recorded,
@@ -357,6 +379,7 @@ impl ToolRouter {
             name,
             arguments,
             context,
+            carried,
         } = call;
         let policy = self.catalog.policy();
         let profile = policy.profile(kind);
@@ -388,6 +411,7 @@ impl ToolRouter {
                         name,
                         arguments,
                         context,
+                        carried,
                     };
                     match self.flow(at, &facts.sink).await {
                         Gate::Pass(None) => {}
@@ -447,6 +471,28 @@ struct FlowAt<'a> {
     name: &'a str,
     arguments: &'a str,
     context: &'a Label,
+    carried: &'a Label,
+}
+
+/// What the model that made a call had read, and what its arguments carry beyond it.
+#[derive(Debug, Clone, Copy)]
+pub struct Read<'a> {
+    /// The join of the labels of what the model was shown when it wrote the call.
+    pub context: &'a Label,
+    /// The join of the labels of the handles whose values the host put into the
+    /// arguments (clear for none).
+    pub carried: &'a Label,
+}
+
+impl<'a> Read<'a> {
+    /// A call written after reading `context`, with no handle in its arguments.
+    pub fn context(context: &'a Label) -> Self {
+        static CLEAR: Label = Label::trusted();
+        Read {
+            context,
+            carried: &CLEAR,
+        }
+    }
 }
 
 /// The flow check's outcome for one call.
@@ -477,6 +523,7 @@ struct Call<'a> {
     name: &'a str,
     arguments: &'a str,
     context: &'a Label,
+    carried: &'a Label,
 }
 
 /// Whether a call's tool was started, or the host refused the call before it was.

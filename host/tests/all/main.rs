@@ -23,6 +23,7 @@ mod escapes;
 mod example_plugin;
 mod exchange;
 mod flow;
+mod handles;
 mod host_imports;
 mod hosts;
 mod imports;

@@ -177,6 +177,7 @@ impl Assembler {
                 tool_call_id: None,
                 key: None,
                 label: Default::default(),
+                held: None,
             },
             tokens: self.tokens,
         })
