@@ -134,13 +134,6 @@ impl fmt::Display for ArgsDigest {
     }
 }
 
-impl serde::Serialize for ArgsDigest {
-    /// As its hex text.
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
 impl fmt::Debug for ArgsDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "ArgsDigest({self})")
@@ -162,6 +155,8 @@ impl FromStr for ArgsDigest {
         Ok(ArgsDigest(bytes))
     }
 }
+
+crate::text::serde_as_text!(ArgsDigest);
 
 #[cfg(test)]
 mod tests {

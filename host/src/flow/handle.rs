@@ -14,7 +14,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::label::Label;
@@ -68,19 +68,6 @@ impl FromStr for HandleId {
             return Err(error());
         }
         digits.parse().map(HandleId).map_err(|_| error())
-    }
-}
-
-impl Serialize for HandleId {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for HandleId {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -334,6 +321,8 @@ impl Handles {
         }
     }
 }
+
+crate::text::serde_as_text!(HandleId);
 
 #[cfg(test)]
 mod tests {

@@ -24,7 +24,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 
 mod caller;
 mod kind;
@@ -122,19 +122,6 @@ impl FromStr for ProcessId {
         let (kind, name) = text.split_once(':').ok_or_else(bad)?;
         let kind: ProcessKind = kind.parse().map_err(|_| bad())?;
         Ok(ProcessId::named(kind, name))
-    }
-}
-
-impl Serialize for ProcessId {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for ProcessId {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        text.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -297,6 +284,8 @@ impl fmt::Display for MessageKey {
         f.write_str(&self.0)
     }
 }
+
+crate::text::serde_as_text!(ProcessId);
 
 /// Ids from text, for tests.
 #[cfg(test)]

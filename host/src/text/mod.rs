@@ -2,9 +2,11 @@
 //! ([`read_text`]).
 
 mod hex;
+mod serde_text;
 mod source;
 
 pub use hex::{hex, unhex};
+pub(crate) use serde_text::serde_as_text;
 pub use source::{SourceError, read_text, toml_error_message, toml_key_line};
 
 /// The longest prefix of `text` within `max` bytes, ending on a character boundary.
