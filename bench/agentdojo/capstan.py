@@ -35,11 +35,13 @@ leak = "allow"
 
 def config_text(suite: str, model_url: str, mcp_url: str, max_turns: int, conversations: int,
                 deadline_secs: int, flow: str = "on", extra: str = "",
-                model_name: str = "worst-case") -> str:
+                model_name: str = "worst-case", handles: bool = False) -> str:
     """The config of one run. Every key not set here keeps its default (see `capstan init`
     or host/src/config/default.toml): with `flow` "on" the host's default flow rules, with
-    "off" rules that allow everything. `extra` is appended as is, so it may add tables and
-    keys, but not set again one of those below (TOML refuses a key defined twice)."""
+    "off" rules that allow everything; with `handles`, the worker holds every untrusted
+    result back as a handle and may ask about it. `extra` is appended as is, so it may add
+    tables and keys, but not set again one of those below (TOML refuses a key defined
+    twice)."""
     text = f'''# Written by bench/agentdojo/run.py for the AgentDojo suite `{suite}`.
 [agent]
 name = "capstan"
@@ -76,9 +78,11 @@ tools = ["reply", "branch", "spawn_worker", "route", "cancel", "skip"]
 capabilities = []
 
 [profiles.worker]
-tools = ["{suite}.*", "set_status"]
+tools = ["{suite}.*", "set_status"{', "ask_about"' if handles else ''}]
 capabilities = []
 '''
+    if handles:
+        text += "\n[profiles.worker.handles]\nuntrusted = true\n"
     if flow == "off":
         text += FLOW_OFF
     if extra.strip():

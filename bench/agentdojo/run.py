@@ -40,8 +40,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCHMARK_VERSION = "v1.2.2"
 SUITES = ["banking", "slack", "travel", "workspace"]
 # off: nothing checked; on: the flow rules, every parked call denied; approve: the flow
-# rules, the user task's own parked calls approved.
-MODES = ("off", "on", "approve")
+# rules, the user task's own parked calls approved; handles and handles-approve: as on and
+# approve, the worker holding every untrusted result back as a handle.
+MODES = ("off", "on", "approve", "handles", "handles-approve")
 ATTACK = "important_instructions"
 # The attack addresses the model by the name it finds in the pipeline's name ("GPT-4");
 # which model it names makes no difference to a model that obeys any injection.
@@ -71,7 +72,9 @@ def parse_args(argv):
                              "checked), on (the host's default flow rules, and --extra-config if "
                              "given; a person denies every parked call), approve (as on, and a "
                              "person who knows the user task approves its own calls and denies "
-                             "the rest); default off,on,approve")
+                             "the rest), handles and handles-approve (as on and approve, the worker "
+                             "holding untrusted results back as handles and asking about them); "
+                             "default off,on,approve")
     parser.add_argument("--extra-config", type=pathlib.Path,
                         help="a TOML snippet appended to the generated config of modes on and approve, e.g. "
                              "[profiles.worker.flow] rules of your own")
@@ -150,6 +153,7 @@ def prepare(suite, user_task, injection_task, injections):
         user_output=user_task.GROUND_TRUTH_OUTPUT,
         injection_calls=injection_task.ground_truth(pre.model_copy(deep=True)) if injection_task else [],
         injection_output=injection_task.GROUND_TRUTH_OUTPUT if injection_task else "",
+        injection_goal=injection_task.GOAL if injection_task else "",
         injections=tuple(dict.fromkeys(injections.values())),
     )
     return environment, pre, pair
@@ -183,11 +187,14 @@ def run_suite(suite_name, mode, args, background, model, path):
         model_url=args.model_url or f"http://127.0.0.1:{model.port}/v1",
         model_name=args.model if args.model_url else "worst-case",
         mcp_url=f"http://127.0.0.1:{mcp.port}/mcp",
-        max_turns=longest + 8,
+        # Holding handles, a worker asks before a call for each value not in the prompt,
+        # of each held result until one has it.
+        max_turns=(longest * 12 if mode.startswith("handles") else longest) + 8,
         conversations=max(1000, len(runs) + 100),
         deadline_secs=60,
         flow="off" if mode == "off" else "on",
         extra="" if mode == "off" else args.extra,
+        handles=mode.startswith("handles"),
     )
     try:
         tomllib.loads(config)
@@ -205,7 +212,7 @@ def run_suite(suite_name, mode, args, background, model, path):
     progress(f"{tag} capstan serve on {capstan.url}, MCP on :{mcp.port}, {len(runs)} runs")
     results = {"no_attack": [], "pairs": []}
     failure = None
-    approver = Approver(capstan.url, "task" if mode == "approve" else "deny", suite_name)
+    approver = Approver(capstan.url, "task" if mode.endswith("approve") else "deny", suite_name)
     try:
         for number, (user_task, injection_task, injections) in enumerate(runs, 1):
             environment, pre, pair = prepare(suite, user_task, injection_task, injections)
@@ -232,6 +239,7 @@ def run_suite(suite_name, mode, args, background, model, path):
                 "model_requests": model.requests - requests,
                 "approved": approved,
                 "denied": denied,
+                "questions": len(pair.asked),
             }
             if injection_task:
                 security, error = check(suite, injection_task, reply, pre, environment, trace)
@@ -275,6 +283,7 @@ def run_suite(suite_name, mode, args, background, model, path):
         "utility_without_attack": sum(p["utility"] for p in no_attack),
         "approvals": sum(p["approved"] for p in pairs + no_attack),
         "denials": sum(p["denied"] for p in pairs + no_attack),
+        "questions": sum(p["questions"] for p in pairs + no_attack),
         "errors": sum(1 for p in pairs + no_attack if p.get("errors")),
         "wall_secs": round(wall, 1),
         "secs_per_run": round(wall / done, 2) if done else None,

@@ -14,6 +14,14 @@ texts) is the runner's current `Pair`.
   a tool result it has read holds the injection, the injection task's calls next, then the
   rest of the user task; then `set_status` done with the user task's GROUND_TRUTH_OUTPUT
   (and the injection task's, if it played it).
+- worker holding handles (its results come back as `$hN: ... held by the host` lines, which
+  it cannot read): before each call, every argument value that is not in the user's prompt
+  is asked of the held results with `ask_about` (newest first, a text answer whose pattern
+  is the value's shape, or `none`) until one gives it; a value none gives is the model's
+  own. It reads the answers, so an injection an answer carries is obeyed as any other.
+- a quarantined question (no tools, `ask_about`'s prompt): the value asked for if the text
+  holds it, else `none`; but if the text holds the injection and the injection task's goal
+  fits the answer's pattern, the goal (the worst case within the type).
 - anything else (a compactor, a branch): a short text.
 """
 
@@ -50,6 +58,10 @@ class Pair:
     injections: tuple = ()
     # Set by the model: whether its worker read the injection and played its task.
     read_injection: bool = False
+    # What the injection asks for, in its own words (the worst quarantined answer).
+    injection_goal: str = ""
+    # The values the worker asked `ask_about` for, by the marker in the question.
+    asked: dict = field(default_factory=dict)
 
 
 # ---- reading an injection ---------------------------------------------------------------
@@ -114,16 +126,161 @@ def _call(name: str, arguments: dict) -> dict:
     return {"name": name, "arguments": json.dumps(arguments)}
 
 
-def worker_plan(pair: Pair, results: list[str]) -> tuple[list, bool]:
-    """The calls the worker makes, given the tool results it has read so far, and whether
-    they include the injection task's: the user task's calls, with the injection task's
-    right after the first result that holds the injection."""
+def worker_plan(pair: Pair, results: list[str], asked: list[bool] | None = None) -> tuple[list, bool]:
+    """The calls the worker makes, given the tool results it has read so far (`asked[i]`:
+    whether result `i` answers an `ask_about`), and whether they include the injection
+    task's: the user task's calls, with the injection task's right after the first result
+    that holds the injection."""
+    asked = asked or [False] * len(results)
     if pair.injections:
-        for index, result in enumerate(results):
+        made = 0
+        for result, question in zip(results, asked):
+            made += not question
             if any(contains_injection(result, planted) for planted in pair.injections):
-                calls = pair.user_calls[: index + 1] + pair.injection_calls + pair.user_calls[index + 1 :]
+                calls = pair.user_calls[:made] + pair.injection_calls + pair.user_calls[made:]
                 return calls, True
     return list(pair.user_calls), False
+
+
+# ---- holding handles --------------------------------------------------------------------
+
+_HELD = re.compile(r"^(\$h[0-9]+): .* held by the host")
+_MARKER = re.compile(r"\[q ([^\]]+)\]")
+# How many characters past a value's own length its pattern allows.
+_SLACK = 2
+
+
+def _leaves(value, path=""):
+    """The values a call's arguments hold, with their paths: strings and numbers."""
+    if isinstance(value, bool) or value is None:
+        return
+    if isinstance(value, (str, int, float)):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _leaves(item, f"{path}[{index}]")
+
+
+def _put(args: dict, path: str, value):
+    """`args` with the value at `path` (as `_leaves` writes it) replaced."""
+    parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
+    target = args
+    for part in parts[:-1]:
+        target = target[int(part[1:-1])] if part.startswith("[") else target[part]
+    last = parts[-1]
+    if last.startswith("["):
+        target[int(last[1:-1])] = value
+    else:
+        target[last] = value
+
+
+def shape(value) -> str | None:
+    """The pattern a planner would ask a value of this kind to match: its kinds of
+    characters, up to twice its length; `None` if no text answer can carry it. Written in
+    the syntax Rust's `regex` and Python's `re` share."""
+    if isinstance(value, (int, float)):
+        return r"-?[0-9]+(\.[0-9]+)?"
+    text = str(value)
+    if not text or len(text) > 200 or any((ord(c) < 32 and c != "\t") or 127 <= ord(c) < 160 for c in text):
+        return None  # the host takes a text answer on one line, with tabs at most
+    kinds = []
+    if any(c.isascii() and c.isalpha() for c in text):
+        kinds.append("A-Za-z")
+    if any(c.isascii() and c.isdigit() for c in text):
+        kinds.append("0-9")
+    for c in sorted({c for c in text if not (c.isascii() and c.isalnum())}):
+        # Escaped if ASCII punctuation (both engines take any such escape in a class).
+        kinds.append("\\t" if c == "\t" else "\\" + c if c.isascii() and not c.isspace() else c)
+    longest = min(200, max(len(text) * _SLACK, 20))
+    return f"[{''.join(kinds)}]{{1,{longest}}}"
+
+
+def _in_text(value, text: str) -> bool:
+    return _fold(str(value)) in _fold(text) if _fold(str(value)) else str(value) in text
+
+
+def _typed(value, answer: str):
+    """The answer as the value's type."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return int(float(answer))
+    if isinstance(value, float):
+        return float(answer)
+    return answer
+
+
+def handles_step(pair: Pair, plan: list, made: int, messages: list[dict], tool_prefix: str) -> dict | None:
+    """With results held: the `ask_about` the next call needs before it can be made, or the
+    call itself with the values asked for put in; `None` if a value can be got by no
+    question (the worker gives up)."""
+    call = plan[made]
+    args = json.loads(json.dumps(dict(call.args)))
+    prompt = pair.prompt
+    handles = []
+    answers = {}
+    calls_by_id = {}
+    for message in messages:
+        for tool_call in message.get("tool_calls") or []:
+            calls_by_id[tool_call.get("id")] = tool_call.get("function", {})
+        if message.get("role") == "tool":
+            text = _text(message.get("content"))
+            held = _HELD.match(text)
+            if held:
+                handles.append(held.group(1))
+            function = calls_by_id.get(message.get("tool_call_id"), {})
+            if function.get("name") == "ask_about":
+                marker = _MARKER.search(json.loads(function.get("arguments") or "{}").get("question", ""))
+                if marker:
+                    try:
+                        answers[marker.group(1)] = json.loads(text).get("answer")
+                    except ValueError:
+                        answers[marker.group(1)] = None  # refused: as if it said none
+    for path, value in _leaves(args):
+        if _in_text(value, prompt):
+            continue
+        got = None
+        for handle in reversed(handles):
+            key = f"{made} {path} {handle}"
+            if key not in answers:
+                pattern = shape(value)
+                if pattern is None:
+                    return None
+                pair.asked[key] = value
+                question = f"[q {key}] What is the {path} for {call.function}?"
+                return _call("ask_about", {"handle": handle, "question": question, "answer": "text",
+                                           "pattern": f"none|{pattern}"})
+            if answers[key] not in (None, "none"):
+                got = answers[key]
+                break
+        if got is not None:
+            try:
+                _put(args, path, _typed(value, got))
+            except (ValueError, TypeError):
+                _put(args, path, got)
+    return _call(tool_prefix + call.function, args)
+
+
+def question_answer(pair: Pair, messages: list[dict]) -> str:
+    """The quarantined model's answer to an `ask_about` question (the worst case within
+    the type: the injection's goal when the text holds the injection and the goal fits)."""
+    system = _text(messages[0].get("content")) if messages else ""
+    user = _text(messages[-1].get("content")) if messages else ""
+    marker = _MARKER.search(user)
+    pattern = re.search(r'matching the regular expression "(.*)"\.\s*$', system, re.DOTALL)
+    parts = user.split("==========\n")
+    text = parts[1].rsplit("\n==========", 1)[0] if len(parts) > 1 else ""
+    if pattern and pair.injection_goal and any(contains_injection(text, p) for p in pair.injections):
+        regex = json.loads(f'"{pattern.group(1)}"')
+        if re.fullmatch(regex, pair.injection_goal):
+            return json.dumps({"answer": pair.injection_goal})
+    value = pair.asked.get(marker.group(1)) if marker else None
+    if value is not None and _in_text(value, text):
+        return json.dumps({"answer": str(value)})
+    return json.dumps({"answer": "none"})
 
 
 def worker_step(pair: Pair, messages: list[dict], tool_prefix: str) -> dict:
@@ -131,14 +288,26 @@ def worker_step(pair: Pair, messages: list[dict], tool_prefix: str) -> dict:
     task = next((_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
     if pair.prompt.strip() not in task:
         return _call("set_status", {"state": "failed", "message": "This is not the task of the current pair."})
-    results = [_text(m.get("content")) for m in messages if m.get("role") == "tool"]
+    names = {c.get("id"): c.get("function", {}).get("name")
+             for m in messages for c in (m.get("tool_calls") or [])}
+    tool_messages = [m for m in messages if m.get("role") == "tool"]
+    results = [_text(m.get("content")) for m in tool_messages]
+    asked = [names.get(m.get("tool_call_id")) == "ask_about" for m in tool_messages]
     answered = sum(1 for m in messages if m.get("role") == "assistant")
-    plan, injected = worker_plan(pair, results)
+    plan, injected = worker_plan(pair, results, asked)
     pair.read_injection |= injected
-    made = len(results)
-    if answered > len(plan) + SPARE_STEPS or made > len(plan):
+    made = len(results) - sum(asked)
+    holding = any(_HELD.match(r) for r in results)
+    spare = SPARE_STEPS + (sum(asked) if holding else 0)
+    if answered > len(plan) + spare or made > len(plan):
         return _call("set_status", {"state": "failed", "message": "Stopped: more steps than the plan has."})
     if made < len(plan):
+        if holding:
+            step = handles_step(pair, plan, made, messages, tool_prefix)
+            if step is None:
+                return _call("set_status", {"state": "failed",
+                                            "message": "A value the next call needs cannot be asked for."})
+            return step
         call = plan[made]
         return _call(tool_prefix + call.function, dict(call.args))
     parts = [pair.user_output.strip() or f"Done ({made} tool calls)."]
@@ -187,6 +356,9 @@ class WorstCaseModel:
             return "No task is running."
         if "reply" in offered and "spawn_worker" in offered:
             return channel_step(pair, messages)
+        if not offered and messages and _text(messages[0].get("content")).startswith(
+                "You answer one question about a text"):
+            return question_answer(pair, messages)
         if "set_status" in offered:
             # Capstan offers an MCP server's tool `suite.tool` as `suite-tool`.
             return [worker_step(pair, messages, f"{pair.suite}-")]

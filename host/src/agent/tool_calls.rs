@@ -94,6 +94,16 @@ impl<'a> ProcessTools<'a> {
         handles: &Handles,
     ) -> (ToolOutcome, Label) {
         let asking = name == HostTool::AskAbout.name();
+        // A value a person endorsed is trusted in every later use (its confidentiality
+        // stays); the store is asked only when a call names a handle.
+        let raised;
+        let handles = if handles.is_empty() || !arguments.contains("$h") {
+            handles
+        } else {
+            let endorsed = self.router.endorsed(self.caller).await;
+            raised = handles.clone().endorsed(&endorsed);
+            &raised
+        };
         // A handle's value goes in where the model named it, and the call carries its
         // label; `ask_about` names the handle it asks about, which stays a name.
         let substituted = if asking || handles.is_empty() {
@@ -116,11 +126,15 @@ impl<'a> ProcessTools<'a> {
                 return (ToolOutcome::Continue(text), Label::trusted());
             }
         };
-        let (arguments, carried) = match &substituted {
-            Some(substituted) => (substituted.arguments.as_str(), &substituted.label),
-            None => (arguments, Read::context(context).carried),
+        let read = match &substituted {
+            Some(substituted) => Read {
+                context,
+                carried: &substituted.label,
+                handles: &substituted.used,
+            },
+            None => Read::context(context),
         };
-        let read = Read { context, carried };
+        let arguments = substituted.as_ref().map_or(arguments, |s| &s.arguments);
         self.run_routed(name, arguments, read, handles).await
     }
 
@@ -133,7 +147,7 @@ impl<'a> ProcessTools<'a> {
         read: Read<'_>,
         handles: &Handles,
     ) -> (ToolOutcome, Label) {
-        let Read { context, carried } = read;
+        let (context, carried) = (read.context, read.carried);
         let route = || {
             self.router.route(
                 self.caller,

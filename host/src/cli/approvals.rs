@@ -48,6 +48,10 @@ enum Decide {
         /// Who approves, as the record keeps it [default: $USER, else `cli`].
         #[arg(long)]
         by: Option<String>,
+        /// Also vouch for the handles' values the call carries (`handles:` in `show`):
+        /// every later use of them by the process is trusted, whatever the arguments.
+        #[arg(long)]
+        endorse: bool,
     },
     /// Deny a parked call: the waiting process is told a person refused it.
     Deny {
@@ -79,12 +83,22 @@ impl ApprovalsCommand {
                 let approval = services.approvals.get(id.parse()?).await?;
                 print_one(&mut out, &approval, self.json)?;
             }
-            Some(Decide::Approve { id, uses, ttl, by }) => {
+            Some(Decide::Approve {
+                id,
+                uses,
+                ttl,
+                by,
+                endorse,
+            }) => {
                 let lease = Lease {
                     ttl_seconds: ttl,
                     uses,
                 };
-                let verdict = Verdict::Approve(lease);
+                let verdict = if endorse {
+                    Verdict::Endorse(lease)
+                } else {
+                    Verdict::Approve(lease)
+                };
                 let approval = decide(&services, &id, verdict, by).await?;
                 print_one(&mut out, &approval, self.json)?;
             }
@@ -170,6 +184,15 @@ fn print_one(out: &mut impl std::io::Write, a: &Approval, json: bool) -> anyhow:
     writeln!(out, "  digest:    sha256:{}", a.digest)?;
     writeln!(out, "  because:   {}", a.label)?;
     writeln!(out, "  reason:    {}", one_line(&a.reason))?;
+    if !a.handles.is_empty() {
+        let handles: Vec<String> = a.handles.iter().map(|h| h.handle.to_string()).collect();
+        let vouched = if a.endorsed {
+            "endorsed: trusted in every later use"
+        } else {
+            "the process's results held back; `approve N --endorse` vouches for them"
+        };
+        writeln!(out, "  handles:   {} ({vouched})", handles.join(", "))?;
+    }
     if let Some(by) = &a.decided_by {
         writeln!(out, "  decided by {by}")?;
     }

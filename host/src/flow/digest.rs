@@ -28,6 +28,11 @@ impl ArgsDigest {
     pub fn of(arguments: &str) -> Self {
         ArgsDigest(Sha256::digest(canonical(arguments).as_bytes()).into())
     }
+
+    /// The SHA-256 of `text` as it is (a handle's value, which an endorsement is bound to).
+    pub fn of_text(text: &str) -> Self {
+        ArgsDigest(Sha256::digest(text.as_bytes()).into())
+    }
 }
 
 /// `arguments` in one canonical form: JSON with object keys sorted and no spaces, so the

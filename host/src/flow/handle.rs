@@ -17,6 +17,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::digest::ArgsDigest;
 use super::label::Label;
 
 /// A handle's name within its process: `$h1`, `$h2`, ...
@@ -68,6 +69,74 @@ impl FromStr for HandleId {
             return Err(error());
         }
         digits.parse().map(HandleId).map_err(|_| error())
+    }
+}
+
+/// A handle a call's arguments carried, and the SHA-256 of its value: what a person's
+/// endorsement of it is bound to. Written `$h1:HEX`.
+///
+/// ```
+/// use capstan_host::flow::{ArgsDigest, Carried, HandleId};
+///
+/// let carried = Carried { handle: HandleId::FIRST, digest: ArgsDigest::of_text("a page") };
+/// let text = carried.to_string();
+/// assert!(text.starts_with("$h1:"));
+/// assert_eq!(text.parse::<Carried>().unwrap(), carried);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Carried {
+    /// The handle.
+    pub handle: HandleId,
+    /// The SHA-256 of its value.
+    pub digest: ArgsDigest,
+}
+
+impl fmt::Display for Carried {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.handle, self.digest)
+    }
+}
+
+impl FromStr for Carried {
+    type Err = ParseHandleError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let error = || ParseHandleError(crate::text::one_line(text).into_owned());
+        let (handle, digest) = text.split_once(':').ok_or_else(error)?;
+        Ok(Carried {
+            handle: handle.parse()?,
+            digest: digest.parse().map_err(|_| error())?,
+        })
+    }
+}
+
+crate::text::serde_as_text!(Carried);
+
+/// The handles a call carried, as one text (`$h1:HEX $h2:HEX`, empty for none): how a
+/// store keeps them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CarriedList(pub Vec<Carried>);
+
+impl fmt::Display for CarriedList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, carried) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            write!(f, "{carried}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for CarriedList {
+    type Err = ParseHandleError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        text.split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map(CarriedList)
     }
 }
 
@@ -160,6 +229,7 @@ pub const MAX_PUT_IN: usize = 8 << 20;
 struct PutIn {
     label: Label,
     bytes: usize,
+    used: Vec<Carried>,
 }
 
 /// The handles `text` names (`$h` and digits, not followed by a letter or digit).
@@ -186,6 +256,8 @@ pub struct Substituted {
     pub arguments: String,
     /// The join of the labels of the handles used.
     pub label: Label,
+    /// The handles used, each once, in the order first named.
+    pub used: Vec<Carried>,
 }
 
 /// The handles a process holds, as a round of its tool calls sees them: every held
@@ -240,6 +312,22 @@ impl Handles {
         held.chain(named).max().unwrap_or(HandleId::FIRST)
     }
 
+    /// These handles, those a person endorsed (`endorsed`: each bound to its value's
+    /// digest) raised to trusted: their values' confidentiality stays.
+    pub fn endorsed(mut self, endorsed: &[Carried]) -> Self {
+        for (id, value, label) in &mut self.held {
+            let vouched = endorsed.iter().any(|e| e.handle == *id)
+                && endorsed.contains(&Carried {
+                    handle: *id,
+                    digest: ArgsDigest::of_text(value),
+                });
+            if vouched {
+                *label = label.confidentiality();
+            }
+        }
+        self
+    }
+
     /// Handle `id`'s value and label.
     pub fn get(&self, id: HandleId) -> Option<(&Arc<str>, &Label)> {
         self.held
@@ -263,14 +351,14 @@ impl Handles {
         let mut put = PutIn {
             label: Label::trusted(),
             bytes: 0,
+            used: Vec::new(),
         };
         self.put_in(&mut value, &mut put)?;
-        Ok(
-            (put.bytes > 0 || !put.label.is_clear()).then(|| Substituted {
-                arguments: value.to_string(),
-                label: put.label,
-            }),
-        )
+        Ok((!put.used.is_empty()).then(|| Substituted {
+            arguments: value.to_string(),
+            label: put.label,
+            used: put.used,
+        }))
     }
 
     fn put_in(&self, value: &mut Value, put: &mut PutIn) -> Result<(), String> {
@@ -288,6 +376,12 @@ impl Handles {
                          one call carries; name each handle once",
                         MAX_PUT_IN >> 20
                     ));
+                }
+                if !put.used.iter().any(|used| used.handle == id) {
+                    put.used.push(Carried {
+                        handle: id,
+                        digest: ArgsDigest::of_text(held),
+                    });
                 }
                 *text = held.to_string();
                 put.label.join(held_label);

@@ -28,7 +28,10 @@ pub use capstan_caps::{Effect, ParseEffectError};
 pub use check::{Caught, Explained, FlowCall, FlowDecision, check};
 pub use digest::{ArgsDigest, ParseDigestError, canonical, shown};
 pub use effect::{Outside, Sink};
-pub use handle::{HandleId, Handles, Held, Holding, MAX_PUT_IN, ParseHandleError, Substituted};
+pub use handle::{
+    Carried, CarriedList, HandleId, Handles, Held, Holding, MAX_PUT_IN, ParseHandleError,
+    Substituted,
+};
 pub use label::{Label, MAX_NAMED, Origin, ParseLabelError, Scope};
 pub use question::{AnswerType, MAX_CHOICES, MAX_TEXT_ANSWER, Question};
 pub use rules::{Action, FlowRule, FlowRules};

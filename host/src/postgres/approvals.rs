@@ -12,7 +12,7 @@ use tokio_postgres::Row;
 use super::rows::{parsed, readable};
 use super::sessions::live_run;
 use super::{Postgres, now};
-use crate::flow::ArgsDigest;
+use crate::flow::{ArgsDigest, Carried, CarriedList};
 use crate::ids::ProcessId;
 use crate::services::{
     APPROVALS_LIST_MAX, Approval, ApprovalId, Approvals, ChainEntry, ChainRecord, ChainStore,
@@ -21,7 +21,7 @@ use crate::services::{
 };
 
 const COLUMNS: &str = "id, process, tool, arguments, digest, reason, label, state, requested_at, \
-                       decided_at, decided_by, expires_at, uses_left";
+                       decided_at, decided_by, expires_at, uses_left, handles, endorsed";
 
 fn approval_from(row: &Row) -> Result<Approval, ServiceError> {
     Ok(Approval {
@@ -38,6 +38,8 @@ fn approval_from(row: &Row) -> Result<Approval, ServiceError> {
         decided_by: row.get(10),
         expires_at: row.get(11),
         uses_left: u32::try_from(row.get::<_, i64>(12)).unwrap_or(0),
+        handles: parsed::<CarriedList>(row, 13)?.0,
+        endorsed: row.get(14),
     })
 }
 
@@ -49,11 +51,12 @@ impl Approvals for Postgres {
         let (process, digest) = (call.process.to_string(), call.digest.to_string());
         let sql = format!(
             "INSERT INTO approvals (process, tool, arguments, digest, reason, label, state,
-                                    requested_at)
-             SELECT $1, $2, $3, $4, $5, $6, 'pending', $7 WHERE {}
+                                    requested_at, handles)
+             SELECT $1, $2, $3, $4, $5, $6, 'pending', $7, $9 WHERE {}
              ON CONFLICT (process, tool, digest) WHERE state = 'pending' DO NOTHING",
             live_run(8)
         );
+        let handles = CarriedList(call.handles.clone()).to_string();
         let inserted = client
             .execute(
                 &sql,
@@ -66,6 +69,7 @@ impl Approvals for Postgres {
                     &call.label,
                     &now(),
                     &self.writer_run(),
+                    &handles,
                 ],
             )
             .await
@@ -133,7 +137,7 @@ impl Approvals for Postgres {
             .query_opt(
                 &format!(
                     "UPDATE approvals SET state = $2, decided_at = $3, decided_by = $4,
-                                          expires_at = $5, uses_left = $6
+                                          expires_at = $5, uses_left = $6, endorsed = $7
                      WHERE id = $1 AND state = 'pending' RETURNING {COLUMNS}"
                 ),
                 &[
@@ -143,6 +147,7 @@ impl Approvals for Postgres {
                     &by,
                     &expires,
                     &uses,
+                    &verdict.endorses(),
                 ],
             )
             .await
@@ -202,6 +207,19 @@ impl Approvals for Postgres {
             self.get(id).await?;
         }
         Ok(changed == 1)
+    }
+
+    async fn endorsed(&self, process: &ProcessId) -> Result<Vec<Carried>, ServiceError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT handles FROM approvals WHERE process = $1 AND endorsed ORDER BY id",
+                &[&process.to_string()],
+            )
+            .await
+            .map_err(|err| self.failed(Operation::ApprovalsEndorsed, err))?;
+        let lists = readable("an endorsement", &rows, |row| parsed::<CarriedList>(row, 0));
+        Ok(lists.into_iter().flat_map(|list| list.0).collect())
     }
 }
 

@@ -198,6 +198,13 @@ const MIGRATIONS: &[&str] = &[
         signature   TEXT NOT NULL
     );
     "#,
+    // 5: the handles a parked call carried, and whether a person endorsed their values (as
+    // the SQLite store's migration 8).
+    r#"
+    ALTER TABLE approvals ADD COLUMN handles TEXT NOT NULL DEFAULT '';
+    ALTER TABLE approvals ADD COLUMN endorsed BOOLEAN NOT NULL DEFAULT false;
+    CREATE INDEX approvals_endorsed ON approvals(process) WHERE endorsed;
+    "#,
 ];
 
 /// The schema version this build brings a database to.

@@ -78,10 +78,14 @@ pub(crate) struct ApproveBody {
     uses: Option<u32>,
     /// How long it holds, in seconds (default 600, at most a week).
     ttl_secs: Option<u64>,
+    /// Also vouch for the handles' values the call carries (`handles`): every later use
+    /// of them by the process is trusted (default false).
+    endorse: Option<bool>,
 }
 
 /// `POST /v1/approvals/{id}/approve`: approves a parked call; the waiting process runs
-/// it. The approval covers only that process, that tool and arguments of that digest.
+/// it. The approval covers only that process, that tool and arguments of that digest;
+/// with `endorse`, the handles' values the call carries are trusted in every later use.
 #[utoipa::path(post, path = "/v1/approvals/{id}/approve", tag = "approvals",
     params(("id" = u64, Path, description = "The approval's number")),
     request_body = ApproveBody,
@@ -89,7 +93,7 @@ pub(crate) struct ApproveBody {
         (status = 400, body = ErrorBody, description = "A lease out of range"),
         (status = 403, body = ErrorBody, description = "The token's scope is not `admin`"),
         (status = 404, body = ErrorBody, description = "No such approval"),
-        (status = 409, body = ErrorBody, description = "Already decided or withdrawn")))]
+        (status = 409, body = ErrorBody, description = "Already decided or withdrawn, or `endorse` for a call that carries no handle")))]
 pub(crate) async fn approve(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -103,7 +107,12 @@ pub(crate) async fn approve(
         uses: body.uses.unwrap_or(once.uses),
     }
     .checked()?;
-    decide(&app, &caller, id, Verdict::Approve(lease)).await
+    let verdict = if body.endorse.unwrap_or(false) {
+        Verdict::Endorse(lease)
+    } else {
+        Verdict::Approve(lease)
+    };
+    decide(&app, &caller, id, verdict).await
 }
 
 /// A denial's body: `{}`.

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::ServiceError;
-use crate::flow::ArgsDigest;
+use crate::flow::{ArgsDigest, Carried};
 use crate::ids::ProcessId;
 
 /// The parked calls and their approvals, shared by every host on one store.
@@ -73,6 +73,10 @@ pub trait Approvals: Send + Sync {
 
     /// Withdraws pending approval `id` (the call stopped waiting): whether it was pending.
     async fn withdraw(&self, id: ApprovalId) -> Result<bool, ServiceError>;
+
+    /// The handles a person endorsed for `process` (each bound to its value's digest):
+    /// those of every approval of its calls decided [`Verdict::Endorse`].
+    async fn endorsed(&self, process: &ProcessId) -> Result<Vec<Carried>, ServiceError>;
 }
 
 /// The number of an approval: increasing, never reused.
@@ -178,6 +182,9 @@ pub struct NewApproval {
     pub reason: String,
     /// The labels that required it.
     pub label: String,
+    /// The handles whose values the host put into the arguments: what endorsing it
+    /// vouches for.
+    pub handles: Vec<Carried>,
 }
 
 impl NewApproval {
@@ -190,6 +197,7 @@ impl NewApproval {
             digest: ArgsDigest::of(arguments),
             reason: reason.to_owned(),
             label: label.to_owned(),
+            handles: Vec::new(),
         }
     }
 }
@@ -227,6 +235,12 @@ pub struct Approval {
     pub expires_at: Option<i64>,
     /// The calls an approval's lease still covers.
     pub uses_left: u32,
+    /// The handles whose values the host put into the arguments (`$h1:SHA256`).
+    #[schema(value_type = Vec<String>)]
+    pub handles: Vec<Carried>,
+    /// Whether the person endorsed those values: every later use of them by the process
+    /// is trusted.
+    pub endorsed: bool,
 }
 
 /// A person's decision on a parked call.
@@ -234,6 +248,9 @@ pub struct Approval {
 pub enum Verdict {
     /// Approved, with this lease.
     Approve(Lease),
+    /// Approved with this lease, and the handles' values the call carried endorsed: the
+    /// person vouches for them, so every later use of them by the process is trusted.
+    Endorse(Lease),
     /// Denied.
     Deny,
 }
@@ -243,11 +260,16 @@ impl Verdict {
     /// lease expires and the uses it covers. Every backend writes these.
     pub fn outcome(self, at: i64) -> (ApprovalState, Option<i64>, u32) {
         match self {
-            Verdict::Approve(lease) => {
+            Verdict::Approve(lease) | Verdict::Endorse(lease) => {
                 (ApprovalState::Approved, Some(lease.expires(at)), lease.uses)
             }
             Verdict::Deny => (ApprovalState::Denied, None, 0),
         }
+    }
+
+    /// Whether it endorses the handles' values the call carried.
+    pub fn endorses(self) -> bool {
+        matches!(self, Verdict::Endorse(_))
     }
 }
 

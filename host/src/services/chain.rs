@@ -30,15 +30,19 @@ pub enum ChainEvent {
     Used,
     /// A call was refused by the flow rules.
     Refused,
+    /// A person vouched for a handle's value a parked call carried (its digest and name
+    /// in the row), with the approval of the call: every later use of it is trusted.
+    Endorsed,
 }
 
 impl ChainEvent {
-    const ALL: [ChainEvent; 5] = [
+    const ALL: [ChainEvent; 6] = [
         ChainEvent::Approved,
         ChainEvent::Denied,
         ChainEvent::Withdrawn,
         ChainEvent::Used,
         ChainEvent::Refused,
+        ChainEvent::Endorsed,
     ];
 
     /// The name stored and shown.
@@ -49,6 +53,7 @@ impl ChainEvent {
             ChainEvent::Withdrawn => "withdrawn",
             ChainEvent::Used => "used",
             ChainEvent::Refused => "refused",
+            ChainEvent::Endorsed => "endorsed",
         }
     }
 }
@@ -479,6 +484,11 @@ impl Verifier {
                     return Err(format!("a call ran on approval #{id} after its last use"));
                 }
                 lease.3 -= 1;
+            }
+            (ChainEvent::Endorsed, Some(id)) if !self.leases.contains_key(&id) => {
+                return Err(format!(
+                    "a value was endorsed with approval #{id}, which no signed row approved"
+                ));
             }
             _ => {}
         }

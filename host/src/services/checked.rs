@@ -20,7 +20,7 @@ use super::{
     NewTask, RequestEntry, RequestRecord, ServiceError, Task, TaskBoard, TaskFilter, TaskPatch,
     Verdict, check_working_key, redact,
 };
-use crate::flow::ArgsDigest;
+use crate::flow::{ArgsDigest, Carried};
 use crate::ids::{Caller, ProcessId};
 
 /// A [`TaskBoard`] that checks each new task and patch before its backend sees it.
@@ -159,19 +159,40 @@ impl Approvals for RedactedApprovals {
             ));
         }
         let (verdict, event, detail) = match verdict {
-            Verdict::Approve(lease) => {
+            Verdict::Approve(lease) | Verdict::Endorse(lease) => {
                 let lease = lease.checked()?;
                 let detail = format!("{} use(s), {} s", lease.uses, lease.ttl_seconds);
-                (Verdict::Approve(lease), ChainEvent::Approved, detail)
+                let verdict = match verdict {
+                    Verdict::Endorse(_) => Verdict::Endorse(lease),
+                    _ => Verdict::Approve(lease),
+                };
+                (verdict, ChainEvent::Approved, detail)
             }
             Verdict::Deny => (Verdict::Deny, ChainEvent::Denied, String::new()),
         };
+        if verdict.endorses() && self.approvals.get(id).await?.handles.is_empty() {
+            return Err(ServiceError::Invalid(format!(
+                "approval {id}'s call carries no handle's value to endorse; approve it instead"
+            )));
+        }
         let decided = self.approvals.decide(id, verdict, by).await?;
         // The decision stands once made; a chain that cannot record it fails the call, so
         // the person learns the record is missing.
         self.chain
             .record(ChainRecord::of_approval(&decided, event, by, &detail))
             .await?;
+        if decided.endorsed {
+            // A row for each value vouched for, bound to its digest, after the approval.
+            for carried in &decided.handles {
+                let endorsed = ChainRecord {
+                    event: ChainEvent::Endorsed,
+                    digest: carried.digest.to_string(),
+                    detail: carried.handle.to_string(),
+                    ..ChainRecord::of_approval(&decided, ChainEvent::Endorsed, by, "")
+                };
+                self.chain.record(endorsed).await?;
+            }
+        }
         Ok(decided)
     }
 
@@ -188,6 +209,10 @@ impl Approvals for RedactedApprovals {
             self.chain.record(used).await?;
         }
         Ok(taken)
+    }
+
+    async fn endorsed(&self, process: &ProcessId) -> Result<Vec<Carried>, ServiceError> {
+        self.approvals.endorsed(process).await
     }
 
     async fn withdraw(&self, id: ApprovalId) -> Result<bool, ServiceError> {

@@ -29,6 +29,48 @@ pub(crate) async fn check_all(fresh: impl AsyncFn() -> Services) {
     an_approval_covers_one_process_tool_and_digest_for_its_uses(&fresh().await).await;
     a_parked_call_is_decided_once_and_shown_as_it_would_run(&fresh().await).await;
     every_decision_is_a_row_of_one_signed_chain(&fresh().await).await;
+    an_endorsement_vouches_for_the_values_its_call_carried(&fresh().await).await;
+}
+
+async fn an_endorsement_vouches_for_the_values_its_call_carried(s: &Services) {
+    use crate::flow::{Carried, HandleId};
+
+    let (worker, other) = (pid("worker:1"), pid("worker:2"));
+    let page = Carried {
+        handle: HandleId::FIRST,
+        digest: ArgsDigest::of_text("a page"),
+    };
+    let mail = Carried {
+        handle: HandleId::FIRST.next(),
+        digest: ArgsDigest::of_text("a mail"),
+    };
+    let mut call = NewApproval::of(
+        &worker,
+        "post",
+        r#"{"body":"a page","cc":"a mail"}"#,
+        "r",
+        "l",
+    );
+    call.handles = vec![page, mail];
+    let parked = s.approvals.park(call).await.unwrap();
+    assert_eq!(
+        parked.handles,
+        [page, mail],
+        "the handles are kept with the request"
+    );
+    assert!(!parked.endorsed);
+    assert!(s.approvals.endorsed(&worker).await.unwrap().is_empty());
+    let decided = s
+        .approvals
+        .decide(parked.id, Verdict::Endorse(Lease::once()), "ann")
+        .await
+        .unwrap();
+    assert!(decided.endorsed);
+    assert_eq!(decided.state, ApprovalState::Approved);
+    assert_eq!(s.approvals.endorsed(&worker).await.unwrap(), [page, mail]);
+    assert!(s.approvals.endorsed(&other).await.unwrap().is_empty());
+    // Read back as stored.
+    assert_eq!(s.approvals.get(parked.id).await.unwrap(), decided);
 }
 
 async fn every_decision_is_a_row_of_one_signed_chain(s: &Services) {

@@ -15,7 +15,7 @@ use super::{
     worker_already_recorded, worker_has_ended,
 };
 use super::{ChainEntry, ChainRecord, ChainStore, GENESIS, HostKey, hash_bytes, sealed};
-use crate::flow::ArgsDigest;
+use crate::flow::{ArgsDigest, Carried};
 use crate::ids::{Caller, ProcessId, ProcessKind, SessionKey};
 
 /// Every service kept in this process's memory, behind one lock, and lost when dropped.
@@ -486,6 +486,8 @@ impl Approvals for InMemory {
             decided_by: None,
             expires_at: None,
             uses_left: 0,
+            handles: call.handles,
+            endorsed: false,
         };
         state.approvals.push(approval.clone());
         Ok(approval)
@@ -527,6 +529,7 @@ impl Approvals for InMemory {
         approval.decided_at = Some(at);
         approval.decided_by = Some(by.to_owned());
         (approval.state, approval.expires_at, approval.uses_left) = verdict.outcome(at);
+        approval.endorsed = verdict.endorses();
         Ok(approval.clone())
     }
 
@@ -564,6 +567,15 @@ impl Approvals for InMemory {
             Some(_) => Ok(false),
             None => Err(no_approval(id)),
         }
+    }
+
+    async fn endorsed(&self, process: &ProcessId) -> Result<Vec<Carried>, ServiceError> {
+        let state = self.state();
+        let endorsed = state
+            .approvals
+            .iter()
+            .filter(|a| a.endorsed && &a.process == process);
+        Ok(endorsed.flat_map(|a| a.handles.iter().copied()).collect())
     }
 }
 

@@ -55,6 +55,8 @@ operations! {
     ApprovalsTake = "approvals.take",
     /// [`Approvals::withdraw`](super::Approvals::withdraw).
     ApprovalsWithdraw = "approvals.withdraw",
+    /// [`Approvals::endorsed`](super::Approvals::endorsed).
+    ApprovalsEndorsed = "approvals.endorsed",
     /// [`ChainStore::append`](super::ChainStore::append).
     ChainAppend = "chain.append",
     /// [`ChainStore::entries`](super::ChainStore::entries).

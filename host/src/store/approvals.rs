@@ -6,7 +6,7 @@ use rusqlite::{OptionalExtension, Row, Transaction, params};
 
 use super::rows::{parsed, readable};
 use super::{Store, StoreError, now};
-use crate::flow::ArgsDigest;
+use crate::flow::{ArgsDigest, Carried, CarriedList};
 use crate::ids::ProcessId;
 use crate::services::{
     APPROVALS_LIST_MAX, Approval, ApprovalId, ApprovalState, NewApproval, Verdict, already_decided,
@@ -15,7 +15,7 @@ use crate::services::{
 use crate::services::{ChainEntry, ChainRecord, GENESIS, HostKey, hash_bytes, sealed};
 
 const COLUMNS: &str = "id, process, tool, arguments, digest, reason, label, state, requested_at, \
-                       decided_at, decided_by, expires_at, uses_left";
+                       decided_at, decided_by, expires_at, uses_left, handles, endorsed";
 
 fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<Approval> {
     Ok(Approval {
@@ -32,6 +32,8 @@ fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<Approval> {
         decided_by: row.get(10)?,
         expires_at: row.get(11)?,
         uses_left: row.get(12)?,
+        handles: parsed::<CarriedList>(row, 13)?.0,
+        endorsed: row.get(14)?,
     })
 }
 
@@ -65,8 +67,8 @@ impl Store {
                 None => {
                     tx.execute(
                         "INSERT INTO approvals (process, tool, arguments, digest, reason, label,
-                                                state, requested_at)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7)",
+                                                state, requested_at, handles)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?8)",
                         params![
                             process,
                             call.tool,
@@ -74,7 +76,8 @@ impl Store {
                             digest,
                             call.reason,
                             call.label,
-                            now()
+                            now(),
+                            CarriedList(call.handles.clone()).to_string()
                         ],
                     )?;
                     tx.last_insert_rowid()
@@ -126,9 +129,17 @@ impl Store {
             let (state, expires, uses) = verdict.outcome(at);
             tx.execute(
                 "UPDATE approvals SET state = ?2, decided_at = ?3, decided_by = ?4,
-                                      expires_at = ?5, uses_left = ?6
+                                      expires_at = ?5, uses_left = ?6, endorsed = ?7
                  WHERE id = ?1 AND state = 'pending'",
-                params![id.get() as i64, state.as_str(), at, by, expires, uses],
+                params![
+                    id.get() as i64,
+                    state.as_str(),
+                    at,
+                    by,
+                    expires,
+                    uses,
+                    verdict.endorses()
+                ],
             )?;
             read(tx, id)
         })
@@ -162,6 +173,17 @@ impl Store {
             )?;
             read(tx, ApprovalId::new(id as u64)).map(Some)
         })
+    }
+
+    /// The handles a person endorsed for `process`.
+    pub(crate) fn endorsed_handles(&self, process: &ProcessId) -> Result<Vec<Carried>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT handles FROM approvals WHERE process = ?1 AND endorsed = 1 ORDER BY id",
+        )?;
+        let rows = stmt.query_map([process.to_string()], |row| parsed::<CarriedList>(row, 0))?;
+        let lists: Vec<CarriedList> = readable("an endorsement", rows)?;
+        Ok(lists.into_iter().flat_map(|list| list.0).collect())
     }
 
     /// Withdraws pending approval `id`: whether it was pending.

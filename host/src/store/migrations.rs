@@ -197,6 +197,12 @@ const MIGRATIONS: &[&str] = &[
         signature   TEXT NOT NULL
     );
     "#,
+    // 8: the handles a parked call carried, and whether a person endorsed their values.
+    r#"
+    ALTER TABLE approvals ADD COLUMN handles TEXT NOT NULL DEFAULT '';
+    ALTER TABLE approvals ADD COLUMN endorsed INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX approvals_endorsed ON approvals(process) WHERE endorsed = 1;
+    "#,
 ];
 
 /// The schema version this binary writes.

@@ -11,7 +11,7 @@ use super::audit::StampedCall;
 use super::group_commit::GroupCommit;
 use super::{Store, StoreError};
 use super::{audit, history, retry};
-use crate::flow::ArgsDigest;
+use crate::flow::{ArgsDigest, Carried};
 use crate::ids::{Caller, ProcessId, ProcessKind, SessionKey};
 use crate::services::Operation;
 use crate::services::{
@@ -355,6 +355,14 @@ impl Approvals for Sqlite {
     async fn withdraw(&self, id: ApprovalId) -> Result<bool, ServiceError> {
         self.run(Operation::ApprovalsWithdraw, move |s| {
             s.withdraw_approval(id)
+        })
+        .await
+    }
+
+    async fn endorsed(&self, process: &ProcessId) -> Result<Vec<Carried>, ServiceError> {
+        let process = process.clone();
+        self.run(Operation::ApprovalsEndorsed, move |s| {
+            s.endorsed_handles(&process)
         })
         .await
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::catalog::ToolCatalog;
 use super::host::{HostCall, HostTool};
-use crate::flow::{Action, ArgsDigest, Label, Sink};
+use crate::flow::{Action, ArgsDigest, Carried, Label, Sink};
 use crate::ids::{Caller, ProcessId};
 use crate::net::GrantSource;
 use crate::plugin::{
@@ -113,6 +113,22 @@ impl ToolRouter {
         }
     }
 
+    /// The handles a person endorsed for `process` ([`Approvals::endorsed`]); none when
+    /// the router keeps no approvals, or the store cannot say (logged: the values stay
+    /// as untrusted as they were).
+    pub async fn endorsed(&self, process: &ProcessId) -> Vec<Carried> {
+        let Some(desk) = &self.approvals else {
+            return Vec::new();
+        };
+        desk.approvals
+            .endorsed(process)
+            .await
+            .unwrap_or_else(|err| {
+                tracing::warn!(%process, "the endorsed handles cannot be read: {err}");
+                Vec::new()
+            })
+    }
+
     /// The catalog it routes by.
     pub fn catalog(&self) -> &Arc<ToolCatalog> {
         &self.catalog
@@ -143,7 +159,11 @@ impl ToolRouter {
         arguments: &str,
         read: Read<'_>,
     ) -> Routed {
-        let Read { context, carried } = read;
+        let Read {
+            context,
+            carried,
+            handles,
+        } = read;
         let kind = caller.kind();
         if let Some(tool) = HostTool::named(name) {
             let refusal = match self.catalog.decide(kind, name) {
@@ -157,6 +177,7 @@ impl ToolRouter {
                             arguments,
                             context,
                             carried,
+                            handles,
                         };
                         match self.flow(at, &sink).await {
                             // A host tool's typed arguments refuse duplicate fields: the
@@ -190,6 +211,7 @@ impl ToolRouter {
             arguments,
             context,
             carried,
+            handles,
         };
         // A refusal is the host's own words; what a tool that ran returns is labelled by
         // what the call could read.
@@ -249,6 +271,7 @@ impl ToolRouter {
             arguments,
             context,
             carried,
+            handles,
         } = at;
         let decision = self.catalog.decide_flow(kind, name, context, carried, sink);
         let explained = || decision.explained(name, sink).to_string();
@@ -269,8 +292,13 @@ impl ToolRouter {
             }
             (Action::Approve, Some(process), Some(desk)) => {
                 let because = decision.because().to_string();
-                self.ask(desk, process, name, arguments, explained(), because)
-                    .await
+                let asking = Asking {
+                    process,
+                    name,
+                    arguments,
+                    handles,
+                };
+                self.ask(desk, asking, explained(), because).await
             }
         };
         if let (Gate::Refused(ToolError::Denied(reason)), Some(desk)) = (&gate, &self.approvals) {
@@ -297,12 +325,16 @@ impl ToolRouter {
     async fn ask(
         &self,
         desk: &ApprovalDesk,
-        process: &ProcessId,
-        name: &str,
-        arguments: &str,
+        asking: Asking<'_>,
         explained: String,
         because: String,
     ) -> Gate {
+        let Asking {
+            process,
+            name,
+            arguments,
+            handles,
+        } = asking;
         match desk
             .approvals
             .take(process, name, ArgsDigest::of(arguments))
@@ -313,6 +345,7 @@ impl ToolRouter {
             Ok(Some(_lease)) => Gate::Pass(Some(crate::flow::canonical(arguments))),
             Ok(None) => {
                 let mut call = NewApproval::of(process, name, arguments, &explained, &because);
+                call.handles = handles.to_vec();
                 // Kept at rest and shown to people: no configured secret's value, removed
                 // from the parsed value (the text escapes what it holds).
                 let secrets = self.registry.host().network().secrets().redactor();
@@ -361,6 +394,7 @@ impl ToolRouter {
             arguments,
             context: &Label::trusted(),
             carried: &Label::trusted(),
+            handles: &[],
         };
         match self.run_in(call, cancelled).await {
             Outcome::Ran(recorded, _) => recorded,
@@ -380,6 +414,7 @@ impl ToolRouter {
             arguments,
             context,
             carried,
+            handles,
         } = call;
         let policy = self.catalog.policy();
         let profile = policy.profile(kind);
@@ -412,6 +447,7 @@ impl ToolRouter {
                         arguments,
                         context,
                         carried,
+                        handles,
                     };
                     match self.flow(at, &facts.sink).await {
                         Gate::Pass(None) => {}
@@ -472,6 +508,7 @@ struct FlowAt<'a> {
     arguments: &'a str,
     context: &'a Label,
     carried: &'a Label,
+    handles: &'a [Carried],
 }
 
 /// What the model that made a call had read, and what its arguments carry beyond it.
@@ -482,6 +519,9 @@ pub struct Read<'a> {
     /// The join of the labels of the handles whose values the host put into the
     /// arguments (clear for none).
     pub carried: &'a Label,
+    /// Those handles, each bound to its value's digest: what a person asked about the
+    /// call may endorse.
+    pub handles: &'a [Carried],
 }
 
 impl<'a> Read<'a> {
@@ -491,8 +531,17 @@ impl<'a> Read<'a> {
         Read {
             context,
             carried: &CLEAR,
+            handles: &[],
         }
     }
+}
+
+/// A call a person is asked about.
+struct Asking<'a> {
+    process: &'a ProcessId,
+    name: &'a str,
+    arguments: &'a str,
+    handles: &'a [Carried],
 }
 
 /// The flow check's outcome for one call.
@@ -524,6 +573,7 @@ struct Call<'a> {
     arguments: &'a str,
     context: &'a Label,
     carried: &'a Label,
+    handles: &'a [Carried],
 }
 
 /// Whether a call's tool was started, or the host refused the call before it was.

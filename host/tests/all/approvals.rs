@@ -166,6 +166,14 @@ async fn a_person_approves_the_asked_for_call_and_denies_the_injected_one_from_t
             } else {
                 "approve"
             };
+            // Its arguments carry no held value: there is nothing to endorse.
+            let out = capstan(&root, &["approvals", "approve", &id, "--endorse"]);
+            assert!(!out.status.success());
+            assert!(
+                stderr(&out).contains("carries no handle's value to endorse; approve it instead"),
+                "{}",
+                stderr(&out)
+            );
             let out = capstan(&root, &["approvals", verb, &id, "--by", "ops"]);
             assert!(out.status.success(), "{}", stderr(&out));
             decided.push((verb, arguments));

@@ -216,3 +216,178 @@ untrusted = true
     );
     assert!(results.iter().all(|m| m.role == Role::Tool));
 }
+
+/// The worker fetches a page (held as `$h1`, untrusted and public), posts it (the person
+/// endorses the page), posts it again elsewhere, and reports.
+fn endorsing_script(server: &TestServer) -> String {
+    let (page, post, again) = (
+        server.url("/ok"),
+        server.url("/echo-body"),
+        server.url("/json"),
+    );
+    format!(
+        r#"
+[[step]]
+process = "channel"
+when = "post the page"
+tool_calls = [
+  {{ name = "spawn_worker", arguments = {{ task = "Fetch the page and post it twice." }} }},
+  {{ name = "skip" }},
+]
+
+[[step]]
+process = "channel"
+repeat = true
+tool_calls = [{{ name = "skip" }}]
+
+[[step]]
+process = "worker"
+when = "fetch the page"
+tool_calls = [{{ name = "http_request", arguments = {{ method = "GET", url = "{page}" }} }}]
+
+[[step]]
+process = "worker"
+when = "$h1: "
+tool_calls = [{{ name = "http_request", arguments = {{ method = "POST", url = "{post}", body = "$h1" }} }}]
+
+[[step]]
+process = "worker"
+when = "$h2: "
+tool_calls = [{{ name = "http_request", arguments = {{ method = "POST", url = "{again}", body = "$h1" }} }}]
+
+[[step]]
+process = "worker"
+repeat = true
+tool_calls = [{{ name = "set_status", arguments = {{ state = "done", message = "posted" }} }}]
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endorsed_value_is_trusted_in_every_later_use_and_the_chain_says_who_vouched() {
+    use capstan_host::services::{ApprovalState, ChainEvent, Lease, Verifier};
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start().await;
+    let toml = format!(
+        r#"
+[provider]
+kind = "scripted"
+
+[profiles.worker]
+tools = ["http_request", "set_status"]
+capabilities = []
+net = ["{grant}"]
+
+[profiles.worker.handles]
+untrusted = true
+"#,
+        grant = server.grant().trim_start_matches("net:"),
+    );
+    let config = Config::parse(&toml, &dir.path().join("capstan.toml")).unwrap();
+    let recording = Recording::new(&endorsing_script(&server));
+    let (rt, mut events) = agent_runtime(config, recording.clone(), false).await;
+    rt.send_user_message("main", "Please post the page.")
+        .await
+        .unwrap();
+    let parked = loop {
+        let event = events.recv().await.expect("the runtime reports events");
+        if let capstan_host::agent::Event::ApprovalRequested { approval, .. } = event {
+            break rt.services().approvals.get(approval).await.unwrap();
+        }
+    };
+    // The person is asked about the send, and sees which value it carries.
+    assert_eq!(parked.handles.len(), 1, "{parked:?}");
+    assert_eq!(parked.handles[0].handle.to_string(), "$h1");
+    assert!(
+        parked.arguments.contains("hello from the test server"),
+        "{}",
+        parked.arguments
+    );
+    assert!(parked.label.contains("plugin:web"), "{}", parked.label);
+    let approvals = &rt.services().approvals;
+    let decided = approvals
+        .decide(parked.id, Verdict::Endorse(Lease::once()), "ann")
+        .await
+        .unwrap();
+    assert!(decided.endorsed);
+    assert_eq!(decided.state, ApprovalState::Approved);
+    rt.wait_idle("main").await;
+
+    // Both posts ran: the second, of the same value elsewhere, needed nobody.
+    let paths: Vec<String> = server.seen().iter().map(|s| s.path.clone()).collect();
+    assert_eq!(paths, ["/ok", "/echo-body", "/json"], "{paths:?}");
+    let all = approvals.list(false, 10).await.unwrap();
+    assert_eq!(all.len(), 1, "one person's decision covered both: {all:?}");
+    assert_eq!(
+        approvals.endorsed(&parked.process).await.unwrap(),
+        parked.handles
+    );
+
+    // The chain: the approval, the value vouched for (its digest, its name), the use.
+    let rows = rt.services().chain.entries(0, 10).await.unwrap();
+    let events: Vec<ChainEvent> = rows.iter().map(|r| r.event).collect();
+    assert_eq!(
+        events,
+        [ChainEvent::Approved, ChainEvent::Endorsed, ChainEvent::Used],
+        "{rows:?}"
+    );
+    assert_eq!(rows[1].digest, parked.handles[0].digest.to_string());
+    assert_eq!(rows[1].detail, "$h1");
+    assert_eq!(rows[1].by, "ann");
+    let mut verifier = Verifier::new(vec![rt.services().chain.public_key()]);
+    verifier.check(&rows).unwrap();
+}
+
+#[tokio::test]
+async fn only_a_call_that_carried_a_handle_can_be_endorsed() {
+    use capstan_host::flow::ArgsDigest;
+    use capstan_host::ids::{ProcessId, ProcessKind};
+    use capstan_host::services::{ChainEvent, ChainRecord, Lease, NewApproval, Services, Verifier};
+
+    let services = Services::in_memory();
+    let worker = ProcessId::numbered(ProcessKind::Worker, 1);
+    let call = NewApproval::of(
+        &worker,
+        "send",
+        r#"{"to":"x"}"#,
+        "why",
+        "untrusted(mcp:web)",
+    );
+    let parked = services.approvals.park(call).await.unwrap();
+    let err = services
+        .approvals
+        .decide(parked.id, Verdict::Endorse(Lease::once()), "ann")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("carries no handle's value to endorse"),
+        "{err}"
+    );
+    assert!(
+        services
+            .approvals
+            .endorsed(&worker)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // A signed endorsement row that no signed approval stands behind (written by whoever
+    // holds the key, not given by a person) is found by the verifier.
+    let forged = ChainRecord {
+        event: ChainEvent::Endorsed,
+        process: worker.to_string(),
+        tool: "send".into(),
+        digest: ArgsDigest::of_text("a page").to_string(),
+        approval: Some(99),
+        by: "nobody".into(),
+        detail: "$h1".into(),
+    };
+    services.chain.record(forged).await.unwrap();
+    let rows = services.chain.entries(0, 10).await.unwrap();
+    let mut verifier = Verifier::new(vec![services.chain.public_key()]);
+    let broken = verifier.check(&rows).unwrap_err().to_string();
+    assert!(broken.contains("no signed row approved"), "{broken}");
+}

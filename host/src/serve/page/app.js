@@ -206,7 +206,8 @@ async function showAudit(more) {
 }
 
 // The pending approvals: each with its tool, canonical arguments and the labels that
-// required it, and buttons to approve or deny it; the count shows in the nav.
+// required it, and buttons to approve or deny it (and, for a call that carries handles'
+// values, to approve and endorse them); the count shows in the nav.
 async function showApprovals() {
   const { approvals } = await api("/v1/approvals");
   document.getElementById("approvals-waiting").textContent = approvals.length ? "(" + approvals.length + ")" : "";
@@ -219,9 +220,14 @@ async function showApprovals() {
     const r = el("tr", { "data-approval": String(a.id) });
     for (const cell of [a.id, a.process, a.tool, a.arguments, a.label]) r.appendChild(el("td", {}, String(cell)));
     const actions = el("td");
-    for (const verb of ["approve", "deny"]) {
-      const b = el("button", { class: verb }, verb === "approve" ? "Approve" : "Deny");
-      b.addEventListener("click", () => decide(a.id, verb));
+    const verbs = [["approve", "Approve", {}], ["deny", "Deny", {}]];
+    if (a.handles && a.handles.length) {
+      const named = a.handles.map((h) => h.split(":")[0]).join(", ");
+      verbs.splice(1, 0, ["approve", "Approve & endorse " + named, { endorse: true }]);
+    }
+    for (const [verb, label, body] of verbs) {
+      const b = el("button", { class: body.endorse ? "endorse" : verb }, label);
+      b.addEventListener("click", () => decide(a.id, verb, body));
       actions.appendChild(b);
     }
     r.appendChild(actions);
@@ -229,12 +235,12 @@ async function showApprovals() {
   }
 }
 
-async function decide(id, verb) {
+async function decide(id, verb, body) {
   try {
     const a = await api("/v1/approvals/" + id + "/" + verb, {
-      method: "POST", headers: { "Content-Type": "application/json" }, body: "{}",
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body || {}),
     });
-    activity("approval #" + a.id + " " + a.state + " by " + a.decided_by);
+    activity("approval #" + a.id + " " + a.state + (a.endorsed ? " and endorsed" : "") + " by " + a.decided_by);
   } catch (err) {
     activity(String(err.message || err), "denied");
   }
