@@ -60,7 +60,8 @@ class Pair:
     read_injection: bool = False
     # What the injection asks for, in its own words (the worst quarantined answer).
     injection_goal: str = ""
-    # The values the worker asked `ask_about` for, by the marker in the question.
+    # The worker's `ask_about` questions, by the marker in the question: the value it
+    # asks for, and its key (the handle and the value).
     asked: dict = field(default_factory=dict)
 
 
@@ -234,23 +235,27 @@ def handles_step(pair: Pair, plan: list, made: int, messages: list[dict], tool_p
             function = calls_by_id.get(message.get("tool_call_id"), {})
             if function.get("name") == "ask_about":
                 marker = _MARKER.search(json.loads(function.get("arguments") or "{}").get("question", ""))
-                if marker:
+                asked = pair.asked.get(marker.group(1)) if marker else None
+                if asked:
                     try:
-                        answers[marker.group(1)] = json.loads(text).get("answer")
+                        answers[asked[1]] = json.loads(text).get("answer")
                     except ValueError:
-                        answers[marker.group(1)] = None  # refused: as if it said none
+                        answers[asked[1]] = None  # refused: as if it said none
     for path, value in _leaves(args):
         if _in_text(value, prompt):
             continue
         got = None
+        # Asked once per value and result: a value two calls need is not asked twice.
+        wanted = json.dumps(value)
         for handle in reversed(handles):
-            key = f"{made} {path} {handle}"
+            key = f"{handle} {wanted}"
             if key not in answers:
                 pattern = shape(value)
                 if pattern is None:
                     return None
-                pair.asked[key] = value
-                question = f"[q {key}] What is the {path} for {call.function}?"
+                marker = f"{len(pair.asked)}"
+                pair.asked[marker] = (value, key)
+                question = f"[q {marker}] What is the {path} for {call.function}?"
                 return _call("ask_about", {"handle": handle, "question": question, "answer": "text",
                                            "pattern": f"none|{pattern}"})
             if answers[key] not in (None, "none"):
@@ -277,7 +282,8 @@ def question_answer(pair: Pair, messages: list[dict]) -> str:
         regex = json.loads(f'"{pattern.group(1)}"')
         if re.fullmatch(regex, pair.injection_goal):
             return json.dumps({"answer": pair.injection_goal})
-    value = pair.asked.get(marker.group(1)) if marker else None
+    asked = pair.asked.get(marker.group(1)) if marker else None
+    value = asked[0] if asked else None
     if value is not None and _in_text(value, text):
         return json.dumps({"answer": str(value)})
     return json.dumps({"answer": "none"})

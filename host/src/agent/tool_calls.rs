@@ -10,7 +10,7 @@ use super::model_gate::ModelGate;
 use super::process_calls::ProcessCalls;
 use super::reporter::Reporter;
 use super::turn::{ToolHandler, ToolOutcome};
-use crate::flow::{HandleId, Handles, Label};
+use crate::flow::{Carried, HandleId, Handles, Label};
 use crate::ids::ProcessId;
 use crate::llm::BoxFuture;
 use crate::plugin::ToolError;
@@ -94,14 +94,11 @@ impl<'a> ProcessTools<'a> {
         handles: &Handles,
     ) -> (ToolOutcome, Label) {
         let asking = name == HostTool::AskAbout.name();
-        // A value a person endorsed is trusted in every later use (its confidentiality
-        // stays); the store is asked only when a call names a handle.
         let raised;
         let handles = if handles.is_empty() || !arguments.contains("$h") {
             handles
         } else {
-            let endorsed = self.router.endorsed(self.caller).await;
-            raised = handles.clone().endorsed(&endorsed);
+            raised = self.vouch(name, arguments, asking, handles).await;
             &raised
         };
         // A handle's value goes in where the model named it, and the call carries its
@@ -136,6 +133,39 @@ impl<'a> ProcessTools<'a> {
         };
         let arguments = substituted.as_ref().map_or(arguments, |s| &s.arguments);
         self.run_routed(name, arguments, read, handles).await
+    }
+
+    /// `handles`, with the values a person endorsed that the call of `name` with
+    /// `arguments` names raised to trusted (their confidentiality stays): each such use
+    /// is a row of the audit chain first, and a value whose use cannot be recorded stays
+    /// as it was.
+    async fn vouch(&self, name: &str, arguments: &str, asking: bool, handles: &Handles) -> Handles {
+        let endorsements = self.router.endorsed(self.caller).await;
+        if endorsements.is_empty() {
+            return handles.clone();
+        }
+        let named: Vec<Carried> = if asking {
+            serde_json::from_str::<serde_json::Value>(arguments)
+                .ok()
+                .and_then(|args| args["handle"].as_str()?.trim().parse().ok())
+                .and_then(|id| handles.carried(id))
+                .into_iter()
+                .collect()
+        } else {
+            match handles.substitute(arguments) {
+                Ok(Some(substituted)) => substituted.used,
+                _ => Vec::new(),
+            }
+        };
+        let mut vouched = Vec::new();
+        for endorsement in endorsements.iter().filter(|e| named.contains(&e.value)) {
+            if !vouched.contains(&endorsement.value)
+                && self.router.vouched(self.caller, name, endorsement).await
+            {
+                vouched.push(endorsement.value);
+            }
+        }
+        handles.clone().endorsed(&vouched)
     }
 
     /// [`ProcessTools::answer`] of a call whose arguments hold the values of the handles

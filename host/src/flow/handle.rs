@@ -52,14 +52,19 @@ impl fmt::Display for HandleId {
 
 /// A text that is not a handle's name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{0}` is not a handle: a handle is written $h and its number, e.g. $h3")]
+#[error("{0}")]
 pub struct ParseHandleError(String);
 
 impl FromStr for HandleId {
     type Err = ParseHandleError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let error = || ParseHandleError(crate::text::one_line(text).into_owned());
+        let error = || {
+            ParseHandleError(format!(
+                "`{}` is not a handle: a handle is written $h and its number, e.g. $h3",
+                crate::text::one_line(text)
+            ))
+        };
         let digits = text.strip_prefix("$h").ok_or_else(error)?;
         // One spelling per handle: `$h3`, never `$h03` or `$h+3`.
         if digits.is_empty()
@@ -101,11 +106,18 @@ impl FromStr for Carried {
     type Err = ParseHandleError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let error = || ParseHandleError(crate::text::one_line(text).into_owned());
-        let (handle, digest) = text.split_once(':').ok_or_else(error)?;
+        let error = |what: &str| {
+            ParseHandleError(format!(
+                "`{}` is not a handle and its value's digest ($h1:SHA256HEX): {what}",
+                crate::text::one_line(text)
+            ))
+        };
+        let (handle, digest) = text.split_once(':').ok_or_else(|| error("no `:`"))?;
         Ok(Carried {
             handle: handle.parse()?,
-            digest: digest.parse().map_err(|_| error())?,
+            digest: digest
+                .parse()
+                .map_err(|err: super::ParseDigestError| error(&err.to_string()))?,
         })
     }
 }
@@ -232,6 +244,9 @@ struct PutIn {
     used: Vec<Carried>,
 }
 
+/// The highest handle number that counts when history text names it.
+const MAX_HANDLE_NAMED: u32 = 1_000_000_000;
+
 /// The handles `text` names (`$h` and digits, not followed by a letter or digit).
 fn named_in(text: &str) -> impl Iterator<Item = HandleId> + '_ {
     text.match_indices("$h").filter_map(move |(at, _)| {
@@ -241,10 +256,12 @@ fn named_in(text: &str) -> impl Iterator<Item = HandleId> + '_ {
         if after.is_some_and(char::is_alphanumeric) {
             return None;
         }
+        // A name past any a process could have held (a model may write `$h4294967295`)
+        // would leave no fresh one after it.
         rest[..digits]
             .parse::<u32>()
             .ok()
-            .filter(|n| *n > 0)
+            .filter(|n| (1..MAX_HANDLE_NAMED).contains(n))
             .map(HandleId)
     })
 }
@@ -326,6 +343,14 @@ impl Handles {
             }
         }
         self
+    }
+
+    /// Handle `id` bound to its value's digest, if held.
+    pub fn carried(&self, id: HandleId) -> Option<Carried> {
+        self.get(id).map(|(value, _)| Carried {
+            handle: id,
+            digest: ArgsDigest::of_text(value),
+        })
     }
 
     /// Handle `id`'s value and label.
@@ -441,6 +466,10 @@ mod tests {
         assert_eq!(sent.label, page.joined(&mail));
         assert_eq!(handles.next_id([]), HandleId(3));
         assert_eq!(handles.next_id(["a reply naming $h5."]), HandleId(6));
+        assert_eq!(
+            handles.next_id(["$h4294967295 and $h3000000000"]),
+            HandleId(3)
+        );
     }
 
     #[test]

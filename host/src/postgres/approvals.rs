@@ -12,12 +12,12 @@ use tokio_postgres::Row;
 use super::rows::{parsed, readable};
 use super::sessions::live_run;
 use super::{Postgres, now};
-use crate::flow::{ArgsDigest, Carried, CarriedList};
+use crate::flow::{ArgsDigest, CarriedList};
 use crate::ids::ProcessId;
 use crate::services::{
     APPROVALS_LIST_MAX, Approval, ApprovalId, Approvals, ChainEntry, ChainRecord, ChainStore,
-    GENESIS, HostKey, NewApproval, Operation, ServiceError, Verdict, already_decided, hash_bytes,
-    no_approval, sealed,
+    Endorsement, GENESIS, HostKey, NewApproval, Operation, ServiceError, Verdict, already_decided,
+    endorsements, hash_bytes, no_approval, sealed,
 };
 
 const COLUMNS: &str = "id, process, tool, arguments, digest, reason, label, state, requested_at, \
@@ -209,17 +209,21 @@ impl Approvals for Postgres {
         Ok(changed == 1)
     }
 
-    async fn endorsed(&self, process: &ProcessId) -> Result<Vec<Carried>, ServiceError> {
+    async fn endorsed(&self, process: &ProcessId) -> Result<Vec<Endorsement>, ServiceError> {
         let client = self.client().await?;
         let rows = client
             .query(
-                "SELECT handles FROM approvals WHERE process = $1 AND endorsed ORDER BY id",
-                &[&process.to_string()],
+                "SELECT id, handles FROM approvals
+                 WHERE process = $1 AND endorsed AND expires_at > $2 ORDER BY id",
+                &[&process.to_string(), &now()],
             )
             .await
             .map_err(|err| self.failed(Operation::ApprovalsEndorsed, err))?;
-        let lists = readable("an endorsement", &rows, |row| parsed::<CarriedList>(row, 0));
-        Ok(lists.into_iter().flat_map(|list| list.0).collect())
+        let lists = readable("an endorsement", &rows, |row| {
+            let id = ApprovalId::new(row.get::<_, i64>(0) as u64);
+            Ok((id, parsed::<CarriedList>(row, 1)?))
+        });
+        Ok(endorsements(lists))
     }
 }
 

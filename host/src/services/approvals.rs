@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::ServiceError;
-use crate::flow::{ArgsDigest, Carried};
+use crate::flow::{ArgsDigest, Carried, CarriedList};
 use crate::ids::ProcessId;
 
 /// The parked calls and their approvals, shared by every host on one store.
@@ -74,9 +74,30 @@ pub trait Approvals: Send + Sync {
     /// Withdraws pending approval `id` (the call stopped waiting): whether it was pending.
     async fn withdraw(&self, id: ApprovalId) -> Result<bool, ServiceError>;
 
-    /// The handles a person endorsed for `process` (each bound to its value's digest):
-    /// those of every approval of its calls decided [`Verdict::Endorse`].
-    async fn endorsed(&self, process: &ProcessId) -> Result<Vec<Carried>, ServiceError>;
+    /// The values a person endorsed for `process` (each bound to its digest): those of
+    /// every approval of its calls decided [`Verdict::Endorse`] whose lease has not
+    /// expired.
+    async fn endorsed(&self, process: &ProcessId) -> Result<Vec<Endorsement>, ServiceError>;
+
+    /// Records that a call of `tool` by `process` used `endorsement`'s value as trusted
+    /// (an audit row; the backends keep nothing for it).
+    async fn vouched(
+        &self,
+        _process: &ProcessId,
+        _tool: &str,
+        _endorsement: &Endorsement,
+    ) -> Result<(), ServiceError> {
+        Ok(())
+    }
+}
+
+/// A value a person vouched for, and the approval that says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endorsement {
+    /// The endorsing approval.
+    pub approval: ApprovalId,
+    /// The handle and its value's digest.
+    pub value: Carried,
 }
 
 /// The number of an approval: increasing, never reused.
@@ -339,6 +360,18 @@ pub fn no_approval(id: ApprovalId) -> ServiceError {
     ServiceError::NotFound(format!(
         "approval {id} does not exist (see `capstan approvals --all`)"
     ))
+}
+
+/// The endorsements of each endorsing approval's values, as a store reads them.
+pub fn endorsements(lists: Vec<(ApprovalId, CarriedList)>) -> Vec<Endorsement> {
+    lists
+        .into_iter()
+        .flat_map(|(approval, list)| {
+            list.0
+                .into_iter()
+                .map(move |value| Endorsement { approval, value })
+        })
+        .collect()
 }
 
 /// The most [`Approvals::list`] returns.

@@ -33,16 +33,24 @@ pub enum ChainEvent {
     /// A person vouched for a handle's value a parked call carried (its digest and name
     /// in the row), with the approval of the call: every later use of it is trusted.
     Endorsed,
+    /// A call used a value as trusted on an endorsement (the value's digest and name in
+    /// the row, the endorsing approval).
+    Vouched,
+    /// A decision the chain recorded that the store then refused (the approval was
+    /// decided or withdrawn meanwhile): it stands for nothing.
+    Voided,
 }
 
 impl ChainEvent {
-    const ALL: [ChainEvent; 6] = [
+    const ALL: [ChainEvent; 8] = [
         ChainEvent::Approved,
         ChainEvent::Denied,
         ChainEvent::Withdrawn,
         ChainEvent::Used,
         ChainEvent::Refused,
         ChainEvent::Endorsed,
+        ChainEvent::Vouched,
+        ChainEvent::Voided,
     ];
 
     /// The name stored and shown.
@@ -54,6 +62,8 @@ impl ChainEvent {
             ChainEvent::Used => "used",
             ChainEvent::Refused => "refused",
             ChainEvent::Endorsed => "endorsed",
+            ChainEvent::Vouched => "vouched",
+            ChainEvent::Voided => "voided",
         }
     }
 }
@@ -363,6 +373,9 @@ pub struct Verifier {
     keys: Vec<String>,
     /// Each approval seen: its call, and the uses it has left.
     leases: std::collections::HashMap<u64, (String, String, String, u64)>,
+    /// Each endorsing approval seen: its process, the values it may still endorse, and
+    /// the digests it endorsed.
+    endorsements: std::collections::HashMap<u64, (String, u64, Vec<String>)>,
 }
 
 impl Verifier {
@@ -374,6 +387,7 @@ impl Verifier {
             prev: GENESIS,
             keys: Vec::new(),
             leases: std::collections::HashMap::new(),
+            endorsements: std::collections::HashMap::new(),
         }
     }
 
@@ -466,6 +480,16 @@ impl Verifier {
                     .and_then(|(n, _)| n.parse().ok())
                     .ok_or_else(|| format!("approval #{id}'s uses cannot be read"))?;
                 let (process, tool, digest) = call();
+                // An approval that endorses says how many values: `..., endorses N value(s)`.
+                if let Some(values) = row
+                    .detail
+                    .split_once(", endorses ")
+                    .and_then(|(_, n)| n.split_once(' '))
+                    .and_then(|(n, _)| n.parse().ok())
+                {
+                    self.endorsements
+                        .insert(id, (process.clone(), values, Vec::new()));
+                }
                 self.leases.insert(id, (process, tool, digest, uses));
             }
             (ChainEvent::Used, Some(id)) => {
@@ -485,10 +509,40 @@ impl Verifier {
                 }
                 lease.3 -= 1;
             }
-            (ChainEvent::Endorsed, Some(id)) if !self.leases.contains_key(&id) => {
-                return Err(format!(
-                    "a value was endorsed with approval #{id}, which no signed row approved"
-                ));
+            (ChainEvent::Endorsed, id) => {
+                let endorsing = id.and_then(|id| self.endorsements.get_mut(&id));
+                match endorsing {
+                    Some((process, left, digests)) if *process == row.process && *left > 0 => {
+                        *left -= 1;
+                        digests.push(row.digest.clone());
+                    }
+                    _ => {
+                        return Err(format!(
+                            "a value was endorsed with approval {}, which no signed row \
+                             approved as endorsing it",
+                            id.map_or("(none)".into(), |id| format!("#{id}"))
+                        ));
+                    }
+                }
+            }
+            (ChainEvent::Vouched, id) => {
+                let endorsed = id.and_then(|id| self.endorsements.get(&id)).is_some_and(
+                    |(process, _, digests)| {
+                        *process == row.process && digests.contains(&row.digest)
+                    },
+                );
+                if !endorsed {
+                    return Err(format!(
+                        "a call used a value as endorsed by approval {}, which no signed \
+                         row endorsed: the endorsement was written into the store, not given \
+                         by a person",
+                        id.map_or("(none)".into(), |id| format!("#{id}"))
+                    ));
+                }
+            }
+            (ChainEvent::Voided, Some(id)) => {
+                self.leases.remove(&id);
+                self.endorsements.remove(&id);
             }
             _ => {}
         }

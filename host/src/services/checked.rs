@@ -15,12 +15,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::{
-    Approval, ApprovalId, Approvals, AuditChain, AuditDestination, AuditEntry, AuditRecord,
-    AuditSink, ChainEvent, ChainRecord, Committing, Memory, MemoryItem, NewApproval, NewMemory,
-    NewTask, RequestEntry, RequestRecord, ServiceError, Task, TaskBoard, TaskFilter, TaskPatch,
-    Verdict, check_working_key, redact,
+    Approval, ApprovalId, ApprovalState, Approvals, AuditChain, AuditDestination, AuditEntry,
+    AuditRecord, AuditSink, ChainEvent, ChainRecord, Committing, Endorsement, Memory, MemoryItem,
+    NewApproval, NewMemory, NewTask, RequestEntry, RequestRecord, ServiceError, Task, TaskBoard,
+    TaskFilter, TaskPatch, Verdict, already_decided, check_working_key, redact,
 };
-use crate::flow::{ArgsDigest, Carried};
+use crate::flow::ArgsDigest;
 use crate::ids::{Caller, ProcessId};
 
 /// A [`TaskBoard`] that checks each new task and patch before its backend sees it.
@@ -158,7 +158,11 @@ impl Approvals for RedactedApprovals {
                 "who decides an approval is named in 1 to 200 bytes".into(),
             ));
         }
-        let (verdict, event, detail) = match verdict {
+        let current = self.approvals.get(id).await?;
+        if current.state != ApprovalState::Pending {
+            return Err(already_decided(id, current.state));
+        }
+        let (verdict, event, mut detail) = match verdict {
             Verdict::Approve(lease) | Verdict::Endorse(lease) => {
                 let lease = lease.checked()?;
                 let detail = format!("{} use(s), {} s", lease.uses, lease.ttl_seconds);
@@ -170,30 +174,49 @@ impl Approvals for RedactedApprovals {
             }
             Verdict::Deny => (Verdict::Deny, ChainEvent::Denied, String::new()),
         };
-        if verdict.endorses() && self.approvals.get(id).await?.handles.is_empty() {
-            return Err(ServiceError::Invalid(format!(
-                "approval {id}'s call carries no handle's value to endorse; approve it instead"
-            )));
+        if verdict.endorses() {
+            if current.handles.is_empty() {
+                return Err(ServiceError::Invalid(format!(
+                    "approval {id}'s call carries no handle's value to endorse; approve it \
+                     instead"
+                )));
+            }
+            detail.push_str(&format!(", endorses {} value(s)", current.handles.len()));
         }
-        let decided = self.approvals.decide(id, verdict, by).await?;
-        // The decision stands once made; a chain that cannot record it fails the call, so
-        // the person learns the record is missing.
+        // The chain first: a process that sees the decision in the store and uses it
+        // appends its use after the decision's rows. A chain that cannot record it fails
+        // the call, and nothing is decided.
         self.chain
-            .record(ChainRecord::of_approval(&decided, event, by, &detail))
+            .record(ChainRecord::of_approval(&current, event, by, &detail))
             .await?;
-        if decided.endorsed {
-            // A row for each value vouched for, bound to its digest, after the approval.
-            for carried in &decided.handles {
+        if verdict.endorses() {
+            // A row for each value vouched for, bound to its digest.
+            for carried in &current.handles {
                 let endorsed = ChainRecord {
-                    event: ChainEvent::Endorsed,
                     digest: carried.digest.to_string(),
-                    detail: carried.handle.to_string(),
-                    ..ChainRecord::of_approval(&decided, ChainEvent::Endorsed, by, "")
+                    ..ChainRecord::of_approval(
+                        &current,
+                        ChainEvent::Endorsed,
+                        by,
+                        &carried.handle.to_string(),
+                    )
                 };
                 self.chain.record(endorsed).await?;
             }
         }
-        Ok(decided)
+        match self.approvals.decide(id, verdict, by).await {
+            Ok(decided) => Ok(decided),
+            Err(err) => {
+                // Decided or withdrawn since it was read: the rows above stand for nothing.
+                let voided = ChainRecord::of_approval(&current, ChainEvent::Voided, by, "");
+                if let Err(chain) = self.chain.record(voided).await {
+                    tracing::warn!(
+                        "approval {id}'s refused decision is not voided in the chain: {chain}"
+                    );
+                }
+                Err(err)
+            }
+        }
     }
 
     async fn take(
@@ -211,8 +234,26 @@ impl Approvals for RedactedApprovals {
         Ok(taken)
     }
 
-    async fn endorsed(&self, process: &ProcessId) -> Result<Vec<Carried>, ServiceError> {
+    async fn endorsed(&self, process: &ProcessId) -> Result<Vec<Endorsement>, ServiceError> {
         self.approvals.endorsed(process).await
+    }
+
+    async fn vouched(
+        &self,
+        process: &ProcessId,
+        tool: &str,
+        used: &Endorsement,
+    ) -> Result<(), ServiceError> {
+        let record = ChainRecord {
+            event: ChainEvent::Vouched,
+            process: process.to_string(),
+            tool: tool.to_owned(),
+            digest: used.value.digest.to_string(),
+            approval: Some(used.approval.get()),
+            by: "host".into(),
+            detail: used.value.handle.to_string(),
+        };
+        self.chain.record(record).await.map(drop)
     }
 
     async fn withdraw(&self, id: ApprovalId) -> Result<bool, ServiceError> {

@@ -67,7 +67,10 @@ async fn an_endorsement_vouches_for_the_values_its_call_carried(s: &Services) {
         .unwrap();
     assert!(decided.endorsed);
     assert_eq!(decided.state, ApprovalState::Approved);
-    assert_eq!(s.approvals.endorsed(&worker).await.unwrap(), [page, mail]);
+    let endorsed = s.approvals.endorsed(&worker).await.unwrap();
+    let values: Vec<Carried> = endorsed.iter().map(|e| e.value).collect();
+    assert_eq!(values, [page, mail]);
+    assert!(endorsed.iter().all(|e| e.approval == parked.id));
     assert!(s.approvals.endorsed(&other).await.unwrap().is_empty());
     // Read back as stored.
     assert_eq!(s.approvals.get(parked.id).await.unwrap(), decided);

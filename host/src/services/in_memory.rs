@@ -7,15 +7,15 @@ use async_trait::async_trait;
 
 use super::{
     APPROVALS_LIST_MAX, Approval, ApprovalId, ApprovalState, Approvals, AuditDestination,
-    AuditEntry, AuditRecord, AuditSink, ConversationSummary, DEFAULT_LIST_LIMIT, History,
-    HistoryEntry, Ledger, Memory, MemoryItem, NewApproval, NewMemory, NewTask, Priority,
+    AuditEntry, AuditRecord, AuditSink, ConversationSummary, DEFAULT_LIST_LIMIT, Endorsement,
+    History, HistoryEntry, Ledger, Memory, MemoryItem, NewApproval, NewMemory, NewTask, Priority,
     RECALL_MAX, RequestEntry, RequestRecord, Run, RunId, ServiceError, Sessions, Task, TaskBoard,
     TaskFilter, TaskPatch, TaskStatus, Verdict, WorkerRecord, WorkerState, already_decided,
     expires_at, interrupted_outcome, memory_words, no_approval, now, recall_terms,
     worker_already_recorded, worker_has_ended,
 };
 use super::{ChainEntry, ChainRecord, ChainStore, GENESIS, HostKey, hash_bytes, sealed};
-use crate::flow::{ArgsDigest, Carried};
+use crate::flow::ArgsDigest;
 use crate::ids::{Caller, ProcessId, ProcessKind, SessionKey};
 
 /// Every service kept in this process's memory, behind one lock, and lost when dropped.
@@ -569,13 +569,19 @@ impl Approvals for InMemory {
         }
     }
 
-    async fn endorsed(&self, process: &ProcessId) -> Result<Vec<Carried>, ServiceError> {
-        let state = self.state();
-        let endorsed = state
-            .approvals
-            .iter()
-            .filter(|a| a.endorsed && &a.process == process);
-        Ok(endorsed.flat_map(|a| a.handles.iter().copied()).collect())
+    async fn endorsed(&self, process: &ProcessId) -> Result<Vec<Endorsement>, ServiceError> {
+        let (state, at) = (self.state(), now());
+        let endorsed = state.approvals.iter().filter(|a| {
+            a.endorsed && &a.process == process && a.expires_at.is_some_and(|e| e > at)
+        });
+        Ok(endorsed
+            .flat_map(|a| {
+                a.handles.iter().map(|value| Endorsement {
+                    approval: a.id,
+                    value: *value,
+                })
+            })
+            .collect())
     }
 }
 

@@ -46,8 +46,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use approvals::{
-    APPROVALS_LIST_MAX, Approval, ApprovalId, ApprovalState, Approvals, Lease, NewApproval,
-    Verdict, already_decided, no_approval,
+    APPROVALS_LIST_MAX, Approval, ApprovalId, ApprovalState, Approvals, Endorsement, Lease,
+    NewApproval, Verdict, already_decided, endorsements, no_approval,
 };
 pub use audit::{
     AuditDestination, AuditEntry, AuditRecord, AuditSink, Committing, NO_STORE, REDACTED,

@@ -6,11 +6,11 @@ use rusqlite::{OptionalExtension, Row, Transaction, params};
 
 use super::rows::{parsed, readable};
 use super::{Store, StoreError, now};
-use crate::flow::{ArgsDigest, Carried, CarriedList};
+use crate::flow::{ArgsDigest, CarriedList};
 use crate::ids::ProcessId;
 use crate::services::{
-    APPROVALS_LIST_MAX, Approval, ApprovalId, ApprovalState, NewApproval, Verdict, already_decided,
-    no_approval,
+    APPROVALS_LIST_MAX, Approval, ApprovalId, ApprovalState, Endorsement, NewApproval, Verdict,
+    already_decided, endorsements, no_approval,
 };
 use crate::services::{ChainEntry, ChainRecord, GENESIS, HostKey, hash_bytes, sealed};
 
@@ -175,15 +175,22 @@ impl Store {
         })
     }
 
-    /// The handles a person endorsed for `process`.
-    pub(crate) fn endorsed_handles(&self, process: &ProcessId) -> Result<Vec<Carried>, StoreError> {
+    /// The values a person endorsed for `process`, while their approvals hold.
+    pub(crate) fn endorsed_handles(
+        &self,
+        process: &ProcessId,
+    ) -> Result<Vec<Endorsement>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(
-            "SELECT handles FROM approvals WHERE process = ?1 AND endorsed = 1 ORDER BY id",
+            "SELECT id, handles FROM approvals
+             WHERE process = ?1 AND endorsed = 1 AND expires_at > ?2 ORDER BY id",
         )?;
-        let rows = stmt.query_map([process.to_string()], |row| parsed::<CarriedList>(row, 0))?;
-        let lists: Vec<CarriedList> = readable("an endorsement", rows)?;
-        Ok(lists.into_iter().flat_map(|list| list.0).collect())
+        let rows = stmt.query_map(params![process.to_string(), now()], |row| {
+            let id = ApprovalId::new(row.get::<_, i64>(0)? as u64);
+            Ok((id, parsed::<CarriedList>(row, 1)?))
+        })?;
+        let lists: Vec<(ApprovalId, CarriedList)> = readable("an endorsement", rows)?;
+        Ok(endorsements(lists))
     }
 
     /// Withdraws pending approval `id`: whether it was pending.

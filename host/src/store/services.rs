@@ -11,7 +11,7 @@ use super::audit::StampedCall;
 use super::group_commit::GroupCommit;
 use super::{Store, StoreError};
 use super::{audit, history, retry};
-use crate::flow::{ArgsDigest, Carried};
+use crate::flow::ArgsDigest;
 use crate::ids::{Caller, ProcessId, ProcessKind, SessionKey};
 use crate::services::Operation;
 use crate::services::{
@@ -20,7 +20,7 @@ use crate::services::{
     NewApproval, NewMemory, NewTask, RequestEntry, RequestRecord, Run, RunId, ServiceError,
     Services, Sessions, Task, TaskBoard, TaskFilter, TaskPatch, Verdict, WorkerRecord, WorkerState,
 };
-use crate::services::{ChainEntry, ChainRecord, ChainStore, HostKey};
+use crate::services::{ChainEntry, ChainRecord, ChainStore, Endorsement, HostKey};
 
 impl Store {
     /// Every service, answered by this store.
@@ -359,7 +359,7 @@ impl Approvals for Sqlite {
         .await
     }
 
-    async fn endorsed(&self, process: &ProcessId) -> Result<Vec<Carried>, ServiceError> {
+    async fn endorsed(&self, process: &ProcessId) -> Result<Vec<Endorsement>, ServiceError> {
         let process = process.clone();
         self.run(Operation::ApprovalsEndorsed, move |s| {
             s.endorsed_handles(&process)

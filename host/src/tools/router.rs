@@ -17,7 +17,9 @@ use crate::plugin::{
     CallRequest, ProcessInstances, Recorded, Registry, ToolError, check_args_object,
 };
 use crate::policy::{Decision, ProcessKind};
-use crate::services::{Approval, Approvals, AuditChain, ChainEvent, ChainRecord, NewApproval};
+use crate::services::{
+    Approval, Approvals, AuditChain, ChainEvent, ChainRecord, Endorsement, NewApproval,
+};
 use crate::text::{MAX_ECHOED_NAME, echo_name, one_line};
 
 /// Where a call went.
@@ -113,10 +115,10 @@ impl ToolRouter {
         }
     }
 
-    /// The handles a person endorsed for `process` ([`Approvals::endorsed`]); none when
+    /// The values a person endorsed for `process` ([`Approvals::endorsed`]); none when
     /// the router keeps no approvals, or the store cannot say (logged: the values stay
     /// as untrusted as they were).
-    pub async fn endorsed(&self, process: &ProcessId) -> Vec<Carried> {
+    pub async fn endorsed(&self, process: &ProcessId) -> Vec<Endorsement> {
         let Some(desk) = &self.approvals else {
             return Vec::new();
         };
@@ -127,6 +129,26 @@ impl ToolRouter {
                 tracing::warn!(%process, "the endorsed handles cannot be read: {err}");
                 Vec::new()
             })
+    }
+
+    /// Records that a call of `tool` by `process` uses `endorsement`'s value as trusted:
+    /// whether the record was made (if not, logged, the value stays untrusted).
+    pub async fn vouched(
+        &self,
+        process: &ProcessId,
+        tool: &str,
+        endorsement: &Endorsement,
+    ) -> bool {
+        let Some(desk) = &self.approvals else {
+            return false;
+        };
+        match desk.approvals.vouched(process, tool, endorsement).await {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::warn!(%process, "the use of an endorsed value is not recorded, so it stays untrusted: {err}");
+                false
+            }
+        }
     }
 
     /// The catalog it routes by.

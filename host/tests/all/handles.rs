@@ -319,22 +319,33 @@ untrusted = true
     assert_eq!(paths, ["/ok", "/echo-body", "/json"], "{paths:?}");
     let all = approvals.list(false, 10).await.unwrap();
     assert_eq!(all.len(), 1, "one person's decision covered both: {all:?}");
-    assert_eq!(
-        approvals.endorsed(&parked.process).await.unwrap(),
-        parked.handles
-    );
+    let endorsed = approvals.endorsed(&parked.process).await.unwrap();
+    let values: Vec<_> = endorsed.iter().map(|e| e.value).collect();
+    assert_eq!(values, parked.handles);
 
-    // The chain: the approval, the value vouched for (its digest, its name), the use.
+    // The chain: the approval (saying it endorses), the value vouched for (its digest, its
+    // name), the use of the lease, then the later use of the value as trusted.
     let rows = rt.services().chain.entries(0, 10).await.unwrap();
     let events: Vec<ChainEvent> = rows.iter().map(|r| r.event).collect();
     assert_eq!(
         events,
-        [ChainEvent::Approved, ChainEvent::Endorsed, ChainEvent::Used],
+        [
+            ChainEvent::Approved,
+            ChainEvent::Endorsed,
+            ChainEvent::Used,
+            ChainEvent::Vouched
+        ],
+        "{rows:?}"
+    );
+    assert!(
+        rows[0].detail.ends_with(", endorses 1 value(s)"),
         "{rows:?}"
     );
     assert_eq!(rows[1].digest, parked.handles[0].digest.to_string());
     assert_eq!(rows[1].detail, "$h1");
     assert_eq!(rows[1].by, "ann");
+    assert_eq!(rows[3].digest, rows[1].digest);
+    assert_eq!(rows[3].approval, Some(parked.id.get()));
     let mut verifier = Verifier::new(vec![rt.services().chain.public_key()]);
     verifier.check(&rows).unwrap();
 }
@@ -343,7 +354,9 @@ untrusted = true
 async fn only_a_call_that_carried_a_handle_can_be_endorsed() {
     use capstan_host::flow::ArgsDigest;
     use capstan_host::ids::{ProcessId, ProcessKind};
-    use capstan_host::services::{ChainEvent, ChainRecord, Lease, NewApproval, Services, Verifier};
+    use capstan_host::services::{
+        ChainEntry, ChainEvent, ChainRecord, Lease, NewApproval, Services, Verifier,
+    };
 
     let services = Services::in_memory();
     let worker = ProcessId::numbered(ProcessKind::Worker, 1);
@@ -374,8 +387,8 @@ async fn only_a_call_that_carried_a_handle_can_be_endorsed() {
             .is_empty()
     );
 
-    // A signed endorsement row that no signed approval stands behind (written by whoever
-    // holds the key, not given by a person) is found by the verifier.
+    // A signed endorsement or use of one that no signed approval stands behind (written
+    // by whoever holds the key, or into the store, not given by a person) is found.
     let forged = ChainRecord {
         event: ChainEvent::Endorsed,
         process: worker.to_string(),
@@ -390,4 +403,9 @@ async fn only_a_call_that_carried_a_handle_can_be_endorsed() {
     let mut verifier = Verifier::new(vec![services.chain.public_key()]);
     let broken = verifier.check(&rows).unwrap_err().to_string();
     assert!(broken.contains("no signed row approved"), "{broken}");
+    let used = Verifier::new(vec![services.chain.public_key()]).check(&[ChainEntry {
+        event: ChainEvent::Vouched,
+        ..rows[0].clone()
+    }]);
+    assert!(used.is_err());
 }
