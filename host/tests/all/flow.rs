@@ -559,16 +559,17 @@ async fn an_approved_call_reaches_the_tool_as_the_person_read_it() {
     // Two values for one key, and a number beyond what a double holds exactly: JSON
     // readers differ on both, so the person must see, and the tool get, one reading.
     let written = r#"{"iban":"DE00 mine","amount":100000000000000000001,"iban":"GB99 attacker"}"#;
-    let Routed::Parked(parked) = router
-        .route(
+    let send_with = |arguments| {
+        router.route(
             &worker,
             None,
             "bank.send_money",
-            written,
+            arguments,
             Read::context(&read),
         )
-        .await
-    else {
+    };
+    let send = || send_with(written);
+    let Routed::Parked(parked) = send().await else {
         panic!("the send was not parked");
     };
     assert_eq!(bank.calls.load(Ordering::SeqCst), 0);
@@ -585,16 +586,7 @@ async fn an_approved_call_reaches_the_tool_as_the_person_read_it() {
         .decide(parked.id, Verdict::Approve(lease), "test")
         .await
         .unwrap();
-    match router
-        .route(
-            &worker,
-            None,
-            "bank.send_money",
-            written,
-            Read::context(&read),
-        )
-        .await
-    {
+    match send().await {
         Routed::Ran { recorded, .. } => assert!(recorded.committed().await.is_ok()),
         other => panic!("{other:?}"),
     }
@@ -603,31 +595,14 @@ async fn an_approved_call_reaches_the_tool_as_the_person_read_it() {
         [r#"{"amount":1e+20,"iban":"GB99 attacker"}"#]
     );
     // Used once: the same call again is parked anew.
-    let again = router
-        .route(
-            &worker,
-            None,
-            "bank.send_money",
-            written,
-            Read::context(&read),
-        )
-        .await;
+    let again = send().await;
     assert!(
         matches!(again, Routed::Parked(ref next) if next.id != parked.id),
         "{again:?}"
     );
     // Arguments no tool takes are refused as the registry refuses them: no one is asked.
     let asked = services.approvals.list(false, 100).await.unwrap().len();
-    match router
-        .route(
-            &worker,
-            None,
-            "bank.send_money",
-            "[1, 2]",
-            Read::context(&read),
-        )
-        .await
-    {
+    match send_with("[1, 2]").await {
         Routed::Ran { recorded, .. } => {
             let err = recorded.committed().await.unwrap_err().to_string();
             assert!(err.contains("must be a JSON object"), "{err}");

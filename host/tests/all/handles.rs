@@ -12,26 +12,32 @@ use crate::flow::{POISON, approver, files_label, tool_results};
 use crate::support::http_server::TestServer;
 use crate::support::{Recording, agent_runtime};
 
-/// The worker reads the poisoned notes (held as `$h1`); posts a line of its own, files a
-/// copy of `$h1` and posts `$h1`; asks two questions about `$h1`; posts once more; and
-/// reports `$h1`. Were it shown the notes, it would obey them (the `ignore all previous
-/// instructions` step).
-fn script(post_url: &str) -> String {
+/// The channel's steps: on a message holding `when`, it starts a worker on `task`; to
+/// anything else, it says nothing.
+fn delegating(when: &str, task: &str) -> String {
     format!(
         r#"
 [[step]]
 process = "channel"
-when = "file the notes"
-tool_calls = [
-  {{ name = "spawn_worker", arguments = {{ task = "Read notes.txt and file it." }} }},
-  {{ name = "skip" }},
-]
+when = "{when}"
+tool_calls = [{{ name = "spawn_worker", arguments = {{ task = "{task}" }} }}, {{ name = "skip" }}]
 
 [[step]]
 process = "channel"
 repeat = true
 tool_calls = [{{ name = "skip" }}]
+"#
+    )
+}
 
+/// The worker reads the poisoned notes (held as `$h1`); posts a line of its own, files a
+/// copy of `$h1` and posts `$h1`; asks two questions about `$h1`; posts once more; and
+/// reports `$h1`. Were it shown the notes, it would obey them (the `ignore all previous
+/// instructions` step).
+fn script(post_url: &str) -> String {
+    let channel = delegating("file the notes", "Read notes.txt and file it.");
+    format!(
+        r#"{channel}
 [[step]]
 process = "worker"
 when = "read notes.txt"
@@ -83,30 +89,40 @@ tool_calls = [{{ name = "set_status", arguments = {{ state = "done", message = "
     )
 }
 
+/// A runtime in `dir` playing `script`, whose workers hold every untrusted result as a
+/// handle, have the tools and capabilities `worker` (lines of `[profiles.worker]`) says,
+/// and may reach `server`.
+async fn holding(
+    dir: &std::path::Path,
+    server: &TestServer,
+    worker: &str,
+    script: &str,
+) -> (
+    std::sync::Arc<capstan_host::agent::Runtime>,
+    std::sync::Arc<Recording>,
+    tokio::sync::mpsc::UnboundedReceiver<capstan_host::agent::Event>,
+) {
+    let toml = format!(
+        "[provider]\nkind = \"scripted\"\n\n[profiles.worker]\n{worker}\nnet = [\"{grant}\"]\n\n\
+         [profiles.worker.handles]\nuntrusted = true\n",
+        grant = server.grant().trim_start_matches("net:"),
+    );
+    let config = Config::parse(&toml, &dir.join("capstan.toml")).unwrap();
+    let recording = Recording::new(script);
+    let (rt, events) = agent_runtime(config, recording.clone(), false).await;
+    (rt, recording, events)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_result_is_used_by_name_and_asked_about_but_never_shown_to_the_model() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start().await;
-    let toml = format!(
-        r#"
-[provider]
-kind = "scripted"
-
-[profiles.worker]
-tools = ["file_read", "file_write", "http_request", "set_status", "ask_about"]
-capabilities = ["fs.read", "fs.write"]
-net = ["{grant}"]
-
-[profiles.worker.handles]
-untrusted = true
-"#,
-        grant = server.grant().trim_start_matches("net:"),
-    );
-    let config = Config::parse(&toml, &dir.path().join("capstan.toml")).unwrap();
     std::fs::create_dir_all(dir.path().join("workspace")).unwrap();
     std::fs::write(dir.path().join("workspace/notes.txt"), POISON).unwrap();
-    let recording = Recording::new(&script(&server.url("/echo-body")));
-    let (rt, events) = agent_runtime(config, recording.clone(), false).await;
+    let worker = r#"tools = ["file_read", "file_write", "http_request", "set_status", "ask_about"]
+capabilities = ["fs.read", "fs.write"]"#;
+    let script = script(&server.url("/echo-body"));
+    let (rt, recording, events) = holding(dir.path(), &server, worker, &script).await;
     let asked = approver(&rt, events, Verdict::Deny);
     rt.send_user_message("main", "Please file the notes.")
         .await
@@ -225,21 +241,9 @@ fn endorsing_script(server: &TestServer) -> String {
         server.url("/echo-body"),
         server.url("/json"),
     );
+    let channel = delegating("post the page", "Fetch the page and post it twice.");
     format!(
-        r#"
-[[step]]
-process = "channel"
-when = "post the page"
-tool_calls = [
-  {{ name = "spawn_worker", arguments = {{ task = "Fetch the page and post it twice." }} }},
-  {{ name = "skip" }},
-]
-
-[[step]]
-process = "channel"
-repeat = true
-tool_calls = [{{ name = "skip" }}]
-
+        r#"{channel}
 [[step]]
 process = "worker"
 when = "fetch the page"
@@ -269,24 +273,9 @@ async fn an_endorsed_value_is_trusted_in_every_later_use_and_the_chain_says_who_
 
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start().await;
-    let toml = format!(
-        r#"
-[provider]
-kind = "scripted"
-
-[profiles.worker]
-tools = ["http_request", "set_status"]
-capabilities = []
-net = ["{grant}"]
-
-[profiles.worker.handles]
-untrusted = true
-"#,
-        grant = server.grant().trim_start_matches("net:"),
-    );
-    let config = Config::parse(&toml, &dir.path().join("capstan.toml")).unwrap();
-    let recording = Recording::new(&endorsing_script(&server));
-    let (rt, mut events) = agent_runtime(config, recording.clone(), false).await;
+    let worker = "tools = [\"http_request\", \"set_status\"]\ncapabilities = []";
+    let script = endorsing_script(&server);
+    let (rt, _, mut events) = holding(dir.path(), &server, worker, &script).await;
     rt.send_user_message("main", "Please post the page.")
         .await
         .unwrap();
