@@ -151,7 +151,7 @@ def test_a_person_denies_the_injected_call_and_approves_the_asked_for_one_on_the
             row = f'//table[@id="approval-table"]//tr[td[contains(., "{words}")]]'
             wait.until(lambda d: d.find_elements(By.XPATH, row))
             found = browser.find_element(By.XPATH, row)
-            assert "untrusted(plugin:files)" in found.text, found.text
+            assert "untrusted(file:page.html)" in found.text, found.text
             if verb == "approve":
                 browser.save_screenshot(str(SHOTS / "page-approvals.png"))
             button = found.find_element(By.CSS_SELECTOR, f"button.{verb}")

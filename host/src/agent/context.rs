@@ -98,11 +98,13 @@ impl Context {
         let catalog = Arc::new(ToolCatalog::new(&registry, &config.policy));
         let workspace = config.agent.workspace.clone();
         let redactor = registry.host().network().secrets().redactor().clone();
-        let router = ToolRouter::new(registry, catalog, workspace).with_approvals(
-            services.approvals.clone(),
-            services.chain.clone(),
-            config.limits.approval_wait,
-        );
+        let router = ToolRouter::new(registry, catalog, workspace)
+            .with_approvals(
+                services.approvals.clone(),
+                services.chain.clone(),
+                config.limits.approval_wait,
+            )
+            .with_file_labels(services.files.clone(), config.agent.workspace_label);
         let router = Arc::new(router);
         let supervisor = Arc::<Supervisor>::default();
         let audiences = Audiences {

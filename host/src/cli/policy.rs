@@ -222,7 +222,7 @@ fn explain_flow(
         Some(outside) => writeln!(out, "  its arguments reach {}", outside.reaches)?,
         None => writeln!(out, "  its arguments stay in the host")?,
     }
-    writeln!(out, "  what it returns is labelled {}", facts.result)?;
+    writeln!(out, "  what it returns is labelled {}", facts.result_text())?;
     let decide =
         |context: &Label| catalog.decide_flow(kind, tool, context, &Label::trusted(), &facts.sink);
     if !read.is_empty() {

@@ -47,6 +47,7 @@ use overrides::{merge, set_dotted};
 use raw::RawConfig;
 
 use crate::dispatch::GateSettings;
+use crate::flow::WorkspaceLabel;
 use crate::net::NetSettings;
 use crate::plugin::{Limits, Preferences};
 use crate::policy::Policy;
@@ -104,6 +105,8 @@ pub struct AgentSettings {
     pub name: String,
     /// The directory file tools work in.
     pub workspace: PathBuf,
+    /// What a workspace file no process was seen writing is taken to be.
+    pub workspace_label: WorkspaceLabel,
     /// Where the database and caches live.
     pub data_dir: PathBuf,
     /// The plugins directory, if set.

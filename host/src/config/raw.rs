@@ -19,7 +19,7 @@ use super::{
     ProviderSettings,
 };
 use crate::dispatch::GateSettings;
-use crate::flow::{FlowRule, FlowRules, Holding};
+use crate::flow::{FlowRule, FlowRules, Holding, WorkspaceLabel};
 use crate::plugin::Limits;
 use crate::policy::{Grants, InstanceReuse, Policy, ProcessKind, Profile, ReuseRules, ToolGrants};
 use crate::secrets::SecretSpec;
@@ -46,6 +46,8 @@ pub(super) struct RawConfig {
 struct RawAgent {
     name: String,
     workspace: PathBuf,
+    #[serde(default)]
+    workspace_label: Option<String>,
     data_dir: PathBuf,
     plugins_dir: Option<PathBuf>,
 }
@@ -154,9 +156,16 @@ impl RawConfig {
         if self.agent.name.trim().is_empty() {
             return Err(key_error("agent.name", "must not be empty"));
         }
+        let workspace_label = match self.agent.workspace_label {
+            Some(text) => text
+                .parse()
+                .map_err(|err| key_error("agent.workspace_label", format!("{err}")))?,
+            None => WorkspaceLabel::default(),
+        };
         let agent = AgentSettings {
             name: self.agent.name,
             workspace: resolve(self.agent.workspace),
+            workspace_label,
             data_dir: resolve(self.agent.data_dir),
             plugins_dir: self.agent.plugins_dir.map(resolve),
         };

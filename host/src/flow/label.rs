@@ -35,6 +35,45 @@ pub enum Origin {
     File(String),
 }
 
+/// The longest path an [`Origin::File`] names; a longer one is cut, ending in `...`.
+pub const MAX_ORIGIN_PATH: usize = 64;
+
+impl Origin {
+    /// The origin of workspace file `path` (relative to the workspace), named in few and
+    /// plain characters: a label is shown to the model in the host's own words (a
+    /// refusal, a handle's line), and a file's name is whatever its writer chose. Any
+    /// character but a letter, digit, `.`, `_`, `-` or `/` becomes `_`, and the name is
+    /// cut at [`MAX_ORIGIN_PATH`] characters.
+    ///
+    /// ```
+    /// use capstan_host::flow::Origin;
+    ///
+    /// assert_eq!(Origin::file("notes/todo.md").to_string(), "file:notes/todo.md");
+    /// assert_eq!(Origin::file("send $5 to eve").to_string(), "file:send__5_to_eve");
+    /// ```
+    pub fn file(path: &str) -> Origin {
+        let path = path.trim_start_matches("./");
+        let mut name: String = path
+            .chars()
+            .take(MAX_ORIGIN_PATH)
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/' | '*') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        if path.chars().nth(MAX_ORIGIN_PATH).is_some() {
+            name.push_str("...");
+        }
+        if name.is_empty() {
+            name.push('.');
+        }
+        Origin::File(name)
+    }
+}
+
 /// Who may read private data: the place it came from, which it may go back to.
 ///
 /// Written `workspace`, `memory`, `tasks` or `mcp:SERVER`.

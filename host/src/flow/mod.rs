@@ -13,6 +13,7 @@
 //!   parked for a person's approval, or refused, with the reason and the key that
 //!   changes it.
 //! - [`ArgsDigest`]: what a person's approval of a parked call is bound to.
+//! - [`WorkspaceLabel`]: what a workspace file the host did not see written is taken to be.
 //! - [`Handles`] and [`Question`]: a result held back from the model, passed on by name
 //!   or asked a typed question about, so untrusted text can be used without being read.
 
@@ -23,6 +24,7 @@ mod handle;
 mod label;
 mod question;
 mod rules;
+mod workspace;
 
 pub use capstan_caps::{Effect, ParseEffectError};
 pub use check::{Caught, Explained, FlowCall, FlowDecision, check};
@@ -32,6 +34,7 @@ pub use handle::{
     Carried, CarriedList, HandleId, Handles, Held, Holding, MAX_PUT_IN, ParseHandleError,
     Substituted,
 };
-pub use label::{Label, MAX_NAMED, Origin, ParseLabelError, Scope};
+pub use label::{Label, MAX_NAMED, MAX_ORIGIN_PATH, Origin, ParseLabelError, Scope};
 pub use question::{AnswerType, MAX_CHOICES, MAX_TEXT_ANSWER, Question};
 pub use rules::{Action, FlowRule, FlowRules};
+pub use workspace::{ParseWorkspaceLabelError, WorkspaceLabel};

@@ -66,6 +66,9 @@ pub(crate) struct CallNet {
     in_flight: Arc<Semaphore>,
     /// Where the call's request rows go.
     audit: Arc<AuditWriter>,
+    /// The hosts its requests connected to: what answered them, for the label of what
+    /// the call returns.
+    reached: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl CallNet {
@@ -104,7 +107,16 @@ impl CallNet {
             secrets,
             limits,
             audit,
+            reached: Default::default(),
         }
+    }
+
+    /// The hosts the call's requests have connected to.
+    pub(crate) fn reached(&self) -> std::collections::BTreeSet<String> {
+        self.reached
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Sends one request the host makes itself through the checks a guest's request takes
@@ -250,6 +262,11 @@ impl CallNet {
         let stream = match connect_any(&target, &addrs, connect_deadline).await {
             Ok((addr, stream)) => {
                 log.address = Some(addr);
+                // Whatever comes back from here on is the host's to say.
+                self.reached
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(target.host.to_string());
                 stream
             }
             Err(message) => {

@@ -64,6 +64,7 @@ pub(crate) fn build_linker(engine: &Engine, http: bool) -> Result<Linker<Sandbox
     wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(fail)?;
     super::special_files::replace_inline_fs_functions(&mut linker).map_err(fail)?;
     super::file_streams::note_file_streams(&mut linker).map_err(fail)?;
+    super::file_access::note_file_access(&mut linker).map_err(fail)?;
     if http {
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(fail)?;
     }

@@ -15,8 +15,7 @@ use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemView as _};
 use wasmtime_wasi::p2::FsError;
 use wasmtime_wasi::p2::bindings::filesystem::types::{ErrorCode, HostDescriptor as _};
 
-use super::sandbox::Sandbox;
-use super::special_files::FILESYSTEM_TYPES;
+use super::sandbox::{FILESYSTEM_TYPES, Sandbox};
 
 /// Wraps the three functions that make a stream over a file, in `linker` (which already
 /// holds wasmtime-wasi's), so that each stream they make is noted in the call's sandbox.

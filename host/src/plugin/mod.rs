@@ -19,6 +19,7 @@ mod engine;
 mod error;
 mod external;
 mod failure;
+mod file_access;
 mod file_streams;
 mod host;
 mod imports;
@@ -31,6 +32,7 @@ mod sandbox;
 mod schema;
 mod settle;
 mod special_files;
+mod touched;
 mod warm;
 
 pub use cache::{ArtifactCache, CacheError, CacheOutcome};
@@ -45,4 +47,5 @@ pub(crate) use loaded::{MAX_TOOLS_PER_PLUGIN, check_description, parse_args_sche
 pub use loaded::{RawToolSpec, check_describe_output};
 pub use registry::{CallRequest, Recorded, Registry, check_args_object, committed};
 pub use settle::{Preferences, Shadowed};
+pub use touched::Touched;
 pub use warm::{ProcessInstances, Working};

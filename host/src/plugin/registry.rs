@@ -15,6 +15,7 @@ use super::external::ExternalTools;
 use super::host::{Invocation, PluginHost};
 use super::loaded::{LoadedPlugin, ToolInfo};
 use super::settle::{Preferences, Shadowed, settle};
+use super::touched::Touched;
 use super::warm::ProcessInstances;
 use crate::ids::Caller;
 use crate::net::GrantSource;
@@ -50,9 +51,16 @@ pub struct CallRequest<'a> {
 pub struct Recorded {
     result: Result<String, ToolError>,
     audit: Option<Committing>,
+    touched: Touched,
 }
 
 impl Recorded {
+    /// What the call touched beyond its arguments (nothing, for a call that never ran a
+    /// plugin).
+    pub fn touched(&self) -> &Touched {
+        &self.touched
+    }
+
     /// The result, once the audit row is committed. A row that cannot be written is
     /// logged as an error; the result is returned all the same.
     pub async fn committed(self) -> Result<String, ToolError> {
@@ -387,6 +395,7 @@ impl Registry {
     /// capabilities. Every outcome is logged with the caller, grants and duration.
     pub async fn call(&self, request: CallRequest<'_>) -> Result<String, ToolError> {
         let reuse = |_: &str| InstanceReuse::Process;
+        // Labels are the router's: a call made here (the CLI, a test) has no process.
         self.audited(&request, self.run_call(&request, GrantSource::Flag, reuse))
             .await
             .committed()
@@ -420,24 +429,29 @@ impl Registry {
         let run = self.run_call(&request, source, reuse);
         let run = async {
             tokio::select! {
-                result = run => result,
-                () = cancelled => Err(ToolError::Failed(format!(
+                ran = run => ran,
+                () = cancelled => (Err(ToolError::Failed(format!(
                     "tool `{}` was cancelled by its caller",
                     echo_name(request.tool, MAX_ECHOED_NAME)
-                ))),
+                ))), Touched::default()),
             }
         };
         let recorded = self.audited(&request, run).await;
         if self.only_reads(request.tool) {
             return recorded;
         }
-        let (result, audit) = recorded.into_parts();
+        let Recorded {
+            result,
+            audit,
+            touched,
+        } = recorded;
         if let Some(audit) = audit {
             committed(audit).await;
         }
         Recorded {
             result,
             audit: None,
+            touched,
         }
     }
 
@@ -452,7 +466,8 @@ impl Registry {
     /// any refusal: audited. Returns as soon as the row is handed to the store: wait for
     /// [`Recorded::committed`] before the refusal leaves the host.
     pub(crate) async fn refuse_call(&self, request: CallRequest<'_>, err: ToolError) -> Recorded {
-        self.audited(&request, async { Err(err) }).await
+        self.audited(&request, async { (Err(err), Touched::default()) })
+            .await
     }
 
     /// Awaits `run` and records the outcome: a tracing event, and a row handed to the
@@ -461,10 +476,10 @@ impl Registry {
     async fn audited(
         &self,
         request: &CallRequest<'_>,
-        run: impl Future<Output = Result<String, ToolError>>,
+        run: impl Future<Output = (Result<String, ToolError>, Touched)>,
     ) -> Recorded {
         let started = Instant::now();
-        let result = run.await;
+        let (result, touched) = run.await;
         let duration_us = started.elapsed().as_micros() as u64;
         let (outcome, detail) = match &result {
             Ok(_) => ("ok", ""),
@@ -505,7 +520,11 @@ impl Registry {
             duration_us,
         };
         let audit = Some(self.log.audit().record_soon(call).await);
-        Recorded { result, audit }
+        Recorded {
+            result,
+            audit,
+            touched,
+        }
     }
 
     /// Runs a call of a plugin's tool (or an external one's), in an instance of the
@@ -515,20 +534,27 @@ impl Registry {
         request: &CallRequest<'_>,
         grant_source: GrantSource,
         reuse: impl Fn(&str) -> InstanceReuse,
-    ) -> Result<String, ToolError> {
+    ) -> (Result<String, ToolError>, Touched) {
         let call_id = format!("call-{}", self.next_call.fetch_add(1, Ordering::Relaxed));
         let Some((plugin, index)) = self.tools.get(request.tool) else {
-            return match self.external_tool(request.tool) {
+            let result = match self.external_tool(request.tool) {
                 Some(tool) => self.run_external(tool, request).await,
                 None => Err(self.unknown_tool(request.tool)),
             };
+            return (result, Touched::default());
         };
         let tool = &plugin.tools[*index];
-        let capabilities = request
+        let checked = request
             .grants
             .effective(&tool.name, &tool.capabilities)
-            .map_err(|denial| ToolError::Denied(denial.to_string()))?;
-        check_args_object(request.tool, request.args_json)?;
+            .map_err(|denial| ToolError::Denied(denial.to_string()))
+            .and_then(|capabilities| {
+                check_args_object(request.tool, request.args_json).map(|()| capabilities)
+            });
+        let capabilities = match checked {
+            Ok(capabilities) => capabilities,
+            Err(err) => return (Err(err), Touched::default()),
+        };
         let call = Invocation {
             tool: &tool.name,
             args_json: request.args_json,

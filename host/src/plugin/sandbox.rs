@@ -29,9 +29,14 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use super::capture::OutputCapture;
 use super::error::ToolError;
 use super::limits::{CallLimiter, Limits, MAX_RESOURCES, STDERR_CAPTURE_BYTES};
+use super::touched::FileAccess;
 use crate::ids::Caller;
 use crate::net::{Egress, NetHost};
 use crate::services::Services;
+
+/// The interface whose file functions the host wraps or replaces: the WASI 0.2 release
+/// wasmtime-wasi 48 links, which components importing any 0.2.x release resolve to.
+pub(super) const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
 
 /// The store data of one call, or of one process's calls that reuse an instance.
 pub struct Sandbox {
@@ -49,6 +54,8 @@ pub struct Sandbox {
     root: Option<(u64, u64)>,
     /// Streams over files the guest was given since the last check, by resource.
     file_streams: Vec<u32>,
+    /// The workspace paths the guest reached, for the labels of what it returns.
+    files: FileAccess,
 }
 
 /// Who is running and with what, for the host imports' checks and log lines.
@@ -141,6 +148,7 @@ impl Sandbox {
             inline_fs,
             root,
             file_streams: Vec::new(),
+            files: FileAccess::default(),
         })
     }
 
@@ -177,6 +185,11 @@ impl Sandbox {
                 }
             }
         })
+    }
+
+    /// Where the guest's descriptors point, and the paths it reached.
+    pub(crate) fn file_access(&mut self) -> &mut FileAccess {
+        &mut self.files
     }
 
     /// Whether the call's file operations run on the calling thread: it may only read.

@@ -40,11 +40,9 @@ use wasmtime_wasi::p2::bindings::filesystem::types::{
     DescriptorFlags, ErrorCode, HostDescriptor as _, OpenFlags, PathFlags,
 };
 
-use super::sandbox::Sandbox;
-
-/// The interface whose functions are replaced: the WASI 0.2 release wasmtime-wasi 48
-/// links, which components importing any 0.2.x release resolve to.
-pub(super) const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
+use super::file_access::stamp_of;
+use super::sandbox::{FILESYSTEM_TYPES, Sandbox};
+use super::touched::Access;
 
 type OpenAtParams = (
     Resource<Descriptor>,
@@ -66,24 +64,42 @@ pub(crate) fn replace_inline_fs_functions(linker: &mut Linker<Sandbox>) -> wasmt
          (fd, path_flags, path, open_flags, flags): OpenAtParams| {
             Box::new(async move {
                 let sandbox = store.data_mut();
-                if sandbox.inline_fs() {
-                    let opened = open_regular(sandbox, &fd, path_flags, &path, open_flags, flags)?;
-                    let opened = match opened {
+                let dir = fd.rep();
+                let mut access = Access {
+                    writes: flags.contains(DescriptorFlags::WRITE)
+                        || open_flags.intersects(OpenFlags::CREATE | OpenFlags::TRUNCATE),
+                    reads: flags.contains(DescriptorFlags::READ)
+                        || !flags.contains(DescriptorFlags::WRITE),
+                    truncates: open_flags.contains(OpenFlags::TRUNCATE),
+                    directory: false,
+                };
+                let opened = if sandbox.inline_fs() {
+                    match open_regular(sandbox, &fd, path_flags, &path, open_flags, flags)? {
                         Ok(descriptor) => Ok(sandbox.ctx().table.push(descriptor)?),
                         Err(code) => Err(code),
-                    };
-                    return Ok((opened,));
+                    }
+                } else {
+                    let opened = sandbox
+                        .filesystem()
+                        .open_at(fd, path_flags, path.clone(), open_flags, flags)
+                        .await;
+                    match opened {
+                        Ok(fd) => Ok(fd),
+                        // An error code goes back to the guest; anything else traps, as in
+                        // wasmtime-wasi's own binding.
+                        Err(err) => Err(err.downcast()?),
+                    }
+                };
+                // What the guest got is noted by the file it is, for the label of what
+                // the call returns (`plugin/touched.rs`).
+                if let Ok(opened) = &opened {
+                    let stamp;
+                    (access.directory, stamp) = stamp_of(sandbox, opened);
+                    sandbox
+                        .file_access()
+                        .opened(dir, &path, opened.rep(), access, stamp);
                 }
-                let opened = sandbox
-                    .filesystem()
-                    .open_at(fd, path_flags, path, open_flags, flags)
-                    .await;
-                match opened {
-                    Ok(fd) => Ok((Ok(fd),)),
-                    // An error code goes back to the guest; anything else traps, as in
-                    // wasmtime-wasi's own binding.
-                    Err(err) => err.downcast().map(|code| (Err(code),)),
-                }
+                Ok((opened,))
             })
         },
     )?;

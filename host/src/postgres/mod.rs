@@ -29,6 +29,7 @@
 mod approvals;
 mod audit;
 mod error;
+mod file_labels;
 mod history;
 mod inbox;
 mod lease;

@@ -205,6 +205,21 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE approvals ADD COLUMN endorsed BOOLEAN NOT NULL DEFAULT false;
     CREATE INDEX approvals_endorsed ON approvals(process) WHERE endorsed;
     "#,
+    // 6: the label of each workspace file a process wrote, by the file's identity (as the
+    // SQLite store's migration 9).
+    r#"
+    CREATE TABLE file_labels (
+        workspace   TEXT NOT NULL,
+        dev         BIGINT NOT NULL,
+        ino         BIGINT NOT NULL,
+        path        TEXT NOT NULL,
+        len         BIGINT NOT NULL,
+        ctime_ns    BIGINT NOT NULL,
+        label       TEXT NOT NULL,
+        PRIMARY KEY (workspace, dev, ino)
+    );
+    CREATE INDEX file_labels_path ON file_labels(workspace, path);
+    "#,
 ];
 
 /// The schema version this build brings a database to.

@@ -30,6 +30,72 @@ pub(crate) async fn check_all(fresh: impl AsyncFn() -> Services) {
     a_parked_call_is_decided_once_and_shown_as_it_would_run(&fresh().await).await;
     every_decision_is_a_row_of_one_signed_chain(&fresh().await).await;
     an_endorsement_vouches_for_the_values_its_call_carried(&fresh().await).await;
+    a_file_s_label_holds_for_the_version_written_and_listings_join_what_lies_beneath(
+        &fresh().await,
+    )
+    .await;
+}
+
+async fn a_file_s_label_holds_for_the_version_written_and_listings_join_what_lies_beneath(
+    s: &Services,
+) {
+    use crate::flow::{Label, Origin, Scope};
+
+    use super::{FileLabel, FileStamp};
+
+    let stamp = |ino, len, ctime_ns| FileStamp {
+        dev: u64::MAX,
+        ino,
+        len,
+        ctime_ns,
+    };
+    let page = Label::untrusted(Origin::Net("example.com".into()));
+    let notes = Label::private(Scope::Workspace);
+    let row = |path: &str, stamp, label: &Label| FileLabel {
+        path: path.into(),
+        stamp,
+        label: label.clone(),
+    };
+    let (a, b, c) = (stamp(1, 10, 5), stamp(2, 3, -1), stamp(3, 0, 0));
+    s.files
+        .record(
+            "/w",
+            vec![
+                row("docs/a.md", a, &page),
+                row("b.md", b, &notes),
+                row("docsx/c.md", c, &notes),
+            ],
+        )
+        .await
+        .unwrap();
+    let mut found = s.files.get("/w", vec![a, b]).await.unwrap();
+    found.sort_by(|x, y| x.path.cmp(&y.path));
+    assert_eq!(found, [row("b.md", b, &notes), row("docs/a.md", a, &page)]);
+    // Another version of the same file, or the same file in another workspace: nothing.
+    let changed = stamp(1, 10, 6);
+    assert!(s.files.get("/w", vec![changed]).await.unwrap().is_empty());
+    assert!(s.files.get("/other", vec![a]).await.unwrap().is_empty());
+    // A write of the same file replaces its row, even under another name.
+    let trusted = Label::trusted();
+    s.files
+        .record("/w", vec![row("docs/renamed.md", changed, &trusted)])
+        .await
+        .unwrap();
+    assert!(s.files.get("/w", vec![a]).await.unwrap().is_empty());
+    let found = s.files.get("/w", vec![changed]).await.unwrap();
+    assert_eq!(found, [row("docs/renamed.md", changed, &trusted)]);
+    // A listing joins what lies beneath it, by path: `docs` holds neither `docsx` nor `b.md`.
+    s.files
+        .record("/w", vec![row("docs/deep/d.md", stamp(4, 1, 1), &page)])
+        .await
+        .unwrap();
+    assert_eq!(s.files.beneath("/w", "docs").await.unwrap(), page);
+    assert_eq!(s.files.beneath("/w", "docs/").await.unwrap(), page);
+    assert_eq!(s.files.beneath("/w", "docsx").await.unwrap(), notes);
+    assert_eq!(s.files.beneath("/w", "none").await.unwrap(), trusted);
+    let all = page.joined(&notes);
+    assert_eq!(s.files.beneath("/w", ".").await.unwrap(), all);
+    assert_eq!(s.files.beneath("/w", "").await.unwrap(), all);
 }
 
 async fn an_endorsement_vouches_for_the_values_its_call_carried(s: &Services) {

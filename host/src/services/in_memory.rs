@@ -15,7 +15,8 @@ use super::{
     worker_already_recorded, worker_has_ended,
 };
 use super::{ChainEntry, ChainRecord, ChainStore, GENESIS, HostKey, hash_bytes, sealed};
-use crate::flow::ArgsDigest;
+use super::{FileLabel, FileLabels, FileStamp, lies_beneath};
+use crate::flow::{ArgsDigest, Label};
 use crate::ids::{Caller, ProcessId, ProcessKind, SessionKey};
 
 /// Every service kept in this process's memory, behind one lock, and lost when dropped.
@@ -51,6 +52,8 @@ struct State {
     approvals: Vec<Approval>,
     /// Audit chain row `n` at index `n - 1`.
     chain: Vec<ChainEntry>,
+    /// Per workspace, each written file's label by (device, inode).
+    files: HashMap<String, HashMap<(u64, u64), FileLabel>>,
 }
 
 impl InMemory {
@@ -620,6 +623,48 @@ fn approval_at(approvals: &[Approval], id: ApprovalId) -> Option<&Approval> {
     id.get()
         .checked_sub(1)
         .and_then(|n| approvals.get(n as usize))
+}
+
+#[async_trait]
+impl FileLabels for InMemory {
+    async fn record(&self, workspace: &str, rows: Vec<FileLabel>) -> Result<(), ServiceError> {
+        let mut state = self.state();
+        let files = state.files.entry(workspace.to_owned()).or_default();
+        for row in rows {
+            files.insert((row.stamp.dev, row.stamp.ino), row);
+        }
+        Ok(())
+    }
+
+    async fn get(
+        &self,
+        workspace: &str,
+        stamps: Vec<FileStamp>,
+    ) -> Result<Vec<FileLabel>, ServiceError> {
+        let state = self.state();
+        let Some(files) = state.files.get(workspace) else {
+            return Ok(Vec::new());
+        };
+        Ok(stamps
+            .iter()
+            .filter_map(|stamp| files.get(&(stamp.dev, stamp.ino)))
+            .filter(|row| stamps.contains(&row.stamp))
+            .cloned()
+            .collect())
+    }
+
+    async fn beneath(&self, workspace: &str, dir: &str) -> Result<Label, ServiceError> {
+        let state = self.state();
+        let rows = state
+            .files
+            .get(workspace)
+            .into_iter()
+            .flat_map(|f| f.values());
+        Ok(Label::join_all(
+            rows.filter(|row| lies_beneath(&row.path, dir))
+                .map(|row| &row.label),
+        ))
+    }
 }
 
 #[cfg(test)]

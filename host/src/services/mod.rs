@@ -7,7 +7,7 @@
 //! ([`Store::services`](crate::store::Store::services)) is one implementation, whose
 //! blocking calls run off the async executor; [`InMemory`] is another, for tests and
 //! embedders that keep nothing; [`Postgres`](crate::postgres::Postgres) is the third, for
-//! hosts sharing one database. A new backend implements the eight traits (a store one host
+//! hosts sharing one database. A new backend implements the nine traits (a store one host
 //! uses alone takes [`Sessions`]' defaults), applies the rules that need what it stores
 //! ([`TaskStatus::check_move`], [`worker_has_ended`]) in the same transaction as the
 //! write, and passes the same conformance checks the three backends pass. The rules on
@@ -31,6 +31,7 @@ mod audit;
 mod chain;
 mod checked;
 mod error;
+mod file_labels;
 mod history;
 mod in_memory;
 mod ledger;
@@ -58,6 +59,8 @@ pub use chain::{
     Verifier, entry_hash, hash_bytes, sealed,
 };
 pub use error::ServiceError;
+pub use file_labels::{FILE_LABELS_MAX, FileLabel, FileLabels, FileStamp};
+pub(crate) use file_labels::{lies_beneath, stored_file_label};
 pub use history::{ConversationSummary, History, HistoryEntry};
 pub use in_memory::InMemory;
 pub use ledger::{
@@ -94,6 +97,8 @@ pub struct Services {
     pub approvals: Arc<dyn Approvals>,
     /// The signed chain of approvals, denials and flow refusals.
     pub chain: AuditChain,
+    /// The labels of the workspace files processes wrote.
+    pub files: Arc<dyn FileLabels>,
 }
 
 impl Services {
@@ -109,6 +114,7 @@ impl Services {
             + Sessions
             + Approvals
             + ChainStore
+            + FileLabels
             + 'static,
     {
         let chain = AuditChain::new(backend.clone());
@@ -119,6 +125,7 @@ impl Services {
             audit: Arc::new(checked::RedactedAudit(backend.clone())),
             ledger: backend.clone(),
             sessions: backend.clone(),
+            files: backend.clone(),
             approvals: Arc::new(checked::RedactedApprovals {
                 approvals: backend,
                 chain: chain.clone(),

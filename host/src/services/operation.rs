@@ -57,6 +57,12 @@ operations! {
     ApprovalsWithdraw = "approvals.withdraw",
     /// [`Approvals::endorsed`](super::Approvals::endorsed).
     ApprovalsEndorsed = "approvals.endorsed",
+    /// [`FileLabels::record`](super::FileLabels::record).
+    FilesRecord = "files.record",
+    /// [`FileLabels::get`](super::FileLabels::get).
+    FilesGet = "files.get",
+    /// [`FileLabels::beneath`](super::FileLabels::beneath).
+    FilesBeneath = "files.beneath",
     /// [`ChainStore::append`](super::ChainStore::append).
     ChainAppend = "chain.append",
     /// [`ChainStore::entries`](super::ChainStore::entries).

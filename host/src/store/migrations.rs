@@ -203,6 +203,20 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE approvals ADD COLUMN endorsed INTEGER NOT NULL DEFAULT 0;
     CREATE INDEX approvals_endorsed ON approvals(process) WHERE endorsed = 1;
     "#,
+    // 9: the label of each workspace file a process wrote, by the file's identity.
+    r#"
+    CREATE TABLE file_labels (
+        workspace   TEXT NOT NULL,
+        dev         INTEGER NOT NULL,
+        ino         INTEGER NOT NULL,
+        path        TEXT NOT NULL,
+        len         INTEGER NOT NULL,
+        ctime_ns    INTEGER NOT NULL,
+        label       TEXT NOT NULL,
+        PRIMARY KEY (workspace, dev, ino)
+    );
+    CREATE INDEX file_labels_path ON file_labels(workspace, path);
+    "#,
 ];
 
 /// The schema version this binary writes.

@@ -36,6 +36,7 @@ mod audit;
 mod counters;
 mod datadir;
 mod error;
+mod file_labels;
 mod group_commit;
 mod history;
 mod integrity;

@@ -12,6 +12,7 @@ use super::group_commit::GroupCommit;
 use super::{Store, StoreError};
 use super::{audit, history, retry};
 use crate::flow::ArgsDigest;
+use crate::flow::Label;
 use crate::ids::{Caller, ProcessId, ProcessKind, SessionKey};
 use crate::services::Operation;
 use crate::services::{
@@ -21,6 +22,7 @@ use crate::services::{
     Services, Sessions, Task, TaskBoard, TaskFilter, TaskPatch, Verdict, WorkerRecord, WorkerState,
 };
 use crate::services::{ChainEntry, ChainRecord, ChainStore, Endorsement, HostKey};
+use crate::services::{FileLabel, FileLabels, FileStamp};
 
 impl Store {
     /// Every service, answered by this store.
@@ -384,6 +386,37 @@ impl ChainStore for Sqlite {
     async fn entries(&self, after: u64, limit: u32) -> Result<Vec<ChainEntry>, ServiceError> {
         self.run(Operation::ChainEntries, move |s| {
             s.chain_entries(after, limit)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl FileLabels for Sqlite {
+    async fn record(&self, workspace: &str, rows: Vec<FileLabel>) -> Result<(), ServiceError> {
+        let workspace = workspace.to_owned();
+        self.run(Operation::FilesRecord, move |s| {
+            s.record_file_labels(&workspace, &rows)
+        })
+        .await
+    }
+
+    async fn get(
+        &self,
+        workspace: &str,
+        stamps: Vec<FileStamp>,
+    ) -> Result<Vec<FileLabel>, ServiceError> {
+        let workspace = workspace.to_owned();
+        self.run(Operation::FilesGet, move |s| {
+            s.file_labels(&workspace, &stamps)
+        })
+        .await
+    }
+
+    async fn beneath(&self, workspace: &str, dir: &str) -> Result<Label, ServiceError> {
+        let (workspace, dir) = (workspace.to_owned(), dir.to_owned());
+        self.run(Operation::FilesBeneath, move |s| {
+            s.file_labels_beneath(&workspace, &dir)
         })
         .await
     }

@@ -15,8 +15,27 @@ use crate::policy::{Policy, ProcessKind};
 pub struct FlowFacts {
     /// Where a call's arguments go, and what it does.
     pub sink: Sink,
-    /// The label of what a call returns.
+    /// The label of what a call returns, before what it reaches is joined in.
     pub result: Label,
+    /// Whether a call may read workspace files: each one it reads joins its label in.
+    pub reads_files: bool,
+    /// Whether a call may make requests: each host it reaches joins `net:HOST` in.
+    pub reaches_hosts: bool,
+}
+
+impl FlowFacts {
+    /// What a call's result is labelled, as a person reads it: `untrusted(mcp:bank),
+    /// private(mcp:bank)`, or `trusted, private(workspace), joined with each file's label`.
+    pub fn result_text(&self) -> String {
+        let mut text = self.result.to_string();
+        if self.reads_files {
+            text.push_str(", joined with the label of each file it reads");
+        }
+        if self.reaches_hosts {
+            text.push_str(", joined with untrusted(net:HOST) for each host it reaches");
+        }
+        text
+    }
 }
 
 impl FlowFacts {
@@ -29,9 +48,13 @@ impl FlowFacts {
         let effective = grants
             .effective(name, &tool.capabilities)
             .unwrap_or_else(|_| tool.capabilities.clone());
+        let plugin = matches!(tool.origin, ToolOrigin::Plugin { .. });
+        let has = |f: fn(&Capability) -> bool| plugin && effective.iter().any(f);
         FlowFacts {
             sink: tool.sink(&effective),
             result: tool.result_label(&effective),
+            reads_files: has(|c| matches!(c, Capability::FsRead | Capability::FsWrite)),
+            reaches_hosts: has(|c| matches!(c, Capability::Net(_))),
         }
     }
 }
@@ -61,10 +84,12 @@ impl CatalogTool {
     }
 
     /// The label of what a call returns, for a call that runs with `effective`
-    /// capabilities: an MCP server's answer is untrusted and private to that server; a
-    /// plugin's result is untrusted if the call could read anything beyond its arguments
-    /// (files, tasks, memory, the network), and private to each store it could read, or
-    /// secret if it held a secret. A host tool's result is the host's own words.
+    /// capabilities, before what it reached is known: an MCP server's answer is
+    /// untrusted and private to that server; a plugin's result is private to each store
+    /// it could read (or secret if it held a secret), and untrusted from the plugin if it
+    /// could read tasks or memory. The files it reads and the hosts its requests reach
+    /// are joined in after the call, each by its own label
+    /// ([`ToolRouter`](super::ToolRouter)). A host tool's result is the host's own words.
     pub fn result_label(&self, effective: &[Capability]) -> Label {
         match &self.origin {
             ToolOrigin::Host(_) => Label::trusted(),
@@ -88,7 +113,15 @@ impl CatalogTool {
                         Capability::MemoryWrite => None,
                     };
                     if let Some(part) = part {
-                        reads |= !matches!(cap, Capability::Secret(_));
+                        // Files and hosts are labelled by which the call reached, as the
+                        // host saw it (`tools/provenance.rs`); the rest by the plugin.
+                        reads |= matches!(
+                            cap,
+                            Capability::TasksRead
+                                | Capability::TasksWrite
+                                | Capability::TasksWriteOwn
+                                | Capability::MemoryRead
+                        );
                         label.join(&part);
                     }
                 }
@@ -141,12 +174,15 @@ mod tests {
         let plugin = || ToolOrigin::Plugin {
             plugin: "files".into(),
         };
+        // Which files it read is joined in after the call.
         let files = tool(plugin(), &["fs.read"], None);
         let label = files.result_label(&files.capabilities);
-        assert_eq!(
-            label.to_string(),
-            "untrusted(plugin:files), private(workspace)"
-        );
+        assert_eq!(label.to_string(), "trusted, private(workspace)");
+        let board = tool(plugin(), &["tasks.read"], None);
+        let label = board.result_label(&board.capabilities);
+        assert_eq!(label.to_string(), "untrusted(plugin:files), private(tasks)");
+        let fetch = tool(plugin(), &["net:example.com"], None);
+        assert!(fetch.result_label(&fetch.capabilities).is_clear());
         let pure = tool(plugin(), &[], None);
         assert!(pure.result_label(&[]).is_clear());
         let saver = tool(plugin(), &["memory.write"], None);

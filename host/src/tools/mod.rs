@@ -19,6 +19,7 @@ pub mod catalog;
 mod flow;
 pub mod host;
 pub mod lint;
+mod provenance;
 pub mod router;
 mod tool;
 

@@ -10,15 +10,16 @@ use std::time::Duration;
 
 use super::catalog::ToolCatalog;
 use super::host::{HostCall, HostTool};
-use crate::flow::{Action, ArgsDigest, Carried, Label, Sink};
+use super::provenance::WorkspaceFiles;
+use crate::flow::{Action, ArgsDigest, Carried, Label, Sink, WorkspaceLabel};
 use crate::ids::{Caller, ProcessId};
 use crate::net::GrantSource;
 use crate::plugin::{
-    CallRequest, ProcessInstances, Recorded, Registry, ToolError, check_args_object,
+    CallRequest, ProcessInstances, Recorded, Registry, ToolError, Touched, check_args_object,
 };
 use crate::policy::{Decision, ProcessKind};
 use crate::services::{
-    Approval, Approvals, AuditChain, ChainEvent, ChainRecord, Endorsement, NewApproval,
+    Approval, Approvals, AuditChain, ChainEvent, ChainRecord, Endorsement, FileLabels, NewApproval,
 };
 use crate::text::{MAX_ECHOED_NAME, echo_name, one_line};
 
@@ -61,6 +62,7 @@ pub struct ToolRouter {
     registry: Arc<Registry>,
     workspace: PathBuf,
     approvals: Option<ApprovalDesk>,
+    files: WorkspaceFiles,
 }
 
 /// Where parked calls go, and how long a call waits for a person.
@@ -79,7 +81,17 @@ impl ToolRouter {
             registry,
             workspace,
             approvals: None,
+            files: WorkspaceFiles::default(),
         }
+    }
+
+    /// This router, labelling each workspace file a plugin call reads by the label
+    /// recorded in `files` when a process wrote it (and recording the files calls write),
+    /// or by `default` when no write of it was seen. Without it every file read takes
+    /// the untrusted default, and nothing is recorded.
+    pub fn with_file_labels(mut self, files: Arc<dyn FileLabels>, default: WorkspaceLabel) -> Self {
+        self.files = WorkspaceFiles::new(files, default);
+        self
     }
 
     /// This router, parking the calls the flow rules send to a person in `approvals`,
@@ -238,10 +250,17 @@ impl ToolRouter {
         // A refusal is the host's own words; what a tool that ran returns is labelled by
         // what the call could read.
         match self.run_in(call, pending).await {
-            Outcome::Ran(recorded, Started::Yes) => Routed::Ran {
-                recorded,
-                label: self.result_label(kind, name),
-            },
+            Outcome::Ran(recorded, Started::Yes) => {
+                let label = self
+                    .touched_label(
+                        kind,
+                        name,
+                        recorded.touched(),
+                        context.clone().joined(carried),
+                    )
+                    .await;
+                Routed::Ran { recorded, label }
+            }
             Outcome::Ran(recorded, Started::No) => Routed::Ran {
                 recorded,
                 label: Label::trusted(),
@@ -273,6 +292,29 @@ impl ToolRouter {
             instances: None,
         };
         self.registry.refuse_call(request, refusal).await
+    }
+
+    /// The label of what a call of tool `name` by a `kind` process returned, having
+    /// touched `touched`: what the tool returns by its capabilities
+    /// ([`ToolRouter::result_label`]) joined with what it read (files, hosts). The files
+    /// it wrote are recorded with that label joined with `writer`'s, what the process
+    /// put into the call.
+    async fn touched_label(
+        &self,
+        kind: ProcessKind,
+        name: &str,
+        touched: &Touched,
+        writer: Label,
+    ) -> Label {
+        let label = self.result_label(kind, name);
+        if touched.is_empty() {
+            return label;
+        }
+        let label = label.joined(&self.files.read_label(&self.workspace, touched).await);
+        self.files
+            .record_written(&self.workspace, touched, &writer.joined(&label))
+            .await;
+        label
     }
 
     /// The label of what tool `name` returns to a `kind` process: see

@@ -158,7 +158,10 @@ async fn a_person_approves_the_asked_for_call_and_denies_the_injected_one_from_t
             assert_eq!(approval["tool"], "http_request");
             assert_eq!(approval["state"], "pending");
             assert!(
-                approval["label"].as_str().unwrap().contains("plugin:files"),
+                approval["label"]
+                    .as_str()
+                    .unwrap()
+                    .contains("file:page.html"),
                 "{approval}"
             );
             let verb = if arguments.contains("all the notes") {

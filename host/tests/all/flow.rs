@@ -152,8 +152,10 @@ fn denials(events: &mut mpsc::UnboundedReceiver<Event>) -> Vec<(ProcessId, Strin
     denied
 }
 
+/// The label of `notes.txt` as the tests find it: put there by no process, so untrusted
+/// by the workspace's default.
 pub(crate) fn files_label() -> Label {
-    Label::untrusted(Origin::Plugin("files".into())).joined(&Label::private(Scope::Workspace))
+    Label::untrusted(Origin::file("notes.txt")).joined(&Label::private(Scope::Workspace))
 }
 
 /// Waits for the next call parked for approval, and returns its approval as stored.
@@ -212,10 +214,10 @@ async fn a_worker_that_read_a_poisoned_file_waits_for_a_person_and_a_denied_send
         parked.arguments
     );
     assert_eq!(parked.digest.to_string().len(), 64);
-    assert!(parked.label.contains("plugin:files"), "{}", parked.label);
+    assert!(parked.label.contains("file:notes.txt"), "{}", parked.label);
     for part in [
         "needs a person's approval for a worker process",
-        "it has read untrusted data (from plugin:files)",
+        "it has read untrusted data (from file:notes.txt)",
         "[profiles.worker.flow] untrusted_send = \"approve\"",
     ] {
         assert!(parked.reason.contains(part), "{part}: {}", parked.reason);
@@ -395,7 +397,7 @@ async fn a_report_s_label_is_stored_with_the_history_and_survives_a_restart() {
     .unwrap();
     assert_eq!(
         stored_json["label"],
-        json!({"untrusted": ["plugin:files"], "private": ["workspace"]})
+        json!({"untrusted": ["file:notes.txt"], "private": ["workspace"]})
     );
     // The user's own words carry no label, and none is written for them.
     let user = history
@@ -416,7 +418,7 @@ async fn a_report_s_label_is_stored_with_the_history_and_survives_a_restart() {
             .iter()
             .any(|(p, tool, reason)| p.kind() == ProcessKind::Worker
                 && tool == "http_request"
-                && reason.contains("from plugin:files")),
+                && reason.contains("from file:notes.txt")),
         "{asked:?}"
     );
 }
@@ -871,7 +873,7 @@ async fn a_message_routed_by_a_channel_that_read_untrusted_data_carries_its_labe
             .iter()
             .any(|(p, tool, reason)| p.to_string() == "worker:1"
                 && tool == "http_request"
-                && reason.contains("from plugin:files")),
+                && reason.contains("from file:notes.txt")),
         "{asked:?}"
     );
     assert!(recording.requests_of("worker").len() >= 4);
@@ -904,7 +906,7 @@ fn policy_why_explains_a_flow_decision_and_exits_1_when_it_is_not_to_allow() {
     for part in [
         "effect: send",
         "its arguments reach the network",
-        "what it returns is labelled untrusted(plugin:web)",
+        "what it returns is labelled trusted, secret(*), joined with untrusted(net:HOST) for each host it reaches",
         "after reading untrusted(net:example.com), public: `http_request`",
         "needs a person's approval for a worker process",
         "untrusted_send = \"approve\"",
@@ -999,7 +1001,7 @@ capabilities = ["fs.read"]
             .iter()
             .any(|(p, tool, reason)| p.kind() == ProcessKind::Worker
                 && tool == "http_request"
-                && reason.contains("from plugin:files")),
+                && reason.contains("from file:notes.txt")),
         "{asked:?}"
     );
 }

@@ -172,7 +172,7 @@ capabilities = ["fs.read", "fs.write"]"#;
     let results = tool_results(&recording, "worker");
     let held = &results[0];
     let line = format!(
-        "$h1: {} B held by the host, untrusted(plugin:files), private(workspace).",
+        "$h1: {} B held by the host, untrusted(file:notes.txt), private(workspace).",
         POISON.len()
     );
     assert!(held.content.starts_with(&line), "{}", held.content);
@@ -195,7 +195,7 @@ capabilities = ["fs.read", "fs.write"]"#;
         .find(|a| a.arguments.contains("IGNORE ALL PREVIOUS"))
         .expect("the person saw the handle's value in the parked call");
     assert!(
-        with_value.label.contains("plugin:files"),
+        with_value.label.contains("file:notes.txt"),
         "{}",
         with_value.label
     );
@@ -227,7 +227,7 @@ capabilities = ["fs.read", "fs.write"]"#;
     );
     // After reading an answer derived from the notes, the next send needed a person.
     assert!(
-        asked[1].2.contains("untrusted data (from plugin:files)"),
+        asked[1].2.contains("untrusted data (from file:notes.txt)"),
         "{asked:?}"
     );
     assert!(results.iter().all(|m| m.role == Role::Tool));
@@ -293,7 +293,7 @@ async fn an_endorsed_value_is_trusted_in_every_later_use_and_the_chain_says_who_
         "{}",
         parked.arguments
     );
-    assert!(parked.label.contains("plugin:web"), "{}", parked.label);
+    assert!(parked.label.contains("net:127.0.0.1"), "{}", parked.label);
     let approvals = &rt.services().approvals;
     let decided = approvals
         .decide(parked.id, Verdict::Endorse(Lease::once()), "ann")

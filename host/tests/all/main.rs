@@ -22,6 +22,7 @@ mod dispatch_owner;
 mod escapes;
 mod example_plugin;
 mod exchange;
+mod file_labels;
 mod flow;
 mod handles;
 mod host_imports;

@@ -20,6 +20,7 @@ use crate::plugin::failure;
 use crate::plugin::loaded::LoadedPlugin;
 use crate::plugin::offline::NotLinked;
 use crate::plugin::sandbox::{CallScope, Sandbox};
+use crate::plugin::touched::{TouchLog, Touched};
 use crate::plugin::warm::{ProcessInstances, WarmInstance, WarmKey};
 use crate::text::{one_line, truncate};
 
@@ -40,6 +41,14 @@ pub(crate) struct Invocation<'a> {
     pub(crate) instances: Option<&'a ProcessInstances>,
 }
 
+/// Which kept instance a call runs in, and where it notes what it touches.
+struct Kept<'a> {
+    instances: &'a ProcessInstances,
+    key: WarmKey,
+    tool: &'a str,
+    log: TouchLog,
+}
+
 /// The deadline callback's error, found again in the trap's error chain.
 #[derive(Debug)]
 struct DeadlineExceeded;
@@ -56,12 +65,13 @@ impl PluginHost {
     /// Runs one tool call in a fresh instance of `plugin`, or in the calling process's own
     /// when it reuses them and the call holds no network grant (a request belongs to the
     /// call that made it, so such a call always starts fresh). What leaves the call (its
-    /// output or error) has every secret value redacted.
+    /// output or error) has every secret value redacted. With it comes what the call
+    /// touched beyond its arguments, however it ended.
     pub(crate) async fn invoke(
         &self,
         plugin: &LoadedPlugin,
         call: Invocation<'_>,
-    ) -> Result<String, ToolError> {
+    ) -> (Result<String, ToolError>, Touched) {
         let scope = NetScope::new(
             call.tool,
             &call.capabilities,
@@ -92,6 +102,7 @@ impl PluginHost {
             capabilities: call.capabilities.iter().map(ToString::to_string).collect(),
         };
         let pre = plugin.pre(call_net.is_some());
+        let log = TouchLog::default();
         let egress = Egress::new(call_net.clone());
         // Built only for a fresh instance: a kept one has its sandbox already.
         let sandbox = || {
@@ -105,7 +116,9 @@ impl PluginHost {
                 network: self.network.clone(),
                 log_lines: 0,
             };
-            Sandbox::new(&self.limits, scope, call.workspace, egress)
+            let mut sandbox = Sandbox::new(&self.limits, scope, call.workspace, egress)?;
+            sandbox.file_access().log_into(log.clone());
+            Ok(sandbox)
         };
         let run_tool = async |instance: &Plugin, store: &mut Store<Sandbox>| {
             instance
@@ -121,25 +134,37 @@ impl PluginHost {
                     &call.capabilities,
                     call.workspace,
                 );
-                self.run_kept(instances, key, pre, call.tool, sandbox, run_tool)
-                    .await
+                let kept = Kept {
+                    instances,
+                    key,
+                    tool: call.tool,
+                    log: log.clone(),
+                };
+                self.run_kept(kept, pre, sandbox, run_tool).await
             }
-            None => self.run(pre, sandbox()?, run_tool).await,
+            None => match sandbox() {
+                Ok(sandbox) => self.run(pre, sandbox, run_tool).await,
+                Err(err) => Err(err),
+            },
         };
         // The store is gone, and with it every response body: each request's row is
         // written, so the call's audit is complete when it returns.
+        // A clone: a kept instance carries its reads into its next call from this log.
+        let mut touched = log.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(call_net) = &call_net {
             call_net.flush().await;
+            touched.hosts = call_net.reached();
         }
         // An error's message is the guest's text as much as a result is: redacted and
         // capped alike.
         let redactor = self.network.secrets().redactor();
         let clean = |text: String| self.cap_output(redactor.redact_owned(text));
-        match result {
+        let result = match result {
             Ok(Ok(output)) => Ok(clean(output)),
             Ok(Err(err)) => Err(from_wit(err).map_message(clean)),
             Err(err) => Err(err.map_message(clean)),
-        }
+        };
+        (result, touched)
     }
 
     /// Instantiates `pre` in a new store holding `sandbox`, bounded by the deadline and the
@@ -167,13 +192,17 @@ impl PluginHost {
     /// Only a call that returned gives its instance back; any failure drops it.
     async fn run_kept<R>(
         &self,
-        instances: &ProcessInstances,
-        key: WarmKey,
+        kept: Kept<'_>,
         pre: &PluginPre<Sandbox>,
-        tool: &str,
         sandbox: impl FnOnce() -> Result<Sandbox, ToolError>,
         f: impl AsyncFnOnce(&Plugin, &mut Store<Sandbox>) -> wasmtime::Result<R>,
     ) -> Result<R, ToolError> {
+        let Kept {
+            instances,
+            key,
+            tool,
+            log,
+        } = kept;
         let _slot = self.call_slot().await;
         let (mut store, kept) = match self.warm.take(instances, &key) {
             Some(warm) => {
@@ -185,6 +214,7 @@ impl PluginHost {
                     ..
                 } = warm;
                 store.data_mut().begin_call(tool, Egress::default());
+                store.data_mut().file_access().log_into(log);
                 (store, Some((instance, resources, slot)))
             }
             None => (self.new_store(sandbox()?), None),

@@ -1,0 +1,209 @@
+//! What a call touched beyond its arguments, as the host saw it: the workspace files it
+//! opened, listed and wrote, and the hosts its requests reached ([`Touched`]). The host
+//! labels the call's result and the files it wrote from these facts
+//! ([`crate::tools::ToolRouter`]), never from what the tool says.
+//!
+//! Files are noted as the guest reaches them through WASI
+//! ([`file_access`](super::file_access)): an
+//! `open-at` (read, or write when it may change the file: opened to write, created or
+//! truncated; a write that does not truncate also reads what the file keeps), a `read-directory`, a `readlink-at` (a read of the link), and the calls
+//! that make or move a name (`rename-at` and `link-at` read the old name and write the
+//! new; `symlink-at` and `create-directory-at` write the new). Each descriptor's path is
+//! kept so a path opened beneath it is known in full; a descriptor the host did not see
+//! opened is the workspace itself (the only preopen). A read's [`FileStamp`] is taken
+//! from the descriptor just opened, so it names the file the guest got, whatever its
+//! path resolved through.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::services::{FILE_LABELS_MAX, FileStamp};
+
+/// What one call touched beyond its arguments.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Touched {
+    /// Workspace files (and directories) opened to read, by path relative to the
+    /// workspace, each with the stamp of what was opened (`None`: it could not be read).
+    /// A kept instance's reads add up over its calls: what it read once it may still hold.
+    pub read: BTreeMap<String, Option<FileStamp>>,
+    /// Workspace directories listed, by path (`.` is the workspace).
+    pub listed: BTreeSet<String>,
+    /// Workspace paths this call may have written.
+    pub written: BTreeSet<String>,
+    /// The hosts the call's requests reached (connected to).
+    pub hosts: BTreeSet<String>,
+    /// Whether it touched more than [`FILE_LABELS_MAX`] paths: those past it are not named.
+    pub overflowed: bool,
+}
+
+impl Touched {
+    /// Whether it names nothing.
+    pub fn is_empty(&self) -> bool {
+        self.read.is_empty()
+            && self.listed.is_empty()
+            && self.written.is_empty()
+            && self.hosts.is_empty()
+            && !self.overflowed
+    }
+
+    fn room(&mut self) -> bool {
+        let full = self.read.len() + self.listed.len() + self.written.len() >= FILE_LABELS_MAX;
+        self.overflowed |= full;
+        !full
+    }
+
+    pub(crate) fn note_read(&mut self, path: String, stamp: Option<FileStamp>) {
+        if let Some(seen) = self.read.get_mut(&path) {
+            // The same path opened twice, to two different files: neither is known alone.
+            if *seen != stamp {
+                *seen = None;
+            }
+        } else if self.room() {
+            self.read.insert(path, stamp);
+        }
+    }
+
+    pub(crate) fn note_listed(&mut self, path: String) {
+        if !self.listed.contains(&path) && self.room() {
+            self.listed.insert(path);
+        }
+    }
+
+    pub(crate) fn note_written(&mut self, path: String) {
+        if !self.written.contains(&path) && self.room() {
+            self.written.insert(path);
+        }
+    }
+}
+
+/// Where a call's [`Touched`] is noted: shared by the sandbox, which notes, and the host
+/// running the call, which reads it after the call, however the call ended (a call that
+/// traps may have written files too).
+pub(crate) type TouchLog = Arc<Mutex<Touched>>;
+
+/// The files a sandbox's guest reached, and where each of its descriptors points.
+#[derive(Debug, Default)]
+pub(crate) struct FileAccess {
+    /// Descriptor resource -> its path relative to the workspace. A slot reused by
+    /// another descriptor is overwritten when that one is opened.
+    paths: HashMap<u32, String>,
+    log: TouchLog,
+}
+
+impl FileAccess {
+    /// The workspace path of `name` opened beneath descriptor `dir`.
+    pub(crate) fn path(&self, dir: u32, name: &str) -> String {
+        let base = self.paths.get(&dir).map_or("", String::as_str);
+        joined(base, name)
+    }
+
+    /// What has been noted.
+    pub(crate) fn touched(&self) -> MutexGuard<'_, Touched> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes the next call's access in `log`: what the instance read before is carried
+    /// into it (it may still hold it), what the last call wrote and reached is not (it
+    /// was labelled then).
+    pub(crate) fn log_into(&mut self, log: TouchLog) {
+        {
+            let before = self.touched();
+            let mut next = log.lock().unwrap_or_else(|e| e.into_inner());
+            next.read.clone_from(&before.read);
+            next.listed.clone_from(&before.listed);
+            next.overflowed |= before.overflowed;
+        }
+        self.log = log;
+    }
+
+    /// Notes that `name` beneath descriptor `dir` was opened as descriptor `opened` with
+    /// `access`, and the stamp of what it read.
+    pub(crate) fn opened(
+        &mut self,
+        dir: u32,
+        name: &str,
+        opened: u32,
+        access: Access,
+        stamp: Option<FileStamp>,
+    ) {
+        let path = self.path(dir, name);
+        // Opening a directory reads nothing yet: listing it does.
+        if !access.directory {
+            let mut touched = self.touched();
+            if access.writes {
+                touched.note_written(path.clone());
+            }
+            // A write that does not truncate keeps what the file held: it goes into what
+            // the call writes as a read would (an empty file holds nothing).
+            let kept = access.writes && !access.truncates && stamp.is_none_or(|s| s.len > 0);
+            if access.reads || kept {
+                touched.note_read(path.clone(), stamp);
+            }
+        }
+        self.paths.insert(opened, path);
+    }
+}
+
+/// How a descriptor was opened.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Access {
+    /// It may read the file (or list the directory) it names.
+    pub(crate) reads: bool,
+    /// It may change the file: opened to write, created or truncated.
+    pub(crate) writes: bool,
+    /// It emptied the file first.
+    pub(crate) truncates: bool,
+    /// It is a directory.
+    pub(crate) directory: bool,
+}
+
+/// `base/name`, without `.` and empty parts (`..` is kept: only the filesystem knows
+/// what it leads to). The workspace itself is `.`.
+fn joined(base: &str, name: &str) -> String {
+    let parts: Vec<&str> = base
+        .split('/')
+        .chain(name.split('/'))
+        .filter(|part| !part.is_empty() && *part != ".")
+        .collect();
+    if parts.is_empty() {
+        ".".to_owned()
+    } else {
+        parts.join("/")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_joined_beneath_their_directory_without_dots() {
+        assert_eq!(joined("", "."), ".");
+        assert_eq!(joined("", "./notes//a.md"), "notes/a.md");
+        assert_eq!(joined("notes", "../b.md"), "notes/../b.md");
+        assert_eq!(joined(".", "a"), "a");
+    }
+
+    #[test]
+    fn a_path_opened_to_two_files_is_not_known_and_room_runs_out() {
+        let stamp = |ino| {
+            Some(FileStamp {
+                dev: 1,
+                ino,
+                len: 0,
+                ctime_ns: 0,
+            })
+        };
+        let mut touched = Touched::default();
+        touched.note_read("a".into(), stamp(1));
+        touched.note_read("a".into(), stamp(1));
+        assert_eq!(touched.read["a"], stamp(1));
+        touched.note_read("a".into(), stamp(2));
+        assert_eq!(touched.read["a"], None);
+        for n in 0..FILE_LABELS_MAX {
+            touched.note_written(format!("w{n}"));
+        }
+        assert!(touched.overflowed);
+        assert!(touched.written.len() < FILE_LABELS_MAX);
+    }
+}
