@@ -251,6 +251,19 @@ impl Label {
         })
     }
 
+    /// What stored data no label came with is taken to be: untrusted from any plugin
+    /// (`plugin:*`). Rows written before labels were kept, and a label that no longer
+    /// reads back, get it.
+    ///
+    /// ```
+    /// use capstan_host::flow::Label;
+    ///
+    /// assert_eq!(Label::unknown().to_string(), "untrusted(plugin:*), public");
+    /// ```
+    pub fn unknown() -> Self {
+        Label::untrusted(Origin::Plugin("*".into()))
+    }
+
     /// Trusted data private to `scope`.
     pub fn private(scope: Scope) -> Self {
         Label::from_parts(Parts {

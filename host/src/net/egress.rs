@@ -578,6 +578,14 @@ impl Egress {
     pub(crate) fn new(call: Option<Arc<CallNet>>) -> Self {
         Egress { call }
     }
+
+    /// The hosts the call's requests have connected to so far.
+    pub(crate) fn reached(&self) -> std::collections::BTreeSet<String> {
+        self.call
+            .as_ref()
+            .map(|call| call.reached())
+            .unwrap_or_default()
+    }
 }
 
 impl WasiHttpHooks for Egress {

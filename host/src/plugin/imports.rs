@@ -26,6 +26,7 @@ use super::bindings::capstan::plugin::types::HostError;
 use super::bindings::capstan::plugin::{log, memory, secrets, tasks, types};
 use super::limits::{LOG_LINE_BYTES, LOG_LINES_PER_CALL};
 use super::sandbox::Sandbox;
+use crate::flow::{Label, Origin, Scope};
 use crate::ids::Caller;
 use crate::services::{self, Operation, ServiceError, Services};
 use crate::text::{echo_name, one_line, truncate};
@@ -228,9 +229,43 @@ const TASKS_WRITE: &[Capability] = &[Capability::TasksWrite, Capability::TasksWr
 const MEMORY_READ: &[Capability] = &[Capability::MemoryRead];
 const MEMORY_WRITE: &[Capability] = &[Capability::MemoryWrite];
 
+impl Sandbox {
+    /// Notes that the guest was given data labelled `label` (a task, a memory).
+    fn gave(&mut self, label: &Label) {
+        self.file_access().touched().labels.join(label);
+    }
+
+    /// The label of what the guest writes through an import now: what its caller put
+    /// into the call, and what the call has read so far: what imports gave it, each
+    /// host its requests reached, and the workspace if it read files. A file's own
+    /// label is not looked up here: having read one, the call is as untrusted as its
+    /// plugin.
+    fn writes_label(&mut self) -> Label {
+        let mut label = self.scope.label.clone();
+        for host in self.hosts_reached() {
+            label.join(&Label::untrusted(Origin::Net(host)));
+        }
+        let plugin = Label::untrusted(Origin::Plugin(self.scope.plugin.to_string()));
+        let touched = self.file_access().touched();
+        label.join(&touched.labels);
+        if !touched.read.is_empty() || !touched.listed.is_empty() || touched.overflowed {
+            label.join(&plugin.joined(&Label::private(Scope::Workspace)));
+        }
+        label
+    }
+}
+
+/// `task` for the guest, noting its label as given.
+fn given_task(sandbox: &mut Sandbox, task: services::Task) -> Task {
+    sandbox.gave(&task.label);
+    to_wit_task(task)
+}
+
 impl tasks::Host for Sandbox {
     async fn create(&mut self, task: NewTask) -> Result<Task, HostError> {
-        let services = self.services_for(Operation::TasksCreate, TASKS_WRITE)?;
+        let services = self
+            .services_for(Operation::TasksCreate, TASKS_WRITE)?
+            .clone();
         let new = services::NewTask {
             title: task.title,
             description: task.description,
@@ -238,30 +273,34 @@ impl tasks::Host for Sandbox {
             parent: task.parent,
             metadata: task.metadata,
             assigned_worker: None,
+            label: self.writes_label(),
         };
         let created = services.tasks.create(&self.scope.caller, new).await;
-        created.map(to_wit_task).map_err(host_error)
+        let created = created.map_err(host_error)?;
+        Ok(given_task(self, created))
     }
 
     async fn get(&mut self, number: u64) -> Result<Task, HostError> {
-        let services = self.services_for(Operation::TasksGet, TASKS_READ)?;
-        let task = services.tasks.get(number).await;
-        task.map(to_wit_task).map_err(host_error)
+        let services = self.services_for(Operation::TasksGet, TASKS_READ)?.clone();
+        let task = services.tasks.get(number).await.map_err(host_error)?;
+        Ok(given_task(self, task))
     }
 
     async fn list(&mut self, filter: TaskFilter) -> Result<Vec<Task>, HostError> {
-        let services = self.services_for(Operation::TasksList, TASKS_READ)?;
+        let services = self.services_for(Operation::TasksList, TASKS_READ)?.clone();
         let filter = services::TaskFilter {
             status: filter.status.map(from_wit_status),
             parent: None,
             limit: filter.limit,
         };
         let tasks = services.tasks.list(filter).await.map_err(host_error)?;
-        Ok(tasks.into_iter().map(to_wit_task).collect())
+        Ok(tasks.into_iter().map(|t| given_task(self, t)).collect())
     }
 
     async fn update(&mut self, number: u64, patch: TaskPatch) -> Result<Task, HostError> {
-        let services = self.services_for(Operation::TasksUpdate, TASKS_WRITE)?;
+        let services = self
+            .services_for(Operation::TasksUpdate, TASKS_WRITE)?
+            .clone();
         let patch = services::TaskPatch {
             title: patch.title,
             description: patch.description,
@@ -269,6 +308,7 @@ impl tasks::Host for Sandbox {
             priority: patch.priority.map(from_wit_priority),
             metadata: patch.metadata,
             assigned_worker: None,
+            label: self.writes_label(),
         };
         let write_any = self.scope.capabilities.contains(&Capability::TasksWrite);
         // Who created a task never changes; the host may assign it to another worker
@@ -277,34 +317,44 @@ impl tasks::Host for Sandbox {
         let task = services.tasks.get(number).await.map_err(host_error)?;
         check_task_scope(write_any, &self.scope.caller, &task)?;
         let updated = services.tasks.update(number, patch).await;
-        updated.map(to_wit_task).map_err(host_error)
+        let updated = updated.map_err(host_error)?;
+        Ok(given_task(self, updated))
     }
 }
 
 impl memory::Host for Sandbox {
     async fn save(&mut self, item: NewMemory) -> Result<MemoryItem, HostError> {
-        let services = self.services_for(Operation::MemorySave, MEMORY_WRITE)?;
+        let services = self
+            .services_for(Operation::MemorySave, MEMORY_WRITE)?
+            .clone();
         let new = services::NewMemory {
             kind: item.kind,
             content: item.content,
             importance: item.importance,
+            label: self.writes_label(),
         };
         let saved = services.memory.save(&self.scope.caller, new).await;
-        saved.map(to_wit_memory).map_err(host_error)
+        let saved = saved.map_err(host_error)?;
+        self.gave(&saved.label);
+        Ok(to_wit_memory(saved))
     }
 
     async fn recall(&mut self, query: String, limit: u32) -> Result<Vec<MemoryItem>, HostError> {
-        let services = self.services_for(Operation::MemoryRecall, MEMORY_READ)?;
+        let services = self
+            .services_for(Operation::MemoryRecall, MEMORY_READ)?
+            .clone();
         let found = services.memory.recall(&query, limit).await;
-        Ok(found
-            .map_err(host_error)?
-            .into_iter()
-            .map(to_wit_memory)
-            .collect())
+        let found = found.map_err(host_error)?;
+        for memory in &found {
+            self.gave(&memory.label);
+        }
+        Ok(found.into_iter().map(to_wit_memory).collect())
     }
 
     async fn delete(&mut self, id: String) -> Result<(), HostError> {
-        let services = self.services_for(Operation::MemoryDelete, MEMORY_WRITE)?;
+        let services = self
+            .services_for(Operation::MemoryDelete, MEMORY_WRITE)?
+            .clone();
         let id: u64 = id.parse().map_err(|_| {
             HostError::Invalid(format!(
                 "memory id `{}` is not a number",
@@ -315,8 +365,19 @@ impl memory::Host for Sandbox {
     }
 
     async fn working_get(&mut self, key: String) -> Result<Option<String>, HostError> {
-        let services = self.services_for(Operation::MemoryWorkingGet, MEMORY_READ)?;
-        services.memory.working_get(&key).await.map_err(host_error)
+        let services = self
+            .services_for(Operation::MemoryWorkingGet, MEMORY_READ)?
+            .clone();
+        let value = services
+            .memory
+            .working_get(&key)
+            .await
+            .map_err(host_error)?;
+        // Working memory keeps no label: a value from it could be anyone's.
+        if value.is_some() {
+            self.gave(&Label::unknown());
+        }
+        Ok(value)
     }
 
     async fn working_set(
@@ -325,7 +386,9 @@ impl memory::Host for Sandbox {
         value: String,
         ttl_seconds: Option<u64>,
     ) -> Result<(), HostError> {
-        let services = self.services_for(Operation::MemoryWorkingSet, MEMORY_WRITE)?;
+        let services = self
+            .services_for(Operation::MemoryWorkingSet, MEMORY_WRITE)?
+            .clone();
         let set = services.memory.working_set(&key, &value, ttl_seconds);
         set.await.map_err(host_error)
     }
@@ -348,6 +411,7 @@ mod tests {
             assigned_worker: assigned.map(pid),
             parent: None,
             metadata: "{}".into(),
+            label: crate::flow::Label::trusted(),
         }
     }
 

@@ -17,6 +17,7 @@ use super::loaded::{LoadedPlugin, ToolInfo};
 use super::settle::{Preferences, Shadowed, settle};
 use super::touched::Touched;
 use super::warm::ProcessInstances;
+use crate::flow::Label;
 use crate::ids::Caller;
 use crate::net::GrantSource;
 use crate::policy::{Grants, InstanceReuse};
@@ -396,17 +397,17 @@ impl Registry {
     pub async fn call(&self, request: CallRequest<'_>) -> Result<String, ToolError> {
         let reuse = |_: &str| InstanceReuse::Process;
         // Labels are the router's: a call made here (the CLI, a test) has no process.
-        self.audited(&request, self.run_call(&request, GrantSource::Flag, reuse))
-            .await
-            .committed()
-            .await
+        let label = Label::trusted();
+        let run = self.run_call(&request, GrantSource::Flag, reuse, &label);
+        self.audited(&request, run).await.committed().await
     }
 
     /// Runs one call its caller's policy offers: the
     /// [`ToolRouter`](crate::tools::ToolRouter) decided it (the one place a call is
     /// decided), and refuses through [`Registry::refuse_call`] what is not offered.
     /// `request.grants` are the kind's profile grants, named by `source` in a refusal of
-    /// the network; `reuse` says which plugins' instances the caller keeps. Stopped when
+    /// the network; `reuse` says which plugins' instances the caller keeps; `label` is
+    /// what the caller put into the call, which what it writes (tasks, memories) carries. Stopped when
     /// `cancelled` completes first: the call's instance is dropped, and the call fails
     /// (and is audited) as cancelled by its caller.
     ///
@@ -424,9 +425,10 @@ impl Registry {
         request: CallRequest<'_>,
         source: GrantSource,
         reuse: impl Fn(&str) -> InstanceReuse,
+        label: &Label,
         cancelled: impl Future<Output = ()>,
     ) -> Recorded {
-        let run = self.run_call(&request, source, reuse);
+        let run = self.run_call(&request, source, reuse, label);
         let run = async {
             tokio::select! {
                 ran = run => ran,
@@ -534,6 +536,7 @@ impl Registry {
         request: &CallRequest<'_>,
         grant_source: GrantSource,
         reuse: impl Fn(&str) -> InstanceReuse,
+        label: &Label,
     ) -> (Result<String, ToolError>, Touched) {
         let call_id = format!("call-{}", self.next_call.fetch_add(1, Ordering::Relaxed));
         let Some((plugin, index)) = self.tools.get(request.tool) else {
@@ -565,6 +568,7 @@ impl Registry {
             declared: &tool.capabilities,
             granted: request.grants.net_rules().cloned().collect(),
             grant_source,
+            label: label.clone(),
             instances: request
                 .instances
                 .filter(|_| reuse(&plugin.name) == InstanceReuse::Process),

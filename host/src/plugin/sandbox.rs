@@ -30,6 +30,7 @@ use super::capture::OutputCapture;
 use super::error::ToolError;
 use super::limits::{CallLimiter, Limits, MAX_RESOURCES, STDERR_CAPTURE_BYTES};
 use super::touched::FileAccess;
+use crate::flow::Label;
 use crate::ids::Caller;
 use crate::net::{Egress, NetHost};
 use crate::services::Services;
@@ -75,6 +76,9 @@ pub(crate) struct CallScope {
     /// call holds) and the redaction of what leaves the call.
     pub(crate) network: Arc<NetHost>,
     pub(crate) log_lines: u32,
+    /// What the caller put into the call: what the call writes (tasks, memories)
+    /// carries it, with what the call read.
+    pub(crate) label: Label,
 }
 
 impl CallScope {
@@ -187,6 +191,11 @@ impl Sandbox {
         })
     }
 
+    /// The hosts the call's requests have connected to so far.
+    pub(crate) fn hosts_reached(&self) -> std::collections::BTreeSet<String> {
+        self.egress.reached()
+    }
+
     /// Where the guest's descriptors point, and the paths it reached.
     pub(crate) fn file_access(&mut self) -> &mut FileAccess {
         &mut self.files
@@ -197,12 +206,14 @@ impl Sandbox {
         self.inline_fs
     }
 
-    /// Readies a reused sandbox for the next call, of `tool` through `egress`: what the
-    /// last call wrote, logged and was refused is forgotten. The capabilities, caller and
+    /// Readies a reused sandbox for the next call, of `tool` through `egress`, its caller
+    /// having put `label` into it: what the last call wrote, logged and was refused is
+    /// forgotten. The capabilities, caller and
     /// preopens stay: an instance is reused only by calls that would build the same.
-    pub(crate) fn begin_call(&mut self, tool: &str, egress: Egress) {
+    pub(crate) fn begin_call(&mut self, tool: &str, egress: Egress, label: Label) {
         self.scope.tool.clear();
         self.scope.tool.push_str(tool);
+        self.scope.label = label;
         self.scope.log_lines = 0;
         self.egress = egress;
         self.limiter.refused_growth = None;

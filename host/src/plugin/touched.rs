@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::flow::Label;
 use crate::services::{FILE_LABELS_MAX, FileStamp};
 
 /// What one call touched beyond its arguments.
@@ -32,6 +33,9 @@ pub struct Touched {
     pub written: BTreeSet<String>,
     /// The hosts the call's requests reached (connected to).
     pub hosts: BTreeSet<String>,
+    /// The join of the labels of what the host's imports gave it (tasks, memories). A
+    /// kept instance's add up over its calls, as its reads do.
+    pub labels: Label,
     /// Whether it touched more than [`FILE_LABELS_MAX`] paths: those past it are not named.
     pub overflowed: bool,
 }
@@ -43,6 +47,7 @@ impl Touched {
             && self.listed.is_empty()
             && self.written.is_empty()
             && self.hosts.is_empty()
+            && self.labels.is_clear()
             && !self.overflowed
     }
 
@@ -111,6 +116,7 @@ impl FileAccess {
             let mut next = log.lock().unwrap_or_else(|e| e.into_inner());
             next.read.clone_from(&before.read);
             next.listed.clone_from(&before.listed);
+            next.labels.join(&before.labels);
             next.overflowed |= before.overflowed;
         }
         self.log = log;

@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 
-use super::rows::{parsed, readable};
+use super::rows::{label, label_text, parsed, readable};
 use super::sessions::live_run;
 use super::{Postgres, now};
 use crate::ids::Caller;
@@ -21,8 +21,8 @@ impl Memory for Postgres {
         let client = self.client().await?;
         let row = client
             .query_one(
-                "INSERT INTO memories (kind, content, importance, source, created_at, words)
-                 VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+                "INSERT INTO memories (kind, content, importance, source, created_at, words, label)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
                 &[
                     &kind,
                     &memory.content,
@@ -30,6 +30,7 @@ impl Memory for Postgres {
                     &source.to_string(),
                     &at,
                     &memory_words(kind, &memory.content),
+                    &label_text(&memory.label),
                 ],
             )
             .await
@@ -41,6 +42,7 @@ impl Memory for Postgres {
             importance,
             source: source.clone(),
             created_at: at,
+            label: memory.label.clone(),
         })
     }
 
@@ -54,7 +56,7 @@ impl Memory for Postgres {
         // Ranked by the share of the memory's words that match, weighted by importance.
         let rows = client
             .query(
-                "SELECT id, kind, content, importance, source, created_at
+                "SELECT id, kind, content, importance, source, created_at, label
                  FROM memories
                  WHERE words && $1
                  ORDER BY (SELECT count(*) FROM unnest(words) AS w WHERE w = ANY($1))::REAL
@@ -72,6 +74,7 @@ impl Memory for Postgres {
                 importance: row.get(3),
                 source: parsed(row, 4)?,
                 created_at: row.get(5),
+                label: label(row, 6),
             })
         }))
     }

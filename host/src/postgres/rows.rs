@@ -5,6 +5,7 @@ use std::str::FromStr;
 
 use tokio_postgres::Row;
 
+use crate::flow::Label;
 use crate::services::ServiceError;
 
 /// Column `index` of `row`, parsed.
@@ -59,4 +60,19 @@ pub(super) fn readable<T>(
             }
         })
         .collect()
+}
+
+/// Column `index` of `row`, a stored label: one that does not read back could have said
+/// anything, so it is [`Label::unknown`] (with a warning).
+pub(super) fn label(row: &Row, index: usize) -> Label {
+    let text: String = row.get(index);
+    serde_json::from_str(&text).unwrap_or_else(|err| {
+        tracing::warn!("a stored label cannot be read ({err}): taken as untrusted");
+        Label::unknown()
+    })
+}
+
+/// `label` as a column holds it.
+pub(super) fn label_text(label: &Label) -> String {
+    serde_json::to_string(label).expect("a label serializes")
 }

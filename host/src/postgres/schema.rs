@@ -220,6 +220,11 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX file_labels_path ON file_labels(workspace, path);
     "#,
+    // 7: what went into each task and memory (as the SQLite store's migration 10).
+    r#"
+    ALTER TABLE tasks ADD COLUMN label TEXT NOT NULL DEFAULT '{"untrusted":["plugin:*"]}';
+    ALTER TABLE memories ADD COLUMN label TEXT NOT NULL DEFAULT '{"untrusted":["plugin:*"]}';
+    "#,
 ];
 
 /// The schema version this build brings a database to.

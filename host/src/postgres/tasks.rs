@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
-use super::rows::{parsed, parsed_opt, readable};
+use super::rows::{label, label_text, parsed, parsed_opt, readable};
 use super::sessions::live_run;
 use super::{Postgres, now};
 use crate::ids::Caller;
@@ -15,8 +15,8 @@ use crate::services::{
     TaskStatus,
 };
 
-const COLUMNS: &str =
-    "number, title, description, status, priority, creator, assigned_worker, parent, metadata";
+const COLUMNS: &str = "number, title, description, status, priority, creator, assigned_worker, parent, metadata, \
+     label";
 
 fn task_from(row: &Row) -> Result<Task, ServiceError> {
     Ok(Task {
@@ -29,6 +29,7 @@ fn task_from(row: &Row) -> Result<Task, ServiceError> {
         assigned_worker: parsed_opt(row, 6)?,
         parent: row.get::<_, Option<i64>>(7).map(|n| n as u64),
         metadata: row.get(8),
+        label: label(row, 9),
     })
 }
 
@@ -73,9 +74,9 @@ impl TaskBoard for Postgres {
         }
         let sql = format!(
             "INSERT INTO tasks (title, description, status, priority, creator, assigned_worker,
-                                parent, metadata, created_at, updated_at)
-             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $9 WHERE {} RETURNING {COLUMNS}",
-            live_run(10)
+                                parent, metadata, created_at, updated_at, label)
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10 WHERE {} RETURNING {COLUMNS}",
+            live_run(11)
         );
         let row = client
             .query_opt(
@@ -90,6 +91,7 @@ impl TaskBoard for Postgres {
                     &task.parent.map(|n| n as i64),
                     &task.metadata.as_deref().unwrap_or("{}"),
                     &now(),
+                    &label_text(&task.label),
                     &self.writer_run(),
                 ],
             )
@@ -147,9 +149,10 @@ impl TaskBoard for Postgres {
                 priority = COALESCE($5, priority),
                 metadata = COALESCE($6, metadata),
                 assigned_worker = COALESCE($7, assigned_worker),
-                updated_at = $8
+                updated_at = $8,
+                label = $9
              WHERE number = $1 AND {} RETURNING {COLUMNS}",
-            live_run(9)
+            live_run(10)
         );
         let row = tx
             .query_opt(
@@ -163,6 +166,8 @@ impl TaskBoard for Postgres {
                     &patch.metadata,
                     &patch.assigned_worker.as_ref().map(ToString::to_string),
                     &now(),
+                    // What was in it stays: the writer's label joins it.
+                    &label_text(&task.label.joined(&patch.label)),
                     &self.writer_run(),
                 ],
             )

@@ -34,6 +34,50 @@ pub(crate) async fn check_all(fresh: impl AsyncFn() -> Services) {
         &fresh().await,
     )
     .await;
+    tasks_and_memories_keep_what_went_into_them(&fresh().await).await;
+}
+
+async fn tasks_and_memories_keep_what_went_into_them(s: &Services) {
+    use crate::flow::{Label, Origin, Scope};
+
+    let page = Label::untrusted(Origin::Net("example.com".into()));
+    let notes = Label::private(Scope::Workspace);
+    let task = NewTask {
+        label: page.clone(),
+        ..NewTask::titled("Pay the invoice")
+    };
+    let created = s.tasks.create(&by("worker:1"), task).await.unwrap();
+    assert_eq!(created.label, page);
+    assert_eq!(s.tasks.get(created.number).await.unwrap().label, page);
+    // An update joins its writer's label: what was in the task stays.
+    let patch = TaskPatch {
+        description: Some("from the notes".into()),
+        label: notes.clone(),
+        ..TaskPatch::default()
+    };
+    let updated = s.tasks.update(created.number, patch).await.unwrap();
+    let both = page.clone().joined(&notes);
+    assert_eq!(updated.label, both);
+    let listed = s.tasks.list(TaskFilter::default()).await.unwrap();
+    assert_eq!(listed[0].label, both);
+    // A person's task is trusted.
+    let mine = s
+        .tasks
+        .create(&by("cli"), NewTask::titled("Mine"))
+        .await
+        .unwrap();
+    assert!(mine.label.is_clear());
+
+    let memory = NewMemory {
+        label: page.clone(),
+        ..note("fact", "the invoice is due friday", 0.5)
+    };
+    assert_eq!(
+        s.memory.save(&by("worker:1"), memory).await.unwrap().label,
+        page
+    );
+    let found = s.memory.recall("invoice", 5).await.unwrap();
+    assert_eq!(found[0].label, page);
 }
 
 async fn a_file_s_label_holds_for_the_version_written_and_listings_join_what_lies_beneath(
@@ -507,6 +551,7 @@ fn note(kind: &str, content: &str, importance: f32) -> NewMemory {
         kind: kind.into(),
         content: content.into(),
         importance: Some(importance),
+        label: crate::flow::Label::trusted(),
     }
 }
 

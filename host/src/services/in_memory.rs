@@ -92,6 +92,7 @@ impl TaskBoard for InMemory {
             assigned_worker: task.assigned_worker,
             parent: task.parent,
             metadata: task.metadata.unwrap_or_else(|| "{}".into()),
+            label: task.label,
         };
         state.tasks.insert(number, created.clone());
         Ok(created)
@@ -143,6 +144,7 @@ impl TaskBoard for InMemory {
         if let Some(worker) = patch.assigned_worker {
             task.assigned_worker = Some(worker);
         }
+        task.label.join(&patch.label);
         Ok(task.clone())
     }
 }
@@ -165,6 +167,7 @@ impl Memory for InMemory {
             importance,
             source: source.clone(),
             created_at: now(),
+            label: memory.label,
         };
         state.memories.insert(item.id, item.clone());
         Ok(item)

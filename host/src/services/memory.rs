@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 
 use super::ServiceError;
+use crate::flow::Label;
 use crate::ids::Caller;
 
 /// Long-term memories and the working memory every process and plugin shares.
@@ -67,6 +68,8 @@ pub struct MemoryItem {
     pub source: Caller,
     /// Unix seconds.
     pub created_at: i64,
+    /// What its writer had read.
+    pub label: Label,
 }
 
 /// A memory to save.
@@ -78,6 +81,8 @@ pub struct NewMemory {
     pub content: String,
     /// 0.0 to 1.0; default 0.5.
     pub importance: Option<f32>,
+    /// What its writer had read (trusted: a person's memory).
+    pub label: Label,
 }
 
 /// The importance of a memory saved without one.

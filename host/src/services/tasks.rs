@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 
 use super::ServiceError;
+use crate::flow::Label;
 use crate::ids::{Caller, ProcessId};
 
 /// The taskboard every process and plugin shares.
@@ -199,6 +200,10 @@ pub struct Task {
     pub parent: Option<u64>,
     /// A JSON object.
     pub metadata: String,
+    /// What went into it: the join of the labels of everyone who wrote it (what each
+    /// writer had read), so a process that reads it reads that too.
+    #[schema(value_type = Object)]
+    pub label: Label,
 }
 
 /// A task to create.
@@ -216,6 +221,8 @@ pub struct NewTask {
     pub metadata: Option<String>,
     /// Assign it to this worker.
     pub assigned_worker: Option<ProcessId>,
+    /// What its writer had read (trusted: a person's task).
+    pub label: Label,
 }
 
 impl NewTask {
@@ -253,6 +260,8 @@ pub struct TaskPatch {
     pub metadata: Option<String>,
     /// New assignee.
     pub assigned_worker: Option<ProcessId>,
+    /// What its writer had read: joined into the task's label.
+    pub label: Label,
 }
 
 /// Which tasks to list.

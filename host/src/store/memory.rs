@@ -3,7 +3,7 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use super::rows::{parsed, readable};
+use super::rows::{label, label_text, parsed, readable};
 use super::{Store, StoreError, now};
 use crate::ids::Caller;
 use crate::services::{MemoryItem, NewMemory, RECALL_MAX, expires_at, recall_words};
@@ -20,9 +20,16 @@ impl Store {
         // The insert and its FTS trigger, and the row id read back, in one transaction.
         let id = self.write(|tx| {
             tx.execute(
-                "INSERT INTO memories (kind, content, importance, source, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![kind, memory.content, importance, source.to_string(), at],
+                "INSERT INTO memories (kind, content, importance, source, created_at, label)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    kind,
+                    memory.content,
+                    importance,
+                    source.to_string(),
+                    at,
+                    label_text(&memory.label)
+                ],
             )?;
             Ok(tx.last_insert_rowid() as u64)
         })?;
@@ -33,6 +40,7 @@ impl Store {
             importance,
             source: source.clone(),
             created_at: at,
+            label: memory.label.clone(),
         })
     }
 
@@ -44,7 +52,7 @@ impl Store {
         };
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(
-            "SELECT m.id, m.kind, m.content, m.importance, m.source, m.created_at
+            "SELECT m.id, m.kind, m.content, m.importance, m.source, m.created_at, m.label
              FROM memories_fts f JOIN memories m ON m.id = f.rowid
              WHERE memories_fts MATCH ?1
              ORDER BY bm25(memories_fts) * (0.5 + m.importance) LIMIT ?2",
@@ -57,6 +65,7 @@ impl Store {
                 importance: row.get(3)?,
                 source: parsed(row, 4)?,
                 created_at: row.get(5)?,
+                label: label(row, 6)?,
             })
         })?;
         Ok(readable("a memory", rows)?)

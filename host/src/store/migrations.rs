@@ -217,6 +217,11 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX file_labels_path ON file_labels(workspace, path);
     "#,
+    // 10: what went into each task and memory; rows from before are of unknown origin.
+    r#"
+    ALTER TABLE tasks ADD COLUMN label TEXT NOT NULL DEFAULT '{"untrusted":["plugin:*"]}';
+    ALTER TABLE memories ADD COLUMN label TEXT NOT NULL DEFAULT '{"untrusted":["plugin:*"]}';
+    "#,
 ];
 
 /// The schema version this binary writes.

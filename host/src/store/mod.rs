@@ -200,6 +200,7 @@ pub(crate) mod tests {
                 kind: "fact".into(),
                 content: "sqlite keeps this".into(),
                 importance: None,
+                label: crate::flow::Label::trusted(),
             };
             store
                 .save_memory(&crate::ids::testing::by("branch:1"), &memory)

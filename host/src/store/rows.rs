@@ -4,6 +4,8 @@
 use std::str::FromStr;
 
 use rusqlite::Row;
+
+use crate::flow::Label;
 use rusqlite::types::Type;
 
 /// Column `index` of `row`, parsed.
@@ -50,4 +52,19 @@ pub(super) fn readable<T>(
         }
     }
     Ok(kept)
+}
+
+/// Column `index` of `row`, a stored label: one that does not read back could have said
+/// anything, so it is [`Label::unknown`] (with a warning).
+pub(super) fn label(row: &Row<'_>, index: usize) -> rusqlite::Result<Label> {
+    let text: String = row.get(index)?;
+    Ok(serde_json::from_str(&text).unwrap_or_else(|err| {
+        tracing::warn!("a stored label cannot be read ({err}): taken as untrusted");
+        Label::unknown()
+    }))
+}
+
+/// `label` as a column holds it.
+pub(super) fn label_text(label: &Label) -> String {
+    serde_json::to_string(label).expect("a label serializes")
 }

@@ -2,15 +2,15 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use super::rows::{parsed, parsed_opt, readable};
+use super::rows::{label, label_text, parsed, parsed_opt, readable};
 use super::{Store, StoreError, now};
 use crate::ids::Caller;
 use crate::services::{
     DEFAULT_LIST_LIMIT, NewTask, Priority, Task, TaskFilter, TaskPatch, TaskStatus,
 };
 
-const COLUMNS: &str =
-    "number, title, description, status, priority, creator, assigned_worker, parent, metadata";
+const COLUMNS: &str = "number, title, description, status, priority, creator, assigned_worker, parent, metadata, \
+     label";
 
 fn task_from_row(row: &Row<'_>) -> rusqlite::Result<Task> {
     Ok(Task {
@@ -23,6 +23,7 @@ fn task_from_row(row: &Row<'_>) -> rusqlite::Result<Task> {
         assigned_worker: parsed_opt(row, 6)?,
         parent: row.get::<_, Option<i64>>(7)?.map(|n| n as u64),
         metadata: row.get(8)?,
+        label: label(row, 9)?,
     })
 }
 
@@ -48,8 +49,8 @@ impl Store {
             }
             tx.execute(
                 "INSERT INTO tasks (title, description, status, priority, creator, assigned_worker,
-                                    parent, metadata, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9)",
+                                    parent, metadata, created_at, updated_at, label)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10)",
                 params![
                     task.title,
                     task.description,
@@ -59,7 +60,8 @@ impl Store {
                     task.assigned_worker.as_ref().map(ToString::to_string),
                     task.parent.map(|n| n as i64),
                     metadata,
-                    at
+                    at,
+                    label_text(&task.label)
                 ],
             )?;
             read_task(tx, tx.last_insert_rowid() as u64)
@@ -112,7 +114,8 @@ fn update_in(tx: &Connection, number: u64, patch: &TaskPatch) -> Result<Task, St
                 priority = COALESCE(?5, priority),
                 metadata = COALESCE(?6, metadata),
                 assigned_worker = COALESCE(?7, assigned_worker),
-                updated_at = ?8
+                updated_at = ?8,
+                label = ?9
              WHERE number = ?1",
         params![
             number as i64,
@@ -122,7 +125,9 @@ fn update_in(tx: &Connection, number: u64, patch: &TaskPatch) -> Result<Task, St
             patch.priority.map(Priority::as_str),
             patch.metadata,
             patch.assigned_worker.as_ref().map(ToString::to_string),
-            now()
+            now(),
+            // What was in it stays: the writer's label joins it.
+            label_text(&task.label.joined(&patch.label))
         ],
     )?;
     read_task(tx, number)

@@ -86,47 +86,32 @@ impl CatalogTool {
     /// The label of what a call returns, for a call that runs with `effective`
     /// capabilities, before what it reached is known: an MCP server's answer is
     /// untrusted and private to that server; a plugin's result is private to each store
-    /// it could read (or secret if it held a secret), and untrusted from the plugin if it
-    /// could read tasks or memory. The files it reads and the hosts its requests reach
-    /// are joined in after the call, each by its own label
-    /// ([`ToolRouter`](super::ToolRouter)). A host tool's result is the host's own words.
+    /// it could read (or secret if it held a secret). What it read (each file, task and
+    /// memory by the label its writer left, each host its requests reached) is joined in
+    /// after the call ([`ToolRouter`](super::ToolRouter)). A host tool's result is the
+    /// host's own words.
     pub fn result_label(&self, effective: &[Capability]) -> Label {
         match &self.origin {
             ToolOrigin::Host(_) => Label::trusted(),
             ToolOrigin::Mcp { server } => Label::untrusted(Origin::Mcp(server.clone()))
                 .joined(&Label::private(Scope::Mcp(server.clone()))),
-            ToolOrigin::Plugin { plugin } => {
+            ToolOrigin::Plugin { .. } => {
                 let mut label = Label::trusted();
-                let mut reads = false;
                 for cap in effective {
                     let part = match cap {
                         Capability::FsRead | Capability::FsWrite => {
-                            Some(Label::private(Scope::Workspace))
+                            Label::private(Scope::Workspace)
                         }
                         Capability::TasksRead
                         | Capability::TasksWrite
-                        | Capability::TasksWriteOwn => Some(Label::private(Scope::Tasks)),
-                        Capability::MemoryRead => Some(Label::private(Scope::Memory)),
-                        Capability::Secret(name) => Some(Label::secret(name.clone())),
-                        Capability::Net(_) => Some(Label::trusted()),
-                        // Saving a memory reads nothing back.
-                        Capability::MemoryWrite => None,
+                        | Capability::TasksWriteOwn => Label::private(Scope::Tasks),
+                        Capability::MemoryRead => Label::private(Scope::Memory),
+                        Capability::Secret(name) => Label::secret(name.clone()),
+                        // What it reached is joined in after the call; saving a memory
+                        // reads nothing back.
+                        Capability::Net(_) | Capability::MemoryWrite => continue,
                     };
-                    if let Some(part) = part {
-                        // Files and hosts are labelled by which the call reached, as the
-                        // host saw it (`tools/provenance.rs`); the rest by the plugin.
-                        reads |= matches!(
-                            cap,
-                            Capability::TasksRead
-                                | Capability::TasksWrite
-                                | Capability::TasksWriteOwn
-                                | Capability::MemoryRead
-                        );
-                        label.join(&part);
-                    }
-                }
-                if reads {
-                    label.join(&Label::untrusted(Origin::Plugin(plugin.clone())));
+                    label.join(&part);
                 }
                 label
             }
@@ -180,7 +165,7 @@ mod tests {
         assert_eq!(label.to_string(), "trusted, private(workspace)");
         let board = tool(plugin(), &["tasks.read"], None);
         let label = board.result_label(&board.capabilities);
-        assert_eq!(label.to_string(), "untrusted(plugin:files), private(tasks)");
+        assert_eq!(label.to_string(), "trusted, private(tasks)");
         let fetch = tool(plugin(), &["net:example.com"], None);
         assert!(fetch.result_label(&fetch.capabilities).is_clear());
         let pure = tool(plugin(), &[], None);

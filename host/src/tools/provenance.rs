@@ -1,8 +1,9 @@
 //! The label of what a plugin call returns, and of the files it wrote, from what the host
 //! saw it touch ([`Touched`]): each file read takes the label its writer left, while the
-//! file is as that write left it, or the workspace's default; each host a request reached
-//! is an untrusted origin; and each file the call wrote is recorded with the writer's
-//! label (what the process had read, the handles it passed, what the call read).
+//! file is as that write left it, or the workspace's default; each task or memory an
+//! import gave it, the label stored with it; each host a request reached is an untrusted
+//! origin; and each file the call wrote is recorded with the writer's label (what the
+//! process had read, the handles it passed, what the call read).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -44,7 +45,8 @@ impl WorkspaceFiles {
     /// default.
     pub(super) async fn read_label(&self, workspace: &Path, touched: &Touched) -> Label {
         let key = workspace.to_string_lossy();
-        let mut label = Label::trusted();
+        // What the host's imports gave it (tasks, memories), each as its writer left it.
+        let mut label = touched.labels.clone();
         for host in &touched.hosts {
             label.join(&Label::untrusted(Origin::Net(host.clone())));
         }

@@ -532,9 +532,11 @@ impl ToolRouter {
                 };
                 let source = GrantSource::profile(kind, profile, name);
                 let reuse = |plugin: &str| policy.reuse().decide(kind, plugin);
+                // What the call writes (tasks, memories) carries what the process put in.
+                let writer = context.clone().joined(carried);
                 let recorded = self
                     .registry
-                    .call_offered(request, source, reuse, cancelled)
+                    .call_offered(request, source, reuse, &writer, cancelled)
                     .await;
                 Outcome::Ran(recorded, Started::Yes)
             }

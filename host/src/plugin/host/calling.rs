@@ -9,6 +9,7 @@ use capstan_caps::Capability;
 use wasmtime::{Store, UpdateDeadline};
 
 use super::PluginHost;
+use crate::flow::Label;
 use crate::ids::Caller;
 use crate::net::{CallNet, Egress, GrantSource, NetScope};
 use crate::plugin::bindings::capstan::plugin::types::CallContext;
@@ -37,6 +38,8 @@ pub(crate) struct Invocation<'a> {
     pub(crate) declared: &'a [Capability],
     pub(crate) granted: Vec<capstan_caps::NetRule>,
     pub(crate) grant_source: GrantSource,
+    /// What the caller put into the call: what it writes (tasks, memories) carries it.
+    pub(crate) label: Label,
     /// The calling process's own instances, when its policy reuses this plugin's.
     pub(crate) instances: Option<&'a ProcessInstances>,
 }
@@ -47,6 +50,7 @@ struct Kept<'a> {
     key: WarmKey,
     tool: &'a str,
     log: TouchLog,
+    label: Label,
 }
 
 /// The deadline callback's error, found again in the trap's error chain.
@@ -115,6 +119,7 @@ impl PluginHost {
                 services: self.services.clone(),
                 network: self.network.clone(),
                 log_lines: 0,
+                label: call.label.clone(),
             };
             let mut sandbox = Sandbox::new(&self.limits, scope, call.workspace, egress)?;
             sandbox.file_access().log_into(log.clone());
@@ -139,6 +144,7 @@ impl PluginHost {
                     key,
                     tool: call.tool,
                     log: log.clone(),
+                    label: call.label.clone(),
                 };
                 self.run_kept(kept, pre, sandbox, run_tool).await
             }
@@ -202,6 +208,7 @@ impl PluginHost {
             key,
             tool,
             log,
+            label,
         } = kept;
         let _slot = self.call_slot().await;
         let (mut store, kept) = match self.warm.take(instances, &key) {
@@ -213,7 +220,7 @@ impl PluginHost {
                     slot,
                     ..
                 } = warm;
-                store.data_mut().begin_call(tool, Egress::default());
+                store.data_mut().begin_call(tool, Egress::default(), label);
                 store.data_mut().file_access().log_into(log);
                 (store, Some((instance, resources, slot)))
             }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::PluginHost;
+use crate::flow::Label;
 use crate::ids::Caller;
 use crate::net::Egress;
 use crate::plugin::bindings::PluginPre;
@@ -178,6 +179,7 @@ impl PluginHost {
             services: None,
             network: self.network.clone(),
             log_lines: 0,
+            label: Label::trusted(),
         };
         let sandbox = Sandbox::new(&self.limits, scope, None, Egress::default())
             .map_err(|e| e.to_string())?;
