@@ -111,20 +111,17 @@ impl ChannelInput {
                 forwarded: Some(number),
                 exchange: None,
             },
-            Forwarded::WorkerLost {
-                worker,
-                task,
-                outcome,
-            } => {
+            Forwarded::WorkerLost { worker, outcome } => {
+                // The host's own words only: the task is not quoted, since its text is
+                // the channel's, as labelled in the channel's history where it was given.
                 let text = format!(
                     "failed: the host running it was lost before it ended ({outcome}); \
-                     its task `{task}` is not run again"
+                     the task you gave it is not run again"
                 );
                 ChannelInput::Result {
                     source: worker,
                     kind: NotificationKind::Error,
                     text,
-                    // The host's own words.
                     label: Label::trusted(),
                 }
             }
@@ -235,4 +232,25 @@ impl ChannelHandle {
 /// Everything queued in `inbox` now, without waiting.
 pub(crate) fn drain<T>(inbox: &mut mpsc::UnboundedReceiver<T>) -> Vec<T> {
     std::iter::from_fn(|| inbox.try_recv().ok()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::testing::pid;
+
+    #[test]
+    fn a_worker_lost_with_its_host_is_told_in_the_host_s_words_alone() {
+        let lost = Forwarded::WorkerLost {
+            worker: pid("worker:3"),
+            outcome: "interrupted".into(),
+        };
+        let message = ChannelInput::forwarded(ForwardId::new(1), lost).message();
+        assert_eq!(
+            message.content,
+            "[worker:3] failed: the host running it was lost before it ended (interrupted); \
+             the task you gave it is not run again"
+        );
+        assert!(message.label.is_clear());
+    }
 }

@@ -583,7 +583,6 @@ impl Ledger for Postgres {
                 // this one dies before saying anything.
                 let lost = Forwarded::WorkerLost {
                     worker: worker.id.clone(),
-                    task: worker.task.clone(),
                     outcome: worker.outcome.clone().unwrap_or_default(),
                 };
                 forward_on(&tx, worker.channel.session().as_str(), &lost)

@@ -93,9 +93,7 @@ pub enum Forwarded {
     WorkerLost {
         /// e.g. `worker:3`.
         worker: ProcessId,
-        /// Its task.
-        task: String,
-        /// What its record says now.
+        /// What its record says now (the host's words).
         outcome: String,
     },
 }
