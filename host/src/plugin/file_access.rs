@@ -9,6 +9,7 @@ use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemView as _};
 use wasmtime_wasi::p2::bindings::filesystem::types::{ErrorCode, HostDescriptor as _, PathFlags};
 
 use super::sandbox::{FILESYSTEM_TYPES, Sandbox};
+use super::touched::Reached;
 #[cfg(doc)]
 use super::touched::Touched;
 use crate::services::FileStamp;
@@ -43,9 +44,9 @@ pub(crate) fn note_file_access(linker: &mut Linker<Sandbox>) -> wasmtime::Result
         |mut store: StoreContextMut<'_, Sandbox>, (fd,): (Resource<Descriptor>,)| {
             Box::new(async move {
                 let sandbox = store.data_mut();
-                let access = sandbox.file_access();
-                let path = access.path(fd.rep(), ".");
-                access.touched().note_listed(path);
+                sandbox
+                    .file_access()
+                    .reached(fd.rep(), ".", Reached::Listed);
                 answered(sandbox.filesystem().read_directory(fd).await)
             })
         },
@@ -55,9 +56,9 @@ pub(crate) fn note_file_access(linker: &mut Linker<Sandbox>) -> wasmtime::Result
         |mut store: StoreContextMut<'_, Sandbox>, (fd, name): (Resource<Descriptor>, String)| {
             Box::new(async move {
                 let sandbox = store.data_mut();
-                let access = sandbox.file_access();
-                let path = access.path(fd.rep(), &name);
-                access.touched().note_read(path, None);
+                sandbox
+                    .file_access()
+                    .reached(fd.rep(), &name, Reached::Read);
                 answered(sandbox.filesystem().readlink_at(fd, name).await)
             })
         },
@@ -68,12 +69,11 @@ pub(crate) fn note_file_access(linker: &mut Linker<Sandbox>) -> wasmtime::Result
          (fd, old, new_fd, new): (Resource<Descriptor>, String, Resource<Descriptor>, String)| {
             Box::new(async move {
                 let sandbox = store.data_mut();
-                let access = sandbox.file_access();
-                let (from, to) = (access.path(fd.rep(), &old), access.path(new_fd.rep(), &new));
                 // What the moved file held goes with it: read at the old name, written at
                 // the new.
-                access.touched().note_read(from, None);
-                access.touched().note_written(to);
+                let access = sandbox.file_access();
+                access.reached(fd.rep(), &old, Reached::Read);
+                access.reached(new_fd.rep(), &new, Reached::Written);
                 answered(sandbox.filesystem().rename_at(fd, old, new_fd, new).await)
             })
         },
@@ -91,9 +91,8 @@ pub(crate) fn note_file_access(linker: &mut Linker<Sandbox>) -> wasmtime::Result
             Box::new(async move {
                 let sandbox = store.data_mut();
                 let access = sandbox.file_access();
-                let (from, to) = (access.path(fd.rep(), &old), access.path(new_fd.rep(), &new));
-                access.touched().note_read(from, None);
-                access.touched().note_written(to);
+                access.reached(fd.rep(), &old, Reached::Read);
+                access.reached(new_fd.rep(), &new, Reached::Written);
                 answered(
                     sandbox
                         .filesystem()
@@ -109,9 +108,9 @@ pub(crate) fn note_file_access(linker: &mut Linker<Sandbox>) -> wasmtime::Result
          (fd, target, name): (Resource<Descriptor>, String, String)| {
             Box::new(async move {
                 let sandbox = store.data_mut();
-                let access = sandbox.file_access();
-                let path = access.path(fd.rep(), &name);
-                access.touched().note_written(path);
+                sandbox
+                    .file_access()
+                    .reached(fd.rep(), &name, Reached::Written);
                 answered(sandbox.filesystem().symlink_at(fd, target, name).await)
             })
         },
@@ -121,9 +120,9 @@ pub(crate) fn note_file_access(linker: &mut Linker<Sandbox>) -> wasmtime::Result
         |mut store: StoreContextMut<'_, Sandbox>, (fd, name): (Resource<Descriptor>, String)| {
             Box::new(async move {
                 let sandbox = store.data_mut();
-                let access = sandbox.file_access();
-                let path = access.path(fd.rep(), &name);
-                access.touched().note_written(path);
+                sandbox
+                    .file_access()
+                    .reached(fd.rep(), &name, Reached::Written);
                 answered(sandbox.filesystem().create_directory_at(fd, name).await)
             })
         },

@@ -57,7 +57,7 @@ impl Touched {
         !full
     }
 
-    pub(crate) fn note_read(&mut self, path: String, stamp: Option<FileStamp>) {
+    fn note_read(&mut self, path: String, stamp: Option<FileStamp>) {
         if let Some(seen) = self.read.get_mut(&path) {
             // The same path opened twice, to two different files: neither is known alone.
             if *seen != stamp {
@@ -68,13 +68,13 @@ impl Touched {
         }
     }
 
-    pub(crate) fn note_listed(&mut self, path: String) {
+    fn note_listed(&mut self, path: String) {
         if !self.listed.contains(&path) && self.room() {
             self.listed.insert(path);
         }
     }
 
-    pub(crate) fn note_written(&mut self, path: String) {
+    fn note_written(&mut self, path: String) {
         if !self.written.contains(&path) && self.room() {
             self.written.insert(path);
         }
@@ -97,9 +97,21 @@ pub(crate) struct FileAccess {
 
 impl FileAccess {
     /// The workspace path of `name` opened beneath descriptor `dir`.
-    pub(crate) fn path(&self, dir: u32, name: &str) -> String {
+    fn path(&self, dir: u32, name: &str) -> String {
         let base = self.paths.get(&dir).map_or("", String::as_str);
         joined(base, name)
+    }
+
+    /// Notes that `name` beneath descriptor `dir` was reached `how` (a read's stamp is
+    /// not known).
+    pub(crate) fn reached(&mut self, dir: u32, name: &str, how: Reached) {
+        let path = self.path(dir, name);
+        let mut touched = self.touched();
+        match how {
+            Reached::Read => touched.note_read(path, None),
+            Reached::Listed => touched.note_listed(path),
+            Reached::Written => touched.note_written(path),
+        }
     }
 
     /// What has been noted.
@@ -148,6 +160,17 @@ impl FileAccess {
         }
         self.paths.insert(opened, path);
     }
+}
+
+/// How a call reached a path other than by opening it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Reached {
+    /// Read (a link's target, a name moved or linked away).
+    Read,
+    /// Listed (a directory).
+    Listed,
+    /// Written (a name made, moved or linked to).
+    Written,
 }
 
 /// How a descriptor was opened.

@@ -40,11 +40,25 @@ pub struct FileStamp {
 impl FileStamp {
     /// The stamp of the file `meta` describes.
     pub fn of(meta: &impl std::os::unix::fs::MetadataExt) -> FileStamp {
+        FileStamp::new(
+            meta.dev(),
+            meta.ino(),
+            meta.size(),
+            meta.ctime(),
+            meta.ctime_nsec(),
+        )
+    }
+
+    /// The stamp of file `ino` on `dev`, `len` bytes long, changed at `ctime` seconds and
+    /// `ctime_nsec` nanoseconds since the Unix epoch.
+    pub fn new(dev: u64, ino: u64, len: u64, ctime: i64, ctime_nsec: i64) -> FileStamp {
         FileStamp {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            len: meta.size(),
-            ctime_ns: meta.ctime().saturating_mul(1_000_000_000) + meta.ctime_nsec(),
+            dev,
+            ino,
+            len,
+            ctime_ns: ctime
+                .saturating_mul(1_000_000_000)
+                .saturating_add(ctime_nsec),
         }
     }
 }

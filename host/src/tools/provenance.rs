@@ -186,12 +186,8 @@ fn stamps(root: &Path, paths: Vec<String>) -> Vec<(String, FileStamp)> {
         .filter_map(|path| {
             use cap_std::fs::MetadataExt as _;
             let meta = dir.metadata(&path).ok()?;
-            let stamp = FileStamp {
-                dev: meta.dev(),
-                ino: meta.ino(),
-                len: meta.size(),
-                ctime_ns: meta.ctime().saturating_mul(1_000_000_000) + meta.ctime_nsec(),
-            };
+            let (dev, ino, len) = (meta.dev(), meta.ino(), meta.size());
+            let stamp = FileStamp::new(dev, ino, len, meta.ctime(), meta.ctime_nsec());
             Some((path, stamp))
         })
         .collect()
