@@ -214,6 +214,7 @@ impl<'a> ProcessTools<'a> {
         }
         // A failure's text is the host's or the tool's; it is labelled as its result would be.
         let mut label = Label::trusted();
+        let mut tool_ran = false;
         let result = match routed {
             Routed::Host(HostCall::AskAbout(args)) => match self.ask_about(&args, handles).await {
                 Ok((text, answered)) => {
@@ -241,8 +242,10 @@ impl<'a> ProcessTools<'a> {
             Routed::Ran {
                 recorded,
                 label: labelled,
+                ran,
             } => {
                 label = labelled;
+                tool_ran = ran;
                 let (result, audit) = recorded.into_parts();
                 self.calls.note_audits(audit);
                 if result.is_err() {
@@ -262,9 +265,10 @@ impl<'a> ProcessTools<'a> {
         };
         // Whatever else comes back (a result, an error quoting the arguments, a reply or a
         // report made of them) may hold the values put in: it carries their label, and a
-        // result the profile holds is held again. A denial is the host's words (the flow
-        // rules, the grants), which quote no argument, so the model reads why.
-        if !matches!(result, Err(ToolError::Denied(_))) {
+        // result the profile holds is held again. A denial before the tool ran is the
+        // host's words (the flow rules, the grants), which quote no argument, so the model
+        // reads why; a tool's own denial is the tool's words.
+        if tool_ran || !matches!(result, Err(ToolError::Denied(_))) {
             label.join(carried);
         }
         let text = result.unwrap_or_else(|err| self.failed(name, err));

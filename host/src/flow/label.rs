@@ -252,16 +252,26 @@ impl Label {
     }
 
     /// What stored data no label came with is taken to be: untrusted from any plugin
-    /// (`plugin:*`). Rows written before labels were kept, and a label that no longer
-    /// reads back, get it.
+    /// (`plugin:*`), and private to readers it does not name, so no sink is among them.
+    /// Rows written before labels were kept, working memory, and a label that no longer
+    /// reads back get it.
     ///
     /// ```
     /// use capstan_host::flow::Label;
     ///
-    /// assert_eq!(Label::unknown().to_string(), "untrusted(plugin:*), public");
+    /// let unknown = Label::unknown();
+    /// assert_eq!(unknown.to_string(), "untrusted(plugin:*), private(at least 1 more)");
+    /// assert!(unknown.names_fewer_than_it_holds());
     /// ```
     pub fn unknown() -> Self {
-        Label::untrusted(Origin::Plugin("*".into()))
+        Label::from_parts(Parts {
+            untrusted: Named::one(Origin::Plugin("*".into())),
+            private: Named {
+                set: BTreeSet::new(),
+                more: 1,
+            },
+            ..Parts::default()
+        })
     }
 
     /// Trusted data private to `scope`.

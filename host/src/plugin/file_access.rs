@@ -32,6 +32,36 @@ pub(crate) fn stamp_of(
     )
 }
 
+/// The stamp of `name` beneath directory descriptor `dir`, the name itself (a link is
+/// not followed), if it can be read.
+fn stamp_at(sandbox: &mut Sandbox, dir: &Resource<Descriptor>, name: &str) -> Option<FileStamp> {
+    use cap_std::fs::MetadataExt as _;
+    use cap_std::io_lifetimes::AsFilelike as _;
+    use wasmtime_wasi::WasiView as _;
+    let Ok(Descriptor::Dir(dir)) = sandbox.ctx().table.get(dir) else {
+        return None;
+    };
+    let meta = dir
+        .dir
+        .as_filelike_view::<cap_std::fs::Dir>()
+        .symlink_metadata(name)
+        .ok()?;
+    let (dev, ino, len) = (meta.dev(), meta.ino(), meta.size());
+    Some(FileStamp::new(
+        dev,
+        ino,
+        len,
+        meta.ctime(),
+        meta.ctime_nsec(),
+    ))
+}
+
+/// What a wrapped function answers once the call has reached all the paths it may:
+/// nothing it reaches goes unnoted.
+fn refused<T>() -> wasmtime::Result<(Result<T, ErrorCode>,)> {
+    Ok((Err(ErrorCode::Quota),))
+}
+
 /// Wraps the WASI functions that list, read a link, or make or move a name, in `linker`
 /// (which already holds wasmtime-wasi's), so that each path they reach is noted in the
 /// call's sandbox before wasmtime-wasi's own runs. (`open-at` notes its paths in
@@ -44,6 +74,9 @@ pub(crate) fn note_file_access(linker: &mut Linker<Sandbox>) -> wasmtime::Result
         |mut store: StoreContextMut<'_, Sandbox>, (fd,): (Resource<Descriptor>,)| {
             Box::new(async move {
                 let sandbox = store.data_mut();
+                if sandbox.file_access().full() {
+                    return refused();
+                }
                 sandbox
                     .file_access()
                     .reached(fd.rep(), ".", Reached::Listed);
@@ -56,9 +89,13 @@ pub(crate) fn note_file_access(linker: &mut Linker<Sandbox>) -> wasmtime::Result
         |mut store: StoreContextMut<'_, Sandbox>, (fd, name): (Resource<Descriptor>, String)| {
             Box::new(async move {
                 let sandbox = store.data_mut();
+                if sandbox.file_access().full() {
+                    return refused();
+                }
+                let stamp = stamp_at(sandbox, &fd, &name);
                 sandbox
                     .file_access()
-                    .reached(fd.rep(), &name, Reached::Read);
+                    .reached(fd.rep(), &name, Reached::Read(stamp));
                 answered(sandbox.filesystem().readlink_at(fd, name).await)
             })
         },
@@ -69,10 +106,14 @@ pub(crate) fn note_file_access(linker: &mut Linker<Sandbox>) -> wasmtime::Result
          (fd, old, new_fd, new): (Resource<Descriptor>, String, Resource<Descriptor>, String)| {
             Box::new(async move {
                 let sandbox = store.data_mut();
-                // What the moved file held goes with it: read at the old name, written at
-                // the new.
+                if sandbox.file_access().full() {
+                    return refused();
+                }
+                // What the moved file held goes with it: read at the old name (as the
+                // file it is now), written at the new.
+                let stamp = stamp_at(sandbox, &fd, &old);
                 let access = sandbox.file_access();
-                access.reached(fd.rep(), &old, Reached::Read);
+                access.reached(fd.rep(), &old, Reached::Read(stamp));
                 access.reached(new_fd.rep(), &new, Reached::Written);
                 answered(sandbox.filesystem().rename_at(fd, old, new_fd, new).await)
             })
@@ -90,8 +131,12 @@ pub(crate) fn note_file_access(linker: &mut Linker<Sandbox>) -> wasmtime::Result
         )| {
             Box::new(async move {
                 let sandbox = store.data_mut();
+                if sandbox.file_access().full() {
+                    return refused();
+                }
+                let stamp = stamp_at(sandbox, &fd, &old);
                 let access = sandbox.file_access();
-                access.reached(fd.rep(), &old, Reached::Read);
+                access.reached(fd.rep(), &old, Reached::Read(stamp));
                 access.reached(new_fd.rep(), &new, Reached::Written);
                 answered(
                     sandbox
@@ -108,6 +153,9 @@ pub(crate) fn note_file_access(linker: &mut Linker<Sandbox>) -> wasmtime::Result
          (fd, target, name): (Resource<Descriptor>, String, String)| {
             Box::new(async move {
                 let sandbox = store.data_mut();
+                if sandbox.file_access().full() {
+                    return refused();
+                }
                 sandbox
                     .file_access()
                     .reached(fd.rep(), &name, Reached::Written);
@@ -120,6 +168,9 @@ pub(crate) fn note_file_access(linker: &mut Linker<Sandbox>) -> wasmtime::Result
         |mut store: StoreContextMut<'_, Sandbox>, (fd, name): (Resource<Descriptor>, String)| {
             Box::new(async move {
                 let sandbox = store.data_mut();
+                if sandbox.file_access().full() {
+                    return refused();
+                }
                 sandbox
                     .file_access()
                     .reached(fd.rep(), &name, Reached::Written);

@@ -236,12 +236,17 @@ impl Sandbox {
     }
 
     /// The label of what the guest writes through an import now: what its caller put
-    /// into the call, and what the call has read so far: what imports gave it, each
-    /// host its requests reached, and the workspace if it read files. A file's own
+    /// into the call, each secret it holds, and what the call has read so far: what
+    /// imports gave it, each host its requests reached, and the workspace if it read files. A file's own
     /// label is not looked up here: having read one, the call is as untrusted as its
     /// plugin.
     fn writes_label(&mut self) -> Label {
         let mut label = self.scope.label.clone();
+        for cap in &self.scope.capabilities {
+            if let Capability::Secret(name) = cap {
+                label.join(&Label::secret(name.clone()));
+            }
+        }
         for host in self.hosts_reached() {
             label.join(&Label::untrusted(Origin::Net(host)));
         }

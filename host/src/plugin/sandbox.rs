@@ -213,7 +213,10 @@ impl Sandbox {
     pub(crate) fn begin_call(&mut self, tool: &str, egress: Egress, label: Label) {
         self.scope.tool.clear();
         self.scope.tool.push_str(tool);
-        self.scope.label = label;
+        // What the last call was given, the instance may still hold: its next results
+        // carry it, as they carry what it read.
+        let given = std::mem::replace(&mut self.scope.label, label);
+        self.files.touched().labels.join(&given);
         self.scope.log_lines = 0;
         self.egress = egress;
         self.limiter.refused_growth = None;

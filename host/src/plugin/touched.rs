@@ -14,7 +14,7 @@
 //! from the descriptor just opened, so it names the file the guest got, whatever its
 //! path resolved through.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::flow::Label;
@@ -23,10 +23,11 @@ use crate::services::{FILE_LABELS_MAX, FileStamp};
 /// What one call touched beyond its arguments.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Touched {
-    /// Workspace files (and directories) opened to read, by path relative to the
-    /// workspace, each with the stamp of what was opened (`None`: it could not be read).
-    /// A kept instance's reads add up over its calls: what it read once it may still hold.
-    pub read: BTreeMap<String, Option<FileStamp>>,
+    /// Workspace files opened to read, by path relative to the workspace, each with the
+    /// stamp of what was opened (`None`: it could not be read), once per file a path
+    /// named. A kept instance's reads add up over its calls: what it read once it may
+    /// still hold.
+    pub read: BTreeSet<(String, Option<FileStamp>)>,
     /// Workspace directories listed, by path (`.` is the workspace).
     pub listed: BTreeSet<String>,
     /// Workspace paths this call may have written.
@@ -58,13 +59,9 @@ impl Touched {
     }
 
     fn note_read(&mut self, path: String, stamp: Option<FileStamp>) {
-        if let Some(seen) = self.read.get_mut(&path) {
-            // The same path opened twice, to two different files: neither is known alone.
-            if *seen != stamp {
-                *seen = None;
-            }
-        } else if self.room() {
-            self.read.insert(path, stamp);
+        let read = (path, stamp);
+        if !self.read.contains(&read) && self.room() {
+            self.read.insert(read);
         }
     }
 
@@ -102,16 +99,22 @@ impl FileAccess {
         joined(base, name)
     }
 
-    /// Notes that `name` beneath descriptor `dir` was reached `how` (a read's stamp is
-    /// not known).
+    /// Notes that `name` beneath descriptor `dir` was reached `how`.
     pub(crate) fn reached(&mut self, dir: u32, name: &str, how: Reached) {
         let path = self.path(dir, name);
         let mut touched = self.touched();
         match how {
-            Reached::Read => touched.note_read(path, None),
+            Reached::Read(stamp) => touched.note_read(path, stamp),
             Reached::Listed => touched.note_listed(path),
             Reached::Written => touched.note_written(path),
         }
+    }
+
+    /// Whether it has noted all the paths one call may reach ([`FILE_LABELS_MAX`]): the
+    /// guest is then refused any more (`quota`), so nothing it reaches goes unnoted.
+    pub(crate) fn full(&self) -> bool {
+        let touched = self.touched();
+        touched.read.len() + touched.listed.len() + touched.written.len() >= FILE_LABELS_MAX
     }
 
     /// What has been noted.
@@ -165,8 +168,8 @@ impl FileAccess {
 /// How a call reached a path other than by opening it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Reached {
-    /// Read (a link's target, a name moved or linked away).
-    Read,
+    /// Read (a link, a name moved or linked away), with the stamp of what it named.
+    Read(Option<FileStamp>),
     /// Listed (a directory).
     Listed,
     /// Written (a name made, moved or linked to).
@@ -214,7 +217,7 @@ mod tests {
     }
 
     #[test]
-    fn a_path_opened_to_two_files_is_not_known_and_room_runs_out() {
+    fn a_path_opened_to_two_files_names_both_and_room_runs_out() {
         let stamp = |ino| {
             Some(FileStamp {
                 dev: 1,
@@ -226,13 +229,24 @@ mod tests {
         let mut touched = Touched::default();
         touched.note_read("a".into(), stamp(1));
         touched.note_read("a".into(), stamp(1));
-        assert_eq!(touched.read["a"], stamp(1));
+        assert_eq!(touched.read.len(), 1);
         touched.note_read("a".into(), stamp(2));
-        assert_eq!(touched.read["a"], None);
+        assert_eq!(touched.read.len(), 2);
         for n in 0..FILE_LABELS_MAX {
             touched.note_written(format!("w{n}"));
         }
         assert!(touched.overflowed);
         assert!(touched.written.len() < FILE_LABELS_MAX);
+    }
+
+    #[test]
+    fn a_sandbox_that_noted_all_it_may_is_full() {
+        let mut access = FileAccess::default();
+        for n in 0..FILE_LABELS_MAX - 1 {
+            access.reached(0, &format!("f{n}"), Reached::Written);
+        }
+        assert!(!access.full());
+        access.reached(0, "last", Reached::Listed);
+        assert!(access.full());
     }
 }

@@ -59,22 +59,22 @@ impl FileLabels for Postgres {
         let failed = |err| self.failed(Operation::FilesGet, err);
         let select = client
             .prepare_cached(
-                "SELECT path, label FROM file_labels
-                 WHERE workspace = $1 AND dev = $2 AND ino = $3 AND len = $4 AND ctime_ns = $5",
+                "SELECT path, label, len, ctime_ns FROM file_labels
+                 WHERE workspace = $1 AND dev = $2 AND ino = $3",
             )
             .await
             .map_err(failed)?;
         let mut found = Vec::new();
-        for stamp in stamps {
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
-                &workspace,
-                &signed(stamp.dev),
-                &signed(stamp.ino),
-                &signed(stamp.len),
-                &stamp.ctime_ns,
-            ];
+        for asked in stamps {
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                [&workspace, &signed(asked.dev), &signed(asked.ino)];
             for row in client.query(&select, &params).await.map_err(failed)? {
                 let (path, text): (String, String) = (row.get(0), row.get(1));
+                let stamp = FileStamp {
+                    len: row.get::<_, i64>(2) as u64,
+                    ctime_ns: row.get(3),
+                    ..asked
+                };
                 found.push(FileLabel {
                     label: stored_file_label(&text, &path),
                     path,

@@ -222,8 +222,8 @@ const MIGRATIONS: &[&str] = &[
     "#,
     // 7: what went into each task and memory (as the SQLite store's migration 10).
     r#"
-    ALTER TABLE tasks ADD COLUMN label TEXT NOT NULL DEFAULT '{"untrusted":["plugin:*"]}';
-    ALTER TABLE memories ADD COLUMN label TEXT NOT NULL DEFAULT '{"untrusted":["plugin:*"]}';
+    ALTER TABLE tasks ADD COLUMN label TEXT NOT NULL DEFAULT '{"untrusted":["plugin:*"],"more":[0,1,0]}';
+    ALTER TABLE memories ADD COLUMN label TEXT NOT NULL DEFAULT '{"untrusted":["plugin:*"],"more":[0,1,0]}';
     "#,
 ];
 

@@ -115,9 +115,11 @@ async fn a_file_s_label_holds_for_the_version_written_and_listings_join_what_lie
     let mut found = s.files.get("/w", vec![a, b]).await.unwrap();
     found.sort_by(|x, y| x.path.cmp(&y.path));
     assert_eq!(found, [row("b.md", b, &notes), row("docs/a.md", a, &page)]);
-    // Another version of the same file, or the same file in another workspace: nothing.
+    // Another version of the same file: its row, with the stamp the write left; the same
+    // file in another workspace: nothing.
     let changed = stamp(1, 10, 6);
-    assert!(s.files.get("/w", vec![changed]).await.unwrap().is_empty());
+    let found = s.files.get("/w", vec![changed]).await.unwrap();
+    assert_eq!(found, [row("docs/a.md", a, &page)]);
     assert!(s.files.get("/other", vec![a]).await.unwrap().is_empty());
     // A write of the same file replaces its row, even under another name.
     let trusted = Label::trusted();
@@ -125,7 +127,8 @@ async fn a_file_s_label_holds_for_the_version_written_and_listings_join_what_lie
         .record("/w", vec![row("docs/renamed.md", changed, &trusted)])
         .await
         .unwrap();
-    assert!(s.files.get("/w", vec![a]).await.unwrap().is_empty());
+    let found = s.files.get("/w", vec![a]).await.unwrap();
+    assert_eq!(found, [row("docs/renamed.md", changed, &trusted)]);
     let found = s.files.get("/w", vec![changed]).await.unwrap();
     assert_eq!(found, [row("docs/renamed.md", changed, &trusted)]);
     // A listing joins what lies beneath it, by path: `docs` holds neither `docsx` nor `b.md`.

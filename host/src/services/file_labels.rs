@@ -1,10 +1,10 @@
 //! [`FileLabels`]: the label of each workspace file a process wrote, as the host saw it
 //! written, so a later read of it carries what went into it.
 //!
-//! A row holds while the file is as the host left it: the same file (device and inode)
-//! with the same length and change time ([`FileStamp`]). A file changed since by
-//! anything the host did not see, or never written through it, takes the workspace's
-//! default label instead ([`WorkspaceLabel`](crate::flow::WorkspaceLabel)).
+//! A row is the label of the file (device and inode) as its last seen write left it: the
+//! same length and change time ([`FileStamp`]). A file never written through the host
+//! takes the workspace's default label ([`WorkspaceLabel`](crate::flow::WorkspaceLabel));
+//! one changed since by anything the host did not see takes both.
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -24,7 +24,7 @@ pub const FILE_LABELS_MAX: usize = 4096;
 /// let stamp = FileStamp { dev: 1, ino: 2, len: 3, ctime_ns: 4 };
 /// assert_eq!(stamp, FileStamp { dev: 1, ino: 2, len: 3, ctime_ns: 4 });
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct FileStamp {
     /// The device it lies on.
     pub dev: u64,
@@ -89,6 +89,9 @@ pub struct FileLabel {
 /// services.files.record("/work", vec![row]).await.unwrap();
 /// let found = services.files.get("/work", vec![stamp]).await.unwrap();
 /// assert_eq!(found[0].label, page);
+/// // Changed since: the row comes back with the stamp the write left.
+/// let now = FileStamp { ctime_ns: 6, ..stamp };
+/// assert_eq!(services.files.get("/work", vec![now]).await.unwrap()[0].stamp, stamp);
 /// # });
 /// ```
 #[async_trait]
@@ -97,8 +100,9 @@ pub trait FileLabels: Send + Sync {
     /// was recorded of the same file (device and inode).
     async fn record(&self, workspace: &str, rows: Vec<FileLabel>) -> Result<(), ServiceError>;
 
-    /// The rows recorded in `workspace` of the files `stamps` identify whose stamp is
-    /// still the one recorded (at most [`FILE_LABELS_MAX`] asked), in no order.
+    /// The rows recorded in `workspace` of the files (device and inode) `stamps` name
+    /// (at most [`FILE_LABELS_MAX`] asked), in no order, each with the stamp its write
+    /// left: a file changed since has another stamp now.
     async fn get(
         &self,
         workspace: &str,

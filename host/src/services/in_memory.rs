@@ -651,7 +651,6 @@ impl FileLabels for InMemory {
         Ok(stamps
             .iter()
             .filter_map(|stamp| files.get(&(stamp.dev, stamp.ino)))
-            .filter(|row| stamps.contains(&row.stamp))
             .cloned()
             .collect())
     }

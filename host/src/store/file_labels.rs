@@ -44,7 +44,7 @@ impl Store {
         })
     }
 
-    /// The rows of `workspace` for the files `stamps` identify, still as stamped.
+    /// The rows of `workspace` for the files `stamps` name, with the stamps they hold.
     pub(crate) fn file_labels(
         &self,
         workspace: &str,
@@ -52,27 +52,28 @@ impl Store {
     ) -> Result<Vec<FileLabel>, StoreError> {
         let conn = self.conn();
         let mut select = conn.prepare_cached(
-            "SELECT path, label FROM file_labels
-             WHERE workspace = ?1 AND dev = ?2 AND ino = ?3 AND len = ?4 AND ctime_ns = ?5",
+            "SELECT path, label, len, ctime_ns FROM file_labels
+             WHERE workspace = ?1 AND dev = ?2 AND ino = ?3",
         )?;
         let mut found = Vec::new();
-        for stamp in stamps {
+        for asked in stamps {
             let rows = select.query_map(
-                params![
-                    workspace,
-                    signed(stamp.dev),
-                    signed(stamp.ino),
-                    signed(stamp.len),
-                    stamp.ctime_ns
-                ],
-                |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)),
+                params![workspace, signed(asked.dev), signed(asked.ino)],
+                |row| {
+                    let stamp = FileStamp {
+                        len: row.get::<_, i64>(2)? as u64,
+                        ctime_ns: row.get(3)?,
+                        ..*asked
+                    };
+                    Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?, stamp))
+                },
             )?;
             for row in rows {
-                let (path, text) = row?;
+                let (path, text, stamp) = row?;
                 found.push(FileLabel {
                     label: stored_file_label(&text, &path),
                     path,
-                    stamp: *stamp,
+                    stamp,
                 });
             }
         }

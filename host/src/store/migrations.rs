@@ -219,8 +219,8 @@ const MIGRATIONS: &[&str] = &[
     "#,
     // 10: what went into each task and memory; rows from before are of unknown origin.
     r#"
-    ALTER TABLE tasks ADD COLUMN label TEXT NOT NULL DEFAULT '{"untrusted":["plugin:*"]}';
-    ALTER TABLE memories ADD COLUMN label TEXT NOT NULL DEFAULT '{"untrusted":["plugin:*"]}';
+    ALTER TABLE tasks ADD COLUMN label TEXT NOT NULL DEFAULT '{"untrusted":["plugin:*"],"more":[0,1,0]}';
+    ALTER TABLE memories ADD COLUMN label TEXT NOT NULL DEFAULT '{"untrusted":["plugin:*"],"more":[0,1,0]}';
     "#,
 ];
 

@@ -22,12 +22,24 @@ const REMEMBERED: usize = 1 << 16;
 pub(super) struct WorkspaceFiles {
     recorded: Option<Arc<dyn FileLabels>>,
     default: WorkspaceLabel,
-    /// What the store said of each file version asked (`None`: no write of it recorded),
-    /// and each version this host recorded: a file read again unchanged costs no query.
-    /// A version's row changes only when a call that wrote it records it, and this host's
-    /// records pass here; a version another host records while this one remembers it
-    /// unwritten is a file both hosts' workspaces share, read mid-write.
-    remembered: Mutex<HashMap<FileStamp, Option<Label>>>,
+    /// What the store said of each file version asked, and each version this host
+    /// recorded: a file read again unchanged costs no query. A version's row changes only
+    /// when a call that wrote it records it, and this host's records pass here; a version
+    /// another host records while this one remembers it otherwise is a file both hosts'
+    /// workspaces share, read mid-write.
+    remembered: Mutex<HashMap<FileStamp, Known>>,
+}
+
+/// What is recorded of one version of a file.
+#[derive(Debug, Clone)]
+enum Known {
+    /// No write of that file (device and inode) is recorded.
+    Unwritten,
+    /// This version was written with this label.
+    Written(Label),
+    /// Another version of the file was written with this label, and it changed since
+    /// by something the host did not see (its times set, written outside, moved).
+    Changed(Label),
 }
 
 impl WorkspaceFiles {
@@ -54,16 +66,22 @@ impl WorkspaceFiles {
             label.join(&Label::untrusted(Origin::file("*")));
         }
         let unreadable = |path: &str| Label::untrusted(Origin::file(path));
-        let stamps: Vec<FileStamp> = touched.read.values().flatten().copied().collect();
+        let stamps: Vec<FileStamp> = touched.read.iter().filter_map(|(_, s)| *s).collect();
         let found = self.labels_of(&key, stamps).await;
         for (path, stamp) in &touched.read {
-            match found
-                .as_ref()
-                .map(|found| stamp.and_then(|s| found.get(&s).cloned().flatten()))
-            {
-                Ok(Some(recorded)) => label.join(&recorded),
-                Ok(None) => label.join(&self.default.of(path)),
-                Err(()) => label.join(&unreadable(path)),
+            let known = match (&found, stamp) {
+                (Err(()), _) => {
+                    label.join(&unreadable(path));
+                    continue;
+                }
+                (Ok(found), Some(stamp)) => found.get(stamp).cloned().unwrap_or(Known::Unwritten),
+                (Ok(_), None) => Known::Unwritten,
+            };
+            match known {
+                Known::Written(written) => label.join(&written),
+                // What the write left may still be in it.
+                Known::Changed(written) => label.join(&written.joined(&self.default.of(path))),
+                Known::Unwritten => label.join(&self.default.of(path)),
             }
         }
         for dir in &touched.listed {
@@ -90,7 +108,7 @@ impl WorkspaceFiles {
         &self,
         key: &str,
         stamps: Vec<FileStamp>,
-    ) -> Result<HashMap<FileStamp, Option<Label>>, ()> {
+    ) -> Result<HashMap<FileStamp, Known>, ()> {
         let mut found = HashMap::new();
         let mut ask = Vec::new();
         {
@@ -110,21 +128,28 @@ impl WorkspaceFiles {
         let rows = files.get(key, ask.clone()).await.map_err(|err| {
             tracing::warn!("the labels of the files a call read cannot be read: {err}");
         })?;
+        let mut asked = Vec::with_capacity(ask.len());
         for stamp in ask {
-            found.insert(stamp, None);
+            let row = rows
+                .iter()
+                .find(|row| (row.stamp.dev, row.stamp.ino) == (stamp.dev, stamp.ino));
+            let known = match row {
+                Some(row) if row.stamp == stamp => Known::Written(row.label.clone()),
+                Some(row) => Known::Changed(row.label.clone()),
+                None => Known::Unwritten,
+            };
+            found.insert(stamp, known.clone());
+            asked.push((stamp, known));
         }
-        for row in rows {
-            found.insert(row.stamp, Some(row.label));
-        }
-        self.remember(found.iter().map(|(stamp, label)| (*stamp, label.clone())));
+        self.remember(asked);
         Ok(found)
     }
 
-    fn remembered(&self) -> MutexGuard<'_, HashMap<FileStamp, Option<Label>>> {
+    fn remembered(&self) -> MutexGuard<'_, HashMap<FileStamp, Known>> {
         self.remembered.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn remember(&self, known: impl IntoIterator<Item = (FileStamp, Option<Label>)>) {
+    fn remember(&self, known: impl IntoIterator<Item = (FileStamp, Known)>) {
         let mut remembered = self.remembered();
         for (stamp, label) in known {
             if remembered.len() >= REMEMBERED {
@@ -158,14 +183,17 @@ impl WorkspaceFiles {
             .into_iter()
             .map(|(path, stamp)| {
                 let mut label = label.clone();
-                if let Some(Some(before)) = before.get(&stamp) {
+                if let Some(Known::Written(before)) = before.get(&stamp) {
                     label.join(before);
                 }
                 FileLabel { path, stamp, label }
             })
             .collect();
         // Remembered first: a read of these versions on this host from now on finds them.
-        self.remember(rows.iter().map(|row| (row.stamp, Some(row.label.clone()))));
+        self.remember(
+            rows.iter()
+                .map(|row| (row.stamp, Known::Written(row.label.clone()))),
+        );
         if let Err(err) = files.record(&key, rows).await {
             tracing::warn!(
                 "the labels of the files a call wrote are not recorded, so they take the \
@@ -176,19 +204,29 @@ impl WorkspaceFiles {
 }
 
 /// The stamp of each of `paths` in the workspace at `root` that is there, found beneath
-/// it (a link leading outside is not followed out).
+/// it: the name itself, and for a link also the file it leads to (a write through a link
+/// writes that file; a link made is read by its name). A link leading outside is not
+/// followed out.
 fn stamps(root: &Path, paths: Vec<String>) -> Vec<(String, FileStamp)> {
+    use cap_std::fs::MetadataExt as _;
     let Ok(dir) = cap_std::fs::Dir::open_ambient_dir(root, cap_std::ambient_authority()) else {
         return Vec::new();
     };
-    paths
-        .into_iter()
-        .filter_map(|path| {
-            use cap_std::fs::MetadataExt as _;
-            let meta = dir.metadata(&path).ok()?;
-            let (dev, ino, len) = (meta.dev(), meta.ino(), meta.size());
-            let stamp = FileStamp::new(dev, ino, len, meta.ctime(), meta.ctime_nsec());
-            Some((path, stamp))
-        })
-        .collect()
+    let stamp = |meta: cap_std::fs::Metadata| {
+        let (dev, ino, len) = (meta.dev(), meta.ino(), meta.size());
+        FileStamp::new(dev, ino, len, meta.ctime(), meta.ctime_nsec())
+    };
+    let mut stamped = Vec::new();
+    for path in paths {
+        let Ok(own) = dir.symlink_metadata(&path) else {
+            continue;
+        };
+        if own.is_symlink()
+            && let Ok(target) = dir.metadata(&path)
+        {
+            stamped.push((path.clone(), stamp(target)));
+        }
+        stamped.push((path, stamp(own)));
+    }
+    stamped
 }

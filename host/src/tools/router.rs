@@ -36,6 +36,9 @@ pub enum Routed {
         recorded: Recorded,
         /// The label of what it returns, from what the host knows of the call.
         label: Label,
+        /// Whether the tool ran: a refusal before it is the host's own words, while
+        /// anything a tool says (a denial of its own included) may quote its arguments.
+        ran: bool,
     },
     /// Parked: the flow rules want a person's approval, and none covers this call yet.
     /// Nothing ran; the caller waits for the decision
@@ -231,6 +234,7 @@ impl ToolRouter {
             return Routed::Ran {
                 recorded,
                 label: Label::trusted(),
+                ran: false,
             };
         }
         let process = caller;
@@ -259,11 +263,16 @@ impl ToolRouter {
                         context.clone().joined(carried),
                     )
                     .await;
-                Routed::Ran { recorded, label }
+                Routed::Ran {
+                    recorded,
+                    label,
+                    ran: true,
+                }
             }
             Outcome::Ran(recorded, Started::No) => Routed::Ran {
                 recorded,
                 label: Label::trusted(),
+                ran: false,
             },
             Outcome::Parked(approval) => Routed::Parked(approval),
         }

@@ -487,7 +487,9 @@ capabilities = []
                 .route(worker, None, name, "{}", Read::context(&context))
                 .await
             {
-                Routed::Ran { recorded, label } => (recorded.committed().await, label),
+                Routed::Ran {
+                    recorded, label, ..
+                } => (recorded.committed().await, label),
                 other => panic!("{other:?}"),
             }
         }
@@ -646,7 +648,9 @@ untrusted_write = "refuse"
         .route(&channel, None, "spawn_worker", args, Read::context(&report))
         .await
     {
-        Routed::Ran { recorded, label } => {
+        Routed::Ran {
+            recorded, label, ..
+        } => {
             // The host's own words, and an audit row, as a plugin tool's refusal.
             assert!(label.is_clear(), "{label:?}");
             let text = recorded.committed().await.unwrap_err().to_string();
