@@ -28,6 +28,9 @@ pub(super) struct WorkspaceFiles {
     /// another host records while this one remembers it otherwise is a file both hosts'
     /// workspaces share, read mid-write.
     remembered: Mutex<HashMap<FileStamp, Known>>,
+    /// The default label of each path asked: the label of a file read again is shared,
+    /// not made anew each call.
+    defaults: Mutex<HashMap<String, Label>>,
 }
 
 /// What is recorded of one version of a file.
@@ -49,6 +52,7 @@ impl WorkspaceFiles {
             recorded: Some(recorded),
             default,
             remembered: Mutex::default(),
+            defaults: Mutex::default(),
         }
     }
 
@@ -80,13 +84,16 @@ impl WorkspaceFiles {
             match known {
                 Known::Written(written) => label.join(&written),
                 // What the write left may still be in it.
-                Known::Changed(written) => label.join(&written.joined(&self.default.of(path))),
-                Known::Unwritten => label.join(&self.default.of(path)),
+                Known::Changed(written) => {
+                    label.join(&written);
+                    label.join(&self.default_of(path));
+                }
+                Known::Unwritten => label.join(&self.default_of(path)),
             }
         }
         for dir in &touched.listed {
             // A name in a listing is its writer's words.
-            label.join(&self.default.of(dir));
+            label.join(&self.default_of(dir));
             if let Some(files) = &self.recorded {
                 match files.beneath(&key, dir).await {
                     Ok(beneath) => label.join(&beneath),
@@ -143,6 +150,20 @@ impl WorkspaceFiles {
         }
         self.remember(asked);
         Ok(found)
+    }
+
+    /// The workspace's default label of the file at `path`, shared.
+    fn default_of(&self, path: &str) -> Label {
+        let mut defaults = self.defaults.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(label) = defaults.get(path) {
+            return label.clone();
+        }
+        if defaults.len() >= REMEMBERED {
+            defaults.clear();
+        }
+        let label = self.default.of(path);
+        defaults.insert(path.to_owned(), label.clone());
+        label
     }
 
     fn remembered(&self) -> MutexGuard<'_, HashMap<FileStamp, Known>> {
