@@ -15,9 +15,8 @@ use super::external::ExternalTools;
 use super::host::{Invocation, PluginHost};
 use super::loaded::{LoadedPlugin, ToolInfo};
 use super::settle::{Preferences, Shadowed, settle};
-use super::touched::Touched;
+use super::touched::{CallTrace, Touched};
 use super::warm::ProcessInstances;
-use crate::flow::Label;
 use crate::ids::Caller;
 use crate::net::GrantSource;
 use crate::policy::{Grants, InstanceReuse};
@@ -397,8 +396,8 @@ impl Registry {
     pub async fn call(&self, request: CallRequest<'_>) -> Result<String, ToolError> {
         let reuse = |_: &str| InstanceReuse::Process;
         // Labels are the router's: a call made here (the CLI, a test) has no process.
-        let label = Label::trusted();
-        let run = self.run_call(&request, GrantSource::Flag, reuse, &label);
+        let trace = CallTrace::default();
+        let run = self.run_call(&request, GrantSource::Flag, reuse, &trace);
         self.audited(&request, run).await.committed().await
     }
 
@@ -406,10 +405,10 @@ impl Registry {
     /// [`ToolRouter`](crate::tools::ToolRouter) decided it (the one place a call is
     /// decided), and refuses through [`Registry::refuse_call`] what is not offered.
     /// `request.grants` are the kind's profile grants, named by `source` in a refusal of
-    /// the network; `reuse` says which plugins' instances the caller keeps; `label` is
-    /// what the caller put into the call, which what it writes (tasks, memories) carries. Stopped when
-    /// `cancelled` completes first: the call's instance is dropped, and the call fails
-    /// (and is audited) as cancelled by its caller.
+    /// the network; `reuse` says which plugins' instances the caller keeps; `trace` holds
+    /// what the caller put into the call and gets what the call touches, however it ends.
+    /// Stopped when `cancelled` completes first: the call's instance is dropped, and the
+    /// call fails (and is audited) as cancelled by its caller.
     ///
     /// It returns as soon as the call has ended and its audit row is handed to the store:
     /// the row may not be committed yet. The result must not
@@ -425,17 +424,17 @@ impl Registry {
         request: CallRequest<'_>,
         source: GrantSource,
         reuse: impl Fn(&str) -> InstanceReuse,
-        label: &Label,
+        trace: &CallTrace,
         cancelled: impl Future<Output = ()>,
     ) -> Recorded {
-        let run = self.run_call(&request, source, reuse, label);
+        let run = self.run_call(&request, source, reuse, trace);
         let run = async {
             tokio::select! {
                 ran = run => ran,
                 () = cancelled => (Err(ToolError::Failed(format!(
                     "tool `{}` was cancelled by its caller",
                     echo_name(request.tool, MAX_ECHOED_NAME)
-                ))), Touched::default()),
+                ))), trace.touched()),
             }
         };
         let recorded = self.audited(&request, run).await;
@@ -536,7 +535,7 @@ impl Registry {
         request: &CallRequest<'_>,
         grant_source: GrantSource,
         reuse: impl Fn(&str) -> InstanceReuse,
-        label: &Label,
+        trace: &CallTrace,
     ) -> (Result<String, ToolError>, Touched) {
         let call_id = format!("call-{}", self.next_call.fetch_add(1, Ordering::Relaxed));
         let Some((plugin, index)) = self.tools.get(request.tool) else {
@@ -568,7 +567,7 @@ impl Registry {
             declared: &tool.capabilities,
             granted: request.grants.net_rules().cloned().collect(),
             grant_source,
-            label: label.clone(),
+            trace,
             instances: request
                 .instances
                 .filter(|_| reuse(&plugin.name) == InstanceReuse::Process),

@@ -80,8 +80,32 @@ impl Touched {
 
 /// Where a call's [`Touched`] is noted: shared by the sandbox, which notes, and the host
 /// running the call, which reads it after the call, however the call ended (a call that
-/// traps may have written files too).
+/// traps, is cancelled or is dropped may have written files too).
 pub(crate) type TouchLog = Arc<Mutex<Touched>>;
+
+/// What a caller hands a plugin call beside its arguments, and gets back however the call
+/// ends: the label of what it put in (what the call writes to tasks and memories carries
+/// it), and the log of what the call touched.
+#[derive(Debug, Default)]
+pub(crate) struct CallTrace {
+    pub(crate) label: Label,
+    pub(crate) log: TouchLog,
+}
+
+impl CallTrace {
+    /// A trace for a call its caller put `label` into.
+    pub(crate) fn new(label: Label) -> Self {
+        CallTrace {
+            label,
+            log: TouchLog::default(),
+        }
+    }
+
+    /// What the call has touched so far.
+    pub(crate) fn touched(&self) -> Touched {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
 
 /// The files a sandbox's guest reached, and where each of its descriptors points.
 #[derive(Debug, Default)]

@@ -15,7 +15,8 @@ use crate::flow::{Action, ArgsDigest, Carried, Label, Sink, WorkspaceLabel};
 use crate::ids::{Caller, ProcessId};
 use crate::net::GrantSource;
 use crate::plugin::{
-    CallRequest, ProcessInstances, Recorded, Registry, ToolError, Touched, check_args_object,
+    CallRequest, CallTrace, ProcessInstances, Recorded, Registry, ToolError, Touched,
+    check_args_object,
 };
 use crate::policy::{Decision, ProcessKind};
 use crate::services::{
@@ -65,7 +66,47 @@ pub struct ToolRouter {
     registry: Arc<Registry>,
     workspace: PathBuf,
     approvals: Option<ApprovalDesk>,
-    files: WorkspaceFiles,
+    files: Arc<WorkspaceFiles>,
+}
+
+/// A plugin call under way: if it is dropped before it ends (its process cancelled, or
+/// out of time), the files it wrote are recorded all the same, with `writer` joined with
+/// what it had read, on a task of their own.
+struct Unfinished<'a> {
+    files: Arc<WorkspaceFiles>,
+    workspace: PathBuf,
+    writer: Label,
+    trace: Option<&'a CallTrace>,
+}
+
+impl Unfinished<'_> {
+    /// The call ended: its caller labels what it touched.
+    fn finished(mut self) {
+        self.trace = None;
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        let Some(trace) = self.trace else {
+            return;
+        };
+        let touched = trace.touched();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if touched.written.is_empty() {
+            return;
+        }
+        let (files, workspace) = (self.files.clone(), self.workspace.clone());
+        let writer = self.writer.clone();
+        runtime.spawn(async move {
+            let read = files.read_label(&workspace, &touched).await;
+            files
+                .record_written(&workspace, &touched, &writer.joined(&read))
+                .await;
+        });
+    }
 }
 
 /// Where parked calls go, and how long a call waits for a person.
@@ -84,7 +125,7 @@ impl ToolRouter {
             registry,
             workspace,
             approvals: None,
-            files: WorkspaceFiles::default(),
+            files: Arc::default(),
         }
     }
 
@@ -93,7 +134,7 @@ impl ToolRouter {
     /// or by `default` when no write of it was seen. Without it every file read takes
     /// the untrusted default, and nothing is recorded.
     pub fn with_file_labels(mut self, files: Arc<dyn FileLabels>, default: WorkspaceLabel) -> Self {
-        self.files = WorkspaceFiles::new(files, default);
+        self.files = Arc::new(WorkspaceFiles::new(files, default));
         self
     }
 
@@ -253,15 +294,22 @@ impl ToolRouter {
         };
         // A refusal is the host's own words; what a tool that ran returns is labelled by
         // what the call could read.
-        match self.run_in(call, pending).await {
+        let writer = context.clone().joined(carried);
+        let trace = CallTrace::new(writer.clone());
+        // Were this call dropped mid-way (its worker cancelled or out of time), what it
+        // wrote is still recorded, with what it had read.
+        let unfinished = Unfinished {
+            files: self.files.clone(),
+            workspace: self.workspace.clone(),
+            writer: writer.clone().joined(&self.result_label(kind, name)),
+            trace: Some(&trace),
+        };
+        let outcome = self.run_in(call, &trace, pending).await;
+        unfinished.finished();
+        match outcome {
             Outcome::Ran(recorded, Started::Yes) => {
                 let label = self
-                    .touched_label(
-                        kind,
-                        name,
-                        recorded.touched(),
-                        context.clone().joined(carried),
-                    )
+                    .touched_label(kind, name, recorded.touched(), writer)
                     .await;
                 Routed::Ran {
                     recorded,
@@ -469,7 +517,9 @@ impl ToolRouter {
             carried: &Label::trusted(),
             handles: &[],
         };
-        match self.run_in(call, cancelled).await {
+        // A client's call: what it writes is not recorded (nor is it labelled).
+        let trace = CallTrace::default();
+        match self.run_in(call, &trace, cancelled).await {
             Outcome::Ran(recorded, _) => recorded,
             Outcome::Parked(_) => unreachable!("a door's call is never parked: it has no process"),
         }
@@ -477,7 +527,12 @@ impl ToolRouter {
 
     /// [`ToolRouter::run`] of `call`: its result and whether the tool was started (else
     /// the host refused the call), or its parking.
-    async fn run_in(&self, call: Call<'_>, cancelled: impl Future<Output = ()>) -> Outcome {
+    async fn run_in(
+        &self,
+        call: Call<'_>,
+        trace: &CallTrace,
+        cancelled: impl Future<Output = ()>,
+    ) -> Outcome {
         let Call {
             kind,
             process,
@@ -541,11 +596,9 @@ impl ToolRouter {
                 };
                 let source = GrantSource::profile(kind, profile, name);
                 let reuse = |plugin: &str| policy.reuse().decide(kind, plugin);
-                // What the call writes (tasks, memories) carries what the process put in.
-                let writer = context.clone().joined(carried);
                 let recorded = self
                     .registry
-                    .call_offered(request, source, reuse, &writer, cancelled)
+                    .call_offered(request, source, reuse, trace, cancelled)
                     .await;
                 Outcome::Ran(recorded, Started::Yes)
             }

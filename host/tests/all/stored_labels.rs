@@ -27,7 +27,7 @@ async fn router(dir: &Path, services: &Services, default: WorkspaceLabel) -> Too
 probe = "process"
 
 [profiles.worker]
-tools = ["file_read", "file_write", "file_edit", "file_list", "remember_file", "remember_reading", "put_then_panic"]
+tools = ["file_read", "file_write", "file_edit", "file_list", "remember_file", "remember_reading", "put_then_panic", "put_then_wait"]
 capabilities = ["fs.read", "fs.write"]
 "#;
     let config = Config::parse(toml, &dir.join("capstan.toml")).unwrap();
@@ -331,4 +331,47 @@ capabilities = ["tasks.read", "tasks.write", "memory.read", "memory.write"]
     assert!(listed[1].label.covers(&page), "{:?}", listed[1].label);
     let recalled = again.recall("invoices", 5).unwrap();
     assert_eq!(recalled[0].label, page);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_dropped_mid_way_still_labels_what_it_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let workspace = dir.path().join("workspace");
+    std::fs::create_dir_all(&workspace).unwrap();
+    let services = Services::in_memory();
+    let rt = router(dir.path(), &services, WorkspaceLabel::Trusted).await;
+    let page = Label::untrusted(Origin::Net("example.com".into()));
+    let trusted = Label::trusted();
+
+    // The call writes its file, then waits; its worker is dropped (cancelled, or out of
+    // time) once the file is there. Nothing here assumes how long either takes.
+    let put = json!({"path": "late.md", "content": "from the page"});
+    let written = workspace.join("late.md");
+    let appeared = async {
+        while !written.exists() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    tokio::select! {
+        _ = call_in(&rt, None, "put_then_wait", put, &page) => panic!("the call waits"),
+        () = appeared => {}
+    }
+    // The record is made on a task of its own: wait for it.
+    let recorded = async {
+        loop {
+            let (_, label) = call(&rt, "file_read", json!({"path": "late.md"}), &trusted).await;
+            if !label.is_trusted() {
+                break label;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    let label = tokio::time::timeout(std::time::Duration::from_secs(60), recorded)
+        .await
+        .expect("the dropped call's file is recorded");
+    assert_eq!(
+        label,
+        page.joined(&Label::private(Scope::Workspace)),
+        "{label}"
+    );
 }

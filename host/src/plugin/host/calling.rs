@@ -21,7 +21,7 @@ use crate::plugin::failure;
 use crate::plugin::loaded::LoadedPlugin;
 use crate::plugin::offline::NotLinked;
 use crate::plugin::sandbox::{CallScope, Sandbox};
-use crate::plugin::touched::{TouchLog, Touched};
+use crate::plugin::touched::{CallTrace, TouchLog, Touched};
 use crate::plugin::warm::{ProcessInstances, WarmInstance, WarmKey};
 use crate::text::{one_line, truncate};
 
@@ -38,8 +38,8 @@ pub(crate) struct Invocation<'a> {
     pub(crate) declared: &'a [Capability],
     pub(crate) granted: Vec<capstan_caps::NetRule>,
     pub(crate) grant_source: GrantSource,
-    /// What the caller put into the call: what it writes (tasks, memories) carries it.
-    pub(crate) label: Label,
+    /// What the caller put into the call, and where what the call touches is noted.
+    pub(crate) trace: &'a CallTrace,
     /// The calling process's own instances, when its policy reuses this plugin's.
     pub(crate) instances: Option<&'a ProcessInstances>,
 }
@@ -106,7 +106,7 @@ impl PluginHost {
             capabilities: call.capabilities.iter().map(ToString::to_string).collect(),
         };
         let pre = plugin.pre(call_net.is_some());
-        let log = TouchLog::default();
+        let log = &call.trace.log;
         let egress = Egress::new(call_net.clone());
         // Built only for a fresh instance: a kept one has its sandbox already.
         let sandbox = || {
@@ -119,7 +119,7 @@ impl PluginHost {
                 services: self.services.clone(),
                 network: self.network.clone(),
                 log_lines: 0,
-                label: call.label.clone(),
+                label: call.trace.label.clone(),
             };
             let mut sandbox = Sandbox::new(&self.limits, scope, call.workspace, egress)?;
             sandbox.file_access().log_into(log.clone());
@@ -144,7 +144,7 @@ impl PluginHost {
                     key,
                     tool: call.tool,
                     log: log.clone(),
-                    label: call.label.clone(),
+                    label: call.trace.label.clone(),
                 };
                 self.run_kept(kept, pre, sandbox, run_tool).await
             }
