@@ -344,11 +344,12 @@ async fn a_call_dropped_mid_way_still_labels_what_it_wrote() {
     let trusted = Label::trusted();
 
     // The call writes its file, then waits; its worker is dropped (cancelled, or out of
-    // time) once the file is there. Nothing here assumes how long either takes.
+    // time) once the file holds what it wrote (a file merely created may not be noted yet:
+    // its open may still be under way). Nothing here assumes how long either takes.
     let put = json!({"path": "late.md", "content": "from the page"});
     let written = workspace.join("late.md");
     let appeared = async {
-        while !written.exists() {
+        while std::fs::read_to_string(&written).ok().as_deref() != Some("from the page") {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     };
