@@ -13,12 +13,19 @@ use crate::ids::Caller;
 /// Long-term memories and the working memory every process and plugin shares.
 ///
 /// ```
+/// use capstan_host::flow::Label;
 /// use capstan_host::ids::{Caller, ProcessId, ProcessKind};
 /// use capstan_host::services::{NewMemory, Services};
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let services = Services::in_memory();
-/// let note = NewMemory { kind: "fact".into(), content: "The release ships on Friday".into(), importance: None };
+/// let note = NewMemory {
+///     kind: "fact".into(),
+///     content: "The release ships on Friday".into(),
+///     importance: None,
+///     // What its writer had read: a person's words.
+///     label: Label::trusted(),
+/// };
 /// let who = Caller::from(ProcessId::numbered(ProcessKind::Branch, 1));
 /// services.memory.save(&who, note).await.unwrap();
 /// let found = services.memory.recall("when is the release?", 5).await.unwrap();
