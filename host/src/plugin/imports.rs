@@ -237,10 +237,10 @@ impl Sandbox {
 
     /// The label of what the guest writes through an import now: what its caller put
     /// into the call, each secret it holds, and what the call has read so far: what
-    /// imports gave it, each host its requests reached, and the workspace if it read files. A file's own
-    /// label is not looked up here: having read one, the call is as untrusted as its
-    /// plugin.
-    fn writes_label(&mut self) -> Label {
+    /// imports gave it, each host its requests reached, and each file it read or listed,
+    /// by the label its writer left (private to the workspace, whatever that was). A call
+    /// whose caller keeps no file labels takes what it read as untrusted from its plugin.
+    async fn writes_label(&mut self) -> Label {
         let mut label = self.scope.label.clone();
         for cap in &self.scope.capabilities {
             if let Capability::Secret(name) = cap {
@@ -250,11 +250,18 @@ impl Sandbox {
         for host in self.hosts_reached() {
             label.join(&Label::untrusted(Origin::Net(host)));
         }
-        let plugin = Label::untrusted(Origin::Plugin(self.scope.plugin.to_string()));
-        let touched = self.file_access().touched();
+        // A copy: the log is not held across the lookup.
+        let touched = self.file_access().touched().clone();
         label.join(&touched.labels);
-        if !touched.read.is_empty() || !touched.listed.is_empty() || touched.overflowed {
-            label.join(&plugin.joined(&Label::private(Scope::Workspace)));
+        if touched.read.is_empty() && touched.listed.is_empty() && !touched.overflowed {
+            return label;
+        }
+        label.join(&Label::private(Scope::Workspace));
+        match self.scope.reads.clone() {
+            Some(reads) => label.join(&reads.read_label(&touched).await),
+            None => label.join(&Label::untrusted(Origin::Plugin(
+                self.scope.plugin.to_string(),
+            ))),
         }
         label
     }
@@ -278,7 +285,7 @@ impl tasks::Host for Sandbox {
             parent: task.parent,
             metadata: task.metadata,
             assigned_worker: None,
-            label: self.writes_label(),
+            label: self.writes_label().await,
         };
         let created = services.tasks.create(&self.scope.caller, new).await;
         let created = created.map_err(host_error)?;
@@ -313,7 +320,7 @@ impl tasks::Host for Sandbox {
             priority: patch.priority.map(from_wit_priority),
             metadata: patch.metadata,
             assigned_worker: None,
-            label: self.writes_label(),
+            label: self.writes_label().await,
         };
         let write_any = self.scope.capabilities.contains(&Capability::TasksWrite);
         // Who created a task never changes; the host may assign it to another worker
@@ -336,7 +343,7 @@ impl memory::Host for Sandbox {
             kind: item.kind,
             content: item.content,
             importance: item.importance,
-            label: self.writes_label(),
+            label: self.writes_label().await,
         };
         let saved = services.memory.save(&self.scope.caller, new).await;
         let saved = saved.map_err(host_error)?;

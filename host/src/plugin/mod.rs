@@ -47,6 +47,6 @@ pub(crate) use loaded::{MAX_TOOLS_PER_PLUGIN, check_description, parse_args_sche
 pub use loaded::{RawToolSpec, check_describe_output};
 pub use registry::{CallRequest, Recorded, Registry, check_args_object, committed};
 pub use settle::{Preferences, Shadowed};
-pub(crate) use touched::CallTrace;
 pub use touched::Touched;
+pub(crate) use touched::{CallTrace, ReadLabels};
 pub use warm::{ProcessInstances, Working};

@@ -29,7 +29,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use super::capture::OutputCapture;
 use super::error::ToolError;
 use super::limits::{CallLimiter, Limits, MAX_RESOURCES, STDERR_CAPTURE_BYTES};
-use super::touched::FileAccess;
+use super::touched::{CallTrace, FileAccess, ReadLabels};
 use crate::flow::Label;
 use crate::ids::Caller;
 use crate::net::{Egress, NetHost};
@@ -79,6 +79,8 @@ pub(crate) struct CallScope {
     /// What the caller put into the call: what the call writes (tasks, memories)
     /// carries it, with what the call read.
     pub(crate) label: Label,
+    /// How what the call read is labelled, when its caller keeps file labels.
+    pub(crate) reads: Option<Arc<dyn ReadLabels>>,
 }
 
 impl CallScope {
@@ -206,17 +208,18 @@ impl Sandbox {
         self.inline_fs
     }
 
-    /// Readies a reused sandbox for the next call, of `tool` through `egress`, its caller
-    /// having put `label` into it: what the last call wrote, logged and was refused is
-    /// forgotten. The capabilities, caller and
-    /// preopens stay: an instance is reused only by calls that would build the same.
-    pub(crate) fn begin_call(&mut self, tool: &str, egress: Egress, label: Label) {
+    /// Readies a reused sandbox for the next call, of `tool` through `egress`, with what
+    /// its caller hands it in `trace`: what the last call wrote, logged and was refused is
+    /// forgotten, what it read and was given is carried (the instance may still hold it).
+    /// The capabilities, caller and preopens stay: an instance is reused only by calls that
+    /// would build the same.
+    pub(crate) fn begin_call(&mut self, tool: &str, egress: Egress, trace: &CallTrace) {
         self.scope.tool.clear();
         self.scope.tool.push_str(tool);
-        // What the last call was given, the instance may still hold: its next results
-        // carry it, as they carry what it read.
-        let given = std::mem::replace(&mut self.scope.label, label);
+        let given = std::mem::replace(&mut self.scope.label, trace.label.clone());
         self.files.touched().labels.join(&given);
+        self.files.log_into(trace.log.clone());
+        self.scope.reads.clone_from(&trace.reads);
         self.scope.log_lines = 0;
         self.egress = egress;
         self.limiter.refused_growth = None;

@@ -15,6 +15,9 @@
 //! path resolved through.
 
 use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::flow::Label;
@@ -83,20 +86,46 @@ impl Touched {
 /// traps, is cancelled or is dropped may have written files too).
 pub(crate) type TouchLog = Arc<Mutex<Touched>>;
 
+/// How the host labels what a call read beyond its arguments, from what it touched: each
+/// file by the label its writer left (see [`crate::tools::ToolRouter`]). The plugin runtime
+/// asks it when a call writes a task or a memory, so what goes in carries each file's own
+/// label, a secret's included.
+pub(crate) trait ReadLabels: Send + Sync {
+    /// The label of what a call that touched `touched` read.
+    fn read_label<'a>(
+        &'a self,
+        touched: &'a Touched,
+    ) -> Pin<Box<dyn Future<Output = Label> + Send + 'a>>;
+}
+
 /// What a caller hands a plugin call beside its arguments, and gets back however the call
 /// ends: the label of what it put in (what the call writes to tasks and memories carries
-/// it), and the log of what the call touched.
-#[derive(Debug, Default)]
+/// it), how what the call reads is labelled, and the log of what the call touched.
+#[derive(Default)]
 pub(crate) struct CallTrace {
     pub(crate) label: Label,
+    /// `None`: the caller keeps no labels of files (a client's call), and a call that read
+    /// any is taken to hold the workspace's untrusted, private data.
+    pub(crate) reads: Option<Arc<dyn ReadLabels>>,
     pub(crate) log: TouchLog,
 }
 
+impl fmt::Debug for CallTrace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallTrace")
+            .field("label", &self.label)
+            .field("reads", &self.reads.is_some())
+            .field("log", &self.log)
+            .finish()
+    }
+}
+
 impl CallTrace {
-    /// A trace for a call its caller put `label` into.
-    pub(crate) fn new(label: Label) -> Self {
+    /// A trace for a call its caller put `label` into, whose reads `reads` labels.
+    pub(crate) fn new(label: Label, reads: Arc<dyn ReadLabels>) -> Self {
         CallTrace {
             label,
+            reads: Some(reads),
             log: TouchLog::default(),
         }
     }

@@ -6,20 +6,22 @@
 //! process had read, the handles it passed, what the call read).
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::flow::{Label, Origin, WorkspaceLabel};
-use crate::plugin::Touched;
+use crate::plugin::{ReadLabels, Touched};
 use crate::services::{FileLabel, FileLabels, FileStamp};
 
 /// The most file versions [`WorkspaceFiles`] remembers; past it, it starts afresh.
 const REMEMBERED: usize = 1 << 16;
 
-/// What the host knows of the workspace's files: the labels recorded of those written,
+/// What the host knows of one workspace's files: the labels recorded of those written,
 /// if it keeps them, and the default for the others.
-#[derive(Default)]
 pub(super) struct WorkspaceFiles {
+    workspace: PathBuf,
     recorded: Option<Arc<dyn FileLabels>>,
     default: WorkspaceLabel,
     /// What the store said of each file version asked, and each version this host
@@ -46,21 +48,36 @@ enum Known {
 }
 
 impl WorkspaceFiles {
-    /// The files whose writes `recorded` keeps, the others taken as `default`.
-    pub(super) fn new(recorded: Arc<dyn FileLabels>, default: WorkspaceLabel) -> Self {
+    /// The files of `workspace` whose writes `recorded` keeps, the others taken as
+    /// `default`.
+    pub(super) fn new(
+        workspace: PathBuf,
+        recorded: Arc<dyn FileLabels>,
+        default: WorkspaceLabel,
+    ) -> Self {
         WorkspaceFiles {
             recorded: Some(recorded),
             default,
+            ..WorkspaceFiles::unrecorded(workspace)
+        }
+    }
+
+    /// The files of `workspace`, none recorded: each takes the untrusted default.
+    pub(super) fn unrecorded(workspace: PathBuf) -> Self {
+        WorkspaceFiles {
+            workspace,
+            recorded: None,
+            default: WorkspaceLabel::default(),
             remembered: Mutex::default(),
             defaults: Mutex::default(),
         }
     }
 
-    /// The label of what a call that touched `touched` in `workspace` read beyond its
-    /// arguments. A record that cannot be read leaves the file untrusted, whatever the
-    /// default.
-    pub(super) async fn read_label(&self, workspace: &Path, touched: &Touched) -> Label {
-        let key = workspace.to_string_lossy();
+    /// The label of what a call that touched `touched` read beyond its arguments. A
+    /// record that cannot be read leaves the file untrusted and private to readers it
+    /// does not name (its writer may have held a secret), whatever the default.
+    pub(super) async fn read_label(&self, touched: &Touched) -> Label {
+        let key = self.workspace.to_string_lossy();
         // What the host's imports gave it (tasks, memories), each as its writer left it.
         let mut label = touched.labels.clone();
         for host in &touched.hosts {
@@ -69,7 +86,8 @@ impl WorkspaceFiles {
         if touched.overflowed {
             label.join(&Label::untrusted(Origin::file("*")));
         }
-        let unreadable = |path: &str| Label::untrusted(Origin::file(path));
+        let unreadable =
+            |path: &str| Label::untrusted(Origin::file(path)).joined(&Label::unknown());
         let stamps: Vec<FileStamp> = touched.read.iter().filter_map(|(_, s)| *s).collect();
         let found = self.labels_of(&key, stamps).await;
         for (path, stamp) in &touched.read {
@@ -180,11 +198,10 @@ impl WorkspaceFiles {
         }
     }
 
-    /// Records each file a call wrote in `workspace` (as `touched` names them) with
-    /// `label`, joined with any label already recorded of that same version (another
+    /// Records each file a call wrote (as `touched` names them) with `label`, joined with any label already recorded of that same version (another
     /// call that wrote it too). A file that is gone, or lies outside the workspace
     /// through a link, is not recorded.
-    pub(super) async fn record_written(&self, workspace: &Path, touched: &Touched, label: &Label) {
+    pub(super) async fn record_written(&self, touched: &Touched, label: &Label) {
         let Some(files) = &self.recorded else {
             return;
         };
@@ -192,12 +209,12 @@ impl WorkspaceFiles {
             return;
         }
         let paths: Vec<String> = touched.written.iter().cloned().collect();
-        let root = workspace.to_owned();
+        let root = self.workspace.clone();
         let stamped = tokio::task::spawn_blocking(move || stamps(&root, paths)).await;
         let Ok(stamped) = stamped else {
             return;
         };
-        let key = workspace.to_string_lossy();
+        let key = self.workspace.to_string_lossy();
         let versions = stamped.iter().map(|(_, stamp)| *stamp).collect();
         let before = self.labels_of(&key, versions).await.unwrap_or_default();
         let rows: Vec<FileLabel> = stamped
@@ -221,6 +238,15 @@ impl WorkspaceFiles {
                  workspace's default: {err}"
             );
         }
+    }
+}
+
+impl ReadLabels for WorkspaceFiles {
+    fn read_label<'a>(
+        &'a self,
+        touched: &'a Touched,
+    ) -> Pin<Box<dyn Future<Output = Label> + Send + 'a>> {
+        Box::pin(WorkspaceFiles::read_label(self, touched))
     }
 }
 

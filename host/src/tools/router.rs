@@ -74,7 +74,6 @@ pub struct ToolRouter {
 /// what it had read, on a task of their own.
 struct Unfinished<'a> {
     files: Arc<WorkspaceFiles>,
-    workspace: PathBuf,
     writer: Label,
     trace: Option<&'a CallTrace>,
 }
@@ -98,13 +97,11 @@ impl Drop for Unfinished<'_> {
         if touched.written.is_empty() {
             return;
         }
-        let (files, workspace) = (self.files.clone(), self.workspace.clone());
+        let files = self.files.clone();
         let writer = self.writer.clone();
         runtime.spawn(async move {
-            let read = files.read_label(&workspace, &touched).await;
-            files
-                .record_written(&workspace, &touched, &writer.joined(&read))
-                .await;
+            let read = files.read_label(&touched).await;
+            files.record_written(&touched, &writer.joined(&read)).await;
         });
     }
 }
@@ -123,9 +120,9 @@ impl ToolRouter {
         ToolRouter {
             catalog,
             registry,
+            files: Arc::new(WorkspaceFiles::unrecorded(workspace.clone())),
             workspace,
             approvals: None,
-            files: Arc::default(),
         }
     }
 
@@ -134,7 +131,7 @@ impl ToolRouter {
     /// or by `default` when no write of it was seen. Without it every file read takes
     /// the untrusted default, and nothing is recorded.
     pub fn with_file_labels(mut self, files: Arc<dyn FileLabels>, default: WorkspaceLabel) -> Self {
-        self.files = Arc::new(WorkspaceFiles::new(files, default));
+        self.files = Arc::new(WorkspaceFiles::new(self.workspace.clone(), files, default));
         self
     }
 
@@ -295,12 +292,11 @@ impl ToolRouter {
         // A refusal is the host's own words; what a tool that ran returns is labelled by
         // what the call could read.
         let writer = context.clone().joined(carried);
-        let trace = CallTrace::new(writer.clone());
+        let trace = CallTrace::new(writer.clone(), self.files.clone());
         // Were this call dropped mid-way (its worker cancelled or out of time), what it
         // wrote is still recorded, with what it had read.
         let unfinished = Unfinished {
             files: self.files.clone(),
-            workspace: self.workspace.clone(),
             writer: writer.clone().joined(&self.result_label(kind, name)),
             trace: Some(&trace),
         };
@@ -367,9 +363,9 @@ impl ToolRouter {
         if touched.is_empty() {
             return label;
         }
-        let label = label.joined(&self.files.read_label(&self.workspace, touched).await);
+        let label = label.joined(&self.files.read_label(touched).await);
         self.files
-            .record_written(&self.workspace, touched, &writer.joined(&label))
+            .record_written(touched, &writer.joined(&label))
             .await;
         label
     }

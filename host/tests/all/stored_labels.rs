@@ -376,3 +376,58 @@ async fn a_call_dropped_mid_way_still_labels_what_it_wrote() {
         "{label}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_saved_from_a_file_carries_that_file_s_own_label() {
+    let dir = tempfile::tempdir().unwrap();
+    let workspace = dir.path().join("workspace");
+    std::fs::create_dir_all(&workspace).unwrap();
+    std::fs::write(workspace.join("inbox.txt"), POISON).unwrap();
+    let store = Arc::new(Store::open(&dir.path().join("data")).unwrap());
+    let toml = r#"
+[profiles.worker]
+tools = ["file_write", "file_to_memory", "memory_recall"]
+capabilities = ["fs.read", "fs.write", "memory.read", "memory.write"]
+"#;
+    let config = Config::parse(toml, &dir.path().join("capstan.toml")).unwrap();
+    let registry = Arc::new(registry_with_store(store.clone()).await);
+    let catalog = Arc::new(ToolCatalog::new(&registry, &config.policy));
+    let rt = ToolRouter::new(registry, catalog, workspace.clone())
+        .with_file_labels(store.clone().services().files, WorkspaceLabel::Untrusted);
+    let trusted = Label::trusted();
+    let token = Label::secret("bank_token");
+
+    // A worker holding the bank token writes a statement; another worker, which holds
+    // nothing, saves that file as a memory in one call. The memory is as secret as the
+    // file: the host looked the file's label up, not the plugin's name.
+    let statement = json!({"path": "statement.txt", "content": "balance 1200"});
+    call_as(&rt, 1, "file_write", statement, &token).await;
+    let saved = json!({"path": "statement.txt"});
+    let (said, _) = call_as(&rt, 2, "file_to_memory", saved, &trusted).await;
+    assert!(said.starts_with("memory "), "{said}");
+    let (text, label) = call_as(
+        &rt,
+        3,
+        "memory_recall",
+        json!({"query": "balance"}),
+        &trusted,
+    )
+    .await;
+    assert!(text.contains("1200"), "{text}");
+    assert!(label.covers(&token), "{label}");
+    assert!(label.is_trusted(), "{label}");
+
+    // A file no process wrote takes the workspace's default, named by the file.
+    let saved = json!({"path": "inbox.txt"});
+    call_as(&rt, 2, "file_to_memory", saved, &trusted).await;
+    let recalled = store.recall("IGNORE", 5).unwrap();
+    let label = &recalled[0].label;
+    assert!(label.covers(&workspace_file("inbox.txt")), "{label}");
+    assert!(
+        !label.covers(&Label::untrusted(Origin::Plugin("probe".into()))),
+        "{label}"
+    );
+    // In the database, the statement's memory keeps the secret.
+    let recalled = store.recall("balance", 5).unwrap();
+    assert!(recalled[0].label.covers(&token), "{}", recalled[0].label);
+}

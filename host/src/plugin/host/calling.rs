@@ -9,7 +9,6 @@ use capstan_caps::Capability;
 use wasmtime::{Store, UpdateDeadline};
 
 use super::PluginHost;
-use crate::flow::Label;
 use crate::ids::Caller;
 use crate::net::{CallNet, Egress, GrantSource, NetScope};
 use crate::plugin::bindings::capstan::plugin::types::CallContext;
@@ -21,7 +20,7 @@ use crate::plugin::failure;
 use crate::plugin::loaded::LoadedPlugin;
 use crate::plugin::offline::NotLinked;
 use crate::plugin::sandbox::{CallScope, Sandbox};
-use crate::plugin::touched::{CallTrace, TouchLog, Touched};
+use crate::plugin::touched::{CallTrace, Touched};
 use crate::plugin::warm::{ProcessInstances, WarmInstance, WarmKey};
 use crate::text::{one_line, truncate};
 
@@ -49,8 +48,7 @@ struct Kept<'a> {
     instances: &'a ProcessInstances,
     key: WarmKey,
     tool: &'a str,
-    log: TouchLog,
-    label: Label,
+    trace: &'a CallTrace,
 }
 
 /// The deadline callback's error, found again in the trap's error chain.
@@ -120,6 +118,7 @@ impl PluginHost {
                 network: self.network.clone(),
                 log_lines: 0,
                 label: call.trace.label.clone(),
+                reads: call.trace.reads.clone(),
             };
             let mut sandbox = Sandbox::new(&self.limits, scope, call.workspace, egress)?;
             sandbox.file_access().log_into(log.clone());
@@ -143,8 +142,7 @@ impl PluginHost {
                     instances,
                     key,
                     tool: call.tool,
-                    log: log.clone(),
-                    label: call.trace.label.clone(),
+                    trace: call.trace,
                 };
                 self.run_kept(kept, pre, sandbox, run_tool).await
             }
@@ -207,8 +205,7 @@ impl PluginHost {
             instances,
             key,
             tool,
-            log,
-            label,
+            trace,
         } = kept;
         let _slot = self.call_slot().await;
         let (mut store, kept) = match self.warm.take(instances, &key) {
@@ -220,8 +217,7 @@ impl PluginHost {
                     slot,
                     ..
                 } = warm;
-                store.data_mut().begin_call(tool, Egress::default(), label);
-                store.data_mut().file_access().log_into(log);
+                store.data_mut().begin_call(tool, Egress::default(), trace);
                 (store, Some((instance, resources, slot)))
             }
             None => (self.new_store(sandbox()?), None),

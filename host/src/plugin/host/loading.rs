@@ -180,6 +180,7 @@ impl PluginHost {
             network: self.network.clone(),
             log_lines: 0,
             label: Label::trusted(),
+            reads: None,
         };
         let sandbox = Sandbox::new(&self.limits, scope, None, Egress::default())
             .map_err(|e| e.to_string())?;
