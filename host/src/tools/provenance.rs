@@ -109,18 +109,34 @@ impl WorkspaceFiles {
                 Known::Unwritten => label.join(&self.default_of(path)),
             }
         }
-        for dir in &touched.listed {
+        if touched.listed.is_empty() {
+            return label;
+        }
+        // Rows are kept by the path each file resolved to: a listing is matched the same
+        // way, so `sub/..` or a linked directory lists what lies beneath where it leads.
+        let listed: Vec<String> = touched.listed.iter().cloned().collect();
+        let count = listed.len();
+        let root = self.workspace.clone();
+        let resolved = tokio::task::spawn_blocking(move || {
+            let root = root.canonicalize().ok();
+            let resolve = |dir: &String| root.as_deref().and_then(|r| resolved(r, dir, true));
+            listed.iter().map(resolve).collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_else(|_| vec![None; count]);
+        for (dir, resolved) in touched.listed.iter().zip(resolved) {
             // A name in a listing is its writer's words.
             label.join(&self.default_of(dir));
-            if let Some(files) = &self.recorded {
-                match files.beneath(&key, dir).await {
-                    Ok(beneath) => label.join(&beneath),
-                    Err(err) => {
-                        tracing::warn!(
-                            "the labels of the files beneath {dir} cannot be read: {err}"
-                        );
-                        label.join(&unreadable(dir));
-                    }
+            let Some(files) = &self.recorded else {
+                continue;
+            };
+            // A directory gone since: what lay beneath it could be anywhere now.
+            let beneath = resolved.as_deref().unwrap_or(".");
+            match files.beneath(&key, beneath).await {
+                Ok(found) => label.join(&found),
+                Err(err) => {
+                    tracing::warn!("the labels of the files beneath {dir} cannot be read: {err}");
+                    label.join(&unreadable(dir));
                 }
             }
         }
@@ -252,11 +268,15 @@ impl ReadLabels for WorkspaceFiles {
 
 /// The stamp of each of `paths` in the workspace at `root` that is there, found beneath
 /// it: the name itself, and for a link also the file it leads to (a write through a link
-/// writes that file; a link made is read by its name). A link leading outside is not
+/// writes that file; a link made is read by its name). Each is named by the path it
+/// resolves to ([`resolved`]), as a listing is matched. A link leading outside is not
 /// followed out.
 fn stamps(root: &Path, paths: Vec<String>) -> Vec<(String, FileStamp)> {
     use cap_std::fs::MetadataExt as _;
     let Ok(dir) = cap_std::fs::Dir::open_ambient_dir(root, cap_std::ambient_authority()) else {
+        return Vec::new();
+    };
+    let Ok(real_root) = root.canonicalize() else {
         return Vec::new();
     };
     let stamp = |meta: cap_std::fs::Metadata| {
@@ -270,10 +290,34 @@ fn stamps(root: &Path, paths: Vec<String>) -> Vec<(String, FileStamp)> {
         };
         if own.is_symlink()
             && let Ok(target) = dir.metadata(&path)
+            && let Some(to) = resolved(&real_root, &path, true)
         {
-            stamped.push((path.clone(), stamp(target)));
+            stamped.push((to, stamp(target)));
         }
-        stamped.push((path, stamp(own)));
+        if let Some(name) = resolved(&real_root, &path, false) {
+            stamped.push((name, stamp(own)));
+        }
     }
     stamped
+}
+
+/// Workspace path `path` as the filesystem resolves it now, relative to the workspace at
+/// `real_root` (itself resolved): no `.`, `..` or links on the way, and none in the last
+/// name either when `follow`. `None` when it is not there or leads outside.
+fn resolved(real_root: &Path, path: &str, follow: bool) -> Option<String> {
+    let path = Path::new(path);
+    let (dir, name) = match (follow, path.file_name()) {
+        (false, Some(name)) => (path.parent().unwrap_or(Path::new("")), Some(name)),
+        _ => (path, None),
+    };
+    let mut real = real_root.join(dir).canonicalize().ok()?;
+    if let Some(name) = name {
+        real.push(name);
+    }
+    let inside = real.strip_prefix(real_root).ok()?.to_str()?;
+    Some(if inside.is_empty() {
+        ".".to_owned()
+    } else {
+        inside.to_owned()
+    })
 }
