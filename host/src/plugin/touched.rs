@@ -33,8 +33,10 @@ pub struct Touched {
     pub read: BTreeSet<(String, Option<FileStamp>)>,
     /// Workspace directories listed, by path (`.` is the workspace).
     pub listed: BTreeSet<String>,
-    /// Workspace paths this call may have written.
-    pub written: BTreeSet<String>,
+    /// Workspace paths this call may have written, each with the stamp of the file it
+    /// opened to write there, when it opened one (a name made or moved has none): a file
+    /// moved away before the call ends is still known by its device and inode.
+    pub written: BTreeSet<(String, Option<FileStamp>)>,
     /// The hosts the call's requests reached (connected to).
     pub hosts: BTreeSet<String>,
     /// The join of the labels of what the host's imports gave it (tasks, memories). A
@@ -74,9 +76,10 @@ impl Touched {
         }
     }
 
-    fn note_written(&mut self, path: String) {
-        if !self.written.contains(&path) && self.room() {
-            self.written.insert(path);
+    fn note_written(&mut self, path: String, stamp: Option<FileStamp>) {
+        let written = (path, stamp);
+        if !self.written.contains(&written) && self.room() {
+            self.written.insert(written);
         }
     }
 }
@@ -159,7 +162,7 @@ impl FileAccess {
         match how {
             Reached::Read(stamp) => touched.note_read(path, stamp),
             Reached::Listed => touched.note_listed(path),
-            Reached::Written => touched.note_written(path),
+            Reached::Written => touched.note_written(path, None),
         }
     }
 
@@ -205,7 +208,7 @@ impl FileAccess {
         if !access.directory {
             let mut touched = self.touched();
             if access.writes {
-                touched.note_written(path.clone());
+                touched.note_written(path.clone(), stamp);
             }
             // A write that does not truncate keeps what the file held: it goes into what
             // the call writes as a read would (an empty file holds nothing).
@@ -286,7 +289,7 @@ mod tests {
         touched.note_read("a".into(), stamp(2));
         assert_eq!(touched.read.len(), 2);
         for n in 0..FILE_LABELS_MAX {
-            touched.note_written(format!("w{n}"));
+            touched.note_written(format!("w{n}"), None);
         }
         assert!(touched.overflowed);
         assert!(touched.written.len() < FILE_LABELS_MAX);

@@ -117,22 +117,34 @@ impl WorkspaceFiles {
         let listed: Vec<String> = touched.listed.iter().cloned().collect();
         let count = listed.len();
         let root = self.workspace.clone();
-        let resolved = tokio::task::spawn_blocking(move || {
+        let found = tokio::task::spawn_blocking(move || {
             let root = root.canonicalize().ok();
-            let resolve = |dir: &String| root.as_deref().and_then(|r| resolved(r, dir, true));
-            listed.iter().map(resolve).collect::<Vec<_>>()
+            let find = |dir: &String| root.as_deref().and_then(|r| listed_dir(r, dir));
+            listed.iter().map(find).collect::<Vec<_>>()
         })
         .await
         .unwrap_or_else(|_| vec![None; count]);
-        for (dir, resolved) in touched.listed.iter().zip(resolved) {
+        for (dir, found) in touched.listed.iter().zip(found) {
             // A name in a listing is its writer's words.
             label.join(&self.default_of(dir));
             let Some(files) = &self.recorded else {
                 continue;
             };
             // A directory gone since: what lay beneath it could be anywhere now.
-            let beneath = resolved.as_deref().unwrap_or(".");
-            match files.beneath(&key, beneath).await {
+            let (beneath, made) = found.unwrap_or_else(|| (".".to_owned(), Vec::new()));
+            // Whoever made or moved it, or a directory above it, put every name beneath
+            // where it is.
+            match self.labels_of(&key, made).await {
+                Ok(made) => {
+                    for known in made.into_values() {
+                        if let Known::Written(by) | Known::Changed(by) = known {
+                            label.join(&by);
+                        }
+                    }
+                }
+                Err(()) => label.join(&unreadable(dir)),
+            }
+            match files.beneath(&key, &beneath).await {
                 Ok(found) => label.join(&found),
                 Err(err) => {
                     tracing::warn!("the labels of the files beneath {dir} cannot be read: {err}");
@@ -224,7 +236,7 @@ impl WorkspaceFiles {
         if touched.written.is_empty() {
             return;
         }
-        let paths: Vec<String> = touched.written.iter().cloned().collect();
+        let paths: Vec<_> = touched.written.iter().cloned().collect();
         let root = self.workspace.clone();
         let stamped = tokio::task::spawn_blocking(move || stamps(&root, paths)).await;
         let Ok(stamped) = stamped else {
@@ -266,12 +278,17 @@ impl ReadLabels for WorkspaceFiles {
     }
 }
 
-/// The stamp of each of `paths` in the workspace at `root` that is there, found beneath
+/// The stamp of each of `written` in the workspace at `root` that is there, found beneath
 /// it: the name itself, and for a link also the file it leads to (a write through a link
 /// writes that file; a link made is read by its name). Each is named by the path it
 /// resolves to ([`resolved`]), as a listing is matched. A link leading outside is not
 /// followed out.
-fn stamps(root: &Path, paths: Vec<String>) -> Vec<(String, FileStamp)> {
+///
+/// A file opened to write that its path no longer leads to (moved, or its directory
+/// renamed, before the call ended) is recorded by its device and inode as a version no
+/// read will match ([`moved`]): wherever it is read next, it carries its writer's label
+/// and the workspace's default.
+fn stamps(root: &Path, written: Vec<(String, Option<FileStamp>)>) -> Vec<(String, FileStamp)> {
     use cap_std::fs::MetadataExt as _;
     let Ok(dir) = cap_std::fs::Dir::open_ambient_dir(root, cap_std::ambient_authority()) else {
         return Vec::new();
@@ -279,26 +296,68 @@ fn stamps(root: &Path, paths: Vec<String>) -> Vec<(String, FileStamp)> {
     let Ok(real_root) = root.canonicalize() else {
         return Vec::new();
     };
-    let stamp = |meta: cap_std::fs::Metadata| {
+    let stamp = |meta: &cap_std::fs::Metadata| {
         let (dev, ino, len) = (meta.dev(), meta.ino(), meta.size());
         FileStamp::new(dev, ino, len, meta.ctime(), meta.ctime_nsec())
     };
+    let same = |a: &FileStamp, b: &FileStamp| (a.dev, a.ino) == (b.dev, b.ino);
     let mut stamped = Vec::new();
-    for path in paths {
-        let Ok(own) = dir.symlink_metadata(&path) else {
+    for (path, opened) in written {
+        let own = dir.symlink_metadata(&path).ok();
+        let target = own
+            .as_ref()
+            .filter(|meta| meta.is_symlink())
+            .and_then(|_| dir.metadata(&path).ok());
+        let (own, target) = (own.as_ref().map(stamp), target.as_ref().map(stamp));
+        if let Some(opened) = opened
+            && !own.iter().chain(&target).any(|now| same(now, &opened))
+        {
+            let name = resolved(&real_root, &path, false).unwrap_or(path);
+            stamped.push((name, moved(opened)));
             continue;
-        };
-        if own.is_symlink()
-            && let Ok(target) = dir.metadata(&path)
+        }
+        if let Some(target) = target
             && let Some(to) = resolved(&real_root, &path, true)
         {
-            stamped.push((to, stamp(target)));
+            stamped.push((to, target));
         }
-        if let Some(name) = resolved(&real_root, &path, false) {
-            stamped.push((name, stamp(own)));
+        if let Some(own) = own
+            && let Some(name) = resolved(&real_root, &path, false)
+        {
+            stamped.push((name, own));
         }
     }
     stamped
+}
+
+/// Listed directory `dir` as it resolves in the workspace at `real_root` ([`resolved`]),
+/// with the stamps of it and of each directory above it in the workspace. `None` when it
+/// is not there.
+fn listed_dir(real_root: &Path, dir: &str) -> Option<(String, Vec<FileStamp>)> {
+    let dir = resolved(real_root, dir, true)?;
+    let mut stamps = Vec::new();
+    if dir != "." {
+        let mut above = real_root.to_owned();
+        for part in Path::new(&dir).components() {
+            above.push(part);
+            stamps.extend(
+                std::fs::metadata(&above)
+                    .ok()
+                    .map(|meta| FileStamp::of(&meta)),
+            );
+        }
+    }
+    Some((dir, stamps))
+}
+
+/// A stamp of the file `opened` names that matches none of its versions: recorded for a
+/// file whose version the host could not see, so any read of it finds the row changed.
+fn moved(opened: FileStamp) -> FileStamp {
+    FileStamp {
+        len: u64::MAX,
+        ctime_ns: i64::MIN,
+        ..opened
+    }
 }
 
 /// Workspace path `path` as the filesystem resolves it now, relative to the workspace at
