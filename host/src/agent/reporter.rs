@@ -220,15 +220,18 @@ impl Reporter {
             let _index = self.notification_index.0.lock().await;
             let memory = &self.memory;
             let saved = async {
-                memory.working_set(&key, text, None).await?;
-                let mut index = memory
-                    .working_get("notifications/index")
-                    .await?
-                    .unwrap_or_default();
+                memory.working_set(&key, text, label, None).await?;
+                // The index quotes each report: it carries what each carried.
+                let index = memory.working_get("notifications/index").await?;
+                let (mut index, mut read) = index.map_or_else(
+                    || (String::new(), Label::trusted()),
+                    |entry| (entry.value, entry.label),
+                );
                 index.push_str(&line);
                 index.push('\n');
+                read.join(label);
                 memory
-                    .working_set("notifications/index", &index, None)
+                    .working_set("notifications/index", &index, &read, None)
                     .await
             };
             if let Err(err) = saved.await {

@@ -380,16 +380,15 @@ impl memory::Host for Sandbox {
         let services = self
             .services_for(Operation::MemoryWorkingGet, MEMORY_READ)?
             .clone();
-        let value = services
+        let entry = services
             .memory
             .working_get(&key)
             .await
             .map_err(host_error)?;
-        // Working memory keeps no label: a value from it could be anyone's.
-        if value.is_some() {
-            self.gave(&Label::unknown());
-        }
-        Ok(value)
+        Ok(entry.map(|entry| {
+            self.gave(&entry.label);
+            entry.value
+        }))
     }
 
     async fn working_set(
@@ -401,7 +400,10 @@ impl memory::Host for Sandbox {
         let services = self
             .services_for(Operation::MemoryWorkingSet, MEMORY_WRITE)?
             .clone();
-        let set = services.memory.working_set(&key, &value, ttl_seconds);
+        let label = self.writes_label().await;
+        let set = services
+            .memory
+            .working_set(&key, &value, &label, ttl_seconds);
         set.await.map_err(host_error)
     }
 }

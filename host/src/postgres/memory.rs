@@ -7,10 +7,12 @@ use async_trait::async_trait;
 use super::rows::{label, label_text, parsed, readable};
 use super::sessions::live_run;
 use super::{Postgres, now};
+use crate::flow::Label;
 use crate::ids::Caller;
 use crate::services::Operation;
 use crate::services::{
-    Memory, MemoryItem, NewMemory, RECALL_MAX, ServiceError, expires_at, memory_words, recall_terms,
+    Memory, MemoryItem, NewMemory, RECALL_MAX, ServiceError, WorkingEntry, expires_at,
+    memory_words, recall_terms,
 };
 
 #[async_trait]
@@ -93,39 +95,47 @@ impl Memory for Postgres {
         Ok(())
     }
 
-    async fn working_get(&self, key: &str) -> Result<Option<String>, ServiceError> {
+    async fn working_get(&self, key: &str) -> Result<Option<WorkingEntry>, ServiceError> {
         let client = self.client().await?;
         let row = client
             .query_opt(
-                "SELECT value FROM working_memory
+                "SELECT value, label FROM working_memory
                  WHERE key = $1 AND (expires_at IS NULL OR expires_at > $2)",
                 &[&key, &now()],
             )
             .await
             .map_err(|err| self.failed(Operation::MemoryWorkingGet, err))?;
-        Ok(row.map(|row| row.get(0)))
+        Ok(row.map(|row| WorkingEntry {
+            value: row.get(0),
+            label: label(&row, 1),
+        }))
     }
 
     async fn working_set(
         &self,
         key: &str,
         value: &str,
+        label: &Label,
         ttl_seconds: Option<u64>,
     ) -> Result<(), ServiceError> {
         let at = now();
         let expires = expires_at(at, ttl_seconds);
+        let label = label_text(label);
         let client = self.client().await?;
         // Fenced like tasks: late reports folded back by a host whose run is over land
         // nothing.
         let sql = format!(
-            "INSERT INTO working_memory (key, value, expires_at, updated_at)
-             SELECT $1, $2, $3, $4 WHERE {}
+            "INSERT INTO working_memory (key, value, expires_at, updated_at, label)
+             SELECT $1, $2, $3, $4, $5 WHERE {}
              ON CONFLICT (key) DO UPDATE
-                 SET value = $2, expires_at = $3, updated_at = $4",
-            live_run(5)
+                 SET value = $2, expires_at = $3, updated_at = $4, label = $5",
+            live_run(6)
         );
         let written = client
-            .execute(&sql, &[&key, &value, &expires, &at, &self.writer_run()])
+            .execute(
+                &sql,
+                &[&key, &value, &expires, &at, &label, &self.writer_run()],
+            )
             .await
             .map_err(|err| self.failed(Operation::MemoryWorkingSet, err))?;
         if written == 0 {

@@ -18,9 +18,9 @@ use super::{
     Approval, ApprovalId, ApprovalState, Approvals, AuditChain, AuditDestination, AuditEntry,
     AuditRecord, AuditSink, ChainEvent, ChainRecord, Committing, Endorsement, Memory, MemoryItem,
     NewApproval, NewMemory, NewTask, RequestEntry, RequestRecord, ServiceError, Task, TaskBoard,
-    TaskFilter, TaskPatch, Verdict, already_decided, check_working_key, redact,
+    TaskFilter, TaskPatch, Verdict, WorkingEntry, already_decided, check_working_key, redact,
 };
-use crate::flow::ArgsDigest;
+use crate::flow::{ArgsDigest, Label};
 use crate::ids::{Caller, ProcessId};
 
 /// A [`TaskBoard`] that checks each new task and patch before its backend sees it.
@@ -65,7 +65,7 @@ impl Memory for CheckedMemory {
         self.0.delete(id).await
     }
 
-    async fn working_get(&self, key: &str) -> Result<Option<String>, ServiceError> {
+    async fn working_get(&self, key: &str) -> Result<Option<WorkingEntry>, ServiceError> {
         check_working_key(key)?;
         self.0.working_get(key).await
     }
@@ -74,10 +74,11 @@ impl Memory for CheckedMemory {
         &self,
         key: &str,
         value: &str,
+        label: &Label,
         ttl_seconds: Option<u64>,
     ) -> Result<(), ServiceError> {
         check_working_key(key)?;
-        self.0.working_set(key, value, ttl_seconds).await
+        self.0.working_set(key, value, label, ttl_seconds).await
     }
 
     async fn working_keys(&self, prefix: &str) -> Result<Vec<String>, ServiceError> {

@@ -5,9 +5,9 @@
 use super::{
     Answer, ApprovalState, AuditRecord, Claim, ForwardId, Forwarded, Lease, NewApproval, NewMemory,
     NewTask, Priority, REDACTED, ServiceError, Services, TaskFilter, TaskPatch, TaskStatus,
-    Verdict, WorkerState,
+    Verdict, WorkerState, WorkingEntry,
 };
-use crate::flow::ArgsDigest;
+use crate::flow::{ArgsDigest, Label, Origin};
 use crate::ids::ProcessKind;
 use crate::ids::testing::{by, key, pid};
 
@@ -38,7 +38,7 @@ pub(crate) async fn check_all(fresh: impl AsyncFn() -> Services) {
 }
 
 async fn tasks_and_memories_keep_what_went_into_them(s: &Services) {
-    use crate::flow::{Label, Origin, Scope};
+    use crate::flow::Scope;
 
     let page = Label::untrusted(Origin::Net("example.com".into()));
     let notes = Label::private(Scope::Workspace);
@@ -83,7 +83,7 @@ async fn tasks_and_memories_keep_what_went_into_them(s: &Services) {
 async fn a_file_s_label_holds_for_the_version_written_and_listings_join_what_lies_beneath(
     s: &Services,
 ) {
-    use crate::flow::{Label, Origin, Scope};
+    use crate::flow::Scope;
 
     use super::{FileLabel, FileStamp};
 
@@ -607,31 +607,39 @@ async fn recall_finds_by_words_ranks_by_importance_and_forgets_deleted(s: &Servi
 
 async fn working_memory_expires_and_lists_by_prefix(s: &Services) {
     let m = &s.memory;
-    m.working_set("notifications/result/w1", "done", None)
+    let (trusted, page) = (
+        Label::trusted(),
+        Label::untrusted(Origin::Net("x.test".into())),
+    );
+    let value = |entry: Option<WorkingEntry>| entry.map(|e| e.value);
+    m.working_set("notifications/result/w1", "done", &trusted, None)
         .await
         .unwrap();
-    m.working_set("notifications/status/w2", "waiting", Some(3600))
+    m.working_set("notifications/status/w2", "waiting", &page, Some(3600))
         .await
         .unwrap();
-    m.working_set("notifications/error/w3", "gone", Some(0))
+    m.working_set("notifications/error/w3", "gone", &trusted, Some(0))
         .await
         .unwrap();
-    m.working_set("scratch", "x", None).await.unwrap();
+    m.working_set("scratch", "x", &page, None).await.unwrap();
     let got = m.working_get("notifications/result/w1").await.unwrap();
-    assert_eq!(got.as_deref(), Some("done"));
+    assert_eq!(value(got).as_deref(), Some("done"));
     let expired = m.working_get("notifications/error/w3").await.unwrap();
     assert_eq!(expired, None, "expired");
     assert_eq!(
         m.working_keys("notifications/").await.unwrap(),
         ["notifications/result/w1", "notifications/status/w2"]
     );
-    m.working_set("scratch", "y", None).await.unwrap();
-    assert_eq!(
-        m.working_get("scratch").await.unwrap().as_deref(),
-        Some("y")
-    );
+    // Each entry keeps what its writer had read; a rewrite takes the new writer's.
+    let got = m.working_get("notifications/status/w2").await.unwrap();
+    assert_eq!(got.map(|e| e.label), Some(page.clone()));
+    let got = m.working_get("scratch").await.unwrap().unwrap();
+    assert_eq!((got.value.as_str(), got.label), ("x", page));
+    m.working_set("scratch", "y", &trusted, None).await.unwrap();
+    let got = m.working_get("scratch").await.unwrap().unwrap();
+    assert_eq!((got.value.as_str(), got.label), ("y", trusted.clone()));
     assert_eq!(m.working_get("nothing").await.unwrap(), None);
-    let empty = m.working_set("", "v", None).await;
+    let empty = m.working_set("", "v", &trusted, None).await;
     assert!(matches!(empty, Err(ServiceError::Invalid(_))));
 }
 
@@ -860,8 +868,12 @@ async fn recall_matches_whole_words_of_kind_and_content_whatever_their_case(s: &
 
 async fn a_long_ttl_is_a_long_life(s: &Services) {
     for ttl in [u64::MAX, 1 << 63, i64::MAX as u64] {
-        s.memory.working_set("k", "v", Some(ttl)).await.unwrap();
-        let got = s.memory.working_get("k").await.unwrap();
+        let trusted = Label::trusted();
+        s.memory
+            .working_set("k", "v", &trusted, Some(ttl))
+            .await
+            .unwrap();
+        let got = s.memory.working_get("k").await.unwrap().map(|e| e.value);
         assert_eq!(got.as_deref(), Some("v"), "ttl {ttl}");
     }
 }

@@ -14,7 +14,9 @@ use super::{
     expires_at, interrupted_outcome, memory_words, no_approval, now, recall_terms,
     worker_already_recorded, worker_has_ended,
 };
-use super::{ChainEntry, ChainRecord, ChainStore, GENESIS, HostKey, hash_bytes, sealed};
+use super::{
+    ChainEntry, ChainRecord, ChainStore, GENESIS, HostKey, WorkingEntry, hash_bytes, sealed,
+};
 use super::{FileLabel, FileLabels, FileStamp, lies_beneath};
 use crate::flow::{ArgsDigest, Label};
 use crate::ids::{Caller, ProcessId, ProcessKind, SessionKey};
@@ -38,7 +40,7 @@ struct State {
     memories: BTreeMap<u64, MemoryItem>,
     next_memory: u64,
     /// Key to value and expiry (Unix seconds).
-    working: HashMap<String, (String, Option<i64>)>,
+    working: HashMap<String, (WorkingEntry, Option<i64>)>,
     history: HashMap<SessionKey, Vec<String>>,
     audit: Vec<AuditEntry>,
     requests: Vec<RequestEntry>,
@@ -202,26 +204,31 @@ impl Memory for InMemory {
         }
     }
 
-    async fn working_get(&self, key: &str) -> Result<Option<String>, ServiceError> {
+    async fn working_get(&self, key: &str) -> Result<Option<WorkingEntry>, ServiceError> {
         let at = now();
         Ok(self
             .state()
             .working
             .get(key)
             .filter(|(_, expires)| live(*expires, at))
-            .map(|(value, _)| value.clone()))
+            .map(|(entry, _)| entry.clone()))
     }
 
     async fn working_set(
         &self,
         key: &str,
         value: &str,
+        label: &Label,
         ttl_seconds: Option<u64>,
     ) -> Result<(), ServiceError> {
         let expires = expires_at(now(), ttl_seconds);
+        let entry = WorkingEntry {
+            value: value.to_owned(),
+            label: label.clone(),
+        };
         self.state()
             .working
-            .insert(key.to_owned(), (value.to_owned(), expires));
+            .insert(key.to_owned(), (entry, expires));
         Ok(())
     }
 

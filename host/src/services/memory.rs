@@ -45,14 +45,16 @@ pub trait Memory: Send + Sync {
     /// Deletes memory `id`, or [`ServiceError::NotFound`].
     async fn delete(&self, id: u64) -> Result<(), ServiceError>;
 
-    /// Working-memory entry `key`, if present and not expired.
-    async fn working_get(&self, key: &str) -> Result<Option<String>, ServiceError>;
+    /// WorkingEntry-memory entry `key`, if present and not expired.
+    async fn working_get(&self, key: &str) -> Result<Option<WorkingEntry>, ServiceError>;
 
-    /// Writes working-memory entry `key` (not empty), expiring after `ttl_seconds` if given.
+    /// Writes working-memory entry `key` (not empty) as `value`, its writer having read
+    /// `label`, expiring after `ttl_seconds` if given.
     async fn working_set(
         &self,
         key: &str,
         value: &str,
+        label: &Label,
         ttl_seconds: Option<u64>,
     ) -> Result<(), ServiceError>;
 
@@ -76,6 +78,16 @@ pub struct MemoryItem {
     /// Unix seconds.
     pub created_at: i64,
     /// What its writer had read.
+    pub label: Label,
+}
+
+/// A working-memory entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkingEntry {
+    /// What it holds.
+    pub value: String,
+    /// What its writer had read. An entry written before labels were kept is
+    /// [`Label::unknown`].
     pub label: Label,
 }
 

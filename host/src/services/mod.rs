@@ -68,8 +68,8 @@ pub use ledger::{
     worker_already_recorded, worker_has_ended,
 };
 pub use memory::{
-    DEFAULT_IMPORTANCE, Memory, MemoryItem, NewMemory, RECALL_MAX, check_working_key, expires_at,
-    memory_words, recall_terms, recall_words,
+    DEFAULT_IMPORTANCE, Memory, MemoryItem, NewMemory, RECALL_MAX, WorkingEntry, check_working_key,
+    expires_at, memory_words, recall_terms, recall_words,
 };
 pub use operation::Operation;
 pub use sessions::{Answer, AnswerOutcome, Claim, Epoch, ForwardId, Forwarded, Sessions};

@@ -5,8 +5,9 @@ use rusqlite::{OptionalExtension, params};
 
 use super::rows::{label, label_text, parsed, readable};
 use super::{Store, StoreError, now};
+use crate::flow::Label;
 use crate::ids::Caller;
-use crate::services::{MemoryItem, NewMemory, RECALL_MAX, expires_at, recall_words};
+use crate::services::{MemoryItem, NewMemory, RECALL_MAX, WorkingEntry, expires_at, recall_words};
 
 impl Store {
     /// Saves a memory from `source`.
@@ -82,32 +83,41 @@ impl Store {
     }
 
     /// Reads working-memory entry `key`, if present and not expired.
-    pub fn working_get(&self, key: &str) -> Result<Option<String>, StoreError> {
+    pub fn working_get(&self, key: &str) -> Result<Option<WorkingEntry>, StoreError> {
         Ok(self
             .conn()
             .query_row(
-                "SELECT value FROM working_memory
+                "SELECT value, label FROM working_memory
                  WHERE key = ?1 AND (expires_at IS NULL OR expires_at > ?2)",
                 params![key, now()],
-                |row| row.get(0),
+                |row| {
+                    Ok(WorkingEntry {
+                        value: row.get(0)?,
+                        label: label(row, 1)?,
+                    })
+                },
             )
             .optional()?)
     }
 
-    /// Writes working-memory entry `key`, expiring after `ttl_seconds` if given.
+    /// Writes working-memory entry `key`, its writer having read `label`, expiring after `ttl_seconds` if given.
     pub(crate) fn working_set(
         &self,
         key: &str,
         value: &str,
+        label: &Label,
         ttl_seconds: Option<u64>,
     ) -> Result<(), StoreError> {
         let at = now();
         let expires = expires_at(at, ttl_seconds);
+        let label = label_text(label);
         self.write(|tx| {
             tx.execute(
-                "INSERT INTO working_memory (key, value, expires_at, updated_at) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT(key) DO UPDATE SET value = ?2, expires_at = ?3, updated_at = ?4",
-                params![key, value, expires, at],
+                "INSERT INTO working_memory (key, value, expires_at, updated_at, label)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT(key) DO UPDATE
+                     SET value = ?2, expires_at = ?3, updated_at = ?4, label = ?5",
+                params![key, value, expires, at, label],
             )?;
             Ok(())
         })

@@ -222,6 +222,10 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE tasks ADD COLUMN label TEXT NOT NULL DEFAULT '{"untrusted":["plugin:*"],"more":[0,1,0]}';
     ALTER TABLE memories ADD COLUMN label TEXT NOT NULL DEFAULT '{"untrusted":["plugin:*"],"more":[0,1,0]}';
     "#,
+    // 11: what went into each working-memory entry; entries from before are of unknown origin.
+    r#"
+    ALTER TABLE working_memory ADD COLUMN label TEXT NOT NULL DEFAULT '{"untrusted":["plugin:*"],"more":[0,1,0]}';
+    "#,
 ];
 
 /// The schema version this binary writes.
@@ -275,6 +279,9 @@ mod tests {
         conn.execute_batch(
             "INSERT INTO history VALUES ('main', 0, '{\"role\":\"user\",\"content\":\"hi\"}');
              INSERT INTO workers VALUES ('worker:7', 'main', 'old job', 'done', NULL, 0, 0);
+             INSERT INTO working_memory VALUES ('plan', 'from before labels', NULL, 0);
+             INSERT INTO memories (kind, content, importance, source, created_at)
+                 VALUES ('fact', 'an old memory', 0.5, 'worker:7', 0);
              INSERT INTO audit (at, process, tool, grants, arguments, outcome, detail, duration_us)
                  VALUES (0, 'branch:9', 'file_read', '', '{}', 'ok', '', 1);",
         )
@@ -336,5 +343,18 @@ mod tests {
             )
             .unwrap();
         assert_eq!(counters, 0, "no AUTOINCREMENT counter is kept for audit");
+    }
+
+    #[test]
+    fn what_was_stored_before_labels_reads_back_as_of_unknown_origin() {
+        use crate::flow::Label;
+        let dir = tempfile::tempdir().unwrap();
+        version_one(dir.path());
+        let store = Store::open(dir.path()).unwrap();
+        let entry = store.working_get("plan").unwrap().unwrap();
+        assert_eq!(entry.value, "from before labels");
+        assert_eq!(entry.label, Label::unknown());
+        let recalled = store.recall("old memory", 5).unwrap();
+        assert_eq!(recalled[0].label, Label::unknown());
     }
 }

@@ -21,7 +21,7 @@ use crate::services::{
     NewApproval, NewMemory, NewTask, RequestEntry, RequestRecord, Run, RunId, ServiceError,
     Services, Sessions, Task, TaskBoard, TaskFilter, TaskPatch, Verdict, WorkerRecord, WorkerState,
 };
-use crate::services::{ChainEntry, ChainRecord, ChainStore, Endorsement, HostKey};
+use crate::services::{ChainEntry, ChainRecord, ChainStore, Endorsement, HostKey, WorkingEntry};
 use crate::services::{FileLabel, FileLabels, FileStamp};
 
 impl Store {
@@ -143,7 +143,7 @@ impl Memory for Sqlite {
             .await
     }
 
-    async fn working_get(&self, key: &str) -> Result<Option<String>, ServiceError> {
+    async fn working_get(&self, key: &str) -> Result<Option<WorkingEntry>, ServiceError> {
         let key = key.to_owned();
         self.run(Operation::MemoryWorkingGet, move |s| s.working_get(&key))
             .await
@@ -153,11 +153,12 @@ impl Memory for Sqlite {
         &self,
         key: &str,
         value: &str,
+        label: &Label,
         ttl_seconds: Option<u64>,
     ) -> Result<(), ServiceError> {
-        let (key, value) = (key.to_owned(), value.to_owned());
+        let (key, value, label) = (key.to_owned(), value.to_owned(), label.clone());
         self.run(Operation::MemoryWorkingSet, move |s| {
-            s.working_set(&key, &value, ttl_seconds)
+            s.working_set(&key, &value, &label, ttl_seconds)
         })
         .await
     }

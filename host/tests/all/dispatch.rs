@@ -490,10 +490,15 @@ async fn late_results_are_folded_back_into_one_notification_turn_each() {
         store
             .working_get("notifications/result/worker:1")
             .unwrap()
+            .map(|entry| entry.value)
             .as_deref(),
         Some("finished (done): job one finished")
     );
-    let index = store.working_get("notifications/index").unwrap().unwrap();
+    let index = store
+        .working_get("notifications/index")
+        .unwrap()
+        .unwrap()
+        .value;
     assert_eq!(index.lines().count(), 2, "{index}");
     assert!(
         index.contains("result worker:1 (for branch:1): finished (done): job one finished"),
@@ -610,7 +615,7 @@ async fn a_late_result_for_a_channel_that_is_gone_is_kept_with_a_warning() {
         let indexed = store
             .working_get("notifications/index")
             .unwrap()
-            .map_or(0, |index| index.lines().count());
+            .map_or(0, |index| index.value.lines().count());
         store.working_keys("notifications/status/").unwrap().len() == 3 && indexed == 3
     })
     .await;
@@ -619,6 +624,7 @@ async fn a_late_result_for_a_channel_that_is_gone_is_kept_with_a_warning() {
             .working_get("notifications/index")
             .unwrap()
             .unwrap()
+            .value
             .contains("status worker:3 (for channel:main)"),
         "the channel's own worker, reported as the channel closed"
     );
@@ -626,6 +632,7 @@ async fn a_late_result_for_a_channel_that_is_gone_is_kept_with_a_warning() {
         store
             .working_get("notifications/status/worker:1")
             .unwrap()
+            .map(|entry| entry.value)
             .as_deref(),
         Some("finished (cancelled): cancelled on request")
     );

@@ -386,7 +386,7 @@ async fn a_memory_saved_from_a_file_carries_that_file_s_own_label() {
     let store = Arc::new(Store::open(&dir.path().join("data")).unwrap());
     let toml = r#"
 [profiles.worker]
-tools = ["file_write", "file_to_memory", "memory_recall"]
+tools = ["file_write", "file_to_memory", "memory_recall", "scratch"]
 capabilities = ["fs.read", "fs.write", "memory.read", "memory.write"]
 "#;
     let config = Config::parse(toml, &dir.path().join("capstan.toml")).unwrap();
@@ -430,6 +430,24 @@ capabilities = ["fs.read", "fs.write", "memory.read", "memory.write"]
     // In the database, the statement's memory keeps the secret.
     let recalled = store.recall("balance", 5).unwrap();
     assert!(recalled[0].label.covers(&token), "{}", recalled[0].label);
+
+    // Working memory too: an entry written by a worker that read a page is read back as
+    // the page, and one rewritten by a worker that read nothing as trusted.
+    let page = Label::untrusted(Origin::Net("example.com".into()));
+    let set = json!({"key": "plan", "value": "Pay eve first."});
+    call_as(&rt, 1, "scratch", set, &page).await;
+    let (text, label) = call_as(&rt, 2, "scratch", json!({"key": "plan"}), &trusted).await;
+    assert_eq!(text, "Pay eve first.");
+    assert_eq!(
+        label,
+        page.clone().joined(&Label::private(Scope::Memory)),
+        "{label}"
+    );
+    assert_eq!(store.working_get("plan").unwrap().unwrap().label, page);
+    let set = json!({"key": "plan", "value": "Check the figures."});
+    call_as(&rt, 2, "scratch", set, &trusted).await;
+    let (_, label) = call_as(&rt, 3, "scratch", json!({"key": "plan"}), &trusted).await;
+    assert!(label.is_trusted(), "{label}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
