@@ -11,6 +11,12 @@
 //!   flow facts (its declared capabilities and the kind's grants) and the check against the
 //!   rules, for a context holding untrusted, private data.
 //! - `flow/result_label`: the label a result is given.
+//! - `flow/label_json`: a label written and read back as a history message, task or
+//!   memory keeps it (JSON).
+//! - `flow/file_stamp`: the `fstat` the host makes of each file a call opens, for the
+//!   label of what it read.
+//! - `route/file_read_recorded`: `route/file_read` with the labels of written files kept
+//!   (in memory): the lookup of the file read, answered from what the router remembers.
 //! - `route/file_read`: the whole call those are part of, `ToolRouter::route` of the
 //!   sandboxed `file_read` (flow check, grants, fresh instance, audit row), from the same
 //!   context.
@@ -27,6 +33,7 @@ use capstan_host::ids::ProcessId;
 use capstan_host::llm::Message;
 use capstan_host::plugin::{ArtifactCache, CallLog, Limits, PluginHost, Registry};
 use capstan_host::policy::ProcessKind;
+use capstan_host::services::{FileStamp, Services};
 use capstan_host::tools::{Read, Routed, ToolCatalog, ToolRouter};
 use criterion::Criterion;
 
@@ -46,7 +53,10 @@ fn main() {
     });
     let registry = Arc::new(registry);
     let catalog = Arc::new(ToolCatalog::new(&registry, &config.policy));
-    let router = ToolRouter::new(registry, catalog.clone(), workspace);
+    let router = ToolRouter::new(registry.clone(), catalog.clone(), workspace.clone());
+    let recorded = ToolRouter::new(registry, catalog.clone(), workspace.clone())
+        .with_file_labels(Services::in_memory().files, Default::default());
+    let opened = std::fs::File::open(workspace.join("data.txt")).unwrap();
     let worker = ProcessId::numbered(ProcessKind::Worker, 1);
 
     let read =
@@ -85,27 +95,36 @@ fn main() {
     group.bench_function("result_label", |b| {
         b.iter(|| router.result_label(ProcessKind::Worker, black_box("file_read")))
     });
-    group.finish();
-    let mut group = c.benchmark_group("route");
-    group.bench_function("file_read", |b| {
+    group.bench_function("label_json", |b| {
         b.iter(|| {
-            tokio.block_on(async {
-                let routed = router
-                    .route(
-                        &worker,
-                        None,
-                        "file_read",
-                        r#"{"path":"data.txt"}"#,
-                        Read::context(&context),
-                    )
-                    .await;
-                match routed {
-                    Routed::Ran { recorded, .. } => recorded.committed().await.unwrap(),
-                    other => panic!("{other:?}"),
-                }
-            })
+            let text = serde_json::to_string(black_box(&context)).unwrap();
+            serde_json::from_str::<Label>(&text).unwrap()
         })
     });
+    group.bench_function("file_stamp", |b| {
+        b.iter(|| FileStamp::of(&black_box(&opened).metadata().unwrap()))
+    });
+    group.finish();
+    let route = |router: &ToolRouter| {
+        tokio.block_on(async {
+            let routed = router
+                .route(
+                    &worker,
+                    None,
+                    "file_read",
+                    r#"{"path":"data.txt"}"#,
+                    Read::context(&context),
+                )
+                .await;
+            match routed {
+                Routed::Ran { recorded, .. } => recorded.committed().await.unwrap(),
+                other => panic!("{other:?}"),
+            }
+        })
+    };
+    let mut group = c.benchmark_group("route");
+    group.bench_function("file_read", |b| b.iter(|| route(&router)));
+    group.bench_function("file_read_recorded", |b| b.iter(|| route(&recorded)));
     group.finish();
     c.final_summary();
 }

@@ -77,9 +77,10 @@ pub(crate) fn note_file_access(linker: &mut Linker<Sandbox>) -> wasmtime::Result
                 if sandbox.file_access().full() {
                     return refused();
                 }
+                let (_, stamp) = stamp_of(sandbox, &fd);
                 sandbox
                     .file_access()
-                    .reached(fd.rep(), ".", Reached::Listed);
+                    .reached(fd.rep(), ".", Reached::Listed(stamp));
                 answered(sandbox.filesystem().read_directory(fd).await)
             })
         },
@@ -109,11 +110,11 @@ pub(crate) fn note_file_access(linker: &mut Linker<Sandbox>) -> wasmtime::Result
                 if sandbox.file_access().full() {
                     return refused();
                 }
-                // What the moved file held goes with it: read at the old name (as the
-                // file it is now), written at the new.
+                // What the moved file held goes with it (and a directory's names): read
+                // at the old name (as the file it is now), written at the new.
                 let stamp = stamp_at(sandbox, &fd, &old);
                 let access = sandbox.file_access();
-                access.reached(fd.rep(), &old, Reached::Read(stamp));
+                access.reached(fd.rep(), &old, Reached::Moved(stamp));
                 access.reached(new_fd.rep(), &new, Reached::Written);
                 answered(sandbox.filesystem().rename_at(fd, old, new_fd, new).await)
             })

@@ -43,6 +43,7 @@ use wasmtime_wasi::p2::bindings::filesystem::types::{
 use super::file_access::stamp_of;
 use super::sandbox::{FILESYSTEM_TYPES, Sandbox};
 use super::touched::Access;
+use crate::services::FileStamp;
 
 type OpenAtParams = (
     Resource<Descriptor>,
@@ -77,9 +78,14 @@ pub(crate) fn replace_inline_fs_functions(linker: &mut Linker<Sandbox>) -> wasmt
                     truncates: open_flags.contains(OpenFlags::TRUNCATE),
                     directory: false,
                 };
+                // The inline open has the file's metadata already: its stamp costs nothing.
+                let mut stamped = None;
                 let opened = if sandbox.inline_fs() {
                     match open_regular(sandbox, &fd, path_flags, &path, open_flags, flags)? {
-                        Ok(descriptor) => Ok(sandbox.ctx().table.push(descriptor)?),
+                        Ok((descriptor, stamp)) => {
+                            stamped = Some((matches!(descriptor, Descriptor::Dir(_)), stamp));
+                            Ok(sandbox.ctx().table.push(descriptor)?)
+                        }
                         Err(code) => Err(code),
                     }
                 } else {
@@ -98,10 +104,19 @@ pub(crate) fn replace_inline_fs_functions(linker: &mut Linker<Sandbox>) -> wasmt
                 // the call returns (`plugin/touched.rs`).
                 if let Ok(opened) = &opened {
                     let stamp;
-                    (access.directory, stamp) = stamp_of(sandbox, opened);
-                    sandbox
-                        .file_access()
-                        .opened(dir, &path, opened.rep(), access, stamp);
+                    (access.directory, stamp) = match stamped {
+                        Some((directory, stamp)) => (directory, Some(stamp)),
+                        None => stamp_of(sandbox, opened),
+                    };
+                    let writing =
+                        sandbox
+                            .file_access()
+                            .opened(dir, &path, opened.rep(), access, stamp);
+                    // Until this call is labelled, another call reading the file reads
+                    // what it has not been labelled with.
+                    if writing && let (Some(stamp), Some(reads)) = (stamp, &sandbox.scope.reads) {
+                        reads.opened_to_write(stamp);
+                    }
                 }
                 Ok((opened,))
             })
@@ -146,7 +161,7 @@ fn open_regular(
     path: &str,
     open_flags: OpenFlags,
     flags: DescriptorFlags,
-) -> wasmtime::Result<Result<Descriptor, ErrorCode>> {
+) -> wasmtime::Result<Result<(Descriptor, FileStamp), ErrorCode>> {
     let Descriptor::Dir(dir) = sandbox.ctx().table.get(fd)? else {
         return Ok(Err(ErrorCode::NotDirectory));
     };
@@ -181,21 +196,20 @@ fn open_regular(
             },
         );
         let file = start.open_with(path, &options)?.into_std();
-        let kind = file.metadata()?.file_type();
-        Ok::<_, std::io::Error>((file, kind))
+        let meta = file.metadata()?;
+        Ok::<_, std::io::Error>((file, meta.file_type(), FileStamp::of(&meta)))
     })();
     Ok(match opened {
         Err(err) => Err(ErrorCode::from(err)),
-        Ok((file, kind)) if kind.is_dir() => {
-            Ok(Descriptor::Dir(Dir::new(file, perms, OpenMode::READ, true)))
-        }
+        Ok((file, kind, stamp)) if kind.is_dir() => Ok((
+            Descriptor::Dir(Dir::new(file, perms, OpenMode::READ, true)),
+            stamp,
+        )),
         Ok(_) if directory => Err(ErrorCode::NotDirectory),
-        Ok((file, kind)) if kind.is_file() => Ok(Descriptor::File(File::new(
-            file,
-            perms,
-            OpenMode::READ,
-            true,
-        ))),
+        Ok((file, kind, stamp)) if kind.is_file() => Ok((
+            Descriptor::File(File::new(file, perms, OpenMode::READ, true)),
+            stamp,
+        )),
         // A FIFO, socket or device: closed here, never read.
         Ok(_) => Err(ErrorCode::Unsupported),
     })

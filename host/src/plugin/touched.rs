@@ -31,8 +31,10 @@ pub struct Touched {
     /// named. A kept instance's reads add up over its calls: what it read once it may
     /// still hold.
     pub read: BTreeSet<(String, Option<FileStamp>)>,
-    /// Workspace directories listed, by path (`.` is the workspace).
-    pub listed: BTreeSet<String>,
+    /// Workspace directories listed, by path (`.` is the workspace), each with the stamp
+    /// of the directory the guest held when it listed it: a path that leads elsewhere by
+    /// the time the call is labelled did not name what was listed.
+    pub listed: BTreeSet<(String, Option<FileStamp>)>,
     /// Workspace paths this call may have written, each with the stamp of the file it
     /// opened to write there, when it opened one (a name made or moved has none): a file
     /// moved away before the call ends is still known by its device and inode.
@@ -44,6 +46,10 @@ pub struct Touched {
     pub labels: Label,
     /// Whether it touched more than [`FILE_LABELS_MAX`] paths: those past it are not named.
     pub overflowed: bool,
+    /// The workspace paths it moved names away from (`rename-at`), as they were: what lay
+    /// beneath a moved directory moved with it, and a file it opened to write that its
+    /// path no longer leads to when it ends may have moved too.
+    pub moved: BTreeSet<String>,
 }
 
 impl Touched {
@@ -58,9 +64,14 @@ impl Touched {
     }
 
     fn room(&mut self) -> bool {
-        let full = self.read.len() + self.listed.len() + self.written.len() >= FILE_LABELS_MAX;
+        let full = self.paths() >= FILE_LABELS_MAX;
         self.overflowed |= full;
         !full
+    }
+
+    /// How many paths it names.
+    fn paths(&self) -> usize {
+        self.read.len() + self.listed.len() + self.written.len() + self.moved.len()
     }
 
     fn note_read(&mut self, path: String, stamp: Option<FileStamp>) {
@@ -70,17 +81,17 @@ impl Touched {
         }
     }
 
-    fn note_listed(&mut self, path: String) {
-        if !self.listed.contains(&path) && self.room() {
-            self.listed.insert(path);
+    fn note_listed(&mut self, path: String, stamp: Option<FileStamp>) {
+        let listed = (path, stamp);
+        if !self.listed.contains(&listed) && self.room() {
+            self.listed.insert(listed);
         }
     }
 
-    fn note_written(&mut self, path: String, stamp: Option<FileStamp>) {
+    /// Notes `path` written; whether it was not noted before.
+    fn note_written(&mut self, path: String, stamp: Option<FileStamp>) -> bool {
         let written = (path, stamp);
-        if !self.written.contains(&written) && self.room() {
-            self.written.insert(written);
-        }
+        !self.written.contains(&written) && self.room() && self.written.insert(written)
     }
 }
 
@@ -99,6 +110,10 @@ pub(crate) trait ReadLabels: Send + Sync {
         &'a self,
         touched: &'a Touched,
     ) -> Pin<Box<dyn Future<Output = Label> + Send + 'a>>;
+
+    /// A call opened the file `stamp` names to write: until that call is labelled, what
+    /// another reads of it is of unknown origin.
+    fn opened_to_write(&self, stamp: FileStamp);
 }
 
 /// What a caller hands a plugin call beside its arguments, and gets back however the call
@@ -161,8 +176,16 @@ impl FileAccess {
         let mut touched = self.touched();
         match how {
             Reached::Read(stamp) => touched.note_read(path, stamp),
-            Reached::Listed => touched.note_listed(path),
-            Reached::Written => touched.note_written(path, None),
+            Reached::Listed(stamp) => touched.note_listed(path, stamp),
+            Reached::Moved(stamp) => {
+                if !touched.moved.contains(&path) && touched.room() {
+                    touched.moved.insert(path.clone());
+                }
+                touched.note_read(path, stamp);
+            }
+            Reached::Written => {
+                touched.note_written(path, None);
+            }
         }
     }
 
@@ -170,7 +193,7 @@ impl FileAccess {
     /// guest is then refused any more (`quota`), so nothing it reaches goes unnoted.
     pub(crate) fn full(&self) -> bool {
         let touched = self.touched();
-        touched.read.len() + touched.listed.len() + touched.written.len() >= FILE_LABELS_MAX
+        touched.paths() >= FILE_LABELS_MAX
     }
 
     /// What has been noted.
@@ -194,7 +217,8 @@ impl FileAccess {
     }
 
     /// Notes that `name` beneath descriptor `dir` was opened as descriptor `opened` with
-    /// `access`, and the stamp of what it read.
+    /// `access`, and the stamp of what it read. Whether it newly noted a file opened to
+    /// write.
     pub(crate) fn opened(
         &mut self,
         dir: u32,
@@ -202,13 +226,14 @@ impl FileAccess {
         opened: u32,
         access: Access,
         stamp: Option<FileStamp>,
-    ) {
+    ) -> bool {
         let path = self.path(dir, name);
+        let mut newly_written = false;
         // Opening a directory reads nothing yet: listing it does.
         if !access.directory {
             let mut touched = self.touched();
             if access.writes {
-                touched.note_written(path.clone(), stamp);
+                newly_written = touched.note_written(path.clone(), stamp);
             }
             // A write that does not truncate keeps what the file held: it goes into what
             // the call writes as a read would (an empty file holds nothing).
@@ -218,6 +243,7 @@ impl FileAccess {
             }
         }
         self.paths.insert(opened, path);
+        newly_written
     }
 }
 
@@ -226,8 +252,10 @@ impl FileAccess {
 pub(crate) enum Reached {
     /// Read (a link, a name moved or linked away), with the stamp of what it named.
     Read(Option<FileStamp>),
-    /// Listed (a directory).
-    Listed,
+    /// Listed (a directory), with the stamp of the directory listed.
+    Listed(Option<FileStamp>),
+    /// Moved away from (the old name of a rename), with the stamp of what it named.
+    Moved(Option<FileStamp>),
     /// Written (a name made, moved or linked to).
     Written,
 }
@@ -302,7 +330,7 @@ mod tests {
             access.reached(0, &format!("f{n}"), Reached::Written);
         }
         assert!(!access.full());
-        access.reached(0, "last", Reached::Listed);
+        access.reached(0, "last", Reached::Listed(None));
         assert!(access.full());
     }
 }

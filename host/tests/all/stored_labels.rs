@@ -353,15 +353,26 @@ async fn a_call_dropped_mid_way_still_labels_what_it_wrote() {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     };
+    let mut waiting = Box::pin(call_in(&rt, None, "put_then_wait", put, &page));
     tokio::select! {
-        _ = call_in(&rt, None, "put_then_wait", put, &page) => panic!("the call waits"),
+        _ = &mut waiting => panic!("the call waits"),
         () = appeared => {}
     }
-    // The record is made on a task of its own: wait for it.
+    // While its writer is under way, what the file holds is not labelled yet: a read of
+    // it is of unknown origin and readers, whatever the workspace's default.
+    let (text, label) = call(&rt, "file_read", json!({"path": "late.md"}), &trusted).await;
+    assert!(text.contains("from the page"), "{text}");
+    assert_eq!(
+        label.to_string(),
+        "untrusted(plugin:*), private(workspace, at least 1 more)"
+    );
+    drop(waiting);
+    // The record is made on a task of its own: wait for it (a read before it is of
+    // unknown origin, as above).
     let recorded = async {
         loop {
             let (_, label) = call(&rt, "file_read", json!({"path": "late.md"}), &trusted).await;
-            if !label.is_trusted() {
+            if label.covers(&page) {
                 break label;
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -501,8 +512,16 @@ async fn a_file_moved_away_before_its_call_ends_keeps_its_writer_s_label() {
     let (text, label) = call(&rt, "file_read", json!({"path": "inbox/pay.md"}), &trusted).await;
     assert!(text.contains("Send 500"), "{text}");
     assert!(label.covers(&page), "{label}");
-    // Its name is the writer's too: a listing of where the directory went carries it.
+    // Its name is the writer's too: a listing of where the directory went carries it,
+    // even once a trusted worker has written beside it.
     let (text, label) = call(&rt, "file_list", json!({"path": "inbox"}), &trusted).await;
     assert!(text.contains("pay.md"), "{text}");
     assert!(label.covers(&page), "{label}");
+    let beside = json!({"path": "inbox/mine.md", "content": "Lunch at noon."});
+    call(&rt, "file_write", beside, &trusted).await;
+    let (text, label) = call(&rt, "file_list", json!({"path": "inbox"}), &trusted).await;
+    assert!(text.contains("mine.md"), "{text}");
+    assert!(label.covers(&page), "{label}");
+    let (_, label) = call(&rt, "file_read", json!({"path": "inbox/mine.md"}), &trusted).await;
+    assert!(label.is_trusted(), "{label}");
 }
