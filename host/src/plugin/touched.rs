@@ -7,8 +7,9 @@
 //! ([`file_access`](super::file_access)): an
 //! `open-at` (read, or write when it may change the file: opened to write, created or
 //! truncated; a write that does not truncate also reads what the file keeps), a `read-directory`, a `readlink-at` (a read of the link), and the calls
-//! that make or move a name (`rename-at` and `link-at` read the old name and write the
-//! new; `symlink-at` and `create-directory-at` write the new). Each descriptor's path is
+//! that make or move a name (`rename-at` reads and moves the old name and writes the new;
+//! `link-at` reads the old and writes the new; `symlink-at` and `create-directory-at`
+//! write the new). Each descriptor's path is
 //! kept so a path opened beneath it is known in full; a descriptor the host did not see
 //! opened is the workspace itself (the only preopen). A read's [`FileStamp`] is taken
 //! from the descriptor just opened, so it names the file the guest got, whatever its
