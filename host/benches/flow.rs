@@ -13,8 +13,12 @@
 //! - `flow/result_label`: the label a result is given.
 //! - `flow/label_json`: a label written and read back as a history message, task or
 //!   memory keeps it (JSON).
-//! - `flow/file_stamp`: the `fstat` the host makes of each file a call opens, for the
-//!   label of what it read.
+//! - `flow/message_json` and `flow/message_json_unlabelled`: a tool result written and
+//!   read back as the store keeps a history message, with a label and without.
+//! - `flow/file_stamp`: the `fstat` the host makes of each file a call opens to write
+//!   (a read-only call's open reuses the one it makes anyway), for the file's label.
+//! - `flow/touched_clone`: the copy of what a call touched that the host keeps after each
+//!   call, holding one file read.
 //! - `route/file_read_recorded`: `route/file_read` with the labels of written files kept
 //!   (in memory): the lookup of the file read, answered from what the router remembers.
 //! - `route/file_read`: the whole call those are part of, `ToolRouter::route` of the
@@ -31,7 +35,7 @@ use capstan_host::config::Config;
 use capstan_host::flow::{Label, Origin, Scope};
 use capstan_host::ids::ProcessId;
 use capstan_host::llm::Message;
-use capstan_host::plugin::{ArtifactCache, CallLog, Limits, PluginHost, Registry};
+use capstan_host::plugin::{ArtifactCache, CallLog, Limits, PluginHost, Registry, Touched};
 use capstan_host::policy::ProcessKind;
 use capstan_host::services::{FileStamp, Services};
 use capstan_host::tools::{Read, Routed, ToolCatalog, ToolRouter};
@@ -101,6 +105,22 @@ fn main() {
             serde_json::from_str::<Label>(&text).unwrap()
         })
     });
+    let result = Message::tool_result("call-1", "bench data\n".repeat(4));
+    for (name, message) in [
+        ("message_json", result.clone().labelled(read.clone())),
+        ("message_json_unlabelled", result),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let text = serde_json::to_string(black_box(&message)).unwrap();
+                serde_json::from_str::<Message>(&text).unwrap()
+            })
+        });
+    }
+    let mut touched = Touched::default();
+    let stamp = FileStamp::of(&opened.metadata().unwrap());
+    touched.read.insert(("data.txt".into(), Some(stamp)));
+    group.bench_function("touched_clone", |b| b.iter(|| black_box(&touched).clone()));
     group.bench_function("file_stamp", |b| {
         b.iter(|| FileStamp::of(&black_box(&opened).metadata().unwrap()))
     });

@@ -1,6 +1,7 @@
 //! [`Label`]: what the host knows of a datum's integrity (who could have written it) and
 //! confidentiality (who may read it).
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
@@ -122,14 +123,18 @@ impl<T: Ord + Clone> Named<T> {
     fn join(&mut self, other: &Named<T>) {
         self.more = self.more.max(other.more);
         for item in &other.set {
-            if self.set.contains(item) {
-                continue;
+            if !self.set.contains(item) {
+                self.insert(item.clone());
             }
-            if self.set.len() < MAX_NAMED {
-                self.set.insert(item.clone());
-            } else {
-                self.more = self.more.saturating_add(1);
-            }
+        }
+    }
+
+    /// Names `item`, or counts it past [`MAX_NAMED`].
+    fn insert(&mut self, item: T) {
+        if self.set.len() < MAX_NAMED || self.set.contains(&item) {
+            self.set.insert(item);
+        } else {
+            self.more = self.more.saturating_add(1);
         }
     }
 
@@ -529,38 +534,59 @@ impl FromStr for Label {
     }
 }
 
-/// How a label is stored with a message, a memory or a task: each part a list of its
-/// names, left out when empty, so a trusted public label is `{}`.
-#[derive(Serialize, Deserialize, Default)]
-struct Stored {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    untrusted: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    private: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    secret: Vec<String>,
+/// How a label is read back from a message, a memory or a task: each part a list of its
+/// names, left out when empty, so a trusted public label is `{}`. It is written in the
+/// same shape by [`Label`]'s `Serialize`, without building this first.
+#[derive(Deserialize, Default)]
+struct Stored<'a> {
+    #[serde(default, borrow)]
+    untrusted: Vec<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    private: Vec<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    secret: Vec<Cow<'a, str>>,
     /// How many more origins, scopes and secrets went in than are named.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default)]
     more: [u32; 3],
 }
 
-fn is_zero(more: &[u32; 3]) -> bool {
-    *more == [0; 3]
+/// A part's names, written as a list of strings.
+struct Names<'a, T>(&'a BTreeSet<T>);
+
+impl<T: fmt::Display> Serialize for Names<'_, T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(Shown))
+    }
+}
+
+/// A name, written as its text.
+struct Shown<'a, T>(&'a T);
+
+impl<T: fmt::Display> Serialize for Shown<'_, T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self.0)
+    }
 }
 
 impl Serialize for Label {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
         let parts = self.parts();
-        fn names<T: fmt::Display>(set: &BTreeSet<T>) -> Vec<String> {
-            set.iter().map(ToString::to_string).collect()
+        let more = [parts.untrusted.more, parts.private.more, parts.secret.more];
+        let mut map = serializer.serialize_map(None)?;
+        if !parts.untrusted.set.is_empty() {
+            map.serialize_entry("untrusted", &Names(&parts.untrusted.set))?;
         }
-        Stored {
-            untrusted: names(&parts.untrusted.set),
-            private: names(&parts.private.set),
-            secret: parts.secret.set.iter().cloned().collect(),
-            more: [parts.untrusted.more, parts.private.more, parts.secret.more],
+        if !parts.private.set.is_empty() {
+            map.serialize_entry("private", &Names(&parts.private.set))?;
         }
-        .serialize(serializer)
+        if !parts.secret.set.is_empty() {
+            map.serialize_entry("secret", &Names(&parts.secret.set))?;
+        }
+        if more != [0; 3] {
+            map.serialize_entry("more", &more)?;
+        }
+        map.end()
     }
 }
 
@@ -569,7 +595,7 @@ impl<'de> Deserialize<'de> for Label {
         use serde::de::Error;
         let stored = Stored::deserialize(deserializer)?;
         fn named<T: Ord + Clone + FromStr<Err = ParseLabelError>, E: Error>(
-            names: Vec<String>,
+            names: Vec<Cow<'_, str>>,
             more: u32,
         ) -> Result<Named<T>, E> {
             let mut set = Named {
@@ -577,7 +603,7 @@ impl<'de> Deserialize<'de> for Label {
                 more,
             };
             for name in names {
-                set.join(&Named::one(name.parse().map_err(E::custom)?));
+                set.insert(name.parse().map_err(E::custom)?);
             }
             Ok(set)
         }
@@ -587,7 +613,7 @@ impl<'de> Deserialize<'de> for Label {
             more: secret_more,
         };
         for name in stored.secret {
-            secret.join(&Named::one(name));
+            secret.insert(name.into_owned());
         }
         Ok(Label::from_parts(Parts {
             untrusted: named(stored.untrusted, untrusted_more)?,
