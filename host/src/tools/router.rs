@@ -363,11 +363,22 @@ impl ToolRouter {
         if touched.is_empty() {
             return label;
         }
-        let label = label.joined(&self.files.read_label(touched).await);
-        self.files
-            .record_written(touched, &writer.joined(&label))
-            .await;
-        label
+        if touched.written.is_empty() {
+            return label.joined(&self.files.read_label(touched).await);
+        }
+        // A call that wrote is labelled and recorded on a task of its own: were this call
+        // dropped meanwhile (its worker cancelled, or out of time), its files would go
+        // unrecorded and stay open to write.
+        let (files, touched) = (self.files.clone(), touched.clone());
+        let labelled = tokio::spawn(async move {
+            let label = label.joined(&files.read_label(&touched).await);
+            files.record_written(&touched, &writer.joined(&label)).await;
+            label
+        });
+        labelled.await.unwrap_or_else(|err| {
+            tracing::error!("labelling a call's result failed ({err}): taken as unknown");
+            Label::unknown()
+        })
     }
 
     /// The label of what tool `name` returns to a `kind` process: see

@@ -64,7 +64,7 @@ pub(super) fn stamps(
         real_root
             .as_deref()
             .and_then(|real| resolved(real, path, follow))
-            .unwrap_or_else(|| path.to_owned())
+            .unwrap_or_else(|| lexical(path))
     };
     let stamp = |meta: &cap_std::fs::Metadata| {
         let (dev, ino, len) = (meta.dev(), meta.ino(), meta.size());
@@ -143,9 +143,12 @@ pub(super) fn listed(real_root: &Path, dir: &str, held: Option<FileStamp>) -> Op
 }
 
 /// The names that lay beneath `old` before the call moved it away: its rows are still
-/// kept under its old path, its parent resolved when it is still there.
+/// kept under its old path, its parent resolved when it is still there (else they could
+/// be anywhere).
 pub(super) fn moved_from(real_root: &Path, old: &str) -> Names {
-    let beneath = resolved(real_root, old, false).unwrap_or_else(|| old.to_owned());
+    let Some(beneath) = resolved(real_root, old, false) else {
+        return Names::anywhere();
+    };
     let parent = Path::new(&beneath)
         .parent()
         .and_then(Path::to_str)
@@ -171,6 +174,26 @@ fn above(real_root: &Path, dir: &str) -> Vec<FileStamp> {
         }
     }
     stamps
+}
+
+/// Workspace path `path` with `.` and `..` taken by their names alone: for a path the
+/// filesystem no longer resolves. A `..` above the workspace stays at it.
+fn lexical(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            name => parts.push(name),
+        }
+    }
+    if parts.is_empty() {
+        ".".to_owned()
+    } else {
+        parts.join("/")
+    }
 }
 
 /// Workspace path `path` as the filesystem resolves it now, relative to the workspace at
@@ -217,6 +240,12 @@ mod tests {
         assert_eq!(at("..", true), None);
         assert_eq!(at("up/x", false), None);
         assert_eq!(at("missing/x", false), None);
+        // What no longer resolves is named by its parts alone.
+        assert_eq!(lexical("d/../secret/./x"), "secret/x");
+        assert_eq!(lexical("../.."), ".");
+        // A name moved from a directory gone since could have lain anywhere.
+        assert_eq!(moved_from(&root, "gone/../sub/x"), Names::anywhere());
+        assert_eq!(moved_from(&root, "alias/x").beneath, "sub/x");
     }
 
     #[test]

@@ -50,11 +50,18 @@ impl Writing {
     }
 
     /// Whether a file the call that touched `touched` read is open to write in another
-    /// call.
+    /// call, or, when it listed or moved a directory, any file is: its name may be among
+    /// those it saw.
     pub(super) fn by_others(&self, touched: &Touched) -> bool {
         let files = self.files();
         if files.is_empty() {
             return false;
+        }
+        if !touched.listed.is_empty() || !touched.moved.is_empty() {
+            let own = touched.written.iter().filter(|(_, s)| s.is_some()).count();
+            if files.values().sum::<usize>() > own {
+                return true;
+            }
         }
         touched
             .read
@@ -93,8 +100,16 @@ mod tests {
         let mut own = writer.clone();
         own.read.insert(("a".into(), Some(stamp(7, 3))));
         assert!(!writing.by_others(&own));
+        // A listing may show the name of any file being written.
+        let mut lister = Touched::default();
+        lister.listed.insert((".".into(), None));
+        assert!(writing.by_others(&lister));
+        let mut own_listing = writer.clone();
+        own_listing.listed.insert((".".into(), None));
+        assert!(!writing.by_others(&own_listing));
         writing.done(&writer);
         assert!(!writing.by_others(&reader));
+        assert!(!writing.by_others(&lister));
         assert!(writing.files().is_empty());
     }
 }
