@@ -18,7 +18,7 @@ import tempfile
 import urllib.request
 
 import pytest
-from mcp import ClientSession, types
+from mcp import Client, ClientSession, types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -145,6 +145,32 @@ async def session(deployment, transport, profile="worker", token=CHAT_TOKEN):
 
 
 @contextlib.asynccontextmanager
+async def stateless(deployment, transport, profile="worker", token=CHAT_TOKEN):
+    """A client of MCP's stateless revision (2026-07-28): no handshake; each request carries
+    its protocol version and the client's name itself."""
+    info = types.Implementation(name=CLIENT, version="1.0")
+    if transport == "stdio":
+        server = StdioServerParameters(
+            command=str(BINARY),
+            args=["mcp", "--profile", profile, "--config", str(deployment.base / "capstan.toml")],
+            env=deployment.env,
+            cwd=str(deployment.base),
+        )
+        async with Client(server, mode=STATELESS, client_info=info) as client:
+            yield client
+    else:
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+        async with http:
+            url = f"{deployment.url_for_tests}/mcp/{profile}"
+            transport = streamable_http_client(url, http_client=http)
+            async with Client(transport, mode=STATELESS, client_info=info) as client:
+                yield client
+
+
+STATELESS = "2026-07-28"
+
+
+@contextlib.asynccontextmanager
 async def _http_streams(http, url):
     async with http:
         async with streamable_http_client(url, http_client=http) as streams:
@@ -210,6 +236,23 @@ def test_an_allowed_call_runs_sandboxed_with_progress_and_is_audited(deployment,
     assert "plugins_dir" not in text(escape)
     outcomes = [row["outcome"] for row in rows_of(deployment, transport, "file_read")]
     assert "ok" in outcomes and "denied" in outcomes
+
+
+def test_the_stateless_revision_lists_and_calls_and_is_audited_by_the_client_s_name(
+    deployment, transport
+):
+    async def run():
+        async with stateless(deployment, transport) as client:
+            tools = {tool.name for tool in (await client.list_tools()).tools}
+            echoed = await client.call_tool("echo", {"text": "no handshake"})
+            return tools, echoed
+
+    tools, echoed = asyncio.run(run())
+    assert {"echo", "file_read"} <= tools
+    assert not echoed.is_error and text(echoed) == "no handshake"
+    # The name comes from each request, not from a handshake there was not.
+    last = deployment.audit()[-1]
+    assert (last["process"], last["tool"], last["outcome"]) == (caller(transport), "echo", "ok")
 
 
 def test_a_denied_call_is_a_tool_error_with_the_reason(deployment, transport):

@@ -119,13 +119,14 @@ fn caller(context: &RequestContext<RoleServer>) -> Caller {
     }
 }
 
-/// The client's name as its handshake gave it, cut to what an audit row should hold:
-/// letters, digits, `.`, `-` and `_`, at most 48 of them.
+/// The client's name as the request or its session's handshake gave it, cut to what an
+/// audit row should hold: letters, digits, `.`, `-` and `_`, at most 48 of them.
 fn client_name(context: &RequestContext<RoleServer>) -> String {
+    // A request of the stateless revision names its client itself; an older session named
+    // it once, in its handshake.
     let name: String = context
-        .peer
-        .peer_info()
-        .map(|info| info.client_info.name.clone())
+        .client_info()
+        .map(|info| info.name)
         .unwrap_or_default()
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
