@@ -123,18 +123,22 @@ def url(deployment):
     return deployment.serve()
 
 
+def stdio_server(deployment, profile):
+    """`capstan mcp` on `profile`'s tools, as a client starts it."""
+    return StdioServerParameters(
+        command=str(BINARY),
+        args=["mcp", "--profile", profile, "--config", str(deployment.base / "capstan.toml")],
+        env=deployment.env,
+        cwd=str(deployment.base),
+    )
+
+
 @contextlib.asynccontextmanager
 async def session(deployment, transport, profile="worker", token=CHAT_TOKEN):
     """An initialized MCP client session on `profile`'s tools."""
     info = types.Implementation(name=CLIENT, version="1.0")
     if transport == "stdio":
-        params = StdioServerParameters(
-            command=str(BINARY),
-            args=["mcp", "--profile", profile, "--config", str(deployment.base / "capstan.toml")],
-            env=deployment.env,
-            cwd=str(deployment.base),
-        )
-        streams = stdio_client(params)
+        streams = stdio_client(stdio_server(deployment, profile))
     else:
         http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
         streams = _http_streams(http, f"{deployment.url_for_tests}/mcp/{profile}")
@@ -150,12 +154,7 @@ async def stateless(deployment, transport, profile="worker", token=CHAT_TOKEN):
     its protocol version and the client's name itself."""
     info = types.Implementation(name=CLIENT, version="1.0")
     if transport == "stdio":
-        server = StdioServerParameters(
-            command=str(BINARY),
-            args=["mcp", "--profile", profile, "--config", str(deployment.base / "capstan.toml")],
-            env=deployment.env,
-            cwd=str(deployment.base),
-        )
+        server = stdio_server(deployment, profile)
         async with Client(server, mode=STATELESS, client_info=info) as client:
             yield client
     else:
