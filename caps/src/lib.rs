@@ -110,6 +110,32 @@ impl Capability {
             (grant, need) => grant == need,
         }
     }
+
+    /// Whether everything `other` lets a tool do, `self` lets it do too: what tells a
+    /// narrowed declaration from a widened one when a plugin is updated. Unlike
+    /// [`Capability::allows`], overlapping is not enough: `net:*.example.com` covers
+    /// `net:api.example.com`, not the other way round; `secret:*` covers every secret.
+    ///
+    /// ```
+    /// use capstan_caps::Capability;
+    ///
+    /// let any: Capability = "net:*.example.com".parse().unwrap();
+    /// let one: Capability = "net:api.example.com".parse().unwrap();
+    /// assert!(any.covers(&one));
+    /// assert!(!one.covers(&any));
+    /// assert!(Capability::TasksWrite.covers(&Capability::TasksWriteOwn));
+    /// assert!(!Capability::FsRead.covers(&Capability::FsWrite));
+    /// ```
+    pub fn covers(&self, other: &Capability) -> bool {
+        match (self, other) {
+            (Capability::Net(wide), Capability::Net(narrow)) => {
+                wide.intersect(narrow).as_ref() == Some(narrow)
+            }
+            (Capability::Secret(wide), Capability::Secret(narrow)) => wide == narrow || wide == "*",
+            (Capability::TasksWrite, Capability::TasksWriteOwn) => true,
+            (wide, narrow) => wide == narrow,
+        }
+    }
 }
 
 impl fmt::Display for Capability {

@@ -129,7 +129,8 @@ impl AgentBuilder {
         let host = PluginHost::new(config.limits.tool.clone(), self.cache)
             .map_err(BuildError::Host)?
             .with_services(services.clone())
-            .with_network(NetHost::new(config.net.clone(), secrets));
+            .with_network(NetHost::new(config.net.clone(), secrets))
+            .with_trust(super::trust(&config)?);
         let host = Arc::new(host);
         let log = CallLog::new(services.audit.clone(), redactor.clone());
         let mut registry = match self

@@ -26,6 +26,9 @@ pub enum BuildError {
     /// A secret's value could not be read.
     #[error(transparent)]
     Secret(#[from] crate::secrets::LoadSecretError),
+    /// `capstan.lock` could not be read.
+    #[error(transparent)]
+    Lock(#[from] crate::plugin::trust::LockError),
     /// The plugins directory could not be read.
     #[error("loading plugins from {}: {source}", dir.display())]
     Plugins {

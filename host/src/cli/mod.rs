@@ -221,6 +221,7 @@ impl HostArgs {
             locations.add(LocationKind::PluginsDir, dir);
         }
         locations.add(LocationKind::DataDir, &config.agent.data_dir);
+        locations.add(LocationKind::LockFile, &config.lock_file);
         if let Some(spill) = &config.spill_file {
             locations.add(LocationKind::SpillFile, spill);
         }
@@ -285,13 +286,30 @@ impl HostArgs {
     fn host_with(&self, config: &Config, limits: Limits) -> anyhow::Result<PluginHost> {
         let secrets = crate::app::load_secrets(config)?;
         Ok(PluginHost::new(limits, self.cache()?)?
-            .with_network(NetHost::new(config.net.clone(), secrets)))
+            .with_network(NetHost::new(config.net.clone(), secrets))
+            .with_trust(crate::app::trust(config)?))
     }
 
     /// A plugin host for commands that load plugins but run no call (`policy`, `plugins`):
     /// no secret is read, so they work where the secrets' sources are absent.
     pub(crate) fn inspecting_host(&self, config: &Config) -> anyhow::Result<PluginHost> {
-        Ok(PluginHost::new(config.limits.tool.clone(), self.cache()?)?)
+        Ok(PluginHost::new(config.limits.tool.clone(), self.cache()?)?
+            .with_trust(crate::app::trust(config)?))
+    }
+
+    /// A plugin host that calls nothing and checks signatures but no lock: what `capstan
+    /// plugins lock` and `accept` pin, and `diff` compares. It reads the secrets an MCP
+    /// server needs to start.
+    pub(crate) fn unpinned_host(&self, config: &Config) -> anyhow::Result<PluginHost> {
+        // The lock itself is not read: `plugins lock` writes a damaged one anew.
+        let trust = crate::plugin::trust::Trust {
+            signers: config.signers.clone(),
+            pins: None,
+        };
+        let secrets = crate::app::load_secrets(config)?;
+        Ok(PluginHost::new(config.limits.tool.clone(), self.cache()?)?
+            .with_network(NetHost::new(config.net.clone(), secrets))
+            .with_trust(trust))
     }
 
     /// The registry of the configured plugins directory on `host`, with the tools of the

@@ -1,15 +1,22 @@
-//! `capstan plugins list|inspect|new`.
+//! `capstan plugins list|inspect|new|lock|diff|accept|keygen|sign|verify`.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::Subcommand;
 
 use super::HostArgs;
 use super::new_plugin::NewCommand;
 use super::table::print_table;
+use crate::mcp::Servers;
+use crate::plugin::trust::{
+    Changes, ComponentDigest, Direction, Lock, SignatureFile, Signer, Signers, Trust,
+    signature_path,
+};
 use crate::plugin::{LoadedPlugin, ToolInfo};
+use crate::services::HostKey;
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum PluginsCommand {
@@ -27,6 +34,55 @@ pub(crate) enum PluginsCommand {
     },
     /// Write a working plugin project: `--lang rust|python|js NAME`.
     New(NewCommand),
+    /// Write capstan.lock beside the config: each plugin's digest, contract, tools and
+    /// capabilities, and each MCP server's tools, as they are now. While it exists, a
+    /// component or MCP tool that differs is not offered until accepted.
+    Lock {
+        #[command(flatten)]
+        host: HostArgs,
+    },
+    /// Show what an update changes: tools added and removed, capabilities widened or
+    /// narrowed, descriptions and schemas changed. Exits 1 when the update widens.
+    Diff {
+        /// The component now.
+        old: PathBuf,
+        /// The update.
+        new: PathBuf,
+        #[command(flatten)]
+        host: HostArgs,
+    },
+    /// Accept a plugin or MCP server as it is now: show what changed and pin it in
+    /// capstan.lock (a plugin whose file is gone is dropped from it).
+    Accept {
+        /// The plugin (its file name without `.wasm`) or the MCP server (`[mcp.NAME]`).
+        name: String,
+        #[command(flatten)]
+        host: HostArgs,
+    },
+    /// Make an Ed25519 signing key (PKCS#8, owner-only) and print its public half for
+    /// `[plugins.signers.NAME] public`.
+    Keygen {
+        /// Where to write the key; an existing file is never replaced.
+        key: PathBuf,
+    },
+    /// Sign a component: writes FILE.sig beside it.
+    Sign {
+        /// The component file.
+        file: PathBuf,
+        /// The signing key (from `capstan plugins keygen`).
+        #[arg(long, value_name = "KEY")]
+        key: PathBuf,
+    },
+    /// Check a component's signature (FILE.sig) against the keys the config trusts for it.
+    Verify {
+        /// The component file.
+        file: PathBuf,
+        /// Also trust this public key (64 hex digits) for any plugin.
+        #[arg(long, value_name = "PUBLIC_KEY")]
+        trust: Vec<String>,
+        #[command(flatten)]
+        host: HostArgs,
+    },
 }
 
 impl PluginsCommand {
@@ -50,6 +106,12 @@ impl PluginsCommand {
                 Ok(ExitCode::SUCCESS)
             }
             PluginsCommand::New(new) => new.run(),
+            PluginsCommand::Lock { host } => lock(&host).await,
+            PluginsCommand::Diff { old, new, host } => diff(&host, &old, &new).await,
+            PluginsCommand::Accept { name, host } => accept(&host, &name).await,
+            PluginsCommand::Keygen { key } => keygen(&key),
+            PluginsCommand::Sign { file, key } => sign(&file, &key),
+            PluginsCommand::Verify { file, trust, host } => verify(&host, &file, &trust),
             PluginsCommand::Inspect { file, host } => {
                 match host.host(&host.config()?)?.load(&file).await {
                     Ok(plugin) => {
@@ -99,4 +161,279 @@ fn print_plugin(out: &mut impl Write, plugin: &LoadedPlugin) -> std::io::Result<
         writeln!(out, "    args: {}", tool.args_schema)?;
     }
     Ok(())
+}
+
+/// `plugins lock`: pins what loads now, signatures checked, lock ignored.
+async fn lock(host: &HostArgs) -> anyhow::Result<ExitCode> {
+    let config = host.config()?;
+    let registry = host
+        .registry_on(&config, host.unpinned_host(&config)?, Some(Servers::Named))
+        .await?;
+    let lock = registry.lock();
+    let path = &config.lock_file;
+    let before = Lock::read(path).ok().flatten();
+    lock.write(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    let mut out = crate::secrets::stdout();
+    let tools: usize = lock.mcp.values().map(|server| server.tools.len()).sum();
+    writeln!(
+        out,
+        "wrote {}: {} plugins, {} MCP servers with {tools} tools",
+        path.display(),
+        lock.plugins.len(),
+        lock.mcp.len(),
+    )?;
+    if let Some(before) = before {
+        print_lock_changes(&mut out, &before, &lock)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What changed between two locks, a table per plugin or server that changed.
+fn print_lock_changes(out: &mut impl Write, before: &Lock, after: &Lock) -> std::io::Result<()> {
+    for (name, pin) in &after.plugins {
+        let changes = match before.plugins.get(name) {
+            Some(old) => Changes::of_plugin(old, pin),
+            None => Changes::not_locked(),
+        };
+        print_changes(out, &format!("plugin {name}"), &changes)?;
+    }
+    for (name, pin) in &after.mcp {
+        let changes = match before.mcp.get(name) {
+            Some(old) => Changes::of_server(old, pin),
+            None => Changes::not_locked(),
+        };
+        print_changes(out, &format!("MCP server {name}"), &changes)?;
+    }
+    for name in before
+        .plugins
+        .keys()
+        .filter(|n| !after.plugins.contains_key(*n))
+    {
+        writeln!(out, "plugin {name}: no longer pinned")?;
+    }
+    for name in before.mcp.keys().filter(|n| !after.mcp.contains_key(*n)) {
+        writeln!(out, "MCP server {name}: no longer pinned")?;
+    }
+    Ok(())
+}
+
+/// `changes` of `what` as a table, if there are any.
+fn print_changes(out: &mut impl Write, what: &str, changes: &Changes) -> std::io::Result<()> {
+    if changes.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "\n{what}:")?;
+    print_table(
+        out,
+        &["TOOL", "CHANGE", "DETAIL", "DIRECTION"],
+        &changes.rows(),
+    )
+}
+
+/// `plugins diff OLD NEW`: the two components' pins compared.
+async fn diff(host: &HostArgs, old: &Path, new: &Path) -> anyhow::Result<ExitCode> {
+    let config = host.config()?;
+    // Both are read as they are: no signature or lock stands between a person and a diff.
+    let plugins = host.inspecting_host(&config)?.with_trust(Trust::default());
+    let load = async |path: &Path| {
+        plugins
+            .load(path)
+            .await
+            .map_err(|err| anyhow::anyhow!("{err}"))
+    };
+    let (old, new) = (load(old).await?, load(new).await?);
+    let changes = Changes::of_plugin(old.pin(), new.pin());
+    let mut out = crate::secrets::stdout();
+    writeln!(out, "old: {}  {}", old.path().display(), old.digest())?;
+    writeln!(out, "new: {}  {}", new.path().display(), new.digest())?;
+    if changes.is_empty() {
+        writeln!(out, "(no changes)")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    print_changes(&mut out, "changes", &changes)?;
+    Ok(if changes.direction() == Some(Direction::Wider) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// `plugins accept NAME`: the lock's entry for a plugin or MCP server replaced by what is
+/// there now, after showing what changed.
+async fn accept(host: &HostArgs, name: &str) -> anyhow::Result<ExitCode> {
+    let config = host.config()?;
+    let path = &config.lock_file;
+    let mut lock = Lock::read(path)?.with_context(|| {
+        format!(
+            "there is no {} to accept `{name}` into; `capstan plugins lock` writes one",
+            path.display()
+        )
+    })?;
+    let is_server = config.mcp.iter().any(|spec| spec.name == name);
+    let servers = is_server.then(|| format!("{name}.tool"));
+    let registry = host
+        .registry_on(
+            &config,
+            host.unpinned_host(&config)?,
+            servers.as_deref().map(Servers::OfTool),
+        )
+        .await?;
+    let mut out = crate::secrets::stdout();
+    let now = registry.lock();
+    if is_server {
+        let Some(pin) = now.mcp.get(name) else {
+            let why = registry
+                .source_down(name)
+                .unwrap_or("it offers no tools")
+                .to_owned();
+            anyhow::bail!("MCP server `{name}` cannot be accepted: {why}; nothing was changed");
+        };
+        let changes = match lock.mcp.get(name) {
+            Some(old) => Changes::of_server(old, pin),
+            None => Changes::not_locked(),
+        };
+        print_changes(&mut out, &format!("MCP server {name}"), &changes)?;
+        lock.mcp.insert(name.to_owned(), pin.clone());
+    } else if let Some(pin) = now.plugins.get(name) {
+        let changes = match lock.plugins.get(name) {
+            Some(old) => Changes::of_plugin(old, pin),
+            None => Changes::not_locked(),
+        };
+        print_changes(&mut out, &format!("plugin {name}"), &changes)?;
+        lock.plugins.insert(name.to_owned(), pin.clone());
+    } else if let Some(refused) = registry
+        .refused()
+        .iter()
+        .find(|err| err.path().file_stem().is_some_and(|stem| stem == name))
+    {
+        anyhow::bail!("plugin `{name}` cannot be accepted: {refused}");
+    } else if lock.plugins.remove(name).is_some() {
+        lock.write(path)
+            .with_context(|| format!("writing {}", path.display()))?;
+        writeln!(
+            out,
+            "plugin `{name}`: its file is gone; dropped from {}",
+            path.display()
+        )?;
+        return Ok(ExitCode::SUCCESS);
+    } else {
+        anyhow::bail!(
+            "no plugin or MCP server is named `{name}` (plugins: {}; MCP servers: {})",
+            names(now.plugins.keys()),
+            names(config.mcp.iter().map(|spec| &spec.name)),
+        );
+    }
+    lock.write(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    writeln!(out, "accepted `{name}` into {}", path.display())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn names<'a>(names: impl Iterator<Item = &'a String>) -> String {
+    let names: Vec<&str> = names.map(String::as_str).collect();
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// The most a key file may hold: PKCS#8 Ed25519 is 83 bytes.
+const MAX_KEY_BYTES: u64 = 4096;
+
+/// `plugins keygen KEY`.
+fn keygen(path: &Path) -> anyhow::Result<ExitCode> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let (pkcs8, key) = HostKey::generate()?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| {
+            format!(
+                "creating {} (an existing key is never replaced)",
+                path.display()
+            )
+        })?;
+    file.write_all(&pkcs8)
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing {}", path.display()))?;
+    let mut out = crate::secrets::stdout();
+    writeln!(out, "wrote {}; its public key:", path.display())?;
+    writeln!(out, "{}", key.public_hex())?;
+    writeln!(
+        out,
+        "\nTo trust it, add to capstan.toml:\n\n[plugins.signers.NAME]\npublic = \"{}\"\nplugins = [\"*\"]",
+        key.public_hex()
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `plugins sign FILE --key KEY`.
+fn sign(file: &Path, key_path: &Path) -> anyhow::Result<ExitCode> {
+    use std::io::Read as _;
+    let mut pkcs8 = Vec::new();
+    std::fs::File::open(key_path)
+        .and_then(|f| f.take(MAX_KEY_BYTES).read_to_end(&mut pkcs8))
+        .with_context(|| format!("reading the key {}", key_path.display()))?;
+    let key = HostKey::from_pkcs8(&pkcs8).with_context(|| {
+        format!(
+            "{}: not a key from `capstan plugins keygen`",
+            key_path.display()
+        )
+    })?;
+    let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let digest = ComponentDigest::of(&bytes);
+    let signature = signature_path(file);
+    std::fs::write(&signature, SignatureFile::sign(&key, digest).to_json())
+        .with_context(|| format!("writing {}", signature.display()))?;
+    writeln!(
+        crate::secrets::stdout(),
+        "signed {} ({digest}) with key {}: {}",
+        file.display(),
+        key.public_hex(),
+        signature.display()
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `plugins verify FILE`: the config's signers, and `--trust` keys for any plugin.
+fn verify(host: &HostArgs, file: &Path, trust: &[String]) -> anyhow::Result<ExitCode> {
+    let config = host.config()?;
+    let mut keys = config.signers.keys().to_vec();
+    for public in trust {
+        keys.push(
+            Signer::new("--trust", public, ["*"])
+                .map_err(|why| anyhow::anyhow!("--trust: {why}"))?,
+        );
+    }
+    if keys.is_empty() {
+        anyhow::bail!(
+            "no key is trusted: add a [plugins.signers.NAME] to the config, or pass --trust \
+             PUBLIC_KEY"
+        );
+    }
+    let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let digest = ComponentDigest::of(&bytes);
+    let name = file
+        .file_stem()
+        .map(|stem| stem.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match Signers::required(keys).check_file(file, &name, digest, |_| false) {
+        Ok(verified) => {
+            writeln!(
+                crate::secrets::stdout(),
+                "{}: signed by `{}` ({digest})",
+                file.display(),
+                verified.signer
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(err) => {
+            crate::say!("{}: {err}", file.display());
+            Ok(ExitCode::FAILURE)
+        }
+    }
 }

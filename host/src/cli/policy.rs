@@ -331,6 +331,7 @@ fn print_locations(out: &mut impl Write, locations: &Locations) -> std::io::Resu
         let name = match kind {
             LocationKind::Config | LocationKind::ConfigLookup => "config",
             LocationKind::DataDir => "data dir",
+            LocationKind::LockFile => "lock file",
             LocationKind::SpillFile => "spill file",
             LocationKind::CacheDir => "cache dir",
             LocationKind::PluginsDir => "plugins dir",
@@ -342,6 +343,9 @@ fn print_locations(out: &mut impl Write, locations: &Locations) -> std::io::Resu
         let mut shown = resolve(path).display().to_string();
         if *kind == LocationKind::ConfigLookup {
             shown.push_str(" (absent: the built-in defaults apply)");
+        }
+        if *kind == LocationKind::LockFile && !path.exists() {
+            shown.push_str(" (absent: no tool is pinned)");
         }
         if *kind == LocationKind::WorkspaceRecord {
             let count = locations.recorded.workspaces().len();

@@ -26,6 +26,9 @@ pub enum LocationKind {
     ConfigLookup,
     /// `agent.data_dir`: the database.
     DataDir,
+    /// `capstan.lock`, beside the config, whether or not it is there yet: a plugin that
+    /// wrote it would pin itself in.
+    LockFile,
     /// `store.spill_file`: the histories the store refused, written to it at the next
     /// start.
     SpillFile,
@@ -51,6 +54,7 @@ impl LocationKind {
             LocationKind::Config => "the config file",
             LocationKind::ConfigLookup => "the config lookup path (no file there yet)",
             LocationKind::DataDir => "the data dir",
+            LocationKind::LockFile => "the lock file",
             LocationKind::SpillFile => "the spill file",
             LocationKind::CacheDir => "the component cache dir",
             LocationKind::PluginsDir => "the plugins dir",
@@ -79,6 +83,10 @@ impl LocationKind {
                  workspace elsewhere (--workspace DIR, agent.workspace)"
             }
             LocationKind::DataDir => "set agent.data_dir to a directory outside the workspace",
+            LocationKind::LockFile => {
+                "keep the config, and capstan.lock beside it, outside the workspace and pass \
+                 --config FILE"
+            }
             LocationKind::SpillFile => "set store.spill_file to a file outside the workspace",
             LocationKind::SecretFile => {
                 "keep the file outside the workspace (`file` in [secrets.NAME] or \

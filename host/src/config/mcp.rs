@@ -60,6 +60,41 @@ pub enum McpTransport {
     },
 }
 
+impl McpServerSpec {
+    /// Where the server is reached, as `capstan.lock` pins it: `stdio: COMMAND ARGS` (an
+    /// argument with spaces or quotes in double quotes) or `http: URL`.
+    ///
+    /// ```
+    /// use capstan_host::config::Config;
+    ///
+    /// let text = "[mcp.docs]\ncommand = [\"python3\", \"my server.py\"]\n";
+    /// let config = Config::parse(text, "capstan.toml".as_ref()).unwrap();
+    /// assert_eq!(config.mcp[0].endpoint(), r#"stdio: python3 "my server.py""#);
+    /// ```
+    pub fn endpoint(&self) -> String {
+        match &self.transport {
+            McpTransport::Stdio { command, args, .. } => {
+                let words: Vec<String> = std::iter::once(command)
+                    .chain(args)
+                    .map(|word| {
+                        let plain = !word.is_empty()
+                            && !word
+                                .chars()
+                                .any(|c| c.is_whitespace() || c == '"' || c == '\\');
+                        if plain {
+                            word.clone()
+                        } else {
+                            format!("{word:?}")
+                        }
+                    })
+                    .collect();
+                format!("stdio: {}", words.join(" "))
+            }
+            McpTransport::Http { url, .. } => format!("http: {url}"),
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawMcpServer {

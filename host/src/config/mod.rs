@@ -49,6 +49,7 @@ use raw::RawConfig;
 use crate::dispatch::GateSettings;
 use crate::flow::WorkspaceLabel;
 use crate::net::NetSettings;
+use crate::plugin::trust::Signers;
 use crate::plugin::{Limits, Preferences};
 use crate::policy::Policy;
 use crate::secrets::SecretSpec;
@@ -78,6 +79,15 @@ pub struct Config {
     pub limits: AgentLimits,
     /// `[plugins]`: which plugin provides a tool name several declare.
     pub prefer: Preferences,
+    /// `[plugins.signers.NAME]` and `plugins.require_signatures`: the keys components may
+    /// be signed by, and whether every one must be.
+    pub signers: Signers,
+    /// `plugins.accept_narrowing`: whether an update the lock does not pin is let in when
+    /// it only narrows (no tool, capability or higher effect added; no description or
+    /// schema changed).
+    pub accept_narrowing: bool,
+    /// `capstan.lock`, beside the config file (in the current directory without one).
+    pub lock_file: PathBuf,
     /// The model provider.
     pub provider: ProviderSettings,
     /// `[net]`: the limits of plugins' outbound requests.

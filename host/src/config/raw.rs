@@ -21,6 +21,7 @@ use super::{
 use crate::dispatch::GateSettings;
 use crate::flow::{FlowRule, FlowRules, Holding, WorkspaceLabel};
 use crate::plugin::Limits;
+use crate::plugin::trust::{LOCK_FILE, Signer, Signers};
 use crate::policy::{Grants, InstanceReuse, Policy, ProcessKind, Profile, ReuseRules, ToolGrants};
 use crate::secrets::SecretSpec;
 
@@ -85,6 +86,20 @@ struct RawPlugins {
     /// `call` or `process`, by plugin name.
     #[serde(default)]
     instance_reuse: BTreeMap<String, String>,
+    #[serde(default)]
+    require_signatures: bool,
+    #[serde(default)]
+    accept_narrowing: bool,
+    /// `[plugins.signers.NAME]`.
+    #[serde(default)]
+    signers: BTreeMap<String, RawSigner>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSigner {
+    public: String,
+    plugins: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -182,6 +197,32 @@ impl RawConfig {
             ));
         }
         let prefer = self.plugins.prefer.into_iter().collect();
+        let mut keys = Vec::new();
+        for (name, signer) in &self.plugins.signers {
+            let key = format!("plugins.signers.{name}");
+            if signer.plugins.is_empty() {
+                return Err(key_error(
+                    &format!("{key}.plugins"),
+                    "names no plugin; list the plugins (file names without `.wasm`) this key \
+                     may sign, or \"*\" for any",
+                ));
+            }
+            let trusted = Signer::new(name, &signer.public, signer.plugins.iter().cloned())
+                .map_err(|why| key_error(&format!("{key}.public"), why))?;
+            keys.push(trusted);
+        }
+        if self.plugins.require_signatures && keys.is_empty() {
+            return Err(key_error(
+                "plugins.require_signatures",
+                "no key is trusted: add a [plugins.signers.NAME] with `public` (from `capstan \
+                 plugins keygen`) and `plugins`",
+            ));
+        }
+        let signers = if self.plugins.require_signatures {
+            Signers::required(keys)
+        } else {
+            Signers::optional(keys)
+        };
         let mut reuse = ReuseRules::default();
         for (plugin, text) in &self.plugins.instance_reuse {
             let key = format!("plugins.instance_reuse.{plugin}");
@@ -199,6 +240,9 @@ impl RawConfig {
             agent,
             limits,
             prefer,
+            signers,
+            accept_narrowing: self.plugins.accept_narrowing,
+            lock_file: base.join(LOCK_FILE),
             provider,
             net,
             serve,

@@ -388,6 +388,10 @@ impl ExternalTools for McpClient {
         &self.inner.spec.name
     }
 
+    fn identity(&self) -> String {
+        self.inner.spec.endpoint()
+    }
+
     async fn call(&self, tool: &str, args_json: &str) -> Result<String, ToolError> {
         let inner = &self.inner;
         let arguments: serde_json::Map<String, serde_json::Value> = serde_json::from_str(args_json)

@@ -34,14 +34,18 @@ use wasmtime::component::Component;
 
 pub use private_dir::CacheError;
 use private_dir::PrivateDir;
-use seal::{ArtifactId, Kind, SealKey};
+pub(crate) use seal::Kind;
+use seal::{ArtifactId, SealKey};
+
+use super::trust::ComponentDigest;
 
 /// The largest artifact file read back; anything bigger is discarded unread. Artifacts of
 /// real plugins are a few MiB.
 const MAX_ARTIFACT_BYTES: u64 = 512 << 20;
 
-/// The largest tool list read back: 64 tools of at most 36 KiB of text each, and room.
-const MAX_TOOLS_BYTES: u64 = 4 << 20;
+/// The largest entry beside an artifact read back: a tool list is 64 tools of at most
+/// 36 KiB of text each; a verified signature is a few hundred bytes.
+const MAX_ENTRY_BYTES: u64 = 4 << 20;
 
 /// Which component and engine a load was for: what its cached tool list is found by.
 /// Empty when no cache is in use.
@@ -148,32 +152,44 @@ impl ArtifactCache {
         engine: &Engine,
         bytes: &[u8],
     ) -> wasmtime::Result<(Component, CacheOutcome)> {
-        self.load_keyed(engine, bytes)
-            .map(|(component, outcome, _)| (component, outcome))
+        let key = self.key(engine, &ComponentDigest::of(bytes));
+        self.load_keyed(engine, bytes, &key)
     }
 
-    /// [`ArtifactCache::load`], with the key of the component's other cached entries.
+    /// The key of the component whose bytes have `digest`, on `engine`: what its cached
+    /// entries are found by.
+    pub(crate) fn key(&self, engine: &Engine, digest: &ComponentDigest) -> CacheKey {
+        match self.opened() {
+            Some(_) => CacheKey(Some(ArtifactId::new(engine, digest))),
+            None => CacheKey(None),
+        }
+    }
+
+    /// [`ArtifactCache::load`] of `bytes`, whose key is `key`.
     pub(crate) fn load_keyed(
         &self,
         engine: &Engine,
         bytes: &[u8],
-    ) -> wasmtime::Result<(Component, CacheOutcome, CacheKey)> {
-        let Some(opened) = self.opened() else {
-            let component = Component::new(engine, bytes)?;
-            return Ok((component, CacheOutcome::Uncached, CacheKey(None)));
-        };
-        let id = ArtifactId::new(engine, bytes);
-        let (component, outcome) = opened.load(engine, bytes, &id)?;
-        Ok((component, outcome, CacheKey(Some(id))))
+        key: &CacheKey,
+    ) -> wasmtime::Result<(Component, CacheOutcome)> {
+        match (self.opened(), &key.0) {
+            (Some(opened), Some(id)) => opened.load(engine, bytes, id),
+            _ => Ok((Component::new(engine, bytes)?, CacheOutcome::Uncached)),
+        }
     }
 
-    /// The tool list `describe()` gave for the component of `key`, kept by
-    /// [`ArtifactCache::store_tools`], if a sealed one passes its check. One that fails is
-    /// discarded (with a warning) and `None` returned, so `describe()` runs again.
-    pub(crate) fn tools<T: serde::de::DeserializeOwned>(&self, key: &CacheKey) -> Option<T> {
+    /// The `kind` entry kept for the component of `key` by [`ArtifactCache::store_entry`]
+    /// (what `describe()` gave, a verified signature), if a sealed one passes its check.
+    /// One that fails is discarded (with a warning) and `None` returned, so it is made
+    /// again.
+    pub(crate) fn entry<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &CacheKey,
+        kind: Kind,
+    ) -> Option<T> {
         let (opened, id) = (self.opened()?, key.0.as_ref()?);
-        let name = id.file_name(Kind::Tools);
-        let sealed = match read_sealed(opened.dir.handle(), &name, MAX_TOOLS_BYTES) {
+        let name = id.file_name(kind);
+        let sealed = match read_sealed(opened.dir.handle(), &name, MAX_ENTRY_BYTES) {
             Ok(found) => found?,
             Err(reason) => {
                 opened.discard(&name, &reason);
@@ -182,13 +198,13 @@ impl ArtifactCache {
         };
         let parsed = opened
             .key
-            .open(id, Kind::Tools, &sealed)
+            .open(id, kind, &sealed)
             .map_err(str::to_owned)
             .and_then(|json| {
-                serde_json::from_slice(json).map_err(|err| format!("not a tool list: {err}"))
+                serde_json::from_slice(json).map_err(|err| format!("not a cached entry: {err}"))
             });
         match parsed {
-            Ok(tools) => Some(tools),
+            Ok(entry) => Some(entry),
             Err(reason) => {
                 opened.discard(&name, &reason);
                 None
@@ -196,15 +212,15 @@ impl ArtifactCache {
         }
     }
 
-    /// Keeps the tool list `describe()` gave for the component of `key`, sealed like its
-    /// artifact. A failure to write is logged: the next load runs `describe()` again.
-    pub(crate) fn store_tools<T: serde::Serialize>(&self, key: &CacheKey, tools: &T) {
+    /// Keeps `entry` as the `kind` entry of the component of `key`, sealed like its
+    /// artifact. A failure to write is logged: the entry is made again next time.
+    pub(crate) fn store_entry<T: serde::Serialize>(&self, key: &CacheKey, kind: Kind, entry: &T) {
         let (Some(opened), Some(id)) = (self.opened(), key.0.as_ref()) else {
             return;
         };
-        let json = serde_json::to_vec(tools).expect("a tool list serializes");
-        let sealed = opened.key.seal(id, Kind::Tools, json);
-        if let Err(err) = opened.write_sealed(&id.file_name(Kind::Tools), &sealed) {
+        let json = serde_json::to_vec(entry).expect("a cached entry serializes");
+        let sealed = opened.key.seal(id, kind, json);
+        if let Err(err) = opened.write_sealed(&id.file_name(kind), &sealed) {
             tracing::warn!(
                 cache = %opened.dir.path().display(),
                 "cannot write the component cache: {err}"

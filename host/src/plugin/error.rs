@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::trust::{Change, Changes, SignatureError};
+
 /// Why a tool call produced no result. The four kinds are the WIT `tool-error` cases; the
 /// message is written for the model (and the person reading the log).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
@@ -194,6 +196,57 @@ pub enum LoadError {
         /// The plugin `plugins.prefer` names for this tool, when it declares no such tool.
         preferred: Option<String>,
     },
+    /// The config requires signatures and this component's does not let it in.
+    #[error("{}: refused: {reason}", path.display())]
+    Signature {
+        /// The plugin file.
+        path: PathBuf,
+        /// What is wrong with the signature, naming its file and key.
+        reason: SignatureError,
+    },
+    /// A lock is in force and does not pin this component as it is.
+    #[error("{}", unpinned_message(path, plugin, lock, changes))]
+    Unpinned {
+        /// The plugin file.
+        path: PathBuf,
+        /// The plugin's name.
+        plugin: String,
+        /// The lock file.
+        lock: PathBuf,
+        /// What differs from its pin.
+        changes: Changes,
+    },
+    /// The lock pins a plugin whose file is not in the plugins directory.
+    #[error("{}: plugin `{plugin}` is pinned in {} but its file is missing, so its tools are not offered; `capstan plugins accept {plugin}` drops it from the lock", path.display(), lock.display())]
+    PinnedMissing {
+        /// Where its file would be.
+        path: PathBuf,
+        /// The plugin's name.
+        plugin: String,
+        /// The lock file.
+        lock: PathBuf,
+    },
+}
+
+fn unpinned_message(
+    path: &std::path::Path,
+    plugin: &str,
+    lock: &std::path::Path,
+    changes: &Changes,
+) -> String {
+    let accept = format!("`capstan plugins accept {plugin}` accepts it");
+    if changes.iter().any(|change| *change == Change::NotLocked) {
+        return format!(
+            "{}: plugin `{plugin}` is not offered: it is not in {}; {accept}",
+            path.display(),
+            lock.display()
+        );
+    }
+    format!(
+        "{}: plugin `{plugin}` is not offered: it changed since {} was written: {changes}; {accept}",
+        path.display(),
+        lock.display()
+    )
 }
 
 /// The config key that settles duplicate tool names, for messages.
@@ -240,7 +293,10 @@ impl LoadError {
             | LoadError::Describe { path, .. }
             | LoadError::TooManyTools { path, .. }
             | LoadError::BadToolSpec { path, .. }
-            | LoadError::DuplicateTool { path, .. } => path,
+            | LoadError::DuplicateTool { path, .. }
+            | LoadError::Signature { path, .. }
+            | LoadError::Unpinned { path, .. }
+            | LoadError::PinnedMissing { path, .. } => path,
         }
     }
 }

@@ -32,6 +32,12 @@ pub trait ExternalTools: Send + Sync {
     /// The source's name: its tools are `NAME.tool`.
     fn name(&self) -> &str;
 
+    /// Where the source is reached, as `capstan.lock` pins it: a tool of a source that
+    /// moved is not offered until the move is accepted.
+    fn identity(&self) -> String {
+        self.name().to_owned()
+    }
+
     /// Runs `tool` (the source's own name for it, without the namespace) with the
     /// arguments, a JSON object, starting the source first if it is down. The registry
     /// stops waiting at the tool deadline.

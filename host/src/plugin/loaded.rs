@@ -1,7 +1,7 @@
 //! A loaded plugin and the tools it offers.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use capstan_caps::{Capability, Effect};
 
@@ -11,6 +11,7 @@ use super::cache::CacheOutcome;
 use super::error::LoadError;
 use super::sandbox::Sandbox;
 use super::schema::check_args_schema;
+use super::trust::{ComponentDigest, PluginPin};
 use crate::text::{echo_name, one_line};
 
 /// The longest tool name accepted; names go into model tool lists, which limit them.
@@ -35,6 +36,12 @@ pub struct LoadedPlugin {
     pub(crate) imports: Vec<String>,
     pub(crate) tools: Vec<ToolInfo>,
     pub(crate) cache: CacheOutcome,
+    /// The digest of the component's bytes.
+    pub(crate) digest: ComponentDigest,
+    /// The config's name for the key that signed it, where signatures are checked.
+    pub(crate) signer: Option<String>,
+    /// Its pin, made when first asked for (and before any tool is shadowed).
+    pub(crate) pin: OnceLock<PluginPin>,
     /// Whether the tool list came from the cache rather than a `describe()` call.
     pub(crate) tools_cached: bool,
     /// What a call links: `wasi:http`, if the component imports it, as traps.
@@ -75,6 +82,23 @@ impl LoadedPlugin {
             (Some(online), true) => online,
             _ => &self.pre,
         }
+    }
+
+    /// The digest of the component's bytes, as `capstan.lock` pins it.
+    pub fn digest(&self) -> ComponentDigest {
+        self.digest
+    }
+
+    /// The component as `capstan.lock` pins it: digest, contract and every tool it
+    /// declares (a tool another plugin provides by `plugins.prefer` included).
+    pub fn pin(&self) -> &PluginPin {
+        self.pin.get_or_init(|| PluginPin::of(self))
+    }
+
+    /// The config's name for the key whose signature let it in (`[plugins.signers.NAME]`);
+    /// `None` where the config requires no signature.
+    pub fn signer(&self) -> Option<&str> {
+        self.signer.as_deref()
     }
 
     /// Whether the compiled component came from the artifact cache.

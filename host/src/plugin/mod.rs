@@ -33,6 +33,7 @@ mod schema;
 mod settle;
 mod special_files;
 mod touched;
+pub mod trust;
 mod warm;
 
 pub use cache::{ArtifactCache, CacheError, CacheOutcome};

@@ -16,6 +16,7 @@ use super::host::{Invocation, PluginHost};
 use super::loaded::{LoadedPlugin, ToolInfo};
 use super::settle::{Preferences, Shadowed, settle};
 use super::touched::{CallTrace, Touched};
+use super::trust::{Lock, ServerPin, ToolPin};
 use super::warm::ProcessInstances;
 use crate::ids::Caller;
 use crate::net::GrantSource;
@@ -196,6 +197,7 @@ impl Registry {
             .filter(|path| path.extension().is_some_and(|ext| ext == "wasm"))
             .collect();
         files.sort();
+        registry.refuse_missing_pins(dir, &files);
         // Compiled (or taken from the cache) on blocking threads, as many at once as there
         // are cores, so a slow compile never holds up the executor nor a describe() running
         // on it; then described in file order, so the outcome does not depend on which
@@ -225,7 +227,7 @@ impl Registry {
         let mut loaded = Vec::with_capacity(prepares.len());
         for prepare in prepares {
             let prepared = prepare.await.expect("a prepare task is never cancelled");
-            match async { registry.host.finish(prepared?).await }.await {
+            match async { registry.admit(registry.host.finish(prepared?).await?) }.await {
                 Ok(plugin) => loaded.push(plugin),
                 Err(err) => registry.refuse(err),
             }
@@ -250,7 +252,7 @@ impl Registry {
     /// already offered refuses the file: a plugin added later never shadows one before it.
     pub async fn add_file(&mut self, path: &Path) -> Result<(), &LoadError> {
         let result = match self.host.load(path).await {
-            Ok(plugin) => self.add(plugin),
+            Ok(plugin) => self.admit(plugin).and_then(|plugin| self.add(plugin)),
             Err(err) => Err(err),
         };
         match result {
@@ -258,6 +260,33 @@ impl Registry {
             Err(err) => {
                 self.refuse(err);
                 Err(self.refused.last().expect("just pushed"))
+            }
+        }
+    }
+
+    /// `plugin`, if the host's lock (if any) lets it in as it is.
+    fn admit(&self, plugin: LoadedPlugin) -> Result<LoadedPlugin, LoadError> {
+        match &self.host.trust().pins {
+            Some(pins) => pins.admit_plugin(&plugin).map(|()| plugin),
+            None => Ok(plugin),
+        }
+    }
+
+    /// Refuses each plugin the host's lock pins whose file is not among `files` of `dir`.
+    fn refuse_missing_pins(&mut self, dir: &Path, files: &[PathBuf]) {
+        let host = self.host.clone();
+        let Some(pins) = &host.trust().pins else {
+            return;
+        };
+        let present: std::collections::HashSet<_> =
+            files.iter().filter_map(|path| path.file_stem()).collect();
+        for plugin in pins.lock().plugins.keys() {
+            if !present.contains(std::ffi::OsStr::new(plugin)) {
+                self.refuse(LoadError::PinnedMissing {
+                    path: dir.join(format!("{plugin}.wasm")),
+                    plugin: plugin.clone(),
+                    lock: pins.path().to_owned(),
+                });
             }
         }
     }
@@ -287,6 +316,26 @@ impl Registry {
         }
         self.plugins.push(plugin);
         Ok(())
+    }
+
+    /// The lock that pins every plugin loaded and every external tool offered now: what
+    /// `capstan plugins lock` writes.
+    pub fn lock(&self) -> Lock {
+        let mut lock = Lock::default();
+        for plugin in &self.plugins {
+            lock.plugins
+                .insert(plugin.name().to_owned(), plugin.pin().clone());
+        }
+        for tool in &self.external {
+            let server = lock
+                .mcp
+                .entry(tool.source.name().to_owned())
+                .or_insert_with(|| ServerPin::of(&tool.source.identity(), []));
+            server
+                .tools
+                .insert(tool.remote.clone(), ToolPin::of(&tool.info));
+        }
+        lock
     }
 
     /// The tools a plugin declares but does not provide, because the config prefers
@@ -319,12 +368,24 @@ impl Registry {
 
     /// Adds the tools of an external source: each `(remote, info)` is the source's own
     /// name for a tool and the tool as policy and models see it, named
-    /// `SOURCE.remote`. A name already taken is skipped and returned.
+    /// `SOURCE.remote`. A name already taken is skipped and returned. Where the host has
+    /// a lock, a tool it does not pin as it is, or every tool of a source that is not
+    /// pinned or moved, is left out, each with why in [`Registry::external_problems`].
     pub fn add_external(
         &mut self,
         source: Arc<dyn ExternalTools>,
         tools: Vec<(String, ToolInfo)>,
     ) -> Vec<String> {
+        let host = self.host.clone();
+        let tools = match &host.trust().pins {
+            Some(pins) => {
+                let (admitted, refused) =
+                    pins.admit_server(source.name(), &source.identity(), tools);
+                self.external_problems.extend(refused);
+                admitted
+            }
+            None => tools,
+        };
         let mut skipped = Vec::new();
         for (remote, info) in tools {
             if self.tools.contains_key(&info.name) || self.external_index.contains_key(&info.name) {

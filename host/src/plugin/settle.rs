@@ -146,6 +146,9 @@ pub(crate) fn settle(plugins: Vec<LoadedPlugin>, prefer: &Preferences) -> Settle
             continue;
         }
         if let Some(names) = drop_tools.get(&index) {
+            // Pinned as declared: `capstan.lock` names every tool the component offers,
+            // offered here or not.
+            let _ = plugin.pin();
             plugin.tools.retain(|tool| !names.contains(&tool.name));
         }
         accepted.push(plugin);

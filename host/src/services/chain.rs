@@ -213,7 +213,8 @@ pub fn sealed(
 /// The hash a chain starts from.
 pub const GENESIS: [u8; 32] = [0; 32];
 
-/// A host's signing key: Ed25519.
+/// An Ed25519 signing key: a host's, for its audit chain; a publisher's, for the
+/// components it signs (`capstan plugins sign`).
 pub struct HostKey {
     pair: Ed25519KeyPair,
 }
@@ -246,8 +247,9 @@ impl HostKey {
         hex(self.pair.public_key().as_ref())
     }
 
-    fn sign(&self, hash: &[u8; 32]) -> Vec<u8> {
-        self.pair.sign(hash).as_ref().to_vec()
+    /// The Ed25519 signature of `message`.
+    pub fn sign(&self, message: &[u8]) -> Vec<u8> {
+        self.pair.sign(message).as_ref().to_vec()
     }
 }
 

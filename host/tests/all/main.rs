@@ -30,6 +30,7 @@ mod imports;
 mod limits;
 mod loading;
 mod net;
+mod pinning;
 mod policy_lint;
 mod postgres;
 mod providers;

@@ -13,6 +13,7 @@ use wasmtime::Engine;
 
 use super::private_dir::{CacheError, PrivateDir, check_owner_only};
 use super::{private_new_file, sha256_of_hash};
+use crate::plugin::trust::ComponentDigest;
 
 /// The key file in the cache directory.
 pub(super) const KEY_FILE: &str = "artifact-seal.key";
@@ -31,9 +32,9 @@ pub(super) struct ArtifactId {
 }
 
 impl ArtifactId {
-    pub(super) fn new(engine: &Engine, bytes: &[u8]) -> Self {
+    pub(super) fn new(engine: &Engine, component: &ComponentDigest) -> Self {
         ArtifactId {
-            component: blake3::hash(bytes).into(),
+            component: *component.as_bytes(),
             engine: sha256_of_hash(engine.precompile_compatibility_hash()),
         }
     }
@@ -52,11 +53,13 @@ impl ArtifactId {
 /// What a sealed file holds. The kind's file name is under the seal, so one kind's file
 /// never opens as another's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
+pub(crate) enum Kind {
     /// The precompiled component.
     Artifact,
     /// What the component's `describe()` returned, as JSON.
     Tools,
+    /// A signature of the component this host verified, as JSON.
+    Signature,
 }
 
 impl Kind {
@@ -64,6 +67,7 @@ impl Kind {
         match self {
             Kind::Artifact => "cwasm",
             Kind::Tools => "tools.json",
+            Kind::Signature => "signature.json",
         }
     }
 }

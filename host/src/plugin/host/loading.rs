@@ -2,7 +2,7 @@
 //! linked, and its tools described (or taken from the cache, sealed).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use super::PluginHost;
@@ -11,7 +11,7 @@ use crate::ids::Caller;
 use crate::net::Egress;
 use crate::plugin::bindings::PluginPre;
 use crate::plugin::bindings::exports::capstan::plugin::tool::ToolSpec;
-use crate::plugin::cache::{CacheKey, CacheOutcome};
+use crate::plugin::cache::{CacheKey, CacheOutcome, Kind};
 use crate::plugin::contract::WIT_VERSION;
 use crate::plugin::error::LoadError;
 use crate::plugin::failure;
@@ -19,6 +19,7 @@ use crate::plugin::inspect::{check_exports, check_header, check_imports, outline
 use crate::plugin::loaded::{LoadedPlugin, RawToolSpec, ToolInfo};
 use crate::plugin::offline::{imports_http, link_http_as_traps};
 use crate::plugin::sandbox::{CallScope, Sandbox};
+use crate::plugin::trust::ComponentDigest;
 
 impl PluginHost {
     /// Loads and checks one component file: it must be a component exporting
@@ -40,18 +41,23 @@ impl PluginHost {
         let outline = outline(path, &bytes)?;
         check_imports(path, &outline)?;
         let wit_version = check_exports(path, &outline)?;
-        let (component, cache, key) = self.cache.load_keyed(&self.engine, &bytes).map_err(
-            |err| match failure::pool_limit(&err, &self.limits) {
-                Some(reason) => LoadError::OverLimit {
-                    path: path.to_owned(),
-                    reason,
-                },
-                None => LoadError::Invalid {
-                    path: path.to_owned(),
-                    reason: format!("{err:#}"),
-                },
-            },
-        )?;
+        let digest = ComponentDigest::of(&bytes);
+        let key = self.cache.key(&self.engine, &digest);
+        // Before anything of it is compiled: an unsigned component never reaches Cranelift.
+        let signer = self.check_signature(path, digest, &key)?;
+        let (component, cache) =
+            self.cache
+                .load_keyed(&self.engine, &bytes, &key)
+                .map_err(|err| match failure::pool_limit(&err, &self.limits) {
+                    Some(reason) => LoadError::OverLimit {
+                        path: path.to_owned(),
+                        reason,
+                    },
+                    None => LoadError::Invalid {
+                        path: path.to_owned(),
+                        reason: format!("{err:#}"),
+                    },
+                })?;
         let link_error = |err: wasmtime::Error| LoadError::Link {
             path: path.to_owned(),
             reason: format!("{err:#}"),
@@ -75,11 +81,13 @@ impl PluginHost {
         // sealed: the plugin need not be instantiated to start.
         let cached_tools = self
             .cache
-            .tools::<CachedTools>(&key)
+            .entry::<CachedTools>(&key, Kind::Tools)
             .filter(|cached| cached.described_by == self.describing_host())
             .map(|cached| cached.tools);
         Ok(Prepared {
             path: path.to_owned(),
+            digest,
+            signer,
             wit_version,
             imports: outline.imports,
             cache,
@@ -97,6 +105,8 @@ impl PluginHost {
     pub(crate) async fn finish(&self, prepared: Prepared) -> Result<LoadedPlugin, LoadError> {
         let Prepared {
             path,
+            digest,
+            signer,
             wit_version,
             imports,
             cache,
@@ -126,7 +136,7 @@ impl PluginHost {
                     described_by: self.describing_host(),
                     tools: raw,
                 };
-                self.cache.store_tools(&key, &kept);
+                self.cache.store_entry(&key, Kind::Tools, &kept);
                 tools
             }
         };
@@ -145,10 +155,50 @@ impl PluginHost {
             imports,
             tools,
             cache,
+            digest,
+            signer,
+            pin: OnceLock::new(),
             tools_cached,
             pre,
             online_pre,
         })
+    }
+
+    /// The signer that lets the component at `path` in, where the config requires a
+    /// signature: verified once, then known from the cache (sealed beside the artifact, for
+    /// these bytes, this signature file and these trusted keys), so a warm start pays no
+    /// Ed25519 check.
+    fn check_signature(
+        &self,
+        path: &Path,
+        digest: ComponentDigest,
+        key: &CacheKey,
+    ) -> Result<Option<String>, LoadError> {
+        let signers = &self.trust.signers;
+        if !signers.are_required() {
+            return Ok(None);
+        }
+        let keys = signers.fingerprint();
+        let known = self.cache.entry::<VerifiedSignature>(key, Kind::Signature);
+        let cached = |file: &[u8; 32]| {
+            known
+                .as_ref()
+                .is_some_and(|seen| seen.file == *file && seen.keys == keys)
+        };
+        let verified = signers
+            .check_file(path, &plugin_name(path), digest, cached)
+            .map_err(|reason| LoadError::Signature {
+                path: path.to_owned(),
+                reason,
+            })?;
+        let seen = VerifiedSignature {
+            file: verified.file_digest,
+            keys,
+        };
+        if known.as_ref() != Some(&seen) {
+            self.cache.store_entry(key, Kind::Signature, &seen);
+        }
+        Ok(Some(verified.signer))
     }
 
     /// What a cached tool list must have been made under to stand for a `describe()` here:
@@ -233,6 +283,8 @@ fn read_plugin_file(path: &Path) -> Result<Vec<u8>, LoadError> {
 /// A plugin compiled, checked and linked, not yet described: [`PluginHost::prepare`].
 pub(crate) struct Prepared {
     path: PathBuf,
+    digest: ComponentDigest,
+    signer: Option<String>,
     wit_version: String,
     imports: Vec<String>,
     cache: CacheOutcome,
@@ -241,6 +293,14 @@ pub(crate) struct Prepared {
     pre: PluginPre<Sandbox>,
     online_pre: Option<PluginPre<Sandbox>>,
     started: Instant,
+}
+
+/// A signature this host verified, as the artifact cache keeps it: the SHA-256 of the
+/// signature file, and of the keys it was trusted under.
+#[derive(PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct VerifiedSignature {
+    file: [u8; 32],
+    keys: [u8; 32],
 }
 
 /// A tool list as the artifact cache keeps it, with the host it was described under.

@@ -18,6 +18,7 @@ use crate::plugin::engine::{build_engine, build_linker, start_epoch_ticker};
 use crate::plugin::error::HostError;
 use crate::plugin::limits::Limits;
 use crate::plugin::sandbox::Sandbox;
+use crate::plugin::trust::Trust;
 use crate::plugin::warm::WarmPool;
 use crate::services::{AuditSink, Services};
 
@@ -50,6 +51,8 @@ pub struct PluginHost {
     audit: Arc<dyn AuditSink>,
     /// The limits and secrets of outbound requests.
     network: Arc<NetHost>,
+    /// The signers components must be signed by and the lock their tools must match.
+    trust: Arc<Trust>,
 }
 
 impl PluginHost {
@@ -72,7 +75,32 @@ impl PluginHost {
             services: None,
             audit: <dyn AuditSink>::disabled(),
             network: Arc::default(),
+            trust: Arc::default(),
         })
+    }
+
+    /// Loads only components `trust` lets in: signed by its signers where it requires
+    /// it (checked as each file is read), and matching its lock (checked by the
+    /// [`Registry`](crate::plugin::Registry) before any tool is offered, MCP tools
+    /// included).
+    ///
+    /// ```
+    /// use capstan_host::plugin::trust::{Signers, Trust};
+    /// use capstan_host::plugin::{ArtifactCache, Limits, PluginHost};
+    ///
+    /// let trust = Trust { signers: Signers::required(vec![]), pins: None };
+    /// let host = PluginHost::new(Limits::default(), ArtifactCache::disabled())?.with_trust(trust);
+    /// assert!(host.trust().signers.are_required());
+    /// # Ok::<(), capstan_host::plugin::HostError>(())
+    /// ```
+    pub fn with_trust(mut self, trust: Trust) -> Self {
+        self.trust = Arc::new(trust);
+        self
+    }
+
+    /// What the host trusts: see [`PluginHost::with_trust`].
+    pub fn trust(&self) -> &Trust {
+        &self.trust
     }
 
     /// Runs outbound requests under `network`'s limits, with its secrets.

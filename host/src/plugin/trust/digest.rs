@@ -1,0 +1,162 @@
+//! Digests: of a component's bytes, and of a tool's description and schema.
+
+use std::fmt;
+use std::str::FromStr;
+
+use sha2::{Digest as _, Sha256};
+
+use crate::text::{hex, serde_as_text, unhex};
+
+/// The BLAKE3 digest of a component's bytes: what `capstan.lock` pins, what a signature
+/// signs, and what the artifact cache keys a compiled component by. Written
+/// `blake3:<64 hex digits>`.
+///
+/// ```
+/// use capstan_host::plugin::trust::ComponentDigest;
+///
+/// let digest = ComponentDigest::of(b"\0asm");
+/// let text = digest.to_string();
+/// assert!(text.starts_with("blake3:"));
+/// assert_eq!(text.parse::<ComponentDigest>().unwrap(), digest);
+/// assert!("sha256:00".parse::<ComponentDigest>().is_err());
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ComponentDigest([u8; 32]);
+
+/// The prefix of a [`ComponentDigest`]'s text.
+const BLAKE3: &str = "blake3:";
+/// The prefix of a [`TextDigest`]'s text.
+const SHA256: &str = "sha256:";
+
+impl ComponentDigest {
+    /// The digest of `bytes`.
+    pub fn of(bytes: &[u8]) -> Self {
+        ComponentDigest(blake3::hash(bytes).into())
+    }
+
+    /// The 32 bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Its first 12 hex digits, for a table.
+    pub fn short(&self) -> String {
+        hex(&self.0[..6])
+    }
+}
+
+impl fmt::Display for ComponentDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{BLAKE3}{}", hex(&self.0))
+    }
+}
+
+impl fmt::Debug for ComponentDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl FromStr for ComponentDigest {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        text.strip_prefix(BLAKE3)
+            .and_then(unhex)
+            .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
+            .map(ComponentDigest)
+            .ok_or_else(|| {
+                format!("`{text}` is not a component digest (`blake3:` and 64 hex digits)")
+            })
+    }
+}
+
+/// The SHA-256 of a tool's description, or of its schema written as canonical JSON (keys
+/// sorted, no spaces), so a server that sends the same schema with its keys in another
+/// order is not taken for one that changed it. Written `sha256:<64 hex digits>`.
+///
+/// ```
+/// use capstan_host::plugin::trust::TextDigest;
+///
+/// let a = serde_json::json!({"type": "object", "properties": {"q": {"type": "string"}}});
+/// let b: serde_json::Value =
+///     serde_json::from_str(r#"{"properties":{"q":{"type":"string"}},"type":"object"}"#).unwrap();
+/// assert_eq!(TextDigest::of_json(&a), TextDigest::of_json(&b));
+/// assert_ne!(TextDigest::of_text("Reads a file."), TextDigest::of_text("Reads a file!"));
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TextDigest([u8; 32]);
+
+impl TextDigest {
+    /// The digest of `text`.
+    pub fn of_text(text: &str) -> Self {
+        TextDigest(Sha256::digest(text.as_bytes()).into())
+    }
+
+    /// The digest of `value` written as canonical JSON.
+    pub fn of_json(value: &serde_json::Value) -> Self {
+        let mut text = String::new();
+        canonical_json(value, &mut text);
+        TextDigest::of_text(&text)
+    }
+}
+
+impl fmt::Display for TextDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{SHA256}{}", hex(&self.0))
+    }
+}
+
+impl fmt::Debug for TextDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl FromStr for TextDigest {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        text.strip_prefix(SHA256)
+            .and_then(unhex)
+            .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
+            .map(TextDigest)
+            .ok_or_else(|| format!("`{text}` is not a digest (`sha256:` and 64 hex digits)"))
+    }
+}
+
+serde_as_text!(ComponentDigest, TextDigest);
+
+/// Writes `value` with every object's keys sorted and no whitespace. Written here rather
+/// than left to `serde_json`, whose key order follows a crate feature any dependency may
+/// turn on.
+fn canonical_json(value: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort_unstable();
+            out.push('{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push(':');
+                canonical_json(&map[key], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical_json(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
