@@ -2,15 +2,19 @@
 //! changes until accepted, signatures verified (and their verification cached), through
 //! the real `capstan` binary and the plugin host. The tamper suite: a flipped byte, a
 //! swapped component with the same name, a signature by an untrusted key, a lock naming
-//! a missing file. MCP servers that change are tried in `tests/interop/test_pinning.py`.
+//! a missing file. MCP servers that change are tried in `tests/interop/test_pinning.py`; here, a
+//! thousand reconnects of one that does not.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use capstan_host::config::Config;
+use capstan_host::mcp::{Servers, ToolServer, add_servers};
 use capstan_host::plugin::trust::{Lock, Pins, Signer, Signers, Trust};
 use capstan_host::plugin::{ArtifactCache, CallLog, Limits, LoadError, PluginHost, Registry};
+use capstan_host::policy::ProcessKind;
 
-use crate::support::{capstan, component, plugins_dir, stderr, stdout};
+use crate::support::{Recording, agent_runtime, capstan, component, plugins_dir, stderr, stdout};
 
 /// A directory with `capstan.toml` (its plugins in `plugins/`, a copy of the first-party
 /// ones, plus `toml`) and the first-party plugins.
@@ -461,4 +465,106 @@ async fn a_signed_and_locked_plugin_loads_and_a_locked_but_unsigned_one_does_not
     let registry = load_dir(signed_host(keys, cache.path(), Some(pins)), &plugins).await;
     assert_eq!(registry.plugins().len(), 3, "{:?}", registry.refused());
     assert!(refusal(&registry, "web").contains("it is not signed"));
+}
+
+/// A registry on `host` with the tools of the MCP servers `config` names.
+async fn with_servers(config: &Config, host: &Arc<PluginHost>) -> Registry {
+    let mut registry = Registry::new(host.clone(), CallLog::disabled());
+    add_servers(config, &mut registry, Servers::Named).await;
+    registry
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_reconnects_of_an_unchanged_server_raise_no_false_alarm() {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService,
+    };
+
+    // The server: the worker's tools behind Capstan's own MCP door, over streamable
+    // HTTP on loopback.
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _events) =
+        agent_runtime(Config::defaults(dir.path()), Recording::new(""), false).await;
+    let server = ToolServer::new(rt.router().clone(), ProcessKind::Worker);
+    let service = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let app = axum::Router::new().route_service("/mcp", service);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    // The client: a config naming it, locked on the first connection.
+    let toml = format!(
+        "[mcp.door]\nurl = \"http://127.0.0.1:{port}/mcp\"\n\n\
+         [profiles.worker]\ntools = [\"door.*\"]\ncapabilities = []\n"
+    );
+    let path = dir.path().join("client.toml");
+    let config = Config::parse(&toml, &path).unwrap();
+    let host = |pins| {
+        let host = PluginHost::new(Limits::default(), ArtifactCache::disabled()).unwrap();
+        let signers = Signers::default();
+        Arc::new(host.with_trust(Trust { signers, pins }))
+    };
+    let first = with_servers(&config, &host(None)).await;
+    assert!(
+        first.external_problems().is_empty(),
+        "{:?}",
+        first.external_problems()
+    );
+    let lock = first.lock();
+    let tools = lock.mcp["door"].tools.len();
+    assert!(
+        tools >= 3,
+        "the worker's tools: {:?}",
+        lock.mcp["door"].tools.keys()
+    );
+
+    let pinned = host(Some(Pins::new(
+        lock.clone(),
+        dir.path().join("capstan.lock"),
+        false,
+    )));
+    for reconnect in 0..1000 {
+        let registry = with_servers(&config, &pinned).await;
+        assert!(
+            registry.external_problems().is_empty(),
+            "reconnect {reconnect}: {:?}",
+            registry.external_problems()
+        );
+        assert_eq!(
+            registry.external_tools().count(),
+            tools,
+            "reconnect {reconnect}"
+        );
+    }
+
+    // And the check is live: a lock whose pin of one tool differs holds that tool back.
+    let mut changed = lock;
+    let pin = changed
+        .mcp
+        .get_mut("door")
+        .unwrap()
+        .tools
+        .values_mut()
+        .next()
+        .unwrap();
+    pin.description = capstan_host::plugin::trust::TextDigest::of_text("another description");
+    let held = host(Some(Pins::new(
+        changed,
+        dir.path().join("capstan.lock"),
+        false,
+    )));
+    let registry = with_servers(&config, &held).await;
+    assert_eq!(registry.external_tools().count(), tools - 1);
+    assert_eq!(
+        registry.external_problems().len(),
+        1,
+        "{:?}",
+        registry.external_problems()
+    );
+    assert!(registry.external_problems()[0].contains("description changed"));
 }
