@@ -26,7 +26,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 
@@ -34,6 +33,11 @@ use criterion::Criterion;
 mod bare;
 
 use bare::{Bare, component_path};
+
+#[path = "support/starting.rs"]
+mod starting;
+
+use starting::{percentiles, start_components};
 
 /// Set in the environment of the bare process: the precompiled file it runs.
 const BARE_RUN: &str = "CAPSTAN_BENCH_BARE_RUN";
@@ -75,21 +79,8 @@ impl Deployment {
         }
         std::fs::write(workspace.join("notes.txt"), "one line\n").unwrap();
 
-        let wasm_in = |dir: &Path| -> Vec<PathBuf> {
-            std::fs::read_dir(dir)
-                .unwrap()
-                .map(|entry| entry.unwrap().path())
-                .filter(|path| path.extension().is_some_and(|ext| ext == "wasm"))
-                .collect()
-        };
         let files = component_path("plugins", "files");
-        let mut components = wasm_in(files.parent().unwrap());
-        components.push(component_path("fixtures", "probe"));
-        components.push(component_path("fixtures", "python_style"));
-        components.push(component_path("examples", "word_count"));
-        if let Some(extra) = std::env::var_os("CAPSTAN_START_PLUGINS") {
-            components.extend(wasm_in(Path::new(&extra)));
-        }
+        let components = start_components(&files);
         for component in &components {
             std::fs::copy(component, plugins.join(component.file_name().unwrap())).unwrap();
         }
@@ -181,41 +172,6 @@ fn bare_run(cwasm: &Path) {
         .unwrap();
     let bare = Bare::precompiled(cwasm);
     println!("{}", rt.block_on(bare.call()));
-}
-
-/// Runs each of `rows` in turn, `ROUNDS` times, and prints their p50 and p99 and the ratio
-/// of the first to the last.
-fn percentiles(title: &str, rows: &[(&str, &dyn Fn())]) {
-    const ROUNDS: usize = 200;
-    let mut times = vec![Vec::with_capacity(ROUNDS); rows.len()];
-    for _ in 0..ROUNDS {
-        for ((_, run), times) in rows.iter().zip(&mut times) {
-            let t = Instant::now();
-            run();
-            times.push(t.elapsed());
-        }
-    }
-    let ms = |times: &mut Vec<Duration>, p: f64| {
-        times.sort_unstable();
-        times[((times.len() as f64 - 1.0) * p) as usize].as_secs_f64() * 1e3
-    };
-    println!("\n{title}, {ROUNDS} interleaved rounds (ms)");
-    let mut first = (0.0, 0.0);
-    let mut last = (0.0, 0.0);
-    for (i, ((name, _), times)) in rows.iter().zip(&mut times).enumerate() {
-        let (p50, p99) = (ms(times, 0.5), ms(times, 0.99));
-        println!("  {name:<28} p50 {p50:7.2}  p99 {p99:7.2}");
-        if i == 0 {
-            first = (p50, p99);
-        }
-        last = (p50, p99);
-    }
-    println!(
-        "  {:<28} p50 {:6.2}x  p99 {:6.2}x",
-        "ratio",
-        first.0 / last.0,
-        first.1 / last.1
-    );
 }
 
 fn main() {
