@@ -113,24 +113,26 @@ impl Capability {
 
     /// Whether everything `other` lets a tool do, `self` lets it do too: what tells a
     /// narrowed declaration from a widened one when a plugin is updated. Unlike
-    /// [`Capability::allows`], overlapping is not enough: `net:*.example.com` covers
-    /// `net:api.example.com`, not the other way round; `secret:*` covers every secret.
+    /// [`Capability::allows`], overlapping is not enough: a rule must hold every request
+    /// and address the other allows ([`NetRule::contains`]); `secret:*` covers every
+    /// secret.
     ///
     /// ```
     /// use capstan_caps::Capability;
     ///
     /// let any: Capability = "net:*.example.com".parse().unwrap();
+    /// let some: Capability = "net:*.api.example.com".parse().unwrap();
     /// let one: Capability = "net:api.example.com".parse().unwrap();
-    /// assert!(any.covers(&one));
-    /// assert!(!one.covers(&any));
+    /// assert!(any.covers(&some));
+    /// assert!(!some.covers(&any));
+    /// // A wildcard reaches public addresses only; an exact name wherever it resolves.
+    /// assert!(!any.covers(&one));
     /// assert!(Capability::TasksWrite.covers(&Capability::TasksWriteOwn));
     /// assert!(!Capability::FsRead.covers(&Capability::FsWrite));
     /// ```
     pub fn covers(&self, other: &Capability) -> bool {
         match (self, other) {
-            (Capability::Net(wide), Capability::Net(narrow)) => {
-                wide.intersect(narrow).as_ref() == Some(narrow)
-            }
+            (Capability::Net(wide), Capability::Net(narrow)) => wide.contains(narrow),
             (Capability::Secret(wide), Capability::Secret(narrow)) => wide == narrow || wide == "*",
             (Capability::TasksWrite, Capability::TasksWriteOwn) => true,
             (wide, narrow) => wide == narrow,

@@ -259,6 +259,28 @@ impl HostRule {
     }
 }
 
+impl HostRule {
+    /// Whether every address a request allowed by `other` may reach, `self` allows too:
+    /// a wildcard reaches only public addresses and an exact name any but a metadata one,
+    /// so `*` holds `*.example.com` but not `api.example.com`.
+    fn contains(&self, other: &HostRule) -> bool {
+        match (self, other) {
+            (HostRule::Any, HostRule::Any | HostRule::Subdomains(_)) => true,
+            (HostRule::Any, HostRule::Ip(ip)) => AddressClass::of(*ip).is_public(),
+            (HostRule::Subdomains(wide), HostRule::Subdomains(narrow)) => {
+                wide == narrow || is_subdomain(narrow, wide)
+            }
+            (HostRule::Range(wide), HostRule::Range(narrow)) => {
+                wide == narrow || *wide == AddressRange::Internal
+            }
+            (HostRule::Range(range), HostRule::Ip(ip)) => range.contains(AddressClass::of(*ip)),
+            (HostRule::Name(a), HostRule::Name(b)) => a == b,
+            (HostRule::Ip(a), HostRule::Ip(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
 /// Whether `name` is a strict subdomain of `suffix`.
 fn is_subdomain(name: &str, suffix: &str) -> bool {
     name.strip_suffix(suffix)
@@ -337,6 +359,32 @@ impl NetRule {
     /// Whether the rule names one host or address rather than a pattern or a range.
     pub fn names_host_exactly(&self) -> bool {
         matches!(self.host, HostRule::Name(_) | HostRule::Ip(_))
+    }
+
+    /// Whether every request `other` allows, `self` allows too, to the same addresses:
+    /// what tells a narrowed declaration from a widened one. Stricter than overlapping
+    /// ([`NetRule::intersect`]): a wildcard reaches public addresses only, so `*` does not
+    /// hold `localhost`, and `{internal}` does not hold a name.
+    ///
+    /// ```
+    /// use capstan_caps::NetRule;
+    ///
+    /// let rule = |text: &str| text.parse::<NetRule>().unwrap();
+    /// assert!(rule("*.example.com").contains(&rule("*.api.example.com")));
+    /// assert!(rule("*://*:*").contains(&rule("https://*.example.com")));
+    /// assert!(!rule("*://*:*").contains(&rule("http://localhost:80")));
+    /// assert!(!rule("*://{internal}:*").contains(&rule("http://attack.example")));
+    /// assert!(!rule("GET api.example.com").contains(&rule("api.example.com")));
+    /// ```
+    pub fn contains(&self, other: &NetRule) -> bool {
+        let method = match (&self.method, &other.method) {
+            (None, _) => true,
+            (Some(a), Some(b)) => a == b,
+            (Some(_), None) => false,
+        };
+        let scheme = self.scheme == SchemeRule::Any || self.scheme == other.scheme;
+        let port = self.port == PortRule::Any || self.port == other.port;
+        method && scheme && port && self.host.contains(&other.host)
     }
 
     /// The requests both rules allow, as one rule; `None` if there are none.

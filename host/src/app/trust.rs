@@ -4,7 +4,8 @@ use crate::config::Config;
 use crate::plugin::trust::{Lock, LockError, Pins, Trust};
 
 /// The signers of `config`, and the lock beside it if there is one (read now: a lock that
-/// cannot be read stops the start, naming its file and line).
+/// cannot be read stops the start, naming its file and line). Where the config requires a
+/// lock (`plugins.require_lock`) and there is none, nothing is let in.
 ///
 /// ```
 /// let dir = tempfile::tempdir().unwrap();
@@ -14,8 +15,11 @@ use crate::plugin::trust::{Lock, LockError, Pins, Trust};
 /// assert!(trust.pins.is_none(), "no capstan.lock beside it");
 /// ```
 pub fn trust(config: &Config) -> Result<Trust, LockError> {
-    let pins = Lock::read(&config.lock_file)?
-        .map(|lock| Pins::new(lock, &config.lock_file, config.accept_narrowing));
+    let pins = match Lock::read(&config.lock_file)? {
+        Some(lock) => Some(Pins::new(lock, &config.lock_file, config.accept_narrowing)),
+        None if config.require_lock => Some(Pins::missing(&config.lock_file)),
+        None => None,
+    };
     Ok(Trust {
         signers: config.signers.clone(),
         pins,

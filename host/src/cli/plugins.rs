@@ -12,8 +12,8 @@ use super::new_plugin::NewCommand;
 use super::table::print_table;
 use crate::mcp::Servers;
 use crate::plugin::trust::{
-    Changes, ComponentDigest, Direction, Lock, SignatureFile, Signer, Signers, Trust,
-    signature_path,
+    Changes, ComponentDigest, Lock, SignatureFile, Signer, Signers, Trust, signature_path,
+    write_whole,
 };
 use crate::plugin::{LoadedPlugin, ToolInfo};
 use crate::services::HostKey;
@@ -42,7 +42,9 @@ pub(crate) enum PluginsCommand {
         host: HostArgs,
     },
     /// Show what an update changes: tools added and removed, capabilities widened or
-    /// narrowed, descriptions and schemas changed. Exits 1 when the update widens.
+    /// narrowed, descriptions and schemas changed. Exits 0 when a lock would let it in
+    /// with `plugins.accept_narrowing` (nothing, or only narrowing), 1 when it needs
+    /// `plugins accept`, 2 when a component cannot be loaded.
     Diff {
         /// The component now.
         old: PathBuf,
@@ -169,9 +171,23 @@ async fn lock(host: &HostArgs) -> anyhow::Result<ExitCode> {
     let registry = host
         .registry_on(&config, host.unpinned_host(&config)?, Some(Servers::Named))
         .await?;
-    let lock = registry.lock();
+    let mut lock = registry.lock();
     let path = &config.lock_file;
     let before = Lock::read(path).ok().flatten();
+    // A server that is down now keeps the pins it had: a lock written during its outage
+    // must not drop it (and then refuse all its tools once it is back).
+    for spec in &config.mcp {
+        let (name, down) = (&spec.name, registry.source_down(&spec.name));
+        let kept = before.as_ref().and_then(|before| before.mcp.get(name));
+        if let (Some(why), Some(kept), false) = (down, kept, lock.mcp.contains_key(name)) {
+            crate::say!(
+                "warning: MCP server `{name}` is down ({}); its pins are kept from the lock \
+                 before",
+                crate::text::one_line(why)
+            );
+            lock.mcp.insert(name.clone(), kept.clone());
+        }
+    }
     lock.write(path)
         .with_context(|| format!("writing {}", path.display()))?;
     let mut out = crate::secrets::stdout();
@@ -236,13 +252,13 @@ async fn diff(host: &HostArgs, old: &Path, new: &Path) -> anyhow::Result<ExitCod
     let config = host.config()?;
     // Both are read as they are: no signature or lock stands between a person and a diff.
     let plugins = host.inspecting_host(&config)?.with_trust(Trust::default());
-    let load = async |path: &Path| {
-        plugins
-            .load(path)
-            .await
-            .map_err(|err| anyhow::anyhow!("{err}"))
+    let (old, new) = match (plugins.load(old).await, plugins.load(new).await) {
+        (Ok(old), Ok(new)) => (old, new),
+        (Err(err), _) | (_, Err(err)) => {
+            crate::say!("error: {err}");
+            return Ok(ExitCode::from(2));
+        }
     };
-    let (old, new) = (load(old).await?, load(new).await?);
     let changes = Changes::of_plugin(old.pin(), new.pin());
     let mut out = crate::secrets::stdout();
     writeln!(out, "old: {}  {}", old.path().display(), old.digest())?;
@@ -252,10 +268,10 @@ async fn diff(host: &HostArgs, old: &Path, new: &Path) -> anyhow::Result<ExitCod
         return Ok(ExitCode::SUCCESS);
     }
     print_changes(&mut out, "changes", &changes)?;
-    Ok(if changes.direction() == Some(Direction::Wider) {
-        ExitCode::FAILURE
-    } else {
+    Ok(if changes.only_narrows() {
         ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     })
 }
 
@@ -281,6 +297,8 @@ async fn accept(host: &HostArgs, name: &str) -> anyhow::Result<ExitCode> {
         .await?;
     let mut out = crate::secrets::stdout();
     let now = registry.lock();
+    // A plugin and an MCP server may share a name: `accept NAME` takes both, each shown.
+    let mut accepted = false;
     if is_server {
         let Some(pin) = now.mcp.get(name) else {
             let why = registry
@@ -295,29 +313,30 @@ async fn accept(host: &HostArgs, name: &str) -> anyhow::Result<ExitCode> {
         };
         print_changes(&mut out, &format!("MCP server {name}"), &changes)?;
         lock.mcp.insert(name.to_owned(), pin.clone());
-    } else if let Some(pin) = now.plugins.get(name) {
+        accepted = true;
+    }
+    if let Some(pin) = now.plugins.get(name) {
         let changes = match lock.plugins.get(name) {
             Some(old) => Changes::of_plugin(old, pin),
             None => Changes::not_locked(),
         };
         print_changes(&mut out, &format!("plugin {name}"), &changes)?;
         lock.plugins.insert(name.to_owned(), pin.clone());
-    } else if let Some(refused) = registry
-        .refused()
-        .iter()
-        .find(|err| err.path().file_stem().is_some_and(|stem| stem == name))
-    {
-        anyhow::bail!("plugin `{name}` cannot be accepted: {refused}");
+        accepted = true;
+    } else if let Some(refused) = registry.refused().iter().find(|err| {
+        err.path()
+            .file_stem()
+            .is_some_and(|stem| stem.to_string_lossy() == name)
+    }) {
+        anyhow::bail!("plugin `{name}` cannot be accepted: {refused}; nothing was changed");
     } else if lock.plugins.remove(name).is_some() {
-        lock.write(path)
-            .with_context(|| format!("writing {}", path.display()))?;
         writeln!(
             out,
-            "plugin `{name}`: its file is gone; dropped from {}",
-            path.display()
+            "plugin `{name}`: its file is gone; dropped from the lock"
         )?;
-        return Ok(ExitCode::SUCCESS);
-    } else {
+        accepted = true;
+    }
+    if !accepted {
         anyhow::bail!(
             "no plugin or MCP server is named `{name}` (plugins: {}; MCP servers: {})",
             names(now.plugins.keys()),
@@ -384,10 +403,10 @@ fn sign(file: &Path, key_path: &Path) -> anyhow::Result<ExitCode> {
             key_path.display()
         )
     })?;
-    let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-    let digest = ComponentDigest::of(&bytes);
+    let digest = ComponentDigest::of(&read_component(file)?);
     let signature = signature_path(file);
-    std::fs::write(&signature, SignatureFile::sign(&key, digest).to_json())
+    // Renamed into place: a symlink planted at the name is replaced, never followed.
+    write_whole(&signature, &SignatureFile::sign(&key, digest).to_json())
         .with_context(|| format!("writing {}", signature.display()))?;
     writeln!(
         crate::secrets::stdout(),
@@ -415,8 +434,7 @@ fn verify(host: &HostArgs, file: &Path, trust: &[String]) -> anyhow::Result<Exit
              PUBLIC_KEY"
         );
     }
-    let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-    let digest = ComponentDigest::of(&bytes);
+    let digest = ComponentDigest::of(&read_component(file)?);
     let name = file
         .file_stem()
         .map(|stem| stem.to_string_lossy().into_owned())
@@ -436,4 +454,23 @@ fn verify(host: &HostArgs, file: &Path, trust: &[String]) -> anyhow::Result<Exit
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// A component file's bytes; anything but a regular file (a FIFO would block) is refused.
+fn read_component(file: &Path) -> anyhow::Result<Vec<u8>> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(file)
+        .with_context(|| format!("reading {}", file.display()))?;
+    if !opened.metadata()?.is_file() {
+        anyhow::bail!("{} is not a regular file", file.display());
+    }
+    let mut bytes = Vec::new();
+    (&opened)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("reading {}", file.display()))?;
+    Ok(bytes)
 }

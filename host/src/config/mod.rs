@@ -86,6 +86,10 @@ pub struct Config {
     /// it only narrows (no tool, capability or higher effect added; no description or
     /// schema changed).
     pub accept_narrowing: bool,
+    /// `plugins.require_lock`: whether a missing `capstan.lock` lets nothing in (rather
+    /// than pinning nothing), so a command started where the lock is not found never runs
+    /// unpinned.
+    pub require_lock: bool,
     /// `capstan.lock`, beside the config file (in the current directory without one).
     pub lock_file: PathBuf,
     /// The model provider.

@@ -90,6 +90,8 @@ struct RawPlugins {
     require_signatures: bool,
     #[serde(default)]
     accept_narrowing: bool,
+    #[serde(default)]
+    require_lock: bool,
     /// `[plugins.signers.NAME]`.
     #[serde(default)]
     signers: BTreeMap<String, RawSigner>,
@@ -242,6 +244,7 @@ impl RawConfig {
             prefer,
             signers,
             accept_narrowing: self.plugins.accept_narrowing,
+            require_lock: self.plugins.require_lock,
             lock_file: base.join(LOCK_FILE),
             provider,
             net,

@@ -6,15 +6,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use rmcp::ClientHandler;
+use rmcp::model::ProtocolVersion;
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, PaginatedRequestParams,
 };
 use rmcp::service::{ClientInitializeError, RoleClient, RunningService, ServiceError};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt as _};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClientTransportConfig, StreamableHttpError,
 };
-use rmcp::{ClientHandler, ServiceExt as _};
 use tokio::sync::Mutex;
 
 use super::ended::EndedBy;
@@ -78,6 +80,34 @@ enum State {
         /// No start before this.
         retry_at: Instant,
     },
+}
+
+/// How a start finds the server's revision, as the 2026-07-28 specification says a client
+/// of both eras does: `server/discover` first, and a server that answers it as a server of
+/// an earlier revision would (an error, such as method not found) gets the `initialize`
+/// handshake instead.
+fn lifecycle() -> ClientLifecycleMode {
+    ClientLifecycleMode::Auto {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        legacy_version: None,
+    }
+}
+
+/// Why a start failed.
+enum Restart {
+    /// The server answered the revision probe with something neither era answers: worth
+    /// one more start with the `initialize` handshake alone.
+    Handshake(String),
+    /// Anything else, said for the person reading it.
+    Failed(String),
+}
+
+impl Restart {
+    fn into_reason(self) -> String {
+        match self {
+            Restart::Handshake(reason) | Restart::Failed(reason) => reason,
+        }
+    }
 }
 
 /// The host's side of the handshake: it names itself and offers nothing back.
@@ -294,8 +324,29 @@ impl Inner {
         }
     }
 
-    /// Starts the server (or opens a session with it) and completes the handshake.
+    /// Starts the server (or opens a session with it) and completes the handshake: the
+    /// discovery of its revision first; a server that answers `server/discover` with
+    /// something neither era answers (an empty result, say) is started again and greeted
+    /// with `initialize` alone, as the servers of earlier revisions that predate the
+    /// probe expect.
     async fn start(&self) -> Result<Session, String> {
+        match self.start_with(lifecycle()).await {
+            Err(Restart::Handshake(reason)) => {
+                tracing::debug!(
+                    server = %self.spec.name,
+                    "`server/discover` got an answer of neither revision ({reason}); starting \
+                     it again with the initialize handshake"
+                );
+                self.start_with(ClientLifecycleMode::Initialize)
+                    .await
+                    .map_err(Restart::into_reason)
+            }
+            other => other.map_err(Restart::into_reason),
+        }
+    }
+
+    /// One start, in `lifecycle`.
+    async fn start_with(&self, lifecycle: ClientLifecycleMode) -> Result<Session, Restart> {
         let name = &self.spec.name;
         let ended = EndedBy::default();
         let (handshake, stderr) = match (&self.spec.transport, &self.http) {
@@ -303,8 +354,11 @@ impl Inner {
                 let config = StreamableHttpClientTransportConfig::with_uri(url.to_string());
                 let transport =
                     StreamableHttpClientTransport::with_client(http.reporting(&ended), config);
-                let handshake =
-                    tokio::time::timeout(self.start_timeout, Handler.serve(transport)).await;
+                let handshake = tokio::time::timeout(
+                    self.start_timeout,
+                    Handler.serve_with_lifecycle(transport, lifecycle.clone()),
+                )
+                .await;
                 (handshake, None)
             }
             (
@@ -328,9 +382,13 @@ impl Inner {
                     max_message: self.max_message,
                     limit_key: self.limit_key.clone(),
                     ended: ended.clone(),
-                })?;
-                let handshake =
-                    tokio::time::timeout(self.start_timeout, Handler.serve(transport)).await;
+                })
+                .map_err(Restart::Failed)?;
+                let handshake = tokio::time::timeout(
+                    self.start_timeout,
+                    Handler.serve_with_lifecycle(transport, lifecycle.clone()),
+                )
+                .await;
                 (handshake, Some(stderr))
             }
             (McpTransport::Http { .. }, None) => unreachable!("an HTTP server has its egress"),
@@ -346,7 +404,13 @@ impl Inner {
                 service: Arc::new(service),
                 ended,
             }),
-            Ok(Err(err)) => Err(format!(
+            Ok(Err(
+                err @ (ClientInitializeError::ExpectedInitResult(_)
+                | ClientInitializeError::ExpectedInitResponse(_)),
+            )) if matches!(lifecycle, ClientLifecycleMode::Auto { .. }) => {
+                Err(Restart::Handshake(err.to_string()))
+            }
+            Ok(Err(err)) => Err(Restart::Failed(format!(
                 "MCP server [mcp.{name}] failed its handshake: {}{}; {}",
                 crate::text::one_line(&ended.reason().unwrap_or_else(|| init_cause(&err))),
                 said(stderr),
@@ -357,12 +421,12 @@ impl Inner {
                     ),
                     McpTransport::Http { .. } => format!("check mcp.{name}.url"),
                 }
-            )),
-            Err(_) => Err(format!(
+            ))),
+            Err(_) => Err(Restart::Failed(format!(
                 "MCP server [mcp.{name}] did not complete its handshake within {} s{}",
                 self.start_timeout.as_secs_f64(),
                 said(stderr)
-            )),
+            ))),
         }
     }
 

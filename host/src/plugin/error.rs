@@ -197,7 +197,7 @@ pub enum LoadError {
         preferred: Option<String>,
     },
     /// The config requires signatures and this component's does not let it in.
-    #[error("{}: refused: {reason}", path.display())]
+    #[error("{}: {reason}", path.display())]
     Signature {
         /// The plugin file.
         path: PathBuf,
@@ -235,6 +235,14 @@ fn unpinned_message(
     changes: &Changes,
 ) -> String {
     let accept = format!("`capstan plugins accept {plugin}` accepts it");
+    if changes.iter().any(|change| *change == Change::NoLockFile) {
+        return format!(
+            "{}: plugin `{plugin}` is not offered: there is no {}, and the config requires one \
+             (plugins.require_lock); `capstan plugins lock` writes it",
+            path.display(),
+            lock.display()
+        );
+    }
     if changes.iter().any(|change| *change == Change::NotLocked) {
         return format!(
             "{}: plugin `{plugin}` is not offered: it is not in {}; {accept}",

@@ -278,10 +278,14 @@ impl Registry {
         let Some(pins) = &host.trust().pins else {
             return;
         };
-        let present: std::collections::HashSet<_> =
-            files.iter().filter_map(|path| path.file_stem()).collect();
+        // By name as plugins are named: lossily, for a file name that is not UTF-8.
+        let present: std::collections::HashSet<_> = files
+            .iter()
+            .filter_map(|path| path.file_stem())
+            .map(|stem| stem.to_string_lossy())
+            .collect();
         for plugin in pins.lock().plugins.keys() {
-            if !present.contains(std::ffi::OsStr::new(plugin)) {
+            if !present.contains(plugin.as_str()) {
                 self.refuse(LoadError::PinnedMissing {
                     path: dir.join(format!("{plugin}.wasm")),
                     plugin: plugin.clone(),

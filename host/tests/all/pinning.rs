@@ -200,6 +200,24 @@ fn a_lock_naming_a_missing_file_says_so_and_accept_drops_it() {
 }
 
 #[test]
+fn a_config_that_requires_a_lock_offers_nothing_without_one() {
+    let dir = deployment("[plugins]\nrequire_lock = true\n");
+    let (tools, warnings) = listed(dir.path());
+    assert!(!tools.contains("file_read"), "{tools}");
+    assert!(
+        warnings.contains("plugin `files` is not offered: there is no ")
+            && warnings
+                .contains("capstan.lock, and the config requires one (plugins.require_lock)")
+            && warnings.contains("`capstan plugins lock` writes it"),
+        "{warnings}"
+    );
+    ok(&capstan(dir.path(), &["plugins", "lock"]));
+    let (tools, warnings) = listed(dir.path());
+    assert!(tools.contains("file_read"), "{tools}");
+    assert!(!warnings.contains("not offered"), "{warnings}");
+}
+
+#[test]
 fn a_damaged_lock_stops_the_start_naming_its_line() {
     let dir = deployment("");
     std::fs::write(
@@ -259,6 +277,26 @@ fn diff_shows_a_readable_table_and_exits_1_when_an_update_widens() {
     let same = run(args(&web, &web));
     assert_eq!(same.status.code(), Some(0));
     assert!(stdout(&same).contains("(no changes)"), "{}", stdout(&same));
+    // A rebuild with the same tools: what `accept_narrowing` lets in.
+    let rebuild = dir.path().join("web-rebuilt.wasm");
+    std::fs::write(&rebuild, rebuilt(&std::fs::read(&web).unwrap(), b"v2")).unwrap();
+    let same_tools = run(args(&web, &rebuild));
+    assert_eq!(same_tools.status.code(), Some(0), "{}", stdout(&same_tools));
+    assert!(
+        stdout(&same_tools).contains("rebuilt"),
+        "{}",
+        stdout(&same_tools)
+    );
+    // A file that is no component: 2, not the 1 of an update that needs accepting.
+    let junk = dir.path().join("junk.wasm");
+    std::fs::write(&junk, b"not wasm").unwrap();
+    let broken = run(args(&web, &junk));
+    assert_eq!(broken.status.code(), Some(2), "{}", stderr(&broken));
+    assert!(
+        stderr(&broken).contains("not a WebAssembly file"),
+        "{}",
+        stderr(&broken)
+    );
 }
 
 /// A host that requires signatures by `keys`, caching in `cache`.
@@ -372,7 +410,8 @@ async fn only_components_signed_by_a_key_trusted_for_them_load_and_each_refusal_
     let registry = load_dir(signed_host(keys.clone(), cache.path(), None), &plugins).await;
     let err = refusal(&registry, "files");
     assert!(
-        err.contains("is of another component") && err.contains("it changed after it was signed"),
+        err.contains("signs another component")
+            && err.contains("the file changed after it was signed"),
         "{err}"
     );
     assert!(registry.tool("file_read").is_none());
@@ -393,7 +432,7 @@ async fn only_components_signed_by_a_key_trusted_for_them_load_and_each_refusal_
     let out = verify(&files);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stderr(&out).contains("is of another component"),
+        stderr(&out).contains("signs another component"),
         "{}",
         stderr(&out)
     );

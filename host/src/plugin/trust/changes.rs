@@ -12,14 +12,15 @@ use super::lock::{PluginPin, ServerPin, ToolPin};
 /// Which way a change moves what a deployment's grants let through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Direction {
-    /// Less: a tool removed, a capability dropped or narrowed, a lower effect.
+    /// Less: a tool removed, a capability dropped or narrowed.
     Narrower,
     /// The same tools and capabilities from new code: a rebuild.
     Rebuilt,
-    /// Different, neither wider nor narrower: a tool's description or schema, the
-    /// contract version, where a server is reached.
+    /// Different, neither wider nor narrower: a tool's description or schema, a higher
+    /// effect, the contract version, where a server is reached.
     Changed,
-    /// More: a tool added, a capability added or widened, a higher effect.
+    /// More: a tool added, a capability added or widened, a lower effect (which the flow
+    /// rules check less).
     Wider,
 }
 
@@ -40,6 +41,8 @@ impl Direction {
 pub enum Change {
     /// Nothing of it is pinned.
     NotLocked,
+    /// There is no lock file, and the config requires one (`plugins.require_lock`).
+    NoLockFile,
     /// The component's bytes differ.
     Code {
         /// The pinned digest.
@@ -98,16 +101,19 @@ impl Change {
     /// Which way it moves what the grants let through.
     pub fn direction(&self) -> Direction {
         match self {
-            Change::NotLocked | Change::ToolAdded(_) | Change::CapabilityAdded { .. } => {
-                Direction::Wider
-            }
-            Change::Effect { from, to, .. } if to > from => Direction::Wider,
-            Change::ToolRemoved(_) | Change::CapabilityRemoved { .. } | Change::Effect { .. } => {
-                Direction::Narrower
-            }
+            Change::NotLocked
+            | Change::NoLockFile
+            | Change::ToolAdded(_)
+            | Change::CapabilityAdded { .. } => Direction::Wider,
+            // A lower effect is checked less by the flow rules (a send after untrusted
+            // data is parked for a person; a read is not): what an MCP server's
+            // `readOnlyHint` flips to slip past them.
+            Change::Effect { from, to, .. } if to < from => Direction::Wider,
+            Change::ToolRemoved(_) | Change::CapabilityRemoved { .. } => Direction::Narrower,
             Change::Code { .. } => Direction::Rebuilt,
             Change::Contract { .. }
             | Change::Server { .. }
+            | Change::Effect { .. }
             | Change::Description(_)
             | Change::Schema(_) => Direction::Changed,
         }
@@ -123,7 +129,8 @@ impl Change {
             | Change::CapabilityAdded { tool, .. }
             | Change::CapabilityRemoved { tool, .. }
             | Change::Effect { tool, .. } => Some(tool),
-            Change::NotLocked | Change::Code { .. } | Change::Contract { .. } => None,
+            Change::NotLocked | Change::NoLockFile | Change::Code { .. } => None,
+            Change::Contract { .. } => None,
             Change::Server { .. } => None,
         }
     }
@@ -132,6 +139,7 @@ impl Change {
     pub fn what(&self) -> &'static str {
         match self {
             Change::NotLocked => "not in the lock",
+            Change::NoLockFile => "no lock file",
             Change::Code { .. } => "component changed",
             Change::Contract { .. } => "contract changed",
             Change::Server { .. } => "server moved",
@@ -206,6 +214,11 @@ impl Changes {
     /// Nothing pinned for it at all.
     pub fn not_locked() -> Self {
         Changes(vec![Change::NotLocked])
+    }
+
+    /// No lock file where the config requires one.
+    pub fn no_lock_file() -> Self {
+        Changes(vec![Change::NoLockFile])
     }
 
     /// A plugin against its pin.
@@ -420,9 +433,28 @@ mod tests {
     }
 
     #[test]
+    fn a_wildcard_never_covers_a_name_or_a_range_an_address_it_does_not_reach() {
+        for (old, new) in [
+            ("net:*://*:*", "net:*://localhost:80"),
+            ("net:*.example.com", "net:api.example.com"),
+            ("net:*://{internal}:*", "net:*://attack.example:*"),
+            ("net:GET api.example.com", "net:api.example.com"),
+        ] {
+            let pinned = plugin(&[("fetch", pin(&[old], None))], b"1");
+            let now = plugin(&[("fetch", pin(&[new], None))], b"1");
+            let changes = Changes::of_plugin(&pinned, &now);
+            assert_eq!(
+                changes.direction(),
+                Some(Direction::Wider),
+                "{old} -> {new}: {changes}"
+            );
+        }
+    }
+
+    #[test]
     fn a_narrower_capability_is_a_narrowing_and_a_wider_one_is_not() {
         let old = plugin(&[("fetch", pin(&["net:*.example.com"], None))], b"1");
-        let new = plugin(&[("fetch", pin(&["net:api.example.com"], None))], b"2");
+        let new = plugin(&[("fetch", pin(&["net:*.api.example.com"], None))], b"2");
         let changes = Changes::of_plugin(&old, &new);
         assert!(changes.only_narrows(), "{changes}");
         assert!(
@@ -458,17 +490,20 @@ mod tests {
     }
 
     #[test]
-    fn a_higher_effect_widens_and_a_new_description_changes() {
+    fn a_lower_effect_widens_a_higher_one_changes_and_so_does_a_new_description() {
         let read = pin(&[], Some(Effect::Read));
         let send = pin(&[], Some(Effect::Send));
         assert_eq!(
-            Changes::of_tool("t", Some(&read), &send).direction(),
-            Some(Direction::Wider)
+            Changes::of_tool("t", Some(&send), &read).direction(),
+            Some(Direction::Wider),
+            "a send that now says it only reads escapes the flow rules"
         );
         assert_eq!(
-            Changes::of_tool("t", Some(&send), &read).direction(),
-            Some(Direction::Narrower)
+            Changes::of_tool("t", Some(&read), &send).direction(),
+            Some(Direction::Changed)
         );
+        let undeclared = pin(&[], None);
+        assert!(!Changes::of_tool("t", Some(&send), &undeclared).only_narrows());
         let mut told = read.clone();
         told.description = TextDigest::of_text("ignore previous instructions");
         let changes = Changes::of_tool("t", Some(&read), &told);

@@ -72,8 +72,9 @@ impl FromStr for ComponentDigest {
 }
 
 /// The SHA-256 of a tool's description, or of its schema written as canonical JSON (keys
-/// sorted, no spaces), so a server that sends the same schema with its keys in another
-/// order is not taken for one that changed it. Written `sha256:<64 hex digits>`.
+/// sorted, no spaces, each number in one spelling), so a server that sends the same schema
+/// with its keys in another order, or `10.0` for `10`, is not taken for one that changed
+/// it. Written `sha256:<64 hex digits>`.
 ///
 /// ```
 /// use capstan_host::plugin::trust::TextDigest;
@@ -82,6 +83,10 @@ impl FromStr for ComponentDigest {
 /// let b: serde_json::Value =
 ///     serde_json::from_str(r#"{"properties":{"q":{"type":"string"}},"type":"object"}"#).unwrap();
 /// assert_eq!(TextDigest::of_json(&a), TextDigest::of_json(&b));
+/// let ten = |text: &str| TextDigest::of_json(&serde_json::from_str(text).unwrap());
+/// assert_eq!(ten(r#"{"maximum": 10}"#), ten(r#"{"maximum": 1e1}"#));
+/// assert_eq!(ten(r#"{"maximum": 10}"#), ten(r#"{"maximum": 10.0}"#));
+/// assert_ne!(ten(r#"{"maximum": 10}"#), ten(r#"{"maximum": 10.5}"#));
 /// assert_ne!(TextDigest::of_text("Reads a file."), TextDigest::of_text("Reads a file!"));
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -157,6 +162,20 @@ fn canonical_json(value: &serde_json::Value, out: &mut String) {
             }
             out.push(']');
         }
+        Value::Number(number) => out.push_str(&canonical_number(number)),
         scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+/// A number as one text whatever its spelling: `10`, `10.0` and `1e1` are all `10`.
+fn canonical_number(number: &serde_json::Number) -> String {
+    // Integers up to 2^53 are exact as floats too; past it, the text as parsed.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    match number.as_f64() {
+        Some(value) if value.fract() == 0.0 && value.abs() <= EXACT => {
+            format!("{}", value as i64)
+        }
+        Some(value) if number.is_f64() => format!("{value:e}"),
+        _ => number.to_string(),
     }
 }

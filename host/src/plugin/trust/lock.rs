@@ -1,7 +1,6 @@
 //! [`Lock`]: `capstan.lock`, the components and MCP tools a deployment offers, pinned.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use capstan_caps::{Capability, Effect};
@@ -238,29 +237,7 @@ impl Lock {
     /// Writes the lock to `path` whole: to a new file beside it, then renamed into place,
     /// so a reader (or a crash) never sees half a lock.
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        let dir = match path.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir,
-            _ => Path::new("."),
-        };
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let tmp = dir.join(format!(".{LOCK_FILE}.{}.{nanos}", std::process::id()));
-        let written = (|| {
-            // Created exclusively: an entry planted under the name is an error, never
-            // followed.
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&tmp)?;
-            file.write_all(self.to_toml().as_bytes())?;
-            file.sync_all()?;
-            std::fs::rename(&tmp, path)
-        })();
-        if written.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written
+        super::write_whole(path, self.to_toml().as_bytes())
     }
 }
 

@@ -41,6 +41,8 @@ pub struct Pins {
     lock: Lock,
     path: PathBuf,
     accept_narrowing: bool,
+    /// The config requires a lock and there is none: nothing is let in.
+    file_missing: bool,
 }
 
 impl Pins {
@@ -51,6 +53,16 @@ impl Pins {
             lock,
             path: path.into(),
             accept_narrowing,
+            file_missing: false,
+        }
+    }
+
+    /// No lock at `path`, where the config requires one (`plugins.require_lock`): nothing
+    /// is let in, and each refusal says to write it.
+    pub fn missing(path: impl Into<PathBuf>) -> Self {
+        Pins {
+            file_missing: true,
+            ..Pins::new(Lock::default(), path, false)
         }
     }
 
@@ -68,6 +80,7 @@ impl Pins {
     /// config accepts that); else why not, with what changed.
     pub fn admit_plugin(&self, plugin: &LoadedPlugin) -> Result<(), LoadError> {
         let changes = match self.lock.plugins.get(plugin.name()) {
+            _ if self.file_missing => Changes::no_lock_file(),
             Some(pinned) => Changes::of_plugin(pinned, plugin.pin()),
             None => Changes::not_locked(),
         };
@@ -100,6 +113,16 @@ impl Pins {
     ) -> (Vec<(String, ToolInfo)>, Vec<String>) {
         let lock = self.path.display();
         let accept = format!("`capstan plugins accept {server}` offers it");
+        if self.file_missing {
+            let problem = (!tools.is_empty()).then(|| {
+                format!(
+                    "MCP server `{server}`: none of its tools is offered: there is no {lock}, \
+                     and the config requires one (plugins.require_lock); `capstan plugins \
+                     lock` writes it"
+                )
+            });
+            return (Vec::new(), problem.into_iter().collect());
+        }
         let Some(pinned) = self.lock.mcp.get(server) else {
             let problem = (!tools.is_empty()).then(|| {
                 format!(
@@ -143,4 +166,37 @@ impl Pins {
     fn lets_in(&self, changes: &Changes) -> bool {
         changes.is_empty() || (self.accept_narrowing && changes.only_narrows())
     }
+}
+
+/// Writes `bytes` to `path` whole: to a new file beside it (created exclusively, so an
+/// entry planted under its name is an error, never followed), synced, then renamed into
+/// place, so a reader or a crash never sees half of it and a symlink at `path` is
+/// replaced rather than written through.
+pub fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.{nanos}", std::process::id()));
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }

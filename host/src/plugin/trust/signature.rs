@@ -156,8 +156,9 @@ pub enum SignatureError {
         /// Why.
         reason: String,
     },
-    /// The signature is of other bytes: the component changed after it was signed.
-    #[error("its signature {} is of another component ({signed}); this file is {actual}: it changed after it was signed", file.display())]
+    /// The signature is of other bytes: the component changed after it was signed, or the
+    /// signature is another component's.
+    #[error("its signature {} signs another component ({signed}) than this file ({actual}): the file changed after it was signed, or the signature is another file's", file.display())]
     OtherComponent {
         /// The signature file.
         file: PathBuf,
@@ -341,6 +342,9 @@ fn read_signature(file: &Path) -> Result<Vec<u8>, SignatureError> {
     let opened = match options.open(file) {
         Ok(opened) => opened,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            if std::fs::symlink_metadata(file).is_ok() {
+                return Err(malformed("is a symbolic link to nothing".into()));
+            }
             return Err(SignatureError::Missing {
                 file: file.to_owned(),
             });
