@@ -371,3 +371,97 @@ def test_http_needs_a_token_with_the_chat_scope(deployment, url):
 async def _list(deployment, profile, token=CHAT_TOKEN):
     async with session(deployment, "http", profile=profile, token=token) as client:
         return await client.list_tools()
+
+
+def raw_post(url, body, headers, token=CHAT_TOKEN):
+    """One POST to `/mcp/worker` as a client of the stateless revision sends it, with
+    `headers` laid over the ones it requires; the HTTP status and the JSON-RPC answer."""
+    sent = {
+        "Authorization": f"Bearer {token}",
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": STATELESS,
+        "Mcp-Method": body["method"],
+        **({"Mcp-Name": body["params"]["name"]} if "name" in body.get("params", {}) else {}),
+    }
+    for name, value in headers.items():
+        if value is None:
+            sent.pop(name, None)
+        else:
+            sent[name] = value
+    request = urllib.request.Request(f"{url}/mcp/worker", data=json.dumps(body).encode(), headers=sent)
+    try:
+        with urllib.request.urlopen(request) as response:
+            status, text = response.status, response.read().decode()
+    except urllib.error.HTTPError as refused:
+        status, text = refused.code, refused.read().decode()
+    # An answer is JSON, or one SSE event carrying it.
+    data = [line[len("data:"):] for line in text.splitlines() if line.startswith("data:")]
+    return status, json.loads(data[-1] if data else text)
+
+
+def envelope(version=STATELESS):
+    return {
+        "io.modelcontextprotocol/protocolVersion": version,
+        "io.modelcontextprotocol/clientInfo": {"name": "raw-client", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+
+
+def test_the_stateless_revision_s_required_headers_are_checked_before_any_tool_runs(deployment, url):
+    """2026-07-28 requires `Mcp-Method` and `Mcp-Name` to say what the body says, so a proxy
+    that routes or authorizes on headers cannot be told one call while the server runs
+    another; a header that disagrees is refused (-32020) before anything runs. So is an
+    unknown revision (-32022), and a retry answering input this server never asked for."""
+    deployment.url_for_tests = url
+    marker = deployment.base / "workspace" / "smuggled.txt"
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "file_write", "arguments": {"path": "smuggled.txt", "content": "x"}, "_meta": envelope()}}
+    before = len(deployment.audit())
+
+    status, answer = raw_post(url, call, {"Mcp-Name": "file_read"})
+    assert status == 400 and answer["error"]["code"] == -32020, (status, answer)
+    assert "Mcp-Name" in answer["error"]["message"], answer
+    status, answer = raw_post(url, call, {"Mcp-Method": "tools/list"})
+    assert status == 400 and answer["error"]["code"] == -32020, (status, answer)
+    status, answer = raw_post(url, call, {"Mcp-Method": None})
+    assert status == 400 and answer["error"]["code"] == -32020, (status, answer)
+    status, answer = raw_post(url, call, {"MCP-Protocol-Version": "2025-11-25"})
+    assert status == 400 and answer["error"]["code"] == -32020, (status, answer)
+    assert not marker.exists(), "a refused request ran its tool"
+    assert len(deployment.audit()) == before, "nothing ran, so nothing was audited"
+
+    # A revision the server does not speak: refused, naming the ones it does.
+    unknown = {**call, "params": {**call["params"], "_meta": envelope("2099-01-01")}}
+    status, answer = raw_post(url, unknown, {"MCP-Protocol-Version": "2099-01-01"})
+    assert answer["error"]["code"] == -32022, (status, answer)
+    assert "2026-07-28" in json.dumps(answer["error"]), answer
+
+    # This server never asks for input, so a retry answering a request it never sent is
+    # refused rather than run.
+    retry = {**call, "params": {**call["params"], "requestState": "forged",
+                                "inputResponses": {"approval": {"action": "accept"}}}}
+    status, answer = raw_post(url, retry, {})
+    assert answer["error"]["code"] == -32602 and "asked for no input" in answer["error"]["message"], answer
+    assert not marker.exists(), "a refused retry ran its tool"
+
+    # The same request with its headers right runs, and is audited by the client's name.
+    status, answer = raw_post(url, call, {})
+    assert status == 200 and "result" in answer, (status, answer)
+    assert marker.read_text() == "x"
+    assert any(row["process"] == "mcp:raw-client@chat" and row["tool"] == "file_write"
+               for row in deployment.audit()), deployment.audit()[-3:]
+
+
+def test_an_auth_refusal_at_the_stateless_revision_is_a_message_the_sdk_shows(deployment, url):
+    deployment.url_for_tests = url
+
+    async def listed(token):
+        async with stateless(deployment, "http", token=token) as client:
+            return await client.list_tools()
+
+    assert "not one of this server's tokens" in refusal(listed("wrong-token-0123456789abcdef"))
+    assert 'scope "read"' in refusal(listed(READ_TOKEN))
+    status, answer = raw_post(url, {"jsonrpc": "2.0", "id": 1, "method": "tools/list",
+                                    "params": {"_meta": envelope()}}, {}, token="")
+    assert status == 401 and "error" in answer, (status, answer)

@@ -148,6 +148,19 @@ def test_the_client_speaks_each_server_s_revision(deployment):
         assert f"found 1 page about wasm (revision {revision})" in call.stdout, call.stdout
 
 
+def test_a_result_that_asks_for_input_ends_the_call_saying_what_it_asked(deployment):
+    deployment.shift(description=HONEST, asks=True)
+    call = deployment.call("docs.confirm", {"action": "delete everything"})
+    if deployment.era == "legacy":
+        # The handshake era has no such result: the server refuses to send it.
+        assert call.returncode == 6 and "MCP server `docs` refused the call" in call.stderr, call.stderr
+        return
+    assert call.returncode == 6, call.stderr
+    assert ('MCP tool `docs.confirm` asked for input before it answers (elicitation/create: '
+            '"Really delete everything?"); the host answers no server\'s request for a person'
+            in call.stderr), call.stderr
+
+
 def test_a_changed_description_hides_the_tool_until_it_is_accepted(deployment):
     text = lock(deployment)
     assert "[mcp.docs.tools.search]" in text and "[mcp.web.tools.search]" in text

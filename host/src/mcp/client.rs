@@ -9,7 +9,8 @@ use async_trait::async_trait;
 use rmcp::ClientHandler;
 use rmcp::model::ProtocolVersion;
 use rmcp::model::{
-    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, PaginatedRequestParams,
+    CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, Implementation,
+    PaginatedRequestParams,
 };
 use rmcp::service::{ClientInitializeError, RoleClient, RunningService, ServiceError};
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt as _};
@@ -21,7 +22,9 @@ use tokio::sync::Mutex;
 
 use super::ended::EndedBy;
 use super::http::{EgressError, EgressHttp, server_net};
-use super::remote_tool::{MAX_LIST_PAGES, MAX_TOOLS_PER_SERVER, outcome, tool_info};
+use super::remote_tool::{
+    MAX_LIST_PAGES, MAX_TOOLS_PER_SERVER, asked_for_input, outcome, tool_info,
+};
 use super::stdio::{Launch, StderrTail, spawn};
 use crate::config::{McpServerSpec, McpTransport};
 use crate::plugin::{ExternalTools, PluginHost, ToolError, ToolInfo};
@@ -462,8 +465,18 @@ impl ExternalTools for McpClient {
             .map_err(|err| ToolError::InvalidArgs(format!("arguments: {err}")))?;
         let session = inner.clone().ready().await?;
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
-        match session.service.call_tool(params).await {
-            Ok(result) => outcome(result),
+        // One round: a result that asks for input (2026-07-28's `input_required`) is not
+        // fulfilled, since nothing here may answer for a person, and says what it asked.
+        match session.service.call_tool_once(params).await {
+            Ok(CallToolResponse::Complete(result)) => outcome(result),
+            Ok(CallToolResponse::InputRequired(asked)) => {
+                Err(asked_for_input(&inner.spec.name, tool, &asked))
+            }
+            Ok(_) => Err(ToolError::Failed(format!(
+                "MCP server `{}` answered `{tool}` with a task to follow later, which the host \
+                 does not follow; the call ends here",
+                inner.spec.name
+            ))),
             Err(ServiceError::McpError(err)) => Err(ToolError::Failed(format!(
                 "MCP server `{}` refused the call: {}",
                 inner.spec.name, err.message

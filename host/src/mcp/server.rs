@@ -168,6 +168,15 @@ impl ServerHandler for ToolServer {
         params: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        // This server never asks for input (2026-07-28's `input_required`), so a retry
+        // carrying answers or a state it never issued is refused, not run as a fresh call.
+        if params.input_responses.is_some() || params.request_state.is_some() {
+            return Err(McpError::invalid_params(
+                "this server asked for no input: a tools/call carrying inputResponses or \
+                 requestState answers nothing it sent; call the tool again without them",
+                None,
+            ));
+        }
         let caller = caller(&context);
         let progress = context.meta.get_progress_token();
         if let Some(token) = &progress {
