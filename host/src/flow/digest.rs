@@ -48,7 +48,7 @@ pub fn canonical(arguments: &str) -> String {
     match serde_json::from_str::<Value>(arguments) {
         Ok(value) => {
             let mut text = String::with_capacity(arguments.len());
-            write_canonical(&value, &mut text);
+            crate::text::write_canonical_json(&value, &mut text);
             text
         }
         Err(_) => arguments.to_owned(),
@@ -100,36 +100,6 @@ fn deceptive(c: char) -> bool {
         | '\u{feff}'
         | '\u{fff9}'..='\u{fffb}'
     )
-}
-
-fn write_canonical(value: &Value, out: &mut String) {
-    match value {
-        Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.push('{');
-            for (n, (key, item)) in entries.into_iter().enumerate() {
-                if n > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push(':');
-                write_canonical(item, out);
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (n, item) in items.iter().enumerate() {
-                if n > 0 {
-                    out.push(',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(']');
-        }
-        scalar => out.push_str(&scalar.to_string()),
-    }
 }
 
 impl fmt::Display for ArgsDigest {

@@ -89,6 +89,41 @@ pub(super) fn outcome(result: CallToolResult) -> Result<String, ToolError> {
     }
 }
 
+/// The longest piece of what a server asked for that an error quotes.
+const MAX_QUOTED_ASK: usize = 200;
+
+/// The error for a call of `server`'s `tool` answered with a result that asks for input
+/// (2026-07-28's `input_required`: a form for a person, a model completion, the client's
+/// roots): the host answers none, so the call ends, saying what was asked.
+pub(super) fn asked_for_input(server: &str, tool: &str, asked: &InputRequiredResult) -> ToolError {
+    let asks: Vec<String> = asked
+        .input_requests
+        .iter()
+        .flatten()
+        .map(|(_, request)| {
+            let request = serde_json::to_value(request).unwrap_or_default();
+            let method = request["method"].as_str().unwrap_or("an unknown request");
+            match request["params"]["message"].as_str() {
+                Some(message) => format!(
+                    "{method}: \"{}\"",
+                    crate::text::truncate(&crate::text::one_line(message), MAX_QUOTED_ASK)
+                ),
+                None => method.to_owned(),
+            }
+        })
+        .collect();
+    let asks = if asks.is_empty() {
+        "a later round".to_owned()
+    } else {
+        asks.join("; ")
+    };
+    ToolError::Failed(format!(
+        "MCP tool `{server}.{tool}` asked for input before it answers ({asks}); the host \
+         answers no server's request for a person, a model or the client's files, so the \
+         call ends here"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,39 +183,4 @@ mod tests {
         assert_eq!(effect(&marked, &operator), Some(Effect::Send));
         assert_eq!(effect(&plain, &operator), Some(Effect::Read));
     }
-}
-
-/// The longest piece of what a server asked for that an error quotes.
-const MAX_QUOTED_ASK: usize = 200;
-
-/// The error for a call of `server`'s `tool` answered with a result that asks for input
-/// (2026-07-28's `input_required`: a form for a person, a model completion, the client's
-/// roots): the host answers none, so the call ends, saying what was asked.
-pub(super) fn asked_for_input(server: &str, tool: &str, asked: &InputRequiredResult) -> ToolError {
-    let asks: Vec<String> = asked
-        .input_requests
-        .iter()
-        .flatten()
-        .map(|(_, request)| {
-            let request = serde_json::to_value(request).unwrap_or_default();
-            let method = request["method"].as_str().unwrap_or("an unknown request");
-            match request["params"]["message"].as_str() {
-                Some(message) => format!(
-                    "{method}: \"{}\"",
-                    crate::text::truncate(&crate::text::one_line(message), MAX_QUOTED_ASK)
-                ),
-                None => method.to_owned(),
-            }
-        })
-        .collect();
-    let asks = if asks.is_empty() {
-        "a later round".to_owned()
-    } else {
-        asks.join("; ")
-    };
-    ToolError::Failed(format!(
-        "MCP tool `{server}.{tool}` asked for input before it answers ({asks}); the host \
-         answers no server's request for a person, a model or the client's files, so the \
-         call ends here"
-    ))
 }

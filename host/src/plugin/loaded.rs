@@ -11,7 +11,7 @@ use super::cache::CacheOutcome;
 use super::error::LoadError;
 use super::sandbox::Sandbox;
 use super::schema::check_args_schema;
-use super::trust::{ComponentDigest, PluginPin};
+use super::trust::{ComponentDigest, PluginPin, TextDigest, ToolPin};
 use crate::text::{echo_name, one_line};
 
 /// The longest tool name accepted; names go into model tool lists, which limit them.
@@ -92,7 +92,15 @@ impl LoadedPlugin {
     /// The component as `capstan.lock` pins it: digest, contract and every tool it
     /// declares (a tool another plugin provides by `plugins.prefer` included).
     pub fn pin(&self) -> &PluginPin {
-        self.pin.get_or_init(|| PluginPin::of(self))
+        self.pin.get_or_init(|| PluginPin {
+            digest: self.digest,
+            contract: self.wit_version.clone(),
+            tools: self
+                .tools
+                .iter()
+                .map(|tool| (tool.name.clone(), tool.pin()))
+                .collect(),
+        })
     }
 
     /// The config's name for the key whose signature let it in (`[plugins.signers.NAME]`);
@@ -141,6 +149,17 @@ pub struct ToolInfo {
 }
 
 impl ToolInfo {
+    /// The tool as `capstan.lock` pins it: its capabilities and effect, and digests of its
+    /// description and schema.
+    pub fn pin(&self) -> ToolPin {
+        ToolPin {
+            capabilities: self.capabilities.clone(),
+            effect: self.effect,
+            description: TextDigest::of_text(&self.description),
+            schema: TextDigest::of_json(&self.args_schema),
+        }
+    }
+
     /// Checks the specs `describe()` returned: how many, names, descriptions, schemas and
     /// capabilities. Each refusal names the file, the tool (escaped and cut) and the limit.
     pub(crate) fn from_specs(

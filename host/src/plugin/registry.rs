@@ -9,6 +9,7 @@ use std::time::Instant;
 use capstan_caps::Capability;
 use serde::de::IgnoredAny;
 
+use super::admission::{admit_plugin, admit_tools};
 use super::call_log::CallLog;
 use super::error::{HostError, LoadError, ToolError};
 use super::external::ExternalTools;
@@ -16,7 +17,7 @@ use super::host::{Invocation, PluginHost};
 use super::loaded::{LoadedPlugin, ToolInfo};
 use super::settle::{Preferences, Shadowed, settle};
 use super::touched::{CallTrace, Touched};
-use super::trust::{Lock, ServerPin, ToolPin};
+use super::trust::{Lock, ServerPin};
 use super::warm::ProcessInstances;
 use crate::ids::Caller;
 use crate::net::GrantSource;
@@ -267,7 +268,7 @@ impl Registry {
     /// `plugin`, if the host's lock (if any) lets it in as it is.
     fn admit(&self, plugin: LoadedPlugin) -> Result<LoadedPlugin, LoadError> {
         match &self.host.trust().pins {
-            Some(pins) => pins.admit_plugin(&plugin).map(|()| plugin),
+            Some(pins) => admit_plugin(pins, plugin),
             None => Ok(plugin),
         }
     }
@@ -334,10 +335,8 @@ impl Registry {
             let server = lock
                 .mcp
                 .entry(tool.source.name().to_owned())
-                .or_insert_with(|| ServerPin::of(&tool.source.identity(), []));
-            server
-                .tools
-                .insert(tool.remote.clone(), ToolPin::of(&tool.info));
+                .or_insert_with(|| ServerPin::of::<String>(&tool.source.identity(), []));
+            server.tools.insert(tool.remote.clone(), tool.info.pin());
         }
         lock
     }
@@ -383,8 +382,7 @@ impl Registry {
         let host = self.host.clone();
         let tools = match &host.trust().pins {
             Some(pins) => {
-                let (admitted, refused) =
-                    pins.admit_server(source.name(), &source.identity(), tools);
+                let (admitted, refused) = admit_tools(pins, &*source, tools);
                 self.external_problems.extend(refused);
                 admitted
             }

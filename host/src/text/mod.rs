@@ -1,10 +1,12 @@
 //! Small text helpers shared across the host, and reading the text files a person writes
 //! ([`read_text`]).
 
+mod canonical_json;
 mod hex;
 mod serde_text;
 mod source;
 
+pub use canonical_json::write_canonical_json;
 pub use hex::{hex, unhex};
 pub(crate) use serde_text::serde_as_text;
 pub use source::{SourceError, read_text, toml_error_message, toml_key_line};

@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use sha2::{Digest as _, Sha256};
 
-use crate::text::{hex, serde_as_text, unhex};
+use crate::text::{hex, serde_as_text, unhex, write_canonical_json};
 
 /// The BLAKE3 digest of a component's bytes: what `capstan.lock` pins, what a signature
 /// signs, and what the artifact cache keys a compiled component by. Written
@@ -101,7 +101,7 @@ impl TextDigest {
     /// The digest of `value` written as canonical JSON.
     pub fn of_json(value: &serde_json::Value) -> Self {
         let mut text = String::new();
-        canonical_json(value, &mut text);
+        write_canonical_json(&normalized(value), &mut text);
         TextDigest::of_text(&text)
     }
 }
@@ -132,50 +132,30 @@ impl FromStr for TextDigest {
 
 serde_as_text!(ComponentDigest, TextDigest);
 
-/// Writes `value` with every object's keys sorted and no whitespace. Written here rather
-/// than left to `serde_json`, whose key order follows a crate feature any dependency may
-/// turn on.
-fn canonical_json(value: &serde_json::Value, out: &mut String) {
+/// `value` with every number in one spelling: an integral float (`10.0`, `1e1`) as the
+/// integer it is.
+fn normalized(value: &serde_json::Value) -> serde_json::Value {
     use serde_json::Value;
     match value {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort_unstable();
-            out.push('{');
-            for (i, key) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push(':');
-                canonical_json(&map[key], out);
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                canonical_json(item, out);
-            }
-            out.push(']');
-        }
-        Value::Number(number) => out.push_str(&canonical_number(number)),
-        scalar => out.push_str(&scalar.to_string()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(key, item)| (key.clone(), normalized(item)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(normalized).collect()),
+        Value::Number(number) => canonical_number(number),
+        other => other.clone(),
     }
 }
 
-/// A number as one text whatever its spelling: `10`, `10.0` and `1e1` are all `10`.
-fn canonical_number(number: &serde_json::Number) -> String {
-    // Integers up to 2^53 are exact as floats too; past it, the text as parsed.
+/// A number in one spelling: `10`, `10.0` and `1e1` are all the integer 10.
+fn canonical_number(number: &serde_json::Number) -> serde_json::Value {
+    // Integers up to 2^53 are exact as floats too; past it, the number as parsed.
     const EXACT: f64 = 9_007_199_254_740_992.0;
     match number.as_f64() {
-        Some(value) if value.fract() == 0.0 && value.abs() <= EXACT => {
-            format!("{}", value as i64)
+        Some(value) if number.is_f64() && value.fract() == 0.0 && value.abs() <= EXACT => {
+            serde_json::Value::from(value as i64)
         }
-        Some(value) if number.is_f64() => format!("{value:e}"),
-        _ => number.to_string(),
+        _ => serde_json::Value::Number(number.clone()),
     }
 }

@@ -7,7 +7,6 @@ use capstan_caps::{Capability, Effect};
 use serde::{Deserialize, Serialize};
 
 use super::digest::{ComponentDigest, TextDigest};
-use crate::plugin::{LoadedPlugin, ToolInfo};
 use crate::text::{read_text, toml_error_message, toml_key_line};
 
 /// The lock file's name, beside the config file.
@@ -40,18 +39,6 @@ pub struct ToolPin {
     pub schema: TextDigest,
 }
 
-impl ToolPin {
-    /// `tool` as pinned.
-    pub fn of(tool: &ToolInfo) -> Self {
-        ToolPin {
-            capabilities: tool.capabilities.clone(),
-            effect: tool.effect,
-            description: TextDigest::of_text(&tool.description),
-            schema: TextDigest::of_json(&tool.args_schema),
-        }
-    }
-}
-
 /// One plugin as the lock pins it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginPin {
@@ -61,22 +48,6 @@ pub struct PluginPin {
     pub contract: String,
     /// Its tools, by name.
     pub tools: BTreeMap<String, ToolPin>,
-}
-
-impl PluginPin {
-    /// `plugin` as pinned, from the tools it offers now ([`LoadedPlugin::pin`] keeps the
-    /// ones it declared).
-    pub fn of(plugin: &LoadedPlugin) -> Self {
-        PluginPin {
-            digest: plugin.digest(),
-            contract: plugin.wit_version().to_owned(),
-            tools: plugin
-                .tools()
-                .iter()
-                .map(|tool| (tool.name.clone(), ToolPin::of(tool)))
-                .collect(),
-        }
-    }
 }
 
 /// One MCP server as the lock pins it.
@@ -89,14 +60,16 @@ pub struct ServerPin {
 }
 
 impl ServerPin {
-    /// The server reached at `server` offering `tools`, each the server's own name and
-    /// the tool as the host sees it.
-    pub fn of<'a>(server: &str, tools: impl IntoIterator<Item = (&'a str, &'a ToolInfo)>) -> Self {
+    /// The server reached at `server` offering `tools`, each by the server's own name.
+    pub fn of<N: Into<String>>(
+        server: &str,
+        tools: impl IntoIterator<Item = (N, ToolPin)>,
+    ) -> Self {
         ServerPin {
             server: server.to_owned(),
             tools: tools
                 .into_iter()
-                .map(|(name, tool)| (name.to_owned(), ToolPin::of(tool)))
+                .map(|(name, pin)| (name.into(), pin))
                 .collect(),
         }
     }
@@ -109,7 +82,8 @@ impl ServerPin {
 /// use capstan_host::plugin::trust::{Lock, ServerPin};
 ///
 /// let mut lock = Lock::default();
-/// lock.mcp.insert("docs".into(), ServerPin::of("http: https://docs.example.com/mcp", []));
+/// let server = ServerPin::of("http: https://docs.example.com/mcp", Vec::<(String, _)>::new());
+/// lock.mcp.insert("docs".into(), server);
 /// let text = lock.to_toml();
 /// assert_eq!(Lock::parse(&text, "capstan.lock".as_ref()).unwrap(), lock);
 /// ```
@@ -317,6 +291,7 @@ impl RawToolPin {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plugin::ToolInfo;
 
     fn tool(description: &str) -> ToolInfo {
         ToolInfo {
@@ -336,12 +311,15 @@ mod tests {
             PluginPin {
                 digest: ComponentDigest::of(b"component"),
                 contract: "0.3.0".into(),
-                tools: [("file_read".to_owned(), ToolPin::of(&tool("Reads.")))].into(),
+                tools: [("file_read".to_owned(), tool("Reads.").pin())].into(),
             },
         );
         lock.mcp.insert(
             "docs".into(),
-            ServerPin::of("stdio: python3 server.py", [("search", &tool("Finds."))]),
+            ServerPin::of(
+                "stdio: python3 server.py",
+                [("search", tool("Finds.").pin())],
+            ),
         );
         let text = lock.to_toml();
         assert!(text.starts_with("# capstan.lock"), "{text}");

@@ -21,9 +21,6 @@ pub use signature::{
 
 use std::path::{Path, PathBuf};
 
-use super::error::LoadError;
-use super::loaded::{LoadedPlugin, ToolInfo};
-
 /// What the host trusts: the signers components must be signed by, and the lock their
 /// tools must match. The default trusts every component that passes the load checks.
 #[derive(Debug, Clone, Default)]
@@ -47,7 +44,7 @@ pub struct Pins {
 
 impl Pins {
     /// `lock`, read from `path`; with `accept_narrowing`, an update that adds nothing (no
-    /// tool, capability or higher effect; no new description or schema) is let in.
+    /// tool or capability; no other effect, description or schema) is let in.
     pub fn new(lock: Lock, path: impl Into<PathBuf>, accept_narrowing: bool) -> Self {
         Pins {
             lock,
@@ -76,95 +73,66 @@ impl Pins {
         &self.path
     }
 
-    /// Lets `plugin` in if the lock pins it as it is (or it only narrows, where the
-    /// config accepts that); else why not, with what changed.
-    pub fn admit_plugin(&self, plugin: &LoadedPlugin) -> Result<(), LoadError> {
-        let changes = match self.lock.plugins.get(plugin.name()) {
+    /// Whether plugin `name`, pinned as `pin` now, is let in: `Err` holds what differs.
+    ///
+    /// ```
+    /// use capstan_host::plugin::trust::{ComponentDigest, Lock, Pins, PluginPin};
+    ///
+    /// let pin = PluginPin { digest: ComponentDigest::of(b"v1"), contract: "0.2.1".into(), tools: Default::default() };
+    /// let mut lock = Lock::default();
+    /// lock.plugins.insert("files".into(), pin.clone());
+    /// let pins = Pins::new(lock, "capstan.lock", false);
+    /// assert!(pins.check_plugin("files", &pin).is_ok());
+    /// let update = PluginPin { digest: ComponentDigest::of(b"v2"), ..pin };
+    /// assert_eq!(pins.check_plugin("files", &update).unwrap_err().to_string(), "component changed (...)".replace("...", &format!("{} -> {}", ComponentDigest::of(b"v1").short(), ComponentDigest::of(b"v2").short())));
+    /// assert!(pins.check_plugin("other", &update).is_err(), "not in the lock");
+    /// ```
+    pub fn check_plugin(&self, name: &str, pin: &PluginPin) -> Result<(), Changes> {
+        let changes = match self.lock.plugins.get(name) {
             _ if self.file_missing => Changes::no_lock_file(),
-            Some(pinned) => Changes::of_plugin(pinned, plugin.pin()),
+            Some(pinned) => Changes::of_plugin(pinned, pin),
             None => Changes::not_locked(),
         };
-        if self.lets_in(&changes) {
-            if !changes.is_empty() {
-                tracing::info!(
-                    plugin = plugin.name(),
-                    "an update that only narrows is accepted (plugins.accept_narrowing): \
-                     {changes}"
-                );
+        self.lets_in(changes)
+    }
+
+    /// Whether MCP server `server`, reached at `identity`, may offer any tool: `Err` if
+    /// there is no lock file, the lock does not name it, or it moved.
+    pub fn check_server(&self, server: &str, identity: &str) -> Result<(), Changes> {
+        match self.lock.mcp.get(server) {
+            _ if self.file_missing => Err(Changes::no_lock_file()),
+            None => Err(Changes::not_locked()),
+            Some(pinned) if pinned.server != identity => {
+                Err(Changes::moved(&pinned.server, identity))
             }
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Whether `server`'s tool `remote` (by the server's own name), pinned as `pin` now,
+    /// is let in; call once [`Pins::check_server`] let the server in.
+    pub fn check_tool(&self, server: &str, remote: &str, pin: &ToolPin) -> Result<(), Changes> {
+        let pinned = self
+            .lock
+            .mcp
+            .get(server)
+            .and_then(|server| server.tools.get(remote));
+        self.lets_in(Changes::of_tool(remote, pinned, pin))
+    }
+
+    /// `Ok` if `changes` let a component or tool in (none, or only narrowing where the
+    /// config accepts that).
+    fn lets_in(&self, changes: Changes) -> Result<(), Changes> {
+        if changes.is_empty() {
             return Ok(());
         }
-        Err(LoadError::Unpinned {
-            path: plugin.path().to_owned(),
-            plugin: plugin.name().to_owned(),
-            lock: self.path.clone(),
-            changes,
-        })
-    }
-
-    /// The tools of MCP server `server` (reached at `identity`) that the lock lets in,
-    /// each the server's own name and the tool; and a line for each one left out, with
-    /// what changed.
-    pub fn admit_server(
-        &self,
-        server: &str,
-        identity: &str,
-        tools: Vec<(String, ToolInfo)>,
-    ) -> (Vec<(String, ToolInfo)>, Vec<String>) {
-        let lock = self.path.display();
-        let accept = format!("`capstan plugins accept {server}` offers it");
-        if self.file_missing {
-            let problem = (!tools.is_empty()).then(|| {
-                format!(
-                    "MCP server `{server}`: none of its tools is offered: there is no {lock}, \
-                     and the config requires one (plugins.require_lock); `capstan plugins \
-                     lock` writes it"
-                )
-            });
-            return (Vec::new(), problem.into_iter().collect());
-        }
-        let Some(pinned) = self.lock.mcp.get(server) else {
-            let problem = (!tools.is_empty()).then(|| {
-                format!(
-                    "MCP server `{server}` is not in {lock}: none of its {} tools is offered; \
-                     {accept}",
-                    tools.len()
-                )
-            });
-            return (Vec::new(), problem.into_iter().collect());
-        };
-        if pinned.server != identity {
-            let changes = Changes::of_server(
-                &ServerPin::of(&pinned.server, []),
-                &ServerPin::of(identity, []),
+        if self.accept_narrowing && changes.only_narrows() {
+            tracing::info!(
+                "an update that only narrows is accepted (plugins.accept_narrowing): {changes}"
             );
-            return (
-                Vec::new(),
-                vec![format!(
-                    "MCP server `{server}`: none of its tools is offered: {changes} since {lock} \
-                     was written; {accept}"
-                )],
-            );
+            return Ok(());
         }
-        let mut admitted = Vec::new();
-        let mut problems = Vec::new();
-        for (remote, info) in tools {
-            let changes = Changes::of_tool(&remote, pinned.tools.get(&remote), &ToolPin::of(&info));
-            if self.lets_in(&changes) {
-                admitted.push((remote, info));
-            } else {
-                problems.push(format!(
-                    "MCP tool `{}` is not offered: {changes} since {lock} was written; {accept}",
-                    info.name
-                ));
-            }
-        }
-        (admitted, problems)
-    }
-
-    /// Whether `changes` let a component or tool in.
-    fn lets_in(&self, changes: &Changes) -> bool {
-        changes.is_empty() || (self.accept_narrowing && changes.only_narrows())
+        Err(changes)
     }
 }
 
