@@ -265,3 +265,51 @@ def test_capstan_mcp_never_lists_a_tool_the_lock_holds_back(deployment):
     tools = asyncio.run(listed())
     assert not any(name.startswith(("docs", "web")) for name in tools), tools
     assert not any("id_rsa" in (description or "") for description in tools.values())
+
+
+def one_server(base, command, env):
+    """A config offering the worker the tools of one stdio server, `[mcp.one]`."""
+    q = json.dumps
+    (base / "capstan.toml").write_text(f"""
+[mcp.one]
+command = {q(command)}
+env = {q(env).replace('":', '" =')}
+
+[profiles.worker]
+tools = ["one.*"]
+capabilities = []
+""")
+
+
+def run(base, *args):
+    return subprocess.run(
+        [str(BINARY), *args, "--config", str(base / "capstan.toml")],
+        cwd=base, capture_output=True, text=True, timeout=120,
+        env={"PATH": os.environ.get("PATH", ""), "HOME": str(base),
+             "CAPSTAN_CACHE_DIR": str(ROOT / "target" / "test-component-cache"),
+             "CAPSTAN_STATE_DIR": str(base / "state"), "CAPSTAN_PLUGINS_DIR": str(PLUGINS)},
+    )
+
+
+def test_a_server_slower_than_the_discovery_probe_is_greeted_again_and_answers():
+    """rmcp's probe of the revision gives up after 10 s and greets the same pipe with
+    `initialize`, which the late answer then confuses; the host starts the server again
+    with `initialize` alone, within the start timeout (at least 30 s)."""
+    with tempfile.TemporaryDirectory(prefix="capstan-slow-") as name:
+        base = pathlib.Path(name)
+        spec = base / "spec.json"
+        spec.write_text(json.dumps({"description": HONEST}))
+        one_server(base, [sys.executable, str(SERVER)],
+                   {"SHIFTING_SPEC": str(spec), "SHIFTING_SLOW_DISCOVER": "1"})
+        call = run(base, "tool", "call", "one.search", '{"query": "slow"}', "--as", "worker")
+        assert call.returncode == 0, call.stderr
+        assert "found 1 page about slow (revision 2025-11-25)" in call.stdout, call.stdout
+
+
+def test_a_server_claiming_a_revision_no_one_speaks_is_refused_naming_it():
+    with tempfile.TemporaryDirectory(prefix="capstan-odd-") as name:
+        base = pathlib.Path(name)
+        one_server(base, [sys.executable, str(SERVER.parent / "odd.py")], {"ODD_VERSION": "2099-01-01"})
+        policy = run(base, "policy")
+        assert ("answered the handshake with protocol revision `2099-01-01`, which the host does "
+                "not speak (it speaks 2024-11-05") in policy.stderr, policy.stderr

@@ -392,18 +392,14 @@ fn keygen(path: &Path) -> anyhow::Result<ExitCode> {
 
 /// `plugins sign FILE --key KEY`.
 fn sign(file: &Path, key_path: &Path) -> anyhow::Result<ExitCode> {
-    use std::io::Read as _;
-    let mut pkcs8 = Vec::new();
-    std::fs::File::open(key_path)
-        .and_then(|f| f.take(MAX_KEY_BYTES).read_to_end(&mut pkcs8))
-        .with_context(|| format!("reading the key {}", key_path.display()))?;
+    let pkcs8 = read_regular(key_path, MAX_KEY_BYTES)?;
     let key = HostKey::from_pkcs8(&pkcs8).with_context(|| {
         format!(
             "{}: not a key from `capstan plugins keygen`",
             key_path.display()
         )
     })?;
-    let digest = ComponentDigest::of(&read_component(file)?);
+    let digest = ComponentDigest::of(&read_regular(file, MAX_COMPONENT_BYTES)?);
     let signature = signature_path(file);
     // Renamed into place: a symlink planted at the name is replaced, never followed.
     write_whole(&signature, &SignatureFile::sign(&key, digest).to_json())
@@ -434,7 +430,7 @@ fn verify(host: &HostArgs, file: &Path, trust: &[String]) -> anyhow::Result<Exit
              PUBLIC_KEY"
         );
     }
-    let digest = ComponentDigest::of(&read_component(file)?);
+    let digest = ComponentDigest::of(&read_regular(file, MAX_COMPONENT_BYTES)?);
     let name = file
         .file_stem()
         .map(|stem| stem.to_string_lossy().into_owned())
@@ -456,8 +452,12 @@ fn verify(host: &HostArgs, file: &Path, trust: &[String]) -> anyhow::Result<Exit
     }
 }
 
-/// A component file's bytes; anything but a regular file (a FIFO would block) is refused.
-fn read_component(file: &Path) -> anyhow::Result<Vec<u8>> {
+/// The most of a component `sign` and `verify` read: what the host loads, and room.
+const MAX_COMPONENT_BYTES: u64 = 64 << 20;
+
+/// A file's bytes, at most `max`; anything but a regular file (a FIFO would block) is
+/// refused.
+fn read_regular(file: &Path, max: u64) -> anyhow::Result<Vec<u8>> {
     use std::io::Read as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let opened = std::fs::OpenOptions::new()
@@ -469,8 +469,12 @@ fn read_component(file: &Path) -> anyhow::Result<Vec<u8>> {
         anyhow::bail!("{} is not a regular file", file.display());
     }
     let mut bytes = Vec::new();
-    (&opened)
+    opened
+        .take(max + 1)
         .read_to_end(&mut bytes)
         .with_context(|| format!("reading {}", file.display()))?;
+    if bytes.len() as u64 > max {
+        anyhow::bail!("{} is over {max} bytes", file.display());
+    }
     Ok(bytes)
 }

@@ -62,7 +62,8 @@ pub enum McpTransport {
 
 impl McpServerSpec {
     /// Where the server is reached, as `capstan.lock` pins it: `stdio: COMMAND ARGS` (an
-    /// argument with spaces or quotes in double quotes) or `http: URL`.
+    /// argument with spaces or quotes in double quotes; then its `cwd`, and a digest of
+    /// its `env`, which may change the code it runs, when set) or `http: URL`.
     ///
     /// ```
     /// use capstan_host::config::Config;
@@ -70,10 +71,19 @@ impl McpServerSpec {
     /// let text = "[mcp.docs]\ncommand = [\"python3\", \"my server.py\"]\n";
     /// let config = Config::parse(text, "capstan.toml".as_ref()).unwrap();
     /// assert_eq!(config.mcp[0].endpoint(), r#"stdio: python3 "my server.py""#);
+    /// let text = "[mcp.docs]\ncommand = [\"node\", \"s.js\"]\nenv = { NODE_OPTIONS = \"--require x\" }\n";
+    /// let config = Config::parse(text, "capstan.toml".as_ref()).unwrap();
+    /// assert!(config.mcp[0].endpoint().starts_with("stdio: node s.js (env NODE_OPTIONS: sha256:"));
     /// ```
     pub fn endpoint(&self) -> String {
         match &self.transport {
-            McpTransport::Stdio { command, args, .. } => {
+            McpTransport::Stdio {
+                command,
+                args,
+                env,
+                cwd,
+                ..
+            } => {
                 let words: Vec<String> = std::iter::once(command)
                     .chain(args)
                     .map(|word| {
@@ -88,7 +98,21 @@ impl McpServerSpec {
                         }
                     })
                     .collect();
-                format!("stdio: {}", words.join(" "))
+                let mut endpoint = format!("stdio: {}", words.join(" "));
+                if let Some(cwd) = cwd {
+                    endpoint.push_str(&format!(" (cwd {})", cwd.display()));
+                }
+                if !env.is_empty() {
+                    // A digest, not the values: the lock is kept in version control.
+                    let mut text = String::new();
+                    for (name, value) in env {
+                        text.push_str(&format!("{name}={value}\0"));
+                    }
+                    let digest = crate::plugin::trust::TextDigest::of_text(&text).to_string();
+                    let names: Vec<&str> = env.keys().map(String::as_str).collect();
+                    endpoint.push_str(&format!(" (env {}: {})", names.join(","), &digest[..19]));
+                }
+                endpoint
             }
             McpTransport::Http { url, .. } => format!("http: {url}"),
         }

@@ -92,7 +92,7 @@ enum State {
 fn lifecycle() -> ClientLifecycleMode {
     ClientLifecycleMode::Auto {
         preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-        legacy_version: None,
+        legacy_version: Some(ProtocolVersion::V_2025_11_25),
     }
 }
 
@@ -328,10 +328,11 @@ impl Inner {
     }
 
     /// Starts the server (or opens a session with it) and completes the handshake: the
-    /// discovery of its revision first; a server that answers `server/discover` with
-    /// something neither era answers (an empty result, say) is started again and greeted
-    /// with `initialize` alone, as the servers of earlier revisions that predate the
-    /// probe expect.
+    /// discovery of its revision first. A server that answers `server/discover` with
+    /// something neither era answers (an empty result, say), that offers no revision the
+    /// host speaks by discovery, or that answers it only after rmcp's 10 s probe gave up
+    /// (a slow first start of `npx` or `uv run`), is started again and greeted with
+    /// `initialize` alone, as the servers of earlier revisions expect.
     async fn start(&self) -> Result<Session, String> {
         match self.start_with(lifecycle()).await {
             Err(Restart::Handshake(reason)) => {
@@ -403,19 +404,36 @@ impl Inner {
                 .unwrap_or_default()
         };
         match handshake {
-            Ok(Ok(service)) => Ok(Session {
+            Ok(Ok(service)) if speaks(&service) => Ok(Session {
                 service: Arc::new(service),
                 ended,
             }),
             Ok(Err(
                 err @ (ClientInitializeError::ExpectedInitResult(_)
-                | ClientInitializeError::ExpectedInitResponse(_)),
+                | ClientInitializeError::ExpectedInitResponse(_)
+                | ClientInitializeError::ConflictInitResponseId(..)
+                | ClientInitializeError::UncorrelatedErrorResponse { .. }
+                | ClientInitializeError::NoCompatibleProtocolVersion { .. }),
             )) if matches!(lifecycle, ClientLifecycleMode::Auto { .. }) => {
-                Err(Restart::Handshake(err.to_string()))
+                Err(Restart::Handshake(capped(&err.to_string())))
+            }
+            Ok(Ok(service)) => {
+                let version = service
+                    .peer_info()
+                    .map(|info| info.protocol_version.to_string())
+                    .unwrap_or_default();
+                Err(Restart::Failed(format!(
+                    "MCP server [mcp.{name}] answered the handshake with protocol revision \
+                     `{}`, which the host does not speak (it speaks {}); check mcp.{name}",
+                    capped(&crate::text::one_line(&version)),
+                    known_revisions()
+                )))
             }
             Ok(Err(err)) => Err(Restart::Failed(format!(
                 "MCP server [mcp.{name}] failed its handshake: {}{}; {}",
-                crate::text::one_line(&ended.reason().unwrap_or_else(|| init_cause(&err))),
+                capped(&crate::text::one_line(
+                    &ended.reason().unwrap_or_else(|| init_cause(&err))
+                )),
                 said(stderr),
                 match self.spec.transport {
                     McpTransport::Stdio { .. } => format!(
@@ -480,6 +498,12 @@ impl ExternalTools for McpClient {
             Err(ServiceError::McpError(err)) => Err(ToolError::Failed(format!(
                 "MCP server `{}` refused the call: {}",
                 inner.spec.name, err.message
+            ))),
+            // An answer of no shape a tools/call has: the server is running, and wrong.
+            Err(ServiceError::UnexpectedResponse) => Err(ToolError::Failed(format!(
+                "MCP server `{}` answered `{tool}` with a result of no shape a tool call has; \
+                 the call ends here",
+                inner.spec.name
             ))),
             Err(err) => {
                 let again = if inner.http.is_some() {
@@ -565,8 +589,45 @@ fn init_cause(err: &ClientInitializeError) -> String {
         ClientInitializeError::TransportError { error, .. } => {
             transport_cause(error.error.as_ref())
         }
+        ClientInitializeError::LegacyFallbackFailed { discover, fallback } => format!(
+            "the `initialize` handshake failed: {} (after `server/discover` got: {})",
+            init_cause(fallback),
+            init_cause(discover)
+        ),
         other => other.to_string(),
     }
+}
+
+/// The most of a server's own words a start's error quotes: a server that answers its
+/// handshake with a megabyte is named, not copied.
+const MAX_QUOTED: usize = 500;
+
+/// `text`, cut to [`MAX_QUOTED`] bytes, saying so.
+fn capped(text: &str) -> String {
+    if text.len() <= MAX_QUOTED {
+        return text.to_owned();
+    }
+    format!(
+        "{}… ({} bytes in all)",
+        crate::text::truncate(text, MAX_QUOTED),
+        text.len()
+    )
+}
+
+/// Whether the revision the server settled on is one the host speaks.
+fn speaks(service: &RunningService<RoleClient, Handler>) -> bool {
+    service
+        .peer_info()
+        .is_some_and(|info| ProtocolVersion::KNOWN_VERSIONS.contains(&info.protocol_version))
+}
+
+/// The revisions the host speaks, for a message.
+fn known_revisions() -> String {
+    let known: Vec<String> = ProtocolVersion::KNOWN_VERSIONS
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    known.join(", ")
 }
 
 /// The wait after `failures` failed starts in a row.

@@ -89,29 +89,31 @@ pub(super) fn outcome(result: CallToolResult) -> Result<String, ToolError> {
     }
 }
 
-/// The longest piece of what a server asked for that an error quotes.
-const MAX_QUOTED_ASK: usize = 200;
+/// The most of a result's input requests an error names, the rest counted.
+const MAX_NAMED_ASKS: usize = 5;
 
 /// The error for a call of `server`'s `tool` answered with a result that asks for input
 /// (2026-07-28's `input_required`: a form for a person, a model completion, the client's
-/// roots): the host answers none, so the call ends, saying what was asked.
+/// roots): the host answers none, so the call ends, saying what was asked. The server's
+/// words are quoted whole, on one line: the registry redacts the error and then caps it,
+/// so a secret is never cut where the redactor would miss it.
 pub(super) fn asked_for_input(server: &str, tool: &str, asked: &InputRequiredResult) -> ToolError {
-    let asks: Vec<String> = asked
-        .input_requests
+    let requests: Vec<_> = asked.input_requests.iter().flatten().collect();
+    let mut asks: Vec<String> = requests
         .iter()
-        .flatten()
+        .take(MAX_NAMED_ASKS)
         .map(|(_, request)| {
             let request = serde_json::to_value(request).unwrap_or_default();
             let method = request["method"].as_str().unwrap_or("an unknown request");
             match request["params"]["message"].as_str() {
-                Some(message) => format!(
-                    "{method}: \"{}\"",
-                    crate::text::truncate(&crate::text::one_line(message), MAX_QUOTED_ASK)
-                ),
+                Some(message) => format!("{method}: \"{}\"", crate::text::one_line(message)),
                 None => method.to_owned(),
             }
         })
         .collect();
+    if requests.len() > MAX_NAMED_ASKS {
+        asks.push(format!("and {} more", requests.len() - MAX_NAMED_ASKS));
+    }
     let asks = if asks.is_empty() {
         "a later round".to_owned()
     } else {

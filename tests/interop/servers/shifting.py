@@ -7,6 +7,9 @@ The spec: {"description": TEXT, "wide": BOOL, "extra": BOOL, "read_only": BOOL, 
 with "asks" a tool `confirm` answers with a result that asks the client for input (a form to
 fill in, 2026-07-28's `input_required`) instead of its result. `search` answers with the protocol revision its request came in.
 
+With SHIFTING_SLOW_DISCOVER set it answers `server/discover` only after 11 s, as a server
+whose first start is slow answers its first message.
+
 With SHIFTING_LEGACY set it is a server of the revisions before 2026-07-28: it answers
 `server/discover` as those do (method not found), so a client greets it with `initialize`.
 `python shifting.py` serves on stdio; `python shifting.py http PORT` serves streamable HTTP
@@ -72,6 +75,18 @@ if os.environ.get("SHIFTING_LEGACY"):
     manager = mcp.server.streamable_http_manager
     manager.HANDSHAKE_PROTOCOL_VERSIONS = (*manager.HANDSHAKE_PROTOCOL_VERSIONS, "2026-07-28")
     server._lowlevel_server._request_handlers.pop("server/discover")
+
+if os.environ.get("SHIFTING_SLOW_DISCOVER"):
+    import time
+
+    handlers = server._lowlevel_server._request_handlers
+    entry = handlers["server/discover"]
+
+    async def slow(ctx, params):
+        time.sleep(11)  # Blocks the whole server, as a slow start does.
+        return await entry.handler(ctx, params)
+
+    handlers["server/discover"] = type(entry)(entry.params_type, slow)
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "http":
