@@ -313,3 +313,38 @@ def test_a_server_claiming_a_revision_no_one_speaks_is_refused_naming_it():
         policy = run(base, "policy")
         assert ("answered the handshake with protocol revision `2099-01-01`, which the host does "
                 "not speak (it speaks 2024-11-05") in policy.stderr, policy.stderr
+
+
+def test_a_secret_in_what_a_server_asks_for_is_redacted_whole():
+    canary = "sk-canary-0123456789abcdefXYZ"
+    with tempfile.TemporaryDirectory(prefix="capstan-canary-") as name:
+        base = pathlib.Path(name)
+        spec = base / "spec.json"
+        spec.write_text(json.dumps({"description": HONEST, "asks": True}))
+        q = json.dumps
+        (base / "capstan.toml").write_text(f"""
+[secrets.CANARY]
+env = "CANARY"
+
+[mcp.one]
+command = [{q(sys.executable)}, {q(str(SERVER))}]
+env = {{ SHIFTING_SPEC = {q(str(spec))} }}
+secrets = ["CANARY"]
+
+[profiles.worker]
+tools = ["one.*"]
+capabilities = []
+""")
+        call = subprocess.run(
+            [str(BINARY), "tool", "call", "one.confirm", '{"action": "x"}', "--as", "worker",
+             "--config", str(base / "capstan.toml")],
+            cwd=base, capture_output=True, text=True, timeout=120,
+            env={"PATH": os.environ.get("PATH", ""), "HOME": str(base), "CANARY": canary,
+                 "CAPSTAN_CACHE_DIR": str(ROOT / "target" / "test-component-cache"),
+                 "CAPSTAN_STATE_DIR": str(base / "state"), "CAPSTAN_PLUGINS_DIR": str(PLUGINS)},
+        )
+        assert call.returncode == 6 and "asked for input" in call.stderr, call.stderr
+        assert "P" * 180 + "[redacted secret CANARY]" in call.stderr, call.stderr
+        out = call.stdout + call.stderr
+        # Neither the secret nor any 8-character piece of it leaves.
+        assert not any(canary[i:i + 8] in out for i in range(len(canary) - 7)), out
