@@ -62,3 +62,37 @@ impl Context {
         self.capabilities.contains(cap)
     }
 }
+
+std::thread_local! {
+    /// The capabilities of the call running now: one call at a time runs in an instance.
+    static CURRENT: std::cell::RefCell<Option<Vec<Capability>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Marks `ctx` as the call running until the guard is dropped.
+pub(crate) fn enter(ctx: &Context) -> impl Drop {
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            CURRENT.with(|current| current.borrow_mut().take());
+        }
+    }
+    CURRENT.with(|current| *current.borrow_mut() = Some(ctx.capabilities.clone()));
+    Leave
+}
+
+/// Whether the call running now holds a `net:` rule; `None` outside a call (a native unit
+/// test calling a handler directly).
+pub(crate) fn current_holds_net() -> Option<(bool, String)> {
+    CURRENT.with(|current| {
+        current.borrow().as_ref().map(|caps| {
+            let net = caps.iter().any(|cap| matches!(cap, Capability::Net(_)));
+            let held: Vec<String> = caps.iter().map(ToString::to_string).collect();
+            let held = if held.is_empty() {
+                "none".to_owned()
+            } else {
+                held.join(", ")
+            };
+            (net, held)
+        })
+    })
+}

@@ -154,6 +154,7 @@ impl Toolbox {
                 known.join(", ")
             ))
         })?;
+        let _running = crate::context::enter(ctx);
         (tool.handler)(args_json, ctx)
     }
 }

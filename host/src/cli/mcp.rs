@@ -9,6 +9,7 @@ use clap::Args;
 use rmcp::ServiceExt as _;
 
 use super::HostArgs;
+use super::store::StoreArgs;
 use crate::ids::ProcessKind;
 use crate::mcp::ToolServer;
 use crate::tools::{ToolCatalog, ToolRouter};
@@ -22,6 +23,8 @@ pub(crate) struct McpCommand {
     /// The workspace the fs capabilities apply to [default: agent.workspace].
     #[arg(long, value_name = "DIR")]
     workspace: Option<PathBuf>,
+    #[command(flatten)]
+    store: StoreArgs,
     #[command(flatten)]
     host: HostArgs,
 }
@@ -41,7 +44,7 @@ impl McpCommand {
         crate::config::make_workspace(&workspace)?;
         super::record_if_writable(locations)?;
         // The audit rows go where the agent's do, so `capstan serve` and the API show them.
-        let services = crate::app::open_services(&config).await?;
+        let services = self.store.open(&config).await?;
         let host = self.host.host(&config)?.with_services(services);
         let registry = Arc::new(
             self.host

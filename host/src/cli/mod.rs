@@ -3,6 +3,7 @@
 mod agent;
 mod approvals;
 mod audit;
+mod build_plugin;
 mod follow;
 mod init;
 mod mcp;
@@ -13,6 +14,7 @@ mod plugins;
 mod policy;
 mod serve;
 mod status;
+mod store;
 mod table;
 mod tool;
 

@@ -17,7 +17,7 @@ const MAX_NAME: usize = 48;
 pub(crate) enum Lang {
     /// Rust, with capstan-sdk; cargo and the wasm32-wasip2 target.
     Rust,
-    /// Python, with capstan_sdk.py; componentize-py from PyPI.
+    /// Python, with the capstan_sdk package; componentize-py from PyPI.
     Python,
     /// JavaScript, with capstan.js; ComponentizeJS from npm.
     Js,
@@ -41,10 +41,10 @@ pub(crate) struct NewCommand {
 }
 
 /// One file of a template: its path in the project and its text.
-type File = (&'static str, &'static str);
+pub(crate) type File = (&'static str, &'static str);
 
 /// The plugin contract every project builds against, as this host implements it.
-const WIT: &[File] = &[
+pub(crate) const WIT: &[File] = &[
     ("wit/plugin.wit", include_str!("../../../wit/plugin.wit")),
     (
         "wit/plugin-wasi.wit",
@@ -79,6 +79,10 @@ const WIT: &[File] = &[
 
 const RUST: &[File] = &[
     (
+        "BINDINGS.md",
+        include_str!("../../../sdk/templates/rust/BINDINGS.md"),
+    ),
+    (
         "Cargo.toml",
         include_str!("../../../sdk/templates/rust/Cargo.toml"),
     ),
@@ -92,14 +96,29 @@ const RUST: &[File] = &[
     ),
 ];
 
+/// The Python helper, a package beside `app.py`: `--update-wit` writes it anew.
+pub(crate) const PYTHON_HELPER: &[File] = &[
+    (
+        "capstan_sdk/__init__.py",
+        include_str!("../../../sdk/python/capstan_sdk/__init__.py"),
+    ),
+    (
+        "capstan_sdk/http.py",
+        include_str!("../../../sdk/python/capstan_sdk/http.py"),
+    ),
+];
+
+/// The JavaScript helper, beside `plugin.js`: `--update-wit` writes it anew.
+pub(crate) const JS_HELPER: &[File] = &[("capstan.js", include_str!("../../../sdk/js/capstan.js"))];
+
 const PYTHON: &[File] = &[
+    (
+        "BINDINGS.md",
+        include_str!("../../../sdk/templates/python/BINDINGS.md"),
+    ),
     (
         "app.py",
         include_str!("../../../sdk/templates/python/app.py"),
-    ),
-    (
-        "capstan_sdk.py",
-        include_str!("../../../sdk/python/capstan_sdk.py"),
     ),
     (
         "requirements.txt",
@@ -117,10 +136,13 @@ const PYTHON: &[File] = &[
 
 const JS: &[File] = &[
     (
+        "BINDINGS.md",
+        include_str!("../../../sdk/templates/js/BINDINGS.md"),
+    ),
+    (
         "plugin.js",
         include_str!("../../../sdk/templates/js/plugin.js"),
     ),
-    ("capstan.js", include_str!("../../../sdk/js/capstan.js")),
     (
         "package.json",
         include_str!("../../../sdk/templates/js/package.json"),
@@ -153,8 +175,8 @@ impl NewCommand {
         };
         let files: Vec<File> = match self.lang {
             Lang::Rust => RUST.to_vec(),
-            Lang::Python => [PYTHON, WIT].concat(),
-            Lang::Js => [JS, WIT].concat(),
+            Lang::Python => [PYTHON, PYTHON_HELPER, WIT].concat(),
+            Lang::Js => [JS, JS_HELPER, WIT].concat(),
         };
         // The SDK's path goes into Cargo.toml as a TOML string, quotes and all.
         let sdk = sdk.as_deref().map_or_else(String::new, |p| {
@@ -276,7 +298,7 @@ fn suggest(name: &str) -> String {
 }
 
 /// The capstan-sdk crate: `--sdk`, or the one this binary was built beside.
-fn rust_sdk(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
+pub(crate) fn rust_sdk(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
     let dir = match flag {
         Some(dir) => dir.to_owned(),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../sdk"),
@@ -339,39 +361,37 @@ fn write_file(dir: &Path, path: &str, text: &str) -> anyhow::Result<()> {
 
 fn next_steps(lang: Lang, name: &str, dir: &Path) -> String {
     let dir = dir.display();
-    let (build, wasm, source) = match lang {
+    let (how, source) = match lang {
         Lang::Rust => (
-            "cargo build --release --target wasm32-wasip2   # once: rustup target add wasm32-wasip2"
-                .to_owned(),
-            format!("target/wasm32-wasip2/release/{name}.wasm"),
+            "cargo with the wasm32-wasip2 target, or offline Debian's Rust",
             "src/lib.rs",
         ),
         Lang::Python => (
-            "./build.sh                # a venv with componentize-py (PyPI), then the build".to_owned(),
-            format!("{name}.wasm"),
+            "a venv with componentize-py from PyPI, then the build",
             "app.py",
         ),
-        Lang::Js => (
-            "npm ci && npm run build   # ComponentizeJS from npm, then the build".to_owned(),
-            format!("{name}.wasm"),
-            "plugin.js",
-        ),
+        Lang::Js => ("ComponentizeJS from npm, then the build", "plugin.js"),
     };
     format!(
         "wrote the {name} plugin ({}) in {dir}. Next:\n\
-         \n  cd {dir}\
-         \n  {build}\
-         \n  capstan plugins inspect {wasm}\
-         \n  mkdir -p plugins && cp {wasm} plugins/\
-         \n  capstan tool call {name} '{{\"path\": \"{source}\"}}' --grant fs.read --plugins-dir plugins\
+         \n  capstan plugins build {dir}   # {how}\
+         \n  capstan plugins inspect {dir}/{name}.wasm\
+         \n  capstan tool call {name} '{{\"path\": \"{source}\"}}' --grant fs.read --workspace {dir} --plugins-dir {dir}\
          \n\nthen grant it to a process kind in capstan.toml (tools = [..., \"{name}\"], with \
-         capabilities = [\"fs.read\"]) and put it in agent.plugins_dir.",
-        match lang {
-            Lang::Rust => "Rust",
-            Lang::Python => "Python",
-            Lang::Js => "JavaScript",
-        }
+         capabilities = [\"fs.read\"]) and put {name}.wasm in a directory of agent.plugins_dir. \
+         BINDINGS.md says how the host's imports look in {}.",
+        lang_name(lang),
+        lang_name(lang),
     )
+}
+
+/// The language's name, as a person writes it.
+pub(crate) fn lang_name(lang: Lang) -> &'static str {
+    match lang {
+        Lang::Rust => "Rust",
+        Lang::Python => "Python",
+        Lang::Js => "JavaScript",
+    }
 }
 
 #[cfg(test)]
@@ -406,7 +426,7 @@ mod tests {
 
     #[test]
     fn every_template_placeholder_is_known() {
-        for (path, text) in [RUST, PYTHON, JS].concat() {
+        for (path, text) in [RUST, PYTHON, PYTHON_HELPER, JS, JS_HELPER].concat() {
             let mut rest = text;
             while let Some(start) = rest.find("{{") {
                 let end = rest[start..].find("}}").expect("a closed placeholder") + start;

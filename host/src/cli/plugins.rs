@@ -1,4 +1,4 @@
-//! `capstan plugins list|inspect|new|lock|diff|accept|keygen|sign|verify`.
+//! `capstan plugins list|inspect|new|build|lock|diff|accept|keygen|sign|verify`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use clap::Subcommand;
 
 use super::HostArgs;
+use super::build_plugin::BuildCommand;
 use super::new_plugin::NewCommand;
 use super::table::print_table;
 use crate::mcp::Servers;
@@ -34,6 +35,8 @@ pub(crate) enum PluginsCommand {
     },
     /// Write a working plugin project: `--lang rust|python|js NAME`.
     New(NewCommand),
+    /// Build a project `plugins new` wrote, in its language, into DIR/NAME.wasm.
+    Build(BuildCommand),
     /// Write capstan.lock beside the config: each plugin's digest, contract, tools and
     /// capabilities, and each MCP server's tools, as they are now. While it exists, a
     /// component or MCP tool that differs is not offered until accepted.
@@ -108,6 +111,7 @@ impl PluginsCommand {
                 Ok(ExitCode::SUCCESS)
             }
             PluginsCommand::New(new) => new.run(),
+            PluginsCommand::Build(build) => build.run(),
             PluginsCommand::Lock { host } => lock(&host).await,
             PluginsCommand::Diff { old, new, host } => diff(&host, &old, &new).await,
             PluginsCommand::Accept { name, host } => accept(&host, &name).await,

@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use clap::Subcommand;
 
 use super::HostArgs;
+use super::store::StoreArgs;
 use crate::ids::Caller;
 use crate::plugin::{CallRequest, ToolError};
 use crate::policy::{Grants, ProcessKind};
@@ -25,9 +26,8 @@ pub(crate) enum ToolCommand {
     /// cache or the plugins directory lies inside its workspace: a plugin could rewrite
     /// them.
     ///
-    /// It opens no store, so the call is not in the audit log (its audit sink is the
-    /// explicit disabled one, as `capstan policy` shows); `capstan mcp` and `capstan serve`
-    /// record every call.
+    /// The call's host imports (tasks, memory) and its audit row use the configured
+    /// store, or with `--store memory` a throwaway one that is gone when the call ends.
     ///
     /// Exit codes: 0 ok, 3 invalid-args, 4 denied, 5 not-found, 6 failed, 1 a host error.
     Call {
@@ -51,6 +51,8 @@ pub(crate) enum ToolCommand {
         #[arg(long)]
         json: bool,
         #[command(flatten)]
+        store: StoreArgs,
+        #[command(flatten)]
         host: HostArgs,
     },
 }
@@ -64,6 +66,7 @@ impl ToolCommand {
             as_profile,
             workspace,
             json,
+            store,
             host,
         } = self;
         let config = host.config()?;
@@ -79,10 +82,11 @@ impl ToolCommand {
         crate::config::check_workspace(&workspace)?;
         let locations = host.check_call_locations(&config, &workspace, &grants)?;
         let args_json = read_args(&args_json)?;
+        let services = store.open(&config).await?;
         let registry = host
             .registry_on(
                 &config,
-                host.one_call_host(&config)?,
+                host.one_call_host(&config)?.with_services(services),
                 Some(crate::mcp::Servers::OfTool(&name)),
             )
             .await?;

@@ -127,7 +127,7 @@ pub enum LoadError {
         exports: String,
     },
     /// The component targets another version of the WIT package.
-    #[error("{}: built against capstan:plugin@{found}, but this host supports capstan:plugin@{supported}; rebuild it with a capstan-sdk for {supported}", path.display())]
+    #[error("{}", wit_version_message(path, found, supported))]
     WitVersion {
         /// The plugin file.
         path: PathBuf,
@@ -342,5 +342,32 @@ fn quoted(names: &[String]) -> String {
         [] => String::new(),
         [one] => one.clone(),
         [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
+/// What [`LoadError::WitVersion`] says: both versions, whether the plugin is older or newer,
+/// and the one step that fixes it.
+fn wit_version_message(path: &std::path::Path, found: &str, supported: &str) -> String {
+    let newer = match (
+        semver::Version::parse(found),
+        semver::Version::parse(supported),
+    ) {
+        (Ok(theirs), Ok(ours)) => theirs > ours,
+        _ => false,
+    };
+    let path = path.display();
+    if newer {
+        format!(
+            "{path}: built for capstan:plugin@{found}, a newer contract than this host's \
+             capstan:plugin@{supported}; run a capstan that speaks {found}, or rebuild the \
+             plugin against {supported} with this capstan: `capstan plugins build DIR --update-wit`"
+        )
+    } else {
+        format!(
+            "{path}: built for capstan:plugin@{found}, but this host speaks \
+             capstan:plugin@{supported} only; rebuild it against {supported}: \
+             `capstan plugins build DIR --update-wit` in its project (the wit/ and SDK of this \
+             capstan, then the build)"
+        )
     }
 }

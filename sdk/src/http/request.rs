@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::method::is_token;
-use super::{HttpError, Method, Response, Url, transport};
+use super::{HttpError, Method, REFUSAL_PREFIX, Response, Url, transport};
 
 /// The response body a [`Request`] reads unless told otherwise: 1 MiB, as much as the host
 /// passes on from a tool anyway.
@@ -197,6 +197,17 @@ impl Request {
     /// ```
     pub fn send(self) -> Result<Response, HttpError> {
         let url = self.url?;
+        // A call without a `net:` rule has no HTTP linked: the host would stop it. Say why
+        // instead, as an error the tool can return.
+        if let Some((false, held)) = crate::context::current_holds_net() {
+            return Err(HttpError::Refused(format!(
+                "{REFUSAL_PREFIX} {} {url}: this call holds no network grant (it runs with: \
+                 {held}); declare `net:HOST` with `.needs(...)` and grant it in its process's \
+                 profile (`net = [\"HOST\"]`); `capstan policy --why KIND TOOL URL` shows what \
+                 is missing",
+                self.method
+            )));
+        }
         check_headers(&self.headers)?;
         let mut headers = self.headers;
         let has_length = headers

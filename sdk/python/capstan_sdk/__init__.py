@@ -36,6 +36,13 @@ Built against the `plugin-wasi` world of Capstan's WIT:
   errors map too: `FileNotFoundError` is `not-found`, `PermissionError` is `denied` (a
   write under a read-only grant), anything else is `failed` with its type and message; a
   plugin never traps on an exception.
+- A host import (`wit_world.imports.tasks`, `memory`, `secrets`) that refuses raises
+  `componentize_py_types.Err` holding a `HostError_*`; left uncaught, it ends the call as
+  the matching tool error with the host's message (`denied`, `not-found`, `invalid` as
+  `invalid-args`, `failed`). `host_error(err)` gives that `ToolError` to a tool that
+  catches it.
+- `capstan_sdk.http` makes HTTP requests through the host (`http.get(url)`); declare
+  `net:HOST` in `needs`.
 - Every module a tool uses must be imported at the top of the file: componentize-py
   snapshots the interpreter at build time, and a module first imported during a call is
   not there.
@@ -51,6 +58,10 @@ from wit_world import exports as _exports
 from wit_world.imports import log as _log
 from wit_world.imports.capstan_plugin_types import (
     CallContext,
+    HostError_Denied,
+    HostError_Failed,
+    HostError_Invalid,
+    HostError_NotFound,
     ToolError_Denied,
     ToolError_Failed,
     ToolError_InvalidArgs,
@@ -58,7 +69,7 @@ from wit_world.imports.capstan_plugin_types import (
     ToolSpec,
 )
 
-__all__ = ["Toolbox", "ToolError", "CallContext", "log"]
+__all__ = ["Toolbox", "ToolError", "CallContext", "log", "host_error", "current_context"]
 
 _KINDS = {
     "invalid-args": ToolError_InvalidArgs,
@@ -95,6 +106,38 @@ class ToolError(Exception):
     @classmethod
     def failed(cls, message: str) -> "ToolError":
         return cls("failed", message)
+
+
+# A host import's refusal, by the tool error it becomes.
+_HOST_KINDS = {
+    HostError_Denied: "denied",
+    HostError_NotFound: "not-found",
+    HostError_Invalid: "invalid-args",
+    HostError_Failed: "failed",
+}
+
+
+def host_error(err: Err) -> ToolError:
+    """The tool error a host import's `Err` stands for, with the host's message: raise it,
+    or read its `kind` and `message`. Any other `Err` (a WASI call's) is `failed`."""
+    kind = _HOST_KINDS.get(type(err.value))
+    if kind is not None:
+        return ToolError(kind, err.value.value)
+    if type(err.value) in (ToolError_InvalidArgs, ToolError_Denied, ToolError_NotFound, ToolError_Failed):
+        kind = next(k for k, t in _KINDS.items() if t is type(err.value))
+        return ToolError(kind, err.value.value)
+    return ToolError.failed(f"a host call failed: {_text(err.value)}")
+
+
+# The context of the call running now: one call runs at a time in an instance.
+_current: CallContext | None = None
+
+
+def current_context() -> CallContext | None:
+    """The context of the call running now (caller, call id, capabilities), or None
+    outside a call. `capstan_sdk.http` reads it to refuse a request the call holds no
+    `net:` grant for, before the host would have to stop the call."""
+    return _current
 
 
 def log(level: str, message: str) -> None:
@@ -307,8 +350,11 @@ class Toolbox:
             raise Err(ToolError_NotFound(_text(_os_message(err))))
         except PermissionError as err:
             raise Err(ToolError_Denied(_text(_os_message(err))))
-        except Err:
-            raise
+        except Err as err:
+            # A host import's refusal, left uncaught: the tool error it stands for. Raised
+            # as it is, a HostError would not fit the export's type and would trap.
+            mapped = host_error(err)
+            raise Err(_KINDS[mapped.kind](_text(mapped.message)))
         except BaseException as err:  # never a trap: SystemExit and KeyboardInterrupt too
             raise Err(ToolError_Failed(f"{type(err).__name__}: {_text(err)}"))
 
@@ -327,7 +373,12 @@ class Toolbox:
         tool.check(args)
         if tool.takes_ctx:
             args["ctx"] = context
-        result = tool.function(**args)
+        global _current
+        _current = context
+        try:
+            result = tool.function(**args)
+        finally:
+            _current = None
         if isinstance(result, str):
             return result
         try:
