@@ -6,17 +6,27 @@ then loaded by the real `capstan` binary.
 The Python and JavaScript projects get a second tool appended, as an author would write
 it: one that declares only `fs.read` and tries to write. A scripted agent turn has a
 worker call both; the read works through the read-only grant, the write is refused by the
-sandbox, and the audit log shows each call."""
+sandbox, and the audit log shows each call.
+
+Each project also gets probe tools that call every host import (tasks, memory, secrets) and
+make HTTP requests to a loopback server, each success and each error checked exactly in
+every language: a host import's refusal becomes the matching tool error with the host's
+message, an uncaught exception `failed`, a request outside the grant `denied` with the
+host's reason, and a call with no network grant `denied` before anything is sent. Every
+project is built with `capstan plugins build`, and each step of the author's path
+(scaffold, build, first load, call) is timed into target/author-path.json."""
 
 import contextlib
+import http.server
 import json
 import os
 import pathlib
 import shutil
 import sqlite3
 import subprocess
-import sys
 import tempfile
+import threading
+import time
 
 import pytest
 
@@ -49,6 +59,159 @@ toolbox.tool(
 
 export const tool = toolbox.export();
 '''
+
+
+# What each language's author appends: probe tools calling one host import (or making one
+# request) per `op`, each answering {"value": ...}. NAME is the plugin's name. `_host` holds
+# tasks.write and memory.write, `_bare` only fs.read, `_net` a loopback rule.
+PYTHON_PROBE = """
+
+from componentize_py_types import Err
+from capstan_sdk import http, host_error
+from wit_world.imports import memory, secrets, tasks
+
+
+def NAME_probe(op: str, arg: str = "") -> dict:
+    \"\"\"Calls one host import.\"\"\"
+    if op == "task_create":
+        value = str(tasks.create(tasks.NewTask(title=arg, description="", priority=None, parent=None, metadata=None)).number)
+    elif op == "task_get":
+        value = tasks.get(int(arg)).title
+    elif op == "task_update":
+        value = tasks.update(int(arg), tasks.TaskPatch(title=None, description=None, status=tasks.TaskStatus.DONE, priority=None, metadata=None)).status.name
+    elif op == "task_list":
+        value = [t.title for t in tasks.list(tasks.TaskFilter(status=tasks.TaskStatus.BACKLOG, limit=10))]
+    elif op == "memory_save":
+        value = memory.save(memory.NewMemory(kind="fact", content=arg, importance=None)).id
+    elif op == "memory_recall":
+        value = [m.content for m in memory.recall(arg, 5)]
+    elif op == "memory_delete":
+        memory.delete(arg)
+        value = "deleted"
+    elif op == "working_set":
+        memory.working_set("k", arg, None)
+        value = "set"
+    elif op == "hmac":
+        value = len(secrets.hmac_sha256(arg, b"data"))
+    elif op == "caught":
+        try:
+            tasks.get(int(arg))
+            value = "found"
+        except Err as err:
+            problem = host_error(err)
+            value = f"{problem.kind}: {problem.message}"
+    elif op == "fetch":
+        response = http.get(arg)
+        value = {"status": response.status, "body": response.text(), "type": response.headers.get("content-type")}
+    elif op == "post":
+        response = http.post(arg, json={"hello": "world"})
+        value = {"status": response.status, "body": response.text()}
+    elif op == "boom":
+        raise ValueError(f"boom: {arg}")
+    else:
+        raise ToolError.invalid_args(f"unknown op {op}")
+    return {"value": value}
+
+
+toolbox.tool(name="NAME_host", needs=["tasks.write", "memory.write"])(NAME_probe)
+toolbox.tool(name="NAME_bare", needs=["fs.read"])(NAME_probe)
+toolbox.tool(name="NAME_net", needs=["net:http://127.0.0.1:*"])(NAME_probe)
+
+Tool = toolbox.export()
+"""
+
+JS_PROBE = """
+import { http, hostError } from './capstan.js';
+import * as tasks from 'capstan:plugin/tasks@0.2.1';
+import * as memory from 'capstan:plugin/memory@0.2.1';
+import * as secrets from 'capstan:plugin/secrets@0.2.1';
+
+function probe({ op, arg = '' }) {
+  let value;
+  switch (op) {
+    case 'task_create': value = String(tasks.create({ title: arg, description: '' }).number); break;
+    case 'task_get': value = tasks.get(BigInt(arg)).title; break;
+    case 'task_update': value = tasks.update(BigInt(arg), { status: 'done' }).status; break;
+    case 'task_list': value = tasks.list({ status: 'backlog', limit: 10 }).map((t) => t.title); break;
+    case 'memory_save': value = memory.save({ kind: 'fact', content: arg }).id; break;
+    case 'memory_recall': value = memory.recall(arg, 5).map((m) => m.content); break;
+    case 'memory_delete': memory.delete(arg); value = 'deleted'; break;
+    case 'working_set': memory.workingSet('k', arg, undefined); value = 'set'; break;
+    case 'hmac': value = secrets.hmacSha256(arg, new TextEncoder().encode('data')).length; break;
+    case 'caught':
+      try { tasks.get(BigInt(arg)); value = 'found'; } catch (err) { const problem = hostError(err); value = `${problem.kind}: ${problem.message}`; }
+      break;
+    case 'fetch': { const r = http.get(arg); value = { status: r.status, body: r.text(), type: r.headers['content-type'] ?? null }; break; }
+    case 'post': { const r = http.post(arg, { json: { hello: 'world' } }); value = { status: r.status, body: r.text() }; break; }
+    case 'boom': throw new Error(`boom: ${arg}`);
+    default: throw ToolError.invalidArgs(`unknown op ${op}`);
+  }
+  return { value };
+}
+
+const probeArgs = { op: { type: 'string' }, arg: { type: 'string', optional: true } };
+toolbox.tool({ name: 'NAME_host', description: 'Calls one host import.', needs: ['tasks.write', 'memory.write'], args: probeArgs }, probe);
+toolbox.tool({ name: 'NAME_bare', description: 'Calls one host import.', needs: ['fs.read'], args: probeArgs }, probe);
+toolbox.tool({ name: 'NAME_net', description: 'Calls one host import.', needs: ['net:http://127.0.0.1:*'], args: probeArgs }, probe);
+
+export const tool = toolbox.export();
+"""
+
+RUST_PROBE = """
+use capstan_sdk::host::{self, NewMemory, NewTask, TaskFilter, TaskPatch, TaskStatus};
+use capstan_sdk::http::Request;
+use serde_json::{Value, json};
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Probe {
+    op: String,
+    #[serde(default)]
+    arg: String,
+}
+
+fn probe(args: Probe, _ctx: &Context) -> Result<Json<Value>, ToolError> {
+    let arg = args.arg;
+    let number = || arg.parse::<u64>().map_err(|e| ToolError::invalid_args(e.to_string()));
+    let value = match args.op.as_str() {
+        "task_create" => json!(host::tasks::create(&NewTask { title: arg.clone(), description: String::new(), priority: None, parent: None, metadata: None })?.number.to_string()),
+        "task_get" => json!(host::tasks::get(number()?)?.title),
+        "task_update" => json!(host::tasks::update(number()?, &TaskPatch { title: None, description: None, status: Some(TaskStatus::Done), priority: None, metadata: None })?.status.to_string()),
+        "task_list" => json!(host::tasks::list(&TaskFilter { status: Some(TaskStatus::Backlog), limit: Some(10) })?.into_iter().map(|t| t.title).collect::<Vec<_>>()),
+        "memory_save" => json!(host::memory::save(&NewMemory { kind: "fact".into(), content: arg.clone(), importance: None })?.id),
+        "memory_recall" => json!(host::memory::recall(&arg, 5)?.into_iter().map(|m| m.content).collect::<Vec<_>>()),
+        "memory_delete" => { host::memory::delete(&arg)?; json!("deleted") }
+        "working_set" => { host::memory::working_set("k", &arg, None)?; json!("set") }
+        "hmac" => json!(host::secrets::hmac_sha256(&arg, b"data")?.len()),
+        "caught" => match host::tasks::get(number()?) {
+            Ok(_) => json!("found"),
+            Err(host::HostError::NotFound(message)) => json!(format!("not-found: {message}")),
+            Err(other) => return Err(other.into()),
+        },
+        "fetch" => {
+            let r = Request::get(&arg).send()?;
+            json!({"status": r.status, "body": r.text(), "type": r.header("content-type")})
+        }
+        "post" => {
+            let r = Request::post(&arg).header("content-type", "application/json").body(r#"{"hello":"world"}"#).send()?;
+            json!({"status": r.status, "body": r.text()})
+        }
+        "boom" => panic!("boom: {arg}"),
+        other => return Err(ToolError::invalid_args(format!("unknown op {other}"))),
+    };
+    Ok(Json(json!({ "value": value })))
+}
+
+fn with_probes() -> Toolbox {
+    let net: Capability = "net:http://127.0.0.1:*".parse().unwrap();
+    toolbox()
+        .tool(Tool::new("NAME_host", "Calls one host import.", probe).needs(Capability::TasksWrite).needs(Capability::MemoryWrite))
+        .tool(Tool::new("NAME_bare", "Calls one host import.", probe).needs(Capability::FsRead))
+        .tool(Tool::new("NAME_net", "Calls one host import.", probe).needs(net))
+}
+
+capstan_sdk::export_plugin!(with_probes);
+"""
 
 SCRIPT = """
 [[step]]
@@ -92,45 +255,86 @@ def run(args, cwd, env=None, timeout=900):
     return result
 
 
+# Seconds each step of the author's path took, per language: filled by `built`, written to
+# target/author-path.json, and reported in BENCHMARKS.md.
+TIMINGS: dict[str, dict[str, float]] = {}
+
+
+def timed(lang, step, args, cwd, env=None):
+    started = time.monotonic()
+    result = run(args, cwd, env)
+    TIMINGS.setdefault(lang, {})[step] = round(time.monotonic() - started, 2)
+    return result
+
+
 def new_project(lang, name, base):
     project = base / name
-    out = run([str(BINARY), "plugins", "new", "--lang", lang, name, "--dir", str(project)], cwd=base)
+    out = timed(lang, "scaffold", [str(BINARY), "plugins", "new", "--lang", lang, name, "--dir", str(project)], base)
     assert f"wrote the {name} plugin" in out.stdout
+    assert f"capstan plugins build {project}" in out.stdout, out.stdout
+    assert (project / "BINDINGS.md").is_file()
     return project
 
 
-def append_writer(path, text):
-    """Appends `text` after the template's own export line, which it repeats at its end."""
-    source = path.read_text()
-    lines = [line for line in source.splitlines() if not line.startswith(("Tool = ", "export const tool ="))]
-    path.write_text("\n".join(lines) + text)
+def append_tools(path, *texts, export, last):
+    """Appends `texts` after the template's own code, every export line (starting with
+    `export`) dropped and `last` written at the end, once."""
+    kept = [
+        line
+        for text in (path.read_text(), *texts)
+        for line in text.splitlines()
+        if not line.startswith(export)
+    ]
+    path.write_text("\n".join(kept) + f"\n\n{last}\n")
+
+
+def build_env():
+    # The setup's target dir for Rust: std for wasm32-wasip2 is built there already.
+    return {**os.environ, "CARGO_TARGET_DIR": str(ROOT / "target" / "wasm")}
 
 
 @pytest.fixture(scope="module")
 def built():
-    """The three projects, built: name -> component file."""
+    """The three projects, built with `capstan plugins build`: name -> component file.
+    The Python one is first built for an older contract, refused with the fix, then
+    brought up to date with `--update-wit`."""
     with tempfile.TemporaryDirectory(prefix="capstan-langs-") as tmp:
         base = pathlib.Path(tmp)
         components = {}
 
         project = new_project("python", "pywords", base)
-        append_writer(project / "app.py", PYTHON_WRITER.format(name="pywords"))
-        run(["./build.sh"], cwd=project)
+        append_tools(project / "app.py", PYTHON_WRITER.format(name="pywords"), PYTHON_PROBE.replace("NAME", "pywords"), export="Tool = ", last="Tool = toolbox.export()")
+        wit = project / "wit" / "plugin.wit"
+        wit.write_text(wit.read_text().replace("package capstan:plugin@0.2.1;", "package capstan:plugin@0.1.0;"))
+        build = timed("python", "build", [str(BINARY), "plugins", "build", str(project)], base, build_env())
+        assert "==> building the Python plugin `pywords`" in build.stderr and "built " in build.stderr, build.stderr
+        inspect = [str(BINARY), "plugins", "inspect", str(project / "pywords.wasm")]
+        env = {**os.environ, "CAPSTAN_CACHE_DIR": str(ROOT / "target" / "test-component-cache")}
+        refused = subprocess.run(inspect, capture_output=True, text=True, timeout=600, env=env)
+        assert refused.returncode == 1, refused.stderr
+        assert "built for capstan:plugin@0.1.0, but this host speaks capstan:plugin@0.2.1" in refused.stderr, refused.stderr
+        assert "`capstan plugins build DIR --update-wit`" in refused.stderr, refused.stderr
+        timed("python", "rebuild", [str(BINARY), "plugins", "build", "--update-wit", str(project)], base, build_env())
+        assert "package capstan:plugin@0.2.1;" in wit.read_text()
         components["pywords"] = project / "pywords.wasm"
 
         project = new_project("js", "jswords", base)
-        append_writer(project / "plugin.js", JS_WRITER.format(name="jswords"))
-        run(["npm", "ci", "--no-audit", "--no-fund"], cwd=project)
-        run(["npm", "run", "build"], cwd=project)
+        append_tools(project / "plugin.js", JS_WRITER.format(name="jswords"), JS_PROBE.replace("NAME", "jswords"), export="export const tool =", last="export const tool = toolbox.export();")
+        build = timed("js", "build", [str(BINARY), "plugins", "build", str(project)], base, build_env())
+        assert "==> building the JavaScript plugin `jswords`" in build.stderr, build.stderr
+        timed("js", "rebuild", [str(BINARY), "plugins", "build", str(project)], base, build_env())
         components["jswords"] = project / "jswords.wasm"
 
         project = new_project("rust", "rswords", base)
-        wasm_cargo = ROOT / "target" / "wasm-cargo"
-        assert wasm_cargo.is_file(), "run scripts/setup first: it writes target/wasm-cargo"
-        # The setup's target dir: std for wasm32-wasip2 is built there already.
-        target = ROOT / "target" / "wasm"
-        run([str(wasm_cargo), "--target-dir", str(target)], cwd=project)
-        components["rswords"] = target / "wasm32-wasip2" / "release" / "rswords.wasm"
+        manifest = project / "Cargo.toml"
+        manifest.write_text(manifest.read_text().replace("[dependencies]\n", '[dependencies]\nserde_json = "1"\n'))
+        append_tools(project / "src" / "lib.rs", RUST_PROBE.replace("NAME", "rswords"), export="capstan_sdk::export_plugin!", last="capstan_sdk::export_plugin!(with_probes);")
+        build = timed("rust", "build", [str(BINARY), "plugins", "build", str(project)], base, build_env())
+        assert "==> building the Rust plugin `rswords`" in build.stderr, build.stderr
+        lib = project / "src" / "lib.rs"
+        lib.write_text(lib.read_text() + "\n")
+        timed("rust", "rebuild", [str(BINARY), "plugins", "build", str(project)], base, build_env())
+        components["rswords"] = project / "rswords.wasm"
 
         for component in components.values():
             assert component.is_file(), component
@@ -170,11 +374,11 @@ capabilities = ["fs.read"]
         yield base
 
 
-def capstan(home, *args):
+def capstan(home, *args, cache=None):
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
-        "CAPSTAN_CACHE_DIR": str(ROOT / "target" / "test-component-cache"),
+        "CAPSTAN_CACHE_DIR": str(cache or ROOT / "target" / "test-component-cache"),
         "CAPSTAN_STATE_DIR": str(home / "state"),
     }
     return subprocess.run(
@@ -214,3 +418,167 @@ def test_a_worker_reads_through_a_read_only_grant_and_its_write_is_refused(home,
     assert ("worker", f"{name}_save", "fs.read", "denied") in calls, rows
     detail = next(d for _, t, _, _, d in rows if t == f"{name}_save")
     assert f"count-{name}.txt" in detail and "ermitted" in detail, detail
+
+
+LANGS = {"python": "pywords", "js": "jswords", "rust": "rswords"}
+
+
+def test_first_load_shows_the_compile_and_each_step_is_timed(home, built, tmp_path):
+    for lang, name in LANGS.items():
+        started = time.monotonic()
+        first = capstan(home, "plugins", "inspect", str(built[name]), cache=tmp_path / lang)
+        TIMINGS[lang]["first load"] = round(time.monotonic() - started, 2)
+        assert first.returncode == 0, first.stderr
+        big = built[name].stat().st_size >= 4 << 20
+        # A Python or JavaScript component takes seconds to compile: it is said, then timed.
+        assert (f"compiling {name}.wasm (" in first.stderr) == big, first.stderr
+        assert (f"compiled {name}.wasm in " in first.stderr) == big, first.stderr
+        started = time.monotonic()
+        again = capstan(home, "plugins", "inspect", str(built[name]), cache=tmp_path / lang)
+        TIMINGS[lang]["cached load"] = round(time.monotonic() - started, 2)
+        assert again.returncode == 0 and "compiling" not in again.stderr, again.stderr
+        # The author's own call: the project's directory as the plugins directory.
+        call = ["tool", "call", name, '{"path": "notes.txt"}', "--grant", "fs.read", "--workspace", str(home / "workspace"),
+                "--plugins-dir", str(built[name].parent)]
+        started = time.monotonic()
+        called = capstan(home, *call, "--store", "memory", cache=tmp_path / lang)
+        TIMINGS[lang]["call"] = round(time.monotonic() - started, 2)
+        assert called.returncode == 0, called.stderr
+    steps = ["scaffold", "build", "rebuild", "first load", "cached load", "call"]
+    for lang in LANGS:
+        for step in steps:
+            assert TIMINGS[lang].get(step, 0) > 0, (lang, step, TIMINGS)
+    (ROOT / "target" / "author-path.json").write_text(json.dumps(TIMINGS, indent=2) + "\n")
+    print("\nthe author's path, seconds:", json.dumps(TIMINGS))
+
+
+def probe(home, tool, op, arg="", grant=None, store="memory"):
+    """`tool call TOOL {"op", "arg"} --json`: ("ok", value) or (kind, message)."""
+    args = ["tool", "call", tool, json.dumps({"op": op, "arg": arg}), "--json", "--store", store]
+    if grant:
+        args += ["--grant", grant]
+    done = capstan(home, *args)
+    assert done.returncode in (0, 3, 4, 5, 6), done.stderr
+    outcome = json.loads(done.stdout)
+    if "ok" in outcome:
+        return "ok", json.loads(outcome["ok"])["value"]
+    return outcome["error"]["kind"], outcome["error"]["message"]
+
+
+HOST = "tasks.write,memory.write"
+
+
+@pytest.mark.parametrize("lang", list(LANGS))
+def test_every_host_import_answers_or_refuses_as_the_matching_tool_error(home, lang):
+    name = LANGS[lang]
+    host = lambda op, arg="": probe(home, f"{name}_host", op, arg, grant=HOST, store="configured")
+    kind, number = host("task_create", f"ship {lang}")
+    assert kind == "ok" and number.isdigit(), number
+    assert host("task_get", number) == ("ok", f"ship {lang}")
+    assert host("task_get", "987654") == ("not-found", "task #987654 does not exist")
+    kind, message = host("task_update", number)
+    assert kind == "invalid-args" and "backlog" in message and "done" in message, message
+    assert host("caught", "987654") == ("ok", "not-found: task #987654 does not exist")
+    kind, titles = host("task_list")
+    assert kind == "ok" and f"ship {lang}" in titles, titles
+    kind, memory_id = host("memory_save", f"{lang} remembers")
+    assert kind == "ok" and memory_id.isdigit(), memory_id
+    assert host("memory_delete", "not-a-number") == ("invalid-args", "memory id `not-a-number` is not a number")
+    assert host("memory_delete", "987654") == ("not-found", "memory 987654 does not exist")
+    assert host("memory_delete", memory_id) == ("ok", "deleted")
+    assert host("working_set", "v") == ("ok", "set")
+    kind, message = host("memory_recall", "x")
+    assert kind == "denied" and message.startswith("memory.recall needs capability memory.read;"), message
+    kind, message = host("hmac", "nope")
+    assert kind == "denied" and message.startswith("secret `nope` is not granted"), message
+    kind, message = probe(home, f"{name}_bare", "task_get", "1", grant="fs.read")
+    assert kind == "denied" and message.startswith("tasks.get needs capability"), message
+    kind, message = probe(home, f"{name}_bare", "memory_save", "x", grant="fs.read")
+    assert kind == "denied" and message.startswith("memory.save needs capability memory.write;"), message
+    # An uncaught exception (a panic, in Rust) is `failed` with its message.
+    kind, message = host("boom", "the tool's own error")
+    assert kind == "failed" and "boom: the tool's own error" in message, message
+
+
+@pytest.mark.parametrize("lang", list(LANGS))
+def test_a_store_failure_reaches_the_tool_as_failed_with_the_host_s_message(home, lang):
+    name = LANGS[lang]
+    # A damaged database: every new memory is refused by the database itself.
+    assert probe(home, f"{name}_host", "working_set", "v", grant=HOST, store="configured") == ("ok", "set")
+    database = home / ".capstan" / "capstan.db"
+    with contextlib.closing(sqlite3.connect(database)) as db:
+        db.execute("CREATE TRIGGER IF NOT EXISTS refuse_memories BEFORE INSERT ON memories BEGIN SELECT RAISE(ABORT, 'the disk is on fire'); END")
+        db.commit()
+    try:
+        kind, message = probe(home, f"{name}_host", "memory_save", "lost", grant=HOST, store="configured")
+        assert kind == "failed" and "the disk is on fire" in message, message
+    finally:
+        with contextlib.closing(sqlite3.connect(database)) as db:
+            db.execute("DROP TRIGGER refuse_memories")
+            db.commit()
+
+
+def test_store_memory_is_a_throwaway_store(home, tmp_path):
+    # No config, no store on disk: each call gets a fresh store and leaves nothing behind.
+    for _ in range(2):
+        done = subprocess.run(
+            [str(BINARY), "tool", "call", "rswords_host", '{"op": "task_create", "arg": "t"}', "--grant", HOST,
+             "--store", "memory", "--plugins-dir", str(home / "plugins"), "--json"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=600,
+            env={**os.environ, "CAPSTAN_CACHE_DIR": str(ROOT / "target" / "test-component-cache"), "CAPSTAN_STATE_DIR": str(tmp_path / "state")},
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(json.loads(done.stdout)["ok"]) == {"value": "1"}
+    assert not (tmp_path / ".capstan").exists(), list(tmp_path.iterdir())
+
+
+class Loopback(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"hello from the granted server"
+        self.send_response(200)
+        self.send_header("content-type", "text/plain")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(201)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """Two loopback servers: the first is granted, the second never."""
+    started = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), Loopback) for _ in range(2)]
+    for server in started:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield [server.server_address[1] for server in started]
+    for server in started:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("lang", list(LANGS))
+def test_http_from_each_sdk_reaches_the_granted_server_and_carries_the_host_s_refusal(home, servers, lang):
+    name = LANGS[lang]
+    granted, other = servers
+    grant = f"net:http://127.0.0.1:{granted}"
+    assert probe(home, f"{name}_net", "fetch", f"http://127.0.0.1:{granted}/", grant=grant) == (
+        "ok", {"status": 200, "body": "hello from the granted server", "type": "text/plain"})
+    kind, value = probe(home, f"{name}_net", "post", f"http://127.0.0.1:{granted}/x", grant=grant)
+    assert kind == "ok" and value["status"] == 201 and json.loads(value["body"]) == {"hello": "world"}, value
+    # Outside the grant: the host's reason, naming the grant and the rule that would allow it.
+    kind, message = probe(home, f"{name}_net", "fetch", f"http://127.0.0.1:{other}/", grant=grant)
+    assert kind == "denied", (kind, message)
+    assert message.startswith("capstan refused this request:"), message
+    assert f"granted net: http://127.0.0.1:{granted}" in message and f"net:http://127.0.0.1:{other}" in message, message
+    # No network grant at all: refused by the SDK before anything is sent, never a trap.
+    kind, message = probe(home, f"{name}_bare", "fetch", f"http://127.0.0.1:{granted}/", grant="fs.read")
+    assert kind == "denied", (kind, message)
+    assert message.startswith(f"capstan refused this request: GET http://127.0.0.1:{granted}/: this call holds no network grant (it runs with: fs.read)"), message

@@ -32,7 +32,7 @@ use crate::config::{
 };
 use crate::mcp::Servers;
 use crate::net::NetHost;
-use crate::plugin::{ArtifactCache, CallLog, Limits, PluginHost, Registry};
+use crate::plugin::{ArtifactCache, CallLog, Limits, LoadProgress, PluginHost, Registry};
 use crate::policy::{Grants, ProcessKind};
 use crate::secrets::SecretSource;
 
@@ -287,7 +287,8 @@ impl HostArgs {
 
     fn host_with(&self, config: &Config, limits: Limits) -> anyhow::Result<PluginHost> {
         let secrets = crate::app::load_secrets(config)?;
-        Ok(PluginHost::new(limits, self.cache()?)?
+        Ok(self
+            .new_host(limits)?
             .with_network(NetHost::new(config.net.clone(), secrets))
             .with_trust(crate::app::trust(config)?))
     }
@@ -295,7 +296,8 @@ impl HostArgs {
     /// A plugin host for commands that load plugins but run no call (`policy`, `plugins`):
     /// no secret is read, so they work where the secrets' sources are absent.
     pub(crate) fn inspecting_host(&self, config: &Config) -> anyhow::Result<PluginHost> {
-        Ok(PluginHost::new(config.limits.tool.clone(), self.cache()?)?
+        Ok(self
+            .new_host(config.limits.tool.clone())?
             .with_trust(crate::app::trust(config)?))
     }
 
@@ -309,9 +311,16 @@ impl HostArgs {
             pins: None,
         };
         let secrets = crate::app::load_secrets(config)?;
-        Ok(PluginHost::new(config.limits.tool.clone(), self.cache()?)?
+        Ok(self
+            .new_host(config.limits.tool.clone())?
             .with_network(NetHost::new(config.net.clone(), secrets))
             .with_trust(trust))
+    }
+
+    /// A plugin host with `limits` and the cache, saying on standard error when it
+    /// compiles a large component (a Python or JavaScript one takes seconds).
+    fn new_host(&self, limits: Limits) -> anyhow::Result<PluginHost> {
+        Ok(PluginHost::new(limits, self.cache()?)?.with_progress(Arc::new(show_long_compile)))
     }
 
     /// The registry of the configured plugins directory on `host`, with the tools of the
@@ -337,6 +346,33 @@ impl HostArgs {
         }
         warn_refused(&registry);
         Ok(registry)
+    }
+}
+
+/// Components at least this large take long enough to compile to say so.
+const LONG_COMPILE_BYTES: usize = 4 << 20;
+
+/// Shows the compile of a large component on standard error, with how long it took.
+fn show_long_compile(step: LoadProgress<'_>) {
+    let name = |path: &Path| {
+        path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
+    };
+    match step {
+        LoadProgress::Compiling { path, bytes } if bytes >= LONG_COMPILE_BYTES => {
+            crate::say!(
+                "compiling {} ({:.1} MB) for this machine; the artifact cache keeps it for \
+                 later loads",
+                name(path),
+                bytes as f64 / 1e6
+            );
+        }
+        LoadProgress::Compiled { path, bytes, took } if bytes >= LONG_COMPILE_BYTES => {
+            crate::say!("compiled {} in {:.1} s", name(path), took.as_secs_f64());
+        }
+        _ => {}
     }
 }
 

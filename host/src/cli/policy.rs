@@ -11,7 +11,7 @@ use crate::config::{Config, LocationKind, Locations, McpTransport, resolve};
 use crate::flow::{Effect, FlowRule, Holding, Label, Origin, Scope};
 use crate::plugin::Registry;
 use crate::policy::{Decision, InstanceReuse, ProcessKind};
-use crate::services::{AuditDestination, NO_STORE};
+use crate::services::AuditDestination;
 use crate::tools::{MatrixRow, ToolCatalog};
 
 #[derive(Debug, Args)]
@@ -381,21 +381,26 @@ fn cell(decision: &Decision) -> String {
     }
 }
 
-/// Where each command records its calls: the store for the commands that open it, and
-/// the explicit disabled sink for `tool call`, which opens none. Nothing is connected to:
-/// the store is named as the config gives it.
+/// Where each command records its calls: the store, or with `--store memory` this
+/// process's memory. Nothing is connected to: the store is named as the config gives it.
 fn print_audit(out: &mut impl Write, config: &Config) -> std::io::Result<()> {
     let store = AuditDestination::Kept(crate::app::store_location(config));
-    let tool_call = AuditDestination::Disabled(NO_STORE);
+    let memory = AuditDestination::Kept("this process's memory, gone when it ends".to_owned());
     writeln!(out, "\naudit log of every tool call and request:")?;
     // The demo runs on the built-in defaults in a directory of its own, whatever the config.
     let demo = AuditDestination::Kept(
         "SQLite in the demo's directory (a temporary one, or --dir)".to_owned(),
     );
     let rows = vec![
-        vec!["run, chat, serve, mcp".to_owned(), store.to_string()],
+        vec![
+            "run, chat, serve, mcp, tool call".to_owned(),
+            store.to_string(),
+        ],
+        vec![
+            "mcp, tool call --store memory".to_owned(),
+            memory.to_string(),
+        ],
         vec!["demo, serve --demo".to_owned(), demo.to_string()],
-        vec!["tool call".to_owned(), tool_call.to_string()],
     ];
     print_table(out, &["COMMAND", "AUDIT"], &rows)
 }

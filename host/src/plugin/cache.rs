@@ -153,7 +153,7 @@ impl ArtifactCache {
         bytes: &[u8],
     ) -> wasmtime::Result<(Component, CacheOutcome)> {
         let key = self.key(engine, &ComponentDigest::of(bytes));
-        self.load_keyed(engine, bytes, &key)
+        self.load_keyed(engine, bytes, &key, &|| {})
     }
 
     /// The key of the component whose bytes have `digest`, on `engine`: what its cached
@@ -166,15 +166,21 @@ impl ArtifactCache {
     }
 
     /// [`ArtifactCache::load`] of `bytes`, whose key is `key`.
+    /// `compiling` is called just before the component is compiled (not when its artifact
+    /// is taken from the cache).
     pub(crate) fn load_keyed(
         &self,
         engine: &Engine,
         bytes: &[u8],
         key: &CacheKey,
+        compiling: &dyn Fn(),
     ) -> wasmtime::Result<(Component, CacheOutcome)> {
         match (self.opened(), &key.0) {
-            (Some(opened), Some(id)) => opened.load(engine, bytes, id),
-            _ => Ok((Component::new(engine, bytes)?, CacheOutcome::Uncached)),
+            (Some(opened), Some(id)) => opened.load(engine, bytes, id, compiling),
+            _ => {
+                compiling();
+                Ok((Component::new(engine, bytes)?, CacheOutcome::Uncached))
+            }
         }
     }
 
@@ -251,6 +257,7 @@ impl Opened {
         engine: &Engine,
         bytes: &[u8],
         id: &ArtifactId,
+        compiling: &dyn Fn(),
     ) -> wasmtime::Result<(Component, CacheOutcome)> {
         let name = id.file_name(Kind::Artifact);
         let mut outcome = CacheOutcome::Compiled;
@@ -278,6 +285,7 @@ impl Opened {
             },
             Err(reason) => outcome = self.discard(&name, &reason),
         }
+        compiling();
         let component = Component::new(engine, bytes)?;
         if let Err(err) = self.store(id, &name, &component) {
             tracing::warn!(

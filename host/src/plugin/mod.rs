@@ -28,6 +28,7 @@ mod inspect;
 mod limits;
 mod loaded;
 mod offline;
+mod progress;
 mod registry;
 mod sandbox;
 mod schema;
@@ -47,6 +48,7 @@ pub use loaded::{LoadedPlugin, ToolInfo};
 pub(crate) use loaded::{MAX_TOOLS_PER_PLUGIN, check_description, parse_args_schema};
 #[doc(hidden)]
 pub use loaded::{RawToolSpec, check_describe_output};
+pub use progress::{LoadProgress, ProgressFn};
 pub use registry::{CallRequest, Recorded, Registry, check_args_object, committed};
 pub use settle::{Preferences, Shadowed};
 pub use touched::Touched;

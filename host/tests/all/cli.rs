@@ -235,7 +235,7 @@ fn policy_prints_the_matrix_with_a_reason_for_every_cell_that_is_off() {
 }
 
 #[test]
-fn policy_names_where_each_command_records_its_calls_and_that_tool_call_records_none() {
+fn policy_names_where_each_command_records_its_calls() {
     let dir = tempfile::tempdir().unwrap();
     let out = capstan(dir.path(), &["policy"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -248,12 +248,12 @@ fn policy_names_where_each_command_records_its_calls_and_that_tool_call_records_
     };
     let database = dir.path().join(".capstan").join("capstan.db");
     assert!(
-        line("run, chat, serve, mcp")
+        line("run, chat, serve, mcp, tool call")
             .contains(&format!("kept in SQLite at {}", database.display())),
         "{text}"
     );
     assert!(
-        line("tool call").contains("disabled: this host was built without a store"),
+        line("mcp, tool call --store memory").contains("kept in this process's memory"),
         "{text}"
     );
     assert!(

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::support::{component, plugins_dir, test_cache};
+use crate::support::{capstan, component, plugins_dir, stderr, test_cache};
 use capstan_host::plugin::{
     ArtifactCache, CacheOutcome, Limits, LoadError, PluginHost, Registry, contract::WIT_VERSION,
 };
@@ -121,6 +121,64 @@ async fn a_plugin_built_for_an_older_contract_is_refused_naming_both_versions() 
             && err.contains("rebuild it"),
         "{err}"
     );
+}
+
+/// `bytes` with every name of our contract's interfaces moved to version `to`: a component
+/// as a toolchain building against that version of the WIT would have made it.
+fn with_contract_version(bytes: &[u8], to: &str) -> Vec<u8> {
+    assert_eq!(
+        to.len(),
+        WIT_VERSION.len(),
+        "a name of another length would shift the binary"
+    );
+    let mut out = bytes.to_vec();
+    let mut moved = 0;
+    for interface in ["types", "log", "tasks", "memory", "secrets", "tool"] {
+        let from = format!("capstan:plugin/{interface}@{WIT_VERSION}");
+        let into = format!("capstan:plugin/{interface}@{to}");
+        let mut at = 0;
+        while let Some(found) = out[at..]
+            .windows(from.len())
+            .position(|window| window == from.as_bytes())
+        {
+            let start = at + found;
+            out[start..start + from.len()].copy_from_slice(into.as_bytes());
+            at = start + from.len();
+            moved += 1;
+        }
+    }
+    assert!(moved > 0, "the component names no interface of ours");
+    out
+}
+
+#[test]
+fn a_plugin_built_for_another_contract_is_refused_with_both_versions_and_the_fix() {
+    let original = std::fs::read(component("examples", "word_count")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for (version, words) in [
+        ("0.1.0", "but this host speaks"),
+        ("0.3.0", "a newer contract"),
+    ] {
+        let path = dir.path().join(format!("built-for-{version}.wasm"));
+        std::fs::write(&path, with_contract_version(&original, version)).unwrap();
+        let out = capstan(dir.path(), &["plugins", "inspect", path.to_str().unwrap()]);
+        let said = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{said}");
+        let fix = "`capstan plugins build DIR --update-wit`";
+        assert!(
+            said.contains(&format!(
+                "built-for-{version}.wasm: built for capstan:plugin@{version}"
+            )) && said.contains(words)
+                && said.contains(&format!("capstan:plugin@{WIT_VERSION}"))
+                && said.contains(fix),
+            "{said}"
+        );
+    }
+    // The same bytes at our version load: only the version was refused.
+    let path = dir.path().join("ours.wasm");
+    std::fs::write(&path, with_contract_version(&original, WIT_VERSION)).unwrap();
+    let out = capstan(dir.path(), &["plugins", "inspect", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
 }
 
 #[tokio::test]

@@ -1,6 +1,6 @@
 // The tools of the `{{name}}` plugin: a Capstan plugin in JavaScript.
 //
-// Build: npm install, then npm run build (makes {{name}}.wasm).
+// Build: capstan plugins build (or npm ci, then npm run build; makes {{name}}.wasm).
 
 import { Toolbox, ToolError, readText } from './capstan.js';
 

@@ -1,8 +1,8 @@
 """The tools of the `{{name}}` plugin: a Capstan plugin in Python.
 
-Build: ./build.sh (makes {{name}}.wasm). Every module a tool uses must be imported here, at
-the top: the build snapshots the interpreter, and a module first imported during a call
-is not there.
+Build: `capstan plugins build` (or ./build.sh; makes {{name}}.wasm). Every module a tool
+uses must be imported here, at the top: the build snapshots the interpreter, and a module
+first imported during a call is not there. BINDINGS.md shows the host's imports in Python.
 """
 
 from capstan_sdk import Toolbox, ToolError

@@ -18,6 +18,7 @@ use crate::plugin::failure;
 use crate::plugin::inspect::{check_exports, check_header, check_imports, outline};
 use crate::plugin::loaded::{LoadedPlugin, RawToolSpec, ToolInfo};
 use crate::plugin::offline::{imports_http, link_http_as_traps};
+use crate::plugin::progress::LoadProgress;
 use crate::plugin::sandbox::{CallScope, Sandbox};
 use crate::plugin::trust::ComponentDigest;
 
@@ -45,19 +46,37 @@ impl PluginHost {
         let key = self.cache.key(&self.engine, &digest);
         // Before anything of it is compiled: an unsigned component never reaches Cranelift.
         let signer = self.check_signature(path, digest, &key)?;
+        let compile_started = std::cell::Cell::new(None);
+        let compiling = || {
+            compile_started.set(Some(Instant::now()));
+            if let Some(progress) = &self.progress {
+                progress(LoadProgress::Compiling {
+                    path,
+                    bytes: bytes.len(),
+                });
+            }
+        };
+        let loaded = self
+            .cache
+            .load_keyed(&self.engine, &bytes, &key, &compiling);
+        if let (Some(progress), Some(since)) = (&self.progress, compile_started.get()) {
+            progress(LoadProgress::Compiled {
+                path,
+                bytes: bytes.len(),
+                took: since.elapsed(),
+            });
+        }
         let (component, cache) =
-            self.cache
-                .load_keyed(&self.engine, &bytes, &key)
-                .map_err(|err| match failure::pool_limit(&err, &self.limits) {
-                    Some(reason) => LoadError::OverLimit {
-                        path: path.to_owned(),
-                        reason,
-                    },
-                    None => LoadError::Invalid {
-                        path: path.to_owned(),
-                        reason: format!("{err:#}"),
-                    },
-                })?;
+            loaded.map_err(|err| match failure::pool_limit(&err, &self.limits) {
+                Some(reason) => LoadError::OverLimit {
+                    path: path.to_owned(),
+                    reason,
+                },
+                None => LoadError::Invalid {
+                    path: path.to_owned(),
+                    reason: format!("{err:#}"),
+                },
+            })?;
         let link_error = |err: wasmtime::Error| LoadError::Link {
             path: path.to_owned(),
             reason: format!("{err:#}"),

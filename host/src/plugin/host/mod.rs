@@ -17,6 +17,7 @@ use crate::plugin::cache::ArtifactCache;
 use crate::plugin::engine::{build_engine, build_linker, start_epoch_ticker};
 use crate::plugin::error::HostError;
 use crate::plugin::limits::Limits;
+use crate::plugin::progress::ProgressFn;
 use crate::plugin::sandbox::Sandbox;
 use crate::plugin::trust::Trust;
 use crate::plugin::warm::WarmPool;
@@ -53,6 +54,8 @@ pub struct PluginHost {
     network: Arc<NetHost>,
     /// The signers components must be signed by and the lock their tools must match.
     trust: Arc<Trust>,
+    /// Told when a load compiles a component, to show a long compile.
+    progress: Option<ProgressFn>,
 }
 
 impl PluginHost {
@@ -76,6 +79,7 @@ impl PluginHost {
             audit: <dyn AuditSink>::disabled(),
             network: Arc::default(),
             trust: Arc::default(),
+            progress: None,
         })
     }
 
@@ -95,6 +99,27 @@ impl PluginHost {
     /// ```
     pub fn with_trust(mut self, trust: Trust) -> Self {
         self.trust = Arc::new(trust);
+        self
+    }
+
+    /// Tells `progress` when a load compiles a component (not in the cache, or no cache)
+    /// and when that compile ends, so a long one can be shown.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use capstan_host::plugin::{ArtifactCache, Limits, LoadProgress, PluginHost};
+    ///
+    /// let host = PluginHost::new(Limits::default(), ArtifactCache::disabled())?
+    ///     .with_progress(Arc::new(|step: LoadProgress<'_>| {
+    ///         if let LoadProgress::Compiling { path, bytes } = step {
+    ///             eprintln!("compiling {} ({bytes} bytes)", path.display());
+    ///         }
+    ///     }));
+    /// # drop(host);
+    /// # Ok::<(), capstan_host::plugin::HostError>(())
+    /// ```
+    pub fn with_progress(mut self, progress: ProgressFn) -> Self {
+        self.progress = Some(progress);
         self
     }
 
