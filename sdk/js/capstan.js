@@ -40,7 +40,7 @@
 import { write as hostLog } from 'capstan:plugin/log@0.2.1';
 import { getDirectories } from 'wasi:filesystem/preopens@0.2.12';
 import { handle } from 'wasi:http/outgoing-handler@0.2.12';
-import { Fields, OutgoingBody, OutgoingRequest, RequestOptions } from 'wasi:http/types@0.2.12';
+import { Fields, OutgoingBody, OutgoingRequest, RequestOptions, httpErrorCode } from 'wasi:http/types@0.2.12';
 
 const KINDS = ['invalid-args', 'denied', 'not-found', 'failed'];
 
@@ -228,10 +228,18 @@ export class Toolbox {
       let result;
       try {
         result = tool.run(args, context);
-      } finally {
+      } catch (err) {
         current = null;
+        throw err;
       }
-      if (result && typeof result.then === 'function') return result.then(text, (err) => { throw asToolError(err); });
+      if (result && typeof result.then === 'function') {
+        // An async tool's call lasts until its promise settles.
+        return result.then(
+          (value) => { current = null; return text(value); },
+          (err) => { current = null; throw asToolError(err); },
+        );
+      }
+      current = null;
       return text(result);
     } catch (err) {
       throw asToolError(err);
@@ -365,6 +373,9 @@ function fromCode(code, what) {
 function streamError(err, what, doing) {
   const payload = err && err.payload;
   if (payload && payload.tag === 'last-operation-failed') {
+    // The host's own message (a refusal, a limit) travels as an HTTP error code.
+    const code = payload.val ? httpErrorCode(payload.val) : undefined;
+    if (code) return fromCode(code, `${what} (${doing})`);
     return ToolError.failed(`${what} failed ${doing}: ${payload.val && payload.val.toDebugString ? payload.val.toDebugString() : 'an I/O error'}`);
   }
   return ToolError.failed(`${what} failed ${doing}: the connection closed early`);
@@ -373,7 +384,7 @@ function streamError(err, what, doing) {
 const METHODS = ['get', 'head', 'post', 'put', 'delete', 'connect', 'options', 'trace', 'patch'];
 
 function checkGranted(what) {
-  if (!current) return;
+  if (!current) throw ToolError.denied(`${REFUSAL_PREFIX} ${what}: no tool call is running; make requests from a tool`);
   const caps = current.capabilities ?? [];
   if (!caps.some((cap) => cap.startsWith('net:'))) {
     throw ToolError.denied(
@@ -525,7 +536,14 @@ function request(method, url, options = {}) {
     body = JSON.stringify(json);
     if (!Object.keys(sent).some((n) => n.toLowerCase() === 'content-type')) sent['content-type'] = 'application/json';
   }
-  const bytes = typeof body === 'string' ? new TextEncoder().encode(body) : (body ?? new Uint8Array());
+  if (!Number.isSafeInteger(maxBytes) || maxBytes < 0) throw ToolError.invalidArgs(`${what}: \`maxBytes\` must be a whole number, 0 or more, not ${maxBytes}`);
+  let bytes;
+  if (typeof body === 'string') bytes = new TextEncoder().encode(body);
+  else if (body === undefined || body === null) bytes = new Uint8Array();
+  else if (body instanceof Uint8Array) bytes = body;
+  else if (body instanceof ArrayBuffer || ArrayBuffer.isView(body)) bytes = new Uint8Array(body.buffer ?? body, body.byteOffset ?? 0, body.byteLength);
+  else if (Array.isArray(body)) bytes = Uint8Array.from(body);
+  else throw ToolError.invalidArgs(`${what}: \`body\` must be a string or bytes, not ${typeof body}`);
   // The length goes first, so the host can check it against its limit before the body.
   const hasLength = Object.keys(sent).some((n) => n.toLowerCase() === 'content-length');
   if (!hasLength && (bytes.length || ['POST', 'PUT', 'PATCH'].includes(method.toUpperCase()))) sent['content-length'] = String(bytes.length);

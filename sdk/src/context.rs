@@ -10,6 +10,8 @@ pub struct Context {
     caller: String,
     call_id: String,
     capabilities: Vec<Capability>,
+    /// The capabilities as the host wrote them, those this SDK cannot parse included.
+    raw: Vec<String>,
 }
 
 impl Context {
@@ -25,6 +27,7 @@ impl Context {
         Context {
             caller: caller.to_owned(),
             call_id: call_id.to_owned(),
+            raw: capabilities.iter().map(ToString::to_string).collect(),
             capabilities,
         }
     }
@@ -39,6 +42,7 @@ impl Context {
                 .iter()
                 .filter_map(|c| c.parse().ok())
                 .collect(),
+            raw: ctx.capabilities,
         }
     }
 
@@ -64,33 +68,39 @@ impl Context {
 }
 
 std::thread_local! {
-    /// The capabilities of the call running now: one call at a time runs in an instance.
-    static CURRENT: std::cell::RefCell<Option<Vec<Capability>>> = const { std::cell::RefCell::new(None) };
+    /// The capabilities of the call running now, as the host wrote them: one call at a time
+    /// runs in an instance.
+    static CURRENT: std::cell::RefCell<Option<Vec<String>>> = const { std::cell::RefCell::new(None) };
 }
 
-/// Marks `ctx` as the call running until the guard is dropped.
-pub(crate) fn enter(ctx: &Context) -> impl Drop {
-    struct Leave;
-    impl Drop for Leave {
-        fn drop(&mut self) {
-            CURRENT.with(|current| current.borrow_mut().take());
-        }
+/// Restores the call that was running before [`enter`] when dropped.
+pub(crate) struct Running(Option<Vec<String>>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let before = self.0.take();
+        CURRENT.with(|current| *current.borrow_mut() = before);
     }
-    CURRENT.with(|current| *current.borrow_mut() = Some(ctx.capabilities.clone()));
-    Leave
 }
 
-/// Whether the call running now holds a `net:` rule; `None` outside a call (a native unit
-/// test calling a handler directly).
+/// Marks `ctx` as the call running until the guard is dropped (a handler calling another
+/// tool through [`Toolbox::call`](crate::Toolbox::call) gets its own back after).
+pub(crate) fn enter(ctx: &Context) -> Running {
+    let raw = ctx.raw.clone();
+    Running(CURRENT.with(|current| current.borrow_mut().replace(raw)))
+}
+
+/// Whether the call running now holds a `net:` rule (by the host's own words, so a rule
+/// this SDK cannot parse still counts), and what it runs with; `None` outside a call (a
+/// native unit test calling a handler directly).
 pub(crate) fn current_holds_net() -> Option<(bool, String)> {
     CURRENT.with(|current| {
         current.borrow().as_ref().map(|caps| {
-            let net = caps.iter().any(|cap| matches!(cap, Capability::Net(_)));
-            let held: Vec<String> = caps.iter().map(ToString::to_string).collect();
-            let held = if held.is_empty() {
+            let net = caps.iter().any(|cap| cap.starts_with("net:"));
+            let held = if caps.is_empty() {
                 "none".to_owned()
             } else {
-                held.join(", ")
+                caps.join(", ")
             };
             (net, held)
         })

@@ -518,18 +518,32 @@ def test_a_store_failure_reaches_the_tool_as_failed_with_the_host_s_message(home
             db.commit()
 
 
-def test_store_memory_is_a_throwaway_store(home, tmp_path):
-    # No config, no store on disk: each call gets a fresh store and leaves nothing behind.
-    for _ in range(2):
-        done = subprocess.run(
+def test_without_a_config_a_call_gets_a_throwaway_store_and_a_store_it_could_read_is_refused(home, tmp_path):
+    env = {**os.environ, "CAPSTAN_CACHE_DIR": str(ROOT / "target" / "test-component-cache"), "CAPSTAN_STATE_DIR": str(tmp_path / "state")}
+
+    def call(*extra):
+        return subprocess.run(
             [str(BINARY), "tool", "call", "rswords_host", '{"op": "task_create", "arg": "t"}', "--grant", HOST,
-             "--store", "memory", "--plugins-dir", str(home / "plugins"), "--json"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=600,
-            env={**os.environ, "CAPSTAN_CACHE_DIR": str(ROOT / "target" / "test-component-cache"), "CAPSTAN_STATE_DIR": str(tmp_path / "state")},
+             "--plugins-dir", str(home / "plugins"), "--json", *extra],
+            cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env,
         )
+
+    # No config file: each call gets a fresh store (the first task is #1 each time), and
+    # nothing is written beside it.
+    for extra in ([], ["--store", "memory"]):
+        done = call(*extra)
         assert done.returncode == 0, done.stderr
         assert json.loads(json.loads(done.stdout)["ok"]) == {"value": "1"}
     assert not (tmp_path / ".capstan").exists(), list(tmp_path.iterdir())
+    # The configured SQLite store would lie inside the workspace a file tool may read.
+    done = subprocess.run(
+        [str(BINARY), "tool", "call", "rswords", '{"path": "x"}', "--grant", "fs.read", "--store", "configured",
+         "--plugins-dir", str(home / "plugins")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "lies inside the workspace this call may read" in done.stderr and "--store memory" in done.stderr, done.stderr
+    assert not (tmp_path / ".capstan").exists()
 
 
 class Loopback(http.server.BaseHTTPRequestHandler):

@@ -35,7 +35,7 @@ use crate::services::Services;
 #[must_use = "an AgentBuilder does nothing until built"]
 pub struct AgentBuilder {
     config: Config,
-    plugins_dir: Option<PathBuf>,
+    plugins_dirs: Option<Vec<PathBuf>>,
     plugin_files: Vec<PathBuf>,
     cache: ArtifactCache,
     provider: Option<Arc<dyn Provider>>,
@@ -56,12 +56,12 @@ pub struct Agent {
 
 impl AgentBuilder {
     /// A builder on `config`. By default: the plugins of `agent.plugins_dir` (none if it
-    /// is unset), no artifact cache, and the provider
+    /// is unset; the first-party ones are the command line's to add), no artifact cache, and the provider
     /// `[provider]` describes.
     pub fn new(config: Config) -> Self {
         AgentBuilder {
             config,
-            plugins_dir: None,
+            plugins_dirs: None,
             plugin_files: Vec::new(),
             cache: ArtifactCache::disabled(),
             provider: None,
@@ -73,7 +73,14 @@ impl AgentBuilder {
 
     /// Loads the plugins of `dir` instead of `agent.plugins_dir`.
     pub fn plugins_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.plugins_dir = Some(dir.into());
+        self.plugins_dirs = Some(vec![dir.into()]);
+        self
+    }
+
+    /// Loads the plugins of `dirs`, searched in order, instead of `agent.plugins_dir`: a
+    /// file in an earlier one hides a file of the same name in a later one.
+    pub fn plugins_dirs(mut self, dirs: impl IntoIterator<Item = PathBuf>) -> Self {
+        self.plugins_dirs = Some(dirs.into_iter().collect());
         self
     }
 
@@ -133,14 +140,15 @@ impl AgentBuilder {
             .with_trust(super::trust(&config)?);
         let host = Arc::new(host);
         let log = CallLog::new(services.audit.clone(), redactor.clone());
-        let mut registry = match self
-            .plugins_dir
-            .or_else(|| config.agent.plugins_dir.clone())
-        {
-            Some(dir) => Registry::load_dir_preferring(host, log, &dir, &config.prefer)
+        let dirs = self
+            .plugins_dirs
+            .unwrap_or_else(|| config.agent.plugins_dirs.clone());
+        let mut registry = if dirs.is_empty() {
+            Registry::new(host, log)
+        } else {
+            Registry::load_dirs_preferring(host, log, &dirs, &config.prefer)
                 .await
-                .map_err(|source| BuildError::Plugins { dir, source })?,
-            None => Registry::new(host, log),
+                .map_err(|source| BuildError::Plugins { dirs, source })?
         };
         for path in self.plugin_files {
             if let Err(err) = registry.add_file(&path).await {

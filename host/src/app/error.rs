@@ -29,12 +29,12 @@ pub enum BuildError {
     /// `capstan.lock` could not be read.
     #[error(transparent)]
     Lock(#[from] crate::plugin::trust::LockError),
-    /// The plugins directory could not be read.
-    #[error("loading plugins from {}: {source}", dir.display())]
+    /// A plugins directory could not be read.
+    #[error("loading plugins: {source}")]
     Plugins {
-        /// The directory.
-        dir: PathBuf,
-        /// Why.
+        /// The directories searched.
+        dirs: Vec<PathBuf>,
+        /// Why, naming the directory.
         source: HostError,
     },
     /// A plugin named on its own (not from the directory) was refused.

@@ -88,9 +88,9 @@ impl Launch {
         crate::config::make_workspace(&config.agent.workspace)?;
         // Recorded once it exists, as the path it resolves to.
         super::record_if_writable(locations)?;
-        let plugins_dir = self.host.plugins_dir(&config)?;
+        let plugins_dirs = self.host.plugins_dirs(&config)?;
         let mut builder = AgentBuilder::new(config)
-            .plugins_dir(plugins_dir)
+            .plugins_dirs(plugins_dirs)
             .cache(self.host.cache()?)
             .default_script(DEMO_SCRIPT, "demo");
         if let Some(path) = &self.record {

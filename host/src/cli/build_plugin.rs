@@ -140,10 +140,12 @@ fn cargo_name(dir: &Path) -> anyhow::Result<String> {
 fn python_name(dir: &Path) -> anyhow::Result<String> {
     let text = read(dir, "build.sh")?;
     let name = text
-        .split_whitespace()
-        .skip_while(|word| *word != "-o")
-        .nth(1)
-        .and_then(|file| file.strip_suffix(".wasm"));
+        .lines()
+        .filter(|line| line.contains("componentize-py") && line.contains(" componentize "))
+        .find_map(|line| {
+            let mut words = line.split_whitespace().skip_while(|word| *word != "-o");
+            words.nth(1)?.strip_suffix(".wasm")
+        });
     match name {
         Some(name) => Ok(name.to_owned()),
         None => bail!(
@@ -215,9 +217,12 @@ enum RustRoute {
 }
 
 impl RustRoute {
-    fn find() -> anyhow::Result<RustRoute> {
+    /// The route for the project in `dir` (whose rust-toolchain file, if any, picks the
+    /// toolchain rustup answers for).
+    fn find(dir: &Path) -> anyhow::Result<RustRoute> {
         let installed = Command::new("rustup")
             .args(["target", "list", "--installed"])
+            .current_dir(dir)
             .output()
             .map(|out| {
                 String::from_utf8_lossy(&out.stdout)
@@ -256,21 +261,50 @@ impl RustRoute {
         )
     }
 
+    /// `cargo build` for the target, by this route.
     fn command(&self) -> Command {
+        let mut cargo = self.cargo();
+        cargo.args(["build", "--release", "--target", TARGET]);
+        if let RustRoute::DebianBuildStd { .. } = self {
+            cargo.arg("-Zbuild-std=std,panic_abort");
+        }
+        cargo
+    }
+
+    /// Where cargo puts what it builds in `dir`: `target_directory` of `cargo metadata`,
+    /// which follows CARGO_TARGET_DIR and `build.target-dir` in any `.cargo/config.toml`.
+    fn target_dir(&self, dir: &Path) -> anyhow::Result<PathBuf> {
+        let out = self
+            .cargo()
+            .args(["metadata", "--no-deps", "--format-version", "1"])
+            .current_dir(dir)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .context("running `cargo metadata`")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "`cargo metadata` failed ({}) in {}",
+            out.status,
+            dir.display()
+        );
+        let metadata: serde_json::Value =
+            serde_json::from_slice(&out.stdout).context("reading what `cargo metadata` printed")?;
+        match metadata.get("target_directory").and_then(|d| d.as_str()) {
+            Some(target) => Ok(PathBuf::from(target)),
+            None => bail!("`cargo metadata` named no target_directory"),
+        }
+    }
+
+    /// cargo with this route's environment.
+    fn cargo(&self) -> Command {
         match self {
-            RustRoute::Rustup => {
-                let mut cargo = Command::new("cargo");
-                cargo.args(["build", "--release", "--target", TARGET]);
-                cargo
-            }
+            RustRoute::Rustup => Command::new("cargo"),
             RustRoute::DebianBuildStd { bin } => {
                 let path = std::env::var_os("PATH").unwrap_or_default();
                 let mut dirs = vec![PathBuf::from("/usr/bin"), bin.join("gcc-ld")];
                 dirs.extend(std::env::split_paths(&path));
                 let mut cargo = Command::new("/usr/bin/cargo");
                 cargo
-                    .args(["build", "--release", "-Zbuild-std=std,panic_abort"])
-                    .args(["--target", TARGET])
                     .env("PATH", std::env::join_paths(dirs).unwrap_or(path))
                     .env("RUSTC_BOOTSTRAP", "1")
                     .env("RUSTC", "/usr/bin/rustc")
@@ -288,7 +322,7 @@ impl RustRoute {
 }
 
 fn build_rust(project: &Project) -> anyhow::Result<PathBuf> {
-    let route = RustRoute::find()?;
+    let route = RustRoute::find(&project.dir)?;
     match &route {
         RustRoute::Rustup => step(&format!(
             "cargo build --release --target {TARGET} (rustup's target)"
@@ -299,12 +333,8 @@ fn build_rust(project: &Project) -> anyhow::Result<PathBuf> {
         )),
     }
     run_in(project, &mut route.command(), "cargo build")?;
-    // Cargo's own CARGO_TARGET_DIR, when set, is where it built (a relative one from the
-    // project).
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .filter(|dir| !dir.is_empty())
-        .map_or_else(|| project.dir.join("target"), |dir| project.dir.join(dir));
-    let built = target_dir
+    let built = route
+        .target_dir(&project.dir)?
         .join(TARGET)
         .join("release")
         .join(format!("{}.wasm", project.name));
@@ -327,6 +357,7 @@ fn update_wit(project: &Project, sdk: Option<&Path>) -> anyhow::Result<()> {
         crate::plugin::contract::WIT_VERSION
     ));
     for (path, text) in files {
+        refuse_links(&project.dir, path)?;
         let target = project.dir.join(path);
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent)
@@ -338,34 +369,138 @@ fn update_wit(project: &Project, sdk: Option<&Path>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Refuses to write `relative` under `dir` through a symbolic link: it could lead the write
+/// anywhere (into another project, or a checkout of the SDK itself).
+fn refuse_links(dir: &Path, relative: &str) -> anyhow::Result<()> {
+    let mut at = dir.to_owned();
+    for part in Path::new(relative).components() {
+        at.push(part);
+        match std::fs::symlink_metadata(&at) {
+            Ok(meta) if meta.file_type().is_symlink() => bail!(
+                "{} is a symbolic link; --update-wit writes only files of the project itself: \
+                 replace the link with a directory or file, or update it by hand",
+                at.display()
+            ),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 fn update_rust_sdk(project: &Project, sdk: Option<&Path>) -> anyhow::Result<()> {
     let sdk = rust_sdk(sdk)?;
+    refuse_links(&project.dir, "Cargo.toml")?;
     let manifest = project.dir.join("Cargo.toml");
     let text = read(&project.dir, "Cargo.toml")?;
-    let line = format!(
-        "capstan-sdk = {{ path = {} }}",
-        toml::Value::String(sdk.display().to_string())
-    );
-    let mut found = false;
-    let updated: Vec<String> = text
-        .lines()
-        .map(|l| {
-            if l.trim_start().starts_with("capstan-sdk") && l.contains('=') {
-                found = true;
-                line.clone()
-            } else {
-                l.to_owned()
+    let path = toml::Value::String(sdk.display().to_string()).to_string();
+    // Only the path's string changes, in the `capstan-sdk = { path = "..", .. }` line of
+    // [dependencies]: every other key, line and comment stays as it is.
+    let mut section = String::new();
+    let mut changed = 0;
+    let mut lines: Vec<String> = Vec::new();
+    for line in text.split_inclusive('\n') {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with('[') {
+            section = trimmed.trim_end().to_owned();
+        }
+        let key = trimmed.split(['=', ' ', '\t']).next().unwrap_or("");
+        if section == "[dependencies]" && key == "capstan-sdk" {
+            if let Some(updated) = replace_path(line, &path) {
+                lines.push(updated);
+                changed += 1;
+                continue;
             }
-        })
-        .collect();
-    if !found {
+        }
+        lines.push(line.to_owned());
+    }
+    let updated = lines.concat();
+    let parsed: Result<toml::Table, _> = toml::from_str(&updated);
+    let points = parsed.ok().is_some_and(|table| {
+        table
+            .get("dependencies")
+            .and_then(|d| d.get("capstan-sdk"))
+            .and_then(|d| d.get("path"))
+            .and_then(|p| p.as_str())
+            == Some(&sdk.display().to_string())
+    });
+    if changed != 1 || !points {
         bail!(
-            "{}: no `capstan-sdk = ...` dependency line to update; add `{line}` under \
-             [dependencies]",
-            manifest.display()
+            "{}: found no `capstan-sdk = {{ path = \"...\" }}` line under [dependencies] to \
+             update; set its path to {} by hand",
+            manifest.display(),
+            sdk.display()
         );
     }
     step(&format!("pointing capstan-sdk at {}", sdk.display()));
-    write_whole(&manifest, (updated.join("\n") + "\n").as_bytes())
+    write_whole(&manifest, updated.as_bytes())
         .with_context(|| format!("writing {}", manifest.display()))
+}
+
+/// `line` with the string after `path =` replaced by `path`, or `None` without one.
+fn replace_path(line: &str, path: &str) -> Option<String> {
+    let key = line.find("path")?;
+    let rest = &line[key + "path".len()..];
+    let eq = rest.find('=')?;
+    if !rest[..eq].trim().is_empty() {
+        return None;
+    }
+    let after_eq = &rest[eq + 1..];
+    let open = after_eq.find('"')?;
+    if !after_eq[..open].trim().is_empty() {
+        return None;
+    }
+    let value = &after_eq[open + 1..];
+    let mut escaped = false;
+    let close = value.char_indices().find_map(|(i, c)| match c {
+        '\\' if !escaped => {
+            escaped = true;
+            None
+        }
+        '"' if !escaped => Some(i),
+        _ => {
+            escaped = false;
+            None
+        }
+    })?;
+    let start = key + "path".len() + eq + 1 + open;
+    let end = start + 1 + close + 1;
+    Some(format!("{}{path}{}", &line[..start], &line[end..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_sdk_path_string_changes() {
+        let path = "\"/new/sdk\"";
+        assert_eq!(
+            replace_path(
+                "capstan-sdk = { path = \"/old/sdk\", features = [\"x\"] } # ours\n",
+                path
+            )
+            .as_deref(),
+            Some("capstan-sdk = { path = \"/new/sdk\", features = [\"x\"] } # ours\n")
+        );
+        assert_eq!(
+            replace_path("capstan-sdk={path=\"a\\\"b\"}\n", path).as_deref(),
+            Some("capstan-sdk={path=\"/new/sdk\"}\n")
+        );
+        assert_eq!(replace_path("capstan-sdk = \"0.1\"\n", path), None);
+        assert_eq!(
+            replace_path("capstan-sdk = { pathology = 1 }\n", path),
+            None
+        );
+    }
+
+    #[test]
+    fn the_python_component_is_named_by_the_componentize_line() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("build.sh"),
+            "set -o pipefail\n.venv/bin/componentize-py -d wit -w plugin-wasi componentize app -o notes.wasm\n",
+        )
+        .unwrap();
+        assert_eq!(python_name(dir.path()).unwrap(), "notes");
+    }
 }

@@ -43,8 +43,9 @@ impl McpCommand {
             .check_call_locations(&config, &workspace, &grants)?;
         crate::config::make_workspace(&workspace)?;
         super::record_if_writable(locations)?;
-        // The audit rows go where the agent's do, so `capstan serve` and the API show them.
-        let services = self.store.open(&config).await?;
+        // The audit rows go where the agent's do (so `capstan serve` and the API show them),
+        // or with `--store memory` nowhere that outlives the command.
+        let services = self.store.open(&config, &workspace, &grants).await?;
         let host = self.host.host(&config)?.with_services(services);
         let registry = Arc::new(
             self.host

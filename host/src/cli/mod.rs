@@ -22,7 +22,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, OnceLock};
 
-use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
 use capstan_caps::Capability;
@@ -85,11 +84,12 @@ pub(crate) struct HostArgs {
     /// The config file [default: ./capstan.toml if present, else the built-in defaults].
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// The plugins directory [default: agent.plugins_dir from the config, else
-    /// $CAPSTAN_PLUGINS_DIR, else the `plugins` directory beside the binary's build
-    /// directory, else ./target/plugins].
+    /// A plugins directory, instead of agent.plugins_dir (repeatable: searched in order).
+    /// The first-party plugins load after them unless agent.first_party_plugins = false:
+    /// from $CAPSTAN_PLUGINS_DIR, else the `plugins` directory beside the binary's build
+    /// directory, else ./target/plugins.
     #[arg(long, value_name = "DIR")]
-    plugins_dir: Option<PathBuf>,
+    plugins_dir: Vec<PathBuf>,
     /// Where compiled components are cached [default: $CAPSTAN_CACHE_DIR, else
     /// $XDG_CACHE_HOME/capstan, else ~/.cache/capstan].
     #[arg(long, value_name = "DIR")]
@@ -182,12 +182,33 @@ impl HostArgs {
         })
     }
 
-    /// `--plugins-dir`, else `agent.plugins_dir`, else the default.
-    pub(crate) fn plugins_dir(&self, config: &Config) -> anyhow::Result<PathBuf> {
-        match (&self.plugins_dir, &config.agent.plugins_dir) {
-            (Some(dir), _) | (None, Some(dir)) => Ok(dir.clone()),
-            (None, None) => paths::default_plugins_dir(),
+    /// The plugin search path: `--plugins-dir` (else `agent.plugins_dir`), then the
+    /// first-party plugins' directory unless `agent.first_party_plugins = false`.
+    pub(crate) fn plugins_dirs(&self, config: &Config) -> anyhow::Result<Vec<PathBuf>> {
+        let mut dirs = if self.plugins_dir.is_empty() {
+            config.agent.plugins_dirs.clone()
+        } else {
+            self.plugins_dir.clone()
+        };
+        if config.agent.first_party_plugins {
+            match paths::default_plugins_dir() {
+                Ok(first_party) => {
+                    let same = |dir: &PathBuf| paths::same_dir(dir, &first_party);
+                    if !dirs.iter().any(same) {
+                        dirs.push(first_party);
+                    }
+                }
+                // Your own directories are enough; with none, say where to find plugins.
+                Err(err) if dirs.is_empty() => return Err(err),
+                Err(_) => {}
+            }
         }
+        anyhow::ensure!(
+            !dirs.is_empty(),
+            "no plugins directory: agent.first_party_plugins is false and neither \
+             agent.plugins_dir nor --plugins-dir names one"
+        );
+        Ok(dirs)
     }
 
     /// Every one of the host's own files this command or a later one uses (the config or
@@ -219,7 +240,7 @@ impl HostArgs {
         if let Some(dir) = self.cache_dir() {
             locations.add(LocationKind::CacheDir, dir);
         }
-        if let Ok(dir) = self.plugins_dir(config) {
+        for dir in self.plugins_dirs(config).unwrap_or_default() {
             locations.add(LocationKind::PluginsDir, dir);
         }
         locations.add(LocationKind::DataDir, &config.agent.data_dir);
@@ -331,16 +352,15 @@ impl HostArgs {
         host: PluginHost,
         servers: Option<Servers<'_>>,
     ) -> anyhow::Result<Registry> {
-        let dir = self.plugins_dir(config)?;
+        let dirs = self.plugins_dirs(config)?;
         // Calls are recorded where the host's services keep them (nowhere, for a host
         // without), redacted by the host's secrets.
         let log = CallLog::new(
             host.audit().clone(),
             host.network().secrets().redactor().clone(),
         );
-        let mut registry = Registry::load_dir_preferring(Arc::new(host), log, &dir, &config.prefer)
-            .await
-            .with_context(|| format!("loading plugins from {}", dir.display()))?;
+        let mut registry =
+            Registry::load_dirs_preferring(Arc::new(host), log, &dirs, &config.prefer).await?;
         if let Some(servers) = servers {
             crate::mcp::add_servers(config, &mut registry, servers).await;
         }

@@ -31,6 +31,14 @@ pub(crate) fn default_plugins_dir() -> anyhow::Result<PathBuf> {
     )
 }
 
+/// Whether `a` and `b` name the same directory (by their canonical paths when both exist).
+pub(crate) fn same_dir(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
 /// `$CAPSTAN_CACHE_DIR`, else `$XDG_CACHE_HOME/capstan`, else `~/.cache/capstan`.
 pub(crate) fn default_cache_dir() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("CAPSTAN_CACHE_DIR") {

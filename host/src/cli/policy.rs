@@ -81,6 +81,7 @@ impl PolicyCommand {
             None => writeln!(out, "policy from the built-in defaults")?,
         }
         print_table(&mut out, &header, &rows)?;
+        print_plugins(&mut out, &registry)?;
         print_mcp(&mut out, &config, &registry)?;
         print_reuse(&mut out, &config, &registry)?;
         print_flow(&mut out, &config, &catalog)?;
@@ -164,6 +165,34 @@ fn print_mcp(out: &mut impl Write, config: &Config, registry: &Registry) -> std:
             None => format!("{tools} tool(s) in the matrix"),
         };
         writeln!(out, "  {name:<14}{reached}; {named}; {here}")?;
+    }
+    Ok(())
+}
+
+/// Each plugin loaded and the directory it came from, in search-path order, and each file
+/// hidden by one of the same name earlier on the path.
+fn print_plugins(out: &mut impl Write, registry: &Registry) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "\nplugins (agent.plugins_dir, then the first-party ones unless \
+         agent.first_party_plugins = false):"
+    )?;
+    let dir = |path: &std::path::Path| {
+        path.parent()
+            .map_or_else(String::new, |dir| resolve(dir).display().to_string())
+    };
+    for plugin in registry.plugins() {
+        writeln!(out, "  {:<14}from {}", plugin.name(), dir(plugin.path()))?;
+    }
+    for hidden in registry.hidden() {
+        let name = hidden
+            .file_stem()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        writeln!(
+            out,
+            "  {name:<14}not loaded from {}: hidden by the file of that name earlier",
+            dir(hidden)
+        )?;
     }
     Ok(())
 }
@@ -381,8 +410,9 @@ fn cell(decision: &Decision) -> String {
     }
 }
 
-/// Where each command records its calls: the store, or with `--store memory` this
-/// process's memory. Nothing is connected to: the store is named as the config gives it.
+/// Where each command records its calls: the store, or this process's memory (`--store
+/// memory`, or a call without a config file). Nothing is connected to: the store is named
+/// as the config gives it.
 fn print_audit(out: &mut impl Write, config: &Config) -> std::io::Result<()> {
     let store = AuditDestination::Kept(crate::app::store_location(config));
     let memory = AuditDestination::Kept("this process's memory, gone when it ends".to_owned());
@@ -397,7 +427,7 @@ fn print_audit(out: &mut impl Write, config: &Config) -> std::io::Result<()> {
             store.to_string(),
         ],
         vec![
-            "mcp, tool call --store memory".to_owned(),
+            "mcp, tool call: --store memory, or no config file".to_owned(),
             memory.to_string(),
         ],
         vec!["demo, serve --demo".to_owned(), demo.to_string()],

@@ -26,8 +26,9 @@ pub(crate) enum ToolCommand {
     /// cache or the plugins directory lies inside its workspace: a plugin could rewrite
     /// them.
     ///
-    /// The call's host imports (tasks, memory) and its audit row use the configured
-    /// store, or with `--store memory` a throwaway one that is gone when the call ends.
+    /// The call's host imports (tasks, memory) and its audit row use the configured store
+    /// when a config file is in use, else (or with `--store memory`) a throwaway one that
+    /// is gone when the call ends.
     ///
     /// Exit codes: 0 ok, 3 invalid-args, 4 denied, 5 not-found, 6 failed, 1 a host error.
     Call {
@@ -82,7 +83,7 @@ impl ToolCommand {
         crate::config::check_workspace(&workspace)?;
         let locations = host.check_call_locations(&config, &workspace, &grants)?;
         let args_json = read_args(&args_json)?;
-        let services = store.open(&config).await?;
+        let services = store.open(&config, &workspace, &grants).await?;
         let registry = host
             .registry_on(
                 &config,

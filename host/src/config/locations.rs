@@ -97,8 +97,8 @@ impl LocationKind {
                  --no-cache"
             }
             LocationKind::PluginsDir => {
-                "pass --plugins-dir DIR (or set agent.plugins_dir or CAPSTAN_PLUGINS_DIR) \
-                 outside the workspace"
+                "keep every plugins directory (agent.plugins_dir, --plugins-dir, \
+                 CAPSTAN_PLUGINS_DIR for the first-party ones) outside the workspace"
             }
             LocationKind::Script => "set provider.script to a file outside the workspace",
             LocationKind::Recording => "record to a file outside the workspace",

@@ -123,8 +123,12 @@ pub struct AgentSettings {
     pub workspace_label: WorkspaceLabel,
     /// Where the database and caches live.
     pub data_dir: PathBuf,
-    /// The plugins directory, if set.
-    pub plugins_dir: Option<PathBuf>,
+    /// The plugin directories the config names (`agent.plugins_dir`, one or a list), in
+    /// the order they are searched; empty if unset.
+    pub plugins_dirs: Vec<PathBuf>,
+    /// Whether the first-party plugins (files, tasks, memory, web) load after them
+    /// (`agent.first_party_plugins`, default true), wherever this capstan finds them.
+    pub first_party_plugins: bool,
 }
 
 /// `[limits]`.

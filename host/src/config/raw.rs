@@ -50,7 +50,26 @@ struct RawAgent {
     #[serde(default)]
     workspace_label: Option<String>,
     data_dir: PathBuf,
-    plugins_dir: Option<PathBuf>,
+    /// One path, or a list of them: read by [`plugin_dirs`].
+    #[serde(default)]
+    plugins_dir: Option<toml::Value>,
+    first_party_plugins: bool,
+}
+
+/// `agent.plugins_dir`: one directory, or a list searched in order.
+fn plugin_dirs(value: Option<toml::Value>) -> Result<Vec<PathBuf>, String> {
+    let path = |value: &toml::Value| match value {
+        toml::Value::String(path) if !path.is_empty() => Ok(PathBuf::from(path)),
+        other => Err(format!(
+            "must be a directory or a list of directories (e.g. \"plugins\" or [\"plugins\", \
+             \"more-plugins\"]), got {other}"
+        )),
+    };
+    match &value {
+        None => Ok(Vec::new()),
+        Some(toml::Value::Array(dirs)) => dirs.iter().map(path).collect(),
+        Some(one) => Ok(vec![path(one)?]),
+    }
 }
 
 #[derive(Deserialize)]
@@ -184,7 +203,12 @@ impl RawConfig {
             workspace: resolve(self.agent.workspace),
             workspace_label,
             data_dir: resolve(self.agent.data_dir),
-            plugins_dir: self.agent.plugins_dir.map(resolve),
+            plugins_dirs: plugin_dirs(self.agent.plugins_dir)
+                .map_err(|err| key_error("agent.plugins_dir", err))?
+                .into_iter()
+                .map(resolve)
+                .collect(),
+            first_party_plugins: self.agent.first_party_plugins,
         };
         let limits = self.limits.check()?;
         if let Some((tool, _)) = self

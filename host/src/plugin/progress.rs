@@ -14,7 +14,7 @@ pub enum LoadProgress<'a> {
         /// Its size in bytes.
         bytes: usize,
     },
-    /// That compile ended, well or not.
+    /// That compile succeeded.
     Compiled {
         /// The component file.
         path: &'a Path,

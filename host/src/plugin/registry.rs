@@ -123,6 +123,8 @@ pub struct Registry {
     tools: HashMap<String, (Arc<LoadedPlugin>, usize)>,
     refused: Vec<LoadError>,
     shadowed: Vec<Shadowed>,
+    /// Plugin files not loaded: a file of the same name comes earlier on the search path.
+    hidden: Vec<PathBuf>,
     /// The tools of external sources (MCP servers), in the order they were added.
     external: Vec<ExternalTool>,
     /// Namespaced tool name -> index into `external`.
@@ -154,6 +156,7 @@ impl Registry {
             tools: HashMap::new(),
             refused: Vec::new(),
             shadowed: Vec::new(),
+            hidden: Vec::new(),
             external: Vec::new(),
             external_index: HashMap::new(),
             external_problems: Vec::new(),
@@ -185,20 +188,67 @@ impl Registry {
         dir: &Path,
         prefer: &Preferences,
     ) -> Result<Self, HostError> {
+        Registry::load_dirs_preferring(host, log, &[dir.to_owned()], prefer).await
+    }
+
+    /// [`Registry::load_dir_preferring`] over a search path: every `*.wasm` file of `dirs`,
+    /// where a file in an earlier directory hides a file of the same name in a later one
+    /// (a plugin is named by its file). Tool names that plugins of different directories
+    /// both declare are settled by `prefer` as within one.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), capstan_host::plugin::HostError> {
+    /// use std::path::PathBuf;
+    /// use std::sync::Arc;
+    /// use capstan_host::plugin::{ArtifactCache, CallLog, Limits, PluginHost, Preferences, Registry};
+    ///
+    /// let host = Arc::new(PluginHost::new(Limits::default(), ArtifactCache::disabled())?);
+    /// let dirs = [PathBuf::from("my-plugins"), PathBuf::from("target/plugins")];
+    /// let registry =
+    ///     Registry::load_dirs_preferring(host, CallLog::disabled(), &dirs, &Preferences::new()).await?;
+    /// for plugin in registry.plugins() {
+    ///     println!("{} from {}", plugin.name(), plugin.path().display());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn load_dirs_preferring(
+        host: Arc<PluginHost>,
+        log: CallLog,
+        dirs: &[PathBuf],
+        prefer: &Preferences,
+    ) -> Result<Self, HostError> {
         let mut registry = Registry::new(host, log);
-        let list_error = |source| HostError::PluginsDir {
-            path: dir.to_owned(),
-            source,
-        };
-        // Not only regular files: a FIFO or directory named `*.wasm` is refused by name
-        // rather than skipped in silence.
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(list_error)?
-            .filter_map(|entry| entry.ok().map(|e| e.path()))
-            .filter(|path| path.extension().is_some_and(|ext| ext == "wasm"))
-            .collect();
-        files.sort();
-        registry.refuse_missing_pins(dir, &files);
+        let mut files: Vec<PathBuf> = Vec::new();
+        for dir in dirs {
+            let list_error = |source| HostError::PluginsDir {
+                path: dir.to_owned(),
+                source,
+            };
+            // Not only regular files: a FIFO or directory named `*.wasm` is refused by
+            // name rather than skipped in silence.
+            let mut here: Vec<PathBuf> = std::fs::read_dir(dir)
+                .map_err(list_error)?
+                .filter_map(|entry| entry.ok().map(|e| e.path()))
+                .filter(|path| path.extension().is_some_and(|ext| ext == "wasm"))
+                .collect();
+            here.sort();
+            for path in here {
+                let earlier = files.iter().find(|f| f.file_name() == path.file_name());
+                match earlier {
+                    Some(earlier) => {
+                        tracing::info!(
+                            "{} is hidden by {}, earlier on the plugin search path",
+                            path.display(),
+                            earlier.display()
+                        );
+                        registry.hidden.push(path);
+                    }
+                    None => files.push(path),
+                }
+            }
+        }
+        let pins_dir = dirs.first().map(PathBuf::as_path).unwrap_or(Path::new("."));
+        registry.refuse_missing_pins(pins_dir, &files);
         // Compiled (or taken from the cache) on blocking threads, as many at once as there
         // are cores, so a slow compile never holds up the executor nor a describe() running
         // on it; then described in file order, so the outcome does not depend on which
@@ -345,6 +395,12 @@ impl Registry {
     /// another plugin for the name.
     pub fn shadowed(&self) -> &[Shadowed] {
         &self.shadowed
+    }
+
+    /// The plugin files not loaded because a file of the same name comes earlier on the
+    /// search path ([`Registry::load_dirs_preferring`]).
+    pub fn hidden(&self) -> &[PathBuf] {
+        &self.hidden
     }
 
     /// The host the plugins run on.

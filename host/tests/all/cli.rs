@@ -253,7 +253,7 @@ fn policy_names_where_each_command_records_its_calls() {
         "{text}"
     );
     assert!(
-        line("mcp, tool call --store memory").contains("kept in this process's memory"),
+        line("mcp, tool call: --store memory").contains("kept in this process's memory"),
         "{text}"
     );
     assert!(

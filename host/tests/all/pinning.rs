@@ -31,7 +31,8 @@ fn deployment(toml: &str) -> tempfile::TempDir {
     }
     std::fs::write(
         dir.path().join("capstan.toml"),
-        format!("[agent]\nplugins_dir = \"plugins\"\n{toml}"),
+        // Only this directory: what the lock pins is exactly what it holds.
+        format!("[agent]\nplugins_dir = \"plugins\"\nfirst_party_plugins = false\n{toml}"),
     )
     .unwrap();
     dir

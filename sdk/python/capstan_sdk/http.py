@@ -27,6 +27,7 @@ A response of any status is returned, not raised: check `response.status` (or ca
 """
 
 import json as _json
+import operator as _operator
 import urllib.parse as _urlparse
 
 from componentize_py_types import Err
@@ -124,6 +125,9 @@ def request(method: str, url: str, *, headers: dict[str, str] | None = None, bod
     what = f"{method} {url}"
     _check_granted(what)
     scheme, authority, path = _split(url)
+    limit = _count(max_bytes, "max_bytes", what)
+    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout >= 0):
+        raise ToolError.invalid_args(f"{what}: `timeout` must be a number of seconds, 0 or more, not {timeout!r}")
     headers = dict(headers or {})
     if json is not None:
         if body is not None:
@@ -133,6 +137,14 @@ def request(method: str, url: str, *, headers: dict[str, str] | None = None, bod
             headers["content-type"] = "application/json"
     if isinstance(body, str):
         body = body.encode("utf-8")
+    elif body is not None:
+        try:
+            body = bytes(body)  # bytearray, memoryview: the host takes bytes only
+        except TypeError:
+            raise ToolError.invalid_args(f"{what}: `body` must be bytes or text, not {type(body).__name__}")
+    for name, value in headers.items():
+        if str(name).lower() == "content-length" and not str(value if not isinstance(value, bytes) else value.decode("latin-1")).strip().isdigit():
+            raise ToolError.invalid_args(f"{what}: header `content-length` must be a number of bytes, not {value!r}")
     # The length goes first, so the host can check it against its limit before the body.
     if (body or method.upper() in ("POST", "PUT", "PATCH")) and not any(n.lower() == "content-length" for n in headers):
         headers["content-length"] = str(len(body or b""))
@@ -164,15 +176,27 @@ def request(method: str, url: str, *, headers: dict[str, str] | None = None, bod
     if sent is not None and sent.message.startswith(REFUSAL_PREFIX):
         raise sent
     with response:
-        return _read(response, max_bytes, what)
+        return _read(response, limit, what)
+
+
+def _count(value, name: str, what: str) -> int:
+    """`value` as a count of bytes: an int, 0 or more (a float or a negative one would not
+    fit the host's integer and would stop the call)."""
+    try:
+        count = _operator.index(value)
+    except TypeError:
+        raise ToolError.invalid_args(f"{what}: `{name}` must be a whole number, not {value!r}")
+    if count < 0:
+        raise ToolError.invalid_args(f"{what}: `{name}` must be 0 or more, not {count}")
+    return count
 
 
 def _check_granted(what: str) -> None:
-    """Refuses, before anything is sent, a request of a call that holds no `net:` rule:
-    the host links no HTTP for such a call and would stop it."""
+    """Refuses, before anything is sent, a request outside a call or of a call that holds
+    no `net:` rule: the host links no HTTP for such a call and would stop it."""
     context = _sdk.current_context()
     if context is None:
-        return
+        raise ToolError.denied(f"{REFUSAL_PREFIX} {what}: no tool call is running; make requests from a tool")
     if not any(cap.startswith("net:") for cap in context.capabilities):
         held = ", ".join(context.capabilities) or "none"
         raise ToolError.denied(
@@ -198,17 +222,25 @@ def _split(url: str) -> tuple[type, str, str]:
     host = parts.hostname
     if ":" in host:
         host = f"[{host}]"
+    else:
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError as err:
+            raise ToolError.invalid_args(f"{url!r}: the host name cannot be encoded: {err}")
     authority = host if port is None else f"{host}:{port}"
-    path = parts.path or "/"
+    # Spaces and other characters a URL may not hold are percent-encoded; what is
+    # encoded already stays as it is.
+    path = _urlparse.quote(parts.path or "/", safe="/%:@!$&'()*+,;=~-._")
     if parts.query:
-        path = f"{path}?{parts.query}"
+        path = f"{path}?{_urlparse.quote(parts.query, safe='/?%:@!$&()*+,;=~-._')}"
     return scheme, authority, path
 
 
 def _build(method, scheme, authority, path, headers, what):
     entries = []
     for name, value in headers.items():
-        entries.append((str(name), str(value).encode("utf-8")))
+        raw = bytes(value) if isinstance(value, (bytes, bytearray)) else str(value).encode("utf-8")
+        entries.append((str(name), raw))
     try:
         fields = _wasi.Fields.from_list(entries)
     except Err as err:
@@ -240,7 +272,7 @@ def _options(timeout):
     if timeout is None:
         return None
     options = _wasi.RequestOptions()
-    nanos = max(0, int(timeout * 1e9))
+    nanos = min(max(0, int(timeout * 1e9)), (1 << 63) - 1)
     # A host that does not support an option refuses it; the call's deadline still
     # bounds the request then.
     for setter in (options.set_connect_timeout, options.set_first_byte_timeout, options.set_between_bytes_timeout):

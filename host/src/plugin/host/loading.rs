@@ -59,7 +59,9 @@ impl PluginHost {
         let loaded = self
             .cache
             .load_keyed(&self.engine, &bytes, &key, &compiling);
-        if let (Some(progress), Some(since)) = (&self.progress, compile_started.get()) {
+        if let (Some(progress), Some(since), true) =
+            (&self.progress, compile_started.get(), loaded.is_ok())
+        {
             progress(LoadProgress::Compiled {
                 path,
                 bytes: bytes.len(),
