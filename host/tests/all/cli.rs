@@ -52,6 +52,77 @@ fn plugins_list_finds_the_first_party_plugins_without_flags() {
 }
 
 #[test]
+fn your_plugins_directories_come_first_and_the_first_party_plugins_stay_unless_the_config_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let own = dir.path().join("own");
+    std::fs::create_dir(&own).unwrap();
+    let first_party = repo_root().join("target/plugins");
+    // Your own copy of a first-party plugin, and a plugin of your own.
+    std::fs::copy(first_party.join("memory.wasm"), own.join("memory.wasm")).unwrap();
+    std::fs::copy(
+        repo_root().join("target/examples/word_count.wasm"),
+        own.join("word_count.wasm"),
+    )
+    .unwrap();
+    let own_shown = own.canonicalize().unwrap().display().to_string();
+    let first_shown = first_party.canonicalize().unwrap().display().to_string();
+    let config = dir.path().join("capstan.toml");
+
+    std::fs::write(&config, "[agent]\nplugins_dir = \"own\"\n").unwrap();
+    let out = capstan(dir.path(), &["policy"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let line = |name: &str, from: &str| format!("  {name:<14}from {from}");
+    for expected in [
+        line("memory", &own_shown),
+        line("word_count", &own_shown),
+        line("files", &first_shown),
+        line("web", &first_shown),
+        format!("  {:<14}not loaded from {first_shown}: hidden", "memory"),
+    ] {
+        assert!(text.contains(&expected), "{expected}\n{text}");
+    }
+    // The first directory holds the tool the matrix offers.
+    let loaded = |text: &str, tool: &str| {
+        text.lines()
+            .any(|l| l.starts_with(&format!("{tool} ")) && !l.contains("not loaded"))
+    };
+    assert!(
+        loaded(&text, "word_count") && loaded(&text, "file_read"),
+        "{text}"
+    );
+
+    std::fs::write(
+        &config,
+        "[agent]\nplugins_dir = [\"own\"]\nfirst_party_plugins = false\n",
+    )
+    .unwrap();
+    let text = stdout(&capstan(dir.path(), &["policy"]));
+    assert!(text.contains(&line("word_count", &own_shown)), "{text}");
+    assert!(!text.contains(&first_shown), "{text}");
+    assert!(!loaded(&text, "file_read"), "{text}");
+
+    // --plugins-dir, repeatable, replaces the config's list; the first-party ones follow.
+    std::fs::write(&config, "[agent]\nplugins_dir = \"missing\"\n").unwrap();
+    let text = stdout(&capstan(
+        dir.path(),
+        &["policy", "--plugins-dir", own.to_str().unwrap()],
+    ));
+    assert!(text.contains(&line("word_count", &own_shown)), "{text}");
+    assert!(text.contains(&line("files", &first_shown)), "{text}");
+
+    std::fs::write(&config, "[agent]\nplugins_dir = 3\n").unwrap();
+    let out = capstan(dir.path(), &["policy"]);
+    let said = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("capstan.toml:2:")
+            && said.contains("`agent.plugins_dir`: must be a directory or a list of directories"),
+        "{said}"
+    );
+}
+
+#[test]
 fn tool_call_prints_the_result_and_exits_zero() {
     let ws = tempfile::tempdir().unwrap();
     std::fs::write(ws.path().join("a.txt"), "alpha\n").unwrap();
