@@ -440,10 +440,13 @@ def test_first_load_shows_the_compile_and_each_step_is_timed(home, built, tmp_pa
         # The author's own call: the project's directory as the plugins directory.
         call = ["tool", "call", name, '{"path": "notes.txt"}', "--grant", "fs.read", "--workspace", str(home / "workspace"),
                 "--plugins-dir", str(built[name].parent)]
-        started = time.monotonic()
-        called = capstan(home, *call, "--store", "memory", cache=tmp_path / lang)
-        TIMINGS[lang]["call"] = round(time.monotonic() - started, 2)
-        assert called.returncode == 0, called.stderr
+        # The first call also compiles the first-party plugins into this fresh cache; the
+        # second is a call as an author makes it again and again.
+        for _ in range(2):
+            started = time.monotonic()
+            called = capstan(home, *call, "--store", "memory", cache=tmp_path / lang)
+            TIMINGS[lang]["call"] = round(time.monotonic() - started, 2)
+            assert called.returncode == 0, called.stderr
     steps = ["scaffold", "build", "rebuild", "first load", "cached load", "call"]
     for lang in LANGS:
         for step in steps:
@@ -518,7 +521,7 @@ def test_a_store_failure_reaches_the_tool_as_failed_with_the_host_s_message(home
             db.commit()
 
 
-def test_without_a_config_a_call_gets_a_throwaway_store_and_a_store_it_could_read_is_refused(home, tmp_path):
+def test_without_a_config_a_call_gets_a_throwaway_store_unless_it_asks_for_the_configured_one(home, tmp_path):
     env = {**os.environ, "CAPSTAN_CACHE_DIR": str(ROOT / "target" / "test-component-cache"), "CAPSTAN_STATE_DIR": str(tmp_path / "state")}
 
     def call(*extra):
@@ -535,15 +538,10 @@ def test_without_a_config_a_call_gets_a_throwaway_store_and_a_store_it_could_rea
         assert done.returncode == 0, done.stderr
         assert json.loads(json.loads(done.stdout)["ok"]) == {"value": "1"}
     assert not (tmp_path / ".capstan").exists(), list(tmp_path.iterdir())
-    # The configured SQLite store would lie inside the workspace a file tool may read.
-    done = subprocess.run(
-        [str(BINARY), "tool", "call", "rswords", '{"path": "x"}', "--grant", "fs.read", "--store", "configured",
-         "--plugins-dir", str(home / "plugins")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env,
-    )
-    assert done.returncode == 1, done.stderr
-    assert "lies inside the workspace this call may read" in done.stderr and "--store memory" in done.stderr, done.stderr
-    assert not (tmp_path / ".capstan").exists()
+    # Asked for, the configured store is opened: SQLite in ./.capstan by default.
+    done = call("--store", "configured")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / ".capstan" / "capstan.db").is_file()
 
 
 class Loopback(http.server.BaseHTTPRequestHandler):

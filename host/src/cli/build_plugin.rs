@@ -404,12 +404,13 @@ fn update_rust_sdk(project: &Project, sdk: Option<&Path>) -> anyhow::Result<()> 
             section = trimmed.trim_end().to_owned();
         }
         let key = trimmed.split(['=', ' ', '\t']).next().unwrap_or("");
-        if section == "[dependencies]" && key == "capstan-sdk" {
-            if let Some(updated) = replace_path(line, &path) {
-                lines.push(updated);
-                changed += 1;
-                continue;
-            }
+        let updated = (section == "[dependencies]" && key == "capstan-sdk")
+            .then(|| replace_path(line, &path))
+            .flatten();
+        if let Some(updated) = updated {
+            lines.push(updated);
+            changed += 1;
+            continue;
         }
         lines.push(line.to_owned());
     }

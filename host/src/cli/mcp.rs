@@ -45,7 +45,7 @@ impl McpCommand {
         super::record_if_writable(locations)?;
         // The audit rows go where the agent's do (so `capstan serve` and the API show them),
         // or with `--store memory` nowhere that outlives the command.
-        let services = self.store.open(&config, &workspace, &grants).await?;
+        let services = self.store.open(&config).await?;
         let host = self.host.host(&config)?.with_services(services);
         let registry = Arc::new(
             self.host

@@ -1,14 +1,9 @@
 //! `--store`: which services a command that runs tools outside an agent opens.
 
-use std::path::Path;
-
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 
-use capstan_caps::Capability;
-
-use crate::config::{Config, StoreSettings};
-use crate::policy::Grants;
+use crate::config::Config;
 use crate::services::Services;
 
 /// Where the tasks, memories and audit rows of the calls go.
@@ -41,38 +36,14 @@ impl StoreArgs {
         })
     }
 
-    /// The services for calls on `workspace` with `grants`, opened. A SQLite store inside
-    /// a workspace the calls may read or write is refused: a tool could read its tasks,
-    /// memories and audit rows, and the host's signing key beside them.
-    pub(crate) async fn open(
-        &self,
-        config: &Config,
-        workspace: &Path,
-        grants: &Grants,
-    ) -> anyhow::Result<Services> {
+    /// The services `--store` names, opened. (A workspace the calls may write is checked
+    /// against the data dir before this, as for every command.)
+    pub(crate) async fn open(&self, config: &Config) -> anyhow::Result<Services> {
         match self.choice(config) {
             StoreChoice::Memory => Ok(Services::in_memory()),
-            StoreChoice::Configured => {
-                let files =
-                    grants.allows(&Capability::FsRead) || grants.allows(&Capability::FsWrite);
-                if files && config.store == StoreSettings::Sqlite {
-                    let data = crate::config::resolve(&config.agent.data_dir);
-                    let work = crate::config::resolve(workspace);
-                    if data.starts_with(&work) {
-                        bail!(
-                            "the store ({}) lies inside the workspace this call may read ({}): a \
-                             tool could read its tasks, memories, audit rows and the host's key. \
-                             Pass --store memory, --workspace DIR elsewhere, or set \
-                             agent.data_dir outside the workspace",
-                            data.display(),
-                            work.display()
-                        );
-                    }
-                }
-                crate::app::open_services(config).await.context(
-                    "opening the configured store (pass --store memory for a throwaway one)",
-                )
-            }
+            StoreChoice::Configured => crate::app::open_services(config).await.context(
+                "opening the configured store (pass --store memory for a throwaway one)",
+            ),
         }
     }
 }

@@ -83,7 +83,7 @@ impl ToolCommand {
         crate::config::check_workspace(&workspace)?;
         let locations = host.check_call_locations(&config, &workspace, &grants)?;
         let args_json = read_args(&args_json)?;
-        let services = store.open(&config, &workspace, &grants).await?;
+        let services = store.open(&config).await?;
         let registry = host
             .registry_on(
                 &config,

@@ -26,6 +26,9 @@ A response of any status is returned, not raised: check `response.status` (or ca
 `response.raise_for_status()`).
 """
 
+# Imported here, not when first needed: the build snapshots the interpreter, and a codec
+# first looked up during a call is not there.
+import encodings.idna  # noqa: F401
 import json as _json
 import operator as _operator
 import urllib.parse as _urlparse
@@ -222,7 +225,7 @@ def _split(url: str) -> tuple[type, str, str]:
     host = parts.hostname
     if ":" in host:
         host = f"[{host}]"
-    else:
+    elif not host.isascii():
         try:
             host = host.encode("idna").decode("ascii")
         except UnicodeError as err:
