@@ -465,3 +465,34 @@ def test_an_auth_refusal_at_the_stateless_revision_is_a_message_the_sdk_shows(de
     status, answer = raw_post(url, {"jsonrpc": "2.0", "id": 1, "method": "tools/list",
                                     "params": {"_meta": envelope()}}, {}, token="")
     assert status == 401 and "error" in answer, (status, answer)
+
+
+def test_with_store_memory_the_calls_touch_no_stored_data(deployment):
+    """`capstan mcp --store memory`: a client may try the task tools on a throwaway store;
+    the configured one gains no task and no audit row."""
+    database = deployment.base / ".capstan" / "capstan.db"
+
+    def stored():
+        if not database.exists():
+            return 0, 0
+        with contextlib.closing(sqlite3.connect(database)) as db:
+            tasks = db.execute("SELECT count(*) FROM tasks WHERE title = 'a throwaway task'").fetchone()[0]
+            audit = db.execute("SELECT count(*) FROM audit").fetchone()[0]
+        return tasks, audit
+
+    before = stored()
+    params = stdio_server(deployment, "worker")
+    params.args = [*params.args, "--store", "memory"]
+
+    async def run():
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as client:
+                await client.initialize()
+                first = await client.call_tool("task_create", {"title": "a throwaway task"})
+                listed = await client.call_tool("task_list", {})
+                return first, listed
+
+    first, listed = asyncio.run(run())
+    assert not first.is_error and not listed.is_error, (first, listed)
+    assert "a throwaway task" in text(listed)
+    assert stored() == before
