@@ -41,9 +41,9 @@ impl StoreArgs {
     pub(crate) async fn open(&self, config: &Config) -> anyhow::Result<Services> {
         match self.choice(config) {
             StoreChoice::Memory => Ok(Services::in_memory()),
-            StoreChoice::Configured => crate::app::open_services(config).await.context(
-                "opening the configured store (pass --store memory for a throwaway one)",
-            ),
+            StoreChoice::Configured => crate::app::open_services(config)
+                .await
+                .context("opening the configured store (pass --store memory for a throwaway one)"),
         }
     }
 }
