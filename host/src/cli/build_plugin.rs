@@ -328,8 +328,9 @@ fn build_rust(project: &Project) -> anyhow::Result<PathBuf> {
             "cargo build --release --target {TARGET} (rustup's target)"
         )),
         RustRoute::DebianBuildStd { .. } => step(&format!(
-            "cargo build for {TARGET} with Debian's Rust and -Zbuild-std (offline); the \
-             first build compiles std for the target, about a minute on 2 cores"
+            "cargo build for {TARGET} with Debian's Rust and -Zbuild-std (rustup's target \
+             is not installed); the first build of a project compiles std for the target and \
+             the SDK's dependencies, 1 to 5 minutes on 2 cores"
         )),
     }
     run_in(project, &mut route.command(), "cargo build")?;
