@@ -100,8 +100,12 @@ def test_every_json_route_answers_as_its_schema_says(stateful_server):
     assert answers["/v1/tasks"]["tasks"], "no task row was checked"
     assert [e for e in answers["/v1/audit"]["entries"] if e["outcome"] == "denied"]
     assert answers["/v1/channels/{name}/history"]["messages"]
+    # The worker's calls are the conversation's cost; the total is its rows'.
+    costs = answers["/v1/audit/costs"]
+    assert "channel:main" in [row["key"] for row in costs["rows"]], costs
+    assert costs["total"]["calls"] == sum(row["calls"] for row in costs["rows"]) > 0
     for path in ["/v1/channels", "/v1/channels/{name}/history", "/v1/workers", "/v1/tasks",
-                 "/v1/policy", "/v1/audit", "/v1/plugins", "/v1/tools", "/v1/models",
+                 "/v1/policy", "/v1/audit", "/v1/audit/costs", "/v1/plugins", "/v1/tools", "/v1/models",
                  "/v1/approvals", "/v1/approvals/{id}"]:
         assert path in answers, f"{path} is not in the document as a JSON GET"
 

@@ -60,6 +60,9 @@ def test_a_person_chats_watches_a_worker_and_finds_a_denial(server, browser):
     worker = '#processes li[data-process="worker:1"] .state'
     wait.until(ready.text_to_be_present_in_element((By.CSS_SELECTOR, worker), "done"))
     assert "file_list" in browser.find_element(By.ID, "activity").text
+    # The worker's call is stored before the reply leaves: the conversation's cost has it.
+    wait.until(ready.text_to_be_present_in_element((By.ID, "cost"), "Tool calls in main: 1,"))
+    assert "peak memory" in browser.find_element(By.ID, "cost").text
     browser.save_screenshot(str(SHOTS / "page-chat.png"))
 
     send(browser, "Then read it yourself.")
@@ -71,6 +74,8 @@ def test_a_person_chats_watches_a_worker_and_finds_a_denial(server, browser):
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#audit-table tr.denied"))
     denied = browser.find_element(By.CSS_SELECTOR, "#audit-table tr.denied").text
     assert "file_read" in denied and "channel:main" in denied
+    header = browser.find_element(By.CSS_SELECTOR, "#audit-table tr").text
+    assert "peak memory" in header and "requests" in header, header
     browser.save_screenshot(str(SHOTS / "page-audit.png"))
 
 

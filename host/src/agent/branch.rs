@@ -88,7 +88,7 @@ async fn run(kit: BranchKit, spec: BranchSpec, channel: ChannelHandle) {
         scope: scope.clone(),
     };
     // The branch's own plugin instances and audit rows, for its life.
-    let calls = ProcessCalls::new();
+    let calls = ProcessCalls::new(channel_name.session());
     let handler = ProcessTools::new(&kit.gate, &kit.reporter, &id, &calls, &scope, &host_tools);
     let conclusion = match kit.gate.lease_loop(&id) {
         Err(held) => format!("(could not think: {held})"),

@@ -107,7 +107,7 @@ pub(crate) async fn run(
     let tools = kit.gate.tool_defs(kind);
     let system = system_prompt(kind, &kit.settings.agent_name);
     // The channel's own plugin instances and audit rows, for its life.
-    let calls = Arc::new(ProcessCalls::new());
+    let calls = Arc::new(ProcessCalls::new(name.session()));
     let audience = &handle.audience;
     // After the loop ends every exchange itself, this finds none; after a panic, the rest.
     let _ends = EndsOnDrop(audience.clone());

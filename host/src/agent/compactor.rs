@@ -88,7 +88,7 @@ pub(crate) async fn compact_if_needed(
     let tools = kit.gate.tool_defs(ProcessKind::Compactor);
     let system = system_prompt(ProcessKind::Compactor, &kit.settings.agent_name);
     // The compactor's own plugin instances and audit rows, for its life.
-    let calls = ProcessCalls::new();
+    let calls = ProcessCalls::new(channel.session());
     let handler = ProcessTools::new(&kit.gate, &kit.reporter, &id, &calls, turn, &NoHostTools);
     let end = match kit.gate.lease_loop(&id) {
         Ok(lease) => {

@@ -114,7 +114,13 @@ impl<'a> ProcessTools<'a> {
                 let refusal = ToolError::InvalidArgs(format!("{name}: {unknown}"));
                 let recorded = self
                     .router
-                    .refuse(self.caller, name, arguments, refusal)
+                    .refuse(
+                        self.caller,
+                        Some(&self.calls.conversation),
+                        name,
+                        arguments,
+                        refusal,
+                    )
                     .await;
                 let (result, audit) = recorded.into_parts();
                 self.calls.note_audits(audit);
@@ -128,9 +134,11 @@ impl<'a> ProcessTools<'a> {
                 context,
                 carried: &substituted.label,
                 handles: &substituted.used,
+                conversation: None,
             },
             None => Read::context(context),
-        };
+        }
+        .in_conversation(&self.calls.conversation);
         let arguments = substituted.as_ref().map_or(arguments, |s| &s.arguments);
         self.run_routed(name, arguments, read, handles).await
     }

@@ -309,7 +309,7 @@ async fn work(
     let mut history = vec![Message::user(spec.task.clone()).labelled(spec.task_label.clone())];
     let mut route = Route::Task;
     // The worker's own plugin instances and audit rows, for its life.
-    let calls = ProcessCalls::new();
+    let calls = ProcessCalls::new(spec.channel.session());
     let scope = channel.audience.of(&spec.id);
     loop {
         let host_tools = WorkerTools {

@@ -1,7 +1,8 @@
-//! `capstan audit`: the signed chain of approvals, denials and flow refusals. `verify` reads
-//! it from the store the config names and checks every row against the one before and the
-//! keys it trusts; `key` prints this host's public key, to trust on the machine that
-//! verifies.
+//! `capstan audit`: what tool calls did and cost, and the signed chain of approvals,
+//! denials and flow refusals. `calls` lists the calls with their receipts and `costs` sums
+//! the receipts, from the store the config names; `verify` checks every row of the chain
+//! against the one before and the keys it trusts; `key` prints this host's public key, to
+//! trust on the machine that verifies.
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -9,7 +10,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 use super::HostArgs;
-use crate::services::Verifier;
+use crate::services::{AuditSink, CostReport, Costs, CostsBy, CostsOf, Verifier, day_of};
 use crate::text::one_line;
 use crate::text::unhex;
 
@@ -23,6 +24,29 @@ pub(crate) struct AuditCommand {
 
 #[derive(Debug, Subcommand)]
 enum AuditVerb {
+    /// List tool calls, newest first, each with its receipt: wall time, peak memory,
+    /// argument and result bytes, outbound requests and their bytes.
+    Calls {
+        /// Only the calls of this conversation (`main`, or `channel:main` as `costs` lists
+        /// them).
+        #[arg(long, value_name = "CONVERSATION")]
+        conversation: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Sum the receipts of tool calls by conversation, process, tool or day, with a total.
+    Costs {
+        /// What each row sums over.
+        #[arg(long, value_enum, default_value_t = By::Conversation)]
+        by: By,
+        /// Only the calls of this conversation (`main`, or `channel:main`).
+        #[arg(long, value_name = "CONVERSATION")]
+        conversation: Option<String>,
+        /// Print JSON: the rows and the total, as `GET /v1/audit/costs` answers.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check the audit chain: each row follows the one before, its hash is its content's,
     /// and its signature is valid by a trusted key. Exit 1 at the first row that does not
     /// hold, naming it.
@@ -44,6 +68,26 @@ enum AuditVerb {
     Key,
 }
 
+/// What `capstan audit costs` sums by.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum By {
+    Conversation,
+    Process,
+    Tool,
+    Day,
+}
+
+impl From<By> for CostsBy {
+    fn from(by: By) -> Self {
+        match by {
+            By::Conversation => CostsBy::Conversation,
+            By::Process => CostsBy::Process,
+            By::Tool => CostsBy::Tool,
+            By::Day => CostsBy::Day,
+        }
+    }
+}
+
 /// Rows read per page.
 const PAGE: u32 = 1000;
 
@@ -52,6 +96,31 @@ impl AuditCommand {
         let config = self.host.config()?;
         let mut out = crate::secrets::stdout();
         let (trust, expect, rows) = match self.command {
+            AuditVerb::Calls {
+                conversation,
+                limit,
+            } => {
+                let services = crate::app::open_services(&config).await?;
+                let of = conversation.map_or_else(CostsOf::default, |c| CostsOf::conversation(&c));
+                print_calls(&mut out, &*services.audit, &of, limit).await?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            AuditVerb::Costs {
+                by,
+                conversation,
+                json,
+            } => {
+                let services = crate::app::open_services(&config).await?;
+                let of = conversation.map_or_else(CostsOf::default, |c| CostsOf::conversation(&c));
+                let rows = services.audit.costs(by.into(), &of).await?;
+                if json {
+                    let report = CostReport::of(rows);
+                    writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+                } else {
+                    print_costs(&mut out, by.into(), &rows)?;
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             AuditVerb::Key => {
                 let key = crate::app::host_key(&config.agent.data_dir)?;
                 writeln!(out, "{}", key.public_hex())?;
@@ -127,4 +196,140 @@ impl AuditCommand {
         )?;
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// Prints up to `limit` calls `of` holds, newest first, a line each.
+async fn print_calls(
+    out: &mut impl std::io::Write,
+    audit: &dyn AuditSink,
+    of: &CostsOf,
+    limit: u32,
+) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "{:>6}  {:<10}  {:<18}  {:<14}  {:<18}  {:<8}  {:>9}  {:>9}  {:>9}  {:>9}  requests",
+        "id", "day", "conversation", "process", "tool", "outcome", "time", "peak mem", "in", "out"
+    )?;
+    let mut shown = 0;
+    let mut before = None;
+    while shown < limit {
+        let page = audit.page(before, PAGE).await?;
+        let Some(last) = page.last() else { break };
+        before = Some(last.id);
+        for entry in page
+            .iter()
+            .filter(|e| of.holds(e))
+            .take((limit - shown) as usize)
+        {
+            let r = &entry.receipt;
+            writeln!(
+                out,
+                "{:>6}  {:<10}  {:<18}  {:<14}  {:<18}  {:<8}  {:>9}  {:>9}  {:>9}  {:>9}  {}",
+                entry.id,
+                day_of(entry.at),
+                one_line(entry.conversation.as_deref().unwrap_or("-")),
+                one_line(&entry.process),
+                one_line(&entry.tool),
+                entry.outcome,
+                micros(entry.duration_us),
+                r.peak_memory_bytes.map_or_else(|| "-".to_owned(), size),
+                size(r.bytes_in),
+                size(r.bytes_out),
+                requests(
+                    u64::from(r.requests),
+                    u64::from(r.requests_refused),
+                    r.request_bytes_sent,
+                    r.request_bytes_received
+                ),
+            )?;
+            shown += 1;
+        }
+    }
+    if shown == 0 {
+        writeln!(out, "no tool call is recorded{}", scope_of(of))?;
+    }
+    Ok(())
+}
+
+/// Prints `rows` summed by `by`, then their total.
+fn print_costs(out: &mut impl std::io::Write, by: CostsBy, rows: &[Costs]) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "{:<20}  {:>6}  {:>6}  {:>9}  {:>9}  {:>9}  {:>9}  requests",
+        by.as_str(),
+        "calls",
+        "failed",
+        "time",
+        "peak mem",
+        "in",
+        "out"
+    )?;
+    let line = |out: &mut dyn std::io::Write, key: &str, c: &Costs| {
+        writeln!(
+            out,
+            "{:<20}  {:>6}  {:>6}  {:>9}  {:>9}  {:>9}  {:>9}  {}",
+            one_line(key),
+            c.calls,
+            c.failed,
+            micros(c.duration_us),
+            c.peak_memory_bytes.map_or_else(|| "-".to_owned(), size),
+            size(c.bytes_in),
+            size(c.bytes_out),
+            requests(
+                c.requests,
+                c.requests_refused,
+                c.request_bytes_sent,
+                c.request_bytes_received
+            ),
+        )
+    };
+    for row in rows {
+        line(out, row.key.as_deref().unwrap_or("(no conversation)"), row)?;
+    }
+    let report = CostReport::of(rows.to_vec());
+    line(out, "total", &report.total)?;
+    Ok(())
+}
+
+/// ` in CONVERSATION`, or nothing.
+fn scope_of(of: &CostsOf) -> String {
+    of.conversation
+        .as_deref()
+        .map(|c| format!(" in {}", one_line(c)))
+        .unwrap_or_default()
+}
+
+/// `12.3 ms`, `850 µs`, `2.10 s`.
+fn micros(us: u64) -> String {
+    match us {
+        0..1_000 => format!("{us} µs"),
+        1_000..1_000_000 => format!("{:.1} ms", us as f64 / 1e3),
+        _ => format!("{:.2} s", us as f64 / 1e6),
+    }
+}
+
+/// `512 B`, `3.4 KiB`, `2.0 MiB`.
+fn size(bytes: u64) -> String {
+    match bytes {
+        0..1024 => format!("{bytes} B"),
+        1024..1_048_576 => format!("{:.1} KiB", bytes as f64 / 1024.0),
+        _ => format!("{:.1} MiB", bytes as f64 / 1_048_576.0),
+    }
+}
+
+/// `2 (1 refused), 14 B out, 1.0 MiB in`, or `-` for none.
+fn requests(sent: u64, refused: u64, bytes_sent: u64, bytes_received: u64) -> String {
+    if sent == 0 && refused == 0 {
+        return "-".to_owned();
+    }
+    let refused = if refused > 0 {
+        format!(" ({refused} refused)")
+    } else {
+        String::new()
+    };
+    format!(
+        "{sent}{refused}, {} sent, {} received",
+        size(bytes_sent),
+        size(bytes_received)
+    )
 }

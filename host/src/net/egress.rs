@@ -140,6 +140,11 @@ impl CallNet {
         self.audit.flush().await;
     }
 
+    /// What the call's ended requests add up to, for its receipt.
+    pub(crate) fn tally(&self) -> &super::log::RequestTally {
+        self.audit.tally()
+    }
+
     fn key(&self, key: &str) -> String {
         self.host.settings.key_of(&self.scope.tool, key)
     }

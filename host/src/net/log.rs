@@ -1,7 +1,7 @@
 //! The audit row of one request, written when the request ends however it ends.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -9,7 +9,7 @@ use capstan_caps::NetTarget;
 use tokio::task::JoinHandle;
 
 use crate::secrets::Redactor;
-use crate::services::{AuditSink, RequestDecision, RequestRecord};
+use crate::services::{AuditSink, Receipt, RequestDecision, RequestRecord};
 
 /// Where one call's request rows go: the audit sink, written in the background and
 /// awaited before the call returns ([`AuditWriter::flush`]).
@@ -19,6 +19,39 @@ pub(crate) struct AuditWriter {
     pub(super) redactor: Redactor,
     sink: Arc<dyn AuditSink>,
     pending: Mutex<Vec<JoinHandle<()>>>,
+    tally: RequestTally,
+}
+
+/// The requests one call has ended so far, for its receipt: counted where each row is
+/// written, so the receipt and the request log agree.
+#[derive(Debug, Default)]
+pub(crate) struct RequestTally {
+    requests: AtomicU32,
+    refused: AtomicU32,
+    bytes_sent: AtomicU64,
+    bytes_received: AtomicU64,
+}
+
+impl RequestTally {
+    fn count(&self, record: &RequestRecord) {
+        if record.decision == RequestDecision::Refused {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.bytes_sent
+            .fetch_add(record.bytes_sent, Ordering::Relaxed);
+        self.bytes_received
+            .fetch_add(record.bytes_received, Ordering::Relaxed);
+    }
+
+    /// Puts these counts into `receipt`.
+    pub(crate) fn add_to(&self, receipt: &mut Receipt) {
+        receipt.requests += self.requests.load(Ordering::Relaxed);
+        receipt.requests_refused += self.refused.load(Ordering::Relaxed);
+        receipt.request_bytes_sent += self.bytes_sent.load(Ordering::Relaxed);
+        receipt.request_bytes_received += self.bytes_received.load(Ordering::Relaxed);
+    }
 }
 
 impl AuditWriter {
@@ -34,10 +67,17 @@ impl AuditWriter {
             redactor,
             sink,
             pending: Mutex::default(),
+            tally: RequestTally::default(),
         }
     }
 
+    /// What the requests ended so far add up to.
+    pub(crate) fn tally(&self) -> &RequestTally {
+        &self.tally
+    }
+
     fn record(&self, record: RequestRecord) {
+        self.tally.count(&record);
         let sink = self.sink.clone();
         let write = tokio::spawn(async move {
             if let Err(err) = sink.record_request(record).await {

@@ -88,11 +88,16 @@ impl Limits {
 }
 
 /// Enforces [`Limits::memory_bytes`] and remembers that it did, so a trap that follows a
-/// refused growth is reported as running out of memory rather than as a bare trap.
+/// refused growth is reported as running out of memory rather than as a bare trap. It
+/// also keeps the most memory the instance held during the call, for its receipt.
 pub(crate) struct CallLimiter {
     memory_bytes: usize,
     /// The size a refused growth asked for.
     pub(crate) refused_growth: Option<usize>,
+    /// What the instance's memories hold now, together.
+    held: usize,
+    /// The most they held since the call began.
+    peak: usize,
 }
 
 impl CallLimiter {
@@ -100,14 +105,28 @@ impl CallLimiter {
         CallLimiter {
             memory_bytes,
             refused_growth: None,
+            held: 0,
+            peak: 0,
         }
+    }
+
+    /// Readies a kept instance's limiter for its next call: the peak starts at what the
+    /// instance holds.
+    pub(crate) fn begin_call(&mut self) {
+        self.refused_growth = None;
+        self.peak = self.held;
+    }
+
+    /// The most linear memory the instance held since the call began, in bytes.
+    pub(crate) fn peak(&self) -> usize {
+        self.peak
     }
 }
 
 impl wasmtime::ResourceLimiter for CallLimiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
@@ -116,6 +135,9 @@ impl wasmtime::ResourceLimiter for CallLimiter {
             self.refused_growth = Some(desired);
             return Ok(false);
         }
+        // Each memory is created (from 0) and grown through here, so the sum is exact.
+        self.held = self.held.saturating_add(desired.saturating_sub(current));
+        self.peak = self.peak.max(self.held);
         Ok(true)
     }
 

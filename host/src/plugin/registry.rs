@@ -16,13 +16,13 @@ use super::external::ExternalTools;
 use super::host::{Invocation, PluginHost};
 use super::loaded::{LoadedPlugin, ToolInfo};
 use super::settle::{Preferences, Shadowed, settle};
-use super::touched::{CallTrace, Touched};
+use super::touched::{CallTrace, Ran, Touched};
 use super::trust::{Lock, ServerPin};
 use super::warm::ProcessInstances;
-use crate::ids::Caller;
+use crate::ids::{Caller, SessionKey};
 use crate::net::GrantSource;
 use crate::policy::{Grants, InstanceReuse};
-use crate::services::{AuditRecord, Committing};
+use crate::services::{AuditRecord, Committing, Receipt};
 use crate::text::{MAX_ECHOED_NAME, echo_name, one_line};
 
 /// One tool call: which tool, its arguments, and the caller's grants.
@@ -517,7 +517,7 @@ impl Registry {
         // Labels are the router's: a call made here (the CLI, a test) has no process.
         let trace = CallTrace::default();
         let run = self.run_call(&request, GrantSource::Flag, reuse, &trace);
-        self.audited(&request, run).await.committed().await
+        self.audited(&request, None, run).await.committed().await
     }
 
     /// Runs one call its caller's policy offers: the
@@ -550,13 +550,19 @@ impl Registry {
         let run = async {
             tokio::select! {
                 ran = run => ran,
-                () = cancelled => (Err(ToolError::Failed(format!(
-                    "tool `{}` was cancelled by its caller",
-                    echo_name(request.tool, MAX_ECHOED_NAME)
-                ))), trace.touched()),
+                () = cancelled => Ran {
+                    result: Err(ToolError::Failed(format!(
+                        "tool `{}` was cancelled by its caller",
+                        echo_name(request.tool, MAX_ECHOED_NAME)
+                    ))),
+                    touched: trace.touched(),
+                    receipt: Receipt::default(),
+                },
             }
         };
-        let recorded = self.audited(&request, run).await;
+        let recorded = self
+            .audited(&request, trace.conversation.as_ref(), run)
+            .await;
         if self.only_reads(request.tool) {
             return recorded;
         }
@@ -583,24 +589,41 @@ impl Registry {
 
     /// Records `request` as refused with `err` before anything of it ran (a tool its
     /// caller is not offered, or a host tool's name asked of a door that runs none), like
-    /// any refusal: audited. Returns as soon as the row is handed to the store: wait for
-    /// [`Recorded::committed`] before the refusal leaves the host.
-    pub(crate) async fn refuse_call(&self, request: CallRequest<'_>, err: ToolError) -> Recorded {
-        self.audited(&request, async { (Err(err), Touched::default()) })
-            .await
+    /// any refusal: audited, as part of `conversation`'s work when it is. Returns as soon
+    /// as the row is handed to the store: wait for [`Recorded::committed`] before the
+    /// refusal leaves the host.
+    pub(crate) async fn refuse_call(
+        &self,
+        request: CallRequest<'_>,
+        conversation: Option<&SessionKey>,
+        err: ToolError,
+    ) -> Recorded {
+        let run = async { Ran::without_instance(Err(err)) };
+        self.audited(&request, conversation, run).await
     }
 
     /// Awaits `run` and records the outcome: a tracing event, and a row handed to the
-    /// [`CallLog`]'s audit sink (which may be the explicit disabled one).
-    /// Denials are recorded like any other outcome.
+    /// [`CallLog`]'s audit sink (which may be the explicit disabled one), with the call's
+    /// receipt and the conversation whose work it was. Denials are recorded like any
+    /// other outcome.
     async fn audited(
         &self,
         request: &CallRequest<'_>,
-        run: impl Future<Output = (Result<String, ToolError>, Touched)>,
+        conversation: Option<&SessionKey>,
+        run: impl Future<Output = Ran>,
     ) -> Recorded {
         let started = Instant::now();
-        let (result, touched) = run.await;
+        let Ran {
+            result,
+            touched,
+            mut receipt,
+        } = run.await;
         let duration_us = started.elapsed().as_micros() as u64;
+        receipt.bytes_in = request.args_json.len() as u64;
+        receipt.bytes_out = match &result {
+            Ok(output) => output.len(),
+            Err(err) => err.message().len(),
+        } as u64;
         let (outcome, detail) = match &result {
             Ok(_) => ("ok", ""),
             Err(err) => (err.kind(), err.message()),
@@ -631,6 +654,7 @@ impl Registry {
         // The sink keeps the executor free (it never waits for SQLite's lock here), so a
         // database another process holds locked delays this call's audit entry only.
         let call = AuditRecord {
+            conversation: conversation.map(|c| c.as_str().to_owned()),
             process: request.caller.to_string(),
             tool: request.tool.to_owned(),
             grants: effective,
@@ -638,6 +662,7 @@ impl Registry {
             outcome: outcome.to_owned(),
             detail: detail.to_owned(),
             duration_us,
+            receipt,
         };
         let audit = Some(self.log.audit().record_soon(call).await);
         Recorded {
@@ -655,14 +680,14 @@ impl Registry {
         grant_source: GrantSource,
         reuse: impl Fn(&str) -> InstanceReuse,
         trace: &CallTrace,
-    ) -> (Result<String, ToolError>, Touched) {
+    ) -> Ran {
         let call_id = format!("call-{}", self.next_call.fetch_add(1, Ordering::Relaxed));
         let Some((plugin, index)) = self.tools.get(request.tool) else {
             let result = match self.external_tool(request.tool) {
                 Some(tool) => self.run_external(tool, request).await,
                 None => Err(self.unknown_tool(request.tool)),
             };
-            return (result, Touched::default());
+            return Ran::without_instance(result);
         };
         let tool = &plugin.tools[*index];
         let checked = request
@@ -674,7 +699,7 @@ impl Registry {
             });
         let capabilities = match checked {
             Ok(capabilities) => capabilities,
-            Err(err) => return (Err(err), Touched::default()),
+            Err(err) => return Ran::without_instance(Err(err)),
         };
         let call = Invocation {
             tool: &tool.name,

@@ -222,7 +222,7 @@ impl Sandbox {
         self.scope.reads.clone_from(&trace.reads);
         self.scope.log_lines = 0;
         self.egress = egress;
-        self.limiter.refused_growth = None;
+        self.limiter.begin_call();
         self.output.clear();
     }
 

@@ -21,8 +21,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::error::ToolError;
 use crate::flow::Label;
-use crate::services::{FILE_LABELS_MAX, FileStamp};
+use crate::ids::SessionKey;
+use crate::services::{FILE_LABELS_MAX, FileStamp, Receipt};
 
 /// What one call touched beyond its arguments.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -96,6 +98,26 @@ impl Touched {
     }
 }
 
+/// A call that has ended: what it gave back, what it touched, and what it used as far as
+/// the runtime measured it (the registry adds the wall time and the bytes).
+#[derive(Debug)]
+pub(crate) struct Ran {
+    pub(crate) result: Result<String, ToolError>,
+    pub(crate) touched: Touched,
+    pub(crate) receipt: Receipt,
+}
+
+impl Ran {
+    /// A call that ended with `result` having run no instance: it touched nothing.
+    pub(crate) fn without_instance(result: Result<String, ToolError>) -> Self {
+        Ran {
+            result,
+            touched: Touched::default(),
+            receipt: Receipt::default(),
+        }
+    }
+}
+
 /// Where a call's [`Touched`] is noted: shared by the sandbox, which notes, and the host
 /// running the call, which reads it after the call, however the call ended (a call that
 /// traps, is cancelled or is dropped may have written files too).
@@ -127,6 +149,8 @@ pub(crate) struct CallTrace {
     /// any is taken to hold the workspace's untrusted, private data.
     pub(crate) reads: Option<Arc<dyn ReadLabels>>,
     pub(crate) log: TouchLog,
+    /// The conversation whose work the call is, for its audit row.
+    pub(crate) conversation: Option<SessionKey>,
 }
 
 impl fmt::Debug for CallTrace {
@@ -135,6 +159,7 @@ impl fmt::Debug for CallTrace {
             .field("label", &self.label)
             .field("reads", &self.reads.is_some())
             .field("log", &self.log)
+            .field("conversation", &self.conversation)
             .finish()
     }
 }
@@ -146,7 +171,14 @@ impl CallTrace {
             label,
             reads: Some(reads),
             log: TouchLog::default(),
+            conversation: None,
         }
+    }
+
+    /// This trace, for a call that is part of `conversation`'s work.
+    pub(crate) fn in_conversation(mut self, conversation: Option<SessionKey>) -> Self {
+        self.conversation = conversation;
+        self
     }
 
     /// What the call has touched so far.

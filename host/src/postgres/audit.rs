@@ -6,8 +6,8 @@ use super::sessions::live_run;
 use super::{Postgres, now};
 use crate::services::Operation;
 use crate::services::{
-    AuditDestination, AuditEntry, AuditRecord, AuditSink, RequestDecision, RequestEntry,
-    RequestRecord, ServiceError,
+    AuditDestination, AuditEntry, AuditRecord, AuditSink, Costs, CostsBy, CostsOf, Receipt,
+    RequestDecision, RequestEntry, RequestRecord, ServiceError,
 };
 
 #[async_trait]
@@ -16,10 +16,14 @@ impl AuditSink for Postgres {
         let client = self.client().await?;
         let sql = format!(
             "INSERT INTO audit (at, process, tool, grants, arguments, outcome, detail,
-                                duration_us)
-             SELECT $1, $2, $3, $4, $5, $6, $7, $8 WHERE {}",
-            live_run(9)
+                                duration_us, conversation, peak_memory_bytes, bytes_in,
+                                bytes_out, requests, requests_refused, request_bytes_sent,
+                                request_bytes_received)
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16
+             WHERE {}",
+            live_run(17)
         );
+        let r = &call.receipt;
         let written = client
             .execute(
                 &sql,
@@ -32,6 +36,14 @@ impl AuditSink for Postgres {
                     &call.outcome,
                     &call.detail,
                     &(call.duration_us as i64),
+                    &call.conversation,
+                    &r.peak_memory_bytes.map(|n| n as i64),
+                    &(r.bytes_in as i64),
+                    &(r.bytes_out as i64),
+                    &i64::from(r.requests),
+                    &i64::from(r.requests_refused),
+                    &(r.request_bytes_sent as i64),
+                    &(r.request_bytes_received as i64),
                     &self.writer_run(),
                 ],
             )
@@ -49,7 +61,9 @@ impl AuditSink for Postgres {
         let before = before.map_or(i64::MAX, |id| i64::try_from(id).unwrap_or(i64::MAX));
         let rows = client
             .query(
-                "SELECT id, at, process, tool, grants, arguments, outcome, detail, duration_us
+                "SELECT id, at, process, tool, grants, arguments, outcome, detail, duration_us,
+                        conversation, peak_memory_bytes, bytes_in, bytes_out, requests,
+                        requests_refused, request_bytes_sent, request_bytes_received
                  FROM audit WHERE id < $1 ORDER BY id DESC LIMIT $2",
                 &[&before, &i64::from(limit)],
             )
@@ -57,16 +71,72 @@ impl AuditSink for Postgres {
             .map_err(|err| self.failed(Operation::AuditPage, err))?;
         Ok(rows
             .iter()
-            .map(|row| AuditEntry {
-                id: row.get::<_, i64>(0) as u64,
-                at: row.get(1),
-                process: row.get(2),
-                tool: row.get(3),
-                grants: row.get(4),
-                arguments: row.get(5),
-                outcome: row.get(6),
-                detail: row.get(7),
-                duration_us: row.get::<_, i64>(8) as u64,
+            .map(|row| {
+                let count = |i| row.get::<_, i64>(i) as u64;
+                AuditEntry {
+                    id: count(0),
+                    at: row.get(1),
+                    process: row.get(2),
+                    tool: row.get(3),
+                    grants: row.get(4),
+                    arguments: row.get(5),
+                    outcome: row.get(6),
+                    detail: row.get(7),
+                    duration_us: count(8),
+                    conversation: row.get(9),
+                    receipt: Receipt {
+                        peak_memory_bytes: row.get::<_, Option<i64>>(10).map(|n| n as u64),
+                        bytes_in: count(11),
+                        bytes_out: count(12),
+                        requests: count(13) as u32,
+                        requests_refused: count(14) as u32,
+                        request_bytes_sent: count(15),
+                        request_bytes_received: count(16),
+                    },
+                }
+            })
+            .collect())
+    }
+
+    async fn costs(&self, by: CostsBy, of: &CostsOf) -> Result<Vec<Costs>, ServiceError> {
+        let client = self.client().await?;
+        let key = match by {
+            CostsBy::Conversation => "conversation",
+            CostsBy::Process => "process",
+            CostsBy::Tool => "tool",
+            CostsBy::Day => "to_char(to_timestamp(at) AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+        };
+        // Sums as BIGINT (PostgreSQL sums BIGINTs as NUMERIC); byte order, as SQLite sorts.
+        let sql = format!(
+            "SELECT {key} COLLATE \"C\" AS k, count(*), count(*) FILTER (WHERE outcome <> 'ok'),
+                    sum(duration_us)::BIGINT, max(peak_memory_bytes), sum(bytes_in)::BIGINT,
+                    sum(bytes_out)::BIGINT, sum(requests)::BIGINT,
+                    sum(requests_refused)::BIGINT, sum(request_bytes_sent)::BIGINT,
+                    sum(request_bytes_received)::BIGINT
+             FROM audit WHERE $1::TEXT IS NULL OR conversation = $1
+             GROUP BY 1 ORDER BY 1 NULLS FIRST"
+        );
+        let rows = client
+            .query(&sql, &[&of.conversation])
+            .await
+            .map_err(|err| self.failed(Operation::AuditCosts, err))?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let sum = |i| row.get::<_, i64>(i) as u64;
+                Costs {
+                    key: row.get(0),
+                    calls: sum(1),
+                    failed: sum(2),
+                    duration_us: sum(3),
+                    peak_memory_bytes: row.get::<_, Option<i64>>(4).map(|n| n as u64),
+                    bytes_in: sum(5),
+                    bytes_out: sum(6),
+                    requests: sum(7),
+                    requests_refused: sum(8),
+                    request_bytes_sent: sum(9),
+                    request_bytes_received: sum(10),
+                }
             })
             .collect())
     }

@@ -229,6 +229,19 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE working_memory ADD COLUMN label TEXT NOT NULL DEFAULT '{"untrusted":["plugin:*"],"more":[0,1,0]}';
     "#,
+    // 9: each call's receipt and the conversation it was part of (as the SQLite store's
+    // migration 12).
+    r#"
+    ALTER TABLE audit ADD COLUMN conversation TEXT;
+    ALTER TABLE audit ADD COLUMN peak_memory_bytes BIGINT;
+    ALTER TABLE audit ADD COLUMN bytes_in BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE audit ADD COLUMN bytes_out BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE audit ADD COLUMN requests BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE audit ADD COLUMN requests_refused BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE audit ADD COLUMN request_bytes_sent BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE audit ADD COLUMN request_bytes_received BIGINT NOT NULL DEFAULT 0;
+    CREATE INDEX audit_conversation ON audit(conversation);
+    "#,
 ];
 
 /// The schema version this build brings a database to.

@@ -867,6 +867,8 @@ mod tests {
             outcome: "ok".into(),
             detail: String::new(),
             duration_us: 1,
+            conversation: None,
+            receipt: crate::services::Receipt::default(),
         };
         a.record(call()).await.unwrap();
 

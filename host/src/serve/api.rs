@@ -415,6 +415,40 @@ pub(crate) async fn audit(
     Ok(Json(AuditPage { entries, next }))
 }
 
+/// Which calls' costs, summed how.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct CostsQuery {
+    /// What each row sums over: `conversation` (the default), `process`, `tool` or `day`.
+    #[param(value_type = Option<String>)]
+    by: Option<crate::services::CostsBy>,
+    /// Only the calls of this conversation: `main`, or a session key (`channel:main`).
+    conversation: Option<String>,
+}
+
+/// `GET /v1/audit/costs`: the receipts of tool calls (wall time, peak memory, bytes in and
+/// out, outbound requests and their bytes) summed by conversation, process, tool or day,
+/// with their total.
+#[utoipa::path(get, path = "/v1/audit/costs", tag = "state", params(CostsQuery),
+    responses((status = 200, body = crate::services::CostReport,
+               description = "One row per group, ordered by it, and the total")))]
+pub(crate) async fn costs(
+    State(app): State<Arc<App>>,
+    ApiQuery(query): ApiQuery<CostsQuery>,
+) -> Result<Json<crate::services::CostReport>, ApiError> {
+    let of = query
+        .conversation
+        .as_deref()
+        .map_or_else(Default::default, crate::services::CostsOf::conversation);
+    let rows = app
+        .runtime
+        .services()
+        .audit
+        .costs(query.by.unwrap_or_default(), &of)
+        .await?;
+    Ok(Json(crate::services::CostReport::of(rows)))
+}
+
 /// Outbound requests, newest first.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct RequestList {

@@ -15,7 +15,7 @@ use super::{api, approvals, error, openai, stream};
     ),
     paths(
         api::channels, api::history, api::post_message, api::workers, api::branches,
-        api::tasks, api::policy, api::audit, api::requests, api::plugins, api::tools,
+        api::tasks, api::policy, api::audit, api::requests, api::costs, api::plugins, api::tools,
         approvals::list, approvals::get, approvals::approve, approvals::deny,
         stream::events, openai::models, openai::chat_completions,
     ),

@@ -8,15 +8,17 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::ServiceError;
+use super::receipt::{Costs, CostsBy, CostsOf, Receipt, sum_costs};
 
 /// Where every tool call is recorded.
 ///
 /// ```
-/// use capstan_host::services::{AuditRecord, Services};
+/// use capstan_host::services::{AuditRecord, Receipt, Services};
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let services = Services::in_memory();
 /// let call = AuditRecord {
+///     conversation: Some("channel:main".into()),
 ///     process: "branch:1".into(),
 ///     tool: "file_read".into(),
 ///     grants: "fs.read".into(),
@@ -24,6 +26,7 @@ use super::ServiceError;
 ///     outcome: "ok".into(),
 ///     detail: String::new(),
 ///     duration_us: 42,
+///     receipt: Receipt { bytes_in: 35, ..Receipt::default() },
 /// };
 /// services.audit.record(call).await.unwrap();
 /// let log = services.audit.recent(10).await.unwrap();
@@ -53,6 +56,21 @@ pub trait AuditSink: Send + Sync {
     /// the next page starts before the last entry of this one.
     async fn page(&self, before: Option<u64>, limit: u32) -> Result<Vec<AuditEntry>, ServiceError>;
 
+    /// The receipts of the calls `of` holds, summed by `by`, ordered by key (calls of no
+    /// conversation first). The default reads every row through [`AuditSink::page`];
+    /// a database sums where the rows are.
+    async fn costs(&self, by: CostsBy, of: &CostsOf) -> Result<Vec<Costs>, ServiceError> {
+        let mut entries = Vec::new();
+        let mut before = None;
+        loop {
+            let page = self.page(before, COSTS_PAGE).await?;
+            let Some(last) = page.last() else { break };
+            before = Some(last.id);
+            entries.extend(page.into_iter().filter(|e| of.holds(e)));
+        }
+        Ok(sum_costs(&entries, by, of))
+    }
+
     /// Records one outbound request a tool made or tried to make.
     async fn record_request(&self, request: RequestRecord) -> Result<(), ServiceError>;
 
@@ -62,6 +80,9 @@ pub trait AuditSink: Send + Sync {
     /// Where the log is kept, or that it is not: what `capstan policy` shows.
     fn destination(&self) -> AuditDestination;
 }
+
+/// Rows read per page by the default [`AuditSink::costs`].
+const COSTS_PAGE: u32 = 1000;
 
 /// Where an [`AuditSink`] keeps what it records.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -236,6 +257,10 @@ pub struct RequestEntry {
 /// One tool call to record.
 #[derive(Debug, Clone)]
 pub struct AuditRecord {
+    /// The conversation whose work the call was, by its session (`channel:main`): a
+    /// worker's or branch's is the conversation that started it. `None` for a door's
+    /// calls (`capstan tool call`, `capstan mcp`).
+    pub conversation: Option<String>,
     /// The calling process, e.g. `worker:3`.
     pub process: String,
     /// The tool.
@@ -250,6 +275,8 @@ pub struct AuditRecord {
     pub detail: String,
     /// How long the call took.
     pub duration_us: u64,
+    /// What else it used.
+    pub receipt: Receipt,
 }
 
 /// A stored audit row.
@@ -259,6 +286,8 @@ pub struct AuditEntry {
     pub id: u64,
     /// Unix seconds.
     pub at: i64,
+    /// The conversation whose work the call was; `None` for a door's calls.
+    pub conversation: Option<String>,
     /// The calling process.
     pub process: String,
     /// The tool.
@@ -273,6 +302,9 @@ pub struct AuditEntry {
     pub detail: String,
     /// Microseconds.
     pub duration_us: u64,
+    /// What else it used.
+    #[serde(flatten)]
+    pub receipt: Receipt,
 }
 
 /// The text that replaces a redacted value.

@@ -112,6 +112,14 @@ impl AuditSink for RedactedAudit {
         self.0.page(before, limit).await
     }
 
+    async fn costs(
+        &self,
+        by: super::CostsBy,
+        of: &super::CostsOf,
+    ) -> Result<Vec<super::Costs>, ServiceError> {
+        self.0.costs(by, of).await
+    }
+
     async fn record_request(&self, request: RequestRecord) -> Result<(), ServiceError> {
         self.0.record_request(request).await
     }

@@ -3,9 +3,9 @@
 //! module. A new backend passes them before anything uses it.
 
 use super::{
-    Answer, ApprovalState, AuditRecord, Claim, ForwardId, Forwarded, Lease, NewApproval, NewMemory,
-    NewTask, Priority, REDACTED, ServiceError, Services, TaskFilter, TaskPatch, TaskStatus,
-    Verdict, WorkerState, WorkingEntry,
+    Answer, ApprovalState, AuditRecord, Claim, CostsBy, CostsOf, ForwardId, Forwarded, Lease,
+    NewApproval, NewMemory, NewTask, Priority, REDACTED, Receipt, ServiceError, Services,
+    TaskFilter, TaskPatch, TaskStatus, Verdict, WorkerState, WorkingEntry, day_of, sum_costs,
 };
 use crate::flow::{ArgsDigest, Label, Origin};
 use crate::ids::ProcessKind;
@@ -20,6 +20,7 @@ pub(crate) async fn check_all(fresh: impl AsyncFn() -> Services) {
     working_memory_expires_and_lists_by_prefix(&fresh().await).await;
     history_appends_in_order_replaces_and_refuses_to_load_short(&fresh().await).await;
     audit_redacts_and_lists_newest_first(&fresh().await).await;
+    receipts_are_kept_and_summed_alike(&fresh().await).await;
     the_ledger_numbers_processes_and_interrupts_the_workers_of_ended_runs(&fresh().await).await;
     recall_matches_whole_words_of_kind_and_content_whatever_their_case(&fresh().await).await;
     a_long_ttl_is_a_long_life(&fresh().await).await;
@@ -690,6 +691,8 @@ async fn audit_redacts_and_lists_newest_first(s: &Services) {
             outcome: outcome.into(),
             detail: String::new(),
             duration_us: 42,
+            conversation: None,
+            receipt: Receipt::default(),
         };
         s.audit.record(call).await.unwrap();
     }
@@ -710,6 +713,118 @@ async fn audit_redacts_and_lists_newest_first(s: &Services) {
     );
     assert!(log[0].arguments.contains(REDACTED), "{}", log[0].arguments);
     assert_eq!(s.audit.recent(1).await.unwrap().len(), 1);
+}
+
+async fn receipts_are_kept_and_summed_alike(s: &Services) {
+    let rows = [
+        (
+            Some("channel:a"),
+            "worker:1",
+            "fetch",
+            "ok",
+            Some(3 << 20),
+            2,
+            1,
+        ),
+        (
+            Some("channel:a"),
+            "channel:a",
+            "fetch",
+            "denied",
+            None,
+            0,
+            2,
+        ),
+        (
+            Some("channel:b"),
+            "branch:2",
+            "read",
+            "ok",
+            Some(1 << 20),
+            0,
+            0,
+        ),
+        (None, "mcp:ci", "fetch", "failed", Some(5 << 20), 1, 0),
+    ];
+    for (n, (conversation, process, tool, outcome, peak, requests, refused)) in
+        rows.into_iter().enumerate()
+    {
+        let n = n as u64;
+        let call = AuditRecord {
+            conversation: conversation.map(Into::into),
+            process: process.into(),
+            tool: tool.into(),
+            grants: String::new(),
+            arguments: "{}".into(),
+            outcome: outcome.into(),
+            detail: String::new(),
+            duration_us: 100 + n,
+            receipt: Receipt {
+                peak_memory_bytes: peak,
+                bytes_in: 10 + n,
+                bytes_out: 1000 * n,
+                requests,
+                requests_refused: refused,
+                request_bytes_sent: 7 * u64::from(requests),
+                request_bytes_received: 1 << (20 + n),
+            },
+        };
+        s.audit.record(call).await.unwrap();
+    }
+    let log = s.audit.recent(10).await.unwrap();
+    assert_eq!(log[0].conversation, None);
+    assert_eq!(log[3].conversation.as_deref(), Some("channel:a"));
+    assert_eq!(
+        log[3].receipt,
+        Receipt {
+            peak_memory_bytes: Some(3 << 20),
+            bytes_in: 10,
+            bytes_out: 0,
+            requests: 2,
+            requests_refused: 1,
+            request_bytes_sent: 14,
+            request_bytes_received: 1 << 20,
+        },
+        "a receipt reads back as it was recorded"
+    );
+    assert_eq!(log[2].receipt.peak_memory_bytes, None);
+    // The store's own sums agree with the rows summed one by one, for every grouping.
+    let a = CostsOf {
+        conversation: Some("channel:a".into()),
+    };
+    for by in [
+        CostsBy::Conversation,
+        CostsBy::Process,
+        CostsBy::Tool,
+        CostsBy::Day,
+    ] {
+        for of in [CostsOf::default(), a.clone()] {
+            let summed = s.audit.costs(by, &of).await.unwrap();
+            assert_eq!(summed, sum_costs(&log, by, &of), "by {by:?} of {of:?}");
+        }
+    }
+    let by_conversation = s
+        .audit
+        .costs(CostsBy::Conversation, &CostsOf::default())
+        .await
+        .unwrap();
+    let keys: Vec<Option<&str>> = by_conversation.iter().map(|c| c.key.as_deref()).collect();
+    assert_eq!(keys, [None, Some("channel:a"), Some("channel:b")]);
+    let channel_a = &by_conversation[1];
+    assert_eq!(
+        (
+            channel_a.calls,
+            channel_a.failed,
+            channel_a.duration_us,
+            channel_a.peak_memory_bytes,
+            channel_a.requests,
+            channel_a.requests_refused,
+        ),
+        (2, 1, 201, Some(3 << 20), 2, 3)
+    );
+    // The first day is the day of the conversation's first call (`YYYY-MM-DD`, UTC).
+    let by_day = s.audit.costs(CostsBy::Day, &a).await.unwrap();
+    assert_eq!(by_day[0].key.as_deref(), Some(day_of(log[3].at).as_str()));
 }
 
 async fn conversations_workers_and_audit_pages_list_what_is_stored(s: &Services) {
@@ -768,6 +883,8 @@ async fn conversations_workers_and_audit_pages_list_what_is_stored(s: &Services)
             outcome: "ok".into(),
             detail: String::new(),
             duration_us: 1,
+            conversation: None,
+            receipt: Receipt::default(),
         };
         s.audit.record(call).await.unwrap();
     }

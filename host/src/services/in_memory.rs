@@ -320,6 +320,7 @@ impl AuditSink for InMemory {
         let entry = AuditEntry {
             id: state.audit.len() as u64 + 1,
             at: now(),
+            conversation: call.conversation,
             arguments: call.arguments,
             process: call.process,
             tool: call.tool,
@@ -327,6 +328,7 @@ impl AuditSink for InMemory {
             outcome: call.outcome,
             detail: call.detail,
             duration_us: call.duration_us,
+            receipt: call.receipt,
         };
         state.audit.push(entry);
         Ok(())

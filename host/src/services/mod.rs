@@ -37,6 +37,7 @@ mod in_memory;
 mod ledger;
 mod memory;
 mod operation;
+mod receipt;
 mod sessions;
 mod tasks;
 
@@ -72,6 +73,7 @@ pub use memory::{
     expires_at, memory_words, recall_terms, recall_words,
 };
 pub use operation::Operation;
+pub use receipt::{CostReport, Costs, CostsBy, CostsOf, Receipt, day_of, sum_costs};
 pub use sessions::{Answer, AnswerOutcome, Claim, Epoch, ForwardId, Forwarded, Sessions};
 pub use tasks::{
     DEFAULT_LIST_LIMIT, NewTask, Priority, Task, TaskBoard, TaskFilter, TaskPatch, TaskStatus,

@@ -91,6 +91,8 @@ operations! {
     AuditRecord = "audit.record",
     /// [`AuditSink::page`](super::AuditSink::page).
     AuditPage = "audit.page",
+    /// [`AuditSink::costs`](super::AuditSink::costs).
+    AuditCosts = "audit.costs",
     /// [`AuditSink::record_request`](super::AuditSink::record_request).
     AuditRecordRequest = "audit.record-request",
     /// [`AuditSink::recent_requests`](super::AuditSink::recent_requests).

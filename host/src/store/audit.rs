@@ -4,7 +4,10 @@
 use rusqlite::{Transaction, params};
 
 use super::{Store, StoreError, now};
-use crate::services::{AuditEntry, AuditRecord, RequestDecision, RequestEntry, RequestRecord};
+use crate::services::{
+    AuditEntry, AuditRecord, Costs, CostsBy, CostsOf, Receipt, RequestDecision, RequestEntry,
+    RequestRecord,
+};
 
 impl Store {
     /// Records one call as given (the services redact its arguments before it gets here).
@@ -32,13 +35,16 @@ impl Store {
     ) -> Result<Vec<AuditEntry>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(
-            "SELECT id, at, process, tool, grants, arguments, outcome, detail, duration_us
+            "SELECT id, at, process, tool, grants, arguments, outcome, detail, duration_us,
+                    conversation, peak_memory_bytes, bytes_in, bytes_out, requests,
+                    requests_refused, request_bytes_sent, request_bytes_received
              FROM audit WHERE id < ?1 ORDER BY id DESC LIMIT ?2",
         )?;
         let before = before.map_or(i64::MAX, |id| i64::try_from(id).unwrap_or(i64::MAX));
         let rows = stmt.query_map(params![before, limit], |row| {
+            let count = |i| row.get::<_, i64>(i).map(|n| n as u64);
             Ok(AuditEntry {
-                id: row.get::<_, i64>(0)? as u64,
+                id: count(0)?,
                 at: row.get(1)?,
                 process: row.get(2)?,
                 tool: row.get(3)?,
@@ -46,7 +52,53 @@ impl Store {
                 arguments: row.get(5)?,
                 outcome: row.get(6)?,
                 detail: row.get(7)?,
-                duration_us: row.get::<_, i64>(8)? as u64,
+                duration_us: count(8)?,
+                conversation: row.get(9)?,
+                receipt: Receipt {
+                    peak_memory_bytes: row.get::<_, Option<i64>>(10)?.map(|n| n as u64),
+                    bytes_in: count(11)?,
+                    bytes_out: count(12)?,
+                    requests: count(13)? as u32,
+                    requests_refused: count(14)? as u32,
+                    request_bytes_sent: count(15)?,
+                    request_bytes_received: count(16)?,
+                },
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The receipts of the calls `of` holds, summed by `by` where the rows are.
+    pub fn audit_costs(&self, by: CostsBy, of: &CostsOf) -> Result<Vec<Costs>, StoreError> {
+        let conn = self.conn();
+        let key = match by {
+            CostsBy::Conversation => "conversation",
+            CostsBy::Process => "process",
+            CostsBy::Tool => "tool",
+            CostsBy::Day => "date(at, 'unixepoch')",
+        };
+        let sql = format!(
+            "SELECT {key} AS k, count(*), sum(outcome <> 'ok'), sum(duration_us),
+                    max(peak_memory_bytes), sum(bytes_in), sum(bytes_out), sum(requests),
+                    sum(requests_refused), sum(request_bytes_sent), sum(request_bytes_received)
+             FROM audit WHERE ?1 IS NULL OR conversation = ?1
+             GROUP BY k ORDER BY k"
+        );
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let rows = stmt.query_map([&of.conversation], |row| {
+            let sum = |i| row.get::<_, i64>(i).map(|n| n as u64);
+            Ok(Costs {
+                key: row.get(0)?,
+                calls: sum(1)?,
+                failed: sum(2)?,
+                duration_us: sum(3)?,
+                peak_memory_bytes: row.get::<_, Option<i64>>(4)?.map(|n| n as u64),
+                bytes_in: sum(5)?,
+                bytes_out: sum(6)?,
+                requests: sum(7)?,
+                requests_refused: sum(8)?,
+                request_bytes_sent: sum(9)?,
+                request_bytes_received: sum(10)?,
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
@@ -133,10 +185,13 @@ fn insert_each<'r>(
     records: impl Iterator<Item = (i64, &'r AuditRecord)>,
 ) -> Result<(), StoreError> {
     let mut insert = tx.prepare_cached(
-        "INSERT INTO audit (at, process, tool, grants, arguments, outcome, detail, duration_us)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        "INSERT INTO audit (at, process, tool, grants, arguments, outcome, detail, duration_us,
+             conversation, peak_memory_bytes, bytes_in, bytes_out, requests, requests_refused,
+             request_bytes_sent, request_bytes_received)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
     )?;
     for (at, record) in records {
+        let r = &record.receipt;
         insert.execute(params![
             at,
             record.process,
@@ -145,7 +200,15 @@ fn insert_each<'r>(
             record.arguments,
             record.outcome,
             record.detail,
-            record.duration_us as i64
+            record.duration_us as i64,
+            record.conversation,
+            r.peak_memory_bytes.map(|n| n as i64),
+            r.bytes_in as i64,
+            r.bytes_out as i64,
+            r.requests,
+            r.requests_refused,
+            r.request_bytes_sent as i64,
+            r.request_bytes_received as i64
         ])?;
     }
     Ok(())

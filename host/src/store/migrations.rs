@@ -226,6 +226,19 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE working_memory ADD COLUMN label TEXT NOT NULL DEFAULT '{"untrusted":["plugin:*"],"more":[0,1,0]}';
     "#,
+    // 12: each call's receipt and the conversation it was part of; rows from before have
+    // none (zeros, and no conversation).
+    r#"
+    ALTER TABLE audit ADD COLUMN conversation TEXT;
+    ALTER TABLE audit ADD COLUMN peak_memory_bytes INTEGER;
+    ALTER TABLE audit ADD COLUMN bytes_in INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE audit ADD COLUMN bytes_out INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE audit ADD COLUMN requests INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE audit ADD COLUMN requests_refused INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE audit ADD COLUMN request_bytes_sent INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE audit ADD COLUMN request_bytes_received INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX audit_conversation ON audit(conversation);
+    "#,
 ];
 
 /// The schema version this binary writes.
@@ -325,6 +338,8 @@ mod tests {
             outcome: "ok".into(),
             detail: String::new(),
             duration_us: 1,
+            conversation: None,
+            receipt: crate::services::Receipt::default(),
         };
         store.record_call(&record).unwrap();
         let ids: Vec<(u64, String)> = store

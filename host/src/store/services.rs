@@ -227,6 +227,16 @@ impl AuditSink for Sqlite {
             .await
     }
 
+    async fn costs(
+        &self,
+        by: crate::services::CostsBy,
+        of: &crate::services::CostsOf,
+    ) -> Result<Vec<crate::services::Costs>, ServiceError> {
+        let of = of.clone();
+        self.run(Operation::AuditCosts, move |s| s.audit_costs(by, &of))
+            .await
+    }
+
     async fn record_request(&self, request: RequestRecord) -> Result<(), ServiceError> {
         self.requests.submit(request).await
     }

@@ -12,7 +12,7 @@ use super::catalog::ToolCatalog;
 use super::host::{HostCall, HostTool};
 use super::provenance::WorkspaceFiles;
 use crate::flow::{Action, ArgsDigest, Carried, Label, Sink, WorkspaceLabel};
-use crate::ids::{Caller, ProcessId};
+use crate::ids::{Caller, ProcessId, SessionKey};
 use crate::net::GrantSource;
 use crate::plugin::{
     CallRequest, CallTrace, ProcessInstances, Recorded, Registry, ToolError, Touched,
@@ -238,6 +238,7 @@ impl ToolRouter {
             context,
             carried,
             handles,
+            conversation,
         } = read;
         let kind = caller.kind();
         if let Some(tool) = HostTool::named(name) {
@@ -268,7 +269,9 @@ impl ToolRouter {
                 decision => not_offered(name, kind, &decision),
             };
             // Audited as a plugin tool's refusal is.
-            let recorded = self.refuse(caller, name, arguments, refusal).await;
+            let recorded = self
+                .refuse(caller, conversation, name, arguments, refusal)
+                .await;
             return Routed::Ran {
                 recorded,
                 label: Label::trusted(),
@@ -292,7 +295,8 @@ impl ToolRouter {
         // A refusal is the host's own words; what a tool that ran returns is labelled by
         // what the call could read.
         let writer = context.clone().joined(carried);
-        let trace = CallTrace::new(writer.clone(), self.files.clone());
+        let trace = CallTrace::new(writer.clone(), self.files.clone())
+            .in_conversation(conversation.cloned());
         // Were this call dropped mid-way (its worker cancelled or out of time), what it
         // wrote is still recorded, with what it had read.
         let unfinished = Unfinished {
@@ -323,10 +327,12 @@ impl ToolRouter {
     }
 
     /// Refuses process `caller`'s call of tool `name` with `arguments` before it is
-    /// routed, saying `refusal`: audited as any refused call is.
+    /// routed, saying `refusal`: audited as any refused call is, as part of
+    /// `conversation`'s work.
     pub async fn refuse(
         &self,
         caller: &ProcessId,
+        conversation: Option<&SessionKey>,
         name: &str,
         arguments: &str,
         refusal: ToolError,
@@ -344,7 +350,9 @@ impl ToolRouter {
             caller: &Caller::from(caller.clone()),
             instances: None,
         };
-        self.registry.refuse_call(request, refusal).await
+        self.registry
+            .refuse_call(request, conversation, refusal)
+            .await
     }
 
     /// The label of what a call of tool `name` by a `kind` process returned, having
@@ -567,7 +575,10 @@ impl ToolRouter {
                 "`{name}` is a host tool: it runs only inside an agent's {} process",
                 tool.kinds_running().join(" or ")
             ));
-            let refused = self.registry.refuse_call(request, refusal).await;
+            let refused = self
+                .registry
+                .refuse_call(request, trace.conversation.as_ref(), refusal)
+                .await;
             return Outcome::Ran(refused, Started::No);
         }
         // The one decision of the call: the registry runs what it is handed.
@@ -588,7 +599,10 @@ impl ToolRouter {
                         Gate::Pass(None) => {}
                         Gate::Pass(Some(approved)) => approved_arguments = Some(approved),
                         Gate::Refused(refusal) => {
-                            let refused = self.registry.refuse_call(request, refusal).await;
+                            let refused = self
+                                .registry
+                                .refuse_call(request, trace.conversation.as_ref(), refusal)
+                                .await;
                             return Outcome::Ran(refused, Started::No);
                         }
                         Gate::Parked(approval) => return Outcome::Parked(approval),
@@ -612,14 +626,18 @@ impl ToolRouter {
             Decision::NotLoaded => {
                 let unknown = self.registry.unknown_tool(name);
                 Outcome::Ran(
-                    self.registry.refuse_call(request, unknown).await,
+                    self.registry
+                        .refuse_call(request, trace.conversation.as_ref(), unknown)
+                        .await,
                     Started::No,
                 )
             }
             refused => {
                 let refusal = not_offered(name, kind, &refused);
                 Outcome::Ran(
-                    self.registry.refuse_call(request, refusal).await,
+                    self.registry
+                        .refuse_call(request, trace.conversation.as_ref(), refusal)
+                        .await,
                     Started::No,
                 )
             }
@@ -657,16 +675,29 @@ pub struct Read<'a> {
     /// Those handles, each bound to its value's digest: what a person asked about the
     /// call may endorse.
     pub handles: &'a [Carried],
+    /// The conversation whose work the call is part of (a worker's is the one that
+    /// started it), recorded with the call's audit row; `None` outside a conversation.
+    pub conversation: Option<&'a SessionKey>,
 }
 
 impl<'a> Read<'a> {
-    /// A call written after reading `context`, with no handle in its arguments.
+    /// A call written after reading `context`, with no handle in its arguments, outside
+    /// any conversation.
     pub fn context(context: &'a Label) -> Self {
         static CLEAR: Label = Label::trusted();
         Read {
             context,
             carried: &CLEAR,
             handles: &[],
+            conversation: None,
+        }
+    }
+
+    /// This read, for a call that is part of `conversation`'s work.
+    pub fn in_conversation(self, conversation: &'a SessionKey) -> Self {
+        Read {
+            conversation: Some(conversation),
+            ..self
         }
     }
 }

@@ -572,6 +572,70 @@ fn the_demo_runs_from_any_directory_and_ends_with_the_tasks_from_sqlite() {
     assert_eq!(stdout(&tasks).lines().count(), 4, "{}", stdout(&tasks));
 }
 
+/// After the demo, `capstan audit` lists its calls with their receipts and sums them by
+/// conversation, tool and day, from the SQLite file; the JSON total is the rows' sum.
+#[test]
+fn audit_lists_and_sums_the_receipts_of_the_demo_calls() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let dir = elsewhere.path().join("demo");
+    let out = capstan(elsewhere.path(), &["demo", "--dir", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    std::fs::write(dir.join("capstan.toml"), "").unwrap();
+
+    let costs = capstan(&dir, &["audit", "costs"]);
+    assert!(costs.status.success(), "{}", stderr(&costs));
+    let text = stdout(&costs);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("conversation") && lines[0].contains("peak mem"),
+        "{text}"
+    );
+    assert!(lines[1].starts_with("channel:main"), "{text}");
+    assert!(lines.last().unwrap().starts_with("total"), "{text}");
+
+    let json = capstan(&dir, &["audit", "costs", "--by", "tool", "--json"]);
+    assert!(json.status.success(), "{}", stderr(&json));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    let tools: Vec<&str> = rows.iter().map(|r| r["key"].as_str().unwrap()).collect();
+    assert!(
+        tools.contains(&"file_read") && tools.contains(&"task_create"),
+        "{tools:?}"
+    );
+    let sum = |field: &str| rows.iter().map(|r| r[field].as_u64().unwrap()).sum::<u64>();
+    for field in ["calls", "failed", "duration_us", "bytes_in", "bytes_out"] {
+        assert_eq!(
+            report["total"][field].as_u64().unwrap(),
+            sum(field),
+            "{field}"
+        );
+    }
+    let calls = report["total"]["calls"].as_u64().unwrap();
+    assert!(
+        calls >= 5,
+        "the demo's workers and branches call tools: {calls}"
+    );
+    assert!(report["total"]["peak_memory_bytes"].as_u64().unwrap() > 0);
+
+    let listed = capstan(
+        &dir,
+        &["audit", "calls", "--conversation", "main", "--limit", "3"],
+    );
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    let text = stdout(&listed);
+    assert_eq!(text.lines().count(), 4, "a header and three calls: {text}");
+    assert!(
+        text.lines().skip(1).all(|l| l.contains("channel:main")),
+        "{text}"
+    );
+    let none = capstan(&dir, &["audit", "calls", "--conversation", "elsewhere"]);
+    assert!(
+        stdout(&none).contains("no tool call is recorded in channel:elsewhere"),
+        "{}",
+        stdout(&none)
+    );
+}
+
 #[test]
 fn run_sends_one_message_and_prints_the_reply() {
     let dir = tempfile::tempdir().unwrap();

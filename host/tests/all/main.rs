@@ -34,6 +34,7 @@ mod pinning;
 mod policy_lint;
 mod postgres;
 mod providers;
+mod receipts;
 mod reuse;
 mod sandbox;
 mod serve;

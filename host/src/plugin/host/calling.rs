@@ -20,8 +20,9 @@ use crate::plugin::failure;
 use crate::plugin::loaded::LoadedPlugin;
 use crate::plugin::offline::NotLinked;
 use crate::plugin::sandbox::{CallScope, Sandbox};
-use crate::plugin::touched::{CallTrace, Touched};
+use crate::plugin::touched::{CallTrace, Ran};
 use crate::plugin::warm::{ProcessInstances, WarmInstance, WarmKey};
+use crate::services::Receipt;
 use crate::text::{one_line, truncate};
 
 /// One call as the host runs it.
@@ -41,6 +42,23 @@ pub(crate) struct Invocation<'a> {
     pub(crate) trace: &'a CallTrace,
     /// The calling process's own instances, when its policy reuses this plugin's.
     pub(crate) instances: Option<&'a ProcessInstances>,
+}
+
+/// What a run gave, and the most linear memory its instance held.
+pub(super) struct Metered<R> {
+    pub(super) outcome: Result<R, ToolError>,
+    /// `None`: no instance ran (its sandbox could not be built).
+    pub(super) peak_memory: Option<usize>,
+}
+
+impl<R> Metered<R> {
+    /// A run that ended with `err` before any instance ran.
+    fn not_run(err: ToolError) -> Self {
+        Metered {
+            outcome: Err(err),
+            peak_memory: None,
+        }
+    }
 }
 
 /// Which kept instance a call runs in, and where it notes what it touches.
@@ -69,11 +87,7 @@ impl PluginHost {
     /// call that made it, so such a call always starts fresh). What leaves the call (its
     /// output or error) has every secret value redacted. With it comes what the call
     /// touched beyond its arguments, however it ended.
-    pub(crate) async fn invoke(
-        &self,
-        plugin: &LoadedPlugin,
-        call: Invocation<'_>,
-    ) -> (Result<String, ToolError>, Touched) {
+    pub(crate) async fn invoke(&self, plugin: &LoadedPlugin, call: Invocation<'_>) -> Ran {
         let scope = NetScope::new(
             call.tool,
             &call.capabilities,
@@ -130,7 +144,7 @@ impl PluginHost {
                 .call_call(store, call.tool, call.args_json, &context)
                 .await
         };
-        let result = match call.instances.filter(|_| call_net.is_none()) {
+        let ran = match call.instances.filter(|_| call_net.is_none()) {
             Some(instances) => {
                 let key = WarmKey::new(
                     plugin.serial,
@@ -148,8 +162,12 @@ impl PluginHost {
             }
             None => match sandbox() {
                 Ok(sandbox) => self.run(pre, sandbox, run_tool).await,
-                Err(err) => Err(err),
+                Err(err) => Metered::not_run(err),
             },
+        };
+        let mut receipt = Receipt {
+            peak_memory_bytes: ran.peak_memory.map(|n| n as u64),
+            ..Receipt::default()
         };
         // The store is gone, and with it every response body: each request's row is
         // written, so the call's audit is complete when it returns.
@@ -158,17 +176,22 @@ impl PluginHost {
         if let Some(call_net) = &call_net {
             call_net.flush().await;
             touched.hosts = call_net.reached();
+            call_net.tally().add_to(&mut receipt);
         }
         // An error's message is the guest's text as much as a result is: redacted and
         // capped alike.
         let redactor = self.network.secrets().redactor();
         let clean = |text: String| self.cap_output(redactor.redact_owned(text));
-        let result = match result {
+        let result = match ran.outcome {
             Ok(Ok(output)) => Ok(clean(output)),
             Ok(Err(err)) => Err(from_wit(err).map_message(clean)),
             Err(err) => Err(err.map_message(clean)),
         };
-        (result, touched)
+        Ran {
+            result,
+            touched,
+            receipt,
+        }
     }
 
     /// Instantiates `pre` in a new store holding `sandbox`, bounded by the deadline and the
@@ -179,7 +202,7 @@ impl PluginHost {
         pre: &PluginPre<Sandbox>,
         sandbox: Sandbox,
         f: impl AsyncFnOnce(&Plugin, &mut Store<Sandbox>) -> wasmtime::Result<R>,
-    ) -> Result<R, ToolError> {
+    ) -> Metered<R> {
         let _slot = self.call_slot().await;
         let mut store = self.new_store(sandbox);
         self.arm_deadline(&mut store);
@@ -188,7 +211,10 @@ impl PluginHost {
             f(&instance, &mut store).await
         };
         let outcome = self.within_deadline(call).await;
-        outcome.map_err(|err| self.explain_failure(&store, &err))
+        Metered {
+            outcome: outcome.map_err(|err| self.explain_failure(&store, &err)),
+            peak_memory: Some(store.data().limiter.peak()),
+        }
     }
 
     /// [`PluginHost::run`] in the instance `instances` keeps for `key`, or in a fresh one
@@ -200,7 +226,7 @@ impl PluginHost {
         pre: &PluginPre<Sandbox>,
         sandbox: impl FnOnce() -> Result<Sandbox, ToolError>,
         f: impl AsyncFnOnce(&Plugin, &mut Store<Sandbox>) -> wasmtime::Result<R>,
-    ) -> Result<R, ToolError> {
+    ) -> Metered<R> {
         let Kept {
             instances,
             key,
@@ -220,7 +246,10 @@ impl PluginHost {
                 store.data_mut().begin_call(tool, Egress::default(), trace);
                 (store, Some((instance, resources, slot)))
             }
-            None => (self.new_store(sandbox()?), None),
+            None => match sandbox() {
+                Ok(sandbox) => (self.new_store(sandbox), None),
+                Err(err) => return Metered::not_run(err),
+            },
         };
         self.arm_deadline(&mut store);
         let call = async {
@@ -231,7 +260,9 @@ impl PluginHost {
             let output = f(&instance, &mut store).await?;
             Ok((instance, was_kept, output))
         };
-        match self.within_deadline(call).await {
+        let ran = self.within_deadline(call).await;
+        let peak_memory = Some(store.data().limiter.peak());
+        let outcome = match ran {
             Ok((instance, was_kept, output)) => {
                 // What the instance holds now would be there for the process's next call.
                 // It is kept only if the guest was refused no memory (one that recovered
@@ -257,6 +288,10 @@ impl PluginHost {
                 Ok(output)
             }
             Err(err) => Err(self.explain_failure(&store, &err)),
+        };
+        Metered {
+            outcome,
+            peak_memory,
         }
     }
 

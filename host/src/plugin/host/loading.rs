@@ -259,6 +259,7 @@ impl PluginHost {
             instance.capstan_plugin_tool().call_describe(store).await
         })
         .await
+        .outcome
         .map_err(|err| err.message().to_owned())
     }
 }

@@ -1,5 +1,6 @@
-// The Capstan page: chat with streamed replies, the live panel of workers and branches,
-// the task board, the calls waiting for approval, the policy matrix and the audit log.
+// The Capstan page: chat with streamed replies and what the conversation's tool calls
+// cost, the live panel of workers and branches, the task board, the calls waiting for
+// approval, the policy matrix and the audit log with each call's receipt.
 // Only this server is talked to.
 "use strict";
 
@@ -88,6 +89,32 @@ async function send(text, channel) {
   }
   reply.classList.remove("streaming");
   reply.classList.add("done");
+  showCost(channel).catch((err) => activity(String(err.message || err), "denied"));
+}
+
+function micros(us) {
+  if (us < 1000) return us + " µs";
+  if (us < 1e6) return (us / 1e3).toFixed(1) + " ms";
+  return (us / 1e6).toFixed(2) + " s";
+}
+
+function size(bytes) {
+  if (bytes === null || bytes === undefined) return "-";
+  if (bytes < 1024) return bytes + " B";
+  if (bytes < 1048576) return (bytes / 1024).toFixed(1) + " KiB";
+  return (bytes / 1048576).toFixed(1) + " MiB";
+}
+
+// What the conversation's tool calls (its workers' and branches' included) have cost.
+async function showCost(channel) {
+  const report = await api("/v1/audit/costs?by=conversation&conversation=" + encodeURIComponent(channel));
+  const t = report.total;
+  const requests = t.requests ? ", " + t.requests + " requests (" + size(t.request_bytes_sent) + " out, " +
+    size(t.request_bytes_received) + " in)" : "";
+  document.getElementById("cost").textContent = t.calls
+    ? "Tool calls in " + channel + ": " + t.calls + ", " + micros(t.duration_us) + ", peak memory " +
+      size(t.peak_memory_bytes) + requests
+    : "No tool call in " + channel + " yet";
 }
 
 const processes = new Map();
@@ -190,7 +217,8 @@ async function showPolicy() {
 async function showAudit(more) {
   const path = "/v1/audit?limit=50" + (more && state.auditNext ? "&before=" + state.auditNext : "");
   const page = await api(path);
-  const rows = page.entries.map((e) => [new Date(e.at * 1000).toLocaleTimeString(), e.process, e.tool, e.outcome, e.detail]);
+  const rows = page.entries.map((e) => [new Date(e.at * 1000).toLocaleTimeString(), e.process, e.tool, e.outcome,
+    micros(e.duration_us), size(e.peak_memory_bytes), e.requests, e.detail]);
   if (more) {
     const t = document.getElementById("audit-table");
     for (const row of rows) {
@@ -199,7 +227,8 @@ async function showAudit(more) {
       t.appendChild(r);
     }
   } else {
-    table("audit-table", ["time", "process", "tool", "outcome", "detail"], rows, (r) => (r[3] === "ok" ? "" : "denied"));
+    table("audit-table", ["time", "process", "tool", "outcome", "took", "peak memory", "requests", "detail"], rows,
+      (r) => (r[3] === "ok" ? "" : "denied"));
   }
   state.auditNext = page.next;
   document.getElementById("audit-more").hidden = page.next === null || page.next === undefined;

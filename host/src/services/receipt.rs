@@ -1,0 +1,251 @@
+//! What tool calls cost: each call's [`Receipt`], kept on its audit row, and their sums
+//! ([`Costs`]) by conversation, process, tool or day.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::audit::AuditEntry;
+
+/// What one tool call used, as the host measured it (never as the tool reports it). The
+/// wall time is the row's `duration_us`. No fuel or instruction count: the deadline is
+/// kept by epochs, and metering every instruction would slow every call.
+///
+/// ```
+/// use capstan_host::services::Receipt;
+///
+/// let receipt = Receipt { bytes_in: 12, bytes_out: 3, ..Receipt::default() };
+/// assert_eq!(receipt.peak_memory_bytes, None);
+/// assert_eq!(receipt.requests, 0);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Receipt {
+    /// The most linear memory the call's instance held during the call, all its memories
+    /// together, in bytes (an instance kept from an earlier call counts what it held when
+    /// the call began). `None`: no instance ran (a refusal, a host tool, an external one).
+    pub peak_memory_bytes: Option<u64>,
+    /// Bytes of the arguments.
+    pub bytes_in: u64,
+    /// Bytes of what the call gave back: its result, or its error's message.
+    pub bytes_out: u64,
+    /// Outbound requests the host let out (answered or failed).
+    pub requests: u32,
+    /// Outbound requests the host refused before sending anything.
+    pub requests_refused: u32,
+    /// Request body bytes its requests sent.
+    pub request_bytes_sent: u64,
+    /// Response body bytes its requests received.
+    pub request_bytes_received: u64,
+}
+
+/// What [`Costs`] are summed by: each value of it is one row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CostsBy {
+    /// The conversation whose work the call was (`channel:main`); a door's calls (`cli`,
+    /// `mcp:...`) have none.
+    #[default]
+    Conversation,
+    /// The calling process (`worker:3`) or client.
+    Process,
+    /// The tool.
+    Tool,
+    /// The day the call was recorded, UTC (`2026-12-02`).
+    Day,
+}
+
+impl CostsBy {
+    /// `conversation`, `process`, `tool` or `day`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CostsBy::Conversation => "conversation",
+            CostsBy::Process => "process",
+            CostsBy::Tool => "tool",
+            CostsBy::Day => "day",
+        }
+    }
+
+    /// The grouping [`CostsBy::as_str`] names.
+    pub fn parse(text: &str) -> Option<Self> {
+        [Self::Conversation, Self::Process, Self::Tool, Self::Day]
+            .into_iter()
+            .find(|by| by.as_str() == text)
+    }
+
+    /// The value of this grouping for `entry`.
+    fn key(self, entry: &AuditEntry) -> Option<String> {
+        match self {
+            CostsBy::Conversation => entry.conversation.clone(),
+            CostsBy::Process => Some(entry.process.clone()),
+            CostsBy::Tool => Some(entry.tool.clone()),
+            CostsBy::Day => Some(day_of(entry.at)),
+        }
+    }
+}
+
+/// The UTC day of Unix time `at`, `YYYY-MM-DD`: how every store names a day.
+pub fn day_of(at: i64) -> String {
+    chrono::DateTime::from_timestamp(at, 0).map_or_else(
+        || "(out of range)".to_owned(),
+        |t| t.date_naive().to_string(),
+    )
+}
+
+/// The summed receipts of a group of calls.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Costs {
+    /// The group's value (a conversation, process, tool or day); `None`: calls of no
+    /// conversation, or the total.
+    pub key: Option<String>,
+    /// Calls.
+    pub calls: u64,
+    /// Of them, those that did not end `ok` (refusals included).
+    pub failed: u64,
+    /// Their wall time, summed, in microseconds.
+    pub duration_us: u64,
+    /// The highest peak memory of any of them, in bytes; `None`: no instance ran.
+    pub peak_memory_bytes: Option<u64>,
+    /// Argument bytes, summed.
+    pub bytes_in: u64,
+    /// Result and error bytes, summed.
+    pub bytes_out: u64,
+    /// Outbound requests let out, summed.
+    pub requests: u64,
+    /// Outbound requests refused, summed.
+    pub requests_refused: u64,
+    /// Request body bytes sent, summed.
+    pub request_bytes_sent: u64,
+    /// Response body bytes received, summed.
+    pub request_bytes_received: u64,
+}
+
+impl Costs {
+    /// Adds one call's row.
+    pub fn add(&mut self, entry: &AuditEntry) {
+        let r = &entry.receipt;
+        self.calls += 1;
+        self.failed += u64::from(entry.outcome != "ok");
+        self.duration_us += entry.duration_us;
+        self.peak_memory_bytes = self.peak_memory_bytes.max(r.peak_memory_bytes);
+        self.bytes_in += r.bytes_in;
+        self.bytes_out += r.bytes_out;
+        self.requests += u64::from(r.requests);
+        self.requests_refused += u64::from(r.requests_refused);
+        self.request_bytes_sent += r.request_bytes_sent;
+        self.request_bytes_received += r.request_bytes_received;
+    }
+
+    /// Adds a group's sums: what a total over groups is.
+    pub fn merge(&mut self, other: &Costs) {
+        self.calls += other.calls;
+        self.failed += other.failed;
+        self.duration_us += other.duration_us;
+        self.peak_memory_bytes = self.peak_memory_bytes.max(other.peak_memory_bytes);
+        self.bytes_in += other.bytes_in;
+        self.bytes_out += other.bytes_out;
+        self.requests += other.requests;
+        self.requests_refused += other.requests_refused;
+        self.request_bytes_sent += other.request_bytes_sent;
+        self.request_bytes_received += other.request_bytes_received;
+    }
+}
+
+/// Sums by some grouping and their total: what `capstan audit costs --json` prints and
+/// `GET /v1/audit/costs` answers.
+///
+/// ```
+/// use capstan_host::services::{CostReport, Costs};
+///
+/// let one = Costs { key: Some("read".into()), calls: 2, ..Costs::default() };
+/// let two = Costs { key: Some("fetch".into()), calls: 3, requests: 4, ..Costs::default() };
+/// let report = CostReport::of(vec![one, two]);
+/// assert_eq!((report.total.calls, report.total.requests), (5, 4));
+/// assert_eq!(report.total.key, None);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct CostReport {
+    /// One row per value of the grouping, ordered by it.
+    pub rows: Vec<Costs>,
+    /// The rows together.
+    pub total: Costs,
+}
+
+impl CostReport {
+    /// `rows`, and their total.
+    pub fn of(rows: Vec<Costs>) -> Self {
+        let mut total = Costs::default();
+        for row in &rows {
+            total.merge(row);
+        }
+        CostReport { rows, total }
+    }
+}
+
+/// Which calls [`Costs`] are summed over.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CostsOf {
+    /// Only the calls of this conversation (`channel:main`).
+    pub conversation: Option<String>,
+}
+
+impl CostsOf {
+    /// The calls of the conversation `name`: a session key (`channel:main`,
+    /// `cortex:main`), or a bare name for a user channel (`main`).
+    ///
+    /// ```
+    /// use capstan_host::services::CostsOf;
+    ///
+    /// assert_eq!(CostsOf::conversation("main").conversation.as_deref(), Some("channel:main"));
+    /// assert_eq!(CostsOf::conversation("cortex:main").conversation.as_deref(), Some("cortex:main"));
+    /// ```
+    pub fn conversation(name: &str) -> Self {
+        let key = if name.contains(':') {
+            name.to_owned()
+        } else {
+            format!("channel:{name}")
+        };
+        CostsOf {
+            conversation: Some(key),
+        }
+    }
+
+    /// Whether `entry` is one of these calls.
+    pub fn holds(&self, entry: &AuditEntry) -> bool {
+        self.conversation
+            .as_ref()
+            .is_none_or(|c| entry.conversation.as_ref() == Some(c))
+    }
+}
+
+/// Sums `entries` that `of` holds by `by`, ordered by key (calls of no conversation
+/// first). What a store that cannot sum by itself answers.
+///
+/// ```
+/// use capstan_host::services::{AuditEntry, Costs, CostsBy, CostsOf, Receipt, sum_costs};
+///
+/// let call = |tool: &str, requests| AuditEntry {
+///     id: 1, at: 0, conversation: Some("channel:main".into()), process: "worker:1".into(),
+///     tool: tool.into(), grants: String::new(), arguments: "{}".into(),
+///     outcome: "ok".into(), detail: String::new(), duration_us: 10,
+///     receipt: Receipt { requests, ..Receipt::default() },
+/// };
+/// let rows = sum_costs(&[call("fetch", 2), call("fetch", 1), call("read", 0)],
+///                      CostsBy::Tool, &CostsOf::default());
+/// assert_eq!(rows[0].key.as_deref(), Some("fetch"));
+/// assert_eq!((rows[0].calls, rows[0].requests, rows[0].duration_us), (2, 3, 20));
+/// assert_eq!(rows[1].calls, 1);
+/// ```
+pub fn sum_costs(entries: &[AuditEntry], by: CostsBy, of: &CostsOf) -> Vec<Costs> {
+    let mut groups: BTreeMap<Option<String>, Costs> = BTreeMap::new();
+    for entry in entries.iter().filter(|e| of.holds(e)) {
+        let key = by.key(entry);
+        groups
+            .entry(key.clone())
+            .or_insert_with(|| Costs {
+                key,
+                ..Costs::default()
+            })
+            .add(entry);
+    }
+    groups.into_values().collect()
+}
