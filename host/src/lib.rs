@@ -15,6 +15,7 @@
 //! - [`net`] checks, connects and audits every outbound request a plugin makes;
 //!   [`secrets`] holds the values plugins use without reading them.
 //! - [`config`] reads `capstan.toml`: directories, limits, the provider and the profiles.
+//! - [`telemetry`] counts what the host does, for `GET /metrics`.
 //! - [`cli`] is the `capstan` binary's command line.
 
 pub mod agent;
@@ -34,5 +35,6 @@ pub mod secrets;
 pub mod serve;
 pub mod services;
 pub mod store;
+pub mod telemetry;
 pub mod text;
 pub mod tools;

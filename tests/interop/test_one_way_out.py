@@ -280,7 +280,7 @@ GETS = [
     "/v1/channels", "/v1/channels/main/history", "/v1/workers", "/v1/branches", "/v1/tasks",
     "/v1/policy", "/v1/audit", "/v1/audit/requests", "/v1/audit/costs?by=tool",
     "/v1/approvals?all=true", "/v1/approvals/1",
-    "/v1/plugins", "/v1/tools", "/v1/models",
+    "/v1/plugins", "/v1/tools", "/v1/models", "/metrics",
     "/v1/openapi.json", "/healthz", "/", "/app.js", "/style.css", f"/v1/{TOKEN}",
 ]
 

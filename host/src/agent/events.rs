@@ -445,6 +445,10 @@ impl EventSink {
 
     /// Sends `event`. A closed receiver means nobody is watching; the work goes on.
     pub(crate) fn emit(&self, event: Event) {
+        // Every event passes here: the metrics that count events count them here.
+        if let Event::TurnStarted { process, .. } = &event {
+            crate::telemetry::metrics().turn_started(process.kind());
+        }
         let _ = self.0.send(event);
     }
 }

@@ -119,7 +119,7 @@ impl<'a> ProcessTools<'a> {
                         Some(&self.calls.conversation),
                         name,
                         arguments,
-                        refusal,
+                        (refusal, None),
                     )
                     .await;
                 let (result, audit) = recorded.into_parts();

@@ -218,7 +218,7 @@ async fn print_calls(
         before = Some(last.id);
         for entry in page
             .iter()
-            .filter(|e| of.holds(e))
+            .filter(|e| of.holds(e.conversation.as_deref()))
             .take((limit - shown) as usize)
         {
             let r = &entry.receipt;

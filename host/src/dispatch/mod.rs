@@ -305,13 +305,22 @@ impl Dispatcher {
         );
         let progress = Progress::new(deltas);
         let answer = self.provider.complete(request, &progress);
+        let sent = std::time::Instant::now();
+        let metrics = crate::telemetry::metrics();
         match timing::bounded(&self.settings, &progress, answer).await {
-            Ok(Ok(completion)) => DispatchOutcome::Dispatched(completion),
-            Ok(Err(error)) => DispatchOutcome::Failed {
-                attempted: true,
-                error: error.into(),
-            },
+            Ok(Ok(completion)) => {
+                metrics.model_answered(sent.elapsed(), completion.tokens);
+                DispatchOutcome::Dispatched(completion)
+            }
+            Ok(Err(error)) => {
+                metrics.model_failed("failed");
+                DispatchOutcome::Failed {
+                    attempted: true,
+                    error: error.into(),
+                }
+            }
             Err(late) => {
+                metrics.model_failed("timed_out");
                 // The caller reports it (with the bound and its key); this is for tracing.
                 tracing::debug!(
                     session = ticket.session(),

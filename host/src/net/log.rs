@@ -172,6 +172,12 @@ impl RequestLog {
             detail = %record.detail,
             "outbound request"
         );
+        let rule = if record.grant.is_empty() {
+            crate::telemetry::NO_RULE
+        } else {
+            &record.grant
+        };
+        crate::telemetry::metrics().outbound_request(rule, decision.as_str());
         call.record(record);
     }
 }

@@ -23,6 +23,7 @@ use crate::ids::{Caller, SessionKey};
 use crate::net::GrantSource;
 use crate::policy::{Grants, InstanceReuse};
 use crate::services::{AuditRecord, Committing, Receipt};
+use crate::telemetry::{DenialReason, UNKNOWN_TOOL};
 use crate::text::{MAX_ECHOED_NAME, echo_name, one_line};
 
 /// One tool call: which tool, its arguments, and the caller's grants.
@@ -557,6 +558,7 @@ impl Registry {
                     ))),
                     touched: trace.touched(),
                     receipt: Receipt::default(),
+                    denied_by: None,
                 },
             }
         };
@@ -589,16 +591,18 @@ impl Registry {
 
     /// Records `request` as refused with `err` before anything of it ran (a tool its
     /// caller is not offered, or a host tool's name asked of a door that runs none), like
-    /// any refusal: audited, as part of `conversation`'s work when it is. Returns as soon
+    /// any refusal: audited, as part of `conversation`'s work when it is, and counted as a
+    /// denial for `reason` when it is one. Returns as soon
     /// as the row is handed to the store: wait for [`Recorded::committed`] before the
     /// refusal leaves the host.
     pub(crate) async fn refuse_call(
         &self,
         request: CallRequest<'_>,
         conversation: Option<&SessionKey>,
+        reason: Option<DenialReason>,
         err: ToolError,
     ) -> Recorded {
-        let run = async { Ran::without_instance(Err(err)) };
+        let run = async { Ran::refused(err, reason) };
         self.audited(&request, conversation, run).await
     }
 
@@ -617,8 +621,10 @@ impl Registry {
             result,
             touched,
             mut receipt,
+            denied_by,
         } = run.await;
-        let duration_us = started.elapsed().as_micros() as u64;
+        let took = started.elapsed();
+        let duration_us = took.as_micros() as u64;
         receipt.bytes_in = request.args_json.len() as u64;
         receipt.bytes_out = match &result {
             Ok(output) => output.len(),
@@ -628,6 +634,12 @@ impl Registry {
             Ok(_) => ("ok", ""),
             Err(err) => (err.kind(), err.message()),
         };
+        let metrics = crate::telemetry::metrics();
+        let known = self.tool_info(request.tool).map(|tool| tool.name.as_str());
+        metrics.tool_call(known.unwrap_or(UNKNOWN_TOOL), outcome, took);
+        if matches!(result, Err(ToolError::Denied(_))) {
+            metrics.denied(denied_by.unwrap_or(DenialReason::Tool));
+        }
         let effective = self
             .tool_info(request.tool)
             .and_then(|tool| {
@@ -699,7 +711,7 @@ impl Registry {
             });
         let capabilities = match checked {
             Ok(capabilities) => capabilities,
-            Err(err) => return Ran::without_instance(Err(err)),
+            Err(err) => return Ran::refused(err, Some(DenialReason::Capability)),
         };
         let call = Invocation {
             tool: &tool.name,

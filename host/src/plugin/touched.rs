@@ -25,6 +25,7 @@ use super::error::ToolError;
 use crate::flow::Label;
 use crate::ids::SessionKey;
 use crate::services::{FILE_LABELS_MAX, FileStamp, Receipt};
+use crate::telemetry::DenialReason;
 
 /// What one call touched beyond its arguments.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -105,6 +106,9 @@ pub(crate) struct Ran {
     pub(crate) result: Result<String, ToolError>,
     pub(crate) touched: Touched,
     pub(crate) receipt: Receipt,
+    /// What denied it, when the host did before the tool ran; a `denied` answer without
+    /// it is the tool's own.
+    pub(crate) denied_by: Option<DenialReason>,
 }
 
 impl Ran {
@@ -114,6 +118,15 @@ impl Ran {
             result,
             touched: Touched::default(),
             receipt: Receipt::default(),
+            denied_by: None,
+        }
+    }
+
+    /// A call the host refused with `err` before it ran, for `reason` when it is a denial.
+    pub(crate) fn refused(err: ToolError, reason: Option<DenialReason>) -> Self {
+        Ran {
+            denied_by: reason,
+            ..Ran::without_instance(Err(err))
         }
     }
 }

@@ -164,6 +164,7 @@ async fn renew(
             Ok(Ok(true)) => {
                 term = terms.local_term(sent);
                 clock.renewed(term);
+                crate::telemetry::metrics().lease_renewed();
             }
             Ok(Ok(false)) => {
                 return lost(format!(

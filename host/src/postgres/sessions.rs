@@ -47,7 +47,12 @@ impl Postgres {
             .await
             .map_err(failed)?
         {
-            return Ok(Claim::Owned(Epoch::new(row.get::<_, i64>(0) as u64)));
+            let epoch = row.get::<_, i64>(0) as u64;
+            // Past the first epoch, the row was another run's, whose lease had ended.
+            if epoch > 1 {
+                crate::telemetry::metrics().lease_taken_over();
+            }
+            return Ok(Claim::Owned(Epoch::new(epoch)));
         }
         let row = client
             .query_opt(

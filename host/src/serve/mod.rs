@@ -8,6 +8,7 @@
 //!     resumable from a bounded buffer (`hub.rs`);
 //!   - the OpenAI-compatible `/v1/chat/completions` and `/v1/models` (`openai.rs`), each
 //!     completion one exchange with a conversation (`turn.rs`);
+//!   - `GET /metrics` (`metrics.rs`): the host's Prometheus metrics, behind the tokens;
 //!   - each profile's tools over MCP's streamable HTTP transport at `/mcp/{profile}`
 //!     (`mcp.rs`; `/mcp` is the worker's);
 //!   - the web page (`page.rs`), embedded in the binary;
@@ -24,6 +25,7 @@ mod branches;
 mod error;
 mod hub;
 mod mcp;
+mod metrics;
 mod openai;
 mod openapi;
 mod page;

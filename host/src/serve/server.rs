@@ -20,7 +20,7 @@ use super::auth::{Access, TokenError};
 use super::branches::Branches;
 use super::error::BodyCap;
 use super::hub::EventHub;
-use super::{api, approvals, mcp, openai, openapi, page, stream};
+use super::{api, approvals, mcp, metrics, openai, openapi, page, stream};
 use crate::agent::{Event, Runtime};
 use crate::config::ServeSettings;
 
@@ -264,6 +264,7 @@ fn router(app: Arc<App>, settings: &ServeSettings, stopping: &CancellationToken)
         .route("/v1/events", get(stream::events))
         .route("/v1/models", get(openai::models))
         .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/metrics", get(metrics::scrape))
         .layer(middleware::from_fn_with_state(app.clone(), authenticate));
     let mut router = Router::new()
         .merge(api)

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::ServiceError;
-use super::receipt::{Costs, CostsBy, CostsOf, Receipt, sum_costs};
+use super::receipt::{Costs, CostsBy, CostsOf, Receipt, day_of};
 
 /// Where every tool call is recorded.
 ///
@@ -66,7 +66,10 @@ pub trait AuditSink: Send + Sync {
             let page = self.page(before, COSTS_PAGE).await?;
             let Some(last) = page.last() else { break };
             before = Some(last.id);
-            entries.extend(page.into_iter().filter(|e| of.holds(e)));
+            entries.extend(
+                page.into_iter()
+                    .filter(|e| of.holds(e.conversation.as_deref())),
+            );
         }
         Ok(sum_costs(&entries, by, of))
     }
@@ -305,6 +308,47 @@ pub struct AuditEntry {
     /// What else it used.
     #[serde(flatten)]
     pub receipt: Receipt,
+}
+
+/// Sums `entries` that `of` holds by `by`, ordered by key (calls of no conversation
+/// first). What a store that cannot sum by itself answers.
+///
+/// ```
+/// use capstan_host::services::{AuditEntry, Costs, CostsBy, CostsOf, Receipt, sum_costs};
+///
+/// let call = |tool: &str, requests| AuditEntry {
+///     id: 1, at: 0, conversation: Some("channel:main".into()), process: "worker:1".into(),
+///     tool: tool.into(), grants: String::new(), arguments: "{}".into(),
+///     outcome: "ok".into(), detail: String::new(), duration_us: 10,
+///     receipt: Receipt { requests, ..Receipt::default() },
+/// };
+/// let rows = sum_costs(&[call("fetch", 2), call("fetch", 1), call("read", 0)],
+///                      CostsBy::Tool, &CostsOf::default());
+/// assert_eq!(rows[0].key.as_deref(), Some("fetch"));
+/// assert_eq!((rows[0].calls, rows[0].requests, rows[0].duration_us), (2, 3, 20));
+/// assert_eq!(rows[1].calls, 1);
+/// ```
+pub fn sum_costs(entries: &[AuditEntry], by: CostsBy, of: &CostsOf) -> Vec<Costs> {
+    let mut groups: std::collections::BTreeMap<Option<String>, Costs> = Default::default();
+    for entry in entries
+        .iter()
+        .filter(|e| of.holds(e.conversation.as_deref()))
+    {
+        let key = match by {
+            CostsBy::Conversation => entry.conversation.clone(),
+            CostsBy::Process => Some(entry.process.clone()),
+            CostsBy::Tool => Some(entry.tool.clone()),
+            CostsBy::Day => Some(day_of(entry.at)),
+        };
+        groups
+            .entry(key.clone())
+            .or_insert_with(|| Costs {
+                key,
+                ..Costs::default()
+            })
+            .add(&entry.receipt, entry.outcome == "ok", entry.duration_us);
+    }
+    groups.into_values().collect()
 }
 
 /// The text that replaces a redacted value.

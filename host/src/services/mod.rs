@@ -53,7 +53,7 @@ pub use approvals::{
 };
 pub use audit::{
     AuditDestination, AuditEntry, AuditRecord, AuditSink, Committing, NO_STORE, REDACTED,
-    RequestDecision, RequestEntry, RequestRecord, redact,
+    RequestDecision, RequestEntry, RequestRecord, redact, sum_costs,
 };
 pub use chain::{
     AuditChain, ChainBreak, ChainEntry, ChainEvent, ChainRecord, ChainStore, GENESIS, HostKey,
@@ -73,7 +73,7 @@ pub use memory::{
     expires_at, memory_words, recall_terms, recall_words,
 };
 pub use operation::Operation;
-pub use receipt::{CostReport, Costs, CostsBy, CostsOf, Receipt, day_of, sum_costs};
+pub use receipt::{CostReport, Costs, CostsBy, CostsOf, Receipt, day_of};
 pub use sessions::{Answer, AnswerOutcome, Claim, Epoch, ForwardId, Forwarded, Sessions};
 pub use tasks::{
     DEFAULT_LIST_LIMIT, NewTask, Priority, Task, TaskBoard, TaskFilter, TaskPatch, TaskStatus,

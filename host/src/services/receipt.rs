@@ -1,11 +1,7 @@
 //! What tool calls cost: each call's [`Receipt`], kept on its audit row, and their sums
 //! ([`Costs`]) by conversation, process, tool or day.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
-
-use super::audit::AuditEntry;
 
 /// What one tool call used, as the host measured it (never as the tool reports it). The
 /// wall time is the row's `duration_us`. No fuel or instruction count: the deadline is
@@ -71,16 +67,6 @@ impl CostsBy {
             .into_iter()
             .find(|by| by.as_str() == text)
     }
-
-    /// The value of this grouping for `entry`.
-    fn key(self, entry: &AuditEntry) -> Option<String> {
-        match self {
-            CostsBy::Conversation => entry.conversation.clone(),
-            CostsBy::Process => Some(entry.process.clone()),
-            CostsBy::Tool => Some(entry.tool.clone()),
-            CostsBy::Day => Some(day_of(entry.at)),
-        }
-    }
 }
 
 /// The UTC day of Unix time `at`, `YYYY-MM-DD`: how every store names a day.
@@ -120,12 +106,11 @@ pub struct Costs {
 }
 
 impl Costs {
-    /// Adds one call's row.
-    pub fn add(&mut self, entry: &AuditEntry) {
-        let r = &entry.receipt;
+    /// Adds one call that took `duration_us`, ended `ok` or not, and used `r`.
+    pub fn add(&mut self, r: &Receipt, ok: bool, duration_us: u64) {
         self.calls += 1;
-        self.failed += u64::from(entry.outcome != "ok");
-        self.duration_us += entry.duration_us;
+        self.failed += u64::from(!ok);
+        self.duration_us += duration_us;
         self.peak_memory_bytes = self.peak_memory_bytes.max(r.peak_memory_bytes);
         self.bytes_in += r.bytes_in;
         self.bytes_out += r.bytes_out;
@@ -209,43 +194,10 @@ impl CostsOf {
         }
     }
 
-    /// Whether `entry` is one of these calls.
-    pub fn holds(&self, entry: &AuditEntry) -> bool {
+    /// Whether a call of `conversation` (`None`: of none) is one of these calls.
+    pub fn holds(&self, conversation: Option<&str>) -> bool {
         self.conversation
-            .as_ref()
-            .is_none_or(|c| entry.conversation.as_ref() == Some(c))
+            .as_deref()
+            .is_none_or(|c| conversation == Some(c))
     }
-}
-
-/// Sums `entries` that `of` holds by `by`, ordered by key (calls of no conversation
-/// first). What a store that cannot sum by itself answers.
-///
-/// ```
-/// use capstan_host::services::{AuditEntry, Costs, CostsBy, CostsOf, Receipt, sum_costs};
-///
-/// let call = |tool: &str, requests| AuditEntry {
-///     id: 1, at: 0, conversation: Some("channel:main".into()), process: "worker:1".into(),
-///     tool: tool.into(), grants: String::new(), arguments: "{}".into(),
-///     outcome: "ok".into(), detail: String::new(), duration_us: 10,
-///     receipt: Receipt { requests, ..Receipt::default() },
-/// };
-/// let rows = sum_costs(&[call("fetch", 2), call("fetch", 1), call("read", 0)],
-///                      CostsBy::Tool, &CostsOf::default());
-/// assert_eq!(rows[0].key.as_deref(), Some("fetch"));
-/// assert_eq!((rows[0].calls, rows[0].requests, rows[0].duration_us), (2, 3, 20));
-/// assert_eq!(rows[1].calls, 1);
-/// ```
-pub fn sum_costs(entries: &[AuditEntry], by: CostsBy, of: &CostsOf) -> Vec<Costs> {
-    let mut groups: BTreeMap<Option<String>, Costs> = BTreeMap::new();
-    for entry in entries.iter().filter(|e| of.holds(e)) {
-        let key = by.key(entry);
-        groups
-            .entry(key.clone())
-            .or_insert_with(|| Costs {
-                key,
-                ..Costs::default()
-            })
-            .add(entry);
-    }
-    groups.into_values().collect()
 }

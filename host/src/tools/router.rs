@@ -22,6 +22,7 @@ use crate::policy::{Decision, ProcessKind};
 use crate::services::{
     Approval, Approvals, AuditChain, ChainEvent, ChainRecord, Endorsement, FileLabels, NewApproval,
 };
+use crate::telemetry::DenialReason;
 use crate::text::{MAX_ECHOED_NAME, echo_name, one_line};
 
 /// Where a call went.
@@ -242,7 +243,7 @@ impl ToolRouter {
         } = read;
         let kind = caller.kind();
         if let Some(tool) = HostTool::named(name) {
-            let refusal = match self.catalog.decide(kind, name) {
+            let (refusal, reason) = match self.catalog.decide(kind, name) {
                 Decision::Offered => match HostCall::parse(name, arguments) {
                     Some(Ok(call)) => {
                         let sink = Sink::local(tool.effect());
@@ -259,18 +260,21 @@ impl ToolRouter {
                             // A host tool's typed arguments refuse duplicate fields: the
                             // parsed call is the one approved.
                             Gate::Pass(_) => return Routed::Host(call),
-                            Gate::Refused(refusal) => refusal,
+                            Gate::Refused(refusal) => (refusal, Some(DenialReason::Flow)),
                             Gate::Parked(approval) => return Routed::Parked(approval),
                         }
                     }
-                    Some(Err(err)) => err,
+                    Some(Err(err)) => (err, None),
                     None => unreachable!("`{name}` is a host tool"),
                 },
-                decision => not_offered(name, kind, &decision),
+                decision => (
+                    not_offered(name, kind, &decision),
+                    Some(DenialReason::Policy),
+                ),
             };
             // Audited as a plugin tool's refusal is.
             let recorded = self
-                .refuse(caller, conversation, name, arguments, refusal)
+                .refuse(caller, conversation, name, arguments, (refusal, reason))
                 .await;
             return Routed::Ran {
                 recorded,
@@ -327,15 +331,15 @@ impl ToolRouter {
     }
 
     /// Refuses process `caller`'s call of tool `name` with `arguments` before it is
-    /// routed, saying `refusal`: audited as any refused call is, as part of
-    /// `conversation`'s work.
+    /// routed, saying `refusal` (a denial, for its reason): audited as any refused call
+    /// is, as part of `conversation`'s work.
     pub async fn refuse(
         &self,
         caller: &ProcessId,
         conversation: Option<&SessionKey>,
         name: &str,
         arguments: &str,
-        refusal: ToolError,
+        (refusal, reason): (ToolError, Option<DenialReason>),
     ) -> Recorded {
         let grants = self
             .catalog
@@ -351,7 +355,7 @@ impl ToolRouter {
             instances: None,
         };
         self.registry
-            .refuse_call(request, conversation, refusal)
+            .refuse_call(request, conversation, reason, refusal)
             .await
     }
 
@@ -577,7 +581,7 @@ impl ToolRouter {
             ));
             let refused = self
                 .registry
-                .refuse_call(request, trace.conversation.as_ref(), refusal)
+                .refuse_call(request, trace.conversation.as_ref(), POLICY, refusal)
                 .await;
             return Outcome::Ran(refused, Started::No);
         }
@@ -601,7 +605,7 @@ impl ToolRouter {
                         Gate::Refused(refusal) => {
                             let refused = self
                                 .registry
-                                .refuse_call(request, trace.conversation.as_ref(), refusal)
+                                .refuse_call(request, trace.conversation.as_ref(), FLOW, refusal)
                                 .await;
                             return Outcome::Ran(refused, Started::No);
                         }
@@ -627,7 +631,7 @@ impl ToolRouter {
                 let unknown = self.registry.unknown_tool(name);
                 Outcome::Ran(
                     self.registry
-                        .refuse_call(request, trace.conversation.as_ref(), unknown)
+                        .refuse_call(request, trace.conversation.as_ref(), None, unknown)
                         .await,
                     Started::No,
                 )
@@ -636,7 +640,7 @@ impl ToolRouter {
                 let refusal = not_offered(name, kind, &refused);
                 Outcome::Ran(
                     self.registry
-                        .refuse_call(request, trace.conversation.as_ref(), refusal)
+                        .refuse_call(request, trace.conversation.as_ref(), POLICY, refusal)
                         .await,
                     Started::No,
                 )
@@ -644,6 +648,10 @@ impl ToolRouter {
         }
     }
 }
+
+/// The reasons of the router's own denials, for the metrics.
+const POLICY: Option<DenialReason> = Some(DenialReason::Policy);
+const FLOW: Option<DenialReason> = Some(DenialReason::Flow);
 
 /// What became of a plugin or MCP call: run or refused (audited), or parked.
 enum Outcome {

@@ -583,6 +583,14 @@ const NEVER: &[(&str, &[&str], &str)] = &[
         "labels and the check at the sink are vocabulary below every room that labels or \
          decides: they name only ids and text",
     ),
+    (
+        "telemetry",
+        &[
+            "agent", "app", "cli", "config", "dispatch", "flow", "llm", "mcp", "net", "plugin",
+            "policy", "postgres", "secrets", "serve", "services", "store", "tools",
+        ],
+        "the metrics are a leaf every room counts into: they name only ids",
+    ),
 ];
 
 #[test]

@@ -729,7 +729,7 @@ async fn chat_completions_answer_after_the_tools_ran_streaming_or_not() {
 /// Every route of `capstan serve`, by the path it is declared with. Each is searched for
 /// secrets and tokens by `every_route_serves_no_secret_and_no_token` (here) and
 /// `tests/interop/test_one_way_out.py` (through real clients, every byte).
-const ROUTES: [&str; 26] = [
+const ROUTES: [&str; 27] = [
     "/v1/channels",
     "/v1/channels/{name}/history",
     "/v1/channels/{name}/messages",
@@ -749,6 +749,7 @@ const ROUTES: [&str; 26] = [
     "/v1/events",
     "/v1/models",
     "/v1/chat/completions",
+    "/metrics",
     "/mcp/{kind}",
     "/mcp",
     "/v1/openapi.json",

@@ -191,6 +191,7 @@ impl PluginHost {
             result,
             touched,
             receipt,
+            denied_by: None,
         }
     }
 
@@ -297,6 +298,11 @@ impl PluginHost {
 
     /// A permit to run one call: calls beyond [`Limits::max_concurrent_calls`](crate::plugin::Limits::max_concurrent_calls) wait here.
     async fn call_slot(&self) -> tokio::sync::SemaphorePermit<'_> {
+        if let Ok(free) = self.slots.try_acquire() {
+            return free;
+        }
+        // Counted while it waits, however the wait ends (a call dropped while waiting too).
+        let _waiting = Waiting::start();
         self.slots
             .acquire()
             .await
@@ -433,6 +439,22 @@ impl PluginHost {
             max >> 10
         ));
         kept
+    }
+}
+
+/// A call waiting for a slot, in `capstan_calls_waiting` until dropped.
+struct Waiting;
+
+impl Waiting {
+    fn start() -> Self {
+        crate::telemetry::metrics().calls_waiting(1);
+        Waiting
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        crate::telemetry::metrics().calls_waiting(-1);
     }
 }
 
