@@ -207,8 +207,18 @@ async fn print_calls(
 ) -> anyhow::Result<()> {
     writeln!(
         out,
-        "{:>6}  {:<10}  {:<18}  {:<14}  {:<18}  {:<8}  {:>9}  {:>9}  {:>9}  {:>9}  requests",
-        "id", "day", "conversation", "process", "tool", "outcome", "time", "peak mem", "in", "out"
+        "{:>6}  {:<10}  {:<18}  {:<14}  {:<18}  {:<8}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  requests",
+        "id",
+        "day",
+        "conversation",
+        "process",
+        "tool",
+        "outcome",
+        "time",
+        "peak mem",
+        "in",
+        "out",
+        "fuel"
     )?;
     let mut shown = 0;
     let mut before = None;
@@ -224,7 +234,7 @@ async fn print_calls(
             let r = &entry.receipt;
             writeln!(
                 out,
-                "{:>6}  {:<10}  {:<18}  {:<14}  {:<18}  {:<8}  {:>9}  {:>9}  {:>9}  {:>9}  {}",
+                "{:>6}  {:<10}  {:<18}  {:<14}  {:<18}  {:<8}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {}",
                 entry.id,
                 day_of(entry.at),
                 one_line(entry.conversation.as_deref().unwrap_or("-")),
@@ -235,6 +245,7 @@ async fn print_calls(
                 r.peak_memory_bytes.map_or_else(|| "-".to_owned(), size),
                 size(r.bytes_in),
                 size(r.bytes_out),
+                fuel(r.fuel),
                 requests(
                     u64::from(r.requests),
                     u64::from(r.requests_refused),
@@ -255,19 +266,20 @@ async fn print_calls(
 fn print_costs(out: &mut impl std::io::Write, by: CostsBy, rows: &[Costs]) -> anyhow::Result<()> {
     writeln!(
         out,
-        "{:<20}  {:>6}  {:>6}  {:>9}  {:>9}  {:>9}  {:>9}  requests",
+        "{:<20}  {:>6}  {:>6}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  requests",
         by.as_str(),
         "calls",
         "failed",
         "time",
         "peak mem",
         "in",
-        "out"
+        "out",
+        "fuel"
     )?;
     let line = |out: &mut dyn std::io::Write, key: &str, c: &Costs| {
         writeln!(
             out,
-            "{:<20}  {:>6}  {:>6}  {:>9}  {:>9}  {:>9}  {:>9}  {}",
+            "{:<20}  {:>6}  {:>6}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {}",
             one_line(key),
             c.calls,
             c.failed,
@@ -275,6 +287,7 @@ fn print_costs(out: &mut impl std::io::Write, by: CostsBy, rows: &[Costs]) -> an
             c.peak_memory_bytes.map_or_else(|| "-".to_owned(), size),
             size(c.bytes_in),
             size(c.bytes_out),
+            fuel(c.fuel),
             requests(
                 c.requests,
                 c.requests_refused,
@@ -314,6 +327,16 @@ fn size(bytes: u64) -> String {
         0..1024 => format!("{bytes} B"),
         1024..1_048_576 => format!("{:.1} KiB", bytes as f64 / 1024.0),
         _ => format!("{:.1} MiB", bytes as f64 / 1_048_576.0),
+    }
+}
+
+/// `1.2 M` instructions, or `-` when not counted (`limits.tool_fuel` off).
+fn fuel(fuel: Option<u64>) -> String {
+    match fuel {
+        None => "-".to_owned(),
+        Some(n @ 0..10_000) => n.to_string(),
+        Some(n @ 10_000..10_000_000) => format!("{:.1} k", n as f64 / 1e3),
+        Some(n) => format!("{:.1} M", n as f64 / 1e6),
     }
 }
 

@@ -86,6 +86,7 @@ struct RawLimits {
     max_branches_per_channel: u32,
     max_open_conversations: u32,
     max_warm_instances: u32,
+    tool_fuel: bool,
     max_turns: u32,
     context_window_tokens: u32,
     compaction_threshold: f64,
@@ -452,6 +453,7 @@ impl RawLimits {
                 memory_bytes: (self.tool_memory_mib as usize) << 20,
                 max_output_bytes: (self.tool_output_kib as usize) << 10,
                 max_warm_instances: self.max_warm_instances,
+                fuel: self.tool_fuel,
                 ..Limits::default()
             },
             max_workers_per_channel: self.max_workers_per_channel,

@@ -52,6 +52,7 @@ pub(crate) fn build_engine(limits: &Limits) -> Result<Engine, HostError> {
     config
         .wasm_component_model(true)
         .epoch_interruption(true)
+        .consume_fuel(limits.fuel)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     Engine::new(&config).map_err(|err| HostError::Engine(format!("{err:#}")))
 }

@@ -48,6 +48,10 @@ pub struct Limits {
     /// processes; past it a call runs in a fresh instance as usual. Each holds its memory
     /// and a pooling-allocator slot of its own, apart from the call slots. Default 64.
     pub max_warm_instances: u32,
+    /// Whether each call's instructions are counted (wasmtime's fuel, about one unit per
+    /// Wasm instruction) for its receipt. Off by default: the counting is compiled into
+    /// every plugin's code and slows every call.
+    pub fuel: bool,
 }
 
 impl Default for Limits {
@@ -58,6 +62,7 @@ impl Default for Limits {
             max_output_bytes: 1 << 20,
             max_concurrent_calls: 64,
             max_warm_instances: 64,
+            fuel: false,
         }
     }
 }
@@ -86,6 +91,10 @@ impl Limits {
         }
     }
 }
+
+/// The fuel a store is given when [`Limits::fuel`] is on: never used up (the deadline
+/// stops a call), so what is left tells what the call used.
+pub(crate) const FUEL: u64 = 1 << 62;
 
 /// Enforces [`Limits::memory_bytes`] and remembers that it did, so a trap that follows a
 /// refused growth is reported as running out of memory rather than as a bare trap. It

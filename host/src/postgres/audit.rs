@@ -18,10 +18,10 @@ impl AuditSink for Postgres {
             "INSERT INTO audit (at, process, tool, grants, arguments, outcome, detail,
                                 duration_us, conversation, peak_memory_bytes, bytes_in,
                                 bytes_out, requests, requests_refused, request_bytes_sent,
-                                request_bytes_received)
-             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16
+                                request_bytes_received, fuel)
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17
              WHERE {}",
-            live_run(17)
+            live_run(18)
         );
         let r = &call.receipt;
         let written = client
@@ -44,6 +44,7 @@ impl AuditSink for Postgres {
                     &i64::from(r.requests_refused),
                     &(r.request_bytes_sent as i64),
                     &(r.request_bytes_received as i64),
+                    &r.fuel.map(|n| n as i64),
                     &self.writer_run(),
                 ],
             )
@@ -63,7 +64,7 @@ impl AuditSink for Postgres {
             .query(
                 "SELECT id, at, process, tool, grants, arguments, outcome, detail, duration_us,
                         conversation, peak_memory_bytes, bytes_in, bytes_out, requests,
-                        requests_refused, request_bytes_sent, request_bytes_received
+                        requests_refused, request_bytes_sent, request_bytes_received, fuel
                  FROM audit WHERE id < $1 ORDER BY id DESC LIMIT $2",
                 &[&before, &i64::from(limit)],
             )
@@ -92,6 +93,7 @@ impl AuditSink for Postgres {
                         requests_refused: count(14) as u32,
                         request_bytes_sent: count(15),
                         request_bytes_received: count(16),
+                        fuel: row.get::<_, Option<i64>>(17).map(|n| n as u64),
                     },
                 }
             })
@@ -112,7 +114,7 @@ impl AuditSink for Postgres {
                     sum(duration_us)::BIGINT, max(peak_memory_bytes), sum(bytes_in)::BIGINT,
                     sum(bytes_out)::BIGINT, sum(requests)::BIGINT,
                     sum(requests_refused)::BIGINT, sum(request_bytes_sent)::BIGINT,
-                    sum(request_bytes_received)::BIGINT
+                    sum(request_bytes_received)::BIGINT, sum(fuel)::BIGINT
              FROM audit WHERE $1::TEXT IS NULL OR conversation = $1
              GROUP BY 1 ORDER BY 1 NULLS FIRST"
         );
@@ -136,6 +138,7 @@ impl AuditSink for Postgres {
                     requests_refused: sum(8),
                     request_bytes_sent: sum(9),
                     request_bytes_received: sum(10),
+                    fuel: row.get::<_, Option<i64>>(11).map(|n| n as u64),
                 }
             })
             .collect())

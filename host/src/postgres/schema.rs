@@ -240,6 +240,7 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE audit ADD COLUMN requests_refused BIGINT NOT NULL DEFAULT 0;
     ALTER TABLE audit ADD COLUMN request_bytes_sent BIGINT NOT NULL DEFAULT 0;
     ALTER TABLE audit ADD COLUMN request_bytes_received BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE audit ADD COLUMN fuel BIGINT;
     CREATE INDEX audit_conversation ON audit(conversation);
     "#,
 ];

@@ -767,6 +767,8 @@ async fn receipts_are_kept_and_summed_alike(s: &Services) {
                 requests_refused: refused,
                 request_bytes_sent: 7 * u64::from(requests),
                 request_bytes_received: 1 << (20 + n),
+                // Counted only where an instance ran (and, on a host, with fuel on).
+                fuel: peak.map(|_| 1000 * (n + 1)),
             },
         };
         s.audit.record(call).await.unwrap();
@@ -784,6 +786,7 @@ async fn receipts_are_kept_and_summed_alike(s: &Services) {
             requests_refused: 1,
             request_bytes_sent: 14,
             request_bytes_received: 1 << 20,
+            fuel: Some(1000),
         },
         "a receipt reads back as it was recorded"
     );
@@ -819,8 +822,9 @@ async fn receipts_are_kept_and_summed_alike(s: &Services) {
             channel_a.peak_memory_bytes,
             channel_a.requests,
             channel_a.requests_refused,
+            channel_a.fuel,
         ),
-        (2, 1, 201, Some(3 << 20), 2, 3)
+        (2, 1, 201, Some(3 << 20), 2, 3, Some(1000))
     );
     // The first day is the day of the conversation's first call (`YYYY-MM-DD`, UTC).
     let by_day = s.audit.costs(CostsBy::Day, &a).await.unwrap();

@@ -4,8 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// What one tool call used, as the host measured it (never as the tool reports it). The
-/// wall time is the row's `duration_us`. No fuel or instruction count: the deadline is
-/// kept by epochs, and metering every instruction would slow every call.
+/// wall time is the row's `duration_us`.
 ///
 /// ```
 /// use capstan_host::services::Receipt;
@@ -32,6 +31,10 @@ pub struct Receipt {
     pub request_bytes_sent: u64,
     /// Response body bytes its requests received.
     pub request_bytes_received: u64,
+    /// The instructions it ran, as wasmtime's fuel counts them (about one unit per Wasm
+    /// instruction), when `limits.tool_fuel` is on; `None` otherwise, or when no
+    /// instance ran.
+    pub fuel: Option<u64>,
 }
 
 /// What [`Costs`] are summed by: each value of it is one row.
@@ -103,6 +106,8 @@ pub struct Costs {
     pub request_bytes_sent: u64,
     /// Response body bytes received, summed.
     pub request_bytes_received: u64,
+    /// Fuel, summed over the calls that counted it; `None`: none did.
+    pub fuel: Option<u64>,
 }
 
 impl Costs {
@@ -118,6 +123,7 @@ impl Costs {
         self.requests_refused += u64::from(r.requests_refused);
         self.request_bytes_sent += r.request_bytes_sent;
         self.request_bytes_received += r.request_bytes_received;
+        self.fuel = add_counted(self.fuel, r.fuel);
     }
 
     /// Adds a group's sums: what a total over groups is.
@@ -132,6 +138,15 @@ impl Costs {
         self.requests_refused += other.requests_refused;
         self.request_bytes_sent += other.request_bytes_sent;
         self.request_bytes_received += other.request_bytes_received;
+        self.fuel = add_counted(self.fuel, other.fuel);
+    }
+}
+
+/// `a + b` where either was counted: `None` only when neither was.
+fn add_counted(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
     }
 }
 

@@ -37,7 +37,7 @@ impl Store {
         let mut stmt = conn.prepare_cached(
             "SELECT id, at, process, tool, grants, arguments, outcome, detail, duration_us,
                     conversation, peak_memory_bytes, bytes_in, bytes_out, requests,
-                    requests_refused, request_bytes_sent, request_bytes_received
+                    requests_refused, request_bytes_sent, request_bytes_received, fuel
              FROM audit WHERE id < ?1 ORDER BY id DESC LIMIT ?2",
         )?;
         let before = before.map_or(i64::MAX, |id| i64::try_from(id).unwrap_or(i64::MAX));
@@ -62,6 +62,7 @@ impl Store {
                     requests_refused: count(14)? as u32,
                     request_bytes_sent: count(15)?,
                     request_bytes_received: count(16)?,
+                    fuel: row.get::<_, Option<i64>>(17)?.map(|n| n as u64),
                 },
             })
         })?;
@@ -80,7 +81,8 @@ impl Store {
         let sql = format!(
             "SELECT {key} AS k, count(*), sum(outcome <> 'ok'), sum(duration_us),
                     max(peak_memory_bytes), sum(bytes_in), sum(bytes_out), sum(requests),
-                    sum(requests_refused), sum(request_bytes_sent), sum(request_bytes_received)
+                    sum(requests_refused), sum(request_bytes_sent), sum(request_bytes_received),
+                    sum(fuel)
              FROM audit WHERE ?1 IS NULL OR conversation = ?1
              GROUP BY k ORDER BY k"
         );
@@ -99,6 +101,7 @@ impl Store {
                 requests_refused: sum(8)?,
                 request_bytes_sent: sum(9)?,
                 request_bytes_received: sum(10)?,
+                fuel: row.get::<_, Option<i64>>(11)?.map(|n| n as u64),
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
@@ -187,8 +190,8 @@ fn insert_each<'r>(
     let mut insert = tx.prepare_cached(
         "INSERT INTO audit (at, process, tool, grants, arguments, outcome, detail, duration_us,
              conversation, peak_memory_bytes, bytes_in, bytes_out, requests, requests_refused,
-             request_bytes_sent, request_bytes_received)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+             request_bytes_sent, request_bytes_received, fuel)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
     )?;
     for (at, record) in records {
         let r = &record.receipt;
@@ -208,7 +211,8 @@ fn insert_each<'r>(
             r.requests,
             r.requests_refused,
             r.request_bytes_sent as i64,
-            r.request_bytes_received as i64
+            r.request_bytes_received as i64,
+            r.fuel.map(|n| n as i64)
         ])?;
     }
     Ok(())

@@ -237,6 +237,7 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE audit ADD COLUMN requests_refused INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE audit ADD COLUMN request_bytes_sent INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE audit ADD COLUMN request_bytes_received INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE audit ADD COLUMN fuel INTEGER;
     CREATE INDEX audit_conversation ON audit(conversation);
     "#,
 ];

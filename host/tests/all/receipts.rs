@@ -18,9 +18,14 @@ use crate::support::{Workspace, registry_on, test_cache};
 const MIB: u64 = 1 << 20;
 
 async fn registry_recording_into(services: &Services) -> Registry {
+    registry_metering(services, false).await
+}
+
+async fn registry_metering(services: &Services, fuel: bool) -> Registry {
     let limits = Limits {
         deadline: Duration::from_secs(5),
         memory_bytes: 48 << 20,
+        fuel,
         ..Limits::default()
     };
     let host = PluginHost::new(limits, test_cache())
@@ -78,8 +83,35 @@ async fn the_peak_memory_is_the_instances_and_a_kept_one_counts_what_it_held() {
     for row in &rows {
         assert_eq!(row.receipt.bytes_in, row.arguments.len() as u64);
         assert_eq!(row.receipt.requests, 0);
+        assert_eq!(row.receipt.fuel, None, "limits.tool_fuel is off");
         assert_eq!(row.conversation, None, "a call from no conversation");
     }
+}
+
+/// With `limits.tool_fuel` on, each call's instructions are counted exactly: the same call
+/// in two fresh instances runs the same count, and a kept instance's next call, with no
+/// start-up to run, fewer.
+#[tokio::test]
+async fn with_fuel_on_each_call_counts_its_own_instructions() {
+    let services = Services::in_memory();
+    let registry = registry_metering(&services, true).await;
+    let ws = Workspace::new();
+    grow(&registry, None, &ws, 1).await;
+    grow(&registry, None, &ws, 1).await;
+    let mine = ProcessInstances::new();
+    grow(&registry, Some(&mine), &ws, 1).await;
+    grow(&registry, Some(&mine), &ws, 1).await;
+    let fuel: Vec<u64> = calls(&services)
+        .await
+        .iter()
+        .map(|row| row.receipt.fuel.expect("fuel is counted"))
+        .collect();
+    assert!(fuel[0] > 0, "{fuel:?}");
+    assert_eq!(
+        fuel[0], fuel[1],
+        "the same call in a fresh instance: {fuel:?}"
+    );
+    assert!(fuel[3] < fuel[2], "the kept instance's next call: {fuel:?}");
 }
 
 #[tokio::test]

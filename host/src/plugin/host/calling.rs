@@ -17,6 +17,7 @@ use crate::plugin::bindings::{Plugin, PluginPre};
 use crate::plugin::contract::WIT_VERSION;
 use crate::plugin::error::ToolError;
 use crate::plugin::failure;
+use crate::plugin::limits::FUEL;
 use crate::plugin::loaded::LoadedPlugin;
 use crate::plugin::offline::NotLinked;
 use crate::plugin::sandbox::{CallScope, Sandbox};
@@ -49,6 +50,8 @@ pub(super) struct Metered<R> {
     pub(super) outcome: Result<R, ToolError>,
     /// `None`: no instance ran (its sandbox could not be built).
     pub(super) peak_memory: Option<usize>,
+    /// The fuel it used, when [`Limits::fuel`](crate::plugin::Limits::fuel) is on.
+    pub(super) fuel: Option<u64>,
 }
 
 impl<R> Metered<R> {
@@ -57,6 +60,7 @@ impl<R> Metered<R> {
         Metered {
             outcome: Err(err),
             peak_memory: None,
+            fuel: None,
         }
     }
 }
@@ -167,6 +171,7 @@ impl PluginHost {
         };
         let mut receipt = Receipt {
             peak_memory_bytes: ran.peak_memory.map(|n| n as u64),
+            fuel: ran.fuel,
             ..Receipt::default()
         };
         // The store is gone, and with it every response body: each request's row is
@@ -215,6 +220,7 @@ impl PluginHost {
         Metered {
             outcome: outcome.map_err(|err| self.explain_failure(&store, &err)),
             peak_memory: Some(store.data().limiter.peak()),
+            fuel: self.fuel_used(&store),
         }
     }
 
@@ -245,6 +251,7 @@ impl PluginHost {
                     ..
                 } = warm;
                 store.data_mut().begin_call(tool, Egress::default(), trace);
+                self.refuel(&mut store);
                 (store, Some((instance, resources, slot)))
             }
             None => match sandbox() {
@@ -263,6 +270,7 @@ impl PluginHost {
         };
         let ran = self.within_deadline(call).await;
         let peak_memory = Some(store.data().limiter.peak());
+        let fuel = self.fuel_used(&store);
         let outcome = match ran {
             Ok((instance, was_kept, output)) => {
                 // What the instance holds now would be there for the process's next call.
@@ -293,6 +301,7 @@ impl PluginHost {
         Metered {
             outcome,
             peak_memory,
+            fuel,
         }
     }
 
@@ -313,7 +322,24 @@ impl PluginHost {
     fn new_store(&self, sandbox: Sandbox) -> Store<Sandbox> {
         let mut store = Store::new(&self.engine, sandbox);
         store.limiter(|s| &mut s.limiter);
+        self.refuel(&mut store);
         store
+    }
+
+    /// Gives `store` [`FUEL`] for its next call, when calls are metered.
+    fn refuel(&self, store: &mut Store<Sandbox>) {
+        if self.limits.fuel {
+            store
+                .set_fuel(FUEL)
+                .expect("fuel is on in the engine whenever it is in the limits");
+        }
+    }
+
+    /// The fuel `store`'s call used, when calls are metered.
+    fn fuel_used(&self, store: &Store<Sandbox>) -> Option<u64> {
+        self.limits
+            .fuel
+            .then(|| FUEL.saturating_sub(store.get_fuel().unwrap_or(FUEL)))
     }
 
     /// Starts the deadline of the next call on `store`, counted from now: the epoch
