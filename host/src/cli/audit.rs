@@ -207,18 +207,8 @@ async fn print_calls(
 ) -> anyhow::Result<()> {
     writeln!(
         out,
-        "{:>6}  {:<10}  {:<18}  {:<14}  {:<18}  {:<8}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  requests",
-        "id",
-        "day",
-        "conversation",
-        "process",
-        "tool",
-        "outcome",
-        "time",
-        "peak mem",
-        "in",
-        "out",
-        "fuel"
+        "{:>6}  {:<10}  {:<18}  {:<14}  {:<18}  {:<8}  {RECEIPT_HEADER}",
+        "id", "day", "conversation", "process", "tool", "outcome"
     )?;
     let mut shown = 0;
     let mut before = None;
@@ -231,27 +221,18 @@ async fn print_calls(
             .filter(|e| of.holds(e.conversation.as_deref()))
             .take((limit - shown) as usize)
         {
-            let r = &entry.receipt;
+            let mut one = Costs::default();
+            one.add(&entry.receipt, entry.outcome == "ok", entry.duration_us);
             writeln!(
                 out,
-                "{:>6}  {:<10}  {:<18}  {:<14}  {:<18}  {:<8}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {}",
+                "{:>6}  {:<10}  {:<18}  {:<14}  {:<18}  {:<8}  {}",
                 entry.id,
                 day_of(entry.at),
                 one_line(entry.conversation.as_deref().unwrap_or("-")),
                 one_line(&entry.process),
                 one_line(&entry.tool),
                 entry.outcome,
-                micros(entry.duration_us),
-                r.peak_memory_bytes.map_or_else(|| "-".to_owned(), size),
-                size(r.bytes_in),
-                size(r.bytes_out),
-                fuel(r.fuel),
-                requests(
-                    u64::from(r.requests),
-                    u64::from(r.requests_refused),
-                    r.request_bytes_sent,
-                    r.request_bytes_received
-                ),
+                receipt_columns(&one),
             )?;
             shown += 1;
         }
@@ -266,42 +247,48 @@ async fn print_calls(
 fn print_costs(out: &mut impl std::io::Write, by: CostsBy, rows: &[Costs]) -> anyhow::Result<()> {
     writeln!(
         out,
-        "{:<20}  {:>6}  {:>6}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  requests",
+        "{:<20}  {:>6}  {:>6}  {RECEIPT_HEADER}",
         by.as_str(),
         "calls",
-        "failed",
-        "time",
-        "peak mem",
-        "in",
-        "out",
-        "fuel"
+        "failed"
     )?;
-    let line = |out: &mut dyn std::io::Write, key: &str, c: &Costs| {
+    let report = CostReport::of(rows.to_vec());
+    let total = ("total", &report.total);
+    let named = rows
+        .iter()
+        .map(|row| (row.key.as_deref().unwrap_or("(no conversation)"), row));
+    for (key, c) in named.chain([total]) {
         writeln!(
             out,
-            "{:<20}  {:>6}  {:>6}  {:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {}",
+            "{:<20}  {:>6}  {:>6}  {}",
             one_line(key),
             c.calls,
             c.failed,
-            micros(c.duration_us),
-            c.peak_memory_bytes.map_or_else(|| "-".to_owned(), size),
-            size(c.bytes_in),
-            size(c.bytes_out),
-            fuel(c.fuel),
-            requests(
-                c.requests,
-                c.requests_refused,
-                c.request_bytes_sent,
-                c.request_bytes_received
-            ),
-        )
-    };
-    for row in rows {
-        line(out, row.key.as_deref().unwrap_or("(no conversation)"), row)?;
+            receipt_columns(c)
+        )?;
     }
-    let report = CostReport::of(rows.to_vec());
-    line(out, "total", &report.total)?;
     Ok(())
+}
+
+/// The heads of [`receipt_columns`].
+const RECEIPT_HEADER: &str = "     time   peak mem         in        out       fuel  requests";
+
+/// What `c`'s calls used, in columns under [`RECEIPT_HEADER`]: one call's, or a sum's.
+fn receipt_columns(c: &Costs) -> String {
+    format!(
+        "{:>9}  {:>9}  {:>9}  {:>9}  {:>9}  {}",
+        micros(c.duration_us),
+        c.peak_memory_bytes.map_or_else(|| "-".to_owned(), size),
+        size(c.bytes_in),
+        size(c.bytes_out),
+        fuel(c.fuel),
+        requests(
+            c.requests,
+            c.requests_refused,
+            c.request_bytes_sent,
+            c.request_bytes_received
+        ),
+    )
 }
 
 /// ` in CONVERSATION`, or nothing.
