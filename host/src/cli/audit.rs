@@ -31,8 +31,8 @@ enum AuditVerb {
         /// them).
         #[arg(long, value_name = "CONVERSATION")]
         conversation: Option<String>,
-        /// At most this many.
-        #[arg(long, default_value_t = 50)]
+        /// At most this many (1 or more).
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
     },
     /// Sum the receipts of tool calls by conversation, process, tool or day, with a total.
@@ -101,7 +101,7 @@ impl AuditCommand {
                 limit,
             } => {
                 let services = crate::app::open_services(&config).await?;
-                let of = conversation.map_or_else(CostsOf::default, |c| CostsOf::conversation(&c));
+                let of = conversation_of(conversation.as_deref())?;
                 print_calls(&mut out, &*services.audit, &of, limit).await?;
                 return Ok(ExitCode::SUCCESS);
             }
@@ -111,7 +111,7 @@ impl AuditCommand {
                 json,
             } => {
                 let services = crate::app::open_services(&config).await?;
-                let of = conversation.map_or_else(CostsOf::default, |c| CostsOf::conversation(&c));
+                let of = conversation_of(conversation.as_deref())?;
                 let rows = services.audit.costs(by.into(), &of).await?;
                 if json {
                     let report = CostReport::of(rows);
@@ -289,6 +289,15 @@ fn receipt_columns(c: &Costs) -> String {
             c.request_bytes_received
         ),
     )
+}
+
+/// The calls `--conversation` names, or all.
+fn conversation_of(name: Option<&str>) -> anyhow::Result<CostsOf> {
+    match name {
+        Some(name) => CostsOf::conversation(name)
+            .map_err(|why| anyhow::anyhow!("--conversation {}: {why}", one_line(name))),
+        None => Ok(CostsOf::default()),
+    }
 }
 
 /// ` in CONVERSATION`, or nothing.

@@ -130,6 +130,12 @@ impl NetScope {
         })
     }
 
+    /// The rule of the caller's grant (the config's text, never the tool's) that allows
+    /// `target`: what the metrics count a request under.
+    pub fn granted_rule(&self, target: &NetTarget) -> Option<&NetRule> {
+        self.granted.iter().find(|rule| rule.allows(target))
+    }
+
     /// The rule that allows `target`, or why none does, naming the half that refused:
     /// the tool's declaration or the caller's grant.
     pub fn check(&self, target: &NetTarget) -> Result<&NetRule, Refusal> {

@@ -168,6 +168,7 @@ impl CallNet {
             Err(refusal) => return Err(deny(log, refusal)),
         };
         log.grant = rule.to_string();
+        log.granted = self.scope.granted_rule(&target).map(ToString::to_string);
         let rates: &RateLimiter = &self.host.rates;
         if let Err(wait) = rates.take(
             &self.process,

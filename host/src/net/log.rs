@@ -106,6 +106,8 @@ pub(super) struct RequestLog {
     pub(super) started: Instant,
     pub(super) address: Option<SocketAddr>,
     pub(super) grant: String,
+    /// The caller's granted rule that allows it (the config's text): its metrics label.
+    pub(super) granted: Option<String>,
     pub(super) status: Option<u16>,
     pub(super) sent: Arc<AtomicU64>,
 }
@@ -118,6 +120,7 @@ impl RequestLog {
             started: Instant::now(),
             address: None,
             grant: String::new(),
+            granted: None,
             status: None,
             sent: Arc::default(),
         }
@@ -172,11 +175,9 @@ impl RequestLog {
             detail = %record.detail,
             "outbound request"
         );
-        let rule = if record.grant.is_empty() {
-            crate::telemetry::NO_RULE
-        } else {
-            &record.grant
-        };
+        // Labelled by the config's rule, never by what the tool declared: a tool may
+        // declare as many narrower rules as it likes.
+        let rule = self.granted.as_deref().unwrap_or(crate::telemetry::NO_RULE);
         crate::telemetry::metrics().outbound_request(rule, decision.as_str());
         call.record(record);
     }

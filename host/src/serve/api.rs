@@ -436,10 +436,11 @@ pub(crate) async fn costs(
     State(app): State<Arc<App>>,
     ApiQuery(query): ApiQuery<CostsQuery>,
 ) -> Result<Json<crate::services::CostReport>, ApiError> {
-    let of = query
-        .conversation
-        .as_deref()
-        .map_or_else(Default::default, crate::services::CostsOf::conversation);
+    let of = match query.conversation.as_deref() {
+        Some(name) => crate::services::CostsOf::conversation(name)
+            .map_err(|why| ApiError::invalid(format!("conversation: {why}")))?,
+        None => crate::services::CostsOf::default(),
+    };
     let rows = app
         .runtime
         .services()

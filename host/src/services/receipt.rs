@@ -3,6 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::{ProcessId, ProcessKind};
+use crate::text::one_line;
+
 /// What one tool call used, as the host measured it (never as the tool reports it). The
 /// wall time is the row's `duration_us`.
 ///
@@ -190,23 +193,30 @@ pub struct CostsOf {
 
 impl CostsOf {
     /// The calls of the conversation `name`: a session key (`channel:main`,
-    /// `cortex:main`), or a bare name for a user channel (`main`).
+    /// `cortex:main`), or a bare name for a user channel (`main`); refused, saying why,
+    /// unless the name is one a conversation can have.
     ///
     /// ```
     /// use capstan_host::services::CostsOf;
     ///
-    /// assert_eq!(CostsOf::conversation("main").conversation.as_deref(), Some("channel:main"));
-    /// assert_eq!(CostsOf::conversation("cortex:main").conversation.as_deref(), Some("cortex:main"));
+    /// let of = |name| CostsOf::conversation(name).map(|of| of.conversation.unwrap());
+    /// assert_eq!(of("main").unwrap(), "channel:main");
+    /// assert_eq!(of("cortex:main").unwrap(), "cortex:main");
+    /// assert!(of("").is_err() && of("main' OR 1=1").is_err() && of("nobody:main").is_err());
     /// ```
-    pub fn conversation(name: &str) -> Self {
-        let key = if name.contains(':') {
-            name.to_owned()
-        } else {
-            format!("channel:{name}")
+    pub fn conversation(name: &str) -> Result<Self, String> {
+        let (kind, name) = match name.split_once(':') {
+            Some((kind, name)) => (
+                kind.parse::<ProcessKind>()
+                    .map_err(|_| format!("`{}` is not a process kind", one_line(kind)))?,
+                name,
+            ),
+            None => (ProcessKind::Channel, name),
         };
-        CostsOf {
-            conversation: Some(key),
-        }
+        let id = ProcessId::conversation(kind, name)?;
+        Ok(CostsOf {
+            conversation: Some(id.session().as_str().to_owned()),
+        })
     }
 
     /// Whether a call of `conversation` (`None`: of none) is one of these calls.

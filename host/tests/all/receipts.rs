@@ -245,7 +245,7 @@ tool_calls = [{{ name = "skip" }}]
 
     // The database's sums agree with the rows, and the conversation's holds all three.
     let all = calls(services).await;
-    let main = CostsOf::conversation("main");
+    let main = CostsOf::conversation("main").unwrap();
     for by in [
         CostsBy::Conversation,
         CostsBy::Tool,
