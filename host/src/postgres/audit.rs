@@ -108,6 +108,11 @@ impl AuditSink for Postgres {
             CostsBy::Tool => "tool",
             CostsBy::Day => "to_char(to_timestamp(at) AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
         };
+        // Spelled apart, so a conversation's sums search its index rather than scan it.
+        let filter = match of.conversation {
+            Some(_) => "conversation = $1",
+            None => "$1::TEXT IS NULL",
+        };
         // Sums as BIGINT (PostgreSQL sums BIGINTs as NUMERIC); byte order, as SQLite sorts.
         let sql = format!(
             "SELECT {key} COLLATE \"C\" AS k, count(*), count(*) FILTER (WHERE outcome <> 'ok'),
@@ -115,7 +120,7 @@ impl AuditSink for Postgres {
                     sum(bytes_out)::BIGINT, sum(requests)::BIGINT,
                     sum(requests_refused)::BIGINT, sum(request_bytes_sent)::BIGINT,
                     sum(request_bytes_received)::BIGINT, sum(fuel)::BIGINT
-             FROM audit WHERE $1::TEXT IS NULL OR conversation = $1
+             FROM audit WHERE {filter}
              GROUP BY 1 ORDER BY 1 NULLS FIRST"
         );
         let rows = client

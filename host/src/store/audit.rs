@@ -78,12 +78,17 @@ impl Store {
             CostsBy::Tool => "tool",
             CostsBy::Day => "date(at, 'unixepoch')",
         };
+        // Spelled apart, so a conversation's sums search its index rather than scan it.
+        let filter = match of.conversation {
+            Some(_) => "conversation = ?1",
+            None => "?1 IS NULL",
+        };
         let sql = format!(
             "SELECT {key} AS k, count(*), sum(outcome <> 'ok'), sum(duration_us),
                     max(peak_memory_bytes), sum(bytes_in), sum(bytes_out), sum(requests),
                     sum(requests_refused), sum(request_bytes_sent), sum(request_bytes_received),
                     sum(fuel)
-             FROM audit WHERE ?1 IS NULL OR conversation = ?1
+             FROM audit WHERE {filter}
              GROUP BY k ORDER BY k"
         );
         let mut stmt = conn.prepare_cached(&sql)?;

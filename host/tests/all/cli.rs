@@ -634,7 +634,10 @@ fn audit_lists_and_sums_the_receipts_of_the_demo_calls() {
         "{}",
         stdout(&none)
     );
-    let bad = capstan(&dir, &["audit", "costs", "--conversation", "main' OR 1=1--"]);
+    let bad = capstan(
+        &dir,
+        &["audit", "costs", "--conversation", "main' OR 1=1--"],
+    );
     assert!(!bad.status.success());
     assert!(
         stderr(&bad).contains("is not a conversation name"),
