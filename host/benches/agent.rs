@@ -14,6 +14,11 @@
 //! - Then N = 100 and 1000 workers are spawned by one channel at once, each making 10
 //!   `file_read` calls and reporting done; the benchmark prints the wall time, tool calls
 //!   per second and the process's peak RSS after each.
+//!
+//! `-- telemetry` runs only the cost of traces: the one-tool turn's p50 and the 1000
+//! workers' wall time with traces off, then on, exported to a receiver on loopback (which
+//! answers every batch at once), and their ratios. Traces start once per process, so off
+//! is measured first, after a warm-up.
 
 // A benchmark reports to its runner, not through a door of the host.
 #![allow(clippy::disallowed_macros, clippy::disallowed_methods)]
@@ -194,7 +199,8 @@ fn peak_rss_mib() -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
-fn concurrent_workers(tokio: &Tokio, n: u32) {
+/// Spawns `n` workers making ten calls each; their wall time.
+fn concurrent_workers(tokio: &Tokio, n: u32) -> Duration {
     const CALLS: usize = 10;
     let reads: Vec<String> = (0..CALLS)
         .map(|_| r#"{ name = "file_read", arguments = { path = "data.txt" } }"#.to_owned())
@@ -252,6 +258,110 @@ fn concurrent_workers(tokio: &Tokio, n: u32) {
         calls as f64 / elapsed.as_secs_f64(),
         peak_rss_mib()
     );
+    elapsed
+}
+
+/// The p50 of `rounds` one-tool turns, in microseconds.
+fn one_tool_p50(tokio: &Tokio, rounds: usize) -> f64 {
+    let mut agent = TurnAgent::new(tokio, TURNS[1]);
+    let mut times: Vec<Duration> = (0..rounds)
+        .map(|_| {
+            let started = Instant::now();
+            agent.turn(tokio);
+            started.elapsed()
+        })
+        .collect();
+    agent.check_and_stop(tokio);
+    p50_p99(&mut times).0
+}
+
+/// An OTLP/HTTP receiver on loopback that answers each batch with 200 at once: the URL,
+/// and the bytes it has taken.
+async fn receiver() -> (String, Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let taken = Arc::new(AtomicU64::new(0));
+    let counted = taken.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let mut stream = BufReader::new(stream);
+                loop {
+                    let mut length = 0usize;
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        if let Some((name, value)) = line.split_once(':')
+                            && name.eq_ignore_ascii_case("content-length")
+                        {
+                            length = value.trim().parse().unwrap_or(0);
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    if stream.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    counted.fetch_add(length as u64, Ordering::Relaxed);
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                    if stream.get_mut().write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, taken)
+}
+
+/// `-- telemetry`: see the [module](self).
+fn telemetry_overhead(tokio: &Tokio) {
+    const ROUNDS: usize = 3000;
+    println!("warming up");
+    one_tool_p50(tokio, ROUNDS / 3);
+    concurrent_workers(tokio, 100);
+    println!("traces off");
+    // The median of three runs of 1000 workers.
+    let workers = || {
+        let mut walls: Vec<Duration> = (0..3).map(|_| concurrent_workers(tokio, 1000)).collect();
+        walls.sort_unstable();
+        walls[1]
+    };
+    let off = (one_tool_p50(tokio, ROUNDS), workers());
+    let (url, taken) = tokio.block_on(receiver());
+    let settings = capstan_host::telemetry::TraceSettings {
+        otlp_endpoint: Some(url),
+        content: false,
+        service_name: "bench".into(),
+    };
+    let started = tokio.block_on(async { capstan_host::telemetry::start_traces(&settings) });
+    assert!(started.unwrap(), "traces are on");
+    println!("traces on, exported to a receiver on loopback");
+    let on = (one_tool_p50(tokio, ROUNDS), workers());
+    capstan_host::telemetry::shutdown_traces();
+    let exported = taken.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(exported > 0, "the spans reached the receiver");
+    println!("\ntraces on vs off ({ROUNDS} turns each; {exported} bytes of spans exported)");
+    println!(
+        "  one_wasm_tool turn  p50 {:8.1} us -> {:8.1} us  ({:+.1}%)",
+        off.0,
+        on.0,
+        (on.0 / off.0 - 1.0) * 100.0
+    );
+    println!(
+        "  1000 workers x 10   wall {:7.2} s  -> {:7.2} s   ({:+.1}%, median of 3)",
+        off.1.as_secs_f64(),
+        on.1.as_secs_f64(),
+        (on.1.as_secs_f64() / off.1.as_secs_f64() - 1.0) * 100.0
+    );
 }
 
 fn main() {
@@ -259,6 +369,10 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    if std::env::args().any(|arg| arg == "telemetry") {
+        telemetry_overhead(&tokio);
+        return;
+    }
     // First, so the peak RSS they print is theirs, not the turn benchmark's.
     println!(
         "concurrent workers (multi-thread runtime, {} threads)",

@@ -37,6 +37,7 @@ impl Provider for Instant0 {
             Ok(Completion {
                 message: Message::assistant("ok"),
                 tokens: None,
+                usage: Default::default(),
             })
         })
     }

@@ -50,7 +50,13 @@ pub(crate) fn start(kit: BranchKit, spec: BranchSpec, channel: ChannelHandle) {
                 .await;
         }
     };
-    supervise(&channel, |_| run(kit, spec, channel.clone()), failed);
+    // Its conclusion, too, is under the span that forked it.
+    let trace = spec.trace.clone();
+    supervise(
+        &channel,
+        |_| trace.scope(run(kit, spec, channel.clone())),
+        failed,
+    );
 }
 
 /// The branch's life: think, then send the conclusion to the channel it came from.
@@ -61,6 +67,7 @@ async fn run(kit: BranchKit, spec: BranchSpec, channel: ChannelHandle) {
         question,
         question_label,
         mut history,
+        trace,
     } = spec;
     let _slot = channel
         .branch_slots
@@ -93,9 +100,10 @@ async fn run(kit: BranchKit, spec: BranchSpec, channel: ChannelHandle) {
     let conclusion = match kit.gate.lease_loop(&id) {
         Err(held) => format!("(could not think: {held})"),
         Ok(lease) => {
-            let turn = kit
+            let mut turn = kit
                 .gate
                 .turn(&id, lease.ticket(), Route::Branch, &system, &tools);
+            turn.trace = trace;
             let end = turn.run(&mut history, &handler).await;
             if let Err(err) = &end {
                 kit.reporter.model_failed(&scope, &id, err);

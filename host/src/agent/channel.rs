@@ -191,6 +191,19 @@ pub(crate) async fn run(
         let from_user = inputs
             .iter()
             .any(|i| matches!(i, ChannelInput::User { .. }));
+        // The turn is a child of the span of its first input's sender, if it named one
+        // (a client's, or the call that spawned the worker reporting).
+        let trace = inputs
+            .iter()
+            .find_map(|input| match input {
+                ChannelInput::User { trace, .. } | ChannelInput::Result { trace, .. }
+                    if !trace.is_none() =>
+                {
+                    Some(trace.clone())
+                }
+                _ => None,
+            })
+            .unwrap_or_default();
         history.extend(inputs.iter().map(ChannelInput::message));
         if from_user {
             retriggers = 0;
@@ -240,6 +253,7 @@ pub(crate) async fn run(
                 };
                 let mut prompt = kit.gate.turn(&name, lease.ticket(), route, &system, &tools);
                 prompt.deltas = &text_out;
+                prompt.trace = trace;
                 let ran = prompt.run(&mut history, &tools_handler).await;
                 text_out.finish();
                 match ran {
@@ -327,6 +341,7 @@ pub(crate) async fn run(
                 kind,
                 text,
                 label,
+                ..
             } => {
                 kit.reporter
                     .fold_back(&name, &source, &name, kind, &text, &label)

@@ -21,6 +21,7 @@ use super::events::Event;
 use crate::ids::MessageKey;
 use crate::secrets::Redactor;
 use crate::services::{Answer, AnswerOutcome, ForwardId, RunId};
+use crate::telemetry::TraceParent;
 
 /// A user's message as a door sends it: its text and, if the client gave one, its
 /// idempotency key.
@@ -40,6 +41,9 @@ pub struct UserMessage {
     /// The client's idempotency key: a message sent again with it is answered again, not
     /// taken again.
     pub key: Option<MessageKey>,
+    /// The client's span (its `traceparent`), if it sent one: the turn that takes the
+    /// message in is its child.
+    pub trace: TraceParent,
 }
 
 impl UserMessage {
@@ -48,6 +52,7 @@ impl UserMessage {
         UserMessage {
             text: text.into(),
             key: Some(key),
+            trace: TraceParent::none(),
         }
     }
 }
@@ -57,13 +62,18 @@ impl From<&str> for UserMessage {
         UserMessage {
             text: text.to_owned(),
             key: None,
+            trace: TraceParent::none(),
         }
     }
 }
 
 impl From<String> for UserMessage {
     fn from(text: String) -> Self {
-        UserMessage { text, key: None }
+        UserMessage {
+            text,
+            key: None,
+            trace: TraceParent::none(),
+        }
     }
 }
 

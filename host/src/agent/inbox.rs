@@ -13,6 +13,7 @@ use crate::flow::Label;
 use crate::ids::{MessageKey, ProcessId};
 use crate::llm::Message;
 use crate::services::{Epoch, ForwardId, Forwarded};
+use crate::telemetry::TraceParent;
 
 /// A message routed to a running worker, labelled with what its sender had read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +53,8 @@ pub(crate) enum ChannelInput {
         forwarded: Option<ForwardId>,
         /// The exchange waiting for its answer, if a door sent it through one.
         exchange: Option<Box<Listener>>,
+        /// The span that sent it, if any: the parent of the turn that takes it in.
+        trace: TraceParent,
     },
     /// A worker's or branch's report.
     Result {
@@ -63,6 +66,9 @@ pub(crate) enum ChannelInput {
         text: String,
         /// What its source had read.
         label: Label,
+        /// The span its source works under (the call that spawned it): the parent of the
+        /// turn that takes the report in.
+        trace: TraceParent,
     },
     /// A report that arrived after its requester ended, saved in working memory; told in
     /// a turn of its own.
@@ -79,6 +85,7 @@ impl ChannelInput {
             key: None,
             forwarded: None,
             exchange: None,
+            trace: TraceParent::none(),
         }
     }
 
@@ -90,6 +97,7 @@ impl ChannelInput {
             key: message.key,
             forwarded: None,
             exchange: Some(Box::new(exchange)),
+            trace: message.trace,
         }
     }
 
@@ -105,11 +113,18 @@ impl ChannelInput {
     /// `number`.
     pub(crate) fn forwarded(number: ForwardId, message: Forwarded) -> Self {
         match message {
-            Forwarded::User { text, key } => ChannelInput::User {
+            Forwarded::User {
+                text,
+                key,
+                traceparent,
+            } => ChannelInput::User {
                 text,
                 key,
                 forwarded: Some(number),
                 exchange: None,
+                trace: traceparent
+                    .map(|header| TraceParent::from_header(&header))
+                    .unwrap_or_default(),
             },
             Forwarded::WorkerLost { worker, outcome } => {
                 // The host's own words only: the task is not quoted, since its text is
@@ -123,6 +138,7 @@ impl ChannelInput {
                     kind: NotificationKind::Error,
                     text,
                     label: Label::trusted(),
+                    trace: TraceParent::none(),
                 }
             }
         }
@@ -252,5 +268,33 @@ mod tests {
              the task you gave it is not run again"
         );
         assert!(message.label.is_clear());
+    }
+
+    #[test]
+    fn a_forwarded_message_keeps_its_sender_s_trace_and_an_older_row_has_none() {
+        let header = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let stored = format!(r#"{{"type":"user","text":"hi","traceparent":"{header}"}}"#);
+        let traced: Forwarded = serde_json::from_str(&stored).unwrap();
+        match ChannelInput::forwarded(ForwardId::new(1), traced) {
+            ChannelInput::User { trace, .. } => assert_eq!(trace.header().as_deref(), Some(header)),
+            other => panic!("{other:?}"),
+        }
+        // A row written before traces crossed hosts, or by a host with them off.
+        let older: Forwarded = serde_json::from_str(r#"{"type":"user","text":"hi"}"#).unwrap();
+        match ChannelInput::forwarded(ForwardId::new(2), older) {
+            ChannelInput::User { trace, .. } => assert!(trace.is_none()),
+            other => panic!("{other:?}"),
+        }
+        // A host with traces off writes no field.
+        let untraced = Forwarded::User {
+            text: "hi".into(),
+            key: None,
+            traceparent: None,
+        };
+        assert!(
+            !serde_json::to_string(&untraced)
+                .unwrap()
+                .contains("traceparent")
+        );
     }
 }

@@ -14,6 +14,7 @@ use crate::ids::{ProcessId, ProcessKind};
 use crate::llm::{CompletionRequest, Message, ToolChoice, ToolDef};
 use crate::plugin::ToolError;
 use crate::services::Run;
+use crate::telemetry::TraceParent;
 use crate::tools::ToolRouter;
 
 /// What a quarantined question's request names as its process (scripts answer it by
@@ -96,6 +97,7 @@ impl ModelGate {
             max_turns: self.max_turns,
             deltas: &(),
             run: &self.run,
+            trace: TraceParent::none(),
         }
     }
 

@@ -166,6 +166,7 @@ mod tests {
             key: key.map(|k| k.parse().unwrap()),
             forwarded: None,
             exchange: None,
+            trace: crate::telemetry::TraceParent::none(),
         };
         let mut inputs = vec![
             input("first again", Some("k1")),

@@ -194,6 +194,7 @@ impl Reporter {
             kind,
             text,
             label,
+            trace: crate::telemetry::TraceParent::current(),
         };
         if let Err(ChannelInput::Result { text, label, .. }) = handle.try_send(input) {
             self.fold_back(channel, source, channel, kind, &text, &label)

@@ -294,6 +294,7 @@ impl Runtime {
         let message = Forwarded::User {
             text: message.text,
             key: message.key,
+            traceparent: message.trace.header(),
         };
         let number = self
             .ctx

@@ -14,6 +14,7 @@ use crate::flow::{Carried, HandleId, Handles, Label};
 use crate::ids::ProcessId;
 use crate::llm::BoxFuture;
 use crate::plugin::ToolError;
+use crate::telemetry::spans::{self, ToolSite};
 use crate::tools::{AskArgs, Decided, HostCall, HostTool, Read, Routed, ToolRouter};
 
 /// What a process does with the host tools its kind runs
@@ -224,7 +225,11 @@ impl<'a> ProcessTools<'a> {
         let mut label = Label::trusted();
         let mut tool_ran = false;
         let result = match routed {
-            Routed::Host(HostCall::AskAbout(args)) => match self.ask_about(&args, handles).await {
+            Routed::Host(HostCall::AskAbout(args)) => match spans::tool(name, None, ToolSite::Host)
+                .parent()
+                .scope(self.ask_about(&args, handles))
+                .await
+            {
                 Ok((text, answered)) => {
                     label = answered;
                     self.reporter.emit_to(
@@ -241,7 +246,13 @@ impl<'a> ProcessTools<'a> {
             Routed::Host(call) => {
                 // What the process hands on carries what it read and the handles it passed.
                 let handed = context.clone().joined(carried);
-                match self.host.run(call, &handed).await {
+                let mut span = spans::tool(name, None, ToolSite::Host);
+                // A worker or branch it starts is a child of this call.
+                let ran = span.parent().scope(self.host.run(call, &handed)).await;
+                if let Err(err) = &ran {
+                    span.fail(err.kind());
+                }
+                match ran {
                     Ok(outcome) => return (outcome, label.joined(carried)),
                     Err(err) => Err(err),
                 }

@@ -12,6 +12,7 @@ use crate::flow::{HandleId, Handles, Held, Label};
 use crate::ids::{ProcessId, ToolCallId};
 use crate::llm::{AnswerSink, BoxFuture, CompletionRequest, Message, Role, ToolChoice, ToolDef};
 use crate::services::Run;
+use crate::telemetry::{TraceParent, spans};
 
 /// What a tool call did, for the loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,6 +139,9 @@ pub(crate) struct Turn<'a> {
     pub(crate) deltas: &'a dyn AnswerSink,
     /// The host's run: no request is sent once its lease is not live.
     pub(crate) run: &'a Run,
+    /// What started the turn (a message's sender, the turn that spawned the process):
+    /// the parent of its span.
+    pub(crate) trace: TraceParent,
 }
 
 impl Turn<'_> {
@@ -156,7 +160,17 @@ impl Turn<'_> {
             process: self.process.clone(),
             route: self.route,
         });
-        let ended = self.run_inner(history, handler).await;
+        let conversation = handler.calls().map(|calls| calls.conversation.as_str());
+        let mut span = spans::turn(&self.trace, self.process, conversation);
+        let ended = span.parent().scope(self.run_inner(history, handler)).await;
+        if let Err(err) = &ended {
+            span.fail(match err.reason {
+                Unanswered::Suppressed(_) => "suppressed",
+                Unanswered::TimedOut(_) => "timeout",
+                Unanswered::Failed(_) => "dispatch_failed",
+            });
+        }
+        drop(span);
         self.events.emit(Event::TurnFinished {
             process: self.process.clone(),
             end: match &ended {
@@ -556,6 +570,7 @@ mod properties {
                 message.map(|message| Completion {
                     message,
                     tokens: None,
+                    usage: Default::default(),
                 })
             })
         }
@@ -677,6 +692,7 @@ mod properties {
                     max_turns,
                     deltas: &(),
                     run: &run,
+                    trace: TraceParent::none(),
                 };
                 let end = turn.run(&mut history, &handler).await;
                 prop_assert!(well_formed(&history).is_ok(), "{:?}", well_formed(&history));
@@ -830,6 +846,7 @@ mod properties {
             max_turns: 3,
             deltas: &(),
             run: &run,
+            trace: TraceParent::none(),
         };
         let mut history = vec![Message::user("hi")];
         let err = turn

@@ -65,10 +65,12 @@ pub(crate) fn start(
             finish(&kit, &spec, &channel, ended, undelivered).await;
         }
     };
+    // Its report, too, is under the span that spawned it.
+    let trace = spec.trace.clone();
     supervise(
         &channel,
         |pending| {
-            run(
+            trace.scope(run(
                 kit,
                 spec,
                 channel.clone(),
@@ -76,7 +78,7 @@ pub(crate) fn start(
                 pending,
                 inbox_tx,
                 inbox,
-            )
+            ))
         },
         failed,
     );
@@ -327,9 +329,10 @@ async fn work(
             &scope,
             &host_tools,
         );
-        let turn = kit
+        let mut turn = kit
             .gate
             .turn(&spec.id, lease.ticket(), route, &system, &tools);
+        turn.trace = spec.trace.clone();
         let end = turn.run(&mut history, &handler).await;
         *read.lock().unwrap() = context_label(&history);
         if !matches!(&end, Err(err) if err.answered == 0) {

@@ -133,6 +133,8 @@ impl AgentBuilder {
         };
         let secrets = super::load_secrets(&config)?;
         let redactor = secrets.redactor().clone();
+        // Every span leaves through the log's redactor, which knows the secrets from here.
+        crate::telemetry::start_traces(&config.telemetry)?;
         let host = PluginHost::new(config.limits.tool.clone(), self.cache)
             .map_err(BuildError::Host)?
             .with_services(services.clone())

@@ -23,6 +23,9 @@ pub enum BuildError {
     /// The plugin host could not be built.
     #[error(transparent)]
     Host(HostError),
+    /// Traces were asked for and cannot be sent.
+    #[error(transparent)]
+    Traces(#[from] crate::telemetry::TraceError),
     /// A secret's value could not be read.
     #[error(transparent)]
     Secret(#[from] crate::secrets::LoadSecretError),

@@ -25,6 +25,7 @@ mod raw;
 mod resolve;
 mod serve;
 mod store;
+mod telemetry;
 mod workspace;
 mod writable_workspaces;
 
@@ -104,6 +105,8 @@ pub struct Config {
     /// a stop or a crash during an outage loses none of it; it is written to the store at
     /// the next start.
     pub spill_file: Option<PathBuf>,
+    /// `[telemetry]`: where traces go, and whether they carry content.
+    pub telemetry: crate::telemetry::TraceSettings,
     /// `[secrets.NAME]`: the secrets plugins may use, and where their values come from.
     pub secrets: Vec<SecretSpec>,
     /// `[mcp.NAME]`: external MCP servers whose tools profiles may name (`NAME.*`).

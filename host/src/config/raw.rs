@@ -14,6 +14,7 @@ use super::mcp::{RawMcpServer, check_mcp};
 use super::network::{RawNet, RawSecret, check_secrets, parse_rules};
 use super::serve::RawServe;
 use super::store::RawStore;
+use super::telemetry::RawTelemetry;
 use super::{
     AgentLimits, AgentSettings, Config, MAX_TOOL_DEADLINE_SECS, MAX_TOOL_MEMORY_MIB,
     ProviderSettings,
@@ -35,6 +36,7 @@ pub(super) struct RawConfig {
     net: RawNet,
     serve: RawServe,
     store: RawStore,
+    telemetry: RawTelemetry,
     #[serde(default)]
     secrets: BTreeMap<String, RawSecret>,
     #[serde(default)]
@@ -259,6 +261,7 @@ impl RawConfig {
         let net = self.net.check(limits.tool.deadline)?;
         let serve = self.serve.check(&resolve)?;
         let (store, spill_file) = self.store.check(resolve)?;
+        let telemetry = self.telemetry.check()?;
         let secrets = check_secrets(self.secrets, &resolve)?;
         let policy = check_profiles(self.profiles, &secrets, reuse)?;
         let mcp = check_mcp(self.mcp, &secrets, &resolve)?;
@@ -276,6 +279,7 @@ impl RawConfig {
             serve,
             store,
             spill_file,
+            telemetry,
             secrets,
             mcp,
             policy,

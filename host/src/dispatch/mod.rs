@@ -26,6 +26,7 @@ pub use gate::{Gate, GateSettings, Lease, ReleaseError, Reserved, Ticket, ToolRu
 pub use timing::TooSlow;
 
 use crate::llm::{AnswerSink, Completion, CompletionRequest, Provider, ProviderError};
+use crate::telemetry::spans;
 use gate::Busy;
 use timing::Progress;
 
@@ -304,16 +305,19 @@ impl Dispatcher {
             "dispatch"
         );
         let progress = Progress::new(deltas);
+        let mut span = spans::chat(|| self.provider.name());
         let answer = self.provider.complete(request, &progress);
         let sent = std::time::Instant::now();
         let metrics = crate::telemetry::metrics();
         match timing::bounded(&self.settings, &progress, answer).await {
             Ok(Ok(completion)) => {
                 metrics.model_answered(sent.elapsed(), completion.tokens);
+                spans::chat_usage(&mut span, completion.usage.input, completion.usage.output);
                 DispatchOutcome::Dispatched(completion)
             }
             Ok(Err(error)) => {
                 metrics.model_failed("failed");
+                span.fail("failed");
                 DispatchOutcome::Failed {
                     attempted: true,
                     error: error.into(),
@@ -321,6 +325,7 @@ impl Dispatcher {
             }
             Err(late) => {
                 metrics.model_failed("timed_out");
+                span.fail("timeout");
                 // The caller reports it (with the bound and its key); this is for tracing.
                 tracing::debug!(
                     session = ticket.session(),

@@ -31,6 +31,7 @@ impl Provider for Counting {
             Ok(Completion {
                 message: Message::assistant("ok"),
                 tokens: None,
+                usage: Default::default(),
             })
         })
     }
@@ -314,6 +315,7 @@ impl Provider for Paced {
             Ok(Completion {
                 message: Message::assistant(text),
                 tokens: None,
+                usage: Default::default(),
             })
         })
     }

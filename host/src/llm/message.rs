@@ -176,4 +176,16 @@ pub struct Completion {
     pub message: Message,
     /// Prompt plus completion tokens, when the provider reports them.
     pub tokens: Option<u32>,
+    /// The prompt's and the answer's tokens apart, when the provider reports them.
+    #[serde(default)]
+    pub usage: Usage,
+}
+
+/// The tokens of a request's prompt and of its answer, each when the provider reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// The prompt's tokens (`prompt_tokens`).
+    pub input: Option<u32>,
+    /// The answer's tokens (`completion_tokens`).
+    pub output: Option<u32>,
 }

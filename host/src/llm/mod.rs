@@ -24,7 +24,9 @@ use std::future::Future;
 use std::pin::Pin;
 
 pub use error::ProviderError;
-pub use message::{Completion, CompletionRequest, Message, Role, ToolCall, ToolChoice, ToolDef};
+pub use message::{
+    Completion, CompletionRequest, Message, Role, ToolCall, ToolChoice, ToolDef, Usage,
+};
 pub use openai::{DEFAULT_MAX_ANSWER_BYTES, OpenAiProvider, RetryPolicy};
 pub use recorder::Recorder;
 pub use script::{Script, ScriptStep, ScriptToolCall};

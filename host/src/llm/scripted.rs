@@ -133,6 +133,7 @@ impl Provider for ScriptedProvider {
                     held: None,
                 },
                 tokens: None,
+                usage: Default::default(),
             })
         })
     }

@@ -28,6 +28,7 @@ use super::remote_tool::{
 use super::stdio::{Launch, StderrTail, spawn};
 use crate::config::{McpServerSpec, McpTransport};
 use crate::plugin::{ExternalTools, PluginHost, ToolError, ToolInfo};
+use crate::telemetry::spans;
 
 /// The longest wait before restarting a server that keeps failing to start.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -478,6 +479,47 @@ impl ExternalTools for McpClient {
     }
 
     async fn call(&self, tool: &str, args_json: &str) -> Result<String, ToolError> {
+        let transport = match &self.inner.spec.transport {
+            McpTransport::Stdio { .. } => "pipe",
+            McpTransport::Http { .. } => "tcp",
+        };
+        let mut span = spans::mcp_call(tool, &self.inner.spec.name, transport);
+        let called = self.call_once(tool, args_json).await;
+        if let Err(err) = &called {
+            span.fail(err.kind());
+        }
+        called
+    }
+    fn abandoned(&self, _tool: &str) -> String {
+        let name = &self.inner.spec.name;
+        // A server at a URL serves each call on its own request; rmcp has told it the
+        // call was cancelled.
+        if self.inner.http.is_some() {
+            return format!("the call was cancelled on MCP server `{name}`");
+        }
+        // A program that kept a call past the deadline may be stuck on it: the next call
+        // gets a fresh one (dropping the service kills its process group).
+        match self.inner.state.try_lock() {
+            Ok(mut state) => {
+                if matches!(*state, State::Running(_)) {
+                    *state = State::Down {
+                        reason: "a call ran past the deadline".to_owned(),
+                        failures: 0,
+                        retry_at: Instant::now(),
+                    };
+                }
+                format!("MCP server `{name}` is restarted for the next call")
+            }
+            Err(_) => format!(
+                "MCP server `{name}` is still starting; the next call uses it once it is up"
+            ),
+        }
+    }
+}
+
+impl McpClient {
+    /// One `tools/call` of `tool` with `args_json`.
+    async fn call_once(&self, tool: &str, args_json: &str) -> Result<String, ToolError> {
         let inner = &self.inner;
         let arguments: serde_json::Map<String, serde_json::Value> = serde_json::from_str(args_json)
             .map_err(|err| ToolError::InvalidArgs(format!("arguments: {err}")))?;
@@ -530,32 +572,6 @@ impl ExternalTools for McpClient {
                     "MCP server `{name}` stopped during the call ({cause}); {again}"
                 )))
             }
-        }
-    }
-
-    fn abandoned(&self, _tool: &str) -> String {
-        let name = &self.inner.spec.name;
-        // A server at a URL serves each call on its own request; rmcp has told it the
-        // call was cancelled.
-        if self.inner.http.is_some() {
-            return format!("the call was cancelled on MCP server `{name}`");
-        }
-        // A program that kept a call past the deadline may be stuck on it: the next call
-        // gets a fresh one (dropping the service kills its process group).
-        match self.inner.state.try_lock() {
-            Ok(mut state) => {
-                if matches!(*state, State::Running(_)) {
-                    *state = State::Down {
-                        reason: "a call ran past the deadline".to_owned(),
-                        failures: 0,
-                        retry_at: Instant::now(),
-                    };
-                }
-                format!("MCP server `{name}` is restarted for the next call")
-            }
-            Err(_) => format!(
-                "MCP server `{name}` is still starting; the next call uses it once it is up"
-            ),
         }
     }
 }

@@ -13,6 +13,7 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use super::fit::{DEFAULT_MESSAGE_BYTES, fit_message};
 use crate::ids::{Caller, ProcessKind};
 use crate::plugin::ToolError;
+use crate::telemetry::{TraceParent, spans};
 use crate::tools::{ToolOrigin, ToolRouter};
 
 /// The plugin and MCP tools the catalog offers to processes of one kind, served over MCP
@@ -119,6 +120,27 @@ fn caller(context: &RequestContext<RoleServer>) -> Caller {
     }
 }
 
+/// The client's span: the request's `_meta.traceparent` (as MCP's trace context says),
+/// else the HTTP request's `traceparent` header; none while traces are off.
+fn trace_parent(context: &RequestContext<RoleServer>) -> TraceParent {
+    if !crate::telemetry::traces_on() {
+        return TraceParent::none();
+    }
+    let header = || {
+        context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.headers.get("traceparent"))
+            .and_then(|value| value.to_str().ok())
+    };
+    context
+        .meta
+        .get_traceparent()
+        .or_else(header)
+        .map(TraceParent::from_header)
+        .unwrap_or_default()
+}
+
 /// The client's name as the request or its session's handshake gave it, cut to what an
 /// audit row should hold: letters, digits, `.`, `-` and `_`, at most 48 of them.
 fn client_name(context: &RequestContext<RoleServer>) -> String {
@@ -188,7 +210,15 @@ impl ServerHandler for ToolServer {
                 ));
             let _ = context.peer.notify_progress(started).await;
         }
-        let result = self.call(&caller, &params, context.ct.cancelled()).await;
+        let mut span = spans::mcp_served(&trace_parent(&context), &params.name);
+        let result = span
+            .parent()
+            .scope(self.call(&caller, &params, context.ct.cancelled()))
+            .await;
+        if let Err(err) = &result {
+            span.fail(err.kind());
+        }
+        drop(span);
         if let Some(token) = progress {
             let done = ProgressNotificationParam::new(token, 1.0).with_total(1.0);
             let _ = context.peer.notify_progress(done).await;

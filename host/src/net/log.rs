@@ -3,13 +3,15 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use capstan_caps::NetTarget;
 use tokio::task::JoinHandle;
 
 use crate::secrets::Redactor;
 use crate::services::{AuditSink, Receipt, RequestDecision, RequestRecord};
+use crate::telemetry::spans::{self, OutboundRequest};
+use crate::telemetry::{TraceParent, traces_on};
 
 /// Where one call's request rows go: the audit sink, written in the background and
 /// awaited before the call returns ([`AuditWriter::flush`]).
@@ -110,6 +112,11 @@ pub(super) struct RequestLog {
     pub(super) granted: Option<String>,
     pub(super) status: Option<u16>,
     pub(super) sent: Arc<AtomicU64>,
+    /// The call that made it (taken in the call's own task, before the request leaves
+    /// it): the parent of its span.
+    trace: TraceParent,
+    /// When it began, for its span; none while traces are off.
+    began: Option<SystemTime>,
 }
 
 impl RequestLog {
@@ -123,6 +130,8 @@ impl RequestLog {
             granted: None,
             status: None,
             sent: Arc::default(),
+            trace: TraceParent::current(),
+            began: traces_on().then(SystemTime::now),
         }
     }
 
@@ -179,6 +188,17 @@ impl RequestLog {
         // declare as many narrower rules as it likes.
         let rule = self.granted.as_deref().unwrap_or(crate::telemetry::NO_RULE);
         crate::telemetry::metrics().outbound_request(rule, decision.as_str());
+        if let Some(began) = self.began {
+            spans::outbound(OutboundRequest {
+                parent: &self.trace,
+                began,
+                method: &record.method,
+                host: &record.host,
+                port: record.port,
+                status: record.status,
+                decision: decision.as_str(),
+            });
+        }
         call.record(record);
     }
 }

@@ -23,6 +23,7 @@ use crate::ids::{Caller, SessionKey};
 use crate::net::GrantSource;
 use crate::policy::{Grants, InstanceReuse};
 use crate::services::{AuditRecord, Committing, Receipt};
+use crate::telemetry::spans::{self, ToolSite};
 use crate::telemetry::{DenialReason, UNKNOWN_TOOL};
 use crate::text::{MAX_ECHOED_NAME, echo_name, one_line};
 
@@ -616,13 +617,14 @@ impl Registry {
         conversation: Option<&SessionKey>,
         run: impl Future<Output = Ran>,
     ) -> Recorded {
+        let mut span = spans::tool(request.tool, None, ToolSite::Extension);
         let started = Instant::now();
         let Ran {
             result,
             touched,
             mut receipt,
             denied_by,
-        } = run.await;
+        } = span.parent().scope(run).await;
         let took = started.elapsed();
         let duration_us = took.as_micros() as u64;
         receipt.bytes_in = request.args_json.len() as u64;
@@ -634,6 +636,17 @@ impl Registry {
             Ok(_) => ("ok", ""),
             Err(err) => (err.kind(), err.message()),
         };
+        let figures = receipt.figures();
+        spans::tool_ended(&mut span, outcome, &figures);
+        spans::tool_content(
+            &mut span,
+            || self.log.redactor().redact(request.args_json).into_owned(),
+            || match &result {
+                Ok(output) => self.log.redactor().redact(output).into_owned(),
+                Err(_) => self.log.redactor().redact(detail).into_owned(),
+            },
+        );
+        drop(span);
         let metrics = crate::telemetry::metrics();
         let known = self.tool_info(request.tool).map(|tool| tool.name.as_str());
         metrics.tool_call(known.unwrap_or(UNKNOWN_TOOL), outcome, took);

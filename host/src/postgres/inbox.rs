@@ -345,6 +345,7 @@ mod tests {
             let message = Forwarded::User {
                 text: n.to_string(),
                 key: None,
+                traceparent: None,
             };
             let main = crate::ids::testing::key("channel:main");
             let (_, forwarded) =

@@ -381,6 +381,7 @@ mod tests {
         Forwarded::User {
             text: text.into(),
             key: None,
+            traceparent: None,
         }
     }
 

@@ -14,6 +14,7 @@ use super::turn::{self, TurnItem};
 use crate::agent::{End, ReplyPart, Runtime, UserMessage};
 use crate::ids::{MessageKey, ProcessId};
 use crate::secrets::Redactor;
+use crate::telemetry::TraceParent;
 
 /// What every handler shares.
 pub(crate) struct App {
@@ -29,11 +30,25 @@ pub(crate) struct App {
     pub(crate) completions: AtomicU64,
 }
 
+/// The client's span a request names in its W3C `traceparent` header (none if it names
+/// none, or traces are off).
+pub(crate) fn trace_parent(headers: &axum::http::HeaderMap) -> TraceParent {
+    if !crate::telemetry::traces_on() {
+        return TraceParent::none();
+    }
+    headers
+        .get("traceparent")
+        .and_then(|value| value.to_str().ok())
+        .map(TraceParent::from_header)
+        .unwrap_or_default()
+}
+
 /// The header that carries a message's idempotency key.
 pub(crate) const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 
 /// The user's message `text` with the idempotency key a client gave in the
 /// `Idempotency-Key` header or in the body's `idempotency_key` (`field`); both must agree.
+/// A W3C `traceparent` header makes the client's span the parent of the turn's.
 pub(crate) fn user_message(
     text: String,
     headers: &axum::http::HeaderMap,
@@ -60,7 +75,11 @@ pub(crate) fn user_message(
         })?),
         (None, None) => None,
     };
-    Ok(UserMessage { text, key })
+    Ok(UserMessage {
+        text,
+        key,
+        trace: trace_parent(headers),
+    })
 }
 
 /// A whole exchange: the reply, what happened, and how it ended.

@@ -1070,6 +1070,7 @@ async fn a_run_owns_the_sessions_it_claims_and_forwarded_messages_are_taken_once
     let message = Forwarded::User {
         text: "hello".into(),
         key: None,
+        traceparent: None,
     };
     match sessions.forward(&main, &message).await {
         // One host alone owns every session: there is nowhere to forward to.

@@ -40,6 +40,22 @@ pub struct Receipt {
     pub fuel: Option<u64>,
 }
 
+impl Receipt {
+    /// Each figure by its name (as its column is named), `None` where it was not measured.
+    pub fn figures(&self) -> [(&'static str, Option<u64>); 8] {
+        [
+            ("peak_memory_bytes", self.peak_memory_bytes),
+            ("bytes_in", Some(self.bytes_in)),
+            ("bytes_out", Some(self.bytes_out)),
+            ("requests", Some(u64::from(self.requests))),
+            ("requests_refused", Some(u64::from(self.requests_refused))),
+            ("request_bytes_sent", Some(self.request_bytes_sent)),
+            ("request_bytes_received", Some(self.request_bytes_received)),
+            ("fuel", self.fuel),
+        ]
+    }
+}
+
 /// What [`Costs`] are summed by: each value of it is one row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]

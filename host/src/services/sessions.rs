@@ -87,6 +87,10 @@ pub enum Forwarded {
         /// The client's idempotency key, if it gave one: the owner takes the message once.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         key: Option<crate::ids::MessageKey>,
+        /// The W3C `traceparent` of the span that sent it, if traces were on there: the
+        /// turn that takes it in here is that span's child.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        traceparent: Option<String>,
     },
     /// A worker of the conversation was lost with its host (killed, or cut off past its
     /// lease): it was marked interrupted and is never run again.

@@ -1,9 +1,20 @@
 //! What the host tells an operator about itself beyond the audit log: Prometheus
 //! [`Metrics`] of turns, tool calls, denials, model requests, kept instances, waiting
-//! calls, leases and outbound requests, served by `capstan serve` at `GET /metrics`.
+//! calls, leases and outbound requests, served by `capstan serve` at `GET /metrics`; and
+//! OpenTelemetry traces of turns, model requests, tool calls and outbound requests
+//! ([`spans`]), exported over OTLP when the config or the environment names a receiver.
 //!
-//! A leaf room: it names only the ids, so every other room may count into it.
+//! A leaf room: it names only the ids, and the log's redactor every exported span passes,
+//! so every other room may count and trace into it.
 
+mod export;
 mod metrics;
+mod semconv;
+pub mod spans;
+mod traces;
 
 pub use metrics::{CONTENT_TYPE, DenialReason, Metrics, NO_RULE, UNKNOWN_TOOL, metrics};
+pub use traces::{
+    Span, SpanKind, TraceError, TraceParent, TraceSettings, content_on, shutdown_traces,
+    start_traces, traces_on,
+};

@@ -271,6 +271,7 @@ async fn messages_forwarded_to_a_host_that_went_away_are_answered_by_the_next() 
         let message = Forwarded::User {
             text: text.into(),
             key: None,
+            traceparent: None,
         };
         gone.forward(&crate::support::ids::key("channel:main"), &message)
             .await

@@ -27,6 +27,7 @@ use crate::ids::{ProcessId, ProcessKind};
 use crate::llm::Message;
 use crate::plugin::ToolError;
 use crate::services::{TaskBoard, TaskPatch};
+use crate::telemetry::TraceParent;
 use crate::tools::SpawnArgs;
 
 pub(crate) use kits::{BranchKit, ChannelKit, CompactorKit, Handles, Settings, WorkerKit};
@@ -68,6 +69,9 @@ pub(crate) struct WorkerSpec {
     pub(crate) interactive: bool,
     /// The branch that spawned it, if a branch did (else its channel did).
     pub(crate) requester: Option<ProcessId>,
+    /// The span that spawned it (the tool call of its requester's turn): its turns are
+    /// children of it.
+    pub(crate) trace: TraceParent,
 }
 
 /// What a worker is asked to do.
@@ -93,6 +97,8 @@ pub(crate) struct BranchSpec {
     pub(crate) question_label: Label,
     /// The conversation's history at the fork.
     pub(crate) history: Vec<Message>,
+    /// The span that forked it: its turn is a child of it.
+    pub(crate) trace: TraceParent,
 }
 
 /// What a request for a worker did.
@@ -286,6 +292,7 @@ impl Spawner {
             task_label: task_label.clone(),
             interactive,
             requester: requester.cloned(),
+            trace: TraceParent::current(),
         };
         if let Some(origin) = origin {
             origin.include(&id);
@@ -375,6 +382,7 @@ impl Spawner {
             question,
             question_label: context.clone(),
             history,
+            trace: TraceParent::current(),
         };
         origin.include(&id);
         let kit = self.handles.branch(self, running);

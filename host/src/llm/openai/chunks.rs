@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::llm::{AnswerSink, Completion, Delta, Message, Role, ToolCall};
+use crate::llm::{AnswerSink, Completion, Delta, Message, Role, ToolCall, Usage};
 
 /// What each tool call costs against the answer cap besides its text, so that a stream of
 /// empty calls cannot grow without bound.
@@ -23,6 +23,7 @@ pub(super) struct Assembler {
     /// By the `index` the stream gives each call.
     calls: BTreeMap<u64, PartialCall>,
     tokens: Option<u32>,
+    usage: Usage,
     finish_reason: Option<String>,
     size: usize,
 }
@@ -60,9 +61,10 @@ impl Assembler {
                 quote(&message)
             ));
         }
-        if let Some(tokens) = chunk.pointer("/usage/total_tokens").and_then(Value::as_u64) {
-            self.tokens = Some(u32::try_from(tokens).unwrap_or(u32::MAX));
-        }
+        let (tokens, usage) = super::wire::usage_of(&chunk);
+        self.tokens = tokens.or(self.tokens);
+        self.usage.input = usage.input.or(self.usage.input);
+        self.usage.output = usage.output.or(self.usage.output);
         let mut reported = false;
         if let Some(choice) = chunk.pointer("/choices/0") {
             if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
@@ -180,6 +182,7 @@ impl Assembler {
                 held: None,
             },
             tokens: self.tokens,
+            usage: self.usage,
         })
     }
 

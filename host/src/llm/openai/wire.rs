@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::llm::{Completion, Message, Role, ToolCall};
+use crate::llm::{Completion, Message, Role, ToolCall, Usage};
 
 /// A tool's name as the API accepts it: an MCP server's tool `notes.search` goes out as
 /// `notes-search`, since function names may hold only letters, digits, `_` and `-`.
@@ -91,10 +91,7 @@ pub(super) fn parse_completion(text: &str) -> Result<Completion, String> {
             arguments,
         });
     }
-    let tokens = value
-        .pointer("/usage/total_tokens")
-        .and_then(Value::as_u64)
-        .map(|n| n as u32);
+    let (tokens, usage) = usage_of(&value);
     Ok(Completion {
         message: Message {
             role: Role::Assistant,
@@ -106,7 +103,24 @@ pub(super) fn parse_completion(text: &str) -> Result<Completion, String> {
             held: None,
         },
         tokens,
+        usage,
     })
+}
+
+/// The total and the split of `usage` in a response or a stream's chunk, as far as the
+/// server reported them.
+pub(super) fn usage_of(value: &Value) -> (Option<u32>, Usage) {
+    let count = |field: &str| {
+        value
+            .pointer(&format!("/usage/{field}"))
+            .and_then(Value::as_u64)
+            .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+    };
+    let usage = Usage {
+        input: count("prompt_tokens"),
+        output: count("completion_tokens"),
+    };
+    (count("total_tokens"), usage)
 }
 
 #[cfg(test)]

@@ -385,6 +385,7 @@ impl Pending {
         let _ = self.answer.send(Ok(Completion {
             message,
             tokens: None,
+            usage: Default::default(),
         }));
     }
 
@@ -393,6 +394,7 @@ impl Pending {
         let _ = self.answer.send(Ok(Completion {
             message: capstan_host::llm::Message::assistant(reply),
             tokens: None,
+            usage: Default::default(),
         }));
     }
 

@@ -1,0 +1,214 @@
+//! The spans the host makes, named and attributed as the OpenTelemetry GenAI, MCP and HTTP
+//! semantic conventions say at the version [`semconv`](super::semconv) pins: one function
+//! per kind of span, so the conventions live here.
+//!
+//! What the host adds of its own is under `capstan.`: a tool call's receipt, an outbound
+//! request's decision.
+
+use std::time::SystemTime;
+
+use super::semconv as sc;
+use opentelemetry::KeyValue;
+
+use super::traces::{Span, SpanKind, TraceParent};
+use crate::ids::ProcessId;
+
+/// A tool call's receipt figure, as a span attribute: `capstan.receipt.<name>`.
+pub const RECEIPT: &str = "capstan.receipt.";
+
+/// `invoke_agent {kind}`: one turn of `process`, working for `conversation`, under
+/// `parent` (the message, spawn or report that started it).
+pub fn turn(parent: &TraceParent, process: &ProcessId, conversation: Option<&str>) -> Span {
+    Span::start(SpanKind::Internal, parent, || {
+        let kind = process.kind().as_str();
+        let mut attributes = vec![
+            KeyValue::new(sc::GEN_AI_OPERATION_NAME, "invoke_agent"),
+            KeyValue::new(sc::GEN_AI_AGENT_NAME, kind),
+            KeyValue::new(sc::GEN_AI_AGENT_ID, process.to_string()),
+        ];
+        if let Some(conversation) = conversation {
+            attributes.push(KeyValue::new(
+                sc::GEN_AI_CONVERSATION_ID,
+                conversation.to_owned(),
+            ));
+        }
+        (format!("invoke_agent {kind}"), attributes)
+    })
+}
+
+/// `chat {model}`: one request to the model `provider` names (`openai:gpt-4o-mini`,
+/// `scripted:demo`), under the current span.
+pub fn chat(provider: impl FnOnce() -> String) -> Span {
+    Span::start(SpanKind::Client, &TraceParent::current(), || {
+        let provider = provider();
+        let (system, model) = provider.split_once(':').unwrap_or((&provider, ""));
+        let attributes = vec![
+            KeyValue::new(sc::GEN_AI_OPERATION_NAME, "chat"),
+            KeyValue::new(sc::GEN_AI_PROVIDER_NAME, system.to_owned()),
+            KeyValue::new(sc::GEN_AI_REQUEST_MODEL, model.to_owned()),
+        ];
+        (format!("chat {model}"), attributes)
+    })
+}
+
+/// The tokens a model request used, where the provider reported them.
+pub fn chat_usage(span: &mut Span, input: Option<u32>, output: Option<u32>) {
+    span.set(|| {
+        let mut attributes = Vec::with_capacity(2);
+        if let Some(input) = input {
+            attributes.push(KeyValue::new(
+                sc::GEN_AI_USAGE_INPUT_TOKENS,
+                i64::from(input),
+            ));
+        }
+        if let Some(output) = output {
+            attributes.push(KeyValue::new(
+                sc::GEN_AI_USAGE_OUTPUT_TOKENS,
+                i64::from(output),
+            ));
+        }
+        attributes
+    });
+}
+
+/// Where a tool runs, for `gen_ai.tool.type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolSite {
+    /// A plugin in its sandbox, or a tool of an MCP server.
+    Extension,
+    /// A tool of the host itself (spawn a worker, reply, ...).
+    Host,
+}
+
+/// `execute_tool {name}`: one call of tool `name` (`id`: the model's id for the call),
+/// under the current span.
+pub fn tool(name: &str, id: Option<&str>, site: ToolSite) -> Span {
+    Span::start(SpanKind::Internal, &TraceParent::current(), || {
+        let mut attributes = vec![
+            KeyValue::new(sc::GEN_AI_OPERATION_NAME, "execute_tool"),
+            KeyValue::new(sc::GEN_AI_TOOL_NAME, name.to_owned()),
+            KeyValue::new(
+                sc::GEN_AI_TOOL_TYPE,
+                match site {
+                    ToolSite::Extension => "extension",
+                    ToolSite::Host => "function",
+                },
+            ),
+        ];
+        if let Some(id) = id {
+            attributes.push(KeyValue::new(sc::GEN_AI_TOOL_CALL_ID, id.to_owned()));
+        }
+        (format!("execute_tool {name}"), attributes)
+    })
+}
+
+/// The arguments and result of a tool call, already redacted: only with content on.
+pub fn tool_content(
+    span: &mut Span,
+    arguments: impl FnOnce() -> String,
+    result: impl FnOnce() -> String,
+) {
+    if super::traces::content_on() {
+        span.set(|| {
+            vec![
+                KeyValue::new(sc::GEN_AI_TOOL_CALL_ARGUMENTS, arguments()),
+                KeyValue::new(sc::GEN_AI_TOOL_CALL_RESULT, result()),
+            ]
+        });
+    }
+}
+
+/// A tool call's outcome (`ok`, or the error's kind) and its receipt's figures, each as
+/// `capstan.receipt.<name>`.
+pub fn tool_ended(span: &mut Span, outcome: &str, figures: &[(&str, Option<u64>)]) {
+    span.set(|| {
+        figures
+            .iter()
+            .filter_map(|(name, value)| {
+                let value = i64::try_from((*value)?).unwrap_or(i64::MAX);
+                Some(KeyValue::new(format!("{RECEIPT}{name}"), value))
+            })
+            .collect()
+    });
+    if outcome != "ok" {
+        span.fail(outcome);
+    }
+}
+
+/// One outbound request that a tool made (or tried), whole, once it ended: `{method}`,
+/// from `began` to now, under `parent` (the call that made it).
+pub struct OutboundRequest<'a> {
+    /// The call it was part of.
+    pub parent: &'a TraceParent,
+    /// When it began.
+    pub began: SystemTime,
+    /// `GET`, `POST`, ...
+    pub method: &'a str,
+    /// The host it was for (redacted: a guest chooses it).
+    pub host: &'a str,
+    /// The port.
+    pub port: u16,
+    /// The response's status, if one came.
+    pub status: Option<u16>,
+    /// `allowed`, `refused` or `failed`.
+    pub decision: &'a str,
+}
+
+/// Exports `request` as an HTTP client span.
+pub fn outbound(request: OutboundRequest<'_>) {
+    let span = Span::start_at(
+        SpanKind::Client,
+        request.parent,
+        Some(request.began),
+        || {
+            let mut attributes = vec![
+                KeyValue::new(sc::HTTP_REQUEST_METHOD, request.method.to_owned()),
+                KeyValue::new(sc::SERVER_ADDRESS, request.host.to_owned()),
+                KeyValue::new(sc::SERVER_PORT, i64::from(request.port)),
+                KeyValue::new("capstan.net.decision", request.decision.to_owned()),
+            ];
+            if let Some(status) = request.status {
+                attributes.push(KeyValue::new(
+                    sc::HTTP_RESPONSE_STATUS_CODE,
+                    i64::from(status),
+                ));
+            }
+            (request.method.to_owned(), attributes)
+        },
+    );
+    let mut span = span;
+    match (request.decision, request.status) {
+        ("allowed", Some(status)) if status >= 400 => span.fail(&status.to_string()),
+        ("allowed", _) => {}
+        (other, _) => span.fail(other),
+    }
+    span.end_at(SystemTime::now());
+}
+
+/// `tools/call {tool}`: a call the host sends to MCP server `server` over `transport`
+/// (`pipe` for a child's standard streams, `tcp` for a URL), under the current span.
+pub fn mcp_call(tool: &str, server: &str, transport: &str) -> Span {
+    Span::start(SpanKind::Client, &TraceParent::current(), || {
+        let attributes = vec![
+            KeyValue::new(sc::MCP_METHOD_NAME, "tools/call"),
+            KeyValue::new(sc::GEN_AI_OPERATION_NAME, "execute_tool"),
+            KeyValue::new(sc::GEN_AI_TOOL_NAME, tool.to_owned()),
+            KeyValue::new(sc::SERVER_ADDRESS, server.to_owned()),
+            KeyValue::new(sc::NETWORK_TRANSPORT, transport.to_owned()),
+        ];
+        (format!("tools/call {tool}"), attributes)
+    })
+}
+
+/// `tools/call {tool}`: a client's call of `tool` that the host serves over MCP, under
+/// the client's `traceparent`.
+pub fn mcp_served(parent: &TraceParent, tool: &str) -> Span {
+    Span::start(SpanKind::Server, parent, || {
+        let attributes = vec![
+            KeyValue::new(sc::MCP_METHOD_NAME, "tools/call"),
+            KeyValue::new(sc::GEN_AI_OPERATION_NAME, "execute_tool"),
+            KeyValue::new(sc::GEN_AI_TOOL_NAME, tool.to_owned()),
+        ];
+        (format!("tools/call {tool}"), attributes)
+    })
+}

@@ -1,0 +1,386 @@
+//! The trace pipeline: started once per process from [`TraceSettings`], exported in
+//! batches on the SDK's own thread, and [`Span`]s that cost nothing while it is off.
+//!
+//! Parents are explicit: a [`TraceParent`] is carried where work crosses a task or a host
+//! (a spawned worker, a forwarded message, a door's `traceparent`), and within one task
+//! the span a piece of work runs under is its [`TraceParent::current`], set by
+//! [`TraceParent::scope`].
+
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::SystemTime;
+
+use opentelemetry::trace::{
+    SpanContext, SpanId, Status, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanLimits, Tracer};
+
+pub use opentelemetry::trace::SpanKind;
+
+use super::export;
+
+/// What starts the trace pipeline (`[telemetry]` in the config).
+///
+/// ```
+/// use capstan_host::telemetry::TraceSettings;
+///
+/// let settings = TraceSettings::default();
+/// // Nothing set here or in the environment: no span is ever built.
+/// assert!(settings.otlp_endpoint.is_none() && !settings.content);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TraceSettings {
+    /// The OTLP/HTTP receiver's base URL (`otlp_endpoint`, e.g. `http://127.0.0.1:4318`);
+    /// spans go to its `/v1/traces`. Unset: the `OTEL_EXPORTER_OTLP_*` variables decide.
+    pub otlp_endpoint: Option<String>,
+    /// Whether message text, tool arguments and results go into spans (`content`), each
+    /// through the redactor. Off by default: spans carry names, ids, sizes and times only.
+    pub content: bool,
+    /// The `service.name` of every span.
+    pub service_name: String,
+}
+
+/// Why the trace pipeline did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// The exporter refused its configuration (an endpoint, a protocol, a header).
+    #[error(
+        "cannot export traces ({0}): check [telemetry] otlp_endpoint and the OTEL_EXPORTER_OTLP_* variables"
+    )]
+    Exporter(String),
+    /// Traces were asked for outside an async runtime, which sends them.
+    #[error("traces need the async runtime to send them: start them from within it")]
+    NoRuntime,
+}
+
+struct Traces {
+    provider: SdkTracerProvider,
+    tracer: Tracer,
+    content: bool,
+}
+
+static TRACES: OnceLock<Traces> = OnceLock::new();
+
+fn traces() -> Option<&'static Traces> {
+    TRACES.get()
+}
+
+/// Whether this process exports spans.
+pub fn traces_on() -> bool {
+    TRACES.get().is_some()
+}
+
+/// Whether spans may carry content (message text, tool arguments and results), as
+/// [`TraceSettings::content`] asked; always false while traces are off.
+pub fn content_on() -> bool {
+    traces().is_some_and(|traces| traces.content)
+}
+
+/// Starts exporting spans if `settings` or the standard `OTEL_EXPORTER_OTLP_ENDPOINT` /
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` variables name a receiver (and neither
+/// `OTEL_SDK_DISABLED=true` nor `OTEL_TRACES_EXPORTER=none` turns them off): whether
+/// they are on. The first start of a process wins; later ones change nothing. Call
+/// [`shutdown_traces`] before the runtime stops, so the last batch is sent.
+pub fn start_traces(settings: &TraceSettings) -> Result<bool, TraceError> {
+    if TRACES.get().is_some() {
+        return Ok(true);
+    }
+    let set = |name: &str| std::env::var(name).is_ok_and(|value| !value.trim().is_empty());
+    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"))
+        || std::env::var("OTEL_TRACES_EXPORTER").is_ok_and(|v| v.trim() == "none");
+    let asked = settings.otlp_endpoint.is_some()
+        || set("OTEL_EXPORTER_OTLP_ENDPOINT")
+        || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+    if disabled || !asked {
+        return Ok(false);
+    }
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| TraceError::NoRuntime)?;
+    let exporter = export::exporter(settings.otlp_endpoint.as_deref(), runtime)
+        .map_err(TraceError::Exporter)?;
+    let resource = opentelemetry_sdk::Resource::builder_empty()
+        .with_service_name(settings.service_name.clone())
+        .with_schema_url(
+            [
+                KeyValue::new(super::semconv::TELEMETRY_SDK_NAME, "opentelemetry"),
+                // Which host of several sharing a store made the span.
+                KeyValue::new(super::semconv::PROCESS_PID, i64::from(std::process::id())),
+            ],
+            super::semconv::SCHEMA_URL,
+        )
+        .build();
+    let provider = SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_span_limits(SpanLimits::default())
+        .with_resource(resource)
+        .build();
+    let tracer = opentelemetry::trace::TracerProvider::tracer_with_scope(
+        &provider,
+        opentelemetry::InstrumentationScope::builder("capstan")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .with_schema_url(super::semconv::SCHEMA_URL)
+            .build(),
+    );
+    let started = Traces {
+        provider,
+        tracer,
+        content: settings.content,
+    };
+    if let Err(lost) = TRACES.set(started) {
+        // Another start won the race: this pipeline sends nothing.
+        let _ = lost.provider.shutdown();
+    }
+    Ok(true)
+}
+
+/// Sends the spans still batched and stops the pipeline; blocks until they are sent or
+/// the exporter's timeout passes. Call it outside the runtime's tasks (after `block_on`),
+/// while the runtime still runs: the batches go out on it.
+pub fn shutdown_traces() {
+    if let Some(traces) = traces()
+        && let Err(err) = traces.provider.shutdown()
+    {
+        tracing::warn!("the last spans may not have been sent: {err}");
+    }
+}
+
+tokio::task_local! {
+    static CURRENT: TraceParent;
+}
+
+/// The span a piece of work is part of, or none: what a new span's parent is, carried
+/// across tasks and hosts as the W3C `traceparent` text. One pointer wide, so the
+/// messages that carry it stay small; nothing is allocated while traces are off.
+///
+/// ```
+/// use capstan_host::telemetry::TraceParent;
+///
+/// let header = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+/// let parent = TraceParent::from_header(header);
+/// assert_eq!(parent.header().as_deref(), Some(header));
+/// assert!(TraceParent::from_header("00-not-a-trace").is_none());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TraceParent(Option<Arc<SpanContext>>);
+
+impl TraceParent {
+    /// No parent: a span started under it begins a trace.
+    pub fn none() -> Self {
+        TraceParent(None)
+    }
+
+    /// The parent set by the innermost [`TraceParent::scope`] of this task, or none.
+    pub fn current() -> Self {
+        if !traces_on() {
+            return TraceParent(None);
+        }
+        CURRENT.try_with(Clone::clone).unwrap_or_default()
+    }
+
+    /// Whether there is no parent.
+    pub fn is_none(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// Reads a W3C `traceparent` value (`00-<trace id>-<span id>-<flags>`); anything else
+    /// (another version's extra fields aside) is no parent, as the recommendation says.
+    pub fn from_header(value: &str) -> Self {
+        let mut parts = value.trim().split('-');
+        let (Some(version), Some(trace), Some(span), Some(flags)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return TraceParent(None);
+        };
+        let hex = |text: &str, len: usize| {
+            text.len() == len && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        };
+        let extra = parts.next().is_some();
+        if !hex(version, 2)
+            || version == "ff"
+            || (version == "00" && extra)
+            || !hex(trace, 32)
+            || !hex(span, 16)
+            || !hex(flags, 2)
+        {
+            return TraceParent(None);
+        }
+        let (Ok(trace), Ok(span), Ok(flags)) = (
+            TraceId::from_hex(trace),
+            SpanId::from_hex(span),
+            u8::from_str_radix(flags, 16),
+        ) else {
+            return TraceParent(None);
+        };
+        if trace == TraceId::INVALID || span == SpanId::INVALID {
+            return TraceParent(None);
+        }
+        let context = SpanContext::new(
+            trace,
+            span,
+            TraceFlags::new(flags) & TraceFlags::SAMPLED,
+            true,
+            TraceState::NONE,
+        );
+        TraceParent(Some(Arc::new(context)))
+    }
+
+    /// The W3C `traceparent` value naming this parent, if there is one.
+    pub fn header(&self) -> Option<String> {
+        let context = self.0.as_ref()?;
+        Some(format!(
+            "00-{}-{}-{:02x}",
+            context.trace_id(),
+            context.span_id(),
+            context.trace_flags().to_u8()
+        ))
+    }
+
+    /// Runs `work` with this as its [`TraceParent::current`].
+    pub async fn scope<F: Future>(self, work: F) -> F::Output {
+        CURRENT.scope(self, work).await
+    }
+
+    fn context(&self) -> Context {
+        match &self.0 {
+            Some(parent) => Context::new().with_remote_span_context(SpanContext::clone(parent)),
+            None => Context::new(),
+        }
+    }
+}
+
+/// One span under way, ended when dropped; while traces are off it is nothing, and no
+/// closure given to it is called.
+#[derive(Debug, Default)]
+pub struct Span(Option<opentelemetry_sdk::trace::Span>);
+
+impl Span {
+    /// Starts a span of `kind` under `parent`; `open` names it and gives its first
+    /// attributes, and is called only if traces are on.
+    pub fn start(
+        kind: SpanKind,
+        parent: &TraceParent,
+        open: impl FnOnce() -> (String, Vec<KeyValue>),
+    ) -> Span {
+        Span::start_at(kind, parent, None, open)
+    }
+
+    /// [`Span::start`] with the time it began, if it began earlier.
+    pub fn start_at(
+        kind: SpanKind,
+        parent: &TraceParent,
+        began: Option<SystemTime>,
+        open: impl FnOnce() -> (String, Vec<KeyValue>),
+    ) -> Span {
+        let Some(traces) = traces() else {
+            return Span(None);
+        };
+        let (name, attributes) = open();
+        let mut builder = traces
+            .tracer
+            .span_builder(name)
+            .with_kind(kind)
+            .with_attributes(attributes);
+        if let Some(began) = began {
+            builder = builder.with_start_time(began);
+        }
+        Span(Some(
+            traces.tracer.build_with_context(builder, &parent.context()),
+        ))
+    }
+
+    /// The parent a child of this span names: none while traces are off.
+    pub fn parent(&self) -> TraceParent {
+        TraceParent(
+            self.0
+                .as_ref()
+                .map(|span| Arc::new(opentelemetry::trace::Span::span_context(span).clone())),
+        )
+    }
+
+    /// Adds the attributes `more` gives, if traces are on.
+    pub fn set(&mut self, more: impl FnOnce() -> Vec<KeyValue>) {
+        if let Some(span) = &mut self.0 {
+            opentelemetry::trace::Span::set_attributes(span, more());
+        }
+    }
+
+    /// Marks the span failed, with `error.type` set to `kind`.
+    pub fn fail(&mut self, kind: &str) {
+        if let Some(span) = &mut self.0 {
+            opentelemetry::trace::Span::set_attribute(
+                span,
+                KeyValue::new(super::semconv::ERROR_TYPE, kind.to_owned()),
+            );
+            opentelemetry::trace::Span::set_status(span, Status::error(kind.to_owned()));
+        }
+    }
+
+    /// Ends the span at `at` rather than now.
+    pub fn end_at(mut self, at: SystemTime) {
+        if let Some(mut span) = self.0.take() {
+            opentelemetry::trace::Span::end_with_timestamp(&mut span, at);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const SPAN: &str = "00f067aa0ba902b7";
+
+    #[test]
+    fn a_traceparent_round_trips_and_keeps_only_the_sampled_flag() {
+        let parent = TraceParent::from_header(&format!("00-{TRACE}-{SPAN}-01"));
+        assert_eq!(parent.header(), Some(format!("00-{TRACE}-{SPAN}-01")));
+        let unsampled = TraceParent::from_header(&format!(" 00-{TRACE}-{SPAN}-00 "));
+        assert_eq!(unsampled.header(), Some(format!("00-{TRACE}-{SPAN}-00")));
+        // Flags this version does not define are dropped, not passed on.
+        let odd = TraceParent::from_header(&format!("00-{TRACE}-{SPAN}-ff"));
+        assert_eq!(odd.header(), Some(format!("00-{TRACE}-{SPAN}-01")));
+        // A later version may add fields; they are ignored.
+        let later = TraceParent::from_header(&format!("01-{TRACE}-{SPAN}-01-more"));
+        assert_eq!(later.header(), Some(format!("00-{TRACE}-{SPAN}-01")));
+    }
+
+    #[test]
+    fn a_malformed_traceparent_is_no_parent() {
+        let zeros_trace = "0".repeat(32);
+        let zeros_span = "0".repeat(16);
+        for bad in [
+            String::new(),
+            "00".into(),
+            format!("ff-{TRACE}-{SPAN}-01"),
+            format!("00-{TRACE}-{SPAN}-01-extra"),
+            format!("00-{}-{SPAN}-01", TRACE.to_uppercase()),
+            format!("00-{zeros_trace}-{SPAN}-01"),
+            format!("00-{TRACE}-{zeros_span}-01"),
+            format!("00-{TRACE}-{SPAN}-1"),
+            format!("00-{}-{SPAN}-01", &TRACE[1..]),
+            format!("0x-{TRACE}-{SPAN}-01"),
+            format!("00-{TRACE}-{SPAN}-01\u{e9}"),
+        ] {
+            let parent = TraceParent::from_header(&bad);
+            assert!(parent.is_none(), "{bad:?} was taken: {parent:?}");
+            assert_eq!(parent.header(), None);
+        }
+    }
+
+    #[tokio::test]
+    async fn while_traces_are_off_nothing_is_made() {
+        // This test binary never starts traces.
+        assert!(!traces_on() && !content_on());
+        let parent = TraceParent::from_header(&format!("00-{TRACE}-{SPAN}-01"));
+        let called = std::cell::Cell::new(false);
+        let span = Span::start(SpanKind::Internal, &parent, || {
+            called.set(true);
+            (String::new(), Vec::new())
+        });
+        assert!(!called.get(), "no span is named while traces are off");
+        assert!(span.parent().is_none());
+        // A scope holds nothing to find either.
+        let current = parent.scope(async { TraceParent::current() }).await;
+        assert!(current.is_none());
+    }
+}
