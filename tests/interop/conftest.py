@@ -146,13 +146,14 @@ TOKEN = "interop-token-0123456789abcdef"
 class Server:
     """A running `capstan serve`: its URL and its directory."""
 
-    def __init__(self, tokens: bool, post_url: str = "http://127.0.0.1:9/", extra: str = ""):
+    def __init__(self, tokens: bool, post_url: str = "http://127.0.0.1:9/", extra: str = "",
+                 script: str = SCRIPT):
         self.dir = tempfile.TemporaryDirectory(prefix="capstan-interop-")
         base = pathlib.Path(self.dir.name)
         (base / "workspace").mkdir()
         (base / "workspace" / "notes.txt").write_text("a note\n")
         (base / "workspace" / "page.html").write_text(PAGE)
-        (base / "script.toml").write_text(SCRIPT.replace("POST_URL", post_url))
+        (base / "script.toml").write_text(script.replace("POST_URL", post_url))
         config = '[provider]\nkind = "scripted"\nscript = "script.toml"\n' + extra
         env = dict(os.environ)
         if tokens:

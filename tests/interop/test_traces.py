@@ -235,3 +235,143 @@ content = false
     # Answered by the first host, as a child of the span the client gave the second.
     channel = one(traced, "invoke_agent channel", CLIENT_SPAN)
     assert channel["pid"] == pids[0], (channel, pids)
+
+
+FETCH = """
+[[step]]
+process = "channel"
+when = "fetch the status"
+repeat = true
+tool_calls = [
+  { name = "spawn_worker", arguments = { task = "Fetch the status page." } },
+  { name = "skip" },
+]
+
+[[step]]
+process = "worker"
+when = "fetch the status page"
+repeat = true
+tool_calls = [{ name = "http_request", arguments = { method = "GET", url = "POST_URL" } }]
+
+[[step]]
+process = "worker"
+when = "status ok"
+repeat = true
+tool_calls = [{ name = "set_status", arguments = { state = "done", message = "fetched" } }]
+
+[[step]]
+process = "channel"
+when = "fetched"
+repeat = true
+reply = "Fetched."
+"""
+
+
+def test_a_tool_s_request_is_a_client_span_under_its_call_and_the_receipt_counts_it(
+        receiver, monkeypatch):
+    import http.server
+    import threading
+    counted = []
+
+    class Status(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            counted.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "9")
+            self.end_headers()
+            self.wfile.write(b"status ok")
+
+        def log_message(self, *args):
+            pass
+
+    status = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Status)
+    port = status.server_address[1]
+    threading.Thread(target=status.serve_forever, daemon=True).start()
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    extra = f"""
+[telemetry]
+otlp_endpoint = "{receiver.url}"
+content = false
+
+[profiles.worker]
+tools = ["http_request", "set_status"]
+net = ["http://127.0.0.1:{port}"]
+"""
+    server = Server(tokens=True, post_url=f"http://127.0.0.1:{port}/status", extra=extra,
+                    script=FETCH)
+    try:
+        say(server, "Please fetch the status.", f"00-{TRACE_ID}-{CLIENT_SPAN}-01")
+    finally:
+        server.stop()
+        status.shutdown()
+    spans = receiver.spans()
+    assert counted == ["/status"], counted
+    call = one(spans, "execute_tool http_request")
+    assert call["trace"] == TRACE_ID
+    # As many requests on the receipt as the server saw.
+    assert call["attributes"]["capstan.receipt.requests"] == len(counted)
+    assert call["attributes"]["capstan.receipt.request_bytes_received"] == len(b"status ok")
+    request = one(spans, "GET", call["id"])
+    assert request["kind"] == 3, request  # client
+    assert request["attributes"] == {
+        "http.request.method": "GET",
+        "server.address": "127.0.0.1",
+        "server.port": port,
+        "http.response.status_code": 200,
+        "capstan.net.decision": "allowed",
+    }, request
+
+
+def test_an_mcp_client_s_traceparent_in_meta_is_the_parent_of_the_served_call(receiver, tmp_path):
+    import asyncio
+    import os
+
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    from conftest import BINARY, PLUGINS, ROOT
+
+    (tmp_path / "workspace").mkdir()
+    (tmp_path / "workspace" / "notes.txt").write_text("a note\n")
+    (tmp_path / "capstan.toml").write_text(f"""
+[agent]
+plugins_dir = "{PLUGINS}"
+workspace = "workspace"
+
+[telemetry]
+otlp_endpoint = "{receiver.url}"
+content = false
+
+[profiles.worker]
+tools = ["file_list"]
+capabilities = ["fs.read"]
+""")
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "CAPSTAN_CACHE_DIR": str(ROOT / "target" / "test-component-cache"),
+        "CAPSTAN_STATE_DIR": str(tmp_path / "state"),
+    }
+    params = StdioServerParameters(
+        command=str(BINARY), args=["mcp", "--profile", "worker", "--config", "capstan.toml"],
+        env=env, cwd=str(tmp_path))
+
+    async def call():
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as client:
+                await client.initialize()
+                meta = {"traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN}-01"}
+                result = await client.call_tool("file_list", {"path": "."}, meta=meta)
+                assert not result.is_error, result
+
+    asyncio.run(call())
+    # The server sends its last batch as it exits, once its input is closed.
+    assert receiver.arrived.wait(timeout=120), "no span arrived"
+    spans = receiver.spans()
+    served = one(spans, "tools/call file_list", CLIENT_SPAN)
+    assert served["trace"] == TRACE_ID and served["kind"] == 2, served  # server
+    assert served["attributes"]["mcp.method.name"] == "tools/call"
+    assert served["attributes"]["gen_ai.tool.name"] == "file_list"
+    executed = one(spans, "execute_tool file_list", served["id"])
+    assert executed["attributes"]["capstan.receipt.bytes_out"] > 0

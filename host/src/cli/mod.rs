@@ -308,6 +308,9 @@ impl HostArgs {
 
     fn host_with(&self, config: &Config, limits: Limits) -> anyhow::Result<PluginHost> {
         let secrets = crate::app::load_secrets(config)?;
+        // Its calls are traced as an agent's are, through the redactor that knows the
+        // secrets from here.
+        crate::telemetry::start_traces(&config.telemetry)?;
         Ok(self
             .new_host(limits)?
             .with_network(NetHost::new(config.net.clone(), secrets))

@@ -11,12 +11,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use opentelemetry::trace::{
-    SpanContext, SpanId, Status, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer as _,
+    Span as _, SpanContext, SpanId, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
+    Tracer as _,
 };
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanLimits, Tracer};
 
 pub use opentelemetry::trace::SpanKind;
+use tokio::task::futures::TaskLocalFuture;
 
 use super::export;
 
@@ -235,9 +237,10 @@ impl TraceParent {
         ))
     }
 
-    /// Runs `work` with this as its [`TraceParent::current`].
-    pub async fn scope<F: Future>(self, work: F) -> F::Output {
-        CURRENT.scope(self, work).await
+    /// `work`, run with this as its [`TraceParent::current`]: a future no larger than
+    /// `work` but for one pointer.
+    pub fn scope<F: Future>(self, work: F) -> TaskLocalFuture<TraceParent, F> {
+        CURRENT.scope(self, work)
     }
 
     fn context(&self) -> Context {
@@ -248,10 +251,10 @@ impl TraceParent {
     }
 }
 
-/// One span under way, ended when dropped; while traces are off it is nothing, and no
-/// closure given to it is called.
+/// One span under way, ended when dropped; while traces are off it is nothing (one
+/// pointer, never allocated), and no closure given to it is called.
 #[derive(Debug, Default)]
-pub struct Span(Option<opentelemetry_sdk::trace::Span>);
+pub struct Span(Option<Box<opentelemetry_sdk::trace::Span>>);
 
 impl Span {
     /// Starts a span of `kind` under `parent`; `open` names it and gives its first
@@ -283,9 +286,9 @@ impl Span {
         if let Some(began) = began {
             builder = builder.with_start_time(began);
         }
-        Span(Some(
+        Span(Some(Box::new(
             traces.tracer.build_with_context(builder, &parent.context()),
-        ))
+        )))
     }
 
     /// The parent a child of this span names: none while traces are off.
@@ -293,32 +296,29 @@ impl Span {
         TraceParent(
             self.0
                 .as_ref()
-                .map(|span| Arc::new(opentelemetry::trace::Span::span_context(span).clone())),
+                .map(|span| Arc::new(span.span_context().clone())),
         )
     }
 
     /// Adds the attributes `more` gives, if traces are on.
     pub fn set(&mut self, more: impl FnOnce() -> Vec<KeyValue>) {
         if let Some(span) = &mut self.0 {
-            opentelemetry::trace::Span::set_attributes(span, more());
+            span.set_attributes(more());
         }
     }
 
     /// Marks the span failed, with `error.type` set to `kind`.
     pub fn fail(&mut self, kind: &str) {
         if let Some(span) = &mut self.0 {
-            opentelemetry::trace::Span::set_attribute(
-                span,
-                KeyValue::new(super::semconv::ERROR_TYPE, kind.to_owned()),
-            );
-            opentelemetry::trace::Span::set_status(span, Status::error(kind.to_owned()));
+            span.set_attribute(KeyValue::new(super::semconv::ERROR_TYPE, kind.to_owned()));
+            span.set_status(Status::error(kind.to_owned()));
         }
     }
 
     /// Ends the span at `at` rather than now.
     pub fn end_at(mut self, at: SystemTime) {
         if let Some(mut span) = self.0.take() {
-            opentelemetry::trace::Span::end_with_timestamp(&mut span, at);
+            span.end_with_timestamp(at);
         }
     }
 }
