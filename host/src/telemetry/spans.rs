@@ -102,17 +102,28 @@ pub fn tool(name: &str, id: Option<&str>, site: ToolSite) -> Span {
     })
 }
 
-/// The arguments and result of a tool call, already redacted: only with content on.
+/// The most bytes of a tool call's arguments or result a span carries: a span is for
+/// finding a call, the audit row and the history for reading it whole.
+pub const MAX_CONTENT_BYTES: usize = 4096;
+
+/// The arguments and result of a tool call, already redacted, each cut to
+/// [`MAX_CONTENT_BYTES`]: only with content on.
 pub fn tool_content(
     span: &mut Span,
     arguments: impl FnOnce() -> String,
     result: impl FnOnce() -> String,
 ) {
     if super::traces::content_on() {
+        let clip = |text: String| {
+            if text.len() <= MAX_CONTENT_BYTES {
+                return text;
+            }
+            format!("{}…", crate::text::truncate(&text, MAX_CONTENT_BYTES))
+        };
         span.set(|| {
             vec![
-                KeyValue::new(sc::GEN_AI_TOOL_CALL_ARGUMENTS, arguments()),
-                KeyValue::new(sc::GEN_AI_TOOL_CALL_RESULT, result()),
+                KeyValue::new(sc::GEN_AI_TOOL_CALL_ARGUMENTS, clip(arguments())),
+                KeyValue::new(sc::GEN_AI_TOOL_CALL_RESULT, clip(result())),
             ]
         });
     }
