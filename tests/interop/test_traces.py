@@ -4,11 +4,21 @@ the spans of a turn whose worker calls a tool, all under the client's `tracepare
 names and GenAI attributes at the pinned schema; the parent links through the worker; a
 tool call's receipt; and no canary secret or token in any byte the receiver got."""
 
+import asyncio
+import glob
+import http.server
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
 import urllib.request
 
 import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from conftest import TOKEN, Server
+from conftest import BINARY, PLUGINS, ROOT, TOKEN, Server
 from otlp_receiver import Receiver
 
 CANARY = "cnryTraceQ7wE3rT9yU1xZ"
@@ -64,12 +74,14 @@ def one(spans, name, parent=None):
 
 
 def no_canary(receiver):
+    """No eight bytes of the secret or the token in any body, in any case."""
     for path, content_type, body in receiver.bodies:
         assert path == "/v1/traces", path
         assert content_type == "application/x-protobuf", content_type
+        body = body.lower()
         for name, value in {"secret": CANARY, "token": TOKEN}.items():
             for start in range(0, len(value) - 7):
-                piece = value[start:start + 8].encode()
+                piece = value[start:start + 8].lower().encode()
                 assert piece not in body, f"eight bytes of the {name} were exported: {piece!r}"
 
 
@@ -170,11 +182,6 @@ class Cluster:
     postgres user when the tests run as root, as the Rust tests' own cluster is."""
 
     def __init__(self):
-        import glob
-        import os
-        import shutil
-        import subprocess
-        import tempfile
         found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
         if not found:
             pytest.fail("PostgreSQL's server is missing: scripts/test installs it")
@@ -184,7 +191,6 @@ class Cluster:
         if self.root:
             shutil.chown(self.dir, "postgres", "postgres")
         self.data = os.path.join(self.dir, "data")
-        self.subprocess = subprocess
         self.run("initdb", "-D", self.data, "-U", "capstan", "--auth=trust",
                  "--encoding=UTF8", "--locale=C.UTF-8")
         self.run("pg_ctl", "-D", self.data, "-o", f"-c listen_addresses='' -k {self.dir}",
@@ -195,11 +201,10 @@ class Cluster:
         command = [f"{self.bin}/{program}", *args]
         if self.root:
             command = ["runuser", "-u", "postgres", "--", *command]
-        done = self.subprocess.run(command, cwd="/", capture_output=True, text=True)
+        done = subprocess.run(command, cwd="/", capture_output=True, text=True)
         assert done.returncode == 0, f"{program}: {done.stdout}{done.stderr}"
 
     def stop(self):
-        import shutil
         self.run("pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -251,7 +256,10 @@ tool_calls = [
 process = "worker"
 when = "fetch the status page"
 repeat = true
-tool_calls = [{ name = "http_request", arguments = { method = "GET", url = "POST_URL" } }]
+tool_calls = [
+  { name = "http_request", arguments = { method = "GET", url = "http://CANARY.invalid/" } },
+  { name = "http_request", arguments = { method = "GET", url = "POST_URL" } },
+]
 
 [[step]]
 process = "worker"
@@ -269,8 +277,6 @@ reply = "Fetched."
 
 def test_a_tool_s_request_is_a_client_span_under_its_call_and_the_receipt_counts_it(
         receiver, monkeypatch):
-    import http.server
-    import threading
     counted = []
 
     class Status(http.server.BaseHTTPRequestHandler):
@@ -297,19 +303,37 @@ content = false
 [profiles.worker]
 tools = ["http_request", "set_status"]
 net = ["http://127.0.0.1:{port}"]
+
+[secrets.CANARY]
+env = "CANARY_SECRET"
+hosts = ["api.example.com"]
+header = "Authorization: Bearer {{CANARY}}"
 """
+    monkeypatch.setenv("CANARY_SECRET", CANARY)
+    # The model knows the secret and spells it in a host name, which is lowercased.
+    script = FETCH.replace("CANARY", CANARY)
     server = Server(tokens=True, post_url=f"http://127.0.0.1:{port}/status", extra=extra,
-                    script=FETCH)
+                    script=script)
     try:
         say(server, "Please fetch the status.", f"00-{TRACE_ID}-{CLIENT_SPAN}-01")
     finally:
         server.stop()
         status.shutdown()
     spans = receiver.spans()
+    no_canary(receiver)
     assert counted == ["/status"], counted
-    call = one(spans, "execute_tool http_request")
-    assert call["trace"] == TRACE_ID
+    calls = [s for s in spans if s["name"] == "execute_tool http_request"]
+    assert len(calls) == 2, calls
+    refused, call = sorted(calls, key=lambda s: s["attributes"]["capstan.receipt.requests"])
+    # The request to the host named with the secret was refused (no rule allows it), its
+    # host redacted in the span.
+    assert refused["attributes"]["capstan.receipt.requests_refused"] == 1
+    guessed = one(spans, "GET", refused["id"])
+    assert guessed["attributes"]["capstan.net.decision"] == "refused"
+    assert guessed["attributes"]["server.address"] == "[redacted secret CANARY].invalid"
+    assert guessed["status"] == 2  # error
     # As many requests on the receipt as the server saw.
+    assert call["trace"] == TRACE_ID
     assert call["attributes"]["capstan.receipt.requests"] == len(counted)
     assert call["attributes"]["capstan.receipt.request_bytes_received"] == len(b"status ok")
     request = one(spans, "GET", call["id"])
@@ -324,13 +348,6 @@ net = ["http://127.0.0.1:{port}"]
 
 
 def test_an_mcp_client_s_traceparent_in_meta_is_the_parent_of_the_served_call(receiver, tmp_path):
-    import asyncio
-    import os
-
-    from mcp import ClientSession
-    from mcp.client.stdio import StdioServerParameters, stdio_client
-
-    from conftest import BINARY, PLUGINS, ROOT
 
     (tmp_path / "workspace").mkdir()
     (tmp_path / "workspace" / "notes.txt").write_text("a note\n")
@@ -375,3 +392,40 @@ capabilities = ["fs.read"]
     assert served["attributes"]["gen_ai.tool.name"] == "file_list"
     executed = one(spans, "execute_tool file_list", served["id"])
     assert executed["attributes"]["capstan.receipt.bytes_out"] > 0
+
+
+def test_a_receiver_that_refuses_the_spans_is_logged_once_and_the_host_goes_on(monkeypatch):
+    taken = []
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            taken.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            self.send_response(500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    refusing = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=refusing.serve_forever, daemon=True).start()
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    url = f"http://127.0.0.1:{refusing.server_address[1]}"
+    server = Server(tokens=False, extra=f'[telemetry]\notlp_endpoint = "{url}"\ncontent = false\n')
+    try:
+        for _ in range(2):
+            data = b'{"text": "hello", "wait": true}'
+            request = urllib.request.Request(f"{server.url}/v1/channels/main/messages", data=data,
+                                             method="POST",
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=120) as response:
+                assert response.status == 200
+    finally:
+        process = server.process
+        server.stop()
+        refusing.shutdown()
+    assert taken, "the receiver was sent the spans"
+    logged = process.stderr.read()
+    assert logged.count("spans could not be sent to the OTLP receiver") == 1, logged
+    assert "[telemetry] otlp_endpoint" in logged, logged

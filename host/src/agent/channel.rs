@@ -233,7 +233,9 @@ pub(crate) async fn run(
             Ok(lease) if allowed => {
                 // Anything but appending since the last save means a rewrite of the stored copy.
                 rewrite |= repair(&mut history);
-                rewrite |= compact_if_needed(&kit.compactor, &name, &turn, &mut history).await;
+                // A compaction the turn waits for is part of its trace.
+                let compacting = compact_if_needed(&kit.compactor, &name, &turn, &mut history);
+                rewrite |= trace.clone().scope(compacting).await;
                 let host_tools = ChannelTools {
                     kit: kit.clone(),
                     channel: name.clone(),

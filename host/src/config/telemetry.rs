@@ -39,9 +39,24 @@ impl RawTelemetry {
             if url.query().is_some() || url.fragment().is_some() {
                 return Err(bad("it has a query or a fragment".into()));
             }
+            if !url.username().is_empty() || url.password().is_some() {
+                return Err(bad(
+                    "it holds a user name or password; give a receiver's credentials in \
+                     OTEL_EXPORTER_OTLP_HEADERS instead"
+                        .into(),
+                ));
+            }
+            if url.path().trim_end_matches('/').ends_with("/v1/traces") {
+                return Err(bad("it ends in /v1/traces, which is added to it".into()));
+            }
         }
+        // As the URL parser spells it (percent-encoded, international names in punycode),
+        // which the exporter takes.
+        let otlp_endpoint = self
+            .otlp_endpoint
+            .map(|endpoint| url::Url::parse(&endpoint).map_or(endpoint, String::from));
         Ok(TraceSettings {
-            otlp_endpoint: self.otlp_endpoint,
+            otlp_endpoint,
             content: self.content,
             service_name: SERVICE_NAME.to_owned(),
         })
@@ -65,20 +80,30 @@ mod tests {
         let settings = check("http://127.0.0.1:4318").unwrap();
         assert_eq!(
             settings.otlp_endpoint.as_deref(),
-            Some("http://127.0.0.1:4318")
+            Some("http://127.0.0.1:4318/")
         );
         assert_eq!(settings.service_name, "capstan");
         check("https://collector.example/otlp/").unwrap();
+        // Spelled as the exporter takes it.
+        let spelled = check("http://ex\u{e4}mple.com:4318/a b").unwrap();
+        assert_eq!(
+            spelled.otlp_endpoint.as_deref(),
+            Some("http://xn--exmple-cua.com:4318/a%20b")
+        );
         for bad in [
             "127.0.0.1:4318",
             "ftp://collector",
             "http://host/?x=1",
             "file:///tmp",
             "",
+            "http://user:secret@collector:4318",
+            "http://collector:4318/v1/traces",
+            "http://collector:4318/v1/traces/",
         ] {
             let (key, why) = check(bad).unwrap_err();
             assert_eq!(key, "telemetry.otlp_endpoint", "{bad}");
             assert!(why.contains("/v1/traces"), "{bad}: {why}");
+            assert!(!why.contains("secret"), "{bad}: {why}");
         }
     }
 }

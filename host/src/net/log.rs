@@ -157,11 +157,14 @@ impl RequestLog {
             tool: call.tool.clone(),
             method: self.target.method.clone(),
             scheme: self.target.scheme.to_string(),
-            // A guest chooses the host: a secret it was sent back could be spelled in it.
-            host: call
-                .redactor
-                .redact(&self.target.host.to_string())
-                .into_owned(),
+            // A guest chooses the host: a secret it was sent back could be spelled in it,
+            // in any case (a host name is lowercased before it gets here).
+            host: {
+                let host = self.target.host.to_string();
+                call.redactor
+                    .redact_ignoring_case(&host)
+                    .unwrap_or_else(|| call.redactor.redact(&host).into_owned())
+            },
             port: self.target.port,
             address: self.address.map(|a| a.ip().to_string()),
             status: self.status,

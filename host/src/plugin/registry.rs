@@ -640,7 +640,12 @@ impl Registry {
         spans::tool_ended(&mut span, outcome, &figures);
         spans::tool_content(
             &mut span,
-            || self.log.redactor().redact(request.args_json).into_owned(),
+            || {
+                self.log
+                    .redactor()
+                    .redact_json_text(request.args_json)
+                    .into_owned()
+            },
             || match &result {
                 Ok(output) => self.log.redactor().redact(output).into_owned(),
                 Err(_) => self.log.redactor().redact(detail).into_owned(),
@@ -683,7 +688,11 @@ impl Registry {
             process: request.caller.to_string(),
             tool: request.tool.to_owned(),
             grants: effective,
-            arguments: self.log.redactor().redact(request.args_json).into_owned(),
+            arguments: self
+                .log
+                .redactor()
+                .redact_json_text(request.args_json)
+                .into_owned(),
             outcome: outcome.to_owned(),
             detail: detail.to_owned(),
             duration_us,

@@ -134,6 +134,37 @@ impl Redactor {
         }
     }
 
+    /// The JSON text `text` (a tool call's arguments, as a model wrote them) with every
+    /// secret value replaced, spelled plainly or in JSON's escapes (`\u0041`); text that is
+    /// not JSON is redacted as text.
+    ///
+    /// ```
+    /// use capstan_host::secrets::Redactor;
+    ///
+    /// let redactor = Redactor::new([("K".parse().unwrap(), "nsecret-value-1".into())]);
+    /// let escaped = r#"{"path":"n\u0073ecret-value-1"}"#;
+    /// assert_eq!(redactor.redact_json_text(escaped), r#"{"path":"[redacted secret K]"}"#);
+    /// assert_eq!(redactor.redact_json_text("{\"path\": \"a b\"}"), "{\"path\": \"a b\"}");
+    /// ```
+    pub fn redact_json_text<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        // Without an escape, what a JSON string decodes to is spelled in the text as is.
+        if self.is_empty() || !text.contains('\\') {
+            return self.redact(text);
+        }
+        match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(parsed) => {
+                let mut clean = parsed.clone();
+                self.redact_json(&mut clean);
+                if clean == parsed {
+                    self.redact(text)
+                } else {
+                    Cow::Owned(clean.to_string())
+                }
+            }
+            Err(_) => self.redact(text),
+        }
+    }
+
     /// `text` with every secret value replaced, reusing it when it holds none (the
     /// common case, on every tool call's output).
     pub fn redact_owned(&self, text: String) -> String {

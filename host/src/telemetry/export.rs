@@ -1,6 +1,7 @@
 //! How spans leave the host: OTLP/HTTP protobuf, sent by the host's own HTTP client on its
 //! runtime, each string the spans carry passed through the log's redactor first.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -37,7 +38,10 @@ pub(super) fn exporter(
         builder = builder.with_endpoint(format!("{}/v1/traces", base.trim_end_matches('/')));
     }
     let inner = builder.build().map_err(|err| err.to_string())?;
-    Ok(Redacting(inner))
+    Ok(Redacting {
+        inner,
+        failing: AtomicBool::new(false),
+    })
 }
 
 /// Sends each batch on the host's runtime: the SDK's export thread only waits for it.
@@ -72,28 +76,44 @@ impl HttpClient for Sending {
 }
 
 /// An exporter whose spans' names, attributes, events and status pass the redactor of
-/// every value the process hides in its log, before the inner exporter encodes them.
+/// every value the process hides in its log, before the inner exporter encodes them; the
+/// first batch of a run of failed ones is logged, and the batch that ends the run.
 #[derive(Debug)]
-pub(super) struct Redacting<E>(E);
+pub(super) struct Redacting<E> {
+    inner: E,
+    failing: AtomicBool,
+}
 
 impl<E: SpanExporter> SpanExporter for Redacting<E> {
     async fn export(&self, mut batch: Vec<SpanData>) -> OTelSdkResult {
         for span in &mut batch {
             redact_span(span);
         }
-        self.0.export(batch).await
+        let sent = self.inner.export(batch).await;
+        match &sent {
+            Err(err) if !self.failing.swap(true, Ordering::Relaxed) => tracing::warn!(
+                "spans could not be sent to the OTLP receiver ({err}); they are dropped, and \
+                 the next failures are not logged until a batch is sent: check [telemetry] \
+                 otlp_endpoint or OTEL_EXPORTER_OTLP_ENDPOINT"
+            ),
+            Ok(()) if self.failing.swap(false, Ordering::Relaxed) => {
+                tracing::warn!("spans are sent to the OTLP receiver again")
+            }
+            _ => {}
+        }
+        sent
     }
 
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.0.shutdown_with_timeout(timeout)
+        self.inner.shutdown_with_timeout(timeout)
     }
 
     fn force_flush(&self) -> OTelSdkResult {
-        self.0.force_flush()
+        self.inner.force_flush()
     }
 
     fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
-        self.0.set_resource(resource);
+        self.inner.set_resource(resource);
     }
 }
 

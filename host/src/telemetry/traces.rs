@@ -89,7 +89,8 @@ pub fn start_traces(settings: &TraceSettings) -> Result<bool, TraceError> {
         return Ok(true);
     }
     let set = |name: &str| std::env::var(name).is_ok_and(|value| !value.trim().is_empty());
-    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"))
+    let disabled = std::env::var("OTEL_SDK_DISABLED")
+        .is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"))
         || std::env::var("OTEL_TRACES_EXPORTER").is_ok_and(|v| v.trim() == "none");
     let asked = settings.otlp_endpoint.is_some()
         || set("OTEL_EXPORTER_OTLP_ENDPOINT")
