@@ -157,6 +157,7 @@ pub struct Dispatcher {
     provider: Arc<dyn Provider>,
     gate: Gate,
     settings: GateSettings,
+    chat_spans: spans::ChatSpans,
 }
 
 impl Dispatcher {
@@ -166,6 +167,7 @@ impl Dispatcher {
             provider,
             gate: Gate::default(),
             settings,
+            chat_spans: spans::ChatSpans::default(),
         }
     }
 
@@ -305,7 +307,7 @@ impl Dispatcher {
             "dispatch"
         );
         let progress = Progress::new(deltas);
-        let mut span = spans::chat(|| self.provider.name());
+        let mut span = self.chat_spans.start(|| self.provider.name());
         let answer = self.provider.complete(request, &progress);
         let sent = std::time::Instant::now();
         let metrics = crate::telemetry::metrics();

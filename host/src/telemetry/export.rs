@@ -144,7 +144,5 @@ fn redact_all(attributes: &mut [KeyValue]) {
 
 /// `text` redacted, if anything in it was.
 fn redacted(text: &str) -> Option<String> {
-    let out = crate::secrets::for_logs(text);
-    let bytes = out.as_bytes();
-    (bytes != text.as_bytes()).then(|| String::from_utf8_lossy(bytes).into_owned())
+    crate::secrets::redacted_for_logs(text)
 }

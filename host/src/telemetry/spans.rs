@@ -5,6 +5,7 @@
 //! What the host adds of its own is under `capstan.`: a tool call's receipt, an outbound
 //! request's decision.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::semconv as sc;
@@ -36,19 +37,31 @@ pub fn turn(parent: &TraceParent, process: &ProcessId, conversation: Option<&str
     })
 }
 
-/// `chat {model}`: one request to the model `provider` names (`openai:gpt-4o-mini`,
-/// `scripted:demo`), under the current span.
-pub fn chat(provider: impl FnOnce() -> String) -> Span {
-    Span::start(SpanKind::Client, &TraceParent::current(), || {
-        let provider = provider();
-        let (system, model) = provider.split_once(':').unwrap_or((&provider, ""));
-        let attributes = vec![
-            KeyValue::new(sc::GEN_AI_OPERATION_NAME, "chat"),
-            KeyValue::new(sc::GEN_AI_PROVIDER_NAME, system.to_owned()),
-            KeyValue::new(sc::GEN_AI_REQUEST_MODEL, model.to_owned()),
-        ];
-        (format!("chat {model}"), attributes)
-    })
+/// What every `chat` span of one provider says, worked out once, as the provider's name
+/// does not change.
+#[derive(Debug, Default)]
+pub struct ChatSpans(std::sync::OnceLock<(String, [KeyValue; 3])>);
+
+impl ChatSpans {
+    /// `chat {model}`: one request to the model `provider` names (`openai:gpt-4o-mini`,
+    /// `scripted:demo`; asked once), under the current span.
+    pub fn start(&self, provider: impl FnOnce() -> String) -> Span {
+        Span::start(SpanKind::Client, &TraceParent::current(), || {
+            let (name, attributes) = self.0.get_or_init(|| {
+                let provider = provider();
+                let (system, model) = provider.split_once(':').unwrap_or((&provider, ""));
+                let shared =
+                    |text: &str| opentelemetry::Value::String(Arc::<str>::from(text).into());
+                let attributes = [
+                    KeyValue::new(sc::GEN_AI_OPERATION_NAME, "chat"),
+                    KeyValue::new(sc::GEN_AI_PROVIDER_NAME, shared(system)),
+                    KeyValue::new(sc::GEN_AI_REQUEST_MODEL, shared(model)),
+                ];
+                (format!("chat {model}"), attributes)
+            });
+            (name.clone(), attributes.to_vec())
+        })
+    }
 }
 
 /// The tokens a model request used, where the provider reported them.

@@ -36,8 +36,8 @@ pub struct TraceSettings {
     /// The OTLP/HTTP receiver's base URL (`otlp_endpoint`, e.g. `http://127.0.0.1:4318`);
     /// spans go to its `/v1/traces`. Unset: the `OTEL_EXPORTER_OTLP_*` variables decide.
     pub otlp_endpoint: Option<String>,
-    /// Whether message text, tool arguments and results go into spans (`content`), each
-    /// through the redactor. Off by default: spans carry names, ids, sizes and times only.
+    /// Whether tool arguments and results go into spans (`content`), each through the
+    /// redactor. Off by default: spans carry names, ids, sizes and times only.
     pub content: bool,
     /// The `service.name` of every span.
     pub service_name: String,
@@ -73,7 +73,7 @@ pub fn traces_on() -> bool {
     TRACES.get().is_some()
 }
 
-/// Whether spans may carry content (message text, tool arguments and results), as
+/// Whether spans may carry content (tool arguments and results), as
 /// [`TraceSettings::content`] asked; always false while traces are off.
 pub fn content_on() -> bool {
     traces().is_some_and(|traces| traces.content)
