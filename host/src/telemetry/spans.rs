@@ -1,5 +1,5 @@
 //! The spans the host makes, named and attributed as the OpenTelemetry GenAI, MCP and HTTP
-//! semantic conventions say at the version [`semconv`](super::semconv) pins: one function
+//! semantic conventions say at the version `semconv.rs` pins (1.41.0): one function
 //! per kind of span, so the conventions live here.
 //!
 //! What the host adds of its own is under `capstan.`: a tool call's receipt, an outbound
