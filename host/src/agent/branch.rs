@@ -50,7 +50,7 @@ pub(crate) fn start(kit: BranchKit, spec: BranchSpec, channel: ChannelHandle) {
                 .await;
         }
     };
-    // Its conclusion, too, is under the span that forked it.
+    // Its turn and its conclusion are under the span that forked it.
     let trace = spec.trace.clone();
     supervise(
         &channel,
@@ -67,7 +67,7 @@ async fn run(kit: BranchKit, spec: BranchSpec, channel: ChannelHandle) {
         question,
         question_label,
         mut history,
-        trace,
+        trace: _,
     } = spec;
     let _slot = channel
         .branch_slots
@@ -100,10 +100,9 @@ async fn run(kit: BranchKit, spec: BranchSpec, channel: ChannelHandle) {
     let conclusion = match kit.gate.lease_loop(&id) {
         Err(held) => format!("(could not think: {held})"),
         Ok(lease) => {
-            let mut turn = kit
+            let turn = kit
                 .gate
                 .turn(&id, lease.ticket(), Route::Branch, &system, &tools);
-            turn.trace = trace;
             let end = turn.run(&mut history, &handler).await;
             if let Err(err) = &end {
                 kit.reporter.model_failed(&scope, &id, err);

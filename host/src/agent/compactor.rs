@@ -92,11 +92,9 @@ pub(crate) async fn compact_if_needed(
     let handler = ProcessTools::new(&kit.gate, &kit.reporter, &id, &calls, turn, &NoHostTools);
     let end = match kit.gate.lease_loop(&id) {
         Ok(lease) => {
-            let mut turn = kit
+            let turn = kit
                 .gate
                 .turn(&id, lease.ticket(), Route::Compaction, &system, &tools);
-            // Under the turn that waits for it, if any.
-            turn.trace = crate::telemetry::TraceParent::current();
             turn.run(&mut work, &handler).await
         }
         Err(held) => Err(TurnError::suppressed(held.to_string())),

@@ -97,7 +97,9 @@ impl ModelGate {
             max_turns: self.max_turns,
             deltas: &(),
             run: &self.run,
-            trace: TraceParent::none(),
+            // A worker's, branch's or compaction's work runs under the span that started
+            // it; a channel sets its turn's own.
+            trace: TraceParent::current(),
         }
     }
 

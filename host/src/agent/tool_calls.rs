@@ -225,24 +225,26 @@ impl<'a> ProcessTools<'a> {
         let mut label = Label::trusted();
         let mut tool_ran = false;
         let result = match routed {
-            Routed::Host(HostCall::AskAbout(args)) => match spans::tool(name, None, ToolSite::Host)
-                .parent()
-                .scope(self.ask_about(&args, handles))
-                .await
-            {
-                Ok((text, answered)) => {
-                    label = answered;
-                    self.reporter.emit_to(
-                        self.scope,
-                        Event::ToolCalled {
-                            process: self.caller.clone(),
-                            tool: name.to_owned(),
-                        },
-                    );
-                    Ok(text)
+            Routed::Host(HostCall::AskAbout(args)) => {
+                let mut span = spans::tool(name, None, ToolSite::Host);
+                match span.parent().scope(self.ask_about(&args, handles)).await {
+                    Ok((text, answered)) => {
+                        label = answered;
+                        self.reporter.emit_to(
+                            self.scope,
+                            Event::ToolCalled {
+                                process: self.caller.clone(),
+                                tool: name.to_owned(),
+                            },
+                        );
+                        Ok(text)
+                    }
+                    Err(err) => {
+                        span.fail(err.kind());
+                        Err(err)
+                    }
                 }
-                Err(err) => Err(err),
-            },
+            }
             Routed::Host(call) => {
                 // What the process hands on carries what it read and the handles it passed.
                 let handed = context.clone().joined(carried);

@@ -65,7 +65,7 @@ pub(crate) fn start(
             finish(&kit, &spec, &channel, ended, undelivered).await;
         }
     };
-    // Its report, too, is under the span that spawned it.
+    // Its turns and its report are under the span that spawned it.
     let trace = spec.trace.clone();
     supervise(
         &channel,
@@ -329,10 +329,9 @@ async fn work(
             &scope,
             &host_tools,
         );
-        let mut turn = kit
+        let turn = kit
             .gate
             .turn(&spec.id, lease.ticket(), route, &system, &tools);
-        turn.trace = spec.trace.clone();
         let end = turn.run(&mut history, &handler).await;
         *read.lock().unwrap() = context_label(&history);
         if !matches!(&end, Err(err) if err.answered == 0) {

@@ -19,48 +19,48 @@ pub(super) struct RawTelemetry {
 impl RawTelemetry {
     /// The trace settings; an endpoint must be an http or https URL with a host.
     pub(super) fn check(self) -> Result<TraceSettings, KeyError> {
-        if let Some(endpoint) = &self.otlp_endpoint {
-            let bad = |why: String| {
-                key_error(
-                    "telemetry.otlp_endpoint",
-                    format!(
-                        "{why}: give the OTLP/HTTP receiver's base URL, e.g. \
-                         \"http://127.0.0.1:4318\" (spans go to its /v1/traces)"
-                    ),
-                )
-            };
-            let url = url::Url::parse(endpoint).map_err(|err| bad(format!("not a URL ({err})")))?;
-            if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-                return Err(bad(format!(
-                    "`{}` is not an http or https URL with a host",
-                    url.scheme()
-                )));
-            }
-            if url.query().is_some() || url.fragment().is_some() {
-                return Err(bad("it has a query or a fragment".into()));
-            }
-            if !url.username().is_empty() || url.password().is_some() {
-                return Err(bad(
-                    "it holds a user name or password; give a receiver's credentials in \
-                     OTEL_EXPORTER_OTLP_HEADERS instead"
-                        .into(),
-                ));
-            }
-            if url.path().trim_end_matches('/').ends_with("/v1/traces") {
-                return Err(bad("it ends in /v1/traces, which is added to it".into()));
-            }
-        }
-        // As the URL parser spells it (percent-encoded, international names in punycode),
-        // which the exporter takes.
-        let otlp_endpoint = self
-            .otlp_endpoint
-            .map(|endpoint| url::Url::parse(&endpoint).map_or(endpoint, String::from));
+        let otlp_endpoint = self.otlp_endpoint.as_deref().map(endpoint).transpose()?;
         Ok(TraceSettings {
             otlp_endpoint,
             content: self.content,
             service_name: SERVICE_NAME.to_owned(),
         })
     }
+}
+
+/// `otlp_endpoint` checked, as the URL parser spells it (percent-encoded, international
+/// names in punycode), which the exporter takes.
+fn endpoint(endpoint: &str) -> Result<String, KeyError> {
+    let bad = |why: String| {
+        key_error(
+            "telemetry.otlp_endpoint",
+            format!(
+                "{why}: give the OTLP/HTTP receiver's base URL, e.g. \
+                 \"http://127.0.0.1:4318\" (spans go to its /v1/traces)"
+            ),
+        )
+    };
+    let url = url::Url::parse(endpoint).map_err(|err| bad(format!("not a URL ({err})")))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(bad(format!(
+            "`{}` is not an http or https URL with a host",
+            url.scheme()
+        )));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(bad("it has a query or a fragment".into()));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(bad(
+            "it holds a user name or password; give a receiver's credentials in \
+             OTEL_EXPORTER_OTLP_HEADERS instead"
+                .into(),
+        ));
+    }
+    if url.path().trim_end_matches('/').ends_with("/v1/traces") {
+        return Err(bad("it ends in /v1/traces, which is added to it".into()));
+    }
+    Ok(url.into())
 }
 
 #[cfg(test)]

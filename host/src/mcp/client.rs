@@ -490,6 +490,7 @@ impl ExternalTools for McpClient {
         }
         called
     }
+
     fn abandoned(&self, _tool: &str) -> String {
         let name = &self.inner.spec.name;
         // A server at a URL serves each call on its own request; rmcp has told it the
