@@ -16,9 +16,9 @@
 //!   per second and the process's peak RSS after each.
 //!
 //! `-- telemetry` runs only the cost of traces: the one-tool turn's p50 and the 1000
-//! workers' wall time with traces off, then on, exported to a receiver on loopback (which
-//! answers every batch at once), and their ratios. Traces start once per process, so off
-//! is measured first, after a warm-up.
+//! workers' wall time with traces off and on, exported to a receiver on loopback (which
+//! answers every batch at once), and their ratios. Traces start once per process, so each
+//! mode runs in processes of its own, alternating, and its figure is their median.
 
 // A benchmark reports to its runner, not through a door of the host.
 #![allow(clippy::disallowed_macros, clippy::disallowed_methods)]
@@ -72,8 +72,9 @@ fn start(
     let agent = tokio
         .block_on(
             AgentBuilder::new(config)
+                // Compiled once for every agent of every run: compiling is not measured.
+                .cache(ArtifactCache::new(plugins.join("../bench-component-cache")))
                 .plugins_dir(plugins)
-                .cache(ArtifactCache::new(dir.join("cache")))
                 .provider(Arc::new(provider))
                 .build(),
         )
@@ -275,18 +276,20 @@ fn one_tool_p50(tokio: &Tokio, rounds: usize) -> f64 {
     p50_p99(&mut times).0
 }
 
+/// Every batch an OTLP/HTTP receiver took, as it came.
+type Taken = Arc<std::sync::Mutex<Vec<Vec<u8>>>>;
+
 /// An OTLP/HTTP receiver on loopback that answers each batch with 200 at once: the URL,
-/// and the bytes it has taken.
-async fn receiver() -> (String, Arc<std::sync::atomic::AtomicU64>) {
-    use std::sync::atomic::{AtomicU64, Ordering};
+/// and the bodies it has taken (read once the run ends, so as not to weigh on it).
+async fn receiver() -> (String, Taken) {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let taken = Arc::new(AtomicU64::new(0));
-    let counted = taken.clone();
+    let taken = Taken::default();
+    let kept = taken.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            let counted = counted.clone();
+            let kept = kept.clone();
             tokio::spawn(async move {
                 let mut stream = BufReader::new(stream);
                 loop {
@@ -310,7 +313,7 @@ async fn receiver() -> (String, Arc<std::sync::atomic::AtomicU64>) {
                     if stream.read_exact(&mut body).await.is_err() {
                         return;
                     }
-                    counted.fetch_add(length as u64, Ordering::Relaxed);
+                    kept.lock().unwrap().push(body);
                     let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
                     if stream.get_mut().write_all(answer).await.is_err() {
                         return;
@@ -322,34 +325,78 @@ async fn receiver() -> (String, Arc<std::sync::atomic::AtomicU64>) {
     (url, taken)
 }
 
-/// `-- telemetry`: see the [module](self).
-fn telemetry_overhead(tokio: &Tokio) {
-    const ROUNDS: usize = 3000;
-    println!("warming up");
-    one_tool_p50(tokio, ROUNDS / 3);
-    concurrent_workers(tokio, 100);
-    println!("traces off");
-    // The median of three runs of 1000 workers.
-    let workers = || {
-        let mut walls: Vec<Duration> = (0..3).map(|_| concurrent_workers(tokio, 1000)).collect();
-        walls.sort_unstable();
-        walls[1]
+/// One mode of `-- telemetry`, measured in a process of its own: traces are started
+/// once per process, and a process that never starts them is what "off" means.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Traces {
+    Off,
+    On,
+}
+
+impl Traces {
+    fn arg(self) -> &'static str {
+        match self {
+            Traces::Off => "off",
+            Traces::On => "on",
+        }
+    }
+}
+
+/// The figures one measuring process prints, on a line starting with this.
+const MEASURED: &str = "measured:";
+
+/// `-- telemetry`: see the [module](self). Processes with traces off and on alternate
+/// (off, on, on, off, ...), so that a machine that drifts during the run weighs on
+/// both alike; each mode's figure is the median of its processes'.
+fn telemetry_overhead() {
+    const PAIRS: usize = 4;
+    let exe = std::env::current_exe().unwrap();
+    let mut figures: [Vec<(f64, f64, u64)>; 2] = [Vec::new(), Vec::new()];
+    for pair in 0..PAIRS {
+        let order = if pair % 2 == 0 {
+            [Traces::Off, Traces::On]
+        } else {
+            [Traces::On, Traces::Off]
+        };
+        for mode in order {
+            let out = std::process::Command::new(&exe)
+                .args(["telemetry-process", mode.arg()])
+                .stderr(std::process::Stdio::inherit())
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "the {mode:?} process failed:\n{text}");
+            let line = text
+                .lines()
+                .find_map(|line| line.strip_prefix(MEASURED))
+                .unwrap_or_else(|| panic!("the {mode:?} process printed no figures:\n{text}"));
+            let mut values = line.split_whitespace();
+            let mut next = || values.next().unwrap().parse::<f64>().unwrap();
+            let (p50, wall, bytes) = (next(), next(), next() as u64);
+            println!(
+                "  traces {:<3}  one_wasm_tool p50 {p50:7.1} us   1000 workers {wall:5.2} s",
+                mode.arg()
+            );
+            figures[mode as usize].push((p50, wall, bytes));
+        }
+    }
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        let n = values.len();
+        (values[(n - 1) / 2] + values[n / 2]) / 2.0
     };
-    let off = (one_tool_p50(tokio, ROUNDS), workers());
-    let (url, taken) = tokio.block_on(receiver());
-    let settings = capstan_host::telemetry::TraceSettings {
-        otlp_endpoint: Some(url),
-        content: false,
-        service_name: "bench".into(),
-    };
-    let started = tokio.block_on(async { capstan_host::telemetry::start_traces(&settings) });
-    assert!(started.unwrap(), "traces are on");
-    println!("traces on, exported to a receiver on loopback");
-    let on = (one_tool_p50(tokio, ROUNDS), workers());
-    capstan_host::telemetry::shutdown_traces();
-    let exported = taken.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(exported > 0, "the spans reached the receiver");
-    println!("\ntraces on vs off ({ROUNDS} turns each; {exported} bytes of spans exported)");
+    let [off, on] = figures.map(|runs| {
+        let exported = runs.iter().map(|r| r.2).sum::<u64>();
+        let p50 = median(runs.iter().map(|r| r.0).collect());
+        let wall = median(runs.iter().map(|r| r.1).collect());
+        (p50, wall, exported)
+    });
+    assert_eq!(off.2, 0, "nothing is exported with traces off");
+    assert!(on.2 > 0, "the spans reached the receiver");
+    println!(
+        "\ntraces on vs off ({PAIRS} processes each, alternating; {} bytes of spans exported)",
+        on.2
+    );
     println!(
         "  one_wasm_tool turn  p50 {:8.1} us -> {:8.1} us  ({:+.1}%)",
         off.0,
@@ -357,11 +404,51 @@ fn telemetry_overhead(tokio: &Tokio) {
         (on.0 / off.0 - 1.0) * 100.0
     );
     println!(
-        "  1000 workers x 10   wall {:7.2} s  -> {:7.2} s   ({:+.1}%, median of 3)",
-        off.1.as_secs_f64(),
-        on.1.as_secs_f64(),
-        (on.1.as_secs_f64() / off.1.as_secs_f64() - 1.0) * 100.0
+        "  1000 workers x 10   wall {:7.2} s  -> {:7.2} s   ({:+.1}%)",
+        off.1,
+        on.1,
+        (on.1 / off.1 - 1.0) * 100.0
     );
+}
+
+/// One process of `-- telemetry`: with traces `mode`, after a warm-up, the p50 of 3000
+/// one-tool turns and the median wall time of three runs of 1000 workers, printed after
+/// [`MEASURED`] with the bytes of spans the receiver took.
+fn telemetry_process(tokio: &Tokio, mode: Traces) {
+    const ROUNDS: usize = 3000;
+    let taken = (mode == Traces::On).then(|| {
+        let (url, taken) = tokio.block_on(receiver());
+        let settings = capstan_host::telemetry::TraceSettings {
+            otlp_endpoint: Some(url),
+            content: false,
+            service_name: "bench".into(),
+        };
+        let started = tokio.block_on(async { capstan_host::telemetry::start_traces(&settings) });
+        assert!(started.unwrap(), "traces are on");
+        taken
+    });
+    one_tool_p50(tokio, ROUNDS / 3);
+    concurrent_workers(tokio, 100);
+    let p50 = one_tool_p50(tokio, ROUNDS);
+    let mut walls: Vec<Duration> = (0..3).map(|_| concurrent_workers(tokio, 1000)).collect();
+    walls.sort_unstable();
+    capstan_host::telemetry::shutdown_traces();
+    if let Some(taken) = &taken {
+        // Every call's span arrived: none was dropped from a full queue.
+        let bodies = taken.lock().unwrap();
+        let name = b"execute_tool file_read";
+        let spans: usize = bodies
+            .iter()
+            .map(|body| body.windows(name.len()).filter(|w| w == name).count())
+            .sum();
+        let calls = ROUNDS / 3 + 100 * 10 + ROUNDS + 3 * 1000 * 10;
+        assert_eq!(
+            spans, calls,
+            "one span per file_read call reached the receiver"
+        );
+    }
+    let exported: usize = taken.map_or(0, |taken| taken.lock().unwrap().iter().map(Vec::len).sum());
+    println!("{MEASURED} {p50} {} {exported}", walls[1].as_secs_f64());
 }
 
 fn main() {
@@ -369,8 +456,17 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    if std::env::args().any(|arg| arg == "telemetry") {
-        telemetry_overhead(&tokio);
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|arg| arg == "telemetry-process") {
+        let mode = match args.get(at + 1).map(String::as_str) {
+            Some("on") => Traces::On,
+            _ => Traces::Off,
+        };
+        telemetry_process(&tokio, mode);
+        return;
+    }
+    if args.iter().any(|arg| arg == "telemetry") {
+        telemetry_overhead();
         return;
     }
     // First, so the peak RSS they print is theirs, not the turn benchmark's.

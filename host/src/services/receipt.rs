@@ -242,3 +242,16 @@ impl CostsOf {
             .is_none_or(|c| conversation == Some(c))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_figure_has_its_span_key_spelled_right() {
+        for (name, _) in Receipt::default().figures() {
+            let key = crate::telemetry::spans::receipt_key(name);
+            assert_eq!(key.as_str(), format!("capstan.receipt.{name}"));
+        }
+    }
+}

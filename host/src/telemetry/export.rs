@@ -1,95 +1,206 @@
-//! How spans leave the host: OTLP/HTTP protobuf, sent by the host's own HTTP client on its
-//! runtime, each string the spans carry passed through the log's redactor first.
+//! How spans leave the host: OTLP/HTTP protobuf ([`super::otlp`] writes it), posted by the
+//! host's own HTTP client on its runtime to the receiver the config or the standard
+//! `OTEL_EXPORTER_OTLP_*` variables name.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-use opentelemetry::{KeyValue, Value};
-use opentelemetry_http::{HttpClient, HttpError, Request, Response};
-use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
-use opentelemetry_sdk::error::OTelSdkResult;
+use http::{HeaderMap, HeaderName, HeaderValue};
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 
-/// The largest answer read from a receiver: it says only whether it took the batch.
-const MAX_ANSWER: usize = 64 * 1024;
+use super::otlp::{self, EncodedResource};
 
-/// How long one batch may take to send.
+/// How long one batch may take to send, unless `OTEL_EXPORTER_OTLP_TIMEOUT` says.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The exporter to `endpoint` (a base URL, `/v1/traces` added) or, unset, to where the
-/// `OTEL_EXPORTER_OTLP_*` variables say.
+/// Where spans go: the receiver's `/v1/traces` URL, the headers each batch carries
+/// (`OTEL_EXPORTER_OTLP_HEADERS`) and how long one may take.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Target {
+    url: reqwest::Url,
+    headers: HeaderMap,
+    timeout: Duration,
+}
+
+impl Target {
+    /// The target `endpoint` names (a base URL, `/v1/traces` added) or, unset, the
+    /// variables: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as it is, else
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` with `/v1/traces` added. `var` reads a variable.
+    pub(super) fn resolve(
+        endpoint: Option<&str>,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Target, String> {
+        let set = |name: &str| var(name).filter(|value| !value.trim().is_empty());
+        let traces = |base: &str| format!("{}/v1/traces", base.trim().trim_end_matches('/'));
+        let (url, from) = if let Some(base) = endpoint {
+            (traces(base), "[telemetry] otlp_endpoint")
+        } else if let Some(url) = set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
+            (url.trim().to_owned(), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        } else if let Some(base) = set("OTEL_EXPORTER_OTLP_ENDPOINT") {
+            (traces(&base), "OTEL_EXPORTER_OTLP_ENDPOINT")
+        } else {
+            return Err("no receiver is named: set [telemetry] otlp_endpoint".into());
+        };
+        let url = reqwest::Url::parse(&url)
+            .ok()
+            .filter(|url| matches!(url.scheme(), "http" | "https") && url.has_host())
+            .ok_or_else(|| format!("{from} is not an http(s) URL with a host"))?;
+        let mut headers = HeaderMap::new();
+        // The signal's own variable adds to the general one, and wins for a name in both.
+        for name in [
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        ] {
+            if let Some(list) = set(name) {
+                for (key, value) in parse_headers(&list, name)? {
+                    headers.insert(key, value);
+                }
+            }
+        }
+        let mut timeout = TIMEOUT;
+        for name in [
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        ] {
+            if let Some(ms) = set(name) {
+                let ms: u64 = ms
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("{name} is not a whole number of milliseconds: {ms:?}"))?;
+                timeout = Duration::from_millis(ms);
+            }
+        }
+        for name in [
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        ] {
+            if let Some(protocol) = set(name).filter(|p| p.trim() != "http/protobuf") {
+                return Err(format!(
+                    "{name}={protocol:?}: spans are sent as http/protobuf only; set it to \
+                     that or unset it"
+                ));
+            }
+        }
+        for name in [
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+        ] {
+            if let Some(compression) = set(name).filter(|c| c.trim() != "none") {
+                return Err(format!(
+                    "{name}={compression:?}: spans are sent uncompressed; set it to none or \
+                     unset it"
+                ));
+            }
+        }
+        Ok(Target {
+            url,
+            headers,
+            timeout,
+        })
+    }
+}
+
+/// `key=value,...` with each value percent-decoded, as the OTLP exporter's
+/// specification says. A value is never quoted back: it is often a credential.
+fn parse_headers(list: &str, var: &str) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
+    let mut headers = Vec::new();
+    for pair in list
+        .split(',')
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty())
+    {
+        let Some((key, value)) = pair.split_once('=') else {
+            return Err(format!(
+                "{var}: an entry has no `=` (write name=value, separated by commas)"
+            ));
+        };
+        let key = key.trim();
+        let name = HeaderName::try_from(key)
+            .map_err(|_| format!("{var}: {key:?} is not a header name"))?;
+        let decoded = percent_encoding::percent_decode_str(value.trim())
+            .decode_utf8()
+            .map_err(|_| format!("{var}: the value of {key:?} is not UTF-8 once decoded"))?;
+        let mut value = HeaderValue::try_from(decoded.as_ref())
+            .map_err(|_| format!("{var}: the value of {key:?} is not a valid header value"))?;
+        value.set_sensitive(true);
+        headers.push((name, value));
+    }
+    Ok(headers)
+}
+
+/// The exporter to `target`, sending on `runtime`.
 pub(super) fn exporter(
-    endpoint: Option<&str>,
+    target: Target,
     runtime: tokio::runtime::Handle,
-) -> Result<Redacting<opentelemetry_otlp::SpanExporter>, String> {
+) -> Result<OtlpHttp, String> {
     let client = reqwest::Client::builder()
         // A receiver answers where it is; a redirect elsewhere is not followed.
         .redirect(reqwest::redirect::Policy::none())
-        .timeout(TIMEOUT)
+        .timeout(target.timeout)
         .build()
         .map_err(|err| format!("cannot make the HTTP client: {err}"))?;
-    let mut builder = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_http_client(Sending { client, runtime })
-        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-        .with_timeout(TIMEOUT);
-    if let Some(base) = endpoint {
-        builder = builder.with_endpoint(format!("{}/v1/traces", base.trim_end_matches('/')));
-    }
-    let inner = builder.build().map_err(|err| err.to_string())?;
-    Ok(Redacting {
-        inner,
+    Ok(OtlpHttp {
+        client,
+        runtime,
+        target,
+        resource: EncodedResource::default(),
+        last_size: AtomicUsize::new(0),
         failing: AtomicBool::new(false),
     })
 }
 
-/// Sends each batch on the host's runtime: the SDK's export thread only waits for it.
+/// Posts each batch, encoded with every string through the log's redactor, to its
+/// [`Target`] on the host's runtime (the SDK's export thread only encodes it and waits);
+/// the first batch of a run of failed ones is logged, and the batch that ends the run.
 #[derive(Debug)]
-struct Sending {
+pub(super) struct OtlpHttp {
     client: reqwest::Client,
     runtime: tokio::runtime::Handle,
-}
-
-#[async_trait::async_trait]
-impl HttpClient for Sending {
-    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
-        let client = self.client.clone();
-        let request = reqwest::Request::try_from(request)?;
-        let sent = self.runtime.spawn(async move {
-            let mut response = client.execute(request).await?;
-            let mut answer = http::Response::builder().status(response.status());
-            for (name, value) in response.headers() {
-                answer = answer.header(name, value);
-            }
-            let mut body = Vec::new();
-            while let Some(chunk) = response.chunk().await? {
-                if body.len() + chunk.len() > MAX_ANSWER {
-                    break;
-                }
-                body.extend_from_slice(&chunk);
-            }
-            Ok::<_, HttpError>(answer.body(Bytes::from(body))?)
-        });
-        sent.await?
-    }
-}
-
-/// An exporter whose spans' names, attributes, events and status pass the redactor of
-/// every value the process hides in its log, before the inner exporter encodes them; the
-/// first batch of a run of failed ones is logged, and the batch that ends the run.
-#[derive(Debug)]
-pub(super) struct Redacting<E> {
-    inner: E,
+    target: Target,
+    resource: EncodedResource,
+    /// The last body's size: the next one's buffer is made that large at once.
+    last_size: AtomicUsize,
     failing: AtomicBool,
 }
 
-impl<E: SpanExporter> SpanExporter for Redacting<E> {
-    async fn export(&self, mut batch: Vec<SpanData>) -> OTelSdkResult {
-        for span in &mut batch {
-            redact_span(span);
-        }
-        let sent = self.inner.export(batch).await;
+impl OtlpHttp {
+    async fn send(&self, body: Vec<u8>) -> Result<(), String> {
+        let request = self
+            .client
+            .post(self.target.url.clone())
+            .headers(self.target.headers.clone())
+            .header(http::header::CONTENT_TYPE, "application/x-protobuf")
+            .body(body);
+        let sent = self.runtime.spawn(async move {
+            let response = request.send().await.map_err(|err| {
+                // Without the URL: the error is logged, the endpoint is in the config.
+                format!("cannot reach it: {}", err.without_url())
+            })?;
+            let status = response.status();
+            if status.is_success() {
+                Ok(())
+            } else {
+                Err(format!("it answered {status}"))
+            }
+        });
+        sent.await
+            .map_err(|err| format!("the send was lost: {err}"))?
+    }
+}
+
+impl SpanExporter for OtlpHttp {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let mut body = Vec::with_capacity(self.last_size.load(Ordering::Relaxed));
+        otlp::encode_batch(
+            &mut body,
+            &self.resource,
+            &batch,
+            &crate::secrets::log_redactor(),
+        );
+        drop(batch);
+        self.last_size.store(body.len(), Ordering::Relaxed);
+        let sent = self.send(body).await;
         match &sent {
             Err(err) if !self.failing.swap(true, Ordering::Relaxed) => tracing::warn!(
                 "spans could not be sent to the OTLP receiver ({err}); they are dropped, and \
@@ -101,48 +212,90 @@ impl<E: SpanExporter> SpanExporter for Redacting<E> {
             }
             _ => {}
         }
-        sent
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.inner.shutdown_with_timeout(timeout)
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        self.inner.force_flush()
+        sent.map_err(OTelSdkError::InternalFailure)
     }
 
     fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
-        self.inner.set_resource(resource);
+        self.resource = EncodedResource::new(resource);
     }
 }
 
-fn redact_span(span: &mut SpanData) {
-    if let Some(name) = redacted(&span.name) {
-        span.name = name.into();
-    }
-    redact_all(&mut span.attributes);
-    for event in span.events.events.iter_mut() {
-        redact_all(&mut event.attributes);
-    }
-    if let opentelemetry::trace::Status::Error { description } = &mut span.status
-        && let Some(text) = redacted(description)
-    {
-        *description = text.into();
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn redact_all(attributes: &mut [KeyValue]) {
-    for attribute in attributes {
-        if let Value::String(text) = &attribute.value
-            && let Some(text) = redacted(text.as_str())
-        {
-            attribute.value = Value::String(text.into());
+    fn resolve(endpoint: Option<&str>, vars: &[(&str, &str)]) -> Result<Target, String> {
+        Target::resolve(endpoint, |name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        })
+    }
+
+    #[test]
+    fn the_config_wins_and_the_signal_variable_is_taken_as_it_is() {
+        let vars = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://general:4318/"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "http://traces:4318/custom",
+            ),
+        ];
+        let url = |t: Result<Target, String>| t.unwrap().url.to_string();
+        assert_eq!(
+            url(resolve(Some("http://config:4318"), &vars)),
+            "http://config:4318/v1/traces"
+        );
+        assert_eq!(url(resolve(None, &vars)), "http://traces:4318/custom");
+        assert_eq!(
+            url(resolve(None, &vars[..1])),
+            "http://general:4318/v1/traces"
+        );
+        let err = resolve(None, &[("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://x")]).unwrap_err();
+        assert!(err.contains("OTEL_EXPORTER_OTLP_ENDPOINT"), "{err}");
+    }
+
+    #[test]
+    fn headers_are_decoded_and_their_values_never_quoted() {
+        let target = resolve(
+            Some("http://x"),
+            &[
+                (
+                    "OTEL_EXPORTER_OTLP_HEADERS",
+                    "a=1, authorization=Bearer%20s3cret",
+                ),
+                ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "a=2"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(target.headers["a"], "2");
+        assert_eq!(target.headers["authorization"], "Bearer s3cret");
+        assert!(target.headers["authorization"].is_sensitive());
+        assert!(!format!("{target:?}").contains("s3cret"));
+        for bad in ["authorization", "bad name=s3cret", "x=s3cret%0A"] {
+            let err =
+                resolve(Some("http://x"), &[("OTEL_EXPORTER_OTLP_HEADERS", bad)]).unwrap_err();
+            assert!(err.starts_with("OTEL_EXPORTER_OTLP_HEADERS"), "{err}");
+            assert!(!err.contains("s3cret"), "{err}");
         }
     }
-}
 
-/// `text` redacted, if anything in it was.
-fn redacted(text: &str) -> Option<String> {
-    crate::secrets::redacted_for_logs(text)
+    #[test]
+    fn a_timeout_is_milliseconds_and_other_protocols_are_refused() {
+        let target = resolve(Some("http://x"), &[("OTEL_EXPORTER_OTLP_TIMEOUT", "2500")]);
+        assert_eq!(target.unwrap().timeout, Duration::from_millis(2500));
+        for (name, value) in [
+            ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "soon"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip"),
+        ] {
+            let err = resolve(Some("http://x"), &[(name, value)]).unwrap_err();
+            assert!(err.starts_with(name), "{err}");
+        }
+        let plain = [
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "none"),
+        ];
+        assert!(resolve(Some("http://x"), &plain).is_ok());
+    }
 }

@@ -9,6 +9,7 @@
 
 mod export;
 mod metrics;
+mod otlp;
 mod semconv;
 pub mod spans;
 mod traces;

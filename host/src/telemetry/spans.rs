@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::semconv as sc;
-use opentelemetry::KeyValue;
+use opentelemetry::{Key, KeyValue};
 
 use super::traces::{Span, SpanKind, TraceParent};
 use crate::ids::ProcessId;
@@ -67,20 +67,9 @@ impl ChatSpans {
 /// The tokens a model request used, where the provider reported them.
 pub fn chat_usage(span: &mut Span, input: Option<u32>, output: Option<u32>) {
     span.set(|| {
-        let mut attributes = Vec::with_capacity(2);
-        if let Some(input) = input {
-            attributes.push(KeyValue::new(
-                sc::GEN_AI_USAGE_INPUT_TOKENS,
-                i64::from(input),
-            ));
-        }
-        if let Some(output) = output {
-            attributes.push(KeyValue::new(
-                sc::GEN_AI_USAGE_OUTPUT_TOKENS,
-                i64::from(output),
-            ));
-        }
-        attributes
+        let input = input.map(|n| KeyValue::new(sc::GEN_AI_USAGE_INPUT_TOKENS, i64::from(n)));
+        let output = output.map(|n| KeyValue::new(sc::GEN_AI_USAGE_OUTPUT_TOKENS, i64::from(n)));
+        input.into_iter().chain(output)
     });
 }
 
@@ -97,7 +86,9 @@ pub enum ToolSite {
 /// under the current span.
 pub fn tool(name: &str, id: Option<&str>, site: ToolSite) -> Span {
     Span::start(SpanKind::Internal, &TraceParent::current(), || {
-        let mut attributes = vec![
+        // Room for the receipt's figures too, added as the call ends.
+        let mut attributes = Vec::with_capacity(12);
+        attributes.extend([
             KeyValue::new(sc::GEN_AI_OPERATION_NAME, "execute_tool"),
             KeyValue::new(sc::GEN_AI_TOOL_NAME, name.to_owned()),
             KeyValue::new(
@@ -107,7 +98,7 @@ pub fn tool(name: &str, id: Option<&str>, site: ToolSite) -> Span {
                     ToolSite::Host => "function",
                 },
             ),
-        ];
+        ]);
         if let Some(id) = id {
             attributes.push(KeyValue::new(sc::GEN_AI_TOOL_CALL_ID, id.to_owned()));
         }
@@ -143,20 +134,33 @@ pub fn tool_content(
 }
 
 /// A tool call's outcome (`ok`, or the error's kind) and its receipt's figures, each as
-/// `capstan.receipt.<name>`.
-pub fn tool_ended(span: &mut Span, outcome: &str, figures: &[(&str, Option<u64>)]) {
+/// `capstan.receipt.<name>`; a figure of zero is left out, as it would be summed as one.
+pub fn tool_ended(span: &mut Span, outcome: &str, figures: &[(&'static str, Option<u64>)]) {
     span.set(|| {
-        figures
-            .iter()
-            .filter_map(|(name, value)| {
-                let value = i64::try_from((*value)?).unwrap_or(i64::MAX);
-                Some(KeyValue::new(format!("{RECEIPT}{name}"), value))
-            })
-            .collect()
+        figures.iter().filter_map(|&(name, value)| {
+            let value = i64::try_from(value.filter(|v| *v != 0)?).unwrap_or(i64::MAX);
+            Some(KeyValue::new(receipt_key(name), value))
+        })
     });
     if outcome != "ok" {
         span.fail(outcome);
     }
+}
+
+/// `capstan.receipt.<name>` for a receipt's figure `name`: spelled out here for the
+/// receipt's figures, so that a span per call allocates no key.
+pub fn receipt_key(name: &str) -> Key {
+    Key::from_static_str(match name {
+        "peak_memory_bytes" => "capstan.receipt.peak_memory_bytes",
+        "bytes_in" => "capstan.receipt.bytes_in",
+        "bytes_out" => "capstan.receipt.bytes_out",
+        "requests" => "capstan.receipt.requests",
+        "requests_refused" => "capstan.receipt.requests_refused",
+        "request_bytes_sent" => "capstan.receipt.request_bytes_sent",
+        "request_bytes_received" => "capstan.receipt.request_bytes_received",
+        "fuel" => "capstan.receipt.fuel",
+        other => return Key::from(format!("{RECEIPT}{other}")),
+    })
 }
 
 /// One outbound request that a tool made (or tried), whole, once it ended: `{method}`,

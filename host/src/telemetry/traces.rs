@@ -99,8 +99,11 @@ pub fn start_traces(settings: &TraceSettings) -> Result<bool, TraceError> {
         return Ok(false);
     }
     let runtime = tokio::runtime::Handle::try_current().map_err(|_| TraceError::NoRuntime)?;
-    let exporter = export::exporter(settings.otlp_endpoint.as_deref(), runtime)
-        .map_err(TraceError::Exporter)?;
+    let target = export::Target::resolve(settings.otlp_endpoint.as_deref(), |name| {
+        std::env::var(name).ok()
+    })
+    .map_err(TraceError::Exporter)?;
+    let exporter = export::exporter(target, runtime).map_err(TraceError::Exporter)?;
     let resource = opentelemetry_sdk::Resource::builder_empty()
         .with_service_name(settings.service_name.clone())
         .with_schema_url(
@@ -302,7 +305,7 @@ impl Span {
     }
 
     /// Adds the attributes `more` gives, if traces are on.
-    pub fn set(&mut self, more: impl FnOnce() -> Vec<KeyValue>) {
+    pub fn set<I: IntoIterator<Item = KeyValue>>(&mut self, more: impl FnOnce() -> I) {
         if let Some(span) = &mut self.0 {
             span.set_attributes(more());
         }

@@ -1,0 +1,316 @@
+//! A batch of spans as the OTLP/HTTP protobuf body (`ExportTraceServiceRequest` of
+//! opentelemetry-proto 1.x), written straight from the SDK's spans into one buffer, each
+//! string through the log's redactor as it is written.
+//!
+//! The generated message types would copy every string of every span into a tree of
+//! owned messages and encode that: most of what a span cost to export, in a process whose
+//! spans come by the thousand a second. Only the messages a span batch uses are written,
+//! always in canonical form (field order, minimal lengths), so any decoder reads them.
+
+use std::borrow::Cow;
+use std::time::SystemTime;
+
+use opentelemetry::trace::{SpanKind, Status};
+use opentelemetry::{Array, InstrumentationScope, KeyValue, StringValue, Value};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::SpanData;
+
+use crate::secrets::Redactor;
+
+/// Protobuf wire types.
+const LEN: u8 = 2;
+const VARINT: u8 = 0;
+const FIXED64: u8 = 1;
+const FIXED32: u8 = 5;
+
+/// `SpanFlags`: the flags say whether the parent is remote, and whether it is.
+const HAS_IS_REMOTE: u32 = 0x100;
+const IS_REMOTE: u32 = 0x200;
+
+/// The part of every request that names the process: a `Resource` message and the
+/// resource's schema URL, written once.
+#[derive(Debug, Clone, Default)]
+pub(super) struct EncodedResource {
+    resource: Vec<u8>,
+    schema_url: String,
+}
+
+impl EncodedResource {
+    /// `resource` as every batch names it.
+    pub(super) fn new(resource: &Resource) -> Self {
+        let mut out = Vec::new();
+        let none = Redactor::default();
+        for (key, value) in resource.iter() {
+            message(&mut out, 1, |out| {
+                key_value(out, key.as_str(), value, &none)
+            });
+        }
+        EncodedResource {
+            resource: out,
+            schema_url: resource.schema_url().unwrap_or_default().to_owned(),
+        }
+    }
+}
+
+/// `spans` as one `ExportTraceServiceRequest`, appended to `out`, each string passed
+/// through `redactor`.
+pub(super) fn encode_batch(
+    out: &mut Vec<u8>,
+    resource: &EncodedResource,
+    spans: &[SpanData],
+    redactor: &Redactor,
+) {
+    // ExportTraceServiceRequest.resource_spans
+    message(out, 1, |out| {
+        // ResourceSpans.resource
+        bytes(out, 1, &resource.resource);
+        // One tracer makes every span, so they have one scope: a run of spans of one
+        // scope is one ScopeSpans, which a receiver merges with any other of its scope.
+        for run in spans.chunk_by(|a, b| a.instrumentation_scope == b.instrumentation_scope) {
+            let scope = &run[0].instrumentation_scope;
+            // ResourceSpans.scope_spans
+            message(out, 2, |out| {
+                message(out, 1, |out| encode_scope(out, scope));
+                for span in run {
+                    message(out, 2, |out| encode_span(out, span, redactor));
+                }
+                string(out, 3, scope.schema_url().unwrap_or_default());
+            });
+        }
+        string(out, 3, &resource.schema_url);
+    });
+}
+
+fn encode_scope(out: &mut Vec<u8>, scope: &InstrumentationScope) {
+    let none = Redactor::default();
+    string(out, 1, scope.name());
+    string(out, 2, scope.version().unwrap_or_default());
+    for attribute in scope.attributes() {
+        message(out, 3, |out| {
+            key_value(out, attribute.key.as_str(), &attribute.value, &none)
+        });
+    }
+}
+
+fn encode_span(out: &mut Vec<u8>, span: &SpanData, redactor: &Redactor) {
+    let context = &span.span_context;
+    bytes(out, 1, &context.trace_id().to_bytes());
+    bytes(out, 2, &context.span_id().to_bytes());
+    let state = context.trace_state().header();
+    string(out, 3, &state);
+    if span.parent_span_id != opentelemetry::trace::SpanId::INVALID {
+        bytes(out, 4, &span.parent_span_id.to_bytes());
+    }
+    string(out, 5, &redactor.redact(&span.name));
+    let kind = match span.span_kind {
+        SpanKind::Internal => 1,
+        SpanKind::Server => 2,
+        SpanKind::Client => 3,
+        SpanKind::Producer => 4,
+        SpanKind::Consumer => 5,
+    };
+    uint(out, 6, kind);
+    fixed64(out, 7, nanos(span.start_time));
+    fixed64(out, 8, nanos(span.end_time));
+    for attribute in &span.attributes {
+        message(out, 9, |out| attribute_of(out, attribute, redactor));
+    }
+    uint(out, 10, span.dropped_attributes_count.into());
+    for event in span.events.iter() {
+        message(out, 11, |out| {
+            fixed64(out, 1, nanos(event.timestamp));
+            string(out, 2, &redactor.redact(&event.name));
+            for attribute in &event.attributes {
+                message(out, 3, |out| attribute_of(out, attribute, redactor));
+            }
+            uint(out, 4, event.dropped_attributes_count.into());
+        });
+    }
+    uint(out, 12, span.events.dropped_count.into());
+    for link in span.links.iter() {
+        message(out, 13, |out| {
+            bytes(out, 1, &link.span_context.trace_id().to_bytes());
+            bytes(out, 2, &link.span_context.span_id().to_bytes());
+            string(out, 3, &link.span_context.trace_state().header());
+            for attribute in &link.attributes {
+                message(out, 4, |out| attribute_of(out, attribute, redactor));
+            }
+            uint(out, 5, link.dropped_attributes_count.into());
+            fixed32(
+                out,
+                6,
+                u32::from(link.span_context.trace_flags().to_u8()) | HAS_IS_REMOTE,
+            );
+        });
+    }
+    uint(out, 14, span.links.dropped_count.into());
+    match &span.status {
+        Status::Unset => {}
+        Status::Ok => message(out, 15, |out| uint(out, 3, 1)),
+        Status::Error { description } => message(out, 15, |out| {
+            string(out, 2, &redactor.redact(description));
+            uint(out, 3, 2);
+        }),
+    }
+    let mut flags = u32::from(context.trace_flags().to_u8()) | HAS_IS_REMOTE;
+    if span.parent_span_is_remote {
+        flags |= IS_REMOTE;
+    }
+    fixed32(out, 16, flags);
+}
+
+fn attribute_of(out: &mut Vec<u8>, attribute: &KeyValue, redactor: &Redactor) {
+    key_value(out, attribute.key.as_str(), &attribute.value, redactor);
+}
+
+/// A `KeyValue` message's fields.
+fn key_value(out: &mut Vec<u8>, key: &str, value: &Value, redactor: &Redactor) {
+    string(out, 1, key);
+    message(out, 2, |out| any_value(out, value, redactor));
+}
+
+/// An `AnyValue` message's one field.
+fn any_value(out: &mut Vec<u8>, value: &Value, redactor: &Redactor) {
+    match value {
+        Value::String(text) => text_value(out, text, redactor),
+        Value::Bool(flag) => tag_varint(out, 2, u64::from(*flag)),
+        Value::I64(number) => tag_varint(out, 3, *number as u64),
+        Value::F64(number) => {
+            tag(out, 4, FIXED64);
+            out.extend_from_slice(&number.to_le_bytes());
+        }
+        Value::Array(array) => message(out, 5, |out| {
+            // ArrayValue.values
+            let mut each = |value: Value| message(out, 1, |out| any_value(out, &value, redactor));
+            match array {
+                Array::Bool(values) => values.iter().for_each(|v| each(Value::Bool(*v))),
+                Array::I64(values) => values.iter().for_each(|v| each(Value::I64(*v))),
+                Array::F64(values) => values.iter().for_each(|v| each(Value::F64(*v))),
+                Array::String(values) => values.iter().for_each(|v| each(Value::String(v.clone()))),
+                // A kind of array a later API may add: written as its text.
+                other => each(Value::String(other.to_string().into())),
+            }
+        }),
+        // A kind of value a later API may add: written as its text.
+        other => text_value(out, &StringValue::from(other.to_string()), redactor),
+    }
+}
+
+fn text_value(out: &mut Vec<u8>, text: &StringValue, redactor: &Redactor) {
+    let text: Cow<'_, str> = redactor.redact(text.as_str());
+    // Written even when empty: an empty string value is still a string value.
+    tag(out, 1, LEN);
+    varint(out, text.len() as u64);
+    out.extend_from_slice(text.as_bytes());
+}
+
+fn nanos(time: SystemTime) -> u64 {
+    time.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+        })
+}
+
+/// A length-delimited field `field` whose body `write` appends: its length is known only
+/// once written, so one byte is kept for it and the body moved on in the rare case it
+/// needs more.
+fn message(out: &mut Vec<u8>, field: u32, write: impl FnOnce(&mut Vec<u8>)) {
+    tag(out, field, LEN);
+    let at = out.len();
+    out.push(0);
+    write(out);
+    let len = out.len() - at - 1;
+    if len < 0x80 {
+        out[at] = len as u8;
+    } else {
+        let mut prefix = Vec::with_capacity(10);
+        varint(&mut prefix, len as u64);
+        out.splice(at..=at, prefix);
+    }
+}
+
+/// A string field, left out when empty (proto3's default).
+fn string(out: &mut Vec<u8>, field: u32, text: &str) {
+    bytes(out, field, text.as_bytes());
+}
+
+/// A bytes field, left out when empty.
+fn bytes(out: &mut Vec<u8>, field: u32, data: &[u8]) {
+    if !data.is_empty() {
+        tag(out, field, LEN);
+        varint(out, data.len() as u64);
+        out.extend_from_slice(data);
+    }
+}
+
+/// An unsigned varint field, left out when zero.
+fn uint(out: &mut Vec<u8>, field: u32, value: u64) {
+    if value != 0 {
+        tag_varint(out, field, value);
+    }
+}
+
+fn tag_varint(out: &mut Vec<u8>, field: u32, value: u64) {
+    tag(out, field, VARINT);
+    varint(out, value);
+}
+
+fn fixed64(out: &mut Vec<u8>, field: u32, value: u64) {
+    if value != 0 {
+        tag(out, field, FIXED64);
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+}
+
+fn fixed32(out: &mut Vec<u8>, field: u32, value: u32) {
+    if value != 0 {
+        tag(out, field, FIXED32);
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+}
+
+fn tag(out: &mut Vec<u8>, field: u32, wire: u8) {
+    varint(out, u64::from(field << 3 | u32::from(wire)));
+}
+
+fn varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push(value as u8 | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_are_minimal_varints_however_long_the_body() {
+        for (len, prefix) in [
+            (0usize, vec![0u8]),
+            (127, vec![127]),
+            (128, vec![0x80, 1]),
+            (300, vec![0xac, 2]),
+            (16_384, vec![0x80, 0x80, 1]),
+        ] {
+            let mut out = vec![0xff];
+            message(&mut out, 2, |out| out.extend(std::iter::repeat_n(7, len)));
+            let mut expected = vec![0xff, 2 << 3 | LEN];
+            expected.extend(prefix);
+            expected.extend(std::iter::repeat_n(7, len));
+            assert_eq!(out, expected, "a body of {len} bytes");
+        }
+    }
+
+    #[test]
+    fn defaults_are_left_out_but_an_empty_string_value_is_kept() {
+        let mut out = Vec::new();
+        string(&mut out, 1, "");
+        uint(&mut out, 2, 0);
+        fixed64(&mut out, 3, 0);
+        assert!(out.is_empty());
+        any_value(&mut out, &Value::from(""), &Redactor::default());
+        assert_eq!(out, [1 << 3 | LEN, 0]);
+    }
+}
