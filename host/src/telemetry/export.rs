@@ -11,12 +11,15 @@ use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 
 use super::otlp::{self, EncodedResource};
 
+/// The most of a receiver's answer read: it says only whether it took the batch.
+const MAX_ANSWER: usize = 64 * 1024;
+
 /// How long one batch may take to send, unless `OTEL_EXPORTER_OTLP_TIMEOUT` says.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where spans go: the receiver's `/v1/traces` URL, the headers each batch carries
 /// (`OTEL_EXPORTER_OTLP_HEADERS`) and how long one may take.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub(super) struct Target {
     url: reqwest::Url,
     headers: HeaderMap,
@@ -32,7 +35,15 @@ impl Target {
         var: impl Fn(&str) -> Option<String>,
     ) -> Result<Target, String> {
         let set = |name: &str| var(name).filter(|value| !value.trim().is_empty());
-        let traces = |base: &str| format!("{}/v1/traces", base.trim().trim_end_matches('/'));
+        let traces = |base: &str| {
+            let base = base.trim();
+            match base.split_once('?') {
+                Some((path, query)) => {
+                    format!("{}/v1/traces?{query}", path.trim_end_matches('/'))
+                }
+                None => format!("{}/v1/traces", base.trim_end_matches('/')),
+            }
+        };
         let (url, from) = if let Some(base) = endpoint {
             (traces(base), "[telemetry] otlp_endpoint")
         } else if let Some(url) = set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
@@ -46,58 +57,81 @@ impl Target {
             .ok()
             .filter(|url| matches!(url.scheme(), "http" | "https") && url.has_host())
             .ok_or_else(|| format!("{from} is not an http(s) URL with a host"))?;
+        // The signal's own variable wins over the general one, for each setting.
+        let setting = |name: &str| {
+            let traces = name.replacen("OTLP_", "OTLP_TRACES_", 1);
+            set(&traces)
+                .map(|value| (traces, value))
+                .or_else(|| set(name).map(|value| (name.to_owned(), value)))
+        };
         let mut headers = HeaderMap::new();
-        // The signal's own variable adds to the general one, and wins for a name in both.
-        for name in [
-            "OTEL_EXPORTER_OTLP_HEADERS",
-            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
-        ] {
-            if let Some(list) = set(name) {
-                for (key, value) in parse_headers(&list, name)? {
-                    headers.insert(key, value);
+        if let Some((name, list)) = setting("OTEL_EXPORTER_OTLP_HEADERS") {
+            for (key, value) in parse_headers(&list, &name)? {
+                headers.insert(key, value);
+            }
+        }
+        let timeout = match setting("OTEL_EXPORTER_OTLP_TIMEOUT") {
+            None => TIMEOUT,
+            Some((name, ms)) => match ms.trim().parse::<u64>() {
+                Ok(ms) if ms > 0 => Duration::from_millis(ms),
+                _ => {
+                    return Err(format!(
+                        "{name} is not a whole number of milliseconds above 0: {ms:?}"
+                    ));
                 }
-            }
+            },
+        };
+        if let Some((name, protocol)) =
+            setting("OTEL_EXPORTER_OTLP_PROTOCOL").filter(|(_, p)| p.trim() != "http/protobuf")
+        {
+            return Err(format!(
+                "{name}={protocol:?}: spans are sent as http/protobuf only; set it to that \
+                 or unset it"
+            ));
         }
-        let mut timeout = TIMEOUT;
-        for name in [
-            "OTEL_EXPORTER_OTLP_TIMEOUT",
-            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
-        ] {
-            if let Some(ms) = set(name) {
-                let ms: u64 = ms
-                    .trim()
-                    .parse()
-                    .map_err(|_| format!("{name} is not a whole number of milliseconds: {ms:?}"))?;
-                timeout = Duration::from_millis(ms);
-            }
+        if let Some((name, compression)) =
+            setting("OTEL_EXPORTER_OTLP_COMPRESSION").filter(|(_, c)| c.trim() != "none")
+        {
+            return Err(format!(
+                "{name}={compression:?}: spans are sent uncompressed; set it to none or \
+                 unset it"
+            ));
         }
-        for name in [
-            "OTEL_EXPORTER_OTLP_PROTOCOL",
-            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-        ] {
-            if let Some(protocol) = set(name).filter(|p| p.trim() != "http/protobuf") {
-                return Err(format!(
-                    "{name}={protocol:?}: spans are sent as http/protobuf only; set it to \
-                     that or unset it"
-                ));
-            }
-        }
-        for name in [
-            "OTEL_EXPORTER_OTLP_COMPRESSION",
-            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
-        ] {
-            if let Some(compression) = set(name).filter(|c| c.trim() != "none") {
-                return Err(format!(
-                    "{name}={compression:?}: spans are sent uncompressed; set it to none or \
-                     unset it"
-                ));
-            }
-        }
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/x-protobuf"),
+        );
+        headers.insert(
+            http::header::USER_AGENT,
+            HeaderValue::from_static(concat!("capstan/", env!("CARGO_PKG_VERSION"))),
+        );
         Ok(Target {
             url,
             headers,
             timeout,
         })
+    }
+}
+
+impl std::fmt::Debug for Target {
+    /// The receiver's scheme, host, port and path only: a URL from the environment may
+    /// hold a credential, and header values are marked sensitive.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let url = &self.url;
+        f.debug_struct("Target")
+            .field(
+                "url",
+                &format_args!(
+                    "{}://{}:{}{}",
+                    url.scheme(),
+                    url.host_str().unwrap_or_default(),
+                    url.port_or_known_default().unwrap_or_default(),
+                    url.path()
+                ),
+            )
+            .field("headers", &self.headers)
+            .field("timeout", &self.timeout)
+            .finish()
     }
 }
 
@@ -116,8 +150,10 @@ fn parse_headers(list: &str, var: &str) -> Result<Vec<(HeaderName, HeaderValue)>
             ));
         };
         let key = key.trim();
-        let name = HeaderName::try_from(key)
-            .map_err(|_| format!("{var}: {key:?} is not a header name"))?;
+        // Not quoted either: a value written with `:` instead of `=` would be in it.
+        let name = HeaderName::try_from(key).map_err(|_| {
+            format!("{var}: an entry's name is not a header name (write name=value)")
+        })?;
         let decoded = percent_encoding::percent_decode_str(value.trim())
             .decode_utf8()
             .map_err(|_| format!("{var}: the value of {key:?} is not UTF-8 once decoded"))?;
@@ -170,14 +206,27 @@ impl OtlpHttp {
             .client
             .post(self.target.url.clone())
             .headers(self.target.headers.clone())
-            .header(http::header::CONTENT_TYPE, "application/x-protobuf")
             .body(body);
         let sent = self.runtime.spawn(async move {
-            let response = request.send().await.map_err(|err| {
-                // Without the URL: the error is logged, the endpoint is in the config.
-                format!("cannot reach it: {}", err.without_url())
+            let mut response = request.send().await.map_err(|err| {
+                // With the cause, but not the URL (the endpoint is in the config).
+                let mut causes = String::new();
+                let mut cause = std::error::Error::source(&err);
+                while let Some(inner) = cause {
+                    causes.push_str(&format!(": {inner}"));
+                    cause = inner.source();
+                }
+                format!("cannot reach it: {}{causes}", err.without_url())
             })?;
             let status = response.status();
+            // Read (up to a bound) so that the connection is kept for the next batch.
+            let mut read = 0;
+            while let Ok(Some(chunk)) = response.chunk().await {
+                read += chunk.len();
+                if read > MAX_ANSWER {
+                    break;
+                }
+            }
             if status.is_success() {
                 Ok(())
             } else {
@@ -257,22 +306,26 @@ mod tests {
 
     #[test]
     fn headers_are_decoded_and_their_values_never_quoted() {
-        let target = resolve(
-            Some("http://x"),
-            &[
-                (
-                    "OTEL_EXPORTER_OTLP_HEADERS",
-                    "a=1, authorization=Bearer%20s3cret",
-                ),
-                ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "a=2"),
-            ],
-        )
-        .unwrap();
-        assert_eq!(target.headers["a"], "2");
+        let general = (
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "a=1, authorization=Bearer%20s3cret",
+        );
+        let target = resolve(Some("http://x"), &[general]).unwrap();
+        assert_eq!(target.headers["a"], "1");
         assert_eq!(target.headers["authorization"], "Bearer s3cret");
         assert!(target.headers["authorization"].is_sensitive());
         assert!(!format!("{target:?}").contains("s3cret"));
-        for bad in ["authorization", "bad name=s3cret", "x=s3cret%0A"] {
+        // The signal's own variable is taken whole, as every other setting is.
+        let traces = ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "a=2");
+        let target = resolve(Some("http://x"), &[general, traces]).unwrap();
+        assert_eq!(target.headers["a"], "2");
+        assert!(!target.headers.contains_key("authorization"));
+        for bad in [
+            "authorization",
+            "bad name=s3cret",
+            "x=s3cret%0A",
+            "Authorization: Basic s3cret==",
+        ] {
             let err =
                 resolve(Some("http://x"), &[("OTEL_EXPORTER_OTLP_HEADERS", bad)]).unwrap_err();
             assert!(err.starts_with("OTEL_EXPORTER_OTLP_HEADERS"), "{err}");
@@ -297,5 +350,34 @@ mod tests {
             ("OTEL_EXPORTER_OTLP_COMPRESSION", "none"),
         ];
         assert!(resolve(Some("http://x"), &plain).is_ok());
+        // The signal's own variable wins over a general one it could not use.
+        let overridden = [
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "soon"),
+            ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "700"),
+        ];
+        let target = resolve(Some("http://x"), &overridden).unwrap();
+        assert_eq!(target.timeout, Duration::from_millis(700));
+        // No time at all would fail every batch.
+        let err = resolve(Some("http://x"), &[("OTEL_EXPORTER_OTLP_TIMEOUT", "0")]);
+        assert!(err.unwrap_err().contains("above 0"));
+    }
+
+    #[test]
+    fn a_query_stays_after_the_path_and_credentials_stay_out_of_debug() {
+        let vars = [(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "https://u:pw@r.example/base/?key=k1",
+        )];
+        let target = resolve(None, &vars).unwrap();
+        assert_eq!(target.url.path(), "/base/v1/traces");
+        assert_eq!(target.url.query(), Some("key=k1"));
+        let shown = format!("{target:?}");
+        assert!(
+            shown.contains("https://r.example:443/base/v1/traces"),
+            "{shown}"
+        );
+        assert!(!shown.contains("pw") && !shown.contains("k1"), "{shown}");
     }
 }

@@ -136,10 +136,11 @@ fn encode_span(out: &mut Vec<u8>, span: &SpanData, redactor: &Redactor) {
                 message(out, 4, |out| attribute_of(out, attribute, redactor));
             }
             uint(out, 5, link.dropped_attributes_count.into());
+            let context = &link.span_context;
             fixed32(
                 out,
                 6,
-                u32::from(link.span_context.trace_flags().to_u8()) | HAS_IS_REMOTE,
+                flags(context.trace_flags().to_u8(), context.is_remote()),
             );
         });
     }
@@ -152,11 +153,15 @@ fn encode_span(out: &mut Vec<u8>, span: &SpanData, redactor: &Redactor) {
             uint(out, 3, 2);
         }),
     }
-    let mut flags = u32::from(context.trace_flags().to_u8()) | HAS_IS_REMOTE;
-    if span.parent_span_is_remote {
-        flags |= IS_REMOTE;
-    }
-    fixed32(out, 16, flags);
+    let trace_flags = context.trace_flags().to_u8();
+    fixed32(out, 16, flags(trace_flags, span.parent_span_is_remote));
+}
+
+/// `SpanFlags`: the W3C trace flags, and whether the other end (a span's parent, a link's
+/// span) is remote, which is always known here.
+fn flags(trace_flags: u8, remote: bool) -> u32 {
+    let known = u32::from(trace_flags) | HAS_IS_REMOTE;
+    if remote { known | IS_REMOTE } else { known }
 }
 
 fn attribute_of(out: &mut Vec<u8>, attribute: &KeyValue, redactor: &Redactor) {
