@@ -18,7 +18,9 @@
 //! `-- telemetry` runs only the cost of traces: the one-tool turn's p50 and the 1000
 //! workers' wall time with traces off and on, exported to a receiver on loopback (which
 //! answers every batch at once), and their ratios. Traces start once per process, so each
-//! mode runs in processes of its own, alternating, and its figure is their median.
+//! mode runs in a process of its own; the two take their steps in turn (a turn, a run of
+//! workers), so that both see the same machine. `-- telemetry-same` runs two processes
+//! with traces off the same way: what the method itself reads as a difference.
 
 // A benchmark reports to its runner, not through a door of the host.
 #![allow(clippy::disallowed_macros, clippy::disallowed_methods)]
@@ -262,20 +264,6 @@ fn concurrent_workers(tokio: &Tokio, n: u32) -> Duration {
     elapsed
 }
 
-/// The p50 of `rounds` one-tool turns, in microseconds.
-fn one_tool_p50(tokio: &Tokio, rounds: usize) -> f64 {
-    let mut agent = TurnAgent::new(tokio, TURNS[1]);
-    let mut times: Vec<Duration> = (0..rounds)
-        .map(|_| {
-            let started = Instant::now();
-            agent.turn(tokio);
-            started.elapsed()
-        })
-        .collect();
-    agent.check_and_stop(tokio);
-    p50_p99(&mut times).0
-}
-
 /// Every batch an OTLP/HTTP receiver took, as it came.
 type Taken = Arc<std::sync::Mutex<Vec<Vec<u8>>>>;
 
@@ -333,89 +321,129 @@ enum Traces {
     On,
 }
 
-impl Traces {
-    fn arg(self) -> &'static str {
-        match self {
+/// The line a measuring process answers each step with: this, then its figure.
+const MEASURED: &str = "measured:";
+
+/// A measuring process of `-- telemetry`, driven one step at a time over its standard
+/// streams.
+struct Measuring {
+    child: std::process::Child,
+    steps: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Measuring {
+    fn spawn(mode: Traces) -> Self {
+        let mode = match mode {
             Traces::Off => "off",
             Traces::On => "on",
+        };
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["telemetry-process", mode])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let steps = std::io::BufReader::new(child.stdout.take().unwrap());
+        Measuring { child, steps }
+    }
+
+    /// Runs `step` (`turn`, `warm`, `workers` or `end`) and returns its figure.
+    fn step(&mut self, step: &str) -> f64 {
+        use std::io::{BufRead, Write};
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{step}").unwrap();
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let read = self.steps.read_line(&mut line).unwrap();
+            assert!(read > 0, "the measuring process ended during `{step}`");
+            if let Some(figure) = line.trim().strip_prefix(MEASURED) {
+                return figure.trim().parse().unwrap();
+            }
         }
     }
 }
 
-/// The figures one measuring process prints, on a line starting with this.
-const MEASURED: &str = "measured:";
-
-/// `-- telemetry`: see the [module](self). Processes with traces off and on alternate
-/// (off, on, on, off, ...), so that a machine that drifts during the run weighs on
-/// both alike; each mode's figure is the median of its processes'.
-fn telemetry_overhead() {
-    const PAIRS: usize = 4;
-    let exe = std::env::current_exe().unwrap();
-    let mut figures: [Vec<(f64, f64, u64)>; 2] = [Vec::new(), Vec::new()];
-    for pair in 0..PAIRS {
-        let order = if pair % 2 == 0 {
-            [Traces::Off, Traces::On]
-        } else {
-            [Traces::On, Traces::Off]
-        };
-        for mode in order {
-            let out = std::process::Command::new(&exe)
-                .args(["telemetry-process", mode.arg()])
-                .stderr(std::process::Stdio::inherit())
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&out.stdout);
-            assert!(out.status.success(), "the {mode:?} process failed:\n{text}");
-            let line = text
-                .lines()
-                .find_map(|line| line.strip_prefix(MEASURED))
-                .unwrap_or_else(|| panic!("the {mode:?} process printed no figures:\n{text}"));
-            let mut values = line.split_whitespace();
-            let mut next = || values.next().unwrap().parse::<f64>().unwrap();
-            let (p50, wall, bytes) = (next(), next(), next() as u64);
-            println!(
-                "  traces {:<3}  one_wasm_tool p50 {p50:7.1} us   1000 workers {wall:5.2} s",
-                mode.arg()
-            );
-            figures[mode as usize].push((p50, wall, bytes));
+/// `-- telemetry`: see the [module](self). Two processes, one with traces off and one
+/// with them on, take their steps in turn, one turn (or one run of workers) at a time,
+/// the first to go changing each round: both see the same machine, so its drift (a few
+/// percent within seconds on a shared host) weighs on both alike.
+///
+/// `modes` are the two processes' modes: off and on, or (`-- telemetry-same`) off twice,
+/// which shows what the method itself reads as a difference.
+fn telemetry_overhead(modes: [Traces; 2]) {
+    const TURNS: usize = 3000;
+    const WARM_TURNS: usize = 1000;
+    const WORKER_RUNS: usize = 5;
+    let mut processes = modes.map(Measuring::spawn);
+    let mut rounds = |count: usize, step: &str| -> [Vec<f64>; 2] {
+        let mut figures = [Vec::with_capacity(count), Vec::with_capacity(count)];
+        for round in 0..count {
+            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            for at in order {
+                let figure = processes[at].step(step);
+                figures[at].push(figure);
+            }
         }
+        figures
+    };
+    rounds(WARM_TURNS, "turn");
+    rounds(1, "warm");
+    let turns = rounds(TURNS, "turn");
+    let workers = rounds(WORKER_RUNS, "workers");
+    let cpu = processes.each_mut().map(|process| process.step("cpu"));
+    let exported = processes.each_mut().map(|process| process.step("end"));
+    for mut process in processes {
+        assert!(process.child.wait().unwrap().success());
     }
-    let median = |mut values: Vec<f64>| {
+    assert_eq!(exported[0], 0.0, "nothing is exported with traces off");
+    let [first, second] = modes.map(|mode| format!("{mode:?}").to_lowercase());
+    let median = |values: &[f64]| {
+        let mut values = values.to_vec();
         values.sort_by(f64::total_cmp);
         let n = values.len();
         (values[(n - 1) / 2] + values[n / 2]) / 2.0
     };
-    let [off, on] = figures.map(|runs| {
-        let exported = runs.iter().map(|r| r.2).sum::<u64>();
-        let p50 = median(runs.iter().map(|r| r.0).collect());
-        let wall = median(runs.iter().map(|r| r.1).collect());
-        (p50, wall, exported)
-    });
-    assert_eq!(off.2, 0, "nothing is exported with traces off");
-    assert!(on.2 > 0, "the spans reached the receiver");
     println!(
-        "\ntraces on vs off ({PAIRS} processes each, alternating; {} bytes of spans exported)",
-        on.2
+        "traces {first} vs {second}: two processes taking their steps in turn; {} bytes of spans exported",
+        exported[1]
     );
     println!(
-        "  one_wasm_tool turn  p50 {:8.1} us -> {:8.1} us  ({:+.1}%)",
-        off.0,
-        on.0,
-        (on.0 / off.0 - 1.0) * 100.0
+        "  CPU time of the whole process  {:7.2} s -> {:7.2} s   ({:+.1}%)",
+        cpu[0],
+        cpu[1],
+        (cpu[1] / cpu[0] - 1.0) * 100.0
     );
+    let [off, on] = turns.each_ref().map(|times| median(times));
     println!(
-        "  1000 workers x 10   wall {:7.2} s  -> {:7.2} s   ({:+.1}%)",
-        off.1,
-        on.1,
-        (on.1 / off.1 - 1.0) * 100.0
+        "  one_wasm_tool turn  p50 of {TURNS}  {off:8.1} us -> {on:8.1} us  ({:+.1}%)",
+        (on / off - 1.0) * 100.0
+    );
+    let ratios: Vec<f64> = workers[0]
+        .iter()
+        .zip(&workers[1])
+        .map(|(off, on)| on / off)
+        .collect();
+    let [off, on] = workers.each_ref().map(|walls| median(walls));
+    println!(
+        "  1000 workers x 10, median of {WORKER_RUNS}  {off:7.3} s -> {on:7.3} s   ({:+.1}%; runs: {})",
+        (median(&ratios) - 1.0) * 100.0,
+        ratios
+            .iter()
+            .map(|r| format!("{:+.1}%", (r - 1.0) * 100.0))
+            .collect::<Vec<_>>()
+            .join(" ")
     );
 }
 
-/// One process of `-- telemetry`: with traces `mode`, after a warm-up, the p50 of 3000
-/// one-tool turns and the median wall time of three runs of 1000 workers, printed after
-/// [`MEASURED`] with the bytes of spans the receiver took.
+/// One process of `-- telemetry`, with traces `mode`: reads steps from its standard
+/// input and answers each with [`MEASURED`] and its figure. `turn`: one one-tool turn
+/// (microseconds); `warm`: 100 workers; `workers`: 1000 workers and every span of theirs
+/// sent (seconds); `end`: traces stopped, and the bytes of spans the receiver took, once
+/// it is checked that every `file_read` call's span reached it.
 fn telemetry_process(tokio: &Tokio, mode: Traces) {
-    const ROUNDS: usize = 3000;
     let taken = (mode == Traces::On).then(|| {
         let (url, taken) = tokio.block_on(receiver());
         let settings = capstan_host::telemetry::TraceSettings {
@@ -427,28 +455,60 @@ fn telemetry_process(tokio: &Tokio, mode: Traces) {
         assert!(started.unwrap(), "traces are on");
         taken
     });
-    one_tool_p50(tokio, ROUNDS / 3);
-    concurrent_workers(tokio, 100);
-    let p50 = one_tool_p50(tokio, ROUNDS);
-    let mut walls: Vec<Duration> = (0..3).map(|_| concurrent_workers(tokio, 1000)).collect();
-    walls.sort_unstable();
-    capstan_host::telemetry::shutdown_traces();
-    if let Some(taken) = &taken {
-        // Every call's span arrived: none was dropped from a full queue.
-        let bodies = taken.lock().unwrap();
-        let name = b"execute_tool file_read";
-        let spans: usize = bodies
-            .iter()
-            .map(|body| body.windows(name.len()).filter(|w| w == name).count())
-            .sum();
-        let calls = ROUNDS / 3 + 100 * 10 + ROUNDS + 3 * 1000 * 10;
-        assert_eq!(
-            spans, calls,
-            "one span per file_read call reached the receiver"
-        );
+    let mut agent = TurnAgent::new(tokio, TURNS[1]);
+    let mut calls = 0;
+    for step in std::io::stdin().lines() {
+        let figure = match step.unwrap().trim() {
+            "turn" => {
+                let started = Instant::now();
+                agent.turn(tokio);
+                calls += 1;
+                started.elapsed().as_secs_f64() * 1e6
+            }
+            step @ ("warm" | "workers") => {
+                let n = if step == "warm" { 100 } else { 1000 };
+                let started = Instant::now();
+                concurrent_workers(tokio, n);
+                capstan_host::telemetry::flush_traces();
+                calls += n as usize * 10;
+                started.elapsed().as_secs_f64()
+            }
+            // The CPU time this process has used so far, in seconds.
+            "cpu" => {
+                // utime and stime, in clock ticks of 10 ms, after the command's name.
+                let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+                let fields: Vec<f64> = stat[stat.rfind(')').unwrap() + 2..]
+                    .split(' ')
+                    .skip(11)
+                    .take(2)
+                    .map(|field| field.parse().unwrap())
+                    .collect();
+                (fields[0] + fields[1]) / 100.0
+            }
+            "end" => {
+                agent.check_and_stop(tokio);
+                capstan_host::telemetry::shutdown_traces();
+                let bodies = taken.as_ref().map(|taken| taken.lock().unwrap());
+                let bodies = bodies.as_deref().map_or(&[][..], Vec::as_slice);
+                // Every call's span arrived: none was dropped from a full queue.
+                let name = b"execute_tool file_read";
+                let spans: usize = bodies
+                    .iter()
+                    .map(|body| body.windows(name.len()).filter(|w| w == name).count())
+                    .sum();
+                if mode == Traces::On {
+                    assert_eq!(
+                        spans, calls,
+                        "one span per file_read call reached the receiver"
+                    );
+                }
+                println!("{MEASURED} {}", bodies.iter().map(Vec::len).sum::<usize>());
+                return;
+            }
+            other => panic!("no such step: {other}"),
+        };
+        println!("{MEASURED} {figure}");
     }
-    let exported: usize = taken.map_or(0, |taken| taken.lock().unwrap().iter().map(Vec::len).sum());
-    println!("{MEASURED} {p50} {} {exported}", walls[1].as_secs_f64());
 }
 
 fn main() {
@@ -465,8 +525,12 @@ fn main() {
         telemetry_process(&tokio, mode);
         return;
     }
+    if args.iter().any(|arg| arg == "telemetry-same") {
+        telemetry_overhead([Traces::Off, Traces::Off]);
+        return;
+    }
     if args.iter().any(|arg| arg == "telemetry") {
-        telemetry_overhead();
+        telemetry_overhead([Traces::Off, Traces::On]);
         return;
     }
     // First, so the peak RSS they print is theirs, not the turn benchmark's.

@@ -73,6 +73,7 @@ class Receiver:
                                 "end": span.end_time_unix_nano,
                                 "attributes": attributes(span.attributes),
                                 "status": span.status.code,
+                                "flags": span.flags,
                                 "service": service,
                                 "pid": pid,
                                 "schema": scope.schema_url or resource.schema_url,

@@ -146,6 +146,21 @@ def test_a_turn_its_worker_and_their_tool_calls_are_one_trace_under_the_client_s
                            ("gen_ai.tool.call.arguments", "gen_ai.tool.call.result")), span
 
 
+def test_a_trace_the_client_does_not_record_is_not_sent(receiver, monkeypatch):
+    server = traced_server(receiver, monkeypatch, False)
+    try:
+        say(server, "Please count the files.", f"00-{TRACE_ID}-{CLIENT_SPAN}-00")
+        say(server, "Please count the files.")
+    finally:
+        server.stop()
+    spans = receiver.spans()
+    # Only the second message's work, in a trace of its own.
+    traces = {s["trace"] for s in spans}
+    assert TRACE_ID not in traces and len(traces) == 1, traces
+    one(spans, "invoke_agent channel", "")
+    assert all(s["flags"] & 0x1 for s in spans), spans
+
+
 def test_without_an_endpoint_nothing_is_sent(receiver, monkeypatch):
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)

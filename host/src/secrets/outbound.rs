@@ -223,18 +223,6 @@ pub fn log_redactor() -> Redactor {
         .unwrap_or_default()
 }
 
-/// `text` with every value hidden in the log redacted, or `None` when it holds none (the
-/// common case, without copying it).
-pub fn redacted_for_logs(text: &str) -> Option<String> {
-    match &*IN_LOGS.read().unwrap_or_else(|e| e.into_inner()) {
-        Some(redactor) => match redactor.redact(text) {
-            std::borrow::Cow::Owned(clean) => Some(clean),
-            std::borrow::Cow::Borrowed(_) => None,
-        },
-        None => None,
-    }
-}
-
 /// [`for_logs`] of bytes that need not be UTF-8 (a tool's result piped on): they pass on
 /// as they are but for the values redacted.
 pub(super) fn for_logs_bytes(bytes: &[u8]) -> Outbound {

@@ -6,10 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
-use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 
 use super::otlp::{self, EncodedResource};
+use super::record::SpanRecord;
 
 /// The most of a receiver's answer read: it says only whether it took the batch.
 const MAX_ANSWER: usize = 64 * 1024;
@@ -165,9 +164,10 @@ fn parse_headers(list: &str, var: &str) -> Result<Vec<(HeaderName, HeaderValue)>
     Ok(headers)
 }
 
-/// The exporter to `target`, sending on `runtime`.
+/// The exporter to `target`, naming the process as `resource` says, sending on `runtime`.
 pub(super) fn exporter(
     target: Target,
+    resource: EncodedResource,
     runtime: tokio::runtime::Handle,
 ) -> Result<OtlpHttp, String> {
     let client = reqwest::Client::builder()
@@ -180,14 +180,14 @@ pub(super) fn exporter(
         client,
         runtime,
         target,
-        resource: EncodedResource::default(),
+        resource,
         last_size: AtomicUsize::new(0),
         failing: AtomicBool::new(false),
     })
 }
 
 /// Posts each batch, encoded with every string through the log's redactor, to its
-/// [`Target`] on the host's runtime (the SDK's export thread only encodes it and waits);
+/// [`Target`] on the host's runtime (the batches' thread only encodes it and waits);
 /// the first batch of a run of failed ones is logged, and the batch that ends the run.
 #[derive(Debug)]
 pub(super) struct OtlpHttp {
@@ -238,8 +238,10 @@ impl OtlpHttp {
     }
 }
 
-impl SpanExporter for OtlpHttp {
-    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+impl OtlpHttp {
+    /// Encodes `batch` and sends it, waiting for the answer: called on the batches' own
+    /// thread, never on the runtime's.
+    pub(super) fn export(&self, batch: Vec<SpanRecord>) {
         let mut body = Vec::with_capacity(self.last_size.load(Ordering::Relaxed));
         otlp::encode_batch(
             &mut body,
@@ -249,7 +251,7 @@ impl SpanExporter for OtlpHttp {
         );
         drop(batch);
         self.last_size.store(body.len(), Ordering::Relaxed);
-        let sent = self.send(body).await;
+        let sent = self.runtime.block_on(self.send(body));
         match &sent {
             Err(err) if !self.failing.swap(true, Ordering::Relaxed) => tracing::warn!(
                 "spans could not be sent to the OTLP receiver ({err}); they are dropped, and \
@@ -261,11 +263,6 @@ impl SpanExporter for OtlpHttp {
             }
             _ => {}
         }
-        sent.map_err(OTelSdkError::InternalFailure)
-    }
-
-    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
-        self.resource = EncodedResource::new(resource);
     }
 }
 

@@ -7,15 +7,17 @@
 //! A leaf room: it names only the ids, and the log's redactor every exported span passes,
 //! so every other room may count and trace into it.
 
+mod batch;
 mod export;
 mod metrics;
 mod otlp;
+mod record;
 mod semconv;
 pub mod spans;
 mod traces;
 
 pub use metrics::{CONTENT_TYPE, DenialReason, Metrics, NO_RULE, UNKNOWN_TOOL, metrics};
 pub use traces::{
-    Span, SpanKind, TraceError, TraceParent, TraceSettings, content_on, shutdown_traces,
-    start_traces, traces_on,
+    Span, SpanKind, TraceError, TraceParent, TraceSettings, content_on, flush_traces,
+    shutdown_traces, start_traces, traces_on,
 };

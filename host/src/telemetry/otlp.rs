@@ -1,6 +1,6 @@
 //! A batch of spans as the OTLP/HTTP protobuf body (`ExportTraceServiceRequest` of
-//! opentelemetry-proto 1.x), written straight from the SDK's spans into one buffer, each
-//! string through the log's redactor as it is written.
+//! opentelemetry-proto 1.x), written straight from the host's span records into one
+//! buffer, each string through the log's redactor as it is written.
 //!
 //! The generated message types would copy every string of every span into a tree of
 //! owned messages and encode that: most of what a span cost to export, in a process whose
@@ -10,11 +10,11 @@
 use std::borrow::Cow;
 use std::time::SystemTime;
 
-use opentelemetry::trace::{SpanKind, Status};
-use opentelemetry::{Array, InstrumentationScope, KeyValue, StringValue, Value};
-use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::SpanData;
+use opentelemetry::trace::SpanKind;
+use opentelemetry::{Array, KeyValue, StringValue, Value};
 
+use super::record::SpanRecord;
+use super::semconv;
 use crate::secrets::Redactor;
 
 /// Protobuf wire types.
@@ -27,28 +27,40 @@ const FIXED32: u8 = 5;
 const HAS_IS_REMOTE: u32 = 0x100;
 const IS_REMOTE: u32 = 0x200;
 
-/// The part of every request that names the process: a `Resource` message and the
-/// resource's schema URL, written once.
+/// `Status.code`: an error.
+const STATUS_ERROR: u64 = 2;
+
+/// The part of every request that names the process and the instrumentation (a
+/// `Resource` and an `InstrumentationScope` message), written once.
 #[derive(Debug, Clone, Default)]
 pub(super) struct EncodedResource {
     resource: Vec<u8>,
-    schema_url: String,
+    scope: Vec<u8>,
 }
 
 impl EncodedResource {
-    /// `resource` as every batch names it.
-    pub(super) fn new(resource: &Resource) -> Self {
-        let mut out = Vec::new();
+    /// The resource of service `service` in this process, and the host's scope.
+    pub(super) fn new(service: &str) -> Self {
         let none = Redactor::default();
-        for (key, value) in resource.iter() {
-            message(&mut out, 1, |out| {
-                key_value(out, key.as_str(), value, &none)
-            });
+        let mut resource = Vec::new();
+        let pid = i64::from(std::process::id());
+        for (key, value) in [
+            (semconv::SERVICE_NAME, Value::from(service.to_owned())),
+            (semconv::TELEMETRY_SDK_NAME, Value::from("capstan")),
+            (semconv::TELEMETRY_SDK_LANGUAGE, Value::from("rust")),
+            (
+                semconv::TELEMETRY_SDK_VERSION,
+                Value::from(env!("CARGO_PKG_VERSION")),
+            ),
+            // Which host of several sharing a store made the span.
+            (semconv::PROCESS_PID, Value::from(pid)),
+        ] {
+            message(&mut resource, 1, |out| key_value(out, key, &value, &none));
         }
-        EncodedResource {
-            resource: out,
-            schema_url: resource.schema_url().unwrap_or_default().to_owned(),
-        }
+        let mut scope = Vec::new();
+        string(&mut scope, 1, "capstan");
+        string(&mut scope, 2, env!("CARGO_PKG_VERSION"));
+        EncodedResource { resource, scope }
     }
 }
 
@@ -57,52 +69,34 @@ impl EncodedResource {
 pub(super) fn encode_batch(
     out: &mut Vec<u8>,
     resource: &EncodedResource,
-    spans: &[SpanData],
+    spans: &[SpanRecord],
     redactor: &Redactor,
 ) {
     // ExportTraceServiceRequest.resource_spans
     message(out, 1, |out| {
         // ResourceSpans.resource
         bytes(out, 1, &resource.resource);
-        // One tracer makes every span, so they have one scope: a run of spans of one
-        // scope is one ScopeSpans, which a receiver merges with any other of its scope.
-        for run in spans.chunk_by(|a, b| a.instrumentation_scope == b.instrumentation_scope) {
-            let scope = &run[0].instrumentation_scope;
-            // ResourceSpans.scope_spans
-            message(out, 2, |out| {
-                message(out, 1, |out| encode_scope(out, scope));
-                for span in run {
-                    message(out, 2, |out| encode_span(out, span, redactor));
-                }
-                string(out, 3, scope.schema_url().unwrap_or_default());
-            });
-        }
-        string(out, 3, &resource.schema_url);
+        // ResourceSpans.scope_spans: one tracer makes every span.
+        message(out, 2, |out| {
+            bytes(out, 1, &resource.scope);
+            for span in spans {
+                message(out, 2, |out| encode_span(out, span, redactor));
+            }
+            string(out, 3, semconv::SCHEMA_URL);
+        });
+        string(out, 3, semconv::SCHEMA_URL);
     });
 }
 
-fn encode_scope(out: &mut Vec<u8>, scope: &InstrumentationScope) {
-    let none = Redactor::default();
-    string(out, 1, scope.name());
-    string(out, 2, scope.version().unwrap_or_default());
-    for attribute in scope.attributes() {
-        message(out, 3, |out| {
-            key_value(out, attribute.key.as_str(), &attribute.value, &none)
-        });
-    }
-}
-
-fn encode_span(out: &mut Vec<u8>, span: &SpanData, redactor: &Redactor) {
-    let context = &span.span_context;
-    bytes(out, 1, &context.trace_id().to_bytes());
-    bytes(out, 2, &context.span_id().to_bytes());
-    let state = context.trace_state().header();
-    string(out, 3, &state);
-    if span.parent_span_id != opentelemetry::trace::SpanId::INVALID {
-        bytes(out, 4, &span.parent_span_id.to_bytes());
+fn encode_span(out: &mut Vec<u8>, span: &SpanRecord, redactor: &Redactor) {
+    let ids = &span.ids;
+    bytes(out, 1, &ids.trace.to_bytes());
+    bytes(out, 2, &ids.span.to_bytes());
+    if let Some((parent, _)) = span.parent {
+        bytes(out, 4, &parent.to_bytes());
     }
     string(out, 5, &redactor.redact(&span.name));
-    let kind = match span.span_kind {
+    let kind = match span.kind {
         SpanKind::Internal => 1,
         SpanKind::Server => 2,
         SpanKind::Client => 3,
@@ -110,55 +104,27 @@ fn encode_span(out: &mut Vec<u8>, span: &SpanData, redactor: &Redactor) {
         SpanKind::Consumer => 5,
     };
     uint(out, 6, kind);
-    fixed64(out, 7, nanos(span.start_time));
-    fixed64(out, 8, nanos(span.end_time));
+    fixed64(out, 7, nanos(span.start));
+    fixed64(out, 8, nanos(span.end));
     for attribute in &span.attributes {
         message(out, 9, |out| attribute_of(out, attribute, redactor));
     }
-    uint(out, 10, span.dropped_attributes_count.into());
-    for event in span.events.iter() {
-        message(out, 11, |out| {
-            fixed64(out, 1, nanos(event.timestamp));
-            string(out, 2, &redactor.redact(&event.name));
-            for attribute in &event.attributes {
-                message(out, 3, |out| attribute_of(out, attribute, redactor));
-            }
-            uint(out, 4, event.dropped_attributes_count.into());
+    if let Some(error) = &span.error {
+        let value = Value::String(StringValue::from(error.to_string()));
+        message(out, 9, |out| {
+            key_value(out, semconv::ERROR_TYPE, &value, redactor)
+        });
+        message(out, 15, |out| {
+            string(out, 2, &redactor.redact(error));
+            uint(out, 3, STATUS_ERROR);
         });
     }
-    uint(out, 12, span.events.dropped_count.into());
-    for link in span.links.iter() {
-        message(out, 13, |out| {
-            bytes(out, 1, &link.span_context.trace_id().to_bytes());
-            bytes(out, 2, &link.span_context.span_id().to_bytes());
-            string(out, 3, &link.span_context.trace_state().header());
-            for attribute in &link.attributes {
-                message(out, 4, |out| attribute_of(out, attribute, redactor));
-            }
-            uint(out, 5, link.dropped_attributes_count.into());
-            let context = &link.span_context;
-            fixed32(
-                out,
-                6,
-                flags(context.trace_flags().to_u8(), context.is_remote()),
-            );
-        });
-    }
-    uint(out, 14, span.links.dropped_count.into());
-    match &span.status {
-        Status::Unset => {}
-        Status::Ok => message(out, 15, |out| uint(out, 3, 1)),
-        Status::Error { description } => message(out, 15, |out| {
-            string(out, 2, &redactor.redact(description));
-            uint(out, 3, 2);
-        }),
-    }
-    let trace_flags = context.trace_flags().to_u8();
-    fixed32(out, 16, flags(trace_flags, span.parent_span_is_remote));
+    let remote = span.parent.is_some_and(|(_, remote)| remote);
+    fixed32(out, 16, flags(ids.flags, remote));
 }
 
-/// `SpanFlags`: the W3C trace flags, and whether the other end (a span's parent, a link's
-/// span) is remote, which is always known here.
+/// `SpanFlags`: the W3C trace flags, and whether the span's parent is remote, which is
+/// always known here.
 fn flags(trace_flags: u8, remote: bool) -> u32 {
     let known = u32::from(trace_flags) | HAS_IS_REMOTE;
     if remote { known | IS_REMOTE } else { known }

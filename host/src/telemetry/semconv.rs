@@ -34,3 +34,6 @@ pub const NETWORK_TRANSPORT: &str = "network.transport";
 pub const ERROR_TYPE: &str = "error.type";
 pub const TELEMETRY_SDK_NAME: &str = "telemetry.sdk.name";
 pub const PROCESS_PID: &str = "process.pid";
+pub const SERVICE_NAME: &str = "service.name";
+pub const TELEMETRY_SDK_LANGUAGE: &str = "telemetry.sdk.language";
+pub const TELEMETRY_SDK_VERSION: &str = "telemetry.sdk.version";

@@ -1,26 +1,26 @@
 //! The trace pipeline: started once per process from [`TraceSettings`], exported in
-//! batches on the SDK's own thread, and [`Span`]s that cost nothing while it is off.
+//! batches on a thread of its own, and [`Span`]s that cost nothing while it is off.
 //!
 //! Parents are explicit: a [`TraceParent`] is carried where work crosses a task or a host
 //! (a spawned worker, a forwarded message, a door's `traceparent`), and within one task
 //! the span a piece of work runs under is its [`TraceParent::current`], set by
 //! [`TraceParent::scope`].
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
-use opentelemetry::trace::{
-    Span as _, SpanContext, SpanId, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
-    Tracer as _,
-};
-use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::trace::{SdkTracerProvider, SpanLimits, Tracer};
+use opentelemetry::KeyValue;
+use opentelemetry::trace::{SpanId, TraceId};
 
 pub use opentelemetry::trace::SpanKind;
 use tokio::task::futures::TaskLocalFuture;
 
+use super::batch::Batches;
 use super::export;
+use super::otlp::EncodedResource;
+use super::record::{SAMPLED, SpanIds, SpanRecord};
 
 /// What starts the trace pipeline (`[telemetry]` in the config).
 ///
@@ -54,11 +54,13 @@ pub enum TraceError {
     /// Traces were asked for outside an async runtime, which sends them.
     #[error("traces need the async runtime to send them: start them from within it")]
     NoRuntime,
+    /// The thread that sends the batches could not be started.
+    #[error("cannot start the thread that sends spans: {0}")]
+    Thread(std::io::Error),
 }
 
 struct Traces {
-    provider: SdkTracerProvider,
-    tracer: Tracer,
+    batches: &'static Batches,
     content: bool,
 }
 
@@ -103,50 +105,39 @@ pub fn start_traces(settings: &TraceSettings) -> Result<bool, TraceError> {
         std::env::var(name).ok()
     })
     .map_err(TraceError::Exporter)?;
-    let exporter = export::exporter(target, runtime).map_err(TraceError::Exporter)?;
-    let resource = opentelemetry_sdk::Resource::builder_empty()
-        .with_service_name(settings.service_name.clone())
-        .with_schema_url(
-            [
-                KeyValue::new(super::semconv::TELEMETRY_SDK_NAME, "opentelemetry"),
-                // Which host of several sharing a store made the span.
-                KeyValue::new(super::semconv::PROCESS_PID, i64::from(std::process::id())),
-            ],
-            super::semconv::SCHEMA_URL,
-        )
-        .build();
-    let provider = SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
-        .with_span_limits(SpanLimits::default())
-        .with_resource(resource)
-        .build();
-    let tracer = opentelemetry::trace::TracerProvider::tracer_with_scope(
-        &provider,
-        opentelemetry::InstrumentationScope::builder("capstan")
-            .with_version(env!("CARGO_PKG_VERSION"))
-            .with_schema_url(super::semconv::SCHEMA_URL)
-            .build(),
-    );
-    let started = Traces {
-        provider,
-        tracer,
-        content: settings.content,
-    };
-    if let Err(lost) = TRACES.set(started) {
-        // Another start won the race: this pipeline sends nothing.
-        let _ = lost.provider.shutdown();
+    let resource = EncodedResource::new(&settings.service_name);
+    let exporter = export::exporter(target, resource, runtime).map_err(TraceError::Exporter)?;
+    // Started once: a second start, racing this one, finds it set above or here.
+    static STARTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = STARTING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if TRACES.get().is_some() {
+        return Ok(true);
     }
+    let batches = Batches::start(exporter).map_err(TraceError::Thread)?;
+    let _ = TRACES.set(Traces {
+        batches,
+        content: settings.content,
+    });
     Ok(true)
+}
+
+/// Returns once every span ended before the call has been sent (or its batch failed, or
+/// the exporter's timeout passed); the pipeline goes on. Call it outside the runtime's
+/// tasks, while the runtime runs: the batches go out on it.
+pub fn flush_traces() {
+    if let Some(traces) = traces() {
+        traces.batches.flush();
+    }
 }
 
 /// Sends the spans still batched and stops the pipeline; blocks until they are sent or
 /// the exporter's timeout passes. Call it outside the runtime's tasks (after `block_on`),
 /// while the runtime still runs: the batches go out on it.
 pub fn shutdown_traces() {
-    if let Some(traces) = traces()
-        && let Err(err) = traces.provider.shutdown()
-    {
-        tracing::warn!("the last spans may not have been sent: {err}");
+    if let Some(traces) = traces() {
+        traces.batches.close();
     }
 }
 
@@ -167,7 +158,7 @@ tokio::task_local! {
 /// assert!(TraceParent::from_header("00-not-a-trace").is_none());
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TraceParent(Option<Arc<SpanContext>>);
+pub struct TraceParent(Option<Arc<SpanIds>>);
 
 impl TraceParent {
     /// No parent: a span started under it begins a trace.
@@ -220,25 +211,18 @@ impl TraceParent {
         if trace == TraceId::INVALID || span == SpanId::INVALID {
             return TraceParent(None);
         }
-        let context = SpanContext::new(
+        TraceParent(Some(Arc::new(SpanIds {
             trace,
             span,
-            TraceFlags::new(flags) & TraceFlags::SAMPLED,
-            true,
-            TraceState::NONE,
-        );
-        TraceParent(Some(Arc::new(context)))
+            flags: flags & SAMPLED,
+            remote: true,
+        })))
     }
 
     /// The W3C `traceparent` value naming this parent, if there is one.
     pub fn header(&self) -> Option<String> {
-        let context = self.0.as_ref()?;
-        Some(format!(
-            "00-{}-{}-{:02x}",
-            context.trace_id(),
-            context.span_id(),
-            context.trace_flags().to_u8()
-        ))
+        let ids = self.0.as_ref()?;
+        Some(format!("00-{}-{}-{:02x}", ids.trace, ids.span, ids.flags))
     }
 
     /// `work`, run with this as its [`TraceParent::current`]: a future no larger than
@@ -246,84 +230,91 @@ impl TraceParent {
     pub fn scope<F: Future>(self, work: F) -> TaskLocalFuture<TraceParent, F> {
         CURRENT.scope(self, work)
     }
-
-    fn context(&self) -> Context {
-        match &self.0 {
-            Some(parent) => Context::new().with_remote_span_context(SpanContext::clone(parent)),
-            None => Context::new(),
-        }
-    }
 }
 
 /// One span under way, ended when dropped; while traces are off it is nothing (one
 /// pointer, never allocated), and no closure given to it is called.
 #[derive(Debug, Default)]
-pub struct Span(Option<Box<opentelemetry_sdk::trace::Span>>);
+pub struct Span(Option<Box<SpanRecord>>);
 
 impl Span {
     /// Starts a span of `kind` under `parent`; `open` names it and gives its first
     /// attributes, and is called only if traces are on.
-    pub fn start(
+    pub fn start<N: Into<Cow<'static, str>>>(
         kind: SpanKind,
         parent: &TraceParent,
-        open: impl FnOnce() -> (String, Vec<KeyValue>),
+        open: impl FnOnce() -> (N, Vec<KeyValue>),
     ) -> Span {
         Span::start_at(kind, parent, None, open)
     }
 
     /// [`Span::start`] with the time it began, if it began earlier.
-    pub fn start_at(
+    pub fn start_at<N: Into<Cow<'static, str>>>(
         kind: SpanKind,
         parent: &TraceParent,
         began: Option<SystemTime>,
-        open: impl FnOnce() -> (String, Vec<KeyValue>),
+        open: impl FnOnce() -> (N, Vec<KeyValue>),
     ) -> Span {
-        let Some(traces) = traces() else {
+        if !traces_on() {
             return Span(None);
-        };
-        let (name, attributes) = open();
-        let mut builder = traces
-            .tracer
-            .span_builder(name)
-            .with_kind(kind)
-            .with_attributes(attributes);
-        if let Some(began) = began {
-            builder = builder.with_start_time(began);
         }
-        Span(Some(Box::new(
-            traces.tracer.build_with_context(builder, &parent.context()),
-        )))
+        let (name, attributes) = open();
+        let parent = parent.0.as_deref();
+        let start = began.unwrap_or_else(SystemTime::now);
+        Span(Some(Box::new(SpanRecord {
+            ids: SpanIds::child_of(parent),
+            parent: parent.map(|parent| (parent.span, parent.remote)),
+            kind,
+            name: name.into(),
+            start,
+            end: start,
+            attributes,
+            error: None,
+        })))
     }
 
     /// The parent a child of this span names: none while traces are off.
     pub fn parent(&self) -> TraceParent {
-        TraceParent(
-            self.0
-                .as_ref()
-                .map(|span| Arc::new(span.span_context().clone())),
-        )
+        TraceParent(self.0.as_ref().map(|span| Arc::new(span.ids)))
     }
 
     /// Adds the attributes `more` gives, if traces are on.
     pub fn set<I: IntoIterator<Item = KeyValue>>(&mut self, more: impl FnOnce() -> I) {
         if let Some(span) = &mut self.0 {
-            span.set_attributes(more());
+            span.attributes.extend(more());
         }
     }
 
     /// Marks the span failed, with `error.type` set to `kind`.
     pub fn fail(&mut self, kind: &str) {
         if let Some(span) = &mut self.0 {
-            span.set_attribute(KeyValue::new(super::semconv::ERROR_TYPE, kind.to_owned()));
-            span.set_status(Status::error(kind.to_owned()));
+            span.error = Some(Cow::Owned(kind.to_owned()));
         }
     }
 
     /// Ends the span at `at` rather than now.
     pub fn end_at(mut self, at: SystemTime) {
-        if let Some(mut span) = self.0.take() {
-            span.end_with_timestamp(at);
+        if let Some(span) = self.0.take() {
+            finish(*span, at);
         }
+    }
+}
+
+impl Drop for Span {
+    fn drop(&mut self) {
+        if let Some(span) = self.0.take() {
+            finish(*span, SystemTime::now());
+        }
+    }
+}
+
+/// Queues `span`, ended `at`, if its trace is recorded.
+fn finish(mut span: SpanRecord, at: SystemTime) {
+    if let Some(traces) = traces()
+        && span.ids.sampled()
+    {
+        span.end = at;
+        traces.batches.push(span);
     }
 }
 

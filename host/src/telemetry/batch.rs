@@ -1,0 +1,243 @@
+//! Ended spans on their way out: a bounded queue that a span joins in one short lock,
+//! and a thread of its own that takes the queue whole when a batch is full or a delay
+//! has passed, encodes it and sends it. A full queue drops spans (counted and logged)
+//! rather than hold up the work they describe.
+
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::export::OtlpHttp;
+use super::record::SpanRecord;
+
+/// Spans enough for one request: the thread is woken when this many wait.
+const BATCH: usize = 2048;
+
+/// The most spans that wait; more are dropped until a batch is sent.
+const MAX_QUEUED: usize = 4 * BATCH;
+
+/// The longest a span waits to be sent while fewer than [`BATCH`] do.
+const DELAY: Duration = Duration::from_secs(2);
+
+#[derive(Default)]
+struct Queue {
+    spans: Vec<SpanRecord>,
+    /// Dropped from a full queue since the last batch was taken.
+    dropped: u64,
+    /// Set once: the thread sends what is left and stops.
+    closing: bool,
+    /// Flushes asked for, and answered: every span queued before the n-th ask is sent
+    /// (or given up on) once `flushed` reaches n.
+    flushes: u64,
+    flushed: u64,
+}
+
+/// The queue, shared by every span and the sending thread.
+pub(super) struct Batches {
+    queue: Mutex<Queue>,
+    /// Tells the thread a batch is full, a flush is asked for, or the pipeline closes.
+    ready: Condvar,
+    /// Tells those who asked for a flush that it is done.
+    sent: Condvar,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Batches {
+    /// The queue, with its thread sending every batch through `exporter`.
+    pub(super) fn start(exporter: OtlpHttp) -> std::io::Result<&'static Batches> {
+        let batches: &'static Batches = Box::leak(Box::new(Batches {
+            queue: Mutex::new(Queue::default()),
+            ready: Condvar::new(),
+            sent: Condvar::new(),
+            thread: Mutex::new(None),
+        }));
+        let thread = std::thread::Builder::new()
+            .name("capstan-traces".into())
+            .spawn(move || batches.run(&exporter))?;
+        *batches
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(thread);
+        Ok(batches)
+    }
+
+    /// Queues an ended span.
+    pub(super) fn push(&self, span: SpanRecord) {
+        let mut queue = self.lock();
+        if queue.spans.len() >= MAX_QUEUED || queue.closing {
+            queue.dropped += 1;
+            return;
+        }
+        queue.spans.push(span);
+        if queue.spans.len() == BATCH {
+            self.ready.notify_one();
+        }
+    }
+
+    /// Returns once every span queued before the call has been sent, or its request has
+    /// failed (each is bounded by the exporter's timeout).
+    pub(super) fn flush(&self) {
+        let mut queue = self.lock();
+        if queue.closing {
+            return;
+        }
+        queue.flushes += 1;
+        let ticket = queue.flushes;
+        self.ready.notify_one();
+        let _sent = self
+            .sent
+            .wait_while(queue, |q| q.flushed < ticket && !q.closing)
+            .unwrap_or_else(PoisonError::into_inner);
+    }
+
+    /// Sends what is queued and stops the thread; returns once it has (each request is
+    /// bounded by the exporter's timeout).
+    pub(super) fn close(&self) {
+        self.lock().closing = true;
+        self.ready.notify_one();
+        self.sent.notify_all();
+        let thread = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // A span pushed is whole or not there: a panic elsewhere leaves nothing half done.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn run(&self, exporter: &OtlpHttp) {
+        let mut reserve = BATCH;
+        loop {
+            let waiting =
+                |q: &mut Queue| q.spans.len() < BATCH && !q.closing && q.flushed == q.flushes;
+            let (batch, dropped, closing, flushes) = {
+                let mut queue = self.lock();
+                if waiting(&mut queue) {
+                    queue = self
+                        .ready
+                        .wait_timeout_while(queue, DELAY, waiting)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+                let next = Vec::with_capacity(reserve);
+                let batch = std::mem::replace(&mut queue.spans, next);
+                let dropped = std::mem::take(&mut queue.dropped);
+                (batch, dropped, queue.closing, queue.flushes)
+            };
+            reserve = batch.len().clamp(64, BATCH);
+            if dropped > 0 {
+                tracing::warn!(
+                    "{dropped} spans were dropped: more than {MAX_QUEUED} waited to be sent \
+                     (is the OTLP receiver slow?)"
+                );
+            }
+            if !batch.is_empty() {
+                exporter.export(batch);
+            }
+            let mut queue = self.lock();
+            queue.flushed = flushes;
+            self.sent.notify_all();
+            if closing {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::sync::mpsc;
+    use std::time::SystemTime;
+
+    use opentelemetry::trace::SpanKind;
+
+    use super::*;
+    use crate::telemetry::export::{Target, exporter};
+    use crate::telemetry::otlp::EncodedResource;
+    use crate::telemetry::record::{SpanIds, SpanRecord};
+
+    /// A receiver on loopback that answers 200 to each request and hands its body on.
+    fn receiver() -> (String, mpsc::Receiver<Vec<u8>>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (bodies, taken) = mpsc::channel();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let mut stream = BufReader::new(stream.unwrap());
+                loop {
+                    let mut length = 0;
+                    let mut line = String::new();
+                    while stream.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                        if let Some(value) = line.to_lowercase().strip_prefix("content-length:") {
+                            length = value.trim().parse().unwrap();
+                        }
+                        line.clear();
+                    }
+                    if line != "\r\n" {
+                        break;
+                    }
+                    let mut body = vec![0; length];
+                    stream.read_exact(&mut body).unwrap();
+                    // Handed on before the answer, so the sender's return means it is here.
+                    let _ = bodies.send(body);
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                    stream.get_mut().write_all(answer).unwrap();
+                }
+            }
+        });
+        (url, taken)
+    }
+
+    fn span(name: &'static str) -> SpanRecord {
+        let now = SystemTime::now();
+        SpanRecord {
+            ids: SpanIds::child_of(None),
+            parent: None,
+            kind: SpanKind::Internal,
+            name: name.into(),
+            start: now,
+            end: now,
+            attributes: Vec::new(),
+            error: None,
+        }
+    }
+
+    fn holds(body: &[u8], name: &str) -> bool {
+        body.windows(name.len()).any(|w| w == name.as_bytes())
+    }
+
+    #[test]
+    fn a_flush_returns_once_the_spans_before_it_are_sent_and_close_sends_the_rest() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let (url, bodies) = receiver();
+        let target = Target::resolve(Some(&url), |_| None).unwrap();
+        let exporter = exporter(
+            target,
+            EncodedResource::new("test"),
+            runtime.handle().clone(),
+        )
+        .unwrap();
+        let batches = Batches::start(exporter).unwrap();
+        batches.push(span("first span"));
+        batches.push(span("second span"));
+        // Far fewer than a batch, and long before the delay: only the flush sends them.
+        batches.flush();
+        let body = bodies.try_recv().expect("sent before the flush returned");
+        assert!(holds(&body, "first span") && holds(&body, "second span"));
+        batches.push(span("last span"));
+        batches.close();
+        let body = bodies.try_recv().expect("sent before close returned");
+        assert!(holds(&body, "last span") && !holds(&body, "first span"));
+        // Closed: a span ended now is dropped, and a flush returns at once.
+        batches.push(span("too late"));
+        batches.flush();
+        assert!(bodies.try_recv().is_err());
+    }
+}
