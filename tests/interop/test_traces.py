@@ -161,6 +161,19 @@ def test_a_trace_the_client_does_not_record_is_not_sent(receiver, monkeypatch):
     assert all(s["flags"] & 0x1 for s in spans), spans
 
 
+def test_the_standard_sampler_variable_is_followed(receiver, monkeypatch):
+    # Parent-based, off for traces of its own: only the client's recorded trace is sent.
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_off")
+    server = traced_server(receiver, monkeypatch, False)
+    try:
+        say(server, "Please count the files.")
+        say(server, "Please count the files.", f"00-{TRACE_ID}-{CLIENT_SPAN}-01")
+    finally:
+        server.stop()
+    spans = receiver.spans()
+    assert spans and {s["trace"] for s in spans} == {TRACE_ID}, spans
+
+
 def test_without_an_endpoint_nothing_is_sent(receiver, monkeypatch):
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)

@@ -19,6 +19,17 @@ const MAX_QUEUED: usize = 4 * BATCH;
 /// The longest a span waits to be sent while fewer than [`BATCH`] do.
 const DELAY: Duration = Duration::from_secs(2);
 
+/// Marks the sending thread stopped as it ends, by returning or by a panic, so that no
+/// flush waits for it and no span is queued for it.
+struct Stopped(&'static Batches);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.0.lock().stopped = true;
+        self.0.sent.notify_all();
+    }
+}
+
 #[derive(Default)]
 struct Queue {
     spans: Vec<SpanRecord>,
@@ -26,6 +37,9 @@ struct Queue {
     dropped: u64,
     /// Set once: the thread sends what is left and stops.
     closing: bool,
+    /// Set once the thread has stopped, however it stopped (a panic included): no flush
+    /// waits for it any longer.
+    stopped: bool,
     /// Flushes asked for, and answered: every span queued before the n-th ask is sent
     /// (or given up on) once `flushed` reaches n.
     flushes: u64,
@@ -53,7 +67,18 @@ impl Batches {
         }));
         let thread = std::thread::Builder::new()
             .name("capstan-traces".into())
-            .spawn(move || batches.run(&exporter))?;
+            .spawn(move || {
+                let _stopped = Stopped(batches);
+                // A runtime of the thread's own: the host's may be single-threaded, busy,
+                // or gone by the time the last batch is sent.
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => batches.run(&exporter, &runtime),
+                    Err(err) => tracing::warn!("spans cannot be sent: no runtime for them: {err}"),
+                }
+            })?;
         *batches
             .thread
             .lock()
@@ -64,7 +89,7 @@ impl Batches {
     /// Queues an ended span.
     pub(super) fn push(&self, span: SpanRecord) {
         let mut queue = self.lock();
-        if queue.spans.len() >= MAX_QUEUED || queue.closing {
+        if queue.spans.len() >= MAX_QUEUED || queue.closing || queue.stopped {
             queue.dropped += 1;
             return;
         }
@@ -78,7 +103,7 @@ impl Batches {
     /// failed (each is bounded by the exporter's timeout).
     pub(super) fn flush(&self) {
         let mut queue = self.lock();
-        if queue.closing {
+        if queue.stopped {
             return;
         }
         queue.flushes += 1;
@@ -86,7 +111,7 @@ impl Batches {
         self.ready.notify_one();
         let _sent = self
             .sent
-            .wait_while(queue, |q| q.flushed < ticket && !q.closing)
+            .wait_while(queue, |q| q.flushed < ticket && !q.stopped)
             .unwrap_or_else(PoisonError::into_inner);
     }
 
@@ -95,14 +120,15 @@ impl Batches {
     pub(super) fn close(&self) {
         self.lock().closing = true;
         self.ready.notify_one();
-        self.sent.notify_all();
         let thread = self
             .thread
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        if let Some(thread) = thread {
-            let _ = thread.join();
+        if let Some(thread) = thread
+            && thread.join().is_err()
+        {
+            tracing::warn!("the thread that sends spans stopped on a panic: spans were lost");
         }
     }
 
@@ -111,12 +137,13 @@ impl Batches {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn run(&self, exporter: &OtlpHttp) {
-        let mut reserve = BATCH;
+    fn run(&self, exporter: &OtlpHttp, runtime: &tokio::runtime::Runtime) {
+        // Two buffers in turn: the next is made here, never under the lock spans need.
+        let mut spare: Vec<SpanRecord> = Vec::with_capacity(BATCH);
         loop {
             let waiting =
                 |q: &mut Queue| q.spans.len() < BATCH && !q.closing && q.flushed == q.flushes;
-            let (batch, dropped, closing, flushes) = {
+            let (dropped, closing, flushes) = {
                 let mut queue = self.lock();
                 if waiting(&mut queue) {
                     queue = self
@@ -125,20 +152,19 @@ impl Batches {
                         .unwrap_or_else(PoisonError::into_inner)
                         .0;
                 }
-                let next = Vec::with_capacity(reserve);
-                let batch = std::mem::replace(&mut queue.spans, next);
+                std::mem::swap(&mut queue.spans, &mut spare);
                 let dropped = std::mem::take(&mut queue.dropped);
-                (batch, dropped, queue.closing, queue.flushes)
+                (dropped, queue.closing, queue.flushes)
             };
-            reserve = batch.len().clamp(64, BATCH);
             if dropped > 0 {
                 tracing::warn!(
                     "{dropped} spans were dropped: more than {MAX_QUEUED} waited to be sent \
                      (is the OTLP receiver slow?)"
                 );
             }
-            if !batch.is_empty() {
-                exporter.export(batch);
+            if !spare.is_empty() {
+                // Empties `spare`, which keeps its room for the next turn.
+                exporter.export(&mut spare, runtime);
             }
             let mut queue = self.lock();
             queue.flushed = flushes;
@@ -162,6 +188,7 @@ mod tests {
     use crate::telemetry::export::{Target, exporter};
     use crate::telemetry::otlp::EncodedResource;
     use crate::telemetry::record::{SpanIds, SpanRecord};
+    use crate::telemetry::sampler::Sampler;
 
     /// A receiver on loopback that answers 200 to each request and hands its body on.
     fn receiver() -> (String, mpsc::Receiver<Vec<u8>>) {
@@ -198,13 +225,14 @@ mod tests {
     fn span(name: &'static str) -> SpanRecord {
         let now = SystemTime::now();
         SpanRecord {
-            ids: SpanIds::child_of(None),
+            ids: SpanIds::child_of(None, &Sampler::default()),
             parent: None,
             kind: SpanKind::Internal,
             name: name.into(),
             start: now,
             end: now,
             attributes: Vec::new(),
+            dropped_attributes: 0,
             error: None,
         }
     }
@@ -215,15 +243,9 @@ mod tests {
 
     #[test]
     fn a_flush_returns_once_the_spans_before_it_are_sent_and_close_sends_the_rest() {
-        let runtime = tokio::runtime::Runtime::new().unwrap();
         let (url, bodies) = receiver();
         let target = Target::resolve(Some(&url), |_| None).unwrap();
-        let exporter = exporter(
-            target,
-            EncodedResource::new("test"),
-            runtime.handle().clone(),
-        )
-        .unwrap();
+        let exporter = exporter(target, EncodedResource::new("test")).unwrap();
         let batches = Batches::start(exporter).unwrap();
         batches.push(span("first span"));
         batches.push(span("second span"));

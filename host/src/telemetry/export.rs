@@ -1,6 +1,6 @@
 //! How spans leave the host: OTLP/HTTP protobuf ([`super::otlp`] writes it), posted by the
-//! host's own HTTP client on its runtime to the receiver the config or the standard
-//! `OTEL_EXPORTER_OTLP_*` variables name.
+//! host's HTTP client, on a runtime of the batches' own thread, to the receiver the config
+//! or the standard `OTEL_EXPORTER_OTLP_*` variables name.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -164,12 +164,8 @@ fn parse_headers(list: &str, var: &str) -> Result<Vec<(HeaderName, HeaderValue)>
     Ok(headers)
 }
 
-/// The exporter to `target`, naming the process as `resource` says, sending on `runtime`.
-pub(super) fn exporter(
-    target: Target,
-    resource: EncodedResource,
-    runtime: tokio::runtime::Handle,
-) -> Result<OtlpHttp, String> {
+/// The exporter to `target`, naming the process as `resource` says.
+pub(super) fn exporter(target: Target, resource: EncodedResource) -> Result<OtlpHttp, String> {
     let client = reqwest::Client::builder()
         // A receiver answers where it is; a redirect elsewhere is not followed.
         .redirect(reqwest::redirect::Policy::none())
@@ -178,7 +174,6 @@ pub(super) fn exporter(
         .map_err(|err| format!("cannot make the HTTP client: {err}"))?;
     Ok(OtlpHttp {
         client,
-        runtime,
         target,
         resource,
         last_size: AtomicUsize::new(0),
@@ -187,12 +182,12 @@ pub(super) fn exporter(
 }
 
 /// Posts each batch, encoded with every string through the log's redactor, to its
-/// [`Target`] on the host's runtime (the batches' thread only encodes it and waits);
+/// [`Target`] from the batches' own thread and runtime, so that a host runtime that is
+/// busy, single-threaded or gone never holds a flush up;
 /// the first batch of a run of failed ones is logged, and the batch that ends the run.
 #[derive(Debug)]
 pub(super) struct OtlpHttp {
     client: reqwest::Client,
-    runtime: tokio::runtime::Handle,
     target: Target,
     resource: EncodedResource,
     /// The last body's size: the next one's buffer is made that large at once.
@@ -207,51 +202,46 @@ impl OtlpHttp {
             .post(self.target.url.clone())
             .headers(self.target.headers.clone())
             .body(body);
-        let sent = self.runtime.spawn(async move {
-            let mut response = request.send().await.map_err(|err| {
-                // With the cause, but not the URL (the endpoint is in the config).
-                let mut causes = String::new();
-                let mut cause = std::error::Error::source(&err);
-                while let Some(inner) = cause {
-                    causes.push_str(&format!(": {inner}"));
-                    cause = inner.source();
-                }
-                format!("cannot reach it: {}{causes}", err.without_url())
-            })?;
-            let status = response.status();
-            // Read (up to a bound) so that the connection is kept for the next batch.
-            let mut read = 0;
-            while let Ok(Some(chunk)) = response.chunk().await {
-                read += chunk.len();
-                if read > MAX_ANSWER {
-                    break;
-                }
+        let mut response = request.send().await.map_err(|err| {
+            // With the cause, but not the URL (the endpoint is in the config).
+            let mut causes = String::new();
+            let mut cause = std::error::Error::source(&err);
+            while let Some(inner) = cause {
+                causes.push_str(&format!(": {inner}"));
+                cause = inner.source();
             }
-            if status.is_success() {
-                Ok(())
-            } else {
-                Err(format!("it answered {status}"))
+            format!("cannot reach it: {}{causes}", err.without_url())
+        })?;
+        let status = response.status();
+        // Read (up to a bound) so that the connection is kept for the next batch.
+        let mut read = 0;
+        while let Ok(Some(chunk)) = response.chunk().await {
+            read += chunk.len();
+            if read > MAX_ANSWER {
+                break;
             }
-        });
-        sent.await
-            .map_err(|err| format!("the send was lost: {err}"))?
+        }
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(format!("it answered {status}"))
+        }
     }
-}
 
-impl OtlpHttp {
-    /// Encodes `batch` and sends it, waiting for the answer: called on the batches' own
-    /// thread, never on the runtime's.
-    pub(super) fn export(&self, batch: Vec<SpanRecord>) {
+    /// Encodes the spans in `batch`, empties it, and sends them on `runtime`, waiting for
+    /// the answer (bounded by the target's timeout): called on the batches' own thread,
+    /// whose runtime this is.
+    pub(super) fn export(&self, batch: &mut Vec<SpanRecord>, runtime: &tokio::runtime::Runtime) {
         let mut body = Vec::with_capacity(self.last_size.load(Ordering::Relaxed));
         otlp::encode_batch(
             &mut body,
             &self.resource,
-            &batch,
+            batch,
             &crate::secrets::log_redactor(),
         );
-        drop(batch);
+        batch.clear();
         self.last_size.store(body.len(), Ordering::Relaxed);
-        let sent = self.runtime.block_on(self.send(body));
+        let sent = runtime.block_on(self.send(body));
         match &sent {
             Err(err) if !self.failing.swap(true, Ordering::Relaxed) => tracing::warn!(
                 "spans could not be sent to the OTLP receiver ({err}); they are dropped, and \

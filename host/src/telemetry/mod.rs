@@ -12,6 +12,7 @@ mod export;
 mod metrics;
 mod otlp;
 mod record;
+mod sampler;
 mod semconv;
 pub mod spans;
 mod traces;

@@ -30,21 +30,20 @@ const IS_REMOTE: u32 = 0x200;
 /// `Status.code`: an error.
 const STATUS_ERROR: u64 = 2;
 
-/// The part of every request that names the process and the instrumentation (a
-/// `Resource` and an `InstrumentationScope` message), written once.
+/// What names the process (the `Resource`'s attributes) and the instrumentation (an
+/// `InstrumentationScope` message, written once); the resource is written with each
+/// batch, through the redactor of the time.
 #[derive(Debug, Clone, Default)]
 pub(super) struct EncodedResource {
-    resource: Vec<u8>,
+    attributes: Vec<(&'static str, Value)>,
     scope: Vec<u8>,
 }
 
 impl EncodedResource {
     /// The resource of service `service` in this process, and the host's scope.
     pub(super) fn new(service: &str) -> Self {
-        let none = Redactor::default();
-        let mut resource = Vec::new();
         let pid = i64::from(std::process::id());
-        for (key, value) in [
+        let attributes = vec![
             (semconv::SERVICE_NAME, Value::from(service.to_owned())),
             (semconv::TELEMETRY_SDK_NAME, Value::from("capstan")),
             (semconv::TELEMETRY_SDK_LANGUAGE, Value::from("rust")),
@@ -54,13 +53,11 @@ impl EncodedResource {
             ),
             // Which host of several sharing a store made the span.
             (semconv::PROCESS_PID, Value::from(pid)),
-        ] {
-            message(&mut resource, 1, |out| key_value(out, key, &value, &none));
-        }
+        ];
         let mut scope = Vec::new();
         string(&mut scope, 1, "capstan");
         string(&mut scope, 2, env!("CARGO_PKG_VERSION"));
-        EncodedResource { resource, scope }
+        EncodedResource { attributes, scope }
     }
 }
 
@@ -75,7 +72,11 @@ pub(super) fn encode_batch(
     // ExportTraceServiceRequest.resource_spans
     message(out, 1, |out| {
         // ResourceSpans.resource
-        bytes(out, 1, &resource.resource);
+        message(out, 1, |out| {
+            for (key, value) in &resource.attributes {
+                message(out, 1, |out| key_value(out, key, value, redactor));
+            }
+        });
         // ResourceSpans.scope_spans: one tracer makes every span.
         message(out, 2, |out| {
             bytes(out, 1, &resource.scope);
@@ -114,6 +115,9 @@ fn encode_span(out: &mut Vec<u8>, span: &SpanRecord, redactor: &Redactor) {
         message(out, 9, |out| {
             key_value(out, semconv::ERROR_TYPE, &value, redactor)
         });
+    }
+    uint(out, 10, span.dropped_attributes.into());
+    if let Some(error) = &span.error {
         message(out, 15, |out| {
             string(out, 2, &redactor.redact(error));
             uint(out, 3, STATUS_ERROR);
@@ -136,7 +140,7 @@ fn attribute_of(out: &mut Vec<u8>, attribute: &KeyValue, redactor: &Redactor) {
 
 /// A `KeyValue` message's fields.
 fn key_value(out: &mut Vec<u8>, key: &str, value: &Value, redactor: &Redactor) {
-    string(out, 1, key);
+    string(out, 1, &redactor.redact(key));
     message(out, 2, |out| any_value(out, value, redactor));
 }
 

@@ -8,6 +8,8 @@ use std::time::SystemTime;
 use opentelemetry::KeyValue;
 use opentelemetry::trace::{SpanId, SpanKind, TraceId};
 
+use super::sampler::Sampler;
+
 /// The W3C trace flag that says a trace is recorded.
 pub(super) const SAMPLED: u8 = 0x01;
 
@@ -22,8 +24,9 @@ pub(super) struct SpanIds {
 }
 
 impl SpanIds {
-    /// A new span's ids: a child of `parent`, or the first span of a new, recorded trace.
-    pub(super) fn child_of(parent: Option<&SpanIds>) -> SpanIds {
+    /// A new span's ids: a child of `parent`, or the first span of a new trace; recorded
+    /// as `sampler` decides.
+    pub(super) fn child_of(parent: Option<&SpanIds>, sampler: &Sampler) -> SpanIds {
         let span = loop {
             // Zero is the invalid id.
             let id = fastrand::u64(..);
@@ -31,10 +34,9 @@ impl SpanIds {
                 break SpanId::from(id);
             }
         };
-        let (trace, flags) = match parent {
-            Some(parent) => (parent.trace, parent.flags),
-            None => (TraceId::from(fastrand::u128(1..)), SAMPLED),
-        };
+        let trace = parent.map_or_else(|| TraceId::from(fastrand::u128(1..)), |p| p.trace);
+        let sampled = sampler.samples(trace, parent.map(SpanIds::sampled));
+        let flags = if sampled { SAMPLED } else { 0 };
         SpanIds {
             trace,
             span,
@@ -50,6 +52,9 @@ impl SpanIds {
     }
 }
 
+/// The most attributes a span keeps, as the SDK's default limit: more are counted, not kept.
+pub(super) const MAX_ATTRIBUTES: usize = 128;
+
 /// One span, from its start to its end: what a batch carries to the receiver.
 #[derive(Debug)]
 pub(super) struct SpanRecord {
@@ -61,6 +66,21 @@ pub(super) struct SpanRecord {
     pub(super) start: SystemTime,
     pub(super) end: SystemTime,
     pub(super) attributes: Vec<KeyValue>,
+    /// Attributes left out over [`MAX_ATTRIBUTES`].
+    pub(super) dropped_attributes: u32,
     /// Why it failed (written as `error.type` and the error status), if it did.
     pub(super) error: Option<Cow<'static, str>>,
+}
+
+impl SpanRecord {
+    /// Adds `more`, up to [`MAX_ATTRIBUTES`].
+    pub(super) fn add(&mut self, more: impl IntoIterator<Item = KeyValue>) {
+        for attribute in more {
+            if self.attributes.len() < MAX_ATTRIBUTES {
+                self.attributes.push(attribute);
+            } else {
+                self.dropped_attributes = self.dropped_attributes.saturating_add(1);
+            }
+        }
+    }
 }

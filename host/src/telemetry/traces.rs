@@ -21,6 +21,7 @@ use super::batch::Batches;
 use super::export;
 use super::otlp::EncodedResource;
 use super::record::{SAMPLED, SpanIds, SpanRecord};
+use super::sampler::Sampler;
 
 /// What starts the trace pipeline (`[telemetry]` in the config).
 ///
@@ -51,9 +52,9 @@ pub enum TraceError {
         "cannot export traces ({0}): check [telemetry] otlp_endpoint and the OTEL_EXPORTER_OTLP_* variables"
     )]
     Exporter(String),
-    /// Traces were asked for outside an async runtime, which sends them.
-    #[error("traces need the async runtime to send them: start them from within it")]
-    NoRuntime,
+    /// `OTEL_TRACES_SAMPLER` or its argument is not one the host has.
+    #[error("cannot sample traces: {0}")]
+    Sampler(String),
     /// The thread that sends the batches could not be started.
     #[error("cannot start the thread that sends spans: {0}")]
     Thread(std::io::Error),
@@ -61,6 +62,7 @@ pub enum TraceError {
 
 struct Traces {
     batches: &'static Batches,
+    sampler: Sampler,
     content: bool,
 }
 
@@ -85,7 +87,7 @@ pub fn content_on() -> bool {
 /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` variables name a receiver (and neither
 /// `OTEL_SDK_DISABLED=true` nor `OTEL_TRACES_EXPORTER=none` turns them off): whether
 /// they are on. The first start of a process wins; later ones change nothing. Call
-/// [`shutdown_traces`] before the runtime stops, so the last batch is sent.
+/// [`shutdown_traces`] before the process ends, so the last batch is sent.
 pub fn start_traces(settings: &TraceSettings) -> Result<bool, TraceError> {
     if TRACES.get().is_some() {
         return Ok(true);
@@ -100,13 +102,17 @@ pub fn start_traces(settings: &TraceSettings) -> Result<bool, TraceError> {
     if disabled || !asked {
         return Ok(false);
     }
-    let runtime = tokio::runtime::Handle::try_current().map_err(|_| TraceError::NoRuntime)?;
+    let sampler =
+        Sampler::from_env(|name| std::env::var(name).ok()).map_err(TraceError::Sampler)?;
+    if sampler.records_nothing() {
+        return Ok(false);
+    }
     let target = export::Target::resolve(settings.otlp_endpoint.as_deref(), |name| {
         std::env::var(name).ok()
     })
     .map_err(TraceError::Exporter)?;
     let resource = EncodedResource::new(&settings.service_name);
-    let exporter = export::exporter(target, resource, runtime).map_err(TraceError::Exporter)?;
+    let exporter = export::exporter(target, resource).map_err(TraceError::Exporter)?;
     // Started once: a second start, racing this one, finds it set above or here.
     static STARTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = STARTING
@@ -118,14 +124,15 @@ pub fn start_traces(settings: &TraceSettings) -> Result<bool, TraceError> {
     let batches = Batches::start(exporter).map_err(TraceError::Thread)?;
     let _ = TRACES.set(Traces {
         batches,
+        sampler,
         content: settings.content,
     });
     Ok(true)
 }
 
 /// Returns once every span ended before the call has been sent (or its batch failed, or
-/// the exporter's timeout passed); the pipeline goes on. Call it outside the runtime's
-/// tasks, while the runtime runs: the batches go out on it.
+/// the exporter's timeout passed); the pipeline goes on. It blocks the thread: from
+/// async code, call it in `spawn_blocking`.
 pub fn flush_traces() {
     if let Some(traces) = traces() {
         traces.batches.flush();
@@ -133,8 +140,8 @@ pub fn flush_traces() {
 }
 
 /// Sends the spans still batched and stops the pipeline; blocks until they are sent or
-/// the exporter's timeout passes. Call it outside the runtime's tasks (after `block_on`),
-/// while the runtime still runs: the batches go out on it.
+/// the exporter's timeout passes. It blocks the thread: call it as the process ends,
+/// outside async code.
 pub fn shutdown_traces() {
     if let Some(traces) = traces() {
         traces.batches.close();
@@ -255,22 +262,34 @@ impl Span {
         began: Option<SystemTime>,
         open: impl FnOnce() -> (N, Vec<KeyValue>),
     ) -> Span {
-        if !traces_on() {
+        let Some(traces) = traces() else {
             return Span(None);
-        }
-        let (name, attributes) = open();
+        };
         let parent = parent.0.as_deref();
-        let start = began.unwrap_or_else(SystemTime::now);
-        Span(Some(Box::new(SpanRecord {
-            ids: SpanIds::child_of(parent),
+        let ids = SpanIds::child_of(parent, &traces.sampler);
+        let mut span = SpanRecord {
+            ids,
             parent: parent.map(|parent| (parent.span, parent.remote)),
             kind,
-            name: name.into(),
-            start,
-            end: start,
-            attributes,
+            name: Cow::Borrowed(""),
+            start: SystemTime::UNIX_EPOCH,
+            end: SystemTime::UNIX_EPOCH,
+            attributes: Vec::new(),
+            dropped_attributes: 0,
             error: None,
-        })))
+        };
+        // A span not recorded is only its ids, for its children to name.
+        if ids.sampled() {
+            let (name, attributes) = open();
+            span.name = name.into();
+            if attributes.len() <= super::record::MAX_ATTRIBUTES {
+                span.attributes = attributes;
+            } else {
+                span.add(attributes);
+            }
+            span.start = began.unwrap_or_else(SystemTime::now);
+        }
+        Span(Some(Box::new(span)))
     }
 
     /// The parent a child of this span names: none while traces are off.
@@ -280,8 +299,10 @@ impl Span {
 
     /// Adds the attributes `more` gives, if traces are on.
     pub fn set<I: IntoIterator<Item = KeyValue>>(&mut self, more: impl FnOnce() -> I) {
-        if let Some(span) = &mut self.0 {
-            span.attributes.extend(more());
+        if let Some(span) = &mut self.0
+            && span.ids.sampled()
+        {
+            span.add(more());
         }
     }
 
