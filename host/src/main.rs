@@ -57,7 +57,7 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     };
-    // The last spans go out on the runtime, which still runs.
+    // The last spans go out from their own thread, before the process ends.
     capstan_host::telemetry::shutdown_traces();
     // A tool stopped at its deadline can leave a blocking thread in a read that never
     // returns (a FIFO in the workspace): give blocking work a moment to end, never more.

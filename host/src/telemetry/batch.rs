@@ -75,7 +75,12 @@ impl Batches {
                     .enable_all()
                     .build()
                 {
-                    Ok(runtime) => batches.run(&exporter, &runtime),
+                    Ok(runtime) => {
+                        batches.run(&exporter, &runtime);
+                        // A lookup stuck in the runtime's blocking pool must not hold
+                        // the process's end.
+                        runtime.shutdown_background();
+                    }
                     Err(err) => tracing::warn!("spans cannot be sent: no runtime for them: {err}"),
                 }
             })?;
@@ -116,7 +121,7 @@ impl Batches {
     }
 
     /// Sends what is queued and stops the thread; returns once it has (each request is
-    /// bounded by the exporter's timeout).
+    /// bounded by the exporter's timeout), whichever caller closes first.
     pub(super) fn close(&self) {
         self.lock().closing = true;
         self.ready.notify_one();
@@ -130,6 +135,11 @@ impl Batches {
         {
             tracing::warn!("the thread that sends spans stopped on a panic: spans were lost");
         }
+        // A second caller found no thread to join: it waits for the first one's last batch.
+        let _stopped = self
+            .sent
+            .wait_while(self.lock(), |q| !q.stopped)
+            .unwrap_or_else(PoisonError::into_inner);
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {

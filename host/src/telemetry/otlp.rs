@@ -13,7 +13,7 @@ use std::time::SystemTime;
 use opentelemetry::trace::SpanKind;
 use opentelemetry::{Array, KeyValue, StringValue, Value};
 
-use super::record::SpanRecord;
+use super::record::{MAX_ATTRIBUTES, SpanRecord};
 use super::semconv;
 use crate::secrets::Redactor;
 
@@ -110,13 +110,19 @@ fn encode_span(out: &mut Vec<u8>, span: &SpanRecord, redactor: &Redactor) {
     for attribute in &span.attributes {
         message(out, 9, |out| attribute_of(out, attribute, redactor));
     }
+    let mut dropped = span.dropped_attributes;
     if let Some(error) = &span.error {
-        let value = Value::String(StringValue::from(error.to_string()));
-        message(out, 9, |out| {
-            key_value(out, semconv::ERROR_TYPE, &value, redactor)
-        });
+        // `error.type` is one of the span's attributes, and counts within its limit.
+        if span.attributes.len() < MAX_ATTRIBUTES {
+            let value = Value::String(StringValue::from(error.to_string()));
+            message(out, 9, |out| {
+                key_value(out, semconv::ERROR_TYPE, &value, redactor)
+            });
+        } else {
+            dropped = dropped.saturating_add(1);
+        }
     }
-    uint(out, 10, span.dropped_attributes.into());
+    uint(out, 10, dropped.into());
     if let Some(error) = &span.error {
         message(out, 15, |out| {
             string(out, 2, &redactor.redact(error));
@@ -276,6 +282,40 @@ mod tests {
             expected.extend(std::iter::repeat_n(7, len));
             assert_eq!(out, expected, "a body of {len} bytes");
         }
+    }
+
+    #[test]
+    fn error_type_counts_within_the_attribute_limit() {
+        use crate::telemetry::record::SpanIds;
+        use crate::telemetry::sampler::Sampler;
+        let encoded = |attributes: usize| {
+            let now = SystemTime::now();
+            let span = SpanRecord {
+                ids: SpanIds::child_of(None, &Sampler::default()),
+                parent: None,
+                kind: SpanKind::Internal,
+                name: "full".into(),
+                start: now,
+                end: now,
+                attributes: (0..attributes as i64)
+                    .map(|i| KeyValue::new("n", i))
+                    .collect(),
+                dropped_attributes: 0,
+                error: Some("timeout".into()),
+            };
+            let mut out = Vec::new();
+            encode_span(&mut out, &span, &Redactor::default());
+            out
+        };
+        let holds = |out: &[u8], part: &[u8]| out.windows(part.len()).any(|w| w == part);
+        // Room for one more: `error.type` is written, and nothing is counted dropped.
+        let roomy = encoded(MAX_ATTRIBUTES - 1);
+        assert!(holds(&roomy, semconv::ERROR_TYPE.as_bytes()));
+        assert!(!holds(&roomy, &[10 << 3 | VARINT, 1, 15 << 3 | LEN]));
+        // Full: it is counted dropped (field 10 is 1, just before the status).
+        let full = encoded(MAX_ATTRIBUTES);
+        assert!(!holds(&full, semconv::ERROR_TYPE.as_bytes()));
+        assert!(holds(&full, &[10 << 3 | VARINT, 1, 15 << 3 | LEN]));
     }
 
     #[test]

@@ -34,37 +34,47 @@ impl Default for Sampler {
 }
 
 impl Sampler {
-    /// The sampler the variables name (`var` reads one); unset, the default. A sampler the
-    /// host does not know, or a ratio outside 0 to 1, is an error naming the variable.
-    pub(super) fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Sampler, String> {
+    /// The sampler the variables name (`var` reads one); unset, the default. As the
+    /// specification says, a sampler the host does not have is set aside for the default,
+    /// and a ratio outside 0 to 1 for a ratio of 1; the second value then says what was
+    /// set aside, for the caller to log.
+    pub(super) fn from_env(var: impl Fn(&str) -> Option<String>) -> (Sampler, Option<String>) {
         const NAME: &str = "OTEL_TRACES_SAMPLER";
         const ARG: &str = "OTEL_TRACES_SAMPLER_ARG";
         let Some(name) = var(NAME).filter(|name| !name.trim().is_empty()) else {
-            return Ok(Sampler::default());
+            return (Sampler::default(), None);
         };
         let name = name.trim().to_ascii_lowercase();
-        let ratio = || match var(ARG).filter(|arg| !arg.trim().is_empty()) {
-            None => Ok(Rule::Always),
+        let mut note = None;
+        let mut ratio = || match var(ARG).filter(|arg| !arg.trim().is_empty()) {
+            None => Rule::Always,
             Some(arg) => match arg.trim().parse::<f64>() {
-                Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(threshold(ratio)),
-                _ => Err(format!("{ARG}={arg:?} is not a ratio from 0 to 1")),
+                Ok(ratio) if (0.0..=1.0).contains(&ratio) => threshold(ratio),
+                _ => {
+                    note = Some(format!(
+                        "{ARG}={arg:?} is not a ratio from 0 to 1: every trace is recorded"
+                    ));
+                    Rule::Always
+                }
             },
         };
         let (rule, parent_based) = match name.as_str() {
             "always_on" => (Rule::Always, false),
             "always_off" => (Rule::Never, false),
-            "traceidratio" => (ratio()?, false),
+            "traceidratio" => (ratio(), false),
             "parentbased_always_on" => (Rule::Always, true),
             "parentbased_always_off" => (Rule::Never, true),
-            "parentbased_traceidratio" => (ratio()?, true),
+            "parentbased_traceidratio" => (ratio(), true),
             _ => {
-                return Err(format!(
-                    "{NAME}={name:?} is not a sampler the host has: use always_on, \
-                     always_off, traceidratio or their parentbased_ forms"
-                ));
+                let note = format!(
+                    "{NAME}={name:?} is not a sampler the host has (it has always_on, \
+                     always_off, traceidratio and their parentbased_ forms): the default, \
+                     parentbased_always_on, is used"
+                );
+                return (Sampler::default(), Some(note));
             }
         };
-        Ok(Sampler { rule, parent_based })
+        (Sampler { rule, parent_based }, note)
     }
 
     /// Whether no span is ever recorded: then the pipeline need not start.
@@ -103,7 +113,7 @@ fn threshold(ratio: f64) -> Rule {
 mod tests {
     use super::*;
 
-    fn sampler(vars: &[(&str, &str)]) -> Result<Sampler, String> {
+    fn sampler(vars: &[(&str, &str)]) -> (Sampler, Option<String>) {
         Sampler::from_env(|name| {
             vars.iter()
                 .find(|(n, _)| *n == name)
@@ -113,7 +123,8 @@ mod tests {
 
     #[test]
     fn the_default_follows_the_parent_and_records_the_rest() {
-        let default = sampler(&[]).unwrap();
+        let (default, note) = sampler(&[]);
+        assert_eq!(note, None);
         let trace = TraceId::from(7u128);
         assert!(default.samples(trace, None));
         assert!(!default.samples(trace, Some(false)));
@@ -123,11 +134,11 @@ mod tests {
     #[test]
     fn each_named_sampler_decides_as_the_specification_says() {
         let trace = TraceId::from(7u128);
-        let off = sampler(&[("OTEL_TRACES_SAMPLER", "always_off")]).unwrap();
+        let off = sampler(&[("OTEL_TRACES_SAMPLER", "always_off")]).0;
         assert!(off.records_nothing() && !off.samples(trace, Some(true)));
-        let on = sampler(&[("OTEL_TRACES_SAMPLER", "always_on")]).unwrap();
+        let on = sampler(&[("OTEL_TRACES_SAMPLER", "always_on")]).0;
         assert!(on.samples(trace, Some(false)));
-        let parent_off = sampler(&[("OTEL_TRACES_SAMPLER", "parentbased_always_off")]).unwrap();
+        let parent_off = sampler(&[("OTEL_TRACES_SAMPLER", "parentbased_always_off")]).0;
         assert!(!parent_off.records_nothing());
         assert!(!parent_off.samples(trace, None) && parent_off.samples(trace, Some(true)));
         // A quarter of the traces, chosen from the id: the same id, the same choice.
@@ -135,7 +146,7 @@ mod tests {
             ("OTEL_TRACES_SAMPLER", "traceidratio"),
             ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
         ])
-        .unwrap();
+        .0;
         let kept = (0..4000u128)
             .filter(|i| {
                 quarter.samples(
@@ -148,16 +159,21 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_sampler_or_a_bad_ratio_is_an_error_naming_the_variable() {
-        let err = sampler(&[("OTEL_TRACES_SAMPLER", "jaeger_remote")]).unwrap_err();
-        assert!(err.starts_with("OTEL_TRACES_SAMPLER="), "{err}");
+    fn an_unknown_sampler_or_a_bad_ratio_is_set_aside_with_a_note_naming_the_variable() {
+        let trace = TraceId::from(7u128);
+        let (unknown, note) = sampler(&[("OTEL_TRACES_SAMPLER", "jaeger_remote")]);
+        assert_eq!(unknown, Sampler::default());
+        let note = note.expect("a note");
+        assert!(note.starts_with("OTEL_TRACES_SAMPLER="), "{note}");
         for bad in ["1.5", "-0.1", "half"] {
-            let err = sampler(&[
+            let (ratio, note) = sampler(&[
                 ("OTEL_TRACES_SAMPLER", "traceidratio"),
                 ("OTEL_TRACES_SAMPLER_ARG", bad),
-            ])
-            .unwrap_err();
-            assert!(err.starts_with("OTEL_TRACES_SAMPLER_ARG="), "{err}");
+            ]);
+            // As if no ratio were given: every trace, and still not parent-based.
+            assert!(ratio.samples(trace, Some(false)), "{bad}");
+            let note = note.expect("a note");
+            assert!(note.starts_with("OTEL_TRACES_SAMPLER_ARG="), "{note}");
         }
     }
 }

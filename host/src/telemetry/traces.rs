@@ -52,9 +52,6 @@ pub enum TraceError {
         "cannot export traces ({0}): check [telemetry] otlp_endpoint and the OTEL_EXPORTER_OTLP_* variables"
     )]
     Exporter(String),
-    /// `OTEL_TRACES_SAMPLER` or its argument is not one the host has.
-    #[error("cannot sample traces: {0}")]
-    Sampler(String),
     /// The thread that sends the batches could not be started.
     #[error("cannot start the thread that sends spans: {0}")]
     Thread(std::io::Error),
@@ -102,8 +99,10 @@ pub fn start_traces(settings: &TraceSettings) -> Result<bool, TraceError> {
     if disabled || !asked {
         return Ok(false);
     }
-    let sampler =
-        Sampler::from_env(|name| std::env::var(name).ok()).map_err(TraceError::Sampler)?;
+    let (sampler, set_aside) = Sampler::from_env(|name| std::env::var(name).ok());
+    if let Some(note) = set_aside {
+        tracing::warn!("{note}");
+    }
     if sampler.records_nothing() {
         return Ok(false);
     }
@@ -246,7 +245,7 @@ pub struct Span(Option<Box<SpanRecord>>);
 
 impl Span {
     /// Starts a span of `kind` under `parent`; `open` names it and gives its first
-    /// attributes, and is called only if traces are on.
+    /// attributes, and is called only if the span is recorded.
     pub fn start<N: Into<Cow<'static, str>>>(
         kind: SpanKind,
         parent: &TraceParent,
@@ -297,7 +296,7 @@ impl Span {
         TraceParent(self.0.as_ref().map(|span| Arc::new(span.ids)))
     }
 
-    /// Adds the attributes `more` gives, if traces are on.
+    /// Adds the attributes `more` gives, if the span is recorded.
     pub fn set<I: IntoIterator<Item = KeyValue>>(&mut self, more: impl FnOnce() -> I) {
         if let Some(span) = &mut self.0
             && span.ids.sampled()
