@@ -19,7 +19,8 @@
 //! workers' wall time with traces off and on, exported to a receiver on loopback (which
 //! answers every batch at once), and their ratios. Traces start once per process, so each
 //! mode runs in a process of its own; the two take their steps in turn (a turn, a run of
-//! workers), so that both see the same machine. `-- telemetry-same` runs two processes
+//! workers), so that both see the same machine; then again with the places swapped, so
+//! that whatever favours one place cancels out. `-- telemetry-same` runs two processes
 //! with traces off the same way: what the method itself reads as a difference.
 
 // A benchmark reports to its runner, not through a door of the host.
@@ -366,14 +367,19 @@ impl Measuring {
     }
 }
 
-/// `-- telemetry`: see the [module](self). Two processes, one with traces off and one
-/// with them on, take their steps in turn, one turn (or one run of workers) at a time,
-/// the first to go changing each round: both see the same machine, so its drift (a few
-/// percent within seconds on a shared host) weighs on both alike.
-///
-/// `modes` are the two processes' modes: off and on, or (`-- telemetry-same`) off twice,
-/// which shows what the method itself reads as a difference.
-fn telemetry_overhead(modes: [Traces; 2]) {
+/// What one pair of measuring processes gave, each figure by slot.
+struct Pair {
+    turn_p50: [f64; 2],
+    /// Each run of workers' wall time.
+    workers: [Vec<f64>; 2],
+    cpu: [f64; 2],
+    exported: [f64; 2],
+}
+
+/// Two processes in `modes` take their steps in turn, one turn (or one run of workers)
+/// at a time, the first to go changing each round: both see the same machine, so its
+/// drift (a few percent within seconds on a shared host) weighs on both alike.
+fn pair(modes: [Traces; 2]) -> Pair {
     const TURNS: usize = 3000;
     const WARM_TURNS: usize = 1000;
     const WORKER_RUNS: usize = 5;
@@ -398,44 +404,86 @@ fn telemetry_overhead(modes: [Traces; 2]) {
     for mut process in processes {
         assert!(process.child.wait().unwrap().success());
     }
-    assert_eq!(exported[0], 0.0, "nothing is exported with traces off");
-    let [first, second] = modes.map(|mode| format!("{mode:?}").to_lowercase());
-    let median = |values: &[f64]| {
-        let mut values = values.to_vec();
-        values.sort_by(f64::total_cmp);
-        let n = values.len();
-        (values[(n - 1) / 2] + values[n / 2]) / 2.0
+    for (mode, exported) in modes.iter().zip(exported) {
+        if *mode == Traces::Off {
+            assert_eq!(exported, 0.0, "nothing is exported with traces off");
+        }
+    }
+    Pair {
+        turn_p50: turns.each_ref().map(|times| median(times)),
+        workers,
+        cpu,
+        exported,
+    }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut values = values.to_vec();
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    (values[(n - 1) / 2] + values[n / 2]) / 2.0
+}
+
+/// `-- telemetry`: see the [module](self). A process in mode `b` is measured against one
+/// in mode `a` twice, once in the second slot and once in the first: whatever favours one
+/// slot (the method's own reading, which `-- telemetry-same` shows) weighs once each way,
+/// and the geometric mean of the two ratios is free of it.
+fn telemetry_overhead(a: Traces, b: Traces) {
+    let runs = [pair([a, b]), pair([b, a])];
+    // Slot of `b`, then of `a`, in each run.
+    let slots = [(1, 0), (0, 1)];
+    let [a_name, b_name] = [a, b].map(|mode| format!("{mode:?}").to_lowercase());
+    println!(
+        "traces {a_name} vs {b_name}: two processes taking their steps in turn, {b_name} second, then first; \
+         {} and {} bytes of spans exported",
+        runs[0].exported[1], runs[1].exported[0]
+    );
+    let percent = |ratio: f64| format!("{:+.1}%", (ratio - 1.0) * 100.0);
+    let both = |ratios: [f64; 2]| (ratios[0] * ratios[1]).sqrt();
+    let row = |label: &str, figures: [[f64; 2]; 2], unit: &str| {
+        let ratios = [0, 1].map(|i| figures[i][1] / figures[i][0]);
+        println!(
+            "  {label:<34} {a_name} -> {b_name}: {:9.3} -> {:9.3} {unit} ({}), {:9.3} -> {:9.3} {unit} ({});  both: {}",
+            figures[0][0],
+            figures[0][1],
+            percent(ratios[0]),
+            figures[1][0],
+            figures[1][1],
+            percent(ratios[1]),
+            percent(both(ratios)),
+        );
     };
-    println!(
-        "traces {first} vs {second}: two processes taking their steps in turn; {} bytes of spans exported",
-        exported[1]
+    let by_mode = |figure: fn(&Pair) -> [f64; 2]| {
+        [0, 1].map(|i| {
+            let (b_at, a_at) = slots[i];
+            let f = figure(&runs[i]);
+            [f[a_at], f[b_at]]
+        })
+    };
+    row(
+        "one_wasm_tool turn, p50 of 3000",
+        by_mode(|p| p.turn_p50),
+        "us",
     );
-    println!(
-        "  CPU time of the whole process  {:7.2} s -> {:7.2} s   ({:+.1}%)",
-        cpu[0],
-        cpu[1],
-        (cpu[1] / cpu[0] - 1.0) * 100.0
+    row(
+        "1000 workers x 10, median of 5",
+        by_mode(|p| p.workers.each_ref().map(|walls| median(walls))),
+        "s",
     );
-    let [off, on] = turns.each_ref().map(|times| median(times));
-    println!(
-        "  one_wasm_tool turn  p50 of {TURNS}  {off:8.1} us -> {on:8.1} us  ({:+.1}%)",
-        (on / off - 1.0) * 100.0
-    );
-    let ratios: Vec<f64> = workers[0]
-        .iter()
-        .zip(&workers[1])
-        .map(|(off, on)| on / off)
+    row("CPU time of the whole process", by_mode(|p| p.cpu), "s");
+    // Each run of workers against the run beside it: the spread of the machine.
+    let spread: Vec<String> = (0..2)
+        .flat_map(|i| {
+            let (b_at, a_at) = slots[i];
+            let run = &runs[i];
+            run.workers[a_at]
+                .iter()
+                .zip(&run.workers[b_at])
+                .map(|(a, b)| percent(b / a))
+                .collect::<Vec<_>>()
+        })
         .collect();
-    let [off, on] = workers.each_ref().map(|walls| median(walls));
-    println!(
-        "  1000 workers x 10, median of {WORKER_RUNS}  {off:7.3} s -> {on:7.3} s   ({:+.1}%; runs: {})",
-        (median(&ratios) - 1.0) * 100.0,
-        ratios
-            .iter()
-            .map(|r| format!("{:+.1}%", (r - 1.0) * 100.0))
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
+    println!("  workers, run by run: {}", spread.join(" "));
 }
 
 /// One process of `-- telemetry`, with traces `mode`: reads steps from its standard
@@ -526,11 +574,11 @@ fn main() {
         return;
     }
     if args.iter().any(|arg| arg == "telemetry-same") {
-        telemetry_overhead([Traces::Off, Traces::Off]);
+        telemetry_overhead(Traces::Off, Traces::Off);
         return;
     }
     if args.iter().any(|arg| arg == "telemetry") {
-        telemetry_overhead([Traces::Off, Traces::On]);
+        telemetry_overhead(Traces::Off, Traces::On);
         return;
     }
     // First, so the peak RSS they print is theirs, not the turn benchmark's.

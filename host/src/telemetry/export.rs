@@ -8,7 +8,6 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::otlp::{self, EncodedResource};
-use super::record::SpanRecord;
 
 /// The most of a receiver's answer read: it says only whether it took the batch.
 const MAX_ANSWER: usize = 64 * 1024;
@@ -228,18 +227,19 @@ impl OtlpHttp {
         }
     }
 
-    /// Encodes the spans in `batch`, empties it, and sends them on `runtime`, waiting for
+    /// Frames `spans` (entries already encoded, each as its span ended) as one request,
+    /// empties it, and sends them on `runtime`, waiting for
     /// the answer (bounded by the target's timeout): called on the batches' own thread,
     /// whose runtime this is.
-    pub(super) fn export(&self, batch: &mut Vec<SpanRecord>, runtime: &tokio::runtime::Runtime) {
+    pub(super) fn export(&self, spans: &mut Vec<u8>, runtime: &tokio::runtime::Runtime) {
         let mut body = Vec::with_capacity(self.last_size.load(Ordering::Relaxed));
         otlp::encode_batch(
             &mut body,
             &self.resource,
-            batch,
+            spans,
             &crate::secrets::log_redactor(),
         );
-        batch.clear();
+        spans.clear();
         self.last_size.store(body.len(), Ordering::Relaxed);
         let sent = runtime.block_on(self.send(body));
         match &sent {

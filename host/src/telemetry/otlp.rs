@@ -61,32 +61,49 @@ impl EncodedResource {
     }
 }
 
-/// `spans` as one `ExportTraceServiceRequest`, appended to `out`, each string passed
-/// through `redactor`.
+/// One span as an entry of `ScopeSpans.spans`, appended to `out`, each string passed
+/// through `redactor`: written by the thread that ended the span, so that the record is
+/// freed where it was made and a batch is only framed.
+pub(super) fn encode_span_entry(out: &mut Vec<u8>, span: &SpanRecord, redactor: &Redactor) {
+    message(out, 2, |out| encode_span(out, span, redactor));
+}
+
+/// One `ExportTraceServiceRequest` around `spans`, entries of [`encode_span_entry`],
+/// appended to `out`; the resource's strings pass through `redactor`. Every length is
+/// known before it is written, so the spans are copied once.
 pub(super) fn encode_batch(
     out: &mut Vec<u8>,
     resource: &EncodedResource,
-    spans: &[SpanRecord],
+    spans: &[u8],
     redactor: &Redactor,
 ) {
-    // ExportTraceServiceRequest.resource_spans
-    message(out, 1, |out| {
-        // ResourceSpans.resource
-        message(out, 1, |out| {
-            for (key, value) in &resource.attributes {
-                message(out, 1, |out| key_value(out, key, value, redactor));
-            }
-        });
-        // ResourceSpans.scope_spans: one tracer makes every span.
-        message(out, 2, |out| {
-            bytes(out, 1, &resource.scope);
-            for span in spans {
-                message(out, 2, |out| encode_span(out, span, redactor));
-            }
-            string(out, 3, semconv::SCHEMA_URL);
-        });
-        string(out, 3, semconv::SCHEMA_URL);
+    // ResourceSpans.resource
+    let mut head = Vec::new();
+    message(&mut head, 1, |out| {
+        for (key, value) in &resource.attributes {
+            message(out, 1, |out| key_value(out, key, value, redactor));
+        }
     });
+    // ScopeSpans.scope, then (after the spans) ScopeSpans.schema_url, which
+    // ResourceSpans.schema_url repeats: one tracer makes every span.
+    let mut scope = Vec::new();
+    bytes(&mut scope, 1, &resource.scope);
+    let mut schema = Vec::new();
+    string(&mut schema, 3, semconv::SCHEMA_URL);
+    let scope_spans = scope.len() + spans.len() + schema.len();
+    // ResourceSpans.scope_spans
+    tag(&mut head, 2, LEN);
+    varint(&mut head, scope_spans as u64);
+    let resource_spans = head.len() + scope_spans + schema.len();
+    out.reserve(resource_spans + 16);
+    // ExportTraceServiceRequest.resource_spans
+    tag(out, 1, LEN);
+    varint(out, resource_spans as u64);
+    out.extend_from_slice(&head);
+    out.extend_from_slice(&scope);
+    out.extend_from_slice(spans);
+    out.extend_from_slice(&schema);
+    out.extend_from_slice(&schema);
 }
 
 fn encode_span(out: &mut Vec<u8>, span: &SpanRecord, redactor: &Redactor) {
@@ -282,6 +299,33 @@ mod tests {
             expected.extend(std::iter::repeat_n(7, len));
             assert_eq!(out, expected, "a body of {len} bytes");
         }
+    }
+
+    #[test]
+    fn a_batch_is_framed_as_the_nested_messages_would_be_written() {
+        let resource = EncodedResource::new("framed");
+        let redactor = Redactor::default();
+        // Long enough that every length takes more than one byte.
+        let spans: Vec<u8> = (0..300u32)
+            .flat_map(|i| [2 << 3 | LEN, 1, i as u8])
+            .collect();
+        let mut framed = Vec::new();
+        encode_batch(&mut framed, &resource, &spans, &redactor);
+        let mut nested = Vec::new();
+        message(&mut nested, 1, |out| {
+            message(out, 1, |out| {
+                for (key, value) in &resource.attributes {
+                    message(out, 1, |out| key_value(out, key, value, &redactor));
+                }
+            });
+            message(out, 2, |out| {
+                bytes(out, 1, &resource.scope);
+                out.extend_from_slice(&spans);
+                string(out, 3, semconv::SCHEMA_URL);
+            });
+            string(out, 3, semconv::SCHEMA_URL);
+        });
+        assert_eq!(framed, nested);
     }
 
     #[test]

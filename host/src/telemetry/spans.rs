@@ -13,6 +13,7 @@ use opentelemetry::{Key, KeyValue};
 
 use super::traces::{Span, SpanKind, TraceParent};
 use crate::ids::ProcessId;
+use crate::policy::ProcessKind;
 
 /// A tool call's receipt figure, as a span attribute: `capstan.receipt.<name>`.
 pub const RECEIPT: &str = "capstan.receipt.";
@@ -33,7 +34,14 @@ pub fn turn(parent: &TraceParent, process: &ProcessId, conversation: Option<&str
                 conversation.to_owned(),
             ));
         }
-        (format!("invoke_agent {kind}"), attributes)
+        let name = match process.kind() {
+            ProcessKind::Channel => "invoke_agent channel",
+            ProcessKind::Branch => "invoke_agent branch",
+            ProcessKind::Worker => "invoke_agent worker",
+            ProcessKind::Compactor => "invoke_agent compactor",
+            ProcessKind::Cortex => "invoke_agent cortex",
+        };
+        (name, attributes)
     })
 }
 

@@ -7,6 +7,7 @@
 //! [`TraceParent::scope`].
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
@@ -19,7 +20,7 @@ use tokio::task::futures::TaskLocalFuture;
 
 use super::batch::Batches;
 use super::export;
-use super::otlp::EncodedResource;
+use super::otlp::{self, EncodedResource};
 use super::record::{SAMPLED, SpanIds, SpanRecord};
 use super::sampler::Sampler;
 
@@ -328,13 +329,33 @@ impl Drop for Span {
     }
 }
 
-/// Queues `span`, ended `at`, if its trace is recorded.
+/// Queues `span`, ended `at`, if its trace is recorded: encoded here, so that the record
+/// is freed by the thread that made it.
 fn finish(mut span: SpanRecord, at: SystemTime) {
-    if let Some(traces) = traces()
-        && span.ids.sampled()
-    {
-        span.end = at;
-        traces.batches.push(span);
+    thread_local! {
+        /// Each thread's room to encode a span in, kept from one span to the next.
+        static ENCODED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    }
+    let Some(traces) = traces().filter(|_| span.ids.sampled()) else {
+        return;
+    };
+    span.end = at;
+    let redactor = crate::secrets::log_redactor();
+    let push = |encoded: &mut Vec<u8>| {
+        encoded.clear();
+        otlp::encode_span_entry(encoded, &span, &redactor);
+        traces.batches.push(encoded);
+    };
+    let pushed = ENCODED
+        .try_with(|encoded| {
+            encoded
+                .try_borrow_mut()
+                .map(|mut encoded| push(&mut encoded))
+        })
+        .is_ok_and(|pushed| pushed.is_ok());
+    if !pushed {
+        // A thread being torn down has no room left: a buffer of the moment's own.
+        push(&mut Vec::new());
     }
 }
 
