@@ -440,8 +440,8 @@ fn telemetry_overhead(a: Traces, b: Traces) {
     );
     let percent = |ratio: f64| format!("{:+.1}%", (ratio - 1.0) * 100.0);
     let both = |ratios: [f64; 2]| (ratios[0] * ratios[1]).sqrt();
-    let row = |label: &str, figures: [[f64; 2]; 2], unit: &str| {
-        let ratios = [0, 1].map(|i| figures[i][1] / figures[i][0]);
+    // `figures` by run, as [a, b]; `ratios` b over a by run.
+    let row = |label: &str, figures: [[f64; 2]; 2], ratios: [f64; 2], unit: &str| {
         println!(
             "  {label:<34} {a_name} -> {b_name}: {:9.3} -> {:9.3} {unit} ({}), {:9.3} -> {:9.3} {unit} ({});  both: {}",
             figures[0][0],
@@ -453,36 +453,40 @@ fn telemetry_overhead(a: Traces, b: Traces) {
             percent(both(ratios)),
         );
     };
-    let by_mode = |figure: fn(&Pair) -> [f64; 2]| {
+    let by_mode = |figure: &dyn Fn(&Pair) -> [f64; 2]| {
         [0, 1].map(|i| {
             let (b_at, a_at) = slots[i];
             let f = figure(&runs[i]);
             [f[a_at], f[b_at]]
         })
     };
+    let ratios = |figures: [[f64; 2]; 2]| figures.map(|[a, b]| b / a);
+    let turns = by_mode(&|p| p.turn_p50);
     row(
         "one_wasm_tool turn, p50 of 3000",
-        by_mode(|p| p.turn_p50),
+        turns,
+        ratios(turns),
         "us",
     );
+    // Each run of workers against the run beside it, which saw the same machine.
+    let paired: [Vec<f64>; 2] = [0, 1].map(|i| {
+        let (b_at, a_at) = slots[i];
+        let run = &runs[i];
+        run.workers[a_at]
+            .iter()
+            .zip(&run.workers[b_at])
+            .map(|(a, b)| b / a)
+            .collect()
+    });
     row(
-        "1000 workers x 10, median of 5",
-        by_mode(|p| p.workers.each_ref().map(|walls| median(walls))),
+        "1000 workers x 10, median of 5 pairs",
+        by_mode(&|p| p.workers.each_ref().map(|walls| median(walls))),
+        paired.each_ref().map(|ratios| median(ratios)),
         "s",
     );
-    row("CPU time of the whole process", by_mode(|p| p.cpu), "s");
-    // Each run of workers against the run beside it: the spread of the machine.
-    let spread: Vec<String> = (0..2)
-        .flat_map(|i| {
-            let (b_at, a_at) = slots[i];
-            let run = &runs[i];
-            run.workers[a_at]
-                .iter()
-                .zip(&run.workers[b_at])
-                .map(|(a, b)| percent(b / a))
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let cpu = by_mode(&|p| p.cpu);
+    row("CPU time of the whole process", cpu, ratios(cpu), "s");
+    let spread: Vec<String> = paired.iter().flatten().map(|r| percent(*r)).collect();
     println!("  workers, run by run: {}", spread.join(" "));
 }
 

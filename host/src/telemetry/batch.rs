@@ -12,6 +12,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::export::OtlpHttp;
+use super::otlp;
 
 /// Spans enough for one request: the thread is woken when this many wait.
 const BATCH: usize = 2048;
@@ -72,7 +73,12 @@ impl Batches {
     /// The queue, with its thread sending every batch through `exporter`.
     pub(super) fn start(exporter: OtlpHttp) -> std::io::Result<&'static Batches> {
         let batches: &'static Batches = Box::leak(Box::new(Batches {
-            queue: Mutex::new(Queue::default()),
+            // Room for a batch from the start: a span joining the queue never waits on
+            // the buffer growing.
+            queue: Mutex::new(Queue {
+                spans: Vec::with_capacity(BATCH_BYTES),
+                ..Queue::default()
+            }),
             ready: Condvar::new(),
             sent: Condvar::new(),
             thread: Mutex::new(None),
@@ -166,9 +172,9 @@ impl Batches {
     }
 
     fn run(&self, exporter: &OtlpHttp, runtime: &tokio::runtime::Runtime) {
-        // Two buffers in turn, each keeping its room: the next is never grown from
-        // nothing under the lock spans need.
-        let mut spare: Vec<u8> = Vec::new();
+        // Two buffers in turn, each keeping room for a batch, made here: the queue's is
+        // never grown from nothing under the lock spans need.
+        let mut spare: Vec<u8> = Vec::with_capacity(BATCH_BYTES);
         loop {
             let waiting = |q: &mut Queue| !full(q) && !q.closing && q.flushed == q.flushes;
             let (dropped, closing, flushes) = {
@@ -187,13 +193,19 @@ impl Batches {
             };
             if dropped > 0 {
                 tracing::warn!(
-                    "{dropped} spans were dropped: more than {MAX_QUEUED} waited to be sent \
-                     (is the OTLP receiver slow?)"
+                    "{dropped} spans were dropped: more than {MAX_QUEUED} spans, or {} MiB \
+                     of them, waited to be sent (is the OTLP receiver slow?)",
+                    MAX_QUEUED_BYTES >> 20
                 );
             }
-            if !spare.is_empty() {
-                // Empties `spare`, which keeps its room for the next turn.
-                exporter.export(&mut spare, runtime);
+            // A backlog goes as several requests, each no larger than a batch.
+            for request in otlp::runs_of_entries(&spare, BATCH_BYTES) {
+                exporter.export(request, runtime);
+            }
+            spare.clear();
+            if spare.capacity() > 2 * BATCH_BYTES {
+                // A backlog's room is given back.
+                spare = Vec::with_capacity(BATCH_BYTES);
             }
             let mut queue = self.lock();
             queue.flushed = flushes;

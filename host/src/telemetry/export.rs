@@ -227,11 +227,10 @@ impl OtlpHttp {
         }
     }
 
-    /// Frames `spans` (entries already encoded, each as its span ended) as one request,
-    /// empties it, and sends them on `runtime`, waiting for
-    /// the answer (bounded by the target's timeout): called on the batches' own thread,
-    /// whose runtime this is.
-    pub(super) fn export(&self, spans: &mut Vec<u8>, runtime: &tokio::runtime::Runtime) {
+    /// Frames `spans` (entries already encoded, each as its span ended) as one request
+    /// and sends it on `runtime`, waiting for the answer (bounded by the target's
+    /// timeout): called on the batches' own thread, whose runtime this is.
+    pub(super) fn export(&self, spans: &[u8], runtime: &tokio::runtime::Runtime) {
         let mut body = Vec::with_capacity(self.last_size.load(Ordering::Relaxed));
         otlp::encode_batch(
             &mut body,
@@ -239,7 +238,6 @@ impl OtlpHttp {
             spans,
             &crate::secrets::log_redactor(),
         );
-        spans.clear();
         self.last_size.store(body.len(), Ordering::Relaxed);
         let sent = runtime.block_on(self.send(body));
         match &sent {

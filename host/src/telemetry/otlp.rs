@@ -1,6 +1,7 @@
-//! A batch of spans as the OTLP/HTTP protobuf body (`ExportTraceServiceRequest` of
-//! opentelemetry-proto 1.x), written straight from the host's span records into one
-//! buffer, each string through the log's redactor as it is written.
+//! Spans as the OTLP/HTTP protobuf body (`ExportTraceServiceRequest` of
+//! opentelemetry-proto 1.x): each span written straight from the host's span record as
+//! it ends, each string through the log's redactor as it is written, and a batch framed
+//! around the spans once.
 //!
 //! The generated message types would copy every string of every span into a tree of
 //! owned messages and encode that: most of what a span cost to export, in a process whose
@@ -66,6 +67,43 @@ impl EncodedResource {
 /// freed where it was made and a batch is only framed.
 pub(super) fn encode_span_entry(out: &mut Vec<u8>, span: &SpanRecord, redactor: &Redactor) {
     message(out, 2, |out| encode_span(out, span, redactor));
+}
+
+/// `spans`, entries of [`encode_span_entry`] one after another, in runs of whole entries
+/// of at most `max` bytes each (an entry larger than `max` makes a run of its own).
+pub(super) fn runs_of_entries(spans: &[u8], max: usize) -> impl Iterator<Item = &[u8]> {
+    let mut rest = spans;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut end = entry_len(rest);
+        while end < rest.len() {
+            let next = end + entry_len(&rest[end..]);
+            if next > max {
+                break;
+            }
+            end = next;
+        }
+        let (run, after) = rest.split_at(end);
+        rest = after;
+        Some(run)
+    })
+}
+
+/// The length of the entry `entries` starts with: its one-byte tag, its body's length
+/// as a varint, and its body (at least one byte, at most what is there).
+fn entry_len(entries: &[u8]) -> usize {
+    let mut len = 0usize;
+    let mut at = 1;
+    while let Some(&byte) = entries.get(at) {
+        len |= usize::from(byte & 0x7f) << (7 * (at - 1));
+        at += 1;
+        if byte < 0x80 {
+            break;
+        }
+    }
+    (at + len).min(entries.len()).max(1)
 }
 
 /// One `ExportTraceServiceRequest` around `spans`, entries of [`encode_span_entry`],
@@ -326,6 +364,31 @@ mod tests {
             string(out, 3, semconv::SCHEMA_URL);
         });
         assert_eq!(framed, nested);
+    }
+
+    #[test]
+    fn a_backlog_is_cut_into_runs_of_whole_entries() {
+        // Entries of 3, 130 (a two-byte length) and 40 bytes' bodies.
+        let mut spans = Vec::new();
+        for body in [3usize, 130, 40, 3] {
+            message(&mut spans, 2, |out| {
+                out.extend(std::iter::repeat_n(9, body))
+            });
+        }
+        let sizes = |max| {
+            runs_of_entries(&spans, max)
+                .map(<[u8]>::len)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(sizes(1 << 20), [spans.len()]);
+        // 5 + 133 + 42 + 5: the large entry alone, the next two together.
+        assert_eq!(sizes(100), [5, 133, 47]);
+        assert_eq!(sizes(1), [5, 133, 42, 5]);
+        assert_eq!(
+            runs_of_entries(&spans, 100).collect::<Vec<_>>().concat(),
+            spans
+        );
+        assert_eq!(runs_of_entries(&[], 100).count(), 0);
     }
 
     #[test]

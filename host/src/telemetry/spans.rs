@@ -12,8 +12,7 @@ use super::semconv as sc;
 use opentelemetry::{Key, KeyValue};
 
 use super::traces::{Span, SpanKind, TraceParent};
-use crate::ids::ProcessId;
-use crate::policy::ProcessKind;
+use crate::ids::{ProcessId, ProcessKind};
 
 /// A tool call's receipt figure, as a span attribute: `capstan.receipt.<name>`.
 pub const RECEIPT: &str = "capstan.receipt.";

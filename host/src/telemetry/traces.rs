@@ -332,6 +332,8 @@ impl Drop for Span {
 /// Queues `span`, ended `at`, if its trace is recorded: encoded here, so that the record
 /// is freed by the thread that made it.
 fn finish(mut span: SpanRecord, at: SystemTime) {
+    /// The most room a thread keeps for encoding spans.
+    const KEPT: usize = 16 << 10;
     thread_local! {
         /// Each thread's room to encode a span in, kept from one span to the next.
         static ENCODED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
@@ -345,6 +347,10 @@ fn finish(mut span: SpanRecord, at: SystemTime) {
         encoded.clear();
         otlp::encode_span_entry(encoded, &span, &redactor);
         traces.batches.push(encoded);
+        if encoded.capacity() > KEPT {
+            // A span with content can be large; a thread keeps room for a common one.
+            *encoded = Vec::new();
+        }
     };
     let pushed = ENCODED
         .try_with(|encoded| {
@@ -354,7 +360,8 @@ fn finish(mut span: SpanRecord, at: SystemTime) {
         })
         .is_ok_and(|pushed| pushed.is_ok());
     if !pushed {
-        // A thread being torn down has no room left: a buffer of the moment's own.
+        // A thread being torn down has no room left (and the room is never in use here,
+        // as encoding ends no span): a buffer of the moment's own.
         push(&mut Vec::new());
     }
 }
