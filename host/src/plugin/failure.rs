@@ -1,10 +1,29 @@
 //! Reading a wasmtime error for what a person can act on: a pooling-allocator limit (and
-//! the setting that raises it) or a guest stack overflow.
+//! the setting that raises it), a guest stack overflow, or the host's own input or output
+//! failing.
 
 use super::engine::{
     MAX_CORE_INSTANCES_PER_COMPONENT, MAX_MEMORIES_PER_COMPONENT, MAX_TABLES_PER_COMPONENT,
 };
 use super::limits::Limits;
+
+/// When `err` comes from the host's own input or output (not the guest's, which WASI gives
+/// back to it as an error code), what failed, on one line.
+pub(crate) fn host_io(err: &wasmtime::Error) -> Option<String> {
+    err.downcast_ref::<wasmtime::Trap>()
+        .is_none()
+        .then_some(())?;
+    let io = err
+        .chain()
+        .find_map(|c| c.downcast_ref::<std::io::Error>())?;
+    let context = err.to_string();
+    let io = io.to_string();
+    Some(if context == io {
+        io
+    } else {
+        format!("{context}: {io}")
+    })
+}
 
 /// When `err` is a pooling-allocator limit, what was exceeded and how to raise it (or that
 /// the cap is fixed).
@@ -118,6 +137,29 @@ fn number_after(text: &str, prefix: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hosts_own_io_failure_is_told_apart_from_the_guests() {
+        // What wasmtime gives when the kernel refuses to seal a memory image.
+        let busy = wasmtime::Error::from(std::io::Error::from_raw_os_error(16))
+            .context("cannot add seals to the memfd");
+        let text = host_io(&busy).unwrap();
+        assert!(
+            text.starts_with("cannot add seals to the memfd: ") && text.contains("os error 16"),
+            "{text}"
+        );
+        // A value the host could not lift, and a trap, are the guest's doing.
+        assert_eq!(
+            host_io(&wasmtime::Error::msg("unexpected discriminant: 7")),
+            None
+        );
+        assert_eq!(
+            host_io(&wasmtime::Error::from(
+                wasmtime::Trap::UnreachableCodeReached
+            )),
+            None
+        );
+    }
 
     #[test]
     fn pool_limits_name_the_setting_or_the_fixed_cap() {

@@ -27,6 +27,7 @@ mod imports;
 mod inspect;
 mod limits;
 mod loaded;
+mod memory_image;
 mod offline;
 mod progress;
 mod registry;

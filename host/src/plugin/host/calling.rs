@@ -19,6 +19,7 @@ use crate::plugin::error::ToolError;
 use crate::plugin::failure;
 use crate::plugin::limits::FUEL;
 use crate::plugin::loaded::LoadedPlugin;
+use crate::plugin::memory_image;
 use crate::plugin::offline::NotLinked;
 use crate::plugin::sandbox::{CallScope, Sandbox};
 use crate::plugin::touched::{CallTrace, Ran};
@@ -213,6 +214,7 @@ impl PluginHost {
         let mut store = self.new_store(sandbox);
         self.arm_deadline(&mut store);
         let call = async {
+            memory_image::prepare(pre.instance_pre().component()).await?;
             let instance = pre.instantiate_async(&mut store).await?;
             f(&instance, &mut store).await
         };
@@ -263,7 +265,10 @@ impl PluginHost {
         let call = async {
             let (instance, was_kept) = match kept {
                 Some((instance, resources, slot)) => (instance, Some((resources, slot))),
-                None => (pre.instantiate_async(&mut store).await?, None),
+                None => {
+                    memory_image::prepare(pre.instance_pre().component()).await?;
+                    (pre.instantiate_async(&mut store).await?, None)
+                }
             };
             let output = f(&instance, &mut store).await?;
             Ok((instance, was_kept, output))
@@ -409,6 +414,12 @@ impl PluginHost {
             return ToolError::Failed(format!(
                 "{who} was stopped by a stack overflow ({how}); recursion too deep or frames \
                  too large"
+            ));
+        }
+        if let Some(cause) = failure::host_io(err) {
+            return ToolError::Failed(format!(
+                "{who} could not run: the host failed ({cause}); the plugin is not at fault, \
+                 and the call can be made again"
             ));
         }
         let said = store.data().captured_output();
