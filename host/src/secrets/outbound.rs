@@ -223,6 +223,16 @@ pub fn log_redactor() -> Redactor {
         .unwrap_or_default()
 }
 
+/// `f` given the redactor [`log_redactor`] returns, without a copy of it: for what is
+/// written often (a span's every string). New values to hide wait while `f` runs.
+pub fn with_log_redactor<R>(f: impl FnOnce(&Redactor) -> R) -> R {
+    static NONE: std::sync::LazyLock<Redactor> = std::sync::LazyLock::new(Redactor::default);
+    match &*IN_LOGS.read().unwrap_or_else(|e| e.into_inner()) {
+        Some(redactor) => f(redactor),
+        None => f(&NONE),
+    }
+}
+
 /// [`for_logs`] of bytes that need not be UTF-8 (a tool's result piped on): they pass on
 /// as they are but for the values redacted.
 pub(super) fn for_logs_bytes(bytes: &[u8]) -> Outbound {

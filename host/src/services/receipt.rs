@@ -251,7 +251,7 @@ mod tests {
     fn every_figure_has_its_span_key_spelled_right() {
         for (name, _) in Receipt::default().figures() {
             let key = crate::telemetry::spans::receipt_key(name);
-            assert_eq!(key.as_str(), format!("capstan.receipt.{name}"));
+            assert_eq!(key, format!("capstan.receipt.{name}"));
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod spans;
 mod traces;
 
 pub use metrics::{CONTENT_TYPE, DenialReason, Metrics, NO_RULE, UNKNOWN_TOOL, metrics};
+pub use record::Attributes;
 pub use traces::{
     Span, SpanKind, TraceError, TraceParent, TraceSettings, content_on, flush_traces,
     shutdown_traces, start_traces, traces_on,

@@ -1,20 +1,17 @@
 //! Spans as the OTLP/HTTP protobuf body (`ExportTraceServiceRequest` of
-//! opentelemetry-proto 1.x): each span written straight from the host's span record as
-//! it ends, each string through the log's redactor as it is written, and a batch framed
-//! around the spans once.
+//! opentelemetry-proto 1.x): each span's fields written as the span is given them (its
+//! head as it starts, each attribute as it is added, its tail as it ends), each string
+//! through the log's redactor as it is written, and a batch framed around the spans once.
 //!
 //! The generated message types would copy every string of every span into a tree of
 //! owned messages and encode that: most of what a span cost to export, in a process whose
 //! spans come by the thousand a second. Only the messages a span batch uses are written,
 //! always in canonical form (field order, minimal lengths), so any decoder reads them.
 
-use std::borrow::Cow;
 use std::time::SystemTime;
 
-use opentelemetry::trace::SpanKind;
-use opentelemetry::{Array, KeyValue, StringValue, Value};
+use opentelemetry::trace::{SpanId, SpanKind, TraceId};
 
-use super::record::{MAX_ATTRIBUTES, SpanRecord};
 use super::semconv;
 use crate::secrets::Redactor;
 
@@ -36,40 +33,201 @@ const STATUS_ERROR: u64 = 2;
 /// batch, through the redactor of the time.
 #[derive(Debug, Clone, Default)]
 pub(super) struct EncodedResource {
-    attributes: Vec<(&'static str, Value)>,
+    service: String,
+    pid: i64,
     scope: Vec<u8>,
 }
 
 impl EncodedResource {
     /// The resource of service `service` in this process, and the host's scope.
     pub(super) fn new(service: &str) -> Self {
-        let pid = i64::from(std::process::id());
-        let attributes = vec![
-            (semconv::SERVICE_NAME, Value::from(service.to_owned())),
-            (semconv::TELEMETRY_SDK_NAME, Value::from("capstan")),
-            (semconv::TELEMETRY_SDK_LANGUAGE, Value::from("rust")),
-            (
-                semconv::TELEMETRY_SDK_VERSION,
-                Value::from(env!("CARGO_PKG_VERSION")),
-            ),
-            // Which host of several sharing a store made the span.
-            (semconv::PROCESS_PID, Value::from(pid)),
-        ];
         let mut scope = Vec::new();
         string(&mut scope, 1, "capstan");
         string(&mut scope, 2, env!("CARGO_PKG_VERSION"));
-        EncodedResource { attributes, scope }
+        EncodedResource {
+            service: service.to_owned(),
+            pid: i64::from(std::process::id()),
+            scope,
+        }
+    }
+
+    /// The `Resource` message's attributes, appended to `out`.
+    fn write_attributes(&self, out: &mut Vec<u8>, redactor: &Redactor) {
+        use AttributeValue::{Int, Text};
+        for (key, value) in [
+            (semconv::SERVICE_NAME, Text(&self.service)),
+            (semconv::TELEMETRY_SDK_NAME, Text("capstan")),
+            (semconv::TELEMETRY_SDK_LANGUAGE, Text("rust")),
+            (
+                semconv::TELEMETRY_SDK_VERSION,
+                Text(env!("CARGO_PKG_VERSION")),
+            ),
+            // Which host of several sharing a store made the span.
+            (semconv::PROCESS_PID, Int(self.pid)),
+        ] {
+            attribute(out, RESOURCE_ATTRIBUTES, key, value, redactor);
+        }
     }
 }
 
-/// One span as an entry of `ScopeSpans.spans`, appended to `out`, each string passed
-/// through `redactor`: written by the thread that ended the span, so that the record is
-/// freed where it was made and a batch is only framed.
-pub(super) fn encode_span_entry(out: &mut Vec<u8>, span: &SpanRecord, redactor: &Redactor) {
-    message(out, 2, |out| encode_span(out, span, redactor));
+/// The field of a `Span` message that holds its attributes.
+pub(super) const SPAN_ATTRIBUTES: u32 = 9;
+
+/// The field of a `Resource` message that holds its attributes.
+const RESOURCE_ATTRIBUTES: u32 = 1;
+
+/// The field of a `ScopeSpans` message that holds its spans.
+const SCOPE_SPANS_SPANS: u32 = 2;
+
+/// An attribute's value, as it is given.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum AttributeValue<'a> {
+    /// A string, passed through the redactor.
+    Text(&'a str),
+    /// An integer.
+    Int(i64),
 }
 
-/// `spans`, entries of [`encode_span_entry`] one after another, in runs of whole entries
+/// A `KeyValue` message as field `field`, appended to `out`, its key and text through
+/// `redactor`; every length is known before it is written.
+pub(super) fn attribute(
+    out: &mut Vec<u8>,
+    field: u32,
+    key: &str,
+    value: AttributeValue<'_>,
+    redactor: &Redactor,
+) {
+    let key = redactor.redact(key);
+    // AnyValue's one field.
+    let (text, number) = match value {
+        AttributeValue::Text(text) => (Some(redactor.redact(text)), 0),
+        AttributeValue::Int(number) => (None, number as u64),
+    };
+    let any = match &text {
+        // Written even when empty: an empty string value is still a string value.
+        Some(text) => 1 + varint_len(text.len() as u64) + text.len(),
+        None => 1 + varint_len(number),
+    };
+    let key_field = if key.is_empty() {
+        0
+    } else {
+        1 + varint_len(key.len() as u64) + key.len()
+    };
+    let key_value = key_field + 1 + varint_len(any as u64) + any;
+    tag(out, field, LEN);
+    varint(out, key_value as u64);
+    string(out, 1, &key);
+    tag(out, 2, LEN);
+    varint(out, any as u64);
+    match &text {
+        Some(text) => {
+            tag(out, 1, LEN);
+            varint(out, text.len() as u64);
+            out.extend_from_slice(text.as_bytes());
+        }
+        None => tag_varint(out, 3, number),
+    }
+}
+
+/// A `Span` message's first fields, ids to start time, appended to `out`, and room for
+/// its end time: where that room is. The name's pieces are written one after another,
+/// each through `redactor`.
+pub(super) fn span_head(
+    out: &mut Vec<u8>,
+    (trace, span): (TraceId, SpanId),
+    parent: Option<SpanId>,
+    kind: SpanKind,
+    name: &[&str],
+    start: SystemTime,
+    redactor: &Redactor,
+) -> usize {
+    bytes(out, 1, &trace.to_bytes());
+    bytes(out, 2, &span.to_bytes());
+    if let Some(parent) = parent {
+        bytes(out, 4, &parent.to_bytes());
+    }
+    if name.iter().any(|piece| !piece.is_empty()) {
+        message(out, 5, |out| {
+            for piece in name {
+                out.extend_from_slice(redactor.redact(piece).as_bytes());
+            }
+        });
+    }
+    let kind = match kind {
+        SpanKind::Internal => 1,
+        SpanKind::Server => 2,
+        SpanKind::Client => 3,
+        SpanKind::Producer => 4,
+        SpanKind::Consumer => 5,
+    };
+    uint(out, 6, kind);
+    fixed64(out, 7, nanos(start));
+    // The end time, written when the span ends: never zero, so never left out.
+    tag(out, 8, FIXED64);
+    let end_at = out.len();
+    out.extend_from_slice(&[0; 8]);
+    end_at
+}
+
+/// What a span adds to its fields as it ends.
+pub(super) struct Tail<'a> {
+    /// `error.type`, if it failed and the span has room for one more attribute.
+    pub(super) error_type: Option<&'a str>,
+    /// Attributes left out over the limit.
+    pub(super) dropped_attributes: u32,
+    /// Why it failed, for its status.
+    pub(super) error: Option<&'a str>,
+    /// Its W3C trace flags.
+    pub(super) flags: u8,
+    /// Whether its parent is another process's span.
+    pub(super) remote_parent: bool,
+}
+
+/// Ends the `Span` message whose fields [`span_head`] began in `fields` (its end time's
+/// room at `end_at`) and [`attribute`] went on with: its end time `end` and `tail`.
+pub(super) fn span_tail(
+    fields: &mut Vec<u8>,
+    end_at: usize,
+    end: SystemTime,
+    tail: Tail<'_>,
+    redactor: &Redactor,
+) {
+    fields[end_at..end_at + 8].copy_from_slice(&nanos(end).to_le_bytes());
+    if let Some(error) = tail.error_type {
+        attribute(
+            fields,
+            SPAN_ATTRIBUTES,
+            semconv::ERROR_TYPE,
+            AttributeValue::Text(error),
+            redactor,
+        );
+    }
+    uint(fields, 10, tail.dropped_attributes.into());
+    if let Some(error) = tail.error {
+        message(fields, 15, |out| {
+            string(out, 2, &redactor.redact(error));
+            uint(out, 3, STATUS_ERROR);
+        });
+    }
+    fixed32(fields, 16, flags(tail.flags, tail.remote_parent));
+}
+
+/// The head of one entry of `ScopeSpans.spans` whose `Span` message is `len` bytes: its
+/// tag and length, written into `room`.
+pub(super) fn entry_head(len: usize, room: &mut [u8; 11]) -> &[u8] {
+    room[0] = (SCOPE_SPANS_SPANS << 3) as u8 | LEN;
+    let mut at = 1;
+    let mut value = len as u64;
+    while value >= 0x80 {
+        room[at] = value as u8 | 0x80;
+        value >>= 7;
+        at += 1;
+    }
+    room[at] = value as u8;
+    &room[..=at]
+}
+
+/// `spans`, entries of [`entry_head`] and their spans one after another, in runs of whole entries
 /// of at most `max` bytes each (an entry larger than `max` makes a run of its own).
 pub(super) fn runs_of_entries(spans: &[u8], max: usize) -> impl Iterator<Item = &[u8]> {
     let mut rest = spans;
@@ -106,7 +264,7 @@ fn entry_len(entries: &[u8]) -> usize {
     (at + len).min(entries.len()).max(1)
 }
 
-/// One `ExportTraceServiceRequest` around `spans`, entries of [`encode_span_entry`],
+/// One `ExportTraceServiceRequest` around `spans`, entries of [`entry_head`] and spans,
 /// appended to `out`; the resource's strings pass through `redactor`. Every length is
 /// known before it is written, so the spans are copied once.
 pub(super) fn encode_batch(
@@ -117,11 +275,7 @@ pub(super) fn encode_batch(
 ) {
     // ResourceSpans.resource
     let mut head = Vec::new();
-    message(&mut head, 1, |out| {
-        for (key, value) in &resource.attributes {
-            message(out, 1, |out| key_value(out, key, value, redactor));
-        }
-    });
+    message(&mut head, 1, |out| resource.write_attributes(out, redactor));
     // ScopeSpans.scope, then (after the spans) ScopeSpans.schema_url, which
     // ResourceSpans.schema_url repeats: one tracer makes every span.
     let mut scope = Vec::new();
@@ -144,100 +298,11 @@ pub(super) fn encode_batch(
     out.extend_from_slice(&schema);
 }
 
-fn encode_span(out: &mut Vec<u8>, span: &SpanRecord, redactor: &Redactor) {
-    let ids = &span.ids;
-    bytes(out, 1, &ids.trace.to_bytes());
-    bytes(out, 2, &ids.span.to_bytes());
-    if let Some((parent, _)) = span.parent {
-        bytes(out, 4, &parent.to_bytes());
-    }
-    string(out, 5, &redactor.redact(&span.name));
-    let kind = match span.kind {
-        SpanKind::Internal => 1,
-        SpanKind::Server => 2,
-        SpanKind::Client => 3,
-        SpanKind::Producer => 4,
-        SpanKind::Consumer => 5,
-    };
-    uint(out, 6, kind);
-    fixed64(out, 7, nanos(span.start));
-    fixed64(out, 8, nanos(span.end));
-    for attribute in &span.attributes {
-        message(out, 9, |out| attribute_of(out, attribute, redactor));
-    }
-    let mut dropped = span.dropped_attributes;
-    if let Some(error) = &span.error {
-        // `error.type` is one of the span's attributes, and counts within its limit.
-        if span.attributes.len() < MAX_ATTRIBUTES {
-            let value = Value::String(StringValue::from(error.to_string()));
-            message(out, 9, |out| {
-                key_value(out, semconv::ERROR_TYPE, &value, redactor)
-            });
-        } else {
-            dropped = dropped.saturating_add(1);
-        }
-    }
-    uint(out, 10, dropped.into());
-    if let Some(error) = &span.error {
-        message(out, 15, |out| {
-            string(out, 2, &redactor.redact(error));
-            uint(out, 3, STATUS_ERROR);
-        });
-    }
-    let remote = span.parent.is_some_and(|(_, remote)| remote);
-    fixed32(out, 16, flags(ids.flags, remote));
-}
-
 /// `SpanFlags`: the W3C trace flags, and whether the span's parent is remote, which is
 /// always known here.
 fn flags(trace_flags: u8, remote: bool) -> u32 {
     let known = u32::from(trace_flags) | HAS_IS_REMOTE;
     if remote { known | IS_REMOTE } else { known }
-}
-
-fn attribute_of(out: &mut Vec<u8>, attribute: &KeyValue, redactor: &Redactor) {
-    key_value(out, attribute.key.as_str(), &attribute.value, redactor);
-}
-
-/// A `KeyValue` message's fields.
-fn key_value(out: &mut Vec<u8>, key: &str, value: &Value, redactor: &Redactor) {
-    string(out, 1, &redactor.redact(key));
-    message(out, 2, |out| any_value(out, value, redactor));
-}
-
-/// An `AnyValue` message's one field.
-fn any_value(out: &mut Vec<u8>, value: &Value, redactor: &Redactor) {
-    match value {
-        Value::String(text) => text_value(out, text, redactor),
-        Value::Bool(flag) => tag_varint(out, 2, u64::from(*flag)),
-        Value::I64(number) => tag_varint(out, 3, *number as u64),
-        Value::F64(number) => {
-            tag(out, 4, FIXED64);
-            out.extend_from_slice(&number.to_le_bytes());
-        }
-        Value::Array(array) => message(out, 5, |out| {
-            // ArrayValue.values
-            let mut each = |value: Value| message(out, 1, |out| any_value(out, &value, redactor));
-            match array {
-                Array::Bool(values) => values.iter().for_each(|v| each(Value::Bool(*v))),
-                Array::I64(values) => values.iter().for_each(|v| each(Value::I64(*v))),
-                Array::F64(values) => values.iter().for_each(|v| each(Value::F64(*v))),
-                Array::String(values) => values.iter().for_each(|v| each(Value::String(v.clone()))),
-                // A kind of array a later API may add: written as its text.
-                other => each(Value::String(other.to_string().into())),
-            }
-        }),
-        // A kind of value a later API may add: written as its text.
-        other => text_value(out, &StringValue::from(other.to_string()), redactor),
-    }
-}
-
-fn text_value(out: &mut Vec<u8>, text: &StringValue, redactor: &Redactor) {
-    let text: Cow<'_, str> = redactor.redact(text.as_str());
-    // Written even when empty: an empty string value is still a string value.
-    tag(out, 1, LEN);
-    varint(out, text.len() as u64);
-    out.extend_from_slice(text.as_bytes());
 }
 
 fn nanos(time: SystemTime) -> u64 {
@@ -309,6 +374,11 @@ fn tag(out: &mut Vec<u8>, field: u32, wire: u8) {
     varint(out, u64::from(field << 3 | u32::from(wire)));
 }
 
+/// How many bytes [`varint`] writes for `value`.
+fn varint_len(value: u64) -> usize {
+    (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
+}
+
 fn varint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
         out.push(value as u8 | 0x80);
@@ -351,11 +421,7 @@ mod tests {
         encode_batch(&mut framed, &resource, &spans, &redactor);
         let mut nested = Vec::new();
         message(&mut nested, 1, |out| {
-            message(out, 1, |out| {
-                for (key, value) in &resource.attributes {
-                    message(out, 1, |out| key_value(out, key, value, &redactor));
-                }
-            });
+            message(out, 1, |out| resource.write_attributes(out, &redactor));
             message(out, 2, |out| {
                 bytes(out, 1, &resource.scope);
                 out.extend_from_slice(&spans);
@@ -392,37 +458,69 @@ mod tests {
     }
 
     #[test]
-    fn error_type_counts_within_the_attribute_limit() {
-        use crate::telemetry::record::SpanIds;
-        use crate::telemetry::sampler::Sampler;
-        let encoded = |attributes: usize| {
-            let now = SystemTime::now();
-            let span = SpanRecord {
-                ids: SpanIds::child_of(None, &Sampler::default()),
-                parent: None,
-                kind: SpanKind::Internal,
-                name: "full".into(),
-                start: now,
-                end: now,
-                attributes: (0..attributes as i64)
-                    .map(|i| KeyValue::new("n", i))
-                    .collect(),
-                dropped_attributes: 0,
-                error: Some("timeout".into()),
-            };
-            let mut out = Vec::new();
-            encode_span(&mut out, &span, &Redactor::default());
-            out
-        };
-        let holds = |out: &[u8], part: &[u8]| out.windows(part.len()).any(|w| w == part);
-        // Room for one more: `error.type` is written, and nothing is counted dropped.
-        let roomy = encoded(MAX_ATTRIBUTES - 1);
-        assert!(holds(&roomy, semconv::ERROR_TYPE.as_bytes()));
-        assert!(!holds(&roomy, &[10 << 3 | VARINT, 1, 15 << 3 | LEN]));
-        // Full: it is counted dropped (field 10 is 1, just before the status).
-        let full = encoded(MAX_ATTRIBUTES);
-        assert!(!holds(&full, semconv::ERROR_TYPE.as_bytes()));
-        assert!(holds(&full, &[10 << 3 | VARINT, 1, 15 << 3 | LEN]));
+    fn an_attribute_and_an_entry_head_are_framed_as_nested_messages_would_be() {
+        let redactor = Redactor::default();
+        let long = "v".repeat(300);
+        for (key, value) in [
+            ("k", AttributeValue::Text("short")),
+            ("key", AttributeValue::Text(&long)),
+            (&*"k".repeat(200), AttributeValue::Text(&long)),
+            ("n", AttributeValue::Int(-1)),
+            ("n", AttributeValue::Int(0)),
+            ("n", AttributeValue::Int(i64::MAX)),
+        ] {
+            let mut direct = Vec::new();
+            attribute(&mut direct, SPAN_ATTRIBUTES, key, value, &redactor);
+            let mut nested = Vec::new();
+            message(&mut nested, SPAN_ATTRIBUTES, |out| {
+                string(out, 1, key);
+                message(out, 2, |out| match value {
+                    AttributeValue::Text(text) => {
+                        tag(out, 1, LEN);
+                        varint(out, text.len() as u64);
+                        out.extend_from_slice(text.as_bytes());
+                    }
+                    AttributeValue::Int(number) => tag_varint(out, 3, number as u64),
+                });
+            });
+            assert_eq!(direct, nested, "{key:?} = {value:?}");
+        }
+        for len in [0usize, 127, 128, 300, 1 << 21] {
+            let body = vec![7u8; len];
+            let mut room = [0; 11];
+            let mut direct = entry_head(len, &mut room).to_vec();
+            direct.extend_from_slice(&body);
+            let mut nested = Vec::new();
+            message(&mut nested, SCOPE_SPANS_SPANS, |out| {
+                out.extend_from_slice(&body)
+            });
+            assert_eq!(direct, nested, "a span of {len} bytes");
+        }
+    }
+
+    #[test]
+    fn a_secret_in_a_key_a_value_or_a_name_is_written_redacted() {
+        let redactor = Redactor::new([("T".parse().unwrap(), "sk-canary-1234".into())]);
+        let mut out = Vec::new();
+        attribute(
+            &mut out,
+            SPAN_ATTRIBUTES,
+            "sk-canary-1234",
+            AttributeValue::Text("a sk-canary-1234 b"),
+            &redactor,
+        );
+        span_head(
+            &mut out,
+            (TraceId::from(7u128), SpanId::from(9u64)),
+            None,
+            SpanKind::Internal,
+            &["execute_tool ", "sk-canary-1234"],
+            SystemTime::now(),
+            &redactor,
+        );
+        let holds = |part: &[u8]| out.windows(part.len()).any(|w| w == part);
+        assert!(!holds(b"sk-canary-1234"));
+        assert!(holds(b"execute_tool "));
     }
 
     #[test]
@@ -432,7 +530,26 @@ mod tests {
         uint(&mut out, 2, 0);
         fixed64(&mut out, 3, 0);
         assert!(out.is_empty());
-        any_value(&mut out, &Value::from(""), &Redactor::default());
-        assert_eq!(out, [1 << 3 | LEN, 0]);
+        attribute(
+            &mut out,
+            SPAN_ATTRIBUTES,
+            "k",
+            AttributeValue::Text(""),
+            &Redactor::default(),
+        );
+        assert_eq!(
+            out,
+            [
+                9 << 3 | LEN,
+                7,
+                1 << 3 | LEN,
+                1,
+                b'k',
+                2 << 3 | LEN,
+                2,
+                1 << 3 | LEN,
+                0
+            ]
+        );
     }
 }

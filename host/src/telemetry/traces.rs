@@ -7,12 +7,10 @@
 //! [`TraceParent::scope`].
 
 use std::borrow::Cow;
-use std::cell::RefCell;
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
-use opentelemetry::KeyValue;
 use opentelemetry::trace::{SpanId, TraceId};
 
 pub use opentelemetry::trace::SpanKind;
@@ -20,8 +18,8 @@ use tokio::task::futures::TaskLocalFuture;
 
 use super::batch::Batches;
 use super::export;
-use super::otlp::{self, EncodedResource};
-use super::record::{SAMPLED, SpanIds, SpanRecord};
+use super::otlp::EncodedResource;
+use super::record::{Attributes, SAMPLED, SpanIds, SpanRecord};
 use super::sampler::Sampler;
 
 /// What starts the trace pipeline (`[telemetry]` in the config).
@@ -241,54 +239,51 @@ impl TraceParent {
 
 /// One span under way, ended when dropped; while traces are off it is nothing (one
 /// pointer, never allocated), and no closure given to it is called.
+///
+/// What a span is given is written there and then, in the form it is exported in, each
+/// string through the log's redactor: names and attributes are borrowed, never copied
+/// into owned values first.
 #[derive(Debug, Default)]
 pub struct Span(Option<Box<SpanRecord>>);
 
 impl Span {
-    /// Starts a span of `kind` under `parent`; `open` names it and gives its first
-    /// attributes, and is called only if the span is recorded.
-    pub fn start<N: Into<Cow<'static, str>>>(
+    /// Starts a span of `kind` under `parent`. `name` gives its name's pieces (written one
+    /// after another) and `attributes` adds its first attributes; both are called only if
+    /// the span is recorded. `attributes` runs while the log's redactor is read, so it
+    /// must not hide new values in the log (work that might is done before).
+    pub fn start<'n, const N: usize>(
         kind: SpanKind,
         parent: &TraceParent,
-        open: impl FnOnce() -> (N, Vec<KeyValue>),
+        name: impl FnOnce() -> [&'n str; N],
+        attributes: impl FnOnce(&mut Attributes<'_>),
     ) -> Span {
-        Span::start_at(kind, parent, None, open)
+        Span::start_at(kind, parent, None, name, attributes)
     }
 
     /// [`Span::start`] with the time it began, if it began earlier.
-    pub fn start_at<N: Into<Cow<'static, str>>>(
+    pub fn start_at<'n, const N: usize>(
         kind: SpanKind,
         parent: &TraceParent,
         began: Option<SystemTime>,
-        open: impl FnOnce() -> (N, Vec<KeyValue>),
+        name: impl FnOnce() -> [&'n str; N],
+        attributes: impl FnOnce(&mut Attributes<'_>),
     ) -> Span {
         let Some(traces) = traces() else {
             return Span(None);
         };
         let parent = parent.0.as_deref();
         let ids = SpanIds::child_of(parent, &traces.sampler);
-        let mut span = SpanRecord {
-            ids,
-            parent: parent.map(|parent| (parent.span, parent.remote)),
-            kind,
-            name: Cow::Borrowed(""),
-            start: SystemTime::UNIX_EPOCH,
-            end: SystemTime::UNIX_EPOCH,
-            attributes: Vec::new(),
-            dropped_attributes: 0,
-            error: None,
-        };
         // A span not recorded is only its ids, for its children to name.
-        if ids.sampled() {
-            let (name, attributes) = open();
-            span.name = name.into();
-            if attributes.len() <= super::record::MAX_ATTRIBUTES {
-                span.attributes = attributes;
-            } else {
-                span.add(attributes);
-            }
-            span.start = began.unwrap_or_else(SystemTime::now);
+        if !ids.sampled() {
+            return Span(Some(Box::new(SpanRecord::unrecorded(ids, parent))));
         }
+        let start = began.unwrap_or_else(SystemTime::now);
+        let name = name();
+        let span = crate::secrets::with_log_redactor(|redactor| {
+            let mut span = SpanRecord::open(ids, parent, kind, &name, start, redactor);
+            attributes(&mut span.attributes(redactor));
+            span
+        });
         Span(Some(Box::new(span)))
     }
 
@@ -297,73 +292,54 @@ impl Span {
         TraceParent(self.0.as_ref().map(|span| Arc::new(span.ids)))
     }
 
-    /// Adds the attributes `more` gives, if the span is recorded.
-    pub fn set<I: IntoIterator<Item = KeyValue>>(&mut self, more: impl FnOnce() -> I) {
+    /// Whether the span is recorded: what it is given is exported.
+    pub fn is_recorded(&self) -> bool {
+        self.0.as_ref().is_some_and(|span| span.recorded())
+    }
+
+    /// Adds the attributes `more` gives, if the span is recorded. Like the attributes
+    /// of [`Span::start`], `more` runs while the log's redactor is read.
+    pub fn set(&mut self, more: impl FnOnce(&mut Attributes<'_>)) {
         if let Some(span) = &mut self.0
-            && span.ids.sampled()
+            && span.recorded()
         {
-            span.add(more());
+            crate::secrets::with_log_redactor(|redactor| more(&mut span.attributes(redactor)));
         }
     }
 
     /// Marks the span failed, with `error.type` set to `kind`.
     pub fn fail(&mut self, kind: &str) {
-        if let Some(span) = &mut self.0 {
-            span.error = Some(Cow::Owned(kind.to_owned()));
+        if let Some(span) = &mut self.0
+            && span.recorded()
+        {
+            span.fail(Cow::Owned(kind.to_owned()));
         }
     }
 
     /// Ends the span at `at` rather than now.
     pub fn end_at(mut self, at: SystemTime) {
-        if let Some(span) = self.0.take() {
-            finish(*span, at);
+        if let Some(mut span) = self.0.take() {
+            finish(&mut span, at);
         }
     }
 }
 
 impl Drop for Span {
     fn drop(&mut self) {
-        if let Some(span) = self.0.take() {
-            finish(*span, SystemTime::now());
+        if let Some(mut span) = self.0.take() {
+            finish(&mut span, SystemTime::now());
         }
     }
 }
 
-/// Queues `span`, ended `at`, if its trace is recorded: encoded here, so that the record
-/// is freed by the thread that made it.
-fn finish(mut span: SpanRecord, at: SystemTime) {
-    /// The most room a thread keeps for encoding spans.
-    const KEPT: usize = 16 << 10;
-    thread_local! {
-        /// Each thread's room to encode a span in, kept from one span to the next.
-        static ENCODED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-    }
-    let Some(traces) = traces().filter(|_| span.ids.sampled()) else {
+/// Queues `span`, ended `at`, if it is recorded; the caller frees its record, on the
+/// thread that ended it.
+fn finish(span: &mut SpanRecord, at: SystemTime) {
+    let Some(traces) = traces().filter(|_| span.recorded()) else {
         return;
     };
-    span.end = at;
-    let redactor = crate::secrets::log_redactor();
-    let push = |encoded: &mut Vec<u8>| {
-        encoded.clear();
-        otlp::encode_span_entry(encoded, &span, &redactor);
-        traces.batches.push(encoded);
-        if encoded.capacity() > KEPT {
-            // A span with content can be large; a thread keeps room for a common one.
-            *encoded = Vec::new();
-        }
-    };
-    let pushed = ENCODED
-        .try_with(|encoded| {
-            encoded
-                .try_borrow_mut()
-                .map(|mut encoded| push(&mut encoded))
-        })
-        .is_ok_and(|pushed| pushed.is_ok());
-    if !pushed {
-        // A thread being torn down has no room left (and the room is never in use here,
-        // as encoding ends no span): a buffer of the moment's own.
-        push(&mut Vec::new());
-    }
+    let fields = crate::secrets::with_log_redactor(|redactor| span.end(at, redactor));
+    traces.batches.push(fields);
 }
 
 #[cfg(test)]
@@ -416,10 +392,15 @@ mod tests {
         assert!(!traces_on() && !content_on());
         let parent = TraceParent::from_header(&format!("00-{TRACE}-{SPAN}-01"));
         let called = std::cell::Cell::new(false);
-        let span = Span::start(SpanKind::Internal, &parent, || {
-            called.set(true);
-            (String::new(), Vec::new())
-        });
+        let span = Span::start(
+            SpanKind::Internal,
+            &parent,
+            || {
+                called.set(true);
+                ["named"]
+            },
+            |_| called.set(true),
+        );
         assert!(!called.get(), "no span is named while traces are off");
         assert!(span.parent().is_none());
         // A scope holds nothing to find either.
