@@ -23,9 +23,7 @@ mod spec;
 mod store;
 mod terminal;
 
-pub use outbound::{
-    Outbound, OutboundBody, OutboundWriter, for_logs, log_redactor, with_log_redactor,
-};
+pub use outbound::{Outbound, OutboundBody, OutboundWriter, for_logs, log_redactor};
 pub use redact::{REDACTED, Redactor, STEADY_LAG_STEP, StreamRedactor};
 pub use spec::{HeaderTemplate, SecretName, SecretSource, SecretSpec};
 pub(crate) use store::read_source;

@@ -216,21 +216,13 @@ pub fn for_logs(text: &str) -> Outbound {
 /// The redactor of every value hidden in the log, as it is now (none yet: one that
 /// changes nothing), for many texts at once.
 pub fn log_redactor() -> Redactor {
+    // Made once: every span asks for it, and an empty one is a copy of a pointer too.
+    static NONE: std::sync::LazyLock<Redactor> = std::sync::LazyLock::new(Redactor::default);
     IN_LOGS
         .read()
         .unwrap_or_else(|e| e.into_inner())
         .clone()
-        .unwrap_or_default()
-}
-
-/// `f` given the redactor [`log_redactor`] returns, without a copy of it: for what is
-/// written often (a span's every string). New values to hide wait while `f` runs.
-pub fn with_log_redactor<R>(f: impl FnOnce(&Redactor) -> R) -> R {
-    static NONE: std::sync::LazyLock<Redactor> = std::sync::LazyLock::new(Redactor::default);
-    match &*IN_LOGS.read().unwrap_or_else(|e| e.into_inner()) {
-        Some(redactor) => f(redactor),
-        None => f(&NONE),
-    }
+        .unwrap_or_else(|| NONE.clone())
 }
 
 /// [`for_logs`] of bytes that need not be UTF-8 (a tool's result piped on): they pass on

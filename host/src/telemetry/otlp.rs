@@ -146,12 +146,16 @@ pub(super) fn span_head(
     if let Some(parent) = parent {
         bytes(out, 4, &parent.to_bytes());
     }
-    if name.iter().any(|piece| !piece.is_empty()) {
-        message(out, 5, |out| {
-            for piece in name {
-                out.extend_from_slice(redactor.redact(piece).as_bytes());
-            }
-        });
+    match name {
+        [] => {}
+        [whole] => string(out, 5, &redactor.redact(whole)),
+        // Redacted whole: a value may run from one piece into the next.
+        pieces if redactor.is_empty() => message(out, 5, |out| {
+            pieces
+                .iter()
+                .for_each(|piece| out.extend_from_slice(piece.as_bytes()))
+        }),
+        pieces => string(out, 5, &redactor.redact(&pieces.concat())),
     }
     let kind = match kind {
         SpanKind::Internal => 1,
@@ -162,7 +166,8 @@ pub(super) fn span_head(
     };
     uint(out, 6, kind);
     fixed64(out, 7, nanos(start));
-    // The end time, written when the span ends: never zero, so never left out.
+    // The end time, written when the span ends: always written, so that its place is
+    // known (a time at or before 1970 is zero, which proto3 would leave out).
     tag(out, 8, FIXED64);
     let end_at = out.len();
     out.extend_from_slice(&[0; 8]);
@@ -509,18 +514,26 @@ mod tests {
             AttributeValue::Text("a sk-canary-1234 b"),
             &redactor,
         );
-        span_head(
-            &mut out,
-            (TraceId::from(7u128), SpanId::from(9u64)),
-            None,
-            SpanKind::Internal,
-            &["execute_tool ", "sk-canary-1234"],
-            SystemTime::now(),
-            &redactor,
-        );
+        for name in [
+            &["execute_tool ", "sk-canary-1234"][..],
+            &["a sk-canary-", "1234 b"],
+        ] {
+            span_head(
+                &mut out,
+                (TraceId::from(7u128), SpanId::from(9u64)),
+                None,
+                SpanKind::Internal,
+                name,
+                SystemTime::now(),
+                &redactor,
+            );
+        }
         let holds = |part: &[u8]| out.windows(part.len()).any(|w| w == part);
-        assert!(!holds(b"sk-canary-1234"));
-        assert!(holds(b"execute_tool "));
+        assert!(
+            !holds(b"sk-canary"),
+            "a secret whole or across two pieces of a name"
+        );
+        assert!(holds(b"execute_tool ") && holds(b"a ") && holds(b" b"));
     }
 
     #[test]

@@ -56,7 +56,7 @@ impl SpanIds {
 }
 
 /// The most attributes a span keeps, as the SDK's default limit: more are counted, not kept.
-pub(super) const MAX_ATTRIBUTES: u32 = 128;
+const MAX_ATTRIBUTES: u32 = 128;
 
 /// Room for a common span's fields from the start: its ids, name and a dozen attributes.
 const ROOM: usize = 384;
@@ -67,9 +67,9 @@ pub(super) struct SpanRecord {
     pub(super) ids: SpanIds,
     /// Whether the parent is another process's span.
     remote_parent: bool,
-    /// Fields 1 to 9 of the `Span` message, in order: ids, parent, name, kind, start,
-    /// room for the end time, then each attribute kept. Empty while the span is not
-    /// recorded.
+    /// The `Span` message's fields, in order: ids, parent, name, kind, start, room for
+    /// the end time, then each attribute kept; once ended, its tail too. Empty while the
+    /// span is not recorded.
     fields: Vec<u8>,
     /// Where the end time's eight bytes go in `fields`.
     end_at: usize,
@@ -246,7 +246,13 @@ mod tests {
         let redactor = Redactor::default();
         let start = SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(1_000);
         let end = SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(0x0102_0304);
-        let ids = SpanIds::child_of(None, &Sampler::default());
+        // Ids of no byte that reads as a field's tag below.
+        let ids = SpanIds {
+            trace: TraceId::from(1u128),
+            span: SpanId::from(1u64),
+            flags: SAMPLED,
+            remote: false,
+        };
         let mut span = SpanRecord::open(ids, None, SpanKind::Client, &["a", "b"], start, &redactor);
         span.attributes(&redactor).text("k", "v");
         let fields = span.end(end, &redactor);
@@ -261,9 +267,19 @@ mod tests {
     }
 
     #[test]
-    fn a_span_not_recorded_writes_nothing() {
-        let ids = SpanIds::child_of(None, &Sampler::default());
+    fn a_span_not_recorded_holds_no_fields_and_ends_as_nothing() {
+        let ids = SpanIds {
+            trace: TraceId::from(1u128),
+            span: SpanId::from(1u64),
+            flags: 0,
+            remote: false,
+        };
         let span = SpanRecord::unrecorded(ids, None);
         assert!(!span.recorded());
+        assert_eq!(
+            span.fields.capacity(),
+            0,
+            "nothing is allocated for its fields"
+        );
     }
 }

@@ -148,7 +148,6 @@ pub fn tool_content(
             }
             format!("{}…", crate::text::truncate(&text, MAX_CONTENT_BYTES))
         };
-        // Made before the span is given them: it reads the log's redactor meanwhile.
         let (arguments, result) = (clip(arguments()), clip(result()));
         span.set(|attributes| {
             attributes.text(sc::GEN_AI_TOOL_CALL_ARGUMENTS, &arguments);

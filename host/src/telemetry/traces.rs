@@ -249,8 +249,8 @@ pub struct Span(Option<Box<SpanRecord>>);
 impl Span {
     /// Starts a span of `kind` under `parent`. `name` gives its name's pieces (written one
     /// after another) and `attributes` adds its first attributes; both are called only if
-    /// the span is recorded. `attributes` runs while the log's redactor is read, so it
-    /// must not hide new values in the log (work that might is done before).
+    /// the span is recorded. Every string is redacted as it is written, by the log's
+    /// redactor of that moment.
     pub fn start<'n, const N: usize>(
         kind: SpanKind,
         parent: &TraceParent,
@@ -278,12 +278,10 @@ impl Span {
             return Span(Some(Box::new(SpanRecord::unrecorded(ids, parent))));
         }
         let start = began.unwrap_or_else(SystemTime::now);
-        let name = name();
-        let span = crate::secrets::with_log_redactor(|redactor| {
-            let mut span = SpanRecord::open(ids, parent, kind, &name, start, redactor);
-            attributes(&mut span.attributes(redactor));
-            span
-        });
+        // A copy (one shared pointer): no lock is held while the closures run.
+        let redactor = crate::secrets::log_redactor();
+        let mut span = SpanRecord::open(ids, parent, kind, &name(), start, &redactor);
+        attributes(&mut span.attributes(&redactor));
         Span(Some(Box::new(span)))
     }
 
@@ -297,13 +295,12 @@ impl Span {
         self.0.as_ref().is_some_and(|span| span.recorded())
     }
 
-    /// Adds the attributes `more` gives, if the span is recorded. Like the attributes
-    /// of [`Span::start`], `more` runs while the log's redactor is read.
+    /// Adds the attributes `more` gives, if the span is recorded.
     pub fn set(&mut self, more: impl FnOnce(&mut Attributes<'_>)) {
         if let Some(span) = &mut self.0
             && span.recorded()
         {
-            crate::secrets::with_log_redactor(|redactor| more(&mut span.attributes(redactor)));
+            more(&mut span.attributes(&crate::secrets::log_redactor()));
         }
     }
 
@@ -338,8 +335,9 @@ fn finish(span: &mut SpanRecord, at: SystemTime) {
     let Some(traces) = traces().filter(|_| span.recorded()) else {
         return;
     };
-    let fields = crate::secrets::with_log_redactor(|redactor| span.end(at, redactor));
-    traces.batches.push(fields);
+    traces
+        .batches
+        .push(span.end(at, &crate::secrets::log_redactor()));
 }
 
 #[cfg(test)]
