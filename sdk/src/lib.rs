@@ -102,9 +102,16 @@ macro_rules! export_plugin {
         #[doc(hidden)]
         struct __CapstanPlugin;
 
+        ::std::thread_local! {
+            // Built on an instance's first call and kept for its next ones: a host that
+            // keeps the instance calls it again, and building the toolbox (names,
+            // descriptions, boxed handlers) costs more than a trivial tool's whole call.
+            static __CAPSTAN_TOOLS: $crate::Toolbox = $tools();
+        }
+
         impl $crate::bindings::exports::capstan::plugin::tool::Guest for __CapstanPlugin {
             fn describe() -> ::std::vec::Vec<$crate::bindings::exports::capstan::plugin::tool::ToolSpec> {
-                $crate::runtime::describe(&$tools())
+                __CAPSTAN_TOOLS.with($crate::runtime::describe)
             }
 
             fn call(
@@ -115,7 +122,7 @@ macro_rules! export_plugin {
                 ::std::string::String,
                 $crate::bindings::exports::capstan::plugin::tool::ToolError,
             > {
-                $crate::runtime::call(&$tools(), name, args_json, context)
+                __CAPSTAN_TOOLS.with(|tools| $crate::runtime::call(tools, name, args_json, context))
             }
         }
 

@@ -160,8 +160,13 @@ pub struct Bare {
 impl Bare {
     /// The probe fixture, compiled.
     pub fn new() -> Self {
+        Self::fixture("probe")
+    }
+
+    /// The fixture `name` (a file in `target/fixtures/`), compiled.
+    pub fn fixture(name: &str) -> Self {
         let engine = Self::engine();
-        let component = Component::from_file(&engine, component_path("fixtures", "probe")).unwrap();
+        let component = Component::from_file(&engine, component_path("fixtures", name)).unwrap();
         Self::linked(engine, &component)
     }
 
@@ -174,7 +179,8 @@ impl Bare {
         Self::linked(engine, &component)
     }
 
-    /// An engine with the host's settings: component model, epoch interruption, pooling.
+    /// An engine with the host's settings: component model without concurrency support,
+    /// epoch interruption, pooling.
     pub fn engine() -> Engine {
         Self::engine_with(|_| {})
     }
@@ -191,6 +197,7 @@ impl Bare {
         let mut config = Config::new();
         config
             .wasm_component_model(true)
+            .concurrency_support(false)
             .epoch_interruption(true)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         if std::env::var_os("CAPSTAN_BENCH_PERFMAP").is_some() {
@@ -250,7 +257,13 @@ impl BareWarm {
         BareWarm { store, plugin }
     }
 
+    /// Calls the probe's `echo` with [`ARGS`].
     pub async fn call(&mut self) -> String {
+        self.call_tool("echo", ARGS).await
+    }
+
+    /// Calls `tool` with `args`, the context built per call as a host would.
+    pub async fn call_tool(&mut self, tool: &str, args: &str) -> String {
         let ctx = CallContext {
             caller: "bench".into(),
             call_id: "1".into(),
@@ -258,7 +271,7 @@ impl BareWarm {
         };
         self.plugin
             .capstan_plugin_tool()
-            .call_call(&mut self.store, "echo", ARGS, &ctx)
+            .call_call(&mut self.store, tool, args, &ctx)
             .await
             .unwrap()
             .unwrap()

@@ -51,6 +51,11 @@ pub(crate) fn build_engine(limits: &Limits) -> Result<Engine, HostError> {
     let mut config = Config::new();
     config
         .wasm_component_model(true)
+        // Plugins export synchronous functions and the host awaits each call on a fiber.
+        // With concurrency support on (wasmtime's default), every `call_async` goes through
+        // the component-model-async task machinery instead: measured (`tool_call -- trivial`)
+        // as about a quarter of a call into a kept instance.
+        .concurrency_support(false)
         .epoch_interruption(true)
         .consume_fuel(limits.fuel)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));

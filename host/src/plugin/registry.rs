@@ -518,7 +518,7 @@ impl Registry {
         let reuse = |_: &str| InstanceReuse::Process;
         // Labels are the router's: a call made here (the CLI, a test) has no process.
         let trace = CallTrace::default();
-        let run = self.run_call(&request, GrantSource::Flag, reuse, &trace);
+        let run = || self.run_call(&request, GrantSource::Flag, reuse, &trace);
         self.audited(&request, None, run).await.committed().await
     }
 
@@ -548,10 +548,9 @@ impl Registry {
         trace: &CallTrace,
         cancelled: impl Future<Output = ()>,
     ) -> Recorded {
-        let run = self.run_call(&request, source, reuse, trace);
-        let run = async {
+        let run = || async {
             tokio::select! {
-                ran = run => ran,
+                ran = self.run_call(&request, source, reuse, trace) => ran,
                 () = cancelled => Ran {
                     result: Err(ToolError::Failed(format!(
                         "tool `{}` was cancelled by its caller",
@@ -603,19 +602,23 @@ impl Registry {
         reason: Option<DenialReason>,
         err: ToolError,
     ) -> Recorded {
-        let run = async { Ran::refused(err, reason) };
+        let run = || async { Ran::refused(err, reason) };
         self.audited(&request, conversation, run).await
     }
 
-    /// Awaits `run` and records the outcome: a tracing event, and a row handed to the
-    /// [`CallLog`]'s audit sink (which may be the explicit disabled one), with the call's
-    /// receipt and the conversation whose work it was. Denials are recorded like any
-    /// other outcome.
-    async fn audited(
+    /// Runs the call `run` starts and records the outcome: a tracing event, and a row
+    /// handed to the [`CallLog`]'s audit sink (which may be the explicit disabled one), with
+    /// the call's receipt and the conversation whose work it was. Denials are recorded like
+    /// any other outcome.
+    ///
+    /// `run` makes the call's future here, in place: a future passed in by value would be
+    /// held twice in this one's state (as the argument and as the future awaited), and a
+    /// call's future is tens of kilobytes, copied as it moves.
+    async fn audited<F: Future<Output = Ran>>(
         &self,
         request: &CallRequest<'_>,
         conversation: Option<&SessionKey>,
-        run: impl Future<Output = Ran>,
+        run: impl FnOnce() -> F,
     ) -> Recorded {
         let mut span = spans::tool(request.tool, None, ToolSite::Extension);
         let started = Instant::now();
@@ -624,7 +627,7 @@ impl Registry {
             touched,
             mut receipt,
             denied_by,
-        } = span.parent().scope(run).await;
+        } = span.parent().scope(run()).await;
         let took = started.elapsed();
         let duration_us = took.as_micros() as u64;
         receipt.bytes_in = request.args_json.len() as u64;
@@ -718,7 +721,8 @@ impl Registry {
         let call_id = format!("call-{}", self.next_call.fetch_add(1, Ordering::Relaxed));
         let Some((plugin, index)) = self.tools.get(request.tool) else {
             let result = match self.external_tool(request.tool) {
-                Some(tool) => self.run_external(tool, request).await,
+                // Boxed: its future would otherwise be part of every plugin call's.
+                Some(tool) => Box::pin(self.run_external(tool, request)).await,
                 None => Err(self.unknown_tool(request.tool)),
             };
             return Ran::without_instance(result);

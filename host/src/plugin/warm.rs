@@ -16,8 +16,7 @@
 //! each other's instances in turn, each call paying for an instance and its drop.
 //! Dropping an instance is always safe: its process's next call builds a fresh one.
 
-use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -61,7 +60,40 @@ impl Drop for Working {
 /// A process's idle instances, one per key. Shared with the [`WarmPool`] only weakly, so
 /// that the pool can evict one without keeping the process's set alive.
 #[derive(Default)]
-struct IdleInstances(Mutex<HashMap<WarmKey, WarmInstance>>);
+struct IdleInstances(Mutex<IdleSet>);
+
+/// Idle instances by key, in a list: a process keeps a few (one per plugin and capability
+/// set it calls), and comparing a few keys costs less than hashing one on every call.
+#[derive(Default)]
+struct IdleSet(Vec<(WarmKey, WarmInstance)>);
+
+impl IdleSet {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn position(&self, key: &WarmKey) -> Option<usize> {
+        self.0.iter().position(|(kept, _)| kept == key)
+    }
+
+    fn remove(&mut self, key: &WarmKey) -> Option<WarmInstance> {
+        let at = self.position(key)?;
+        Some(self.0.swap_remove(at).1)
+    }
+
+    /// Removes the instance that went idle at `stamp`, if it is still here.
+    fn remove_stamped(&mut self, stamp: u64) -> Option<WarmInstance> {
+        let at = self
+            .0
+            .iter()
+            .position(|(_, warm)| warm.idle_since == stamp)?;
+        Some(self.0.swap_remove(at).1)
+    }
+
+    fn values(&self) -> impl Iterator<Item = &WarmInstance> {
+        self.0.iter().map(|(_, warm)| warm)
+    }
+}
 
 /// What makes two calls' sandboxes the same: the plugin as loaded, the caller (whom its
 /// host imports act for), the capabilities the call runs with and the workspace its file
@@ -168,7 +200,7 @@ impl ProcessInstances {
 }
 
 impl IdleInstances {
-    fn lock(&self) -> MutexGuard<'_, HashMap<WarmKey, WarmInstance>> {
+    fn lock(&self) -> MutexGuard<'_, IdleSet> {
         // No code holding it panics; a poisoned map is still a valid map.
         self.0
             .lock()
@@ -186,8 +218,7 @@ pub(crate) struct WarmPool {
     index: Arc<Mutex<IdleIndex>>,
 }
 
-/// Idle instances, oldest first: which process keeps each, whether it is working, and
-/// under which key.
+/// Idle instances, oldest first: which process keeps each and whether it is working.
 #[derive(Default)]
 struct IdleIndex {
     next: u64,
@@ -197,7 +228,6 @@ struct IdleIndex {
 struct IdleEntry {
     owner: Weak<IdleInstances>,
     working: Arc<AtomicUsize>,
-    key: WarmKey,
 }
 
 impl WarmPool {
@@ -231,22 +261,20 @@ impl WarmPool {
         let surplus = {
             let mut index = self.lock();
             let mut idle = instances.idle.lock();
-            match idle.entry(key) {
-                Entry::Occupied(_) => Some(warm),
-                Entry::Vacant(slot) => {
-                    let stamp = index.next;
-                    index.next += 1;
-                    warm.idle_since = stamp;
-                    warm.index = Arc::downgrade(&self.index);
-                    let entry = IdleEntry {
-                        owner: Arc::downgrade(&instances.idle),
-                        working: instances.working.clone(),
-                        key: slot.key().clone(),
-                    };
-                    index.oldest.insert(stamp, entry);
-                    slot.insert(warm);
-                    None
-                }
+            if idle.position(&key).is_some() {
+                Some(warm)
+            } else {
+                let stamp = index.next;
+                index.next += 1;
+                warm.idle_since = stamp;
+                warm.index = Arc::downgrade(&self.index);
+                let entry = IdleEntry {
+                    owner: Arc::downgrade(&instances.idle),
+                    working: instances.working.clone(),
+                };
+                index.oldest.insert(stamp, entry);
+                idle.0.push((key, warm));
+                None
             }
         };
         drop(surplus);
@@ -285,13 +313,8 @@ impl WarmPool {
         let Some(owner) = entry.owner.upgrade() else {
             return Some(None);
         };
-        let mut idle = owner.lock();
         // Taken (and perhaps kept again, newer) since it was listed: not this one.
-        let evicted = match idle.get(&entry.key) {
-            Some(warm) if warm.idle_since == stamp => idle.remove(&entry.key),
-            _ => None,
-        };
-        drop(idle);
+        let evicted = owner.lock().remove_stamped(stamp);
         Some(evicted)
     }
 

@@ -69,6 +69,26 @@ async fn a_process_reuses_its_instance_and_a_fresh_call_does_not() {
 }
 
 #[tokio::test]
+async fn an_sdk_plugin_builds_its_toolbox_once_per_instance() {
+    let registry = registry(small_limits()).await;
+    let mine = ProcessInstances::new();
+    let ws = Workspace::new();
+    let built = async |instances| {
+        call_in(&registry, instances, "toolboxes_built", json!({}), "", &ws)
+            .await
+            .expect("toolboxes_built answers")
+    };
+    assert_eq!(built(Some(&mine)).await, "1");
+    assert_eq!(
+        built(Some(&mine)).await,
+        "1",
+        "a kept instance's second call reuses the toolbox its first built"
+    );
+    assert_eq!(mine.len(), 1);
+    assert_eq!(built(None).await, "1", "a fresh instance builds its own");
+}
+
+#[tokio::test]
 async fn state_written_by_one_process_is_invisible_to_another() {
     let registry = registry(small_limits()).await;
     let (one, two) = (ProcessInstances::new(), ProcessInstances::new());

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use capstan_caps::Capability;
+use futures_util::FutureExt;
 use wasmtime::{Store, UpdateDeadline};
 
 use super::PluginHost;
@@ -165,8 +166,10 @@ impl PluginHost {
                 };
                 self.run_kept(kept, pre, sandbox, run_tool).await
             }
+            // Boxed: a fresh instance costs far more than the allocation, and unboxed its
+            // future would be part of every kept call's too, copied as it moves.
             None => match sandbox() {
-                Ok(sandbox) => self.run(pre, sandbox, run_tool).await,
+                Ok(sandbox) => Box::pin(self.run(pre, sandbox, run_tool)).await,
                 Err(err) => Metered::not_run(err),
             },
         };
@@ -213,12 +216,12 @@ impl PluginHost {
         let _slot = self.call_slot().await;
         let mut store = self.new_store(sandbox);
         self.arm_deadline(&mut store);
-        let call = async {
-            memory_image::prepare(pre.instance_pre().component()).await?;
-            let instance = pre.instantiate_async(&mut store).await?;
-            f(&instance, &mut store).await
-        };
-        let outcome = self.within_deadline(call).await;
+        let outcome = self
+            .within_deadline(async {
+                let instance = self.instantiate(pre, &mut store).await?;
+                f(&instance, &mut store).await
+            })
+            .await;
         Metered {
             outcome: outcome.map_err(|err| self.explain_failure(&store, &err)),
             peak_memory: Some(store.data().limiter.peak()),
@@ -262,18 +265,19 @@ impl PluginHost {
             },
         };
         self.arm_deadline(&mut store);
-        let call = async {
-            let (instance, was_kept) = match kept {
-                Some((instance, resources, slot)) => (instance, Some((resources, slot))),
-                None => {
-                    memory_image::prepare(pre.instance_pre().component()).await?;
-                    (pre.instantiate_async(&mut store).await?, None)
-                }
-            };
-            let output = f(&instance, &mut store).await?;
-            Ok((instance, was_kept, output))
-        };
-        let ran = self.within_deadline(call).await;
+        let ran = self
+            .within_deadline(async {
+                let (instance, was_kept) = match kept {
+                    Some((instance, resources, slot)) => (instance, Some((resources, slot))),
+                    None => {
+                        // Boxed: only the first call of a process makes its instance.
+                        (Box::pin(self.instantiate(pre, &mut store)).await?, None)
+                    }
+                };
+                let output = f(&instance, &mut store).await?;
+                Ok((instance, was_kept, output))
+            })
+            .await;
         let peak_memory = Some(store.data().limiter.peak());
         let fuel = self.fuel_used(&store);
         let outcome = match ran {
@@ -366,14 +370,26 @@ impl PluginHost {
     /// Awaits `call` until the deadline: this stops a guest that waits in a host call (a
     /// sleep, a read that never returns, a slow import). Dropping the call's future
     /// unwinds its fiber; the store, and with it the pool slot, go right after.
-    async fn within_deadline<R>(
+    /// A fresh instance of `pre` in `store`, its memory image made first.
+    async fn instantiate(
+        &self,
+        pre: &PluginPre<Sandbox>,
+        store: &mut Store<Sandbox>,
+    ) -> wasmtime::Result<Plugin> {
+        memory_image::prepare(pre.instance_pre().component()).await?;
+        pre.instantiate_async(store).await
+    }
+
+    /// `call`, stopped at the deadline. Not an `async fn`: one would hold `call` twice in
+    /// its state (the argument, and the future awaited), and a call's future is large.
+    fn within_deadline<R>(
         &self,
         call: impl Future<Output = wasmtime::Result<R>>,
-    ) -> wasmtime::Result<R> {
-        match tokio::time::timeout(self.limits.deadline, call).await {
+    ) -> impl Future<Output = wasmtime::Result<R>> {
+        tokio::time::timeout(self.limits.deadline, call).map(|timed| match timed {
             Ok(outcome) => outcome,
             Err(_elapsed) => Err(wasmtime::Error::new(DeadlineExceeded)),
-        }
+        })
     }
 
     /// Turns a trap or host error from a call into a message naming its cause. Guest text
