@@ -246,14 +246,16 @@ impl ExtismPeer {
         })
     }
 
-    /// The durations of `n` calls made back to back in the peer.
+    /// The durations of `n` calls made back to back in the peer. One more is made first,
+    /// untimed: the first call after the peer wakes from its read is a cold one.
     fn calls(&mut self, n: u64) -> Vec<Duration> {
-        writeln!(self.stdin, "{n}").unwrap();
+        writeln!(self.stdin, "{}", n + 1).unwrap();
         self.stdin.flush().unwrap();
         let mut line = String::new();
         self.stdout.read_line(&mut line).unwrap();
         let times: Vec<Duration> = line
             .split_whitespace()
+            .skip(1)
             .map(|ns| Duration::from_nanos(ns.parse().unwrap()))
             .collect();
         assert_eq!(times.len() as u64, n, "the Extism peer timed {n} calls");
@@ -352,16 +354,29 @@ fn timed<T>(times: &mut Vec<Duration>, call: impl FnOnce() -> T) {
 
 /// The trivial tool's paths interleaved in blocks (Extism's calls are timed in its process,
 /// a block at a time), with p50 and p99 of each and our kept call against each baseline.
+/// After each of Extism's blocks every path makes one untimed call, and the paths take
+/// turns going first: the first call after a wait is a cold one, and would otherwise always
+/// be the same path's.
 fn trivial_percentiles(rt: &Runtime, trivial: &mut Trivial) {
     const BLOCKS: usize = 100;
     const BLOCK: usize = 100;
+    const PATHS: usize = 4;
     let mut times: [Vec<Duration>; 5] = std::array::from_fn(|_| Vec::new());
+    let call = |trivial: &mut Trivial, path: usize| match path {
+        0 => rt.block_on(trivial.capstan()),
+        1 => rt.block_on(trivial.capstan_nosdk()),
+        2 => rt.block_on(trivial.bare()),
+        _ => rt.block_on(trivial.bare_nosdk()),
+    };
     for _ in 0..BLOCKS {
-        for _ in 0..BLOCK {
-            timed(&mut times[0], || rt.block_on(trivial.capstan()));
-            timed(&mut times[1], || rt.block_on(trivial.capstan_nosdk()));
-            timed(&mut times[2], || rt.block_on(trivial.bare()));
-            timed(&mut times[3], || rt.block_on(trivial.bare_nosdk()));
+        for path in 0..PATHS {
+            call(trivial, path);
+        }
+        for round in 0..BLOCK {
+            for turn in 0..PATHS {
+                let path = (round + turn) % PATHS;
+                timed(&mut times[path], || call(trivial, path));
+            }
         }
         if let Some(peer) = trivial.extism.as_mut() {
             times[4].extend(peer.calls(BLOCK as u64));

@@ -5,8 +5,10 @@
 //! Rust type gives the JSON Schema the model sees and the parser for each call, so the two
 //! never drift apart.
 //!
-//! The host runs every call in a fresh sandbox holding only the capabilities the tool declares
-//! (with [`Tool::needs`]) and the caller grants. Files are plain [`std::fs`] on paths relative
+//! The host runs every call in a sandbox holding only the capabilities the tool declares
+//! (with [`Tool::needs`]) and the caller grants: a fresh one, or, where the host keeps
+//! instances per process, the one the same process's calls with the same capabilities
+//! used before. Files are plain [`std::fs`] on paths relative
 //! to the workspace; a tool that does not declare `fs.read` or `fs.write` sees no files at all.
 //!
 //! # A complete plugin
@@ -96,22 +98,33 @@ pub use tool::{Tool, Toolbox};
 ///
 /// `$tools` is a function `fn() -> Toolbox`. Use the macro once per plugin crate, at the crate
 /// root. See the [crate documentation](crate) for a complete plugin.
+///
+/// `$tools` runs once per instance, on its first call, and the toolbox serves every later
+/// call of that instance: a host that keeps instances between calls
+/// (`instance_reuse = "process"`) calls it again. Build the toolbox from constants; read
+/// the clock, a file or the call's context in a handler, never in `$tools`.
 #[macro_export]
 macro_rules! export_plugin {
     ($tools:path) => {
         #[doc(hidden)]
         struct __CapstanPlugin;
 
-        ::std::thread_local! {
-            // Built on an instance's first call and kept for its next ones: a host that
-            // keeps the instance calls it again, and building the toolbox (names,
-            // descriptions, boxed handlers) costs more than a trivial tool's whole call.
-            static __CAPSTAN_TOOLS: $crate::Toolbox = $tools();
+        impl __CapstanPlugin {
+            fn with_tools<R>(f: impl ::std::ops::FnOnce(&$crate::Toolbox) -> R) -> R {
+                ::std::thread_local! {
+                    // Built on an instance's first call and kept for its next ones: a host
+                    // that keeps the instance calls it again, and building the toolbox
+                    // (names, descriptions, boxed handlers) costs more than a trivial
+                    // tool's whole call.
+                    static TOOLS: $crate::Toolbox = $tools();
+                }
+                TOOLS.with(f)
+            }
         }
 
         impl $crate::bindings::exports::capstan::plugin::tool::Guest for __CapstanPlugin {
             fn describe() -> ::std::vec::Vec<$crate::bindings::exports::capstan::plugin::tool::ToolSpec> {
-                __CAPSTAN_TOOLS.with($crate::runtime::describe)
+                Self::with_tools($crate::runtime::describe)
             }
 
             fn call(
@@ -122,7 +135,7 @@ macro_rules! export_plugin {
                 ::std::string::String,
                 $crate::bindings::exports::capstan::plugin::tool::ToolError,
             > {
-                __CAPSTAN_TOOLS.with(|tools| $crate::runtime::call(tools, name, args_json, context))
+                Self::with_tools(|tools| $crate::runtime::call(tools, name, args_json, context))
             }
         }
 

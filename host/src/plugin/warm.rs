@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use capstan_caps::Capability;
@@ -81,7 +81,8 @@ impl IdleSet {
         Some(self.0.swap_remove(at).1)
     }
 
-    /// Removes the instance that went idle at `stamp`, if it is still here.
+    /// Removes the instance that went idle at `stamp` (unique across pools), if it is
+    /// still here.
     fn remove_stamped(&mut self, stamp: u64) -> Option<WarmInstance> {
         let at = self
             .0
@@ -201,7 +202,7 @@ impl ProcessInstances {
 
 impl IdleInstances {
     fn lock(&self) -> MutexGuard<'_, IdleSet> {
-        // No code holding it panics; a poisoned map is still a valid map.
+        // No code holding it panics; a poisoned list is still a valid list.
         self.0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -221,9 +222,12 @@ pub(crate) struct WarmPool {
 /// Idle instances, oldest first: which process keeps each and whether it is working.
 #[derive(Default)]
 struct IdleIndex {
-    next: u64,
     oldest: BTreeMap<u64, IdleEntry>,
 }
+
+/// The stamp of the next instance to go idle, unique across every pool: a process's set
+/// may hold instances of two hosts' pools, and an eviction finds its instance by stamp.
+static NEXT_STAMP: AtomicU64 = AtomicU64::new(0);
 
 struct IdleEntry {
     owner: Weak<IdleInstances>,
@@ -264,8 +268,7 @@ impl WarmPool {
             if idle.position(&key).is_some() {
                 Some(warm)
             } else {
-                let stamp = index.next;
-                index.next += 1;
+                let stamp = NEXT_STAMP.fetch_add(1, Ordering::Relaxed);
                 warm.idle_since = stamp;
                 warm.index = Arc::downgrade(&self.index);
                 let entry = IdleEntry {

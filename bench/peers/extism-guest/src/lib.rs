@@ -1,5 +1,6 @@
-//! Takes a short JSON string and returns its length: the work of Capstan's `length`
-//! fixture, so the two hosts' call paths are compared on the same guest work.
+//! Takes a short JSON string and returns its length: the work of Capstan's `length-bare`
+//! fixture (the SDK's `length` also parses the JSON), so the two hosts' call paths are
+//! compared on the same guest work.
 
 use extism_pdk::{FnResult, plugin_fn};
 

@@ -367,9 +367,6 @@ impl PluginHost {
         });
     }
 
-    /// Awaits `call` until the deadline: this stops a guest that waits in a host call (a
-    /// sleep, a read that never returns, a slow import). Dropping the call's future
-    /// unwinds its fiber; the store, and with it the pool slot, go right after.
     /// A fresh instance of `pre` in `store`, its memory image made first.
     async fn instantiate(
         &self,
@@ -380,8 +377,12 @@ impl PluginHost {
         pre.instantiate_async(store).await
     }
 
-    /// `call`, stopped at the deadline. Not an `async fn`: one would hold `call` twice in
-    /// its state (the argument, and the future awaited), and a call's future is large.
+    /// `call`, stopped at the deadline: this stops a guest that waits in a host call (a
+    /// sleep, a read that never returns, a slow import). Dropping the call's future
+    /// unwinds its fiber; the store, and with it the pool slot, go right after.
+    ///
+    /// Not an `async fn`: one would hold `call` twice in its state (the argument, and the
+    /// future awaited), and a call's future is large. The deadline counts from here.
     fn within_deadline<R>(
         &self,
         call: impl Future<Output = wasmtime::Result<R>>,
