@@ -47,9 +47,12 @@ reply = "ok"
 repeat = true
 "#;
 
+#[path = "support/percentiles.rs"]
+mod percentiles;
 #[path = "support/scripts.rs"]
 mod scripts;
 
+use percentiles::p50_p99;
 use scripts::ONE_TOOL;
 
 /// A runtime in `dir` playing `script`, with the channel also offered `file_read`.
@@ -157,13 +160,6 @@ impl TurnAgent {
         }
         self.rt.shutdown();
     }
-}
-
-/// p50 and p99 of `times`, in microseconds.
-fn p50_p99(times: &mut [Duration]) -> (f64, f64) {
-    times.sort_unstable();
-    let at = |p: f64| times[((times.len() as f64 - 1.0) * p) as usize].as_secs_f64() * 1e6;
-    (at(0.50), at(0.99))
 }
 
 /// Both turns, interleaved one for one on two agents, so that both see the same machine:

@@ -7,6 +7,9 @@
 //!
 //! - `one_tool_turn/sqlite` and `one_tool_turn/postgres`: criterion's figure for one turn
 //!   (a user message; the model calls `file_read` once, then answers) on one host.
+//! - The same turn on one host, SQLite and PostgreSQL interleaved one for one, p50 and p99
+//!   and the ratio; with a third, PostgreSQL committing without waiting for its disk, to
+//!   show what the flushes cost.
 //! - Then hosts in this process, each with its own pool, lease and channels, on one
 //!   database: each host runs its turns one after another while the others do the same;
 //!   printed are the turns per second of them all and the p50 and p99 of one turn.
@@ -33,9 +36,12 @@ use criterion::Criterion;
 use tokio::runtime::Runtime as Tokio;
 use tokio::sync::mpsc;
 
+#[path = "support/percentiles.rs"]
+mod percentiles;
 #[path = "support/scripts.rs"]
 mod scripts;
 
+use percentiles::p50_p99;
 use scripts::ONE_TOOL;
 
 /// One host: a runtime on `store` in a directory of its own, whose channel may call
@@ -102,13 +108,6 @@ impl Host {
     }
 }
 
-/// p50 and p99 of `times`, in microseconds.
-fn p50_p99(times: &mut [Duration]) -> (f64, f64) {
-    times.sort_unstable();
-    let at = |p: f64| times[((times.len() as f64 - 1.0) * p) as usize].as_secs_f64() * 1e6;
-    (at(0.50), at(0.99))
-}
-
 fn postgres(url: &str) -> StoreSettings {
     StoreSettings::Postgres {
         url: DatabaseUrl::Literal(url.to_owned()),
@@ -172,6 +171,59 @@ fn bench_one_host(c: &mut Criterion, tokio: &Tokio, url: &str) {
     group.finish();
 }
 
+/// One host's turns on SQLite and on PostgreSQL, interleaved one for one so both see the
+/// same machine: p50 and p99 of each and their ratio. A third host's database commits
+/// without waiting for its WAL to reach the disk (`synchronous_commit = off`, set for its
+/// connections only): not how a host runs, but it shows what the disk's flush costs
+/// apart from the statements.
+fn one_host_interleaved(tokio: &Tokio, url: &str, no_flush_url: &str) {
+    const TURNS: usize = 1000;
+    let no_flush = format!("{no_flush_url}?options=-c%20synchronous_commit%3Doff");
+    let stores = [
+        ("SQLite", StoreSettings::default()),
+        ("PostgreSQL", postgres(url)),
+        ("PostgreSQL, no flush", postgres(&no_flush)),
+    ];
+    let mut hosts: Vec<Host> = tokio.block_on(async {
+        let mut hosts = Vec::new();
+        for (name, (_, store)) in stores.iter().enumerate() {
+            let mut host = Host::start(store, 10 + name).await;
+            for _ in 0..20 {
+                host.turn().await;
+            }
+            hosts.push(host);
+        }
+        hosts
+    });
+    let mut times = vec![Vec::with_capacity(TURNS); hosts.len()];
+    tokio.block_on(async {
+        for _ in 0..TURNS {
+            for (host, times) in hosts.iter_mut().zip(&mut times) {
+                times.push(host.turn().await);
+            }
+        }
+    });
+    println!(
+        "
+one-tool turns on one host, {TURNS} interleaved rounds (us)"
+    );
+    let mut first = (0.0, 0.0);
+    for (i, ((label, _), times)) in stores.iter().zip(&mut times).enumerate() {
+        let (p50, p99) = p50_p99(times);
+        if i == 0 {
+            first = (p50, p99);
+        }
+        println!(
+            "  {label:<22} p50 {p50:>8.1}  p99 {p99:>8.1}   {:.2}x / {:.2}x SQLite",
+            p50 / first.0,
+            p99 / first.1
+        );
+    }
+    for host in hosts {
+        host.rt.shutdown();
+    }
+}
+
 /// One renewal: the statement each host's lease connection sends every 5 s.
 fn lease_renewal(tokio: &Tokio, url: &str) {
     const RENEWALS: u32 = 2000;
@@ -219,6 +271,7 @@ fn main() {
     let mut c = Criterion::default().configure_from_args();
     bench_one_host(&mut c, &tokio, &url);
     c.final_summary();
+    one_host_interleaved(&tokio, &fresh(), &fresh());
 
     const TURNS: usize = 1000;
     println!("\none-tool turns, {TURNS} per host, the hosts at once");

@@ -20,7 +20,7 @@
 use std::convert::Infallible;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use capstan_host::net::{NetHost, NetLimits, NetSettings};
@@ -31,6 +31,11 @@ use criterion::Criterion;
 use http_body_util::Full;
 use tokio::net::TcpListener;
 use tokio::runtime::Runtime;
+
+#[path = "support/percentiles.rs"]
+mod percentiles;
+
+use percentiles::percentile;
 
 const BODY: &str = "hello from the benchmark server";
 
@@ -128,10 +133,6 @@ fn setup(rt: &Runtime) -> Paths {
             url,
         }
     })
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
 }
 
 fn main() {

@@ -35,6 +35,11 @@ use serde_json::json;
 use tokio::runtime::Runtime as Tokio;
 use tokio::sync::mpsc;
 
+#[path = "support/percentiles.rs"]
+mod percentiles;
+
+use percentiles::percentile;
+
 const SCRIPT: &str = r#"
 [[step]]
 process = "channel"
@@ -142,10 +147,6 @@ fn setup(tokio: &Tokio, local_dir: &Path, served_dir: &Path) -> Paths {
         client: reqwest::Client::new(),
         n: std::cell::Cell::new(0),
     }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
 }
 
 fn main() {

@@ -50,8 +50,11 @@ use wasmtime::component::Component;
 
 #[path = "support/bare.rs"]
 mod bare;
+#[path = "support/percentiles.rs"]
+mod percentiles;
 
 use bare::{ARGS, Bare, BareWarm, component_path};
+use percentiles::p50_p99;
 
 struct Ours {
     registry: Registry,
@@ -160,13 +163,6 @@ fn bench_load(c: &mut Criterion, rt: &Runtime) {
         b.iter(|| rt.block_on(warm.load(&file)).unwrap())
     });
     group.finish();
-}
-
-/// p50 and p99 of `times`.
-fn p50_p99(times: &mut [Duration]) -> (f64, f64) {
-    times.sort_unstable();
-    let at = |p: f64| times[((times.len() as f64 - 1.0) * p) as usize].as_secs_f64() * 1e6;
-    (at(0.50), at(0.99))
 }
 
 /// Runs each pair of call paths interleaved and prints p50/p99 of each, the ratios and

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio_postgres::Row;
 
+use super::prepared::Prepared;
 use super::rows::{parsed, readable};
 use super::sessions::live_run;
 use super::{Postgres, now};
@@ -58,7 +59,7 @@ impl Approvals for Postgres {
         );
         let handles = CarriedList(call.handles.clone()).to_string();
         let inserted = client
-            .execute(
+            .execute_cached(
                 &sql,
                 &[
                     &process,
@@ -75,7 +76,7 @@ impl Approvals for Postgres {
             .await
             .map_err(failed)?;
         let waiting = client
-            .query_opt(
+            .query_opt_cached(
                 &format!(
                     "SELECT {COLUMNS} FROM approvals
                      WHERE process = $1 AND tool = $2 AND digest = $3 AND state = 'pending'"
@@ -98,7 +99,7 @@ impl Approvals for Postgres {
     async fn get(&self, id: ApprovalId) -> Result<Approval, ServiceError> {
         let client = self.client().await?;
         let row = client
-            .query_opt(
+            .query_opt_cached(
                 &format!("SELECT {COLUMNS} FROM approvals WHERE id = $1"),
                 &[&(id.get() as i64)],
             )
@@ -111,7 +112,7 @@ impl Approvals for Postgres {
         let client = self.client().await?;
         let limit = i64::from(limit.clamp(1, APPROVALS_LIST_MAX));
         let rows = client
-            .query(
+            .query_cached(
                 &format!(
                     "SELECT {COLUMNS} FROM approvals WHERE (NOT $1 OR state = 'pending')
                      ORDER BY id DESC LIMIT $2"
@@ -134,7 +135,7 @@ impl Approvals for Postgres {
         let uses = i64::from(uses);
         let client = self.client().await?;
         let row = client
-            .query_opt(
+            .query_opt_cached(
                 &format!(
                     "UPDATE approvals SET state = $2, decided_at = $3, decided_by = $4,
                                           expires_at = $5, uses_left = $6, endorsed = $7
@@ -178,7 +179,7 @@ impl Approvals for Postgres {
             live_run(5)
         );
         let row = client
-            .query_opt(
+            .query_opt_cached(
                 &sql,
                 &[
                     &process.to_string(),
@@ -196,7 +197,7 @@ impl Approvals for Postgres {
     async fn withdraw(&self, id: ApprovalId) -> Result<bool, ServiceError> {
         let client = self.client().await?;
         let changed = client
-            .execute(
+            .execute_cached(
                 "UPDATE approvals SET state = 'withdrawn', decided_at = $2
                  WHERE id = $1 AND state = 'pending'",
                 &[&(id.get() as i64), &now()],
@@ -212,7 +213,7 @@ impl Approvals for Postgres {
     async fn endorsed(&self, process: &ProcessId) -> Result<Vec<Endorsement>, ServiceError> {
         let client = self.client().await?;
         let rows = client
-            .query(
+            .query_cached(
                 "SELECT id, handles FROM approvals
                  WHERE process = $1 AND endorsed AND expires_at > $2 ORDER BY id",
                 &[&process.to_string(), &now()],
@@ -263,11 +264,11 @@ impl ChainStore for Postgres {
         // One append at a time across hosts: the lock is held to the commit, and the
         // primary key refuses a second row at one place regardless.
         let tx = client.transaction().await.map_err(failed)?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CHAIN_LOCK])
+        tx.execute_cached("SELECT pg_advisory_xact_lock($1)", &[&CHAIN_LOCK])
             .await
             .map_err(failed)?;
         let last = tx
-            .query_opt(
+            .query_opt_cached(
                 "SELECT seq, hash FROM audit_chain ORDER BY seq DESC LIMIT 1",
                 &[],
             )
@@ -287,7 +288,7 @@ impl ChainStore for Postgres {
             None => (1, GENESIS),
         };
         let entry = sealed(&prev, seq, now(), record, &key);
-        tx.execute(
+        tx.execute_cached(
             &format!(
                 "INSERT INTO audit_chain ({CHAIN_COLUMNS})
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
@@ -317,7 +318,7 @@ impl ChainStore for Postgres {
     async fn entries(&self, after: u64, limit: u32) -> Result<Vec<ChainEntry>, ServiceError> {
         let client = self.client().await?;
         let rows = client
-            .query(
+            .query_cached(
                 &format!(
                     "SELECT {CHAIN_COLUMNS} FROM audit_chain WHERE seq > $1 ORDER BY seq LIMIT $2"
                 ),

@@ -2,6 +2,7 @@
 
 use async_trait::async_trait;
 
+use super::prepared::Prepared;
 use super::sessions::live_run;
 use super::{Postgres, now};
 use crate::services::Operation;
@@ -25,7 +26,7 @@ impl AuditSink for Postgres {
         );
         let r = &call.receipt;
         let written = client
-            .execute(
+            .execute_cached(
                 &sql,
                 &[
                     &now(),
@@ -61,7 +62,7 @@ impl AuditSink for Postgres {
         let client = self.client().await?;
         let before = before.map_or(i64::MAX, |id| i64::try_from(id).unwrap_or(i64::MAX));
         let rows = client
-            .query(
+            .query_cached(
                 "SELECT id, at, process, tool, grants, arguments, outcome, detail, duration_us,
                         conversation, peak_memory_bytes, bytes_in, bytes_out, requests,
                         requests_refused, request_bytes_sent, request_bytes_received, fuel
@@ -124,7 +125,7 @@ impl AuditSink for Postgres {
              GROUP BY 1 ORDER BY 1 NULLS FIRST"
         );
         let rows = client
-            .query(&sql, &[&of.conversation])
+            .query_cached(&sql, &[&of.conversation])
             .await
             .map_err(|err| self.failed(Operation::AuditCosts, err))?;
         Ok(rows
@@ -159,7 +160,7 @@ impl AuditSink for Postgres {
             live_run(16)
         );
         let written = client
-            .execute(
+            .execute_cached(
                 &sql,
                 &[
                     &now(),
@@ -192,7 +193,7 @@ impl AuditSink for Postgres {
     async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestEntry>, ServiceError> {
         let client = self.client().await?;
         let rows = client
-            .query(
+            .query_cached(
                 "SELECT at, process, tool, method, scheme, host, port, address, status,
                         bytes_sent, bytes_received, duration_us, decision, grant_rule, detail
                  FROM net_requests ORDER BY id DESC LIMIT $1",

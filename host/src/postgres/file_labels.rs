@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 
 use super::Postgres;
+use super::prepared::Prepared;
 use crate::flow::Label;
 use crate::services::Operation;
 use crate::services::{FileLabel, FileLabels, FileStamp, ServiceError, stored_file_label};
@@ -90,7 +91,7 @@ impl FileLabels for Postgres {
         let dir = if dir == "." { "" } else { dir };
         let client = self.client().await?;
         let rows = client
-            .query(
+            .query_cached(
                 "SELECT DISTINCT label FROM file_labels
                  WHERE workspace = $1 AND ($2 = '' OR left(path, length($2) + 1) = $2 || '/')",
                 &[&workspace, &dir],

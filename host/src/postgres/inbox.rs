@@ -10,6 +10,7 @@ use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, NoTls};
 
+use super::prepared::Prepared;
 use super::rows::{parsed, readable};
 use super::sessions::run_is_live;
 use super::{Postgres, now};
@@ -72,10 +73,10 @@ impl Postgres {
         let mut client = self.client().await?;
         // The message is answered: its row goes with the answer's coming, in one step.
         let tx = client.transaction().await.map_err(failed)?;
-        tx.execute("DELETE FROM inbox WHERE id = $1", &[&(id.get() as i64)])
+        tx.execute_cached("DELETE FROM inbox WHERE id = $1", &[&(id.get() as i64)])
             .await
             .map_err(failed)?;
-        tx.execute(
+        tx.execute_cached(
             "WITH row AS (INSERT INTO answers (id, reply) VALUES ($1, $2)
                           ON CONFLICT (id) DO NOTHING RETURNING id)
              SELECT pg_notify($3, id::TEXT) FROM row",
@@ -83,7 +84,7 @@ impl Postgres {
         )
         .await
         .map_err(failed)?;
-        tx.execute(
+        tx.execute_cached(
             "DELETE FROM answers WHERE created_at < now() - make_interval(secs => $1)",
             &[&ANSWER_KEPT_SECONDS],
         )
@@ -101,7 +102,7 @@ impl Postgres {
         let row = self
             .client()
             .await?
-            .query_opt(
+            .query_opt_cached(
                 "DELETE FROM answers WHERE id = $1 RETURNING reply",
                 &[&(id.get() as i64)],
             )
@@ -124,7 +125,7 @@ impl Postgres {
         let rows = self
             .client()
             .await?
-            .query(
+            .query_cached(
                 &format!(
                     "SELECT DISTINCT i.channel FROM inbox i
                      LEFT JOIN sessions s ON s.channel = i.channel
@@ -156,21 +157,22 @@ impl Postgres {
         let failed = |err| self.failed(Operation::SessionsTakeForwarded, err);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(failed)?;
-        self.check_fence(&tx, channel, run, epoch).await?;
         // Marked, not deleted: a user's message goes when it is answered, and is taken
         // again if this run ends first (the host stopped, or lost its lease, before it
-        // stored the message).
-        let mut rows = tx
-            .query(
-                &format!(
-                    "UPDATE inbox i SET taken_run = $2 WHERE channel = $1 AND {}
-                     RETURNING id, body",
-                    waiting()
-                ),
-                &[&channel, &(run.get() as i64)],
-            )
-            .await
-            .map_err(failed)?;
+        // stored the message). Sent with the fence's check in one round trip: a refusal
+        // rolls the marking back.
+        let take = format!(
+            "UPDATE inbox i SET taken_run = $2 WHERE channel = $1 AND {}
+             RETURNING id, body",
+            waiting()
+        );
+        let run_id = run.get() as i64;
+        let (_, rows) = tokio::try_join!(self.check_fence(&tx, channel, run, epoch), async {
+            tx.query_cached(&take, &[&channel, &run_id])
+                .await
+                .map_err(|err| ServiceError::from(failed(err)))
+        },)?;
+        let mut rows = rows;
         rows.sort_by_key(|row| row.get::<_, i64>(0));
         let mut taken = Vec::with_capacity(rows.len());
         let mut told = Vec::new();
@@ -196,9 +198,11 @@ impl Postgres {
                 }
             }
         }
-        tx.execute("DELETE FROM inbox WHERE id = ANY($1)", &[&told])
-            .await
-            .map_err(failed)?;
+        if !told.is_empty() {
+            tx.execute_cached("DELETE FROM inbox WHERE id = ANY($1)", &[&told])
+                .await
+                .map_err(failed)?;
+        }
         tx.commit().await.map_err(failed)?;
         Ok(taken)
     }
@@ -252,7 +256,7 @@ pub(super) async fn forward_on(
 ) -> Result<ForwardId, tokio_postgres::Error> {
     let body = serde_json::to_string(message).expect("a forwarded message serializes");
     let row = client
-        .query_one(
+        .query_one_cached(
             "WITH row AS (INSERT INTO inbox (channel, body, created_at) VALUES ($1, $2, $3)
                           RETURNING id, channel)
              SELECT id, pg_notify($4, channel) FROM row",

@@ -11,9 +11,10 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use tokio::sync::oneshot;
-use tokio_postgres::{Client, NoTls, Row};
+use tokio_postgres::{Client, NoTls, Row, Statement};
 
 use super::inbox::forward_on;
+use super::prepared::Prepared;
 use super::rows::{parsed, readable};
 use super::sessions::{Owner, run_is_live};
 use super::{Ending, Lease, Postgres, now};
@@ -61,7 +62,13 @@ struct LeaseConnection {
     lease: Lease,
     location: String,
     client: Option<Client>,
+    /// The renewal, prepared on `client`.
+    renewal: Option<Statement>,
 }
+
+/// What renews a run's lease: prepared once per lease connection.
+const RENEWAL: &str = "UPDATE runs SET expires_at = now() + make_interval(secs => $2)
+                       WHERE id = $1 AND ended_at IS NULL AND expires_at > now()";
 
 impl LeaseConnection {
     /// The connection, made if there is none or it closed.
@@ -75,6 +82,7 @@ impl LeaseConnection {
                 }
             });
             self.client = Some(client);
+            self.renewal = None;
         }
         Ok(self.client.as_ref().expect("just made"))
     }
@@ -83,21 +91,24 @@ impl LeaseConnection {
     /// was. A lease that expired stays expired (the host's workers may have been marked
     /// interrupted by another host already).
     async fn renew(&mut self, id: i64) -> Result<bool, tokio_postgres::Error> {
-        let ttl = self.lease.ttl_seconds();
-        let renewed = self
-            .client()
-            .await?
-            .execute(
-                "UPDATE runs SET expires_at = now() + make_interval(secs => $2)
-                 WHERE id = $1 AND ended_at IS NULL AND expires_at > now()",
-                &[&id, &ttl],
-            )
-            .await;
+        let renewed = self.renew_on_connection(id).await;
         if renewed.is_err() {
             // Made again at the next renewal.
             self.client = None;
         }
         Ok(renewed? == 1)
+    }
+
+    /// [`LeaseConnection::renew`] on the connection as it is: the rows changed.
+    async fn renew_on_connection(&mut self, id: i64) -> Result<u64, tokio_postgres::Error> {
+        let ttl = self.lease.ttl_seconds();
+        self.client().await?;
+        let client = self.client.as_ref().expect("just made");
+        let renewal = match &self.renewal {
+            Some(renewal) => renewal.clone(),
+            None => self.renewal.insert(client.prepare(RENEWAL).await?).clone(),
+        };
+        client.execute(&renewal, &[&id, &ttl]).await
     }
 
     /// Writes run `id`'s end.
@@ -261,7 +272,7 @@ impl Postgres {
             run_is_live("$5")
         );
         let inserted = tx
-            .query_opt(
+            .query_opt_cached(
                 &sql,
                 &[
                     &id,
@@ -278,7 +289,7 @@ impl Postgres {
             return Ok(tx.commit().await.map_err(failed)?);
         }
         let exists = tx
-            .query_opt("SELECT 1 FROM workers WHERE id = $1", &[&id])
+            .query_opt_cached("SELECT 1 FROM workers WHERE id = $1", &[&id])
             .await
             .map_err(failed)?;
         match exists {
@@ -300,14 +311,14 @@ impl Postgres {
         limit: u32,
     ) -> Result<(), ServiceError> {
         let failed = |err| self.failed(Operation::LedgerAdmitWorker, err);
-        tx.execute(
+        tx.execute_cached(
             "SELECT pg_advisory_xact_lock(hashtext('capstan.workers:' || $1))",
             &[&channel],
         )
         .await
         .map_err(failed)?;
         let working: i64 = tx
-            .query_one(
+            .query_one_cached(
                 &format!(
                     "SELECT count(*) FROM workers w
                      WHERE w.channel = $1 AND w.state IN ($2, $3) AND {}",
@@ -340,6 +351,7 @@ impl Ledger for Postgres {
             lease: self.lease,
             location: self.location.clone(),
             client: None,
+            renewal: None,
         };
         let client = lease.client().await.map_err(|err| self.unreachable(err))?;
         let sent = Instant::now();
@@ -398,7 +410,7 @@ impl Ledger for Postgres {
         let kind = kind.as_str();
         let client = self.client().await?;
         let row = client
-            .query_one(
+            .query_one_cached(
                 "INSERT INTO counters (kind, last) VALUES ($1, 1)
                  ON CONFLICT (kind) DO UPDATE SET last = counters.last + 1
                  RETURNING last",
@@ -445,7 +457,7 @@ impl Ledger for Postgres {
         let channel: String = match self
             .client()
             .await?
-            .query_opt("SELECT channel FROM workers WHERE id = $1", &[&id])
+            .query_opt_cached("SELECT channel FROM workers WHERE id = $1", &[&id])
             .await
             .map_err(failed)?
         {
@@ -462,14 +474,14 @@ impl Ledger for Postgres {
         let tx = client.transaction().await.map_err(failed)?;
         self.hold(&tx, &channel, fence).await?;
         let current = tx
-            .query_one("SELECT state FROM workers WHERE id = $1 FOR UPDATE", &[&id])
+            .query_one_cached("SELECT state FROM workers WHERE id = $1 FOR UPDATE", &[&id])
             .await
             .map_err(failed)?;
         let current: WorkerState = current.get::<_, String>(0).parse()?;
         if current.is_terminal() && state != current {
             return Err(ended(current));
         }
-        tx.execute(
+        tx.execute_cached(
             "UPDATE workers SET state = $2, outcome = COALESCE($3, outcome), updated_at = $4
              WHERE id = $1",
             &[&id, &state.as_str(), &outcome, &now()],
@@ -483,7 +495,7 @@ impl Ledger for Postgres {
         let id = id.to_string();
         let client = self.client().await?;
         let row = client
-            .query_opt(
+            .query_opt_cached(
                 "SELECT id, channel, task, state, outcome FROM workers WHERE id = $1",
                 &[&id],
             )
@@ -495,7 +507,7 @@ impl Ledger for Postgres {
     async fn workers(&self, limit: u32) -> Result<Vec<WorkerRecord>, ServiceError> {
         let client = self.client().await?;
         let rows = client
-            .query(
+            .query_cached(
                 "SELECT id, channel, task, state, outcome FROM workers
                  ORDER BY started DESC LIMIT $1",
                 &[&i64::from(limit)],
@@ -533,7 +545,7 @@ impl Ledger for Postgres {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(failed)?;
         let over = tx
-            .query(
+            .query_cached(
                 "SELECT DISTINCT w.run FROM workers w JOIN runs r ON r.id = w.run
                  WHERE w.state IN ($1, $2)
                    AND (r.ended_at IS NOT NULL OR r.expires_at <= now() OR r.id = ANY($3))
@@ -545,7 +557,7 @@ impl Ledger for Postgres {
         let runs: Vec<i64> = over.iter().map(|row| row.get(0)).collect();
         // Locked in id order, so two hosts marking at once wait for each other instead of
         // deadlocking; the rows another host marked meanwhile are no longer working.
-        tx.execute(
+        tx.execute_cached(
             "SELECT 1 FROM workers WHERE run = ANY($1) AND state IN ($2, $3)
              ORDER BY id FOR UPDATE",
             &[&runs, &working[0], &working[1]],
@@ -555,7 +567,7 @@ impl Ledger for Postgres {
         let mut marked = Vec::new();
         for run in runs {
             let rows = tx
-                .query(
+                .query_cached(
                     "UPDATE workers SET state = $2, outcome = $3, updated_at = $4
                      WHERE run = $1 AND state IN ($5, $6)
                      RETURNING id, channel, task, state, outcome",
@@ -610,6 +622,7 @@ mod tests {
             lease: host.lease,
             location: host.location.clone(),
             client: None,
+            renewal: None,
         }
     }
 

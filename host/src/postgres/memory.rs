@@ -4,6 +4,7 @@
 
 use async_trait::async_trait;
 
+use super::prepared::Prepared;
 use super::rows::{label, label_text, parsed, readable};
 use super::sessions::live_run;
 use super::{Postgres, now};
@@ -22,7 +23,7 @@ impl Memory for Postgres {
         let at = now();
         let client = self.client().await?;
         let row = client
-            .query_one(
+            .query_one_cached(
                 "INSERT INTO memories (kind, content, importance, source, created_at, words, label)
                  VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
                 &[
@@ -57,7 +58,7 @@ impl Memory for Postgres {
         let limit = i64::from(limit.clamp(1, RECALL_MAX));
         // Ranked by the share of the memory's words that match, weighted by importance.
         let rows = client
-            .query(
+            .query_cached(
                 "SELECT id, kind, content, importance, source, created_at, label
                  FROM memories
                  WHERE words && $1
@@ -84,7 +85,7 @@ impl Memory for Postgres {
     async fn delete(&self, id: u64) -> Result<(), ServiceError> {
         let client = self.client().await?;
         let n = client
-            .execute("DELETE FROM memories WHERE id = $1", &[&(id as i64)])
+            .execute_cached("DELETE FROM memories WHERE id = $1", &[&(id as i64)])
             .await
             .map_err(|err| self.failed(Operation::MemoryDelete, err))?;
         if n == 0 {
@@ -98,7 +99,7 @@ impl Memory for Postgres {
     async fn working_get(&self, key: &str) -> Result<Option<WorkingEntry>, ServiceError> {
         let client = self.client().await?;
         let row = client
-            .query_opt(
+            .query_opt_cached(
                 "SELECT value, label FROM working_memory
                  WHERE key = $1 AND (expires_at IS NULL OR expires_at > $2)",
                 &[&key, &now()],
@@ -132,7 +133,7 @@ impl Memory for Postgres {
             live_run(6)
         );
         let written = client
-            .execute(
+            .execute_cached(
                 &sql,
                 &[&key, &value, &expires, &at, &label, &self.writer_run()],
             )
@@ -147,7 +148,7 @@ impl Memory for Postgres {
     async fn working_keys(&self, prefix: &str) -> Result<Vec<String>, ServiceError> {
         let client = self.client().await?;
         let rows = client
-            .query(
+            .query_cached(
                 "SELECT key FROM working_memory
                  WHERE left(key, char_length($1)) = $1
                    AND (expires_at IS NULL OR expires_at > $2)

@@ -10,9 +10,12 @@
 //!   over when its host ends it or when it expired by the database's clock (`ledger.rs`);
 //!   a lease that expired is never renewed, and no worker starts under it;
 //! - history appends take the channel's next sequence number from a head row, so appends
-//!   from several hosts to one channel interleave without a lost or doubled message.
+//!   from several hosts to one channel interleave without a lost or doubled message;
+//! - a turn's writes are few round trips: an append (the fence, the head row and the
+//!   rows) is one statement, and a tool call's audit row another.
 //!
-//! Statements are prepared on each connection: behind PgBouncer, use session pooling (or
+//! Statements are prepared once on each pooled connection (`prepared.rs`), so a statement
+//! used again costs one round trip, not two: behind PgBouncer, use session pooling (or
 //! transaction pooling from PgBouncer 1.21 with `max_prepared_statements` set).
 //!
 //! ```no_run
@@ -35,6 +38,7 @@ mod inbox;
 mod lease;
 mod ledger;
 mod memory;
+mod prepared;
 mod reservations;
 mod rows;
 mod schema;
@@ -45,6 +49,9 @@ mod tasks;
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod test_cluster;
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod test_wire;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

@@ -3,6 +3,7 @@
 //! description at once meet at the row's primary key: one inserts, the other finds it.
 
 use super::Postgres;
+use super::prepared::Prepared;
 use super::rows::parsed;
 use super::sessions::run_is_live;
 use crate::ids::ProcessId;
@@ -33,14 +34,14 @@ impl Postgres {
                 run_is_live("task_reservations.run")
             );
             let reserved = client
-                .query_opt(&sql, &[&key, &worker, &(run.get() as i64)])
+                .query_opt_cached(&sql, &[&key, &worker, &(run.get() as i64)])
                 .await
                 .map_err(failed)?;
             if reserved.is_some() {
                 return Ok(None);
             }
             let holder = client
-                .query_opt(
+                .query_opt_cached(
                     "SELECT worker FROM task_reservations WHERE task = $1",
                     &[&key],
                 )
@@ -62,7 +63,7 @@ impl Postgres {
         let worker = worker.to_string();
         self.client()
             .await?
-            .execute(
+            .execute_cached(
                 "DELETE FROM task_reservations WHERE task = $1 AND worker = $2",
                 &[&key, &worker],
             )

@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use deadpool_postgres::Transaction;
 
 use super::Postgres;
+use super::prepared::Prepared;
 use crate::ids::SessionKey;
 use crate::services::Operation;
 use crate::services::{Answer, Claim, Epoch, ForwardId, Forwarded, RunId, ServiceError, Sessions};
@@ -43,7 +44,7 @@ impl Postgres {
             run_is_live("sessions.owner_run"),
         );
         if let Some(row) = client
-            .query_opt(&sql, &[&channel, &run_id])
+            .query_opt_cached(&sql, &[&channel, &run_id])
             .await
             .map_err(failed)?
         {
@@ -55,7 +56,7 @@ impl Postgres {
             return Ok(Claim::Owned(Epoch::new(epoch)));
         }
         let row = client
-            .query_opt(
+            .query_opt_cached(
                 &format!(
                     "SELECT owner_run, epoch, {} FROM sessions WHERE channel = $1",
                     run_is_live("$2")
@@ -104,12 +105,9 @@ impl Postgres {
         epoch: Epoch,
         messages: Vec<String>,
     ) -> Result<(), ServiceError> {
-        let failed = |err| self.failed(Operation::HistoryAppend, err);
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(failed)?;
-        self.check_fence(&tx, channel, run, epoch).await?;
-        self.append_in(&tx, channel, &messages).await?;
-        Ok(tx.commit().await.map_err(failed)?)
+        self.append_checked(channel, Some(Fence { run, epoch }), None, &messages)
+            .await
+            .map(drop)
     }
 
     /// Refuses unless `run` owns `channel` under `epoch` and its lease is live. Inside
@@ -123,7 +121,7 @@ impl Postgres {
         epoch: Epoch,
     ) -> Result<(), ServiceError> {
         let current = tx
-            .query_opt(
+            .query_opt_cached(
                 &format!(
                     "SELECT owner_run, epoch, {} FROM sessions
                      WHERE channel = $1 FOR SHARE",
@@ -133,26 +131,17 @@ impl Postgres {
             )
             .await
             .map_err(|err| self.failed(Operation::SessionsFence, err))?;
-        let fenced = |why: String| {
-            ServiceError::Invalid(format!(
-                "{run} may not write to {channel} under {epoch}: {why}; the write is dropped"
-            ))
-        };
-        let Some(row) = current else {
-            return Err(fenced("the session has no owner".into()));
-        };
-        let (owner, now_epoch, live) = (
-            RunId::new(row.get::<_, i64>(0) as u64),
-            Epoch::new(row.get::<_, i64>(1) as u64),
-            row.get::<_, bool>(2),
-        );
-        if owner != run || now_epoch != epoch {
-            return Err(fenced(format!("{owner} owns it under {now_epoch}")));
+        let owner = current.map(|row| {
+            (
+                RunId::new(row.get::<_, i64>(0) as u64),
+                Epoch::new(row.get::<_, i64>(1) as u64),
+                row.get::<_, bool>(2),
+            )
+        });
+        match (Fence { run, epoch }).refusal(channel, owner) {
+            Some(refused) => Err(refused),
+            None => Ok(()),
         }
-        if !live {
-            return Err(fenced("this run's lease is over".into()));
-        }
-        Ok(())
     }
 
     /// The fence of a write to `channel` by this host: its current run and the epoch it
@@ -190,7 +179,7 @@ impl Postgres {
         };
         let held = self.check_fence(tx, channel, run, epoch).await;
         if held.is_err() {
-            self.forget_epoch(channel);
+            self.forget_epoch(channel, epoch);
         }
         held
     }
@@ -259,11 +248,14 @@ impl Postgres {
         self.owner.lock().unwrap().lengths.get(channel).copied()
     }
 
-    /// Forgets the epoch this host claimed `channel` under.
-    pub(super) fn forget_epoch(&self, channel: &str) {
+    /// Forgets that this host owns `channel` under `epoch`, if it thought so: its next
+    /// write claims again.
+    pub(super) fn forget_epoch(&self, channel: &str, epoch: Epoch) {
         let mut owner = self.owner.lock().unwrap();
-        owner.epochs.remove(channel);
-        owner.unanswered.remove(channel);
+        if owner.epochs.get(channel) == Some(&epoch) {
+            owner.epochs.remove(channel);
+            owner.unanswered.remove(channel);
+        }
     }
 
     /// Notes that a write to `channel` under `fence`'s epoch was never answered: it may
@@ -340,8 +332,32 @@ pub(super) fn live_run(param: usize) -> String {
 /// What a fenced write carries: the run and the epoch it owns the session under.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Fence {
-    run: RunId,
-    epoch: Epoch,
+    pub(super) run: RunId,
+    pub(super) epoch: Epoch,
+}
+
+impl Fence {
+    /// Why a write to `channel` under this fence is refused, given the session's `owner`
+    /// as the database holds it (its run, epoch, and whether this fence's run is live);
+    /// `None` if it may write.
+    pub(super) fn refusal(
+        self,
+        channel: &str,
+        owner: Option<(RunId, Epoch, bool)>,
+    ) -> Option<ServiceError> {
+        let Fence { run, epoch } = self;
+        let why = match owner {
+            None => "the session has no owner".to_owned(),
+            Some((owner, now, _)) if owner != run || now != epoch => {
+                format!("{owner} owns it under {now}")
+            }
+            Some((_, _, false)) => "this run's lease is over".to_owned(),
+            Some(_) => return None,
+        };
+        Some(ServiceError::Invalid(format!(
+            "{run} may not write to {channel} under {epoch}: {why}; the write is dropped"
+        )))
+    }
 }
 
 /// The run this host writes sessions under, and the sessions it claimed.

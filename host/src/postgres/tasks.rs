@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
+use super::prepared::Prepared;
 use super::rows::{label, label_text, parsed, parsed_opt, readable};
 use super::sessions::live_run;
 use super::{Postgres, now};
@@ -49,7 +50,7 @@ impl Postgres {
     ) -> Result<Task, ServiceError> {
         let sql = format!("SELECT {COLUMNS} FROM tasks WHERE number = $1 {lock}");
         let row = client
-            .query_opt(&sql, &[&(number as i64)])
+            .query_opt_cached(&sql, &[&(number as i64)])
             .await
             .map_err(|err| self.failed(what, err))?;
         task_from(&row.ok_or_else(|| not_found(number))?)
@@ -63,7 +64,7 @@ impl TaskBoard for Postgres {
         let client = self.client().await?;
         if let Some(parent) = task.parent {
             let exists = client
-                .query_opt("SELECT 1 FROM tasks WHERE number = $1", &[&(parent as i64)])
+                .query_opt_cached("SELECT 1 FROM tasks WHERE number = $1", &[&(parent as i64)])
                 .await
                 .map_err(failed)?;
             if exists.is_none() {
@@ -79,7 +80,7 @@ impl TaskBoard for Postgres {
             live_run(11)
         );
         let row = client
-            .query_opt(
+            .query_opt_cached(
                 &sql,
                 &[
                     &task.title,
@@ -118,7 +119,7 @@ impl TaskBoard for Postgres {
         );
         let limit = i64::from(filter.limit.unwrap_or(DEFAULT_LIST_LIMIT));
         let rows = client
-            .query(
+            .query_cached(
                 &sql,
                 &[
                     &filter.status.map(TaskStatus::as_str),
@@ -155,7 +156,7 @@ impl TaskBoard for Postgres {
             live_run(10)
         );
         let row = tx
-            .query_opt(
+            .query_opt_cached(
                 &sql,
                 &[
                     &(number as i64),

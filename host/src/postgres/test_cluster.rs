@@ -165,6 +165,11 @@ impl TestCluster {
         format!("postgres://capstan@{socket_dir}/{name}")
     }
 
+    /// The server's socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join(".s.PGSQL.5432")
+    }
+
     /// A new empty database, and its URL.
     pub async fn fresh_database(&self) -> String {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
