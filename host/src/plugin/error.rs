@@ -90,12 +90,14 @@ pub enum LoadError {
         /// What it is instead, e.g. `a FIFO (named pipe)`.
         kind: &'static str,
     },
-    /// The component is valid but exceeds a limit of this host's engine.
+    /// The component is valid but does not fit this host's engine: it exceeds one of its
+    /// limits, or uses a feature the engine leaves off (the async component ABI).
     #[error("{}: cannot run in this host: {reason}", path.display())]
     OverLimit {
         /// The plugin file.
         path: PathBuf,
-        /// The limit, and the setting that raises it if any.
+        /// The limit or the feature, and the setting that raises it or what to build
+        /// instead.
         reason: String,
     },
     /// The file does not start with the WebAssembly magic bytes.

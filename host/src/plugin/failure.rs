@@ -1,6 +1,6 @@
 //! Reading a wasmtime error for what a person can act on: a pooling-allocator limit (and
-//! the setting that raises it), a guest stack overflow, or the host's own input or output
-//! failing.
+//! the setting that raises it), a component built for the async ABI, a guest stack
+//! overflow, or the host's own input or output failing.
 
 use super::engine::{
     MAX_CORE_INSTANCES_PER_COMPONENT, MAX_MEMORIES_PER_COMPONENT, MAX_TABLES_PER_COMPONENT,
@@ -28,11 +28,7 @@ pub(crate) fn host_io(err: &wasmtime::Error) -> Option<String> {
 /// When `err` is a pooling-allocator limit, what was exceeded and how to raise it (or that
 /// the cap is fixed).
 pub(crate) fn pool_limit(err: &wasmtime::Error, limits: &Limits) -> Option<String> {
-    let text = err
-        .chain()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(": ");
+    let text = chain_text(err);
     if let Some(min) = number_after(&text, "minimum byte size of ") {
         return Some(format!(
             "its linear memory starts at {} MiB, over the {} MiB limit; raise \
@@ -83,6 +79,29 @@ pub(crate) fn pool_limit(err: &wasmtime::Error, limits: &Limits) -> Option<Strin
         ));
     }
     None
+}
+
+/// When `err` says the component uses the component model's async ABI, what it uses and
+/// what to build instead: the engine leaves that ABI off (a tool is a synchronous export,
+/// and a call into a kept instance is cheaper without the ABI's task machinery).
+pub(crate) fn async_abi(err: &wasmtime::Error) -> Option<String> {
+    let used = err
+        .chain()
+        .map(|cause| cause.to_string())
+        .find(|cause| cause.contains("requires the component model async"))?;
+    Some(format!(
+        "it uses the component model's async ABI ({used}), which this host does not run: \
+         a tool is a synchronous export; build it with synchronous bindings, as the SDK's \
+         templates do (wit-bindgen without `async`, componentize-py, ComponentizeJS)"
+    ))
+}
+
+/// Every cause in `err`'s chain, outermost first, on one line.
+fn chain_text(err: &wasmtime::Error) -> String {
+    err.chain()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
 }
 
 /// Whether `err` says a component does not fit the engine's pooling allocator: a fact

@@ -225,6 +225,33 @@ async fn a_component_importing_what_the_host_never_gives_is_refused_uncompiled_n
     );
 }
 
+#[tokio::test]
+async fn a_component_using_the_async_component_abi_is_refused_naming_it_and_the_fix() {
+    // Tools are synchronous exports: the engine leaves the component model's async ABI
+    // off (a call into a kept instance is cheaper without its task machinery), so a
+    // component built for it is refused at load with what to do, not at its first call.
+    let wasm = wat::parse_str(format!(
+        r#"(component
+            (core func $new (canon waitable-set.new))
+            (core module $m (import "" "new" (func (result i32))))
+            (core instance (instantiate $m (with "" (instance (export "new" (func $new))))))
+            (instance $tool)
+            (export "capstan:plugin/tool@{}" (instance $tool))
+        )"#,
+        WIT_VERSION
+    ))
+    .unwrap();
+    let dir = plugins_with(&[]);
+    let path = dir.path().join("eager.wasm");
+    std::fs::write(&path, wasm).unwrap();
+    let err = host().load(&path).await.unwrap_err().to_string();
+    assert!(err.contains("eager.wasm"), "{err}");
+    assert!(
+        err.contains("async") && err.contains("synchronous"),
+        "says what is refused and what to build instead: {err}"
+    );
+}
+
 /// Every file under `dir`.
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut files = Vec::new();

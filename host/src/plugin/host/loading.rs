@@ -68,8 +68,8 @@ impl PluginHost {
                 took: since.elapsed(),
             });
         }
-        let (component, cache) =
-            loaded.map_err(|err| match failure::pool_limit(&err, &self.limits) {
+        let (component, cache) = loaded.map_err(|err| {
+            match failure::pool_limit(&err, &self.limits).or_else(|| failure::async_abi(&err)) {
                 Some(reason) => LoadError::OverLimit {
                     path: path.to_owned(),
                     reason,
@@ -78,7 +78,8 @@ impl PluginHost {
                     path: path.to_owned(),
                     reason: format!("{err:#}"),
                 },
-            })?;
+            }
+        })?;
         let link_error = |err: wasmtime::Error| LoadError::Link {
             path: path.to_owned(),
             reason: format!("{err:#}"),
