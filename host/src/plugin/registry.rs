@@ -656,24 +656,23 @@ impl Registry {
         );
         drop(span);
         let metrics = crate::telemetry::metrics();
-        let known = self.tool_info(request.tool).map(|tool| tool.name.as_str());
-        metrics.tool_call(known.unwrap_or(UNKNOWN_TOOL), outcome, took);
+        let info = self.tool_info(request.tool);
+        metrics.tool_call(
+            info.map_or(UNKNOWN_TOOL, |tool| tool.name.as_str()),
+            outcome,
+            took,
+        );
         if matches!(result, Err(ToolError::Denied(_))) {
             metrics.denied(denied_by.unwrap_or(DenialReason::Tool));
         }
-        let effective = self
-            .tool_info(request.tool)
+        let effective = info
             .and_then(|tool| {
                 request
                     .grants
                     .effective(&tool.name, &tool.capabilities)
                     .ok()
             })
-            .map(|caps| {
-                let names: Vec<String> = caps.iter().map(ToString::to_string).collect();
-                names.join(",")
-            })
-            .unwrap_or_else(|| "(none)".into());
+            .map_or_else(|| "(none)".into(), |caps| joined(&caps));
         tracing::info!(
             target: "capstan::audit",
             tool = request.tool,
@@ -822,9 +821,19 @@ impl Registry {
     }
 }
 
-/// Refuses arguments that are not one JSON object, before any instance is created.
-/// Refuses arguments that are not one JSON object, naming `tool`: every plugin and MCP
-/// tool takes an object.
+/// The names of `capabilities`, comma-separated, as an audit row lists them.
+fn joined(capabilities: &[Capability]) -> String {
+    use std::fmt::Write;
+    let mut names = String::new();
+    for (i, capability) in capabilities.iter().enumerate() {
+        let comma = if i == 0 { "" } else { "," };
+        write!(names, "{comma}{capability}").expect("writing to a String");
+    }
+    names
+}
+
+/// Refuses arguments that are not one JSON object, naming `tool`, before any instance is
+/// created: every plugin and MCP tool takes an object.
 pub fn check_args_object(tool: &str, args_json: &str) -> Result<(), ToolError> {
     if let Err(err) = serde_json::from_str::<IgnoredAny>(args_json) {
         return Err(ToolError::InvalidArgs(format!(

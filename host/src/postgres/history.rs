@@ -5,6 +5,8 @@
 use std::sync::LazyLock;
 
 use async_trait::async_trait;
+use deadpool_postgres::GenericClient;
+use tokio_postgres::error::Severity;
 
 use super::Postgres;
 use super::prepared::Prepared;
@@ -98,16 +100,25 @@ impl Postgres {
         let (run, epoch) = fence.map_or((None, None), |f| {
             (Some(f.run.get() as i64), Some(f.epoch.get() as i64))
         });
+        // The host's own record of the session, touched only for a write under its own
+        // run (`append_fenced` may write under another).
+        let own = fence.filter(|f| self.current_run() == Some(f.run));
+        // Prepared apart: a failure to prepare sent no write.
+        let append = client.prepare_cached(&APPEND).await.map_err(failed)?;
         let row = match client
-            .query_one_cached(&APPEND, &[&channel, &run, &epoch, &known, &messages])
+            .query_one(&append, &[&channel, &run, &epoch, &known, &messages])
             .await
         {
             Ok(row) => row,
             Err(err) => {
-                // Not answered by the server (the connection went down): it may have
-                // landed.
-                if let Some(fence) = fence
-                    && err.as_db_error().is_none()
+                // Only an error the statement answered with rolled it back; without one
+                // (the connection went down, or the server failed past its commit) it
+                // may have landed.
+                let rolled_back = err
+                    .as_db_error()
+                    .is_some_and(|db| db.parsed_severity() == Some(Severity::Error));
+                if let Some(fence) = own
+                    && !rolled_back
                 {
                     self.note_unanswered(channel, &fence);
                 }
@@ -126,7 +137,9 @@ impl Postgres {
                 )
             });
             if let Some(refused) = fence.refusal(channel, owner) {
-                self.forget_epoch(channel, fence.epoch);
+                if own.is_some() {
+                    self.forget_epoch(channel, fence.epoch);
+                }
                 return Err(refused);
             }
         }
@@ -160,15 +173,20 @@ impl Postgres {
         let tx = client.transaction().await.map_err(failed)?;
         // The fence's check and the history as stored, under its head row's lock, in
         // one round trip, and the write in one more. A refusal rolls all back.
-        let (_, stored) = tokio::try_join!(self.hold(&tx, channel, fence), async {
-            tx.query_opt_cached(
-                "SELECT next FROM history_heads WHERE channel = $1 FOR UPDATE",
+        // The head row is made if there is none, so that it is locked either way: with no
+        // row to lock, an append committed while the write ran would keep rows past the
+        // new end that the write's DELETE never saw.
+        let (_, stored) = tokio::try_join!(biased; self.hold(&tx, channel, fence), async {
+            tx.query_one_cached(
+                "INSERT INTO history_heads (channel, next) VALUES ($1, 0)
+                 ON CONFLICT (channel) DO UPDATE SET next = history_heads.next
+                 RETURNING next",
                 &[&channel],
             )
             .await
             .map_err(|err| ServiceError::from(failed(err)))
         })?;
-        let stored: i64 = stored.map_or(0, |row| row.get(0));
+        let stored: i64 = stored.get(0);
         // The history must be the one this host last read or wrote. After a write of its
         // own that was never answered (the server restarting as it committed), which may
         // have landed, a replace of this host's whole copy (which holds it) may follow

@@ -167,7 +167,7 @@ impl Postgres {
             waiting()
         );
         let run_id = run.get() as i64;
-        let (_, rows) = tokio::try_join!(self.check_fence(&tx, channel, run, epoch), async {
+        let (_, rows) = tokio::try_join!(biased; self.check_fence(&tx, channel, run, epoch), async {
             tx.query_cached(&take, &[&channel, &run_id])
                 .await
                 .map_err(|err| ServiceError::from(failed(err)))
