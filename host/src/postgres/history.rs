@@ -332,6 +332,12 @@ mod tests {
     use super::*;
     use crate::services::{AuditRecord, AuditSink, Ledger, Receipt, Sessions};
 
+    /// The messages `channel`'s history holds, in order.
+    async fn stored(host: &Postgres, channel: &SessionKey) -> Vec<String> {
+        let history = host.load(channel).await.unwrap();
+        history.into_iter().map(|entry| entry.message).collect()
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_fenced_append_and_an_audit_row_are_one_exchange_each_once_prepared() {
         let cluster = TestCluster::start();
@@ -368,14 +374,10 @@ mod tests {
             AuditSink::record(&*host, call()).await.unwrap();
             assert_eq!(wire.exchanges() - before, 1, "audit row {n}");
         }
-        let stored: Vec<String> = host
-            .load(&channel)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|entry| entry.message)
-            .collect();
-        assert_eq!(stored, ["1", "2", "\"x\"", "3", "\"x\"", "4", "\"x\""]);
+        assert_eq!(
+            stored(&host, &channel).await,
+            ["1", "2", "\"x\"", "3", "\"x\"", "4", "\"x\""]
+        );
 
         // A replace: begin, the fence and the head row (pipelined: one round trip), the
         // write, commit. Shorter and longer than what it replaces.
@@ -387,14 +389,7 @@ mod tests {
             let rows: Vec<String> = rows.into_iter().map(String::from).collect();
             let before = wire.exchanges();
             host.replace(&channel, rows.clone()).await.unwrap();
-            let stored: Vec<String> = host
-                .load(&channel)
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|entry| entry.message)
-                .collect();
-            assert_eq!(stored, rows);
+            assert_eq!(stored(&host, &channel).await, rows);
             if rows.len() > 1 {
                 assert_eq!(wire.exchanges() - before, 5 + 1, "a replace and a load");
             }
