@@ -11,10 +11,10 @@ use tokio_postgres::error::Severity;
 use super::Postgres;
 use super::prepared::Prepared;
 use super::rows::{parsed, readable};
-use super::sessions::{Fence, run_is_live};
+use super::sessions::{Fence, owner_in, run_is_live};
 use crate::ids::SessionKey;
 use crate::services::Operation;
-use crate::services::{ConversationSummary, Epoch, History, HistoryEntry, RunId, ServiceError};
+use crate::services::{ConversationSummary, History, HistoryEntry, ServiceError};
 
 /// An append in one statement, made and committed in one round trip: it checks the
 /// fence, takes the channel's numbers from its head row under the row's lock, and writes
@@ -128,20 +128,13 @@ impl Postgres {
         if let Some(first) = row.get::<_, Option<i64>>(3) {
             return Ok(first);
         }
-        if let Some(fence) = fence {
-            let owner = row.get::<_, Option<i64>>(0).map(|owner| {
-                (
-                    RunId::new(owner as u64),
-                    Epoch::new(row.get::<_, i64>(1) as u64),
-                    row.get::<_, bool>(2),
-                )
-            });
-            if let Some(refused) = fence.refusal(channel, owner) {
-                if own.is_some() {
-                    self.forget_epoch(channel, fence.epoch);
-                }
-                return Err(refused);
+        if let Some(fence) = fence
+            && let Some(refused) = fence.refusal(channel, owner_in(&row))
+        {
+            if own.is_some() {
+                self.forget_epoch(channel, fence.epoch);
             }
+            return Err(refused);
         }
         // The fence held: the history is not as long as this host knew it.
         let stored: i64 = client
@@ -330,7 +323,7 @@ mod tests {
     use super::super::test_cluster::TestCluster;
     use super::super::test_wire::WireCount;
     use super::*;
-    use crate::services::{AuditRecord, AuditSink, Ledger, Receipt, Sessions};
+    use crate::services::{AuditRecord, AuditSink, Epoch, Ledger, Receipt, Sessions};
 
     /// The messages `channel`'s history holds, in order.
     async fn stored(host: &Postgres, channel: &SessionKey) -> Vec<String> {

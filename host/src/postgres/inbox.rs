@@ -167,12 +167,11 @@ impl Postgres {
             waiting()
         );
         let run_id = run.get() as i64;
-        let (_, rows) = tokio::try_join!(biased; self.check_fence(&tx, channel, run, epoch), async {
+        let (_, mut rows) = tokio::try_join!(biased; self.check_fence(&tx, channel, run, epoch), async {
             tx.query_cached(&take, &[&channel, &run_id])
                 .await
                 .map_err(|err| ServiceError::from(failed(err)))
-        },)?;
-        let mut rows = rows;
+        })?;
         rows.sort_by_key(|row| row.get::<_, i64>(0));
         let mut taken = Vec::with_capacity(rows.len());
         let mut told = Vec::new();

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 use deadpool_postgres::Transaction;
+use tokio_postgres::Row;
 
 use super::Postgres;
 use super::prepared::Prepared;
@@ -131,13 +132,7 @@ impl Postgres {
             )
             .await
             .map_err(|err| self.failed(Operation::SessionsFence, err))?;
-        let owner = current.map(|row| {
-            (
-                RunId::new(row.get::<_, i64>(0) as u64),
-                Epoch::new(row.get::<_, i64>(1) as u64),
-                row.get::<_, bool>(2),
-            )
-        });
+        let owner = current.as_ref().and_then(owner_in);
         match (Fence { run, epoch }).refusal(channel, owner) {
             Some(refused) => Err(refused),
             None => Ok(()),
@@ -327,6 +322,18 @@ pub(super) fn live_run(param: usize) -> String {
         "(${param}::BIGINT IS NULL OR {})",
         run_is_live(&format!("${param}"))
     )
+}
+
+/// The session's owner as a fence's statement reads it in its first three columns: its
+/// run, its epoch, and whether the writing run is live; `None` when nobody owns it (no
+/// row, or a row of NULLs).
+pub(super) fn owner_in(row: &Row) -> Option<(RunId, Epoch, bool)> {
+    let owner = row.get::<_, Option<i64>>(0)?;
+    Some((
+        RunId::new(owner as u64),
+        Epoch::new(row.get::<_, i64>(1) as u64),
+        row.get::<_, bool>(2),
+    ))
 }
 
 /// What a fenced write carries: the run and the epoch it owns the session under.
