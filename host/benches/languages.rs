@@ -13,7 +13,9 @@
 //! - `languages/load_cached/LANG`: a load from the warm artifact cache (read, check the
 //!   seal, deserialize, link, `describe()`).
 //! - `languages/call/LANG`: `Registry::call` of the word count on a 1 KiB file: a fresh
-//!   instance per call, as every call.
+//!   instance per call, the default.
+//! - `languages/kept_call/LANG`: the same call in the instance the calling process keeps
+//!   (`instance_reuse = "process"`); the bench first checks that the instance is kept.
 
 // A benchmark reports to its runner, not through a door of the host.
 #![allow(clippy::disallowed_macros, clippy::disallowed_methods)]
@@ -22,7 +24,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use capstan_host::plugin::{ArtifactCache, CallRequest, Limits, PluginHost, Registry};
+use capstan_host::plugin::{
+    ArtifactCache, CallRequest, Limits, PluginHost, ProcessInstances, Registry,
+};
 use capstan_host::policy::Grants;
 use criterion::Criterion;
 use tokio::runtime::Runtime;
@@ -63,6 +67,17 @@ fn registry(rt: &Runtime, file: &Path, limits: Limits, cache: ArtifactCache) -> 
 }
 
 fn call(rt: &Runtime, registry: &Registry, tool: &str, workspace: &Path) -> Result<String, String> {
+    call_in(rt, registry, tool, workspace, None)
+}
+
+/// The word count's call, in `instances` when given (a kept instance), else a fresh one.
+fn call_in(
+    rt: &Runtime,
+    registry: &Registry,
+    tool: &str,
+    workspace: &Path,
+    instances: Option<&ProcessInstances>,
+) -> Result<String, String> {
     let grants: Grants = "fs.read".parse().unwrap();
     rt.block_on(registry.call(CallRequest {
         tool,
@@ -70,7 +85,7 @@ fn call(rt: &Runtime, registry: &Registry, tool: &str, workspace: &Path) -> Resu
         grants: &grants,
         workspace: Some(workspace),
         caller: &capstan_host::ids::Caller::client("bench", None),
-        instances: None,
+        instances,
     }))
     .map_err(|err| err.to_string())
 }
@@ -178,6 +193,14 @@ fn main() {
         });
         criterion.bench_function(&format!("languages/call/{lang}"), |b| {
             b.iter(|| call(&rt, warm, tool, workspace.path()).unwrap())
+        });
+        let kept = ProcessInstances::new();
+        for _ in 0..2 {
+            call_in(&rt, warm, tool, workspace.path(), Some(&kept)).unwrap();
+            assert_eq!(kept.len(), 1, "{lang}: the call's instance is kept");
+        }
+        criterion.bench_function(&format!("languages/kept_call/{lang}"), |b| {
+            b.iter(|| call_in(&rt, warm, tool, workspace.path(), Some(&kept)).unwrap())
         });
     }
     criterion.final_summary();

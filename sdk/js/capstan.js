@@ -101,11 +101,20 @@ function fsError(err, what) {
   return ToolError.failed(`${what}: ${c}`);
 }
 
+// The workspace's descriptor, fetched once per instance: each `getDirectories()` hands
+// out new handles, and an instance the host keeps for the next call must hold no more than
+// it did after its first (the host drops one that does). A kept instance only ever serves
+// calls with the same grants and workspace, so the handle stays the right one.
+let workspaceDir;
+
 function workspace() {
+  if (workspaceDir) return workspaceDir;
   const dirs = getDirectories();
   const found = dirs.find(([, path]) => path === '.');
+  for (const [dir] of dirs) if (dir !== found?.[0]) drop(dir);
   if (!found) throw ToolError.denied('this call holds no workspace: declare and be granted fs.read or fs.write');
-  return found[0];
+  workspaceDir = found[0];
+  return workspaceDir;
 }
 
 /** The text of a workspace file. */
@@ -118,11 +127,17 @@ export function readText(path) {
   }
   const chunks = [];
   let offset = 0;
-  for (;;) {
-    const [bytes, eof] = file.read(65536, offset);
-    chunks.push(bytes);
-    offset += bytes.length;
-    if (eof || bytes.length === 0) break;
+  try {
+    for (;;) {
+      const [bytes, eof] = file.read(65536, offset);
+      chunks.push(bytes);
+      offset += bytes.length;
+      if (eof || bytes.length === 0) break;
+    }
+  } finally {
+    // Released now, not when the garbage collector gets to it: a kept instance still
+    // holding a file would be dropped by the host after the call.
+    drop(file);
   }
   const all = new Uint8Array(offset);
   let at = 0;
@@ -138,24 +153,36 @@ export function writeText(path, text) {
   } catch (err) {
     throw err instanceof ToolError ? err : fsError(err, `cannot write ${path}`);
   }
-  const bytes = new TextEncoder().encode(String(text));
-  let offset = 0;
-  while (offset < bytes.length) {
-    offset += Number(file.write(bytes.subarray(offset), offset));
+  try {
+    const bytes = new TextEncoder().encode(String(text));
+    let offset = 0;
+    while (offset < bytes.length) {
+      offset += Number(file.write(bytes.subarray(offset), offset));
+    }
+  } finally {
+    drop(file);
   }
 }
 
 /** The names in a workspace directory, sorted. */
 export function listDir(path = '.') {
+  let dir;
   let entries;
   try {
-    const dir = path === '.' ? workspace() : workspace().openAt({ symlinkFollow: false }, path, { directory: true }, { read: true });
+    dir = path === '.' ? workspace() : workspace().openAt({ symlinkFollow: false }, path, { directory: true }, { read: true });
     entries = dir.readDirectory();
   } catch (err) {
+    if (dir && path !== '.') drop(dir);
     throw err instanceof ToolError ? err : fsError(err, `cannot list ${path}`);
   }
   const names = [];
-  for (let entry = entries.readDirectoryEntry(); entry; entry = entries.readDirectoryEntry()) names.push(entry.name);
+  try {
+    for (let entry = entries.readDirectoryEntry(); entry; entry = entries.readDirectoryEntry()) names.push(entry.name);
+  } finally {
+    // The stream before the directory it reads, as the component model requires.
+    drop(entries);
+    if (path !== '.') drop(dir);
+  }
   return names.sort();
 }
 

@@ -157,6 +157,151 @@ toolbox.tool({ name: 'NAME_net', description: 'Calls one host import.', needs: [
 export const tool = toolbox.export();
 """
 
+# What each language's author appends to see its instance kept: `_tally` reads a workspace
+# file through the SDK's helper and counts its calls in module state; `_hold` keeps a file
+# open past its call; `_fail` answers with a tool error; `_bloat` asks for more memory than
+# the limit. Kept mode shows in the count: it goes on while the instance is kept and starts
+# again at 1 in a fresh one.
+PYTHON_KEPT = """
+
+_calls = 0
+_held = []
+
+
+@toolbox.tool(name="NAME_tally", needs=["fs.read"])
+def NAME_tally(step: str) -> str:
+    \"\"\"Counts this instance's calls.\"\"\"
+    global _calls
+    with open("notes.txt", encoding="utf-8") as file:
+        file.read()
+    _calls += 1
+    return f"{step}: tally {_calls}"
+
+
+@toolbox.tool(name="NAME_hold", needs=["fs.read"])
+def NAME_hold() -> str:
+    \"\"\"Keeps a workspace file open after the call.\"\"\"
+    _held.append(open("notes.txt", encoding="utf-8"))
+    return "holding notes.txt"
+
+
+@toolbox.tool(name="NAME_fail", needs=["fs.read"])
+def NAME_fail() -> str:
+    \"\"\"Answers with a tool error.\"\"\"
+    raise ToolError.failed("failing on purpose")
+
+
+@toolbox.tool(name="NAME_bloat", needs=["fs.read"])
+def NAME_bloat() -> str:
+    \"\"\"Asks for more memory than a call may have.\"\"\"
+    _held.append(bytearray(256 << 20))
+    return "bloated"
+
+
+Tool = toolbox.export()
+"""
+
+JS_KEPT = """
+import { readText as keptRead } from './capstan.js';
+import { getDirectories as keptDirs } from 'wasi:filesystem/preopens@0.2.12';
+
+let calls = 0;
+const held = [];
+
+toolbox.tool(
+  { name: 'NAME_tally', description: 'Counts the calls of this instance.', needs: ['fs.read'], args: { step: { type: 'string' } } },
+  ({ step }) => { keptRead('notes.txt'); calls += 1; return `${step}: tally ${calls}`; },
+);
+toolbox.tool(
+  { name: 'NAME_hold', description: 'Keeps a workspace file open after the call.', needs: ['fs.read'], args: {} },
+  () => {
+    const [[dir]] = keptDirs().filter(([, path]) => path === '.');
+    held.push(dir.openAt({ symlinkFollow: false }, 'notes.txt', {}, { read: true }));
+    return 'holding notes.txt';
+  },
+);
+toolbox.tool(
+  { name: 'NAME_fail', description: 'Answers with a tool error.', needs: ['fs.read'], args: {} },
+  () => { throw ToolError.failed('failing on purpose'); },
+);
+toolbox.tool(
+  { name: 'NAME_bloat', description: 'Asks for more memory than a call may have.', needs: ['fs.read'], args: {} },
+  () => { held.push(new Uint8Array(256 << 20)); return 'bloated'; },
+);
+
+export const tool = toolbox.export();
+"""
+
+# A worker calls `_tally` between the others: each answer names the step that asked, so a
+# count that went wrong leaves the script with no step to match and the turn fails. The
+# count goes on after a tool error (an answer, not a failure), and starts again after a
+# file held and after a refused memory growth.
+KEPT_SCRIPT = """
+[[step]]
+process = "channel"
+when = "tally with {name}"
+tool_calls = [
+  {{ name = "spawn_worker", arguments = {{ task = "Tally using {name}." }} }},
+  {{ name = "skip" }},
+]
+
+[[step]]
+process = "worker"
+when = "using {name}"
+tool_calls = [{{ name = "{name}_tally", arguments = {{ step = "first" }} }}]
+
+[[step]]
+process = "worker"
+when = "first: tally 1"
+tool_calls = [{{ name = "{name}_tally", arguments = {{ step = "second" }} }}]
+
+[[step]]
+process = "worker"
+when = "second: tally 2"
+tool_calls = [{{ name = "{name}_hold", arguments = {{}} }}]
+
+[[step]]
+process = "worker"
+when = "holding notes.txt"
+tool_calls = [{{ name = "{name}_tally", arguments = {{ step = "third" }} }}]
+
+[[step]]
+process = "worker"
+when = "third: tally 1"
+tool_calls = [{{ name = "{name}_tally", arguments = {{ step = "fourth" }} }}]
+
+[[step]]
+process = "worker"
+when = "fourth: tally 2"
+tool_calls = [{{ name = "{name}_fail", arguments = {{}} }}]
+
+[[step]]
+process = "worker"
+when = "failing on purpose"
+tool_calls = [{{ name = "{name}_tally", arguments = {{ step = "fifth" }} }}]
+
+[[step]]
+process = "worker"
+when = "fifth: tally 3"
+tool_calls = [{{ name = "{name}_bloat", arguments = {{}} }}]
+
+[[step]]
+process = "worker"
+when = "error[failed]"
+tool_calls = [{{ name = "{name}_tally", arguments = {{ step = "sixth" }} }}]
+
+[[step]]
+process = "worker"
+when = "sixth: tally 1"
+tool_calls = [{{ name = "set_status", arguments = {{ state = "done", message = "{name} kept, then dropped twice" }} }}]
+
+[[step]]
+process = "channel"
+when = "{name} kept, then dropped twice"
+reply = "{name}: kept and dropped as it should be."
+"""
+
+
 RUST_PROBE = """
 use capstan_sdk::host::{self, NewMemory, NewTask, TaskFilter, TaskPatch, TaskStatus};
 use capstan_sdk::http::Request;
@@ -303,7 +448,7 @@ def built():
         components = {}
 
         project = new_project("python", "pywords", base)
-        append_tools(project / "app.py", PYTHON_WRITER.format(name="pywords"), PYTHON_PROBE.replace("NAME", "pywords"), export="Tool = ", last="Tool = toolbox.export()")
+        append_tools(project / "app.py", PYTHON_WRITER.format(name="pywords"), PYTHON_PROBE.replace("NAME", "pywords"), PYTHON_KEPT.replace("NAME", "pywords"), export="Tool = ", last="Tool = toolbox.export()")
         wit = project / "wit" / "plugin.wit"
         wit.write_text(wit.read_text().replace("package capstan:plugin@0.2.1;", "package capstan:plugin@0.1.0;"))
         build = timed("python", "build", [str(BINARY), "plugins", "build", str(project)], base, build_env())
@@ -319,7 +464,7 @@ def built():
         components["pywords"] = project / "pywords.wasm"
 
         project = new_project("js", "jswords", base)
-        append_tools(project / "plugin.js", JS_WRITER.format(name="jswords"), JS_PROBE.replace("NAME", "jswords"), export="export const tool =", last="export const tool = toolbox.export();")
+        append_tools(project / "plugin.js", JS_WRITER.format(name="jswords"), JS_PROBE.replace("NAME", "jswords"), JS_KEPT.replace("NAME", "jswords"), export="export const tool =", last="export const tool = toolbox.export();")
         build = timed("js", "build", [str(BINARY), "plugins", "build", str(project)], base, build_env())
         assert "==> building the JavaScript plugin `jswords`" in build.stderr, build.stderr
         timed("js", "rebuild", [str(BINARY), "plugins", "build", str(project)], base, build_env())
@@ -418,6 +563,55 @@ def test_a_worker_reads_through_a_read_only_grant_and_its_write_is_refused(home,
     assert ("worker", f"{name}_save", "fs.read", "denied") in calls, rows
     detail = next(d for _, t, _, _, d in rows if t == f"{name}_save")
     assert f"count-{name}.txt" in detail and "ermitted" in detail, detail
+
+
+@pytest.fixture(scope="module")
+def kept_home(built):
+    """A home whose workers keep the Python and JavaScript plugins' instances."""
+    with tempfile.TemporaryDirectory(prefix="capstan-langs-kept-") as tmp:
+        base = pathlib.Path(tmp)
+        (base / "workspace").mkdir()
+        (base / "workspace" / "notes.txt").write_text(NOTES)
+        plugins = base / "plugins"
+        plugins.mkdir()
+        for name in ("pywords", "jswords"):
+            shutil.copy(built[name], plugins / f"{name}.wasm")
+        tools = ", ".join(f'"{n}_{t}"' for n in ("pywords", "jswords") for t in ("tally", "hold", "fail", "bloat"))
+        (base / "capstan.toml").write_text(f"""
+[agent]
+workspace = "workspace"
+plugins_dir = "plugins"
+
+[provider]
+kind = "scripted"
+script = "script.toml"
+
+[plugins]
+instance_reuse = {{ pywords = "process", jswords = "process" }}
+
+[profiles.worker]
+tools = ["set_status", {tools}]
+capabilities = ["fs.read"]
+""")
+        yield base
+
+
+@pytest.mark.parametrize("name", ["pywords", "jswords"])
+def test_a_kept_interpreter_instance_serves_a_process_s_calls_and_is_dropped_as_the_rules_say(kept_home, name):
+    """The SDK's file helper leaves nothing open, so the instance is kept from call to
+    call; a file the tool keeps open, or a memory growth refused, drops it."""
+    # The steps' messages are the same for both plugins: each run gets its own script.
+    (kept_home / "script.toml").write_text(KEPT_SCRIPT.format(name=name))
+    result = capstan(kept_home, "run", f"tally with {name}")
+    assert result.returncode == 0, result.stderr
+    assert f"{name}: kept and dropped as it should be." in result.stdout, result.stdout
+    with contextlib.closing(sqlite3.connect(kept_home / ".capstan" / "capstan.db")) as db:
+        rows = db.execute(
+            "SELECT tool, outcome FROM audit WHERE tool LIKE ? ORDER BY id", (f"{name}_%",)
+        ).fetchall()
+    tools = [tool.removeprefix(f"{name}_") for tool, _ in rows]
+    assert tools == ["tally", "tally", "hold", "tally", "tally", "fail", "tally", "bloat", "tally"], rows
+    assert [outcome for tool, outcome in rows if tool.endswith("_bloat")] == ["failed"], rows
 
 
 LANGS = {"python": "pywords", "js": "jswords", "rust": "rswords"}
