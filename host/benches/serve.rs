@@ -15,6 +15,11 @@
 //! sandboxed call) and then answers. After criterion's report both paths run interleaved,
 //! 1,000 rounds each, and the percentiles, their ratio and the requests per second of
 //! each (one at a time) are printed.
+//!
+//! With them, in the same rounds, the transport's floor: a bare axum route on the same
+//! runtime that parses the same request body and answers a fixed completion, called by the
+//! same client. What `serve` costs over the in-process turn, less that floor, is the
+//! server's own work (authentication, the exchange, following its events, the reply).
 
 // A benchmark reports to its runner, not through a door of the host.
 #![allow(clippy::disallowed_macros, clippy::disallowed_methods)]
@@ -88,6 +93,8 @@ fn agent(tokio: &Tokio, dir: &Path) -> (Arc<Runtime>, mpsc::UnboundedReceiver<Ev
 struct Paths {
     local: Arc<Runtime>,
     url: String,
+    /// The bare axum route: the transport's floor.
+    floor_url: String,
     client: reqwest::Client,
     /// Turns on one conversation, so histories stay of a realistic length.
     n: std::cell::Cell<u64>,
@@ -110,22 +117,53 @@ impl Paths {
     }
 
     async fn serve(&self, message: &str) {
+        self.chat(&self.url, &self.channel(), message).await
+    }
+
+    /// The same request and answer through a bare axum route: HTTP on loopback and JSON
+    /// both ways, nothing of Capstan.
+    async fn floor(&self, message: &str) {
+        self.chat(&self.floor_url, "floor", message).await
+    }
+
+    /// A chat completion of `message` for `user`, posted to `url`, and its answer checked.
+    async fn chat(&self, url: &str, user: &str, message: &str) {
         let body = json!({
             "model": "capstan",
-            "user": self.channel(),
+            "user": user,
             "messages": [{"role": "user", "content": message}],
         });
-        let response = self
-            .client
-            .post(&self.url)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let response = self.client.post(url).json(&body).send().await.unwrap();
         assert!(response.status().is_success());
         let answer: serde_json::Value = response.json().await.unwrap();
         assert_eq!(answer["choices"][0]["message"]["content"], "ok");
     }
+}
+
+/// A bare axum server on loopback answering every chat completion with "ok"; its URL.
+fn floor_server(tokio: &Tokio) -> String {
+    async fn complete(
+        axum::Json(request): axum::Json<serde_json::Value>,
+    ) -> axum::Json<serde_json::Value> {
+        assert!(request["messages"].is_array());
+        axum::Json(json!({
+            "id": "chatcmpl-floor",
+            "object": "chat.completion",
+            "model": request["model"],
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "ok"}}],
+        }))
+    }
+    let app = axum::Router::new().route("/v1/chat/completions", axum::routing::post(complete));
+    let listener = tokio
+        .block_on(tokio::net::TcpListener::bind(("127.0.0.1", 0)))
+        .unwrap();
+    let url = format!(
+        "http://{}/v1/chat/completions",
+        listener.local_addr().unwrap()
+    );
+    tokio.spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
 }
 
 fn setup(tokio: &Tokio, local_dir: &Path, served_dir: &Path) -> Paths {
@@ -144,6 +182,7 @@ fn setup(tokio: &Tokio, local_dir: &Path, served_dir: &Path) -> Paths {
     Paths {
         local,
         url,
+        floor_url: floor_server(tokio),
         client: reqwest::Client::new(),
         n: std::cell::Cell::new(0),
     }
@@ -174,6 +213,7 @@ fn main() {
     let rounds = 1_000;
     for (name, message) in turns {
         let (mut local, mut served) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+        let mut floor = Vec::with_capacity(rounds);
         for _ in 0..rounds {
             let started = Instant::now();
             tokio.block_on(paths.in_process(message));
@@ -181,6 +221,9 @@ fn main() {
             let started = Instant::now();
             tokio.block_on(paths.serve(message));
             served.push(started.elapsed());
+            let started = Instant::now();
+            tokio.block_on(paths.floor(message));
+            floor.push(started.elapsed());
         }
         let per_second =
             |times: &[Duration]| times.len() as f64 / times.iter().sum::<Duration>().as_secs_f64();
@@ -191,14 +234,23 @@ fn main() {
         );
         local.sort();
         served.sort();
+        floor.sort();
         for (label, p) in [("p50", 0.5), ("p99", 0.99)] {
-            let (l, s) = (percentile(&local, p), percentile(&served, p));
+            let (l, s, f) = (
+                percentile(&local, p),
+                percentile(&served, p),
+                percentile(&floor, p),
+            );
+            let us = |d: Duration| d.as_secs_f64() * 1e6;
             println!(
-                "  {label}: in-process {:.1} µs, serve {:.1} µs, ratio {:.2}x, serve's share {:.1} µs",
-                l.as_secs_f64() * 1e6,
-                s.as_secs_f64() * 1e6,
-                s.as_secs_f64() / l.as_secs_f64(),
-                (s.as_secs_f64() - l.as_secs_f64()) * 1e6
+                "  {label}: in-process {:.1} µs, serve {:.1} µs, ratio {:.2}x, serve's share {:.1} µs; \
+                 bare axum {:.1} µs, serve's share over it {:.1} µs",
+                us(l),
+                us(s),
+                us(s) / us(l),
+                us(s) - us(l),
+                us(f),
+                us(s) - us(l) - us(f)
             );
         }
     }

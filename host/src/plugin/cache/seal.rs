@@ -14,6 +14,7 @@ use wasmtime::Engine;
 use super::private_dir::{CacheError, PrivateDir, check_owner_only};
 use super::{private_new_file, sha256_of_hash};
 use crate::plugin::trust::ComponentDigest;
+use crate::plugin::trust::hash_large;
 
 /// The key file in the cache directory.
 pub(super) const KEY_FILE: &str = "artifact-seal.key";
@@ -157,8 +158,8 @@ impl SealKey {
             .update(&id.engine)
             .update(&(name.len() as u64).to_le_bytes())
             .update(name.as_bytes())
-            .update(&(artifact.len() as u64).to_le_bytes())
-            .update(artifact);
+            .update(&(artifact.len() as u64).to_le_bytes());
+        hash_large(&mut mac, artifact);
         mac.finalize().into()
     }
 }

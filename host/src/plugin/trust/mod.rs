@@ -13,6 +13,7 @@ mod lock;
 mod signature;
 
 pub use changes::{Change, Changes, Direction};
+pub(crate) use digest::hash_large;
 pub use digest::{ComponentDigest, TextDigest};
 pub use lock::{LOCK_FILE, Lock, LockError, PluginPin, ServerPin, ToolPin};
 pub use signature::{
