@@ -243,6 +243,13 @@ export class Toolbox {
     try {
       const tool = this.tools.get(name);
       if (!tool) throw ToolError.notFound(`no tool ${name} in this plugin`);
+      // The workspace is held from an instance's first call that may use it, even one
+      // that ends before reading a file: the host compares what a kept instance holds
+      // with what it held after that call, and a handle first fetched later would look
+      // like a leak and cost the instance.
+      if (!workspaceDir && (context.capabilities ?? []).some((c) => c === 'fs.read' || c === 'fs.write')) {
+        try { workspace(); } catch { /* none: a helper says so if the tool asks for it */ }
+      }
       let args;
       try {
         args = JSON.parse(argsJson);

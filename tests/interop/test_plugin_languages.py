@@ -159,8 +159,8 @@ export const tool = toolbox.export();
 
 # What each language's author appends to see its instance kept: `_tally` reads a workspace
 # file through the SDK's helper and counts its calls in module state; `_hold` keeps a file
-# open past its call; `_fail` answers with a tool error; `_bloat` asks for more memory than
-# the limit. Kept mode shows in the count: it goes on while the instance is kept and starts
+# open past its call; `_fail` counts too, then answers with a tool error; `_bloat` asks for
+# more memory than the limit. Kept mode shows in the count: it goes on while the instance is kept and starts
 # again at 1 in a fresh one.
 PYTHON_KEPT = """
 
@@ -187,7 +187,9 @@ def NAME_hold() -> str:
 
 @toolbox.tool(name="NAME_fail", needs=["fs.read"])
 def NAME_fail() -> str:
-    \"\"\"Answers with a tool error.\"\"\"
+    \"\"\"Counts this instance's calls, then answers with a tool error.\"\"\"
+    global _calls
+    _calls += 1
     raise ToolError.failed("failing on purpose")
 
 
@@ -221,8 +223,8 @@ toolbox.tool(
   },
 );
 toolbox.tool(
-  { name: 'NAME_fail', description: 'Answers with a tool error.', needs: ['fs.read'], args: {} },
-  () => { throw ToolError.failed('failing on purpose'); },
+  { name: 'NAME_fail', description: 'Counts the calls of this instance, then answers with a tool error.', needs: ['fs.read'], args: {} },
+  () => { calls += 1; throw ToolError.failed('failing on purpose'); },
 );
 toolbox.tool(
   { name: 'NAME_bloat', description: 'Asks for more memory than a call may have.', needs: ['fs.read'], args: {} },
@@ -234,8 +236,9 @@ export const tool = toolbox.export();
 
 # A worker calls `_tally` between the others: each answer names the step that asked, so a
 # count that went wrong leaves the script with no step to match and the turn fails. The
-# count goes on after a tool error (an answer, not a failure), and starts again after a
-# file held and after a refused memory growth.
+# first call answers with a tool error before any file is read, and the count goes on
+# after it (an answer, not a failure; and the workspace a later call reads was held from
+# the first); it starts again after a file held and after a refused memory growth.
 KEPT_SCRIPT = """
 [[step]]
 process = "channel"
@@ -248,16 +251,21 @@ tool_calls = [
 [[step]]
 process = "worker"
 when = "using {name}"
+tool_calls = [{{ name = "{name}_fail", arguments = {{}} }}]
+
+[[step]]
+process = "worker"
+when = "failing on purpose"
 tool_calls = [{{ name = "{name}_tally", arguments = {{ step = "first" }} }}]
 
 [[step]]
 process = "worker"
-when = "first: tally 1"
+when = "first: tally 2"
 tool_calls = [{{ name = "{name}_tally", arguments = {{ step = "second" }} }}]
 
 [[step]]
 process = "worker"
-when = "second: tally 2"
+when = "second: tally 3"
 tool_calls = [{{ name = "{name}_hold", arguments = {{}} }}]
 
 [[step]]
@@ -273,26 +281,16 @@ tool_calls = [{{ name = "{name}_tally", arguments = {{ step = "fourth" }} }}]
 [[step]]
 process = "worker"
 when = "fourth: tally 2"
-tool_calls = [{{ name = "{name}_fail", arguments = {{}} }}]
-
-[[step]]
-process = "worker"
-when = "failing on purpose"
-tool_calls = [{{ name = "{name}_tally", arguments = {{ step = "fifth" }} }}]
-
-[[step]]
-process = "worker"
-when = "fifth: tally 3"
 tool_calls = [{{ name = "{name}_bloat", arguments = {{}} }}]
 
 [[step]]
 process = "worker"
-when = "error[failed]"
-tool_calls = [{{ name = "{name}_tally", arguments = {{ step = "sixth" }} }}]
+when = "memory"
+tool_calls = [{{ name = "{name}_tally", arguments = {{ step = "fifth" }} }}]
 
 [[step]]
 process = "worker"
-when = "sixth: tally 1"
+when = "fifth: tally 1"
 tool_calls = [{{ name = "set_status", arguments = {{ state = "done", message = "{name} kept, then dropped twice" }} }}]
 
 [[step]]
@@ -610,8 +608,14 @@ def test_a_kept_interpreter_instance_serves_a_process_s_calls_and_is_dropped_as_
             "SELECT tool, outcome FROM audit WHERE tool LIKE ? ORDER BY id", (f"{name}_%",)
         ).fetchall()
     tools = [tool.removeprefix(f"{name}_") for tool, _ in rows]
-    assert tools == ["tally", "tally", "hold", "tally", "tally", "fail", "tally", "bloat", "tally"], rows
+    assert tools == ["fail", "tally", "tally", "hold", "tally", "tally", "bloat", "tally"], rows
     assert [outcome for tool, outcome in rows if tool.endswith("_bloat")] == ["failed"], rows
+    # The interpreter caught the refusal and the SDK answered with it (no trap): the refused
+    # growth alone is what dropped the instance.
+    with contextlib.closing(sqlite3.connect(kept_home / ".capstan" / "capstan.db")) as db:
+        (detail,) = db.execute("SELECT detail FROM audit WHERE tool = ?", (f"{name}_bloat",)).fetchone()
+    caught = {"pywords": "MemoryError", "jswords": "Error: out of memory"}[name]
+    assert detail.startswith(caught), detail
 
 
 LANGS = {"python": "pywords", "js": "jswords", "rust": "rswords"}

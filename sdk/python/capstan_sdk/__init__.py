@@ -50,6 +50,7 @@ Built against the `plugin-wasi` world of Capstan's WIT:
 
 import inspect
 import json
+import os
 import types as _pytypes
 import typing
 
@@ -342,6 +343,7 @@ class Toolbox:
         ]
 
     def call(self, name: str, args_json: str, context: CallContext) -> str:
+        _hold_workspace(context)
         try:
             return _text(self._run(name, args_json, context))
         except ToolError as err:
@@ -399,6 +401,25 @@ class Toolbox:
                 return toolbox.call(name, args_json, context)
 
         return Tool
+
+
+_workspace_held = False
+
+
+def _hold_workspace(context: CallContext) -> None:
+    """Has the C library fetch the workspace's preopen at an instance's first call that
+    may use it, even one that ends before opening a file. It fetches it on first use and
+    holds it from then on; the host compares what a kept instance holds with what it held
+    after its first call, so a handle first fetched later would look like a leak and cost
+    the instance."""
+    global _workspace_held
+    if _workspace_held or not any(c in ("fs.read", "fs.write") for c in context.capabilities):
+        return
+    _workspace_held = True
+    try:
+        os.stat(".")
+    except OSError:
+        pass  # no workspace: opening a file says so, if the tool tries
 
 
 def _os_message(err: OSError) -> str:
