@@ -17,13 +17,22 @@
 //!   ([`private_dir`]); it is created with mode 0700;
 //! - the host touches the directory only through a [`cap_std::fs::Dir`] handle, so a
 //!   symlink planted in it cannot lead a read or a write outside it, and writes go to a
-//!   temporary file with a random name, created exclusively, renamed into place.
+//!   temporary file with a random name, created exclusively, renamed into place;
+//! - a seal is checked once per file: once an artifact has passed, its file's stamp
+//!   (device, inode, size, change time) is kept beside it, sealed ([`identity`] says when
+//!   that is sound), and while the file keeps that stamp it is loaded without being hashed
+//!   again, through a sealed copy in memory that nothing can write ([`checked`]). A plugin
+//!   file is read once per stamp the same way: its digest and outline are kept sealed
+//!   ([`source`]).
 
+mod checked;
+mod identity;
 mod private_dir;
 mod seal;
+mod source;
 
 use std::hash::{Hash, Hasher};
-use std::io::{Read, Write};
+use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -32,6 +41,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
+pub(crate) use identity::{FileStamp, stamp_of};
 pub use private_dir::CacheError;
 use private_dir::PrivateDir;
 pub(crate) use seal::Kind;
@@ -153,7 +163,7 @@ impl ArtifactCache {
         bytes: &[u8],
     ) -> wasmtime::Result<(Component, CacheOutcome)> {
         let key = self.key(engine, &ComponentDigest::of(bytes));
-        self.load_keyed(engine, bytes, &key, &|| {})
+        self.load_keyed(engine, &key, &|| Component::new(engine, bytes))
     }
 
     /// The key of the component whose bytes have `digest`, on `engine`: what its cached
@@ -165,22 +175,18 @@ impl ArtifactCache {
         }
     }
 
-    /// [`ArtifactCache::load`] of `bytes`, whose key is `key`.
-    /// `compiling` is called just before the component is compiled (not when its artifact
-    /// is taken from the cache).
+    /// [`ArtifactCache::load`] of the component whose key is `key`: `compile` is called
+    /// only when no sealed artifact of it passes (it reads the component's bytes if it
+    /// must, and compiles them).
     pub(crate) fn load_keyed(
         &self,
         engine: &Engine,
-        bytes: &[u8],
         key: &CacheKey,
-        compiling: &dyn Fn(),
+        compile: &dyn Fn() -> wasmtime::Result<Component>,
     ) -> wasmtime::Result<(Component, CacheOutcome)> {
         match (self.opened(), &key.0) {
-            (Some(opened), Some(id)) => opened.load(engine, bytes, id, compiling),
-            _ => {
-                compiling();
-                Ok((Component::new(engine, bytes)?, CacheOutcome::Uncached))
-            }
+            (Some(opened), Some(id)) => opened.load(engine, id, compile),
+            _ => Ok((compile()?, CacheOutcome::Uncached)),
         }
     }
 
@@ -193,44 +199,14 @@ impl ArtifactCache {
         key: &CacheKey,
         kind: Kind,
     ) -> Option<T> {
-        let (opened, id) = (self.opened()?, key.0.as_ref()?);
-        let name = id.file_name(kind);
-        let sealed = match read_sealed(opened.dir.handle(), &name, MAX_ENTRY_BYTES) {
-            Ok(found) => found?,
-            Err(reason) => {
-                opened.discard(&name, &reason);
-                return None;
-            }
-        };
-        let parsed = opened
-            .key
-            .open(id, kind, &sealed)
-            .map_err(str::to_owned)
-            .and_then(|json| {
-                serde_json::from_slice(json).map_err(|err| format!("not a cached entry: {err}"))
-            });
-        match parsed {
-            Ok(entry) => Some(entry),
-            Err(reason) => {
-                opened.discard(&name, &reason);
-                None
-            }
-        }
+        self.opened()?.entry(key.0.as_ref()?, kind)
     }
 
     /// Keeps `entry` as the `kind` entry of the component of `key`, sealed like its
     /// artifact. A failure to write is logged: the entry is made again next time.
     pub(crate) fn store_entry<T: serde::Serialize>(&self, key: &CacheKey, kind: Kind, entry: &T) {
-        let (Some(opened), Some(id)) = (self.opened(), key.0.as_ref()) else {
-            return;
-        };
-        let json = serde_json::to_vec(entry).expect("a cached entry serializes");
-        let sealed = opened.key.seal(id, kind, json);
-        if let Err(err) = opened.write_sealed(&id.file_name(kind), &sealed) {
-            tracing::warn!(
-                cache = %opened.dir.path().display(),
-                "cannot write the component cache: {err}"
-            );
+        if let (Some(opened), Some(id)) = (self.opened(), key.0.as_ref()) {
+            opened.store_entry(id, kind, entry);
         }
     }
 
@@ -250,43 +226,26 @@ impl ArtifactCache {
 }
 
 impl Opened {
-    /// The component for `bytes` (of `id`): its sealed artifact if one passes the check,
-    /// else compiled and stored.
+    /// The component of `id`: its sealed artifact if one passes the check, else what
+    /// `compile` makes, stored.
     fn load(
         &self,
         engine: &Engine,
-        bytes: &[u8],
         id: &ArtifactId,
-        compiling: &dyn Fn(),
+        compile: &dyn Fn() -> wasmtime::Result<Component>,
     ) -> wasmtime::Result<(Component, CacheOutcome)> {
         let name = id.file_name(Kind::Artifact);
         let mut outcome = CacheOutcome::Compiled;
-        match read_sealed(self.dir.handle(), &name, MAX_ARTIFACT_BYTES) {
+        match open_sealed(self.dir.handle(), &name, MAX_ARTIFACT_BYTES) {
             Ok(None) => {}
-            Ok(Some(file)) => match self.key.open(id, Kind::Artifact, &file) {
-                Ok(artifact) => {
-                    // SAFETY: the artifact passed a keyed-hash check under a key only this user
-                    // can read, over the component's digest, the engine fingerprint and this
-                    // file name: this host wrote it with `Component::serialize` for these
-                    // very bytes and engine settings. It is deserialized from the buffer
-                    // that was checked, never re-read from disk; wasmtime checks its header
-                    // and version again.
-                    match unsafe { Component::deserialize(engine, artifact) } {
-                        Ok(component) => return Ok((component, CacheOutcome::Hit)),
-                        // A sound artifact this host's limits refuse: compiling again would
-                        // be refused alike, and a host with other limits can still use it.
-                        Err(err) if super::failure::is_pool_limit(&err) => return Err(err),
-                        Err(err) => {
-                            outcome = self.discard(&name, &format!("wasmtime refused it: {err}"))
-                        }
-                    }
-                }
-                Err(reason) => outcome = self.discard(&name, reason),
+            Ok(Some(file)) => match self.load_sealed(engine, id, &name, file) {
+                Ok(component) => return Ok((component, CacheOutcome::Hit)),
+                Err(Refused::Limit(err)) => return Err(err),
+                Err(Refused::Check(reason)) => outcome = self.discard(&name, &reason),
             },
             Err(reason) => outcome = self.discard(&name, &reason),
         }
-        compiling();
-        let component = Component::new(engine, bytes)?;
+        let component = compile()?;
         if let Err(err) = self.store(id, &name, &component) {
             tracing::warn!(
                 cache = %self.dir.path().display(),
@@ -295,6 +254,102 @@ impl Opened {
             outcome = CacheOutcome::Uncached;
         }
         Ok((component, outcome))
+    }
+
+    /// The component in the open artifact `file` of `id`. While the file keeps the stamp
+    /// it had when its seal last passed, it is mapped from a sealed copy without hashing it
+    /// again; otherwise its seal is checked over every byte, and the stamp kept if the
+    /// file had settled before the check began.
+    fn load_sealed(
+        &self,
+        engine: &Engine,
+        id: &ArtifactId,
+        name: &str,
+        file: std::fs::File,
+    ) -> Result<Component, Refused> {
+        let unreadable = |err: std::io::Error| Refused::Check(format!("cannot read it: {err}"));
+        let began = std::time::SystemTime::now();
+        let stamp = stamp_of(&file).map_err(unreadable)?;
+        if self.entry::<FileStamp>(id, Kind::Checked) == Some(stamp) {
+            match checked::load(engine, &file, stamp) {
+                Ok(component) => {
+                    tracing::debug!(
+                        artifact = %self.dir.path().join(name).display(),
+                        "unchanged since its seal was checked: loaded without hashing it again"
+                    );
+                    return Ok(component);
+                }
+                Err(checked::Failed::Limit(err)) => return Err(Refused::Limit(err)),
+                // Changed since, or no memory file here: the full check decides.
+                Err(checked::Failed::Unmapped(reason)) => tracing::debug!(
+                    artifact = %self.dir.path().join(name).display(),
+                    "a checked artifact was not mapped from a copy ({reason}); checking it in full"
+                ),
+            }
+        }
+        let sealed = read_open(&file, stamp.len).map_err(unreadable)?;
+        let artifact = self
+            .key
+            .open(id, Kind::Artifact, &sealed)
+            .map_err(|reason| Refused::Check(reason.to_owned()))?;
+        // SAFETY: the artifact passed a keyed-hash check under a key only this user can
+        // read, over the component's digest, the engine fingerprint and this file name:
+        // this host wrote it with `Component::serialize` for these very bytes and engine
+        // settings. It is deserialized from the buffer that was checked, never re-read
+        // from disk; wasmtime checks its header and version again.
+        let component = match unsafe { Component::deserialize(engine, artifact) } {
+            Ok(component) => component,
+            // A sound artifact this host's limits refuse: compiling again would be
+            // refused alike, and a host with other limits can still use it.
+            Err(err) if super::failure::is_pool_limit(&err) => return Err(Refused::Limit(err)),
+            Err(err) => return Err(Refused::Check(format!("wasmtime refused it: {err}"))),
+        };
+        // The bytes checked are the file's if its stamp did not move while they were read,
+        // and no later write keeps the stamp if it had settled before the read began.
+        let unchanged = stamp_of(&file).is_ok_and(|now| now == stamp);
+        if unchanged && identity::settled(&stamp, began) {
+            self.store_entry(id, Kind::Checked, &stamp);
+        }
+        Ok(component)
+    }
+
+    /// The `kind` entry of `id`, if a sealed one passes its check; one that fails is
+    /// discarded (with a warning), so it is made again.
+    fn entry<T: serde::de::DeserializeOwned>(&self, id: &ArtifactId, kind: Kind) -> Option<T> {
+        let name = id.file_name(kind);
+        let sealed = match read_sealed(self.dir.handle(), &name, MAX_ENTRY_BYTES) {
+            Ok(found) => found?,
+            Err(reason) => {
+                self.discard(&name, &reason);
+                return None;
+            }
+        };
+        let parsed = self
+            .key
+            .open(id, kind, &sealed)
+            .map_err(str::to_owned)
+            .and_then(|json| {
+                serde_json::from_slice(json).map_err(|err| format!("not a cached entry: {err}"))
+            });
+        match parsed {
+            Ok(entry) => Some(entry),
+            Err(reason) => {
+                self.discard(&name, &reason);
+                None
+            }
+        }
+    }
+
+    /// Keeps `entry` as the `kind` entry of `id`, sealed. A failure to write is logged.
+    fn store_entry<T: serde::Serialize>(&self, id: &ArtifactId, kind: Kind, entry: &T) {
+        let json = serde_json::to_vec(entry).expect("a cached entry serializes");
+        let sealed = self.key.seal(id, kind, json);
+        if let Err(err) = self.write_sealed(&id.file_name(kind), &sealed) {
+            tracing::warn!(
+                cache = %self.dir.path().display(),
+                "cannot write the component cache: {err}"
+            );
+        }
     }
 
     /// Removes the file `name` (the entry itself, never what a symlink points to) and says
@@ -306,10 +361,21 @@ impl Opened {
             "discarded a cached file that failed its check ({reason}); it was not loaded, \
              and is being made again and replaced"
         );
-        if let Err(err) = self.dir.handle().remove_file(name) {
-            tracing::warn!(artifact = %path.display(), "cannot remove it: {err}");
-        }
+        self.remove(name);
         CacheOutcome::Discarded
+    }
+
+    /// Removes the file `name` (the entry itself, never what a symlink points to), if it
+    /// is there; a failure is logged.
+    fn remove(&self, name: &str) {
+        match self.dir.handle().remove_file(name) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => tracing::warn!(
+                file = %self.dir.path().join(name).display(),
+                "cannot remove it from the component cache: {err}"
+            ),
+        }
     }
 
     /// Seals the serialized component and moves it into place under `name`, through a
@@ -347,9 +413,18 @@ pub(crate) fn private_new_file() -> OpenOptions {
     options
 }
 
-/// The sealed file `name`, if there is one. Anything but a regular file (a symlink, a FIFO,
-/// a directory) or a file over `max` bytes is an error, so it is discarded unread.
-fn read_sealed(dir: &Dir, name: &str, max: u64) -> Result<Option<Vec<u8>>, String> {
+/// Why a sealed artifact was not loaded.
+enum Refused {
+    /// It failed its check: discarded and made again.
+    Check(String),
+    /// It is sound, but over this host's limits: kept, and the load refused.
+    Limit(wasmtime::Error),
+}
+
+/// The sealed file `name` opened, if there is one. Anything but a regular file (a
+/// symlink, a FIFO, a directory) or a file over `max` bytes is an error, so it is
+/// discarded unread.
+fn open_sealed(dir: &Dir, name: &str, max: u64) -> Result<Option<std::fs::File>, String> {
     let metadata = match dir.symlink_metadata(name) {
         Ok(metadata) => metadata,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -361,20 +436,48 @@ fn read_sealed(dir: &Dir, name: &str, max: u64) -> Result<Option<Vec<u8>>, Strin
             describe_type(&metadata.file_type())
         ));
     }
-    if metadata.len() > max {
-        return Err(format!(
-            "{} bytes, over the {max}-byte limit",
-            metadata.len()
-        ));
-    }
+    // Non-blocking, and checked again once open: what was opened, not what the name
+    // held a moment before, must be a regular file of at most `max` bytes.
+    let mut options = OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    cap_std::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
     let file = dir
-        .open(name)
-        .map_err(|err| format!("cannot open it: {err}"))?;
-    let mut bytes = Vec::with_capacity(metadata.len() as usize);
-    file.take(max + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|err| format!("cannot read it: {err}"))?;
-    Ok(Some(bytes))
+        .open_with(name, &options)
+        .map_err(|err| format!("cannot open it: {err}"))?
+        .into_std();
+    let opened = file
+        .metadata()
+        .map_err(|err| format!("cannot read its metadata: {err}"))?;
+    if !opened.is_file() {
+        return Err("not a regular file once opened".into());
+    }
+    if opened.len() > max {
+        return Err(format!("{} bytes, over the {max}-byte limit", opened.len()));
+    }
+    Ok(Some(file))
+}
+
+/// All of the open `file` from its start, which was `len` bytes long: a file that grew
+/// since is read to one byte more, so its seal fails.
+fn read_open(mut file: &std::fs::File, len: u64) -> std::io::Result<Vec<u8>> {
+    file.rewind()?;
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(len + 1).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// The sealed file `name`, read, if there is one: [`open_sealed`], then all of it.
+fn read_sealed(dir: &Dir, name: &str, max: u64) -> Result<Option<Vec<u8>>, String> {
+    let Some(file) = open_sealed(dir, name, max)? else {
+        return Ok(None);
+    };
+    let len = stamp_of(&file)
+        .map_err(|err| format!("cannot read it: {err}"))?
+        .len;
+    read_open(&file, len.min(max))
+        .map(Some)
+        .map_err(|err| format!("cannot read it: {err}"))
 }
 
 fn describe_type(file_type: &cap_std::fs::FileType) -> &'static str {

@@ -33,7 +33,7 @@ pub(crate) fn check_header(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
 
 /// A component's own imports and exports, read from its bytes before anything is compiled,
 /// so a plugin that cannot run here is refused in milliseconds, not after its compilation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Outline {
     /// The names of its imports, e.g. `wasi:filesystem/types@0.2.6`.
     pub imports: Vec<String>,

@@ -20,7 +20,7 @@ use crate::plugin::trust::hash_large;
 pub(super) const KEY_FILE: &str = "artifact-seal.key";
 
 const KEY_BYTES: usize = 32;
-const TAG_BYTES: usize = 32;
+pub(super) const TAG_BYTES: usize = 32;
 
 /// Changes whenever the sealed format or the key derivation does, so old files are never
 /// read as new ones.
@@ -36,6 +36,18 @@ impl ArtifactId {
     pub(super) fn new(engine: &Engine, component: &ComponentDigest) -> Self {
         ArtifactId {
             component: *component.as_bytes(),
+            engine: sha256_of_hash(engine.precompile_compatibility_hash()),
+        }
+    }
+
+    /// What the record of the plugin file with `inode` (device and inode) is filed
+    /// under: [`Kind::Source`] entries have no component digest before they are read.
+    pub(super) fn of_source(engine: &Engine, inode: [u8; 16]) -> Self {
+        let mut subject = Sha256::new();
+        subject.update(b"source file\0");
+        subject.update(inode);
+        ArtifactId {
+            component: subject.finalize().into(),
             engine: sha256_of_hash(engine.precompile_compatibility_hash()),
         }
     }
@@ -61,6 +73,12 @@ pub(crate) enum Kind {
     Tools,
     /// A signature of the component this host verified, as JSON.
     Signature,
+    /// The stamp of the artifact file when its seal was last checked, as JSON: while
+    /// the file keeps it, the seal need not be checked again.
+    Checked,
+    /// A plugin file's stamp when it was last read, with its digest and outline, as
+    /// JSON: while the file keeps it, it need not be read again.
+    Source,
 }
 
 impl Kind {
@@ -69,6 +87,8 @@ impl Kind {
             Kind::Artifact => "cwasm",
             Kind::Tools => "tools.json",
             Kind::Signature => "signature.json",
+            Kind::Checked => "checked.json",
+            Kind::Source => "source.json",
         }
     }
 }

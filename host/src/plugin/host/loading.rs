@@ -11,7 +11,7 @@ use crate::ids::Caller;
 use crate::net::Egress;
 use crate::plugin::bindings::PluginPre;
 use crate::plugin::bindings::exports::capstan::plugin::tool::ToolSpec;
-use crate::plugin::cache::{CacheKey, CacheOutcome, Kind};
+use crate::plugin::cache::{CacheKey, CacheOutcome, Kind, stamp_of};
 use crate::plugin::contract::WIT_VERSION;
 use crate::plugin::error::LoadError;
 use crate::plugin::failure;
@@ -21,6 +21,7 @@ use crate::plugin::offline::{imports_http, link_http_as_traps};
 use crate::plugin::progress::LoadProgress;
 use crate::plugin::sandbox::{CallScope, Sandbox};
 use crate::plugin::trust::ComponentDigest;
+use wasmtime::component::Component;
 
 impl PluginHost {
     /// Loads and checks one component file: it must be a component exporting
@@ -35,36 +36,97 @@ impl PluginHost {
     /// (or takes its artifact from the cache), links it, and finds its cached tool list.
     /// Nothing of the plugin runs.
     pub(crate) fn prepare(&self, path: &Path) -> Result<Prepared, LoadError> {
-        let bytes = read_plugin_file(path)?;
-        check_header(path, &bytes)?;
+        self.prepare_file(path, true)
+    }
+
+    /// [`PluginHost::prepare`], taking what the cache recorded of the file as it was last
+    /// read if `use_record` and the file has not changed since.
+    fn prepare_file(&self, path: &Path, use_record: bool) -> Result<Prepared, LoadError> {
+        let file = open_plugin_file(path)?;
         let started = Instant::now();
+        let began = std::time::SystemTime::now();
+        let stamp = stamp_of(&file).map_err(|source| read_error(path, source))?;
+        // A file unchanged since it was last read is not read again: its digest and
+        // outline were kept (sealed) in the cache, and its bytes are needed only to
+        // compile it.
+        let known = use_record
+            .then(|| self.cache.known_source(&self.engine, &stamp))
+            .flatten();
+        let (digest, outline, read) = match known {
+            Some(known) => {
+                tracing::debug!(
+                    plugin = %path.display(),
+                    "unchanged since it was read: its digest and outline taken from the cache"
+                );
+                (known.digest, known.outline, None)
+            }
+            None => {
+                let bytes = read_plugin_bytes(path, &file)?;
+                check_header(path, &bytes)?;
+                let outline = outline(path, &bytes)?;
+                let digest = ComponentDigest::of(&bytes);
+                let after = stamp_of(&file).map_err(|source| read_error(path, source))?;
+                self.cache
+                    .remember_source(&self.engine, began, (stamp, after), digest, &outline);
+                (digest, outline, Some(bytes))
+            }
+        };
         // What it imports and exports is checked before anything is compiled.
-        let outline = outline(path, &bytes)?;
         check_imports(path, &outline)?;
         let wit_version = check_exports(path, &outline)?;
-        let digest = ComponentDigest::of(&bytes);
         let key = self.cache.key(&self.engine, &digest);
         // Before anything of it is compiled: an unsigned component never reaches Cranelift.
         let signer = self.check_signature(path, digest, &key)?;
         let compile_started = std::cell::Cell::new(None);
-        let compiling = || {
-            compile_started.set(Some(Instant::now()));
+        // Why the bytes a compile needed were not read, if they were not.
+        let unread = std::cell::Cell::new(None);
+        let compile = || {
+            let bytes = match &read {
+                Some(bytes) => std::borrow::Cow::Borrowed(bytes.as_slice()),
+                None => match read_plugin_bytes(path, &file) {
+                    Ok(bytes) if ComponentDigest::of(&bytes) == digest => {
+                        std::borrow::Cow::Owned(bytes)
+                    }
+                    Ok(_) => {
+                        unread.set(Some(Unread::NotAsRecorded));
+                        wasmtime::bail!("not the bytes recorded");
+                    }
+                    Err(err) => {
+                        unread.set(Some(Unread::Failed(err)));
+                        wasmtime::bail!("unreadable");
+                    }
+                },
+            };
+            compile_started.set(Some((Instant::now(), bytes.len())));
             if let Some(progress) = &self.progress {
                 progress(LoadProgress::Compiling {
                     path,
                     bytes: bytes.len(),
                 });
             }
+            Component::new(&self.engine, &*bytes)
         };
-        let loaded = self
-            .cache
-            .load_keyed(&self.engine, &bytes, &key, &compiling);
-        if let (Some(progress), Some(since), true) =
+        let loaded = self.cache.load_keyed(&self.engine, &key, &compile);
+        match unread.take() {
+            None => {}
+            Some(Unread::Failed(err)) => return Err(err),
+            // Changed without its stamp moving (written through a mapping, or on a file
+            // system whose server keeps the times): forgotten, and read in full.
+            Some(Unread::NotAsRecorded) => {
+                tracing::warn!(
+                    plugin = %path.display(),
+                    "the file changed without its change time moving; reading it in full"
+                );
+                self.cache.forget_source(&self.engine, &stamp);
+                return self.prepare_file(path, false);
+            }
+        }
+        if let (Some(progress), Some((since, bytes)), true) =
             (&self.progress, compile_started.get(), loaded.is_ok())
         {
             progress(LoadProgress::Compiled {
                 path,
-                bytes: bytes.len(),
+                bytes,
                 took: since.elapsed(),
             });
         }
@@ -265,15 +327,11 @@ impl PluginHost {
     }
 }
 
-/// Reads a plugin file without ever blocking in `open()`: the file is opened non-blocking
+/// Opens a plugin file without ever blocking in `open()`: the file is opened non-blocking
 /// (a FIFO would otherwise wait for a writer) and refused unless it is a regular file (a
 /// device such as `/dev/zero` would never end).
-fn read_plugin_file(path: &Path) -> Result<Vec<u8>, LoadError> {
-    use std::io::Read;
-    let read_error = |source| LoadError::Read {
-        path: path.to_owned(),
-        source,
-    };
+fn open_plugin_file(path: &Path) -> Result<std::fs::File, LoadError> {
+    let read_error = |source| read_error(path, source);
     let mut options = std::fs::OpenOptions::new();
     options.read(true);
     #[cfg(unix)]
@@ -286,11 +344,19 @@ fn read_plugin_file(path: &Path) -> Result<Vec<u8>, LoadError> {
             kind: describe_file_type(file_type),
         });
     }
+    Ok(file)
+}
+
+/// All of the plugin file opened by [`open_plugin_file`] from its start, up to the size a
+/// plugin may be.
+fn read_plugin_bytes(path: &Path, mut file: &std::fs::File) -> Result<Vec<u8>, LoadError> {
+    use std::io::{Read, Seek};
+    file.rewind().map_err(|source| read_error(path, source))?;
     // Read one byte past the cap, so a file that grows while it is read is caught too.
     let mut bytes = Vec::new();
     file.take(MAX_PLUGIN_BYTES + 1)
         .read_to_end(&mut bytes)
-        .map_err(read_error)?;
+        .map_err(|source| read_error(path, source))?;
     if bytes.len() as u64 > MAX_PLUGIN_BYTES {
         return Err(LoadError::OverLimit {
             path: path.to_owned(),
@@ -301,6 +367,22 @@ fn read_plugin_file(path: &Path) -> Result<Vec<u8>, LoadError> {
         });
     }
     Ok(bytes)
+}
+
+/// Why the bytes of a plugin file known by its stamp were not compiled.
+enum Unread {
+    /// Reading them failed.
+    Failed(LoadError),
+    /// They are not the bytes recorded for its stamp.
+    NotAsRecorded,
+}
+
+/// The error of a failed read of the plugin file at `path`.
+fn read_error(path: &Path, source: std::io::Error) -> LoadError {
+    LoadError::Read {
+        path: path.to_owned(),
+        source,
+    }
 }
 
 /// A plugin compiled, checked and linked, not yet described: [`PluginHost::prepare`].

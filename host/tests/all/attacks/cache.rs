@@ -1,13 +1,15 @@
 //! The precompiled-artifact cache runs only code this host compiled: a damaged, truncated,
 //! swapped, planted or symlinked artifact is discarded unread and replaced, reported once;
-//! a cache directory someone else owns or may write is refused with the fix.
+//! a cache directory someone else owns or may write is refused with the fix. A file checked
+//! once and recorded by its identity is trusted only while it keeps that identity: a write
+//! in place, a rename over it or a record of another file sends it back to the full check.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use capstan_host::plugin::{ArtifactCache, CacheError, Limits, PluginHost};
 
-use crate::support::{capstan, component, stderr, stdout};
+use crate::support::{capstan, capstan_command, component, stderr, stdout};
 
 /// A fresh cache directory, owner-only like the one the host creates.
 fn cache_dir() -> tempfile::TempDir {
@@ -18,8 +20,13 @@ fn cache_dir() -> tempfile::TempDir {
 
 /// `capstan plugins inspect` of a first-party plugin on `cache`.
 fn inspect(cache: &Path, plugin: &str) -> std::process::Output {
-    let file = component("plugins", plugin);
-    let out = capstan(
+    inspect_file(cache, &component("plugins", plugin))
+}
+
+/// `capstan plugins inspect` of the component `file` on `cache`, with the cache's debug
+/// lines on standard error.
+fn inspect_file(cache: &Path, file: &Path) -> std::process::Output {
+    let out = capstan_command(
         cache,
         &[
             "plugins",
@@ -28,9 +35,65 @@ fn inspect(cache: &Path, plugin: &str) -> std::process::Output {
             "--cache-dir",
             cache.to_str().unwrap(),
         ],
-    );
+    )
+    .env("CAPSTAN_LOG", "warn,capstan_host::plugin=debug")
+    .output()
+    .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     out
+}
+
+/// What the debug line of a load that skipped the artifact's hash says.
+const NOT_HASHED: &str = "loaded without hashing it again";
+/// What the debug line of a load that skipped reading the plugin file says.
+const NOT_READ: &str = "its digest and outline taken from the cache";
+
+/// Waits until `path` last changed over a second ago: what the host asks of a file before
+/// it records the file's identity.
+fn wait_until_settled(path: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    loop {
+        let metadata = std::fs::metadata(path).unwrap();
+        let changed =
+            UNIX_EPOCH + Duration::new(metadata.ctime() as u64, metadata.ctime_nsec() as u32);
+        let age = SystemTime::now()
+            .duration_since(changed)
+            .unwrap_or_default();
+        if age > Duration::from_millis(2100) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The files of `kind` (`checked.json`, `source.json`) in `cache`.
+fn records(cache: &Path, kind: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(cache)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.to_str().unwrap().ends_with(kind))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Compiles `plugin` into `cache`, waits for its artifact to settle and loads it until the
+/// load skips the hash: its artifact's path and its record's.
+fn checked_artifact(cache: &Path, plugin: &str) -> (PathBuf, PathBuf) {
+    let artifact = compiled_artifact(cache, plugin);
+    wait_until_settled(&artifact);
+    let before = records(cache, ".checked.json");
+    let out = inspect(cache, plugin);
+    assert_eq!(outcome(&out), "hit");
+    assert!(!stderr(&out).contains(NOT_HASHED), "first checked in full");
+    let after = records(cache, ".checked.json");
+    let new: Vec<_> = after.iter().filter(|p| !before.contains(p)).collect();
+    assert_eq!(new.len(), 1, "{after:?}");
+    let out = inspect(cache, plugin);
+    assert_eq!(outcome(&out), "hit");
+    assert!(stderr(&out).contains(NOT_HASHED), "{}", stderr(&out));
+    (artifact, new[0].clone())
 }
 
 /// How `inspect` says the component was obtained: `hit`, `compiled`, `discarded`.
@@ -325,4 +388,134 @@ fn compiled_artifact_at(cwd: &Path, cache: &Path) -> usize {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(outcome(&out), "compiled");
     artifacts(cache).len()
+}
+
+/// Writes `bytes` at `offset` of `path` through its own inode, then sets its modification
+/// time back, so its size and times but the change time are as they were.
+fn write_in_place(path: &Path, offset: usize, bytes: &[u8]) {
+    let modified = std::fs::metadata(path).unwrap().modified().unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, bytes, offset as u64).unwrap();
+    file.set_modified(modified).unwrap();
+}
+
+#[test]
+fn a_checked_artifact_written_in_place_is_checked_in_full_and_discarded() {
+    let cache = cache_dir();
+    let (artifact, _) = checked_artifact(cache.path(), "files");
+    // One byte flipped through the same inode, its size and modification time kept: only
+    // the change time tells.
+    let before = std::fs::metadata(&artifact).unwrap();
+    let middle = before.len() as usize / 2;
+    let byte = std::fs::read(&artifact).unwrap()[middle];
+    write_in_place(&artifact, middle, &[byte ^ 0x01]);
+    let after = std::fs::metadata(&artifact).unwrap();
+    assert_eq!(after.len(), before.len());
+    assert_eq!(after.modified().unwrap(), before.modified().unwrap());
+    assert_discarded_once_then_clean(cache.path(), "files", &artifact);
+}
+
+#[test]
+fn a_sealed_artifact_renamed_over_a_checked_one_is_checked_in_full_and_discarded() {
+    let cache = cache_dir();
+    let (files, _) = checked_artifact(cache.path(), "files");
+    let (tasks, _) = checked_artifact(cache.path(), "tasks");
+    // A genuine artifact of this host, whose own record is good, moved over another's:
+    // another inode, so the record of `files` does not vouch for it.
+    std::fs::rename(&tasks, &files).unwrap();
+    assert_discarded_once_then_clean(cache.path(), "files", &files);
+}
+
+#[test]
+fn a_record_of_another_artifact_vouches_for_nothing() {
+    let cache = cache_dir();
+    let (_, files_record) = checked_artifact(cache.path(), "files");
+    let (_, tasks_record) = checked_artifact(cache.path(), "tasks");
+    std::fs::copy(&tasks_record, &files_record).unwrap();
+    // The record fails its seal and is discarded; the artifact is checked in full again.
+    let out = inspect(cache.path(), "files");
+    assert_eq!(outcome(&out), "hit");
+    let err = stderr(&out);
+    assert!(!err.contains(NOT_HASHED), "{err}");
+    assert_eq!(
+        err.matches(&files_record.display().to_string()).count(),
+        1,
+        "one warning naming the record: {err}"
+    );
+    assert!(err.contains("not loaded"), "{err}");
+}
+
+/// A copy of the first-party `files` plugin in a directory of its own, settled, loaded
+/// until its digest and outline are taken from the cache: the directory and the file.
+fn recorded_plugin(cache: &Path) -> (tempfile::TempDir, PathBuf) {
+    let plugins = tempfile::tempdir().unwrap();
+    let file = plugins.path().join("mine.wasm");
+    std::fs::copy(component("plugins", "files"), &file).unwrap();
+    wait_until_settled(&file);
+    let out = inspect_file(cache, &file);
+    assert_eq!(outcome(&out), "compiled");
+    assert!(!stderr(&out).contains(NOT_READ));
+    assert_eq!(records(cache, ".source.json").len(), 1);
+    let out = inspect_file(cache, &file);
+    assert_eq!(outcome(&out), "hit");
+    assert!(stderr(&out).contains(NOT_READ), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("Reads a text file"),
+        "{}",
+        stdout(&out)
+    );
+    (plugins, file)
+}
+
+#[test]
+fn a_plugin_file_written_in_place_is_read_again() {
+    let cache = cache_dir();
+    let (_plugins, file) = recorded_plugin(cache.path());
+    let inode =
+        |path: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(path).unwrap());
+    let before = inode(&file);
+
+    // The same size, one word of a description changed, the modification time kept:
+    // read, and loaded, as what it now is.
+    let bytes = std::fs::read(&file).unwrap();
+    let at = bytes
+        .windows(17)
+        .position(|w| w == b"Reads a text file")
+        .unwrap();
+    write_in_place(&file, at, b"Reads a TEXT file");
+    let out = inspect_file(cache.path(), &file);
+    assert_eq!(outcome(&out), "compiled", "{}", stderr(&out));
+    assert!(!stderr(&out).contains(NOT_READ), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("Reads a TEXT file"),
+        "{}",
+        stdout(&out)
+    );
+
+    // Another component written through the same inode: read as what it is.
+    std::fs::write(&file, std::fs::read(component("plugins", "tasks")).unwrap()).unwrap();
+    assert_eq!(inode(&file), before);
+    let out = inspect_file(cache.path(), &file);
+    assert_eq!(outcome(&out), "compiled");
+    assert!(!stderr(&out).contains(NOT_READ), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("file_read"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("  task_"), "{}", stdout(&out));
+}
+
+#[test]
+fn a_recorded_plugin_whose_artifact_is_gone_is_read_and_compiled_again() {
+    let cache = cache_dir();
+    let (_plugins, file) = recorded_plugin(cache.path());
+    for artifact in artifacts(cache.path()) {
+        std::fs::remove_file(artifact).unwrap();
+    }
+    let out = inspect_file(cache.path(), &file);
+    assert_eq!(outcome(&out), "compiled", "{}", stderr(&out));
+    assert!(stderr(&out).contains(NOT_READ), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("Reads a text file"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(outcome(&inspect_file(cache.path(), &file)), "hit");
 }
