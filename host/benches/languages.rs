@@ -14,7 +14,7 @@
 //!   and an artifact unchanged since they were checked (so neither is read whole or hashed
 //!   again: the artifact is copied into a sealed memory file and mapped), then link and
 //!   the tool list kept sealed beside it. The bench first waits for the cache's files to
-//!   settle and loads each plugin once, as a start a second after the last would.
+//!   settle and loads each plugin once, as a start a few seconds after the last would.
 //! - `languages/call/LANG`: `Registry::call` of the word count on a 1 KiB file: a fresh
 //!   instance per call, the default.
 //! - `languages/kept_call/LANG`: the same call in the instance the calling process keeps
@@ -116,7 +116,7 @@ fn least_memory(rt: &Runtime, file: &Path, tool: &str, workspace: &Path, cache: 
     high
 }
 
-/// Waits until every file in `dir` last changed over a second ago.
+/// Waits until every file in `dir` last changed over two seconds ago.
 fn wait_until_settled(dir: &Path) {
     use std::os::unix::fs::MetadataExt;
     let youngest = || {
@@ -209,7 +209,7 @@ fn main() {
         .configure_from_args()
         .measurement_time(Duration::from_secs(5));
     let cached = PluginHost::new(Limits::default(), ArtifactCache::new(cache.path())).unwrap();
-    // A file is recorded as checked once it has not changed for a second: the plugin
+    // A file is recorded as checked once it has not changed for two seconds: the plugin
     // files long since, the artifacts just written.
     wait_until_settled(cache.path());
     for (_, _, file, _) in &loaded {

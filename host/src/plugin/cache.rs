@@ -270,7 +270,8 @@ impl Opened {
         let unreadable = |err: std::io::Error| Refused::Check(format!("cannot read it: {err}"));
         let began = std::time::SystemTime::now();
         let stamp = stamp_of(&file).map_err(unreadable)?;
-        if self.entry::<FileStamp>(id, Kind::Checked) == Some(stamp) {
+        let recorded = self.entry::<FileStamp>(id, Kind::Checked);
+        if recorded == Some(stamp) {
             match checked::load(engine, &file, stamp) {
                 Ok(component) => {
                     tracing::debug!(
@@ -287,7 +288,8 @@ impl Opened {
                 ),
             }
         }
-        let sealed = read_open(&file, stamp.len).map_err(unreadable)?;
+        // Bounded again: the file may have grown since it was opened.
+        let sealed = read_open(&file, stamp.len.min(MAX_ARTIFACT_BYTES)).map_err(unreadable)?;
         let artifact = self
             .key
             .open(id, Kind::Artifact, &sealed)
@@ -307,7 +309,7 @@ impl Opened {
         // The bytes checked are the file's if its stamp did not move while they were read,
         // and no later write keeps the stamp if it had settled before the read began.
         let unchanged = stamp_of(&file).is_ok_and(|now| now == stamp);
-        if unchanged && identity::settled(&stamp, began) {
+        if unchanged && identity::settled(&stamp, began) && recorded != Some(stamp) {
             self.store_entry(id, Kind::Checked, &stamp);
         }
         Ok(component)

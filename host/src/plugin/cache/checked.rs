@@ -1,7 +1,6 @@
 //! Loading an artifact whose seal passed before, without hashing it again.
 //!
-//! The artifact is copied (by the kernel, from a read-only mapping of the file) into an
-//! anonymous memory file, the source file's stamp is read again to prove the copy holds
+//! The artifact is copied (by the kernel, `sendfile`) into an anonymous memory file, the source file's stamp is read again to prove the copy holds
 //! the bytes that were checked, and the copy is sealed against every write, growth and
 //! shrinkage before wasmtime maps it. Once sealed, nothing can change the code: a write to
 //! the cache file while the host runs, or the file cut short, changes the file, not the
@@ -61,35 +60,25 @@ pub(super) fn load(engine: &Engine, file: &File, stamp: FileStamp) -> Result<Com
     }
 }
 
-/// Copies the first `len` bytes of `file` into `copy`: written from a read-only mapping of
-/// the file, so the only copy is the kernel's into the memory file. A file cut short
-/// meanwhile makes the write fail (the kernel's copy meets the hole, and reports it),
-/// never a signal to the host, which touches no mapped byte itself.
-fn copy_from_map(file: &File, len: u64, copy: &mut File) -> std::io::Result<()> {
-    use rustix::mm::{MapFlags, ProtFlags};
-    use std::io::Write;
-    let len = usize::try_from(len).map_err(std::io::Error::other)?;
-    if len == 0 {
-        return Err(std::io::Error::other("an empty artifact"));
+/// Copies the first `len` bytes of `file` into `copy` in the kernel (`sendfile`, from an
+/// explicit offset): the host touches none of the bytes, so a file cut short meanwhile
+/// ends the copy early with an error, never a signal.
+fn copy_in_kernel(file: &File, len: u64, copy: &File) -> std::io::Result<()> {
+    let mut offset = 0;
+    while offset < len {
+        let rest = usize::try_from(len - offset).unwrap_or(usize::MAX);
+        match rustix::fs::sendfile(copy, file, Some(&mut offset), rest) {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "cut short while it was copied",
+                ));
+            }
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(err) => return Err(err.into()),
+        }
     }
-    // SAFETY: a fresh private read-only mapping, read only by the kernel through `write`
-    // below and unmapped before this returns.
-    let mapped = unsafe {
-        rustix::mm::mmap(
-            std::ptr::null_mut(),
-            len,
-            ProtFlags::READ,
-            MapFlags::PRIVATE | MapFlags::POPULATE,
-            file,
-            0,
-        )?
-    };
-    // SAFETY: `mapped` is `len` readable bytes until the unmap below; the host never
-    // reads them itself (see above).
-    let written = copy.write_all(unsafe { std::slice::from_raw_parts(mapped.cast::<u8>(), len) });
-    // SAFETY: the mapping made above, of `len` bytes, no longer borrowed.
-    unsafe { rustix::mm::munmap(mapped, len)? };
-    written
+    Ok(())
 }
 
 /// A memory file holding the artifact in `file` without its tag, sealed, if `file` had
@@ -104,8 +93,8 @@ fn sealed_copy(file: &File, stamp: FileStamp) -> Result<File, Failed> {
         rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
     )
     .map_err(|err| unmapped("no memory file", &err))?;
-    let mut copy = File::from(memory);
-    copy_from_map(file, len, &mut copy).map_err(|err| unmapped("cannot copy it", &err))?;
+    let copy = File::from(memory);
+    copy_in_kernel(file, len, &copy).map_err(|err| unmapped("cannot copy it", &err))?;
     let now = stamp_of(file).map_err(|err| unmapped("cannot read it", &err))?;
     if now != stamp {
         return Err(Failed::Unmapped("it changed while it was copied".into()));
@@ -147,6 +136,21 @@ mod tests {
         assert!(load(&engine, &file, stamp).is_ok());
         // Twice from the same open file: each copy starts from the file's first byte.
         assert!(load(&engine, &file, stamp).is_ok());
+    }
+
+    #[test]
+    fn a_file_shorter_than_its_stamp_says_ends_the_copy_with_an_error() {
+        let engine = Engine::default();
+        let (_dir, file) = sealed_file(&engine);
+        let len = stamp_of(&file).unwrap().len;
+        let copy = tempfile::tempfile().unwrap();
+        let err = copy_in_kernel(&file, len + 4096, &copy).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof, "{err}");
+        assert_eq!(
+            copy.metadata().unwrap().len(),
+            len,
+            "all there was, then the error"
+        );
     }
 
     #[test]

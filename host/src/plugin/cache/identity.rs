@@ -12,9 +12,10 @@
 //! What this vouches for is the file as written through the kernel of this machine:
 //! writes through a shared writable mapping (whose change time may move only once per
 //! writeback), file systems whose server keeps the times (network and FUSE mounts), and
-//! bits a disk flips without a write are caught on the first check only. The load that
-//! trusts a record still finds a changed artifact refused by wasmtime's own header check
-//! at worst, and a changed plugin file by its digest when it must be compiled.
+//! bits a disk flips without a write are caught on the first check only: a code byte
+//! changed that way in an artifact goes unnoticed (wasmtime checks an artifact's header,
+//! version and engine settings, not its code), and a changed plugin file is noticed by
+//! its digest only when it must be compiled.
 
 use std::time::{Duration, SystemTime};
 

@@ -113,10 +113,14 @@ impl PluginHost {
             // Changed without its stamp moving (written through a mapping, or on a file
             // system whose server keeps the times): forgotten, and read in full.
             Some(Unread::NotAsRecorded) => {
-                tracing::warn!(
-                    plugin = %path.display(),
-                    "the file changed without its change time moving; reading it in full"
-                );
+                if stamp_of(&file).is_ok_and(|now| now == stamp) {
+                    tracing::warn!(
+                        plugin = %path.display(),
+                        "the file changed without its change time moving; reading it in full"
+                    );
+                } else {
+                    tracing::debug!(plugin = %path.display(), "changed while it was loaded");
+                }
                 self.cache.forget_source(&self.engine, &stamp);
                 return self.prepare_file(path, false);
             }

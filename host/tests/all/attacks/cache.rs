@@ -48,7 +48,7 @@ const NOT_HASHED: &str = "loaded without hashing it again";
 /// What the debug line of a load that skipped reading the plugin file says.
 const NOT_READ: &str = "its digest and outline taken from the cache";
 
-/// Waits until `path` last changed over a second ago: what the host asks of a file before
+/// Waits until `path` last changed over two seconds ago: what the host asks of a file before
 /// it records the file's identity.
 fn wait_until_settled(path: &Path) {
     use std::os::unix::fs::MetadataExt;
