@@ -27,6 +27,7 @@ pub mod flow;
 pub mod ids;
 pub mod llm;
 pub mod mcp;
+pub mod messaging;
 pub mod net;
 pub mod plugin;
 pub mod policy;

@@ -241,6 +241,57 @@ pub enum Event {
         /// The run, on the other host, that answers it.
         owner: RunId,
     },
+    /// A message came in through a messaging channel (`[channels.NAME]`), or a reply went
+    /// out through one.
+    ChatMessage {
+        /// The conversation it belongs to (for a refused one: the one it would have).
+        channel: ProcessId,
+        /// The messaging channel's name.
+        via: String,
+        /// What became of it.
+        step: ChatStep,
+        /// Coming in, the sender's id on the platform; going out, the room.
+        who: String,
+        /// Its length in characters.
+        chars: u64,
+    },
+}
+
+/// What became of a message through a messaging channel, in an [`Event::ChatMessage`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChatStep {
+    /// It came in and went to its conversation.
+    Taken,
+    /// It came in from a sender the channel does not allow, or over the sender's rate.
+    Refused,
+    /// It came in without speaking to the bot in a room with others.
+    Ignored,
+    /// A reply went out.
+    Sent,
+    /// A reply could not be sent.
+    Failed,
+}
+
+impl ChatStep {
+    /// Its name, as the event and the metrics write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChatStep::Taken => "taken",
+            ChatStep::Refused => "refused",
+            ChatStep::Ignored => "ignored",
+            ChatStep::Sent => "sent",
+            ChatStep::Failed => "failed",
+        }
+    }
+
+    /// `in` or `out`.
+    pub fn direction(self) -> &'static str {
+        match self {
+            ChatStep::Taken | ChatStep::Refused | ChatStep::Ignored => "in",
+            ChatStep::Sent | ChatStep::Failed => "out",
+        }
+    }
 }
 
 /// How a turn ended, in an [`Event::TurnFinished`].
@@ -334,7 +385,8 @@ impl Event {
             | Event::Text { channel, .. }
             | Event::NotificationFolded { channel, .. }
             | Event::HistoryNotSaved { channel, .. }
-            | Event::Forwarded { channel, .. } => channel,
+            | Event::Forwarded { channel, .. }
+            | Event::ChatMessage { channel, .. } => channel,
             Event::TurnStarted { process, .. }
             | Event::TurnFinished { process, .. }
             | Event::TurnSuppressed { process, .. }
@@ -428,6 +480,20 @@ impl fmt::Display for Event {
                 f,
                 "forwarded to {owner}, which answers this conversation on another host"
             ),
+            Event::ChatMessage {
+                via,
+                step,
+                who,
+                chars,
+                ..
+            } => match step.direction() {
+                "in" => write!(
+                    f,
+                    "{via}: message from {who} {} ({chars} chars)",
+                    step.as_str()
+                ),
+                _ => write!(f, "{via}: reply to {who} {} ({chars} chars)", step.as_str()),
+            },
         }
     }
 }
@@ -654,10 +720,21 @@ mod tests {
             ),
             (
                 Event::Forwarded {
-                    channel: main,
+                    channel: main.clone(),
                     owner: RunId::new(7),
                 },
                 json!({"type": "forwarded", "channel": "channel:main", "owner": 7}),
+            ),
+            (
+                Event::ChatMessage {
+                    channel: main,
+                    via: "tg".into(),
+                    step: ChatStep::Refused,
+                    who: "7".into(),
+                    chars: 5,
+                },
+                json!({"type": "chat_message", "channel": "channel:main", "via": "tg",
+                       "step": "refused", "who": "7", "chars": 5}),
             ),
         ]
     }

@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::events::Event;
+use crate::flow::Label;
 use crate::ids::MessageKey;
 use crate::secrets::Redactor;
 use crate::services::{Answer, AnswerOutcome, ForwardId, RunId};
@@ -44,6 +45,10 @@ pub struct UserMessage {
     /// The client's span (its `traceparent`), if it sent one: the turn that takes the
     /// message in is its child.
     pub trace: TraceParent,
+    /// Who could have written it: trusted for a person at a door the operator set up,
+    /// `untrusted(chat:CHANNEL:SENDER)` for someone on a chat platform the operator does
+    /// not trust. The history keeps it, and the flow rules check what the turn does by it.
+    pub label: Label,
 }
 
 impl UserMessage {
@@ -53,6 +58,7 @@ impl UserMessage {
             text: text.into(),
             key: Some(key),
             trace: TraceParent::none(),
+            label: Label::trusted(),
         }
     }
 }
@@ -63,6 +69,7 @@ impl From<&str> for UserMessage {
             text: text.to_owned(),
             key: None,
             trace: TraceParent::none(),
+            label: Label::trusted(),
         }
     }
 }
@@ -73,6 +80,7 @@ impl From<String> for UserMessage {
             text,
             key: None,
             trace: TraceParent::none(),
+            label: Label::trusted(),
         }
     }
 }

@@ -55,6 +55,8 @@ pub(crate) enum ChannelInput {
         exchange: Option<Box<Listener>>,
         /// The span that sent it, if any: the parent of the turn that takes it in.
         trace: TraceParent,
+        /// Who could have written it.
+        label: Label,
     },
     /// A worker's or branch's report.
     Result {
@@ -86,6 +88,7 @@ impl ChannelInput {
             forwarded: None,
             exchange: None,
             trace: TraceParent::none(),
+            label: Label::trusted(),
         }
     }
 
@@ -98,6 +101,7 @@ impl ChannelInput {
             forwarded: None,
             exchange: Some(Box::new(exchange)),
             trace: message.trace,
+            label: message.label,
         }
     }
 
@@ -117,6 +121,7 @@ impl ChannelInput {
                 text,
                 key,
                 traceparent,
+                label,
             } => ChannelInput::User {
                 text,
                 key,
@@ -125,6 +130,7 @@ impl ChannelInput {
                 trace: traceparent
                     .map(|header| TraceParent::from_header(&header))
                     .unwrap_or_default(),
+                label,
             },
             Forwarded::WorkerLost { worker, outcome } => {
                 // The host's own words only: the task is not quoted, since its text is
@@ -147,9 +153,11 @@ impl ChannelInput {
     /// The history message for this input.
     pub(crate) fn message(&self) -> Message {
         match self {
-            ChannelInput::User { text, key, .. } => Message {
+            ChannelInput::User {
+                text, key, label, ..
+            } => Message {
                 key: key.clone(),
-                ..Message::user(text.clone())
+                ..Message::user(text.clone()).labelled(label.clone())
             },
             ChannelInput::Result {
                 source,
@@ -290,6 +298,7 @@ mod tests {
             text: "hi".into(),
             key: None,
             traceparent: None,
+            label: Label::trusted(),
         };
         assert!(
             !serde_json::to_string(&untraced)

@@ -44,7 +44,7 @@ mod worker;
 mod worker_records;
 
 pub use conversations::{ConversationError, OwnedElsewhere};
-pub use events::{Event, TurnEnding};
+pub use events::{ChatStep, Event, TurnEnding};
 pub use exchange::{End, Exchange, PartNumber, ReplyPart, UserMessage};
 pub use notifications::NotificationKind;
 pub use spawning::SpawnOutcome;

@@ -167,6 +167,7 @@ mod tests {
             forwarded: None,
             exchange: None,
             trace: crate::telemetry::TraceParent::none(),
+            label: crate::flow::Label::trusted(),
         };
         let mut inputs = vec![
             input("first again", Some("k1")),

@@ -270,6 +270,27 @@ impl Runtime {
         Ok(exchange)
     }
 
+    /// Tells observers (the event stream, the metrics) what became of a message through
+    /// a messaging channel: a door's own step, as [`Event::ChatMessage`]. The conversation
+    /// itself hears nothing of it.
+    pub fn note_chat(
+        &self,
+        channel: &ProcessId,
+        via: &str,
+        step: crate::agent::ChatStep,
+        who: &str,
+        chars: usize,
+    ) {
+        crate::telemetry::metrics().chat_message(via, step.direction(), step.as_str());
+        self.ctx.reporter.emit(Event::ChatMessage {
+            channel: channel.clone(),
+            via: via.to_owned(),
+            step,
+            who: self.ctx.reporter.redactor().redact_owned(who.to_owned()),
+            chars: chars as u64,
+        });
+    }
+
     /// The conversations that stopped so far with their history not stored (the store
     /// refused it to the end), each with the store's last error: a stop that lists any
     /// did not save everything it held. [`Runtime::stop_report`] waits for them all.
@@ -295,6 +316,7 @@ impl Runtime {
             text: message.text,
             key: message.key,
             traceparent: message.trace.header(),
+            label: message.label,
         };
         let number = self
             .ctx

@@ -11,6 +11,7 @@ use clap::Args;
 
 use super::agent::{LEASE_LOST, Launch, StopSignals, exit, say_not_saved};
 use crate::config::parse_addr;
+use crate::messaging::Channels;
 use crate::serve::{Server, openapi_json};
 
 /// How long a stopping server waits for its conversations to store their histories and
@@ -54,17 +55,24 @@ impl ServeCommand {
             settings.addr = addr;
         }
         let workspace = config.agent.workspace.clone();
+        let channel_specs = config.channels.clone();
+        let data_dir = config.agent.data_dir.clone();
         let agent = self.launch.start_agent(config).await?;
+        let plugin_host = agent.registry.host().clone();
         let provider = agent.runtime.provider_name();
         let services = agent.runtime.services().clone();
         let runtime = agent.runtime.clone();
         let report = runtime.stop_report();
-        let server = Server::bind(&settings, agent.runtime, agent.events).await?;
+        let channel_names: Vec<String> = channel_specs.iter().map(|c| c.name.clone()).collect();
+        let server = Server::bind(&settings, agent.runtime.clone(), agent.events).await?;
+        // The messaging channels start once the server is bound: a message they take is
+        // answered by the same runtime the HTTP doors use.
+        let channels = Channels::start(agent.runtime, plugin_host, channel_specs, data_dir);
         // Caught before the banner: a supervisor may signal as soon as it reads it.
         let mut signals = StopSignals::install();
         // The first line is for programs too: the URL, with the port the system chose. A
         // reader that goes away after it (`capstan serve | head -1`) does not stop the server.
-        let _ = print_banner(&server, &provider, &workspace);
+        let _ = print_banner(&server, &provider, &workspace, &channel_names);
         let lost = Arc::new(AtomicBool::new(false));
         let stop = {
             let lost = lost.clone();
@@ -80,6 +88,9 @@ impl ServeCommand {
                         lost.store(true, Ordering::SeqCst);
                     }
                 }
+                // No new message is taken once the host stops; one being answered ends
+                // with the runtime, its cursor not moved, so it comes again.
+                channels.stop().await;
                 drop(runtime);
                 tokio::spawn(async move {
                     signals.next().await;
@@ -128,6 +139,7 @@ fn print_banner(
     server: &Server,
     provider: &str,
     workspace: &std::path::Path,
+    channels: &[String],
 ) -> std::io::Result<()> {
     let addr = server.local_addr();
     let mut out = crate::secrets::stdout();
@@ -141,6 +153,9 @@ fn print_banner(
     )?;
     writeln!(out, "  model:     {provider}")?;
     writeln!(out, "  workspace: {}", workspace.display())?;
+    if !channels.is_empty() {
+        writeln!(out, "  channels:  {}", channels.join(", "))?;
+    }
     if server.needs_token() {
         writeln!(out, "  tokens:    required (Authorization: Bearer TOKEN)")?;
     } else {

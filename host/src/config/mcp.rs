@@ -349,6 +349,7 @@ mod tests {
             header: header.then(|| {
                 crate::secrets::HeaderTemplate::parse(&format!("X-Key: {{{name}}}"), name).unwrap()
             }),
+            path_prefix: None,
         };
         let secrets = [
             secret("MCP_KEY", &["mcp.example.com"], true),

@@ -16,6 +16,7 @@
 //! assert!(err.to_string().starts_with("capstan.toml:2:1: `limits.max_turns`:"));
 //! ```
 
+mod channels;
 mod error;
 mod locations;
 mod mcp;
@@ -30,6 +31,7 @@ mod workspace;
 mod writable_workspaces;
 
 pub use crate::text::{SourceError, read_text, toml_error_message};
+pub use channels::{ChannelSpec, ConversationPer, MAX_CHANNEL_NAME, MAX_POLL_WAIT_SECS, Senders};
 pub use error::ConfigError;
 use error::locate;
 pub use locations::{GrantedBy, InsideWorkspace, LocationKind, Locations};
@@ -111,6 +113,8 @@ pub struct Config {
     pub secrets: Vec<SecretSpec>,
     /// `[mcp.NAME]`: external MCP servers whose tools profiles may name (`NAME.*`).
     pub mcp: Vec<McpServerSpec>,
+    /// `[channels.NAME]`: the messaging adapters `capstan serve` runs.
+    pub channels: Vec<ChannelSpec>,
     /// One profile per process kind.
     pub policy: Policy,
 }

@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use super::error::{KeyError, key_error};
 use crate::net::{NetLimits, NetSettings};
-use crate::secrets::{HeaderTemplate, SecretName, SecretSource, SecretSpec};
+use crate::secrets::{HeaderTemplate, PathTemplate, SecretName, SecretSource, SecretSpec};
 
 /// The largest body cap, in KiB (1 GiB).
 const MAX_BODY_KIB: u64 = 1 << 20;
@@ -165,6 +165,7 @@ pub(super) struct RawSecret {
     #[serde(default)]
     hosts: Vec<String>,
     header: Option<String>,
+    path_prefix: Option<String>,
 }
 
 pub(super) fn check_secrets(
@@ -191,7 +192,14 @@ pub(super) fn check_secrets(
                     .map_err(|msg| key_error(&format!("{table}.header"), msg))?,
             ),
         };
-        if header.is_some() && hosts.is_empty() {
+        let path_prefix = match secret.path_prefix {
+            None => None,
+            Some(text) => Some(
+                PathTemplate::parse(&text, &name)
+                    .map_err(|msg| key_error(&format!("{table}.path_prefix"), msg))?,
+            ),
+        };
+        if (header.is_some() || path_prefix.is_some()) && hosts.is_empty() {
             return Err(key_error(
                 &format!("{table}.hosts"),
                 "name the hosts the secret may be sent to, e.g. hosts = [\"api.example.com\"]",
@@ -202,6 +210,7 @@ pub(super) fn check_secrets(
             source,
             hosts,
             header,
+            path_prefix,
         });
     }
     Ok(specs)

@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use capstan_caps::Capability;
 
+use super::channels::{RawChannel, check_channels};
 use super::error::{KeyError, key_error};
 use super::mcp::{RawMcpServer, check_mcp};
 use super::network::{RawNet, RawSecret, check_secrets, parse_rules};
@@ -41,6 +42,8 @@ pub(super) struct RawConfig {
     secrets: BTreeMap<String, RawSecret>,
     #[serde(default)]
     mcp: BTreeMap<String, RawMcpServer>,
+    #[serde(default)]
+    channels: BTreeMap<String, RawChannel>,
     profiles: BTreeMap<String, RawProfile>,
 }
 
@@ -265,6 +268,7 @@ impl RawConfig {
         let secrets = check_secrets(self.secrets, &resolve)?;
         let policy = check_profiles(self.profiles, &secrets, reuse)?;
         let mcp = check_mcp(self.mcp, &secrets, &resolve)?;
+        let channels = check_channels(self.channels, &secrets, &resolve)?;
         Ok(Config {
             source: None,
             agent,
@@ -282,6 +286,7 @@ impl RawConfig {
             telemetry,
             secrets,
             mcp,
+            channels,
             policy,
         })
     }

@@ -27,6 +27,11 @@ pub enum GrantSource {
         /// The server's name.
         name: String,
     },
+    /// `net` in `[channels.NAME]`: what a messaging adapter may reach.
+    Channel {
+        /// The channel's name.
+        name: String,
+    },
 }
 
 impl GrantSource {
@@ -66,6 +71,7 @@ impl GrantSource {
             ),
             GrantSource::Flag => "--grant".to_owned(),
             GrantSource::McpServer { name } => format!("`url` in [mcp.{name}] of capstan.toml"),
+            GrantSource::Channel { name } => format!("`net` in [channels.{name}] of capstan.toml"),
         }
     }
 }

@@ -15,7 +15,7 @@ use super::connect::{connect, resolve};
 use super::limits::RateLimiter;
 use super::log::{AuditWriter, RequestLog};
 use super::{NetLimits, NetScope, NetSettings, Refusal, target_of};
-use crate::secrets::{Redactor, SecretName, Secrets};
+use crate::secrets::{PathTemplate, Redactor, SecretName, Secrets};
 use crate::services::AuditSink;
 
 /// What every call's requests share: the limits, the rate buckets and the secrets.
@@ -312,14 +312,19 @@ impl CallNet {
                 }
             };
 
-        // The request line carries the path only; the host is in the Host header.
+        // The request line carries the path only; the host is in the Host header. A secret
+        // bound as a path prefix goes in front of it here, after every check and the log's
+        // target were made of the guest's own path.
         let path = request
             .uri()
             .path_and_query()
             .map_or("/", |p| p.as_str())
             .to_owned();
-        *request.uri_mut() = path.parse().map_err(|_| Error::HttpRequestUriInvalid)?;
-        let injected = self.inject_secrets(&target, request.headers_mut());
+        let (prefix, in_path) = self.path_secrets(&target);
+        *request.uri_mut() = format!("{prefix}{path}")
+            .parse()
+            .map_err(|_| Error::HttpRequestUriInvalid)?;
+        let injected = self.inject_secrets(&target, request.headers_mut(), in_path);
         let carries_secret = !injected.is_empty();
         let refused_body = Arc::new(Mutex::new(None));
         let sent = log.sent.clone();
@@ -427,16 +432,48 @@ impl CallNet {
         Ok((http::Response::from_parts(parts, body.boxed_unsync()), io))
     }
 
+    /// The path prefix of every granted secret bound to `target`'s host that is injected
+    /// as one, in the config's order, and the secrets it carries (by name, and by the value
+    /// as it is written into the path too, when encoding changed it).
+    fn path_secrets(&self, target: &NetTarget) -> (String, Vec<(SecretName, Arc<str>)>) {
+        let mut prefix = String::new();
+        let mut carried = Vec::new();
+        for name in &self.secrets {
+            let Some(secret) = self.host.secrets.get(name) else {
+                continue;
+            };
+            let Some(template) = &secret.spec().path_prefix else {
+                continue;
+            };
+            if !secret.spec().bound_to(target) {
+                continue;
+            }
+            let rendered = template.render(secret.value());
+            let spec_name = &secret.spec().name;
+            carried.push((spec_name.clone(), Arc::from(secret.value())));
+            let encoded = PathTemplate::parse(&format!("/{{{spec_name}}}"), spec_name.as_str())
+                .map(|bare| bare.render(secret.value()))
+                .ok()
+                .map(|bare| bare[1..].to_owned());
+            if let Some(encoded) = encoded.filter(|e| e != secret.value()) {
+                carried.push((spec_name.clone(), Arc::from(encoded)));
+            }
+            prefix.push_str(&rendered);
+        }
+        (prefix, carried)
+    }
+
     /// Sets the header of every granted secret bound to `target`'s host, over any the
-    /// guest set; returns the secrets set, by name and value. A request carrying a secret
-    /// asks for an unencoded answer: a compressed echo of the secret would pass the
-    /// redactor unseen.
+    /// guest set; returns the secrets the request carries, by name and value: those and
+    /// `in_path`, already in its path. A request carrying a secret asks for an unencoded
+    /// answer: a compressed echo of the secret would pass the redactor unseen.
     fn inject_secrets(
         &self,
         target: &NetTarget,
         headers: &mut http::HeaderMap,
+        in_path: Vec<(SecretName, Arc<str>)>,
     ) -> Vec<(SecretName, Arc<str>)> {
-        let mut injected = Vec::new();
+        let mut injected = in_path;
         for name in &self.secrets {
             let Some(secret) = self.host.secrets.get(name) else {
                 continue;
@@ -622,7 +659,7 @@ mod hostile_servers {
     use std::net::SocketAddr;
 
     use capstan_caps::NetRule;
-    use http_body_util::Empty;
+    use http_body_util::{BodyExt as _, Empty};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
@@ -682,6 +719,7 @@ mod hostile_servers {
             header: Some(
                 HeaderTemplate::parse("Authorization: Bearer {API_KEY}", "API_KEY").unwrap(),
             ),
+            path_prefix: None,
         };
         let mut specs = vec![spec];
         if other {
@@ -692,6 +730,7 @@ mod hostile_servers {
                 source: SecretSource::File(file),
                 hosts: vec!["elsewhere.example".parse().unwrap()],
                 header: Some(HeaderTemplate::parse("X-Other: {OTHER}", "OTHER").unwrap()),
+                path_prefix: None,
             });
         }
         let secrets = Secrets::load(&specs).unwrap();
@@ -741,6 +780,59 @@ mod hostile_servers {
         let (response, io) = send(call, url, headers).await.unwrap();
         tokio::spawn(Box::into_pin(io));
         response
+    }
+
+    /// A secret bound as a path prefix (Telegram's `/bot<TOKEN>/METHOD`) goes in front of
+    /// the guest's path on the wire, the guest never writes it, and the server's echo of
+    /// the path comes back redacted, its length headers dropped.
+    #[tokio::test]
+    async fn a_path_prefix_secret_is_sent_in_the_path_and_its_echo_redacted() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "123456:AAH-tok/en").unwrap();
+        let body = "you asked for /bot123456:AAH-tok%2Fen/getMe";
+        let response = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let (addr, seen) = serve_once(response.into_bytes()).await;
+        let bound: NetRule = format!("http://{addr}").parse().unwrap();
+        let spec = SecretSpec {
+            name: "TG".parse().unwrap(),
+            source: SecretSource::File(file),
+            hosts: vec![bound.clone()],
+            header: None,
+            path_prefix: Some(crate::secrets::PathTemplate::parse("/bot{TG}", "TG").unwrap()),
+        };
+        let host = Arc::new(NetHost::new(
+            NetSettings::default(),
+            Secrets::load(&[spec]).unwrap(),
+        ));
+        let scope = NetScope {
+            tool: "t".into(),
+            effective: vec![bound.clone()],
+            declared: vec!["*://{internal}:*".parse().unwrap()],
+            granted: vec![bound],
+            source: GrantSource::Flag,
+        };
+        let call = Arc::new(CallNet::new(
+            host,
+            "adapter:tg".into(),
+            scope,
+            vec!["TG".into()],
+            <dyn AuditSink>::disabled(),
+        ));
+        let response = get(call, format!("http://{addr}/getMe"), &[]).await;
+        let seen = String::from_utf8_lossy(&seen.await.unwrap()).into_owned();
+        assert!(
+            seen.starts_with("GET /bot123456:AAH-tok%2Fen/getMe HTTP/1.1\r\n"),
+            "the token went in front of the path, encoded: {seen}"
+        );
+        assert!(response.headers().get("content-length").is_none());
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let body = String::from_utf8_lossy(&body);
+        assert!(!body.contains("AAH-tok"), "the echo is redacted: {body}");
+        assert!(body.starts_with("you asked for /bot"), "{body}");
     }
 
     /// The bound host reflects the injected Authorization header in a response header

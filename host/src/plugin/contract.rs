@@ -9,6 +9,10 @@ pub const WIT_PACKAGE: &str = "capstan:plugin";
 /// The version of [`WIT_PACKAGE`] this host implements.
 pub const WIT_VERSION: &str = "0.2.1";
 
+/// The version of `capstan:channel` (`wit/channel/channel.wit`), the messaging adapters'
+/// contract, this host implements.
+pub const CHANNEL_WIT_VERSION: &str = "0.1.0";
+
 /// The interface a plugin must export.
 pub const TOOL_INTERFACE: &str = "tool";
 
@@ -24,6 +28,8 @@ pub const ALLOWED_IMPORTS: &[&str] = &[
     "capstan:plugin/tasks",
     "capstan:plugin/memory",
     "capstan:plugin/secrets",
+    // Types only: what a messaging adapter's export speaks of.
+    "capstan:channel/types",
     "wasi:cli/environment",
     "wasi:cli/exit",
     "wasi:cli/stdin",
@@ -68,6 +74,9 @@ pub fn import_allowed(name: &str) -> bool {
     }
     match version {
         Some(version) if interface.starts_with("capstan:plugin/") => version_supported(version),
+        Some(version) if interface.starts_with("capstan:channel/") => {
+            version == CHANNEL_WIT_VERSION
+        }
         Some(version) => version.starts_with(WASI_LINE),
         None => false,
     }
@@ -117,6 +126,9 @@ mod tests {
         assert!(import_allowed("wasi:filesystem/types@0.2.6"));
         assert!(import_allowed("wasi:sockets/tcp@0.2.12"));
         assert!(import_allowed("capstan:plugin/log@0.2.1"));
+        assert!(import_allowed("capstan:channel/types@0.1.0"));
+        assert!(!import_allowed("capstan:channel/types@0.2.0"));
+        assert!(!import_allowed("capstan:channel/adapter@0.1.0"));
         for refused in [
             "wasi:sockets/made-up@0.2.12",
             "wasi:filesystem/types@0.3.0",

@@ -10,6 +10,7 @@
 //! Nothing here knows about conversations or prompts: a plugin can reach only what its
 //! call's sandbox holds.
 
+pub mod adapter;
 mod admission;
 mod bindings;
 mod cache;

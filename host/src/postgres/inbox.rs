@@ -349,6 +349,7 @@ mod tests {
                 text: n.to_string(),
                 key: None,
                 traceparent: None,
+                label: crate::flow::Label::trusted(),
             };
             let main = crate::ids::testing::key("channel:main");
             let (_, forwarded) =

@@ -405,6 +405,7 @@ mod tests {
             text: text.into(),
             key: None,
             traceparent: None,
+            label: crate::flow::Label::trusted(),
         }
     }
 

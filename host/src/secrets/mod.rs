@@ -25,7 +25,7 @@ mod terminal;
 
 pub use outbound::{Outbound, OutboundBody, OutboundWriter, for_logs, log_redactor};
 pub use redact::{REDACTED, Redactor, STEADY_LAG_STEP, StreamRedactor};
-pub use spec::{HeaderTemplate, SecretName, SecretSource, SecretSpec};
+pub use spec::{HeaderTemplate, PathTemplate, SecretName, SecretSource, SecretSpec};
 pub(crate) use store::read_source;
 pub use store::{LoadSecretError, MIN_SECRET_BYTES, Secret, Secrets};
 pub use terminal::{Terminal, stderr, stdout};

@@ -128,6 +128,76 @@ impl HeaderTemplate {
     }
 }
 
+/// A path prefix the host puts in front of the path of requests that carry a secret, for
+/// APIs that want the credential in the URL (`/bot{TOKEN}` before Telegram's
+/// `/getUpdates`): the guest asks for the path without it, and never holds the value.
+///
+/// ```
+/// use capstan_host::secrets::PathTemplate;
+///
+/// let prefix = PathTemplate::parse("/bot{TOKEN}", "TOKEN").unwrap();
+/// assert_eq!(prefix.render("123:abc"), "/bot123:abc");
+/// assert_eq!(prefix.render("a b/c"), "/bota%20b%2Fc");
+/// assert!(PathTemplate::parse("bot{TOKEN}", "TOKEN").is_err());
+/// assert!(PathTemplate::parse("/bot?{TOKEN}", "TOKEN").is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathTemplate {
+    before: String,
+    after: String,
+}
+
+impl PathTemplate {
+    /// Parses `/prefix{SECRET}rest`: it starts with `/`, holds `{secret}` exactly once,
+    /// and otherwise only what a path may carry unencoded.
+    pub fn parse(text: &str, secret: &str) -> Result<Self, String> {
+        let placeholder = format!("{{{secret}}}");
+        if !text.starts_with('/') {
+            return Err(format!(
+                "the prefix starts with `/`, e.g. \"/bot{placeholder}\""
+            ));
+        }
+        let Some((before, after)) = text.split_once(&placeholder) else {
+            return Err(format!(
+                "the prefix must contain {placeholder} where the secret goes"
+            ));
+        };
+        if after.contains(&placeholder) {
+            return Err(format!("the prefix holds {placeholder} more than once"));
+        }
+        let plain = |part: &str| part.bytes().all(|b| is_path_byte(b) || b == b'/');
+        if !plain(before) || !plain(after) {
+            return Err(
+                "the prefix may hold only letters, digits, `/` and `-._~:@!$&'()*+,;=`".into(),
+            );
+        }
+        Ok(PathTemplate {
+            before: before.to_owned(),
+            after: after.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// The prefix with `secret` in place, each byte a path segment may not carry
+    /// percent-encoded. It never ends in `/`: the request's own path follows.
+    pub fn render(&self, secret: &str) -> String {
+        let mut out = self.before.clone();
+        for b in secret.bytes() {
+            if is_path_byte(b) {
+                out.push(b as char);
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+        out.push_str(&self.after);
+        out
+    }
+}
+
+/// Whether `b` may stand in a path segment as is (RFC 3986's `pchar` less `%`).
+fn is_path_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~:@!$&'()*+,;=".contains(&b)
+}
+
 /// One `[secrets.NAME]` table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SecretSpec {
@@ -137,8 +207,11 @@ pub struct SecretSpec {
     pub source: SecretSource,
     /// The requests it may be injected into; a request to another host never carries it.
     pub hosts: Vec<NetRule>,
-    /// The header it is injected in; `None`: it is only used to sign (`hmac-sha256`).
+    /// The header it is injected in.
     pub header: Option<HeaderTemplate>,
+    /// The path prefix it is injected as. With neither a header nor a prefix it is only
+    /// used to sign (`hmac-sha256`).
+    pub path_prefix: Option<PathTemplate>,
 }
 
 impl SecretSpec {

@@ -56,6 +56,7 @@ impl fmt::Debug for Secret {
 ///     source: SecretSource::Env("DOC_API_KEY".into()),
 ///     hosts: vec!["api.example.com".parse().unwrap()],
 ///     header: None,
+///     path_prefix: None,
 /// };
 /// let secrets = Secrets::load(&[spec]).unwrap();
 /// assert!(secrets.get("API_KEY").is_some());

@@ -79,6 +79,7 @@ pub(crate) fn user_message(
         text,
         key,
         trace: trace_parent(headers),
+        label: crate::flow::Label::trusted(),
     })
 }
 

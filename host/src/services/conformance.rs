@@ -1071,6 +1071,7 @@ async fn a_run_owns_the_sessions_it_claims_and_forwarded_messages_are_taken_once
         text: "hello".into(),
         key: None,
         traceparent: None,
+        label: crate::flow::Label::untrusted(crate::flow::Origin::chat("tg", "7")),
     };
     match sessions.forward(&main, &message).await {
         // One host alone owns every session: there is nowhere to forward to.

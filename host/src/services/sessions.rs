@@ -91,6 +91,10 @@ pub enum Forwarded {
         /// turn that takes it in here is that span's child.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         traceparent: Option<String>,
+        /// Who could have written it (trusted when absent: a row written before labels
+        /// travelled with forwarded messages came from a door, whose people are trusted).
+        #[serde(default, skip_serializing_if = "crate::flow::Label::is_clear")]
+        label: crate::flow::Label,
     },
     /// A worker of the conversation was lost with its host (killed, or cut off past its
     /// lease): it was marked interrupted and is never run again.

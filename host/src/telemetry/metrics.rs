@@ -80,6 +80,13 @@ struct OutcomeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ChatLabel {
+    channel: String,
+    direction: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabel {
     rule: String,
     decision: &'static str,
@@ -120,6 +127,7 @@ pub struct Metrics {
     lease_renewals: Counter,
     lease_takeovers: Counter,
     outbound_requests: Family<RequestLabel, Counter>,
+    chat_messages: Family<ChatLabel, Counter>,
 }
 
 impl Metrics {
@@ -139,6 +147,7 @@ impl Metrics {
             lease_renewals: Counter::default(),
             lease_takeovers: Counter::default(),
             outbound_requests: Family::default(),
+            chat_messages: Family::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -205,6 +214,12 @@ impl Metrics {
             "outbound_requests",
             "Outbound requests of tools, by the rule that allowed them and the decision",
             m.outbound_requests.clone(),
+        );
+        r.register(
+            "chat_messages",
+            "Messages through messaging channels ([channels.NAME]), by channel, direction \
+             (in, out) and outcome",
+            m.chat_messages.clone(),
         );
         m
     }
@@ -293,6 +308,18 @@ impl Metrics {
             .get_or_create(&RequestLabel {
                 rule: rule.to_owned(),
                 decision,
+            })
+            .inc();
+    }
+
+    /// A message came `direction` (`in`, `out`) through channel `channel` (a name from the
+    /// config) with `outcome` (`taken`, `sent`, `refused`, `ignored`, `failed`).
+    pub fn chat_message(&self, channel: &str, direction: &'static str, outcome: &'static str) {
+        self.chat_messages
+            .get_or_create(&ChatLabel {
+                channel: channel.to_owned(),
+                direction,
+                outcome,
             })
             .inc();
     }

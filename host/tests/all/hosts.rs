@@ -272,6 +272,7 @@ async fn messages_forwarded_to_a_host_that_went_away_are_answered_by_the_next() 
             text: text.into(),
             key: None,
             traceparent: None,
+            label: capstan_host::flow::Label::trusted(),
         };
         gone.forward(&crate::support::ids::key("channel:main"), &message)
             .await

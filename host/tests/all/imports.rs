@@ -537,6 +537,14 @@ const NEVER: &[(&str, &[&str], &str)] = &[
          tools through the runtime's router",
     ),
     (
+        "messaging",
+        &[
+            "store", "postgres", "app", "dispatch", "llm", "tools", "serve", "mcp", "cli",
+        ],
+        "a door names no backend and no model: it sends through the exchange (`agent`) and \
+         drives its adapters through the sandbox room (`plugin::adapter`)",
+    ),
+    (
         "mcp",
         &["agent", "policy", "store", "postgres"],
         "a door to the tools alone learns them from the tools room (`tools::ToolCatalog`) and \

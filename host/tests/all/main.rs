@@ -16,6 +16,7 @@ mod approvals;
 mod arguments;
 mod attacks;
 mod catalog;
+mod channels;
 mod cli;
 mod dispatch;
 mod dispatch_owner;

@@ -34,6 +34,7 @@ async fn net(limits: NetLimits, bound_to: &str) -> Net {
         source: SecretSource::File(file),
         hosts: vec![bound_to.parse().unwrap()],
         header: Some(HeaderTemplate::parse("Authorization: Bearer {API_KEY}", "API_KEY").unwrap()),
+        path_prefix: None,
     };
     let secrets = Secrets::load(&[spec]).unwrap();
     let services = Services::in_memory();

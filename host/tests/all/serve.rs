@@ -160,6 +160,7 @@ async fn serve_on(
         source: SecretSource::File(secret_file),
         hosts: vec!["api.example.com".parse().unwrap()],
         header: None,
+        path_prefix: None,
     });
     let quoted_file = dir.path().join("quoted");
     std::fs::write(&quoted_file, QUOTED_SECRET).unwrap();
@@ -168,6 +169,7 @@ async fn serve_on(
         source: SecretSource::File(quoted_file),
         hosts: vec!["api.example.com".parse().unwrap()],
         header: None,
+        path_prefix: None,
     });
     let mut settings = config.serve.clone();
     settings.addr = SocketAddr::from(([127, 0, 0, 1], 0));

@@ -47,13 +47,45 @@ pub(crate) struct Invocation<'a> {
     pub(crate) instances: Option<&'a ProcessInstances>,
 }
 
+/// A component linked for one world, ready to instantiate: a tool plugin's, or a
+/// messaging adapter's (the same component, linked the same way, seen through its
+/// `capstan:channel/adapter` export).
+pub(crate) trait Linked: Sync {
+    /// The world's bindings to one instance.
+    type Instance: Send + Sync;
+
+    /// The linked component.
+    fn instance_pre(&self) -> &wasmtime::component::InstancePre<Sandbox>;
+
+    /// A new instance in `store`.
+    fn instantiate(
+        &self,
+        store: &mut Store<Sandbox>,
+    ) -> impl Future<Output = wasmtime::Result<Self::Instance>> + Send;
+}
+
+impl Linked for PluginPre<Sandbox> {
+    type Instance = Plugin;
+
+    fn instance_pre(&self) -> &wasmtime::component::InstancePre<Sandbox> {
+        PluginPre::instance_pre(self)
+    }
+
+    fn instantiate(
+        &self,
+        store: &mut Store<Sandbox>,
+    ) -> impl Future<Output = wasmtime::Result<Plugin>> + Send {
+        self.instantiate_async(store)
+    }
+}
+
 /// What a run gave, and the most linear memory its instance held.
-pub(super) struct Metered<R> {
-    pub(super) outcome: Result<R, ToolError>,
+pub(crate) struct Metered<R> {
+    pub(crate) outcome: Result<R, ToolError>,
     /// `None`: no instance ran (its sandbox could not be built).
-    pub(super) peak_memory: Option<usize>,
+    pub(crate) peak_memory: Option<usize>,
     /// The fuel it used, when [`Limits::fuel`](crate::plugin::Limits::fuel) is on.
-    pub(super) fuel: Option<u64>,
+    pub(crate) fuel: Option<u64>,
 }
 
 impl<R> Metered<R> {
@@ -207,11 +239,11 @@ impl PluginHost {
     /// Instantiates `pre` in a new store holding `sandbox`, bounded by the deadline and the
     /// memory limit, and runs `f` on the instance. A trap, deadline or refused memory growth
     /// becomes [`ToolError::Failed`] naming the cause.
-    pub(super) async fn run<R>(
+    pub(crate) async fn run<P: Linked, R>(
         &self,
-        pre: &PluginPre<Sandbox>,
+        pre: &P,
         sandbox: Sandbox,
-        f: impl AsyncFnOnce(&Plugin, &mut Store<Sandbox>) -> wasmtime::Result<R>,
+        f: impl AsyncFnOnce(&P::Instance, &mut Store<Sandbox>) -> wasmtime::Result<R>,
     ) -> Metered<R> {
         let _slot = self.call_slot().await;
         let mut store = self.new_store(sandbox);
@@ -368,13 +400,13 @@ impl PluginHost {
     }
 
     /// A fresh instance of `pre` in `store`, its memory image made first.
-    async fn instantiate(
+    async fn instantiate<P: Linked>(
         &self,
-        pre: &PluginPre<Sandbox>,
+        pre: &P,
         store: &mut Store<Sandbox>,
-    ) -> wasmtime::Result<Plugin> {
+    ) -> wasmtime::Result<P::Instance> {
         memory_image::prepare(pre.instance_pre().component()).await?;
-        pre.instantiate_async(store).await
+        pre.instantiate(store).await
     }
 
     /// `call`, stopped at the deadline: this stops a guest that waits in a host call (a

@@ -138,6 +138,7 @@ async fn a_secret_a_worker_handles_leaves_in_no_exchange_and_a_concurrent_messag
         source: SecretSource::File(secret_file),
         hosts: vec!["api.example.com".parse().unwrap()],
         header: None,
+        path_prefix: None,
     });
     std::fs::create_dir_all(&config.agent.workspace).unwrap();
     std::fs::write(

@@ -27,6 +27,7 @@ mod binary;
 pub mod http_server;
 pub mod ids;
 pub mod serve_host;
+pub mod telegram;
 
 pub use binary::*;
 

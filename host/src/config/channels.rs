@@ -1,0 +1,279 @@
+//! `[channels.NAME]`: messaging adapters `capstan serve` runs, who may talk through them,
+//! and to which conversation.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use capstan_caps::NetRule;
+use serde::Deserialize;
+
+use super::error::{KeyError, key_error};
+use super::network::parse_rules;
+use crate::secrets::SecretSpec;
+
+/// The longest channel name: it starts the name of every conversation it opens.
+pub const MAX_CHANNEL_NAME: usize = 16;
+
+/// How a channel's messages are mapped to conversations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConversationPer {
+    /// One conversation per room (chat, channel, mailbox).
+    Room,
+    /// One per thread, or per room for messages in no thread.
+    Thread,
+    /// One per sender, across rooms.
+    Sender,
+}
+
+impl ConversationPer {
+    /// Its name in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConversationPer::Room => "room",
+            ConversationPer::Thread => "thread",
+            ConversationPer::Sender => "sender",
+        }
+    }
+}
+
+/// Senders named in a channel's lists: by the platform's id, or `*` for everyone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Senders {
+    any: bool,
+    ids: Vec<String>,
+}
+
+impl Senders {
+    /// Whether `id` is on the list.
+    ///
+    /// ```
+    /// use capstan_host::config::Config;
+    ///
+    /// let text = "[secrets.T]\nenv = \"T\"\nhosts = [\"api.telegram.org\"]\n\
+    ///             [channels.tg]\nadapter = \"telegram.wasm\"\nnet = [\"api.telegram.org\"]\n\
+    ///             allow = [\"*\"]\ntrusted = [\"42\"]\n";
+    /// let config = Config::parse(text, "capstan.toml".as_ref()).unwrap();
+    /// let tg = &config.channels[0];
+    /// assert!(tg.allow.contains("7") && tg.trusted.contains("42") && !tg.trusted.contains("7"));
+    /// ```
+    pub fn contains(&self, id: &str) -> bool {
+        self.any || self.ids.iter().any(|known| known == id)
+    }
+
+    /// Whether the list names nobody.
+    pub fn is_empty(&self) -> bool {
+        !self.any && self.ids.is_empty()
+    }
+
+    /// The list as the config writes it.
+    pub fn names(&self) -> Vec<String> {
+        if self.any {
+            vec!["*".into()]
+        } else {
+            self.ids.clone()
+        }
+    }
+}
+
+/// One `[channels.NAME]` table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChannelSpec {
+    /// Its name: lowercase letters, digits and `-`.
+    pub name: String,
+    /// The adapter component, resolved against the config file's directory.
+    pub adapter: PathBuf,
+    /// The hosts its adapter may reach.
+    pub net: Vec<NetRule>,
+    /// The `[secrets.NAME]` its requests may carry.
+    pub secrets: Vec<String>,
+    /// How messages map to conversations.
+    pub per: ConversationPer,
+    /// Who may talk to the agent through it (the `channel` profile).
+    pub allow: Senders,
+    /// Who talks to the admin conversation instead (the `cortex` profile).
+    pub admins: Senders,
+    /// Whose messages are labelled trusted; everyone else's are
+    /// `untrusted(chat:NAME:SENDER)`.
+    pub trusted: Senders,
+    /// In rooms with others, answer only messages that speak to the bot.
+    pub addressed_only: bool,
+    /// How long a poll may wait for a message (a long poll), in milliseconds.
+    pub poll_wait_ms: u32,
+    /// `[channels.NAME.settings]`, as JSON: handed to the adapter as is.
+    pub settings: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawChannel {
+    adapter: PathBuf,
+    #[serde(default)]
+    net: Vec<String>,
+    #[serde(default)]
+    secrets: Vec<String>,
+    #[serde(default)]
+    conversation: Option<String>,
+    #[serde(default)]
+    allow: Vec<String>,
+    #[serde(default)]
+    admins: Vec<String>,
+    #[serde(default)]
+    trusted: Vec<String>,
+    #[serde(default)]
+    addressed_only: Option<bool>,
+    #[serde(default)]
+    poll_wait_secs: Option<u32>,
+    #[serde(default)]
+    settings: Option<toml::Table>,
+}
+
+/// The longest long poll: well inside a call's deadline.
+pub const MAX_POLL_WAIT_SECS: u32 = 5;
+
+pub(super) fn check_channels(
+    raw: BTreeMap<String, RawChannel>,
+    secrets: &[SecretSpec],
+    resolve: &impl Fn(PathBuf) -> PathBuf,
+) -> Result<Vec<ChannelSpec>, KeyError> {
+    let mut channels = Vec::new();
+    for (name, raw) in raw {
+        let table = format!("channels.{name}");
+        let name_ok = !name.is_empty()
+            && name.len() <= MAX_CHANNEL_NAME
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !name_ok {
+            return Err(key_error(
+                &table,
+                format!(
+                    "a channel's name is 1 to {MAX_CHANNEL_NAME} lowercase letters, digits or \
+                     '-'; it starts the names of its conversations"
+                ),
+            ));
+        }
+        let net = parse_rules(&format!("{table}.net"), &raw.net)?;
+        for (i, secret) in raw.secrets.iter().enumerate() {
+            if !secrets.iter().any(|s| s.name.as_str() == secret) {
+                return Err(key_error(
+                    &format!("{table}.secrets[{i}]"),
+                    format!("no [secrets.{secret}] is configured; add that table first"),
+                ));
+            }
+        }
+        let per = match raw.conversation.as_deref() {
+            None | Some("room") => ConversationPer::Room,
+            Some("thread") => ConversationPer::Thread,
+            Some("sender") => ConversationPer::Sender,
+            Some(other) => {
+                return Err(key_error(
+                    &format!("{table}.conversation"),
+                    format!("`{other}` is not one of \"room\", \"thread\" or \"sender\""),
+                ));
+            }
+        };
+        let senders = |key: &str, list: Vec<String>| -> Result<Senders, KeyError> {
+            let mut senders = Senders::default();
+            for (i, id) in list.into_iter().enumerate() {
+                if id == "*" {
+                    senders.any = true;
+                } else if id.trim().is_empty() || id.len() > 256 {
+                    return Err(key_error(
+                        &format!("{table}.{key}[{i}]"),
+                        "a sender is the platform's id for them (1 to 256 characters), or `*`",
+                    ));
+                } else {
+                    senders.ids.push(id);
+                }
+            }
+            Ok(senders)
+        };
+        let allow = senders("allow", raw.allow)?;
+        let admins = senders("admins", raw.admins)?;
+        let trusted = senders("trusted", raw.trusted)?;
+        if admins.any {
+            return Err(key_error(
+                &format!("{table}.admins"),
+                "name each admin; `*` would give everyone on the platform the cortex's tools",
+            ));
+        }
+        let wait = raw.poll_wait_secs.unwrap_or(MAX_POLL_WAIT_SECS);
+        if wait > MAX_POLL_WAIT_SECS {
+            return Err(key_error(
+                &format!("{table}.poll_wait_secs"),
+                format!("must be 0 to {MAX_POLL_WAIT_SECS} seconds, got {wait}"),
+            ));
+        }
+        let settings = serde_json::to_string(&raw.settings.unwrap_or_default())
+            .map_err(|e| key_error(&format!("{table}.settings"), e.to_string()))?;
+        channels.push(ChannelSpec {
+            adapter: resolve(raw.adapter),
+            net,
+            secrets: raw.secrets,
+            per,
+            allow,
+            admins,
+            trusted,
+            addressed_only: raw.addressed_only.unwrap_or(true),
+            poll_wait_ms: wait * 1000,
+            settings,
+            name,
+        });
+    }
+    Ok(channels)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::Config;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        Config::parse(text, Path::new("/etc/capstan/capstan.toml")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_channel_is_read_with_its_defaults() {
+        let config = parse(
+            "[channels.mx]\nadapter = \"adapters/matrix.wasm\"\nnet = [\"http://127.0.0.1:8008\"]\n\
+             allow = [\"@alice:localhost\"]\n[channels.mx.settings]\nhomeserver = \"http://x\"\n",
+        )
+        .unwrap();
+        let mx = &config.channels[0];
+        assert_eq!(mx.adapter, Path::new("/etc/capstan/adapters/matrix.wasm"));
+        assert_eq!(mx.per, super::ConversationPer::Room);
+        assert!(mx.addressed_only && mx.trusted.is_empty());
+        assert_eq!(mx.settings, r#"{"homeserver":"http://x"}"#);
+    }
+
+    #[test]
+    fn bad_tables_are_refused_naming_the_key() {
+        for (text, said) in [
+            ("[channels.Bad]\nadapter = \"a.wasm\"\n", "`channels.Bad`"),
+            (
+                "[channels.a]\nadapter = \"a.wasm\"\nsecrets = [\"NOPE\"]\n",
+                "`channels.a.secrets[0]`: no [secrets.NOPE]",
+            ),
+            (
+                "[channels.a]\nadapter = \"a.wasm\"\nconversation = \"day\"\n",
+                "`channels.a.conversation`",
+            ),
+            (
+                "[channels.a]\nadapter = \"a.wasm\"\nadmins = [\"*\"]\n",
+                "`channels.a.admins`",
+            ),
+            (
+                "[channels.a]\nadapter = \"a.wasm\"\npoll_wait_secs = 60\n",
+                "`channels.a.poll_wait_secs`",
+            ),
+            (
+                "[channels.a]\nadapter = \"a.wasm\"\ntoken = \"x\"\n",
+                "token",
+            ),
+        ] {
+            let err = parse(text).unwrap_err();
+            assert!(err.contains(said), "{text}: {err}");
+        }
+    }
+}

@@ -1,0 +1,484 @@
+//! The door itself: each configured channel's adapter polled, its messages sent to their
+//! conversations through the exchange, the answers sent back, the adapter restarted with
+//! backoff when it fails.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::conversation::{conversation_for, label_of, message_key, text_for};
+use super::cursor::Cursor;
+use super::split::split;
+use crate::agent::{ChatStep, End, ReplyPart, Runtime, UserMessage};
+use crate::config::ChannelSpec;
+use crate::ids::ProcessId;
+use crate::plugin::PluginHost;
+use crate::plugin::adapter::{
+    AdapterFailure, AdapterGrants, Feature, Inbound, LoadedAdapter, Outbound, PlatformError,
+};
+use crate::policy::ProcessKind;
+use crate::services::{AuditRecord, Receipt};
+use crate::telemetry::TraceParent;
+
+/// The first wait before an adapter that failed is started again; it doubles up to
+/// [`MAX_BACKOFF`] and starts over after a poll that worked.
+pub const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+
+/// The longest wait before an adapter that keeps failing is started again.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// The longest a platform's rate limit is waited out at once.
+const MAX_RATE_WAIT: Duration = Duration::from_secs(600);
+
+/// The least time between two polls that found nothing: an adapter that does not wait
+/// for messages is not let spin.
+const MIN_EMPTY_POLL: Duration = Duration::from_millis(250);
+
+/// Times a reply is tried again while the platform says to wait.
+const SEND_ATTEMPTS: u32 = 5;
+
+/// The most messages one sender gets taken in a minute; past it their messages are
+/// refused (a flood never reaches the model).
+pub const SENDER_MESSAGES_PER_MINUTE: usize = 20;
+
+/// The channels `capstan serve` runs, each on a task of its own; dropped, they stop.
+pub struct Channels {
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Channels {
+    /// Starts every channel of `specs`: its adapter loaded from `host` and polled, its
+    /// messages sent to `runtime`'s conversations, its cursors kept in `data_dir`. A
+    /// channel whose adapter cannot load or fails is tried again with backoff; no channel
+    /// stops the host.
+    pub fn start(
+        runtime: Arc<Runtime>,
+        host: Arc<PluginHost>,
+        specs: Vec<ChannelSpec>,
+        data_dir: PathBuf,
+    ) -> Self {
+        let stop = CancellationToken::new();
+        let tasks = specs
+            .into_iter()
+            .map(|spec| {
+                let door = Door {
+                    runtime: runtime.clone(),
+                    host: host.clone(),
+                    data_dir: data_dir.clone(),
+                    rates: Mutex::default(),
+                    spec,
+                };
+                tokio::spawn(door.supervise(stop.clone()))
+            })
+            .collect();
+        Channels { stop, tasks }
+    }
+
+    /// How many channels run.
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Whether none run.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// Stops every channel: a message being answered is left to its exchange, which
+    /// ends with the runtime; its cursor is not moved, so it comes again at the next start
+    /// (and is answered, not taken twice).
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        for task in std::mem::take(&mut self.tasks) {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Channels {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// One channel and what it answers through.
+struct Door {
+    runtime: Arc<Runtime>,
+    host: Arc<PluginHost>,
+    data_dir: PathBuf,
+    spec: ChannelSpec,
+    /// When each sender's recent messages came, for [`SENDER_MESSAGES_PER_MINUTE`].
+    rates: Mutex<HashMap<String, Vec<Instant>>>,
+}
+
+/// Why a channel's adapter stopped for now.
+enum Halt {
+    /// Something failed: started again after the backoff.
+    Failed(String),
+    /// A poll worked before it: the backoff starts over.
+    FailedAfterWork(String),
+}
+
+impl Door {
+    /// Runs the channel until `stop`: loaded, polled, started again with backoff.
+    async fn supervise(self, stop: CancellationToken) {
+        let name = self.spec.name.clone();
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            let halted = tokio::select! {
+                () = stop.cancelled() => return,
+                halted = self.run() => halted,
+            };
+            let why = match halted {
+                Halt::Failed(why) => why,
+                Halt::FailedAfterWork(why) => {
+                    backoff = FIRST_BACKOFF;
+                    why
+                }
+            };
+            tracing::warn!(
+                channel = %name,
+                "messaging channel stopped: {why}; starting it again in {:.1} s",
+                backoff.as_secs_f64()
+            );
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// Loads the adapter and polls it until something fails.
+    async fn run(&self) -> Halt {
+        let spec = &self.spec;
+        let grants = AdapterGrants {
+            channel: spec.name.clone(),
+            net: spec.net.clone(),
+            secrets: spec.secrets.clone(),
+        };
+        let adapter = match self
+            .host
+            .load_adapter(&spec.adapter, spec.settings.clone(), grants)
+            .await
+        {
+            Ok(adapter) => adapter,
+            Err(err) => return Halt::Failed(format!("[channels.{}]: {err}", spec.name)),
+        };
+        let cursors = match Cursor::open(&self.data_dir, &spec.name) {
+            Ok(cursors) => cursors,
+            Err(err) => {
+                return Halt::Failed(format!(
+                    "cannot keep its cursor in {}: {err}",
+                    self.data_dir.join("channels").display()
+                ));
+            }
+        };
+        let mut cursor = match cursors.load() {
+            Ok(cursor) => cursor,
+            Err(err) => return Halt::Failed(format!("{}: {err}", cursors.path().display())),
+        };
+        tracing::info!(
+            channel = %spec.name,
+            platform = %adapter.platform().name,
+            "messaging channel started"
+        );
+        let mut worked = false;
+        let halt = |worked: bool, why: String| {
+            if worked {
+                Halt::FailedAfterWork(why)
+            } else {
+                Halt::Failed(why)
+            }
+        };
+        loop {
+            let began = Instant::now();
+            let batch = match self
+                .host
+                .adapter_poll(&adapter, cursor.as_deref(), spec.poll_wait_ms)
+                .await
+            {
+                Ok(batch) => batch,
+                Err(AdapterFailure::Platform(PlatformError::RateLimited(ms))) => {
+                    tokio::time::sleep(Duration::from_millis(ms).min(MAX_RATE_WAIT)).await;
+                    continue;
+                }
+                Err(err) => return halt(worked, format!("poll failed: {err}")),
+            };
+            worked = true;
+            let empty = batch.messages.is_empty();
+            // Each conversation's messages in order, one after the other (a reply answers
+            // the message before the next is taken); conversations side by side.
+            let mut by_conversation: Vec<(ProcessId, Vec<Inbound>)> = Vec::new();
+            for message in batch.messages {
+                let id = conversation_for(spec, &message, self.kind_of(&message));
+                match by_conversation.iter_mut().find(|(known, _)| *known == id) {
+                    Some((_, messages)) => messages.push(message),
+                    None => by_conversation.push((id, vec![message])),
+                }
+            }
+            let answered = futures_util::future::join_all(by_conversation.into_iter().map(
+                async |(_, messages)| {
+                    for message in messages {
+                        self.take(&adapter, message).await?;
+                    }
+                    Ok::<(), String>(())
+                },
+            ))
+            .await;
+            if let Some(why) = answered.into_iter().find_map(Result::err) {
+                // The cursor stays: the batch comes again, and what was taken of it is
+                // answered again, never taken twice.
+                return halt(worked, why);
+            }
+            if let Some(next) = batch.cursor
+                && cursor.as_deref() != Some(next.as_str())
+            {
+                if let Err(err) = cursors.store(&next) {
+                    return halt(worked, format!("{}: {err}", cursors.path().display()));
+                }
+                cursor = Some(next);
+            }
+            if empty {
+                tokio::time::sleep(MIN_EMPTY_POLL.saturating_sub(began.elapsed())).await;
+            }
+        }
+    }
+
+    /// Takes one message in: refused, ignored, or sent to its conversation and answered.
+    /// An error only when the message may not be stored: its batch must come again.
+    async fn take(&self, adapter: &LoadedAdapter, message: Inbound) -> Result<(), String> {
+        let spec = &self.spec;
+        let sender = message.sender.id.clone();
+        let kind = self.kind_of(&message);
+        let admin = kind == ProcessKind::Cortex;
+        let conversation = conversation_for(spec, &message, kind);
+        let chars = message.text.chars().count();
+        let (conversation, message) = (&conversation, &message);
+        let note = |step: ChatStep, detail: String| {
+            self.runtime
+                .note_chat(conversation, &spec.name, step, &sender, chars);
+            async move {
+                self.audit(conversation, "chat.receive", message, step, &detail, chars)
+                    .await
+            }
+        };
+        if !admin && !spec.allow.contains(&sender) {
+            note(
+                ChatStep::Refused,
+                "the sender is not on the channel's `allow` list".into(),
+            )
+            .await;
+            return Ok(());
+        }
+        if !self.admit(&sender) {
+            note(
+                ChatStep::Refused,
+                format!("over {SENDER_MESSAGES_PER_MINUTE} messages a minute from the sender"),
+            )
+            .await;
+            return Ok(());
+        }
+        if spec.addressed_only && !message.direct && !message.addressed {
+            note(ChatStep::Ignored, "it does not speak to the bot".into()).await;
+            return Ok(());
+        }
+        note(ChatStep::Taken, String::new()).await;
+        if adapter.supports(Feature::Typing) {
+            // Only a courtesy: a failure changes nothing.
+            let _ = self
+                .host
+                .adapter_typing(adapter, &message.room, message.thread.as_deref())
+                .await;
+        }
+        let sent = UserMessage {
+            text: text_for(spec, message),
+            key: Some(message_key(spec, message)),
+            trace: TraceParent::none(),
+            label: label_of(spec, message),
+        };
+        let mut exchange = self
+            .runtime
+            .exchange(conversation, sent)
+            .await
+            .map_err(|err| format!("{conversation} did not take a message: {err}"))?;
+        let mut replies = Vec::new();
+        let end = loop {
+            match exchange.next().await {
+                Some(ReplyPart::Reply { text, .. }) => replies.push(text),
+                Some(ReplyPart::End(end)) => break end,
+                Some(_) => {}
+                None => break End::Lost,
+            }
+        };
+        if !end.is_stored() {
+            return Err(format!("{conversation}: {end}"));
+        }
+        for reply in replies {
+            self.reply(adapter, conversation, message, &reply).await;
+        }
+        Ok(())
+    }
+
+    /// Sends `reply` to `message`'s room (and thread), cut to what the platform takes,
+    /// waiting out its rate limits.
+    async fn reply(
+        &self,
+        adapter: &LoadedAdapter,
+        conversation: &ProcessId,
+        message: &Inbound,
+        reply: &str,
+    ) {
+        let max = adapter.platform().max_text as usize;
+        let mut pieces: std::collections::VecDeque<String> = split(reply, max).into();
+        let mut first = true;
+        let mut attempts = 0;
+        while let Some(piece) = pieces.pop_front() {
+            let outbound = Outbound {
+                room: message.room.clone(),
+                thread: message.thread.clone(),
+                reply_to: first.then(|| message.id.clone()),
+                text: piece.clone(),
+            };
+            let chars = piece.chars().count();
+            let step = match self.host.adapter_send(adapter, &outbound).await {
+                Ok(_) => {
+                    first = false;
+                    attempts = 0;
+                    (ChatStep::Sent, String::new())
+                }
+                Err(AdapterFailure::Platform(PlatformError::RateLimited(ms)))
+                    if attempts + 1 < SEND_ATTEMPTS =>
+                {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(ms).min(MAX_RATE_WAIT)).await;
+                    pieces.push_front(piece);
+                    continue;
+                }
+                Err(AdapterFailure::Platform(PlatformError::TooLong(limit)))
+                    if (limit as usize) < chars && limit >= 64 =>
+                {
+                    // The platform knows better than the adapter said: cut again.
+                    for smaller in split(&piece, limit as usize).into_iter().rev() {
+                        pieces.push_front(smaller);
+                    }
+                    continue;
+                }
+                Err(err) => (ChatStep::Failed, err.to_string()),
+            };
+            self.runtime
+                .note_chat(conversation, &self.spec.name, step.0, &message.room, chars);
+            self.audit_send(conversation, message, step.0, &step.1, chars)
+                .await;
+            if step.0 == ChatStep::Failed {
+                tracing::warn!(
+                    channel = %self.spec.name,
+                    "a reply to {} could not be sent: {}",
+                    message.room,
+                    step.1
+                );
+                return;
+            }
+        }
+    }
+
+    /// The kind of conversation `message` goes to: the admin's (cortex) for the channel's
+    /// `admins`, a user channel for everyone else.
+    fn kind_of(&self, message: &Inbound) -> ProcessKind {
+        if self.spec.admins.contains(&message.sender.id) {
+            ProcessKind::Cortex
+        } else {
+            ProcessKind::Channel
+        }
+    }
+
+    /// Whether `sender` may have one more message taken now.
+    fn admit(&self, sender: &str) -> bool {
+        let now = Instant::now();
+        let mut rates = self.rates.lock().unwrap_or_else(|e| e.into_inner());
+        // Forget senders quiet for a minute, so a flood of names cannot grow the map.
+        if rates.len() > 10_000 {
+            rates.retain(|_, times| {
+                times
+                    .last()
+                    .is_some_and(|t| now.duration_since(*t) < Duration::from_secs(60))
+            });
+        }
+        let times = rates.entry(sender.to_owned()).or_default();
+        times.retain(|t| now.duration_since(*t) < Duration::from_secs(60));
+        if times.len() >= SENDER_MESSAGES_PER_MINUTE {
+            return false;
+        }
+        times.push(now);
+        true
+    }
+
+    /// The audit row of a message that came in.
+    async fn audit(
+        &self,
+        conversation: &ProcessId,
+        tool: &str,
+        message: &Inbound,
+        step: ChatStep,
+        detail: &str,
+        chars: usize,
+    ) {
+        let arguments = serde_json::json!({
+            "room": message.room,
+            "thread": message.thread,
+            "message": message.id,
+            "sender": message.sender.id,
+            "chars": chars,
+            "attachments": message.attachments.len(),
+        });
+        self.record(conversation, tool, arguments, step, detail)
+            .await;
+    }
+
+    /// The audit row of a reply that went out, or did not.
+    async fn audit_send(
+        &self,
+        conversation: &ProcessId,
+        message: &Inbound,
+        step: ChatStep,
+        detail: &str,
+        chars: usize,
+    ) {
+        let arguments = serde_json::json!({
+            "room": message.room,
+            "thread": message.thread,
+            "reply_to": message.id,
+            "chars": chars,
+        });
+        self.record(conversation, "chat.send", arguments, step, detail)
+            .await;
+    }
+
+    async fn record(
+        &self,
+        conversation: &ProcessId,
+        tool: &str,
+        arguments: serde_json::Value,
+        step: ChatStep,
+        detail: &str,
+    ) {
+        let row = AuditRecord {
+            conversation: Some(conversation.session().to_string()),
+            process: format!("adapter:{}", self.spec.name),
+            tool: tool.to_owned(),
+            grants: String::new(),
+            arguments: arguments.to_string(),
+            outcome: step.as_str().to_owned(),
+            detail: detail.to_owned(),
+            duration_us: 0,
+            receipt: Receipt::default(),
+        };
+        if let Err(err) = self.runtime.services().audit.record(row).await {
+            tracing::warn!(channel = %self.spec.name, "an audit row was not written: {err}");
+        }
+    }
+}

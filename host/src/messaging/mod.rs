@@ -1,0 +1,23 @@
+//! Messaging channels: a door where people already talk (`[channels.NAME]`).
+//!
+//! Each channel runs a messaging adapter (`crate::plugin::adapter`), a sandboxed component
+//! that reaches its platform only through the host's egress, with the bot token the egress
+//! injects. The door polls it, maps each message to a conversation (per room, thread or
+//! sender), refuses senders the channel does not allow, labels every other sender's
+//! message `untrusted(chat:CHANNEL:SENDER)` unless they are trusted, sends it through the
+//! exchange as any door does, and sends the answer back once it is stored, cut to the
+//! platform's size and paced by its rate limits. Every message is an event
+//! ([`Event::ChatMessage`](crate::agent::Event::ChatMessage)), an audit row and a metric.
+//!
+//! An adapter's poll moves the channel's cursor (kept in the data dir) only once every
+//! message before it is stored: a crash or an outage delivers a message again, and its
+//! idempotency key has it answered again rather than taken twice.
+
+mod conversation;
+mod cursor;
+mod door;
+mod split;
+
+pub use conversation::{MAX_INBOUND_CHARS, conversation_for, label_of, message_key, text_for};
+pub use door::{Channels, FIRST_BACKOFF, MAX_BACKOFF, SENDER_MESSAGES_PER_MINUTE};
+pub use split::split;

@@ -1,0 +1,13 @@
+//! Host bindings generated from `wit/channel/channel.wit`: the `capstan:channel/adapter`
+//! export. The imports are the tool plugin's own (the adapter world includes it), so an
+//! adapter links with the plugin's linker and its bindings.
+
+wasmtime::component::bindgen!({
+    path: ["../wit", "../wit/channel"],
+    world: "capstan:channel/messaging-adapter",
+    with: {
+        "capstan:plugin": crate::plugin::bindings::capstan::plugin,
+        "capstan:plugin/tool": crate::plugin::bindings::exports::capstan::plugin::tool,
+    },
+    exports: { default: async },
+});
