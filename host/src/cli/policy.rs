@@ -83,6 +83,7 @@ impl PolicyCommand {
         print_table(&mut out, &header, &rows)?;
         print_plugins(&mut out, &registry)?;
         print_mcp(&mut out, &config, &registry)?;
+        print_channels(&mut out, &config, &registry).await?;
         print_reuse(&mut out, &config, &registry)?;
         print_flow(&mut out, &config, &catalog)?;
         super::network::print_network(&mut out, &config, &catalog)?;
@@ -165,6 +166,86 @@ fn print_mcp(out: &mut impl Write, config: &Config, registry: &Registry) -> std:
             None => format!("{tools} tool(s) in the matrix"),
         };
         writeln!(out, "  {name:<14}{reached}; {named}; {here}")?;
+    }
+    Ok(())
+}
+
+/// Each `[channels.NAME]`: its adapter as loaded here (the platform and the capabilities
+/// its calls hold, or why it does not load), who may talk through it to which profile,
+/// who is trusted, and how messages map to conversations.
+async fn print_channels(
+    out: &mut impl Write,
+    config: &Config,
+    registry: &Registry,
+) -> std::io::Result<()> {
+    if config.channels.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "\nmessaging channels (`capstan serve` runs them):")?;
+    for spec in &config.channels {
+        let grants = crate::plugin::adapter::AdapterGrants {
+            channel: spec.name.clone(),
+            net: spec.net.clone(),
+            secrets: spec.secrets.clone(),
+        };
+        let loaded = registry
+            .host()
+            .load_adapter(&spec.adapter, spec.settings.clone(), grants)
+            .await;
+        let adapter = match &loaded {
+            Ok(adapter) => {
+                let caps: Vec<String> = adapter
+                    .capabilities()
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect();
+                format!(
+                    "{} adapter from {}, running with {}",
+                    adapter.platform().name,
+                    spec.adapter.display(),
+                    if caps.is_empty() {
+                        "nothing".to_owned()
+                    } else {
+                        caps.join(", ")
+                    }
+                )
+            }
+            Err(err) => format!("does not load: {err}"),
+        };
+        let list = |senders: &crate::config::Senders| {
+            if senders.is_empty() {
+                "nobody".to_owned()
+            } else {
+                senders.names().join(", ")
+            }
+        };
+        writeln!(out, "  {:<14}{adapter}", spec.name)?;
+        writeln!(
+            out,
+            "  {:<14}one conversation per {}; {}",
+            "",
+            spec.per.as_str(),
+            if spec.addressed_only {
+                "in rooms with others, only messages that speak to the bot"
+            } else {
+                "every message"
+            }
+        )?;
+        writeln!(
+            out,
+            "  {:<14}channel profile: {}; cortex profile: {}",
+            "",
+            list(&spec.allow),
+            list(&spec.admins)
+        )?;
+        writeln!(
+            out,
+            "  {:<14}trusted: {}; everyone else's messages are labelled \
+             untrusted(chat:{}:SENDER)",
+            "",
+            list(&spec.trusted),
+            spec.name
+        )?;
     }
     Ok(())
 }

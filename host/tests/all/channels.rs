@@ -406,3 +406,38 @@ tool_calls = [{{ name = "set_status", arguments = {{ state = "done", message = "
     assert_ne!(refused.outcome, "ok");
     assert!(refused.detail.contains("chat:tg:202"), "{refused:?}");
 }
+
+/// `capstan policy` shows each channel: the adapter as it loads here and what its calls
+/// hold, who talks to which profile, who is trusted, and the label of everyone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capstan_policy_shows_each_channel_as_it_would_run() {
+    let telegram = FakeTelegram::start().await;
+    let dir = agent_dir(SCRIPT, &config(&telegram));
+    let out = crate::support::capstan_command(dir.path(), &["policy"])
+        .env("TG_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let text = crate::support::stdout(&out);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        crate::support::stderr(&out)
+    );
+    let base = telegram.base();
+    for line in [
+        "messaging channels (`capstan serve` runs them):".to_owned(),
+        format!(
+            "telegram adapter from {}",
+            component("adapters", "telegram").display()
+        ),
+        format!("running with net:{base}, secret:TG"),
+        "one conversation per room; in rooms with others, only messages that speak to the bot"
+            .to_owned(),
+        "channel profile: 101, 202; cortex profile: nobody".to_owned(),
+        "trusted: 101; everyone else's messages are labelled untrusted(chat:tg:SENDER)".to_owned(),
+    ] {
+        assert!(text.contains(&line), "{line}\n{text}");
+    }
+    assert!(!text.contains("AAE-canary"));
+    assert!(telegram.all().is_empty(), "policy reaches no platform");
+}
