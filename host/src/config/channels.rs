@@ -177,10 +177,11 @@ pub(super) fn check_channels(
             for (i, id) in list.into_iter().enumerate() {
                 if id == "*" {
                     senders.any = true;
-                } else if id.trim().is_empty() || id.len() > 256 {
+                } else if id.trim().is_empty() || id.trim() != id || id.len() > 256 {
                     return Err(key_error(
                         &format!("{table}.{key}[{i}]"),
-                        "a sender is the platform's id for them (1 to 256 characters), or `*`",
+                        "a sender is the platform's id for them (1 to 256 characters, no space \
+                         around it), or `*`",
                     ));
                 } else {
                     senders.ids.push(id);
@@ -191,6 +192,12 @@ pub(super) fn check_channels(
         let allow = senders("allow", raw.allow)?;
         let admins = senders("admins", raw.admins)?;
         let trusted = senders("trusted", raw.trusted)?;
+        if trusted.any {
+            return Err(key_error(
+                &format!("{table}.trusted"),
+                "name each trusted sender; `*` would take anyone on the platform at their word",
+            ));
+        }
         if admins.any {
             return Err(key_error(
                 &format!("{table}.admins"),

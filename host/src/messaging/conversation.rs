@@ -7,7 +7,7 @@ use crate::flow::{Label, Origin};
 use crate::ids::{MessageKey, ProcessId};
 use crate::plugin::adapter::Inbound;
 use crate::policy::ProcessKind;
-use crate::text::{one_line, truncate};
+use crate::text::truncate;
 
 /// The most characters of a message a conversation reads; the rest is cut, saying so.
 pub const MAX_INBOUND_CHARS: usize = 16 * 1024;
@@ -34,7 +34,7 @@ pub const MAX_INBOUND_CHARS: usize = 16 * 1024;
 pub fn conversation_for(channel: &ChannelSpec, message: &Inbound, kind: ProcessKind) -> ProcessId {
     let (tag, key) = match (channel.per, &message.thread) {
         (ConversationPer::Sender, _) => ("s", message.sender.id.clone()),
-        (ConversationPer::Thread, Some(thread)) => ("t", format!("{}\n{thread}", message.room)),
+        (ConversationPer::Thread, Some(thread)) => ("t", fields(&[&message.room, thread])),
         _ => ("r", message.room.clone()),
     };
     let digest = Sha256::digest(key.as_bytes());
@@ -86,44 +86,54 @@ pub fn label_of(channel: &ChannelSpec, message: &Inbound) -> Label {
 /// sender (by the platform's id; the name they chose, quoted, as theirs), the message
 /// (cut at [`MAX_INBOUND_CHARS`]), and each attachment as a handle, never its content.
 pub fn text_for(channel: &ChannelSpec, message: &Inbound) -> String {
-    let who = match &message.sender.display_name {
-        Some(name) => format!(
-            "{} ({:?})",
-            message.sender.id,
-            truncate(&one_line(name), 64)
-        ),
-        None => message.sender.id.clone(),
-    };
-    let mut head = format!("[{} message from {}", channel.name, one_line(&who));
+    let quoted = |text: &str, max: usize| format!("{:?}", truncate(text, max));
+    let mut head = format!(
+        "[{} message from {}",
+        channel.name,
+        quoted(&message.sender.id, 128)
+    );
+    if let Some(name) = &message.sender.display_name {
+        head.push_str(&format!(" (who calls themselves {})", quoted(name, 64)));
+    }
+    head.push_str(if channel.trusted.contains(&message.sender.id) {
+        ", trusted"
+    } else {
+        ", not trusted"
+    });
     if let Some(thread) = &message.thread {
-        head.push_str(&format!(", thread {}", one_line(truncate(thread, 64))));
+        head.push_str(&format!(", thread {}", quoted(thread, 64)));
     }
     if let Some(edited) = &message.edits {
-        head.push_str(&format!(
-            ", an edit of message {}",
-            one_line(truncate(edited, 64))
-        ));
+        head.push_str(&format!(", an edit of message {}", quoted(edited, 64)));
     }
-    head.push(']');
+    head.push_str("; each line of it follows after `> `]");
     let chars = message.text.chars().count();
-    let mut body = truncate_chars(&message.text, MAX_INBOUND_CHARS).to_owned();
+    let body = truncate_chars(&message.text, MAX_INBOUND_CHARS);
+    // Every line of theirs quoted: none reads as the host's own.
+    let mut text = head;
+    for line in body.lines() {
+        text.push_str("\n> ");
+        text.push_str(line);
+    }
+    if body.is_empty() {
+        text.push_str("\n> ");
+    }
     if chars > MAX_INBOUND_CHARS {
-        body.push_str(&format!(
+        text.push_str(&format!(
             "\n[cut by the host: the message has {chars} characters, past the \
              {MAX_INBOUND_CHARS} a conversation reads]"
         ));
     }
-    let mut text = format!("{head}\n{body}");
     for (n, file) in message.attachments.iter().take(MAX_ATTACHMENTS).enumerate() {
         let size = file
             .size
             .map(|s| format!(", {s} bytes"))
             .unwrap_or_default();
         text.push_str(&format!(
-            "\n[attachment {}: {:?} ({}{size}); its content is not read]",
+            "\n[attachment {}: {} ({}{size}); its content is not read]",
             n + 1,
-            truncate(&one_line(&file.name), 128),
-            truncate(&one_line(&file.media_type), 64),
+            quoted(&file.name, 128),
+            quoted(&file.media_type, 64),
         ));
     }
     if message.attachments.len() > MAX_ATTACHMENTS {
@@ -133,6 +143,11 @@ pub fn text_for(channel: &ChannelSpec, message: &Inbound) -> String {
         ));
     }
     text
+}
+
+/// `parts` joined unambiguously: each after its length.
+fn fields(parts: &[&str]) -> String {
+    parts.iter().map(|p| format!("{}:{p}", p.len())).collect()
 }
 
 /// The most attachments of one message named to the conversation.

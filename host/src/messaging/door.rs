@@ -37,6 +37,12 @@ const MAX_RATE_WAIT: Duration = Duration::from_secs(600);
 /// for messages is not let spin.
 const MIN_EMPTY_POLL: Duration = Duration::from_millis(250);
 
+/// The most messages one poll may bring: an adapter pages past it.
+pub const MAX_BATCH: usize = 1000;
+
+/// The longest id (of a message, room, thread or sender) taken: a longer one is refused.
+pub const MAX_ID_BYTES: usize = 256;
+
 /// Times a reply is tried again while the platform says to wait.
 const SEND_ATTEMPTS: u32 = 5;
 
@@ -187,6 +193,30 @@ impl Door {
             platform = %adapter.platform().name,
             "messaging channel started"
         );
+        // A long poll ends before the egress or the call's deadline would cut it.
+        let limits = self
+            .host
+            .network()
+            .settings()
+            .for_tool(&adapter.platform().name);
+        let ceiling = limits
+            .first_byte_timeout
+            .min(limits.request_timeout)
+            .min(self.host.limits().deadline)
+            .saturating_sub(Duration::from_secs(1));
+        let wait_ms = spec
+            .poll_wait_ms
+            .min(u32::try_from(ceiling.as_millis()).unwrap_or(u32::MAX));
+        if wait_ms < spec.poll_wait_ms {
+            tracing::warn!(
+                channel = %spec.name,
+                "polls wait {:.1} s, not channels.{}.poll_wait_secs: the egress's timeouts \
+                 ([net] first_byte_timeout_secs, request_timeout_secs) or the call's deadline \
+                 (limits.tool_deadline_secs) would cut a longer one",
+                f64::from(wait_ms) / 1000.0,
+                spec.name
+            );
+        }
         let mut worked = false;
         let halt = |worked: bool, why: String| {
             if worked {
@@ -199,7 +229,7 @@ impl Door {
             let began = Instant::now();
             let batch = match self
                 .host
-                .adapter_poll(&adapter, cursor.as_deref(), spec.poll_wait_ms)
+                .adapter_poll(&adapter, cursor.as_deref(), wait_ms)
                 .await
             {
                 Ok(batch) => batch,
@@ -209,26 +239,46 @@ impl Door {
                 }
                 Err(err) => return halt(worked, format!("poll failed: {err}")),
             };
-            worked = true;
             let empty = batch.messages.is_empty();
+            if batch.messages.len() > MAX_BATCH {
+                return halt(
+                    worked,
+                    format!(
+                        "a poll brought {} messages, more than the {MAX_BATCH} a batch may \
+                         hold; the adapter must page",
+                        batch.messages.len()
+                    ),
+                );
+            }
+            if !empty && (batch.cursor.is_none() || batch.cursor == cursor) {
+                // Its messages would come again at once, and again: refused before any is
+                // taken.
+                return halt(
+                    worked,
+                    "a poll brought messages without moving its cursor past them".into(),
+                );
+            }
             // Each conversation's messages in order, one after the other (a reply answers
             // the message before the next is taken); conversations side by side.
-            let mut by_conversation: Vec<(ProcessId, Vec<Inbound>)> = Vec::new();
+            let mut by_conversation: HashMap<ProcessId, Vec<Inbound>> = HashMap::new();
+            let mut order = Vec::new();
             for message in batch.messages {
                 let id = conversation_for(spec, &message, self.kind_of(&message));
-                match by_conversation.iter_mut().find(|(known, _)| *known == id) {
-                    Some((_, messages)) => messages.push(message),
-                    None => by_conversation.push((id, vec![message])),
+                let queue = by_conversation.entry(id.clone()).or_default();
+                if queue.is_empty() {
+                    order.push(id);
                 }
+                queue.push(message);
             }
-            let answered = futures_util::future::join_all(by_conversation.into_iter().map(
-                async |(_, messages)| {
-                    for message in messages {
-                        self.take(&adapter, message).await?;
-                    }
-                    Ok::<(), String>(())
-                },
-            ))
+            let by_conversation = order
+                .into_iter()
+                .filter_map(|id| by_conversation.remove(&id));
+            let answered = futures_util::future::join_all(by_conversation.map(async |messages| {
+                for message in messages {
+                    self.take(&adapter, message).await?;
+                }
+                Ok::<(), String>(())
+            }))
             .await;
             if let Some(why) = answered.into_iter().find_map(Result::err) {
                 // The cursor stays: the batch comes again, and what was taken of it is
@@ -243,6 +293,9 @@ impl Door {
                 }
                 cursor = Some(next);
             }
+            // Only a whole batch stored counts as work: a batch that keeps failing backs
+            // off, however well its poll went.
+            worked = true;
             if empty {
                 tokio::time::sleep(MIN_EMPTY_POLL.saturating_sub(began.elapsed())).await;
             }
@@ -259,6 +312,14 @@ impl Door {
         let conversation = conversation_for(spec, &message, kind);
         let chars = message.text.chars().count();
         let (conversation, message) = (&conversation, &message);
+        let oversized = [
+            &message.id,
+            &message.room,
+            &message.sender.id,
+            message.thread.as_deref().unwrap_or_default(),
+        ]
+        .iter()
+        .any(|field| field.len() > MAX_ID_BYTES);
         let note = |step: ChatStep, detail: String| {
             self.runtime
                 .note_chat(conversation, &spec.name, step, &sender, chars);
@@ -275,16 +336,25 @@ impl Door {
             .await;
             return Ok(());
         }
+        if oversized {
+            note(
+                ChatStep::Refused,
+                format!("an id of it is longer than {MAX_ID_BYTES} bytes"),
+            )
+            .await;
+            return Ok(());
+        }
+        // Chatter not for the bot counts against no one's rate.
+        if spec.addressed_only && !message.direct && !message.addressed {
+            note(ChatStep::Ignored, "it does not speak to the bot".into()).await;
+            return Ok(());
+        }
         if !self.admit(&sender) {
             note(
                 ChatStep::Refused,
                 format!("over {SENDER_MESSAGES_PER_MINUTE} messages a minute from the sender"),
             )
             .await;
-            return Ok(());
-        }
-        if spec.addressed_only && !message.direct && !message.addressed {
-            note(ChatStep::Ignored, "it does not speak to the bot".into()).await;
             return Ok(());
         }
         note(ChatStep::Taken, String::new()).await;
@@ -307,9 +377,11 @@ impl Door {
             .await
             .map_err(|err| format!("{conversation} did not take a message: {err}"))?;
         let mut replies = Vec::new();
+        let mut repeated = false;
         let end = loop {
             match exchange.next().await {
                 Some(ReplyPart::Reply { text, .. }) => replies.push(text),
+                Some(ReplyPart::Repeated { .. }) => repeated = true,
                 Some(ReplyPart::End(end)) => break end,
                 Some(_) => {}
                 None => break End::Lost,
@@ -317,6 +389,11 @@ impl Door {
         };
         if !end.is_stored() {
             return Err(format!("{conversation}: {end}"));
+        }
+        // Taken before (its batch came again): its answer went out then, and is not sent
+        // twice.
+        if repeated {
+            return Ok(());
         }
         for reply in replies {
             self.reply(adapter, conversation, message, &reply).await;
@@ -359,11 +436,11 @@ impl Door {
                     pieces.push_front(piece);
                     continue;
                 }
-                Err(AdapterFailure::Platform(PlatformError::TooLong(limit)))
-                    if (limit as usize) < chars && limit >= 64 =>
-                {
-                    // The platform knows better than the adapter said: cut again.
-                    for smaller in split(&piece, limit as usize).into_iter().rev() {
+                Err(AdapterFailure::Platform(PlatformError::TooLong(limit))) if chars >= 128 => {
+                    // The platform counts otherwise than in characters (UTF-16 units):
+                    // cut again, to its limit or to half.
+                    let max = (limit as usize).min(chars / 2).max(64);
+                    for smaller in split(&piece, max).into_iter().rev() {
                         pieces.push_front(smaller);
                     }
                     continue;
@@ -378,8 +455,8 @@ impl Door {
                 tracing::warn!(
                     channel = %self.spec.name,
                     "a reply to {} could not be sent: {}",
-                    message.room,
-                    step.1
+                    crate::text::one_line(&message.room),
+                    crate::text::one_line(&step.1)
                 );
                 return;
             }

@@ -15,7 +15,7 @@ use super::connect::{connect, resolve};
 use super::limits::RateLimiter;
 use super::log::{AuditWriter, RequestLog};
 use super::{NetLimits, NetScope, NetSettings, Refusal, target_of};
-use crate::secrets::{PathTemplate, Redactor, SecretName, Secrets};
+use crate::secrets::{PathTemplate, Redactor, Secret, SecretName, Secrets};
 use crate::services::AuditSink;
 
 /// What every call's requests share: the limits, the rate buckets and the secrets.
@@ -432,33 +432,38 @@ impl CallNet {
         Ok((http::Response::from_parts(parts, body.boxed_unsync()), io))
     }
 
+    /// The granted secrets bound to `target`'s host, in the config's order.
+    fn bound_secrets<'a>(&'a self, target: &'a NetTarget) -> impl Iterator<Item = &'a Secret> {
+        self.secrets
+            .iter()
+            .filter_map(|name| self.host.secrets.get(name))
+            .filter(|secret| secret.spec().bound_to(target))
+    }
+
     /// The path prefix of every granted secret bound to `target`'s host that is injected
-    /// as one, in the config's order, and the secrets it carries (by name, and by the value
-    /// as it is written into the path too, when encoding changed it).
+    /// as one, and the secrets it carries (by name, and by the value as it is written into
+    /// the path too, when encoding changed it).
     fn path_secrets(&self, target: &NetTarget) -> (String, Vec<(SecretName, Arc<str>)>) {
         let mut prefix = String::new();
         let mut carried = Vec::new();
-        for name in &self.secrets {
-            let Some(secret) = self.host.secrets.get(name) else {
-                continue;
-            };
+        for secret in self.bound_secrets(target) {
             let Some(template) = &secret.spec().path_prefix else {
                 continue;
             };
-            if !secret.spec().bound_to(target) {
-                continue;
+            prefix.push_str(&template.render(secret.value()));
+            let name = &secret.spec().name;
+            carried.push((name.clone(), Arc::from(secret.value())));
+            // As the path carries it, and as a server that echoes it might write it: with
+            // its `:` (which most tokens hold, and a path keeps) encoded, in either case.
+            let encoded = PathTemplate::encode(secret.value());
+            let mut forms = vec![encoded.to_string()];
+            if encoded.contains(':') {
+                forms.push(encoded.replace(':', "%3A"));
+                forms.push(encoded.replace(':', "%3a"));
             }
-            let rendered = template.render(secret.value());
-            let spec_name = &secret.spec().name;
-            carried.push((spec_name.clone(), Arc::from(secret.value())));
-            let encoded = PathTemplate::parse(&format!("/{{{spec_name}}}"), spec_name.as_str())
-                .map(|bare| bare.render(secret.value()))
-                .ok()
-                .map(|bare| bare[1..].to_owned());
-            if let Some(encoded) = encoded.filter(|e| e != secret.value()) {
-                carried.push((spec_name.clone(), Arc::from(encoded)));
+            for form in forms.into_iter().filter(|f| f != secret.value()) {
+                carried.push((name.clone(), Arc::from(form)));
             }
-            prefix.push_str(&rendered);
         }
         (prefix, carried)
     }
@@ -474,16 +479,10 @@ impl CallNet {
         in_path: Vec<(SecretName, Arc<str>)>,
     ) -> Vec<(SecretName, Arc<str>)> {
         let mut injected = in_path;
-        for name in &self.secrets {
-            let Some(secret) = self.host.secrets.get(name) else {
-                continue;
-            };
+        for secret in self.bound_secrets(target) {
             let Some(header) = &secret.spec().header else {
                 continue;
             };
-            if !secret.spec().bound_to(target) {
-                continue;
-            }
             if let Ok(mut value) = http::HeaderValue::from_str(&header.render(secret.value())) {
                 value.set_sensitive(true);
                 headers.insert(header.name().clone(), value);

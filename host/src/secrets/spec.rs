@@ -177,19 +177,34 @@ impl PathTemplate {
         })
     }
 
-    /// The prefix with `secret` in place, each byte a path segment may not carry
-    /// percent-encoded. It never ends in `/`: the request's own path follows.
+    /// The prefix with `secret` in place, [encoded](PathTemplate::encode). It never ends
+    /// in `/`: the request's own path follows.
     pub fn render(&self, secret: &str) -> String {
-        let mut out = self.before.clone();
-        for b in secret.bytes() {
+        format!("{}{}{}", self.before, Self::encode(secret), self.after)
+    }
+
+    /// `value` as a path segment carries it: each byte a segment may not carry as is,
+    /// percent-encoded.
+    ///
+    /// ```
+    /// use capstan_host::secrets::PathTemplate;
+    ///
+    /// assert_eq!(PathTemplate::encode("123:abc"), "123:abc");
+    /// assert_eq!(PathTemplate::encode("a/b c"), "a%2Fb%20c");
+    /// ```
+    pub fn encode(value: &str) -> std::borrow::Cow<'_, str> {
+        if value.bytes().all(is_path_byte) {
+            return std::borrow::Cow::Borrowed(value);
+        }
+        let mut out = String::with_capacity(value.len() * 3);
+        for b in value.bytes() {
             if is_path_byte(b) {
                 out.push(b as char);
             } else {
                 out.push_str(&format!("%{b:02X}"));
             }
         }
-        out.push_str(&self.after);
-        out
+        std::borrow::Cow::Owned(out)
     }
 }
 

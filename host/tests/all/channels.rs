@@ -46,6 +46,8 @@ fn config(telegram: &FakeTelegram) -> String {
         r#"
 [net]
 first_byte_timeout_secs = 3
+[net.tool.telegram]
+requests_per_minute = 6000
 
 [secrets.TG]
 env = "TG_TOKEN"
@@ -167,11 +169,13 @@ async fn two_people_talk_to_the_agent_through_telegram_and_strangers_do_not() {
     let (private_in, group_in) = (users(&private), users(&group));
     assert_eq!(private_in.len(), 1, "{private:?}");
     assert!(
-        private_in[0]
-            .content
-            .contains("[tg message from 101 (\"@alice\")]")
+        private_in[0].content.starts_with(
+            "[tg message from \"101\" (who calls themselves \"@alice\"), trusted; each line"
+        ),
+        "{}",
+        private_in[0].content
     );
-    assert!(private_in[0].content.ends_with("hello from alice"));
+    assert!(private_in[0].content.ends_with("\n> hello from alice"));
     assert_eq!(private_in[0].label, Label::trusted());
     assert_eq!(group_in.len(), 1, "{group:?}");
     assert!(group_in[0].content.contains("what time"));
@@ -210,6 +214,7 @@ async fn two_people_talk_to_the_agent_through_telegram_and_strangers_do_not() {
     let mut serve = serve;
     serve.kill();
     let log = serve.log();
+    telegram.drain().await;
     let again = telegram.say(101, 101, "alice", "are you there after the restart?");
     let serve = serve.restart(&[("TG_TOKEN", TOKEN)]);
     let first = within(&serve, "the first poll", telegram.next("getUpdates")).await;
@@ -262,6 +267,7 @@ async fn a_platform_that_answers_garbage_limits_rates_or_hangs_is_waited_out() {
 
     // A poll that hangs is cut by the egress's first-byte limit; the adapter starts again.
     telegram.fault("getUpdates", Fault::Hang);
+    within(&serve, "a poll that hangs", telegram.hung(1)).await;
     telegram.say(-500, 202, "bob", "@capbot what time is it?");
     let answered = within(
         &serve,
@@ -270,11 +276,12 @@ async fn a_platform_that_answers_garbage_limits_rates_or_hangs_is_waited_out() {
     )
     .await;
     assert_eq!(answered.body["text"], "Bob, it is time.");
-    assert!(
-        serve.log().contains("first_byte_timeout_secs"),
-        "{}",
-        serve.log()
-    );
+    within(&serve, "the hang's line in the log", async {
+        while !serve.log().contains("first_byte_timeout_secs") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
 
     // The host answered its other doors all along.
     let health = reqwest::get(format!("{}/healthz", serve.url))

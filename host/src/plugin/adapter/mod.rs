@@ -10,16 +10,15 @@
 mod bindings;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use capstan_caps::{Capability, NetRule};
 use wasmtime::Store;
 
 use crate::flow::Label;
 use crate::ids::Caller;
-use crate::net::{CallNet, Egress, GrantSource, NetScope};
+use crate::net::{Egress, GrantSource};
 use crate::plugin::error::{LoadError, ToolError};
-use crate::plugin::host::{Linked, PluginHost};
+use crate::plugin::host::{PluginHost, impl_linked};
 use crate::plugin::loaded::LoadedPlugin;
 use crate::plugin::sandbox::{CallScope, Sandbox};
 use crate::policy::Grants;
@@ -147,20 +146,7 @@ impl LoadedAdapter {
     }
 }
 
-impl Linked for AdapterPre<Sandbox> {
-    type Instance = Adapter;
-
-    fn instance_pre(&self) -> &wasmtime::component::InstancePre<Sandbox> {
-        AdapterPre::instance_pre(self)
-    }
-
-    fn instantiate(
-        &self,
-        store: &mut Store<Sandbox>,
-    ) -> impl Future<Output = wasmtime::Result<Adapter>> + Send {
-        self.instantiate_async(store)
-    }
-}
+impl_linked!(AdapterPre<Sandbox> => Adapter);
 
 impl PluginHost {
     /// Loads the adapter at `path` for the channel `grants` names, with its
@@ -322,30 +308,14 @@ impl PluginHost {
         what: &str,
         f: impl AsyncFnOnce(&Adapter, &mut Store<Sandbox>) -> wasmtime::Result<Result<R, PlatformError>>,
     ) -> Result<R, AdapterFailure> {
-        let call_net = NetScope::new(
+        let call_net = self.call_net(
             &adapter.platform.name,
+            &adapter.caller,
             &adapter.capabilities,
             &adapter.declared,
             &adapter.granted,
             adapter.source.clone(),
-        )
-        .map(|scope| {
-            let secrets = adapter
-                .capabilities
-                .iter()
-                .filter_map(|cap| match cap {
-                    Capability::Secret(name) => Some(name.clone()),
-                    _ => None,
-                })
-                .collect();
-            Arc::new(CallNet::new(
-                self.network_handle(),
-                adapter.caller.to_string(),
-                scope,
-                secrets,
-                self.audit().clone(),
-            ))
-        });
+        );
         let scope = self.adapter_scope(
             &adapter.plugin,
             &adapter.caller,

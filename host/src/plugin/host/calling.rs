@@ -64,20 +64,31 @@ pub(crate) trait Linked: Sync {
     ) -> impl Future<Output = wasmtime::Result<Self::Instance>> + Send;
 }
 
-impl Linked for PluginPre<Sandbox> {
-    type Instance = Plugin;
+/// Implements [`Linked`] for a world's `...Pre<Sandbox>` whose instances are `...`: what
+/// bindgen generates for every world is the same.
+macro_rules! impl_linked {
+    ($pre:ty => $instance:ty) => {
+        impl $crate::plugin::host::Linked for $pre {
+            type Instance = $instance;
 
-    fn instance_pre(&self) -> &wasmtime::component::InstancePre<Sandbox> {
-        PluginPre::instance_pre(self)
-    }
+            fn instance_pre(
+                &self,
+            ) -> &wasmtime::component::InstancePre<$crate::plugin::sandbox::Sandbox> {
+                <$pre>::instance_pre(self)
+            }
 
-    fn instantiate(
-        &self,
-        store: &mut Store<Sandbox>,
-    ) -> impl Future<Output = wasmtime::Result<Plugin>> + Send {
-        self.instantiate_async(store)
-    }
+            fn instantiate(
+                &self,
+                store: &mut wasmtime::Store<$crate::plugin::sandbox::Sandbox>,
+            ) -> impl Future<Output = wasmtime::Result<$instance>> + Send {
+                self.instantiate_async(store)
+            }
+        }
+    };
 }
+pub(crate) use impl_linked;
+
+impl_linked!(PluginPre<Sandbox> => Plugin);
 
 /// What a run gave, and the most linear memory its instance held.
 pub(crate) struct Metered<R> {
@@ -126,30 +137,14 @@ impl PluginHost {
     /// output or error) has every secret value redacted. With it comes what the call
     /// touched beyond its arguments, however it ended.
     pub(crate) async fn invoke(&self, plugin: &LoadedPlugin, call: Invocation<'_>) -> Ran {
-        let scope = NetScope::new(
+        let call_net = self.call_net(
             call.tool,
+            call.caller,
             &call.capabilities,
             call.declared,
             &call.granted,
             call.grant_source.clone(),
         );
-        let call_net = scope.map(|scope| {
-            let secrets = call
-                .capabilities
-                .iter()
-                .filter_map(|cap| match cap {
-                    Capability::Secret(name) => Some(name.clone()),
-                    _ => None,
-                })
-                .collect();
-            Arc::new(CallNet::new(
-                self.network.clone(),
-                call.caller.to_string(),
-                scope,
-                secrets,
-                self.audit.clone(),
-            ))
-        });
         let context = CallContext {
             caller: call.caller.to_string(),
             call_id: call.call_id,
@@ -234,6 +229,36 @@ impl PluginHost {
             receipt,
             denied_by: None,
         }
+    }
+
+    /// The network of one call of `tool` by `caller`, running with `capabilities` of what
+    /// it `declared` and its caller was `granted` (from `source`): `None` when it holds no
+    /// `net:` rule. Its requests carry the secrets among `capabilities`, and are audited
+    /// under `caller`.
+    pub(crate) fn call_net(
+        &self,
+        tool: &str,
+        caller: &Caller,
+        capabilities: &[Capability],
+        declared: &[Capability],
+        granted: &[capstan_caps::NetRule],
+        source: GrantSource,
+    ) -> Option<Arc<CallNet>> {
+        let scope = NetScope::new(tool, capabilities, declared, granted, source)?;
+        let secrets = capabilities
+            .iter()
+            .filter_map(|cap| match cap {
+                Capability::Secret(name) => Some(name.clone()),
+                _ => None,
+            })
+            .collect();
+        Some(Arc::new(CallNet::new(
+            self.network.clone(),
+            caller.to_string(),
+            scope,
+            secrets,
+            self.audit.clone(),
+        )))
     }
 
     /// Instantiates `pre` in a new store holding `sandbox`, bounded by the deadline and the

@@ -23,7 +23,7 @@ use crate::plugin::trust::Trust;
 use crate::plugin::warm::WarmPool;
 use crate::services::{AuditSink, Services};
 
-pub(crate) use calling::{Invocation, Linked};
+pub(crate) use calling::{Invocation, Linked, impl_linked};
 
 /// Loads plugin components and runs tool calls, each in a fresh sandboxed instance.
 ///

@@ -51,6 +51,40 @@ struct State {
     release: Notify,
 }
 
+/// Serves every connection `listener` accepts with `route`, each on a task of its own,
+/// until the returned task is aborted.
+pub fn serve_loopback<S, F, Fut, B>(
+    listener: TcpListener,
+    state: Arc<S>,
+    route: F,
+) -> tokio::task::JoinHandle<()>
+where
+    S: Send + Sync + 'static,
+    F: Fn(Arc<S>, Request<hyper::body::Incoming>) -> Fut + Copy + Send + Sync + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let state = state.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| {
+                    let state = state.clone();
+                    async move { Ok::<_, Infallible>(route(state, req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    })
+}
+
 /// The server; it stops when dropped.
 pub struct TestServer {
     pub addr: SocketAddr,
@@ -69,24 +103,7 @@ impl TestServer {
             held: watch::channel(0).0,
             release: Notify::new(),
         });
-        let shared = state.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    return;
-                };
-                let state = shared.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let state = state.clone();
-                        async move { Ok::<_, Infallible>(route(state, req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
+        let task = serve_loopback(listener, state.clone(), route);
         TestServer { addr, state, task }
     }
 

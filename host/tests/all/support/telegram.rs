@@ -5,7 +5,6 @@
 //! 409 for a second poller). A test queues updates and faults, and waits on what was sent.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,7 +15,6 @@ use hyper::{Request, Response};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc};
-use wasmtime_wasi_http::io::TokioIo;
 
 /// The bot token the fake platform accepts.
 pub const TOKEN: &str = "7700112233:AAE-canary-tg-token_Zq9";
@@ -53,6 +51,8 @@ struct State {
     arrived: Notify,
     calls: mpsc::UnboundedSender<Call>,
     all: Mutex<Vec<Call>>,
+    /// How many calls hang now.
+    hung: tokio::sync::watch::Sender<usize>,
 }
 
 /// The fake platform; it stops when dropped.
@@ -76,25 +76,9 @@ impl FakeTelegram {
             arrived: Notify::new(),
             calls: tx,
             all: Mutex::default(),
+            hung: tokio::sync::watch::channel(0).0,
         });
-        let shared = state.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    return;
-                };
-                let state = shared.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let state = state.clone();
-                        async move { Ok::<_, Infallible>(route(state, req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
+        let task = super::http_server::serve_loopback(listener, state.clone(), route);
         FakeTelegram {
             addr,
             state,
@@ -163,6 +147,18 @@ impl FakeTelegram {
                 return call;
             }
         }
+    }
+
+    /// Waits until `n` calls hang.
+    pub async fn hung(&self, n: usize) {
+        let mut hung = self.state.hung.subscribe();
+        hung.wait_for(|now| *now >= n).await.unwrap();
+    }
+
+    /// Forgets the calls not yet waited for: what comes next is new.
+    pub async fn drain(&self) {
+        let mut calls = self.calls.lock().await;
+        while calls.try_recv().is_ok() {}
     }
 
     /// Every call taken so far.
@@ -236,7 +232,10 @@ async fn route(state: Arc<State>, req: Request<hyper::body::Incoming>) -> Respon
                 b"<html>502 bad gateway</html>",
             )));
         }
-        Some(Fault::Hang) => std::future::pending().await,
+        Some(Fault::Hang) => {
+            state.hung.send_modify(|n| *n += 1);
+            std::future::pending().await
+        }
         None => {}
     }
     match method.as_str() {

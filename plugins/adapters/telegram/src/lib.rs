@@ -78,6 +78,8 @@ struct Message {
     #[serde(default)]
     is_topic_message: bool,
     #[serde(default)]
+    edit_date: Option<i64>,
+    #[serde(default)]
     from: Option<User>,
     chat: Chat,
     #[serde(default)]
@@ -212,9 +214,16 @@ fn inbound(update: Update, bot: Option<&str>) -> Option<Inbound> {
             size: photo.file_size,
         });
     }
-    let id = message.message_id.to_string();
+    // An edit keeps the message's id: each edit is told apart by when it was made, so a
+    // second edit is a message of its own.
+    let original = message.message_id.to_string();
+    let id = match (edited, message.edit_date) {
+        (true, Some(at)) => format!("{original}.{at}"),
+        (true, None) => format!("{original}.edited"),
+        (false, _) => original.clone(),
+    };
     Some(Inbound {
-        edits: edited.then(|| id.clone()),
+        edits: edited.then_some(original),
         id,
         room: message.chat.id.to_string(),
         thread: message
@@ -347,7 +356,7 @@ mod tests {
             {"update_id": 11, "message": {"message_id": 2, "from": {"id": 8, "is_bot": true, "username": "other"},
               "chat": {"id": -100, "type": "supergroup"}, "text": "bot noise"}},
             {"update_id": 12, "edited_message": {"message_id": 1, "from": {"id": 7, "is_bot": false},
-              "chat": {"id": 7, "type": "private"}, "text": "edited"}},
+              "chat": {"id": 7, "type": "private"}, "text": "edited", "edit_date": 1790000060}},
             {"update_id": 13, "channel_post": {}}
         ]);
         let batch = read_updates(result, None, Some("capbot")).unwrap();
@@ -360,6 +369,7 @@ mod tests {
             ("-100", "7")
         );
         assert_eq!(batch.messages[1].edits.as_deref(), Some("1"));
+        assert_eq!(batch.messages[1].id, "1.1790000060");
         assert!(batch.messages[1].direct);
     }
 
