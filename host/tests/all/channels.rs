@@ -448,3 +448,75 @@ async fn capstan_policy_shows_each_channel_as_it_would_run() {
     assert!(!text.contains("AAE-canary"));
     assert!(telegram.all().is_empty(), "policy reaches no platform");
 }
+
+/// Two people in a Matrix room, one in a thread: each is answered where they wrote, the
+/// homeserver's rate limit is waited out with the same transaction (one event, not two),
+/// and the access token is only ever in the header the egress adds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_people_talk_to_the_agent_in_a_matrix_room() {
+    use crate::support::matrix::{BOT, FakeMatrix, TOKEN as MX_TOKEN};
+    let matrix = FakeMatrix::start().await;
+    let base = matrix.base();
+    let toml = format!(
+        r#"
+[secrets.MX]
+env = "MX_TOKEN"
+hosts = ["{base}"]
+header = "Authorization: Bearer {{MX}}"
+
+[channels.mx]
+adapter = "{adapter}"
+net = ["{base}"]
+secrets = ["MX"]
+conversation = "thread"
+allow = ["@alice:localhost", "@bob:localhost"]
+trusted = ["@alice:localhost"]
+poll_wait_secs = 1
+
+[channels.mx.settings]
+homeserver = "{base}"
+user_id = "{BOT}"
+"#,
+        adapter = component("adapters", "matrix").display(),
+    );
+    let dir = agent_dir(SCRIPT, &toml);
+    let serve = ServeHost::start(dir, &[("MX_TOKEN", MX_TOKEN)]);
+    // The first sync finds where "now" is; what is said after it is answered.
+    within(&serve, "the first sync", async {
+        while !matrix.requests().iter().any(|r| r.contains("since=s0")) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    matrix.limit_next_send(200);
+    let root = matrix.say(
+        "!team:localhost",
+        "@alice:localhost",
+        &format!("{BOT} hello from alice"),
+        None,
+    );
+    let limited = within(&serve, "a reply", matrix.next_sent()).await;
+    let sent = within(&serve, "the reply again", matrix.next_sent()).await;
+    assert_eq!(limited.txn, sent.txn, "a retry is the same transaction");
+    assert_eq!(sent.room, "!team:localhost");
+    assert_eq!(sent.content["body"], "Hi alice, noted.");
+    assert_eq!(
+        sent.content["m.relates_to"]["m.in_reply_to"]["event_id"],
+        root
+    );
+
+    matrix.say(
+        "!team:localhost",
+        "@bob:localhost",
+        &format!("{BOT} what time is it?"),
+        Some(&root),
+    );
+    let threaded = within(&serve, "the reply in the thread", matrix.next_sent()).await;
+    assert_eq!(threaded.content["body"], "Bob, it is time.");
+    assert_eq!(threaded.content["m.relates_to"]["rel_type"], "m.thread");
+    assert_eq!(threaded.content["m.relates_to"]["event_id"], root);
+
+    let audit = agent_store(serve.dir()).audit_log(100).unwrap();
+    let everything = format!("{}{audit:?}{:?}", serve.log(), matrix.requests());
+    assert!(!everything.contains("canaryMxToken"), "{everything}");
+}

@@ -26,6 +26,7 @@ pub mod accounting;
 mod binary;
 pub mod http_server;
 pub mod ids;
+pub mod matrix;
 pub mod serve_host;
 pub mod telegram;
 
