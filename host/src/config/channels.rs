@@ -90,7 +90,8 @@ pub struct ChannelSpec {
     pub per: ConversationPer,
     /// Who may talk to the agent through it (the `channel` profile).
     pub allow: Senders,
-    /// Who talks to the admin conversation instead (the `cortex` profile).
+    /// Who talks to the admin conversation instead (the `cortex` profile), in direct
+    /// messages; in a room with others they talk as anyone on `allow` does.
     pub admins: Senders,
     /// Whose messages are labelled trusted; everyone else's are
     /// `untrusted(chat:NAME:SENDER)`.

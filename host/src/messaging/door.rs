@@ -464,9 +464,10 @@ impl Door {
     }
 
     /// The kind of conversation `message` goes to: the admin's (cortex) for the channel's
-    /// `admins`, a user channel for everyone else.
+    /// `admins` in a direct message, a user channel for everything else (the cortex's
+    /// answers never go to a room with others in it).
     fn kind_of(&self, message: &Inbound) -> ProcessKind {
-        if self.spec.admins.contains(&message.sender.id) {
+        if message.direct && self.spec.admins.contains(&message.sender.id) {
             ProcessKind::Cortex
         } else {
             ProcessKind::Channel

@@ -520,3 +520,51 @@ user_id = "{BOT}"
     let everything = format!("{}{audit:?}{:?}", serve.log(), matrix.requests());
     assert!(!everything.contains("canaryMxToken"), "{everything}");
 }
+
+/// An admin's direct message goes to the cortex (the admin profile); the same person in a
+/// room with others is only who `allow` says, and there they are not on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admins_direct_message_goes_to_the_cortex_and_nowhere_else() {
+    let telegram = FakeTelegram::start().await;
+    let script = "[[step]]\nprocess = \"cortex\"\nrepeat = true\nreply = \"Admin here.\"\n\
+                  [[step]]\nprocess = \"channel\"\nrepeat = true\nreply = \"User here.\"\n";
+    let toml = config(&telegram).replace(
+        "allow = [\"101\", \"202\"]",
+        "allow = [\"202\"]\nadmins = [\"101\"]",
+    );
+    let dir = agent_dir(script, &toml);
+    telegram.say(-500, 101, "alice", "@capbot in the group");
+    let last = telegram.say(101, 101, "alice", "directly");
+    let serve = ServeHost::start(dir, &[("TG_TOKEN", TOKEN)]);
+    let reply = within(&serve, "the admin's reply", telegram.next("sendMessage")).await;
+    assert_eq!(reply.body["text"], "Admin here.");
+    assert_eq!(reply.body["chat_id"], "101");
+    loop {
+        let poll = within(&serve, "the batch confirmed", telegram.next("getUpdates")).await;
+        if poll.body["offset"].as_i64() == Some(last + 1) {
+            break;
+        }
+    }
+    let audit = agent_store(serve.dir()).audit_log(100).unwrap();
+    let received: Vec<(&str, Option<&str>)> = audit
+        .iter()
+        .filter(|r| r.tool == "chat.receive")
+        .map(|r| (r.outcome.as_str(), r.conversation.as_deref()))
+        .collect();
+    assert!(
+        received
+            .iter()
+            .any(|(o, c)| *o == "taken" && c.is_some_and(|c| c.starts_with("cortex:tg."))),
+        "{received:?}"
+    );
+    assert!(
+        received.iter().any(|(o, _)| *o == "refused"),
+        "{received:?}"
+    );
+    let sends = telegram
+        .all()
+        .iter()
+        .filter(|c| c.method == "sendMessage")
+        .count();
+    assert_eq!(sends, 1);
+}
