@@ -27,6 +27,7 @@ pub const MAX_INBOUND_CHARS: usize = 16 * 1024;
 ///     id: "$1".into(), room: "!abc:localhost".into(), thread: None,
 ///     sender: Sender { id: "@eve:localhost".into(), display_name: None },
 ///     text: "hi".into(), addressed: true, direct: false, attachments: vec![], edits: None,
+///     forwarded_from: None,
 /// };
 /// let id = conversation_for(&config.channels[0], &message, ProcessKind::Channel);
 /// assert!(id.to_string().starts_with("channel:mx.r._abc_localhost."), "{id}");
@@ -74,12 +75,22 @@ pub fn message_key(channel: &ChannelSpec, message: &Inbound) -> MessageKey {
 
 /// Who could have written `message`: trusted if its sender is on the channel's `trusted`
 /// list, else untrusted from `chat:CHANNEL:SENDER`.
+///
+/// A forwarded message is its first writer's words: labelled by them, trusted only if the
+/// one who forwarded it and they both are.
 pub fn label_of(channel: &ChannelSpec, message: &Inbound) -> Label {
-    if channel.trusted.contains(&message.sender.id) {
-        Label::trusted()
-    } else {
-        Label::untrusted(Origin::chat(&channel.name, &message.sender.id))
+    let mut label = Label::trusted();
+    for who in std::iter::once(&message.sender).chain(&message.forwarded_from) {
+        if !channel.trusted.contains(&who.id) {
+            label.join(&Label::untrusted(Origin::chat(&channel.name, &who.id)));
+        }
     }
+    label
+}
+
+/// Whether `message` is trusted as a whole: its sender and, if forwarded, its first writer.
+fn trusted(channel: &ChannelSpec, message: &Inbound) -> bool {
+    label_of(channel, message).is_trusted()
 }
 
 /// What the conversation reads: a line in the host's words naming the channel and the
@@ -95,7 +106,10 @@ pub fn text_for(channel: &ChannelSpec, message: &Inbound) -> String {
     if let Some(name) = &message.sender.display_name {
         head.push_str(&format!(" (who calls themselves {})", quoted(name, 64)));
     }
-    head.push_str(if channel.trusted.contains(&message.sender.id) {
+    if let Some(first) = &message.forwarded_from {
+        head.push_str(&format!(", forwarding words of {}", quoted(&first.id, 128)));
+    }
+    head.push_str(if trusted(channel, message) {
         ", trusted"
     } else {
         ", not trusted"

@@ -510,6 +510,7 @@ impl Door {
             "thread": message.thread,
             "message": message.id,
             "sender": message.sender.id,
+            "forwarded_from": message.forwarded_from.as_ref().map(|first| &first.id),
             "chars": chars,
             "attachments": message.attachments.len(),
         });

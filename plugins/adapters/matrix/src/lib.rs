@@ -203,6 +203,8 @@ fn inbound(room: &str, event: &Value, me: &str) -> Option<Inbound> {
         direct: false,
         attachments,
         edits,
+        // Matrix has no forwards: a message is its sender's words.
+        forwarded_from: None,
     })
 }
 

@@ -91,6 +91,12 @@ struct Message {
     #[serde(default)]
     document: Option<Document>,
     #[serde(default)]
+    forward_origin: Option<Value>,
+    #[serde(default)]
+    forward_from: Option<User>,
+    #[serde(default)]
+    via_bot: Option<User>,
+    #[serde(default)]
     photo: Vec<PhotoSize>,
 }
 
@@ -177,6 +183,8 @@ fn inbound(update: Update, bot: Option<&str>) -> Option<Inbound> {
         (None, Some(m)) => (m, true),
         (None, None) => return None,
     };
+    // A forward (or a relay by an inline bot) carries someone else's words: who.
+    let forwarded_from = first_writer(&message);
     let from = message.from?;
     // Other bots (and this one) are never taken as people talking.
     if from.is_bot {
@@ -238,6 +246,43 @@ fn inbound(update: Update, bot: Option<&str>) -> Option<Inbound> {
         addressed: direct || mentioned || replied_to_bot,
         direct,
         attachments,
+        forwarded_from,
+    })
+}
+
+/// Who first wrote `message`, when it was forwarded or relayed by an inline bot: the
+/// Bot API's `forward_origin` (a user, a hidden user, a chat or a channel), the older
+/// `forward_from`, or `via_bot`.
+fn first_writer(message: &Message) -> Option<Sender> {
+    let id = |value: &Value| value.as_i64().map(|id| id.to_string());
+    if let Some(origin) = &message.forward_origin {
+        let (id, name) = match origin["type"].as_str() {
+            Some("user") => (
+                id(&origin["sender_user"]["id"]),
+                origin["sender_user"]["username"].as_str(),
+            ),
+            Some("hidden_user") => (
+                origin["sender_user_name"]
+                    .as_str()
+                    .map(|n| format!("hidden:{n}")),
+                origin["sender_user_name"].as_str(),
+            ),
+            Some("chat") => (
+                id(&origin["sender_chat"]["id"]).map(|c| format!("chat:{c}")),
+                None,
+            ),
+            Some("channel") => (id(&origin["chat"]["id"]).map(|c| format!("chat:{c}")), None),
+            _ => (None, None),
+        };
+        return Some(Sender {
+            id: id.unwrap_or_else(|| "forwarded".into()),
+            display_name: name.map(str::to_owned),
+        });
+    }
+    let user = message.forward_from.as_ref().or(message.via_bot.as_ref())?;
+    Some(Sender {
+        id: user.id.to_string(),
+        display_name: user.username.clone(),
     })
 }
 
@@ -371,6 +416,27 @@ mod tests {
         assert_eq!(batch.messages[1].edits.as_deref(), Some("1"));
         assert_eq!(batch.messages[1].id, "1.1790000060");
         assert!(batch.messages[1].direct);
+    }
+
+    #[test]
+    fn a_forward_names_who_first_wrote_it() {
+        let result = json!([
+            {"update_id": 1, "message": {"message_id": 1, "from": {"id": 7, "is_bot": false},
+              "chat": {"id": 7, "type": "private"}, "text": "look",
+              "forward_origin": {"type": "user", "date": 1, "sender_user": {"id": 999, "is_bot": false, "first_name": "eve"}}}},
+            {"update_id": 2, "message": {"message_id": 2, "from": {"id": 7, "is_bot": false},
+              "chat": {"id": 7, "type": "private"}, "text": "from a channel",
+              "forward_origin": {"type": "channel", "date": 1, "chat": {"id": -100}, "message_id": 5}}},
+            {"update_id": 3, "message": {"message_id": 3, "from": {"id": 7, "is_bot": false},
+              "chat": {"id": 7, "type": "private"}, "text": "inline", "via_bot": {"id": 55, "is_bot": true, "username": "gif"}}}
+        ]);
+        let batch = read_updates(result, None, None).unwrap();
+        let firsts: Vec<&str> = batch
+            .messages
+            .iter()
+            .map(|m| m.forwarded_from.as_ref().unwrap().id.as_str())
+            .collect();
+        assert_eq!(firsts, ["999", "chat:-100", "55"]);
     }
 
     #[test]
