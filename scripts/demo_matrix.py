@@ -1,0 +1,183 @@
+"""The agent answering in a Matrix room, on this machine: a Synapse homeserver on loopback,
+a person (alice) and the bot registered on it, `capstan serve` with the Matrix adapter and
+the demo's scripted model, and alice asking in a room. Prints the room as alice sees it.
+
+Run by scripts/demo-matrix, which builds everything and passes the paths:
+    demo_matrix.py SYNAPSE_PYTHON CAPSTAN_BINARY ADAPTER PLUGINS_DIR DEMO_DIR
+Uses the standard library only."""
+
+import hashlib
+import hmac
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+SECRET = "demo-registration-secret"
+BOT = "@capstan:localhost"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def call(base, method, path, body=None, token=None):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base + path, data=data, method=method)
+    request.add_header("content-type", "application/json")
+    if token:
+        request.add_header("authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read() or b"{}")
+
+
+def until(what, check, limit=120):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.2)
+    sys.exit(f"demo: {what} did not happen within {limit} s")
+
+
+def register(base, user, password):
+    nonce = call(base, "GET", "/_synapse/admin/v1/register")["nonce"]
+    mac = hmac.new(SECRET.encode(), digestmod=hashlib.sha1)
+    mac.update(f"{nonce}\0{user}\0{password}\0notadmin".encode())
+    call(base, "POST", "/_synapse/admin/v1/register", {
+        "nonce": nonce, "username": user, "password": password, "admin": False,
+        "mac": mac.hexdigest()})
+    return call(base, "POST", "/_matrix/client/v3/login", {
+        "type": "m.login.password", "identifier": {"type": "m.id.user", "user": user},
+        "password": password})["access_token"]
+
+
+def main():
+    synapse_python, binary, adapter, plugins, demo = (
+        os.path.abspath(arg) for arg in sys.argv[1:6])
+    work = pathlib.Path(tempfile.mkdtemp(prefix="capstan-matrix-demo-"))
+    port = free_port()
+    hs = f"http://127.0.0.1:{port}"
+    (work / "synapse").mkdir()
+    config = work / "synapse" / "homeserver.yaml"
+    config.write_text(f"""server_name: "localhost"
+pid_file: {work}/synapse/homeserver.pid
+listeners:
+  - port: {port}
+    bind_addresses: ['127.0.0.1']
+    type: http
+    tls: false
+    resources:
+      - names: [client]
+database:
+  name: sqlite3
+  args:
+    database: {work}/synapse/homeserver.db
+media_store_path: {work}/synapse/media
+registration_shared_secret: "{SECRET}"
+report_stats: false
+macaroon_secret_key: "demo-macaroon"
+form_secret: "demo-form"
+signing_key_path: "{work}/synapse/localhost.signing.key"
+trusted_key_servers: []
+suppress_key_server_warning: true
+""")
+    print(f"==> Synapse on {hs} (in {work}/synapse)", file=sys.stderr)
+    subprocess.run([synapse_python, "-m", "synapse.app.homeserver", "-c", str(config),
+                    "--generate-keys"], check=True, capture_output=True)
+    synapse_log = open(work / "synapse" / "log", "w")
+    synapse = subprocess.Popen([synapse_python, "-m", "synapse.app.homeserver", "-c", str(config)],
+                               stdout=synapse_log, stderr=subprocess.STDOUT)
+    serve = None
+    try:
+        def up():
+            try:
+                return call(hs, "GET", "/_matrix/client/versions")
+            except (urllib.error.URLError, ConnectionError):
+                return None
+        until("Synapse answering", up)
+        bot = register(hs, "capstan", "demo-bot-password")
+        alice = register(hs, "alice", "demo-alice-password")
+
+        agent = work / "agent"
+        (agent / "workspace" / "notes").mkdir(parents=True)
+        for note in pathlib.Path(demo, "notes").iterdir():
+            (agent / "workspace" / "notes" / note.name).write_bytes(note.read_bytes())
+        (agent / "capstan.toml").write_text(f"""[provider]
+kind = "scripted"
+script = "{pathlib.Path(demo, 'script.toml')}"
+
+[secrets.MATRIX_TOKEN]
+env = "MATRIX_TOKEN"
+hosts = ["{hs}"]
+header = "Authorization: Bearer {{MATRIX_TOKEN}}"
+
+[channels.matrix]
+adapter = "{adapter}"
+net = ["{hs}"]
+secrets = ["MATRIX_TOKEN"]
+allow = ["@alice:localhost"]
+trusted = ["@alice:localhost"]
+poll_wait_secs = 1
+
+[channels.matrix.settings]
+homeserver = "{hs}"
+user_id = "{BOT}"
+join_on_invite = true
+""")
+        print(f"==> capstan serve with [channels.matrix] (in {agent})", file=sys.stderr)
+        serve = subprocess.Popen(
+            [binary, "serve", "--config", str(agent / "capstan.toml"), "--addr", "127.0.0.1:0",
+             "--plugins-dir", plugins],
+            cwd=agent, env={**os.environ, "MATRIX_TOKEN": bot,
+                            "CAPSTAN_STATE_DIR": str(agent / "state")},
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(agent / "serve.log", "w"),
+            text=True)
+        print("   " + serve.stdout.readline().strip(), file=sys.stderr)
+        until("the channel's first sync", (agent / ".capstan" / "channels" / "matrix.cursor").is_file)
+
+        room = call(hs, "POST", "/_matrix/client/v3/createRoom",
+                    {"name": "notes", "preset": "private_chat", "invite": [BOT]}, token=alice)["room_id"]
+        quoted = urllib.parse.quote(room)
+        until("the bot joining the room", lambda: BOT in call(
+            hs, "GET", f"/_matrix/client/v3/rooms/{quoted}/joined_members", token=alice)["joined"])
+
+        def say(text):
+            call(hs, "PUT", f"/_matrix/client/v3/rooms/{quoted}/send/m.room.message/{time.time_ns()}",
+                 {"msgtype": "m.text", "body": f"{BOT} {text}",
+                  "m.mentions": {"user_ids": [BOT]}}, token=alice)
+
+        def room_text():
+            chunk = call(hs, "GET", f"/_matrix/client/v3/rooms/{quoted}/messages?dir=f&limit=100",
+                         token=alice)["chunk"]
+            return [(m["sender"], m["content"]["body"]) for m in chunk
+                    if m["type"] == "m.room.message"]
+
+        say("What are the open items in my notes?")
+        until("the worker's report in the room",
+              lambda: any("3 open items" in body for _, body in room_text()))
+        print("\n==> the room, as alice sees it in her Matrix client:\n")
+        for sender, body in room_text():
+            print(f"{sender}:")
+            for line in body.splitlines():
+                print(f"    {line}")
+    finally:
+        if serve:
+            serve.terminate()
+            serve.wait(timeout=60)
+        synapse.terminate()
+        synapse.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()
