@@ -183,14 +183,13 @@ async fn print_channels(
     }
     writeln!(out, "\nmessaging channels (`capstan serve` runs them):")?;
     for spec in &config.channels {
-        let grants = crate::plugin::adapter::AdapterGrants {
-            channel: spec.name.clone(),
-            net: spec.net.clone(),
-            secrets: spec.secrets.clone(),
-        };
         let loaded = registry
             .host()
-            .load_adapter(&spec.adapter, spec.settings.clone(), grants)
+            .load_adapter(
+                &spec.adapter,
+                spec.settings.clone(),
+                crate::messaging::grants_of(spec),
+            )
             .await;
         let adapter = match &loaded {
             Ok(adapter) => {

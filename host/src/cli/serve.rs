@@ -59,6 +59,8 @@ impl ServeCommand {
         let data_dir = config.agent.data_dir.clone();
         let agent = self.launch.start_agent(config).await?;
         let plugin_host = agent.registry.host().clone();
+        // A channel that cannot run as configured stops the start, naming its table.
+        Channels::check(&plugin_host, &channel_specs).await?;
         let provider = agent.runtime.provider_name();
         let services = agent.runtime.services().clone();
         let runtime = agent.runtime.clone();

@@ -17,7 +17,8 @@ use crate::config::ChannelSpec;
 use crate::ids::ProcessId;
 use crate::plugin::PluginHost;
 use crate::plugin::adapter::{
-    AdapterFailure, AdapterGrants, Feature, Inbound, LoadedAdapter, Outbound, PlatformError,
+    AdapterFailure, AdapterGrants, AdapterLoadError, Feature, Inbound, LoadedAdapter, Outbound,
+    PlatformError,
 };
 use crate::policy::ProcessKind;
 use crate::services::{AuditRecord, Receipt};
@@ -56,7 +57,34 @@ pub struct Channels {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
+/// A channel whose adapter cannot run as configured.
+#[derive(Debug, thiserror::Error)]
+#[error("[channels.{channel}]: {source}")]
+pub struct ChannelError {
+    /// The channel's name.
+    pub channel: String,
+    /// Why its adapter does not load.
+    #[source]
+    pub source: AdapterLoadError,
+}
+
 impl Channels {
+    /// Loads each channel's adapter as [`Channels::start`] will: a table that cannot run
+    /// (no such file, not an adapter, an adapter needing what the table does not grant,
+    /// settings it refuses) is an error before anything is served, not a channel that
+    /// keeps failing. What may pass by itself (the platform down) shows only at a poll.
+    pub async fn check(host: &PluginHost, specs: &[ChannelSpec]) -> Result<(), ChannelError> {
+        for spec in specs {
+            host.load_adapter(&spec.adapter, spec.settings.clone(), grants_of(spec))
+                .await
+                .map_err(|source| ChannelError {
+                    channel: spec.name.clone(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
     /// Starts every channel of `specs`: its adapter loaded from `host` and polled, its
     /// messages sent to `runtime`'s conversations, its cursors kept in `data_dir`. A
     /// channel whose adapter cannot load or fails is tried again with backoff; no channel
@@ -111,6 +139,15 @@ impl Drop for Channels {
     }
 }
 
+/// What `spec`'s adapter may use.
+pub fn grants_of(spec: &ChannelSpec) -> AdapterGrants {
+    AdapterGrants {
+        channel: spec.name.clone(),
+        net: spec.net.clone(),
+        secrets: spec.secrets.clone(),
+    }
+}
+
 /// One channel and what it answers through.
 struct Door {
     runtime: Arc<Runtime>,
@@ -162,14 +199,9 @@ impl Door {
     /// Loads the adapter and polls it until something fails.
     async fn run(&self) -> Halt {
         let spec = &self.spec;
-        let grants = AdapterGrants {
-            channel: spec.name.clone(),
-            net: spec.net.clone(),
-            secrets: spec.secrets.clone(),
-        };
         let adapter = match self
             .host
-            .load_adapter(&spec.adapter, spec.settings.clone(), grants)
+            .load_adapter(&spec.adapter, spec.settings.clone(), grants_of(spec))
             .await
         {
             Ok(adapter) => adapter,

@@ -19,5 +19,8 @@ mod door;
 mod split;
 
 pub use conversation::{MAX_INBOUND_CHARS, conversation_for, label_of, message_key, text_for};
-pub use door::{Channels, FIRST_BACKOFF, MAX_BACKOFF, SENDER_MESSAGES_PER_MINUTE};
+pub use door::{
+    ChannelError, Channels, FIRST_BACKOFF, MAX_BACKOFF, MAX_BATCH, MAX_ID_BYTES,
+    SENDER_MESSAGES_PER_MINUTE, grants_of,
+};
 pub use split::split;

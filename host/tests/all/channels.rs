@@ -601,3 +601,72 @@ async fn a_forwarded_message_is_labelled_by_who_first_wrote_it() {
         message.content
     );
 }
+
+/// A channel that cannot run as configured stops `capstan serve` before it serves, naming
+/// the table and the fix: not an adapter, an adapter needing what the table does not
+/// grant, settings the adapter refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_that_cannot_run_as_configured_stops_the_start_naming_its_table() {
+    let telegram = FakeTelegram::start().await;
+    let good = config(&telegram);
+    let adapter = component("adapters", "telegram").display().to_string();
+    let not_an_adapter = component("plugins", "files").display().to_string();
+    for (toml, said) in [
+        (
+            good.replace(&adapter, &not_an_adapter),
+            vec![
+                "[channels.tg]:",
+                "is not a messaging adapter",
+                "export_adapter!",
+            ],
+        ),
+        (
+            good.replace(
+                &format!("net = [\"{}\"]\nsecrets", telegram.base()),
+                "secrets",
+            ),
+            vec![
+                "[channels.tg]:",
+                "adapter `telegram` needs `net:",
+                "which [channels.tg] does not grant; add it to that table's `net`",
+            ],
+        ),
+        (
+            good.replace("bot_username = \"capbot\"", "bot_name = \"capbot\""),
+            vec![
+                "[channels.tg]:",
+                "describe failed",
+                "unknown field `bot_name`",
+            ],
+        ),
+    ] {
+        let dir = agent_dir(SCRIPT, &toml);
+        let mut child =
+            crate::support::capstan_command(dir.path(), &["serve", "--addr", "127.0.0.1:0"])
+                .env("TG_TOKEN", TOKEN)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > GUARD {
+                child.kill().unwrap();
+                panic!("capstan serve kept running with {said:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!status.success(), "{err}");
+        assert!(out.stdout.is_empty(), "nothing was served");
+        for part in said {
+            assert!(err.contains(part), "{part}\n{err}");
+        }
+        assert!(!err.contains("AAE-canary"));
+    }
+    assert!(telegram.all().is_empty(), "no platform was reached");
+}
