@@ -20,7 +20,40 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-SECRET = "demo-registration-secret"
+SECRET = "capstan-registration-secret"
+
+HOMESERVER = """server_name: "localhost"
+pid_file: {dir}/homeserver.pid
+listeners:
+  - port: {port}
+    bind_addresses: ['127.0.0.1']
+    type: http
+    tls: false
+    resources:
+      - names: [client]
+database:
+  name: sqlite3
+  args:
+    database: {dir}/homeserver.db
+media_store_path: {dir}/media
+registration_shared_secret: "{secret}"
+report_stats: false
+macaroon_secret_key: "capstan-macaroon"
+form_secret: "capstan-form"
+signing_key_path: "{dir}/localhost.signing.key"
+trusted_key_servers: []
+suppress_key_server_warning: true
+rc_message: {{per_second: 1000, burst_count: 1000}}
+rc_login:
+  address: {{per_second: 1000, burst_count: 1000}}
+  account: {{per_second: 1000, burst_count: 1000}}
+  failed_attempts: {{per_second: 1000, burst_count: 1000}}
+rc_joins:
+  local: {{per_second: 1000, burst_count: 1000}}
+rc_invites:
+  per_room: {{per_second: 1000, burst_count: 1000}}
+  per_user: {{per_second: 1000, burst_count: 1000}}
+"""
 BOT = "@capstan:localhost"
 
 
@@ -41,73 +74,75 @@ def call(base, method, path, body=None, token=None):
 
 
 def until(what, check, limit=120):
+    """Waits for `check()` to be true (or to return a value), failing after `limit` s: a
+    guard against a hang, never a pace."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         got = check()
         if got:
             return got
         time.sleep(0.2)
-    sys.exit(f"demo: {what} did not happen within {limit} s")
+    raise RuntimeError(f"{what} did not happen within {limit} s")
 
 
-def register(base, user, password):
-    nonce = call(base, "GET", "/_synapse/admin/v1/register")["nonce"]
-    mac = hmac.new(SECRET.encode(), digestmod=hashlib.sha1)
-    mac.update(f"{nonce}\0{user}\0{password}\0notadmin".encode())
-    call(base, "POST", "/_synapse/admin/v1/register", {
-        "nonce": nonce, "username": user, "password": password, "admin": False,
-        "mac": mac.hexdigest()})
-    return call(base, "POST", "/_matrix/client/v3/login", {
-        "type": "m.login.password", "identifier": {"type": "m.id.user", "user": user},
-        "password": password})["access_token"]
+class Synapse:
+    """A Synapse homeserver on a free loopback port, in `work`, with registration by the
+    shared secret; the tests use it too (tests/interop/test_matrix_synapse.py)."""
+
+    def __init__(self, python, work):
+        self.dir = pathlib.Path(work)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        config = self.dir / "homeserver.yaml"
+        config.write_text(HOMESERVER.format(dir=self.dir, port=port, secret=SECRET))
+        subprocess.run([python, "-m", "synapse.app.homeserver", "-c", str(config),
+                        "--generate-keys"], check=True, capture_output=True, cwd=self.dir)
+        self.log = open(self.dir / "log", "w")
+        self.process = subprocess.Popen(
+            [python, "-m", "synapse.app.homeserver", "-c", str(config)], cwd=self.dir,
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+        def up():
+            if self.process.poll() is not None:
+                raise RuntimeError((self.dir / "log").read_text())
+            try:
+                return call(self.url, "GET", "/_matrix/client/versions")
+            except (urllib.error.URLError, ConnectionError):
+                return None
+        until("Synapse answering", up)
+
+    def register(self, user, password):
+        """A user made with the shared secret (the admin API), then logged in: a token."""
+        base = self.url
+        nonce = call(base, "GET", "/_synapse/admin/v1/register")["nonce"]
+        mac = hmac.new(SECRET.encode(), digestmod=hashlib.sha1)
+        mac.update(f"{nonce}\0{user}\0{password}\0notadmin".encode())
+        call(base, "POST", "/_synapse/admin/v1/register", {
+            "nonce": nonce, "username": user, "password": password, "admin": False,
+            "mac": mac.hexdigest()})
+        return call(base, "POST", "/_matrix/client/v3/login", {
+            "type": "m.login.password", "identifier": {"type": "m.id.user", "user": user},
+            "password": password})["access_token"]
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(timeout=60)
+        self.log.close()
 
 
 def main():
     synapse_python, binary, adapter, plugins, demo = (
         os.path.abspath(arg) for arg in sys.argv[1:6])
     work = pathlib.Path(tempfile.mkdtemp(prefix="capstan-matrix-demo-"))
-    port = free_port()
-    hs = f"http://127.0.0.1:{port}"
-    (work / "synapse").mkdir()
-    config = work / "synapse" / "homeserver.yaml"
-    config.write_text(f"""server_name: "localhost"
-pid_file: {work}/synapse/homeserver.pid
-listeners:
-  - port: {port}
-    bind_addresses: ['127.0.0.1']
-    type: http
-    tls: false
-    resources:
-      - names: [client]
-database:
-  name: sqlite3
-  args:
-    database: {work}/synapse/homeserver.db
-media_store_path: {work}/synapse/media
-registration_shared_secret: "{SECRET}"
-report_stats: false
-macaroon_secret_key: "demo-macaroon"
-form_secret: "demo-form"
-signing_key_path: "{work}/synapse/localhost.signing.key"
-trusted_key_servers: []
-suppress_key_server_warning: true
-""")
-    print(f"==> Synapse on {hs} (in {work}/synapse)", file=sys.stderr)
-    subprocess.run([synapse_python, "-m", "synapse.app.homeserver", "-c", str(config),
-                    "--generate-keys"], check=True, capture_output=True)
-    synapse_log = open(work / "synapse" / "log", "w")
-    synapse = subprocess.Popen([synapse_python, "-m", "synapse.app.homeserver", "-c", str(config)],
-                               stdout=synapse_log, stderr=subprocess.STDOUT)
+    print("==> starting Synapse", file=sys.stderr)
+    synapse = Synapse(synapse_python, work / "synapse")
+    hs = synapse.url
+    print(f"    on {hs} (in {work}/synapse)", file=sys.stderr)
     serve = None
     try:
-        def up():
-            try:
-                return call(hs, "GET", "/_matrix/client/versions")
-            except (urllib.error.URLError, ConnectionError):
-                return None
-        until("Synapse answering", up)
-        bot = register(hs, "capstan", "demo-bot-password")
-        alice = register(hs, "alice", "demo-alice-password")
+        bot = synapse.register("capstan", "demo-bot-password")
+        alice = synapse.register("alice", "demo-alice-password")
 
         agent = work / "agent"
         (agent / "workspace" / "notes").mkdir(parents=True)
@@ -175,8 +210,7 @@ join_on_invite = true
         if serve:
             serve.terminate()
             serve.wait(timeout=60)
-        synapse.terminate()
-        synapse.wait(timeout=60)
+        synapse.stop()
 
 
 if __name__ == "__main__":

@@ -123,6 +123,19 @@ impl From<HttpError> for AdapterError {
     }
 }
 
+/// The capabilities of an adapter that goes wherever its channel's grants say its platform
+/// is (any host, internal ones included, by either scheme) with the secret they grant:
+/// `[channels.NAME]`'s `net` and `secrets` decide, and the adapter declares no more.
+///
+/// ```
+/// assert_eq!(capstan_channel::where_the_channel_grants().len(), 3);
+/// ```
+pub fn where_the_channel_grants() -> Vec<String> {
+    ["net:*://*:*", "net:*://{internal}:*", "secret:*"]
+        .map(String::from)
+        .to_vec()
+}
+
 /// How long `response` asks to wait before the next request, in milliseconds, from its
 /// `retry-after` header (seconds, possibly fractional); `None` without one.
 ///

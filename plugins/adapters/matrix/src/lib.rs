@@ -224,11 +224,7 @@ impl Adapter for Matrix {
                 Feature::Attachments,
                 Feature::RateLimits,
             ],
-            capabilities: vec![
-                "net:*://*:*".into(),
-                "net:*://{internal}:*".into(),
-                "secret:*".into(),
-            ],
+            capabilities: capstan_channel::where_the_channel_grants(),
         })
     }
 

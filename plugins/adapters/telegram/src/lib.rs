@@ -322,12 +322,7 @@ impl Adapter for Telegram {
                 Feature::Attachments,
                 Feature::RateLimits,
             ],
-            // Wherever the channel's grants say the Bot API is, with its token.
-            capabilities: vec![
-                "net:*://*:*".into(),
-                "net:*://{internal}:*".into(),
-                "secret:*".into(),
-            ],
+            capabilities: capstan_channel::where_the_channel_grants(),
         })
     }
 
