@@ -85,6 +85,15 @@ where
     })
 }
 
+/// A JSON answer with `status`: what the platforms' fakes answer.
+pub fn json(status: u16, body: serde_json::Value) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
 /// The server; it stops when dropped.
 pub struct TestServer {
     pub addr: SocketAddr,

@@ -12,6 +12,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
+
+use super::http_server::json as answer;
 use tokio::sync::{Notify, mpsc};
 
 /// The access token the fake homeserver accepts.
@@ -115,14 +117,6 @@ impl Drop for FakeMatrix {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-fn answer(status: u16, body: Value) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap()
 }
 
 fn decode(segment: &str) -> String {

@@ -14,6 +14,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
+
+use super::http_server::json as answer;
 use tokio::sync::{Notify, mpsc};
 
 /// The bot token the fake platform accepts.
@@ -171,14 +173,6 @@ impl Drop for FakeTelegram {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-fn answer(status: u16, body: Value) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap()
 }
 
 fn error(code: u16, description: &str) -> Response<Full<Bytes>> {
