@@ -277,10 +277,8 @@ async fn a_platform_that_answers_garbage_limits_rates_or_hangs_is_waited_out() {
     )
     .await;
     assert_eq!(answered.body["text"], "Bob, it is time.");
-    within(&serve, "the hang's line in the log", async {
-        while !serve.log().contains("first_byte_timeout_secs") {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    crate::support::eventually("the hang's line in the log", || {
+        serve.log().contains("first_byte_timeout_secs")
     })
     .await;
 
@@ -483,10 +481,8 @@ user_id = "{BOT}"
     let dir = agent_dir(SCRIPT, &toml);
     let serve = ServeHost::start(dir, &[("MX_TOKEN", MX_TOKEN)]);
     // The first sync finds where "now" is; what is said after it is answered.
-    within(&serve, "the first sync", async {
-        while !matrix.requests().iter().any(|r| r.contains("since=s0")) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    crate::support::eventually("the first sync", || {
+        matrix.requests().iter().any(|r| r.contains("since=s0"))
     })
     .await;
     matrix.limit_next_send(200);
