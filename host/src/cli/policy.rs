@@ -245,6 +245,14 @@ async fn print_channels(
             list(&spec.trusted),
             spec.name
         )?;
+        if let Some(mail) = &spec.email {
+            writeln!(
+                out,
+                "  {:<14}mailbox: reads {} on {}, sends through {} from {} (as `{}`, password \
+                 from secret {}); letters go only to the senders above",
+                "", mail.folder, mail.imap, mail.smtp, mail.address, mail.user, mail.password
+            )?;
+        }
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use super::error::{KeyError, key_error};
 use super::network::parse_rules;
+use crate::net::mail::{MailAccount, MailServer, Protocol};
 use crate::secrets::SecretSpec;
 
 /// The longest channel name: it starts the name of every conversation it opens.
@@ -102,6 +103,9 @@ pub struct ChannelSpec {
     pub poll_wait_ms: u32,
     /// `[channels.NAME.settings]`, as JSON: handed to the adapter as is.
     pub settings: String,
+    /// `[channels.NAME.email]`: the mailbox the host reads and sends through for the
+    /// adapter (`capstan:channel/mail`).
+    pub email: Option<MailAccount>,
 }
 
 #[derive(Deserialize)]
@@ -126,6 +130,94 @@ pub(super) struct RawChannel {
     poll_wait_secs: Option<u32>,
     #[serde(default)]
     settings: Option<toml::Table>,
+    #[serde(default)]
+    email: Option<RawEmail>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawEmail {
+    imap: String,
+    smtp: String,
+    user: String,
+    password: String,
+    address: String,
+    #[serde(default)]
+    folder: Option<String>,
+}
+
+/// `raw`, the `[TABLE.email]` of a channel, checked against the `secrets` configured.
+fn check_email(
+    table: &str,
+    raw: RawEmail,
+    secrets: &[SecretSpec],
+) -> Result<MailAccount, KeyError> {
+    let table = format!("{table}.email");
+    let server = |key: &str, text: &str, protocol: Protocol| -> Result<MailServer, KeyError> {
+        let server: MailServer = text
+            .parse()
+            .map_err(|e: String| key_error(&format!("{table}.{key}"), e))?;
+        if server.protocol != protocol {
+            return Err(key_error(
+                &format!("{table}.{key}"),
+                format!("`{text}` is not an {} server", key.to_uppercase()),
+            ));
+        }
+        Ok(server)
+    };
+    let imap = server("imap", &raw.imap, Protocol::Imap)?;
+    let smtp = server("smtp", &raw.smtp, Protocol::Smtp)?;
+    if !secrets.iter().any(|s| s.name.as_str() == raw.password) {
+        return Err(key_error(
+            &format!("{table}.password"),
+            format!(
+                "names the secret holding the password, and no [secrets.{}] is configured; \
+                 add that table (env = \"VARIABLE\" or file = \"PATH\")",
+                raw.password
+            ),
+        ));
+    }
+    let plausible = |text: &str| {
+        text.split_once('@')
+            .is_some_and(|(l, d)| !l.is_empty() && (d.contains('.') || d == "localhost"))
+            && !text
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control() || c == '<')
+    };
+    if !plausible(&raw.address) {
+        return Err(key_error(
+            &format!("{table}.address"),
+            format!(
+                "`{}` is not an address such as agent@example.org",
+                raw.address
+            ),
+        ));
+    }
+    if raw.user.is_empty() || raw.user.chars().any(char::is_control) {
+        return Err(key_error(
+            &format!("{table}.user"),
+            "the login name is empty or has control characters",
+        ));
+    }
+    let folder = raw.folder.unwrap_or_else(|| "INBOX".into());
+    if folder.is_empty()
+        || folder
+            .chars()
+            .any(|c| c.is_control() || c == '"' || c == '\\')
+    {
+        return Err(key_error(
+            &format!("{table}.folder"),
+            "a folder name without quotes, backslashes or control characters",
+        ));
+    }
+    Ok(MailAccount {
+        imap,
+        smtp,
+        user: raw.user,
+        password: raw.password,
+        address: raw.address,
+        folder,
+    })
 }
 
 /// The longest long poll: well inside a call's deadline.
@@ -214,6 +306,10 @@ pub(super) fn check_channels(
         }
         let settings = serde_json::to_string(&raw.settings.unwrap_or_default())
             .map_err(|e| key_error(&format!("{table}.settings"), e.to_string()))?;
+        let email = raw
+            .email
+            .map(|email| check_email(&table, email, secrets))
+            .transpose()?;
         channels.push(ChannelSpec {
             adapter: resolve(raw.adapter),
             net,
@@ -225,6 +321,7 @@ pub(super) fn check_channels(
             addressed_only: raw.addressed_only.unwrap_or(true),
             poll_wait_ms: wait * 1000,
             settings,
+            email,
             name,
         });
     }

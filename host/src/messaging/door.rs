@@ -15,6 +15,7 @@ use super::split::split;
 use crate::agent::{ChatStep, End, ReplyPart, Runtime, UserMessage};
 use crate::config::ChannelSpec;
 use crate::ids::ProcessId;
+use crate::net::mail::{MailError, Mailbox, Recipients};
 use crate::plugin::PluginHost;
 use crate::plugin::adapter::{
     AdapterFailure, AdapterGrants, AdapterLoadError, Feature, Inbound, LoadedAdapter, Outbound,
@@ -63,11 +64,21 @@ pub struct Channels {
 pub struct ChannelError {
     /// The channel's name.
     pub channel: String,
-    /// Why its adapter does not load.
+    /// Why it cannot run.
     #[source]
-    pub source: AdapterLoadError,
+    pub source: ChannelFault,
 }
 
+/// What keeps a channel from running.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelFault {
+    /// Its adapter does not load.
+    #[error(transparent)]
+    Adapter(#[from] AdapterLoadError),
+    /// Its `email` table cannot be used.
+    #[error("email: {0}")]
+    Mailbox(#[from] MailError),
+}
 impl Channels {
     /// Loads each channel's adapter as [`Channels::start`] will: a table that cannot run
     /// (no such file, not an adapter, an adapter needing what the table does not grant,
@@ -75,12 +86,14 @@ impl Channels {
     /// keeps failing. What may pass by itself (the platform down) shows only at a poll.
     pub async fn check(host: &PluginHost, specs: &[ChannelSpec]) -> Result<(), ChannelError> {
         for spec in specs {
+            let fault = |source: ChannelFault| ChannelError {
+                channel: spec.name.clone(),
+                source,
+            };
+            mailbox_of(host, spec).map_err(|e| fault(e.into()))?;
             host.load_adapter(&spec.adapter, spec.settings.clone(), grants_of(spec))
                 .await
-                .map_err(|source| ChannelError {
-                    channel: spec.name.clone(),
-                    source,
-                })?;
+                .map_err(|e| fault(e.into()))?;
         }
         Ok(())
     }
@@ -139,13 +152,48 @@ impl Drop for Channels {
     }
 }
 
-/// What `spec`'s adapter may use.
+/// What `spec`'s adapter may use, but its mailbox ([`mailbox_of`]).
 pub fn grants_of(spec: &ChannelSpec) -> AdapterGrants {
     AdapterGrants {
         channel: spec.name.clone(),
         net: spec.net.clone(),
         secrets: spec.secrets.clone(),
+        mail: None,
     }
+}
+
+/// The mailbox of `spec`'s `email` table, if it has one: its letters go only to the
+/// channel's senders (`allow` and `admins`).
+pub fn mailbox_of(
+    host: &PluginHost,
+    spec: &ChannelSpec,
+) -> Result<Option<Arc<Mailbox>>, MailError> {
+    let Some(account) = &spec.email else {
+        return Ok(None);
+    };
+    let password = host
+        .network()
+        .secrets()
+        .get(&account.password)
+        .cloned()
+        .ok_or_else(|| {
+            MailError::Denied(format!(
+                "its password secret `{}` has no value in this host",
+                account.password
+            ))
+        })?;
+    let recipients = if spec.allow.names() == ["*"] {
+        Recipients::Anyone
+    } else {
+        Recipients::Only(
+            spec.allow
+                .names()
+                .into_iter()
+                .chain(spec.admins.names())
+                .collect(),
+        )
+    };
+    Mailbox::new(&spec.name, account.clone(), password, recipients).map(Some)
 }
 
 /// One channel and what it answers through.
@@ -199,9 +247,17 @@ impl Door {
     /// Loads the adapter and polls it until something fails.
     async fn run(&self) -> Halt {
         let spec = &self.spec;
+        let mail = match mailbox_of(&self.host, spec) {
+            Ok(mail) => mail,
+            Err(err) => return Halt::Failed(format!("[channels.{}] email: {err}", spec.name)),
+        };
+        let grants = AdapterGrants {
+            mail,
+            ..grants_of(spec)
+        };
         let adapter = match self
             .host
-            .load_adapter(&spec.adapter, spec.settings.clone(), grants_of(spec))
+            .load_adapter(&spec.adapter, spec.settings.clone(), grants)
             .await
         {
             Ok(adapter) => adapter,
@@ -452,6 +508,7 @@ impl Door {
                 thread: message.thread.clone(),
                 reply_to: first.then(|| message.id.clone()),
                 text: piece.clone(),
+                context: message.context.clone(),
             };
             let chars = piece.chars().count();
             let step = match self.host.adapter_send(adapter, &outbound).await {

@@ -20,7 +20,7 @@ mod split;
 
 pub use conversation::{MAX_INBOUND_CHARS, conversation_for, label_of, message_key, text_for};
 pub use door::{
-    ChannelError, Channels, FIRST_BACKOFF, MAX_BACKOFF, MAX_BATCH, MAX_ID_BYTES,
-    SENDER_MESSAGES_PER_MINUTE, grants_of,
+    ChannelError, ChannelFault, Channels, FIRST_BACKOFF, MAX_BACKOFF, MAX_BATCH, MAX_ID_BYTES,
+    SENDER_MESSAGES_PER_MINUTE, grants_of, mailbox_of,
 };
 pub use split::split;

@@ -60,7 +60,7 @@ pub(super) async fn connect(
 }
 
 /// One TLS client configuration for every request: the webpki roots, ring's provider.
-fn tls_connector() -> TlsConnector {
+pub(super) fn tls_connector() -> TlsConnector {
     static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
     let config = CONFIG.get_or_init(|| {
         let roots = rustls::RootCertStore {

@@ -27,6 +27,7 @@ mod connect;
 mod egress;
 mod limits;
 mod log;
+pub mod mail;
 mod target;
 
 pub use address::{AddressClass, AddressRange};

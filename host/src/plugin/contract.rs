@@ -11,7 +11,7 @@ pub const WIT_VERSION: &str = "0.2.1";
 
 /// The version of `capstan:channel` (`wit/channel/channel.wit`), the messaging adapters'
 /// contract, this host implements.
-pub const CHANNEL_WIT_VERSION: &str = "0.1.0";
+pub const CHANNEL_WIT_VERSION: &str = "0.2.0";
 
 /// The interface a plugin must export.
 pub const TOOL_INTERFACE: &str = "tool";
@@ -30,6 +30,8 @@ pub const ALLOWED_IMPORTS: &[&str] = &[
     "capstan:plugin/secrets",
     // Types only: what a messaging adapter's export speaks of.
     "capstan:channel/types",
+    // The channel's mailbox: refused at every call but an email channel's adapter's.
+    "capstan:channel/mail",
     "wasi:cli/environment",
     "wasi:cli/exit",
     "wasi:cli/stdin",
@@ -126,8 +128,10 @@ mod tests {
         assert!(import_allowed("wasi:filesystem/types@0.2.6"));
         assert!(import_allowed("wasi:sockets/tcp@0.2.12"));
         assert!(import_allowed("capstan:plugin/log@0.2.1"));
-        assert!(import_allowed("capstan:channel/types@0.1.0"));
-        assert!(!import_allowed("capstan:channel/types@0.2.0"));
+        assert!(import_allowed("capstan:channel/types@0.2.0"));
+        assert!(import_allowed("capstan:channel/mail@0.2.0"));
+        assert!(!import_allowed("capstan:channel/types@0.1.0"));
+        assert!(!import_allowed("capstan:channel/types@0.3.0"));
         assert!(!import_allowed("capstan:channel/adapter@0.1.0"));
         for refused in [
             "wasi:sockets/made-up@0.2.12",

@@ -81,6 +81,8 @@ pub(crate) struct CallScope {
     pub(crate) label: Label,
     /// How what the call read is labelled, when its caller keeps file labels.
     pub(crate) reads: Option<Arc<dyn ReadLabels>>,
+    /// The mailbox behind `capstan:channel/mail`: only an email channel's adapter has one.
+    pub(crate) mail: Option<Arc<crate::net::mail::Mailbox>>,
 }
 
 impl CallScope {

@@ -88,6 +88,7 @@ fn conversation(dir: &Path, chat: i64) -> String {
         attachments: vec![],
         edits: None,
         forwarded_from: None,
+        context: None,
     };
     conversation_for(&config.channels[0], &message, ProcessKind::Channel)
         .session()

@@ -68,6 +68,13 @@ pub use bindings::capstan::channel::types::{
     AdapterError, Attachment, Batch, Feature, Inbound, Outbound, Platform, Sender,
 };
 
+/// The channel's mailbox, for an email adapter: the host reads it over IMAP and sends
+/// over SMTP with the account `[channels.NAME.email]` names, which the adapter never sees.
+/// An adapter of a channel without that table is answered `denied`.
+pub mod mail {
+    pub use crate::bindings::capstan::channel::mail::{Fetched, Letter, Mark, Stored, fetch, send};
+}
+
 /// A messaging adapter: what the host calls. Each call runs in a fresh sandbox; keep the
 /// state that must survive (where the last poll ended) in the cursor, which the host
 /// stores.

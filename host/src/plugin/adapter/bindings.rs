@@ -1,6 +1,7 @@
 //! Host bindings generated from `wit/channel/channel.wit`: the `capstan:channel/adapter`
-//! export. The imports are the tool plugin's own (the adapter world includes it), so an
-//! adapter links with the plugin's linker and its bindings.
+//! export and the `capstan:channel/mail` import. The other imports are the tool plugin's
+//! own (the adapter world includes it), so an adapter links with the plugin's linker and
+//! its bindings.
 
 wasmtime::component::bindgen!({
     path: ["../wit", "../wit/channel"],
@@ -8,6 +9,10 @@ wasmtime::component::bindgen!({
     with: {
         "capstan:plugin": crate::plugin::bindings::capstan::plugin,
         "capstan:plugin/tool": crate::plugin::bindings::exports::capstan::plugin::tool,
+    },
+    imports: {
+        "capstan:channel/mail.fetch": async,
+        "capstan:channel/mail.send": async,
     },
     exports: { default: async },
 });

@@ -8,14 +8,19 @@
 //! door that drives an adapter (`crate::messaging`) does.
 
 mod bindings;
+mod mail;
+
+pub(crate) use mail::add_to_linker;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use capstan_caps::{Capability, NetRule};
 use wasmtime::Store;
 
 use crate::flow::Label;
 use crate::ids::Caller;
+use crate::net::mail::Mailbox;
 use crate::net::{Egress, GrantSource};
 use crate::plugin::error::{LoadError, ToolError};
 use crate::plugin::host::{PluginHost, impl_linked};
@@ -99,6 +104,8 @@ pub struct AdapterGrants {
     pub net: Vec<NetRule>,
     /// The secrets its requests may carry.
     pub secrets: Vec<String>,
+    /// The mailbox its `capstan:channel/mail` import reaches, for an email channel.
+    pub mail: Option<Arc<Mailbox>>,
 }
 
 /// An adapter, loaded and described, with what its calls run with.
@@ -112,6 +119,7 @@ pub struct LoadedAdapter {
     granted: Vec<NetRule>,
     source: GrantSource,
     settings: String,
+    mail: Option<Arc<Mailbox>>,
 }
 
 impl std::fmt::Debug for LoadedAdapter {
@@ -170,7 +178,7 @@ impl PluginHost {
             reason,
         };
         let caller = Caller::client("adapter", Some(&grants.channel));
-        let scope = self.adapter_scope(&plugin, &caller, "describe", Vec::new());
+        let scope = self.adapter_scope(&plugin, &caller, "describe", Vec::new(), None);
         let sandbox = Sandbox::new(self.limits(), scope, None, Egress::default())
             .map_err(|e| describe_failed(e.to_string()))?;
         let said = self
@@ -233,6 +241,7 @@ impl PluginHost {
                 name: grants.channel,
             },
             settings,
+            mail: grants.mail,
         })
     }
 
@@ -321,6 +330,7 @@ impl PluginHost {
             &adapter.caller,
             what,
             adapter.capabilities.clone(),
+            adapter.mail.clone(),
         );
         let sandbox = Sandbox::new(self.limits(), scope, None, Egress::new(call_net.clone()))
             .map_err(AdapterFailure::Sandbox)?;
@@ -348,6 +358,7 @@ impl PluginHost {
         caller: &Caller,
         what: &str,
         capabilities: Vec<Capability>,
+        mail: Option<Arc<Mailbox>>,
     ) -> CallScope {
         CallScope {
             plugin: plugin.name.clone(),
@@ -360,6 +371,7 @@ impl PluginHost {
             log_lines: 0,
             label: Label::trusted(),
             reads: None,
+            mail,
         }
     }
 }

@@ -166,6 +166,7 @@ impl PluginHost {
                 log_lines: 0,
                 label: call.trace.label.clone(),
                 reads: call.trace.reads.clone(),
+                mail: None,
             };
             let mut sandbox = Sandbox::new(&self.limits, scope, call.workspace, egress)?;
             sandbox.file_access().log_into(log.clone());

@@ -319,6 +319,7 @@ impl PluginHost {
             log_lines: 0,
             label: Label::trusted(),
             reads: None,
+            mail: None,
         };
         let sandbox = Sandbox::new(&self.limits, scope, None, Egress::default())
             .map_err(|e| e.to_string())?;

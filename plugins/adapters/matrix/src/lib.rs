@@ -205,6 +205,7 @@ fn inbound(room: &str, event: &Value, me: &str) -> Option<Inbound> {
         edits,
         // Matrix has no forwards: a message is its sender's words.
         forwarded_from: None,
+        context: None,
     })
 }
 

@@ -247,6 +247,7 @@ fn inbound(update: Update, bot: Option<&str>) -> Option<Inbound> {
         direct,
         attachments,
         forwarded_from,
+        context: None,
     })
 }
 
