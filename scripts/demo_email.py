@@ -53,8 +53,9 @@ password = "{password_secret}"
 address = "{AGENT}"
 """
 
-    def send(self, sender, subject, text, in_reply_to=None, to=AGENT):
-        """`sender` writes to the agent, logged in as themselves; the letter's Message-ID."""
+    def send(self, sender, subject, text, in_reply_to=None, to=AGENT, headers=None):
+        """`sender` writes to the agent, logged in as themselves (with `headers` besides);
+        the letter's Message-ID."""
         letter = EmailMessage()
         letter["From"] = sender
         letter["To"] = to
@@ -63,6 +64,8 @@ address = "{AGENT}"
         if in_reply_to:
             letter["In-Reply-To"] = in_reply_to
             letter["References"] = in_reply_to
+        for name, value in (headers or {}).items():
+            letter[name] = value
         letter.set_content(text)
         with smtplib.SMTP("127.0.0.1", self.smtp_port, timeout=30) as smtp:
             smtp.login(sender, self.users[sender])

@@ -45,6 +45,9 @@ pub const MAX_BATCH: usize = 1000;
 /// The longest id (of a message, room, thread or sender) taken: a longer one is refused.
 pub const MAX_ID_BYTES: usize = 256;
 
+/// The longest context an adapter keeps with a message for its replies.
+pub const MAX_CONTEXT_BYTES: usize = 4096;
+
 /// Times a reply is tried again while the platform says to wait.
 const SEND_ATTEMPTS: u32 = 5;
 
@@ -407,7 +410,11 @@ impl Door {
             message.thread.as_deref().unwrap_or_default(),
         ]
         .iter()
-        .any(|field| field.len() > MAX_ID_BYTES);
+        .any(|field| field.len() > MAX_ID_BYTES)
+            || message
+                .context
+                .as_ref()
+                .is_some_and(|c| c.len() > MAX_CONTEXT_BYTES);
         let note = |step: ChatStep, detail: String| {
             self.runtime
                 .note_chat(conversation, &spec.name, step, &sender, chars);
@@ -427,7 +434,10 @@ impl Door {
         if oversized {
             note(
                 ChatStep::Refused,
-                format!("an id of it is longer than {MAX_ID_BYTES} bytes"),
+                format!(
+                    "an id of it is longer than {MAX_ID_BYTES} bytes, or its context than \
+                     {MAX_CONTEXT_BYTES}"
+                ),
             )
             .await;
             return Ok(());
