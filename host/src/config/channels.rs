@@ -353,6 +353,27 @@ mod tests {
     }
 
     #[test]
+    fn an_email_table_is_read_with_its_servers_and_inbox() {
+        let config = parse(
+            "[secrets.PW]\nenv = \"PW\"\n[channels.mail]\nadapter = \"email.wasm\"\n\
+             allow = [\"a@example.org\"]\n[channels.mail.email]\nimap = \"imaps://imap.example.org\"\n\
+             smtp = \"smtp+starttls://smtp.example.org\"\nuser = \"agent\"\npassword = \"PW\"\n\
+             address = \"agent@example.org\"\n",
+        )
+        .unwrap();
+        let email = config.channels[0].email.as_ref().unwrap();
+        assert_eq!(email.imap.to_string(), "imaps://imap.example.org:993");
+        assert_eq!(
+            email.smtp.to_string(),
+            "smtp+starttls://smtp.example.org:587"
+        );
+        assert_eq!(
+            (email.folder.as_str(), email.password.as_str()),
+            ("INBOX", "PW")
+        );
+    }
+
+    #[test]
     fn bad_tables_are_refused_naming_the_key() {
         for (text, said) in [
             ("[channels.Bad]\nadapter = \"a.wasm\"\n", "`channels.Bad`"),
@@ -375,6 +396,29 @@ mod tests {
             (
                 "[channels.a]\nadapter = \"a.wasm\"\ntoken = \"x\"\n",
                 "token",
+            ),
+            (
+                "[channels.m]\nadapter = \"e.wasm\"\n[channels.m.email]\nimap = \"imaps://i.example.org\"\n\
+                 smtp = \"smtps://s.example.org\"\nuser = \"u\"\npassword = \"PW\"\naddress = \"a@example.org\"\n",
+                "`channels.m.email.password`: names the secret holding the password, and no [secrets.PW]",
+            ),
+            (
+                "[secrets.PW]\nenv = \"PW\"\n[channels.m]\nadapter = \"e.wasm\"\n[channels.m.email]\n\
+                 imap = \"imap://mail.example.org\"\nsmtp = \"smtps://s.example.org\"\nuser = \"u\"\n\
+                 password = \"PW\"\naddress = \"a@example.org\"\n",
+                "`channels.m.email.imap`: `imap://mail.example.org` would send the password in plain text",
+            ),
+            (
+                "[secrets.PW]\nenv = \"PW\"\n[channels.m]\nadapter = \"e.wasm\"\n[channels.m.email]\n\
+                 imap = \"smtps://s.example.org\"\nsmtp = \"smtps://s.example.org\"\nuser = \"u\"\n\
+                 password = \"PW\"\naddress = \"a@example.org\"\n",
+                "`channels.m.email.imap`: `smtps://s.example.org` is not an IMAP server",
+            ),
+            (
+                "[secrets.PW]\nenv = \"PW\"\n[channels.m]\nadapter = \"e.wasm\"\n[channels.m.email]\n\
+                 imap = \"imaps://i.example.org\"\nsmtp = \"smtps://s.example.org\"\nuser = \"u\"\n\
+                 password = \"PW\"\naddress = \"nobody\"\n",
+                "`channels.m.email.address`",
             ),
         ] {
             let err = parse(text).unwrap_err();

@@ -667,3 +667,45 @@ async fn a_channel_that_cannot_run_as_configured_stops_the_start_naming_its_tabl
     }
     assert!(telegram.all().is_empty(), "no platform was reached");
 }
+
+/// The email adapter reads and sends only through its channel's mailbox: run for a
+/// channel without an `email` table (or by anything else), the `mail` import answers
+/// `denied`, naming the table that would give it one, and nothing is reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mail_import_answers_only_a_channel_with_a_mailbox() {
+    use capstan_host::plugin::adapter::{AdapterFailure, AdapterGrants, Outbound, PlatformError};
+    use capstan_host::plugin::{Limits, PluginHost};
+
+    let host = PluginHost::new(Limits::default(), crate::support::test_cache()).unwrap();
+    let adapter = host
+        .load_adapter(
+            &component("adapters", "email"),
+            "{}".into(),
+            AdapterGrants {
+                channel: "mail".into(),
+                ..AdapterGrants::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(adapter.platform().name, "email");
+    assert!(
+        adapter.capabilities().is_empty(),
+        "it needs no network of its own"
+    );
+    let denied = |failure: AdapterFailure| match failure {
+        AdapterFailure::Platform(PlatformError::Denied(m)) => m,
+        other => panic!("{other}"),
+    };
+    let polled = denied(host.adapter_poll(&adapter, None, 0).await.unwrap_err());
+    assert!(polled.contains("[channels.NAME.email]"), "{polled}");
+    let outbound = Outbound {
+        room: "alice@example.org".into(),
+        thread: None,
+        reply_to: None,
+        text: "hello".into(),
+        context: None,
+    };
+    let sent = denied(host.adapter_send(&adapter, &outbound).await.unwrap_err());
+    assert!(sent.contains("has no mailbox"), "{sent}");
+}
