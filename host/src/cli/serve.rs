@@ -69,7 +69,13 @@ impl ServeCommand {
         let server = Server::bind(&settings, agent.runtime.clone(), agent.events).await?;
         // The messaging channels start once the server is bound: a message they take is
         // answered by the same runtime the HTTP doors use.
-        let channels = Channels::start(agent.runtime, plugin_host, channel_specs, data_dir);
+        let channels = Channels::start(
+            agent.runtime,
+            plugin_host,
+            channel_specs,
+            data_dir,
+            server.hooks(),
+        );
         // Caught before the banner: a supervisor may signal as soon as it reads it.
         let mut signals = StopSignals::install();
         // The first line is for programs too: the URL, with the port the system chose. A

@@ -37,6 +37,23 @@ impl ConversationPer {
     }
 }
 
+/// How the host knows an event pushed to `POST /hooks/NAME` comes from the platform.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HookSignature {
+    /// Slack's `v0` signature: HMAC-SHA256 of `v0:TIMESTAMP:BODY` with the app's signing
+    /// secret, held by `[secrets.NAME]`.
+    Slack {
+        /// The secret's name.
+        secret: String,
+    },
+    /// Discord's: Ed25519 over `TIMESTAMP` and the body, checked with the application's
+    /// public key.
+    Discord {
+        /// The key.
+        public_key: [u8; 32],
+    },
+}
+
 /// Senders named in a channel's lists: by the platform's id, or `*` for everyone.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Senders {
@@ -106,6 +123,9 @@ pub struct ChannelSpec {
     /// `[channels.NAME.email]`: the mailbox the host reads and sends through for the
     /// adapter (`capstan:channel/mail`).
     pub email: Option<MailAccount>,
+    /// `[channels.NAME.hook]`: the platform pushes its events to `POST /hooks/NAME`,
+    /// signed, and the adapter is not polled.
+    pub hook: Option<HookSignature>,
 }
 
 #[derive(Deserialize)]
@@ -132,6 +152,66 @@ pub(super) struct RawChannel {
     settings: Option<toml::Table>,
     #[serde(default)]
     email: Option<RawEmail>,
+    #[serde(default)]
+    hook: Option<RawHook>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHook {
+    signature: String,
+    #[serde(default)]
+    secret: Option<String>,
+    #[serde(default)]
+    public_key: Option<String>,
+}
+
+/// `raw`, the `[TABLE.hook]` of a channel.
+fn check_hook(
+    table: &str,
+    raw: RawHook,
+    secrets: &[SecretSpec],
+) -> Result<HookSignature, KeyError> {
+    let table = format!("{table}.hook");
+    match (raw.signature.as_str(), raw.secret, raw.public_key) {
+        ("slack", Some(secret), None) => {
+            if !secrets.iter().any(|s| s.name.as_str() == secret) {
+                return Err(key_error(
+                    &format!("{table}.secret"),
+                    format!(
+                        "names the secret holding Slack's signing secret, and no \
+                         [secrets.{secret}] is configured; add that table"
+                    ),
+                ));
+            }
+            Ok(HookSignature::Slack { secret })
+        }
+        ("discord", None, Some(key)) => {
+            let bytes = crate::text::unhex(&key)
+                .and_then(|v| <[u8; 32]>::try_from(v).ok())
+                .ok_or_else(|| {
+                    key_error(
+                        &format!("{table}.public_key"),
+                        "the application's public key is 64 hexadecimal digits (Discord's \
+                         developer portal, General Information)",
+                    )
+                })?;
+            Ok(HookSignature::Discord { public_key: bytes })
+        }
+        ("slack", _, _) => Err(key_error(
+            &table,
+            "signature = \"slack\" takes `secret` (the [secrets.NAME] holding the app's \
+             signing secret) and no `public_key`",
+        )),
+        ("discord", _, _) => Err(key_error(
+            &table,
+            "signature = \"discord\" takes `public_key` (the application's) and no `secret`",
+        )),
+        (other, _, _) => Err(key_error(
+            &format!("{table}.signature"),
+            format!("`{other}` is not one of \"slack\" or \"discord\""),
+        )),
+    }
 }
 
 #[derive(Deserialize)]
@@ -310,6 +390,10 @@ pub(super) fn check_channels(
             .email
             .map(|email| check_email(&table, email, secrets))
             .transpose()?;
+        let hook = raw
+            .hook
+            .map(|hook| check_hook(&table, hook, secrets))
+            .transpose()?;
         channels.push(ChannelSpec {
             adapter: resolve(raw.adapter),
             net,
@@ -322,6 +406,7 @@ pub(super) fn check_channels(
             poll_wait_ms: wait * 1000,
             settings,
             email,
+            hook,
             name,
         });
     }

@@ -31,7 +31,9 @@ mod workspace;
 mod writable_workspaces;
 
 pub use crate::text::{SourceError, read_text, toml_error_message};
-pub use channels::{ChannelSpec, ConversationPer, MAX_CHANNEL_NAME, MAX_POLL_WAIT_SECS, Senders};
+pub use channels::{
+    ChannelSpec, ConversationPer, HookSignature, MAX_CHANNEL_NAME, MAX_POLL_WAIT_SECS, Senders,
+};
 pub use error::ConfigError;
 use error::locate;
 pub use locations::{GrantedBy, InsideWorkspace, LocationKind, Locations};

@@ -1,11 +1,11 @@
 //! Where each channel's polls start: the adapter's cursor, kept in the data dir once every
 //! message before it is stored.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use cap_std::ambient_authority;
 use cap_std::fs::Dir;
+
+use super::files::{channels_dir, write_durably};
 
 /// The most a cursor may hold: an adapter's cursor is an offset or a token.
 pub(crate) const MAX_CURSOR_BYTES: usize = 4096;
@@ -20,12 +20,7 @@ pub(crate) struct Cursor {
 impl Cursor {
     /// The cursor of channel `channel` under `data_dir`, its directory made if missing.
     pub(crate) fn open(data_dir: &Path, channel: &str) -> std::io::Result<Self> {
-        let path = data_dir.join("channels");
-        let mut builder = std::fs::DirBuilder::new();
-        builder.recursive(true);
-        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-        builder.create(&path)?;
-        let dir = Dir::open_ambient_dir(&path, ambient_authority())?;
+        let (dir, path) = channels_dir(data_dir, None)?;
         let name = format!("{channel}.cursor");
         Ok(Cursor {
             path: path.join(&name),
@@ -59,7 +54,7 @@ impl Cursor {
         })
     }
 
-    /// Keeps `cursor`: written to a new file of a random name, synced, renamed over.
+    /// Keeps `cursor`, written whole.
     pub(crate) fn store(&self, cursor: &str) -> std::io::Result<()> {
         if cursor.len() > MAX_CURSOR_BYTES {
             return Err(std::io::Error::other(format!(
@@ -67,24 +62,7 @@ impl Cursor {
                 cursor.len()
             )));
         }
-        let mut random = [0u8; 8];
-        getrandom::fill(&mut random).map_err(std::io::Error::other)?;
-        let suffix: String = random.iter().map(|b| format!("{b:02x}")).collect();
-        let tmp = format!(".{}.tmp-{suffix}", self.name);
-        let mut options = cap_std::fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        cap_std::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let written = (|| {
-            let mut file = self.dir.open_with(&tmp, &options)?;
-            file.write_all(cursor.as_bytes())?;
-            file.sync_all()?;
-            self.dir.rename(&tmp, &self.dir, &self.name)?;
-            self.dir.open(".")?.sync_all()
-        })();
-        if written.is_err() {
-            let _ = self.dir.remove_file(&tmp);
-        }
-        written
+        write_durably(&self.dir, &self.name, cursor.as_bytes())
     }
 }
 

@@ -11,15 +11,17 @@ use tokio_util::sync::CancellationToken;
 
 use super::conversation::{conversation_for, label_of, message_key, text_for};
 use super::cursor::Cursor;
+use super::hooks::{Hooks, OpenHook, SignatureCheck};
+use super::inbox::Inbox;
 use super::split::split;
 use crate::agent::{ChatStep, End, ReplyPart, Runtime, UserMessage};
-use crate::config::ChannelSpec;
+use crate::config::{ChannelSpec, HookSignature};
 use crate::ids::ProcessId;
 use crate::net::mail::{MailError, Mailbox, Recipients};
 use crate::plugin::PluginHost;
 use crate::plugin::adapter::{
-    AdapterFailure, AdapterGrants, AdapterLoadError, Feature, Inbound, LoadedAdapter, Outbound,
-    PlatformError,
+    AdapterFailure, AdapterGrants, AdapterLoadError, Batch, Feature, Inbound, LoadedAdapter,
+    Outbound, PlatformError,
 };
 use crate::policy::ProcessKind;
 use crate::services::{AuditRecord, Receipt};
@@ -101,15 +103,16 @@ impl Channels {
         Ok(())
     }
 
-    /// Starts every channel of `specs`: its adapter loaded from `host` and polled, its
-    /// messages sent to `runtime`'s conversations, its cursors kept in `data_dir`. A
-    /// channel whose adapter cannot load or fails is tried again with backoff; no channel
-    /// stops the host.
+    /// Starts every channel of `specs`: its adapter loaded from `host` and polled (or its
+    /// hook opened in `hooks`, for a platform that pushes its events), its messages sent
+    /// to `runtime`'s conversations, its cursors kept in `data_dir`. A channel whose
+    /// adapter cannot load or fails is tried again with backoff; no channel stops the host.
     pub fn start(
         runtime: Arc<Runtime>,
         host: Arc<PluginHost>,
         specs: Vec<ChannelSpec>,
         data_dir: PathBuf,
+        hooks: Arc<Hooks>,
     ) -> Self {
         let stop = CancellationToken::new();
         let tasks = specs
@@ -120,6 +123,7 @@ impl Channels {
                     host: host.clone(),
                     data_dir: data_dir.clone(),
                     rates: Mutex::default(),
+                    hooks: hooks.clone(),
                     spec,
                 };
                 tokio::spawn(door.supervise(stop.clone()))
@@ -207,7 +211,24 @@ struct Door {
     spec: ChannelSpec,
     /// When each sender's recent messages came, for [`SENDER_MESSAGES_PER_MINUTE`].
     rates: Mutex<HashMap<String, Vec<Instant>>>,
+    /// Where the channel's hook is opened, for a platform that pushes its events.
+    hooks: Arc<Hooks>,
 }
+
+/// Closes a channel's hook when its door stops running.
+struct HookOpen<'a> {
+    hooks: &'a Hooks,
+    channel: &'a str,
+}
+
+impl Drop for HookOpen<'_> {
+    fn drop(&mut self) {
+        self.hooks.close(self.channel);
+    }
+}
+
+/// The most pushed events read into one batch.
+const EVENTS_PER_BATCH: usize = 100;
 
 /// Why a channel's adapter stopped for now.
 enum Halt {
@@ -263,7 +284,7 @@ impl Door {
             .load_adapter(&spec.adapter, spec.settings.clone(), grants)
             .await
         {
-            Ok(adapter) => adapter,
+            Ok(adapter) => Arc::new(adapter),
             Err(err) => return Halt::Failed(format!("[channels.{}]: {err}", spec.name)),
         };
         let cursors = match Cursor::open(&self.data_dir, &spec.name) {
@@ -279,6 +300,17 @@ impl Door {
             Ok(cursor) => cursor,
             Err(err) => return Halt::Failed(format!("{}: {err}", cursors.path().display())),
         };
+        let inbox = match &spec.hook {
+            None => None,
+            Some(signature) => match self.open_hook(&adapter, signature, cursor.as_deref()) {
+                Ok(inbox) => Some(inbox),
+                Err(why) => return Halt::Failed(why),
+            },
+        };
+        let _open = inbox.is_some().then(|| HookOpen {
+            hooks: &self.hooks,
+            channel: &spec.name,
+        });
         tracing::info!(
             channel = %spec.name,
             platform = %adapter.platform().name,
@@ -318,11 +350,18 @@ impl Door {
         };
         loop {
             let began = Instant::now();
-            let batch = match self
-                .host
-                .adapter_poll(&adapter, cursor.as_deref(), wait_ms)
-                .await
-            {
+            let polled = match &inbox {
+                Some(inbox) => {
+                    self.from_inbox(&adapter, inbox, cursor.as_deref(), wait_ms)
+                        .await
+                }
+                None => {
+                    self.host
+                        .adapter_poll(&adapter, cursor.as_deref(), wait_ms)
+                        .await
+                }
+            };
+            let batch = match polled {
                 Ok(batch) => batch,
                 Err(AdapterFailure::Platform(PlatformError::RateLimited(ms))) => {
                     tokio::time::sleep(Duration::from_millis(ms).min(MAX_RATE_WAIT)).await;
@@ -382,6 +421,13 @@ impl Door {
                 if let Err(err) = cursors.store(&next) {
                     return halt(worked, format!("{}: {err}", cursors.path().display()));
                 }
+                // Every message its events brought is stored: they are not needed again.
+                if let Some(inbox) = &inbox
+                    && let Ok(taken) = next.parse::<u64>()
+                    && let Err(err) = inbox.remove_through(taken)
+                {
+                    tracing::warn!(channel = %spec.name, "taken events not removed: {err}");
+                }
                 cursor = Some(next);
             }
             // Only a whole batch stored counts as work: a batch that keeps failing backs
@@ -391,6 +437,98 @@ impl Door {
                 tokio::time::sleep(MIN_EMPTY_POLL.saturating_sub(began.elapsed())).await;
             }
         }
+    }
+
+    /// Opens the channel's hook with `adapter`: its inbox (numbered after `cursor`) and
+    /// the check of the platform's signature.
+    fn open_hook(
+        &self,
+        adapter: &Arc<LoadedAdapter>,
+        signature: &HookSignature,
+        cursor: Option<&str>,
+    ) -> Result<Arc<Inbox>, String> {
+        let spec = &self.spec;
+        let taken = match cursor {
+            None => 0,
+            Some(text) => text.parse::<u64>().map_err(|_| {
+                format!(
+                    "its cursor `{}` is not the number of a pushed event; remove \
+                     {}/channels/{}.cursor to start over",
+                    crate::text::echo_name(text, 40),
+                    self.data_dir.display(),
+                    spec.name
+                )
+            })?,
+        };
+        let check = match signature {
+            HookSignature::Slack { secret } => SignatureCheck::Slack(
+                self.host
+                    .network()
+                    .secrets()
+                    .get(secret)
+                    .cloned()
+                    .ok_or_else(|| format!("its hook's secret `{secret}` has no value"))?,
+            ),
+            HookSignature::Discord { public_key } => SignatureCheck::Discord(*public_key),
+        };
+        let inbox =
+            Arc::new(Inbox::open(&self.data_dir, &spec.name, taken).map_err(|e| e.to_string())?);
+        self.hooks.open(
+            &spec.name,
+            OpenHook {
+                host: self.host.clone(),
+                adapter: adapter.clone(),
+                check,
+                inbox: inbox.clone(),
+            },
+        );
+        Ok(inbox)
+    }
+
+    /// The next batch of a push channel: the events its inbox holds after `cursor` (up to
+    /// [`EVENTS_PER_BATCH`], waiting up to `wait_ms` for one), read by the adapter. An
+    /// event it cannot read is passed over (it was refused when it came, unless the
+    /// adapter changed since).
+    async fn from_inbox(
+        &self,
+        adapter: &LoadedAdapter,
+        inbox: &Inbox,
+        cursor: Option<&str>,
+        wait_ms: u32,
+    ) -> Result<Batch, AdapterFailure> {
+        let failed = |why: String| AdapterFailure::Platform(PlatformError::Failed(why));
+        let after = cursor.and_then(|c| c.parse::<u64>().ok()).unwrap_or(0);
+        let wait = Duration::from_millis(u64::from(wait_ms));
+        let events = inbox
+            .after(after, EVENTS_PER_BATCH, wait)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let mut messages = Vec::new();
+        let mut last = after;
+        for (seq, event) in events {
+            match self.host.adapter_receive(adapter, &event).await {
+                Ok(received) => messages.extend(received.messages),
+                Err(AdapterFailure::Platform(
+                    PlatformError::Malformed(why) | PlatformError::Denied(why),
+                )) => tracing::warn!(
+                    channel = %self.spec.name,
+                    "pushed event {seq} passed over: the adapter cannot read it: {why}"
+                ),
+                Err(err) => return Err(err),
+            }
+            last = seq;
+            if messages.len() >= MAX_BATCH {
+                break;
+            }
+        }
+        Ok(Batch {
+            messages,
+            cursor: if last == after {
+                cursor.map(str::to_owned)
+            } else {
+                Some(last.to_string())
+            },
+        })
     }
 
     /// Takes one message in: refused, ignored, or sent to its conversation and answered.

@@ -28,6 +28,8 @@ pub(crate) struct App {
     pub(crate) started: i64,
     /// Chat completions answered, for their ids.
     pub(crate) completions: AtomicU64,
+    /// The messaging channels that take pushed events (`POST /hooks/{name}`).
+    pub(crate) hooks: Arc<crate::messaging::Hooks>,
 }
 
 /// The client's span a request names in its W3C `traceparent` header (none if it names

@@ -23,6 +23,7 @@ mod approvals;
 mod auth;
 mod branches;
 mod error;
+mod hooks;
 mod hub;
 mod mcp;
 mod metrics;

@@ -20,7 +20,7 @@ use super::auth::{Access, TokenError};
 use super::branches::Branches;
 use super::error::BodyCap;
 use super::hub::EventHub;
-use super::{api, approvals, mcp, metrics, openai, openapi, page, stream};
+use super::{api, approvals, hooks, mcp, metrics, openai, openapi, page, stream};
 use crate::agent::{Event, Runtime};
 use crate::config::ServeSettings;
 
@@ -112,6 +112,7 @@ impl Server {
             redactor,
             started: crate::services::now(),
             completions: AtomicU64::new(0),
+            hooks: crate::messaging::Hooks::new(),
         });
         let stopping = CancellationToken::new();
         let router = router(app.clone(), settings, &stopping);
@@ -128,6 +129,13 @@ impl Server {
         self.listener
             .local_addr()
             .expect("a bound listener has an address")
+    }
+
+    /// Where the messaging channels whose platforms push their events open their hooks
+    /// (`POST /hooks/{name}`): [`Channels::start`](crate::messaging::Channels::start)
+    /// takes it.
+    pub fn hooks(&self) -> Arc<crate::messaging::Hooks> {
+        self.app.hooks.clone()
     }
 
     /// Whether a token is needed (false: loopback only, no tokens configured).
@@ -271,6 +279,7 @@ fn router(app: Arc<App>, settings: &ServeSettings, stopping: &CancellationToken)
         .merge(mcp::routes(&app, settings, stopping))
         .route("/v1/openapi.json", get(openapi::document))
         .route("/healthz", get(|| async { "ok" }))
+        .route("/hooks/{name}", post(hooks::receive))
         .merge(page::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

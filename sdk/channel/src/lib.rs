@@ -65,7 +65,7 @@ pub mod bindings {
 }
 
 pub use bindings::capstan::channel::types::{
-    AdapterError, Attachment, Batch, Feature, Inbound, Outbound, Platform, Sender,
+    AdapterError, Attachment, Batch, Feature, Inbound, Outbound, Platform, Received, Sender,
 };
 
 /// The channel's mailbox, for an email adapter: the host reads it over IMAP and sends
@@ -86,7 +86,25 @@ pub trait Adapter {
     fn describe(settings: String) -> Result<Platform, AdapterError>;
 
     /// New messages since `cursor` (`None`: from now on), waiting up to `wait_ms` for one.
-    fn poll(settings: String, cursor: Option<String>, wait_ms: u32) -> Result<Batch, AdapterError>;
+    /// By default the platform is not polled: it pushes its events ([`Adapter::receive`]).
+    fn poll(settings: String, cursor: Option<String>, wait_ms: u32) -> Result<Batch, AdapterError> {
+        let _ = (settings, cursor, wait_ms);
+        Err(AdapterError::Failed(
+            "this platform pushes its events to the host: give the channel a \
+             [channels.NAME.hook] table and point the platform at POST /hooks/NAME"
+                .into(),
+        ))
+    }
+
+    /// Reads an event the platform pushed (its signature checked by the host): what to
+    /// answer at once, and the messages it brought. It must read the same messages from
+    /// the same body every time, and send nothing. By default the platform pushes nothing.
+    fn receive(settings: String, body: String) -> Result<Received, AdapterError> {
+        let _ = (settings, body);
+        Err(AdapterError::Failed(
+            "this adapter polls its platform: it takes no pushed events".into(),
+        ))
+    }
 
     /// Sends `message`; the platform's id for it.
     fn send(settings: String, message: Outbound) -> Result<String, AdapterError>;
@@ -189,6 +207,13 @@ macro_rules! export_adapter {
                 wait_ms: u32,
             ) -> ::std::result::Result<$crate::Batch, $crate::AdapterError> {
                 <$adapter as $crate::Adapter>::poll(settings, cursor, wait_ms)
+            }
+
+            fn receive(
+                settings: ::std::string::String,
+                body: ::std::string::String,
+            ) -> ::std::result::Result<$crate::Received, $crate::AdapterError> {
+                <$adapter as $crate::Adapter>::receive(settings, body)
             }
 
             fn send(

@@ -133,7 +133,7 @@ fn is_message_id(id: &str) -> bool {
 fn random_id() -> String {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).expect("the system's random source");
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    crate::text::hex(&bytes)
 }
 
 #[cfg(test)]

@@ -29,7 +29,8 @@ use crate::plugin::sandbox::{CallScope, Sandbox};
 use crate::policy::Grants;
 
 pub use bindings::capstan::channel::types::{
-    AdapterError as PlatformError, Attachment, Batch, Feature, Inbound, Outbound, Platform, Sender,
+    AdapterError as PlatformError, Attachment, Batch, Feature, Inbound, Outbound, Platform,
+    Received, Sender,
 };
 use bindings::{MessagingAdapter as Adapter, MessagingAdapterPre as AdapterPre};
 
@@ -256,6 +257,21 @@ impl PluginHost {
         self.adapter_call(adapter, "poll", async |a, store| {
             a.capstan_channel_adapter()
                 .call_poll(store, settings, cursor, wait_ms)
+                .await
+        })
+        .await
+    }
+
+    /// Has `adapter` read `body`, an event its platform pushed (its signature checked).
+    pub async fn adapter_receive(
+        &self,
+        adapter: &LoadedAdapter,
+        body: &str,
+    ) -> Result<Received, AdapterFailure> {
+        let settings = adapter.settings.as_str();
+        self.adapter_call(adapter, "receive", async |a, store| {
+            a.capstan_channel_adapter()
+                .call_receive(store, settings, body)
                 .await
         })
         .await

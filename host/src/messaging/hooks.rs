@@ -1,0 +1,257 @@
+//! Events a platform pushes: `POST /hooks/NAME`, for a channel with a `[channels.NAME.hook]`
+//! table (Slack's Events API, Discord's interactions).
+//!
+//! The host checks the platform's signature itself (the signing secret never enters the
+//! adapter), has the adapter read the event for its immediate answer (a challenge, an
+//! acknowledgement), keeps the event in the channel's [inbox](super::inbox) before it
+//! answers, and only then says it arrived: acknowledged means kept. The channel's door
+//! takes the inbox's events as it takes a poll's, through the same exchange, so a crash
+//! after the answer delivers the event again and never loses it.
+//!
+//! A channel's hook is open while its door runs with its adapter loaded; otherwise the
+//! platform is answered 503 and tries again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hmac::{Hmac, Mac};
+
+use super::inbox::{Inbox, InboxError, MAX_EVENT_BYTES};
+use crate::plugin::PluginHost;
+use crate::plugin::adapter::{AdapterFailure, LoadedAdapter, PlatformError};
+use crate::secrets::Secret;
+use crate::text::echo_name;
+
+/// How far a signed request's timestamp may be from the host's clock: an older one is a
+/// replay.
+pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(300);
+
+/// The channels taking pushed events, by name; shared by `capstan serve`'s route and the
+/// doors that open and close them.
+#[derive(Default)]
+pub struct Hooks {
+    open: RwLock<HashMap<String, Arc<OpenHook>>>,
+}
+
+/// A channel's hook while its door runs.
+pub(crate) struct OpenHook {
+    pub(crate) host: Arc<PluginHost>,
+    pub(crate) adapter: Arc<LoadedAdapter>,
+    pub(crate) check: SignatureCheck,
+    pub(crate) inbox: Arc<Inbox>,
+}
+
+/// How a channel's events are known to come from its platform.
+pub(crate) enum SignatureCheck {
+    /// Slack's `v0`: HMAC-SHA256 of `v0:TIMESTAMP:BODY` with the signing secret.
+    Slack(Secret),
+    /// Discord's: Ed25519 over `TIMESTAMP` and the body, with the application's key.
+    Discord([u8; 32]),
+}
+
+/// The answer to a platform's request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookAnswer {
+    /// The HTTP status.
+    pub status: u16,
+    /// The body: the adapter's answer (JSON) or why the request was refused.
+    pub body: String,
+}
+
+impl HookAnswer {
+    fn refused(status: u16, why: impl Into<String>) -> Self {
+        HookAnswer {
+            status,
+            body: serde_json::json!({ "error": why.into() }).to_string(),
+        }
+    }
+}
+
+impl Hooks {
+    /// No channel open yet.
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    pub(crate) fn open(&self, channel: &str, hook: OpenHook) {
+        self.open
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(channel.to_owned(), Arc::new(hook));
+    }
+
+    pub(crate) fn close(&self, channel: &str) {
+        self.open
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(channel);
+    }
+
+    /// Takes an event pushed to channel `channel`: its signature checked against
+    /// `headers`, read by the adapter, kept in the channel's inbox, answered.
+    pub async fn receive(
+        &self,
+        channel: &str,
+        headers: &http::HeaderMap,
+        body: &[u8],
+    ) -> HookAnswer {
+        let hook = self
+            .open
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(channel)
+            .cloned();
+        let Some(hook) = hook else {
+            return HookAnswer::refused(
+                503,
+                format!(
+                    "no channel `{}` takes pushed events here now; try again later",
+                    echo_name(channel, 32)
+                ),
+            );
+        };
+        if body.len() > MAX_EVENT_BYTES {
+            return HookAnswer::refused(413, format!("over the {MAX_EVENT_BYTES} bytes taken"));
+        }
+        if let Err(why) = hook.check.verify(headers, body, SystemTime::now()) {
+            tracing::debug!(channel, "a pushed event was refused: {why}");
+            return HookAnswer::refused(401, why);
+        }
+        let Ok(text) = std::str::from_utf8(body) else {
+            return HookAnswer::refused(400, "the body is not UTF-8");
+        };
+        let received = match hook.host.adapter_receive(&hook.adapter, text).await {
+            Ok(received) => received,
+            Err(AdapterFailure::Platform(
+                PlatformError::Malformed(m) | PlatformError::Denied(m),
+            )) => return HookAnswer::refused(400, m),
+            Err(err) => return HookAnswer::refused(503, err.to_string()),
+        };
+        if !received.messages.is_empty() {
+            let inbox = hook.inbox.clone();
+            let event = text.to_owned();
+            let kept = tokio::task::spawn_blocking(move || inbox.push(&event))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(InboxError::Io {
+                        path: Default::default(),
+                        source: std::io::Error::other(e.to_string()),
+                    })
+                });
+            if let Err(err) = kept {
+                tracing::warn!(channel, "a pushed event was not kept: {err}");
+                return HookAnswer::refused(503, "the event could not be kept; try again later");
+            }
+        }
+        HookAnswer {
+            status: 200,
+            body: received.answer,
+        }
+    }
+}
+
+impl SignatureCheck {
+    /// Whether `body` with `headers` is signed by the platform, at a time near `now`.
+    fn verify(
+        &self,
+        headers: &http::HeaderMap,
+        body: &[u8],
+        now: SystemTime,
+    ) -> Result<(), String> {
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .ok_or_else(|| format!("no `{name}` header"))
+        };
+        let (timestamp_header, signature_header) = match self {
+            SignatureCheck::Slack(_) => ("x-slack-request-timestamp", "x-slack-signature"),
+            SignatureCheck::Discord(_) => ("x-signature-timestamp", "x-signature-ed25519"),
+        };
+        let timestamp = header(timestamp_header)?;
+        let seconds: u64 = timestamp
+            .parse()
+            .map_err(|_| format!("`{timestamp_header}` is not a number of seconds"))?;
+        let now = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+        if now.abs_diff(seconds) > MAX_CLOCK_SKEW.as_secs() {
+            return Err(format!(
+                "`{timestamp_header}` is more than {} s from the host's clock",
+                MAX_CLOCK_SKEW.as_secs()
+            ));
+        }
+        let signature = header(signature_header)?;
+        let bad = || "the signature does not check out".to_owned();
+        match self {
+            SignatureCheck::Slack(secret) => {
+                let given = signature
+                    .strip_prefix("v0=")
+                    .and_then(crate::text::unhex)
+                    .ok_or_else(bad)?;
+                let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.value().as_bytes())
+                    .expect("HMAC takes a key of any length");
+                mac.update(format!("v0:{timestamp}:").as_bytes());
+                mac.update(body);
+                // Constant time: the comparison tells nothing of the expected value.
+                mac.verify_slice(&given).map_err(|_| bad())
+            }
+            SignatureCheck::Discord(key) => {
+                let given = crate::text::unhex(signature).ok_or_else(bad)?;
+                let mut signed = timestamp.as_bytes().to_vec();
+                signed.extend_from_slice(body);
+                ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, key)
+                    .verify(&signed, &given)
+                    .map_err(|_| bad())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, String)]) -> http::HeaderMap {
+        let mut map = http::HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, value.parse().unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn a_discord_signature_checks_out_only_for_its_body_and_a_fresh_timestamp() {
+        use ring::signature::KeyPair;
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
+        let pair = ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
+        let key: [u8; 32] = pair.public_key().as_ref().try_into().unwrap();
+        let check = SignatureCheck::Discord(key);
+        let now = SystemTime::now();
+        let ts = now
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            .to_string();
+        let body = br#"{"type":1}"#;
+        let sign = |ts: &str, body: &[u8]| {
+            let mut m = ts.as_bytes().to_vec();
+            m.extend_from_slice(body);
+            crate::text::hex(pair.sign(&m).as_ref())
+        };
+        let good = headers(&[
+            ("x-signature-timestamp", ts.clone()),
+            ("x-signature-ed25519", sign(&ts, body)),
+        ]);
+        assert!(check.verify(&good, body, now).is_ok());
+        assert!(check.verify(&good, br#"{"type":2}"#, now).is_err());
+        let later = now + MAX_CLOCK_SKEW + Duration::from_secs(1);
+        assert!(
+            check
+                .verify(&good, body, later)
+                .unwrap_err()
+                .contains("clock")
+        );
+        assert!(check.verify(&headers(&[]), body, now).is_err());
+    }
+}
