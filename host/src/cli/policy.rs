@@ -245,6 +245,23 @@ async fn print_channels(
             list(&spec.trusted),
             spec.name
         )?;
+        match &spec.hook {
+            Some(crate::config::HookSignature::Slack { secret }) => writeln!(
+                out,
+                "  {:<14}events pushed to POST /hooks/{}, signed with Slack's signing secret \
+                 (secret {secret}), checked by the host",
+                "", spec.name
+            )?,
+            Some(crate::config::HookSignature::Discord { public_key }) => writeln!(
+                out,
+                "  {:<14}events pushed to POST /hooks/{}, signed with Discord's key {}, \
+                 checked by the host",
+                "",
+                spec.name,
+                crate::text::hex(public_key)
+            )?,
+            None => {}
+        }
         if let Some(mail) = &spec.email {
             writeln!(
                 out,

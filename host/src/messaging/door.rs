@@ -352,7 +352,7 @@ impl Door {
             let began = Instant::now();
             let polled = match &inbox {
                 Some(inbox) => {
-                    self.from_inbox(&adapter, inbox, cursor.as_deref(), wait_ms)
+                    self.read_inbox(&adapter, inbox, cursor.as_deref(), wait_ms)
                         .await
                 }
                 None => {
@@ -489,7 +489,7 @@ impl Door {
     /// [`EVENTS_PER_BATCH`], waiting up to `wait_ms` for one), read by the adapter. An
     /// event it cannot read is passed over (it was refused when it came, unless the
     /// adapter changed since).
-    async fn from_inbox(
+    async fn read_inbox(
         &self,
         adapter: &LoadedAdapter,
         inbox: &Inbox,

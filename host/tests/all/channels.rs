@@ -70,13 +70,13 @@ bot_username = "capbot"
     )
 }
 
-/// The conversation a message in `chat` goes to, as the door names it.
-fn conversation(dir: &Path, chat: i64) -> String {
+/// The conversation a message in `room` goes to, as the first channel of `dir` names it.
+pub(crate) fn conversation(dir: &Path, room: &str) -> String {
     let text = std::fs::read_to_string(dir.join("capstan.toml")).unwrap();
     let config = Config::parse(&text, &dir.join("capstan.toml")).unwrap();
     let message = Inbound {
         id: "1".into(),
-        room: chat.to_string(),
+        room: room.to_owned(),
         thread: None,
         sender: Sender {
             id: "0".into(),
@@ -96,7 +96,7 @@ fn conversation(dir: &Path, chat: i64) -> String {
 }
 
 /// The stored messages of `session`.
-fn history(dir: &Path, session: &str) -> Vec<Message> {
+pub(crate) fn history(dir: &Path, session: &str) -> Vec<Message> {
     agent_store(dir)
         .load_history(session)
         .unwrap()
@@ -160,8 +160,8 @@ async fn two_people_talk_to_the_agent_through_telegram_and_strangers_do_not() {
 
     // Each person's message is in its own conversation, once, labelled by who they are;
     // the stranger's and the unaddressed chatter are nowhere.
-    let private = history(serve.dir(), &conversation(serve.dir(), 101));
-    let group = history(serve.dir(), &conversation(serve.dir(), -500));
+    let private = history(serve.dir(), &conversation(serve.dir(), "101"));
+    let group = history(serve.dir(), &conversation(serve.dir(), "-500"));
     let users = |h: &[Message]| -> Vec<Message> {
         h.iter()
             .filter(|m| m.role == capstan_host::llm::Role::User)
@@ -334,13 +334,13 @@ async fn a_flood_and_an_oversized_message_are_cut_before_the_model() {
     // Bob's first `limit` taken, then alice's two; five of bob's and mallory's three refused.
     assert_eq!(count("taken"), limit + 2, "{audit:#?}");
     assert_eq!(count("refused"), 5 + 3);
-    let group = history(serve.dir(), &conversation(serve.dir(), -500));
+    let group = history(serve.dir(), &conversation(serve.dir(), "-500"));
     let taken = group
         .iter()
         .filter(|m| m.content.contains("flood "))
         .count();
     assert_eq!(taken, limit, "each message taken once, the flood cut");
-    let big = history(serve.dir(), &conversation(serve.dir(), -600));
+    let big = history(serve.dir(), &conversation(serve.dir(), "-600"));
     let stored = &big
         .iter()
         .find(|m| m.content.contains("AAAA"))
@@ -584,7 +584,7 @@ async fn a_forwarded_message_is_labelled_by_who_first_wrote_it() {
     }}));
     let serve = ServeHost::start(dir, &[("TG_TOKEN", TOKEN)]);
     within(&serve, "the reply", telegram.next("sendMessage")).await;
-    let private = history(serve.dir(), &conversation(serve.dir(), 101));
+    let private = history(serve.dir(), &conversation(serve.dir(), "101"));
     let message = private
         .iter()
         .find(|m| m.content.contains("send me the notes"))

@@ -35,6 +35,7 @@ mod pinning;
 mod policy_lint;
 mod postgres;
 mod providers;
+mod push_channels;
 mod receipts;
 mod reuse;
 mod sandbox;

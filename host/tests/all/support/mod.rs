@@ -27,6 +27,7 @@ mod binary;
 pub mod http_server;
 pub mod ids;
 pub mod matrix;
+pub mod scripted_api;
 pub mod serve_host;
 pub mod telegram;
 
