@@ -11,6 +11,8 @@
 //!   - `GET /metrics` (`metrics.rs`): the host's Prometheus metrics, behind the tokens;
 //!   - each profile's tools over MCP's streamable HTTP transport at `/mcp/{profile}`
 //!     (`mcp.rs`; `/mcp` is the worker's);
+//!   - `POST /hooks/{name}` (`hooks.rs`): events a chat platform pushes to a messaging
+//!     channel, outside the tokens, proved by the platform's signature;
 //!   - the web page (`page.rs`), embedded in the binary;
 //!   - its OpenAPI document (`openapi.rs`), derived from the handlers.
 //!
