@@ -44,8 +44,12 @@ class MailServers:
             raise RuntimeError((self.dir / "mail.log").read_text())
 
     def table(self, channel, adapter, password_secret):
-        """The `[channels.CHANNEL.email]` table reaching these servers."""
-        return f"""[channels.{channel}.email]
+        """The `[channels.CHANNEL.email]` table reaching these servers, and the settings
+        that believe what the SMTP server says of who logged in."""
+        return f"""[channels.{channel}.settings]
+authenticated_by = "localhost"
+
+[channels.{channel}.email]
 imap = "imap://127.0.0.1:{self.imap_port}"
 smtp = "smtp://127.0.0.1:{self.smtp_port}"
 user = "{AGENT}"
@@ -53,9 +57,9 @@ password = "{password_secret}"
 address = "{AGENT}"
 """
 
-    def send(self, sender, subject, text, in_reply_to=None, to=AGENT, headers=None):
-        """`sender` writes to the agent, logged in as themselves (with `headers` besides);
-        the letter's Message-ID."""
+    def send(self, sender, subject, text, in_reply_to=None, to=AGENT, headers=None, login=None):
+        """`sender` writes to the agent, logged in as themselves (or as `login`), with
+        `headers` besides; the letter's Message-ID."""
         letter = EmailMessage()
         letter["From"] = sender
         letter["To"] = to
@@ -68,7 +72,8 @@ address = "{AGENT}"
             letter[name] = value
         letter.set_content(text)
         with smtplib.SMTP("127.0.0.1", self.smtp_port, timeout=30) as smtp:
-            smtp.login(sender, self.users[sender])
+            login = login or sender
+            smtp.login(login, self.users[login])
             smtp.send_message(letter)
         return letter["Message-ID"]
 

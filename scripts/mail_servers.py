@@ -1,7 +1,9 @@
 """A mail system on loopback for the email channel's demo and tests: pymap (an IMAP
 server, PyPI) holding the agent's mailbox, and aiosmtpd (an SMTP server, PyPI) taking
 submissions with a password. A letter to the agent's address is appended to its IMAP
-inbox; a letter to anyone else is kept as a file in OUTBOX/<address>/ (their inbox).
+inbox, under the `Authentication-Results: localhost; auth=pass smtp.auth=LOGIN` header a
+submission server writes (who logged in to send it); a letter to anyone else is kept as a
+file in OUTBOX/<address>/ (their inbox).
 
     mail_servers.py IMAP_PORT SMTP_PORT OUTBOX AGENT_ADDRESS AGENT_PASSWORD USER:PASSWORD...
 
@@ -51,9 +53,12 @@ def main():
             with lock:
                 for rcpt in envelope.rcpt_tos:
                     if rcpt.lower() == agent.lower():
+                        login = (session.login_data or b"").decode()
+                        vouched = (f"Authentication-Results: localhost; auth=pass "
+                                   f"smtp.auth={login}\r\n").encode()
                         box = imaplib.IMAP4("127.0.0.1", imap_port)
                         box.login(agent, agent_password)
-                        box.append("INBOX", None, None, envelope.original_content)
+                        box.append("INBOX", None, None, vouched + envelope.original_content)
                         box.logout()
                     else:
                         folder = outbox / rcpt.lower()
@@ -67,7 +72,7 @@ def main():
     def authenticate(server, session, envelope, mechanism, auth_data):
         login = auth_data.login.decode()
         ok = users.get(login) == auth_data.password.decode()
-        return AuthResult(success=ok)
+        return AuthResult(success=ok, auth_data=auth_data)
 
     smtp = Controller(Deliver(), hostname="127.0.0.1", port=smtp_port,
                       authenticator=authenticate, auth_required=True,

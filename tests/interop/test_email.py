@@ -93,8 +93,12 @@ poll_wait_secs = 1
             send()
             until("the channel reading past it", lambda: cursor.read_text() != before)
 
-        # A stranger, an out-of-office answer and garbage: each read, none answered.
+        # A stranger, alice forged by her (with a forged vouching header too), an
+        # out-of-office answer and garbage: each read, none answered.
         after_a_batch(lambda: mail.send("mallory@localhost", "hi", "hello from alice"))
+        forged = {"Authentication-Results": "localhost; auth=pass smtp.auth=alice@localhost"}
+        after_a_batch(lambda: mail.send("alice@localhost", "hi", "hello from alice",
+                                        login="mallory@localhost", headers=forged))
         after_a_batch(lambda: mail.send("alice@localhost", "Away", "hello from alice",
                                         headers={"Auto-Submitted": "auto-replied"}))
 

@@ -275,7 +275,8 @@ async def over_stdio(deployment, copy):
         return await mcp_calls(read, write)
 
 
-# Every route `capstan serve` has, as ROUTES in `host/tests/all/serve.rs` lists them from the source.
+# Every route `capstan serve` has, as ROUTES in `host/tests/all/serve.rs` lists them from the
+# source (`POST /hooks/{name}` is posted to below).
 GETS = [
     "/v1/channels", "/v1/channels/main/history", "/v1/workers", "/v1/branches", "/v1/tasks",
     "/v1/policy", "/v1/audit", "/v1/audit/requests", "/v1/audit/costs?by=tool",
@@ -374,6 +375,11 @@ def test_no_canary_leaves_by_any_door():
             status, _ = get(f"{url}{path}")
             assert status in (200, 404), (path, status)
         responses += len(GETS)
+        # A platform's event (POST /hooks/{name}) to a channel named by the token: refused,
+        # quoting nothing.
+        status, _ = post(f"{url}/hooks/{TOKEN}", {"type": "url_verification", "challenge": TOKEN})
+        assert status == 503, status
+        responses += 1
 
         def one(i):
             kind = i % 4

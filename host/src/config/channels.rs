@@ -280,14 +280,16 @@ fn check_email(
         ));
     }
     let folder = raw.folder.unwrap_or_else(|| "INBOX".into());
+    // IMAP names other folders in modified UTF-7, which the host does not write.
     if folder.is_empty()
+        || !folder.is_ascii()
         || folder
             .chars()
             .any(|c| c.is_control() || c == '"' || c == '\\')
     {
         return Err(key_error(
             &format!("{table}.folder"),
-            "a folder name without quotes, backslashes or control characters",
+            "an ASCII folder name without quotes, backslashes or control characters",
         ));
     }
     Ok(MailAccount {
@@ -362,9 +364,18 @@ pub(super) fn check_channels(
             }
             Ok(senders)
         };
-        let allow = senders("allow", raw.allow)?;
-        let admins = senders("admins", raw.admins)?;
-        let trusted = senders("trusted", raw.trusted)?;
+        // Email addresses are read without regard to case (the adapter lowers them).
+        let email = raw.email.is_some();
+        let lower = |list: Vec<String>| -> Vec<String> {
+            if email {
+                list.into_iter().map(|id| id.to_lowercase()).collect()
+            } else {
+                list
+            }
+        };
+        let allow = senders("allow", lower(raw.allow))?;
+        let admins = senders("admins", lower(raw.admins))?;
+        let trusted = senders("trusted", lower(raw.trusted))?;
         if trusted.any {
             return Err(key_error(
                 &format!("{table}.trusted"),
@@ -441,7 +452,7 @@ mod tests {
     fn an_email_table_is_read_with_its_servers_and_inbox() {
         let config = parse(
             "[secrets.PW]\nenv = \"PW\"\n[channels.mail]\nadapter = \"email.wasm\"\n\
-             allow = [\"a@example.org\"]\n[channels.mail.email]\nimap = \"imaps://imap.example.org\"\n\
+             allow = [\"Alice@Example.org\"]\n[channels.mail.email]\nimap = \"imaps://imap.example.org\"\n\
              smtp = \"smtp+starttls://smtp.example.org\"\nuser = \"agent\"\npassword = \"PW\"\n\
              address = \"agent@example.org\"\n",
         )

@@ -21,7 +21,6 @@ use super::inbox::{Inbox, InboxError, MAX_EVENT_BYTES};
 use crate::plugin::PluginHost;
 use crate::plugin::adapter::{AdapterFailure, LoadedAdapter, PlatformError};
 use crate::secrets::Secret;
-use crate::text::echo_name;
 
 /// How far a signed request's timestamp may be from the host's clock: an older one is a
 /// replay.
@@ -103,12 +102,11 @@ impl Hooks {
             .get(channel)
             .cloned();
         let Some(hook) = hook else {
+            // The name is not quoted: answered before any signature is checked, an echo
+            // passed through the redactor would tell whether a guess is a secret's value.
             return HookAnswer::refused(
                 503,
-                format!(
-                    "no channel `{}` takes pushed events here now; try again later",
-                    echo_name(channel, 32)
-                ),
+                "no channel of that name takes pushed events here now; try again later",
             );
         };
         if body.len() > MAX_EVENT_BYTES {

@@ -75,7 +75,7 @@ pub(crate) fn build_linker(engine: &Engine, http: bool) -> Result<Linker<Sandbox
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(fail)?;
     }
     Plugin::add_to_linker::<Sandbox, HasSelf<Sandbox>>(&mut linker, |s| s).map_err(fail)?;
-    super::adapter::add_to_linker(&mut linker).map_err(fail)?;
+    super::channel::add_to_linker(&mut linker).map_err(fail)?;
     Ok(linker)
 }
 

@@ -16,6 +16,7 @@ mod bindings;
 mod cache;
 mod call_log;
 mod capture;
+mod channel;
 pub mod contract;
 mod engine;
 mod error;

@@ -680,7 +680,7 @@ async fn the_mail_import_answers_only_a_channel_with_a_mailbox() {
     let adapter = host
         .load_adapter(
             &component("adapters", "email"),
-            "{}".into(),
+            r#"{"authenticated_by":"mx.example.org"}"#.into(),
             AdapterGrants {
                 channel: "mail".into(),
                 ..AdapterGrants::default()

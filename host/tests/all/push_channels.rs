@@ -265,15 +265,7 @@ api = "{base}"
 
     // Taken events leave the inbox; the canaries are nowhere in what the host said.
     let inbox = serve.dir().join(".capstan/channels/sl.inbox");
-    until("the inbox emptied", async || {
-        let left = std::fs::read_dir(&inbox).unwrap().count();
-        if left == 0 {
-            Ok(())
-        } else {
-            Err(format!("{left} events left"))
-        }
-    })
-    .await;
+    emptied(&inbox).await;
     // Acknowledged means kept: killed right after the 200, the event is taken at the next
     // start, and stored once.
     let crash = slack_message("U1", "4.0", None, "hello from alice, before the crash");
@@ -287,15 +279,7 @@ api = "{base}"
     serve.kill();
     let mut log = serve.log();
     let serve = serve.restart(&[("SLACK_TOKEN", TOKEN), ("SLACK_SIGNING", SIGNING)]);
-    until("the inbox emptied after the restart", async || {
-        let left = std::fs::read_dir(&inbox).unwrap().count();
-        if left == 0 {
-            Ok(())
-        } else {
-            Err(format!("{left} events left"))
-        }
-    })
-    .await;
+    emptied(&inbox).await;
     let stored = history(serve.dir(), &conversation(serve.dir(), "C1"));
     let crashed: Vec<_> = stored
         .iter()
@@ -307,6 +291,19 @@ api = "{base}"
     for canary in [SIGNING, TOKEN] {
         assert!(!log.contains(canary), "{canary} in the log");
     }
+}
+
+/// Waits until every event of the inbox at `path` is taken and removed.
+async fn emptied(path: &std::path::Path) {
+    until("the inbox emptied", async || {
+        let left = std::fs::read_dir(path).unwrap().count();
+        if left == 0 {
+            Ok(())
+        } else {
+            Err(format!("{left} events left"))
+        }
+    })
+    .await;
 }
 
 /// What Discord's API answers for an interaction's webhook.

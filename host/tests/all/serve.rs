@@ -731,7 +731,7 @@ async fn chat_completions_answer_after_the_tools_ran_streaming_or_not() {
 /// Every route of `capstan serve`, by the path it is declared with. Each is searched for
 /// secrets and tokens by `every_route_serves_no_secret_and_no_token` (here) and
 /// `tests/interop/test_one_way_out.py` (through real clients, every byte).
-const ROUTES: [&str; 27] = [
+const ROUTES: [&str; 28] = [
     "/v1/channels",
     "/v1/channels/{name}/history",
     "/v1/channels/{name}/messages",
@@ -756,6 +756,7 @@ const ROUTES: [&str; 27] = [
     "/mcp",
     "/v1/openapi.json",
     "/healthz",
+    "/hooks/{name}",
     "/",
     "/app.js",
     "/style.css",
@@ -947,6 +948,19 @@ async fn every_route_serves_no_secret_and_no_token() {
         "the approval is shown, redacted: {shown}"
     );
     bytes.extend_from_slice(shown.as_bytes());
+    // A platform's event to a channel named by a token's value, carrying a secret: the
+    // refusal quotes neither.
+    let response = client
+        .post(served.at(&format!("/hooks/{token_value}")))
+        .body(format!("{{\"challenge\":\"{SECRET_VALUE}\"}}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    bytes.extend(headers(&response));
+    let refused = response.text().await.unwrap();
+    assert!(!refused.contains("redacted"), "{refused}");
+    bytes.extend_from_slice(refused.as_bytes());
     // A path that is a token's value: the refusal does not quote it (nor, redacted, tell
     // that it is one).
     let response = client

@@ -4,10 +4,14 @@
 
 use std::collections::HashMap;
 use std::fmt::Debug;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::rustls::pki_types::ServerName;
 
@@ -20,12 +24,62 @@ use super::{
 trait Io: AsyncRead + AsyncWrite + Send + Unpin + Debug {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + Debug> Io for T {}
 
+/// The most bytes one fetch reads from the server, whatever the server says of its
+/// messages' sizes: the fetch fails past it rather than the host's memory growing.
+const MAX_FETCH_READ: i64 = 2 * MAX_FETCH_BYTES as i64 + (1 << 20);
+
+/// A connection that counts what it reads against a budget, set anew for each fetch.
+#[derive(Debug)]
+struct Metered {
+    inner: Box<dyn Io>,
+    left: Arc<AtomicI64>,
+}
+
+impl AsyncRead for Metered {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.left.load(Ordering::Relaxed) < 0 {
+            return Poll::Ready(Err(std::io::Error::other(format!(
+                "the server sent more than the {MAX_FETCH_READ} bytes a fetch reads"
+            ))));
+        }
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let got = (buf.filled().len() - before) as i64;
+        self.left.fetch_sub(got, Ordering::Relaxed);
+        read
+    }
+}
+
+impl AsyncWrite for Metered {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// Bytes a message's header is counted as against [`MAX_FETCH_BYTES`] before it is read.
 const HEADER_ESTIMATE: u64 = 64 << 10;
 
 /// A logged-in IMAP session on the channel's folder.
 pub(super) struct Session {
-    inner: async_imap::Session<Box<dyn Io>>,
+    inner: async_imap::Session<Metered>,
+    /// What the connection may still read in this fetch.
+    left: Arc<AtomicI64>,
     server: MailServer,
     folder: String,
     idle: bool,
@@ -35,7 +89,11 @@ impl Session {
     /// Connects to `account`'s IMAP server and logs in with `password`.
     pub(super) async fn open(account: &MailAccount, password: &str) -> Result<Self, MailError> {
         let server = account.imap.clone();
-        let io = connect(&server).await?;
+        let left = Arc::new(AtomicI64::new(MAX_FETCH_READ));
+        let io = Metered {
+            inner: connect(&server).await?,
+            left: left.clone(),
+        };
         let mut client = async_imap::Client::new(io);
         let greeting = within(&server, "the greeting", async {
             client.read_response().await.map_err(|e| e.to_string())
@@ -63,6 +121,7 @@ impl Session {
         .has_str("IDLE");
         Ok(Session {
             inner,
+            left,
             server,
             folder: account.folder.clone(),
             idle,
@@ -78,6 +137,7 @@ impl Session {
         max: u32,
         wait: Duration,
     ) -> Result<(Self, Fetched), MailError> {
+        self.left.store(MAX_FETCH_READ, Ordering::Relaxed);
         let (validity, mut end) = self.position().await?;
         let from_end = |uid| Fetched {
             messages: Vec::new(),
@@ -102,16 +162,32 @@ impl Session {
             self = self.wait(wait).await?;
             let (now, now_end) = self.position().await?;
             if now != validity {
-                return Ok((self, from_end(now_end)));
+                let mark = Mark {
+                    validity: now,
+                    uid: now_end,
+                };
+                return Ok((
+                    self,
+                    Fetched {
+                        messages: Vec::new(),
+                        mark,
+                    },
+                ));
             }
             end = now_end;
         }
         if end <= after {
             return Ok((self, from_end(after)));
         }
-        let chosen = self.choose(after, max).await?;
+        let (chosen, whole) = self.choose(after, max).await?;
         let messages = self.read(&chosen).await?;
-        let last = chosen.last().map_or(after, |(uid, _)| *uid);
+        // All there was to read is read: the mark goes to the end, past the UIDs of
+        // messages deleted before they were read (or the next fetch would look again).
+        let last = match chosen.last() {
+            Some((uid, _)) if !whole => *uid,
+            Some((uid, _)) => end.max(*uid),
+            None => end.max(after),
+        };
         Ok((
             self,
             Fetched {
@@ -165,6 +241,7 @@ impl Session {
         }
         let Session {
             inner,
+            left,
             server,
             folder,
             idle,
@@ -176,10 +253,11 @@ impl Session {
         .await?;
         {
             let (done, _stop) = handle.wait_with_timeout(wait);
-            within(&server, "IDLE", async {
-                done.await.map_err(|e| e.to_string())
-            })
-            .await?;
+            // The server's keepalives restart async-imap's own timer: bounded here too.
+            match tokio::time::timeout(wait, done).await {
+                Err(_) | Ok(Ok(_)) => {}
+                Ok(Err(err)) => return Err(MailError::Failed(format!("{server}: IDLE: {err}"))),
+            }
         }
         let inner = within(&server, "DONE", async {
             handle.done().await.map_err(|e| e.to_string())
@@ -187,6 +265,7 @@ impl Session {
         .await?;
         Ok(Session {
             inner,
+            left,
             server,
             folder,
             idle,
@@ -194,42 +273,56 @@ impl Session {
     }
 
     /// The UIDs after `after` to read now, with their sizes: at most `max`, and no more
-    /// than [`MAX_FETCH_BYTES`] (one always, however large: it comes as its header).
-    async fn choose(&mut self, after: u32, max: u32) -> Result<Vec<(u32, u64)>, MailError> {
-        let range = format!("{}:*", after.saturating_add(1));
-        let fetches = within(&self.server, "UID FETCH", async {
+    /// than [`MAX_FETCH_BYTES`] (one always, however large: it comes as its header); and
+    /// whether they are all there was after `after`.
+    async fn choose(&mut self, after: u32, max: u32) -> Result<(Vec<(u32, u64)>, bool), MailError> {
+        let range = format!("UID {}:*", after.saturating_add(1));
+        let mut uids: Vec<u32> = within(&self.server, "UID SEARCH", async {
             self.inner
-                .uid_fetch(&range, "(UID RFC822.SIZE)")
-                .await
-                .map_err(|e| e.to_string())?
-                .try_collect::<Vec<_>>()
+                .uid_search(&range)
                 .await
                 .map_err(|e| e.to_string())
         })
-        .await?;
+        .await?
+        .into_iter()
         // `N:*` names the last message even when its UID is below N.
-        let mut sizes: Vec<(u32, u64)> = fetches
+        .filter(|uid| *uid > after)
+        .collect();
+        uids.sort_unstable();
+        let more = uids.len() > max as usize;
+        uids.truncate(max as usize);
+        if uids.is_empty() {
+            return Ok((Vec::new(), true));
+        }
+        let set = uids
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let fetches = self.uid_fetch(&set, "(UID RFC822.SIZE)").await?;
+        let sizes: HashMap<u32, u64> = fetches
             .iter()
             .filter_map(|f| Some((f.uid?, u64::from(f.size.unwrap_or(0)))))
-            .filter(|(uid, _)| *uid > after)
             .collect();
-        sizes.sort_unstable();
-        sizes.dedup_by_key(|(uid, _)| *uid);
         let mut chosen = Vec::new();
         let mut bytes = 0;
-        for (uid, size) in sizes.into_iter().take(max as usize) {
+        for uid in uids.iter().copied() {
+            // Gone since the search: left out.
+            let Some(&size) = sizes.get(&uid) else {
+                continue;
+            };
             let cost = if size <= MAX_MESSAGE_BYTES {
                 size
             } else {
                 HEADER_ESTIMATE
             };
             if !chosen.is_empty() && bytes + cost > MAX_FETCH_BYTES {
-                break;
+                return Ok((chosen, false));
             }
             bytes += cost;
             chosen.push((uid, size));
         }
-        Ok(chosen)
+        Ok((chosen, !more))
     }
 
     /// Reads the messages `chosen` names: whole, or their header when too large. One that
@@ -238,8 +331,13 @@ impl Session {
         let (whole, heads): (Vec<_>, Vec<_>) = chosen
             .iter()
             .partition(|(_, size)| *size <= MAX_MESSAGE_BYTES);
-        let mut bodies = self.read_part(&whole, "BODY.PEEK[]").await?;
-        let mut headers = self.read_part(&heads, "BODY.PEEK[HEADER]").await?;
+        // Partial fetches: a server that misstated a size still sends no more than these.
+        let mut bodies = self
+            .read_part(&whole, &format!("BODY.PEEK[]<0.{MAX_MESSAGE_BYTES}>"))
+            .await?;
+        let mut headers = self
+            .read_part(&heads, &format!("BODY.PEEK[HEADER]<0.{HEADER_ESTIMATE}>"))
+            .await?;
         Ok(chosen
             .iter()
             .filter_map(|&(uid, size)| {
@@ -274,17 +372,8 @@ impl Session {
             .collect::<Vec<_>>()
             .join(",");
         let query = format!("(UID {item})");
-        let header = item.ends_with("[HEADER]");
-        let fetches = within(&self.server, "UID FETCH", async {
-            self.inner
-                .uid_fetch(&set, &query)
-                .await
-                .map_err(|e| e.to_string())?
-                .try_collect::<Vec<_>>()
-                .await
-                .map_err(|e| e.to_string())
-        })
-        .await?;
+        let header = item.contains("[HEADER]");
+        let fetches = self.uid_fetch(&set, &query).await?;
         Ok(fetches
             .iter()
             .filter_map(|f| {
@@ -299,6 +388,26 @@ impl Session {
                 Some((f.uid?, data.to_vec()))
             })
             .collect())
+    }
+}
+
+impl Session {
+    /// `UID FETCH set query`, every answer read.
+    async fn uid_fetch(
+        &mut self,
+        set: &str,
+        query: &str,
+    ) -> Result<Vec<async_imap::types::Fetch>, MailError> {
+        within(&self.server, "UID FETCH", async {
+            self.inner
+                .uid_fetch(set, query)
+                .await
+                .map_err(|e| e.to_string())?
+                .try_collect::<Vec<_>>()
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await
     }
 }
 

@@ -1,8 +1,10 @@
 //! Sending: each letter written by the host (lettre's builder, so no header can be
-//! smuggled in through a subject or an id) from the channel's address, and submitted over
-//! SMTP with the account's password.
+//! smuggled in through a subject or an id) from the channel's address, marked
+//! `Auto-Submitted: auto-replied` (RFC 3834) so that other programs do not answer it, and
+//! submitted over SMTP with the account's password.
 
-use lettre::message::{Mailbox as Address, header::ContentType};
+use lettre::message::header::{Header, HeaderName, HeaderValue};
+use lettre::message::{Mailbox as Address, SinglePart};
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::{Tls, TlsParameters};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
@@ -15,6 +17,25 @@ const MAX_SUBJECT_BYTES: usize = 250;
 
 /// The most Message-IDs a letter's `References` carries (the newest).
 const MAX_REFERENCES: usize = 20;
+
+/// `Auto-Submitted: auto-replied`: a program's answer, which an auto-responder must not
+/// answer (RFC 3834), so two bots never write to each other without end.
+#[derive(Clone)]
+struct AutoReplied;
+
+impl Header for AutoReplied {
+    fn name() -> HeaderName {
+        HeaderName::new_from_ascii_str("Auto-Submitted")
+    }
+
+    fn parse(_: &str) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(AutoReplied)
+    }
+
+    fn display(&self) -> HeaderValue {
+        HeaderValue::new(Self::name(), "auto-replied".into())
+    }
+}
 
 /// The SMTP client of one account, its connections pooled by lettre.
 pub(super) struct Transport {
@@ -84,7 +105,7 @@ impl Transport {
             .to(to)
             .subject(crate::text::truncate(&subject, MAX_SUBJECT_BYTES))
             .message_id(Some(id.clone()))
-            .header(ContentType::TEXT_PLAIN);
+            .header(AutoReplied);
         if let Some(answered) = letter.in_reply_to.as_deref().filter(|i| is_message_id(i)) {
             message = message.in_reply_to(answered.to_owned());
         }
@@ -103,7 +124,7 @@ impl Transport {
             message = message.references(joined);
         }
         let message = message
-            .body(letter.text)
+            .singlepart(SinglePart::plain(letter.text))
             .map_err(|e| MailError::Malformed(e.to_string()))?;
         match self.inner.send(message).await {
             Ok(_) => Ok(id),

@@ -7,11 +7,6 @@
 //! hosts and the secret the egress injects. Nothing here knows about conversations: the
 //! door that drives an adapter (`crate::messaging`) does.
 
-mod bindings;
-mod mail;
-
-pub(crate) use mail::add_to_linker;
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -28,11 +23,11 @@ use crate::plugin::loaded::LoadedPlugin;
 use crate::plugin::sandbox::{CallScope, Sandbox};
 use crate::policy::Grants;
 
-pub use bindings::capstan::channel::types::{
+pub use super::channel::bindings::capstan::channel::types::{
     AdapterError as PlatformError, Attachment, Batch, Feature, Inbound, Outbound, Platform,
     Received, Sender,
 };
-use bindings::{MessagingAdapter as Adapter, MessagingAdapterPre as AdapterPre};
+use super::channel::bindings::{MessagingAdapter as Adapter, MessagingAdapterPre as AdapterPre};
 
 pub use crate::plugin::contract::CHANNEL_WIT_VERSION;
 

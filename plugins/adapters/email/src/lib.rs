@@ -7,16 +7,27 @@
 //! host sends its letters only from the channel's address and only to the channel's
 //! senders.
 //!
-//! - A message's room and sender are its `From` address; its thread is the first
-//!   Message-ID of its `References` (or the one it answers, or its own).
+//! - A message's room and sender are its `From` address, but only when the server that
+//!   received it vouches for that address: anyone can write any `From`. The topmost
+//!   `Authentication-Results` header of the server named `authenticated_by` must say
+//!   `auth=pass` for the address (the sender logged in to submit it), or `dmarc=pass` or
+//!   `dkim=pass` for its domain. Mail it does not vouch for is not taken.
+//! - Its thread is the first Message-ID of its `References` (or the one it answers, or
+//!   its own).
 //! - Its text is the subject and the plain-text body (HTML turned into text), without
 //!   the quoted tail of earlier messages. Attachments are handles (`UID/PART`), never
 //!   text.
-//! - Automatic mail (`Auto-Submitted`, bulk and list mail, bounces) is not taken: an
-//!   out-of-office answer never starts a conversation, nor a loop.
+//! - Automatic mail (`Auto-Submitted`, bulk and list mail, bounces, delivery reports,
+//!   the channel's own letters) is not taken: an out-of-office answer never starts a
+//!   conversation, nor a loop. The host marks the letters it sends `Auto-Submitted`.
 //! - A message larger than the host reads whole comes as its header, and says so.
 //!
-//! The cursor is the mailbox's `UIDVALIDITY:UID`. No settings.
+//! The cursor is the mailbox's `UIDVALIDITY:UID`.
+//!
+//! Settings (`[channels.NAME.settings]`):
+//! - `authenticated_by`: the authserv-id of the server that receives the channel's mail
+//!   and writes `Authentication-Results` (the first word of that header's value, often
+//!   the server's host name). Required.
 
 use capstan_channel::mail::{self, Letter, Mark, Stored};
 use capstan_channel::{
@@ -37,10 +48,35 @@ const MAX_CONTEXT_BYTES: usize = 4096;
 /// The longest id the host takes; a longer Message-ID is replaced by the UID.
 const MAX_ID_BYTES: usize = 256;
 
-/// `[channels.NAME.settings]`: none yet.
+/// `[channels.NAME.settings]`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Settings {}
+pub struct Settings {
+    /// The authserv-id whose `Authentication-Results` vouch for senders.
+    #[serde(default)]
+    pub authenticated_by: Option<String>,
+}
+
+impl Settings {
+    /// The settings in `json`, with `authenticated_by` named.
+    fn read(json: &str) -> Result<(Settings, String), AdapterError> {
+        let settings: Settings = capstan_channel::settings(json)?;
+        let by = settings
+            .authenticated_by
+            .clone()
+            .filter(|id| !id.trim().is_empty())
+            .ok_or_else(|| {
+                AdapterError::Failed(
+                    "set [channels.NAME.settings] authenticated_by to the authserv-id of the \
+                     server that receives this mailbox's mail (the first word of the \
+                     Authentication-Results headers it writes): anyone can write any From, \
+                     so only senders that server vouches for are taken"
+                        .into(),
+                )
+            })?;
+        Ok((settings, by))
+    }
+}
 
 /// What the adapter needs to answer a message: carried by the host from the message to
 /// its replies.
@@ -77,9 +113,18 @@ pub fn parse_cursor(cursor: &str) -> Option<Mark> {
     })
 }
 
+/// Where a mailbox's messages come from: the channel's own address, and the server that
+/// vouches for senders.
+pub struct Mailbox<'a> {
+    /// The channel's own address.
+    pub own: &'a str,
+    /// The authserv-id whose `Authentication-Results` are believed.
+    pub authenticated_by: &'a str,
+}
+
 /// The message `stored` as the host takes it, or `None` when it is not for a
-/// conversation (automatic mail, no sender, unreadable).
-pub fn inbound(stored: &Stored, validity: u32) -> Option<Inbound> {
+/// conversation (automatic mail, its own, a sender nobody vouches for, unreadable).
+pub fn inbound(stored: &Stored, validity: u32, mailbox: &Mailbox<'_>) -> Option<Inbound> {
     let message = MessageParser::default().parse(&stored.raw)?;
     if is_automatic(&message) {
         return None;
@@ -87,6 +132,11 @@ pub fn inbound(stored: &Stored, validity: u32) -> Option<Inbound> {
     let from = first(message.from())?;
     let address = from.address()?.trim().to_ascii_lowercase();
     if address.is_empty() || address.len() > MAX_ID_BYTES || !address.contains('@') {
+        return None;
+    }
+    if address.eq_ignore_ascii_case(mailbox.own)
+        || !vouched(&message, mailbox.authenticated_by, &address)
+    {
         return None;
     }
     let own_id = message
@@ -187,11 +237,84 @@ fn is_automatic(message: &Message<'_>) -> bool {
     if header("List-Id").is_some() || header("X-Autoreply").is_some() {
         return true;
     }
+    // A bounce's envelope sender is empty; a delivery report is a `multipart/report`.
+    if header("Return-Path").is_some_and(|v| v.trim() == "<>") {
+        return true;
+    }
+    if message.content_type().is_some_and(|ct| {
+        ct.ctype().eq_ignore_ascii_case("multipart")
+            && ct
+                .subtype()
+                .is_some_and(|s| s.eq_ignore_ascii_case("report"))
+    }) {
+        return true;
+    }
     let from = first(message.from())
         .and_then(|a| a.address())
         .unwrap_or_default()
         .to_ascii_lowercase();
     from.starts_with("mailer-daemon@") || from.starts_with("postmaster@")
+}
+
+/// Whether the topmost `Authentication-Results` header that `authserv` wrote vouches for
+/// `from`: `auth=pass` for the address, or `dmarc=pass` or `dkim=pass` for its domain.
+/// Headers further down are the sender's own, or other servers': not believed.
+pub fn vouched(message: &Message<'_>, authserv: &str, from: &str) -> bool {
+    let domain = from.rsplit_once('@').map_or("", |(_, d)| d);
+    let Some(results) = message
+        .headers_raw()
+        .filter(|(name, _)| name.eq_ignore_ascii_case("Authentication-Results"))
+        .map(|(_, value)| without_comments(value))
+        .find(|value| {
+            value
+                .split(';')
+                .next()
+                .and_then(|id| id.split_whitespace().next())
+                .is_some_and(|id| id.eq_ignore_ascii_case(authserv))
+        })
+    else {
+        return false;
+    };
+    results.split(';').skip(1).any(|result| {
+        let mut words = result.split_whitespace();
+        let Some(verdict) = words.next() else {
+            return false;
+        };
+        let property = |key: &str| {
+            result
+                .split_whitespace()
+                .find_map(|w| {
+                    w.split_once('=')
+                        .filter(|(k, _)| k.eq_ignore_ascii_case(key))
+                })
+                .map(|(_, v)| v.trim_matches('"').to_ascii_lowercase())
+        };
+        match verdict.to_ascii_lowercase().as_str() {
+            "auth=pass" => property("smtp.auth").is_some_and(|a| a == from),
+            "dmarc=pass" => property("header.from").is_some_and(|d| d == domain),
+            "dkim=pass" => {
+                property("header.d").is_some_and(|d| d == domain)
+                    || property("header.i").is_some_and(|i| i.ends_with(&format!("@{domain}")))
+            }
+            _ => false,
+        }
+    })
+}
+
+/// `value` without its `(comments)`, unfolded.
+fn without_comments(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    let mut depth = 0usize;
+    for c in value.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            '\r' | '\n' => out.push(' '),
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    out
 }
 
 /// The first address of `address`, if any.
@@ -287,7 +410,7 @@ pub struct Email;
 
 impl Adapter for Email {
     fn describe(settings: String) -> Result<Platform, AdapterError> {
-        capstan_channel::settings::<Settings>(&settings)?;
+        Settings::read(&settings)?;
         Ok(Platform {
             name: "email".into(),
             max_text: MAX_TEXT,
@@ -298,14 +421,18 @@ impl Adapter for Email {
     }
 
     fn poll(settings: String, cursor: Option<String>, wait_ms: u32) -> Result<Batch, AdapterError> {
-        capstan_channel::settings::<Settings>(&settings)?;
+        let (_, authenticated_by) = Settings::read(&settings)?;
         let since = cursor.as_deref().and_then(parse_cursor);
         let fetched = mail::fetch(since, FETCH_MAX, wait_ms)?;
         let validity = fetched.mark.validity;
+        let mailbox = Mailbox {
+            own: &fetched.address,
+            authenticated_by: &authenticated_by,
+        };
         let messages = fetched
             .messages
             .iter()
-            .filter_map(|stored| inbound(stored, validity))
+            .filter_map(|stored| inbound(stored, validity, &mailbox))
             .collect();
         Ok(Batch {
             messages,
@@ -324,13 +451,37 @@ capstan_channel::export_adapter!(Email);
 mod tests {
     use super::*;
 
+    const MAILBOX: Mailbox<'static> = Mailbox {
+        own: "agent@example.org",
+        authenticated_by: "mx.example.org",
+    };
+
+    /// `raw` as the server keeps it, with the header `mx.example.org` writes on top.
     fn stored(raw: &str) -> Stored {
+        let from = raw
+            .lines()
+            .find_map(|l| l.strip_prefix("From: "))
+            .map(|f| {
+                f.rsplit('<')
+                    .next()
+                    .unwrap()
+                    .trim_end_matches('>')
+                    .to_lowercase()
+            })
+            .unwrap_or_default();
+        let raw = format!(
+            "Authentication-Results: mx.example.org;\r\n auth=pass (logged in) smtp.auth={from}\r\n{raw}"
+        );
         Stored {
             uid: 7,
             size: raw.len() as u64,
-            raw: raw.as_bytes().to_vec(),
+            raw: raw.into_bytes(),
             complete: true,
         }
+    }
+
+    fn read(stored: &Stored, validity: u32) -> Option<Inbound> {
+        inbound(stored, validity, &MAILBOX)
     }
 
     #[test]
@@ -339,7 +490,7 @@ mod tests {
                    Subject: Re: the plan\r\nMessage-ID: <m2@example.org>\r\n\
                    In-Reply-To: <m1@example.org>\r\nReferences: <m0@example.org> <m1@example.org>\r\n\
                    \r\nYes, go ahead.\r\n\r\nOn Monday, agent wrote:\r\n> Shall I?\r\n> \r\n";
-        let message = inbound(&stored(raw), 1).unwrap();
+        let message = read(&stored(raw), 1).unwrap();
         assert_eq!(message.id, "<m2@example.org>");
         assert_eq!(message.room, "alice@example.org");
         assert_eq!(message.thread.as_deref(), Some("<m0@example.org>"));
@@ -371,10 +522,10 @@ mod tests {
         ] {
             let raw =
                 format!("From: bob@example.org\r\n{header}\r\nSubject: Away\r\n\r\nI am away.\r\n");
-            assert!(inbound(&stored(&raw), 1).is_none(), "{header}");
+            assert!(read(&stored(&raw), 1).is_none(), "{header}");
         }
         let bounce = "From: MAILER-DAEMON@example.org\r\nSubject: failure\r\n\r\nx\r\n";
-        assert!(inbound(&stored(bounce), 1).is_none());
+        assert!(read(&stored(bounce), 1).is_none());
     }
 
     #[test]
@@ -385,7 +536,7 @@ mod tests {
                    --XX\r\nContent-Type: application/pdf\r\n\
                    Content-Disposition: attachment; filename=\"plan.pdf\"\r\n\
                    Content-Transfer-Encoding: base64\r\n\r\nSGVsbG8=\r\n--XX--\r\n";
-        let message = inbound(&stored(raw), 3).unwrap();
+        let message = read(&stored(raw), 3).unwrap();
         assert!(!message.direct);
         assert_eq!(message.attachments.len(), 1);
         assert_eq!(message.attachments[0].id, "7/0");
@@ -397,7 +548,64 @@ mod tests {
         let mut head = stored("From: a@example.org\r\nSubject: big\r\n\r\n");
         head.complete = false;
         head.size = 9_000_000;
-        assert!(inbound(&head, 3).unwrap().text.contains("9000000 bytes"));
+        assert!(read(&head, 3).unwrap().text.contains("9000000 bytes"));
+    }
+
+    #[test]
+    fn only_a_sender_the_receiving_server_vouches_for_is_taken() {
+        let letter = "From: alice@example.org\r\nSubject: hi\r\n\r\nhello\r\n";
+        let with = |results: &str| Stored {
+            uid: 1,
+            size: 0,
+            raw: format!("{results}{letter}").into_bytes(),
+            complete: true,
+        };
+        for (results, taken) in [
+            (
+                "Authentication-Results: mx.example.org; auth=pass smtp.auth=alice@example.org\r\n",
+                true,
+            ),
+            (
+                "Authentication-Results: MX.example.org 1; dmarc=pass header.from=example.org\r\n",
+                true,
+            ),
+            (
+                "Authentication-Results: mx.example.org; dkim=pass header.d=example.org\r\n",
+                true,
+            ),
+            // Logged in as someone else, who wrote alice's address.
+            (
+                "Authentication-Results: mx.example.org; auth=pass smtp.auth=mallory@example.org\r\n",
+                false,
+            ),
+            (
+                "Authentication-Results: mx.example.org; dmarc=fail header.from=example.org\r\n",
+                false,
+            ),
+            // Another server's word, or none.
+            (
+                "Authentication-Results: evil.example; auth=pass smtp.auth=alice@example.org\r\n",
+                false,
+            ),
+            ("", false),
+            // The sender's own header under the server's: the server's, on top, decides.
+            (
+                "Authentication-Results: mx.example.org; auth=pass smtp.auth=mallory@example.org\r\n\
+              Authentication-Results: mx.example.org; auth=pass smtp.auth=alice@example.org\r\n",
+                false,
+            ),
+        ] {
+            assert_eq!(
+                inbound(&with(results), 1, &MAILBOX).is_some(),
+                taken,
+                "{results}"
+            );
+        }
+        // The channel's own letters, and bounces, are never taken.
+        let own = "From: agent@example.org\r\nSubject: x\r\n\r\nx\r\n";
+        assert!(read(&stored(own), 1).is_none());
+        let bounce = "From: alice@example.org\r\nReturn-Path: <>\r\nSubject: x\r\n\r\nx\r\n";
+        assert!(read(&stored(bounce), 1).is_none());
     }
 
     #[test]

@@ -52,7 +52,7 @@ impl mail::Host for Sandbox {
         let fetched = mailbox
             .fetch(since, max, Duration::from_millis(u64::from(wait_ms)))
             .await
-            .map_err(adapter_error)?;
+            .map_err(|e| self.adapter_error(e))?;
         Ok(Fetched {
             messages: fetched
                 .messages
@@ -68,6 +68,7 @@ impl mail::Host for Sandbox {
                 validity: fetched.mark.validity,
                 uid: fetched.mark.uid,
             },
+            address: mailbox.account().address.clone(),
         })
     }
 
@@ -82,16 +83,24 @@ impl mail::Host for Sandbox {
                 text: letter.text,
             })
             .await
-            .map_err(adapter_error)
+            .map_err(|e| self.adapter_error(e))
     }
 }
 
-/// `err` as the adapter's error type; a server's "later" is a rate limit of a minute.
-fn adapter_error(err: MailError) -> AdapterError {
-    match err {
-        MailError::Denied(m) => AdapterError::Denied(m),
-        MailError::Malformed(m) => AdapterError::Malformed(m),
-        MailError::TryLater(_) => AdapterError::RateLimited(60_000),
-        MailError::Failed(m) => AdapterError::Failed(m),
+impl Sandbox {
+    /// `err` as the adapter's error type, redacted before the guest sees it (a hostile
+    /// server's error text may echo the login); a server's "later" is a short rate limit.
+    fn adapter_error(&self, err: MailError) -> AdapterError {
+        let redact = |m: String| self.scope.network.secrets().redactor().redact_owned(m);
+        match err {
+            MailError::Denied(m) => AdapterError::Denied(redact(m)),
+            MailError::Malformed(m) => AdapterError::Malformed(redact(m)),
+            MailError::TryLater(_) => AdapterError::RateLimited(TRY_LATER.as_millis() as u64),
+            MailError::Failed(m) => AdapterError::Failed(redact(m)),
+        }
     }
 }
+
+/// How long a letter waits when the SMTP server says to try later (a 4xx): the door tries
+/// a few times, then gives the letter up.
+const TRY_LATER: Duration = Duration::from_secs(10);
