@@ -27,7 +27,7 @@ pub const MAX_INBOUND_CHARS: usize = 16 * 1024;
 ///     id: "$1".into(), room: "!abc:localhost".into(), thread: None,
 ///     sender: Sender { id: "@eve:localhost".into(), display_name: None },
 ///     text: "hi".into(), addressed: true, direct: false, attachments: vec![], edits: None,
-///     forwarded_from: None,
+///     forwarded_from: None, context: None,
 /// };
 /// let id = conversation_for(&config.channels[0], &message, ProcessKind::Channel);
 /// assert!(id.to_string().starts_with("channel:mx.r._abc_localhost."), "{id}");
