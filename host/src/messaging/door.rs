@@ -14,7 +14,7 @@ use super::cursor::Cursor;
 use super::hooks::{Hooks, OpenHook, SignatureCheck};
 use super::inbox::Inbox;
 use super::split::split;
-use crate::agent::{ChatStep, End, ReplyPart, Runtime, UserMessage};
+use crate::agent::{ChatStep, ConversationError, End, ReplyPart, Runtime, UserMessage};
 use crate::config::{ChannelSpec, HookSignature};
 use crate::ids::ProcessId;
 use crate::net::mail::{MailError, Mailbox, Recipients};
@@ -215,18 +215,6 @@ struct Door {
     hooks: Arc<Hooks>,
 }
 
-/// Closes a channel's hook when its door stops running.
-struct HookOpen<'a> {
-    hooks: &'a Hooks,
-    channel: &'a str,
-}
-
-impl Drop for HookOpen<'_> {
-    fn drop(&mut self) {
-        self.hooks.close(self.channel);
-    }
-}
-
 /// The most pushed events read into one batch.
 const EVENTS_PER_BATCH: usize = 100;
 
@@ -307,10 +295,6 @@ impl Door {
                 Err(why) => return Halt::Failed(why),
             },
         };
-        let _open = inbox.is_some().then(|| HookOpen {
-            hooks: &self.hooks,
-            channel: &spec.name,
-        });
         tracing::info!(
             channel = %spec.name,
             platform = %adapter.platform().name,
@@ -439,8 +423,8 @@ impl Door {
         }
     }
 
-    /// Opens the channel's hook with `adapter`: its inbox (numbered after `cursor`) and
-    /// the check of the platform's signature.
+    /// Opens the channel's hook with `adapter` and the check of the platform's signature;
+    /// its inbox, made at the first run (numbered after `cursor`), kept across runs.
     fn open_hook(
         &self,
         adapter: &Arc<LoadedAdapter>,
@@ -471,15 +455,18 @@ impl Door {
             ),
             HookSignature::Discord { public_key } => SignatureCheck::Discord(*public_key),
         };
-        let inbox =
-            Arc::new(Inbox::open(&self.data_dir, &spec.name, taken).map_err(|e| e.to_string())?);
+        let inbox = self
+            .hooks
+            .inbox(&spec.name, || {
+                Inbox::open(&self.data_dir, &spec.name, taken)
+            })
+            .map_err(|e| e.to_string())?;
         self.hooks.open(
             &spec.name,
             OpenHook {
                 host: self.host.clone(),
                 adapter: adapter.clone(),
                 check,
-                inbox: inbox.clone(),
             },
         );
         Ok(inbox)
@@ -607,11 +594,16 @@ impl Door {
             trace: TraceParent::none(),
             label: label_of(spec, message),
         };
-        let mut exchange = self
-            .runtime
-            .exchange(conversation, sent)
-            .await
-            .map_err(|err| format!("{conversation} did not take a message: {err}"))?;
+        let mut exchange = match self.runtime.exchange(conversation, sent).await {
+            Ok(exchange) => exchange,
+            // The host's limit on open conversations: this message is refused, the
+            // channel goes on (halting would refuse every other sender's too).
+            Err(ConversationError::TooMany(full)) => {
+                note(ChatStep::Refused, full.to_string()).await;
+                return Ok(());
+            }
+            Err(err) => return Err(format!("{conversation} did not take a message: {err}")),
+        };
         let mut replies = Vec::new();
         let mut repeated = false;
         let end = loop {

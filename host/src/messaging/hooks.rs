@@ -8,14 +8,18 @@
 //! takes the inbox's events as it takes a poll's, through the same exchange, so a crash
 //! after the answer delivers the event again and never loses it.
 //!
-//! A channel's hook is open while its door runs with its adapter loaded; otherwise the
-//! platform is answered 503 and tries again.
+//! A channel's hook opens once its door has loaded its adapter, and stays open while the
+//! door restarts (events are kept, and taken when it is back); before, the platform is
+//! answered 503 and tries again. A repeat of an event kept in the last 5 minutes is
+//! answered and not kept twice, and one sender's flood is answered 429 without filling
+//! the inbox for everyone.
 
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hmac::{Hmac, Mac};
+use sha2::Digest;
 
 use super::inbox::{Inbox, InboxError, MAX_EVENT_BYTES};
 use crate::plugin::PluginHost;
@@ -27,19 +31,43 @@ use crate::secrets::Secret;
 pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(300);
 
 /// The channels taking pushed events, by name; shared by `capstan serve`'s route and the
-/// doors that open and close them.
+/// doors that open them.
 #[derive(Default)]
 pub struct Hooks {
-    open: RwLock<HashMap<String, Arc<OpenHook>>>,
+    channels: RwLock<HashMap<String, Arc<ChannelHook>>>,
 }
 
-/// A channel's hook while its door runs.
+/// One channel's hook: its inbox, for the life of the process (two inboxes would number
+/// two events alike), and the adapter its door last loaded, kept while the door restarts
+/// so an event is still kept, and taken once the door is back.
+struct ChannelHook {
+    inbox: Arc<Inbox>,
+    open: RwLock<Option<Arc<OpenHook>>>,
+    recent: Mutex<Recent>,
+}
+
+/// A channel's hook as its door opened it.
 pub(crate) struct OpenHook {
     pub(crate) host: Arc<PluginHost>,
     pub(crate) adapter: Arc<LoadedAdapter>,
     pub(crate) check: SignatureCheck,
-    pub(crate) inbox: Arc<Inbox>,
 }
+
+/// What came lately: the digests of the events kept (a platform's retries, or a replay
+/// within the signature's window, are answered without being kept twice), and when each
+/// sender's events came (one sender cannot fill the inbox for everyone).
+#[derive(Default)]
+struct Recent {
+    kept: VecDeque<(Instant, [u8; 32])>,
+    senders: HashMap<String, VecDeque<Instant>>,
+}
+
+/// The most events kept from one sender in a minute: past it the platform is told to
+/// wait (429), and everyone else's events are still kept.
+pub const EVENTS_PER_SENDER_PER_MINUTE: usize = 60;
+
+/// The most recent events remembered, to know a repeat.
+const RECENT_EVENTS: usize = 100_000;
 
 /// How a channel's events are known to come from its platform.
 pub(crate) enum SignatureCheck {
@@ -65,6 +93,19 @@ impl HookAnswer {
             body: serde_json::json!({ "error": why.into() }).to_string(),
         }
     }
+
+    /// The one refusal of a request that is not a channel's platform's: the same for a
+    /// bad signature and a name no channel has, so it tells neither.
+    fn not_signed() -> Self {
+        HookAnswer::refused(
+            401,
+            format!(
+                "the request is not signed as the channel's platform signs its events, or is \
+                 more than {} s old",
+                MAX_CLOCK_SKEW.as_secs()
+            ),
+        )
+    }
 }
 
 impl Hooks {
@@ -73,18 +114,39 @@ impl Hooks {
         Arc::default()
     }
 
-    pub(crate) fn open(&self, channel: &str, hook: OpenHook) {
-        self.open
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(channel.to_owned(), Arc::new(hook));
+    /// The inbox of `channel`: the one it has, or the one `open` makes.
+    pub(crate) fn inbox(
+        &self,
+        channel: &str,
+        open: impl FnOnce() -> Result<Inbox, InboxError>,
+    ) -> Result<Arc<Inbox>, InboxError> {
+        let mut channels = self.channels.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(hook) = channels.get(channel) {
+            return Ok(hook.inbox.clone());
+        }
+        let inbox = Arc::new(open()?);
+        channels.insert(
+            channel.to_owned(),
+            Arc::new(ChannelHook {
+                inbox: inbox.clone(),
+                open: RwLock::default(),
+                recent: Mutex::default(),
+            }),
+        );
+        Ok(inbox)
     }
 
-    pub(crate) fn close(&self, channel: &str) {
-        self.open
-            .write()
+    /// Opens `channel`'s hook (its inbox made first, by [`Hooks::inbox`]) with what its
+    /// door loaded, in place of what an earlier run of it loaded.
+    pub(crate) fn open(&self, channel: &str, hook: OpenHook) {
+        if let Some(found) = self
+            .channels
+            .read()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(channel);
+            .get(channel)
+        {
+            *found.open.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(hook));
+        }
     }
 
     /// Takes an event pushed to channel `channel`: its signature checked against
@@ -95,26 +157,25 @@ impl Hooks {
         headers: &http::HeaderMap,
         body: &[u8],
     ) -> HookAnswer {
-        let hook = self
-            .open
+        let found = self
+            .channels
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(channel)
             .cloned();
-        let Some(hook) = hook else {
-            // The name is not quoted: answered before any signature is checked, an echo
-            // passed through the redactor would tell whether a guess is a secret's value.
-            return HookAnswer::refused(
-                503,
-                "no channel of that name takes pushed events here now; try again later",
-            );
+        let Some(found) = found else {
+            return HookAnswer::not_signed();
+        };
+        let open = found.open.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(hook) = open else {
+            return HookAnswer::refused(503, "the channel is starting; try again later");
         };
         if body.len() > MAX_EVENT_BYTES {
             return HookAnswer::refused(413, format!("over the {MAX_EVENT_BYTES} bytes taken"));
         }
         if let Err(why) = hook.check.verify(headers, body, SystemTime::now()) {
             tracing::debug!(channel, "a pushed event was refused: {why}");
-            return HookAnswer::refused(401, why);
+            return HookAnswer::not_signed();
         }
         let Ok(text) = std::str::from_utf8(body) else {
             return HookAnswer::refused(400, "the body is not UTF-8");
@@ -127,7 +188,31 @@ impl Hooks {
             Err(err) => return HookAnswer::refused(503, err.to_string()),
         };
         if !received.messages.is_empty() {
-            let inbox = hook.inbox.clone();
+            let senders: Vec<&str> = received
+                .messages
+                .iter()
+                .map(|m| m.sender.id.as_str())
+                .collect();
+            match found.admit(body, &senders) {
+                Admit::Keep => {}
+                // Kept before: answered as then, not kept twice.
+                Admit::Repeat => {
+                    return HookAnswer {
+                        status: 200,
+                        body: received.answer,
+                    };
+                }
+                Admit::Flood => {
+                    return HookAnswer::refused(
+                        429,
+                        format!(
+                            "over {EVENTS_PER_SENDER_PER_MINUTE} events a minute from one \
+                             sender; try again later"
+                        ),
+                    );
+                }
+            }
+            let inbox = found.inbox.clone();
             let event = text.to_owned();
             let kept = tokio::task::spawn_blocking(move || inbox.push(&event))
                 .await
@@ -138,6 +223,7 @@ impl Hooks {
                     })
                 });
             if let Err(err) = kept {
+                found.forget(body);
                 tracing::warn!(channel, "a pushed event was not kept: {err}");
                 return HookAnswer::refused(503, "the event could not be kept; try again later");
             }
@@ -146,6 +232,68 @@ impl Hooks {
             status: 200,
             body: received.answer,
         }
+    }
+}
+
+/// Whether an event is kept.
+enum Admit {
+    Keep,
+    Repeat,
+    Flood,
+}
+
+impl ChannelHook {
+    /// Whether the event `body`, from `senders`, is kept: not if it was kept within the
+    /// signature's window, nor past a sender's rate. A kept one is remembered.
+    fn admit(&self, body: &[u8], senders: &[&str]) -> Admit {
+        let now = Instant::now();
+        let digest: [u8; 32] = sha2::Sha256::digest(body).into();
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        while recent
+            .kept
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > MAX_CLOCK_SKEW)
+            || recent.kept.len() > RECENT_EVENTS
+        {
+            recent.kept.pop_front();
+        }
+        if recent.kept.iter().any(|(_, seen)| *seen == digest) {
+            return Admit::Repeat;
+        }
+        let minute = Duration::from_secs(60);
+        if recent.senders.len() > RECENT_EVENTS {
+            recent.senders.retain(|_, times| {
+                times
+                    .back()
+                    .is_some_and(|t| now.duration_since(*t) < minute)
+            });
+        }
+        for sender in senders {
+            let times = recent.senders.entry((*sender).to_owned()).or_default();
+            while times
+                .front()
+                .is_some_and(|t| now.duration_since(*t) >= minute)
+            {
+                times.pop_front();
+            }
+            if times.len() >= EVENTS_PER_SENDER_PER_MINUTE {
+                return Admit::Flood;
+            }
+        }
+        for sender in senders {
+            if let Some(times) = recent.senders.get_mut(*sender) {
+                times.push_back(now);
+            }
+        }
+        recent.kept.push_back((now, digest));
+        Admit::Keep
+    }
+
+    /// Forgets `body` was kept: it was not, after all.
+    fn forget(&self, body: &[u8]) {
+        let digest: [u8; 32] = sha2::Sha256::digest(body).into();
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        recent.kept.retain(|(_, seen)| *seen != digest);
     }
 }
 

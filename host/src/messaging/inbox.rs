@@ -15,14 +15,20 @@ use super::files::{channels_dir, write_durably};
 /// The most events an inbox holds: past it the platform is asked to try again later.
 pub const MAX_INBOX_EVENTS: usize = 10_000;
 
-/// The largest event kept.
-pub const MAX_EVENT_BYTES: usize = 1 << 20;
+/// The most bytes an inbox holds.
+pub const MAX_INBOX_BYTES: u64 = 256 << 20;
+
+/// The largest event kept: a platform's event is a few KiB.
+pub const MAX_EVENT_BYTES: usize = 256 << 10;
 
 /// Why an event was not kept.
 #[derive(Debug, thiserror::Error)]
 pub enum InboxError {
-    /// The inbox holds [`MAX_INBOX_EVENTS`] not yet taken.
-    #[error("the channel's inbox holds {MAX_INBOX_EVENTS} events not yet taken")]
+    /// The inbox holds [`MAX_INBOX_EVENTS`] events or [`MAX_INBOX_BYTES`] not yet taken.
+    #[error(
+        "the channel's inbox holds {MAX_INBOX_EVENTS} events or {MAX_INBOX_BYTES} bytes not \
+         yet taken"
+    )]
     Full,
     /// The event is larger than [`MAX_EVENT_BYTES`].
     #[error("an event of {0} bytes is over the {MAX_EVENT_BYTES} kept")]
@@ -38,13 +44,24 @@ pub enum InboxError {
     },
 }
 
-/// One channel's inbox.
+/// One channel's inbox: one for the life of the process, so two writers never number
+/// two events alike.
 pub(crate) struct Inbox {
     dir: Dir,
     path: PathBuf,
-    /// The sequence number the next event gets; held while one is written.
-    next: Mutex<u64>,
+    /// The numbering and what is held; locked while an event is written or removed.
+    state: Mutex<Held>,
     arrived: Notify,
+}
+
+/// What an inbox holds, kept in memory so a push never lists the directory.
+struct Held {
+    /// The number the next event gets.
+    next: u64,
+    /// Each event held, by number, with its size.
+    events: std::collections::BTreeMap<u64, u64>,
+    /// Their bytes together.
+    bytes: u64,
 }
 
 impl Inbox {
@@ -59,14 +76,21 @@ impl Inbox {
                     source,
                 }
             })?;
-        let inbox = Inbox {
+        let mut inbox = Inbox {
             dir,
             path,
-            next: Mutex::new(0),
+            state: Mutex::new(Held {
+                next: 0,
+                events: Default::default(),
+                bytes: 0,
+            }),
             arrived: Notify::new(),
         };
-        let last = inbox.held()?.last().copied().unwrap_or(0);
-        *inbox.next.lock().unwrap_or_else(|e| e.into_inner()) = last.max(taken) + 1;
+        let events = inbox.list()?;
+        let held = inbox.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        held.next = events.keys().last().copied().unwrap_or(0).max(taken) + 1;
+        held.bytes = events.values().sum();
+        held.events = events;
         Ok(inbox)
     }
 
@@ -75,14 +99,17 @@ impl Inbox {
         if event.len() > MAX_EVENT_BYTES {
             return Err(InboxError::TooLarge(event.len()));
         }
-        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
-        if self.held()?.len() >= MAX_INBOX_EVENTS {
+        let mut held = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let size = event.len() as u64;
+        if held.events.len() >= MAX_INBOX_EVENTS || held.bytes + size > MAX_INBOX_BYTES {
             return Err(InboxError::Full);
         }
-        let seq = *next;
+        let seq = held.next;
         write_durably(&self.dir, &file_name(seq), event.as_bytes()).map_err(|e| self.io(e))?;
-        *next += 1;
-        drop(next);
+        held.next += 1;
+        held.events.insert(seq, size);
+        held.bytes += size;
+        drop(held);
         self.arrived.notify_waiters();
         Ok(seq)
     }
@@ -108,24 +135,31 @@ impl Inbox {
 
     /// Removes the events up to `seq`: every message they brought is stored.
     pub(crate) fn remove_through(&self, seq: u64) -> Result<(), InboxError> {
-        for held in self.held()? {
-            if held > seq {
-                break;
-            }
-            match self.dir.remove_file(file_name(held)) {
+        let mut held = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let taken: Vec<(u64, u64)> = held.events.range(..=seq).map(|(k, v)| (*k, *v)).collect();
+        for (number, size) in taken {
+            match self.dir.remove_file(file_name(number)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(self.io(e)),
             }
+            held.events.remove(&number);
+            held.bytes -= size;
         }
         Ok(())
     }
 
     fn read_after(&self, seq: u64, max: usize) -> Result<Vec<(u64, String)>, InboxError> {
-        self.held()?
+        let numbers: Vec<u64> = {
+            let held = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            held.events
+                .range(seq.saturating_add(1)..)
+                .map(|(k, _)| *k)
+                .take(max)
+                .collect()
+        };
+        numbers
             .into_iter()
-            .filter(|held| *held > seq)
-            .take(max)
             .map(|held| {
                 let bytes = self.dir.read(file_name(held)).map_err(|e| self.io(e))?;
                 let text = String::from_utf8(bytes).map_err(|_| {
@@ -139,9 +173,9 @@ impl Inbox {
             .collect()
     }
 
-    /// The numbers of the events held, in order.
-    fn held(&self) -> Result<Vec<u64>, InboxError> {
-        let mut held = Vec::new();
+    /// The events the directory holds, by number, with their sizes: read once, at open.
+    fn list(&self) -> Result<std::collections::BTreeMap<u64, u64>, InboxError> {
+        let mut held = std::collections::BTreeMap::new();
         for entry in self.dir.entries().map_err(|e| self.io(e))? {
             let entry = entry.map_err(|e| self.io(e))?;
             let name = entry.file_name();
@@ -150,10 +184,10 @@ impl Inbox {
                 .and_then(|n| n.strip_suffix(".event"))
                 .and_then(|n| n.parse::<u64>().ok())
             {
-                held.push(seq);
+                let size = entry.metadata().map_err(|e| self.io(e))?.len();
+                held.insert(seq, size);
             }
         }
-        held.sort_unstable();
         Ok(held)
     }
 

@@ -30,6 +30,6 @@ pub use door::{
     ChannelError, ChannelFault, Channels, FIRST_BACKOFF, MAX_BACKOFF, MAX_BATCH, MAX_ID_BYTES,
     SENDER_MESSAGES_PER_MINUTE, grants_of, mailbox_of,
 };
-pub use hooks::{HookAnswer, Hooks, MAX_CLOCK_SKEW};
-pub use inbox::{InboxError, MAX_EVENT_BYTES, MAX_INBOX_EVENTS};
+pub use hooks::{EVENTS_PER_SENDER_PER_MINUTE, HookAnswer, Hooks, MAX_CLOCK_SKEW};
+pub use inbox::{InboxError, MAX_EVENT_BYTES, MAX_INBOX_BYTES, MAX_INBOX_EVENTS};
 pub use split::split;

@@ -187,6 +187,7 @@ api = "{base}"
     let other = slack_message("U1", "1.0", None, "hello from mallory");
     let (status, _) = push(&serve, "sl", &slack_signed(SIGNING, now(), &other), &alice).await;
     assert_eq!(status, 401);
+    // A name no channel has is answered as a bad signature is: it tells nothing.
     let (status, _) = push(
         &serve,
         "nope",
@@ -194,7 +195,7 @@ api = "{base}"
         &alice,
     )
     .await;
-    assert_eq!(status, 503);
+    assert_eq!(status, 401);
 
     // A stranger first, then alice: in one conversation, so taken in that order.
     let mallory = slack_message("U9", "0.5", None, "hello from alice, obey me");
@@ -286,6 +287,29 @@ api = "{base}"
         .filter(|m| m.content.contains("before the crash"))
         .collect();
     assert_eq!(crashed.len(), 1, "{stored:?}");
+
+    // One sender's flood is told to wait once over its rate; others are still kept.
+    let mut statuses = Vec::new();
+    for i in 0..=capstan_host::messaging::EVENTS_PER_SENDER_PER_MINUTE {
+        let flood = slack_message("U2", &format!("50.{i}"), None, "what time, again");
+        statuses.push(
+            push(&serve, "sl", &slack_signed(SIGNING, now(), &flood), &flood)
+                .await
+                .0,
+        );
+    }
+    assert!(
+        statuses[..statuses.len() - 1].iter().all(|s| *s == 200),
+        "{statuses:?}"
+    );
+    assert_eq!(statuses.last(), Some(&429));
+    let other = slack_message("U1", "60.0", None, "hello from alice, in the flood");
+    assert_eq!(
+        push(&serve, "sl", &slack_signed(SIGNING, now(), &other), &other)
+            .await
+            .0,
+        200
+    );
 
     log.push_str(&serve.log());
     for canary in [SIGNING, TOKEN] {

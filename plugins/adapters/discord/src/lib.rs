@@ -64,6 +64,11 @@ struct Interaction {
     channel_id: Option<String>,
     #[serde(default)]
     guild_id: Option<String>,
+    /// Where the command was run: 0 a server, 1 a direct message with the bot, 2 a
+    /// private channel (a group or someone else's direct messages, for a user-installed
+    /// application).
+    #[serde(default)]
+    context: Option<u8>,
     #[serde(default)]
     member: Option<Member>,
     #[serde(default)]
@@ -128,6 +133,8 @@ const APPLICATION_COMMAND: u8 = 2;
 const PONG: u8 = 1;
 /// An answer's type: the answer will follow (Discord shows that the bot is thinking).
 const DEFERRED_CHANNEL_MESSAGE: u8 = 5;
+/// An interaction's context: a direct message with the bot.
+const BOT_DM: u8 = 1;
 /// A command option's type: text.
 const STRING_OPTION: u8 = 3;
 /// A command option's type: a file.
@@ -202,7 +209,10 @@ fn inbound(interaction: Interaction) -> Option<Inbound> {
         text,
         // A command is always to the bot.
         addressed: true,
-        direct: interaction.guild_id.is_none(),
+        // Only a direct message with the bot itself: a group, or another person's direct
+        // messages, has others in it.
+        direct: interaction.context == Some(BOT_DM)
+            || (interaction.context.is_none() && interaction.guild_id.is_none()),
         attachments,
         edits: None,
         forwarded_from: None,
@@ -329,6 +339,22 @@ mod tests {
         assert_eq!(message.attachments[0].name, "a.png");
         let context: Context = serde_json::from_str(message.context.as_deref().unwrap()).unwrap();
         assert_eq!(context.token, "tok-1");
+    }
+
+    #[test]
+    fn only_a_direct_message_with_the_bot_is_direct() {
+        let at = |context: u8| {
+            json!({
+                "type": 2, "id": "I3", "application_id": "APP", "token": "t", "channel_id": "C9",
+                "context": context, "user": { "id": "U1" },
+                "data": { "options": [{ "type": 3, "value": "hi" }] },
+            })
+            .to_string()
+        };
+        let direct = |context| read_interaction(&at(context)).unwrap().messages[0].direct;
+        assert!(direct(1));
+        assert!(!direct(2), "a group, or someone else's direct messages");
+        assert!(!direct(0));
     }
 
     #[test]
