@@ -956,7 +956,7 @@ async fn every_route_serves_no_secret_and_no_token() {
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     bytes.extend(headers(&response));
     let refused = response.text().await.unwrap();
     assert!(!refused.contains("redacted"), "{refused}");
