@@ -18,7 +18,7 @@ from email.message import EmailMessage
 from email.utils import make_msgid
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from demo_matrix import free_port, until  # noqa: E402
+from demo_matrix import demo_agent, free_port, start_serve, until  # noqa: E402
 
 AGENT = "agent@localhost"
 SERVERS = pathlib.Path(__file__).resolve().parent / "mail_servers.py"
@@ -99,15 +99,7 @@ def main():
           file=sys.stderr)
     serve = None
     try:
-        agent = work / "agent"
-        (agent / "workspace" / "notes").mkdir(parents=True)
-        for note in pathlib.Path(demo, "notes").iterdir():
-            (agent / "workspace" / "notes" / note.name).write_bytes(note.read_bytes())
-        (agent / "capstan.toml").write_text(f"""[provider]
-kind = "scripted"
-script = "{pathlib.Path(demo, 'script.toml')}"
-
-[secrets.MAIL_PASSWORD]
+        agent = demo_agent(work, demo, f"""[secrets.MAIL_PASSWORD]
 env = "MAIL_PASSWORD"
 
 [channels.mail]
@@ -118,16 +110,8 @@ trusted = ["alice@localhost"]
 poll_wait_secs = 1
 
 {servers.table("mail", adapter, "MAIL_PASSWORD")}""")
-        print(f"==> capstan serve with [channels.mail] (in {agent})", file=sys.stderr)
-        serve = subprocess.Popen(
-            [binary, "serve", "--config", str(agent / "capstan.toml"), "--addr", "127.0.0.1:0",
-             "--plugins-dir", plugins],
-            cwd=agent, env={**os.environ, "MAIL_PASSWORD": "demo-agent-password",
-                            "CAPSTAN_STATE_DIR": str(agent / "state")},
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=open(agent / "serve.log", "w"), text=True)
-        print("   " + serve.stdout.readline().strip(), file=sys.stderr)
-        until("the channel reading the mailbox", (agent / ".capstan" / "channels" / "mail.cursor").is_file)
+        serve = start_serve(binary, agent, plugins, {"MAIL_PASSWORD": "demo-agent-password"},
+                            "mail")
         servers.send("alice@localhost", "My notes", "What are the open items in my notes?")
         until("the worker's report in alice's inbox",
               lambda: any("3 open items" in l.get_content() for l in servers.inbox("alice@localhost")))

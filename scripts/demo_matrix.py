@@ -85,6 +85,35 @@ def until(what, check, limit=120):
     raise RuntimeError(f"{what} did not happen within {limit} s")
 
 
+def demo_agent(work, demo, channels):
+    """The demo's agent directory under `work`: the demo's notes in its workspace, and a
+    config with the demo's scripted model and `channels` (TOML) after it."""
+    agent = pathlib.Path(work) / "agent"
+    (agent / "workspace" / "notes").mkdir(parents=True)
+    for note in pathlib.Path(demo, "notes").iterdir():
+        (agent / "workspace" / "notes" / note.name).write_bytes(note.read_bytes())
+    (agent / "capstan.toml").write_text(
+        f'[provider]\nkind = "scripted"\nscript = "{pathlib.Path(demo, "script.toml")}"\n\n'
+        + channels)
+    return agent
+
+
+def start_serve(binary, agent, plugins, env, channel):
+    """`capstan serve` in `agent` with `env` added, its log in serve.log; returns once
+    channel `channel` has kept its first cursor (it reached its platform)."""
+    print(f"==> capstan serve with [channels.{channel}] (in {agent})", file=sys.stderr)
+    serve = subprocess.Popen(
+        [binary, "serve", "--config", str(agent / "capstan.toml"), "--addr", "127.0.0.1:0",
+         "--plugins-dir", plugins],
+        cwd=agent, env={**os.environ, **env, "CAPSTAN_STATE_DIR": str(agent / "state")},
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(agent / "serve.log", "w"),
+        text=True)
+    print("   " + serve.stdout.readline().strip(), file=sys.stderr)
+    until(f"the channel {channel} reaching its platform",
+          (agent / ".capstan" / "channels" / f"{channel}.cursor").is_file)
+    return serve
+
+
 class Synapse:
     """A Synapse homeserver on a free loopback port, in `work`, with registration by the
     shared secret; the tests use it too (tests/interop/test_matrix_synapse.py)."""
@@ -144,15 +173,7 @@ def main():
         bot = synapse.register("capstan", "demo-bot-password")
         alice = synapse.register("alice", "demo-alice-password")
 
-        agent = work / "agent"
-        (agent / "workspace" / "notes").mkdir(parents=True)
-        for note in pathlib.Path(demo, "notes").iterdir():
-            (agent / "workspace" / "notes" / note.name).write_bytes(note.read_bytes())
-        (agent / "capstan.toml").write_text(f"""[provider]
-kind = "scripted"
-script = "{pathlib.Path(demo, 'script.toml')}"
-
-[secrets.MATRIX_TOKEN]
+        agent = demo_agent(work, demo, f"""[secrets.MATRIX_TOKEN]
 env = "MATRIX_TOKEN"
 hosts = ["{hs}"]
 header = "Authorization: Bearer {{MATRIX_TOKEN}}"
@@ -170,16 +191,7 @@ homeserver = "{hs}"
 user_id = "{BOT}"
 join_on_invite = true
 """)
-        print(f"==> capstan serve with [channels.matrix] (in {agent})", file=sys.stderr)
-        serve = subprocess.Popen(
-            [binary, "serve", "--config", str(agent / "capstan.toml"), "--addr", "127.0.0.1:0",
-             "--plugins-dir", plugins],
-            cwd=agent, env={**os.environ, "MATRIX_TOKEN": bot,
-                            "CAPSTAN_STATE_DIR": str(agent / "state")},
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=open(agent / "serve.log", "w"),
-            text=True)
-        print("   " + serve.stdout.readline().strip(), file=sys.stderr)
-        until("the channel's first sync", (agent / ".capstan" / "channels" / "matrix.cursor").is_file)
+        serve = start_serve(binary, agent, plugins, {"MATRIX_TOKEN": bot}, "matrix")
 
         room = call(hs, "POST", "/_matrix/client/v3/createRoom",
                     {"name": "notes", "preset": "private_chat", "invite": [BOT]}, token=alice)["room_id"]
