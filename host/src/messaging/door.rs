@@ -84,6 +84,7 @@ pub enum ChannelFault {
     #[error("email: {0}")]
     Mailbox(#[from] MailError),
 }
+
 impl Channels {
     /// Loads each channel's adapter as [`Channels::start`] will: a table that cannot run
     /// (no such file, not an adapter, an adapter needing what the table does not grant,

@@ -214,15 +214,12 @@ impl Hooks {
             }
             let inbox = found.inbox.clone();
             let event = text.to_owned();
-            let kept = tokio::task::spawn_blocking(move || inbox.push(&event))
-                .await
-                .unwrap_or_else(|e| {
-                    Err(InboxError::Io {
-                        path: Default::default(),
-                        source: std::io::Error::other(e.to_string()),
-                    })
-                });
-            if let Err(err) = kept {
+            let failed = match tokio::task::spawn_blocking(move || inbox.push(&event)).await {
+                Ok(Ok(_)) => None,
+                Ok(Err(err)) => Some(err.to_string()),
+                Err(panicked) => Some(panicked.to_string()),
+            };
+            if let Some(err) = failed {
                 found.forget(body);
                 tracing::warn!(channel, "a pushed event was not kept: {err}");
                 return HookAnswer::refused(503, "the event could not be kept; try again later");

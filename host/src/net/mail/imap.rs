@@ -139,12 +139,13 @@ impl Session {
     ) -> Result<(Self, Fetched), MailError> {
         self.left.store(MAX_FETCH_READ, Ordering::Relaxed);
         let (validity, mut end) = self.position().await?;
-        let from_end = |uid| Fetched {
+        // Nothing to read: only where the next fetch starts.
+        let nothing = |validity, uid| Fetched {
             messages: Vec::new(),
             mark: Mark { validity, uid },
         };
         let after = match since {
-            None => return Ok((self, from_end(end))),
+            None => return Ok((self, nothing(validity, end))),
             Some(mark) if mark.validity != validity => {
                 tracing::warn!(
                     channel,
@@ -154,7 +155,7 @@ impl Session {
                     self.server,
                     mark.validity
                 );
-                return Ok((self, from_end(end)));
+                return Ok((self, nothing(validity, end)));
             }
             Some(mark) => mark.uid,
         };
@@ -162,22 +163,12 @@ impl Session {
             self = self.wait(wait).await?;
             let (now, now_end) = self.position().await?;
             if now != validity {
-                let mark = Mark {
-                    validity: now,
-                    uid: now_end,
-                };
-                return Ok((
-                    self,
-                    Fetched {
-                        messages: Vec::new(),
-                        mark,
-                    },
-                ));
+                return Ok((self, nothing(now, now_end)));
             }
             end = now_end;
         }
         if end <= after {
-            return Ok((self, from_end(after)));
+            return Ok((self, nothing(validity, after)));
         }
         let (chosen, whole) = self.choose(after, max).await?;
         let messages = self.read(&chosen).await?;
